@@ -1,0 +1,26 @@
+# kvsplit: the two commands of the README.
+#   make test   create/update .venv, install kvsplit with all extras and test deps, run the whole suite
+#   make run    create/update .venv and run the main job
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvsplit-installed
+
+.PHONY: test run venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# CPU torch unless a torch is already there (a GPU machine brings its own CUDA build).
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[all,test]"
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+run: $(STAMP)
+	$(VENV)/bin/kvsplit run

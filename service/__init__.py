@@ -1,0 +1,1 @@
+"""kvsplit.service"""

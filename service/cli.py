@@ -1,0 +1,43 @@
+"""The ``kvsplit`` command line (typer).
+
+Commands: ``tune``, ``serve``, ``plan``, ``bench``, ``calibrate``, ``db``
+(``upgrade``, ``export``, ``import``) and ``run`` (the main job of ``make run``).
+Each area registers its own commands: ``kvsplit.tuner.cli``, ``kvsplit.db.cli``,
+``kvsplit.service.serve_cli``; heavy imports happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from ..db.cli import register as _register_db
+from ..tuner.cli import register as _register_tuner
+from .serve_cli import register as _register_serve
+
+app = typer.Typer(
+    name="kvsplit",
+    help="kvsplit: auto-tuned split-KV policies for LLM decode attention.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_register_db(app)
+_register_tuner(app)
+_register_serve(app)
+
+
+@app.command("run")
+def run_main_job() -> None:
+    """The main job (``make run``): a CPU-interpreter demo of the kernel for now."""
+    from .main_job import run
+
+    run()
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

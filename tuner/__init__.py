@@ -1,0 +1,1 @@
+"""kvsplit.tuner"""
