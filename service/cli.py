@@ -11,6 +11,8 @@ from __future__ import annotations
 import typer
 
 from ..db.cli import register as _register_db
+from ..tuner.bench_cli import register as _register_bench
+from ..tuner.calibrate_cli import register as _register_calibrate
 from ..tuner.cli import register as _register_tuner
 from .serve_cli import register as _register_serve
 
@@ -24,6 +26,8 @@ app = typer.Typer(
 
 _register_db(app)
 _register_tuner(app)
+_register_bench(app)
+_register_calibrate(app)
 _register_serve(app)
 
 
