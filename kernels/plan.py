@@ -282,7 +282,7 @@ class Plan:
                 "merge_num": merge_num,
             }
             arrays = {
-                k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int32)).to(dev, non_blocking=False)
+                k: torch.from_numpy(np.array(v, dtype=np.int32)).to(dev, non_blocking=False)
                 for k, v in host.items()
             }
             self._cache[key] = arrays
