@@ -1,0 +1,42 @@
+"""Random paged-KV decode batches for kernel tests (NaN in every slot no request owns)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def make_case(lens, *, num_qo_heads, num_kv_heads, head_dim, page_size, dtype, device="cpu", seed=0,
+              extra_pages=3, poison=True, shuffle=True):
+    """Build q, a paged NHD cache and the page table for ``lens``.
+
+    Pages are handed out in a shuffled order (with ``extra_pages`` spare pages);
+    with ``poison`` every token slot that no request owns (the tail of a request's
+    last page, spare pages) holds NaN, so a kernel that loads outside kv_len fails.
+    """
+    g = torch.Generator().manual_seed(seed)
+    pages_per = [-(-int(n) // page_size) for n in lens]
+    num_pages = sum(pages_per) + extra_pages
+    order = torch.randperm(num_pages, generator=g) if shuffle else torch.arange(num_pages)
+    shape = (num_pages, page_size, num_kv_heads, head_dim)
+    fill = float("nan") if poison else 0.0
+    k = torch.full(shape, fill, dtype=torch.float32)
+    v = torch.full(shape, fill, dtype=torch.float32)
+    indptr, indices = [0], []
+    for n, p in zip(lens, pages_per):
+        ids = order[len(indices): len(indices) + p].tolist()
+        for j, pid in enumerate(ids):
+            used = min(page_size, int(n) - j * page_size)
+            k[pid, :used] = torch.randn((used, num_kv_heads, head_dim), generator=g)
+            v[pid, :used] = torch.randn((used, num_kv_heads, head_dim), generator=g)
+        indices += ids
+        indptr.append(len(indices))
+    q = torch.randn((len(lens), num_qo_heads, head_dim), generator=g)
+    to = dict(device=device, dtype=dtype)
+    return dict(
+        q=q.to(**to),
+        k_cache=k.to(**to),
+        v_cache=v.to(**to),
+        kv_indptr=torch.tensor(indptr, dtype=torch.int32, device=device),
+        kv_indices=torch.tensor(indices, dtype=torch.int32, device=device),
+        kv_lens=torch.tensor([int(n) for n in lens], dtype=torch.int32, device=device),
+    )

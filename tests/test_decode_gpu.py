@@ -1,0 +1,113 @@
+"""Kernel correctness on a CUDA GPU in bf16 and fp16, once under every knob value.
+
+Skipped without CUDA (CI); run on the device (docs/perf.md has the command).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvsplit.kernels.decode import decode_attention, reference_decode_attention
+from kvsplit.kernels.plan import make_plan
+
+from .paged_case import make_case
+
+pytestmark = pytest.mark.gpu
+
+LENS = [0, 1, 15, 16, 17, 31, 63, 64, 65, 127, 129, 255, 257, 1000, 3001, 4096]
+
+# every value of every knob at least once (the interpreter ignores warps/stages)
+KNOBS = (
+    [dict(block_n=b, num_warps=4, num_stages=2) for b in (16, 32, 64, 128, 256)]
+    + [dict(block_n=64, num_warps=w, num_stages=2) for w in (1, 2, 4, 8)]
+    + [dict(block_n=64, num_warps=4, num_stages=s) for s in (1, 2, 3, 4)]
+    + [dict(block_n=64, schedule="persistent", num_programs=n) for n in (1, 7, 528)]
+    + [dict(block_n=32, pack_tokens=p, order="heavy_first") for p in (64, 4096)]
+)
+
+
+def _rel_err(o, ref):
+    return float((o.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("knobs", KNOBS, ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()))
+def test_knobs(dtype, knobs):
+    lens = LENS[:: 1 if knobs.get("block_n", 64) <= 64 else 2]
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda", seed=7)
+    name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    for policy, extra in (("no_split", {}), ("fixed", {"num_splits": 5})):
+        try:
+            plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params={**knobs, **extra},
+                             head_dim=128, page_size=16, dtype=name)
+        except ValueError:
+            continue  # rejected by the planner: allowed, with a clear error
+        o, lse = decode_attention(**case, plan=plan, return_lse=True)
+        ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+        torch.cuda.synchronize()
+        assert not torch.isnan(o).any()
+        assert _rel_err(o, ref) < 2e-2
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(finite, torch.isfinite(lse))
+        assert float((lse[finite] - ref_lse[finite]).abs().max()) < 2e-2
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("page_size", [1, 7, 16, 256])
+def test_shapes(head_dim, group, page_size):
+    lens = [0, 1, page_size - 1 or 1, page_size + 1, 777, 2048]
+    hkv = 2
+    case = make_case(lens, num_qo_heads=hkv * group, num_kv_heads=hkv, head_dim=head_dim, page_size=page_size,
+                     dtype=torch.bfloat16, device="cuda", seed=head_dim + group + page_size)
+    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": 3},
+                     head_dim=head_dim, page_size=page_size, dtype="bfloat16")
+    o = decode_attention(**case, plan=plan)
+    ref = reference_decode_attention(**case)
+    assert _rel_err(o, ref) < 2e-2
+
+
+def test_graph_replay_matches():
+    lens = [5000, 17, 300, 0, 9000]
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
+                     device="cuda", seed=3)
+    from kvsplit.kernels.decode import make_workspace
+
+    for params in ({"num_splits": 4}, {"num_splits": 4, "schedule": "persistent", "num_programs": 64}):
+        plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="fixed", params=params,
+                         dtype="bfloat16")
+        plan.to("cuda")
+        out = torch.empty_like(case["q"])
+        ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
+        decode_attention(**case, plan=plan, out=out, workspace=ws)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            g.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(out, reference_decode_attention(**case)) < 2e-2
+
+
+def test_int64_offsets():
+    """A cache of more than 2^31 elements: pages past the int32 range are read right."""
+    page_size, hkv, d = 16, 8, 128
+    per_page = page_size * hkv * d
+    num_pages = (2**31 // per_page) + 64
+    k = torch.randn((num_pages, page_size, hkv, d), dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    lens = [64, 100]
+    pages = [num_pages - 4, num_pages - 3, num_pages - 2, num_pages - 1, num_pages - 10, num_pages - 9, num_pages - 8]
+    case = dict(
+        q=torch.randn((2, 32, d), dtype=torch.bfloat16, device="cuda"),
+        k_cache=k, v_cache=v,
+        kv_indptr=torch.tensor([0, 4, 11], dtype=torch.int32, device="cuda"),
+        kv_indices=torch.tensor(pages, dtype=torch.int32, device="cuda"),
+        kv_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+    )
+    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": 2},
+                     dtype="bfloat16")
+    assert k.numel() > 2**31
+    assert _rel_err(decode_attention(**case, plan=plan), reference_decode_attention(**case)) < 2e-2

@@ -1,0 +1,217 @@
+"""GPU timing backend: the real kernel, timed as DESIGN.md §7 prescribes.
+
+Each plan is launched once (compile + upload), captured in a CUDA graph, and
+its replays are timed with ``triton.testing.do_bench`` (median of event-timed
+replays, L2 flushed between repetitions, warmed up). The KV cache holds random
+normal data (never zeros), spans at least ``max_tokens`` tokens over shuffled
+pages, and is larger than the L2 for the reference workload. The read bandwidth
+of the same GPU is measured in the same process with a streaming-read Triton
+kernel over a multi-GB buffer; times are reported against the **HBM floor**
+``sum(kv_len) * H_kv * D * 2 * dtype_bytes / read_bandwidth``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ..kernels.decode import decode_attention, make_workspace, reference_decode_attention
+from ..kernels.plan import DTYPES, Plan
+
+__all__ = ["GpuTimer", "measure_read_bandwidth", "software_versions"]
+
+_TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@triton.jit
+def _stream_read_kernel(X, OUT, n_elements, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    pid = tl.program_id(0)
+    base = pid.to(tl.int64) * BLOCK * ITERS
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(ITERS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(X + offs, mask=offs < n_elements, other=0.0)
+        acc += x.to(tl.float32)
+    tl.store(OUT + pid, tl.sum(acc, axis=0))
+
+
+def measure_read_bandwidth(nbytes: int = 4 << 30, device: Any = "cuda") -> float:
+    """Streaming-read bandwidth in bytes/s (median of ``do_bench``) over ``nbytes``
+    of random bf16 data; each byte is read once per repetition."""
+    n = nbytes // 2
+    x = torch.randn(n, dtype=torch.bfloat16, device=device)
+    BLOCK, ITERS = 4096, 8
+    grid = (triton.cdiv(n, BLOCK * ITERS),)
+    out = torch.empty(grid[0], dtype=torch.float32, device=device)
+
+    def run() -> None:
+        _stream_read_kernel[grid](x, out, n, BLOCK=BLOCK, ITERS=ITERS, num_warps=8)
+
+    run()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
+    del x, out
+    torch.cuda.empty_cache()
+    return n * 2 / (ms * 1e-3)
+
+
+def software_versions() -> dict[str, str]:
+    """torch, triton, CUDA and GPU name of this process (recorded with measurements)."""
+    v = {"torch": torch.__version__, "triton": triton.__version__, "cuda": str(torch.version.cuda)}
+    if torch.cuda.is_available():
+        v["gpu"] = torch.cuda.get_device_name()
+    return v
+
+
+class GpuTimer:
+    """Times plans of one shape on the current CUDA device.
+
+    Parameters
+    ----------
+    num_qo_heads, num_kv_heads, head_dim : int
+        H_q, H_kv, D.
+    dtype : str
+        ``"bfloat16"`` or ``"float16"``.
+    page_size : int
+        Tokens per page.
+    max_tokens : int
+        Largest ``sum(kv_len)`` of a batch to time; the cache holds
+        ``max_tokens / page_size + max_batch`` pages of random data.
+    max_batch : int
+        Largest B.
+    seed : int
+        RNG seed of the data and the page shuffle.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str = "bfloat16",
+        page_size: int = 16,
+        max_tokens: int = 1 << 20,
+        max_batch: int = 4096,
+        seed: int = 0,
+        device: Any = "cuda",
+    ) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("GpuTimer: CUDA is not available (use the simulator backend)")
+        if dtype not in _TORCH:
+            raise ValueError(f"dtype: expected one of {sorted(_TORCH)}, got {dtype!r}")
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
+        self.dtype, self.page_size = dtype, page_size
+        self.max_tokens, self.max_batch = int(max_tokens), int(max_batch)
+        self.device = torch.device(device)
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        self.num_pages = self.max_tokens // page_size + self.max_batch + 1
+        shape = (self.num_pages, page_size, num_kv_heads, head_dim)
+        tdt = _TORCH[dtype]
+        self.k_cache = torch.randn(shape, generator=g, dtype=tdt, device=self.device)
+        self.v_cache = torch.randn(shape, generator=g, dtype=tdt, device=self.device)
+        self._perm = torch.randperm(self.num_pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+        self._batches: dict[bytes, dict[str, torch.Tensor]] = {}
+        self._bw: float | None = None
+        self._gen = g
+
+    # -- reference figures ----------------------------------------------------
+    def read_bandwidth(self) -> float:
+        """Measured streaming-read bandwidth, bytes/s (measured once, cached)."""
+        if self._bw is None:
+            self._bw = measure_read_bandwidth(device=self.device)
+        return self._bw
+
+    def kv_bytes(self, kv_lens: Sequence[int] | np.ndarray) -> int:
+        """Bytes of K and V a batch must read: ``sum(kv_len) * H_kv * D * 2 * dtype_bytes``."""
+        return int(np.asarray(kv_lens, dtype=np.int64).sum()) * self.num_kv_heads * self.head_dim * 2 * DTYPES[self.dtype]
+
+    def hbm_floor_s(self, kv_lens: Sequence[int] | np.ndarray) -> float:
+        """HBM floor of a batch in seconds (KV bytes / measured read bandwidth)."""
+        return self.kv_bytes(kv_lens) / self.read_bandwidth()
+
+    # -- batches ----------------------------------------------------------------
+    def batch(self, kv_lens: np.ndarray) -> dict[str, torch.Tensor]:
+        """Device inputs (q, page table, kv_lens) of one batch, cached by kv_lens."""
+        kv_lens = np.asarray(kv_lens, dtype=np.int64)
+        key = kv_lens.tobytes()
+        b = self._batches.get(key)
+        if b is not None:
+            return b
+        B = kv_lens.shape[0]
+        if B > self.max_batch or int(kv_lens.sum()) > self.max_tokens:
+            raise ValueError(f"kv_lens: batch of B={B}, {int(kv_lens.sum())} tokens exceeds the timer's "
+                             f"max_batch={self.max_batch} / max_tokens={self.max_tokens}")
+        pages = np.maximum(-(-kv_lens // self.page_size), 1)
+        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        indices = self._perm[: int(indptr[-1])]
+        q = torch.randn((B, self.num_qo_heads, self.head_dim), generator=self._gen,
+                        dtype=_TORCH[self.dtype], device=self.device)
+        b = {
+            "q": q,
+            "kv_indptr": torch.from_numpy(indptr).to(self.device),
+            "kv_indices": indices.to(self.device),
+            "kv_lens": torch.from_numpy(kv_lens.astype(np.int32)).to(self.device),
+        }
+        if len(self._batches) > 64:
+            self._batches.clear()
+        self._batches[key] = b
+        return b
+
+    def run(self, plan: Plan, *, return_lse: bool = False):
+        """One validated launch of ``plan`` on its batch (for correctness checks)."""
+        b = self.batch(plan.kv_lens)
+        return decode_attention(b["q"], self.k_cache, self.v_cache,
+                                b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan, return_lse=return_lse)
+
+    def max_error(self, plan: Plan) -> float:
+        """Max |o - reference| / max |reference| of ``plan`` on its batch (fp32 reference)."""
+        b = self.batch(plan.kv_lens)
+        o = self.run(plan)
+        ref = reference_decode_attention(b["q"], self.k_cache, self.v_cache, b["kv_indptr"], b["kv_indices"],
+                                         b["kv_lens"])
+        return float((o.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6))
+
+    def time_plan(self, plan: Plan, *, warmup_ms: float = 10.0, rep_ms: float = 40.0) -> float:
+        """Median kernel time of ``plan`` in seconds (CUDA-graph replays, do_bench).
+
+        Raises
+        ------
+        ValueError
+            If the plan was made for another shape or dtype than this timer's.
+        """
+        if (plan.num_kv_heads, plan.head_dim, plan.page_size, plan.dtype) != (
+            self.num_kv_heads, self.head_dim, self.page_size, self.dtype
+        ):
+            raise ValueError("plan: made for another shape/dtype than this GpuTimer")
+        b = self.batch(plan.kv_lens)
+        out = torch.empty_like(b["q"])
+        ws = make_workspace(self.num_qo_heads, self.head_dim, max_partials=plan.num_partials,
+                            max_batch=plan.batch_size, device=self.device)
+        plan.to(self.device)
+        args = (b["q"], self.k_cache, self.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
+        decode_attention(*args, out=out, workspace=ws, validate=True)  # compile + checks
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                decode_attention(*args, out=out, workspace=ws, validate=False)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            decode_attention(*args, out=out, workspace=ws, validate=False)
+        graph.replay()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        del graph
+        return ms * 1e-3
+
+    def ratio_to_floor(self, plan: Plan, seconds: float) -> float:
+        floor = self.hbm_floor_s(plan.kv_lens)
+        return seconds / floor if floor > 0 else math.inf
