@@ -29,6 +29,12 @@ __all__ = [
     "make_plan",
     "default_config",
     "POLICIES",
+    "TUNED_PARAM_SPACE",
+    "policy_params",
+    "build_work_list",
+    "pack_ctas",
+    "flashinfer_decode_occupancy",
+    "fa3_static_num_splits",
     "KNOB_PARAMS",
     "MAX_BATCH",
     "MAX_KV_LEN",
@@ -136,6 +142,16 @@ def _ro(a: np.ndarray) -> np.ndarray:
     return a
 
 
+_ARRAY_FIELDS = (
+    ("kv_lens", np.int64),
+    ("num_splits", np.int32),
+    ("work_request", np.int32),
+    ("work_kv_start", np.int64),
+    ("work_kv_end", np.int64),
+    ("cta_indptr", np.int32),
+)
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """One decode batch's split-KV plan (immutable).
@@ -197,6 +213,22 @@ class Plan:
             object.__setattr__(self, name, _ro(arr.astype(dt, copy=False)))
         object.__setattr__(self, "params", dict(self.params))
         _check_plan_invariants(self)
+
+    @classmethod
+    def _trusted(cls, **fields: Any) -> "Plan":
+        """Build a Plan from arrays already known to satisfy the invariants
+        (make_plan's own output); skips the validation of ``__init__``."""
+        self = object.__new__(cls)
+        for name, dt in _ARRAY_FIELDS:
+            arr = np.asarray(fields.pop(name))
+            if arr.dtype != dt:
+                arr = arr.astype(dt)
+            object.__setattr__(self, name, _ro(arr))
+        fields["params"] = dict(fields["params"])
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_cache", {})
+        return self
 
     # -- sizes ---------------------------------------------------------------
     @property
@@ -556,7 +588,7 @@ def _knobs(params: Mapping[str, Any], ctx: PlanContext, default_order: str, defa
 
 
 def build_work_list(
-    kv_lens: np.ndarray, num_splits: np.ndarray, block_n: int, order: str
+    kv_lens: np.ndarray, num_splits: np.ndarray, block_n: int, order: str, *, perm: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Cut each request into ``num_splits`` contiguous chunks and lay them out.
 
@@ -568,11 +600,14 @@ def build_work_list(
 
     Returns ``(num_splits, work_request, work_kv_start, work_kv_end)``; the
     requests appear in ``order`` (``natural``: batch order; ``heavy_first``:
-    kv_len descending, stable).
+    kv_len descending, stable), or in the order of ``perm`` (a permutation of
+    ``range(B)``, used by policies with their own sort key, e.g. ``fa3``).
     """
     L = kv_lens
     n = np.minimum(np.maximum(num_splits.astype(np.int64), 1), np.maximum(L, 1))
-    if order == "heavy_first":
+    if perm is not None:
+        perm = np.asarray(perm, dtype=np.int64)
+    elif order == "heavy_first":
         perm = np.argsort(-L, kind="stable")
     else:
         perm = np.arange(L.shape[0])
@@ -675,6 +710,372 @@ def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
     return np.maximum(-(-L // chunk), 1), cfg, order, pack
 
 
+# ---------------------------------------------------------------------------
+# FlashInfer
+# ---------------------------------------------------------------------------
+
+FLASHINFER_REGS_PER_THREAD = 64
+"""Registers per thread assumed for FlashInfer's CUDA-core decode kernel.
+
+``cudaOccupancyMaxActiveBlocksPerMultiprocessor`` needs the compiled kernel's
+register count, which a NumPy planner cannot know. 64 registers per thread
+gives 8 resident CTAs per SM for the reference shape (G = 8, D = 128, bf16),
+i.e. a capacity of 1,056 CTAs on an H200; that places the CUDA-core path's
+threshold between B = 256 and B = 512 at H_kv = 4, where the H200 measurement
+(../shared/data/anchors/h200_peers.csv, ``flashinfer_decode_notc``) puts it.
+"""
+
+
+def flashinfer_decode_occupancy(
+    head_dim: int, dtype: str, group_size: int, device: DeviceSpec, *, regs_per_thread: int = FLASHINFER_REGS_PER_THREAD
+) -> int:
+    """Resident CTAs per SM of FlashInfer's CUDA-core batch-decode kernel.
+
+    Restates the kernel configuration of
+    ``include/flashinfer/attention/scheduler.cuh::BatchDecodeWithPagedKVCacheWorkEstimationDispatched``
+    (../shared/research/policies.md §1a): ``vec = max(16 / elt, D / 32)``,
+    ``bdx = D / vec``, ``bdy = G``, ``threads = max(128, bdx * bdy)``,
+    ``bdz = threads / (bdx * bdy)``, ``tile_per_bdx = 4 if G == 1 else 1``,
+    ``stages = 2`` on sm80+ (else 1) and
+    ``smem = 2 * stages * tile_per_bdx * bdy * bdz * D * elt
+    + max(tile_per_bdx * threads * 8, 2 * bdy * bdz * 4)`` bytes. The occupancy
+    query is replaced by the usual limits: threads per SM, shared memory per SM
+    (1 KB reserved per CTA), registers (``regs_per_thread``, see
+    :data:`FLASHINFER_REGS_PER_THREAD`) and 32 CTAs per SM.
+
+    Parameters
+    ----------
+    head_dim : int
+        D.
+    dtype : str
+        KV dtype name (``elt`` = its size in bytes).
+    group_size : int
+        G = H_q / H_kv, >= 1, with ``bdx * G <= 1024`` (one CTA's threads).
+    device : DeviceSpec
+    regs_per_thread : int
+
+    Returns
+    -------
+    int
+        CTAs per SM, >= 1.
+
+    Raises
+    ------
+    ValueError
+        If ``group_size`` makes one CTA larger than 1,024 threads.
+    """
+    elt = DTYPES[dtype]
+    vec = max(16 // elt, head_dim // 32)
+    bdx = max(head_dim // vec, 1)
+    bdy = int(group_size)
+    if bdx * bdy > 1024:
+        raise ValueError(
+            f"params.group_size: FlashInfer's decode CTA would need {bdx * bdy} threads (> 1024) "
+            f"for group_size={group_size}, head_dim={head_dim}"
+        )
+    threads = max(128, bdx * bdy)
+    bdz = threads // (bdx * bdy)
+    tile_per_bdx = 4 if bdy == 1 else 1
+    stages = 2 if device.compute_capability >= (8, 0) else 1
+    smem = 2 * stages * tile_per_bdx * bdy * bdz * head_dim * elt + max(tile_per_bdx * threads * 8, 2 * bdy * bdz * 4)
+    by_threads = device.max_threads_per_sm // threads
+    by_smem = device.smem_per_sm_bytes // (smem + 1024)
+    by_regs = device.regs_per_sm // (threads * regs_per_thread)
+    return max(1, min(by_threads, by_smem, by_regs, 32))
+
+
+def _smallest_chunk(pages: np.ndarray, lo: int, hi: int, limit: int) -> int:
+    """Smallest ``c`` in ``[lo, hi]`` with ``sum(cdiv(max(pages, 1), c)) <= limit``.
+
+    FlashInfer's binary search (``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``,
+    ``PrefillBinarySearchKVChunkSize``): ``low = lo, high = hi``; while
+    ``low < high``: ``mid = (low + high) // 2``; too many chunks -> ``low = mid + 1``
+    else ``high = mid``. It returns ``hi`` when no chunk fits, and ``lo`` when
+    ``lo >= hi``. The bracket is first narrowed with exact bounds on the count
+    (``sum(p) / c <= count(c) <= sum(p) / c + B``), which does not change the result.
+    """
+    p = np.maximum(pages, 1)
+    low, high = lo, hi
+    if low >= high:
+        return low
+    total = int(p.sum())
+    B = int(p.shape[0])
+    if limit >= 1:
+        # any c < total / limit has count > limit
+        low = max(low, min(high, cdiv(total, limit)))
+        if limit > B:
+            # count(c) <= total / c + B <= limit for c >= total / (limit - B)
+            high = min(high, max(low, cdiv(total, limit - B)))
+    else:
+        return hi
+    while low < high:
+        mid = (low + high) // 2
+        if int((-(-p // mid)).sum()) > limit:
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
+@_register("flashinfer", ("tensor_cores", "resident_ctas_per_sm", "group_size"))
+def _policy_flashinfer(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
+    """FlashInfer's batch-decode split rule (its SM80 paths), batch order.
+
+    Restates ../shared/research/policies.md §1a/§1b (flashinfer-ai/flashinfer @ fb28d724):
+
+    - ``tensor_cores=True`` (default; ``scheduler.cuh::PrefillPlanImpl`` with
+      ``PrefillBinarySearchKVChunkSize``): ``max_grid = 2 * num_SMs``,
+      ``max_batch = max_grid // H_kv``; the chunk ``c`` (pages) is the smallest in
+      ``[max(128 // page_size, 1), max_pages]`` with
+      ``sum_b cdiv(max(pages_b, 1), c) <= max_batch`` (one q tile per request:
+      ``cta_tile_q = 16 >= G`` for G <= 16, ``64``/``128`` above, so one tile for
+      G <= 128), else ``max_pages``; split-KV is on iff ``c < max_pages``.
+    - ``tensor_cores=False`` (``BatchDecodeWithPagedKVCacheWorkEstimationDispatched``,
+      ``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``):
+      ``max_grid = resident_ctas_per_sm * num_SMs``; if ``B * H_kv >= max_grid``
+      split-KV is off; else the smallest ``c`` with
+      ``H_kv * sum_b cdiv(max(pages_b, 1), c) <= max_grid``, and split-KV is on iff
+      that gives more chunks than requests.
+
+    With split-KV on, ``num_splits[b] = cdiv(max(pages_b, 1), c)``; off, 1.
+    Constants: minimum chunk 128 tokens (``128 / page_size`` pages), 2 CTAs per SM
+    on the tensor-core path. ``pages_b = cdiv(kv_len[b], page_size)``.
+    Chunk boundaries are then spread evenly by :func:`build_work_list` (FlashInfer
+    cuts whole ``c``-page chunks, the last one shorter); the counts are FlashInfer's.
+
+    Parameters (``params``)
+    -----------------------
+    tensor_cores : bool, default True
+    resident_ctas_per_sm : int in [1, 64], CUDA-core path only
+        Default :func:`flashinfer_decode_occupancy` for ``group_size``.
+    group_size : int in [1, 128], default 8
+        G = H_q / H_kv, used only for that default (a plan never depends on H_q
+        otherwise; 8 is the reference shape, Qwen3-30B-A3B's 32/4).
+    """
+    tc = params.get("tensor_cores", True)
+    if not isinstance(tc, (bool, np.bool_)):
+        raise ValueError(f"params.tensor_cores: expected a boolean, got {tc!r}")
+    group_size = _pos_int("params.group_size", params.get("group_size", 8), 1, 128)
+    cfg, order, pack = _knobs(params, ctx, "natural")
+    S, H = ctx.device.num_sms, ctx.num_kv_heads
+    pages = -(-L // ctx.page_size)
+    max_pages = int(pages.max())
+    lo = max(128 // ctx.page_size, 1)
+    if tc:
+        if "resident_ctas_per_sm" in params:
+            raise ValueError("params.resident_ctas_per_sm: only used with tensor_cores=False")
+        max_batch = (2 * S) // H
+        c = _smallest_chunk(pages, lo, max_pages, max_batch)
+        split = c < max_pages
+    else:
+        if "resident_ctas_per_sm" in params:
+            resident = _pos_int("params.resident_ctas_per_sm", params["resident_ctas_per_sm"], 1, 64)
+        else:
+            resident = flashinfer_decode_occupancy(ctx.head_dim, ctx.dtype, group_size, ctx.device)
+        max_grid = resident * S
+        if L.shape[0] * H >= max_grid:
+            split = False
+            c = max_pages
+        else:
+            c = _smallest_chunk(pages, lo, max_pages, max_grid // H)
+            split = int((-(-np.maximum(pages, 1) // c)).sum()) != L.shape[0]
+    if not split:
+        return np.ones_like(L), cfg, order, pack
+    return -(-np.maximum(pages, 1) // c), cfg, order, pack
+
+
+# ---------------------------------------------------------------------------
+# FlashAttention-3
+# ---------------------------------------------------------------------------
+
+FA3_BLOCK_N = 128
+"""kBlockN of FA3's Hopper kernel for paged (non-TMA) decode, hdim 128
+(``hopper/tile_size.h::tile_size_fwd_sm90``; policies.md §2c)."""
+FA3_BLOCK_M = 128
+"""kBlockM for hdim 128 on sm90: with PackGQA a decode step has one m-block for G <= 128."""
+FA3_PREPARE_CTA_REQUESTS = 992
+"""Requests one prepare CTA handles (31 per warp x 32 warps); above it no split."""
+FA3_MAX_SPLITS = 128
+
+
+def fa3_static_num_splits(num_kv_heads: int, num_n_blocks: int, num_sms: int) -> int:
+    """FA3's static split heuristic for a varlen / paged decode batch.
+
+    Restates ``hopper/heuristics.h::num_splits_heuristic`` as called by
+    ``hopper/flash_api.cpp::get_num_splits`` (policies.md §2a), with the batch
+    treated as 1 (varlen), one m-block (decode with PackGQA) and
+    ``num_n_blocks = cdiv(max kv_len, 128)`` (FA3 uses the page table's
+    capacity; the live maximum is what a planner knows):
+    ``total_mblocks = H_kv``; if ``total_mblocks >= 0.8 * S`` -> 1; if
+    ``num_n_blocks <= 4`` -> 1; else with ``max_s = min(128, S, num_n_blocks)``,
+    ``eff(s) = w / ceil(w)``, ``w = total_mblocks * s / S``, the smallest ``s`` with
+    ``eff(s) >= 0.85 * max eff``. (The L2-motivated branch needs ``num_m_blocks >=
+    2 S``, never true for decode.) Examples for S = 132: H_kv 1/2/4/8/16/32 ->
+    109/57/29/15/8/4.
+    """
+    S = num_sms
+    total_mblocks = num_kv_heads
+    if total_mblocks >= 0.8 * S or num_n_blocks <= 4:
+        return 1
+    max_s = min(FA3_MAX_SPLITS, S, num_n_blocks)
+    s = np.arange(1, max_s + 1, dtype=np.float64)
+    w = total_mblocks * s / S
+    eff = w / np.ceil(w)
+    ok = eff >= 0.85 * eff.max()
+    return int(np.argmax(ok)) + 1
+
+
+@_register("fa3", ("num_splits_static",))
+def _policy_fa3(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
+    """FlashAttention-3's Hopper varlen split rule, heaviest first, persistent.
+
+    Restates ``hopper/flash_prepare_scheduler.cu::prepare_varlen_num_blocks_kernel``
+    (Dao-AILab/flash-attention @ 0251105a, ../shared/research/policies.md §2b):
+    ``n_b = cdiv(kv_len[b], kBlockN)`` with kBlockN = 128 (:data:`FA3_BLOCK_N`),
+    ``blocks_per_sm = ceil(1.1 * H_kv * sum_b n_b / num_SMs)`` (PackGQA: one
+    m-block per request), ``num_splits[b] = clamp(cdiv(n_b, blocks_per_sm), 1,
+    num_splits_static)`` with the static cap of :func:`fa3_static_num_splits`
+    (or the ``num_splits_static`` param, as FA3's ``num_splits`` argument);
+    above 992 requests (more than one prepare CTA) every request gets 1 split.
+    Order (``order="heavy_first"``, the default): requests sorted by
+    ``cdiv(n_b, num_splits[b])`` descending within each chunk of 992 (stable),
+    as the prepare kernel sorts its 992 items. Schedule: persistent with
+    ``num_programs = num_SMs`` (``hopper/tile_scheduler.hpp::
+    VarlenDynamicPersistentTileScheduler``, grid = S) unless given.
+    Example (H_kv = 8, S = 132, lens = [65536] + 15 x [2048]):
+    blocks_per_sm = 51, num_splits = [11] + 15 x [1].
+    """
+    S, H = ctx.device.num_sms, ctx.num_kv_heads
+    cfg, order, pack = _knobs(params, ctx, "heavy_first", default_schedule="persistent", default_programs=S)
+    n_b = -(-L // FA3_BLOCK_N)
+    B = L.shape[0]
+    if "num_splits_static" in params:
+        static = _pos_int("params.num_splits_static", params["num_splits_static"], 1, 255)
+    else:
+        static = fa3_static_num_splits(H, int(n_b.max()), S)
+    if B > FA3_PREPARE_CTA_REQUESTS or static == 1:
+        splits = np.ones_like(L)
+    else:
+        total = int(n_b.sum())
+        # ceil(total * 1.1 * H / S) in exact integer arithmetic
+        blocks_per_sm = max(1, cdiv(total * 11 * H, 10 * S))
+        splits = np.clip(-(-n_b // blocks_per_sm), 1, static)
+    if order == "heavy_first":
+        key = -(-np.maximum(n_b, 0) // splits)
+        if B <= FA3_PREPARE_CTA_REQUESTS:
+            perm = np.argsort(-key, kind="stable")
+        else:
+            chunk_id = np.arange(B) // FA3_PREPARE_CTA_REQUESTS
+            perm = np.lexsort((np.arange(B), -key, chunk_id))
+        return splits, cfg, perm, pack
+    return splits, cfg, order, pack
+
+
+# ---------------------------------------------------------------------------
+# The tuned family (DESIGN.md §4)
+# ---------------------------------------------------------------------------
+
+TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
+    "ctas_per_sm": {
+        "kind": "float", "low": 0.25, "high": 64.0, "log": True, "default": 4.0, "search": True,
+        "doc": "target work tiles per SM: chunk = ceil(H_kv * sum(kv_len) / (ctas_per_sm * num_SMs))",
+    },
+    "min_chunk_tokens": {
+        "kind": "int", "low": 16, "high": 65536, "log": True, "default": 16, "search": True,
+        "doc": "smallest chunk in tokens (before rounding up to block_n)",
+    },
+    "max_splits": {
+        "kind": "int", "low": 1, "high": 1024, "log": True, "default": 1024, "search": True,
+        "doc": "cap on splits per request",
+    },
+    "block_n": {
+        "kind": "categorical", "choices": list(BLOCK_N_CHOICES), "default": None, "search": True,
+        "doc": "KV tokens per inner tile; None -> default_config(head_dim, dtype); some (block_n, "
+               "num_warps, num_stages) combinations are rejected for large head_dim (ValueError)",
+    },
+    "num_warps": {
+        "kind": "categorical", "choices": list(NUM_WARPS_CHOICES), "default": None, "search": True,
+        "doc": "warps per CTA; None -> default_config",
+    },
+    "num_stages": {
+        "kind": "int", "low": min(NUM_STAGES_CHOICES), "high": max(NUM_STAGES_CHOICES), "log": False,
+        "default": None, "search": True, "doc": "pipeline stages; None -> default_config",
+    },
+    "order": {
+        "kind": "categorical", "choices": list(ORDERS), "default": "natural", "search": True,
+        "doc": "launch order of requests: batch order or kv_len descending",
+    },
+    "schedule": {
+        "kind": "categorical", "choices": list(SCHEDULES), "default": "grid", "search": True,
+        "doc": "grid launch or persistent programs pulling tiles from a counter",
+    },
+    "programs_per_sm": {
+        "kind": "int", "low": 1, "high": 32, "log": True, "default": 4, "search": True,
+        "condition": {"schedule": "persistent"},
+        "doc": "persistent programs per SM (num_programs = programs_per_sm * num_SMs unless num_programs is given)",
+    },
+    "num_programs": {
+        "kind": "int", "low": 1, "high": MAX_NUM_PROGRAMS, "log": True, "default": None, "search": False,
+        "condition": {"schedule": "persistent"},
+        "doc": "absolute number of persistent programs (overrides programs_per_sm); not searched",
+    },
+    "pack_tokens": {
+        "kind": "categorical", "choices": [0, 128, 256, 512, 1024, 2048, 4096, 8192], "default": 0, "search": True,
+        "doc": "group consecutive items shorter than this into one CTA (cta_indptr); 0 = one item per CTA. "
+               "Any integer in [0, 2^20] is accepted; the choices are the search grid",
+    },
+}
+"""Parameters of the ``tuned`` policy with their ranges, as data.
+
+Each entry: ``kind`` (``"float"``, ``"int"`` or ``"categorical"``), ``low``/``high``/``log``
+or ``choices``, ``default`` (``None``: from :func:`default_config`), ``search`` (whether
+a tuner should search it), optional ``condition`` (only meaningful when the named
+parameters have these values) and ``doc``. :func:`make_plan` accepts every value in
+these ranges (and raises ``ValueError`` naming the parameter outside them); with all
+defaults ``tuned`` gives the same plan as ``balanced``.
+"""
+
+_TUNED_RULE_PARAMS = ("ctas_per_sm", "min_chunk_tokens", "max_splits", "programs_per_sm")
+
+
+def _num(name: str, v: Any, lo: float, hi: float) -> float:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ValueError(f"params.{name}: expected a number in [{lo}, {hi}], got {v!r}")
+    f = float(v)
+    if not (lo <= f <= hi):  # also rejects NaN
+        raise ValueError(f"params.{name}: expected a number in [{lo}, {hi}], got {v!r}")
+    return f
+
+
+@_register("tuned", _TUNED_RULE_PARAMS)
+def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
+    """The parametric family of DESIGN.md §4, whose parameters are tuned per bucket.
+
+    ``chunk = roundup(max(min_chunk_tokens, ceil(H_kv * sum(kv_len) / (ctas_per_sm
+    * num_SMs))), block_n)``; ``num_splits[b] = clamp(cdiv(kv_len[b], chunk), 1,
+    max_splits)``; plus the knobs ``block_n``, ``num_warps``, ``num_stages``,
+    ``order``, ``schedule``, ``programs_per_sm`` / ``num_programs`` and
+    ``pack_tokens`` (DESIGN.md §7). Ranges and defaults: :data:`TUNED_PARAM_SPACE`.
+    """
+    sp = TUNED_PARAM_SPACE
+    target = _num("ctas_per_sm", params.get("ctas_per_sm", sp["ctas_per_sm"]["default"]),
+                  sp["ctas_per_sm"]["low"], sp["ctas_per_sm"]["high"])
+    min_chunk = _pos_int("params.min_chunk_tokens", params.get("min_chunk_tokens", sp["min_chunk_tokens"]["default"]),
+                         sp["min_chunk_tokens"]["low"], sp["min_chunk_tokens"]["high"])
+    max_splits = _pos_int("params.max_splits", params.get("max_splits", sp["max_splits"]["default"]),
+                          sp["max_splits"]["low"], sp["max_splits"]["high"])
+    pps = _pos_int("params.programs_per_sm", params.get("programs_per_sm", sp["programs_per_sm"]["default"]),
+                   sp["programs_per_sm"]["low"], sp["programs_per_sm"]["high"])
+    if "programs_per_sm" in params and params.get("schedule", "grid") != "persistent":
+        raise ValueError("params.programs_per_sm: only meaningful with schedule='persistent'")
+    S = ctx.device.num_sms
+    cfg, order, pack = _knobs(params, ctx, sp["order"]["default"], default_programs=pps * S)
+    total = int(L.sum()) * ctx.num_kv_heads
+    fair = cdiv(total, max(1, int(math.ceil(target * S))))
+    chunk = cdiv(max(fair, min_chunk, 1), cfg.block_n) * cfg.block_n
+    return np.clip(-(-L // chunk), 1, max_splits), cfg, order, pack
+
+
 def policy_params(policy: str) -> tuple[str, ...]:
     """Names of the parameters ``policy`` accepts."""
     if policy not in _POLICY_PARAMS:
@@ -742,9 +1143,15 @@ def make_plan(
         raise ValueError(f"params: unknown parameters {unknown} for policy {policy!r}; allowed: {list(allowed)}")
     ctx = PlanContext(dev, num_kv_heads, int(head_dim), page_size, dtype)
     num_splits, cfg, order, pack = POLICIES[policy](L, ctx, params)
-    n, req, start, end = build_work_list(L, num_splits, cfg.block_n, order)
+    if isinstance(order, np.ndarray):
+        n, req, start, end = build_work_list(L, num_splits, cfg.block_n, "natural", perm=order)
+    else:
+        n, req, start, end = build_work_list(L, num_splits, cfg.block_n, order)
     cta_indptr = pack_ctas(start, end, pack)
-    return Plan(
+    # The arrays come from build_work_list/pack_ctas, which satisfy the
+    # invariants by construction (tests/test_plan_policies.py checks them for
+    # every policy); skipping the O(W) re-check keeps planning in tens of µs.
+    return Plan._trusted(
         kv_lens=L,
         num_splits=n,
         work_request=req,
