@@ -1,0 +1,266 @@
+"""SQLAlchemy 2.0 typed models of the policy store.
+
+Tables (all created by the Alembic migrations in ``kvsplit/db/migrations``,
+never by ``create_all`` outside tests):
+
+``devices``
+    One row per (GPU name, software fingerprint): SM count, vendor bandwidth,
+    measured read bandwidth, software versions (torch, triton, CUDA, driver).
+``calibrations``
+    Fitted simulator constants per device and kernel config, with their error
+    against the GPU; ``version`` increases per (device, config_key).
+``buckets``
+    A bucket key string (``kvsplit.kernels.buckets.BucketKey`` string form),
+    its fields, its length signature, where it came from and the training /
+    held-out batches it was tuned and verified on.
+``policies``
+    A tuned policy of one bucket: policy name (``tuned``), ``make_plan``
+    params, ``version`` (increasing per bucket), ``status`` draft / published /
+    retired, ``backend`` gpu / sim, the tuning run that made it, the
+    verification summary (geomean time / HBM floor of ``tuned`` and each
+    baseline on held-out batches). At most one published policy per bucket:
+    enforced by :func:`kvsplit.db.store.publish` under a transaction and by a
+    partial unique index (SQLite, PostgreSQL).
+``tuning_runs``
+    One ``kvsplit tune`` invocation for one bucket: Optuna study name, storage
+    kind, backend, requested / finished trials, best value and params, status,
+    started / finished times.
+``measurements``
+    One timed (policy, batch): policy or baseline name and params, bucket,
+    batch (kv_lens), role (train / heldout), time in seconds, HBM floor in
+    seconds and their ratio, backend, device, software versions.
+``store_state``
+    A single row holding ``policies_version``, bumped on every publish, retire
+    and import so servers can poll one integer.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any, Optional
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = [
+    "Base",
+    "Device",
+    "Calibration",
+    "Bucket",
+    "Policy",
+    "TuningRun",
+    "Measurement",
+    "StoreState",
+    "POLICY_STATUSES",
+    "BACKENDS",
+    "RUN_STATUSES",
+    "ROLES",
+    "utcnow",
+]
+
+POLICY_STATUSES = ("draft", "published", "retired")
+BACKENDS = ("gpu", "sim")
+RUN_STATUSES = ("running", "finished", "interrupted", "failed")
+ROLES = ("train", "heldout")
+
+
+def utcnow() -> _dt.datetime:
+    """Current time, UTC, timezone-aware."""
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """Declarative base; JSON columns map ``dict``/``list`` annotations."""
+
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Device(Base):
+    """A GPU model with one software stack (unique by name + fingerprint)."""
+
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("name", "fingerprint", name="uq_devices_name_fingerprint"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    num_sms: Mapped[int] = mapped_column(Integer)
+    hbm_bandwidth_gbps: Mapped[float] = mapped_column(Float)
+    read_bandwidth_gbps: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    software: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Calibration(Base):
+    """Simulator constants fitted on one device for one kernel config."""
+
+    __tablename__ = "calibrations"
+    __table_args__ = (
+        UniqueConstraint("device_id", "config_key", "version", name="uq_calibrations_device_config_version"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    config_key: Mapped[str] = mapped_column(String(256))
+    kernel_config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    constants: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    num_samples: Mapped[int] = mapped_column(Integer, default=0)
+    version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    device: Mapped[Device] = relationship()
+
+
+class Bucket(Base):
+    """A tuning bucket: exact shape fields plus a length-distribution signature."""
+
+    __tablename__ = "buckets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(512), unique=True)
+    gpu: Mapped[str] = mapped_column(String(128))
+    num_kv_heads: Mapped[int] = mapped_column(Integer)
+    head_dim: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    page_size: Mapped[int] = mapped_column(Integer)
+    signature: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    source: Mapped[str] = mapped_column(String(256), default="")
+    sample_batches: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    policies: Mapped[list["Policy"]] = relationship(back_populates="bucket", order_by="Policy.version")
+
+
+Index("ix_buckets_shape", Bucket.gpu, Bucket.num_kv_heads, Bucket.head_dim, Bucket.dtype, Bucket.page_size)
+
+
+class TuningRun(Base):
+    """One tuning invocation for one bucket (an Optuna study may span several)."""
+
+    __tablename__ = "tuning_runs"
+    __table_args__ = (
+        CheckConstraint("backend in ('gpu', 'sim')", name="ck_tuning_runs_backend"),
+        CheckConstraint(
+            "status in ('running', 'finished', 'interrupted', 'failed')", name="ck_tuning_runs_status"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bucket_id: Mapped[int] = mapped_column(ForeignKey("buckets.id", ondelete="CASCADE"), index=True)
+    study_name: Mapped[str] = mapped_column(String(512), index=True)
+    storage_kind: Mapped[str] = mapped_column(String(32), default="rdb")
+    backend: Mapped[str] = mapped_column(String(8))
+    device_id: Mapped[Optional[int]] = mapped_column(ForeignKey("devices.id"), nullable=True)
+    n_trials: Mapped[int] = mapped_column(Integer)
+    n_finished: Mapped[int] = mapped_column(Integer, default=0)
+    workers: Mapped[int] = mapped_column(Integer, default=1)
+    best_value: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    best_params: Mapped[Optional[dict[str, Any]]] = mapped_column(nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    message: Mapped[str] = mapped_column(String(2048), default="")
+    started_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[Optional[_dt.datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    bucket: Mapped[Bucket] = relationship()
+
+
+class Policy(Base):
+    """A policy for one bucket (``tuned`` params), versioned per bucket."""
+
+    __tablename__ = "policies"
+    __table_args__ = (
+        UniqueConstraint("bucket_id", "version", name="uq_policies_bucket_version"),
+        CheckConstraint("status in ('draft', 'published', 'retired')", name="ck_policies_status"),
+        CheckConstraint("backend in ('gpu', 'sim')", name="ck_policies_backend"),
+        CheckConstraint("version >= 1", name="ck_policies_version"),
+        # one published policy per bucket, where the backend has partial indexes
+        Index(
+            "uq_policies_one_published",
+            "bucket_id",
+            unique=True,
+            sqlite_where=text("status = 'published'"),
+            postgresql_where=text("status = 'published'"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bucket_id: Mapped[int] = mapped_column(ForeignKey("buckets.id", ondelete="CASCADE"), index=True)
+    bucket_key: Mapped[str] = mapped_column(String(512), index=True)
+    name: Mapped[str] = mapped_column(String(64), default="tuned")
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    version: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="draft", index=True)
+    backend: Mapped[str] = mapped_column(String(8))
+    tuning_run_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("tuning_runs.id", ondelete="SET NULL"), nullable=True
+    )
+    device_id: Mapped[Optional[int]] = mapped_column(ForeignKey("devices.id"), nullable=True)
+    verification: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    score: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    note: Mapped[str] = mapped_column(String(2048), default="")
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    published_at: Mapped[Optional[_dt.datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
+    retired_at: Mapped[Optional[_dt.datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    bucket: Mapped[Bucket] = relationship(back_populates="policies")
+    tuning_run: Mapped[Optional[TuningRun]] = relationship()
+    device: Mapped[Optional[Device]] = relationship()
+
+
+class Measurement(Base):
+    """One timed (policy, batch) on one backend and device."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (
+        UniqueConstraint(
+            "tuning_run_id", "stage", "policy_name", "role", "batch_index",
+            name="uq_measurements_run_stage_policy_batch",
+        ),
+        CheckConstraint("backend in ('gpu', 'sim')", name="ck_measurements_backend"),
+        CheckConstraint("time_s > 0", name="ck_measurements_time"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bucket_id: Mapped[int] = mapped_column(ForeignKey("buckets.id", ondelete="CASCADE"), index=True)
+    tuning_run_id: Mapped[Optional[int]] = mapped_column(
+        ForeignKey("tuning_runs.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    policy_id: Mapped[Optional[int]] = mapped_column(ForeignKey("policies.id", ondelete="SET NULL"), nullable=True)
+    device_id: Mapped[Optional[int]] = mapped_column(ForeignKey("devices.id"), nullable=True)
+    stage: Mapped[str] = mapped_column(String(32), default="verify")
+    policy_name: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    role: Mapped[str] = mapped_column(String(16), default="heldout")
+    batch_index: Mapped[int] = mapped_column(Integer, default=0)
+    kv_lens: Mapped[list[Any]] = mapped_column(default=list)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    total_tokens: Mapped[int] = mapped_column(BigInteger)
+    time_s: Mapped[float] = mapped_column(Float)
+    floor_s: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    ratio: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    backend: Mapped[str] = mapped_column(String(8))
+    software: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class StoreState(Base):
+    """Single-row table (id = 1) with the policies version counter."""
+
+    __tablename__ = "store_state"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    policies_version: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
