@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, Mapping
 
-__all__ = ["DeviceSpec", "resolve_device"]
+__all__ = ["DeviceSpec", "resolve_device", "known_devices", "device_aliases"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class DeviceSpec:
         bw = self.hbm_bandwidth_gbps
         if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0 or bw != bw or bw == float("inf"):
             raise ValueError(f"DeviceSpec.hbm_bandwidth_gbps: expected a finite number > 0, got {bw!r}")
+        if self.smem_per_block_bytes > self.smem_per_sm_bytes:
+            raise ValueError(
+                f"DeviceSpec.smem_per_block_bytes: {self.smem_per_block_bytes} exceeds smem_per_sm_bytes "
+                f"{self.smem_per_sm_bytes}"
+            )
         cc = self.compute_capability
         if (
             not isinstance(cc, tuple)
@@ -95,31 +101,64 @@ class DeviceSpec:
         return spec
 
     @staticmethod
-    def detect(index: int = 0) -> "DeviceSpec":
+    def detect(index: int = 0, *, hbm_bandwidth_gbps: float | None = None) -> "DeviceSpec":
         """Describe CUDA device ``index`` through torch (needs torch with CUDA).
 
-        The table entry for the reported name is used when known; otherwise the
-        figures torch exposes are used (bandwidth then estimated from the table's
-        nearest family is not possible, so a RuntimeError asks for explicit numbers).
+        A GPU in the table gets the table's vendor figures, with the SM count,
+        L2 size, shared-memory and register limits and compute capability the
+        driver reports (so a partitioned GPU, e.g. MIG, is described as it is).
+        An unknown GPU is built from the driver's figures; its peak bandwidth
+        is ``hbm_bandwidth_gbps`` if given, else ``2 * memory_clock_rate *
+        bus_width / 8`` when torch exposes those properties.
+
+        Raises
+        ------
+        RuntimeError
+            No CUDA device, or an unknown GPU whose bandwidth is neither given
+            nor reported.
         """
         import torch  # local import: the planner must not need torch
 
         if not torch.cuda.is_available():
             raise RuntimeError("DeviceSpec.detect: CUDA is not available")
         props = torch.cuda.get_device_properties(index)
+        reported = {
+            "num_sms": int(props.multi_processor_count),
+            "l2_bytes": int(getattr(props, "L2_cache_size", 0) or 0),
+            "compute_capability": (int(props.major), int(props.minor)),
+        }
+        for attr, field in (
+            ("shared_memory_per_multiprocessor", "smem_per_sm_bytes"),
+            ("shared_memory_per_block_optin", "smem_per_block_bytes"),
+            ("regs_per_multiprocessor", "regs_per_sm"),
+            ("max_threads_per_multi_processor", "max_threads_per_sm"),
+        ):
+            v = getattr(props, attr, None)
+            if isinstance(v, int) and v > 0:
+                reported[field] = int(v)
         try:
             base = DeviceSpec.known(props.name)
-        except ValueError as exc:
-            raise RuntimeError(
-                f"DeviceSpec.detect: {props.name!r} is not in the table; build a DeviceSpec with its numbers"
-            ) from exc
-        return dataclasses.replace(
-            base,
-            name=props.name,
-            num_sms=int(props.multi_processor_count),
-            l2_bytes=int(getattr(props, "L2_cache_size", base.l2_bytes)),
-            compute_capability=(int(props.major), int(props.minor)),
-        )
+        except ValueError:
+            base = None
+        if hbm_bandwidth_gbps is None and base is None:
+            clock_khz = getattr(props, "memory_clock_rate", None)
+            bus_bits = getattr(props, "memory_bus_width", None)
+            if clock_khz and bus_bits:
+                hbm_bandwidth_gbps = 2.0 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+            else:
+                raise RuntimeError(
+                    f"DeviceSpec.detect: {props.name!r} is not in the table and torch does not report its memory "
+                    "clock; pass hbm_bandwidth_gbps"
+                )
+        if base is None:
+            reported.setdefault("smem_per_sm_bytes", 100 * _KB)
+            reported.setdefault("smem_per_block_bytes", 99 * _KB)
+            return DeviceSpec(name=props.name, hbm_bandwidth_gbps=float(hbm_bandwidth_gbps), **reported)
+        if not reported["l2_bytes"]:
+            reported["l2_bytes"] = base.l2_bytes
+        if hbm_bandwidth_gbps is not None:
+            reported["hbm_bandwidth_gbps"] = float(hbm_bandwidth_gbps)
+        return dataclasses.replace(base, name=props.name, **reported)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -141,7 +180,10 @@ class DeviceSpec:
 def _normalize(name: str) -> str:
     if not isinstance(name, str):
         raise ValueError(f"device: expected a GPU name string or DeviceSpec, got {type(name).__name__}")
-    return " ".join(name.lower().replace("_", " ").replace("-", " ").split())
+    words = name.lower().replace("_", " ").replace("-", " ").split()
+    if words and words[0] == "nvidia":
+        words = words[1:]
+    return " ".join(words)
 
 
 _KB = 1024
@@ -158,35 +200,126 @@ _KNOWN: tuple[DeviceSpec, ...] = (
     DeviceSpec("NVIDIA H200", 132, 4800.0, 60 * _MB, 228 * _KB, 227 * _KB, 65536, 2048, (9, 0)),
     DeviceSpec("NVIDIA H100 80GB HBM3", 132, 3350.0, 50 * _MB, 228 * _KB, 227 * _KB, 65536, 2048, (9, 0)),
     DeviceSpec("NVIDIA H100 PCIe", 114, 2000.0, 50 * _MB, 228 * _KB, 227 * _KB, 65536, 2048, (9, 0)),
+    DeviceSpec("NVIDIA H100 NVL", 132, 3900.0, 50 * _MB, 228 * _KB, 227 * _KB, 65536, 2048, (9, 0)),
+    DeviceSpec("NVIDIA H800", 132, 3350.0, 50 * _MB, 228 * _KB, 227 * _KB, 65536, 2048, (9, 0)),
+    DeviceSpec("NVIDIA GH200 480GB", 132, 4000.0, 60 * _MB, 228 * _KB, 227 * _KB, 65536, 2048, (9, 0)),
     DeviceSpec("NVIDIA H20", 78, 4000.0, 60 * _MB, 228 * _KB, 227 * _KB, 65536, 2048, (9, 0)),
     DeviceSpec("NVIDIA A100-SXM4-80GB", 108, 2039.0, 40 * _MB, 164 * _KB, 163 * _KB, 65536, 2048, (8, 0)),
     DeviceSpec("NVIDIA A100-SXM4-40GB", 108, 1555.0, 40 * _MB, 164 * _KB, 163 * _KB, 65536, 2048, (8, 0)),
+    DeviceSpec("NVIDIA A100 80GB PCIe", 108, 1935.0, 40 * _MB, 164 * _KB, 163 * _KB, 65536, 2048, (8, 0)),
+    DeviceSpec("NVIDIA A100-PCIE-40GB", 108, 1555.0, 40 * _MB, 164 * _KB, 163 * _KB, 65536, 2048, (8, 0)),
     DeviceSpec("NVIDIA L40S", 142, 864.0, 96 * _MB, 100 * _KB, 99 * _KB, 65536, 1536, (8, 9)),
+    DeviceSpec("NVIDIA L4", 58, 300.0, 48 * _MB, 100 * _KB, 99 * _KB, 65536, 1536, (8, 9)),
     DeviceSpec("NVIDIA B200", 148, 8000.0, 126 * _MB, 228 * _KB, 227 * _KB, 65536, 2048, (10, 0)),
 )
+"""Known GPUs, under the names ``torch.cuda.get_device_name()`` reports.
+
+Vendor figures and their sources (HBM bandwidth is the datasheet peak, GB/s):
+
+- H200 SXM: 132 SMs, 4.8 TB/s, 60 MB L2 as the device reports it (NVIDIA H200
+  datasheet; 141 GB HBM3e).
+- H100 SXM5 80GB: 132 SMs, 3.35 TB/s; H100 PCIe: 114 SMs, 2.0 TB/s; H100 NVL:
+  3.9 TB/s (NVIDIA H100 datasheet); H800 SXM: as H100 SXM (3.35 TB/s);
+  GH200 480GB: 4.0 TB/s HBM3 (GH200 datasheet); 50 MB L2 (Hopper whitepaper).
+- Hopper SM (NVIDIA Hopper tuning guide): 228 KB shared memory per SM, 227 KB
+  per block (opt-in), 64K registers, 2,048 threads.
+- H20: 78 SMs, 4.0 TB/s (NVIDIA H20 product brief).
+- A100 SXM4 80GB 2.039 TB/s, 40GB 1.555 TB/s; A100 PCIe 80GB 1.935 TB/s, 40GB
+  1.555 TB/s (A100 datasheet); 108 SMs, 40 MB L2, 164 KB smem per SM, 163 KB
+  per block (Ampere tuning guide).
+- L40S: 142 SMs, 864 GB/s, 96 MB L2; L4: 58 SMs, 300 GB/s, 48 MB L2 (L40S and L4
+  datasheets, Ada tuning guide: 100 KB smem per SM, 99 KB per block, 1,536 threads).
+- B200: 148 SMs, 8 TB/s, 126 MB L2 (B200 datasheet as reported by the device).
+"""
 
 _ALIASES: dict[str, str] = {
     "h200": "NVIDIA H200",
+    "h200 sxm": "NVIDIA H200",
     "nvidia h200 141gb hbm3e": "NVIDIA H200",
     "h100": "NVIDIA H100 80GB HBM3",
     "h100 sxm": "NVIDIA H100 80GB HBM3",
     "nvidia h100": "NVIDIA H100 80GB HBM3",
     "h100 pcie": "NVIDIA H100 PCIe",
+    "h100 nvl": "NVIDIA H100 NVL",
+    "h800": "NVIDIA H800",
+    "gh200": "NVIDIA GH200 480GB",
     "h20": "NVIDIA H20",
     "a100": "NVIDIA A100-SXM4-80GB",
     "a100 80gb": "NVIDIA A100-SXM4-80GB",
+    "a100 sxm4 80gb": "NVIDIA A100-SXM4-80GB",
     "a100 40gb": "NVIDIA A100-SXM4-40GB",
+    "a100 sxm4 40gb": "NVIDIA A100-SXM4-40GB",
+    "a100 pcie 80gb": "NVIDIA A100 80GB PCIe",
+    "a100 pcie 40gb": "NVIDIA A100-PCIE-40GB",
     "l40s": "NVIDIA L40S",
+    "l4": "NVIDIA L4",
     "b200": "NVIDIA B200",
 }
+"""Accepted aliases (matched case-insensitively, with ``-``/``_`` read as spaces and
+an optional leading ``nvidia``) -> the reported name."""
 
 _BY_ALIAS: dict[str, DeviceSpec] = {_normalize(s.name): s for s in _KNOWN}
 for _alias, _target in _ALIASES.items():
     _BY_ALIAS[_normalize(_alias)] = _BY_ALIAS[_normalize(_target)]
 
 
-def resolve_device(device: "DeviceSpec | str") -> DeviceSpec:
-    """Return ``device`` as a :class:`DeviceSpec` (a name is looked up with :meth:`DeviceSpec.known`)."""
+def resolve_device(device: "DeviceSpec | str | Mapping[str, Any]") -> DeviceSpec:
+    """Return ``device`` as a :class:`DeviceSpec`.
+
+    Parameters
+    ----------
+    device : DeviceSpec, str or mapping
+        A spec (returned as is); a GPU name or alias (looked up with
+        :meth:`DeviceSpec.known`); or a mapping of :class:`DeviceSpec` fields (the
+        numbers of a GPU the table does not know, as the HTTP API's ``device``
+        object carries them; a mapping with only ``name`` is looked up, and a
+        known name with some numbers gives the table entry with those replaced).
+
+    Raises
+    ------
+    ValueError
+        Unknown name without numbers, unknown or invalid fields.
+    """
     if isinstance(device, DeviceSpec):
         return device
-    return DeviceSpec.known(device)
+    if isinstance(device, Mapping):
+        d = dict(device)
+        if "name" not in d:
+            raise ValueError("device.name: required")
+        numbers = {k: v for k, v in d.items() if k != "name"}
+        try:
+            base = DeviceSpec.known(d["name"])
+        except ValueError:
+            if not numbers:
+                raise
+            missing = [f for f in _REQUIRED_NUMBERS if f not in numbers]
+            if missing:
+                raise ValueError(
+                    f"device: {d['name']!r} is not a known GPU; give its numbers, missing {missing}"
+                ) from None
+            return DeviceSpec.from_dict(d)
+        if not numbers:
+            return base
+        merged = base.to_dict()
+        unknown = set(numbers) - set(merged)
+        if unknown:
+            raise ValueError(f"device: unknown fields {sorted(unknown)}")
+        merged.update(numbers)
+        merged["name"] = str(d["name"])
+        return DeviceSpec.from_dict(merged)
+    if isinstance(device, str):
+        return DeviceSpec.known(device)
+    raise ValueError(f"device: expected a DeviceSpec, a GPU name or a mapping of its numbers, got {type(device).__name__}")
+
+
+_REQUIRED_NUMBERS = ("num_sms", "hbm_bandwidth_gbps", "l2_bytes", "smem_per_sm_bytes", "smem_per_block_bytes")
+
+
+def known_devices() -> tuple[DeviceSpec, ...]:
+    """All table entries (one per GPU model)."""
+    return _KNOWN
+
+
+def device_aliases() -> dict[str, str]:
+    """Accepted aliases -> reported names (a copy)."""
+    return dict(_ALIASES)
