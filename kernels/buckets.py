@@ -1,0 +1,341 @@
+"""Bucket keys: which tuned policy a decode batch should use (DESIGN.md §5).
+
+A bucket is the *family* ``(gpu, H_kv, head_dim, dtype, page_size)`` plus a
+signature of the batch's length distribution:
+
+- **batch-size class** ``round(log2(B))``;
+- **total-token class** ``round(log2(sum(kv_len)))`` (-1 for an all-empty batch).
+  Rounded, not floored, so the powers of two that workloads favour (B = 512,
+  T = 262,144) sit in the middle of their class rather than on its edge;
+- **token-weighted histogram of log2(kv_len)**: half-octave bins
+  (``bin = floor(2 * log2(kv_len))`` for kv_len >= 1, so bin ``k`` holds lengths in
+  ``[2^(k/2), 2^((k+1)/2))``, bins 0..61 for kv_len <= 2^31-1), each request
+  weighted by its kv_len (a request's cost is proportional to its length, so a
+  bin's weight is its share of the KV bytes); the weights are quantized to
+  :data:`HIST_UNITS` = 16 integer units that sum to 16 (largest-remainder
+  rounding, ties to the lower bin); bins with 0 units are dropped. Empty
+  requests weigh nothing.
+
+:func:`distance` between keys of the same family is the 1-D Wasserstein (earth
+mover's) distance between the two quantized histograms in log2-length units —
+the L1 distance of their cumulative distributions times the bin width 0.5 —
+plus :data:`CLASS_WEIGHT` = 0.5 per step of batch-size class and per step of
+total-token class. Keys of different families are infinitely far apart.
+:data:`DISTANCE_LIMIT` = 1.0 is "near enough": all mass one half-octave away plus
+one class step, or half the mass one octave away. Batches of one reference
+family at sizes within ±10 % (lengths jittered by ±10 %) stay within it; the
+five reference families get different keys at every B >= 8, and
+:func:`nearest` picks a batch's own family when its key is among the
+candidates. Families can still be within the limit of each other (skewed80 and
+2x40 differ by moving 80 % of the tokens one octave: 0.8125), so a batch whose
+own bucket is not tuned falls back to the closest related one before the
+``balanced`` baseline.
+
+String form (URL- and db-safe, parsed back by :meth:`BucketKey.parse`)::
+
+    nvidia-h200.kv4.d128.bf16.p16.b6.t18.w28x10-33x6
+
+``gpu`` is the device name lower-cased with runs of other characters turned into
+``-``; ``w`` lists ``bin x units`` pairs in increasing bin order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .device import DeviceSpec, resolve_device
+from .plan import DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, _as_kv_lens, _pos_int
+
+__all__ = [
+    "BucketKey",
+    "bucket_key",
+    "distance",
+    "nearest",
+    "gpu_slug",
+    "DISTANCE_LIMIT",
+    "CLASS_WEIGHT",
+    "HIST_UNITS",
+    "BINS_PER_OCTAVE",
+    "NUM_BINS",
+]
+
+BINS_PER_OCTAVE = 2
+"""Histogram bins per doubling of kv_len."""
+NUM_BINS = 62
+"""Bins 0..61 cover kv_len 1 .. 2^31-1."""
+HIST_UNITS = 16
+"""The histogram's weights are integers summing to this."""
+CLASS_WEIGHT = 0.5
+"""Distance added per step of batch-size class and of total-token class."""
+DISTANCE_LIMIT = 1.0
+"""Largest :func:`distance` at which a tuned bucket is used for a batch."""
+
+_DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+_DTYPE_LONG = {v: k for k, v in _DTYPE_SHORT.items()}
+_KEY_RE = re.compile(
+    r"^(?P<gpu>[a-z0-9]+(?:-[a-z0-9]+)*)\.kv(?P<kv>\d+)\.d(?P<d>\d+)\.(?P<dtype>f16|bf16|f32)\.p(?P<p>\d+)"
+    r"\.b(?P<b>\d+)\.t(?P<t>-1|\d+)\.w(?P<w>(?:\d+x\d+(?:-\d+x\d+)*)?)$"
+)
+
+
+def gpu_slug(name: str) -> str:
+    """``"NVIDIA H100 80GB HBM3"`` -> ``"nvidia-h100-80gb-hbm3"``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
+    if not slug:
+        raise ValueError(f"device: cannot make a bucket name from GPU name {name!r}")
+    return slug
+
+
+@dataclass(frozen=True)
+class BucketKey:
+    """A batch's bucket (frozen, hashable; ``str(key)`` is its stable string form).
+
+    Attributes
+    ----------
+    gpu : str
+        :func:`gpu_slug` of the device name.
+    num_kv_heads, head_dim, page_size : int
+    dtype : str
+        ``"float16"``, ``"bfloat16"`` or ``"float32"``.
+    batch_class : int
+        ``round(log2(B))``.
+    tokens_class : int
+        ``round(log2(sum(kv_len)))``, -1 when every kv_len is 0.
+    hist : tuple of (bin, units)
+        Quantized token-weighted histogram of ``floor(2 * log2(kv_len))``,
+        increasing bins, units summing to :data:`HIST_UNITS` (empty when every
+        kv_len is 0).
+    """
+
+    gpu: str
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    batch_class: int
+    tokens_class: int
+    hist: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        if gpu_slug(self.gpu) != self.gpu:
+            raise ValueError(f"BucketKey.gpu: expected a slug like {gpu_slug(self.gpu)!r}, got {self.gpu!r}")
+        if self.dtype not in _DTYPE_SHORT:
+            raise ValueError(f"BucketKey.dtype: expected one of {sorted(_DTYPE_SHORT)}, got {self.dtype!r}")
+        for name in ("num_kv_heads", "head_dim", "page_size"):
+            _pos_int(f"BucketKey.{name}", getattr(self, name), 1)
+        _pos_int("BucketKey.batch_class", self.batch_class, 0, 16)
+        _pos_int("BucketKey.tokens_class", self.tokens_class, -1, 62)
+        hist = tuple((int(b), int(u)) for b, u in self.hist)
+        object.__setattr__(self, "hist", hist)
+        bins = [b for b, _ in hist]
+        if bins != sorted(set(bins)) or any(not (0 <= b < NUM_BINS) or u < 1 for b, u in hist):
+            raise ValueError(f"BucketKey.hist: expected increasing bins in [0, {NUM_BINS}) with units >= 1")
+        total = sum(u for _, u in hist)
+        if hist and total != HIST_UNITS:
+            raise ValueError(f"BucketKey.hist: units must sum to {HIST_UNITS}, got {total}")
+        if (not hist) != (self.tokens_class == -1):
+            raise ValueError("BucketKey.hist: empty exactly when tokens_class is -1")
+
+    @property
+    def family(self) -> tuple[str, int, int, str, int]:
+        """``(gpu, num_kv_heads, head_dim, dtype, page_size)``: keys of different families never match."""
+        return (self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
+
+    def __str__(self) -> str:
+        w = "-".join(f"{b}x{u}" for b, u in self.hist)
+        return (
+            f"{self.gpu}.kv{self.num_kv_heads}.d{self.head_dim}.{_DTYPE_SHORT[self.dtype]}.p{self.page_size}"
+            f".b{self.batch_class}.t{self.tokens_class}.w{w}"
+        )
+
+    def to_str(self) -> str:
+        """The string form (same as ``str(key)``)."""
+        return str(self)
+
+    @staticmethod
+    def parse(s: str) -> "BucketKey":
+        """Inverse of ``str(key)``.
+
+        Raises
+        ------
+        ValueError
+            If ``s`` is not a bucket key string.
+        """
+        if not isinstance(s, str):
+            raise ValueError(f"bucket: expected a string, got {type(s).__name__}")
+        m = _KEY_RE.match(s)
+        if m is None:
+            raise ValueError(f"bucket: not a bucket key: {s!r}")
+        w = m["w"]
+        hist = tuple(tuple(int(x) for x in part.split("x")) for part in w.split("-")) if w else ()
+        key = BucketKey(
+            gpu=m["gpu"],
+            num_kv_heads=int(m["kv"]),
+            head_dim=int(m["d"]),
+            dtype=_DTYPE_LONG[m["dtype"]],
+            page_size=int(m["p"]),
+            batch_class=int(m["b"]),
+            tokens_class=int(m["t"]),
+            hist=hist,  # type: ignore[arg-type]
+        )
+        if str(key) != s:  # e.g. leading zeros
+            raise ValueError(f"bucket: not in canonical form: {s!r} (expected {str(key)!r})")
+        return key
+
+
+def _length_bins(L: np.ndarray) -> np.ndarray:
+    """``floor(2 * log2(L))`` exactly, for int64 ``L >= 1``."""
+    k = np.frexp(L.astype(np.float64))[1].astype(np.int64) - 1  # floor(log2 L), exact below 2^53
+    half = (L * L) >= np.left_shift(np.int64(1), 2 * k + 1)
+    return 2 * k + half
+
+
+def _log2_class(x: int) -> int:
+    """``round(log2(x))`` exactly for an integer ``x >= 1`` (halves round up):
+    ``floor(log2 x) + [x >= 2^(floor(log2 x) + 1/2)]``."""
+    k = int(x).bit_length() - 1
+    return k + (int(x) * int(x) >= 1 << (2 * k + 1))
+
+
+def _quantize(weights: np.ndarray, units: int) -> np.ndarray:
+    """Largest-remainder rounding of ``weights`` (summing to > 0) to integers summing to ``units``."""
+    total = weights.sum()
+    exact = weights * (units / total)
+    q = np.floor(exact).astype(np.int64)
+    short = units - int(q.sum())
+    if short > 0:
+        rem = exact - q
+        # larger remainder first, lower bin first among equals (stable sort)
+        order = np.argsort(-rem, kind="stable")
+        q[order[:short]] += 1
+    return q
+
+
+def bucket_key(
+    kv_lens: Any,
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    device: DeviceSpec | str | Mapping[str, Any],
+    page_size: int = 16,
+) -> BucketKey:
+    """The bucket of one decode batch (DESIGN.md §5; module docstring for bins and weights).
+
+    Parameters
+    ----------
+    kv_lens : array-like of int, ``[B]``
+        Same rules as :func:`kvsplit.kernels.plan.make_plan`.
+    num_kv_heads : int
+        H_kv >= 1.
+    head_dim : int
+        One of 64, 128, 256.
+    dtype : str
+        ``"float16"``, ``"bfloat16"`` or ``"float32"``.
+    device : DeviceSpec, str or mapping
+        As :func:`kvsplit.kernels.device.resolve_device` accepts.
+    page_size : int
+        1 to 256.
+
+    Returns
+    -------
+    BucketKey
+
+    Raises
+    ------
+    ValueError
+        Naming the invalid argument.
+    """
+    L = _as_kv_lens(kv_lens)
+    num_kv_heads = _pos_int("num_kv_heads", num_kv_heads, 1, 1024)
+    if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
+    page_size = _pos_int("page_size", page_size, 1, MAX_PAGE_SIZE)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    dev = resolve_device(device)
+    B = L.shape[0]
+    total = int(L.sum())
+    nz = L[L > 0]
+    if nz.shape[0]:
+        w = np.bincount(_length_bins(nz), weights=nz.astype(np.float64), minlength=NUM_BINS)
+        q = _quantize(w, HIST_UNITS)
+        idx = np.flatnonzero(q)
+        hist = tuple(zip(idx.tolist(), q[idx].tolist()))
+        tokens_class = _log2_class(total)
+    else:
+        hist = ()
+        tokens_class = -1
+    return BucketKey(
+        gpu=gpu_slug(dev.name),
+        num_kv_heads=num_kv_heads,
+        head_dim=int(head_dim),
+        dtype=dtype,
+        page_size=page_size,
+        batch_class=_log2_class(B),
+        tokens_class=tokens_class,
+        hist=hist,  # type: ignore[arg-type]
+    )
+
+
+def _as_key(k: BucketKey | str, name: str) -> BucketKey:
+    if isinstance(k, BucketKey):
+        return k
+    if isinstance(k, str):
+        return BucketKey.parse(k)
+    raise ValueError(f"{name}: expected a BucketKey or its string form, got {type(k).__name__}")
+
+
+def distance(a: BucketKey | str, b: BucketKey | str) -> float:
+    """Distance between two bucket keys (module docstring); ``inf`` across families.
+
+    Symmetric, zero only for equal signatures, and a metric within a family.
+    Keys may be given as :class:`BucketKey` or strings.
+    """
+    a = _as_key(a, "a")
+    b = _as_key(b, "b")
+    if a.family != b.family:
+        return math.inf
+    classes = CLASS_WEIGHT * (abs(a.batch_class - b.batch_class) + abs(a.tokens_class - b.tokens_class))
+    if not a.hist or not b.hist:
+        return classes if (not a.hist and not b.hist) else math.inf
+    diff = [0] * NUM_BINS
+    for bin_, u in a.hist:
+        diff[bin_] += u
+    for bin_, u in b.hist:
+        diff[bin_] -= u
+    cum = 0
+    l1 = 0
+    for d in diff:
+        cum += d
+        l1 += abs(cum)
+    return l1 / HIST_UNITS / BINS_PER_OCTAVE + classes
+
+
+def nearest(
+    key: BucketKey | str, candidates: Iterable[BucketKey | str], *, limit: float = DISTANCE_LIMIT
+) -> tuple[BucketKey | str, float] | None:
+    """The candidate nearest to ``key`` within ``limit``, or ``None``.
+
+    Ties (equal distance) go to the candidate whose string form sorts first, so
+    the service and the in-process client pick the same bucket whatever the
+    order of ``candidates``. The candidate is returned as given (key or string).
+    """
+    k = _as_key(key, "key")
+    best: tuple[float, str, Any] | None = None
+    for c in candidates:
+        ck = _as_key(c, "candidates[]")
+        d = distance(k, ck)
+        if d > limit:
+            continue
+        s = str(ck)
+        if best is None or (d, s) < (best[0], best[1]):
+            best = (d, s, c)
+    if best is None:
+        return None
+    return best[2], best[0]
