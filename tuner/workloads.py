@@ -15,9 +15,17 @@ tokens for every family.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
 import numpy as np
 
-__all__ = ["FAMILIES", "REFERENCE_BATCH_SIZES", "REFERENCE_TOTALS", "family_kv_lens", "reference_cases"]
+__all__ = [
+    "FAMILIES", "REFERENCE_BATCH_SIZES", "REFERENCE_TOTALS", "family_kv_lens", "reference_cases",
+    "JITTER", "jitter_lengths", "family_batches", "TRACES", "TraceSpec", "Trace", "load_trace", "Replay",
+    "replay_trace", "auto_rate_scale", "iid_trace_batches", "trace_batches", "DEFAULT_STEP_S",
+]
 
 FAMILIES = ("uniform", "skewed40", "skewed60", "skewed80", "2x40")
 REFERENCE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -74,3 +82,443 @@ def reference_cases(total_tokens: int) -> list[tuple[str, int]]:
     Every family at B in {1, 2, 4, ..., 512}, except ``2x40`` which starts at B = 4.
     """
     return [(fam, B) for fam in FAMILIES for B in REFERENCE_BATCH_SIZES if not (fam == "2x40" and B < 4)]
+
+
+# ----------------------------------------------------------------------------
+# Training / held-out draws around a family (DESIGN.md §6)
+# ----------------------------------------------------------------------------
+
+JITTER = (0.9, 1.1)
+"""Each length of a synthetic batch is multiplied by U(0.9, 1.1) (DESIGN.md §6)."""
+
+_ROLE_STREAM = {"train": 0, "heldout": 1}
+
+
+def _role_rng(seed: int, role: str, *extra: int) -> np.random.Generator:
+    if role not in _ROLE_STREAM:
+        raise ValueError(f"role: expected 'train' or 'heldout', got {role!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
+    return np.random.default_rng([int(seed), _ROLE_STREAM[role], *extra])
+
+
+def jitter_lengths(kv_lens: np.ndarray, rng: np.random.Generator, low: float = JITTER[0],
+                   high: float = JITTER[1]) -> np.ndarray:
+    """``round(kv_len * U(low, high))`` per request, at least 1 for a non-empty request.
+
+    Returns int64 ``[B]``; zero lengths stay zero.
+    """
+    L = np.asarray(kv_lens, dtype=np.int64)
+    f = rng.uniform(low, high, size=L.shape)
+    out = np.rint(L * f).astype(np.int64)
+    return np.where(L > 0, np.maximum(out, 1), 0)
+
+
+def family_batches(family: str, batch_size: int, total_tokens: int, *, num_batches: int, seed: int = 0,
+                   role: str = "train") -> list[np.ndarray]:
+    """``num_batches`` jittered draws around one family batch.
+
+    Parameters
+    ----------
+    family, batch_size, total_tokens
+        As :func:`family_kv_lens`.
+    num_batches : int
+        Draws to make (>= 1).
+    seed : int
+        Base seed; ``role`` picks an independent stream, so the ``train`` and
+        ``heldout`` draws of one seed are different batches.
+    role : str
+        ``"train"`` or ``"heldout"``.
+
+    Returns
+    -------
+    list of int64 arrays ``[B]``
+    """
+    base = family_kv_lens(family, batch_size, total_tokens)
+    if isinstance(num_batches, bool) or not isinstance(num_batches, (int, np.integer)) or num_batches < 1:
+        raise ValueError(f"num_batches: expected an integer >= 1, got {num_batches!r}")
+    rng = _role_rng(seed, role)
+    return [jitter_lengths(base, rng) for _ in range(int(num_batches))]
+
+
+# ----------------------------------------------------------------------------
+# Real traces (tuner/traces, README.md there: provenance, licences, sha256)
+# ----------------------------------------------------------------------------
+
+TRACE_DIR = Path(__file__).resolve().parent / "traces"
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """One shipped trace file: its columns and whether it has arrival times."""
+
+    file: str
+    prompt_col: str
+    output_col: str
+    time_col: str | None
+    time_kind: str | None  # "datetime" (Azure) or "ms" (Mooncake)
+    sha256: str
+    doc: str
+
+
+TRACES: dict[str, TraceSpec] = {
+    "azure_code": TraceSpec(
+        "azure_llm_2023_code.csv", "ContextTokens", "GeneratedTokens", "TIMESTAMP", "datetime",
+        "54e9a6d2a4bd06ba1e060304b900abbc74cbea53de96506e60fe5bb4f2277fb6",
+        "Azure LLM inference trace 2023, code completion (Splitwise, ISCA'24; CC-BY-4.0)",
+    ),
+    "azure_conv": TraceSpec(
+        "azure_llm_2023_conv.csv", "ContextTokens", "GeneratedTokens", "TIMESTAMP", "datetime",
+        "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
+        "Azure LLM inference trace 2023, conversation (Splitwise, ISCA'24; CC-BY-4.0)",
+    ),
+    "mooncake": TraceSpec(
+        "mooncake_fast25_conversation.csv", "input_length", "output_length", "timestamp_ms", "ms",
+        "1f49accad3e5065fd4a34570843775bf2d90099c45c12c6e4e5ca96054e9fde6",
+        "Mooncake FAST'25 conversation trace (Kimi, 1 h; Apache-2.0), long context",
+    ),
+    "sharegpt": TraceSpec(
+        "sharegpt_8k_llama2_lengths.csv", "num_prefill_tokens", "num_decode_tokens", None, None,
+        "6d6c296302a853e2669a674a96f269283e60c57e60363bd450588a1066919f9f",
+        "ShareGPT length statistics, Llama-2 tokens, total <= 8k (Etalon; lengths only, no times)",
+    ),
+    "arxiv": TraceSpec(
+        "arxiv_summarization_llama2_lengths.csv", "num_prefill_tokens", "num_decode_tokens", None, None,
+        "9d3580538d915ca75e4aaaa54590b42dbb17abc6d74c8913310cf07c232adcdc",
+        "arXiv summarisation length statistics, Llama-2 tokens, total <= 4k (Vidur; lengths only)",
+    ),
+}
+"""Shipped traces by name. Timed ones (Azure, Mooncake) are replayed with
+continuous batching; length-only ones (ShareGPT, arXiv) are drawn i.i.d."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests of one trace, in arrival order.
+
+    Attributes
+    ----------
+    name : str
+    prompt : int64 ``[N]``
+        Prompt tokens (kv_len when decoding starts).
+    output : int64 ``[N]``
+        Generated tokens (>= 1).
+    arrival_s : float64 ``[N]`` or None
+        Arrival time in seconds from the first request (None: no timestamps).
+    """
+
+    name: str
+    prompt: np.ndarray
+    output: np.ndarray
+    arrival_s: np.ndarray | None
+
+
+def _check_trace_name(name: str) -> TraceSpec:
+    if name not in TRACES:
+        raise ValueError(f"trace: unknown trace {name!r}; known: {sorted(TRACES)}")
+    return TRACES[name]
+
+
+@lru_cache(maxsize=None)
+def load_trace(name: str, *, verify: bool = False) -> Trace:
+    """Read a shipped trace (cached). ``verify=True`` checks the file's sha256 first.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``name``; a checksum mismatch (``verify``).
+    FileNotFoundError
+        The package was installed without its trace files.
+    """
+    import csv
+    import datetime as dt
+    import hashlib
+
+    spec = _check_trace_name(name)
+    path = TRACE_DIR / spec.file
+    if verify:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != spec.sha256:
+            raise ValueError(f"trace {name!r}: {path} has sha256 {digest}, expected {spec.sha256}")
+    prompt: list[int] = []
+    output: list[int] = []
+    times: list[float] = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            prompt.append(int(row[spec.prompt_col]))
+            output.append(int(row[spec.output_col]))
+            if spec.time_kind == "ms":
+                times.append(float(row[spec.time_col]) / 1000.0)
+            elif spec.time_kind == "datetime":
+                stamp = row[spec.time_col]
+                head, _, frac = stamp.partition(".")
+                t = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc)
+                times.append(t.timestamp() + (float("0." + frac) if frac else 0.0))
+    arr = None
+    if times:
+        a = np.asarray(times, dtype=np.float64)
+        order = np.argsort(a, kind="stable")
+        a = a[order] - a[order][0]
+        prompt = list(np.asarray(prompt)[order])
+        output = list(np.asarray(output)[order])
+        arr = a
+    p = np.asarray(prompt, dtype=np.int64)
+    o = np.asarray(output, dtype=np.int64)
+    for a_ in (p, o):
+        a_.setflags(write=False)
+    if arr is not None:
+        arr.setflags(write=False)
+    return Trace(name=name, prompt=p, output=o, arrival_s=arr)
+
+
+DEFAULT_STEP_S = 0.025
+"""Seconds per decode step assumed by the replay (one token per running request per step)."""
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Schedule of a trace replayed with continuous batching.
+
+    ``start[i]``/``end[i]``: first decode step of request i and one past its
+    last (-1/-1 if never admitted: its reservation exceeds the token budget);
+    at step ``t`` with ``start <= t < end`` its kv_len is
+    ``prompt + (t - start)`` (capped by ``max_kv_len``). ``running[t]``: batch
+    size at step ``t``.
+    """
+
+    trace: Trace
+    rate_scale: float
+    max_batch_size: int
+    token_budget: int | None
+    max_kv_len: int | None
+    start: np.ndarray
+    end: np.ndarray
+    running: np.ndarray
+
+    def batch_at(self, step: int) -> np.ndarray:
+        """kv_lens ``[B]`` (int64) of the decode batch at ``step``, in admission order."""
+        live = np.flatnonzero((self.start <= step) & (step < self.end))
+        live = live[np.argsort(self.start[live], kind="stable")]
+        L = self.trace.prompt[live] + (step - self.start[live])
+        if self.max_kv_len is not None:
+            L = np.minimum(L, self.max_kv_len)
+        return L.astype(np.int64)
+
+
+def auto_rate_scale(trace: Trace, batch_size: int, *, step_s: float = DEFAULT_STEP_S, headroom: float = 1.25) -> float:
+    """Arrival-rate multiplier that keeps a running batch of ``batch_size`` full.
+
+    Little's law: concurrency = rate * mean decode time, with mean decode time
+    ``mean(output) * step_s``; the trace's own rate gives only a few concurrent
+    requests (DESIGN.md §6). ``headroom`` > 1 overloads slightly so the batch
+    stays at its cap.
+    """
+    if trace.arrival_s is None:
+        raise ValueError(f"trace {trace.name!r} has no arrival times")
+    span = float(trace.arrival_s[-1] - trace.arrival_s[0]) or 1.0
+    rate = len(trace.prompt) / span
+    concurrency = rate * float(trace.output.mean()) * step_s
+    return headroom * batch_size / concurrency
+
+
+def replay_trace(
+    name: str,
+    *,
+    max_batch_size: int,
+    rate_scale: float | None = None,
+    token_budget: int | None = None,
+    max_kv_len: int | None = None,
+    step_s: float = DEFAULT_STEP_S,
+) -> Replay:
+    """Replay a timed trace's arrivals through a continuous-batching scheduler.
+
+    Model (DESIGN.md §6; ../shared/data/traces/README.md "Building decode
+    batches"): time advances in decode steps of ``step_s`` seconds; request
+    ``i`` arrives at step ``floor(arrival_s[i] / rate_scale / step_s)`` and
+    waits FCFS; at each step arrived requests are admitted while fewer than
+    ``max_batch_size`` run and, with a ``token_budget``, while the reserved
+    KV tokens (prompt + output of every running request) fit in it; an
+    admitted request decodes one token per step for ``output`` steps (prefill
+    is not modelled as a step).
+
+    Parameters
+    ----------
+    name : str
+        A timed trace of :data:`TRACES` (``azure_code``, ``azure_conv``, ``mooncake``).
+    max_batch_size : int
+        Most requests running at once (>= 1).
+    rate_scale : float, optional
+        Arrival-rate multiplier; default :func:`auto_rate_scale` for ``max_batch_size``.
+    token_budget : int, optional
+        KV-cache capacity in tokens (reservations of prompt + output).
+    max_kv_len : int, optional
+        Cap on kv_len (a model's context), applied to the batches.
+
+    Returns
+    -------
+    Replay
+    """
+    import heapq
+    from collections import deque
+
+    spec = _check_trace_name(name)
+    if spec.time_col is None:
+        raise ValueError(f"trace: {name!r} has no arrival times; use iid_trace_batches")
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1:
+        raise ValueError(f"max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
+    if token_budget is not None and (isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer))
+                                     or token_budget < 1):
+        raise ValueError(f"token_budget: expected an integer >= 1 or None, got {token_budget!r}")
+    if max_kv_len is not None and (isinstance(max_kv_len, bool) or not isinstance(max_kv_len, (int, np.integer))
+                                   or max_kv_len < 1):
+        raise ValueError(f"max_kv_len: expected an integer >= 1 or None, got {max_kv_len!r}")
+    if not (isinstance(step_s, (int, float)) and step_s > 0):
+        raise ValueError(f"step_s: expected a number > 0, got {step_s!r}")
+    tr = load_trace(name)
+    if rate_scale is None:
+        rate_scale = auto_rate_scale(tr, int(max_batch_size), step_s=step_s)
+    if isinstance(rate_scale, bool) or not isinstance(rate_scale, (int, float)) or not (0 < rate_scale < 1e9):
+        raise ValueError(f"rate_scale: expected a number > 0, got {rate_scale!r}")
+    assert tr.arrival_s is not None
+    arrive = np.floor(tr.arrival_s / (rate_scale * step_s)).astype(np.int64)
+    out = tr.output
+    reserve = tr.prompt + tr.output
+    N = len(arrive)
+    start = np.full(N, -1, dtype=np.int64)
+    end = np.full(N, -1, dtype=np.int64)
+    budget = None if token_budget is None else int(token_budget)
+    heap: list[tuple[int, int]] = []
+    waiting: deque[int] = deque()
+    used = 0
+    t = 0
+    p = 0
+    maxb = int(max_batch_size)
+    while p < N or waiting or heap:
+        while heap and heap[0][0] <= t:
+            _, i = heapq.heappop(heap)
+            used -= int(reserve[i])
+        while p < N and arrive[p] <= t:
+            waiting.append(p)
+            p += 1
+        while waiting and len(heap) < maxb:
+            i = waiting[0]
+            if budget is not None and reserve[i] > budget:
+                waiting.popleft()  # can never run
+                continue
+            if budget is not None and used + reserve[i] > budget:
+                break
+            waiting.popleft()
+            start[i] = t
+            end[i] = t + int(out[i])
+            used += int(reserve[i])
+            heapq.heappush(heap, (int(end[i]), i))
+        nxt = []
+        if heap:
+            nxt.append(heap[0][0])
+        if p < N:
+            nxt.append(int(arrive[p]))
+        if not nxt:
+            break
+        t = max(t + 1, min(nxt))
+    horizon = int(end.max()) + 1 if (end >= 0).any() else 1
+    delta = np.zeros(horizon + 1, dtype=np.int64)
+    ok = start >= 0
+    np.add.at(delta, start[ok], 1)
+    np.add.at(delta, end[ok], -1)
+    running = np.cumsum(delta)[:horizon]
+    for a in (start, end, running):
+        a.setflags(write=False)
+    return Replay(tr, float(rate_scale), maxb, budget, max_kv_len, start, end, running)
+
+
+def _pick_steps(running: np.ndarray, want_b: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` distinct, spread-out steps with a full batch (>= 90 % of ``want_b``), after warm-up."""
+    horizon = running.shape[0]
+    warm = horizon // 20
+    thresh = max(1, int(np.ceil(0.9 * want_b)))
+    elig = np.flatnonzero(running[warm:] >= thresh) + warm
+    if elig.size < n:
+        top = int(running.max()) if horizon else 0
+        thresh = max(1, int(np.ceil(0.9 * top)))
+        elig = np.flatnonzero(running >= thresh)
+    if elig.size < n:
+        raise ValueError(f"trace replay has only {elig.size} steps with a full batch; wanted {n} batches")
+    # n strata over the eligible steps, one random step in each: spread out, reproducible
+    edges = np.linspace(0, elig.size, n + 1).astype(np.int64)
+    picks = np.array([elig[rng.integers(lo, max(lo + 1, hi))] for lo, hi in zip(edges[:-1], edges[1:])])
+    return np.unique(picks)
+
+
+def iid_trace_batches(name: str, batch_size: int, *, num_batches: int, seed: int = 0, role: str = "train",
+                      max_kv_len: int | None = None) -> list[np.ndarray]:
+    """i.i.d. decode batches from a trace's lengths (for length-only traces).
+
+    Each request: a random row, ``kv_len = prompt + g`` with ``g ~ U{0..output-1}``
+    (README "cheaper i.i.d. version"). ``role`` picks an independent stream.
+    """
+    tr = load_trace(name)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
+    if isinstance(num_batches, bool) or not isinstance(num_batches, (int, np.integer)) or num_batches < 1:
+        raise ValueError(f"num_batches: expected an integer >= 1, got {num_batches!r}")
+    rng = _role_rng(seed, role, 7)
+    out = []
+    for _ in range(int(num_batches)):
+        rows = rng.integers(0, tr.prompt.shape[0], size=int(batch_size))
+        g = rng.integers(0, tr.output[rows])
+        L = tr.prompt[rows] + g
+        if max_kv_len is not None:
+            L = np.minimum(L, max_kv_len)
+        out.append(L.astype(np.int64))
+    return out
+
+
+def trace_batches(
+    name: str,
+    batch_size: int,
+    *,
+    num_train: int,
+    num_heldout: int,
+    seed: int = 0,
+    rate_scale: float | None = None,
+    token_budget: int | None = None,
+    max_batch_size: int | None = None,
+    max_kv_len: int | None = None,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Training and held-out decode batches of about ``batch_size`` requests from a trace.
+
+    Timed traces (Azure code/conv, Mooncake) are replayed with
+    :func:`replay_trace` (``max_batch_size`` defaults to ``batch_size``, the
+    rate scale to :func:`auto_rate_scale`) and sampled at distinct,
+    spread-out steps with a full batch; the seeded shuffle of those steps
+    gives the two sets (never the same batch). Length-only traces (ShareGPT,
+    arXiv) are drawn i.i.d. with independent streams per role.
+
+    Returns
+    -------
+    (train, heldout) : lists of int64 arrays
+    """
+    spec = _check_trace_name(name)
+    if spec.time_col is None:
+        return (iid_trace_batches(name, batch_size, num_batches=num_train, seed=seed, role="train",
+                                  max_kv_len=max_kv_len),
+                iid_trace_batches(name, batch_size, num_batches=num_heldout, seed=seed, role="heldout",
+                                  max_kv_len=max_kv_len))
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
+    rep = _replay_cached(name, int(max_batch_size or batch_size), rate_scale, token_budget, max_kv_len)
+    rng = np.random.default_rng([int(seed), 11])
+    n = int(num_train) + int(num_heldout)
+    steps = _pick_steps(rep.running, min(int(batch_size), rep.max_batch_size), n, rng)
+    if steps.size < n:
+        raise ValueError(f"trace {name!r}: could only find {steps.size} distinct full-batch steps, wanted {n}")
+    steps = rng.permutation(steps)
+    batches = [rep.batch_at(int(s)) for s in steps]
+    return batches[:num_train], batches[num_train:]
+
+
+@lru_cache(maxsize=16)
+def _replay_cached(name: str, max_batch_size: int, rate_scale: float | None, token_budget: int | None,
+                   max_kv_len: int | None) -> Replay:
+    return replay_trace(name, max_batch_size=max_batch_size, rate_scale=rate_scale, token_budget=token_budget,
+                        max_kv_len=max_kv_len)
