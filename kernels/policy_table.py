@@ -1,0 +1,312 @@
+"""The published-policy table: bucket lookup + plan, identical in the service and in clients.
+
+``GET /v1/policies`` returns a JSON document (format ``kvsplit.policy_table/1``)
+with every published policy, its bucket key, the distance limit and the
+fallback policy. :class:`PolicyTable` is built from that document, by the plan
+service (from the store) and by :class:`kvsplit.service.client.PlanClient`
+(over HTTP), and :meth:`PolicyTable.plan` is the one function both call, so the
+HTTP answer and an in-process plan are equal by construction.
+
+Lookup rule (DESIGN.md §5, §7): compute the batch's bucket key
+(:func:`kvsplit.kernels.buckets.bucket_key`); among published policies of the
+same key family (gpu, H_kv, head_dim, dtype, page_size) take the nearest
+GPU-tuned one (backend ``gpu``, source ``tuned``) within the distance limit; if
+there is none, the nearest simulator-tuned one (backend ``sim``, source
+``simulated``); else plan with the fallback policy (``balanced``, source
+``fallback``). Distances are :func:`kvsplit.kernels.buckets.distance`, computed
+here for all candidates of a family at once with NumPy (bit-identical: integer
+sums divided by powers of two); ties go to the smaller bucket key string, then
+the smaller policy id, as :func:`kvsplit.kernels.buckets.nearest` breaks them.
+
+Pure NumPy: no torch, FastAPI or SQLAlchemy import.
+
+Document fields::
+
+    {"format": "kvsplit.policy_table/1", "version": int, "distance_limit": float,
+     "fallback": {"name": "balanced", "params": {}},
+     "policies": [{"id": int, "version": int, "bucket": str, "gpu": str,
+                   "num_kv_heads": int, "head_dim": int, "dtype": str, "page_size": int,
+                   "name": str, "params": {...}, "backend": "gpu" | "sim",
+                   "source": "tuned" | "simulated", ...}, ...]}
+
+Extra keys in a policy entry (publication time, tuning run, verification
+summary) are carried for display and ignored by the lookup.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, DISTANCE_LIMIT, HIST_UNITS, NUM_BINS, BucketKey, bucket_key
+from .buckets import gpu_slug
+from .device import DeviceSpec, resolve_device
+from .plan import POLICIES, Plan, make_plan
+
+__all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND"]
+
+TABLE_FORMAT = "kvsplit.policy_table/1"
+FALLBACK_POLICY = "balanced"
+SOURCE_OF_BACKEND = {"gpu": "tuned", "sim": "simulated"}
+_SHAPE_FIELDS = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    """One published policy of the table (immutable).
+
+    ``key`` is the parsed bucket key; ``shape`` its family (gpu slug,
+    num_kv_heads, head_dim, dtype, page_size); ``doc`` the entry's JSON object
+    as received.
+    """
+
+    id: int
+    version: int
+    bucket: str
+    key: BucketKey
+    shape: tuple
+    name: str
+    params: Mapping[str, Any]
+    backend: str
+    source: str
+    doc: Mapping[str, Any]
+
+    def info(self) -> dict[str, Any]:
+        """The ``policy`` object of a plan answer."""
+        return {"id": self.id, "version": self.version, "name": self.name,
+                "params": dict(self.params), "source": self.source}
+
+
+def _field(d: Mapping[str, Any], name: str, types: type | tuple, where: str) -> Any:
+    if name not in d:
+        raise ValueError(f"{where}.{name}: missing")
+    v = d[name]
+    if isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise ValueError(f"{where}.{name}: expected {types}, got {v!r}")
+    if not isinstance(v, types):
+        raise ValueError(f"{where}.{name}: expected {getattr(types, '__name__', types)}, got {type(v).__name__}")
+    return v
+
+
+class PolicyTable:
+    """Published policies indexed by shape, with the lookup-and-plan rule (module doc).
+
+    Build it with :meth:`from_json`; instances are immutable in use, so a server
+    swaps a whole table on reload and in-flight requests keep the old one.
+    """
+
+    def __init__(self, entries: Sequence[PolicyEntry], *, version: int = 0,
+                 distance_limit: float = DISTANCE_LIMIT, fallback_name: str = FALLBACK_POLICY,
+                 fallback_params: Mapping[str, Any] | None = None, doc: Mapping[str, Any] | None = None) -> None:
+        if fallback_name not in POLICIES:
+            raise ValueError(f"fallback.name: unknown policy {fallback_name!r}; known: {sorted(POLICIES)}")
+        if not (isinstance(distance_limit, (int, float)) and not isinstance(distance_limit, bool)
+                and distance_limit >= 0 and not math.isnan(distance_limit)):
+            raise ValueError(f"distance_limit: expected a number >= 0, got {distance_limit!r}")
+        self.entries = tuple(entries)
+        self.version = int(version)
+        self.distance_limit = float(distance_limit)
+        self.fallback_name = fallback_name
+        self.fallback_params = dict(fallback_params or {})
+        self.doc = doc
+        groups: dict[tuple, dict[str, list[PolicyEntry]]] = {}
+        for e in sorted(self.entries, key=lambda e: (e.bucket, e.id)):
+            groups.setdefault(e.shape, {"tuned": [], "simulated": []})[e.source].append(e)
+        self._by_shape = {shape: {src: _Candidates(es) for src, es in g.items() if es}
+                          for shape, g in groups.items()}
+
+    # -- construction ----------------------------------------------------------
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "PolicyTable":
+        """Build a table from a ``GET /v1/policies`` document (module doc).
+
+        Raises
+        ------
+        ValueError
+            On a wrong format tag or a missing / malformed field, naming it
+            (``policies[3].params`` ...), or an unknown policy name.
+        """
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"policy table: expected an object, got {type(doc).__name__}")
+        fmt = doc.get("format")
+        if fmt != TABLE_FORMAT:
+            raise ValueError(f"policy table.format: expected {TABLE_FORMAT!r}, got {fmt!r}")
+        version = _field(doc, "version", int, "policy table")
+        limit = _field(doc, "distance_limit", (int, float), "policy table")
+        fb = _field(doc, "fallback", Mapping, "policy table")
+        fb_name = _field(fb, "name", str, "policy table.fallback")
+        fb_params = _field(fb, "params", Mapping, "policy table.fallback")
+        raw = _field(doc, "policies", list, "policy table")
+        entries = []
+        seen: set[int] = set()
+        for i, p in enumerate(raw):
+            where = f"policies[{i}]"
+            if not isinstance(p, Mapping):
+                raise ValueError(f"{where}: expected an object")
+            pid = _field(p, "id", int, where)
+            if pid in seen:
+                raise ValueError(f"{where}.id: duplicate id {pid}")
+            seen.add(pid)
+            name = _field(p, "name", str, where)
+            if name not in POLICIES:
+                raise ValueError(f"{where}.name: unknown policy {name!r}; known: {sorted(POLICIES)}")
+            backend = _field(p, "backend", str, where)
+            if backend not in SOURCE_OF_BACKEND:
+                raise ValueError(f"{where}.backend: expected 'gpu' or 'sim', got {backend!r}")
+            bucket = _field(p, "bucket", str, where)
+            try:
+                key = BucketKey.parse(bucket)
+            except ValueError as exc:
+                raise ValueError(f"{where}.bucket: {exc}") from None
+            declared = (
+                _field(p, "gpu", str, where), _field(p, "num_kv_heads", int, where),
+                _field(p, "head_dim", int, where), _field(p, "dtype", str, where),
+                _field(p, "page_size", int, where),
+            )
+            shape = key.family
+            if (gpu_slug(declared[0]),) + declared[1:] != shape:
+                raise ValueError(f"{where}: gpu/num_kv_heads/head_dim/dtype/page_size {declared} do not match "
+                                 f"bucket {bucket!r}")
+            entries.append(PolicyEntry(
+                id=pid, version=_field(p, "version", int, where), bucket=bucket, key=key, shape=shape,
+                name=name, params=dict(_field(p, "params", Mapping, where)), backend=backend,
+                source=SOURCE_OF_BACKEND[backend], doc=p,
+            ))
+        return cls(entries, version=version, distance_limit=float(limit), fallback_name=fb_name,
+                   fallback_params=fb_params, doc=doc)
+
+    @staticmethod
+    def document(policies: Sequence[Mapping[str, Any]], *, version: int,
+                 distance_limit: float = DISTANCE_LIMIT) -> dict[str, Any]:
+        """The canonical table document for ``policies`` (entries as in the module doc)."""
+        return {
+            "format": TABLE_FORMAT,
+            "version": int(version),
+            "distance_limit": float(distance_limit),
+            "fallback": {"name": FALLBACK_POLICY, "params": {}},
+            "policies": [dict(p) for p in sorted(policies, key=lambda p: p["id"])],
+        }
+
+    # -- queries -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def counts(self) -> dict[str, int]:
+        """Published policies by source (``tuned``, ``simulated``)."""
+        out = {"tuned": 0, "simulated": 0}
+        for e in self.entries:
+            out[e.source] += 1
+        return out
+
+    def lookup(self, key: BucketKey) -> tuple[PolicyEntry | None, float | None]:
+        """Nearest usable policy for ``key`` and its distance (module doc rule), or (None, None)."""
+        groups = self._by_shape.get(key.family)
+        if groups is None:
+            return None, None
+        for source in ("tuned", "simulated"):
+            cands = groups.get(source)
+            if cands is None:
+                continue
+            hit = cands.nearest(key, self.distance_limit)
+            if hit is not None:
+                return hit
+        return None, None
+
+    def plan(
+        self,
+        kv_lens: Any,
+        *,
+        gpu: str,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str,
+        page_size: int,
+        device: DeviceSpec | None = None,
+    ) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
+        """Pick the policy of a batch's bucket and plan the batch with it.
+
+        Parameters
+        ----------
+        kv_lens : array-like of int, ``[B]``
+            Tokens in each request's KV cache (as :func:`kvsplit.kernels.plan.make_plan`).
+        gpu : str
+            GPU name or alias (``"NVIDIA H200"``, ``"h200"``); with ``device``
+            given, the name of that description.
+        num_qo_heads, num_kv_heads : int
+            H_q and H_kv; H_q must be a multiple of H_kv.
+        head_dim : int
+            64, 128 or 256.
+        dtype : str
+            ``"float16"``, ``"bfloat16"`` or ``"float32"``.
+        page_size : int
+            Tokens per KV page.
+        device : DeviceSpec, optional
+            Numbers of a GPU not in :mod:`kvsplit.kernels.device`'s table.
+
+        Returns
+        -------
+        (Plan, bucket, policy)
+            ``bucket`` = ``{"key", "matched", "distance"}`` (matched bucket key
+            and distance are None on fallback); ``policy`` = ``{"id", "version",
+            "name", "params", "source"}``.
+
+        Raises
+        ------
+        ValueError
+            On invalid arguments, naming them.
+        """
+        for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"num_qo_heads: {num_qo_heads} is not a multiple of num_kv_heads ({num_kv_heads})")
+        dev = device if device is not None else resolve_device(gpu)
+        key = bucket_key(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=dev,
+                         page_size=page_size)
+        entry, d = self.lookup(key)
+        if entry is None:
+            plan = make_plan(kv_lens, num_kv_heads=num_kv_heads, device=dev, policy=self.fallback_name,
+                             params=self.fallback_params, head_dim=head_dim, page_size=page_size, dtype=dtype)
+            return (plan, {"key": str(key), "matched": None, "distance": None},
+                    {"id": None, "version": None, "name": self.fallback_name,
+                     "params": dict(self.fallback_params), "source": "fallback"})
+        plan = make_plan(kv_lens, num_kv_heads=num_kv_heads, device=dev, policy=entry.name, params=entry.params,
+                         head_dim=head_dim, page_size=page_size, dtype=dtype)
+        return plan, {"key": str(key), "matched": entry.bucket, "distance": d}, entry.info()
+
+
+def _cum_hist(key: BucketKey) -> np.ndarray:
+    h = np.zeros(NUM_BINS, dtype=np.int64)
+    for b, u in key.hist:
+        h[b] = u
+    return np.cumsum(h)
+
+
+class _Candidates:
+    """Keys of one family and source as arrays, for vectorized distances.
+
+    ``distance(a, b) = sum|cum_a - cum_b| / HIST_UNITS / BINS_PER_OCTAVE +
+    CLASS_WEIGHT * (|db| + |dt|)`` (kvsplit.kernels.buckets.distance), inf when
+    exactly one histogram is empty. Entries are sorted by (bucket string, id).
+    """
+
+    def __init__(self, entries: Sequence[PolicyEntry]) -> None:
+        self.entries = list(entries)
+        self.cum = np.stack([_cum_hist(e.key) for e in self.entries])
+        self.bclass = np.array([e.key.batch_class for e in self.entries], dtype=np.int64)
+        self.tclass = np.array([e.key.tokens_class for e in self.entries], dtype=np.int64)
+        self.empty = np.array([not e.key.hist for e in self.entries])
+
+    def nearest(self, key: BucketKey, limit: float) -> tuple[PolicyEntry, float] | None:
+        l1 = np.abs(self.cum - _cum_hist(key)).sum(axis=1)
+        classes = CLASS_WEIGHT * (np.abs(self.bclass - key.batch_class) + np.abs(self.tclass - key.tokens_class))
+        d = l1 / HIST_UNITS / BINS_PER_OCTAVE + classes
+        d = np.where(self.empty == (not key.hist), np.where(self.empty, classes, d), np.inf)
+        i = int(np.argmin(d))  # first minimum = smallest (bucket, id): entries are sorted that way
+        if not d[i] <= limit:
+            return None
+        return self.entries[i], float(d[i])

@@ -1,0 +1,104 @@
+"""The plan service (FastAPI): ``create_app(settings)`` wires routers, lifespan and middleware.
+
+Routes (operation ids in brackets; OpenAPI at ``/v1/openapi.json``, docs at ``/v1/docs``):
+
+* ``POST /v1/plan`` [plan] — the plan of a batch (DESIGN.md §3).
+* ``GET /v1/policies`` [list_policies] — the policy table, ETag / If-None-Match.
+* ``GET /v1/policies/{policy_id}`` [get_policy]
+* ``POST /v1/policies/import`` [import_policies], ``POST /v1/policies/{id}/publish`` [publish_policy],
+  ``POST /v1/policies/{id}/retire`` [retire_policy] — admin, ``Authorization: Bearer <KVSPLIT_ADMIN_TOKEN>``.
+* ``GET /v1/buckets`` [list_buckets], ``GET /v1/runs`` [list_runs], ``GET /v1/measurements`` [list_measurements]
+* ``GET /healthz`` [healthz], ``GET /metrics`` [metrics], ``GET /`` (dashboard).
+
+Start-up (lifespan) loads the published policies from the store (failing
+loudly when the schema is outdated: run ``kvsplit db upgrade``) and starts the
+version poll; see :mod:`kvsplit.service.state`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
+
+from . import queries
+from .middleware import GuardMiddleware
+from .routers import dashboard, data, health, plan, policies
+from .schemas import DeviceIn, make_plan_request_model
+from .settings import Settings
+from .state import TableHolder
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("kvsplit.service")
+
+
+def _custom_openapi(app: FastAPI, max_kv_len: int) -> Any:
+    def openapi() -> dict:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        req_model = make_plan_request_model(max_kv_len)
+        _, defs = models_json_schema([(req_model, "validation"), (DeviceIn, "validation")],
+                                     ref_template="#/components/schemas/{model}")
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        comps.update(defs.get("$defs", {}))
+        app.openapi_schema = schema
+        return schema
+
+    return openapi
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service app.
+
+    Parameters
+    ----------
+    settings : Settings, optional
+        Defaults to ``Settings()`` (``KVSPLIT_*`` environment variables).
+    """
+    settings = settings or Settings()
+    url = settings.database_url
+    holder = TableHolder(functools.partial(queries.load_table_doc, url), functools.partial(queries.read_version, url))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await asyncio.to_thread(holder.reload)
+        task = None
+        if settings.reload_interval_s > 0:
+            task = asyncio.create_task(holder.poll(settings.reload_interval_s))
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app = FastAPI(
+        title="kvsplit plan service",
+        version="1",
+        description="Split-KV plans for GQA decode attention from per-bucket tuned policies.",
+        openapi_url="/v1/openapi.json",
+        docs_url="/v1/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.holder = holder
+    for r in (plan.router, policies.router, data.router, health.router, dashboard.router):
+        app.include_router(r)
+    app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.openapi = _custom_openapi(app, settings.max_kv_len)  # type: ignore[method-assign]
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for ``uvicorn --factory`` (settings from the environment)."""
+    return create_app(Settings())

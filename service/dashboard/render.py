@@ -1,0 +1,73 @@
+"""Render the dashboard from :func:`kvsplit.service.queries.dashboard_data` (Jinja2 + inline SVG)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+
+from .svg import line_chart
+
+__all__ = ["render_dashboard"]
+
+_env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                   autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def _speed_class(v: Any) -> str:
+    if v is None or not math.isfinite(v):
+        return "na"
+    if v >= 1.15:
+        return "win"
+    if v >= 0.995:
+        return "even"
+    return "loss"
+
+
+def _params(p: dict) -> str:
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(p.items()))
+
+
+def _duration(s: Any) -> str:
+    if s is None:
+        return "–"
+    s = float(s)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+_env.filters.update(num=_num, speed_class=_speed_class, params=_params, duration=_duration)
+
+
+def render_dashboard(data: dict[str, Any]) -> str:
+    """HTML of the dashboard for ``data`` (see ``queries.dashboard_data``)."""
+    shapes = []
+    for sh in data["shapes"]:
+        charts = []
+        for fam, series in sh["families"].items():
+            svg = line_chart(series, title=f"{fam}: time / HBM floor vs batch size", x_label="batch size (requests)",
+                             y_label="time / HBM floor")
+            charts.append({"family": fam, "svg": Markup(svg)})
+        baselines = []
+        for b in sh["buckets"]:
+            for name in b["speedups"]:
+                if name not in baselines:
+                    baselines.append(name)
+        shapes.append({**sh, "charts": charts, "baselines": baselines})
+    n_pub = sum(1 for sh in data["shapes"] for b in sh["buckets"] if b["policy"] is not None)
+    return _env.get_template("index.html").render(shapes=shapes, runs=data["runs"], version=data["version"],
+                                                  n_published=n_pub)

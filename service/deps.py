@@ -1,0 +1,54 @@
+"""Shared dependencies of the routers: settings, the served table, admin auth."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Optional
+
+from fastapi import Depends, Header, HTTPException, Request
+
+from .settings import Settings
+from .state import ServedTable, TableHolder
+
+__all__ = ["get_settings", "get_holder", "get_served", "require_admin", "SettingsDep", "ServedDep", "HolderDep",
+           "AdminDep"]
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_holder(request: Request) -> TableHolder:
+    return request.app.state.holder
+
+
+def get_served(request: Request) -> ServedTable:
+    served = request.app.state.holder.current
+    if served is None:  # only before the lifespan finished loading
+        raise HTTPException(503, "policy table not loaded yet")
+    return served
+
+
+def require_admin(request: Request, authorization: Annotated[Optional[str], Header()] = None) -> None:
+    """Bearer-token check of the admin routes.
+
+    403 when the server has no ``KVSPLIT_ADMIN_TOKEN`` (admin routes disabled),
+    401 with ``WWW-Authenticate: Bearer`` on a missing or wrong token.
+    """
+    token = request.app.state.settings.admin_token
+    if not token:
+        raise HTTPException(403, "admin routes are disabled: start the server with KVSPLIT_ADMIN_TOKEN set")
+    given = ""
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer":
+            given = value.strip()
+    if not given or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode("utf-8")):
+        raise HTTPException(401, "admin route: missing or wrong bearer token (Authorization: Bearer <token>)",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+HolderDep = Annotated[TableHolder, Depends(get_holder)]
+ServedDep = Annotated[ServedTable, Depends(get_served)]
+AdminDep = Depends(require_admin)

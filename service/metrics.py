@@ -1,0 +1,60 @@
+"""Prometheus metrics of the plan service (names prefixed ``kvsplit_``).
+
+=========================================  =========  ==========================================
+name                                       type       labels
+=========================================  =========  ==========================================
+kvsplit_http_requests_total                counter    route (path template), method, status
+kvsplit_http_request_duration_seconds      histogram  route, method
+kvsplit_plan_lookups_total                 counter    source (tuned, simulated, fallback)
+kvsplit_policies_loaded                    gauge      source (tuned, simulated)
+kvsplit_policies_version                   gauge      -
+kvsplit_policy_reloads_total               counter    result (ok, error)
+=========================================  =========  ==========================================
+
+Several workers (``kvsplit serve --workers N``): ``kvsplit serve`` sets
+``PROMETHEUS_MULTIPROC_DIR`` to a fresh directory before the workers start, so
+every worker writes its samples there and ``GET /metrics`` on any worker
+aggregates all of them (prometheus-client's multiprocess mode: counters and
+histograms are summed; the gauges report the most recent value, ``mostrecent``).
+With one worker the default in-process registry is used.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+__all__ = ["REQUESTS", "LATENCY", "PLAN_LOOKUPS", "POLICIES_LOADED", "POLICIES_VERSION", "RELOADS",
+           "render", "CONTENT_TYPE_LATEST", "MULTIPROCESS"]
+
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+_gauge_kw = {"multiprocess_mode": "mostrecent"} if MULTIPROCESS else {}
+
+REQUESTS = Counter("kvsplit_http_requests", "HTTP requests by route, method and status",
+                   ["route", "method", "status"])
+LATENCY = Histogram("kvsplit_http_request_duration_seconds", "HTTP request latency (s) by route",
+                    ["route", "method"],
+                    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+PLAN_LOOKUPS = Counter("kvsplit_plan_lookups", "Plan lookups by policy source", ["source"])
+POLICIES_LOADED = Gauge("kvsplit_policies_loaded", "Published policies in the served table", ["source"],
+                        **_gauge_kw)
+POLICIES_VERSION = Gauge("kvsplit_policies_version", "Store policies_version of the served table", **_gauge_kw)
+RELOADS = Counter("kvsplit_policy_reloads", "Policy table reloads", ["result"])
+
+for _s in ("tuned", "simulated", "fallback"):
+    PLAN_LOOKUPS.labels(_s)
+
+
+def render() -> bytes:
+    """The exposition text of all kvsplit metrics (all workers in multiprocess mode)."""
+    if MULTIPROCESS:
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
+    from prometheus_client import REGISTRY
+
+    return generate_latest(REGISTRY)

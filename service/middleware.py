@@ -1,0 +1,117 @@
+"""Pure-ASGI middleware of the plan service: body-size limit and request metrics.
+
+One layer (not Starlette's ``BaseHTTPMiddleware``, which costs a task and a
+stream per request) that
+
+* refuses request bodies over ``max_body_bytes`` with 413 **before** anything
+  parses them: first by ``Content-Length``, then by counting the streamed bytes
+  (chunked uploads), and
+* counts every request and its latency by route template (``/v1/policies/{policy_id}``,
+  not the raw path, so label cardinality stays bounded; unmatched paths are
+  ``"unmatched"``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from . import metrics
+
+__all__ = ["GuardMiddleware"]
+
+_BODY_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
+
+
+async def _send_json(send: Any, status: int, payload: dict, headers: list | None = None) -> None:
+    body = orjson.dumps(payload)
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")] + (headers or [])
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+
+
+class GuardMiddleware:
+    """Body-size limit + Prometheus request metrics (module doc).
+
+    Parameters
+    ----------
+    app : ASGI app
+    max_body_bytes : int
+        Largest accepted request body, bytes (``KVSPLIT_MAX_BODY_BYTES``, 2 MiB).
+    """
+
+    def __init__(self, app: Any, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body = int(max_body_bytes)
+
+    def _too_large(self, n: int | None) -> dict:
+        got = f"{n} bytes" if n is not None else "more"
+        return {"detail": f"request body too large: {got}, limit {self.max_body} bytes (KVSPLIT_MAX_BODY_BYTES)"}
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        method = scope["method"]
+        status = [500]
+
+        async def send_wrapped(msg: dict) -> None:
+            if msg["type"] == "http.response.start":
+                status[0] = msg["status"]
+            await send(msg)
+
+        try:
+            if method in _BODY_METHODS:
+                declared = None
+                for k, v in scope["headers"]:
+                    if k == b"content-length":
+                        try:
+                            declared = int(v)
+                        except ValueError:
+                            status[0] = 400
+                            await _send_json(send, 400, {"detail": "invalid Content-Length header"})
+                            return
+                        break
+                if declared is not None and declared > self.max_body:
+                    status[0] = 413
+                    await _send_json(send, 413, self._too_large(declared))
+                    return
+                chunks = []
+                total = 0
+                more = True
+                while more:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        status[0] = 499
+                        return
+                    chunk = msg.get("body", b"")
+                    total += len(chunk)
+                    if total > self.max_body:
+                        status[0] = 413
+                        await _send_json(send, 413, self._too_large(None))
+                        return
+                    if chunk:
+                        chunks.append(chunk)
+                    more = msg.get("more_body", False)
+                body = b"".join(chunks)
+                replayed = False
+
+                async def replay() -> dict:
+                    nonlocal replayed
+                    if not replayed:
+                        replayed = True
+                        return {"type": "http.request", "body": body, "more_body": False}
+                    return await receive()
+
+                await self.app(scope, replay, send_wrapped)
+            else:
+                await self.app(scope, receive, send_wrapped)
+        finally:
+            route = scope.get("route")
+            label = getattr(route, "path", None) or "unmatched"
+            metrics.REQUESTS.labels(label, method, str(status[0])).inc()
+            metrics.LATENCY.labels(label, method).observe(time.perf_counter() - t0)

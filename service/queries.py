@@ -1,0 +1,264 @@
+"""Read helpers of the plan service on top of :mod:`kvsplit.db.store`.
+
+The store returns ORM rows; these functions turn them into the plain JSON the
+service answers with (the policy-table document, bucket / run / measurement
+lists) and compute the dashboard's figures from stored measurements.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from typing import Any
+
+from ..db import store
+from ..kernels.buckets import gpu_slug
+from ..kernels.device import resolve_device
+from ..kernels.plan import make_plan
+from ..kernels.policy_table import SOURCE_OF_BACKEND, PolicyTable
+
+__all__ = [
+    "table_entry", "load_table_doc", "read_version", "policy_detail", "list_buckets", "list_runs",
+    "list_measurements", "validate_import_entry", "canonical_gpu", "family_of", "BASELINES",
+]
+
+BASELINES = ("balanced", "fa3", "flashinfer", "no_split")
+"""Baseline policies measured beside the tuned one on held-out batches (issue 4)."""
+_FAMILIES = ("uniform", "skewed40", "skewed60", "skewed80", "2x40")
+
+
+def canonical_gpu(name: str) -> str:
+    """The table name of a known GPU (``"h200"`` -> ``"NVIDIA H200"``); other names unchanged."""
+    try:
+        return resolve_device(name).name
+    except ValueError:
+        return name
+
+
+def _iso(t: Any) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def table_entry(p: Any) -> dict[str, Any]:
+    """The policy-table entry (kvsplit.kernels.policy_table module doc) of a Policy row."""
+    b = p.bucket
+    return {
+        "id": p.id, "version": p.version, "bucket": p.bucket_key, "gpu": b.gpu, "num_kv_heads": b.num_kv_heads,
+        "head_dim": b.head_dim, "dtype": b.dtype, "page_size": b.page_size, "name": p.name,
+        "params": dict(p.params or {}), "backend": p.backend, "source": SOURCE_OF_BACKEND[p.backend],
+        "score": p.score, "tuning_run_id": p.tuning_run_id, "published_at": _iso(p.published_at),
+    }
+
+
+def load_table_doc(url: str) -> dict[str, Any]:
+    """The ``GET /v1/policies`` document of the store at ``url`` (one read transaction)."""
+    with store.session_scope(url) as s:
+        version = store.policies_version(s)
+        entries = [table_entry(p) for p in store.list_published(s)]
+    return PolicyTable.document(entries, version=version)
+
+
+def read_version(url: str) -> int:
+    """The store's ``policies_version`` (polled by the reload loop)."""
+    with store.session_scope(url) as s:
+        return store.policies_version(s)
+
+
+def policy_detail(url: str, policy_id: int) -> dict[str, Any] | None:
+    """One policy of any status with its bucket, verification and device, or None."""
+    with store.session_scope(url) as s:
+        p = store.get_policy(s, policy_id)
+        if p is None:
+            return None
+        d = store.policy_to_dict(p)
+    d["bucket_fields"] = d.pop("bucket")
+    d["bucket"] = d["bucket_fields"]["key"]
+    d["source"] = SOURCE_OF_BACKEND.get(d["backend"])
+    return d
+
+
+def list_buckets(url: str, *, gpu: str | None = None, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, dtype: str | None = None,
+                 page_size: int | None = None) -> list[dict[str, Any]]:
+    """Buckets with their published policy id, optionally filtered by shape fields."""
+    want_gpu = None if gpu is None else gpu_slug(gpu)
+    with store.session_scope(url) as s:
+        rows = store.list_buckets(s)
+        published = {p.bucket_id: p for p in store.list_published(s)}
+        out = []
+        for b in rows:
+            if ((want_gpu is not None and gpu_slug(b.gpu) != want_gpu)
+                    or (num_kv_heads is not None and b.num_kv_heads != num_kv_heads)
+                    or (head_dim is not None and b.head_dim != head_dim)
+                    or (dtype is not None and b.dtype != dtype)
+                    or (page_size is not None and b.page_size != page_size)):
+                continue
+            p = published.get(b.id)
+            out.append({
+                "id": b.id, "key": b.key, "gpu": b.gpu, "num_kv_heads": b.num_kv_heads, "head_dim": b.head_dim,
+                "dtype": b.dtype, "page_size": b.page_size, "source": b.source, "family": family_of(b),
+                "signature": dict(b.signature or {}), "published_policy_id": None if p is None else p.id,
+                "created_at": _iso(b.created_at),
+            })
+    return out
+
+
+def _run_dict(r: Any) -> dict[str, Any]:
+    dur = None
+    if r.finished_at is not None and r.started_at is not None:
+        dur = (r.finished_at - r.started_at).total_seconds()
+    return {
+        "id": r.id, "bucket": r.bucket.key if r.bucket is not None else None, "study_name": r.study_name,
+        "storage_kind": r.storage_kind, "backend": r.backend, "status": r.status, "n_trials": r.n_trials,
+        "n_finished": r.n_finished, "workers": r.workers, "best_value": r.best_value,
+        "best_params": r.best_params, "message": r.message, "started_at": _iso(r.started_at),
+        "finished_at": _iso(r.finished_at), "duration_s": dur,
+    }
+
+
+def list_runs(url: str, *, bucket: str | None = None, status: str | None = None,
+              limit: int = 100) -> list[dict[str, Any]]:
+    """Tuning runs, newest first."""
+    with store.session_scope(url) as s:
+        return [_run_dict(r) for r in store.list_runs(s, bucket_key=bucket, status=status, limit=limit)]
+
+
+def _measurement_dict(m: Any, key: str) -> dict[str, Any]:
+    return {
+        "id": m.id, "bucket": key, "tuning_run_id": m.tuning_run_id, "policy_id": m.policy_id, "stage": m.stage,
+        "policy_name": m.policy_name, "params": dict(m.params or {}), "role": m.role, "batch_index": m.batch_index,
+        "batch_size": m.batch_size, "total_tokens": m.total_tokens, "time_s": m.time_s, "floor_s": m.floor_s,
+        "ratio": m.ratio, "backend": m.backend, "created_at": _iso(m.created_at),
+    }
+
+
+def list_measurements(url: str, *, bucket: str | None = None, policy_name: str | None = None,
+                      stage: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    """Measurements (oldest first) without their kv_lens arrays."""
+    with store.session_scope(url) as s:
+        keys = {b.id: b.key for b in store.list_buckets(s)}
+        rows = store.list_measurements(s, bucket_key=bucket, policy_name=policy_name, stage=stage, limit=limit)
+        return [_measurement_dict(m, keys.get(m.bucket_id, "")) for m in rows]
+
+
+def family_of(b: Any) -> str:
+    """Length family of a bucket for the dashboard: ``signature["family"]``, a family
+    name or ``trace`` found in ``source``, else ``other``."""
+    sig = b.signature or {}
+    fam = sig.get("family") if isinstance(sig, dict) else None
+    if isinstance(fam, str) and fam:
+        return fam
+    tokens = re.split(r"[^A-Za-z0-9]+", b.source or "")
+    for t in tokens:
+        if t in _FAMILIES:
+            return t
+    if "trace" in (b.source or "").lower():
+        return "trace"
+    return "other"
+
+
+def validate_import_entry(entry: dict[str, Any]) -> None:
+    """Extra import check: the entry's params make a plan for its bucket's shape.
+
+    Raises ValueError (the store rejects the whole file then).
+    """
+    from ..kernels.buckets import BucketKey
+
+    b = entry["bucket"]
+    BucketKey.parse(b["key"])
+    make_plan([4096, 17, 0, 100_000], num_kv_heads=b["num_kv_heads"], device=b["gpu"], policy=entry["name"],
+              params=entry["params"], head_dim=b["head_dim"], page_size=b["page_size"], dtype=b["dtype"])
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def dashboard_data(url: str) -> dict[str, Any]:
+    """Everything the dashboard shows, from one read transaction.
+
+    Returns ``{"shapes": [...], "runs": [...], "version": int}``; each shape
+    (gpu, H_kv, head_dim, dtype, page_size) has its ``buckets`` (published
+    policy, params, held-out geomean time / HBM floor per policy, speedup of
+    the tuned policy over each baseline = geomean over held-out batches of
+    baseline time / tuned time, paired by batch) and ``families``: per length
+    family, per policy, the (batch size, geomean time / HBM floor) points.
+    """
+    with store.session_scope(url) as s:
+        version = store.policies_version(s)
+        buckets = store.list_buckets(s)
+        published = {p.bucket_id: p for p in store.list_published(s)}
+        runs = [_run_dict(r) for r in store.list_runs(s, limit=200)]
+        meas = store.list_measurements(s, stage="verify")
+        # held-out verification measurements per bucket; prefer the published policy's run
+        by_bucket: dict[int, list[Any]] = defaultdict(list)
+        for m in meas:
+            if m.role == "heldout":
+                by_bucket[m.bucket_id].append(m)
+        shapes: dict[tuple, dict[str, Any]] = {}
+        for b in buckets:
+            shape = (b.gpu, b.num_kv_heads, b.head_dim, b.dtype, b.page_size)
+            sh = shapes.setdefault(shape, {"gpu": b.gpu, "num_kv_heads": b.num_kv_heads, "head_dim": b.head_dim,
+                                           "dtype": b.dtype, "page_size": b.page_size, "buckets": [],
+                                           "series": defaultdict(lambda: defaultdict(list))})
+            p = published.get(b.id)
+            ms = by_bucket.get(b.id, [])
+            if p is not None and p.tuning_run_id is not None and any(m.tuning_run_id == p.tuning_run_id for m in ms):
+                ms = [m for m in ms if m.tuning_run_id == p.tuning_run_id]
+            elif ms:
+                last_run = max((m.tuning_run_id or 0) for m in ms)
+                ms = [m for m in ms if (m.tuning_run_id or 0) == last_run]
+            # latest measurement per (policy, batch)
+            cell: dict[tuple[str, int], Any] = {}
+            for m in ms:
+                cell[(m.policy_name, m.batch_index)] = m
+            per_policy: dict[str, dict[int, Any]] = defaultdict(dict)
+            for (name, idx), m in cell.items():
+                per_policy[name][idx] = m
+            ratios = {name: geomean([m.ratio for m in d.values()]) for name, d in per_policy.items()}
+            tuned = per_policy.get("tuned", {})
+            speedups = {}
+            for base in sorted(set(per_policy) - {"tuned"}, key=lambda n: (BASELINES.index(n) if n in BASELINES
+                                                                         else 99, n)):
+                pairs = [per_policy[base][i].time_s / tuned[i].time_s for i in tuned if i in per_policy[base]]
+                speedups[base] = geomean(pairs) if pairs else None
+            bsz = sorted(m.batch_size for m in ms)
+            batch_size = bsz[len(bsz) // 2] if bsz else None
+            family = family_of(b)
+            sh["buckets"].append({
+                "id": b.id, "key": b.key, "family": family, "source": b.source, "batch_size": batch_size,
+                "total_tokens": (sorted(m.total_tokens for m in ms)[len(ms) // 2] if ms else None),
+                "policy": None if p is None else {
+                    "id": p.id, "version": p.version, "name": p.name, "params": dict(p.params or {}),
+                    "backend": p.backend, "source": SOURCE_OF_BACKEND[p.backend], "score": p.score,
+                    "published_at": _iso(p.published_at)},
+                "ratios": ratios, "speedups": speedups, "n_heldout": len(tuned),
+            })
+            if batch_size is not None:
+                for name, r in ratios.items():
+                    if math.isfinite(r):
+                        sh["series"][family][name].append((batch_size, r))
+        out_shapes = []
+        for sh in shapes.values():
+            fams = {}
+            for fam, pol in sh["series"].items():
+                order = sorted(pol, key=lambda n: (n != "tuned", BASELINES.index(n) if n in BASELINES else 99, n))
+                fams[fam] = [(n, _merge_points(pol[n])) for n in order]
+            sh["families"] = dict(sorted(fams.items(), key=lambda kv: (_FAMILIES + ("trace", "other")).index(kv[0])
+                                         if kv[0] in _FAMILIES + ("trace", "other") else 99))
+            del sh["series"]
+            sh["buckets"].sort(key=lambda d: ((_FAMILIES + ("trace", "other")).index(d["family"])
+                                              if d["family"] in _FAMILIES + ("trace", "other") else 99,
+                                              d["batch_size"] or 0, d["key"]))
+            out_shapes.append(sh)
+    return {"version": version, "shapes": out_shapes, "runs": runs}
+
+
+def _merge_points(pts: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """One point per batch size (geomean of buckets sharing it), sorted."""
+    acc: dict[int, list[float]] = defaultdict(list)
+    for x, y in pts:
+        acc[x].append(y)
+    return sorted((x, geomean(ys)) for x, ys in acc.items())

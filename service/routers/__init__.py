@@ -1,0 +1,1 @@
+"""One router per resource: plan, policies (+ admin), buckets/runs/measurements, health, dashboard."""

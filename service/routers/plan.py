@@ -1,0 +1,75 @@
+"""``POST /v1/plan``: the plan of one decode batch under the published policies.
+
+Kept lean for throughput (docs/perf.md, "Plan service"): the raw body is parsed
+with orjson and validated with NumPy (:mod:`kvsplit.service.validation`), the
+plan comes from the served :class:`~kvsplit.kernels.policy_table.PolicyTable`
+snapshot and the answer is serialized with orjson straight from the NumPy
+arrays. The request / response schemas are still declared for OpenAPI.
+"""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request, Response
+
+from .. import metrics
+from ..schemas import PlanResponse, ValidationErrorOut, ErrorDetail
+from ..validation import RequestValidationFailed, error, parse_plan_request
+
+router = APIRouter(tags=["plan"])
+
+_OPT = orjson.OPT_SERIALIZE_NUMPY
+
+
+def plan_answer(plan, bucket: dict, policy: dict) -> bytes:
+    """Serialize ``Plan.to_dict()`` + bucket + policy (NumPy arrays written directly)."""
+    d = {
+        "kv_lens": plan.kv_lens,
+        "num_splits": plan.num_splits,
+        "work_request": plan.work_request,
+        "work_kv_start": plan.work_kv_start,
+        "work_kv_end": plan.work_kv_end,
+        "cta_indptr": plan.cta_indptr,
+        "config": plan.config.to_dict(),
+        "params": plan.params,
+        "made_for": {"num_kv_heads": plan.num_kv_heads, "head_dim": plan.head_dim, "page_size": plan.page_size,
+                     "dtype": plan.dtype, "gpu": plan.gpu},
+        "bucket": bucket,
+        "policy": policy,
+    }
+    return orjson.dumps(d, option=_OPT)
+
+
+@router.post(
+    "/v1/plan",
+    operation_id="plan",
+    summary="Plan one decode batch",
+    response_model=PlanResponse,
+    responses={
+        413: {"model": ErrorDetail, "description": "request body over the size limit (2 MiB)"},
+        422: {"model": ValidationErrorOut, "description": "invalid request (field path and index in loc)"},
+        503: {"model": ErrorDetail, "description": "policy table not loaded yet"},
+    },
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/PlanRequest"}}}}},
+)
+async def plan(request: Request) -> Response:
+    """Plan a batch: Plan.to_dict() at the top level plus `bucket` and `policy` (DESIGN.md §3)."""
+    state = request.app.state
+    body = await request.body()
+    try:
+        req = parse_plan_request(body, max_kv_len=state.settings.max_kv_len)
+    except RequestValidationFailed as exc:
+        return Response(exc.body(), status_code=422, media_type="application/json")
+    served = state.holder.current
+    if served is None:
+        return Response(b'{"detail":"policy table not loaded yet"}', status_code=503, media_type="application/json")
+    try:
+        p, bucket, policy = served.table.plan(
+            req.kv_lens, gpu=req.gpu, num_qo_heads=req.num_qo_heads, num_kv_heads=req.num_kv_heads,
+            head_dim=req.head_dim, dtype=req.dtype, page_size=req.page_size, device=req.device)
+    except ValueError as exc:  # e.g. a device whose numbers make the policy's knobs infeasible
+        return Response(orjson.dumps({"detail": [error("value_error", ("body",), f"Value error, {exc}")]}),
+                        status_code=422, media_type="application/json")
+    metrics.PLAN_LOOKUPS.labels(policy["source"]).inc()
+    return Response(plan_answer(p, bucket, policy), media_type="application/json")

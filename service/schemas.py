@@ -1,0 +1,250 @@
+"""Pydantic schemas of the HTTP API (OpenAPI documentation and admin-route bodies).
+
+``POST /v1/plan`` does not run its body through these models (it is parsed by
+:mod:`kvsplit.service.validation` with orjson + NumPy for speed) but the
+schemas here describe exactly what that parser accepts and what the route
+returns, and they are what ``/v1/openapi.json`` publishes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..kernels.plan import MAX_BATCH
+
+__all__ = [
+    "DeviceIn", "PlanRequest", "PlanResponse", "KernelConfigOut", "MadeFor", "BucketMatch", "PolicyUsed",
+    "PolicyTableDoc", "PolicyEntryOut", "PolicyDetail", "BucketOut", "BucketList", "RunOut", "RunList",
+    "MeasurementOut", "MeasurementList", "Health", "ErrorDetail", "ValidationErrorOut", "ImportResult",
+    "PolicyStatusOut", "make_plan_request_model",
+]
+
+_GPU = Field(min_length=1, max_length=200, pattern=r"\S", description="GPU name or alias, e.g. 'NVIDIA H200'")
+
+
+class DeviceIn(BaseModel):
+    """Numbers of a GPU the service does not know (see kvsplit.kernels.device.DeviceSpec)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Optional[str] = Field(None, min_length=1, max_length=200, pattern=r"\S",
+                                description="defaults to the request's gpu")
+    num_sms: int = Field(ge=1, le=65536)
+    hbm_bandwidth_gbps: float = Field(gt=0, le=1e6, description="GB/s")
+    l2_bytes: int = Field(ge=0, le=2**40)
+    smem_per_sm_bytes: int = Field(ge=1, le=2**24)
+    smem_per_block_bytes: int = Field(ge=1, le=2**24)
+    regs_per_sm: int = Field(65536, ge=1, le=2**24)
+    max_threads_per_sm: int = Field(2048, ge=32, le=65536)
+    compute_capability: list[int] = Field([9, 0], min_length=2, max_length=2,
+                                          json_schema_extra={"items": {"type": "integer", "minimum": 0,
+                                                                       "maximum": 100}})
+
+
+def make_plan_request_model(max_kv_len: int) -> type[BaseModel]:
+    """The PlanRequest schema with the configured kv_len limit."""
+
+    class PlanRequest(BaseModel):
+        """A decode batch to plan. num_qo_heads must be a multiple of num_kv_heads."""
+
+        model_config = ConfigDict(extra="forbid", title="PlanRequest")
+        gpu: str = _GPU
+        num_qo_heads: int = Field(ge=1, le=65536)
+        num_kv_heads: int = Field(ge=1, le=1024)
+        head_dim: Literal[64, 128, 256]
+        dtype: Literal["bfloat16", "float16", "float32"]
+        page_size: int = Field(ge=1, le=256)
+        kv_lens: list[int] = Field(min_length=1, max_length=MAX_BATCH,
+                                   json_schema_extra={"items": {"type": "integer", "minimum": 0,
+                                                                "maximum": max_kv_len}},
+                                   description=f"tokens in each request's KV cache, 0..{max_kv_len}")
+        device: Optional[DeviceIn] = None
+
+    return PlanRequest
+
+
+PlanRequest = make_plan_request_model(1 << 24)
+
+
+class KernelConfigOut(BaseModel):
+    block_n: int
+    num_warps: int
+    num_stages: int
+    schedule: Literal["grid", "persistent"]
+    num_programs: int
+
+
+class MadeFor(BaseModel):
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    dtype: str
+    gpu: str
+
+
+class BucketMatch(BaseModel):
+    key: str = Field(description="bucket key of the request's batch")
+    matched: Optional[str] = Field(description="bucket key of the policy used (null on fallback)")
+    distance: Optional[float] = Field(description="distance to the matched bucket (null on fallback)")
+
+
+class PolicyUsed(BaseModel):
+    id: Optional[int]
+    version: Optional[int]
+    name: str
+    params: dict[str, Any]
+    source: Literal["tuned", "simulated", "fallback"]
+
+
+class PlanResponse(BaseModel):
+    """Plan.to_dict() at the top level, plus ``bucket`` and the ``policy`` used.
+
+    Plan.to_dict() has ``policy`` as the policy name; here ``policy`` is the
+    object ``{id, version, name, params, source}`` whose ``name`` is that
+    string (and ``params`` equals the top-level ``params``).
+    kvsplit.service.client.plan_from_response() rebuilds the Plan.
+    """
+
+    kv_lens: list[int]
+    num_splits: list[int]
+    work_request: list[int]
+    work_kv_start: list[int]
+    work_kv_end: list[int]
+    cta_indptr: list[int]
+    config: KernelConfigOut
+    params: dict[str, Any]
+    made_for: MadeFor
+    bucket: BucketMatch
+    policy: PolicyUsed
+
+
+class PolicyEntryOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: int
+    version: int
+    bucket: str
+    gpu: str
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    name: str
+    params: dict[str, Any]
+    backend: Literal["gpu", "sim"]
+    source: Literal["tuned", "simulated"]
+
+
+class Fallback(BaseModel):
+    name: str
+    params: dict[str, Any]
+
+
+class PolicyTableDoc(BaseModel):
+    """Everything a client needs to plan in-process (kvsplit.kernels.policy_table)."""
+
+    format: Literal["kvsplit.policy_table/1"]
+    version: int
+    distance_limit: float
+    fallback: Fallback
+    policies: list[PolicyEntryOut]
+
+
+class PolicyDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: int
+    version: int
+    status: Literal["draft", "published", "retired"]
+    bucket: str
+    name: str
+    params: dict[str, Any]
+    backend: Literal["gpu", "sim"]
+
+
+class PolicyStatusOut(BaseModel):
+    id: int
+    status: Literal["draft", "published", "retired"]
+    policies_version: int
+
+
+class ImportResult(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    imported: int
+    policies_version: int
+
+
+class BucketOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: int
+    key: str
+    gpu: str
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    source: str
+    published_policy_id: Optional[int]
+
+
+class BucketList(BaseModel):
+    count: int
+    data: list[BucketOut]
+
+
+class RunOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: int
+    bucket: str
+    study_name: str
+    backend: str
+    status: str
+    n_trials: int
+    n_finished: int
+    best_value: Optional[float]
+
+
+class RunList(BaseModel):
+    count: int
+    data: list[RunOut]
+
+
+class MeasurementOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: int
+    bucket: str
+    policy_name: str
+    role: str
+    batch_size: int
+    total_tokens: int
+    time_s: float
+    floor_s: Optional[float]
+    ratio: Optional[float]
+    backend: str
+
+
+class MeasurementList(BaseModel):
+    count: int
+    data: list[MeasurementOut]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    policies_version: Optional[int]
+    policies_loaded: int
+    last_reload_error: Optional[str]
+
+
+class ErrorDetail(BaseModel):
+    detail: str
+
+
+class ValidationErrorItem(BaseModel):
+    type: str
+    loc: list[Any]
+    msg: str
+    input: Any = None
+    ctx: Optional[dict[str, Any]] = None
+
+
+class ValidationErrorOut(BaseModel):
+    detail: list[ValidationErrorItem]

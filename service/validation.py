@@ -1,0 +1,283 @@
+"""Lean parsing and validation of ``POST /v1/plan`` bodies (orjson + NumPy).
+
+FastAPI's pydantic path costs more than the whole plan for a batch of a few
+hundred requests (it builds a Python int object per kv_len twice and validates
+each one in a loop). Here the raw body is parsed once with orjson, the scalar
+fields are checked by hand and ``kv_lens`` is checked with one type scan and
+NumPy range tests. Errors have the shape of FastAPI's ``RequestValidationError``
+answer (``{"detail": [{"type", "loc", "msg", "input"}]}``), with the exact field
+path and list index, e.g. ``["body", "kv_lens", 3]``.
+
+Limits (DESIGN.md §3): kv_len <= ``KVSPLIT_MAX_KV_LEN`` (default 2^24), at most
+65,536 requests, head_dim in (64, 128, 256), page_size 1..256, H_kv 1..1024 and
+H_q a multiple of H_kv.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..kernels.device import DeviceSpec, resolve_device
+from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
+
+__all__ = ["RequestValidationFailed", "PlanRequestData", "parse_plan_request", "error"]
+
+MAX_HEADS = 1024
+MAX_GPU_NAME = 200
+_DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceSpec)}
+_REQUIRED = ("gpu", "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "page_size", "kv_lens")
+_ALLOWED = frozenset(_REQUIRED + ("device",))
+
+
+class RequestValidationFailed(Exception):
+    """A request failed validation; ``errors`` are FastAPI-shaped error dicts.
+
+    ``status_code`` is 422.
+    """
+
+    def __init__(self, errors: list[dict[str, Any]], status_code: int = 422) -> None:
+        super().__init__(errors[0]["msg"] if errors else "invalid request")
+        self.errors = errors
+        self.status_code = status_code
+
+    def body(self) -> bytes:
+        return orjson.dumps({"detail": self.errors})
+
+
+def error(type_: str, loc: tuple | list, msg: str, input_: Any = None, **ctx: Any) -> dict[str, Any]:
+    """One error entry in FastAPI's shape."""
+    e: dict[str, Any] = {"type": type_, "loc": list(loc), "msg": msg, "input": _short(input_)}
+    if ctx:
+        e["ctx"] = ctx
+    return e
+
+
+def _short(v: Any) -> Any:
+    """Inputs echoed in errors stay small (never the whole kv_lens list)."""
+    if isinstance(v, list):
+        return f"<list of {len(v)} items>" if len(v) > 8 else [_short(x) for x in v]
+    if isinstance(v, dict):
+        return f"<object with {len(v)} keys>" if len(v) > 16 else {str(k)[:64]: _short(x) for k, x in v.items()}
+    if isinstance(v, str) and len(v) > 200:
+        return v[:200] + "..."
+    return v
+
+
+@dataclass(frozen=True)
+class PlanRequestData:
+    """A validated plan request. ``kv_lens`` is int64 ``[B]``; ``device`` the resolved GPU."""
+
+    gpu: str
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    kv_lens: np.ndarray
+    device: DeviceSpec
+
+
+def _type_name(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _check_int(errs: list, loc: tuple, v: Any, lo: int, hi: int) -> int | None:
+    if type(v) is not int:
+        if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
+            msg = "Input should be a valid integer, got a number with a decimal point"
+        elif isinstance(v, float) and v.is_integer():
+            errs.append(error("less_than_equal", loc, f"Input should be less than or equal to {hi}", v, le=hi))
+            return None
+        elif isinstance(v, float):
+            msg = "Input should be a valid integer, got a number with a fractional part"
+        else:
+            msg = f"Input should be a valid integer, got {_type_name(v)}"
+        errs.append(error("int_type", loc, msg, v))
+        return None
+    if v < lo:
+        errs.append(error("greater_than_equal", loc, f"Input should be greater than or equal to {lo}", v, ge=lo))
+        return None
+    if v > hi:
+        errs.append(error("less_than_equal", loc, f"Input should be less than or equal to {hi}", v, le=hi))
+        return None
+    return v
+
+
+def _kv_lens(errs: list, v: Any, max_kv_len: int) -> np.ndarray | None:
+    loc = ("body", "kv_lens")
+    if type(v) is not list:
+        errs.append(error("list_type", loc, f"Input should be a valid list, got {_type_name(v)}", v))
+        return None
+    n = len(v)
+    if n < 1:
+        errs.append(error("too_short", loc, "List should have at least 1 item after validation, not 0", v,
+                          field_type="List", min_length=1, actual_length=0))
+        return None
+    if n > MAX_BATCH:
+        errs.append(error("too_long", loc, f"List should have at most {MAX_BATCH} items after validation, not {n}",
+                          v, field_type="List", max_length=MAX_BATCH, actual_length=n))
+        return None
+    # fast path: every entry a Python int (bool is a subclass of int but not `int` itself)
+    types = set(map(type, v))
+    if types == {int}:
+        try:
+            arr = np.array(v, dtype=np.int64)
+        except OverflowError:
+            arr = None
+        if arr is not None:
+            bad = (arr < 0) | (arr > max_kv_len)
+            if not bad.any():
+                return arr
+            i = int(bad.argmax())
+            _check_int(errs, loc + (i,), int(arr[i]), 0, max_kv_len)
+            return None
+    # slow path: find the first offending entry and say what is wrong with it
+    for i, x in enumerate(v):
+        if _check_int(errs, loc + (i,), x, 0, max_kv_len) is None:
+            return None
+    raise AssertionError("unreachable: kv_lens failed the fast path but every entry is valid")
+
+
+def _device(errs: list, v: Any, gpu: str | None) -> DeviceSpec | None:
+    loc = ("body", "device")
+    if type(v) is not dict:
+        errs.append(error("model_type", loc, f"Input should be an object, got {_type_name(v)}", v))
+        return None
+    fields = dict(v)
+    unknown = sorted(set(fields) - _DEVICE_FIELDS)
+    if unknown:
+        for k in unknown[:8]:
+            errs.append(error("extra_forbidden", loc + (k,), "Extra inputs are not permitted", fields[k]))
+        return None
+    if "name" not in fields:
+        if gpu is None:
+            return None
+        fields["name"] = gpu
+    elif type(fields["name"]) is not str or not fields["name"].strip() or len(fields["name"]) > MAX_GPU_NAME:
+        errs.append(error("string_type", loc + ("name",), f"Input should be a non-empty string of at most "
+                          f"{MAX_GPU_NAME} characters", fields["name"]))
+        return None
+    missing = [k for k in ("num_sms", "hbm_bandwidth_gbps", "l2_bytes", "smem_per_sm_bytes", "smem_per_block_bytes")
+               if k not in fields]
+    for k in missing:
+        errs.append(error("missing", loc + (k,), "Field required", None))
+    if missing:
+        return None
+    limits = {"num_sms": (1, 1 << 16), "l2_bytes": (0, 1 << 40), "smem_per_sm_bytes": (1, 1 << 24),
+              "smem_per_block_bytes": (1, 1 << 24), "regs_per_sm": (1, 1 << 24), "max_threads_per_sm": (32, 1 << 16)}
+    ok = True
+    for k, (lo, hi) in limits.items():
+        if k in fields and _check_int(errs, loc + (k,), fields[k], lo, hi) is None:
+            ok = False
+    bw = fields["hbm_bandwidth_gbps"]
+    if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not (0 < bw <= 1e6):
+        errs.append(error("float_type" if not isinstance(bw, (int, float)) or isinstance(bw, bool) else "greater_than",
+                          loc + ("hbm_bandwidth_gbps",), "Input should be a number in (0, 1e6] GB/s", bw))
+        ok = False
+    if "compute_capability" in fields:
+        cc = fields["compute_capability"]
+        if (type(cc) is not list or len(cc) != 2
+                or not all(type(c) is int and 0 <= c <= 100 for c in cc)):
+            errs.append(error("tuple_type", loc + ("compute_capability",),
+                              "Input should be [major, minor], two integers in [0, 100]", cc))
+            ok = False
+        else:
+            fields["compute_capability"] = tuple(cc)
+    if not ok:
+        return None
+    try:
+        return DeviceSpec(**fields)
+    except ValueError as exc:  # DeviceSpec's own checks (defence in depth)
+        errs.append(error("value_error", loc, f"Value error, {exc}", None))
+        return None
+
+
+def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
+    """Parse and validate a plan request body.
+
+    Parameters
+    ----------
+    body : bytes
+        Raw JSON body.
+    max_kv_len : int
+        Largest kv_len accepted (tokens).
+
+    Returns
+    -------
+    PlanRequestData
+
+    Raises
+    ------
+    RequestValidationFailed
+        Status 422 with FastAPI-shaped errors; a body that is not JSON is a
+        ``json_invalid`` error at ``["body", position]`` as in FastAPI.
+    """
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestValidationFailed(
+            [error("json_invalid", ("body", int(getattr(exc, "pos", 0) or 0)), "JSON decode error", None,
+                   error=str(exc.msg if hasattr(exc, "msg") else exc))]
+        ) from None
+    if type(doc) is not dict:
+        raise RequestValidationFailed(
+            [error("model_attributes_type", ("body",), "Input should be a valid dictionary or object to extract "
+                   f"fields from, got {_type_name(doc)}", doc)])
+    errs: list[dict[str, Any]] = []
+    for k in _REQUIRED:
+        if k not in doc:
+            errs.append(error("missing", ("body", k), "Field required", None))
+    for k in doc:
+        if k not in _ALLOWED:
+            errs.append(error("extra_forbidden", ("body", k), "Extra inputs are not permitted", doc[k]))
+            if len(errs) > 16:
+                break
+    if errs:
+        raise RequestValidationFailed(errs)
+
+    gpu = doc["gpu"]
+    if type(gpu) is not str or not gpu.strip() or len(gpu) > MAX_GPU_NAME:
+        errs.append(error("string_type", ("body", "gpu"),
+                          f"Input should be a non-empty string of at most {MAX_GPU_NAME} characters", gpu))
+        gpu = None
+    hq = _check_int(errs, ("body", "num_qo_heads"), doc["num_qo_heads"], 1, MAX_HEADS * 64)
+    hkv = _check_int(errs, ("body", "num_kv_heads"), doc["num_kv_heads"], 1, MAX_HEADS)
+    hd = doc["head_dim"]
+    if type(hd) is not int or hd not in HEAD_DIMS:
+        errs.append(error("literal_error", ("body", "head_dim"),
+                          "Input should be " + " or ".join(str(h) for h in HEAD_DIMS), hd,
+                          expected=", ".join(str(h) for h in HEAD_DIMS)))
+        hd = None
+    dt = doc["dtype"]
+    if type(dt) is not str or dt not in DTYPES:
+        names = sorted(DTYPES)
+        errs.append(error("literal_error", ("body", "dtype"),
+                          "Input should be " + ", ".join(repr(n) for n in names), dt, expected=", ".join(names)))
+        dt = None
+    ps = _check_int(errs, ("body", "page_size"), doc["page_size"], 1, MAX_PAGE_SIZE)
+    if hq is not None and hkv is not None and hq % hkv:
+        errs.append(error("value_error", ("body", "num_qo_heads"),
+                          f"Value error, num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv})", hq))
+    kv = _kv_lens(errs, doc["kv_lens"], max_kv_len)
+    dev: DeviceSpec | None = None
+    if "device" in doc and doc["device"] is not None:
+        dev = _device(errs, doc["device"], gpu)
+    elif gpu is not None:
+        try:
+            dev = resolve_device(gpu)
+        except ValueError as exc:
+            errs.append(error("value_error", ("body", "gpu"),
+                              f"Value error, {exc} (or send a `device` object with its numbers)", gpu))
+    if errs:
+        raise RequestValidationFailed(errs)
+    assert dev is not None and kv is not None and gpu is not None
+    return PlanRequestData(gpu, hq, hkv, hd, dt, ps, kv, dev)  # type: ignore[arg-type]
