@@ -101,7 +101,7 @@ def main() -> None:
 
     # ---- 3. best plan per reference case --------------------------------------------------
     grid = []
-    for ctas, pack, sched in itertools.product((2, 4, 8, 16), (0, 1024, 4096), ("grid", "persistent")):
+    for ctas, pack, sched in itertools.product((2, 4, 6, 8, 12), (0, 1024), ("grid", "persistent")):
         p = dict(best_cfgs[0], ctas_per_sm=ctas, pack_tokens=pack, order="heavy_first")
         if sched == "persistent":
             p.update(schedule="persistent", num_programs=info["num_sms"] * 4)

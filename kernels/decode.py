@@ -168,42 +168,41 @@ def _decode_merge_kernel(
     PART_O, PART_LSE, O, LSE,
     MERGE_REQ, MERGE_SLOT, MERGE_NUM,
     stride_ob, stride_oh,
-    H_Q: tl.constexpr, BLOCK_HM: tl.constexpr, HEAD_DIM: tl.constexpr, RETURN_LSE: tl.constexpr,
+    H_Q: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
+    # One program per (merged request, query head): the partials of up to BLOCK_S
+    # splits are loaded at once (independent loads in flight), chunks of BLOCK_S
+    # are folded with a running max.
     mid = tl.program_id(0)
-    hb = tl.program_id(1)
+    hq = tl.program_id(1)
     req = tl.load(MERGE_REQ + mid).to(tl.int64)
     slot0 = tl.load(MERGE_SLOT + mid).to(tl.int64)
     n = tl.load(MERGE_NUM + mid)
-    offs_h = hb * BLOCK_HM + tl.arange(0, BLOCK_HM)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
-    mask_h = offs_h < H_Q
 
-    m_run = tl.full([BLOCK_HM], float("-inf"), dtype=tl.float32)
-    l_run = tl.zeros([BLOCK_HM], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_HM, HEAD_DIM], dtype=tl.float32)
-    for j in range(0, n):
-        base = (slot0 + j) * H_Q
-        lse = tl.load(PART_LSE + base + offs_h, mask=mask_h, other=float("-inf"))
-        o = tl.load(PART_O + (base + offs_h[:, None]) * HEAD_DIM + offs_d[None, :], mask=mask_h[:, None], other=0.0)
-        m_new = tl.maximum(m_run, lse)
+    m_run = float("-inf")
+    l_run = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, n, BLOCK_S):
+        mask_s = (s0 + offs_s) < n
+        row = (slot0 + s0 + offs_s) * H_Q + hq
+        lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
+        o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(lse, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_run - m_safe)
         w = tl.math.exp2(lse - m_safe)
-        acc = acc * alpha[:, None] + w[:, None] * o
-        l_run = l_run * alpha + w
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        l_run = l_run * alpha + tl.sum(w, axis=0)
         m_run = m_new
     nonempty = l_run > 0.0
     l_safe = tl.where(nonempty, l_run, 1.0)
-    out = acc / l_safe[:, None]
-    tl.store(
-        O + req * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :],
-        out.to(O.dtype.element_ty),
-        mask=mask_h[:, None],
-    )
+    out = acc / l_safe
+    tl.store(O + req * stride_ob + hq * stride_oh + offs_d, out.to(O.dtype.element_ty))
     if RETURN_LSE:
         lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + req * H_Q + offs_h, lse_out, mask=mask_h)
+        tl.store(LSE + req * H_Q + hq, lse_out)
 
 
 # ----------------------------------------------------------------------------
@@ -477,13 +476,14 @@ def decode_attention(
     )
     num_merge = int(arrays["merge_request"].shape[0])
     if num_merge:
-        block_hm = min(16, triton.next_power_of_2(H_q))
-        _decode_merge_kernel[(num_merge, triton.cdiv(H_q, block_hm))](
+        max_splits = int(plan.num_splits.max())
+        block_s = max(2, min(triton.next_power_of_2(max_splits), 4096 // D))
+        _decode_merge_kernel[(num_merge, H_q)](
             workspace.part_o, workspace.part_lse, out, lse,
             arrays["merge_request"], arrays["merge_slot_start"], arrays["merge_num"],
             out.stride(0), out.stride(1),
-            H_Q=H_q, BLOCK_HM=block_hm, HEAD_DIM=D, RETURN_LSE=return_lse,
-            num_warps=4 if D <= 128 else 8,
+            H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, RETURN_LSE=return_lse,
+            num_warps=4,
         )
     if return_lse:
         return out, lse

@@ -99,11 +99,11 @@ def test_int64_offsets():
     k = torch.randn((num_pages, page_size, hkv, d), dtype=torch.bfloat16, device="cuda")
     v = torch.randn_like(k)
     lens = [64, 100]
-    pages = [num_pages - 4, num_pages - 3, num_pages - 2, num_pages - 1, num_pages - 10, num_pages - 9, num_pages - 8]
+    pages = [num_pages - 4, num_pages - 3, num_pages - 2, num_pages - 1] + [num_pages - 20 + i for i in range(7)]
     case = dict(
         q=torch.randn((2, 32, d), dtype=torch.bfloat16, device="cuda"),
         k_cache=k, v_cache=v,
-        kv_indptr=torch.tensor([0, 4, 11], dtype=torch.int32, device="cuda"),
+        kv_indptr=torch.tensor([0, 4, 11], dtype=torch.int32, device="cuda"),  # 64 -> 4 pages, 100 -> 7
         kv_indices=torch.tensor(pages, dtype=torch.int32, device="cuda"),
         kv_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
     )
