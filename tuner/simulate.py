@@ -1,0 +1,429 @@
+"""Simulated kernel time of a split-KV plan (DESIGN.md §7, "Simulator").
+
+:func:`predict` places the plan's work tiles on SM slots and costs them:
+
+1. **Tiles.** A plan's work tile is (CTA, kv_head) with launch order
+   ``pid = cta * H_kv + kv_head``; a CTA processes the work items
+   ``cta_indptr[c]:cta_indptr[c+1]``. A tile reads ``tokens * D * 2 * dtype_bytes``
+   bytes of K and V and pays ``tile_fixed_s`` (start-up, q load, output or
+   partial write) plus ``item_fixed_s`` for each item beyond its first (packed
+   CTAs) plus ``persistent_tile_s`` per tile under the persistent schedule
+   (fetching the next tile from the counter).
+2. **Slots.** Each SM runs up to ``slots`` CTAs at once. A grid launch has
+   ``slots * num_SMs`` slots; a persistent launch ``min(num_programs, slots *
+   num_SMs)`` resident programs. The first wave goes round-robin over the SMs
+   (slot ``p`` on SM ``p % num_SMs``), as the hardware block scheduler spreads a
+   grid.
+3. **Dispatch.** Tiles are taken in launch order by the slot that frees first
+   (a grid's CTAs are dispatched in order as slots free; persistent programs pull
+   the next tile from a global counter): list scheduling with a heap.
+4. **Bandwidth.** While tiles are queued every slot is busy, so an SM with ``k``
+   resident CTAs gives each ``min(cta_bw, min(sm_bw, hbm_bw / active_SMs) / k)``
+   bytes/s: one CTA alone cannot saturate an SM (``cta_bw``), and resident CTAs
+   share their SM's bandwidth. After the last tile has started, the tiles still
+   running are spread over the SMs (longest first) and each SM drains its
+   residents by processor sharing with ``min(cta_bw, sm_bw / n_running)`` per
+   tile — the tail where a lone long CTA runs at ``cta_bw``. With these two
+   constants 1 CTA per SM is slower than 4 (the Triton kernel of
+   ../shared/data/anchors/policy_on_triton_kernel.md lost 2x), and FlashInfer's
+   threshold cliff appears once one long request is one CTA.
+5. **Total.** ``launch_s + max(max_SM finish, total_bytes / hbm_bw)``, plus, when
+   some request has more than one split, ``merge_launch_s + merge_partial_s *
+   num_partials * H_kv`` for the LSE merge.
+
+The constants live in :class:`Calibration`; :meth:`Calibration.default` derives
+them from a :class:`~kvsplit.kernels.device.DeviceSpec` and the kernel config,
+:func:`fit_calibration` fits them to GPU measurements (``kvsplit calibrate``).
+docs/simulator.md compares the simulated baselines with the H200 anchors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..kernels.device import DeviceSpec, resolve_device
+from ..kernels.plan import DTYPES, KernelConfig, Plan, default_config
+
+__all__ = ["Calibration", "predict", "hbm_floor_s", "fit_calibration", "FIT_PARAMS"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants of the simulator for one (device, head_dim, dtype, kernel config).
+
+    Attributes
+    ----------
+    hbm_bw : float
+        Read bandwidth of the whole GPU, bytes/s (measured: the streaming-read
+        kernel; default 0.94 x the datasheet peak, as the H200 measured 4.52 of 4.8 TB/s).
+    sm_bw : float
+        Most bytes/s one SM pulls when the HBM is not saturated (default 1.5 x
+        ``hbm_bw / num_SMs``; FlashInfer's lone long CTA reached about 1.15 x on the H200).
+    cta_bw : float
+        Most bytes/s one CTA pulls (default 0.5 x ``hbm_bw / num_SMs``: a Triton
+        decode CTA reaches about half its SM's share, policy_on_triton_kernel.md).
+    slots : int
+        Concurrent CTAs per SM (default: occupancy estimate of the config).
+    tile_fixed_s : float
+        Seconds per work tile besides its bytes.
+    item_fixed_s : float
+        Seconds per work item beyond the first in a packed CTA.
+    launch_s : float
+        Seconds per kernel launch (inside a CUDA graph).
+    merge_launch_s : float
+        Seconds for the merge launch, paid when some request has > 1 split.
+    merge_partial_s : float
+        Seconds per (partial, kv_head) merged, for the whole GPU.
+    persistent_tile_s : float
+        Extra seconds per tile under the persistent schedule (atomic fetch, loop).
+    """
+
+    hbm_bw: float
+    sm_bw: float
+    cta_bw: float
+    slots: int
+    tile_fixed_s: float = 1.5e-6
+    item_fixed_s: float = 0.3e-6
+    launch_s: float = 3.0e-6
+    merge_launch_s: float = 2.5e-6
+    merge_partial_s: float = 2.0e-9
+    persistent_tile_s: float = 0.2e-6
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "slots":
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= int(v) <= 64:
+                    raise ValueError(f"Calibration.slots: expected an integer in [1, 64], got {v!r}")
+                object.__setattr__(self, "slots", int(v))
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+                raise ValueError(f"Calibration.{f.name}: expected a finite number, got {v!r}")
+            positive = f.name in ("hbm_bw", "sm_bw", "cta_bw")
+            if (positive and v <= 0) or v < 0:
+                raise ValueError(f"Calibration.{f.name}: expected a number {'> 0' if positive else '>= 0'}, got {v!r}")
+            object.__setattr__(self, f.name, float(v))
+
+    @staticmethod
+    def default(
+        device: DeviceSpec | str,
+        *,
+        head_dim: int = 128,
+        dtype: str = "bfloat16",
+        config: KernelConfig | None = None,
+    ) -> "Calibration":
+        """Defaults derived from the device's vendor figures and the kernel config.
+
+        ``slots`` is the occupancy estimate: ``min(threads/SM // (32 num_warps),
+        smem/SM // (max(num_stages - 1, 1) * 2 * block_n * D * elt + 4 KB),
+        regs/SM // (32 num_warps * 128), 32)`` (128 registers per thread assumed
+        for the decode kernel; the shared-memory term is kvsplit.kernels.plan's
+        budget check).
+        """
+        dev = resolve_device(device)
+        cfg = config or default_config(head_dim, dtype)
+        elt = DTYPES[dtype]
+        threads = 32 * cfg.num_warps
+        smem = max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * head_dim * elt + 4096
+        slots = max(1, min(dev.max_threads_per_sm // threads, dev.smem_per_sm_bytes // smem,
+                           dev.regs_per_sm // (threads * 128), 32))
+        hbm = 0.94 * dev.hbm_bandwidth_gbps * 1e9
+        share = hbm / dev.num_sms
+        return Calibration(hbm_bw=hbm, sm_bw=1.5 * share, cta_bw=0.5 * share, slots=slots)
+
+    def to_dict(self) -> dict[str, float | int]:
+        """Plain JSON form (SI units: bytes/s and seconds)."""
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Calibration":
+        """Inverse of :meth:`to_dict`.
+
+        Raises
+        ------
+        ValueError
+            Unknown or missing fields, or invalid values.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"calibration: expected an object, got {type(d).__name__}")
+        names = {f.name for f in dataclasses.fields(Calibration)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"calibration: unknown fields {sorted(unknown)}")
+        missing = [n for n in ("hbm_bw", "sm_bw", "cta_bw", "slots") if n not in d]
+        if missing:
+            raise ValueError(f"calibration: missing fields {missing}")
+        return Calibration(**dict(d))
+
+
+def hbm_floor_s(plan: Plan, calibration: Calibration) -> float:
+    """``sum(kv_len) * H_kv * D * 2 * dtype_bytes / hbm_bw`` in seconds (DESIGN.md §1)."""
+    return float(plan.kv_lens.sum()) * plan.num_kv_heads * plan.head_dim * 2 * DTYPES[plan.dtype] / calibration.hbm_bw
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    """Per-plan quantities that do not depend on the calibration."""
+
+    tile_bytes: np.ndarray  # float64 [N], launch order
+    tile_items: np.ndarray  # int64 [N]
+    persistent: bool
+    num_programs: int
+    num_sms: int
+    total_bytes: float
+    merge_units: int  # num_partials * H_kv
+
+
+def _prepare(plan: Plan, device: DeviceSpec) -> _Tiles:
+    H = plan.num_kv_heads
+    length = (plan.work_kv_end - plan.work_kv_start).astype(np.float64)
+    ci = plan.cta_indptr
+    cta_tokens = np.add.reduceat(length, ci[:-1]) if length.shape[0] else np.zeros(0)
+    cta_items = np.diff(ci).astype(np.int64)
+    bpt = plan.head_dim * 2 * DTYPES[plan.dtype]
+    tile_bytes = np.repeat(cta_tokens * bpt, H)
+    tile_items = np.repeat(cta_items, H)
+    persistent = plan.config.schedule == "persistent"
+    return _Tiles(
+        tile_bytes=tile_bytes,
+        tile_items=tile_items,
+        persistent=persistent,
+        num_programs=int(plan.config.num_programs) if persistent else 0,
+        num_sms=device.num_sms,
+        total_bytes=float(plan.kv_lens.sum()) * H * bpt,
+        merge_units=plan.num_partials * H,
+    )
+
+
+def _simulate(t: _Tiles, c: Calibration) -> float:
+    S = t.num_sms
+    N = t.tile_bytes.shape[0]
+    capacity = c.slots * S
+    P = min(t.num_programs, capacity) if t.persistent else capacity
+    active_sms = min(S, P)
+    k_bulk = P / active_sms  # resident CTAs per busy SM while tiles are queued
+    r_bulk = min(c.cta_bw, min(c.sm_bw, c.hbm_bw / active_sms) / k_bulk)
+    fixed = c.tile_fixed_s + c.item_fixed_s * (t.tile_items - 1)
+    if t.persistent:
+        fixed = fixed + c.persistent_tile_s
+    if N <= P:
+        t_last = 0.0
+        run_fixed = fixed
+        run_bytes = t.tile_bytes
+    else:
+        dur = fixed + t.tile_bytes / r_bulk
+        if np.ndim(dur) == 0:
+            dur = np.full(N, float(dur))
+        if dur.min() == dur.max():
+            # identical tiles: list scheduling is plain waves of P tiles
+            starts = (np.arange(N) // P) * float(dur[0])
+            t_last = float(starts[-1])
+            ends = starts + dur
+            running = ends > t_last
+            elapsed = t_last - starts[running]
+            f = fixed[running] if np.ndim(fixed) else np.full(int(running.sum()), fixed)
+            run_fixed = np.maximum(f - elapsed, 0.0)
+            run_bytes = np.maximum(t.tile_bytes[running] - np.maximum(elapsed - f, 0.0) * r_bulk, 0.0)
+            return _finish(t, c, t_last, run_fixed, run_bytes, r_bulk)
+        starts = np.empty(N)
+        starts[:P] = 0.0
+        heap = dur[:P].tolist()
+        heapq.heapify(heap)
+        rest = dur[P:].tolist()
+        st = [0.0] * len(rest)
+        replace = heapq.heapreplace
+        for i, d in enumerate(rest):
+            t0 = heap[0]
+            st[i] = t0
+            replace(heap, t0 + d)
+        starts[P:] = st
+        t_last = st[-1]
+        ends = starts + dur
+        running = ends > t_last
+        # tiles still running at t_last: remaining fixed time and bytes
+        elapsed = t_last - starts[running]
+        f = fixed[running] if np.ndim(fixed) else np.full(int(running.sum()), fixed)
+        run_fixed = np.maximum(f - elapsed, 0.0)
+        run_bytes = np.maximum(t.tile_bytes[running] - np.maximum(elapsed - f, 0.0) * r_bulk, 0.0)
+    return _finish(t, c, t_last, run_fixed, run_bytes, r_bulk)
+
+
+def _finish(t: _Tiles, c: Calibration, t_last: float, run_fixed: np.ndarray, run_bytes: np.ndarray,
+            r_bulk: float) -> float:
+    """Drain the tiles running at ``t_last`` and add launch, floor and merge terms."""
+    S = t.num_sms
+    # tail: spread the running tiles over SMs (longest first, round-robin), drain by processor sharing
+    if np.ndim(run_fixed) == 0:
+        run_fixed = np.full(run_bytes.shape[0], float(run_fixed))
+    n = run_bytes.shape[0]
+    if n == 0:
+        finish = t_last
+    else:
+        rem_time = run_fixed + run_bytes / r_bulk
+        order = np.argsort(-rem_time, kind="stable")
+        m = -(-n // S)
+        pad = m * S - n
+        b = np.concatenate([run_bytes[order], np.zeros(pad)]).reshape(m, S).T  # [S, m]
+        fx = np.concatenate([run_fixed[order], np.zeros(pad)]).reshape(m, S).T
+        b = np.sort(b, axis=1)
+        diffs = np.diff(b, axis=1, prepend=0.0)
+        active = np.arange(m, 0, -1, dtype=np.float64)  # residents still draining in phase j
+        rate = np.minimum(c.cta_bw, c.sm_bw / active)
+        sm_time = fx.max(axis=1) + (diffs / rate).sum(axis=1)
+        finish = t_last + float(sm_time.max())
+    main = max(finish, t.total_bytes / c.hbm_bw)
+    total = c.launch_s + main
+    if t.merge_units:
+        total += c.merge_launch_s + c.merge_partial_s * t.merge_units
+    return total
+
+
+def predict(plan: Plan, device: DeviceSpec | str | None = None, *, calibration: Calibration | None = None) -> float:
+    """Predicted kernel time of ``plan`` on ``device``, in seconds.
+
+    Parameters
+    ----------
+    plan : Plan
+    device : DeviceSpec or str, optional
+        Defaults to the GPU the plan was made for (``plan.gpu``).
+    calibration : Calibration, optional
+        Defaults to :meth:`Calibration.default` for the device and the plan's config.
+
+    Returns
+    -------
+    float
+        Seconds (main kernel + launch + merge; module docstring for the model).
+
+    Raises
+    ------
+    ValueError
+        ``plan`` is not a Plan, or the device is unknown.
+    """
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan: expected a Plan, got {type(plan).__name__}")
+    dev = resolve_device(device if device is not None else plan.gpu)
+    cal = calibration or Calibration.default(dev, head_dim=plan.head_dim, dtype=plan.dtype, config=plan.config)
+    if not isinstance(cal, Calibration):
+        raise ValueError(f"calibration: expected a Calibration, got {type(cal).__name__}")
+    return _simulate(_prepare(plan, dev), cal)
+
+
+FIT_PARAMS = ("hbm_bw", "sm_bw", "cta_bw", "slots", "tile_fixed_s", "item_fixed_s", "launch_s",
+              "merge_launch_s", "merge_partial_s", "persistent_tile_s")
+"""Constants :func:`fit_calibration` can fit (all by default)."""
+
+
+def _rel_errors(tiles: Sequence[_Tiles], measured: np.ndarray, c: Calibration) -> np.ndarray:
+    pred = np.array([_simulate(t, c) for t in tiles])
+    return pred / measured - 1.0
+
+
+def fit_calibration(
+    samples: Sequence[tuple[Plan, float]],
+    device: DeviceSpec | str,
+    *,
+    initial: Calibration | None = None,
+    params: Sequence[str] = FIT_PARAMS,
+    rounds: int = 8,
+) -> tuple[Calibration, dict[str, Any]]:
+    """Fit the simulator's constants to measured kernel times.
+
+    Minimises the mean squared log error ``mean(log(pred / measured)^2)`` by a
+    coordinate search in log space (each constant multiplied by factors that
+    shrink from 2x to about 1.03x over ``rounds`` rounds; ``slots`` moves by
+    +-1), starting from ``initial`` or :meth:`Calibration.default` for the first
+    plan's config. NumPy only.
+
+    Parameters
+    ----------
+    samples : sequence of (Plan, seconds)
+        Plans of one (device, head_dim, dtype, kernel config) with measured times (> 0).
+    device : DeviceSpec or str
+    initial : Calibration, optional
+    params : sequence of str
+        Names from :data:`FIT_PARAMS` to fit; the others stay at ``initial``.
+    rounds : int
+        Coordinate-search rounds (>= 1).
+
+    Returns
+    -------
+    (Calibration, dict)
+        The fitted constants and a report: ``n``, ``median_rel_err``,
+        ``worst_rel_err`` (absolute relative errors after the fit),
+        ``median_rel_err_before``, ``worst_rel_err_before``, ``rel_errors`` (signed,
+        per sample) and ``params``.
+
+    Raises
+    ------
+    ValueError
+        No samples, a non-positive or non-finite time, an unknown parameter name.
+    """
+    if not samples:
+        raise ValueError("samples: expected at least one (plan, seconds) pair")
+    unknown = [p for p in params if p not in FIT_PARAMS]
+    if unknown:
+        raise ValueError(f"params: unknown calibration constants {unknown}; known: {list(FIT_PARAMS)}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds: expected an integer >= 1, got {rounds!r}")
+    dev = resolve_device(device)
+    plans = []
+    times = []
+    for i, item in enumerate(samples):
+        try:
+            plan, sec = item
+        except (TypeError, ValueError):
+            raise ValueError(f"samples[{i}]: expected a (Plan, seconds) pair") from None
+        if not isinstance(plan, Plan):
+            raise ValueError(f"samples[{i}]: expected a Plan, got {type(plan).__name__}")
+        if isinstance(sec, bool) or not isinstance(sec, (int, float, np.floating)) or not (math.isfinite(sec) and sec > 0):
+            raise ValueError(f"samples[{i}]: expected a time in seconds > 0, got {sec!r}")
+        plans.append(plan)
+        times.append(float(sec))
+    measured = np.array(times)
+    tiles = [_prepare(p, dev) for p in plans]
+    p0 = plans[0]
+    cal = initial or Calibration.default(dev, head_dim=p0.head_dim, dtype=p0.dtype, config=p0.config)
+
+    def loss(c: Calibration) -> float:
+        e = _rel_errors(tiles, measured, c)
+        return float(np.mean(np.log1p(e) ** 2))
+
+    before = np.abs(_rel_errors(tiles, measured, cal))
+    best = loss(cal)
+    for r in range(rounds):
+        step = 2.0 ** (1.0 / (1.6**r))  # 2, 1.54, 1.31, ... 1.03
+        for name in params:
+            cur = getattr(cal, name)
+            if name == "slots":
+                cands = [cur - 1, cur + 1]
+                cands = [v for v in cands if 1 <= v <= 64]
+            else:
+                base = cur if cur > 0 else 1e-7
+                cands = [base * step, base / step, base * step * step, base / (step * step)]
+                if cur > 0 and name not in ("hbm_bw", "sm_bw", "cta_bw"):
+                    cands.append(0.0)
+            for v in cands:
+                try:
+                    trial = dataclasses.replace(cal, **{name: v})
+                except ValueError:
+                    continue
+                val = loss(trial)
+                if val < best - 1e-15:
+                    best, cal = val, trial
+    errs = _rel_errors(tiles, measured, cal)
+    report = {
+        "n": len(plans),
+        "median_rel_err": float(np.median(np.abs(errs))),
+        "worst_rel_err": float(np.max(np.abs(errs))),
+        "median_rel_err_before": float(np.median(before)),
+        "worst_rel_err_before": float(np.max(before)),
+        "rel_errors": errs.tolist(),
+        "params": list(params),
+    }
+    return cal, report
