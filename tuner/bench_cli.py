@@ -1,9 +1,226 @@
-"""Commands of this area for the ``kvsplit`` CLI."""
+"""``kvsplit bench``: the baseline policies on the reference workload.
+
+``kvsplit bench --backend sim`` predicts, with :mod:`kvsplit.tuner.simulate`, the
+time of each baseline policy's plan for the 48 reference cases (DESIGN.md §6:
+five families x B in 1..512 at ``--total-tokens``), prints the ratio to the HBM
+floor per family x B, writes ``bench.csv`` and one PNG per family (time vs B,
+one line per policy) under ``--out``. ``--backend gpu`` times the same plans
+with the real kernel through :class:`kvsplit.tuner.gpu.GpuTimer` (CUDA only).
+``--anchors h200_peers.csv`` adds the FlashInfer threshold-cliff check
+(skewed80 time over uniform time at the same B, simulated vs measured).
+"""
 
 from __future__ import annotations
 
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
+
+BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
+    "no_split": ("no_split", {}),
+    "fixed8": ("fixed", {"num_splits": 8}),
+    "flashinfer_tc": ("flashinfer", {"tensor_cores": True}),
+    "flashinfer_notc": ("flashinfer", {"tensor_cores": False}),
+    "fa3": ("fa3", {}),
+    "balanced": ("balanced", {}),
+}
+"""Label -> (policy, params) of the baselines ``kvsplit bench`` compares."""
+
+
+def run_bench(
+    *,
+    backend: str = "sim",
+    gpu: str = "NVIDIA H200",
+    num_qo_heads: int = 32,
+    num_kv_heads: int = 4,
+    head_dim: int = 128,
+    dtype: str = "bfloat16",
+    page_size: int = 16,
+    total_tokens: int = 262_144,
+    policies: tuple[str, ...] = tuple(BASELINES),
+    calibration: Optional[dict] = None,
+) -> list[dict[str, Any]]:
+    """Time (or predict) every baseline on the reference cases.
+
+    Returns
+    -------
+    list of dict
+        One row per (policy, family, B): ``policy``, ``family``, ``B``,
+        ``time_us``, ``floor_us``, ``ratio`` (time / HBM floor), ``num_work_items``.
+
+    Raises
+    ------
+    ValueError
+        Unknown backend or policy label, invalid shape; ``--backend gpu`` without CUDA.
+    """
+    from ..kernels.device import resolve_device
+    from ..kernels.plan import make_plan
+    from .workloads import family_kv_lens, reference_cases
+
+    if backend not in ("sim", "gpu"):
+        raise ValueError(f"backend: expected 'sim' or 'gpu', got {backend!r}")
+    unknown = [p for p in policies if p not in BASELINES]
+    if unknown:
+        raise ValueError(f"policies: unknown labels {unknown}; known: {list(BASELINES)}")
+    if num_qo_heads < 1 or num_qo_heads % max(num_kv_heads, 1):
+        raise ValueError(f"num_qo_heads: expected a positive multiple of num_kv_heads, got {num_qo_heads}")
+    group = num_qo_heads // num_kv_heads
+
+    timer = None
+    if backend == "gpu":
+        try:
+            import torch
+        except ImportError as exc:  # pragma: no cover
+            raise ValueError("backend: 'gpu' needs torch with CUDA") from exc
+        if not torch.cuda.is_available():
+            raise ValueError("backend: 'gpu' needs a CUDA device (use --backend sim)")
+        from .gpu import GpuTimer  # lazy: imports triton and the kernel
+
+        timer = GpuTimer(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                         page_size=page_size, max_tokens=total_tokens, max_batch=512)
+        dev = resolve_device(torch.cuda.get_device_name())
+    else:
+        dev = resolve_device(gpu)
+    from .simulate import Calibration, _prepare, _simulate, hbm_floor_s
+
+    cal_fixed = Calibration.from_dict(calibration) if calibration is not None else None
+    rows: list[dict[str, Any]] = []
+    for label in policies:
+        policy, params = BASELINES[label]
+        params = dict(params)
+        if policy == "flashinfer" and not params.get("tensor_cores", True):
+            params["group_size"] = group
+        for family, B in reference_cases(total_tokens):
+            L = family_kv_lens(family, B, total_tokens)
+            plan = make_plan(L, num_kv_heads=num_kv_heads, device=dev, policy=policy, params=params,
+                             head_dim=head_dim, page_size=page_size, dtype=dtype)
+            if timer is not None:
+                t = timer.time_plan(plan)
+                floor = timer.hbm_floor_s(L)
+            else:
+                cal = cal_fixed or Calibration.default(dev, head_dim=head_dim, dtype=dtype, config=plan.config)
+                t = _simulate(_prepare(plan, dev), cal)
+                floor = hbm_floor_s(plan, cal)
+            rows.append({
+                "policy": label, "family": family, "B": B, "time_us": t * 1e6, "floor_us": floor * 1e6,
+                "ratio": t / floor, "num_work_items": plan.num_work_items,
+            })
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Ratio-to-floor table: one block per policy, families x B, plus geomean and worst."""
+    out = []
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    Bs = sorted({r["B"] for r in rows})
+    for p in policies:
+        pr = [r for r in rows if r["policy"] == p]
+        ratios = [r["ratio"] for r in pr]
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        out.append(f"{p}: time / HBM floor (geomean {geo:.2f}, worst {max(ratios):.2f})")
+        out.append("  family    " + "".join(f"{b:>8}" for b in Bs))
+        for fam in dict.fromkeys(r["family"] for r in pr):
+            cells = {r["B"]: r["ratio"] for r in pr if r["family"] == fam}
+            out.append(f"  {fam:<9} " + "".join(f"{cells[b]:8.2f}" if b in cells else f"{'-':>8}" for b in Bs))
+        out.append("")
+    return "\n".join(out)
+
+
+def cliff_comparison(rows: list[dict[str, Any]], anchors_csv: Path, total_tokens: int) -> str:
+    """Skewed80 / uniform time at the same B: simulated FlashInfer policy vs h200_peers.csv."""
+    meas: dict[tuple[str, str, int], float] = {}
+    with open(anchors_csv, newline="") as f:
+        for r in csv.DictReader(f):
+            if int(r["T"]) == total_tokens:
+                meas[(r["impl"], r["dist"], int(r["B"]))] = float(r["time_us"])
+    sim = {(r["policy"], r["family"], r["B"]): r["time_us"] for r in rows}
+    lines = ["skewed80 / uniform time at the same B (FlashInfer; measured = h200_peers.csv, T=%d)" % total_tokens]
+    Bs = sorted({r["B"] for r in rows})
+    lines.append("  " + f"{'':<26}" + "".join(f"{b:>7}" for b in Bs))
+    for label, impl in (("flashinfer_tc", "flashinfer_decode_tc"), ("flashinfer_notc", "flashinfer_decode_notc")):
+        for name, src, key in (("sim " + label, sim, label), ("measured " + impl, meas, impl)):
+            cells = []
+            for b in Bs:
+                a, u = src.get((key, "skewed80", b)), src.get((key, "uniform", b))
+                cells.append(f"{a / u:7.2f}" if a and u else f"{'-':>7}")
+            lines.append(f"  {name:<26}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def write_outputs(rows: list[dict[str, Any]], out: Path, title: str) -> list[Path]:
+    """Write ``bench.csv`` and ``<family>.png`` (time vs B per policy, log-log) under ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "bench.csv"]
+    with open(written[0], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+    for fam in dict.fromkeys(r["family"] for r in rows):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for p in dict.fromkeys(r["policy"] for r in rows):
+            pr = [r for r in rows if r["policy"] == p and r["family"] == fam]
+            ax.plot([r["B"] for r in pr], [r["time_us"] for r in pr], marker="o", label=p)
+        floor = [r for r in rows if r["family"] == fam and r["policy"] == rows[0]["policy"]]
+        ax.plot([r["B"] for r in floor], [r["floor_us"] for r in floor], "k--", label="HBM floor")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel("time (µs)")
+        ax.set_title(f"{title}: {fam}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"{fam}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
 
 
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to ``app``."""
+    """Add ``bench`` to ``app``."""
+
+    @app.command("bench")
+    def bench(
+        backend: str = typer.Option("sim", help="'sim' (simulator) or 'gpu' (real kernel, CUDA)"),
+        gpu: str = typer.Option("NVIDIA H200", help="GPU name for the simulator (sim backend)"),
+        num_qo_heads: int = typer.Option(32, help="H_q"),
+        num_kv_heads: int = typer.Option(4, help="H_kv"),
+        head_dim: int = typer.Option(128, help="D"),
+        dtype: str = typer.Option("bfloat16", help="float16 | bfloat16 | float32"),
+        page_size: int = typer.Option(16, help="tokens per KV page"),
+        total_tokens: int = typer.Option(262_144, help="T, total tokens per batch"),
+        out: Optional[Path] = typer.Option(None, help="folder for bench.csv and one PNG per family"),
+        policies: str = typer.Option(",".join(BASELINES), help="comma-separated baseline labels"),
+        calibration: Optional[Path] = typer.Option(None, help="JSON file of simulator constants (sim)"),
+        anchors: Optional[Path] = typer.Option(None, help="h200_peers.csv: add the FlashInfer cliff check"),
+    ) -> None:
+        """Baseline policies on the reference workload: time / HBM floor per family x B."""
+        try:
+            cal = json.loads(calibration.read_text()) if calibration else None
+            rows = run_bench(
+                backend=backend, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                head_dim=head_dim, dtype=dtype, page_size=page_size, total_tokens=total_tokens,
+                policies=tuple(p.strip() for p in policies.split(",") if p.strip()), calibration=cal,
+            )
+        except (ValueError, OSError, json.JSONDecodeError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"backend={backend} gpu={gpu if backend == 'sim' else 'cuda'} H_q={num_qo_heads} "
+                   f"H_kv={num_kv_heads} D={head_dim} {dtype} page={page_size} T={total_tokens}\n")
+        typer.echo(format_table(rows))
+        if anchors is not None:
+            typer.echo(cliff_comparison(rows, anchors, total_tokens))
+        if out is not None:
+            for p in write_outputs(rows, out, f"{backend} {gpu} T={total_tokens}"):
+                typer.echo(f"wrote {p}")
