@@ -28,8 +28,8 @@ _URL_HELP = "SQLAlchemy URL of the policy store (default: KVSPLIT_DATABASE_URL o
 def plan_check_entry(entry: dict[str, Any]) -> None:
     """Raise ValueError unless ``entry``'s params make a plan for its bucket's shape.
 
-    Also checks that the bucket key parses and agrees with the bucket fields
-    when ``kvsplit.kernels.buckets`` provides ``BucketKey.parse``.
+    Also checks that the bucket key parses (``BucketKey.parse``) and agrees
+    with the bucket fields.
     """
     from ..kernels.device import DeviceSpec
     from ..kernels.plan import POLICIES, make_plan
@@ -51,20 +51,16 @@ def plan_check_entry(entry: dict[str, Any]) -> None:
                       params=entry["params"], head_dim=b["head_dim"], page_size=b["page_size"], dtype=b["dtype"])
         except ValueError as exc:
             raise ValueError(f"params do not make a plan: {exc}") from None
+    from ..kernels.buckets import BucketKey, gpu_slug
+
     try:
-        from ..kernels.buckets import BucketKey  # type: ignore[attr-defined]
-    except ImportError:
-        return
-    parse = getattr(BucketKey, "parse", None)
-    if parse is None:
-        return
-    try:
-        key = parse(b["key"])
+        key = BucketKey.parse(b["key"])
     except ValueError as exc:
         raise ValueError(f"bucket.key: {exc}") from None
-    for f in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size"):
-        if hasattr(key, f) and getattr(key, f) != b[f]:
-            raise ValueError(f"bucket.key: its {f} {getattr(key, f)!r} differs from bucket.{f} {b[f]!r}")
+    expect = {"gpu": gpu_slug(b["gpu"]), **{f: b[f] for f in ("num_kv_heads", "head_dim", "dtype", "page_size")}}
+    for f, v in expect.items():
+        if getattr(key, f) != v:
+            raise ValueError(f"bucket.key: its {f} {getattr(key, f)!r} differs from the entry's {v!r}")
 
 
 def register(app: typer.Typer) -> None:

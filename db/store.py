@@ -69,12 +69,13 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, select, text, update
+from sqlalchemy import Engine, create_engine, event, func, or_, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
@@ -114,6 +115,7 @@ __all__ = [
     "get_or_create_device",
     "get_device",
     "set_device_bandwidth",
+    "measured_read_bandwidth",
     "record_calibration",
     "latest_calibration",
     "get_or_create_bucket",
@@ -503,6 +505,16 @@ def get_device(session: Session, name: str) -> Device | None:
     return session.scalars(select(Device).where(Device.name == name).order_by(Device.id.desc())).first()
 
 
+def measured_read_bandwidth(session: Session, gpu: str) -> float | None:
+    """The newest measured read bandwidth (GB/s) stored for GPU ``gpu``, or None."""
+    return session.scalar(
+        select(Device.read_bandwidth_gbps)
+        .where(Device.name == gpu, Device.read_bandwidth_gbps.is_not(None))
+        .order_by(Device.id.desc())
+        .limit(1)
+    )
+
+
 def set_device_bandwidth(session: Session, device_id: int, read_bandwidth_gbps: float) -> Device:
     """Store a measured read bandwidth (GB/s) on a device row."""
     dev = session.get(Device, device_id)
@@ -795,11 +807,17 @@ def list_published(
 ) -> list[Policy]:
     """Published policies, optionally filtered by the bucket's shape fields.
 
-    Each row's ``bucket`` is loaded (usable after the session closes). Order:
+    ``gpu`` matches the stored GPU name (``"NVIDIA H200"``) or the slug that
+    starts bucket keys (``"nvidia-h200"``). Each row's ``bucket`` is loaded
+    (usable after the session closes). Order:
     GPU-measured before simulated, then by bucket key.
     """
     q = select(Policy).join(Bucket).options(selectinload(Policy.bucket)).where(Policy.status == "published")
-    for col, v in ((Bucket.gpu, gpu), (Bucket.num_kv_heads, num_kv_heads), (Bucket.head_dim, head_dim),
+    if gpu is not None:
+        # the GPU name as stored ("NVIDIA H200") or the bucket-key slug ("nvidia-h200")
+        slug = re.sub(r"[^a-z0-9]+", "-", str(gpu).lower()).strip("-")
+        q = q.where(or_(Bucket.gpu == gpu, Bucket.key.startswith(slug + ".", autoescape=True)))
+    for col, v in ((Bucket.num_kv_heads, num_kv_heads), (Bucket.head_dim, head_dim),
                    (Bucket.dtype, dtype), (Bucket.page_size, page_size)):
         if v is not None:
             q = q.where(col == v)

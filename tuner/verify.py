@@ -1,0 +1,158 @@
+"""Verification of a tuned parameter set against the baselines, before publishing.
+
+On the bucket's held-out batches (never its training batches), the tuned plan
+and every baseline (:data:`BASELINES`: ``balanced``, ``fa3``, ``flashinfer``,
+``no_split``, each with its default params) are timed side by side in one run:
+batch by batch, every policy's plan in turn, on the same backend. Identical
+plans (e.g. ``tuned`` with default params and ``balanced``) are timed once and
+share the time, so timing noise cannot separate two copies of one plan. Every
+measurement is stored (time, HBM floor, their ratio, params, batch, backend,
+device, software versions).
+
+The summary compares geometric means of time / HBM floor: the tuned policy
+passes when its geomean is no larger than the best baseline's (times
+``1 + tolerance``; tolerance 0 by default). A draft policy is then created with
+the summary and, if it passed, published under the store's rules (a worse
+policy never replaces a better published one; a simulated one never replaces a
+GPU-measured one; see :func:`kvsplit.db.store.publish`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+
+from ..db import store
+from ..kernels.plan import Plan, make_plan
+
+__all__ = ["BASELINES", "VerifyOutcome", "measure_heldout", "summarize", "verify_and_store"]
+
+BASELINES: tuple[str, ...] = ("balanced", "fa3", "flashinfer", "no_split")
+
+
+@dataclass
+class VerifyOutcome:
+    """Result of :func:`verify_and_store`."""
+
+    summary: dict[str, Any]
+    policy_id: int | None
+    published: bool
+    note: str = ""
+
+
+def _plan_sig(p: Plan) -> tuple:
+    return (p.num_splits.tobytes(), p.work_request.tobytes(), p.work_kv_start.tobytes(), p.work_kv_end.tobytes(),
+            p.cta_indptr.tobytes(), tuple(sorted(p.config.to_dict().items())))
+
+
+def measure_heldout(task: Any, tuned_params: Mapping[str, Any], backend: Any,
+                    baselines: Sequence[str] = BASELINES) -> list[dict[str, Any]]:
+    """Time ``tuned`` and each baseline on every held-out batch of ``task``.
+
+    Returns one record per (policy, batch): ``policy``, ``params``,
+    ``batch_index``, ``kv_lens``, ``time_s``, ``floor_s``, ``ratio``.
+    """
+    policies: list[tuple[str, dict[str, Any]]] = [("tuned", dict(tuned_params))] + [(b, {}) for b in baselines]
+    rows: list[dict[str, Any]] = []
+    for i, lens in enumerate(task.heldout):
+        floor = backend.hbm_floor_s(lens)
+        timed: dict[tuple, float] = {}
+        for name, params in policies:
+            plan = make_plan(list(lens), num_kv_heads=task.num_kv_heads, device=task.gpu, policy=name,
+                             params=params, head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype)
+            sig = _plan_sig(plan)
+            if sig not in timed:
+                timed[sig] = backend.time_plan(plan)
+            t = timed[sig]
+            rows.append({"policy": name, "params": params, "batch_index": i, "kv_lens": list(lens), "time_s": t,
+                         "floor_s": floor, "ratio": t / floor})
+    return rows
+
+
+def _gm(xs: Sequence[float]) -> float:
+    return float(math.exp(sum(math.log(x) for x in xs) / len(xs)))
+
+
+def summarize(rows: Sequence[Mapping[str, Any]], *, backend: str, tolerance: float = 0.0,
+              train_objective_s: float | None = None) -> dict[str, Any]:
+    """Geomean time / floor per policy, best baseline, speedups, pass/fail.
+
+    Returns
+    -------
+    dict
+        ``policies``: {name: {geomean_ratio, geomean_time_s, worst_ratio}};
+        ``tuned_geomean_ratio``; ``best_baseline`` and its
+        ``best_baseline_geomean_ratio``; ``speedup_vs`` {baseline: geomean
+        time of baseline / geomean time of tuned}; ``passed``; ``tolerance``;
+        ``heldout_batches``; ``backend``; ``train_objective_s``.
+    """
+    by: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["policy"], []).append(r)
+    pol = {name: {"geomean_ratio": _gm([r["ratio"] for r in rs]), "geomean_time_s": _gm([r["time_s"] for r in rs]),
+                  "worst_ratio": float(max(r["ratio"] for r in rs))} for name, rs in by.items()}
+    base = {k: v for k, v in pol.items() if k != "tuned"}
+    best = min(base, key=lambda k: base[k]["geomean_ratio"])
+    tuned = pol["tuned"]["geomean_ratio"]
+    return {
+        "backend": backend,
+        "heldout_batches": len(by["tuned"]),
+        "policies": pol,
+        "tuned_geomean_ratio": tuned,
+        "best_baseline": best,
+        "best_baseline_geomean_ratio": base[best]["geomean_ratio"],
+        "speedup_vs": {k: v["geomean_time_s"] / pol["tuned"]["geomean_time_s"] for k, v in base.items()},
+        "passed": bool(tuned <= base[best]["geomean_ratio"] * (1.0 + tolerance)),
+        "tolerance": tolerance,
+        "train_objective_s": train_objective_s,
+    }
+
+
+def verify_and_store(
+    task: Any,
+    tuned_params: Mapping[str, Any],
+    backend: Any,
+    *,
+    database_url: str,
+    bucket_id: int,
+    run_id: int | None,
+    device_id: int | None,
+    train_objective_s: float | None = None,
+    publish: bool = True,
+    tolerance: float = 0.0,
+) -> VerifyOutcome:
+    """Measure on held-out batches, store every measurement, create the policy, publish if allowed."""
+    rows = measure_heldout(task, tuned_params, backend)
+    summary = summarize(rows, backend=backend.name, tolerance=tolerance, train_objective_s=train_objective_s)
+    software = backend.software()
+    note = ""
+    with store.session_scope(database_url, write=True) as s:
+        pol = store.create_policy(s, bucket_id=bucket_id, params=dict(tuned_params), backend=backend.name,
+                                  score=summary["tuned_geomean_ratio"], verification=summary,
+                                  tuning_run_id=run_id, device_id=device_id)
+        for r in rows:
+            store.record_measurement(
+                s, bucket_id=bucket_id, policy_name=r["policy"], params=r["params"], kv_lens=r["kv_lens"],
+                time_s=r["time_s"], floor_s=r["floor_s"], backend=backend.name, role="heldout",
+                batch_index=r["batch_index"], stage="verify", tuning_run_id=run_id,
+                policy_id=pol.id if r["policy"] == "tuned" else None, device_id=device_id, software=software,
+            )
+        published = False
+        if not summary["passed"]:
+            note = (f"not published: tuned {summary['tuned_geomean_ratio']:.4f}x floor is slower than "
+                    f"{summary['best_baseline']} {summary['best_baseline_geomean_ratio']:.4f}x")
+        elif publish:
+            try:
+                with s.begin_nested():
+                    store.publish(s, pol.id)
+                published = True
+            except store.PublishRefused as exc:
+                note = f"not published: {exc}"
+        if note:
+            pol.note = note[:2048]
+        policy_id = pol.id
+    return VerifyOutcome(summary=summary, policy_id=policy_id, published=published, note=note)
+
+
