@@ -286,27 +286,40 @@ def _cum_hist(key: BucketKey) -> np.ndarray:
     return np.cumsum(h)
 
 
+# distance * 2 * HIST_UNITS is an integer: sum|cum_a - cum_b| + (2 * HIST_UNITS * CLASS_WEIGHT) * class steps
+_SCALE = HIST_UNITS * BINS_PER_OCTAVE
+_CLASS_UNITS = _SCALE * CLASS_WEIGHT
+assert float(_CLASS_UNITS).is_integer(), "bucket distance constants no longer give integer scaled distances"
+_CLASS_UNITS = int(_CLASS_UNITS)
+
+
 class _Candidates:
     """Keys of one family and source as arrays, for vectorized distances.
 
     ``distance(a, b) = sum|cum_a - cum_b| / HIST_UNITS / BINS_PER_OCTAVE +
     CLASS_WEIGHT * (|db| + |dt|)`` (kvsplit.kernels.buckets.distance), inf when
-    exactly one histogram is empty. Entries are sorted by (bucket string, id).
+    exactly one histogram is empty. Scaled by ``HIST_UNITS * BINS_PER_OCTAVE``
+    it is an integer, computed exactly here, and the one division by a power of
+    two gives the same float as ``distance``. Entries are sorted by (bucket
+    string, id), so the first minimum is the tie-break of ``nearest``.
     """
 
     def __init__(self, entries: Sequence[PolicyEntry]) -> None:
         self.entries = list(entries)
         self.cum = np.stack([_cum_hist(e.key) for e in self.entries])
-        self.bclass = np.array([e.key.batch_class for e in self.entries], dtype=np.int64)
-        self.tclass = np.array([e.key.tokens_class for e in self.entries], dtype=np.int64)
+        self.cls = np.array([(e.key.batch_class, e.key.tokens_class) for e in self.entries], dtype=np.int64)
         self.empty = np.array([not e.key.hist for e in self.entries])
+        self.any_empty = bool(self.empty.any())
 
     def nearest(self, key: BucketKey, limit: float) -> tuple[PolicyEntry, float] | None:
-        l1 = np.abs(self.cum - _cum_hist(key)).sum(axis=1)
-        classes = CLASS_WEIGHT * (np.abs(self.bclass - key.batch_class) + np.abs(self.tclass - key.tokens_class))
-        d = l1 / HIST_UNITS / BINS_PER_OCTAVE + classes
-        d = np.where(self.empty == (not key.hist), np.where(self.empty, classes, d), np.inf)
-        i = int(np.argmin(d))  # first minimum = smallest (bucket, id): entries are sorted that way
+        scaled = np.abs(self.cum - _cum_hist(key)).sum(axis=1)
+        scaled += _CLASS_UNITS * np.abs(self.cls - (key.batch_class, key.tokens_class)).sum(axis=1)
+        if self.any_empty or not key.hist:
+            classes = _CLASS_UNITS * np.abs(self.cls - (key.batch_class, key.tokens_class)).sum(axis=1)
+            d = np.where(self.empty == (not key.hist), np.where(self.empty, classes, scaled), np.inf) / _SCALE
+        else:
+            d = scaled / _SCALE
+        i = int(np.argmin(d))
         if not d[i] <= limit:
             return None
         return self.entries[i], float(d[i])

@@ -94,7 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.holder = holder
     for r in (plan.router, policies.router, data.router, health.router, dashboard.router):
         app.include_router(r)
-    app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, plan_state=app.state)
     app.openapi = _custom_openapi(app, settings.max_kv_len)  # type: ignore[method-assign]
     return app
 

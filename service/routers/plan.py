@@ -9,6 +9,8 @@ arrays. The request / response schemas are still declared for OpenAPI.
 
 from __future__ import annotations
 
+import functools
+
 import orjson
 from fastapi import APIRouter, Request, Response
 
@@ -21,6 +23,12 @@ router = APIRouter(tags=["plan"])
 _OPT = orjson.OPT_SERIALIZE_NUMPY
 
 
+@functools.lru_cache(maxsize=1024)
+def _config_dict(config) -> dict:
+    """``KernelConfig.to_dict()`` memoized (frozen, hashable; dataclasses.asdict costs ~15 µs). Read-only use."""
+    return config.to_dict()
+
+
 def plan_answer(plan, bucket: dict, policy: dict) -> bytes:
     """Serialize ``Plan.to_dict()`` + bucket + policy (NumPy arrays written directly)."""
     d = {
@@ -30,7 +38,7 @@ def plan_answer(plan, bucket: dict, policy: dict) -> bytes:
         "work_kv_start": plan.work_kv_start,
         "work_kv_end": plan.work_kv_end,
         "cta_indptr": plan.cta_indptr,
-        "config": plan.config.to_dict(),
+        "config": _config_dict(plan.config),
         "params": plan.params,
         "made_for": {"num_kv_heads": plan.num_kv_heads, "head_dim": plan.head_dim, "page_size": plan.page_size,
                      "dtype": plan.dtype, "gpu": plan.gpu},
@@ -38,6 +46,30 @@ def plan_answer(plan, bucket: dict, policy: dict) -> bytes:
         "policy": policy,
     }
     return orjson.dumps(d, option=_OPT)
+
+
+def handle_plan(body: bytes, state) -> tuple[int, bytes]:
+    """Validate, plan and serialize one ``POST /v1/plan`` body: ``(status, JSON bytes)``.
+
+    Shared by the route below and the ASGI fast path of
+    :class:`kvsplit.service.middleware.GuardMiddleware` (which answers
+    ``POST /v1/plan`` without FastAPI's routing and dependency machinery).
+    """
+    try:
+        req = parse_plan_request(body, max_kv_len=state.settings.max_kv_len)
+    except RequestValidationFailed as exc:
+        return 422, exc.body()
+    served = state.holder.current
+    if served is None:
+        return 503, b'{"detail":"policy table not loaded yet"}'
+    try:
+        p, bucket, policy = served.table.plan(
+            req.kv_lens, gpu=req.gpu, num_qo_heads=req.num_qo_heads, num_kv_heads=req.num_kv_heads,
+            head_dim=req.head_dim, dtype=req.dtype, page_size=req.page_size, device=req.device)
+    except ValueError as exc:  # e.g. a device whose numbers make the policy's knobs infeasible
+        return 422, orjson.dumps({"detail": [error("value_error", ("body",), f"Value error, {exc}")]})
+    metrics.PLAN_LOOKUPS.labels(policy["source"]).inc()
+    return 200, plan_answer(p, bucket, policy)
 
 
 @router.post(
@@ -55,21 +87,5 @@ def plan_answer(plan, bucket: dict, policy: dict) -> bytes:
 )
 async def plan(request: Request) -> Response:
     """Plan a batch: Plan.to_dict() at the top level plus `bucket` and `policy` (DESIGN.md §3)."""
-    state = request.app.state
-    body = await request.body()
-    try:
-        req = parse_plan_request(body, max_kv_len=state.settings.max_kv_len)
-    except RequestValidationFailed as exc:
-        return Response(exc.body(), status_code=422, media_type="application/json")
-    served = state.holder.current
-    if served is None:
-        return Response(b'{"detail":"policy table not loaded yet"}', status_code=503, media_type="application/json")
-    try:
-        p, bucket, policy = served.table.plan(
-            req.kv_lens, gpu=req.gpu, num_qo_heads=req.num_qo_heads, num_kv_heads=req.num_kv_heads,
-            head_dim=req.head_dim, dtype=req.dtype, page_size=req.page_size, device=req.device)
-    except ValueError as exc:  # e.g. a device whose numbers make the policy's knobs infeasible
-        return Response(orjson.dumps({"detail": [error("value_error", ("body",), f"Value error, {exc}")]}),
-                        status_code=422, media_type="application/json")
-    metrics.PLAN_LOOKUPS.labels(policy["source"]).inc()
-    return Response(plan_answer(p, bucket, policy), media_type="application/json")
+    status, out = handle_plan(await request.body(), request.app.state)
+    return Response(out, status_code=status, media_type="application/json")

@@ -1,0 +1,41 @@
+"""The plain FastAPI baseline of the plan-service benchmark (docs/perf.md, "Plan service").
+
+What a straightforward service would do: FastAPI parses the ``POST /v1/plan``
+body into a pydantic model with ``kv_lens: list[int]`` and returns it (no
+planning at all). Run on the same server stack as ``kvsplit serve``:
+
+    .venv/bin/uvicorn bench.service_baseline:app --loop uvloop --http httptools --port 8001 --no-access-log
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+app = FastAPI(title="plain FastAPI baseline")
+
+
+class PlanRequest(BaseModel):
+    gpu: str
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    kv_lens: list[int]
+
+
+@app.post("/v1/plan")
+async def plan(req: PlanRequest) -> PlanRequest:
+    return req
+
+
+# The same baseline with a synchronous endpoint (FastAPI runs it in its thread
+# pool), as many plain FastAPI services are written; uvicorn
+# bench.service_baseline:app_sync ...
+app_sync = FastAPI(title="plain FastAPI baseline (def endpoint)")
+
+
+@app_sync.post("/v1/plan")
+def plan_sync(req: PlanRequest) -> PlanRequest:
+    return req
