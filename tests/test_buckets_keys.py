@@ -137,3 +137,13 @@ def test_errors_name_the_argument():
         key([-3])
     with pytest.raises(ValueError, match="device"):
         key([1], device="Foo GPU")
+
+
+def test_planner_modules_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import kvsplit.kernels.plan, kvsplit.kernels.buckets, kvsplit.kernels.device; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
