@@ -322,7 +322,7 @@ def auto_rate_scale(trace: Trace, batch_size: int, *, step_s: float = DEFAULT_ST
 
 
 def replay_trace(
-    name: str,
+    name: str | Trace,
     *,
     max_batch_size: int,
     rate_scale: float | None = None,
@@ -343,8 +343,9 @@ def replay_trace(
 
     Parameters
     ----------
-    name : str
-        A timed trace of :data:`TRACES` (``azure_code``, ``azure_conv``, ``mooncake``).
+    name : str or Trace
+        A timed trace of :data:`TRACES` (``azure_code``, ``azure_conv``,
+        ``mooncake``), or a :class:`Trace` with arrival times.
     max_batch_size : int
         Most requests running at once (>= 1).
     rate_scale : float, optional
@@ -361,9 +362,13 @@ def replay_trace(
     import heapq
     from collections import deque
 
-    spec = _check_trace_name(name)
-    if spec.time_col is None:
-        raise ValueError(f"trace: {name!r} has no arrival times; use iid_trace_batches")
+    if isinstance(name, Trace):
+        tr = name
+    else:
+        _check_trace_name(name)
+        tr = load_trace(name)
+    if tr.arrival_s is None:
+        raise ValueError(f"trace: {tr.name!r} has no arrival times; use iid_trace_batches")
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1:
         raise ValueError(f"max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
     if token_budget is not None and (isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer))
@@ -374,12 +379,10 @@ def replay_trace(
         raise ValueError(f"max_kv_len: expected an integer >= 1 or None, got {max_kv_len!r}")
     if not (isinstance(step_s, (int, float)) and step_s > 0):
         raise ValueError(f"step_s: expected a number > 0, got {step_s!r}")
-    tr = load_trace(name)
     if rate_scale is None:
         rate_scale = auto_rate_scale(tr, int(max_batch_size), step_s=step_s)
     if isinstance(rate_scale, bool) or not isinstance(rate_scale, (int, float)) or not (0 < rate_scale < 1e9):
         raise ValueError(f"rate_scale: expected a number > 0, got {rate_scale!r}")
-    assert tr.arrival_s is not None
     arrive = np.floor(tr.arrival_s / (rate_scale * step_s)).astype(np.int64)
     out = tr.output
     reserve = tr.prompt + tr.output
@@ -420,7 +423,7 @@ def replay_trace(
         if not nxt:
             break
         t = max(t + 1, min(nxt))
-    horizon = int(end.max()) + 1 if (end >= 0).any() else 1
+    horizon = int(end.max()) if (end >= 0).any() else 1
     delta = np.zeros(horizon + 1, dtype=np.int64)
     ok = start >= 0
     np.add.at(delta, start[ok], 1)
