@@ -1057,7 +1057,7 @@ def import_policies(
             b = e["bucket"]
             bucket = get_or_create_bucket(session, key=b["key"], gpu=b["gpu"], num_kv_heads=b["num_kv_heads"],
                                           head_dim=b["head_dim"], dtype=b["dtype"], page_size=b["page_size"],
-                                          signature=b["signature"], source=b["source"] or "import")
+                                          signature=b["signature"], source=b["source"])
             device_id = None
             if e["device"] is not None:
                 d = e["device"]
