@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Optional
 from fastapi import APIRouter, Query
 
 from .. import queries
-from ..deps import SettingsDep
+from ..deps import check_head_dim, SettingsDep
 from ..schemas import BucketList, MeasurementList, RunList
 
 router = APIRouter(tags=["store"])
@@ -19,10 +19,11 @@ def list_buckets(
     settings: SettingsDep,
     gpu: Annotated[Optional[str], Query(max_length=200)] = None,
     num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
-    head_dim: Annotated[Optional[Literal[64, 128, 256]], Query()] = None,
+    head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
     dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
     page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
 ) -> dict:
+    check_head_dim(head_dim)
     data = queries.list_buckets(settings.database_url, gpu=None if gpu is None else queries.canonical_gpu(gpu),
                                 num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
     return {"count": len(data), "data": data}

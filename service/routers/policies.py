@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from ...db import store
 from .. import queries
-from ..deps import AdminDep, HolderDep, ServedDep, SettingsDep
+from ..deps import check_head_dim, AdminDep, HolderDep, ServedDep, SettingsDep
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
 
 router = APIRouter(tags=["policies"])
@@ -45,10 +45,11 @@ def list_policies(
     served: ServedDep,
     gpu: Annotated[Optional[str], Query(max_length=200)] = None,
     num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
-    head_dim: Annotated[Optional[Literal[64, 128, 256]], Query()] = None,
+    head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
     dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
     page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
 ) -> Response:
+    check_head_dim(head_dim)
     """Everything a client needs to plan in-process with identical results (kvsplit.kernels.policy_table).
 
     Poll with If-None-Match: the answer is 304 while the table is unchanged.

@@ -1,0 +1,335 @@
+"""The plan service in-process (FastAPI TestClient): plan answers, bad input, ETag, admin, reload, metrics, CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from service_support import GPU, SHAPE, TOTAL, fill_store, key_of  # noqa: E402
+
+from kvsplit.db import store  # noqa: E402
+from kvsplit.kernels.plan import make_plan  # noqa: E402
+from kvsplit.service.app import create_app  # noqa: E402
+from kvsplit.service.client import plan_from_response  # noqa: E402
+from kvsplit.service.settings import Settings  # noqa: E402
+from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def info(tmp_path_factory):
+    return fill_store(f"sqlite:///{tmp_path_factory.mktemp('svc')}/store.db")
+
+
+@pytest.fixture(scope="module")
+def client(info):
+    app = create_app(Settings(database_url=info.url, admin_token=None, reload_interval_s=0))
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture()
+def fresh(tmp_path):
+    """A store of its own and an app with admin routes on and a fast reload poll."""
+    info = fill_store(f"sqlite:///{tmp_path}/store.db")
+    app = create_app(Settings(database_url=info.url, admin_token=TOKEN, reload_interval_s=0.05))
+    with TestClient(app) as c:
+        yield info, c
+
+
+def body(kv_lens, **over):
+    d = dict(SHAPE, kv_lens=list(kv_lens))
+    d.update(over)
+    return d
+
+
+# --------------------------------------------------------------------------- plan answers
+
+
+def test_fallback_plan_hand_computed(client):
+    # balanced, 4 CTAs/SM on 132 SMs: fair = ceil(4 * 13113 / 528) = 100 -> chunk 128 (block_n 64 multiple)
+    r = client.post("/v1/plan", json=body([4096, 17, 9000], num_kv_heads=8, num_qo_heads=64))
+    assert r.status_code == 200, r.text
+    d = r.json()
+    # H_kv = 8: total 104904 / 528 -> 199 -> chunk 256
+    assert d["num_splits"] == [16, 1, 36]
+    assert d["policy"] == {"id": None, "version": None, "name": "balanced", "params": {}, "source": "fallback"}
+    assert d["bucket"]["matched"] is None and d["bucket"]["distance"] is None
+    assert d["bucket"]["key"] == key_of([4096, 17, 9000], num_kv_heads=8)
+    assert d["work_kv_start"][:3] == [0, 256, 512] and d["work_kv_end"][15] == 4096
+    assert d["made_for"] == {"num_kv_heads": 8, "head_dim": 128, "page_size": 16, "dtype": "bfloat16", "gpu": GPU}
+    assert plan_from_response(d) == make_plan([4096, 17, 9000], num_kv_heads=8, device=GPU, policy="balanced")
+
+
+def test_tuned_bucket_exact_match(client, info):
+    lens = family_kv_lens("skewed80", 64, TOTAL)
+    key = key_of(lens)
+    r = client.post("/v1/plan", json=body(lens.tolist()))
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["bucket"] == {"key": key, "matched": key, "distance": 0.0}
+    assert d["policy"] == {"id": info.published[key], "version": 1, "name": "balanced",
+                           "params": {"ctas_per_sm": 3.0}, "source": "tuned"}
+    ref = make_plan(lens, num_kv_heads=4, device=GPU, policy="balanced", params={"ctas_per_sm": 3.0})
+    assert plan_from_response(d) == ref
+    assert d["num_splits"] == ref.num_splits.tolist()
+
+
+def test_near_bucket_and_simulated_source(client, info):
+    # the same family drawn with +-10 % jitter lands on (or next to) the tuned bucket
+    lens = family_kv_lens("uniform", 256, TOTAL)
+    jittered = (lens * np.random.default_rng(0).uniform(0.9, 1.1, lens.shape)).astype(np.int64)
+    d = client.post("/v1/plan", json=body(jittered.tolist())).json()
+    assert d["policy"]["source"] == "tuned"
+    assert d["bucket"]["matched"] == key_of(lens) and d["bucket"]["distance"] <= 1.0
+    # only a simulated policy near 4000 one-token requests
+    d = client.post("/v1/plan", json=body([1] * 4000)).json()
+    assert d["policy"]["source"] == "simulated" and d["policy"]["id"] == info.sim_id
+    assert d["num_splits"] == [1] * 4000
+
+
+def test_same_request_same_answer_and_zero_lengths(client):
+    b = body([0, 5, 0, 70000, 1])
+    a1, a2 = client.post("/v1/plan", json=b), client.post("/v1/plan", json=b)
+    assert a1.content == a2.content
+    d = a1.json()
+    starts = [s for s, r in zip(d["work_kv_start"], d["work_request"]) if r == 0]
+    assert starts == [0] and d["num_splits"][0] == 1
+
+
+def test_unknown_gpu_with_device_object(client):
+    dev = {"num_sms": 100, "hbm_bandwidth_gbps": 3000.0, "l2_bytes": 50 << 20, "smem_per_sm_bytes": 228 << 10,
+           "smem_per_block_bytes": 227 << 10}
+    r = client.post("/v1/plan", json=body([8192] * 8, gpu="ACME X1", device=dev))
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["made_for"]["gpu"] == "ACME X1" and d["policy"]["source"] == "fallback"
+    # balanced on 100 SMs: fair = ceil(4 * 65536 / 400) = 656 -> chunk 704; ceil(8192 / 704) = 12
+    assert d["num_splits"] == [12] * 8
+
+
+def test_max_batch_accepted(client):
+    r = client.post("/v1/plan", json=body([3] * 65536))
+    assert r.status_code == 200
+    assert len(r.json()["num_splits"]) == 65536
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+BAD = [
+    ("empty", {"kv_lens": []}, ["body", "kv_lens"], "too_short"),
+    ("negative", {"kv_lens": [5, -1]}, ["body", "kv_lens", 1], "greater_than_equal"),
+    ("fraction", {"kv_lens": [5, 6, 1.5]}, ["body", "kv_lens", 2], "int_type"),
+    ("float", {"kv_lens": [2.0]}, ["body", "kv_lens", 0], "int_type"),
+    ("bool", {"kv_lens": [1, True]}, ["body", "kv_lens", 1], "int_type"),
+    ("string", {"kv_lens": ["7"]}, ["body", "kv_lens", 0], "int_type"),
+    ("null item", {"kv_lens": [1, None]}, ["body", "kv_lens", 1], "int_type"),
+    ("over max", {"kv_lens": [1, 2, (1 << 24) + 1]}, ["body", "kv_lens", 2], "less_than_equal"),
+    ("int32 max", {"kv_lens": [2**31 - 1]}, ["body", "kv_lens", 0], "less_than_equal"),
+    ("int64 overflow", {"kv_lens": [0, 2**64]}, ["body", "kv_lens", 1], "less_than_equal"),
+    ("2^70", {"kv_lens": [2**70]}, ["body", "kv_lens", 0], "less_than_equal"),
+    ("too many", {"kv_lens": [1] * 65537}, ["body", "kv_lens"], "too_long"),
+    ("not a list", {"kv_lens": 5}, ["body", "kv_lens"], "list_type"),
+    ("zero kv heads", {"num_kv_heads": 0}, ["body", "num_kv_heads"], "greater_than_equal"),
+    ("zero qo heads", {"num_qo_heads": 0}, ["body", "num_qo_heads"], "greater_than_equal"),
+    ("not multiple", {"num_qo_heads": 6}, ["body", "num_qo_heads"], "value_error"),
+    ("dtype", {"dtype": "int8"}, ["body", "dtype"], "literal_error"),
+    ("head_dim", {"head_dim": 96}, ["body", "head_dim"], "literal_error"),
+    ("page_size", {"page_size": 0}, ["body", "page_size"], "greater_than_equal"),
+    ("unknown gpu", {"gpu": "ACME X1"}, ["body", "gpu"], "value_error"),
+    ("blank gpu", {"gpu": "  "}, ["body", "gpu"], "string_type"),
+    ("extra field", {"foo": 1}, ["body", "foo"], "extra_forbidden"),
+    ("device extra", {"gpu": "ACME", "device": {"num_sms": 1, "bogus": 2}}, ["body", "device", "bogus"],
+     "extra_forbidden"),
+    ("device missing", {"gpu": "ACME", "device": {"num_sms": 10}}, ["body", "device", "hbm_bandwidth_gbps"],
+     "missing"),
+]
+
+
+@pytest.mark.parametrize("name,over,loc,typ", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_422_with_location(client, name, over, loc, typ):
+    b = body([4096, 17])
+    b.update(over)
+    r = client.post("/v1/plan", content=json.dumps(b))
+    assert r.status_code == 422, r.text
+    errs = r.json()["detail"]
+    assert any(e["loc"] == loc and e["type"] == typ for e in errs), errs
+    assert all(set(e) >= {"type", "loc", "msg"} for e in errs)
+
+
+def test_missing_field_invalid_json_and_non_object(client):
+    b = body([1])
+    del b["dtype"]
+    errs = client.post("/v1/plan", json=b).json()["detail"]
+    assert errs == [{"type": "missing", "loc": ["body", "dtype"], "msg": "Field required", "input": None}]
+    r = client.post("/v1/plan", content=b'{"gpu": "NVIDIA H200", "kv_lens": [1,')
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
+    for raw in (b"[1, 2]", b"null", b"17", b'"x"', b"", b"\xff\xfe"):
+        r = client.post("/v1/plan", content=raw)
+        assert r.status_code == 422, raw
+
+
+def test_body_over_2mib_refused_before_parsing(client):
+    big = b'{"kv_lens": [' + b"1," * (1 << 20) + b"1]}"  # > 2 MiB, valid JSON start
+    r = client.post("/v1/plan", content=big)
+    assert r.status_code == 413 and "2097152" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: streamed, counted
+        for _ in range(40):
+            yield b"9" * 65536
+
+    r = client.post("/v1/plan", content=chunks())
+    assert r.status_code == 413
+
+
+# --------------------------------------------------------------------------- policies, ETag, store routes
+
+
+def test_policies_table_etag_and_filters(client, info):
+    r = client.get("/v1/policies")
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["format"] == "kvsplit.policy_table/1" and doc["distance_limit"] == 1.0
+    assert doc["fallback"] == {"name": "balanced", "params": {}}
+    assert {p["bucket"] for p in doc["policies"]} == set(info.published) | {info.sim_key}
+    assert info.draft_key not in {p["bucket"] for p in doc["policies"]}
+    etag = r.headers["etag"]
+    r2 = client.get("/v1/policies", headers={"If-None-Match": etag})
+    assert r2.status_code == 304 and r2.headers["etag"] == etag and r2.content == b""
+    assert client.get("/v1/policies", headers={"If-None-Match": '"other"'}).status_code == 200
+    f = client.get("/v1/policies", params={"gpu": "h200", "num_kv_heads": 4, "head_dim": 128})
+    assert len(f.json()["policies"]) == len(doc["policies"]) and f.headers["etag"] == etag
+    f = client.get("/v1/policies", params={"num_kv_heads": 8})
+    assert f.json()["policies"] == [] and f.headers["etag"] != etag
+    assert client.get("/v1/policies", params={"num_kv_heads": 0}).status_code == 422
+
+
+def test_policy_detail_buckets_runs_measurements(client, info):
+    pid = next(iter(info.published.values()))
+    d = client.get(f"/v1/policies/{pid}").json()
+    assert d["id"] == pid and d["status"] == "published" and d["source"] == "tuned"
+    assert client.get(f"/v1/policies/{info.draft_id}").json()["status"] == "draft"
+    assert client.get("/v1/policies/999999").status_code == 404
+    assert client.get(f"/v1/policies/{2**70}").status_code == 422
+    b = client.get("/v1/buckets").json()
+    assert b["count"] == 14
+    assert sum(1 for x in b["data"] if x["published_policy_id"] is not None) == 13
+    assert client.get("/v1/buckets", params={"num_kv_heads": 8}).json()["count"] == 1
+    runs = client.get("/v1/runs").json()
+    assert runs["count"] == 13 and runs["data"][0]["status"] in ("finished", "running")
+    m = client.get("/v1/measurements", params={"policy_name": "tuned", "limit": 5}).json()
+    assert m["count"] == 5 and all(x["policy_name"] == "tuned" for x in m["data"])
+
+
+def test_healthz_metrics_and_openapi(client):
+    client.post("/v1/plan", json=body([100, 200]))
+    h = client.get("/healthz").json()
+    assert h["status"] == "ok" and h["policies_loaded"] == 13
+    text = client.get("/metrics").text
+    assert 'kvsplit_http_requests_total{method="POST",route="/v1/plan",status="200"}' in text
+    assert 'kvsplit_plan_lookups_total{source="fallback"}' in text
+    assert 'kvsplit_policies_loaded{source="tuned"} 12.0' in text
+    assert 'kvsplit_http_request_duration_seconds_bucket{le="0.001",method="POST",route="/v1/plan"}' in text
+    spec = client.get("/v1/openapi.json").json()
+    ops = {op["operationId"] for p in spec["paths"].values() for op in p.values()}
+    assert ops == {"plan", "list_policies", "get_policy", "import_policies", "publish_policy", "retire_policy",
+                   "list_buckets", "list_runs", "list_measurements", "healthz", "metrics"}
+    req = spec["components"]["schemas"]["PlanRequest"]
+    assert req["properties"]["kv_lens"]["items"]["maximum"] == 1 << 24
+    assert spec["paths"]["/v1/plan"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/PlanRequest"}
+
+
+# --------------------------------------------------------------------------- admin, reload
+
+
+def test_admin_disabled_without_token(client, info):
+    r = client.post(f"/v1/policies/{info.draft_id}/publish", headers={"Authorization": "Bearer x"})
+    assert r.status_code == 403 and "KVSPLIT_ADMIN_TOKEN" in r.json()["detail"]
+
+
+def test_admin_publish_retire_import(fresh, tmp_path):
+    info, c = fresh
+    lens = family_kv_lens("uniform", 64, TOTAL)
+    b8 = body(lens.tolist(), num_kv_heads=8, num_qo_heads=32)
+    assert c.post("/v1/plan", json=b8).json()["policy"]["source"] == "fallback"
+    assert c.post(f"/v1/policies/{info.draft_id}/publish").status_code == 401
+    assert c.post(f"/v1/policies/{info.draft_id}/publish", headers={"Authorization": "Bearer nope"}).status_code == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    v0 = c.get("/healthz").json()["policies_version"]
+    r = c.post(f"/v1/policies/{info.draft_id}/publish", headers=auth)
+    assert r.status_code == 200 and r.json()["status"] == "published" and r.json()["policies_version"] == v0 + 1
+    d = c.post("/v1/plan", json=b8).json()  # served at once, no poll wait
+    assert d["policy"]["id"] == info.draft_id and d["policy"]["params"] == {"ctas_per_sm": 5.0}
+    assert c.post("/v1/policies/999999/publish", headers=auth).status_code == 404
+    r = c.post(f"/v1/policies/{info.draft_id}/retire", headers=auth)
+    assert r.status_code == 200 and r.json()["status"] == "retired"
+    assert c.post("/v1/plan", json=b8).json()["policy"]["source"] == "fallback"
+    # import: export this store, import into an empty one through the API
+    with store.session_scope(info.url) as s:
+        export = store.export_published(s)
+    other = f"sqlite:///{tmp_path}/other.db"
+    store.upgrade(other)
+    app2 = create_app(Settings(database_url=other, admin_token=TOKEN, reload_interval_s=0))
+    with TestClient(app2) as c2:
+        assert c2.get("/v1/policies").json()["policies"] == []
+        bad = json.loads(json.dumps(export))
+        bad["policies"][-1]["params"] = {"ctas_per_sm": "many"}
+        r = c2.post("/v1/policies/import", json=bad, headers=auth)
+        assert r.status_code == 422 and "ctas_per_sm" in r.json()["detail"][0]["msg"]
+        assert c2.get("/v1/policies").json()["policies"] == []  # nothing stored
+        r = c2.post("/v1/policies/import", json=export, headers=auth)
+        assert r.status_code == 200, r.text
+        assert r.json()["imported"] == 13
+        lens = family_kv_lens("skewed80", 256, TOTAL)
+        a = c.post("/v1/plan", json=body(lens.tolist())).json()
+        b = c2.post("/v1/plan", json=body(lens.tolist())).json()
+        assert a["policy"]["source"] == b["policy"]["source"] == "tuned"
+        assert plan_from_response(a) == plan_from_response(b)
+
+
+def test_reload_by_polling_a_change_from_another_writer(fresh):
+    info, c = fresh
+    lens = family_kv_lens("uniform", 64, TOTAL)
+    b8 = body(lens.tolist(), num_kv_heads=8, num_qo_heads=32)
+    assert c.post("/v1/plan", json=b8).json()["policy"]["source"] == "fallback"
+    with store.session_scope(info.url, write=True) as s:  # e.g. a tuning job in another process
+        store.publish(s, info.draft_id)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if c.post("/v1/plan", json=b8).json()["policy"]["source"] == "tuned":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("published policy not picked up by the version poll within 5 s")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_plan_prints_the_http_answer(client, info):
+    from typer.testing import CliRunner
+
+    from kvsplit.service.cli import app
+
+    lens = family_kv_lens("2x40", 16, TOTAL).tolist()
+    res = CliRunner().invoke(app, ["plan", "--gpu", GPU, "--num-qo-heads", "32", "--num-kv-heads", "4",
+                                   "--head-dim", "128", "--dtype", "bfloat16", "--page-size", "16",
+                                   "--kv-lens", ",".join(map(str, lens)), "--database-url", info.url])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == client.post("/v1/plan", json=body(lens)).json()
+    res = CliRunner().invoke(app, ["plan", "--gpu", GPU, "--num-qo-heads", "32", "--num-kv-heads", "4",
+                                   "--head-dim", "128", "--dtype", "bfloat16", "--kv-lens", "5,x",
+                                   "--database-url", info.url])
+    assert res.exit_code == 2 and "kv_lens[1]" in res.output
