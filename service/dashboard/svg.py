@@ -34,7 +34,7 @@ def _log_ticks(lo: float, hi: float, base: int) -> list[float]:
     """Ticks at powers of ``base`` (and 2/5 multiples for decades spanning little)."""
     a, b = math.floor(math.log(lo, base) + 1e-9), math.ceil(math.log(hi, base) - 1e-9)
     ticks = [float(base**e) for e in range(a, b + 1)]
-    if base == 10 and b - a <= 2:
+    if base == 10 and b - a <= 3:
         ticks = sorted({t * m for t in ticks for m in (1, 2, 5)})
     return [t for t in ticks if lo * 0.999 <= t <= hi * 1.001]
 
@@ -58,7 +58,7 @@ def line_chart(
     y_label: str,
     x_log2: bool = True,
     y_log: bool | None = None,
-    width: int = 460,
+    width: int = 520,
     height: int = 300,
     reference_y: float | None = 1.0,
 ) -> str:
@@ -85,7 +85,8 @@ def line_chart(
     str
         SVG markup; an SVG with a "no data" note when no series has a point.
     """
-    ml, mr, mt, mb = 54, 12, 28, 40
+    legend_w = 14 + 7 * max((len(n) for n, _ in series), default=0)
+    ml, mr, mt, mb = 54, 16 + legend_w, 28, 40
     pw, ph = width - ml - mr, height - mt - mb
     clean = []
     for name, pts in series:
@@ -143,7 +144,7 @@ def line_chart(
     out.append(f'<text class="axis" x="{ml + pw / 2}" y="{height - 6}" text-anchor="middle">{escape(x_label)}</text>'
                f'<text class="axis" transform="translate(13 {mt + ph / 2}) rotate(-90)" '
                f'text-anchor="middle">{escape(y_label)}</text>')
-    legend_x = ml + 8
+    legend_x = ml + pw + 10
     for i, (name, pts) in enumerate(clean):
         color = PALETTE[i % len(PALETTE)]
         width_px = 2.6 if i == 0 else 1.6
@@ -155,7 +156,7 @@ def line_chart(
                        f'cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="{3 if i == 0 else 2.4}" fill="{color}">'
                        f'<title>{escape(name)}: {x:g} \u2192 {y:.3g}</title></circle>')
         out.append("</g>")
-        ly = mt + 12 + 14 * i
+        ly = mt + 10 + 16 * i
         out.append(f'<g class="legend"><line x1="{legend_x}" y1="{ly - 4}" x2="{legend_x + 16}" y2="{ly - 4}" '
                    f'stroke="{color}" stroke-width="{width_px}"/><text x="{legend_x + 20}" y="{ly}">'
                    f'{escape(name)}</text></g>')
