@@ -102,22 +102,32 @@ class KernelConfig:
 
 # Default kernel config per (head_dim, dtype). Chosen from the H200 sweep in
 # docs/perf.md ("Default kernel config"); the untuned policies all use it.
-_DEFAULT_CONFIGS: dict[tuple[int, str], KernelConfig] = {}
+_DEFAULT_CONFIGS: dict[tuple[int, str], KernelConfig] = {
+    # Measured on the H200 (docs/perf.md, "Default kernel config"): best geomean
+    # time / HBM floor of 48 (BLOCK_N, num_warps, num_stages) configs over six
+    # reference cases, 32/4/128 bf16, balanced plans. fp16 uses the same tiles.
+    (128, "bfloat16"): KernelConfig(block_n=64, num_warps=2, num_stages=3),
+    (128, "float16"): KernelConfig(block_n=64, num_warps=2, num_stages=3),
+}
 
 
 def default_config(head_dim: int, dtype: str) -> KernelConfig:
     """The documented default :class:`KernelConfig` for ``(head_dim, dtype)``.
 
-    The values come from GPU measurements (docs/perf.md): BLOCK_N 64 with 4 warps
-    and 2 stages for head_dim <= 128; for head_dim 256 BLOCK_N 32 keeps the
-    K/V tiles in registers.
+    head_dim 128 (fp16/bf16): BLOCK_N 64, 2 warps, 3 stages, measured best on
+    the H200 (docs/perf.md). Other shapes are not measured yet and use the same
+    BLOCK_N-64 tile scaled to keep K/V tile elements per thread constant:
+    head_dim 64 -> (64, 2, 3); head_dim 256 -> (32, 2, 3); float32 (CPU tests)
+    -> (32, 4, 2).
     """
     cfg = _DEFAULT_CONFIGS.get((head_dim, dtype))
     if cfg is not None:
         return cfg
-    if head_dim >= 256:
+    if dtype == "float32":
         return KernelConfig(block_n=32, num_warps=4, num_stages=2)
-    return KernelConfig(block_n=64, num_warps=4, num_stages=2)
+    if head_dim >= 256:
+        return KernelConfig(block_n=32, num_warps=2, num_stages=3)
+    return KernelConfig(block_n=64, num_warps=2, num_stages=3)
 
 
 @dataclass(frozen=True)

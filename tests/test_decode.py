@@ -1,0 +1,229 @@
+"""Decode kernel vs the fp32 torch reference on the CPU (TRITON_INTERPRET=1), fp32 and fp16.
+
+Unused cache slots hold NaN and pages are shuffled (tests/paged_case.py), so any
+load outside a request's kv_len shows up as NaN in the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kvsplit.kernels.decode import decode_attention, make_workspace, reference_decode_attention
+from kvsplit.kernels.device import DeviceSpec
+from kvsplit.kernels.plan import make_plan
+
+from .paged_case import make_case
+
+H_Q, H_KV, D = 4, 2, 64
+TOL = {torch.float32: 2e-5, torch.float16: 5e-3}
+NAMES = {torch.float32: "float32", torch.float16: "float16"}
+
+
+def _plan(lens, dtype, page_size, policy="fixed", device="NVIDIA H200", **params):
+    return make_plan(lens, num_kv_heads=H_KV, device=device, policy=policy, params=params, head_dim=D,
+                     page_size=page_size, dtype=NAMES[dtype])
+
+
+def _check(case, plan, dtype):
+    o, lse = decode_attention(**case, plan=plan, return_lse=True)
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    assert o.dtype == dtype and o.shape == case["q"].shape
+    assert not torch.isnan(o).any(), "NaN reached the output"
+    err = (o.float() - ref.float()).abs().max().item()
+    assert err < TOL[dtype], f"max |o - ref| = {err}"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert torch.all(lse[~finite] == float("-inf"))
+    if finite.any():
+        assert (lse[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+    return o
+
+
+def _lens(block_n, page_size, rng, B):
+    pool = [0, 1, block_n - 1, block_n, block_n + 1, max(page_size - 1, 1), page_size + 1, 2500]
+    return [int(x) for x in rng.choice(pool, size=B)]
+
+
+@pytest.mark.parametrize("block_n", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("schedule", ["grid", "persistent"])
+def test_every_block_n_and_schedule_fp32(block_n, schedule):
+    rng = np.random.default_rng(block_n + len(schedule))
+    page_size = 16
+    lens = _lens(block_n, page_size, rng, 11)
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=page_size,
+                     dtype=torch.float32, seed=block_n)
+    extra = {"schedule": "persistent", "num_programs": 5} if schedule == "persistent" else {}
+    _check(case, _plan(lens, torch.float32, page_size, num_splits=3, block_n=block_n, **extra), torch.float32)
+
+
+@pytest.mark.parametrize("B", [1, 2, 3, 11])
+@pytest.mark.parametrize("page_size", [1, 7, 16])
+def test_batch_sizes_and_page_sizes_fp16(B, page_size):
+    rng = np.random.default_rng(100 * B + page_size)
+    lens = _lens(32, page_size, rng, B)
+    if B == 1:
+        lens = [777]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=page_size,
+                     dtype=torch.float16, seed=B + page_size)
+    _check(case, _plan(lens, torch.float16, page_size, num_splits=2, block_n=32), torch.float16)
+
+
+def test_more_splits_than_kv_tiles():
+    lens = [5, 40, 1]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float32, seed=1)
+    plan = _plan(lens, torch.float32, 16, num_splits=30, block_n=64)
+    # token-granular chunks, clamped to kv_len: 5 -> 5 items of 1 token, 40 -> 30 items
+    assert plan.num_splits.tolist() == [5, 30, 1]
+    _check(case, plan, torch.float32)
+
+
+def test_unequal_lengths_with_splits_each_row_matches():
+    lens = [3000, 17, 64, 0, 129, 1]
+    small_gpu = dataclasses.replace(DeviceSpec.known("NVIDIA H200"), num_sms=2)
+    plan = make_plan(lens, num_kv_heads=H_KV, device=small_gpu, policy="balanced", params={"block_n": 32},
+                     head_dim=D, page_size=16, dtype="float16")
+    assert plan.num_splits[0] > 1 and plan.num_splits[2] >= 1
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=2)
+    o = _check(case, plan, torch.float16)
+    ref = reference_decode_attention(**case)
+    for b in range(len(lens)):
+        assert (o[b].float() - ref[b].float()).abs().max().item() < TOL[torch.float16], f"row {b}"
+
+
+@pytest.mark.parametrize("pack_tokens", [64, 4096])
+def test_packed_ctas_heavy_first_persistent(pack_tokens):
+    lens = [2000, 3, 30, 70, 0, 64, 5, 500]
+    plan = _plan(lens, torch.float32, 16, num_splits=2, block_n=32, pack_tokens=pack_tokens, order="heavy_first",
+                 schedule="persistent", num_programs=3)
+    assert plan.num_ctas < plan.num_work_items  # something was packed
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float32, seed=3)
+    _check(case, plan, torch.float32)
+
+
+@pytest.mark.parametrize("group", [1, 4, 16])
+def test_gqa_groups(group):
+    lens = [33, 200, 0]
+    case = make_case(lens, num_qo_heads=H_KV * group, num_kv_heads=H_KV, head_dim=D, page_size=8,
+                     dtype=torch.float32, seed=group)
+    _check(case, _plan(lens, torch.float32, 8, num_splits=2, block_n=32), torch.float32)
+
+
+def test_all_empty_batch_gives_zero_and_neg_inf():
+    lens = [0, 0, 0]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float32, seed=4)
+    o, lse = decode_attention(**case, plan=_plan(lens, torch.float32, 16, num_splits=4), return_lse=True)
+    assert torch.equal(o, torch.zeros_like(o))
+    assert torch.all(lse == float("-inf"))
+
+
+def test_single_token_is_hand_computable():
+    """kv_len = 1: softmax over one score is 1, so o = v and lse = q.k * scale."""
+    lens = [1]
+    case = make_case(lens, num_qo_heads=2, num_kv_heads=1, head_dim=D, page_size=4, dtype=torch.float32, seed=5,
+                     poison=True)
+    plan = make_plan(lens, num_kv_heads=1, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=4,
+                     dtype="float32")
+    o, lse = decode_attention(**case, plan=plan, return_lse=True)
+    page = int(case["kv_indices"][0])
+    k = case["k_cache"][page, 0, 0]
+    v = case["v_cache"][page, 0, 0]
+    for h in range(2):
+        assert torch.allclose(o[0, h], v, atol=1e-6)
+        assert math.isclose(float(lse[0, h]), float(case["q"][0, h] @ k) / math.sqrt(D), abs_tol=1e-4)
+
+
+def test_out_and_workspace_reused_and_custom_scale():
+    lens = [300, 7, 1000]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float32, seed=6)
+    plan = _plan(lens, torch.float32, 16, num_splits=3, block_n=64)
+    out = torch.full_like(case["q"], float("nan"))
+    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=3, device="cpu")
+    ref = reference_decode_attention(**case, sm_scale=0.05)
+    for _ in range(2):
+        res = decode_attention(**case, plan=plan, out=out, workspace=ws, sm_scale=0.05)
+        assert res.data_ptr() == out.data_ptr()
+        assert (out - ref).abs().max().item() < 2e-5
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture()
+def good():
+    lens = [40, 0, 17]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float32, seed=9)
+    plan = _plan(lens, torch.float32, 16, num_splits=2)
+    return case, plan
+
+
+def _call(case, plan, **kw):
+    return decode_attention(**case, plan=plan, **kw)
+
+
+@pytest.mark.parametrize(
+    "mutate, exc, needle",
+    [
+        (lambda c: c.update(q=c["q"][0]), ValueError, "q: expected 3 dimensions"),
+        (lambda c: c.update(q=c["q"].double()), ValueError, "q: expected dtype"),
+        (lambda c: c.update(k_cache=c["k_cache"].half()), ValueError, "k_cache: expected dtype"),
+        (lambda c: c.update(v_cache=c["v_cache"][:, :8]), ValueError, "v_cache: expected shape"),
+        (lambda c: c.update(q=torch.randn(3, 3, D)), ValueError, "multiple of the cache's H_kv"),
+        (lambda c: c.update(kv_indptr=torch.tensor([0, 3, 2, 5], dtype=torch.int32)), ValueError, "kv_indptr: must be non-decreasing"),
+        (lambda c: c.update(kv_indptr=c["kv_indptr"].long()), ValueError, "kv_indptr: expected dtype torch.int32"),
+        (lambda c: c.update(kv_indices=c["kv_indices"] + 1000), ValueError, "kv_indices: page ids must be in"),
+        (lambda c: c.update(kv_lens=torch.tensor([40, 0, 40], dtype=torch.int32)), ValueError, "kv_lens[2]"),
+        (lambda c: c.update(kv_lens=torch.tensor([40, 0, 16], dtype=torch.int32)), ValueError, "plan: made for kv_lens[2]"),
+        (lambda c: c.update(q="q"), TypeError, "q: expected a torch.Tensor"),
+    ],
+)
+def test_bad_input_names_the_argument(good, mutate, exc, needle):
+    case, plan = good
+    case = dict(case)
+    mutate(case)
+    with pytest.raises(exc) as info:
+        _call(case, plan)
+    assert needle in str(info.value)
+
+
+def test_plan_for_another_shape_is_rejected(good):
+    case, _ = good
+    lens = [40, 0, 17]
+    for kw, needle in (
+        (dict(num_kv_heads=1), "num_kv_heads"),
+        (dict(head_dim=128), "head_dim"),
+        (dict(page_size=8), "page_size"),
+        (dict(dtype="float16"), "dtype"),
+    ):
+        args = dict(num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=16, dtype="float32")
+        args.update(kw)
+        with pytest.raises(ValueError, match=needle):
+            _call(case, make_plan(lens, **args))
+    other_b = make_plan([40, 0], num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D,
+                        page_size=16, dtype="float32")
+    with pytest.raises(ValueError, match="B=2"):
+        _call(case, other_b)
+    with pytest.raises(TypeError, match="plan"):
+        _call(case, {"num_splits": [1, 1, 1]})
+
+
+def test_out_and_workspace_checked(good):
+    case, plan = good
+    with pytest.raises(ValueError, match="out: expected shape"):
+        _call(case, plan, out=torch.empty(3, H_Q, D + 1))
+    small = make_workspace(H_Q, D, max_partials=1, max_batch=3, device="cpu")
+    with pytest.raises(ValueError, match="workspace: holds 1 partials"):
+        _call(case, plan, workspace=small)
+
+
+def test_kv_len_beyond_pages_rejected_before_launch():
+    lens = [16]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float32)
+    plan = _plan([17], torch.float32, 16, num_splits=1)
+    case["kv_lens"] = torch.tensor([17], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"kv_lens\[0\]: 17 tokens exceed its 1 pages"):
+        _call(case, plan)
