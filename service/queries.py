@@ -82,7 +82,10 @@ def list_buckets(url: str, *, gpu: str | None = None, num_kv_heads: int | None =
                  head_dim: int | None = None, dtype: str | None = None,
                  page_size: int | None = None) -> list[dict[str, Any]]:
     """Buckets with their published policy id, optionally filtered by shape fields."""
-    want_gpu = None if gpu is None else gpu_slug(gpu)
+    try:
+        want_gpu = None if gpu is None else gpu_slug(gpu)
+    except ValueError:  # no letters or digits: matches no bucket
+        return []
     with store.session_scope(url) as s:
         rows = store.list_buckets(s)
         published = {p.bucket_id: p for p in store.list_published(s)}

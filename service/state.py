@@ -29,6 +29,14 @@ __all__ = ["ServedTable", "TableHolder"]
 log = logging.getLogger("kvsplit.service")
 
 
+def _slug_or_none(name: str) -> str:
+    """gpu_slug(name), or a value no policy has for a name without letters or digits."""
+    try:
+        return gpu_slug(name)
+    except ValueError:
+        return "\0"
+
+
 def etag_of(body: bytes) -> str:
     """Strong ETag of a response body (first 20 hex digits of its SHA-256)."""
     return '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
@@ -60,7 +68,7 @@ class ServedTable:
         hit = self._filtered.get(flt)
         if hit is None:
             names = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
-            want = (None if flt[0] is None else gpu_slug(flt[0]),) + tuple(flt[1:])
+            want = (None if flt[0] is None else _slug_or_none(flt[0]),) + tuple(flt[1:])
             pols = [p for p in self.doc["policies"]
                     if all(v is None or (gpu_slug(p["gpu"]) if n == "gpu" else p.get(n)) == v
                            for n, v in zip(names, want))]

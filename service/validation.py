@@ -158,7 +158,7 @@ def _device(errs: list, v: Any, gpu: str | None) -> DeviceSpec | None:
         for k in unknown[:8]:
             errs.append(error("extra_forbidden", loc + (k,), "Extra inputs are not permitted", fields[k]))
         return None
-    if "name" not in fields:
+    if fields.get("name", None) is None:
         if gpu is None:
             return None
         fields["name"] = gpu

@@ -17,7 +17,7 @@ router = APIRouter(tags=["store"])
             response_model=BucketList)
 def list_buckets(
     settings: SettingsDep,
-    gpu: Annotated[Optional[str], Query(max_length=200)] = None,
+    gpu: Annotated[Optional[str], Query(min_length=1, max_length=200)] = None,
     num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
     head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
     dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,

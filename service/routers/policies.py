@@ -43,7 +43,7 @@ def _etag_matches(header: str | None, etag: str) -> bool:
 def list_policies(
     request: Request,
     served: ServedDep,
-    gpu: Annotated[Optional[str], Query(max_length=200)] = None,
+    gpu: Annotated[Optional[str], Query(min_length=1, max_length=200)] = None,
     num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
     head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
     dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
@@ -63,7 +63,7 @@ def list_policies(
 
 
 @router.get(
-    "/v1/policies/{policy_id}",
+    "/v1/policies/{policy_id:int}",
     operation_id="get_policy",
     summary="One policy (any status) with its bucket and verification",
     response_model=PolicyDetail,
@@ -94,7 +94,8 @@ async def _after_write(holder) -> int:
         "required": ["format", "format_version", "policies"],
         "properties": {"format": {"type": "string", "enum": ["kvsplit.policies"]},
                        "format_version": {"type": "integer", "enum": [1]},
-                       "exported_at": {"type": "string"}, "policies_version": {"type": "integer"},
+                       "exported_at": {"type": ["string", "null"], "format": "date-time"},
+                       "policies_version": {"type": "integer"},
                        "policies": {"type": "array", "items": {"type": "object"}}}}}}}},
 )
 async def import_policies(request: Request, settings: SettingsDep, holder: HolderDep) -> Response:
@@ -133,7 +134,7 @@ def _status_change(settings, policy_id: int, action: str, force: bool) -> Policy
 
 
 @router.post(
-    "/v1/policies/{policy_id}/publish",
+    "/v1/policies/{policy_id:int}/publish",
     operation_id="publish_policy",
     summary="Publish a policy (retires the bucket's previous one)",
     response_model=PolicyStatusOut,
@@ -150,7 +151,7 @@ async def publish_policy(policy_id: PolicyId, settings: SettingsDep, holder: Hol
 
 
 @router.post(
-    "/v1/policies/{policy_id}/retire",
+    "/v1/policies/{policy_id:int}/retire",
     operation_id="retire_policy",
     summary="Retire a policy (its bucket falls back to the default policy)",
     response_model=PolicyStatusOut,
