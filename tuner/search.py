@@ -208,16 +208,22 @@ def trace_tasks(
     max_kv_len: int | None = None,
     max_buckets: int | None = None,
 ) -> list[TuneTask]:
-    """The buckets of a trace: decode batches at each batch size, grouped by bucket key.
+    """The buckets of a trace: one per batch size, around the batches' medoid key.
 
     For each ``B`` in ``batch_sizes``, a pool of 3x the wanted training and
     held-out batches is drawn (:func:`kvsplit.tuner.workloads.trace_batches`:
-    continuous-batching replay for timed traces, i.i.d. for length-only ones);
-    the pool's most common key is the bucket, and its batches in that key are
-    the training / held-out sets (up to ``num_train`` / ``num_heldout``; a key
-    with no held-out batch is skipped). Keys found at several ``B`` are merged.
-    ``max_buckets`` keeps the buckets with the most batches.
+    continuous-batching replay for timed traces, i.i.d. for length-only ones).
+    Real batches rarely share an exact key, so the bucket is the pool's medoid
+    key (least total :func:`kvsplit.kernels.buckets.distance` to the others)
+    and its training / held-out batches are the pool's batches within
+    :data:`~kvsplit.kernels.buckets.DISTANCE_LIMIT` of it, nearest first (the
+    batches a server would serve with this bucket's policy). A batch size
+    whose medoid is already a bucket is merged into it; a bucket without a
+    held-out batch is skipped. ``max_buckets`` keeps the buckets with the
+    most batches.
     """
+    from ..kernels.buckets import DISTANCE_LIMIT, distance
+
     if trace not in TRACES:
         raise ValueError(f"trace: unknown trace {trace!r}; known: {sorted(TRACES)}")
     dev = _shape_check(gpu, num_qo_heads, num_kv_heads)
@@ -226,21 +232,18 @@ def trace_tasks(
         tr, ho = trace_batches(trace, int(B), num_train=3 * num_train, num_heldout=3 * num_heldout, seed=seed,
                                rate_scale=rate_scale, token_budget=token_budget,
                                max_batch_size=max_batch_size, max_kv_len=max_kv_len)
-        keys_tr = [_key_of(b, dev=dev, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                           page_size=page_size) for b in tr]
-        keys_ho = [_key_of(b, dev=dev, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                           page_size=page_size) for b in ho]
-        top, _ = Counter(str(k) for k in keys_tr + keys_ho).most_common(1)[0]
-        ent = found.setdefault(top, {"train": [], "heldout": [], "sig": None, "B": []})
+        kt = [_key_of(b, dev=dev, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                      page_size=page_size) for b in tr]
+        kh = [_key_of(b, dev=dev, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                      page_size=page_size) for b in ho]
+        keys = kt + kh
+        D = np.array([[distance(a, b) for b in keys] for a in keys])
+        medoid = keys[int(np.argmin(D.sum(axis=1)))]
+        ent = found.setdefault(str(medoid), {"train": [], "heldout": [], "sig": _signature(medoid), "B": []})
         ent["B"].append(int(B))
-        for b, k in zip(tr, keys_tr):
-            if str(k) == top:
-                ent["train"].append(tuple(int(x) for x in b))
-                ent["sig"] = _signature(k)
-        for b, k in zip(ho, keys_ho):
-            if str(k) == top:
-                ent["heldout"].append(tuple(int(x) for x in b))
-                ent["sig"] = ent["sig"] or _signature(k)
+        for pool, ks, role in ((tr, kt, "train"), (ho, kh, "heldout")):
+            near = sorted((distance(k, medoid), i) for i, k in enumerate(ks))
+            ent[role] += [tuple(int(x) for x in pool[i]) for d, i in near if d <= DISTANCE_LIMIT]
     tasks = []
     for key, ent in found.items():
         if not ent["train"] or not ent["heldout"]:
@@ -250,7 +253,7 @@ def trace_tasks(
             head_dim=int(head_dim), dtype=dtype, page_size=int(page_size),
             source=f"trace:{trace}:B{'/'.join(map(str, ent['B']))}",
             train=tuple(ent["train"][:num_train]), heldout=tuple(ent["heldout"][:num_heldout]),
-            signature=ent["sig"] or {},
+            signature=ent["sig"],
         ))
     tasks.sort(key=lambda t: -(len(t.train) + len(t.heldout)))
     if max_buckets is not None:
@@ -463,7 +466,7 @@ def _journal_heartbeat_cls():
             for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
                 start = t.datetime_start.timestamp() if t.datetime_start is not None else now
                 hb = t.system_attrs.get(_ATTR_HEARTBEAT)
-                last = max(start, float(hb)) if isinstance(hb, (int, float)) else start
+                last = float(hb) if isinstance(hb, (int, float)) else start
                 if now - last > self._grace:
                     stale.append(t._trial_id)
             return stale
@@ -791,9 +794,9 @@ def run_worker(job: WorkerJob, *, stop: Stop | None = None, backend: TimingBacke
                      if t.number != trial.number
                      and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
         if others >= n:
-            fixed = trial.system_attrs.get("fixed_params")
-            carried = {k: v for k, v in trial.system_attrs.items() if not k.startswith("kvsplit:")}
             frozen = study._storage.get_trial(trial._trial_id)
+            fixed = frozen.system_attrs.get("fixed_params")
+            carried = {k: v for k, v in frozen.system_attrs.items() if not k.startswith("kvsplit:")}
             trial.set_user_attr(_ATTR_SURPLUS, True)
             study.tell(trial, state=TrialState.FAIL)
             if fixed is not None:

@@ -1,0 +1,330 @@
+"""The tuner in one process: search space, baselines, objective, trial accounting, faults, verification."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from kvsplit.db import store
+from kvsplit.kernels.plan import TUNED_PARAM_SPACE, make_plan
+from kvsplit.tuner import search, verify
+from kvsplit.tuner.backends import SimBackend, make_backend
+
+GPU = "NVIDIA H200"
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
+SHAPE = dict(gpu=GPU, num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture()
+def url(tmp_path):
+    u = f"sqlite:///{tmp_path / 'k.db'}"
+    store.upgrade(u)
+    yield u
+    store.dispose_engines()
+
+
+def _task(family="skewed80", B=64, T=262_144, n_train=3, n_heldout=3):
+    return search.family_task(family, B, T, num_train=n_train, num_heldout=n_heldout, **SHAPE)
+
+
+class CountingBackend:
+    """The real simulator backend, counting the plans it times."""
+
+    def __init__(self, task, on_call=None):
+        self.inner = make_backend("sim", **{k: getattr(task, k) for k in ("gpu", "num_qo_heads", "num_kv_heads",
+                                                                          "head_dim", "dtype", "page_size")})
+        self.name = "sim"
+        self.calls = 0
+        self.on_call = on_call
+
+    def time_plan(self, plan):
+        self.calls += 1
+        if self.on_call:
+            self.on_call(self.calls)
+        return self.inner.time_plan(plan)
+
+    def hbm_floor_s(self, kv_lens):
+        return self.inner.hbm_floor_s(kv_lens)
+
+    def software(self):
+        return self.inner.software()
+
+    def device_info(self):
+        return self.inner.device_info()
+
+
+def _plans(task, policy, params):
+    return [make_plan(list(b), num_kv_heads=task.num_kv_heads, device=GPU, policy=policy, params=params,
+                      head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype) for b in task.train]
+
+
+# ---------------------------------------------------------------------------
+# tasks, space, baselines
+# ---------------------------------------------------------------------------
+
+
+def test_family_task_batches_and_key():
+    t = _task(n_train=4, n_heldout=2)
+    assert t.key.startswith("nvidia-h200.kv4.d128.bf16.p16.b6.")
+    assert len(t.train) == 4 and len(t.heldout) == 2
+    assert not set(t.train) & set(t.heldout)
+    assert all(len(b) == 64 for b in t.train + t.heldout)
+    assert t.source == "family:skewed80:B64:T262144"
+
+
+def test_trace_tasks_batches_near_the_bucket():
+    tasks = search.trace_tasks("azure_conv", batch_sizes=(64,), num_train=3, num_heldout=3, **SHAPE)
+    assert len(tasks) == 1
+    t = tasks[0]
+    from kvsplit.kernels.buckets import DISTANCE_LIMIT, bucket_key, distance
+
+    assert len(t.train) == 3 and len(t.heldout) == 3 and not set(t.train) & set(t.heldout)
+    for b in t.train + t.heldout:
+        k = bucket_key(list(b), num_kv_heads=4, head_dim=128, dtype="bfloat16", device=GPU)
+        assert distance(k, t.key) <= DISTANCE_LIMIT
+    assert t.source == "trace:azure_conv:B64"
+
+
+def test_baseline_equivalents_plan_like_the_baselines():
+    t = _task(B=256)  # B * H_kv = 1024 >= 2 * 132: FlashInfer's rule does not split
+    eq = search.baseline_equivalents(t)
+    assert set(eq) == {"balanced", "no_split", "fa3", "flashinfer"}
+    for name in ("balanced", "no_split", "flashinfer"):
+        got = _plans(t, "tuned", eq[name])
+        want = _plans(t, name, {})
+        for g, w in zip(got, want):
+            assert np.array_equal(g.num_splits, w.num_splits), name
+            assert g.config == w.config
+    fa3 = eq["fa3"]
+    assert fa3["schedule"] == "persistent" and fa3["order"] == "heavy_first" and fa3["programs_per_sm"] == 1
+    # every equivalent is complete over the searched parameters (respecting conditions)
+    searched = {k for k, v in TUNED_PARAM_SPACE.items() if v.get("search")}
+    for params in eq.values():
+        need = {k for k in searched if all(params.get(c) == v
+                                           for c, v in (TUNED_PARAM_SPACE[k].get("condition") or {}).items())}
+        assert set(params) == need
+
+
+def test_flashinfer_equivalent_splits_below_threshold():
+    t = _task(B=16)  # 16 * 4 < 264: split on
+    eq = search.baseline_equivalents(t)["flashinfer"]
+    assert eq["ctas_per_sm"] == 2.0 and eq["min_chunk_tokens"] == 128 and eq["max_splits"] > 1
+
+
+def test_suggest_params_respects_space_and_conditions():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen_persistent = seen_grid = False
+    for _ in range(60):
+        tr = study.ask()
+        p = search.suggest_params(tr)
+        for k, v in p.items():
+            spec = TUNED_PARAM_SPACE[k]
+            if spec["kind"] == "categorical":
+                assert v in spec["choices"]
+            else:
+                assert spec["low"] <= v <= spec["high"]
+        assert ("programs_per_sm" in p) == (p["schedule"] == "persistent")
+        seen_persistent |= p["schedule"] == "persistent"
+        seen_grid |= p["schedule"] == "grid"
+        study.tell(tr, 1.0)
+    assert seen_persistent and seen_grid
+
+
+def test_storage_spec_rules(tmp_path):
+    with pytest.raises(ValueError, match="--journal PATH"):
+        search.storage_spec("sqlite:///x.db", workers=2)
+    assert search.storage_spec("sqlite:///x.db", workers=1).kind == "rdb"
+    j = search.storage_spec("sqlite:///x.db", workers=8, journal=tmp_path / "j.log")
+    assert j.kind == "journal" and j.location.endswith("j.log")
+    assert search.storage_spec("postgresql+psycopg://u:p@h/db", workers=4).kind == "rdb"
+    with pytest.raises(ValueError, match="journal"):
+        search.storage_spec("sqlite:///x.db", journal=tmp_path / "missing" / "j.log")
+    with pytest.raises(ValueError, match="grace_period"):
+        search.storage_spec("sqlite:///x.db", heartbeat_interval=5, grace_period=5)
+
+
+# ---------------------------------------------------------------------------
+# objective, cache, pruning, stop
+# ---------------------------------------------------------------------------
+
+
+def _journal_job(tmp_path, task, n, name="st", **kw):
+    spec = search.StorageSpec("journal", str(tmp_path / "j.log"), heartbeat_interval=1, grace_period=3)
+    return search.WorkerJob(task=task, storage=spec, study=name, n_trials=n, backend="sim", seed=0, **kw)
+
+
+def test_objective_is_geomean_of_simulated_times():
+    t = _task()
+    be = SimBackend(GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    params = search.baseline_equivalents(t)["balanced"]
+    value, ratio = search.objective_value(t, params, be)
+    times = [be.time_plan(p) for p in _plans(t, "tuned", params)]
+    floors = [sum(b) * 4 * 128 * 2 * 2 / be.read_bandwidth for b in t.train]
+    assert value == pytest.approx(math.exp(np.mean(np.log(times))), rel=1e-12)
+    assert ratio == pytest.approx(math.exp(np.mean(np.log(np.array(times) / floors))), rel=1e-12)
+
+
+def test_identical_params_measured_once(tmp_path):
+    t = _task()
+    job = _journal_job(tmp_path, t, 2)
+    study = search._load_study(job.storage, job.study, 0, 2)
+    params = search.baseline_equivalents(t)["balanced"]
+    study.enqueue_trial(params)
+    study.enqueue_trial(params)
+    be = CountingBackend(t)
+    assert search.run_worker(job, backend=be) == 2
+    trials = study.get_trials()
+    assert [x.state for x in trials] == [TrialState.COMPLETE] * 2
+    assert trials[0].value == trials[1].value
+    assert trials[1].user_attrs["cached_from"] == 0
+    assert be.calls == len(t.train)
+
+
+def test_infeasible_params_are_pruned_and_count(tmp_path):
+    t = search.family_task("uniform", 8, 65_536, num_train=2, num_heldout=2,
+                           **{**SHAPE, "head_dim": 256})
+    job = _journal_job(tmp_path, t, 2)
+    study = search._load_study(job.storage, job.study, 0, 2)
+    bad = {**search.baseline_equivalents(t)["balanced"], "block_n": 256, "num_warps": 1, "num_stages": 1}
+    with pytest.raises(ValueError):
+        _plans(t, "tuned", bad)
+    study.enqueue_trial(bad)
+    study.enqueue_trial(bad)
+    be = CountingBackend(t)
+    assert search.run_worker(job, backend=be) == 2
+    states = [x.state for x in study.get_trials()]
+    assert states == [TrialState.PRUNED, TrialState.PRUNED]
+    assert "shared memory" in study.get_trials()[0].user_attrs["infeasible"]
+    assert be.calls == 0
+
+
+def test_stop_after_current_trial(tmp_path):
+    t = _task()
+    job = _journal_job(tmp_path, t, 10)
+    stop = search.Stop()
+    be = CountingBackend(t, on_call=lambda n: stop.set())
+    search.run_worker(job, stop=stop, backend=be)
+    study = search._load_study(job.storage, job.study, 0, 10)
+    c = search.study_counts(study)
+    # the trial that was running when the stop came finished all its batches; no new one started
+    assert (c["COMPLETE"], c["RUNNING"], c["WAITING"]) == (1, 0, 0)
+    assert be.calls == len(t.train)
+
+
+def test_exact_trial_count_with_racing_threads(tmp_path):
+    t = _task()
+    n = 14
+    job = _journal_job(tmp_path, t, n)
+    search._load_study(job.storage, job.study, 0, n)
+    barrier = threading.Barrier(4)
+    done = []
+
+    def go(i):
+        barrier.wait()
+        done.append(search.run_worker(search.WorkerJob(**{**job.__dict__, "index": i})))
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    study = search._load_study(job.storage, job.study, 0, n)
+    c = search.study_counts(study)
+    assert c["COMPLETE"] + c["PRUNED"] == n and c["RUNNING"] == 0
+    assert sum(done) == n
+
+
+def test_dead_and_stale_trials_are_failed_and_retried(tmp_path):
+    t = _task()
+    job = _journal_job(tmp_path, t, 3)
+    study = search._load_study(job.storage, job.study, 0, 3)
+    dead, silent = study.ask(), study.ask()
+    p_dead, p_silent = search.suggest_params(dead), search.suggest_params(silent)
+    # a trial whose worker process is gone (a pid that cannot exist)
+    study._storage.set_trial_system_attr(dead._trial_id, search._ATTR_PROC,
+                                         {"host": search.socket.gethostname(), "pid": 2**22 + 12345,
+                                          "start": "1", "number": dead.number})
+    assert search.fail_dead_trials(study) == 1
+    # a trial on another host whose heartbeat stopped long ago
+    study._storage.set_trial_system_attr(silent._trial_id, search._ATTR_PROC,
+                                         {"host": "elsewhere", "pid": 1, "start": "", "number": silent.number})
+    study._storage.set_trial_system_attr(silent._trial_id, search._ATTR_HEARTBEAT, time.time() - 100)
+    search._fail_stale(study)
+    trials = study.get_trials()
+    assert [x.state for x in trials[:2]] == [TrialState.FAIL, TrialState.FAIL]
+    waiting = [x for x in trials if x.state == TrialState.WAITING]
+    assert sorted(map(str, (w.params for w in waiting))) == sorted(map(str, (p_dead, p_silent)))
+    # the retries run and the study ends with exactly 3 finished trials, none running
+    search.run_worker(job)
+    c = search.study_counts(search._load_study(job.storage, job.study, 0, 3))
+    assert (c["COMPLETE"] + c["PRUNED"], c["RUNNING"], c["WAITING"]) == (3, 0, 0)
+
+
+# ---------------------------------------------------------------------------
+# tune_task end to end in one process (SQLite study, one worker)
+# ---------------------------------------------------------------------------
+
+
+def test_tune_task_verifies_stores_and_publishes(url):
+    t = _task(n_train=3, n_heldout=4)
+    cfg = search.TuneConfig(database_url=url, n_trials=12, progress=False)
+    r = search.tune_task(t, cfg)
+    assert r.status == "finished" and r.n_finished == 12
+    storage = search.open_storage(search.storage_spec(url))
+    study = optuna.load_study(study_name=r.study_name, storage=storage)
+    # the first trials are the baselines' equivalents, each once
+    eq = search.baseline_equivalents(t)
+    first = [x.params for x in study.get_trials()[:3]]
+    assert eq["balanced"] in first and eq["no_split"] in first and eq["fa3"] in first
+    assert r.best_value == min(x.value for x in study.get_trials() if x.state == TrialState.COMPLETE)
+    v = r.verification
+    assert v["passed"] and v["tuned_geomean_ratio"] <= v["best_baseline_geomean_ratio"]
+    with store.session_scope(url) as s:
+        ms = store.list_measurements(s, tuning_run_id=r.run_id)
+        assert len(ms) == 5 * 4  # tuned + 4 baselines on 4 held-out batches
+        assert {m.policy_name for m in ms} == {"tuned", *verify.BASELINES}
+        assert all(m.role == "heldout" and m.backend == "sim" for m in ms)
+        assert {tuple(m.kv_lens) for m in ms} == set(t.heldout)
+        # the summary's geomeans recomputed from the stored rows
+        for name in ("tuned", *verify.BASELINES):
+            rows = [m.time_s / m.floor_s for m in ms if m.policy_name == name]
+            assert v["policies"][name]["geomean_ratio"] == pytest.approx(math.exp(np.mean(np.log(rows))))
+        pub = store.get_published(s, t.key)
+        assert pub.id == r.policy_id and pub.params == r.best_params and pub.backend == "sim"
+        assert pub.score == pytest.approx(v["tuned_geomean_ratio"])
+        run = store.list_runs(s, bucket_key=t.key)[0]
+        assert (run.status, run.n_finished, run.n_trials) == ("finished", 12, 12)
+        b = store.get_bucket(s, t.key)
+        assert [tuple(x) for x in b.sample_batches["heldout"]] == list(t.heldout)
+    # re-running resumes: more trials, same study, exact count
+    r2 = search.tune_task(t, search.TuneConfig(database_url=url, n_trials=15, progress=False))
+    assert r2.n_finished == 15 and r2.study_name == r.study_name
+    assert search.study_counts(optuna.load_study(study_name=r.study_name, storage=storage))["COMPLETE"] + \
+        search.study_counts(optuna.load_study(study_name=r.study_name, storage=storage))["PRUNED"] == 15
+
+
+def test_verification_refuses_a_worse_tuned_policy(url):
+    t = _task(B=16, n_train=2, n_heldout=3)
+    with store.session_scope(url, write=True) as s:
+        b = store.get_or_create_bucket(s, key=t.key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16",
+                                       page_size=16)
+        bid = b.id
+    be = SimBackend(GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    worse = {**search.baseline_equivalents(t)["balanced"], "max_splits": 1}  # no split at B = 16
+    out = verify.verify_and_store(t, worse, be, database_url=url, bucket_id=bid, run_id=None, device_id=None)
+    assert not out.summary["passed"] and not out.published
+    assert "slower than" in out.note
+    with store.session_scope(url) as s:
+        assert store.get_published(s, t.key) is None
+        assert store.get_policy(s, out.policy_id).status == "draft"
