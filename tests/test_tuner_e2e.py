@@ -1,0 +1,179 @@
+"""`kvsplit tune` end to end with worker processes (sim backend): journal storage,
+kill -9 and resume, eight workers at once, PostgreSQL across processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+from sqlalchemy import create_engine, text
+
+from kvsplit.db import store
+from kvsplit.tuner import search
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
+              pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")]
+
+KVSPLIT = [sys.executable, "-m", "kvsplit.service.cli"]
+SHAPE = ["--gpu", "NVIDIA H200", "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128",
+         "--dtype", "bfloat16", "--page-size", "16"]
+
+
+def _cli(*args, env=None, check=True, **kw):
+    e = {**os.environ, **(env or {})}
+    r = subprocess.run([*KVSPLIT, *args], capture_output=True, text=True, env=e, timeout=200, **kw)
+    if check and r.returncode != 0:
+        raise AssertionError(f"kvsplit {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def _journal_studies(path: Path):
+    storage = search.open_storage(search.StorageSpec("journal", str(path)))
+    return {s.study_name: optuna.load_study(study_name=s.study_name, storage=storage)
+            for s in optuna.get_all_study_summaries(storage)}
+
+
+def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    journal = tmp_path / "studies.journal"
+    r = _cli("tune", *SHAPE, "--trace", "azure_conv", "--batch-size", "64", "--num-train", "3",
+             "--num-heldout", "3", "--trials", "10", "--workers", "2", "--journal", str(journal),
+             "--database-url", db, "--no-progress", "--json")
+    r2 = _cli("tune", *SHAPE, "--family", "skewed80", "--batch-size", "128", "--num-train", "3",
+              "--num-heldout", "3", "--trials", "10", "--workers", "2", "--journal", str(journal),
+              "--database-url", db, "--no-progress", "--json")
+    results = json.loads(r.stdout) + json.loads(r2.stdout)
+    assert len(results) == 2 and len({x["bucket_key"] for x in results}) == 2
+    studies = _journal_studies(journal)
+    for x in results:
+        assert x["status"] == "finished" and x["n_finished"] == 10 and x["published"], x
+        c = search.study_counts(studies[x["study_name"]])
+        assert c["COMPLETE"] + c["PRUNED"] == 10 and c["RUNNING"] == 0
+        v = x["verification"]
+        assert v["tuned_geomean_ratio"] <= v["best_baseline_geomean_ratio"]
+        # the study values were written by both worker processes
+        pids = {t.system_attrs[search._ATTR_PROC]["pid"] for t in studies[x["study_name"]].get_trials()
+                if search._ATTR_PROC in t.system_attrs}
+        assert len(pids) == 2
+    export = tmp_path / "policies.json"
+    _cli("db", "export", "--database-url", db, "--output", str(export))
+    doc = json.loads(export.read_text())
+    assert sorted(e["bucket"]["key"] for e in doc["policies"]) == sorted(x["bucket_key"] for x in results)
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    _cli("db", "upgrade", "--database-url", fresh)
+    out = _cli("db", "import", str(export), "--database-url", fresh)
+    assert "imported 2 policies (2 published)" in out.stdout
+    with store.session_scope(fresh) as s:
+        got = {p.bucket_key: p.params for p in store.list_published(s)}
+    assert got == {x["bucket_key"]: x["best_params"] for x in results}
+    store.dispose_engines()
+
+
+def test_sqlite_refused_for_parallel_workers(tmp_path):
+    r = _cli("tune", *SHAPE, "--family", "uniform", "--batch-size", "8", "--trials", "3", "--workers", "2",
+             "--database-url", f"sqlite:///{tmp_path / 'k.db'}", check=False)
+    assert r.returncode == 2 and "--journal PATH" in r.stderr
+
+
+def test_kill_9_mid_study_then_resume(tmp_path):
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    journal = tmp_path / "studies.journal"
+    args = ["tune", *SHAPE, "--family", "skewed60", "--batch-size", "32", "--num-train", "2", "--num-heldout", "2",
+            "--trials", "12", "--workers", "2", "--journal", str(journal), "--database-url", db, "--no-progress"]
+    p = subprocess.Popen([*KVSPLIT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "KVSPLIT_TUNE_TRIAL_DELAY_S": "0.5"}, start_new_session=True)
+    deadline = time.time() + 120
+    running_seen = False
+    try:
+        while time.time() < deadline:
+            time.sleep(0.3)
+            if not journal.exists():
+                continue
+            studies = _journal_studies(journal)
+            if not studies:
+                continue
+            c = search.study_counts(next(iter(studies.values())))
+            if c["COMPLETE"] + c["PRUNED"] >= 3 and c["RUNNING"] >= 1:
+                running_seen = True
+                break
+        assert running_seen, "the study never had finished and running trials at once"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # the coordinator and its workers, mid-trial
+        p.wait()
+    (study,) = _journal_studies(journal).values()
+    before = search.study_counts(study)
+    assert before["RUNNING"] >= 1 and before["COMPLETE"] + before["PRUNED"] < 12
+    r = _cli(*args)
+    (study,) = _journal_studies(journal).values()
+    after = search.study_counts(study)
+    assert after["COMPLETE"] + after["PRUNED"] == 12
+    assert after["RUNNING"] == 0 and after["WAITING"] == 0
+    # the killed trials were failed and retried with the same parameters
+    failed = [t for t in study.get_trials() if t.state.name == "FAIL" and not t.user_attrs.get(search._ATTR_SURPLUS)]
+    retried = [t for t in study.get_trials() if "failed_trial" in t.system_attrs]
+    assert len(failed) >= 1 and {t.number for t in failed} <= {t.system_attrs["failed_trial"] for t in retried}
+    assert "published" in r.stdout
+
+
+def test_eight_workers_started_at_once(tmp_path):
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    journal = tmp_path / "studies.journal"
+    r = _cli("tune", *SHAPE, "--family", "2x40", "--batch-size", "16", "--num-train", "2", "--num-heldout", "2",
+             "--trials", "16", "--workers", "8", "--journal", str(journal), "--database-url", db, "--no-progress",
+             "--json")
+    (res,) = json.loads(r.stdout)
+    assert res["status"] == "finished" and res["n_finished"] == 16
+    (study,) = _journal_studies(journal).values()
+    c = search.study_counts(study)
+    assert c["COMPLETE"] + c["PRUNED"] == 16 and c["RUNNING"] == 0
+    # the four baseline equivalents were enqueued once
+    enq = [t for t in study.get_trials() if "fixed_params" in t.system_attrs and t.state.name != "FAIL"]
+    assert len({json.dumps(t.system_attrs["fixed_params"], sort_keys=True) for t in enq}) == len(enq)
+
+
+@pytest.fixture()
+def pg_url():
+    base = os.environ.get("KVSPLIT_TEST_POSTGRES_URL")
+    if not base:
+        pytest.skip("KVSPLIT_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base)
+    with admin.begin() as c:
+        c.execute(text(f"CREATE SCHEMA {schema}"))
+    sep = "&" if "?" in base else "?"
+    yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    store.dispose_engines()
+    with admin.begin() as c:
+        c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+    admin.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_multi_worker_tuning(pg_url):
+    # the store and the Optuna study both in PostgreSQL, two worker processes, no journal
+    _cli("db", "upgrade", "--database-url", pg_url)
+    r = _cli("tune", *SHAPE, "--family", "skewed40", "--batch-size", "64", "--num-train", "2", "--num-heldout",
+             "2", "--trials", "10", "--workers", "2", "--database-url", pg_url, "--no-progress", "--json")
+    (res,) = json.loads(r.stdout)
+    assert res["status"] == "finished" and res["n_finished"] == 10 and res["published"]
+    storage = search.open_storage(search.storage_spec(pg_url, workers=2))
+    study = optuna.load_study(study_name=res["study_name"], storage=storage)
+    c = search.study_counts(study)
+    assert c["COMPLETE"] + c["PRUNED"] == 10 and c["RUNNING"] == 0
+    pids = {t.system_attrs[search._ATTR_PROC]["pid"] for t in study.get_trials() if search._ATTR_PROC in t.system_attrs}
+    assert len(pids) == 2
+    # resuming through the same URL stops at the requested count
+    r = _cli("tune", *SHAPE, "--family", "skewed40", "--batch-size", "64", "--num-train", "2", "--num-heldout",
+             "2", "--trials", "12", "--workers", "2", "--database-url", pg_url, "--no-progress", "--json")
+    assert json.loads(r.stdout)[0]["n_finished"] == 12
+    with store.session_scope(pg_url) as s:
+        assert [p.bucket_key for p in store.list_published(s)] == [res["bucket_key"]]
+        assert len(store.list_measurements(s, tuning_run_id=res["run_id"])) == 5 * 2
