@@ -1,0 +1,73 @@
+"""kernels/policy_table.py: the vectorized lookup equals kvsplit.kernels.buckets.nearest / distance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsplit.kernels.buckets import DISTANCE_LIMIT, bucket_key, distance, nearest
+from kvsplit.kernels.plan import make_plan
+from kvsplit.kernels.policy_table import PolicyTable
+
+
+def _key(lens):
+    return bucket_key(np.asarray(lens), num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200")
+
+
+def _table(keys, backends):
+    pols = [{"id": i + 1, "version": 1, "bucket": str(k), "gpu": "NVIDIA H200", "num_kv_heads": 4, "head_dim": 128,
+             "dtype": "bfloat16", "page_size": 16, "name": "balanced", "params": {"ctas_per_sm": 1.0 + i % 7},
+             "backend": b} for i, (k, b) in enumerate(zip(keys, backends))]
+    return PolicyTable.from_json(PolicyTable.document(pols, version=3))
+
+
+def _batch(rng):
+    n = int(rng.integers(1, 400))
+    lens = np.floor(2 ** (rng.random(n) * rng.uniform(1, 20))).astype(np.int64)
+    if rng.random() < 0.1:
+        lens[:] = 0
+    return lens
+
+
+def test_lookup_matches_buckets_nearest():
+    rng = np.random.default_rng(5)
+    keys = list({str(_key(_batch(rng))): None for _ in range(120)})
+    table = _table(keys, ["gpu"] * len(keys))
+    for _ in range(400):
+        k = _key(_batch(rng))
+        entry, d = table.lookup(k)
+        ref = nearest(k, keys, limit=DISTANCE_LIMIT)
+        if ref is None:
+            assert entry is None
+        else:
+            assert entry.bucket == ref[0] and d == ref[1] == distance(k, entry.key)
+
+
+def test_gpu_tuned_preferred_over_closer_simulated_and_plan():
+    base = [4096] * 60 + [64] * 4
+    k_exact, k_near = _key(base), _key([6000] * 60 + [64] * 4)
+    assert 0 < distance(k_exact, k_near) <= DISTANCE_LIMIT
+    table = _table([k_exact, k_near], ["sim", "gpu"])
+    plan, bucket, policy = table.plan(base, gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
+                                      dtype="bfloat16", page_size=16)
+    assert policy["source"] == "tuned" and policy["id"] == 2 and bucket["matched"] == str(k_near)
+    assert plan == make_plan(base, num_kv_heads=4, device="NVIDIA H200", policy="balanced",
+                             params={"ctas_per_sm": 2.0})
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        table.plan(base, gpu="h200", num_qo_heads=30, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+
+
+def test_from_json_rejects_bad_documents():
+    good = PolicyTable.document([], version=0)
+    PolicyTable.from_json(good)
+    with pytest.raises(ValueError, match="format"):
+        PolicyTable.from_json({**good, "format": "x"})
+    bad = {**good, "policies": [{"id": 1, "version": 1, "bucket": "nope", "gpu": "NVIDIA H200", "num_kv_heads": 4,
+                                 "head_dim": 128, "dtype": "bfloat16", "page_size": 16, "name": "balanced",
+                                 "params": {}, "backend": "gpu"}]}
+    with pytest.raises(ValueError, match=r"policies\[0\]\.bucket"):
+        PolicyTable.from_json(bad)
+    bad["policies"][0]["bucket"] = str(_key([5, 6]))
+    bad["policies"][0]["num_kv_heads"] = 8
+    with pytest.raises(ValueError, match=r"policies\[0\]"):
+        PolicyTable.from_json(bad)
