@@ -177,3 +177,35 @@ def test_postgres_multi_worker_tuning(pg_url):
     with store.session_scope(pg_url) as s:
         assert [p.bucket_key for p in store.list_published(s)] == [res["bucket_key"]]
         assert len(store.list_measurements(s, tuning_run_id=res["run_id"])) == 5 * 2
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_stops_after_the_current_trial(tmp_path, workers):
+    db = f"sqlite:///{tmp_path / 'k.db'}"
+    journal = tmp_path / "studies.journal"
+    args = ["tune", *SHAPE, "--family", "uniform", "--batch-size", "32", "--num-train", "2", "--num-heldout", "2",
+            "--trials", "40", "--workers", str(workers), "--journal", str(journal), "--database-url", db,
+            "--no-progress"]
+    p = subprocess.Popen([*KVSPLIT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "KVSPLIT_TUNE_TRIAL_DELAY_S": "0.4"}, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        time.sleep(0.2)
+        studies = _journal_studies(journal) if journal.exists() else {}
+        if studies:
+            c = search.study_counts(next(iter(studies.values())))
+            if c["COMPLETE"] + c["PRUNED"] >= 2 and c["RUNNING"] >= 1:
+                break
+    os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, (out, err)
+    assert "re-run the same command to resume" in err
+    (study,) = _journal_studies(journal).values()
+    c = search.study_counts(study)
+    assert c["RUNNING"] == 0 and c["FAIL"] == 0  # running trials were finished, not abandoned
+    assert 2 <= c["COMPLETE"] + c["PRUNED"] < 40
+    with store.session_scope(db) as s:
+        (run,) = store.list_runs(s)
+        assert run.status == "interrupted"
+        assert store.list_published(s) == []  # no verification after an interrupt
+    store.dispose_engines()

@@ -328,3 +328,13 @@ def test_verification_refuses_a_worse_tuned_policy(url):
     with store.session_scope(url) as s:
         assert store.get_published(s, t.key) is None
         assert store.get_policy(s, out.policy_id).status == "draft"
+
+
+def test_timeout_stops_and_verifies_the_best_so_far(url, monkeypatch):
+    monkeypatch.setenv("KVSPLIT_TUNE_TRIAL_DELAY_S", "0.2")
+    t = _task(n_train=2, n_heldout=2)
+    r = search.tune_task(t, search.TuneConfig(database_url=url, n_trials=200, timeout=1.0, progress=False))
+    assert r.status == "finished" and 1 <= r.n_finished < 200
+    assert "timeout after" in r.message and r.verification is not None
+    with store.session_scope(url) as s:
+        assert store.list_runs(s)[0].n_finished == r.n_finished
