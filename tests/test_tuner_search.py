@@ -338,3 +338,11 @@ def test_timeout_stops_and_verifies_the_best_so_far(url, monkeypatch):
     assert "timeout after" in r.message and r.verification is not None
     with store.session_scope(url) as s:
         assert store.list_runs(s)[0].n_finished == r.n_finished
+
+
+def test_default_library_covers_families_and_traces():
+    lib = search.default_library(**SHAPE)
+    assert len({t.key for t in lib}) == len(lib)
+    fam = [t for t in lib if t.source.startswith("family:")]
+    tr = {t.source.split(":")[1] for t in lib if t.source.startswith("trace:")}
+    assert len(fam) == 40 and tr == set(search.LIBRARY_TRACES)
