@@ -121,6 +121,8 @@ def test_settings_default_and_env(monkeypatch, tmp_path):
     get_settings.cache_clear()
     with pytest.raises(ValueError, match="database_url"):
         store.resolve_url("not a url")
+    monkeypatch.undo()
+    get_settings.cache_clear()  # leave no cached settings from this test's environment
 
 
 # ---------------------------------------------------------------------------
