@@ -32,11 +32,15 @@ _register_serve(app)
 
 
 @app.command("run")
-def run_main_job() -> None:
-    """The main job (``make run``): a CPU-interpreter demo of the kernel for now."""
+def run_main_job(
+    host: str = typer.Option("127.0.0.1", "--host", help="interface to serve on"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="port (a free one if taken; KVSPLIT_PORT)"),
+    tune: bool = typer.Option(True, "--tune/--no-tune", help="tune the demo buckets before serving"),
+) -> None:
+    """The main job (make run): store, shipped H200 policies, demo tuning, plan service until Ctrl-C."""
     from .main_job import run
 
-    run()
+    run(host=host, port=port, tune=tune)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -1,0 +1,189 @@
+"""The main job of ``make run`` (``kvsplit run``).
+
+1. Create or migrate the policy store (``KVSPLIT_DATABASE_URL``, default
+   ``sqlite:///./kvsplit.db``).
+2. Import the policies the project ships (``service/data/h200_policies.json``:
+   tuned on an H200 with the GPU backend, scripts/h200_campaign.py) and the H200
+   simulator calibration fitted in the same run — once; a second run finds them.
+3. Tune a small demo set of buckets, one per model shape of issue 6
+   (Qwen3-30B-A3B 32/4/128, Llama-3.1-8B 32/8/128, Llama-3.1-70B at TP 8,
+   8/1/128; bf16, page_size 16), on the best backend here: the GPU when CUDA is
+   present, else the calibrated simulator (stored as ``simulated``). Studies
+   resume, so a second run only re-verifies.
+4. Serve the plan service on localhost, print the dashboard URL and a sample
+   ``curl`` of ``POST /v1/plan`` with its answer, and serve until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from importlib import resources
+from typing import Any
+
+__all__ = ["run", "DEMO_BUCKETS", "SAMPLE_REQUEST"]
+
+GPU = "NVIDIA H200"
+SHAPES = {
+    "Qwen3-30B-A3B": dict(num_qo_heads=32, num_kv_heads=4, head_dim=128),
+    "Llama-3.1-8B": dict(num_qo_heads=32, num_kv_heads=8, head_dim=128),
+    "Llama-3.1-70B TP8": dict(num_qo_heads=8, num_kv_heads=1, head_dim=128),
+}
+DEMO_BUCKETS = (
+    ("Qwen3-30B-A3B", "family", ("skewed80", 512, 262_144)),
+    ("Llama-3.1-8B", "trace", ("azure_conv", 64)),
+    ("Llama-3.1-70B TP8", "trace", ("mooncake", 16)),
+)
+"""(shape, kind, args) of the demo buckets ``make run`` tunes."""
+DEMO_TRIALS = 30
+
+def _sample_kv_lens() -> list[int]:
+    # a skewed80 batch of 64 requests (one holds 80 % of 262,144 tokens), lengths jittered
+    # by +-10 % as real batches are: it falls in a bucket the shipped H200 policies cover
+    from ..tuner.workloads import family_batches
+
+    return [int(x) for x in family_batches("skewed80", 64, 262_144, num_batches=1, seed=42, role="heldout")[0]]
+
+
+SAMPLE_REQUEST: dict[str, Any] = {
+    "gpu": GPU, "num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16,
+}
+
+
+def _say(msg: str) -> None:
+    print(f"[kvsplit run] {msg}", flush=True)
+
+
+def _data(name: str) -> dict[str, Any]:
+    return json.loads(resources.files("kvsplit.service").joinpath("data", name).read_text())
+
+
+def _import_shipped(url: str) -> None:
+    from ..db import store
+
+    doc = _data("h200_policies.json")
+    with store.session_scope(url, write=True) as s:
+        have = {p.bucket_key for p in store.list_published(s)}
+        want = {p["bucket"]["key"] for p in doc["policies"]}
+        if want <= have:
+            _say(f"shipped policies already in the store ({len(want)} H200 buckets)")
+        else:
+            ids = store.import_policies(s, doc)
+            _say(f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/h200_campaign.py)")
+        cal = _data("h200_calibration.json")
+        if store.latest_calibration(s, gpu=cal["gpu"]) is None:
+            dev = store.get_or_create_device(s, name=cal["gpu"], num_sms=132, hbm_bandwidth_gbps=4800.0,
+                                             software={"source": cal["source"]},
+                                             read_bandwidth_gbps=cal["read_bandwidth_gbps"])
+            store.record_calibration(s, device_id=dev.id, constants=cal["constants"], error=cal["error"],
+                                     kernel_config=cal["kernel_config"], num_samples=cal["num_samples"])
+            _say(f"stored the H200 simulator calibration (held-out error median "
+                 f"{cal['error']['heldout']['median']:.1%}, worst {cal['error']['heldout']['worst']:.1%})")
+
+
+def _backend_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "gpu"
+    except ImportError:
+        pass
+    return "sim"
+
+
+def _tune_demo(url: str, backend: str) -> None:
+    from ..tuner import search
+
+    tasks = []
+    for shape_name, kind, args in DEMO_BUCKETS:
+        shape = dict(SHAPES[shape_name], gpu=GPU, dtype="bfloat16", page_size=16, seed=0)
+        if kind == "family":
+            fam, B, T = args
+            tasks.append(search.family_task(fam, B, T, **shape))
+        else:
+            name, B = args
+            tasks += search.trace_tasks(name, batch_sizes=(B,), **shape)[:1]
+    what = "the GPU (CUDA found)" if backend == "gpu" else "the calibrated simulator (no GPU here; stored as simulated)"
+    _say(f"tuning {len(tasks)} demo buckets on {what}, {DEMO_TRIALS} trials each")
+    cfg = search.TuneConfig(database_url=url, n_trials=DEMO_TRIALS, backend=backend, progress=True)
+    for r in search.tune(tasks, cfg):
+        v = (r.verification or {}).get("policies", {})
+        tuned = v.get("tuned", {}).get("geomean_ratio")
+        best_base = min((x["geomean_ratio"], k) for k, x in v.items() if k != "tuned") if len(v) > 1 else None
+        line = f"  {r.bucket_key}: {r.status}, {r.n_finished} trials"
+        if tuned and best_base:
+            line += (f", tuned {tuned:.2f}x floor vs best baseline {best_base[1]} {best_base[0]:.2f}x"
+                     f" -> {'published' if r.published else 'not published'}")
+        if r.message:
+            line += f" ({r.message})"
+        print(line, flush=True)
+
+
+def _free_port(host: str, preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+                return s.getsockname()[1]
+            except OSError:
+                continue
+    raise RuntimeError("no free TCP port")
+
+
+def _show_sample(base: str, server: Any) -> None:
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    body = json.dumps({**SAMPLE_REQUEST, "kv_lens": _sample_kv_lens()})
+    req = urllib.request.Request(base + "/v1/plan", data=body.encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            answer = json.loads(resp.read())
+    except Exception as exc:  # noqa: BLE001 - printed, the server keeps running
+        _say(f"sample request failed: {exc}")
+        return
+    print(flush=True)
+    _say(f"dashboard:  {base}/")
+    _say(f"policies:   {base}/v1/policies    metrics: {base}/metrics    API docs: {base}/docs")
+    _say("sample plan request:")
+    print(f"curl -s -X POST {base}/v1/plan -H 'Content-Type: application/json' -d '{body}'", flush=True)
+    short = {k: answer[k] for k in ("policy", "bucket", "num_splits", "config") if k in answer}
+    short["work_items"] = len(answer.get("work_request", []))
+    _say("answer (work list omitted):")
+    print("{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in short.items()) + "\n}", flush=True)
+    _say("serving until Ctrl-C")
+
+
+def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True) -> None:
+    """Run the main job (see the module doc); blocks until Ctrl-C."""
+    import uvicorn
+
+    from ..db import store
+    from .app import create_app
+    from .settings import Settings
+
+    settings = Settings()
+    url = store.resolve_url(settings.database_url)
+    _say(f"store {url}: {store.upgrade(url)}")
+    _import_shipped(url)
+    if tune:
+        _tune_demo(url, _backend_name())
+    port = _free_port(host, int(os.environ.get("KVSPLIT_PORT", port or 8000)))
+    config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    threading.Thread(target=_show_sample, args=(f"http://{host}:{port}", server), daemon=True).start()
+    server.run()
+    _say("stopped")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()
+    sys.exit(0)
