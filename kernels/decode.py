@@ -60,7 +60,7 @@ def _stage1_tile(
     Q, K, V, O, LSE, PART_O, PART_LSE,
     KV_INDPTR, KV_INDICES,
     WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR,
-    qk_scale, page_size,
+    qk_scale, PAGE_SIZE: tl.constexpr,
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
@@ -100,18 +100,20 @@ def _stage1_tile(
         for n0 in range(start, end, BLOCK_N):
             t = n0 + offs_n
             mask_n = t < end
-            page = tl.load(KV_INDICES + page_base + t // page_size, mask=mask_n, other=0).to(tl.int64)
-            in_page = (t % page_size).to(tl.int64)
+            # PAGE_SIZE is a compile-time constant: // and % by a power of two are shifts and masks
+            page = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+            in_page = (t % PAGE_SIZE).to(tl.int64)
             k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
+            v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
+            # V is loaded with K, before the softmax math, so both loads are in flight together
             k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+            v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
             s = tl.where(mask_n[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
-            v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
 
@@ -135,7 +137,7 @@ def _decode_stage1_kernel(
     Q, K, V, O, LSE, PART_O, PART_LSE,
     KV_INDPTR, KV_INDICES,
     WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, COUNTER,
-    qk_scale, page_size, num_tiles,
+    qk_scale, PAGE_SIZE: tl.constexpr, num_tiles,
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
@@ -149,7 +151,7 @@ def _decode_stage1_kernel(
         while tile < num_tiles:
             _stage1_tile(
                 tile, Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
-                WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, page_size,
+                WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
             )
@@ -157,7 +159,7 @@ def _decode_stage1_kernel(
     else:
         _stage1_tile(
             tl.program_id(0), Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
-            WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, page_size,
+            WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
         )

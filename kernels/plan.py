@@ -103,21 +103,22 @@ class KernelConfig:
 # Default kernel config per (head_dim, dtype). Chosen from the H200 sweep in
 # docs/perf.md ("Default kernel config"); the untuned policies all use it.
 _DEFAULT_CONFIGS: dict[tuple[int, str], KernelConfig] = {
-    # Measured on the H200 (docs/perf.md, "Default kernel config"): best geomean
-    # time / HBM floor of 48 (BLOCK_N, num_warps, num_stages) configs over six
-    # reference cases, 32/4/128 bf16, balanced plans. fp16 uses the same tiles.
-    (128, "bfloat16"): KernelConfig(block_n=64, num_warps=2, num_stages=3),
-    (128, "float16"): KernelConfig(block_n=64, num_warps=2, num_stages=3),
+    # Measured on the H200 (docs/perf.md, "Default kernel config"): the best
+    # config of the current kernel (compile-time page size, K and V loaded
+    # together) on 5 of 9 reference cases, 32/4/128 bf16, balanced plans
+    # (bench/kernel_ab.py); fp16 uses the same tiles.
+    (128, "bfloat16"): KernelConfig(block_n=64, num_warps=4, num_stages=2),
+    (128, "float16"): KernelConfig(block_n=64, num_warps=4, num_stages=2),
 }
 
 
 def default_config(head_dim: int, dtype: str) -> KernelConfig:
     """The documented default :class:`KernelConfig` for ``(head_dim, dtype)``.
 
-    head_dim 128 (fp16/bf16): BLOCK_N 64, 2 warps, 3 stages, measured best on
+    head_dim 128 (fp16/bf16): BLOCK_N 64, 4 warps, 2 stages, measured best on
     the H200 (docs/perf.md). Other shapes are not measured yet and use the same
     BLOCK_N-64 tile scaled to keep K/V tile elements per thread constant:
-    head_dim 64 -> (64, 2, 3); head_dim 256 -> (32, 2, 3); float32 (CPU tests)
+    head_dim 64 -> (64, 4, 2); head_dim 256 -> (32, 4, 2); float32 (CPU tests)
     -> (32, 4, 2).
     """
     cfg = _DEFAULT_CONFIGS.get((head_dim, dtype))
@@ -126,8 +127,8 @@ def default_config(head_dim: int, dtype: str) -> KernelConfig:
     if dtype == "float32":
         return KernelConfig(block_n=32, num_warps=4, num_stages=2)
     if head_dim >= 256:
-        return KernelConfig(block_n=32, num_warps=2, num_stages=3)
-    return KernelConfig(block_n=64, num_warps=2, num_stages=3)
+        return KernelConfig(block_n=32, num_warps=4, num_stages=2)
+    return KernelConfig(block_n=64, num_warps=4, num_stages=2)
 
 
 @dataclass(frozen=True)

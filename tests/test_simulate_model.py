@@ -116,9 +116,9 @@ def test_determinism_and_speed_shape():
 def test_calibration_dict_round_trip_and_errors():
     c = Calibration.default(H200)
     assert Calibration.from_dict(json.loads(json.dumps(c.to_dict()))) == c
-    # default config (BLOCK_N 64, 2 warps, 3 stages): smem 2*2*64*128*2 + 4096 = 69,632 B;
-    # 228 KiB // 69,632 = 3 slots (threads allow 32, registers 8)
-    assert c.slots == 3 and c.hbm_bw == pytest.approx(0.94 * 4.8e12)
+    # default config (BLOCK_N 64, 4 warps, 2 stages): smem 1*2*64*128*2 + 4096 = 36,864 B;
+    # min(2048 // 128 threads = 16, 228 KiB // 36,864 = 6, 65,536 // (128 * 128) regs = 4) = 4 slots
+    assert c.slots == 4 and c.hbm_bw == pytest.approx(0.94 * 4.8e12)
     with pytest.raises(ValueError, match="Calibration.cta_bw"):
         dataclasses.replace(c, cta_bw=0.0)
     with pytest.raises(ValueError, match="Calibration.slots"):
