@@ -127,9 +127,10 @@ def main() -> int:
         space["num_warps"]["choices"] = KNOB_SPACE["num_warps"]
         space["num_stages"]["low"], space["num_stages"]["high"] = KNOB_SPACE["num_stages"]
         common = dict(SHAPE, num_train=3, num_heldout=3, seed=0)
-        tasks = [search.family_task(f, B, 262_144, **common) for B in (64, 256, 16, 512) for f in FAMILIES]
+        tasks = [search.family_task(f, B, 262_144, **common) for B in (64, 256) for f in FAMILIES]
         for name, B in (("azure_conv", 64), ("mooncake", 16), ("azure_code", 256)):
             tasks += search.trace_tasks(name, batch_sizes=(B,), **common)
+        tasks += [search.family_task(f, B, 262_144, **common) for B in (16, 512) for f in FAMILIES]
         results = []
         cfg = search.TuneConfig(database_url=url, n_trials=args.trials, backend="gpu", progress=False)
         for i, task in enumerate(tasks):
