@@ -35,7 +35,7 @@ SHAPES = {
     "Llama-3.1-70B TP8": dict(num_qo_heads=8, num_kv_heads=1, head_dim=128),
 }
 DEMO_BUCKETS = (
-    ("Qwen3-30B-A3B", "family", ("skewed80", 512, 262_144)),
+    ("Qwen3-30B-A3B", "family", ("2x40", 1024, 1_048_576)),
     ("Llama-3.1-8B", "trace", ("azure_conv", 64)),
     ("Llama-3.1-70B TP8", "trace", ("mooncake", 16)),
 )
@@ -74,7 +74,15 @@ def _import_shipped(url: str) -> None:
             _say(f"shipped policies already in the store ({len(want)} H200 buckets)")
         else:
             ids = store.import_policies(s, doc)
-            _say(f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/h200_campaign.py)")
+            meas = _data("h200_measurements.json")["measurements"]
+            bucket_ids = {k: store.get_bucket(s, k).id for k in want}
+            for m in meas:
+                store.record_measurement(s, bucket_id=bucket_ids[m["bucket"]], policy_name=m["policy_name"],
+                                         params=m["params"], kv_lens=m["kv_lens"], time_s=m["time_s"],
+                                         floor_s=m["floor_s"], role=m["role"], batch_index=m["batch_index"],
+                                         backend=m["backend"], software=m["software"], stage="verify")
+            _say(f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/h200_campaign.py) "
+                 f"and their {len(meas)} held-out measurements")
         cal = _data("h200_calibration.json")
         if store.latest_calibration(s, gpu=cal["gpu"]) is None:
             dev = store.get_or_create_device(s, name=cal["gpu"], num_sms=132, hbm_bandwidth_gbps=4800.0,
@@ -111,7 +119,8 @@ def _tune_demo(url: str, backend: str) -> None:
             tasks += search.trace_tasks(name, batch_sizes=(B,), **shape)[:1]
     what = "the GPU (CUDA found)" if backend == "gpu" else "the calibrated simulator (no GPU here; stored as simulated)"
     _say(f"tuning {len(tasks)} demo buckets on {what}, {DEMO_TRIALS} trials each")
-    cfg = search.TuneConfig(database_url=url, n_trials=DEMO_TRIALS, backend=backend, progress=True)
+    # a live progress bar on a terminal; one line per bucket in logs
+    cfg = search.TuneConfig(database_url=url, n_trials=DEMO_TRIALS, backend=backend, progress=sys.stderr.isatty())
     for r in search.tune(tasks, cfg):
         v = (r.verification or {}).get("policies", {})
         tuned = v.get("tuned", {}).get("geomean_ratio")
@@ -171,7 +180,7 @@ def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True) 
 
     settings = Settings()
     url = store.resolve_url(settings.database_url)
-    _say(f"store {url}: {store.upgrade(url)}")
+    _say(f"store {url} ready (schema revision {store.upgrade(url)})")
     _import_shipped(url)
     if tune:
         _tune_demo(url, _backend_name())
@@ -180,7 +189,10 @@ def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True) 
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     threading.Thread(target=_show_sample, args=(f"http://{host}:{port}", server), daemon=True).start()
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the captured Ctrl-C after its clean shutdown
+        pass
     _say("stopped")
 
 
