@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -416,7 +417,13 @@ class Plan:
     __hash__ = None  # type: ignore[assignment]
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _jsonable(v: Any) -> Any:
+    """``v`` with NumPy scalars turned into Python ones and tuples into lists (JSON-able)."""
+    if type(v) is dict and all(type(x) in _SCALARS for x in v.values()) and all(type(k) is str for k in v):
+        return dict(v)  # the usual flat params dict: nothing to convert
     if isinstance(v, Mapping):
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -495,12 +502,19 @@ def _as_kv_lens(kv_lens: Any) -> np.ndarray:
     if isinstance(kv_lens, (str, bytes)) or np.isscalar(kv_lens):
         raise ValueError(f"kv_lens: expected a 1-D sequence of integers, got {type(kv_lens).__name__}")
     if isinstance(kv_lens, (list, tuple)):
-        for i, v in enumerate(kv_lens):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise ValueError(f"kv_lens[{i}]: expected a non-negative integer, got {v!r}")
-            if v < 0 or v > MAX_KV_LEN:
-                raise ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {v}")
-        arr = np.asarray(kv_lens, dtype=np.int64) if kv_lens else np.zeros(0, np.int64)
+        # fast path: one C-level pass collects the element types (the serving hot path
+        # plans lists of a few hundred ints); the per-element loop only runs to name
+        # the offending index
+        types = set(map(type, kv_lens))
+        if not all(t is not bool and issubclass(t, (int, np.integer)) for t in types):
+            for i, v in enumerate(kv_lens):
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                    raise ValueError(f"kv_lens[{i}]: expected a non-negative integer, got {v!r}")
+        try:
+            arr = np.array(kv_lens, dtype=np.int64) if kv_lens else np.zeros(0, np.int64)
+        except OverflowError:  # a Python int beyond int64
+            i = next(i for i, v in enumerate(kv_lens) if not -(2**63) <= v < 2**63)
+            raise ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {kv_lens[i]}") from None
     else:
         arr = np.asarray(kv_lens)
         if arr.dtype == bool or arr.dtype.kind not in "iu":
