@@ -187,6 +187,92 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, title: str) -> list[Pat
     return written
 
 
+def run_trace_bench(
+    trace: str,
+    *,
+    database_url: str,
+    backend: str = "sim",
+    gpu: str = "NVIDIA H200",
+    num_qo_heads: int = 32,
+    num_kv_heads: int = 4,
+    head_dim: int = 128,
+    dtype: str = "bfloat16",
+    page_size: int = 16,
+    batch_sizes: tuple[int, ...] = (16, 64, 256),
+    batches: int = 3,
+    seed: int = 11,
+) -> list[dict[str, Any]]:
+    """The published policy vs every baseline on decode batches replayed from ``trace``.
+
+    For each target batch size, ``batches`` held-out batches of the trace
+    (:func:`kvsplit.tuner.workloads.trace_batches`) are planned by the store's
+    :class:`~kvsplit.kernels.policy_table.PolicyTable` (the plan the service would
+    answer: tuned / simulated / fallback) and by each baseline, then timed on the
+    GPU or predicted by the simulator with the store's calibration.
+
+    Returns one row per (batch, policy): ``B_target``, ``batch``, ``B``,
+    ``tokens``, ``policy``, ``source``, ``time_us``, ``floor_us``, ``ratio``.
+    """
+    import numpy as np
+
+    from ..kernels.plan import make_plan
+    from ..kernels.policy_table import PolicyTable
+    from ..service.queries import load_table_doc
+    from .backends import make_backend
+    from .search import _calibration_for
+    from .workloads import trace_batches
+
+    table = PolicyTable.from_json(load_table_doc(database_url))
+    cal, bw = _calibration_for(database_url, gpu, backend)
+    held_all = [(B, trace_batches(trace, B, num_train=1, num_heldout=batches, seed=seed)[1]) for B in batch_sizes]
+    max_tokens = max(int(np.sum(b)) for _, hs in held_all for b in hs)
+    max_batch = max(len(b) for _, hs in held_all for b in hs)
+    be = make_backend(backend, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                      dtype=dtype, page_size=page_size, calibration=cal, read_bandwidth_gbps=bw,
+                      max_tokens=max_tokens, max_batch=max_batch)
+    shape = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, dtype=dtype)
+    rows = []
+    for B, held in held_all:
+        for j, lens in enumerate(held):
+            plan, _, info = table.plan(lens, gpu=gpu, num_qo_heads=num_qo_heads, **shape)
+            plans = [("published", info.get("source", "?"), plan)]
+            for label in ("balanced", "fa3", "flashinfer_tc", "flashinfer_notc", "no_split"):
+                pol, params = BASELINES[label]
+                plans.append((label, "baseline", make_plan(lens, device=gpu, policy=pol, params=params, **shape)))
+            floor = be.hbm_floor_s(lens)
+            for label, src, pl in plans:
+                t = be.time_plan(pl)
+                rows.append({"B_target": B, "batch": j, "B": len(lens), "tokens": int(np.sum(lens)),
+                             "policy": label, "source": src, "time_us": t * 1e6, "floor_us": floor * 1e6,
+                             "ratio": t / floor})
+    return rows
+
+
+def format_trace_table(rows: list[dict[str, Any]]) -> str:
+    """Per target B: the published plan's time / floor and its geomean speedup over each baseline."""
+    import collections
+
+    by = collections.defaultdict(dict)
+    src = collections.defaultdict(set)
+    for r in rows:
+        by[(r["B_target"], r["batch"])][r["policy"]] = r
+        if r["policy"] == "published":
+            src[r["B_target"]].add(r["source"])
+    labels = ("balanced", "fa3", "flashinfer_tc", "flashinfer_notc", "no_split")
+
+    def gm(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+    lines = [f"{'B':>5} {'batches':>7} {'source':>10} {'time/floor':>10} " + " ".join(f"{'vs ' + l:>19}" for l in labels)]
+    for B in sorted({k[0] for k in by}):
+        ks = [k for k in by if k[0] == B]
+        ratio = gm([by[k]["published"]["ratio"] for k in ks])
+        sp = [gm([by[k][l]["time_us"] / by[k]["published"]["time_us"] for k in ks]) for l in labels]
+        lines.append(f"{B:>5} {len(ks):>7} {','.join(sorted(src[B])):>10} {ratio:>10.3f} "
+                     + " ".join(f"{x:>18.2f}x" for x in sp))
+    return "\n".join(lines)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``bench`` to ``app``."""
 
@@ -204,8 +290,37 @@ def register(app: typer.Typer) -> None:
         policies: str = typer.Option(",".join(BASELINES), help="comma-separated baseline labels"),
         calibration: Optional[Path] = typer.Option(None, help="JSON file of simulator constants (sim)"),
         anchors: Optional[Path] = typer.Option(None, help="h200_peers.csv: add the FlashInfer cliff check"),
+        trace: Optional[str] = typer.Option(None, help="instead: batches of this trace (azure_code, azure_conv, "
+                                                        "mooncake, sharegpt, arxiv), published policy vs baselines"),
+        batch_sizes: str = typer.Option("16,64,256", help="with --trace: target batch sizes"),
+        batches: int = typer.Option(3, min=1, help="with --trace: held-out batches per batch size"),
+        database_url: Optional[str] = typer.Option(None, help="with --trace: store of the published policies"),
     ) -> None:
-        """Baseline policies on the reference workload: time / HBM floor per family x B."""
+        """Baseline policies on the reference workload (or, with --trace, the published policy on trace batches)."""
+        if trace is not None:
+            from ..db import store
+
+            try:
+                url = store.resolve_url(database_url)
+                sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
+                rows = run_trace_bench(trace, database_url=url, backend=backend, gpu=gpu, num_qo_heads=num_qo_heads,
+                                       num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                                       page_size=page_size, batch_sizes=sizes, batches=batches)
+            except (ValueError, OSError, store.SchemaError) as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
+            typer.echo(f"trace={trace} backend={backend} gpu={gpu} H_q={num_qo_heads} H_kv={num_kv_heads} "
+                       f"D={head_dim} {dtype} page={page_size} store={url}\n")
+            typer.echo(format_trace_table(rows))
+            if out is not None:
+                out.mkdir(parents=True, exist_ok=True)
+                path = out / f"trace_{trace}.csv"
+                with open(path, "w", newline="") as fh:
+                    w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                    w.writeheader()
+                    w.writerows(rows)
+                typer.echo(f"wrote {path}")
+            return
         try:
             cal = json.loads(calibration.read_text()) if calibration else None
             rows = run_bench(

@@ -1,0 +1,41 @@
+"""``kvsplit bench --trace``: the served plan vs the baselines on trace batches (sim backend)."""
+
+from __future__ import annotations
+
+import collections
+
+from typer.testing import CliRunner
+
+from kvsplit.db import store
+from kvsplit.service.cli import app
+from kvsplit.tuner.bench_cli import run_trace_bench
+
+
+def test_trace_bench_on_an_empty_store_serves_the_fallback(tmp_path):
+    url = f"sqlite:///{tmp_path}/k.db"
+    store.upgrade(url)
+    rows = run_trace_bench("arxiv", database_url=url, batch_sizes=(16,), batches=2)
+    by = collections.defaultdict(dict)
+    for r in rows:
+        by[r["batch"]][r["policy"]] = r
+    assert sorted(by) == [0, 1]
+    for batch in by.values():
+        assert set(batch) == {"published", "balanced", "fa3", "flashinfer_tc", "flashinfer_notc", "no_split"}
+        pub = batch["published"]
+        assert pub["source"] == "fallback"
+        # the fallback is `balanced`: the same plan, so the same predicted time
+        assert pub["time_us"] == batch["balanced"]["time_us"]
+        for r in batch.values():
+            assert r["ratio"] >= 1.0 and abs(r["time_us"] / r["floor_us"] - r["ratio"]) < 1e-9
+            assert 0 < r["B"] <= r["tokens"]
+
+
+def test_trace_bench_cli(tmp_path):
+    url = f"sqlite:///{tmp_path}/k.db"
+    store.upgrade(url)
+    res = CliRunner().invoke(app, ["bench", "--trace", "sharegpt", "--batch-sizes", "16", "--batches", "1",
+                                   "--database-url", url, "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "vs balanced" in res.output and (tmp_path / "trace_sharegpt.csv").exists()
+    bad = CliRunner().invoke(app, ["bench", "--trace", "nope", "--database-url", url])
+    assert bad.exit_code == 2 and "unknown trace 'nope'" in bad.output
