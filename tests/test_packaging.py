@@ -1,0 +1,30 @@
+"""A regular (non-editable) wheel carries every module and data file of the four folders."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"kernels": "kvsplit/kernels", "tuner": "kvsplit/tuner", "db": "kvsplit/db", "service": "kvsplit/service"}
+DATA = ("*.json", "*.csv", "*.html", "*.mako", "README.md")
+
+
+def test_wheel_has_every_module_and_data_file(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("kvsplit-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = set()
+    for folder, pkg in FOLDERS.items():
+        src = ROOT / folder
+        files = [p for p in src.rglob("*.py")] + [p for pat in DATA for p in src.rglob(pat)]
+        for p in files:
+            if "__pycache__" in p.parts:
+                continue
+            expected.add(f"{pkg}/{p.relative_to(src).as_posix()}")
+    missing = sorted(expected - names)
+    assert not missing, f"not in the wheel: {missing}"
+    assert not any(n.startswith(("kernels/", "db/", "service/", "tuner/")) for n in names)  # no top-level modules
