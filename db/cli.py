@@ -22,45 +22,10 @@ import typer
 
 __all__ = ["register", "plan_check_entry"]
 
+# the import check shared with the service's import route (a CLI module may use the planner)
+from ..kernels.policy_table import check_policy_entry as plan_check_entry  # noqa: E402
+
 _URL_HELP = "SQLAlchemy URL of the policy store (default: KVSPLIT_DATABASE_URL or sqlite:///./kvsplit.db)"
-
-
-def plan_check_entry(entry: dict[str, Any]) -> None:
-    """Raise ValueError unless ``entry``'s params make a plan for its bucket's shape.
-
-    Also checks that the bucket key parses (``BucketKey.parse``) and agrees
-    with the bucket fields.
-    """
-    from ..kernels.device import DeviceSpec
-    from ..kernels.plan import POLICIES, make_plan
-
-    b = entry["bucket"]
-    if entry["name"] not in POLICIES:
-        raise ValueError(f"name: unknown policy {entry['name']!r}; known: {sorted(POLICIES)}")
-    try:
-        device: Any = DeviceSpec.known(b["gpu"])
-    except ValueError:
-        d = entry.get("device")
-        if d is None:
-            raise ValueError(f"bucket.gpu: unknown GPU {b['gpu']!r} and no device numbers in the entry") from None
-        device = DeviceSpec(name=d["name"], num_sms=d["num_sms"], hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
-                            l2_bytes=50 * 2**20, smem_per_sm_bytes=228 * 1024, smem_per_block_bytes=227 * 1024)
-    for lens in ([4096, 17, 9000, 1], [131072] + [512] * 63):
-        try:
-            make_plan(lens, num_kv_heads=b["num_kv_heads"], device=device, policy=entry["name"],
-                      params=entry["params"], head_dim=b["head_dim"], page_size=b["page_size"], dtype=b["dtype"])
-        except ValueError as exc:
-            raise ValueError(f"params do not make a plan: {exc}") from None
-    from ..kernels.buckets import BucketKey, gpu_slug
-
-    try:
-        key = BucketKey.parse(b["key"])
-    except ValueError as exc:
-        raise ValueError(f"bucket.key: {exc}") from None
-    expect = {"gpu": gpu_slug(b["gpu"]), **{f: b[f] for f in ("num_kv_heads", "head_dim", "dtype", "page_size")}}
-    for f, v in expect.items():
-        if getattr(key, f) != v:
-            raise ValueError(f"bucket.key: its {f} {getattr(key, f)!r} differs from the entry's {v!r}")
 
 
 def register(app: typer.Typer) -> None:

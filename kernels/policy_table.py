@@ -47,7 +47,7 @@ from .buckets import gpu_slug
 from .device import DeviceSpec, resolve_device
 from .plan import POLICIES, Plan, make_plan
 
-__all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND"]
+__all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
 
 TABLE_FORMAT = "kvsplit.policy_table/1"
 FALLBACK_POLICY = "balanced"
@@ -324,3 +324,40 @@ class _Candidates:
         if not d[i] <= limit:
             return None
         return self.entries[i], float(d[i])
+
+
+def check_policy_entry(entry: Mapping[str, Any]) -> None:
+    """Raise ValueError unless a policy entry (the ``kvsplit db export`` form) can be served.
+
+    Checks that the policy name is known, that its params make a plan for its
+    bucket's shape (two probe batches), and that the bucket key parses
+    (``BucketKey.parse``) and agrees with the bucket fields. Used by
+    ``kvsplit db import``, ``POST /v1/policies/import`` and the service's table
+    loader, so an entry that could not be served never reaches a table.
+    """
+
+    b = entry["bucket"]
+    if entry["name"] not in POLICIES:
+        raise ValueError(f"name: unknown policy {entry['name']!r}; known: {sorted(POLICIES)}")
+    try:
+        device: Any = DeviceSpec.known(b["gpu"])
+    except ValueError:
+        d = entry.get("device")
+        if d is None:
+            raise ValueError(f"bucket.gpu: unknown GPU {b['gpu']!r} and no device numbers in the entry") from None
+        device = DeviceSpec(name=d["name"], num_sms=d["num_sms"], hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
+                            l2_bytes=50 * 2**20, smem_per_sm_bytes=228 * 1024, smem_per_block_bytes=227 * 1024)
+    for lens in ([4096, 17, 9000, 1], [131072] + [512] * 63):
+        try:
+            make_plan(lens, num_kv_heads=b["num_kv_heads"], device=device, policy=entry["name"],
+                      params=entry["params"], head_dim=b["head_dim"], page_size=b["page_size"], dtype=b["dtype"])
+        except ValueError as exc:
+            raise ValueError(f"params do not make a plan: {exc}") from None
+    try:
+        key = BucketKey.parse(b["key"])
+    except ValueError as exc:
+        raise ValueError(f"bucket.key: {exc}") from None
+    expect = {"gpu": gpu_slug(b["gpu"]), **{f: b[f] for f in ("num_kv_heads", "head_dim", "dtype", "page_size")}}
+    for f, v in expect.items():
+        if getattr(key, f) != v:
+            raise ValueError(f"bucket.key: its {f} {getattr(key, f)!r} differs from the entry's {v!r}")

@@ -10,6 +10,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from ...db import store
+from ...kernels.policy_table import check_policy_entry
 from .. import queries
 from ..deps import check_head_dim, AdminDep, HolderDep, ServedDep, SettingsDep
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
@@ -109,7 +110,7 @@ async def import_policies(request: Request, settings: SettingsDep, holder: Holde
 
     def work() -> list[int]:
         with store.session_scope(settings.database_url, write=True) as s:
-            return store.import_policies(s, data, validate_entry=queries.validate_import_entry)
+            return store.import_policies(s, data, validate_entry=check_policy_entry)
 
     try:
         ids = await run_in_threadpool(work)

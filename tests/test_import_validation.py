@@ -1,0 +1,51 @@
+"""An entry that could not be served never reaches the served table (import or a hand-edited store)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+
+from kvsplit.db import store
+from kvsplit.db.models import Policy
+from kvsplit.service.app import create_app
+from kvsplit.service.queries import load_table_doc
+from kvsplit.service.settings import Settings
+
+SHIPPED = Path(__file__).resolve().parents[1] / "service" / "data" / "h200_policies.json"
+
+
+def _store(tmp_path):
+    url = f"sqlite:///{tmp_path}/k.db"
+    store.upgrade(url)
+    return url
+
+
+def test_import_with_a_key_that_disagrees_with_its_fields_is_422_and_stores_nothing(tmp_path):
+    url = _store(tmp_path)
+    doc = json.loads(SHIPPED.read_text())
+    bad = dict(doc, policies=[json.loads(json.dumps(doc["policies"][0]))])
+    bad["policies"][0]["bucket"]["key"] = bad["policies"][0]["bucket"]["key"].replace(".kv4.", ".kv8.")
+    with TestClient(create_app(Settings(database_url=url, admin_token="tok"))) as c:
+        r = c.post("/v1/policies/import", content=json.dumps(bad), headers={"Authorization": "Bearer tok"})
+        assert r.status_code == 422
+        assert "num_kv_heads 8 differs from the entry's 4" in r.text
+        assert c.get("/v1/policies").json()["policies"] == []
+    with store.session_scope(url) as s:
+        assert store.list_policies(s) == []
+
+
+def test_a_hand_edited_unservable_row_is_left_out_and_the_service_still_starts(tmp_path):
+    url = _store(tmp_path)
+    doc = json.loads(SHIPPED.read_text())
+    with store.session_scope(url, write=True) as s:
+        ids = store.import_policies(s, doc)
+    with store.session_scope(url, write=True) as s:
+        s.execute(update(Policy).where(Policy.id == ids[0]).values(params={"block_n": 7}))
+    served = {p["id"] for p in load_table_doc(url)["policies"]}
+    assert served == set(ids) - {ids[0]}
+    with TestClient(create_app(Settings(database_url=url))) as c:
+        assert c.get("/healthz").status_code == 200
+        assert len(c.get("/v1/policies").json()["policies"]) == len(ids) - 1
