@@ -678,6 +678,9 @@ def create_policy(
     p = _json_obj("params", params, scalars_only=True)
     ver = _json_obj("verification", verification or {})
     sc = _num("score", score, positive=True, allow_none=True)
+    # serialize version numbering with publish/retire/import: two tuning hosts finishing the same bucket
+    # at once on PostgreSQL would otherwise both take max + 1 and one would fail on the unique version
+    _lock_store(session)
     last = session.scalar(select(func.max(Policy.version)).where(Policy.bucket_id == bucket_id))
     pol = Policy(
         bucket_id=bucket_id, bucket_key=bucket.key, name=_str("name", name, max_len=64), params=p,
@@ -1042,7 +1045,8 @@ def import_policies(
     (:func:`validate_export`). Each entry becomes a published policy of its
     bucket (bucket and device rows created as needed); an entry identical to a
     policy already stored (same bucket, params, backend, score) reuses that
-    row, so importing the same file twice changes nothing. The publish rules
+    row, so importing the same file twice changes nothing (a policy retired
+    since stays retired). The publish rules
     apply: an entry that may not replace the bucket's published policy (a
     GPU-measured or better one) is stored as ``draft`` with the reason in
     ``note``. Any error rolls the whole import back (the session's
@@ -1075,6 +1079,11 @@ def import_policies(
                                     score=e["score"], verification=e["verification"], device_id=device_id,
                                     name=e["name"], note=f"imported (exported version {e['version']})")
                 changed = True
+            if pol.status == "retired":
+                # an operator retired this very policy: re-importing the same file (make run does, on
+                # every start) must not bring it back
+                ids.append(pol.id)
+                continue
             if pol.status != "published":
                 cur = _published_of(session, bucket.id)
                 why = _refusal(pol, cur)

@@ -49,3 +49,18 @@ def test_a_hand_edited_unservable_row_is_left_out_and_the_service_still_starts(t
     with TestClient(create_app(Settings(database_url=url))) as c:
         assert c.get("/healthz").status_code == 200
         assert len(c.get("/v1/policies").json()["policies"]) == len(ids) - 1
+
+
+def test_reimport_keeps_a_retired_policy_retired(tmp_path):
+    url = _store(tmp_path)
+    doc = json.loads(SHIPPED.read_text())
+    with store.session_scope(url, write=True) as s:
+        ids = store.import_policies(s, doc)
+    with store.session_scope(url, write=True) as s:
+        store.retire(s, ids[0])
+    with store.session_scope(url, write=True) as s:
+        again = store.import_policies(s, doc)
+    assert again == ids
+    with store.session_scope(url) as s:
+        assert store.get_policy(s, ids[0]).status == "retired"
+        assert store.get_policy(s, ids[1]).status == "published"
