@@ -335,10 +335,20 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
     if workspace is not None:
         if not isinstance(workspace, DecodeWorkspace):
             raise TypeError(f"workspace: expected a DecodeWorkspace, got {type(workspace).__name__}")
-        if workspace.part_o.device != dev:
-            raise ValueError(f"workspace: expected device {dev}, got {workspace.part_o.device}")
-        if workspace.part_o.shape[1:] != (H_q, D):
-            raise ValueError(f"workspace: made for H_q={workspace.part_o.shape[1]}, D={workspace.part_o.shape[2]}")
+        # the kernels index these buffers as dense arrays: check every one (a caller may build its own)
+        for name, t, dtype, tail in (
+            ("part_o", workspace.part_o, torch.float32, (H_q, D)),
+            ("part_lse", workspace.part_lse, torch.float32, (H_q,)),
+            ("lse", workspace.lse, torch.float32, (H_q,)),
+            ("counter", workspace.counter, torch.int32, ()),
+        ):
+            if not isinstance(t, torch.Tensor) or t.device != dev or t.dtype != dtype or not t.is_contiguous():
+                raise ValueError(f"workspace.{name}: expected a contiguous {dtype} tensor on {dev}")
+            if tuple(t.shape[1:]) != tail or (name == "counter" and tuple(t.shape) != (1,)):
+                want = "(1,)" if name == "counter" else f"(n, {', '.join(map(str, tail))})"
+                raise ValueError(f"workspace.{name}: expected shape {want}, got {tuple(t.shape)}")
+        if workspace.part_lse.shape[0] != workspace.part_o.shape[0]:
+            raise ValueError("workspace.part_lse: expected as many rows as workspace.part_o")
         if workspace.max_partials < plan.num_partials:
             raise ValueError(f"workspace: holds {workspace.max_partials} partials, plan needs {plan.num_partials}")
         if return_lse and workspace.max_batch < B:

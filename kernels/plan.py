@@ -53,6 +53,8 @@ MAX_BATCH = 65536
 MAX_KV_LEN = 2**31 - 1
 """Largest kv_len the planner accepts (int32 token offsets)."""
 MAX_PAGE_SIZE = 256
+MAX_WORK_ITEMS = 1 << 24
+"""Most work items a plan may hold (int32 indices with room; far above any useful split)."""
 BLOCK_N_CHOICES = (16, 32, 64, 128, 256)
 NUM_WARPS_CHOICES = (1, 2, 4, 8)
 NUM_STAGES_CHOICES = (1, 2, 3, 4)
@@ -440,8 +442,8 @@ def _check_plan_invariants(p: Plan) -> None:
         raise ValueError("Plan.kv_lens: expected at least one request")
     if p.num_splits.shape[0] != B:
         raise ValueError(f"Plan.num_splits: expected length {B}, got {p.num_splits.shape[0]}")
-    if (p.kv_lens < 0).any():
-        raise ValueError("Plan.kv_lens: negative kv_len")
+    if (p.kv_lens < 0).any() or (p.kv_lens > MAX_KV_LEN).any():
+        raise ValueError(f"Plan.kv_lens: expected 0 <= kv_len <= {MAX_KV_LEN}")
     if (p.num_splits < 1).any():
         raise ValueError("Plan.num_splits: every request needs >= 1 split")
     if W != int(p.num_splits.sum()):
@@ -522,7 +524,7 @@ def _as_kv_lens(kv_lens: Any) -> np.ndarray:
         if arr.dtype.kind == "u" and arr.size and arr.max() > MAX_KV_LEN:
             i = int(np.argmax(arr > MAX_KV_LEN))
             raise ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {int(arr[i])}")
-        arr = arr.astype(np.int64)
+        arr = arr.astype(np.int64, copy=False)
     if arr.ndim != 1:
         raise ValueError(f"kv_lens: expected a 1-D array, got shape {arr.shape}")
     if arr.shape[0] < 1:
@@ -1168,6 +1170,10 @@ def make_plan(
         raise ValueError(f"params: unknown parameters {unknown} for policy {policy!r}; allowed: {list(allowed)}")
     ctx = PlanContext(dev, num_kv_heads, int(head_dim), page_size, dtype)
     num_splits, cfg, order, pack = POLICIES[policy](L, ctx, params)
+    W = int(np.minimum(np.maximum(num_splits, 1), np.maximum(L, 1)).sum())
+    if W > MAX_WORK_ITEMS:
+        raise ValueError(f"params: the plan would have {W} work items, above the limit of {MAX_WORK_ITEMS} "
+                         f"(fewer splits per request)")
     if isinstance(order, np.ndarray):
         n, req, start, end = build_work_list(L, num_splits, cfg.block_n, "natural", perm=order)
     else:

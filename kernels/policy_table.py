@@ -45,7 +45,7 @@ import numpy as np
 from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, DISTANCE_LIMIT, HIST_UNITS, NUM_BINS, BucketKey, bucket_key
 from .buckets import gpu_slug
 from .device import DeviceSpec, resolve_device
-from .plan import POLICIES, Plan, make_plan
+from .plan import POLICIES, Plan, _as_kv_lens, make_plan
 
 __all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
 
@@ -266,6 +266,7 @@ class PolicyTable:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads: {num_qo_heads} is not a multiple of num_kv_heads ({num_kv_heads})")
         dev = device if device is not None else resolve_device(gpu)
+        kv_lens = _as_kv_lens(kv_lens)  # once: bucket_key and make_plan then take the int64 array as is
         key = bucket_key(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=dev,
                          page_size=page_size)
         entry, d = self.lookup(key)
