@@ -50,11 +50,11 @@ def list_policies(
     dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
     page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
 ) -> Response:
-    check_head_dim(head_dim)
     """Everything a client needs to plan in-process with identical results (kvsplit.kernels.policy_table).
 
     Poll with If-None-Match: the answer is 304 while the table is unchanged.
     """
+    check_head_dim(head_dim)
     flt = (None if gpu is None else queries.canonical_gpu(gpu), num_kv_heads, head_dim, dtype, page_size)
     body, etag = served.filtered(flt)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
