@@ -44,12 +44,15 @@ def _journal_studies(path: Path):
 def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
     db = f"sqlite:///{tmp_path / 'k.db'}"
     journal = tmp_path / "studies.journal"
+    # simulated trials take milliseconds: slow them so the second worker has started before the first
+    # could finish the study alone (both must write trials)
+    slow = {"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"}
     r = _cli("tune", *SHAPE, "--trace", "azure_conv", "--batch-size", "64", "--num-train", "3",
              "--num-heldout", "3", "--trials", "10", "--workers", "2", "--journal", str(journal),
-             "--database-url", db, "--no-progress", "--json")
+             "--database-url", db, "--no-progress", "--json", env=slow)
     r2 = _cli("tune", *SHAPE, "--family", "skewed80", "--batch-size", "128", "--num-train", "3",
               "--num-heldout", "3", "--trials", "10", "--workers", "2", "--journal", str(journal),
-              "--database-url", db, "--no-progress", "--json")
+              "--database-url", db, "--no-progress", "--json", env=slow)
     results = json.loads(r.stdout) + json.loads(r2.stdout)
     assert len(results) == 2 and len({x["bucket_key"] for x in results}) == 2
     studies = _journal_studies(journal)
@@ -161,7 +164,8 @@ def test_postgres_multi_worker_tuning(pg_url):
     # the store and the Optuna study both in PostgreSQL, two worker processes, no journal
     _cli("db", "upgrade", "--database-url", pg_url)
     r = _cli("tune", *SHAPE, "--family", "skewed40", "--batch-size", "64", "--num-train", "2", "--num-heldout",
-             "2", "--trials", "10", "--workers", "2", "--database-url", pg_url, "--no-progress", "--json")
+             "2", "--trials", "10", "--workers", "2", "--database-url", pg_url, "--no-progress", "--json",
+             env={"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"})  # so both workers get trials (see above)
     (res,) = json.loads(r.stdout)
     assert res["status"] == "finished" and res["n_finished"] == 10 and res["published"]
     storage = search.open_storage(search.storage_spec(pg_url, workers=2))
