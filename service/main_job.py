@@ -127,16 +127,19 @@ def _tune_demo(url: str, backend: str) -> None:
         best_base = min((x["geomean_ratio"], k) for k, x in v.items() if k != "tuned") if len(v) > 1 else None
         line = f"  {r.bucket_key}: {r.status}, {r.n_finished} trials"
         if tuned and best_base:
-            line += (f", tuned {tuned:.2f}x floor vs best baseline {best_base[1]} {best_base[0]:.2f}x"
-                     f" -> {'published' if r.published else 'not published'}")
-        if r.message:
-            line += f" ({r.message})"
+            line += f", tuned {tuned:.2f}x floor vs best baseline {best_base[1]} {best_base[0]:.2f}x"
+        if r.published:
+            line += " -> published" + (f" ({r.message})" if r.message else "")
+        else:
+            line += " -> " + (r.message or "not published")
         print(line, flush=True)
 
 
 def _free_port(host: str, preferred: int) -> int:
     for port in (preferred, 0):
         with socket.socket() as s:
+            # as uvicorn binds: TIME_WAIT sockets of a previous run must not push us off the port
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
                 return s.getsockname()[1]
