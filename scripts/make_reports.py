@@ -239,8 +239,8 @@ def tuning_md(d: Path, url: str | None) -> str:
                 f"stages, grid) give {gm(rule_gains):.3f}x, the kernel knobs on top {gm(knob_gains):.3f}x.", ""]
     h = cal["heldout"]
     out += ["## Simulator calibration (`kvsplit calibrate`, same run)", "",
-            f"120 training and 120 held-out (batch, plan) pairs: 5 families x B in {{4, 16, 64, 256}} x 6 baseline "
-            f"plans, default kernel config. Fitted constants: "
+            "120 training and 120 held-out (batch, plan) pairs: 5 families x B in {4, 16, 64, 256} x 6 baseline "
+            "plans, default kernel config. Fitted constants: "
             + ", ".join(f"`{k}`={v:.4g}" for k, v in cal["constants"].items()) + ".", "",
             f"Held-out relative error of the calibrated simulator: median {h['median']:.1%}, worst {h['worst']:.1%} "
             f"(uncalibrated defaults: {cal['default_heldout']['median']:.1%} / {cal['default_heldout']['worst']:.1%}).",

@@ -16,7 +16,6 @@ from typing import Any
 from ..db import store
 from ..kernels.buckets import gpu_slug
 from ..kernels.device import resolve_device
-from ..kernels.plan import make_plan
 from ..kernels.policy_table import SOURCE_OF_BACKEND, PolicyTable, check_policy_entry
 
 _log = logging.getLogger("kvsplit.service")

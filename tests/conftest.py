@@ -1,6 +1,7 @@
 """Shared pytest setup: kernel tests run on the Triton CPU interpreter without a GPU."""
 
 import os
+import uuid
 
 import pytest
 
@@ -41,3 +42,25 @@ def pytest_runtest_makereport(item, call):
         return
     report.outcome = "failed"
     report.longrepr = f"skipped in CI, where every service is installed: {reason}"
+
+
+@pytest.fixture()
+def pg_url():
+    """A fresh schema in the PostgreSQL of ``KVSPLIT_TEST_POSTGRES_URL`` (.ci/run starts one), dropped after."""
+    base = os.environ.get("KVSPLIT_TEST_POSTGRES_URL")
+    if not base:
+        pytest.skip("KVSPLIT_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
+    from sqlalchemy import create_engine, text
+
+    from kvsplit.db import store
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base)
+    with admin.begin() as c:
+        c.execute(text(f"CREATE SCHEMA {schema}"))
+    sep = "&" if "?" in base else "?"
+    yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    store.dispose_engines()
+    with admin.begin() as c:
+        c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+    admin.dispose()

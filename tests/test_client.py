@@ -4,7 +4,6 @@ no dropped requests during reloads, multi-worker metrics."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading

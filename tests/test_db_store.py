@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import threading
-import uuid
 
 import pytest
 from sqlalchemy import inspect, text
@@ -378,25 +376,6 @@ def test_runs_measurements_calibrations(url):
 # ---------------------------------------------------------------------------
 # PostgreSQL (CI starts it; see .ci/run)
 # ---------------------------------------------------------------------------
-
-
-@pytest.fixture()
-def pg_url():
-    base = os.environ.get("KVSPLIT_TEST_POSTGRES_URL")
-    if not base:
-        pytest.skip("KVSPLIT_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
-    from sqlalchemy import create_engine
-
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base)
-    with admin.begin() as c:
-        c.execute(text(f"CREATE SCHEMA {schema}"))
-    sep = "&" if "?" in base else "?"
-    yield f"{base}{sep}options=-csearch_path%3D{schema}"
-    store.dispose_engines()
-    with admin.begin() as c:
-        c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-    admin.dispose()
 
 
 @pytest.mark.postgres

@@ -9,12 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import optuna
 import pytest
-from sqlalchemy import create_engine, text
 
 from kvsplit.db import store
 from kvsplit.tuner import search
@@ -140,23 +138,6 @@ def test_eight_workers_started_at_once(tmp_path):
     # the four baseline equivalents were enqueued once
     enq = [t for t in study.get_trials() if "fixed_params" in t.system_attrs and t.state.name != "FAIL"]
     assert len({json.dumps(t.system_attrs["fixed_params"], sort_keys=True) for t in enq}) == len(enq)
-
-
-@pytest.fixture()
-def pg_url():
-    base = os.environ.get("KVSPLIT_TEST_POSTGRES_URL")
-    if not base:
-        pytest.skip("KVSPLIT_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base)
-    with admin.begin() as c:
-        c.execute(text(f"CREATE SCHEMA {schema}"))
-    sep = "&" if "?" in base else "?"
-    yield f"{base}{sep}options=-csearch_path%3D{schema}"
-    store.dispose_engines()
-    with admin.begin() as c:
-        c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-    admin.dispose()
 
 
 @pytest.mark.postgres

@@ -49,12 +49,15 @@ def measure_read_bandwidth(nbytes: int = 4 << 30, device: Any = "cuda") -> float
     grid = (triton.cdiv(n, BLOCK * ITERS),)
     out = torch.empty(grid[0], dtype=torch.float32, device=device)
 
+    bufs = {"x": x, "out": out}
+
     def run() -> None:
-        _stream_read_kernel[grid](x, out, n, BLOCK=BLOCK, ITERS=ITERS, num_warps=8)
+        _stream_read_kernel[grid](bufs["x"], bufs["out"], n, BLOCK=BLOCK, ITERS=ITERS, num_warps=8)
 
     run()
     torch.cuda.synchronize()
     ms = triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
+    bufs.clear()  # free the multi-GB buffer before the caller allocates its KV cache
     del x, out
     torch.cuda.empty_cache()
     return n * 2 / (ms * 1e-3)
