@@ -224,26 +224,20 @@ def _simulate(t: _Tiles, c: Calibration) -> float:
             # identical tiles: list scheduling is plain waves of P tiles
             starts = (np.arange(N) // P) * float(dur[0])
             t_last = float(starts[-1])
-            ends = starts + dur
-            running = ends > t_last
-            elapsed = t_last - starts[running]
-            f = fixed[running] if np.ndim(fixed) else np.full(int(running.sum()), fixed)
-            run_fixed = np.maximum(f - elapsed, 0.0)
-            run_bytes = np.maximum(t.tile_bytes[running] - np.maximum(elapsed - f, 0.0) * r_bulk, 0.0)
-            return _finish(t, c, t_last, run_fixed, run_bytes, r_bulk)
-        starts = np.empty(N)
-        starts[:P] = 0.0
-        heap = dur[:P].tolist()
-        heapq.heapify(heap)
-        rest = dur[P:].tolist()
-        st = [0.0] * len(rest)
-        replace = heapq.heapreplace
-        for i, d in enumerate(rest):
-            t0 = heap[0]
-            st[i] = t0
-            replace(heap, t0 + d)
-        starts[P:] = st
-        t_last = st[-1]
+        else:
+            starts = np.empty(N)
+            starts[:P] = 0.0
+            heap = dur[:P].tolist()
+            heapq.heapify(heap)
+            rest = dur[P:].tolist()
+            st = [0.0] * len(rest)
+            replace = heapq.heapreplace
+            for i, d in enumerate(rest):
+                t0 = heap[0]
+                st[i] = t0
+                replace(heap, t0 + d)
+            starts[P:] = st
+            t_last = st[-1]
         ends = starts + dur
         running = ends > t_last
         # tiles still running at t_last: remaining fixed time and bytes
