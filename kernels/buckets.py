@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from .device import DeviceSpec, resolve_device
-from .plan import DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, _as_kv_lens, _pos_int
+from .device import DeviceSpec
+from .plan import _pos_int, check_batch_shape
 
 __all__ = [
     "BucketKey",
@@ -252,14 +252,7 @@ def bucket_key(
     ValueError
         Naming the invalid argument.
     """
-    L = _as_kv_lens(kv_lens)
-    num_kv_heads = _pos_int("num_kv_heads", num_kv_heads, 1, 1024)
-    if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
-    page_size = _pos_int("page_size", page_size, 1, MAX_PAGE_SIZE)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
-    dev = resolve_device(device)
+    L, num_kv_heads, page_size, dev = check_batch_shape(kv_lens, num_kv_heads, head_dim, page_size, dtype, device)
     B = L.shape[0]
     total = int(L.sum())
     nz = L[L > 0]

@@ -538,6 +538,24 @@ def _as_kv_lens(kv_lens: Any) -> np.ndarray:
     return arr
 
 
+def check_batch_shape(
+    kv_lens: Any, num_kv_heads: Any, head_dim: Any, page_size: Any, dtype: Any, device: Any
+) -> tuple[np.ndarray, int, int, DeviceSpec]:
+    """Validate what :func:`make_plan` and ``bucket_key`` share.
+
+    Returns ``(kv_lens int64 [B], num_kv_heads, page_size, DeviceSpec)``;
+    raises ValueError naming the first invalid argument.
+    """
+    L = _as_kv_lens(kv_lens)
+    num_kv_heads = _pos_int("num_kv_heads", num_kv_heads, 1, 1024)
+    if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
+    page_size = _pos_int("page_size", page_size, 1, MAX_PAGE_SIZE)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    return L, num_kv_heads, page_size, resolve_device(device)
+
+
 def _pos_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise ValueError(f"{name}: expected an integer, got {v!r}")
@@ -1153,14 +1171,7 @@ def make_plan(
     ValueError
         On any invalid argument or parameter, naming it.
     """
-    L = _as_kv_lens(kv_lens)
-    num_kv_heads = _pos_int("num_kv_heads", num_kv_heads, 1, 1024)
-    if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
-    page_size = _pos_int("page_size", page_size, 1, MAX_PAGE_SIZE)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
-    dev = resolve_device(device)
+    L, num_kv_heads, page_size, dev = check_batch_shape(kv_lens, num_kv_heads, head_dim, page_size, dtype, device)
     if not isinstance(policy, str) or policy not in POLICIES:
         raise ValueError(f"policy: unknown policy {policy!r}; known: {sorted(POLICIES)}")
     params = dict(params or {})
