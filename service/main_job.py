@@ -163,7 +163,7 @@ def _show_sample(base: str, server: Any) -> None:
         return
     print(flush=True)
     _say(f"dashboard:  {base}/")
-    _say(f"policies:   {base}/v1/policies    metrics: {base}/metrics    API docs: {base}/docs")
+    _say(f"policies:   {base}/v1/policies    metrics: {base}/metrics    API docs: {base}/v1/docs")
     _say("sample plan request:")
     print(f"curl -s -X POST {base}/v1/plan -H 'Content-Type: application/json' -d '{body}'", flush=True)
     short = {k: answer[k] for k in ("policy", "bucket", "num_splits", "config") if k in answer}
