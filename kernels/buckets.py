@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from .device import DeviceSpec
-from .plan import _pos_int, check_batch_shape
+from .limits import _pos_int, check_batch_shape
 
 __all__ = [
     "BucketKey",

@@ -45,7 +45,8 @@ import numpy as np
 from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, DISTANCE_LIMIT, HIST_UNITS, NUM_BINS, BucketKey, bucket_key
 from .buckets import gpu_slug
 from .device import DeviceSpec, resolve_device
-from .plan import POLICIES, Plan, _as_kv_lens, make_plan
+from .limits import _as_kv_lens
+from .plan import POLICIES, Plan, make_plan
 
 __all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
 

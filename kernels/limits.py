@@ -1,0 +1,213 @@
+"""Limits of the planner, the kernel's knobs (:class:`KernelConfig`) and the
+argument checks every entry point shares (validated once, errors name the argument).
+
+No torch import: servers plan in-process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .device import DeviceSpec, resolve_device
+
+MAX_BATCH = 65536
+"""Most requests one plan may hold."""
+MAX_KV_LEN = 2**31 - 1
+"""Largest kv_len the planner accepts (int32 token offsets)."""
+MAX_PAGE_SIZE = 256
+MAX_WORK_ITEMS = 1 << 24
+"""Most work items a plan may hold (int32 indices with room; far above any useful split)."""
+BLOCK_N_CHOICES = (16, 32, 64, 128, 256)
+NUM_WARPS_CHOICES = (1, 2, 4, 8)
+NUM_STAGES_CHOICES = (1, 2, 3, 4)
+SCHEDULES = ("grid", "persistent")
+ORDERS = ("natural", "heavy_first")
+DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}
+HEAD_DIMS = (64, 128, 256)
+MAX_NUM_PROGRAMS = 1 << 20
+MAX_PACK_TOKENS = 1 << 20
+
+# Shared-memory budget a CTA may ask for (bytes); the Hopper/Ampere per-block
+# opt-in limits are 227/163 KB, Triton keeps some for its own use.
+_SMEM_BUDGET = 200 * 1024
+# Largest K (or V) tile elements per thread before register pressure makes a
+# config useless (spills to local memory); configs above it are rejected.
+_MAX_TILE_ELEMS_PER_THREAD = 256
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Knobs of the Triton decode kernel (``kvsplit.kernels.decode``).
+
+    Parameters
+    ----------
+    block_n : int
+        KV tokens per inner tile, one of 16, 32, 64, 128, 256.
+    num_warps : int
+        Warps per CTA, one of 1, 2, 4, 8.
+    num_stages : int
+        Software-pipelining stages of the KV loads, 1 to 4.
+    schedule : str
+        ``"grid"``: one CTA per (cta, kv_head) in launch order, placed by the
+        hardware block scheduler. ``"persistent"``: ``num_programs`` CTAs take
+        work tiles in plan order from a global atomic counter.
+    num_programs : int
+        Programs of a persistent launch (ignored, and stored as 0, for ``grid``).
+    """
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    schedule: str = "grid"
+    num_programs: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# Default kernel config per (head_dim, dtype). Chosen from the H200 sweep in
+# docs/perf.md ("Default kernel config"); the untuned policies all use it.
+_DEFAULT_CONFIGS: dict[tuple[int, str], KernelConfig] = {
+    # Measured on the H200 (docs/perf.md, "Default kernel config"): the best
+    # config of the current kernel (compile-time page size, K and V loaded
+    # together) on 5 of 9 reference cases, 32/4/128 bf16, balanced plans
+    # (bench/kernel_ab.py); fp16 uses the same tiles.
+    (128, "bfloat16"): KernelConfig(block_n=64, num_warps=4, num_stages=2),
+    (128, "float16"): KernelConfig(block_n=64, num_warps=4, num_stages=2),
+}
+
+
+def default_config(head_dim: int, dtype: str) -> KernelConfig:
+    """The documented default :class:`KernelConfig` for ``(head_dim, dtype)``.
+
+    head_dim 128 (fp16/bf16): BLOCK_N 64, 4 warps, 2 stages, measured best on
+    the H200 (docs/perf.md). Other shapes are not measured yet and use the same
+    BLOCK_N-64 tile scaled to keep K/V tile elements per thread constant:
+    head_dim 64 -> (64, 4, 2); head_dim 256 -> (32, 4, 2); float32 (CPU tests)
+    -> (32, 4, 2).
+    """
+    cfg = _DEFAULT_CONFIGS.get((head_dim, dtype))
+    if cfg is not None:
+        return cfg
+    if dtype == "float32":
+        return KernelConfig(block_n=32, num_warps=4, num_stages=2)
+    if head_dim >= 256:
+        return KernelConfig(block_n=32, num_warps=4, num_stages=2)
+    return KernelConfig(block_n=64, num_warps=4, num_stages=2)
+
+
+
+# ----------------------------------------------------------------------------
+# Validation helpers
+# ----------------------------------------------------------------------------
+
+
+def _as_kv_lens(kv_lens: Any) -> np.ndarray:
+    """Validate and convert kv_lens to int64 ``[B]``."""
+    if hasattr(kv_lens, "detach") and hasattr(kv_lens, "cpu"):  # torch tensor
+        if getattr(kv_lens, "is_cuda", False):
+            raise ValueError("kv_lens: expected a host array or CPU tensor, got a CUDA tensor")
+        kv_lens = kv_lens.detach().cpu().numpy()
+    if isinstance(kv_lens, (str, bytes)) or np.isscalar(kv_lens):
+        raise ValueError(f"kv_lens: expected a 1-D sequence of integers, got {type(kv_lens).__name__}")
+    if isinstance(kv_lens, (list, tuple)):
+        # fast path: one C-level pass collects the element types (the serving hot path
+        # plans lists of a few hundred ints); the per-element loop only runs to name
+        # the offending index
+        types = set(map(type, kv_lens))
+        if not all(t is not bool and issubclass(t, (int, np.integer)) for t in types):
+            for i, v in enumerate(kv_lens):
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                    raise ValueError(f"kv_lens[{i}]: expected a non-negative integer, got {v!r}")
+        try:
+            arr = np.array(kv_lens, dtype=np.int64) if kv_lens else np.zeros(0, np.int64)
+        except OverflowError:  # a Python int beyond int64
+            i = next(i for i, v in enumerate(kv_lens) if not -(2**63) <= v < 2**63)
+            raise ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {kv_lens[i]}") from None
+    else:
+        arr = np.asarray(kv_lens)
+        if arr.dtype == bool or arr.dtype.kind not in "iu":
+            raise ValueError(f"kv_lens: expected an integer array, got dtype {arr.dtype}")
+        if arr.dtype.kind == "u" and arr.size and arr.max() > MAX_KV_LEN:
+            i = int(np.argmax(arr > MAX_KV_LEN))
+            raise ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {int(arr[i])}")
+        arr = arr.astype(np.int64, copy=False)
+    if arr.ndim != 1:
+        raise ValueError(f"kv_lens: expected a 1-D array, got shape {arr.shape}")
+    if arr.shape[0] < 1:
+        raise ValueError("kv_lens: expected at least one request, got an empty batch")
+    if arr.shape[0] > MAX_BATCH:
+        raise ValueError(f"kv_lens: expected at most {MAX_BATCH} requests, got {arr.shape[0]}")
+    bad = (arr < 0) | (arr > MAX_KV_LEN)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {int(arr[i])}")
+    return arr
+
+
+def check_batch_shape(
+    kv_lens: Any, num_kv_heads: Any, head_dim: Any, page_size: Any, dtype: Any, device: Any
+) -> tuple[np.ndarray, int, int, DeviceSpec]:
+    """Validate what :func:`make_plan` and ``bucket_key`` share.
+
+    Returns ``(kv_lens int64 [B], num_kv_heads, page_size, DeviceSpec)``;
+    raises ValueError naming the first invalid argument.
+    """
+    L = _as_kv_lens(kv_lens)
+    num_kv_heads = _pos_int("num_kv_heads", num_kv_heads, 1, 1024)
+    if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
+    page_size = _pos_int("page_size", page_size, 1, MAX_PAGE_SIZE)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    return L, num_kv_heads, page_size, resolve_device(device)
+
+
+def _pos_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name}: expected an integer, got {v!r}")
+    v = int(v)
+    if v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name}: expected an integer {rng}, got {v}")
+    return v
+
+
+def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
+    """Reject knob combinations the kernel cannot run well or at all."""
+    if cfg.block_n not in BLOCK_N_CHOICES:
+        raise ValueError(f"params.block_n: expected one of {BLOCK_N_CHOICES}, got {cfg.block_n!r}")
+    if cfg.num_warps not in NUM_WARPS_CHOICES:
+        raise ValueError(f"params.num_warps: expected one of {NUM_WARPS_CHOICES}, got {cfg.num_warps!r}")
+    if cfg.num_stages not in NUM_STAGES_CHOICES:
+        raise ValueError(f"params.num_stages: expected one of {NUM_STAGES_CHOICES}, got {cfg.num_stages!r}")
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"params.schedule: expected one of {SCHEDULES}, got {cfg.schedule!r}")
+    if cfg.schedule == "persistent":
+        _pos_int("params.num_programs", cfg.num_programs, 1, MAX_NUM_PROGRAMS)
+    elif cfg.num_programs != 0:
+        raise ValueError("params.num_programs: only meaningful with schedule='persistent'")
+    elt = DTYPES[dtype]
+    smem = max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * head_dim * elt
+    if smem > _SMEM_BUDGET:
+        raise ValueError(
+            f"params: block_n={cfg.block_n} x num_stages={cfg.num_stages} needs about {smem // 1024} KB of "
+            f"shared memory for head_dim={head_dim} {dtype}, over the {_SMEM_BUDGET // 1024} KB budget"
+        )
+    per_thread = cfg.block_n * head_dim // (32 * cfg.num_warps)
+    if per_thread > _MAX_TILE_ELEMS_PER_THREAD:
+        raise ValueError(
+            f"params: block_n={cfg.block_n} with num_warps={cfg.num_warps} puts {per_thread} K elements per "
+            f"thread for head_dim={head_dim} (max {_MAX_TILE_ELEMS_PER_THREAD}): use more warps or a smaller block_n"
+        )
+
+
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers."""
+    return -(-a // b)
