@@ -11,11 +11,25 @@ from typing import Any
 
 import numpy as np
 
+from typing import NamedTuple
+
 from .device import DeviceSpec
-from .limits import MAX_WORK_ITEMS, BLOCK_N_CHOICES, NUM_WARPS_CHOICES, NUM_STAGES_CHOICES, ORDERS, SCHEDULES, \
-    MAX_NUM_PROGRAMS, _pos_int, cdiv, check_batch_shape
+from .limits import MAX_WORK_ITEMS, BLOCK_N_CHOICES, DTYPES, NUM_WARPS_CHOICES, NUM_STAGES_CHOICES, ORDERS, \
+    SCHEDULES, MAX_NUM_PROGRAMS, KernelConfig, _pos_int, cdiv, check_batch_shape
 from .registry import _POLICY_PARAMS, POLICIES, PlanContext, _knobs, _num, _register
+from .residency import resident_ctas_per_sm
 from .workplan import Plan, _jsonable, build_work_list, pack_ctas
+
+
+class WorkList(NamedTuple):
+    """A work list a policy builds itself (instead of per-request split counts)."""
+
+    num_splits: np.ndarray
+    work_request: np.ndarray
+    work_kv_start: np.ndarray
+    work_kv_end: np.ndarray
+    cta_indptr: np.ndarray
+
 from . import peer_policies  # noqa: F401  (registers flashinfer, fa3)
 
 @_register("no_split", ())
@@ -39,24 +53,222 @@ def _policy_fixed(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     return np.full(L.shape, n, dtype=np.int64), cfg, order, pack
 
 
-@_register("balanced", ("ctas_per_sm",))
-def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
-    """Even chunks aimed at ``ctas_per_sm`` work tiles per SM (default 4).
-
-    ``chunk = roundup(max(block_n, ceil(H_kv * sum(kv_len) / (ctas_per_sm * num_SMs))), block_n)``,
-    ``num_splits[b] = max(1, ceil(kv_len[b] / chunk))``. Aiming at 4 CTAs per SM
-    was the best untuned rule on a Triton decode kernel
-    (../shared/data/anchors/policy_on_triton_kernel.md; DESIGN.md §7).
-    """
-    target = params.get("ctas_per_sm", 4.0)
+def _ctas_per_sm(params: Mapping[str, Any], default: float) -> float:
+    target = params.get("ctas_per_sm", default)
     if isinstance(target, bool) or not isinstance(target, (int, float, np.number)) or not (0.25 <= float(target) <= 64):
         raise ValueError(f"params.ctas_per_sm: expected a number in [0.25, 64], got {target!r}")
+    return float(target)
+
+
+def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
+    """Work tiles of one resident wave: ``resident_ctas_per_sm(cfg) * num_SMs``
+    (:mod:`.residency`; measured data where known)."""
+    r = resident_ctas_per_sm(ctx.device, ctx.head_dim, ctx.dtype, DTYPES[ctx.dtype], cfg.block_n, cfg.num_warps,
+                             cfg.num_stages)
+    return r * ctx.device.num_sms
+
+
+def wave_target(ctx: PlanContext, cfg: KernelConfig, ctas_per_sm: float) -> int:
+    """Work tiles a plan aims at: ``floor(ctas_per_sm * num_SMs)``, cut down to a
+    whole number of resident waves when that is more than one wave (so no
+    partial last wave), at least one tile."""
+    want = max(1, int(math.floor(ctas_per_sm * ctx.device.num_sms)))
+    slots = resident_slots(ctx, cfg)
+    if want > slots:
+        want = (want // slots) * slots
+    return want
+
+
+def _tiles(L: np.ndarray, chunk: int) -> int:
+    return int(np.maximum(-(-L // chunk), 1).sum())
+
+
+def wave_aware_chunk(L: np.ndarray, num_kv_heads: int, block_n: int, target_tiles: int, min_chunk: int = 1) -> int:
+    """Chunk (tokens, a multiple of ``block_n``) of an even-chunk split.
+
+    Starts from ``chunk0 = roundup(max(min_chunk, block_n, ceil(H_kv * sum(kv_len) / target_tiles)), block_n)``.
+    Rounding splits up per request (``num_splits[b] = ceil(kv_len[b] / chunk)``)
+    can give more than ``target_tiles`` tiles (``H_kv * sum(num_splits)``), e.g.
+    17 x 8 x 4 = 544 tiles for 528 slots: a second wave of 16 tiles. When one
+    tile per request fits (``H_kv * B <= target_tiles``), ``chunk_fit``, the
+    smallest multiple of ``block_n`` whose tile count fits, is found by binary
+    search (as FlashInfer's ``PrefillBinarySearchKVChunkSize`` searches its
+    chunk), and replaces ``chunk0`` when one wave of ``chunk_fit`` is shorter
+    than ``chunk0``'s estimated makespan (one wave plus overflow tiles placed on
+    the slots that free first; ``chunk0`` stays above two waves).
+    (Growing the chunk is wrong when few tiles are left for the long requests,
+    e.g. B = 128 at H_kv = 4 leaves 16 of 528 tiles: measured 6-11x the floor,
+    docs/data/h200_r2/sweep1.log.)
+    """
+    total = int(L.sum()) * num_kv_heads
+    chunk0 = cdiv(max(cdiv(total, target_tiles), block_n, min_chunk), block_n) * block_n
+    B = int(L.shape[0])
+    tiles0 = num_kv_heads * _tiles(L, chunk0)
+    if num_kv_heads * B > target_tiles or tiles0 <= target_tiles:
+        return chunk0
+    lo, hi = chunk0 // block_n, max(cdiv(int(L.max()), block_n), chunk0 // block_n)
+    limit = target_tiles // num_kv_heads
+    while lo < hi:  # smallest chunk (in blocks) with tiles <= limit; hi always fits (one tile per request)
+        mid = (lo + hi) // 2
+        if _tiles(L, mid * block_n) > limit:
+            lo = mid + 1
+        else:
+            hi = mid
+    chunk_fit = lo * block_n
+    if tiles0 > 2 * target_tiles:
+        return chunk0
+    # chunk0's makespan in tokens, with build_work_list's even spread (items of request b ~ kv_len[b] / n_b),
+    # tiles in launch order (CTA-major, KV heads adjacent): the first wave fills the target, each overflow tile
+    # follows on the slot whose first tile ends first (list scheduling, as the hardware block scheduler places
+    # a grid in order)
+    n = np.maximum(-(-L // chunk0), 1)
+    size = np.repeat(np.repeat(L / n, n), num_kv_heads)
+    first, over = size[:target_tiles], size[target_tiles:]
+    est0 = max(float(first.max()), float((np.sort(first)[: over.shape[0]] + over).max()))
+    return chunk_fit if chunk_fit <= est0 else chunk0
+
+
+@_register("balanced", ("ctas_per_sm",))
+def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
+    """Even chunks aimed at ``ctas_per_sm`` work tiles per SM (default 4), wave-aware.
+
+    ``target = wave_target(ctas_per_sm)`` (``floor(ctas_per_sm * num_SMs)``, cut to a
+    whole number of resident waves), ``chunk = wave_aware_chunk(kv_lens, H_kv,
+    block_n, target)``, ``num_splits[b] = max(1, ceil(kv_len[b] / chunk))``.
+    Aiming at 4 CTAs per SM was the best untuned rule on a Triton decode kernel
+    (docs/data/anchors/policy_on_triton_kernel.md; DESIGN.md §7); counting the
+    rounded tiles against the target removes the partial second wave that
+    per-request rounding made (DESIGN.md §8: 1.34-1.49x the floor at T = 1M,
+    B = 4-32 before; docs/results.md after).
+    """
+    target = _ctas_per_sm(params, 4.0)
     cfg, order, pack = _knobs(params, ctx, "natural")
-    total = int(L.sum()) * ctx.num_kv_heads
-    fair = cdiv(total, max(1, int(math.ceil(float(target) * ctx.device.num_sms))))
-    chunk = cdiv(max(fair, cfg.block_n), cfg.block_n) * cfg.block_n
+    chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, wave_target(ctx, cfg, target))
     return np.maximum(-(-L // chunk), 1), cfg, order, pack
 
+
+STREAM_K_DEFAULTS = {"ctas_per_sm": 2.0, "item_cost_blocks": 1, "min_piece_blocks": 1}
+"""Defaults of ``stream_k``'s rule parameters."""
+
+
+def stream_k_work(L: np.ndarray, num_kv_heads: int, num_sms: int, block_n: int, ctas_per_sm: float,
+                  item_cost_blocks: int, min_piece_blocks: int, perm: np.ndarray | None = None) -> WorkList:
+    """Even partition of the concatenated KV stream over a fixed number of CTAs.
+
+    Units are blocks of ``block_n`` tokens; request ``b`` costs
+    ``n_b + o`` (``n_b = ceil(kv_len[b] / block_n)``, ``o = item_cost_blocks``,
+    the fixed cost of starting a request: q load, output or partial write). The
+    stream of all requests (in launch order) is cut into ``C = max(1,
+    floor(ctas_per_sm * num_SMs) // H_kv)`` CTAs per KV head of ``share =
+    ceil(sum_b (n_b + o) / C)`` cost units each; CTA ``c`` walks its consecutive
+    pieces, which cross request boundaries. A cut falls at ``k * share`` inside
+    request ``b``'s blocks ``[P_b + o, P_b + o + n_b)`` (``P_b`` its prefix cost),
+    so every piece starts on a ``block_n`` boundary and shares differ by less
+    than one block; a cut closer than ``min_piece_blocks`` to either end of its
+    request is dropped (that CTA runs a little over), so requests of fewer than
+    ``2 * min_piece_blocks`` blocks are never split. Everything is prefix sums
+    and per-item arithmetic, so a GPU planner can compute it.
+
+    Sources: FlashMLA's ``get_mla_metadata`` (``csrc/.../get_mla_metadata.cu``:
+    ``payload = cdiv(total_blocks + B * fixed_overhead, num_sm_parts) +
+    fixed_overhead`` with ``fixed_overhead_num_blocks = 5``, consecutive blocks
+    per SM part crossing request boundaries); FlashInfer's SM90 persistent
+    scheduler (``scheduler.cuh::PrefillSM90Plan``, work balanced over CTAs by
+    cost); CUTLASS stream-K (Osama et al. 2023, "Stream-K: Work-centric
+    Parallel Decomposition for Dense Matrix-Matrix Multiplication on the GPU");
+    Lean Attention (Sanovar et al. 2024) applies stream-K to decode attention.
+
+    Returns
+    -------
+    WorkList
+        ``num_splits [B]``, items (request, start, end) and ``cta_indptr``.
+    """
+    B = int(L.shape[0])
+    if perm is None:
+        order = np.arange(B)
+        Lp = L
+    else:
+        order = np.asarray(perm, dtype=np.int64)
+        Lp = L[order]
+    o = int(item_cost_blocks)
+    nb = -(-Lp // block_n)
+    cost = nb + o
+    P = np.cumsum(cost) - cost
+    C = max(1, int(math.floor(ctas_per_sm * num_sms)) // num_kv_heads)
+    share = max(1, cdiv(int(cost.sum()), C))
+    lo = P + o                      # cost coordinate of each request's first block
+    hi = lo + nb
+    first_k = lo // share + 1       # first multiple of share strictly after lo
+    last_k = -(-hi // share) - 1    # last multiple strictly before hi
+    ncut = np.maximum(last_k - first_k + 1, 0)
+    mp = int(min_piece_blocks)
+    if mp > 1 and int(ncut.sum()):
+        # drop cuts closer than mp blocks to either end of their request
+        creq = np.repeat(np.arange(B), ncut)
+        k = np.arange(int(ncut.sum())) - np.repeat(np.cumsum(ncut) - ncut, ncut) + first_k[creq]
+        cut = k * share - lo[creq]
+        keep = (cut >= mp) & (nb[creq] - cut >= mp)
+        cut, creq, k = cut[keep], creq[keep], k[keep]
+        ncut = np.bincount(creq, minlength=B)
+    else:
+        creq = np.repeat(np.arange(B), ncut)
+        k = np.arange(int(ncut.sum())) - np.repeat(np.cumsum(ncut) - ncut, ncut) + first_k[creq]
+        cut = k * share - lo[creq]
+    n = (ncut + 1).astype(np.int64)
+    W = int(n.sum())
+    item_first = np.cumsum(n) - n
+    req_p = np.repeat(np.arange(B), n)
+    j = np.arange(W) - item_first[req_p]
+    # cut c of request b ends item (b, c) and starts item (b, c + 1)
+    cut_first = np.cumsum(ncut) - ncut
+    start_blk = np.zeros(W, dtype=np.int64)
+    end_blk = nb[req_p].astype(np.int64)
+    has_prev = j > 0
+    start_blk[has_prev] = cut[cut_first[req_p[has_prev]] + j[has_prev] - 1]
+    has_next = j < n[req_p] - 1
+    end_blk[has_next] = cut[cut_first[req_p[has_next]] + j[has_next]]
+    Lw = Lp[req_p]
+    start = np.minimum(start_blk * block_n, Lw)
+    end = np.minimum(end_blk * block_n, Lw)
+    # CTA of each item: where its first block falls; a request's first piece whose
+    # cut near its start was dropped (the next share boundary within its first
+    # min_piece_blocks - 1 blocks) starts in the CTA after that boundary
+    push = np.where(j == 0, np.minimum(mp - 1, np.maximum(nb[req_p] - 1, 0)), 0)
+    cta = np.minimum((lo[req_p] + start_blk + push) // share, C - 1)
+    boundary = np.ones(W, dtype=bool)
+    boundary[1:] = cta[1:] != cta[:-1]
+    cta_indptr = np.append(np.flatnonzero(boundary), W).astype(np.int32)
+    num_splits = np.empty(B, dtype=np.int64)
+    num_splits[order] = n
+    return WorkList(num_splits.astype(np.int32), order[req_p].astype(np.int32), start, end, cta_indptr)
+
+
+def _stream_k_params(params: Mapping[str, Any]) -> tuple[float, int, int]:
+    target = _ctas_per_sm(params, STREAM_K_DEFAULTS["ctas_per_sm"])
+    o = _pos_int("params.item_cost_blocks", params.get("item_cost_blocks", STREAM_K_DEFAULTS["item_cost_blocks"]),
+                 0, 1024)
+    mp = _pos_int("params.min_piece_blocks", params.get("min_piece_blocks", STREAM_K_DEFAULTS["min_piece_blocks"]),
+                  1, 1 << 20)
+    return target, o, mp
+
+
+@_register("stream_k", ("ctas_per_sm", "item_cost_blocks", "min_piece_blocks"))
+def _policy_stream_k(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
+    """Even partition of the concatenated KV stream (:func:`stream_k_work`).
+
+    ``ctas_per_sm`` (default 2) sets the CTAs: ``floor(ctas_per_sm * num_SMs) //
+    H_kv`` per KV head, so the work tiles never exceed that many per SM and
+    need one resident wave when the config fits ``ctas_per_sm`` CTAs per SM.
+    ``item_cost_blocks`` (default 1) is the fixed cost of a request's piece in
+    ``block_n`` blocks; ``min_piece_blocks`` (default 1) keeps short requests
+    whole. ``pack_tokens`` does not apply (the partition packs by itself).
+    """
+    if params.get("pack_tokens", 0):
+        raise ValueError("params.pack_tokens: not used by policy 'stream_k' (its CTAs already walk runs of items)")
+    target, o, mp = _stream_k_params(params)
+    cfg, order, _ = _knobs(params, ctx, "natural")
+    perm = np.argsort(-L, kind="stable") if order == "heavy_first" else None
+    return stream_k_work(L, ctx.num_kv_heads, ctx.device.num_sms, cfg.block_n, target, o, mp, perm), cfg
 
 
 # ---------------------------------------------------------------------------
@@ -112,6 +324,27 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
         "doc": "group consecutive items shorter than this into one CTA (cta_indptr); 0 = one item per CTA. "
                "Any integer in [0, 2^20] is accepted; the choices are the search grid",
     },
+    "partition": {
+        "kind": "categorical", "choices": ["even_chunks", "stream_k"], "default": "even_chunks", "search": True,
+        "doc": "even_chunks: per-request splits of one chunk size (min_chunk_tokens, max_splits apply); "
+               "stream_k: even partition of the concatenated KV stream (stream_k_work; item_cost_blocks, "
+               "min_piece_blocks apply)",
+    },
+    "wave_aware": {
+        "kind": "categorical", "choices": [True, False], "default": True, "search": False,
+        "doc": "even_chunks: grow the chunk until the rounded tiles fit floor(ctas_per_sm * num_SMs) "
+               "(wave_aware_chunk); False is the rule of the first campaign",
+    },
+    "item_cost_blocks": {
+        "kind": "int", "low": 0, "high": 64, "log": False, "default": 1, "search": True,
+        "condition": {"partition": "stream_k"},
+        "doc": "stream_k: fixed cost of a request's piece, in block_n blocks",
+    },
+    "min_piece_blocks": {
+        "kind": "int", "low": 1, "high": 4096, "log": True, "default": 1, "search": True,
+        "condition": {"partition": "stream_k"},
+        "doc": "stream_k: no piece shorter than this many blocks (keeps short requests whole)",
+    },
 }
 """Parameters of the ``tuned`` policy with their ranges, as data.
 
@@ -123,7 +356,8 @@ these ranges (and raises ``ValueError`` naming the parameter outside them); with
 defaults ``tuned`` gives the same plan as ``balanced``.
 """
 
-_TUNED_RULE_PARAMS = ("ctas_per_sm", "min_chunk_tokens", "max_splits", "programs_per_sm")
+_TUNED_RULE_PARAMS = ("ctas_per_sm", "min_chunk_tokens", "max_splits", "programs_per_sm", "partition", "wave_aware",
+                      "item_cost_blocks", "min_piece_blocks")
 
 
 
@@ -135,7 +369,11 @@ def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     * num_SMs))), block_n)``; ``num_splits[b] = clamp(cdiv(kv_len[b], chunk), 1,
     max_splits)``; plus the knobs ``block_n``, ``num_warps``, ``num_stages``,
     ``order``, ``schedule``, ``programs_per_sm`` / ``num_programs`` and
-    ``pack_tokens`` (DESIGN.md §7). Ranges and defaults: :data:`TUNED_PARAM_SPACE`.
+    ``pack_tokens`` (DESIGN.md §7). With ``wave_aware`` (default) the chunk is
+    :func:`wave_aware_chunk`'s for ``floor(ctas_per_sm * num_SMs)`` tiles and at
+    least ``min_chunk_tokens``. ``partition="stream_k"`` uses
+    :func:`stream_k_work` instead (``ctas_per_sm``, ``item_cost_blocks``,
+    ``min_piece_blocks``, ``order``). Ranges and defaults: :data:`TUNED_PARAM_SPACE`.
     """
     sp = TUNED_PARAM_SPACE
     target = _num("ctas_per_sm", params.get("ctas_per_sm", sp["ctas_per_sm"]["default"]),
@@ -148,11 +386,30 @@ def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
                    sp["programs_per_sm"]["low"], sp["programs_per_sm"]["high"])
     if "programs_per_sm" in params and params.get("schedule", "grid") != "persistent":
         raise ValueError("params.programs_per_sm: only meaningful with schedule='persistent'")
+    partition = params.get("partition", sp["partition"]["default"])
+    if partition not in sp["partition"]["choices"]:
+        raise ValueError(f"params.partition: expected one of {sp['partition']['choices']}, got {partition!r}")
+    wave_aware = params.get("wave_aware", sp["wave_aware"]["default"])
+    if not isinstance(wave_aware, (bool, np.bool_)):
+        raise ValueError(f"params.wave_aware: expected a boolean, got {wave_aware!r}")
     S = ctx.device.num_sms
     cfg, order, pack = _knobs(params, ctx, sp["order"]["default"], default_programs=pps * S)
-    total = int(L.sum()) * ctx.num_kv_heads
-    fair = cdiv(total, max(1, int(math.ceil(target * S))))
-    chunk = cdiv(max(fair, min_chunk, 1), cfg.block_n) * cfg.block_n
+    if partition == "stream_k":
+        for name in ("min_chunk_tokens", "max_splits", "pack_tokens"):
+            if params.get(name):
+                raise ValueError(f"params.{name}: not used with partition='stream_k'")
+        _, o, mp = _stream_k_params(params)
+        perm = np.argsort(-L, kind="stable") if order == "heavy_first" else None
+        return stream_k_work(L, ctx.num_kv_heads, S, cfg.block_n, target, o, mp, perm), cfg
+    for name in ("item_cost_blocks", "min_piece_blocks"):
+        if name in params:
+            raise ValueError(f"params.{name}: only used with partition='stream_k'")
+    if wave_aware:
+        chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, max(1, int(math.floor(target * S))), min_chunk)
+    else:
+        total = int(L.sum()) * ctx.num_kv_heads
+        fair = cdiv(total, max(1, int(math.ceil(target * S))))
+        chunk = cdiv(max(fair, min_chunk, 1), cfg.block_n) * cfg.block_n
     return np.clip(-(-L // chunk), 1, max_splits), cfg, order, pack
 
 
@@ -209,16 +466,20 @@ def make_plan(
     if unknown:
         raise ValueError(f"params: unknown parameters {unknown} for policy {policy!r}; allowed: {list(allowed)}")
     ctx = PlanContext(dev, num_kv_heads, int(head_dim), page_size, dtype)
-    num_splits, cfg, order, pack = POLICIES[policy](L, ctx, params)
-    W = int(np.minimum(np.maximum(num_splits, 1), np.maximum(L, 1)).sum())
-    if W > MAX_WORK_ITEMS:
-        raise ValueError(f"params: the plan would have {W} work items, above the limit of {MAX_WORK_ITEMS} "
-                         f"(fewer splits per request)")
-    if isinstance(order, np.ndarray):
-        n, req, start, end = build_work_list(L, num_splits, cfg.block_n, "natural", perm=order)
+    out = POLICIES[policy](L, ctx, params)
+    if isinstance(out[0], WorkList):
+        (n, req, start, end, cta_indptr), cfg = out
     else:
-        n, req, start, end = build_work_list(L, num_splits, cfg.block_n, order)
-    cta_indptr = pack_ctas(start, end, pack)
+        num_splits, cfg, order, pack = out
+        W = int(np.minimum(np.maximum(num_splits, 1), np.maximum(L, 1)).sum())
+        if W > MAX_WORK_ITEMS:
+            raise ValueError(f"params: the plan would have {W} work items, above the limit of {MAX_WORK_ITEMS} "
+                             f"(fewer splits per request)")
+        if isinstance(order, np.ndarray):
+            n, req, start, end = build_work_list(L, num_splits, cfg.block_n, "natural", perm=order)
+        else:
+            n, req, start, end = build_work_list(L, num_splits, cfg.block_n, order)
+        cta_indptr = pack_ctas(start, end, pack)
     # The arrays come from build_work_list/pack_ctas, which satisfy the
     # invariants by construction (tests/test_plan_policies.py checks them for
     # every policy); skipping the O(W) re-check keeps planning in tens of µs.

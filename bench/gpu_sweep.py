@@ -1,0 +1,292 @@
+"""H200 oracle sweep: every candidate plan of issue 9's search space on every case, plus the
+baselines and FlashInfer's own decode kernel, in one process (one read-bandwidth figure).
+
+Usage (on a CUDA machine, from the repo root)::
+
+    python bench/gpu_sweep.py --cases bench/data/sweep_cases.json --out $OUT [--budget-s 480]
+
+Cases come from ``scripts/make_sweep_cases.py`` (CPU). Steps:
+
+1. read bandwidth (streaming-read kernel over 4 GB), software versions;
+2. residency: each kernel config is compiled once; its registers/thread and shared
+   memory are read off Triton's CompiledKernel and turned into resident CTAs per SM
+   (``kvsplit.kernels.residency.occupancy``);
+3. correctness: a few ``stream_k`` / ``balanced`` plans against the fp32 reference (bf16);
+4. phase 1: the full grid -- ``balanced`` and ``stream_k`` x ctas_per_sm {1,2,3,4,6,8,16}
+   x BLOCK_N {64,128,256} x warps {4,8} x stages {2,3} -- on a subset of the reference
+   cases; the candidates within 3 % of a case's best form the pool of phase 2;
+5. phase 2: every case x (pool + baselines: balanced (wave-aware), round-1 balanced,
+   round-1 served plan, fa3, FlashInfer's rules) and FlashInfer 0.7.2's own
+   ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True, backend="fa2")`` when
+   importable (else recorded as missing, never faked).
+
+Timing (DESIGN.md §7): each plan is captured in a CUDA graph on the hot path
+(``out``, a preallocated workspace, ``validate=False``, plan uploaded) and its replays are
+timed with ``triton.testing.do_bench`` (median). The KV cache is random bf16 on shuffled
+pages, several GB (far above the 60 MB L2). Every record is one JSON line in
+OUT/sweep.jsonl; times are also given as ratios to the read floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+
+import numpy as np
+import torch
+import triton
+
+from kvsplit.kernels import decode as dec
+from kvsplit.kernels.device import DeviceSpec
+from kvsplit.kernels.plan import make_plan
+from kvsplit.kernels.residency import occupancy
+from kvsplit.tuner.gpu import GpuTimer, software_versions
+
+GPU = "NVIDIA H200"
+CTAS = (1, 2, 3, 4, 6, 8, 16)
+CONFIGS = [(bn, w, s) for bn in (64, 128, 256) for w in (4, 8) for s in (2, 3)]
+BASELINES = {
+    "balanced": ("balanced", {}),
+    "fa3": ("fa3", {}),
+    "fi_rule_tc": ("flashinfer", {"tensor_cores": True}),
+    "fi_rule_notc": ("flashinfer", {"tensor_cores": False}),
+}
+
+
+def cand_name(pol: str, cps: float, cfg: tuple[int, int, int]) -> str:
+    return f"{pol}|c{cps:g}|n{cfg[0]}w{cfg[1]}s{cfg[2]}"
+
+
+def cand_params(pol: str, cps: float, cfg: tuple[int, int, int]) -> tuple[str, dict]:
+    return pol, {"ctas_per_sm": float(cps), "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
+
+
+class Bench:
+    def __init__(self, hq: int, hkv: int, max_tokens: int, max_batch: int):
+        self.t = GpuTimer(num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, dtype="bfloat16", page_size=16,
+                          max_tokens=max_tokens, max_batch=max_batch)
+        self.hq, self.hkv = hq, hkv
+        self.ws = dec.make_workspace(hq, 128, max_partials=1 << 16, max_batch=max_batch, device="cuda")
+        self.out = {}
+
+    def time_plan(self, plan, rep_ms: float) -> float:
+        b = self.t.batch(plan.kv_lens)
+        B = plan.batch_size
+        out = self.out.get(B)
+        if out is None:
+            out = self.out[B] = torch.empty((B, self.hq, 128), dtype=torch.bfloat16, device="cuda")
+        if plan.num_partials > self.ws.max_partials:
+            raise ValueError(f"plan needs {plan.num_partials} partials")
+        plan.to("cuda")
+        args = (b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
+        dec.decode_attention(*args, out=out, workspace=self.ws, validate=False)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            dec.decode_attention(*args, out=out, workspace=self.ws, validate=False)
+        g.replay()
+        ms = triton.testing.do_bench(g.replay, warmup=2, rep=rep_ms, return_mode="median")
+        del g
+        return ms * 1e-3
+
+
+def fi_timer(bench: Bench):
+    """FlashInfer's own kernel on the same cache and batches, or None when not importable."""
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        print(f"flashinfer_kernel: missing ({exc!r}); no figure recorded", flush=True)
+        return None
+    import flashinfer
+
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True, backend="fa2")
+
+    def run(lens: np.ndarray, rep_ms: float) -> float:
+        b = bench.t.batch(lens)
+        pages = np.maximum(-(-lens // 16), 1)
+        last = lens - (pages - 1) * 16
+        wrapper.plan(b["kv_indptr"], b["kv_indices"], torch.from_numpy(last.astype(np.int32)).cuda(),
+                     bench.hq, bench.hkv, 128, 16, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        out = torch.empty_like(b["q"])
+        kv = (bench.t.k_cache, bench.t.v_cache)
+        wrapper.run(b["q"], kv, out=out)
+        torch.cuda.synchronize()
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                wrapper.run(b["q"], kv, out=out)
+            fn = g.replay
+        except Exception:  # noqa: BLE001  (capture refused: time plain launches)
+            torch.cuda.synchronize()
+            fn = lambda: wrapper.run(b["q"], kv, out=out)  # noqa: E731
+        fn()
+        ms = triton.testing.do_bench(fn, warmup=2, rep=rep_ms, return_mode="median")
+        ref = dec.reference_decode_attention(b["q"], bench.t.k_cache, bench.t.v_cache, b["kv_indptr"],
+                                             b["kv_indices"], b["kv_lens"]) if len(lens) <= 64 else None
+        if ref is not None:
+            err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
+            assert err < 2e-2, f"flashinfer error {err}"
+        return ms * 1e-3
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="bench/data/sweep_cases.json")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--phase1-cases", type=int, default=24)
+    ap.add_argument("--rep-ms", type=float, default=10.0)
+    args = ap.parse_args()
+    t0 = time.time()
+    log = open(os.path.join(args.out, "sweep.jsonl"), "a")
+
+    def emit(rec: dict) -> None:
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+
+    cases = json.load(open(args.cases))["cases"]
+    info = software_versions()
+    emit({"kind": "versions", **info})
+    dev = DeviceSpec.known(GPU)
+    shapes = sorted({(c["num_qo_heads"], c["num_kv_heads"]) for c in cases})
+    benches = {}
+    for hq, hkv in shapes:
+        mine = [c for c in cases if (c["num_qo_heads"], c["num_kv_heads"]) == (hq, hkv)]
+        benches[(hq, hkv)] = Bench(hq, hkv, max(sum(c["kv_lens"]) for c in mine) + 4096,
+                                   max(len(c["kv_lens"]) for c in mine))
+    bw = benches[shapes[0]].t.read_bandwidth()
+    for b in benches.values():
+        b.t._bw = bw
+    emit({"kind": "bandwidth", "bytes_per_s": bw})
+    print(f"{info} read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
+
+    # residency of every config (compile once each on the reference shape)
+    qb = benches[(32, 4)]
+    lens = np.full(8, 4096)
+    for cfg in CONFIGS:
+        try:
+            p = make_plan(lens, num_kv_heads=4, device=GPU, policy="balanced",
+                          params={"block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]})
+        except ValueError as exc:
+            emit({"kind": "residency", "config": cfg, "rejected": str(exc)})
+            continue
+        try:
+            before = {id(k) for cache in dec._decode_stage1_kernel.device_caches.values() for k in cache[0].values()}
+        except Exception as exc:  # noqa: BLE001  (Triton-internal cache layout)
+            print(f"residency: cannot read Triton's kernel cache ({exc!r})", flush=True)
+            before = None
+        qb.time_plan(p, 1.0)
+        if before is None:
+            continue
+        new = [k for cache in dec._decode_stage1_kernel.device_caches.values() for k in cache[0].values()
+               if id(k) not in before]
+        for k in new:
+            regs, shared = int(k.n_regs), int(k.metadata.shared)
+            emit({"kind": "residency", "config": cfg, "n_regs": regs, "n_spills": int(k.n_spills), "shared": shared,
+                  "resident_ctas_per_sm": occupancy(dev, cfg[1], regs, shared)})
+            print(f"config {cfg}: regs {regs} spills {k.n_spills} smem {shared} -> "
+                  f"{occupancy(dev, cfg[1], regs, shared)} CTAs/SM", flush=True)
+    print(f"compiled [{time.time() - t0:.0f}s]", flush=True)
+
+    # correctness of the new partitions (bf16 vs fp32 reference, poisoned output)
+    for hkv, pol, prm in [(4, "stream_k", {}), (4, "stream_k", {"min_piece_blocks": 4, "block_n": 128}),
+                          (8, "stream_k", {"ctas_per_sm": 1, "block_n": 256, "num_warps": 8}),
+                          (4, "balanced", {}), (4, "tuned", {"partition": "stream_k", "item_cost_blocks": 3})]:
+        bb = benches[(32, hkv)]
+        rng = np.random.default_rng(hkv)
+        lens = np.concatenate([[int(rng.integers(20000, 60000))], rng.integers(0, 3000, 40)])
+        p = make_plan(lens, num_kv_heads=hkv, device=GPU, policy=pol, params=prm)
+        err = bb.t.max_error(p)
+        emit({"kind": "check", "policy": pol, "params": prm, "max_rel_err": err})
+        print(f"check {pol} {prm}: max rel err {err:.2e}", flush=True)
+        assert err < 2e-2
+
+    def time_case(c, names_plans, fi=None):
+        bb = benches[(c["num_qo_heads"], c["num_kv_heads"])]
+        L = np.asarray(c["kv_lens"], dtype=np.int64)
+        floor = bb.t.hbm_floor_s(L)
+        res = {}
+        for name, (pol, prm) in names_plans:
+            try:
+                p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
+                s = bb.time_plan(p, args.rep_ms)
+                res[name] = s
+            except ValueError as exc:
+                res[name] = None
+                emit({"kind": "skip", "case": c["id"], "name": name, "why": str(exc)})
+        if fi is not None:
+            try:
+                res["flashinfer_kernel"] = fi(L, args.rep_ms)
+            except Exception as exc:  # noqa: BLE001
+                emit({"kind": "skip", "case": c["id"], "name": "flashinfer_kernel", "why": repr(exc)})
+        emit({"kind": "case", "case": c["id"], "set": c["set"], "family": c["family"], "B": c["B"], "T": c["T"],
+              "num_kv_heads": c["num_kv_heads"], "floor_s": floor, "times": res})
+        return res, floor
+
+    # phase 1: the full grid on a subset of reference cases
+    full = []
+    for pol in ("balanced", "stream_k"):
+        for cps in CTAS:
+            for cfg in CONFIGS:
+                try:
+                    make_plan([4096] * 8, num_kv_heads=4, device=GPU, policy=pol, params=cand_params(pol, cps, cfg)[1])
+                except ValueError:
+                    continue
+                full.append((cand_name(pol, cps, cfg), cand_params(pol, cps, cfg)))
+    ref = [c for c in cases if c["set"] == "ref"]
+    pick = [c for c in ref if c["family"] in ("uniform", "skewed80", "2x40") and c["B"] in (1, 4, 16, 64, 256, 512)]
+    pick = pick[: args.phase1_cases]
+    pool = set()
+    for c in pick:
+        res, floor = time_case(c, full)
+        ok = {k: v for k, v in res.items() if v}
+        best = min(ok.values())
+        top = sorted(ok.items(), key=lambda kv: kv[1])[:3]
+        pool |= {k for k, v in top if v <= 1.03 * best}
+        # the best of each partition too, so phase 2 always has both
+        for pol in ("balanced", "stream_k"):
+            mine = [(v, k) for k, v in ok.items() if k.startswith(pol + "|")]
+            if mine:
+                pool.add(min(mine)[1])
+        print(f"P1 {c['family']:9s} B={c['B']:4d} T={c['T']:8d} best {best / floor:.3f}x  " +
+              " ".join(f"{k}={v / floor:.3f}" for k, v in top) + f"  [{time.time() - t0:.0f}s]", flush=True)
+    emit({"kind": "pool", "pool": sorted(pool)})
+    print(f"pool ({len(pool)}): {sorted(pool)}", flush=True)
+
+    # phase 2: every case x (pool + baselines + round-1 served + FlashInfer's kernel)
+    pool_plans = [(n, cand_params(*_parse(n))) for n in sorted(pool)]
+    fis = {k: fi_timer(b) for k, b in benches.items()}
+    order = [c for c in cases if c not in pick] + pick
+    for c in order:
+        if time.time() - t0 > args.budget_s:
+            print("budget reached; stopping", flush=True)
+            break
+        plans = list(pool_plans) + list(BASELINES.items())
+        plans.append(("served_r1", (c["served_r1"]["policy"], c["served_r1"]["params"])))
+        res, floor = time_case(c, plans, fis[(c["num_qo_heads"], c["num_kv_heads"])])
+        ok = {k: v for k, v in res.items() if v}
+        best = min(v for k, v in ok.items() if k != "flashinfer_kernel")
+        fi = ok.get("flashinfer_kernel")
+        print(f"P2 {c['set']:7s} {c['family']:9s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} best "
+              f"{best / floor:.3f}x bal {ok.get('balanced', 0) / floor:.3f} r1 {ok.get('served_r1', 0) / floor:.3f} "
+              f"fi {(fi or 0) / floor:.3f}  [{time.time() - t0:.0f}s]", flush=True)
+
+
+def _parse(name: str) -> tuple[str, float, tuple[int, int, int]]:
+    pol, c, k = name.split("|")
+    n, rest = k[1:].split("w")
+    w, s = rest.split("s")
+    return pol, float(c[1:]), (int(n), int(w), int(s))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:
+        traceback.print_exc()
+        raise

@@ -1,0 +1,87 @@
+"""Resident CTAs per SM of kvsplit's stage-1 decode kernel, per kernel config.
+
+A plan counts its work tiles against *resident slots* (``resident_ctas_per_sm
+* num_SMs``): tiles beyond a whole number of resident waves form a partial last
+wave that costs as much as a full one (DESIGN.md §8). Residency depends on the
+config (registers per thread and shared memory of the compiled kernel), which a
+NumPy planner cannot query, so it is data:
+
+- :data:`MEASURED` holds occupancy figures read off the compiled Triton kernel
+  on a GPU (``n_regs`` and ``metadata.shared`` of the CompiledKernel, then the
+  CUDA occupancy limits below), written by ``bench/gpu_sweep.py`` and recorded
+  in docs/perf.md.
+- :func:`estimate` applies the same limits to a register/shared-memory guess
+  when a config was not measured.
+
+Occupancy limits (CUDA C Programming Guide, "Compute Capabilities", and the
+occupancy calculator's allocation granularities): registers are allocated per
+warp in units of 256 (``ceil(regs * 32 / 256) * 256`` per warp); shared memory
+per CTA in units of 128 bytes plus 1 KB reserved by the system per CTA; at most
+``max_threads_per_sm`` threads and 32 CTAs per SM.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .device import DeviceSpec
+
+__all__ = ["MEASURED", "occupancy", "estimate", "resident_ctas_per_sm"]
+
+# (gpu, head_dim, dtype, block_n, num_warps, num_stages) -> (n_regs, shared bytes), read off the compiled
+# stage-1 kernel (G = 8, page_size 16, grid schedule; Triton 3.6, CUDA 13) on the H200 by bench/gpu_sweep.py
+# (docs/data/h200_r2/sweep1.log). fp16 is assumed to compile to the same use (not measured).
+MEASURED: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = {
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2): (118, 38912),  # 4 CTAs/SM, 0 spills
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3): (156, 39168),  # 3 CTAs/SM, 0 spills
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2): (98, 38912),  # 2 CTAs/SM, 0 spills
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3): (114, 39168),  # 2 CTAs/SM, 0 spills
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 2): (168, 73728),  # 3 CTAs/SM, 0 spills
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3): (238, 74240),  # 2 CTAs/SM, 0 spills
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 2): (128, 73728),  # 2 CTAs/SM, 2 spills
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 3): (156, 74240),  # 1 CTAs/SM, 0 spills
+    ("NVIDIA H200", 128, "bfloat16", 256, 4, 2): (255, 143360),  # 1 CTAs/SM, 80 spills
+    ("NVIDIA H200", 128, "bfloat16", 256, 8, 2): (175, 143360),  # 1 CTAs/SM, 0 spills
+}
+for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED.items()):
+    MEASURED[(_gpu, _d, "float16", _bn, _w, _s)] = _v
+
+
+def occupancy(device: DeviceSpec, num_warps: int, n_regs: int, shared_bytes: int) -> int:
+    """CTAs of one kernel resident on one SM (>= 1).
+
+    Parameters
+    ----------
+    device : DeviceSpec
+    num_warps : int
+        Warps per CTA.
+    n_regs : int
+        Registers per thread of the compiled kernel.
+    shared_bytes : int
+        Shared memory per CTA, bytes.
+    """
+    threads = 32 * num_warps
+    regs_per_warp = math.ceil(max(n_regs, 1) * 32 / 256) * 256
+    by_regs = device.regs_per_sm // (regs_per_warp * num_warps)
+    smem = math.ceil(max(shared_bytes, 0) / 128) * 128 + 1024
+    by_smem = device.smem_per_sm_bytes // smem
+    by_threads = device.max_threads_per_sm // threads
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def estimate(device: DeviceSpec, head_dim: int, dtype_bytes: int, block_n: int, num_warps: int,
+             num_stages: int) -> int:
+    """Residency of an unmeasured config: shared memory of ``max(num_stages - 1, 1)``
+    K+V tile buffers (Triton's software pipeline) and 128 registers per thread
+    (the register budget Triton's 4-warp decode tiles reach; a guess, see MEASURED)."""
+    smem = max(num_stages - 1, 1) * 2 * block_n * head_dim * dtype_bytes
+    return occupancy(device, num_warps, 128, smem)
+
+
+def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_bytes: int, block_n: int,
+                         num_warps: int, num_stages: int) -> int:
+    """Measured residency of a config on ``device`` if known, else :func:`estimate`."""
+    m = MEASURED.get((device.name, head_dim, dtype, block_n, num_warps, num_stages))
+    if m is not None:
+        return occupancy(device, num_warps, m[0], m[1])
+    return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages)

@@ -1,0 +1,83 @@
+"""Write the case file of ``bench/gpu_sweep.py`` (CPU only): every batch the H200
+sweep times, with the plan the round-1 service served for it.
+
+Sets (DESIGN.md §6; issue 9's targets):
+- ``ref``: the 96 reference cases (5 families x B 1..512 x T 262,144 / 1,048,576), Qwen3-30B-A3B shape;
+- ``jitter``: held-out jittered draws of reference cases (``family_batches(role="heldout")``);
+- ``untuned``: B in {24, 96, 384, 1024} at T = 524,288, every family;
+- ``llama8b``: the Llama-3.1-8B shape (32/8/128) on family batches;
+- ``trace``: held-out trace batches (``trace_batches``) of every shipped trace, B in {8, 32, 128, 512, 1024}.
+
+Usage: python scripts/make_sweep_cases.py bench/data/sweep_cases.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+
+import numpy as np
+
+from kvsplit.db import store
+from kvsplit.kernels.policy_table import PolicyTable
+from kvsplit.service.queries import load_table_doc
+from kvsplit.tuner.workloads import FAMILIES, family_batches, family_kv_lens, reference_cases, trace_batches
+
+
+def main(path: str) -> None:
+    cases = []
+
+    def add(set_name, fam, B, T, lens, hq=32, hkv=4):
+        cases.append({"id": len(cases), "set": set_name, "family": fam, "B": int(len(lens)), "B_nominal": int(B),
+                      "T": int(T), "num_qo_heads": hq, "num_kv_heads": hkv, "kv_lens": [int(x) for x in lens]})
+
+    for T in (262_144, 1_048_576):
+        for fam, B in reference_cases(T):
+            add("ref", fam, B, T, family_kv_lens(fam, B, T))
+    for T in (262_144, 1_048_576):
+        for fam in FAMILIES:
+            for B in (4, 32, 256):
+                lens = family_batches(fam, B, T, num_batches=1, seed=7, role="heldout")[0]
+                add("jitter", fam, B, T, lens)
+    for fam in FAMILIES:
+        for B in (24, 96, 384, 1024):
+            add("untuned", fam, B, 524_288, family_kv_lens(fam, B, 524_288))
+    for fam in ("uniform", "skewed80", "2x40"):
+        for B in (4, 32, 256):
+            add("llama8b", fam, B, 262_144, family_kv_lens(fam, B, 262_144), hkv=8)
+    for fam in ("uniform", "skewed80"):
+        add("llama8b", fam, 16, 1_048_576, family_kv_lens(fam, 16, 1_048_576), hkv=8)
+    from kvsplit.tuner.workloads import TRACES
+    for name in TRACES:
+        for B in (8, 32, 128, 512, 1024):
+            try:
+                _, held = trace_batches(name, B, num_train=1, num_heldout=1, seed=0)
+            except ValueError as exc:
+                print(f"skip trace {name} B={B}: {exc}", file=sys.stderr)
+                continue
+            lens = held[0]
+            add("trace", name, B, int(lens.sum()), lens)
+
+    # what round 1 served: the shipped H200 export through the policy table
+    with tempfile.TemporaryDirectory() as d:
+        url = f"sqlite:///{d}/s.db"
+        store.upgrade(url)
+        with store.session_scope(url, write=True) as s:
+            store.import_policies(s, json.load(open("service/data/h200_policies.json")))
+        table = PolicyTable.from_json(load_table_doc(url))
+    for c in cases:
+        p, _, info = table.plan(np.asarray(c["kv_lens"]), gpu="NVIDIA H200", num_qo_heads=c["num_qo_heads"],
+                             num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
+        # round 1's rules: balanced and tuned were not wave-aware then (tuned with wave_aware=False is both)
+        params = dict(p.params)
+        if p.policy == "balanced":
+            params = {"ctas_per_sm": params.get("ctas_per_sm", 4.0), **params}
+        params["wave_aware"] = False
+        c["served_r1"] = {"policy": "tuned", "params": params, "source": info["source"]}
+    json.dump({"cases": cases}, open(path, "w"))
+    print(f"{len(cases)} cases -> {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
