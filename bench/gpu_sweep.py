@@ -56,12 +56,30 @@ BASELINES = {
 }
 
 
-def cand_name(pol: str, cps: float, cfg: tuple[int, int, int]) -> str:
-    return f"{pol}|c{cps:g}|n{cfg[0]}w{cfg[1]}s{cfg[2]}"
+def cand_name(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None) -> str:
+    name = f"{pol}|c{cps:g}|n{cfg[0]}w{cfg[1]}s{cfg[2]}"
+    return name + (f"|o{extra[0]}m{extra[1]}" if extra else "")
 
 
-def cand_params(pol: str, cps: float, cfg: tuple[int, int, int]) -> tuple[str, dict]:
-    return pol, {"ctas_per_sm": float(cps), "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
+def cand_params(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None
+                ) -> tuple[str, dict]:
+    p = {"ctas_per_sm": float(cps), "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
+    if extra:
+        p["item_cost_blocks"], p["min_piece_blocks"] = extra
+    return pol, p
+
+
+# the tuning candidates (--mode train): the phase-2 pool of docs/data/h200_r2/sweep1.log that never lost more
+# than 25 % (stream_k), stream_k's item-cost / minimum-piece variants, and the wave-aware balanced rule
+TRAIN_CANDIDATES = [
+    ("stream_k", 3, (128, 4, 2), None), ("stream_k", 3, (64, 4, 3), None), ("stream_k", 4, (64, 4, 2), None),
+    ("stream_k", 6, (128, 4, 2), None), ("stream_k", 8, (64, 4, 2), None), ("stream_k", 2, (128, 4, 3), None),
+    ("stream_k", 1, (256, 8, 2), None), ("stream_k", 2, (64, 8, 2), None),
+    ("stream_k", 3, (128, 4, 2), (2, 4)), ("stream_k", 3, (128, 4, 2), (4, 16)), ("stream_k", 3, (128, 4, 2), (1, 8)),
+    ("stream_k", 4, (64, 4, 2), (2, 8)), ("stream_k", 6, (128, 4, 2), (2, 8)),
+    ("balanced", 4, (64, 4, 2), None), ("balanced", 3, (128, 4, 2), None), ("balanced", 4, (128, 4, 2), None),
+    ("balanced", 6, (64, 4, 2), None), ("balanced", 8, (64, 4, 2), None), ("balanced", 3, (64, 4, 3), None),
+]
 
 
 class Bench:
@@ -141,9 +159,14 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--phase1-cases", type=int, default=24)
     ap.add_argument("--rep-ms", type=float, default=10.0)
+    ap.add_argument("--mode", choices=("grid", "train", "final"), default="grid",
+                    help="grid: phase 1 + phase 2 (the first run); train: TRAIN_CANDIDATES on every case; "
+                         "final: the served plan, the full grid + TRAIN_CANDIDATES (the oracle), baselines and "
+                         "FlashInfer's kernel on every case")
+    ap.add_argument("--out-name", default="sweep.jsonl")
     args = ap.parse_args()
     t0 = time.time()
-    log = open(os.path.join(args.out, "sweep.jsonl"), "a")
+    log = open(os.path.join(args.out, args.out_name), "a")
 
     def emit(rec: dict) -> None:
         log.write(json.dumps(rec) + "\n")
@@ -228,6 +251,20 @@ def main() -> None:
               "num_kv_heads": c["num_kv_heads"], "floor_s": floor, "times": res})
         return res, floor
 
+    train = [(cand_name(*c), cand_params(*c)) for c in TRAIN_CANDIDATES]
+    if args.mode == "train":
+        for c in cases:
+            if time.time() - t0 > args.budget_s:
+                print("budget reached; stopping", flush=True)
+                break
+            res, floor = time_case(c, train + [("balanced", ("balanced", {}))])
+            ok = {k: v for k, v in res.items() if v}
+            bk = min(ok, key=ok.get)
+            print(f"T {c['set']:11s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} best "
+                  f"{ok[bk] / floor:.3f}x {bk}  sk3 {ok.get(train[0][0], 0) / floor:.3f} "
+                  f"bal {ok.get('balanced', 0) / floor:.3f}  [{time.time() - t0:.0f}s]", flush=True)
+        return
+
     # phase 1: the full grid on a subset of reference cases
     full = []
     for pol in ("balanced", "stream_k"):
@@ -238,6 +275,27 @@ def main() -> None:
                 except ValueError:
                     continue
                 full.append((cand_name(pol, cps, cfg), cand_params(pol, cps, cfg)))
+    if args.mode == "final":
+        fis = {k: fi_timer(b) for k, b in benches.items()}
+        names = {n for n, _ in full}
+        oracle = full + [t for t in train if t[0] not in names]
+        for c in cases:
+            if time.time() - t0 > args.budget_s:
+                print("budget reached; stopping", flush=True)
+                break
+            plans = [("served", (c["served"]["policy"], c["served"]["params"]))] + list(BASELINES.items())
+            plans += [("served_r1", (c["served_r1"]["policy"], c["served_r1"]["params"]))] if "served_r1" in c else []
+            plans += oracle
+            res, floor = time_case(c, plans, fis[(c["num_qo_heads"], c["num_kv_heads"])])
+            ok = {k: v for k, v in res.items() if v}
+            best = min(v for k, v in ok.items() if k not in ("flashinfer_kernel",))
+            fi = ok.get("flashinfer_kernel")
+            print(f"F {c['set']:7s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} served "
+                  f"{ok['served'] / floor:.3f}x oracle {best / floor:.3f} s/o {ok['served'] / best:.3f} "
+                  f"fi {(fi or 0) / floor:.3f} fi/s {(fi or 0) / ok['served']:.3f}  [{time.time() - t0:.0f}s]",
+                  flush=True)
+        return
+
     ref = [c for c in cases if c["set"] == "ref"]
     pick = [c for c in ref if c["family"] in ("uniform", "skewed80", "2x40") and c["B"] in (1, 4, 16, 64, 256, 512)]
     pick = pick[: args.phase1_cases]
@@ -277,11 +335,15 @@ def main() -> None:
               f"fi {(fi or 0) / floor:.3f}  [{time.time() - t0:.0f}s]", flush=True)
 
 
-def _parse(name: str) -> tuple[str, float, tuple[int, int, int]]:
-    pol, c, k = name.split("|")
+def _parse(name: str) -> tuple[str, float, tuple[int, int, int], tuple[int, int] | None]:
+    pol, c, k, *ex = name.split("|")
     n, rest = k[1:].split("w")
     w, s = rest.split("s")
-    return pol, float(c[1:]), (int(n), int(w), int(s))
+    extra = None
+    if ex:
+        o, m = ex[0][1:].split("m")
+        extra = (int(o), int(m))
+    return pol, float(c[1:]), (int(n), int(w), int(s)), extra
 
 
 if __name__ == "__main__":

@@ -72,20 +72,21 @@ class KernelConfig:
 # Default kernel config per (head_dim, dtype). Chosen from the H200 sweep in
 # docs/perf.md ("Default kernel config"); the untuned policies all use it.
 _DEFAULT_CONFIGS: dict[tuple[int, str], KernelConfig] = {
-    # Measured on the H200 (docs/perf.md, "Default kernel config"): the best
-    # config of the current kernel (compile-time page size, K and V loaded
-    # together) on 5 of 9 reference cases, 32/4/128 bf16, balanced plans
-    # (bench/kernel_ab.py); fp16 uses the same tiles.
-    (128, "bfloat16"): KernelConfig(block_n=64, num_warps=4, num_stages=2),
-    (128, "float16"): KernelConfig(block_n=64, num_warps=4, num_stages=2),
+    # Measured on the H200 (docs/perf.md, "Default kernel config", round 2): over the
+    # 192 training batches of docs/data/h200_r2/train.log (B 1..1024, T 2^18..2^20, traces,
+    # H_kv 1/4/8), wave-aware balanced plans with (128, 4 warps, 2 stages) run at geomean
+    # 1.047x the per-batch best plan against 1.090x with round 1's (64, 4, 2); stream_k's
+    # best single config is the same tile. fp16 uses the same tiles.
+    (128, "bfloat16"): KernelConfig(block_n=128, num_warps=4, num_stages=2),
+    (128, "float16"): KernelConfig(block_n=128, num_warps=4, num_stages=2),
 }
 
 
 def default_config(head_dim: int, dtype: str) -> KernelConfig:
     """The documented default :class:`KernelConfig` for ``(head_dim, dtype)``.
 
-    head_dim 128 (fp16/bf16): BLOCK_N 64, 4 warps, 2 stages, measured best on
-    the H200 (docs/perf.md). Other shapes are not measured yet and use the same
+    head_dim 128 (fp16/bf16): BLOCK_N 128, 4 warps, 2 stages (3 resident CTAs
+    per SM), measured best on the H200 (docs/perf.md, round 2). Other shapes are not measured yet and use the same
     BLOCK_N-64 tile scaled to keep K/V tile elements per thread constant:
     head_dim 64 -> (64, 4, 2); head_dim 256 -> (32, 4, 2); float32 (CPU tests)
     -> (32, 4, 2).

@@ -48,9 +48,18 @@ from .device import DeviceSpec, resolve_device
 from .limits import _as_kv_lens
 from .plan import POLICIES, Plan, make_plan
 
-__all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
+__all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "SERVE_DISTANCE_LIMIT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
 
 TABLE_FORMAT = "kvsplit.policy_table/1"
+SERVE_DISTANCE_LIMIT = 2.5
+"""Distance within which the served table uses a tuned bucket's policy (the table's ``distance_limit``).
+
+Wider than :data:`kvsplit.kernels.buckets.DISTANCE_LIMIT` (1.0, "the same bucket, jittered"): tuned
+parameters generalize to neighbouring buckets. Measured on the H200 (docs/results.md): with the shipped
+192-bucket grid (B 1..1024, T 2^18 and 2^20, traces), every held-out batch of the evaluation sets lies
+within 2.1 of a tuned bucket, and the nearest bucket's policy is within a few percent of that batch's
+best plan, while the ``balanced`` fallback is 1.05-1.4x slower there. ``bucket.distance`` of a plan
+answer says how far the answer reached."""
 FALLBACK_POLICY = "balanced"
 SOURCE_OF_BACKEND = {"gpu": "tuned", "sim": "simulated"}
 _SHAPE_FIELDS = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
@@ -101,7 +110,7 @@ class PolicyTable:
     """
 
     def __init__(self, entries: Sequence[PolicyEntry], *, version: int = 0,
-                 distance_limit: float = DISTANCE_LIMIT, fallback_name: str = FALLBACK_POLICY,
+                 distance_limit: float = SERVE_DISTANCE_LIMIT, fallback_name: str = FALLBACK_POLICY,
                  fallback_params: Mapping[str, Any] | None = None, doc: Mapping[str, Any] | None = None) -> None:
         if fallback_name not in POLICIES:
             raise ValueError(f"fallback.name: unknown policy {fallback_name!r}; known: {sorted(POLICIES)}")
@@ -182,7 +191,7 @@ class PolicyTable:
 
     @staticmethod
     def document(policies: Sequence[Mapping[str, Any]], *, version: int,
-                 distance_limit: float = DISTANCE_LIMIT) -> dict[str, Any]:
+                 distance_limit: float = SERVE_DISTANCE_LIMIT) -> dict[str, Any]:
         """The canonical table document for ``policies`` (entries as in the module doc)."""
         return {
             "format": TABLE_FORMAT,

@@ -8,7 +8,13 @@ Sets (DESIGN.md §6; issue 9's targets):
 - ``llama8b``: the Llama-3.1-8B shape (32/8/128) on family batches;
 - ``trace``: held-out trace batches (``trace_batches``) of every shipped trace, B in {8, 32, 128, 512, 1024}.
 
-Usage: python scripts/make_sweep_cases.py bench/data/sweep_cases.json
+Usage: python scripts/make_sweep_cases.py bench/data/sweep_cases.json           (evaluation sets above)
+       python scripts/make_sweep_cases.py --train bench/data/train_cases.json    (training draws only)
+
+``--train`` writes the tuning set instead: jittered *training* draws
+(``family_batches(role="train")``, never the reference batches themselves) of every family at
+B 1..1024 and T 262,144 / 1,048,576, training trace batches of every shipped trace at B 8..1024,
+and the Llama-3.1-8B (32/8/128) and Llama-3.1-70B TP8 (8/1/128) shapes.
 """
 
 from __future__ import annotations
@@ -25,7 +31,46 @@ from kvsplit.service.queries import load_table_doc
 from kvsplit.tuner.workloads import FAMILIES, family_batches, family_kv_lens, reference_cases, trace_batches
 
 
+def train_cases() -> list[dict]:
+    cases: list[dict] = []
+
+    def add(set_name, fam, B, T, lens, hq=32, hkv=4):
+        cases.append({"id": len(cases), "set": set_name, "family": fam, "B": int(len(lens)), "B_nominal": int(B),
+                      "T": int(T), "num_qo_heads": hq, "num_kv_heads": hkv, "kv_lens": [int(x) for x in lens]})
+
+    for T in (262_144, 1_048_576):
+        for fam in FAMILIES:
+            for B in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+                if (fam == "2x40" and B < 3) or (B == 1 and fam != "uniform"):
+                    continue
+                add("train", fam, B, T, family_batches(fam, B, T, num_batches=1, seed=11, role="train")[0])
+    from kvsplit.tuner.workloads import TRACES
+    for name in TRACES:
+        for B in (8, 16, 32, 64, 128, 256, 512, 1024):
+            try:
+                train, _ = trace_batches(name, B, num_train=1, num_heldout=1, seed=0)
+            except ValueError as exc:
+                print(f"skip trace {name} B={B}: {exc}", file=sys.stderr)
+                continue
+            add("train_trace", name, B, int(train[0].sum()), train[0])
+    for hq, hkv, Bs in ((32, 8, (1, 4, 16, 64, 256)), (8, 1, (1, 4, 16, 64, 256))):
+        for T in (262_144, 1_048_576):
+            for fam in ("uniform", "skewed80", "2x40"):
+                for B in Bs:
+                    if (fam == "2x40" and B < 3) or (B == 1 and fam != "uniform"):
+                        continue
+                    add(f"train_{hq}_{hkv}", fam, B, T, family_batches(fam, B, T, num_batches=1, seed=11,
+                                                                      role="train")[0], hq=hq, hkv=hkv)
+    return cases
+
+
 def main(path: str) -> None:
+    if path == "--train":
+        out = sys.argv[2]
+        cases = train_cases()
+        json.dump({"cases": cases}, open(out, "w"))
+        print(f"{len(cases)} training cases -> {out}")
+        return
     cases = []
 
     def add(set_name, fam, B, T, lens, hq=32, hkv=4):
@@ -59,12 +104,12 @@ def main(path: str) -> None:
             lens = held[0]
             add("trace", name, B, int(lens.sum()), lens)
 
-    # what round 1 served: the shipped H200 export through the policy table
+    # what round 1 served: round 1's shipped H200 export (bench/data/h200_policies_r1.json) through the table
     with tempfile.TemporaryDirectory() as d:
         url = f"sqlite:///{d}/s.db"
         store.upgrade(url)
         with store.session_scope(url, write=True) as s:
-            store.import_policies(s, json.load(open("service/data/h200_policies.json")))
+            store.import_policies(s, json.load(open("bench/data/h200_policies_r1.json")))
         table = PolicyTable.from_json(load_table_doc(url))
     for c in cases:
         p, _, info = table.plan(np.asarray(c["kv_lens"]), gpu="NVIDIA H200", num_qo_heads=c["num_qo_heads"],
@@ -74,7 +119,21 @@ def main(path: str) -> None:
         if p.policy == "balanced":
             params = {"ctas_per_sm": params.get("ctas_per_sm", 4.0), **params}
         params["wave_aware"] = False
+        for k, v in (("block_n", 64), ("num_warps", 4), ("num_stages", 2)):  # round 1's default tile
+            params.setdefault(k, v)
         c["served_r1"] = {"policy": "tuned", "params": params, "source": info["source"]}
+    # what this round serves: the shipped export (scripts/build_shipped_policies.py) through the table
+    with tempfile.TemporaryDirectory() as d:
+        url = f"sqlite:///{d}/s.db"
+        store.upgrade(url)
+        with store.session_scope(url, write=True) as s:
+            store.import_policies(s, json.load(open("service/data/h200_policies.json")))
+        table = PolicyTable.from_json(load_table_doc(url))
+    for c in cases:
+        p, bucket, info = table.plan(np.asarray(c["kv_lens"]), gpu="NVIDIA H200", num_qo_heads=c["num_qo_heads"],
+                                     num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
+        c["served"] = {"policy": p.policy, "params": p.params, "source": info["source"],
+                       "distance": bucket["distance"], "matched": bucket["matched"]}
     json.dump({"cases": cases}, open(path, "w"))
     print(f"{len(cases)} cases -> {path}")
 
