@@ -12,8 +12,10 @@ Each training batch becomes one GPU-tuned bucket whose published policy is the p
 it, unless it beats the pool's default (``stream_k`` at 3 CTAs per SM with BLOCK_N 128, 4 warps, 2 stages,
 the best single plan: geomean 1.013x the per-batch best over the training set) by less than
 :data:`MARGIN` -- below that the difference is within run-to-run noise, and the default is the safer
-neighbour for batches the table has not seen. The pool holds only plans whose worst training batch is within
-1.36x of that batch's best, so a lookup that reaches a far bucket is never badly wrong.
+neighbour for batches the table has not seen. The pool holds plans whose worst training batch is within
+1.36x of that batch's best, so a lookup that reaches a far bucket is never badly wrong, plus round 1's default
+tile (balanced, 4 CTAs per SM, BLOCK_N 64), which is the best plan on large batches of even lengths (1 tile
+per request, no merge) and is picked only where it wins by the margin.
 
 The store is written through ``kvsplit.db.store`` (a grid-search tuning run per bucket, the policy, the
 measurements of the training batch) and exported with ``scripts/export_shipped.py``'s format into
@@ -37,7 +39,7 @@ GPU = "NVIDIA H200"
 DEFAULT = "stream_k|c3|n128w4s2"
 SERVED_POOL = (
     "stream_k|c3|n128w4s2", "stream_k|c3|n64w4s3", "stream_k|c2|n128w4s3", "stream_k|c3|n128w4s2|o2m4",
-    "balanced|c3|n128w4s2", "balanced|c4|n128w4s2",
+    "balanced|c3|n128w4s2", "balanced|c4|n128w4s2", "balanced|c4|n64w4s2",
 )
 MARGIN = 0.02
 

@@ -9,6 +9,7 @@ Sets (DESIGN.md §6; issue 9's targets):
 - ``trace``: held-out trace batches (``trace_batches``) of every shipped trace, B in {8, 32, 128, 512, 1024}.
 
 Usage: python scripts/make_sweep_cases.py bench/data/sweep_cases.json           (evaluation sets above)
+       python scripts/make_sweep_cases.py --oracle-from docs/data/h200_r2/final.jsonl bench/data/sweep_cases.json
        python scripts/make_sweep_cases.py --train bench/data/train_cases.json    (training draws only)
 
 ``--train`` writes the tuning set instead: jittered *training* draws
@@ -64,7 +65,25 @@ def train_cases() -> list[dict]:
     return cases
 
 
+def add_oracle_names(path: str, grid_run: str, top: int = 3) -> None:
+    """Write each case's ``top`` fastest plans of a final-mode run (the oracle's winners) into the case file,
+    for ``bench/gpu_sweep.py --mode retime``."""
+    doc = json.load(open(path))
+    for line in open(grid_run):
+        r = json.loads(line)
+        if r["kind"] != "case":
+            continue
+        t = {k: v for k, v in r["times"].items() if v and k not in ("flashinfer_kernel", "served", "served_r1")
+             and "|" in k}
+        doc["cases"][r["case"]]["oracle_names"] = sorted(t, key=t.get)[:top]
+    json.dump(doc, open(path, "w"))
+    print(f"oracle winners of {grid_run} -> {path}")
+
+
 def main(path: str) -> None:
+    if path == "--oracle-from":
+        add_oracle_names(sys.argv[3], sys.argv[2])
+        return
     if path == "--train":
         out = sys.argv[2]
         cases = train_cases()
