@@ -332,7 +332,7 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
     },
     "wave_aware": {
         "kind": "categorical", "choices": [True, False], "default": True, "search": False,
-        "doc": "even_chunks: grow the chunk until the rounded tiles fit floor(ctas_per_sm * num_SMs) "
+        "doc": "even_chunks: grow the chunk until the rounded tiles fit wave_target(ctas_per_sm) "
                "(wave_aware_chunk); False is the rule of the first campaign",
     },
     "item_cost_blocks": {
@@ -343,7 +343,8 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
     "min_piece_blocks": {
         "kind": "int", "low": 1, "high": 4096, "log": True, "default": 1, "search": True,
         "condition": {"partition": "stream_k"},
-        "doc": "stream_k: no piece shorter than this many blocks (keeps short requests whole)",
+        "doc": "stream_k: no cut closer than this many blocks to either end of its request (keeps "
+               "requests of < 2 * min_piece_blocks blocks whole; interior pieces are whole shares)",
     },
 }
 """Parameters of the ``tuned`` policy with their ranges, as data.
@@ -370,8 +371,9 @@ def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     max_splits)``; plus the knobs ``block_n``, ``num_warps``, ``num_stages``,
     ``order``, ``schedule``, ``programs_per_sm`` / ``num_programs`` and
     ``pack_tokens`` (DESIGN.md §7). With ``wave_aware`` (default) the chunk is
-    :func:`wave_aware_chunk`'s for ``floor(ctas_per_sm * num_SMs)`` tiles and at
-    least ``min_chunk_tokens``. ``partition="stream_k"`` uses
+    :func:`wave_aware_chunk`'s for ``wave_target(ctas_per_sm)`` tiles (as ``balanced``:
+    ``floor(ctas_per_sm * num_SMs)`` cut to whole resident waves) and at least
+    ``min_chunk_tokens``. ``partition="stream_k"`` uses
     :func:`stream_k_work` instead (``ctas_per_sm``, ``item_cost_blocks``,
     ``min_piece_blocks``, ``order``). Ranges and defaults: :data:`TUNED_PARAM_SPACE`.
     """
@@ -405,7 +407,7 @@ def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
         if name in params:
             raise ValueError(f"params.{name}: only used with partition='stream_k'")
     if wave_aware:
-        chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, max(1, int(math.floor(target * S))), min_chunk)
+        chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, wave_target(ctx, cfg, target), min_chunk)
     else:
         total = int(L.sum()) * ctx.num_kv_heads
         fair = cdiv(total, max(1, int(math.ceil(target * S))))

@@ -232,3 +232,63 @@ def test_kv_len_beyond_pages_rejected_before_launch():
     case["kv_lens"] = torch.tensor([17], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"kv_lens\[0\]: 17 tokens exceed its 1 pages"):
         _call(case, plan)
+
+
+# ----------------------------------------------------------------------------- stream_k and wave-aware plans
+
+SMALL2 = dataclasses.replace(DeviceSpec.known("NVIDIA H200"), num_sms=2)
+
+
+def test_stream_k_ctas_cross_requests_fp16():
+    lens = [300, 7, 0, 129, 1000, 40]
+    plan = make_plan(lens, num_kv_heads=H_KV, device=SMALL2, policy="stream_k",
+                     params={"ctas_per_sm": 3, "block_n": 32}, head_dim=D, page_size=16, dtype="float16")
+    # hand-computed: n_b = ceil(len / 32) = [10, 1, 0, 5, 32, 2], o = 1 -> cost [11, 2, 1, 6, 33, 3] = 56;
+    # C = floor(3 * 2) // 2 = 3, share = ceil(56 / 3) = 19; lo = [1, 12, 14, 15, 21, 54], hi = [11, 13, 14, 20,
+    # 53, 56]: multiples of 19 inside: r3 (15, 20) holds 19 -> cut 4 blocks = 128 tokens (a 1-token last piece),
+    # r4 (21, 53) holds 38 -> cut 17 blocks = 544 tokens.
+    # CTAs: r0, r1, r2, r3a (lo // 19 = 0); r3b (19 // 19 = 1), r4a (21 // 19 = 1); r4b (38 // 19 = 2), r5 (54 // 19)
+    assert plan.work_request.tolist() == [0, 1, 2, 3, 3, 4, 4, 5]
+    assert plan.work_kv_start.tolist() == [0, 0, 0, 0, 128, 0, 544, 0]
+    assert plan.work_kv_end.tolist() == [300, 7, 0, 128, 129, 544, 1000, 40]
+    assert plan.cta_indptr.tolist() == [0, 4, 6, 8]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
+                     seed=21)
+    o = _check(case, plan, torch.float16)
+    ref = reference_decode_attention(**case)
+    for b in range(len(lens)):
+        assert (o[b].float() - ref[b].float()).abs().max().item() < TOL[torch.float16], f"row {b}"
+
+
+@pytest.mark.parametrize("params", [
+    {"ctas_per_sm": 8, "block_n": 16, "item_cost_blocks": 0},
+    {"ctas_per_sm": 6, "block_n": 32, "min_piece_blocks": 2, "order": "heavy_first"},
+    {"ctas_per_sm": 5, "block_n": 16, "schedule": "persistent", "num_programs": 3},
+])
+def test_stream_k_split_and_packed_fp16(params):
+    lens = [700, 0, 33, 5, 260, 1, 90]
+    plan = make_plan(lens, num_kv_heads=H_KV, device=SMALL2, policy="stream_k", params=params, head_dim=D,
+                     page_size=8, dtype="float16")
+    assert (plan.num_splits > 1).any(), "some request is split and merged"
+    sizes = np.diff(plan.cta_indptr)
+    multi = [len(set(plan.work_request[a:b].tolist())) > 1 for a, b in zip(plan.cta_indptr[:-1], plan.cta_indptr[1:])]
+    assert (sizes > 1).any() and any(multi), "some CTA walks items of several requests"
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=8, dtype=torch.float16,
+                     seed=22 + len(params))
+    _check(case, plan, torch.float16)
+
+
+def test_wave_aware_balanced_plan_fp16():
+    lens = [1000, 700]
+    plan = make_plan(lens, num_kv_heads=H_KV, device=SMALL2, policy="balanced", params={"block_n": 32},
+                     head_dim=D, page_size=16, dtype="float16")
+    # residency of (32, 4 warps, 2 stages) at D 64 fp16 (estimate): smem 2 * 32 * 64 * 2 = 8192 B, regs 128 ->
+    # 65536 // (4096 * 4) = 4 CTAs/SM -> 8 slots, target min(floor(4 * 2), 8) = 8.
+    # chunk0 = roundup(ceil(2 * 1700 / 8) = 425, 32) = 448 -> splits [3, 2], 10 tiles > 8.
+    # chunk_fit: ceil(1000 / c) + ceil(700 / c) <= 4 -> c >= 500 -> 512; est0: 8 first tiles (6 x 333.3,
+    # 2 x 350), 2 overflow (350) behind two 333.3 -> 683.3 >= 512 -> chunk 512: splits [2, 2], 8 tiles
+    assert plan.num_splits.tolist() == [2, 2] and plan.num_work_tiles == 8
+    assert plan.work_kv_start.tolist() == [0, 512, 0, 352] and plan.work_kv_end.tolist() == [512, 1000, 352, 700]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
+                     seed=23)
+    _check(case, plan, torch.float16)

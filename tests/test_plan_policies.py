@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -42,6 +43,15 @@ POLICY_CASES = [
     ("tuned", {"ctas_per_sm": 0.5, "min_chunk_tokens": 512, "max_splits": 4, "block_n": 32, "num_warps": 2,
                "num_stages": 3, "order": "heavy_first", "schedule": "persistent", "programs_per_sm": 2,
                "pack_tokens": 1024}),
+    ("stream_k", {}),
+    ("stream_k", {"ctas_per_sm": 4, "item_cost_blocks": 0}),
+    ("stream_k", {"ctas_per_sm": 1, "item_cost_blocks": 5, "min_piece_blocks": 8, "order": "heavy_first",
+                  "block_n": 16}),
+    ("stream_k", {"ctas_per_sm": 0.25, "min_piece_blocks": 2, "schedule": "persistent", "num_programs": 7}),
+    ("tuned", {"partition": "stream_k"}),
+    ("tuned", {"partition": "stream_k", "ctas_per_sm": 3, "item_cost_blocks": 2, "min_piece_blocks": 3,
+               "order": "heavy_first", "block_n": 128}),
+    ("tuned", {"wave_aware": False, "ctas_per_sm": 2}),
 ]
 
 
@@ -320,3 +330,346 @@ def test_large_batch_plans_are_valid():
 def test_work_item_limit():
     with pytest.raises(ValueError, match="work items, above the limit"):
         make_plan([1_000_000] * 65536, num_kv_heads=1, device=H200, policy="fixed", params={"num_splits": 65536})
+
+
+# ---------------------------------------------------------------------------
+# stream_k and the wave-aware rules (issue 9)
+# ---------------------------------------------------------------------------
+
+TINY = DeviceSpec(name="Tiny GPU", num_sms=2, hbm_bandwidth_gbps=100.0, l2_bytes=1 << 20,
+                  smem_per_sm_bytes=228 * 1024, smem_per_block_bytes=227 * 1024)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def stream_k_reference(L, hkv, num_sms, block_n, cps, o, mp, heavy_first):
+    """Plain-loop re-statement of stream_k_work's docstring (independent of its prefix-sum code).
+
+    Walk the requests in launch order along the cost axis (each costs o, then its
+    n_b blocks); a share boundary k * share strictly inside a request's blocks is a
+    cut, kept unless closer than mp blocks to either end of the request; a piece
+    belongs to the CTA of its first block, except that a first piece whose
+    near-start cut was dropped belongs to the CTA after that (last such) boundary.
+    """
+    L = [int(x) for x in L]
+    B = len(L)
+    order = sorted(range(B), key=lambda b: -L[b]) if heavy_first else list(range(B))
+    C = max(1, int(math.floor(cps * num_sms)) // hkv)
+    nb = [_ceil(x, block_n) for x in L]
+    share = max(1, _ceil(sum(n + o for n in nb), C))
+    items = []  # (request, start, end, cta)
+    pos = 0
+    for b in order:
+        pos += o
+        lo, hi = pos, pos + nb[b]
+        pos = hi
+        if nb[b] == 0:
+            items.append((b, 0, 0, min(lo // share, C - 1)))
+            continue
+        k = lo // share + 1
+        boundaries = []  # block offsets x, 0 < x < n_b, with lo + x a multiple of share
+        while k * share < hi:
+            boundaries.append(k * share - lo)
+            k += 1
+        kept = [x for x in boundaries if x >= mp and nb[b] - x >= mp]
+        dropped_near_start = [x for x in boundaries if x < mp]
+        edges = [0] + kept + [nb[b]]
+        for j in range(len(edges) - 1):
+            s, e = edges[j], edges[j + 1]
+            first_block = lo + s
+            if j == 0 and dropped_near_start:
+                first_block = lo + max(dropped_near_start)
+            items.append((b, min(s * block_n, L[b]), min(e * block_n, L[b]), first_block // share))
+    cta_indptr = [0]
+    for i in range(1, len(items)):
+        if items[i][3] != items[i - 1][3]:
+            cta_indptr.append(i)
+    cta_indptr.append(len(items))
+    num_splits = [sum(1 for it in items if it[0] == b) for b in range(B)]
+    return dict(work_request=[it[0] for it in items], work_kv_start=[it[1] for it in items],
+                work_kv_end=[it[2] for it in items], cta_indptr=cta_indptr, num_splits=num_splits,
+                C=C, share=share, ctas=[it[3] for it in items])
+
+
+def _plan_arrays(p: Plan) -> dict:
+    return dict(work_request=p.work_request.tolist(), work_kv_start=p.work_kv_start.tolist(),
+                work_kv_end=p.work_kv_end.tolist(), cta_indptr=p.cta_indptr.tolist(), num_splits=p.num_splits.tolist())
+
+
+def _tiny_sk(L, **params):
+    return make_plan(L, num_kv_heads=1, device=TINY, policy="stream_k", params=dict(block_n=16, **params),
+                     head_dim=64, dtype="float16")
+
+
+def test_stream_k_hand_computed_three_ctas():
+    # kv_lens [100, 30, 0, 50], block_n 16: n_b = [7, 2, 0, 4]; o = 1 -> cost [8, 3, 1, 5], total 17
+    # C = floor(1.5 * 2) // 1 = 3, share = ceil(17 / 3) = 6; prefix P = [0, 8, 11, 12]
+    # blocks: r0 [1, 8), r1 [9, 11), r2 [12, 12), r3 [13, 17)
+    # multiples of 6 strictly inside: r0: 6 -> cut 6 - 1 = 5 blocks = 80 tokens; r1, r2, r3: none (12 is r2's
+    # empty point, 18 > 17)
+    # CTAs (first block // 6): r0a 1//6 = 0, r0b 6//6 = 1, r1 9//6 = 1, r2 12//6 = 2, r3 13//6 = 2
+    # CTA costs: 5+1 = 6; (2+1) + (2+1) = 6; (0+1) + (4+1) = 6
+    p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=1.5)
+    assert _plan_arrays(p) == dict(work_request=[0, 0, 1, 2, 3], work_kv_start=[0, 80, 0, 0, 0],
+                                   work_kv_end=[80, 100, 30, 0, 50], cta_indptr=[0, 1, 3, 5], num_splits=[2, 1, 1, 1])
+    assert p.num_work_tiles == 3
+
+
+def test_stream_k_hand_computed_item_cost_zero():
+    # o = 0: cost [7, 2, 0, 4], total 13, C = 3, share = ceil(13 / 3) = 5; P = lo = [0, 7, 9, 9], hi = [7, 9, 9, 13]
+    # r0 (0, 7): 5 -> cut 5 (80 tok); r1 (7, 9): none; r2 empty; r3 (9, 13): 10 -> cut 1 (16 tok)
+    # CTAs: r0a 0, r0b 5//5 = 1, r1 7//5 = 1, r2 9//5 = 1, r3a 9//5 = 1, r3b 10//5 = 2 -> costs 5, 2+2+0+1 = 5, 3
+    p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=1.5, item_cost_blocks=0)
+    assert _plan_arrays(p) == dict(work_request=[0, 0, 1, 2, 3, 3], work_kv_start=[0, 80, 0, 0, 0, 16],
+                                   work_kv_end=[80, 100, 30, 0, 16, 50], cta_indptr=[0, 1, 5, 6],
+                                   num_splits=[2, 1, 1, 2])
+
+
+def test_stream_k_hand_computed_four_ctas_and_min_piece_blocks():
+    # C = floor(2 * 2) = 4, o = 1: cost [8, 3, 1, 5] = 17, share = ceil(17 / 4) = 5
+    # lo = [1, 9, 12, 13], hi = [8, 11, 12, 17]
+    # r0 (1, 8): 5 -> cut 4 (64 tok); r1 (9, 11): 10 -> cut 1 (16 tok); r3 (13, 17): 15 -> cut 2 (32 tok)
+    # mp = 1: CTAs r0a 1//5 = 0, r0b 5//5 = 1, r1a 9//5 = 1, r1b 10//5 = 2, r2 12//5 = 2, r3a 13//5 = 2,
+    # r3b 15//5 = 3; costs 5, (3+1)+(1+1) = 6, (1+1)+(0+1)+(2+1) = 6, 3: at most share + o = 6
+    p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=2)
+    assert _plan_arrays(p) == dict(work_request=[0, 0, 1, 1, 2, 3, 3], work_kv_start=[0, 64, 0, 16, 0, 0, 32],
+                                   work_kv_end=[64, 100, 16, 30, 0, 32, 50], cta_indptr=[0, 1, 3, 6, 7],
+                                   num_splits=[2, 2, 1, 2])
+    # mp = 2: r1's cut 1 < 2 is dropped (r1 has 2 < 2 * 2 blocks: never split); its piece moves to the CTA after
+    # that boundary: (9 + 1) // 5 = 2. r0's cut 4 (4 >= 2, 7 - 4 = 3 >= 2) and r3's cut 2 (2 >= 2, 4 - 2 >= 2) stay.
+    # CTAs: r0a 0, r0b 1, r1 2, r2 2, r3a 2, r3b 3; costs 5, 4, (2+1)+(0+1)+(2+1) = 7 = share + o + 1, 3
+    p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=2, min_piece_blocks=2)
+    assert _plan_arrays(p) == dict(work_request=[0, 0, 1, 2, 3, 3], work_kv_start=[0, 64, 0, 0, 0, 32],
+                                   work_kv_end=[64, 100, 30, 0, 32, 50], cta_indptr=[0, 1, 2, 5, 6],
+                                   num_splits=[2, 1, 1, 2])
+    # mp = 3 at C = 3 (share 6): r0's cut 5 leaves 7 - 5 = 2 < 3 blocks: dropped, r0 whole in CTA 0 (cost 8)
+    p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=1.5, min_piece_blocks=3)
+    assert _plan_arrays(p) == dict(work_request=[0, 1, 2, 3], work_kv_start=[0, 0, 0, 0],
+                                   work_kv_end=[100, 30, 0, 50], cta_indptr=[0, 1, 2, 4], num_splits=[1, 1, 1, 1])
+
+
+def test_stream_k_hand_computed_heavy_first():
+    # launch order by kv_len descending (stable): [r0 100, r3 50, r1 30, r2 0]; cost [8, 5, 3, 1] = 17, C = 3,
+    # share 6; lo = [1, 9, 14, 17], hi = [8, 13, 16, 17]
+    # r0 (1, 8): 6 -> cut 5 (80 tok); r3 (9, 13): 12 -> cut 3 (48 tok); r1 (14, 16), r2: none
+    # CTAs: r0a 0, r0b 1, r3a 9//6 = 1, r3b 12//6 = 2, r1 14//6 = 2, r2 17//6 = 2; costs 5, 7 = share + o, 6
+    p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=1.5, order="heavy_first")
+    assert _plan_arrays(p) == dict(work_request=[0, 0, 3, 3, 1, 2], work_kv_start=[0, 80, 0, 48, 0, 0],
+                                   work_kv_end=[80, 100, 48, 50, 30, 0], cta_indptr=[0, 1, 3, 6],
+                                   num_splits=[2, 1, 1, 2])
+    # the tuned family's stream_k partition is the same rule
+    q = make_plan([100, 30, 0, 50], num_kv_heads=1, device=TINY, policy="tuned",
+                  params={"partition": "stream_k", "ctas_per_sm": 1.5, "order": "heavy_first", "block_n": 16},
+                  head_dim=64, dtype="float16")
+    assert _plan_arrays(q) == _plan_arrays(p)
+
+
+def test_stream_k_many_heads_keep_one_cta_per_head():
+    # H_kv = 4 on 2 SMs at ctas_per_sm 1: floor(2) // 4 = 0 -> C = 1, everything in one CTA per head (4 tiles)
+    p = make_plan([100, 30, 0, 50], num_kv_heads=4, device=TINY, policy="stream_k",
+                  params={"ctas_per_sm": 1, "block_n": 16}, head_dim=64, dtype="float16")
+    assert p.num_splits.tolist() == [1, 1, 1, 1] and p.cta_indptr.tolist() == [0, 4] and p.num_work_tiles == 4
+
+
+sk_case_st = st.fixed_dictionaries({
+    "kv": st.lists(st.one_of(st.integers(0, 40), st.integers(0, 3000), st.integers(0, 200_000)), min_size=1,
+                   max_size=30),
+    "hkv": st.sampled_from([1, 2, 3, 8, 32]),
+    "sms": st.sampled_from([1, 2, 5, 132]),
+    "block_n": st.sampled_from([16, 64, 256]),
+    "cps": st.sampled_from([0.25, 0.5, 1, 1.5, 2, 3.7, 8]),
+    "o": st.sampled_from([0, 1, 3, 17]),
+    "mp": st.sampled_from([1, 1, 2, 3, 16]),
+    "heavy": st.booleans(),
+    "tuned": st.booleans(),
+})
+
+
+def _sk_plan(c):
+    params = {"ctas_per_sm": c["cps"], "item_cost_blocks": c["o"], "min_piece_blocks": c["mp"],
+              "block_n": c["block_n"], "order": "heavy_first" if c["heavy"] else "natural"}
+    if c["tuned"]:
+        params["partition"] = "stream_k"
+    dev = dataclasses.replace(H200, num_sms=c["sms"])
+    return make_plan(c["kv"], num_kv_heads=c["hkv"], device=dev, policy="tuned" if c["tuned"] else "stream_k",
+                     params=params)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=sk_case_st)
+def test_stream_k_properties(c):
+    plan = _sk_plan(c)
+    L, bn, o, mp, hkv = plan.kv_lens, c["block_n"], c["o"], c["mp"], c["hkv"]
+    check_invariants(plan)
+    assert Plan.from_dict(plan.to_dict()) == plan  # the validating constructor accepts it
+    # work tiles within floor(ctas_per_sm * SMs), rounded down to whole KV-head groups (at least one group)
+    budget = int(math.floor(c["cps"] * c["sms"]))
+    assert plan.num_work_tiles <= max(hkv, budget // hkv * hkv)
+    s, e = plan.work_kv_start, plan.work_kv_end
+    # every piece non-empty except a kv_len = 0 request's single [0, 0); every piece starts on a block boundary
+    zero = L[plan.work_request] == 0
+    assert (e[~zero] > s[~zero]).all() and (s[zero] == 0).all() and (e[zero] == 0).all()
+    assert (s % bn == 0).all()
+    # interior cuts also end on block boundaries (only a request's last piece ends at kv_len)
+    last = np.append(plan.work_request[1:] != plan.work_request[:-1], True)
+    assert (e[~last] % bn == 0).all()
+    # requests of fewer than 2 * min_piece_blocks blocks are never split; no piece has < mp blocks unless whole
+    nb = -(-L // bn)
+    assert (plan.num_splits[nb < 2 * mp] == 1).all()
+    blocks = -(-(e - s) // bn)
+    split_item = plan.num_splits[plan.work_request] > 1
+    first = np.append(True, plan.work_request[1:] != plan.work_request[:-1])
+    # the end pieces of a split request keep >= mp blocks; interior pieces run between share boundaries
+    # (a positive multiple of share blocks, which can be < mp when share < mp)
+    assert (blocks[split_item & (first | last)] >= mp).all()
+    interior = split_item & ~first & ~last
+    C = max(1, budget // hkv)
+    share = max(1, _ceil(int((nb + o).sum()), C))
+    assert (blocks[interior] % share == 0).all() and (blocks[interior] >= share).all()
+    # even shares: each CTA's cost within share + o (+ 2 (mp - 1) when cuts near request ends are dropped)
+    ci = plan.cta_indptr
+    cost = np.add.reduceat(blocks + o, ci[:-1])
+    assert cost.sum() >= (nb + o).sum()
+    if mp == 1:
+        assert cost.max() <= share + o, (cost.tolist(), share)
+    else:
+        assert cost.max() <= share + o + 2 * (mp - 1), (cost.tolist(), share)
+    # exact agreement with the plain-loop reference of the docstring's rule
+    ref = stream_k_reference(c["kv"], hkv, c["sms"], bn, c["cps"], o, mp, c["heavy"])
+    assert _plan_arrays(plan) == {k: ref[k] for k in _plan_arrays(plan)}
+
+
+# --- balanced: wave-aware chunk --------------------------------------------
+
+# Residency of the default head_dim-128 bf16 config (BLOCK_N 64, 4 warps, 2 stages) on the H200, from the
+# measured (118 regs, 38912 B): regs per warp ceil(118 * 32 / 256) * 256 = 3840 -> 65536 // (3840 * 4) = 4;
+# smem 38912 + 1024 -> 233472 // 39936 = 5; threads 2048 // 128 = 16 -> 4 CTAs per SM.
+H200_DEFAULT_RESIDENCY = 4
+
+
+def test_resident_slots_and_wave_target_hand_computed():
+    from kvsplit.kernels.plan import default_config as dc
+    from kvsplit.kernels.policies import resident_slots, wave_target
+    from kvsplit.kernels.registry import PlanContext
+
+    ctx = PlanContext(H200, 4, 128, 16, "bfloat16")
+    cfg = dc(128, "bfloat16")
+    assert resident_slots(ctx, cfg) == 528
+    assert wave_target(ctx, cfg, 4) == 528
+    assert wave_target(ctx, cfg, 3) == 396  # below one wave: floor(3 * 132)
+    assert wave_target(ctx, cfg, 6) == 528  # 792 slots wanted -> one whole wave (792 // 528 * 528)
+    assert wave_target(ctx, cfg, 8.5) == 1056  # 1122 -> two whole waves
+    assert wave_target(ctx, cfg, 0.25) == 33
+
+
+def test_balanced_uniform_1m_fits_one_wave():
+    # B = 8, T = 1,048,576 (131,072 each), H_kv = 4, H200: target 4 * 132 = 528 slots (residency 4)
+    # chunk0 = roundup(ceil(4 * 1048576 / 528) = 7944, 64) = 8000 -> ceil(131072 / 8000) = 17 splits,
+    # 4 * 8 * 17 = 544 tiles > 528 (a second wave of 16). H_kv * B = 32 <= 528 -> search: 8 * ceil(131072 / c)
+    # <= 132 -> ceil <= 16 -> c >= 8192 = chunk_fit. 544 <= 2 * 528; est0 = 131072 / 17 * 2 = 15,420 tokens
+    # (16 overflow tiles behind first-wave tiles) >= 8192 -> chunk 8192: 16 splits each, 512 tiles.
+    L = family_kv_lens("uniform", 8, 1_048_576)
+    assert L.tolist() == [131072] * 8
+    p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="balanced")
+    assert p.num_splits.tolist() == [16] * 8 and p.num_work_tiles == 512
+    assert p.work_kv_start[:3].tolist() == [0, 8192, 16384]
+    # the first campaign's rule (tuned, wave_aware=False) kept the 17-split plan
+    q = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="tuned", params={"wave_aware": False})
+    assert q.num_splits.tolist() == [17] * 8 and q.num_work_tiles == 544
+
+
+def test_balanced_skewed80_keeps_chunk0():
+    # B = 128, T = 262,144: one request of 209,715 tokens, 127 of 412-413. H_kv = 4, target 528.
+    # chunk0 = roundup(ceil(4 * 262144 / 528) = 1986, 64) = 2048: tiles0 = 4 * (ceil(209715 / 2048) = 103 + 127)
+    # = 920 > 528; H_kv * B = 512 <= 528 -> chunk_fit: 127 + ceil(209715 / c) <= 132 -> c >= 41,943 -> 41,984.
+    # 920 <= 1056; est0: first wave = 412 long tiles (209715 / 103 = 2036.1 tokens) + 116 short (413);
+    # 392 short overflow tiles follow the 116 short + 276 long slots that free first -> 2036.1 + 413 = 2449
+    # < 41,984 -> chunk0 stays: 103 splits for the long request (not 5), 1 for the others.
+    L = family_kv_lens("skewed80", 128, 262_144)
+    assert int(L[0]) == 209_715 and set(L[1:].tolist()) == {412, 413}
+    p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="balanced")
+    assert p.num_splits.tolist() == [103] + [1] * 127
+    assert p.num_work_tiles == 920
+
+
+def test_balanced_keeps_chunk0_when_growing_does_not_pay():
+    # 4 KV heads x 132 requests of 1,000 tokens + one of 600,000 at ctas_per_sm 1 (target 132): H_kv * B = 532
+    # > 132 -> chunk0 = roundup(ceil(4 * 732000 / 132) = 22182, 64) = 22208 without a search:
+    # ceil(600000 / 22208) = 28 splits
+    L = [600_000] + [1000] * 132
+    p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params={"ctas_per_sm": 1})
+    assert p.num_splits.tolist() == [28] + [1] * 132
+    # B = 2, target 132 (ctas_per_sm 1): chunk0 = roundup(ceil(4 * 400016 / 132) = 12122, 64) = 12160:
+    # tiles0 = 4 * (ceil(400000 / 12160) = 33 + 1) = 136 > 132, <= 264; chunk_fit: ceil(400000 / c) <= 32 ->
+    # c >= 12500 -> 12544; est0: the first 132 tiles are the long request's (400000 / 33 = 12121.2 tokens each),
+    # the 4 overflow tiles (16 tokens) follow the first that free -> est0 = 12137.2 < 12544 -> chunk0 stays
+    p = make_plan([400_000, 16], num_kv_heads=4, device="NVIDIA H200", policy="balanced", params={"ctas_per_sm": 1})
+    assert p.num_splits.tolist() == [33, 1] and p.num_work_tiles == 136
+
+
+balanced_case_st = st.fixed_dictionaries({
+    "kv": st.lists(st.one_of(st.integers(0, 3000), st.integers(0, 300_000)), min_size=1, max_size=24),
+    "hkv": st.sampled_from([1, 2, 4, 8]),
+    "sms": st.sampled_from([1, 3, 16, 132]),
+    "cps": st.sampled_from([0.5, 1, 2, 4, 6, 9]),
+})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=balanced_case_st)
+def test_balanced_wave_aware_properties(c):
+    dev = dataclasses.replace(H200, num_sms=c["sms"])  # same name: measured residency 4 per SM applies
+    L = np.asarray(c["kv"], dtype=np.int64)
+    hkv, S, bn = c["hkv"], c["sms"], 64
+    p = make_plan(L, num_kv_heads=hkv, device=dev, policy="balanced", params={"ctas_per_sm": c["cps"]})
+    check_invariants(p)
+    slots = H200_DEFAULT_RESIDENCY * S
+    target = max(1, int(math.floor(c["cps"] * S)))
+    if target > slots:
+        target = target // slots * slots
+    chunk0 = _ceil(max(_ceil(int(L.sum()) * hkv, target), bn), bn) * bn
+    splits0 = np.maximum(-(-L // chunk0), 1)
+    tiles = hkv * int(p.num_splits.sum())
+    assert p.num_work_tiles == tiles
+    tiles0 = hkv * int(splits0.sum())
+    # the wave-aware rule: either the tiles fit the target, or the chunk is the un-grown chunk0
+    assert tiles <= target or p.num_splits.tolist() == splits0.tolist()
+    if tiles0 <= target:
+        assert p.num_splits.tolist() == splits0.tolist()  # nothing to fix
+    if hkv * L.shape[0] > target or tiles0 > 2 * target:
+        assert p.num_splits.tolist() == splits0.tolist()  # growing would leave too few tiles / too far off
+    if p.num_splits.tolist() != splits0.tolist():
+        # grown to the smallest multiple of block_n that fits: the chunk is at least max_b ceil(L_b / n_b)
+        # (rounded up to block_n), and one block less no longer fits
+        long = L > 0
+        chunk = _ceil(max(int(_ceil_arr(L[long], p.num_splits[long].astype(np.int64)).max()), bn), bn) * bn
+        assert chunk >= chunk0
+        assert hkv * int(np.maximum(-(-L // chunk), 1).sum()) <= target
+        if chunk - bn >= chunk0:
+            assert hkv * int(np.maximum(-(-L // (chunk - bn)), 1).sum()) > target
+
+
+def _ceil_arr(a, b):
+    return -(-a // b)
+
+
+def test_tuned_defaults_equal_balanced_where_residency_is_below_4():
+    # L40S, head_dim 128 bf16, default config BLOCK_N 64 / 4 warps / 2 stages, not measured -> estimate:
+    # smem 1 * 2 * 64 * 128 * 2 = 32768 -> 32768 + 1024 = 33792 per CTA, 102400 // 33792 = 3;
+    # regs 128 -> 65536 // (4096 * 4) = 4; threads 1536 // 128 = 12 -> 3 CTAs/SM, 3 * 142 = 426 slots.
+    # ctas_per_sm 4 wants 568 > 426 tiles -> one whole wave: target 426.
+    # kv [262144], H_kv 4: chunk0 = roundup(ceil(1048576 / 426) = 2462, 64) = 2496 -> ceil(262144 / 2496) = 106
+    # splits, 424 tiles <= 426. (Aiming at 568 tiles gave chunk 1856 -> 142 splits = 568 tiles: 1.33 waves.)
+    for policy in ("balanced", "tuned"):
+        p = make_plan([262144], num_kv_heads=4, device="NVIDIA L40S", policy=policy)
+        assert p.num_splits.tolist() == [106] and p.num_work_tiles == 424, policy
+    rng = np.random.default_rng(7)
+    for dev in ("NVIDIA L40S", "NVIDIA L4", "NVIDIA H200", "NVIDIA A100-SXM4-80GB"):
+        for head_dim, dtype in ((128, "bfloat16"), (256, "bfloat16"), (256, "float32"), (64, "float16")):
+            for _ in range(5):
+                L = rng.integers(0, 300_000, size=int(rng.integers(1, 40)))
+                a = make_plan(L, num_kv_heads=4, device=dev, policy="balanced", head_dim=head_dim, dtype=dtype)
+                b = make_plan(L, num_kv_heads=4, device=dev, policy="tuned", head_dim=head_dim, dtype=dtype)
+                assert a.num_splits.tolist() == b.num_splits.tolist(), (dev, head_dim, dtype)
