@@ -7,6 +7,7 @@ lists) and compute the dashboard's figures from stored measurements.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import re
@@ -39,7 +40,12 @@ def canonical_gpu(name: str) -> str:
 
 
 def _iso(t: Any) -> str | None:
-    return None if t is None else t.isoformat()
+    """ISO 8601 with its zone: the store keeps UTC, and SQLite gives the values back without tzinfo."""
+    if t is None:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.timezone.utc)
+    return t.isoformat()
 
 
 def table_entry(p: Any) -> dict[str, Any]:
