@@ -524,9 +524,38 @@ def reference_decode_attention(
     request's first kv_len tokens through its page list, repeats each KV head for
     its G query heads, and takes ``softmax(q k^T * sm_scale) v``. Returns ``o`` in
     q's dtype (and ``lse`` fp32, natural log). kv_len = 0 gives o = 0, lse = -inf.
+
+    Raises
+    ------
+    TypeError
+        An input that is not a tensor (naming it).
+    ValueError
+        Shapes that do not fit together (naming the argument): ``H_q`` not a
+        multiple of the cache's ``H_kv``, head_dim or ``kv_indptr`` / ``kv_lens``
+        lengths that disagree with ``q``, a request with fewer pages than its
+        kv_len needs.
     """
+    q = _check_tensor("q", q, ndim=3)
+    k_cache = _check_tensor("k_cache", k_cache, ndim=4)
+    v_cache = _check_tensor("v_cache", v_cache, ndim=4)
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ValueError(f"v_cache: expected shape {tuple(k_cache.shape)} (k_cache's), got {tuple(v_cache.shape)}")
     B, H_q, D = q.shape
-    _, page_size, H_kv, _ = k_cache.shape
+    _, page_size, H_kv, Dk = k_cache.shape
+    if Dk != D:
+        raise ValueError(f"k_cache: expected head_dim {D} (q's), got {Dk}")
+    if H_kv < 1 or H_q % H_kv != 0:
+        raise ValueError(f"q: H_q={H_q} must be a multiple of the cache's H_kv={H_kv}")
+    for name, t, n in (("kv_indptr", kv_indptr, B + 1), ("kv_lens", kv_lens, B)):
+        if tuple(_check_tensor(name, t, ndim=1).shape) != (n,):
+            raise ValueError(f"{name}: expected shape ({n},) for B={B}, got {tuple(t.shape)}")
+    _check_tensor("kv_indices", kv_indices, ndim=1)
+    pages_of = (kv_indptr[1:] - kv_indptr[:-1]).to("cpu", torch.int64)
+    short = kv_lens.to("cpu", torch.int64) > pages_of * page_size
+    if bool(short.any()):
+        b = int(torch.nonzero(short)[0, 0])
+        raise ValueError(f"kv_lens: request {b} has kv_len {int(kv_lens[b])} but only {int(pages_of[b])} pages "
+                         f"of {page_size} tokens in kv_indptr")
     G = H_q // H_kv
     scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     indptr = kv_indptr.tolist()

@@ -1,6 +1,6 @@
 """The published-policy table: bucket lookup + plan, identical in the service and in clients.
 
-``GET /v1/policies`` returns a JSON document (format ``kvsplit.policy_table/1``)
+``GET /v1/policies`` returns a JSON document (format ``kvsplit.policy_table/2``)
 with every published policy, its bucket key, the distance limit and the
 fallback policy. :class:`PolicyTable` is built from that document, by the plan
 service (from the store) and by :class:`kvsplit.service.client.PlanClient`
@@ -22,12 +22,16 @@ Pure NumPy: no torch, FastAPI or SQLAlchemy import.
 
 Document fields::
 
-    {"format": "kvsplit.policy_table/1", "version": int, "distance_limit": float,
-     "fallback": {"name": "balanced", "params": {}},
-     "policies": [{"id": int, "version": int, "bucket": str, "gpu": str,
+    {"format": "kvsplit.policy_table/2", "version": int, "distance_limit": float,
+     "fallback": {"name": "balanced", "params": {}}, "count": int,
+     "data": [{"id": int, "version": int, "bucket": str, "gpu": str,
                    "num_kv_heads": int, "head_dim": int, "dtype": str, "page_size": int,
                    "name": str, "params": {...}, "backend": "gpu" | "sim",
                    "source": "tuned" | "simulated", ...}, ...]}
+
+``count`` and ``data`` are the list envelope of the service's other lists
+(``GET /v1/runs``, ``/v1/buckets``, ``/v1/measurements``). :meth:`PolicyTable.from_json`
+also reads format ``kvsplit.policy_table/1`` (an older server), whose list is ``policies``.
 
 Extra keys in a policy entry (publication time, tuning run, verification
 summary) are carried for display and ignored by the lookup.
@@ -50,7 +54,8 @@ from .plan import POLICIES, Plan, make_plan
 
 __all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "SERVE_DISTANCE_LIMIT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
 
-TABLE_FORMAT = "kvsplit.policy_table/1"
+TABLE_FORMAT = "kvsplit.policy_table/2"
+_LIST_KEY = {TABLE_FORMAT: "data", "kvsplit.policy_table/1": "policies"}
 SERVE_DISTANCE_LIMIT = 2.5
 """Distance within which the served table uses a tuned bucket's policy (the table's ``distance_limit``).
 
@@ -143,18 +148,21 @@ class PolicyTable:
         if not isinstance(doc, Mapping):
             raise ValueError(f"policy table: expected an object, got {type(doc).__name__}")
         fmt = doc.get("format")
-        if fmt != TABLE_FORMAT:
+        if fmt not in _LIST_KEY:
             raise ValueError(f"policy table.format: expected {TABLE_FORMAT!r}, got {fmt!r}")
+        list_key = _LIST_KEY[fmt]
         version = _field(doc, "version", int, "policy table")
         limit = _field(doc, "distance_limit", (int, float), "policy table")
         fb = _field(doc, "fallback", Mapping, "policy table")
         fb_name = _field(fb, "name", str, "policy table.fallback")
         fb_params = _field(fb, "params", Mapping, "policy table.fallback")
-        raw = _field(doc, "policies", list, "policy table")
+        raw = _field(doc, list_key, list, "policy table")
+        if "count" in doc and doc["count"] != len(raw):
+            raise ValueError(f"policy table.count: {doc['count']!r} but {list_key} has {len(raw)} entries")
         entries = []
         seen: set[int] = set()
         for i, p in enumerate(raw):
-            where = f"policies[{i}]"
+            where = f"{list_key}[{i}]"
             if not isinstance(p, Mapping):
                 raise ValueError(f"{where}: expected an object")
             pid = _field(p, "id", int, where)
@@ -198,7 +206,8 @@ class PolicyTable:
             "version": int(version),
             "distance_limit": float(distance_limit),
             "fallback": {"name": FALLBACK_POLICY, "params": {}},
-            "policies": [dict(p) for p in sorted(policies, key=lambda p: p["id"])],
+            "count": len(policies),
+            "data": [dict(p) for p in sorted(policies, key=lambda p: p["id"])],
         }
 
     # -- queries -----------------------------------------------------------------

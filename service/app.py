@@ -8,11 +8,16 @@ Routes (operation ids in brackets; OpenAPI at ``/v1/openapi.json``, docs at ``/v
 * ``POST /v1/policies/import`` [import_policies], ``POST /v1/policies/{id}/publish`` [publish_policy],
   ``POST /v1/policies/{id}/retire`` [retire_policy] — admin, ``Authorization: Bearer <KVSPLIT_ADMIN_TOKEN>``.
 * ``GET /v1/buckets`` [list_buckets], ``GET /v1/runs`` [list_runs], ``GET /v1/measurements`` [list_measurements]
-* ``GET /healthz`` [healthz], ``GET /metrics`` [metrics], ``GET /`` (dashboard).
+* ``GET /healthz`` [healthz], ``GET /metrics`` [metrics], ``GET /`` (dashboard), ``GET /favicon.ico``.
+
+The API docs (Swagger UI) load their JavaScript and CSS from this server
+(``/v1/docs/static/``, the files the ``fastapi-offline`` package ships), so they
+work without internet access; ReDoc is not served.
 
 Start-up (lifespan) loads the published policies from the store (failing
-loudly when the schema is outdated: run ``kvsplit db upgrade``) and starts the
-version poll; see :mod:`kvsplit.service.state`.
+loudly when the schema is outdated: run ``kvsplit db upgrade``), warns when the
+store has none (every batch would get the fallback) and starts the version
+poll; see :mod:`kvsplit.service.state`.
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.resources
 import logging
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse
+from fastapi_offline import FastAPIOffline
 from pydantic.json_schema import models_json_schema
 
 from . import queries
@@ -34,9 +42,13 @@ from .schemas import DeviceIn, make_plan_request_model
 from .settings import Settings
 from .state import TableHolder
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "DOCS_STATIC_URL"]
 
 log = logging.getLogger("kvsplit.service")
+
+DOCS_STATIC_URL = "/v1/docs/static"
+"""Where the Swagger UI assets are served (from the installed ``fastapi-offline`` package)."""
+_FAVICON = importlib.resources.files("fastapi_offline") / "static" / "favicon.png"
 
 
 def _custom_openapi(app: FastAPI, max_kv_len: int) -> Any:
@@ -69,7 +81,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        await asyncio.to_thread(holder.reload)
+        served = await asyncio.to_thread(holder.reload)
+        if len(served.table) == 0:
+            log.warning("the store %s has no published policies: every batch gets the %r fallback plan "
+                        "(fill it with `kvsplit run --no-tune`, `kvsplit db import` or `kvsplit tune`)",
+                        url, served.table.fallback_name)
         task = None
         if settings.reload_interval_s > 0:
             task = asyncio.create_task(holder.poll(settings.reload_interval_s))
@@ -81,15 +97,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    app = FastAPI(
+    # FastAPI with Swagger UI's assets served from the installed package instead of a CDN
+    app = FastAPIOffline(
         title="kvsplit plan service",
         version="1",
         description="Split-KV plans for GQA decode attention from per-bucket tuned policies.",
         openapi_url="/v1/openapi.json",
         docs_url="/v1/docs",
         redoc_url=None,
+        static_url=DOCS_STATIC_URL,
+        favicon_url="/favicon.ico",
         lifespan=lifespan,
     )
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:
+        return FileResponse(str(_FAVICON), media_type="image/png")
+
     app.state.settings = settings
     app.state.holder = holder
     for r in (plan.router, policies.router, data.router, health.router, dashboard.router):

@@ -8,8 +8,9 @@
 3. Tune a small demo set of buckets, one per model shape of issue 6
    (Qwen3-30B-A3B 32/4/128, Llama-3.1-8B 32/8/128, Llama-3.1-70B at TP 8,
    8/1/128; bf16, page_size 16), on the best backend here: the GPU when CUDA is
-   present, else the calibrated simulator (stored as ``simulated``). Studies
-   resume, so a second run only re-verifies.
+   present, else the calibrated simulator (stored as ``simulated``). A bucket
+   whose study finished and was verified before is not tuned again, so a
+   second run records no new tuning run.
 4. Serve the plan service on localhost, print the dashboard URL and a sample
    ``curl`` of ``POST /v1/plan`` with its answer, and serve until Ctrl-C.
 """
@@ -105,6 +106,39 @@ def _backend_name() -> str:
     return "sim"
 
 
+def _verified_before(url: str, task: Any, backend: str) -> Any:
+    """The policy verified from a finished study of ``task`` on ``backend``, or None.
+
+    Such a bucket has nothing left to tune: a restart of ``make run`` leaves it
+    alone instead of recording another tuning run that only re-verifies.
+    """
+    from ..db import store
+    from ..tuner import search
+
+    name = search.study_name(task, backend)
+    with store.session_scope(url) as s:
+        runs = {r.id for r in store.list_runs(s, bucket_key=task.key, status="finished", limit=None)
+                if r.study_name == name and r.n_finished >= DEMO_TRIALS}
+        if not runs:
+            return None
+        return next((p for p in store.list_policies(s, bucket_key=task.key)
+                     if p.backend == backend and p.verification and p.tuning_run_id in runs), None)
+
+
+def _result_line(key: str, state: str, verification: dict | None, published: bool, note: str) -> str:
+    v = (verification or {}).get("policies", {})
+    tuned = v.get("tuned", {}).get("geomean_ratio")
+    best_base = min((x["geomean_ratio"], k) for k, x in v.items() if k != "tuned") if len(v) > 1 else None
+    line = f"  {key}: {state}"
+    if tuned and best_base:
+        line += f", tuned {tuned:.2f}x floor vs best baseline {best_base[1]} {best_base[0]:.2f}x"
+    if published:
+        line += " -> published" + (f" ({note})" if note else "")
+    else:
+        line += " -> " + (note or "not published")
+    return line
+
+
 def _tune_demo(url: str, backend: str) -> None:
     from ..tuner import search
 
@@ -117,22 +151,25 @@ def _tune_demo(url: str, backend: str) -> None:
         else:
             name, B = args
             tasks += search.trace_tasks(name, batch_sizes=(B,), **shape)[:1]
+    todo = []
+    for t in tasks:
+        done = _verified_before(url, t, backend)
+        if done is None:
+            todo.append(t)
+        else:
+            print(_result_line(t.key, f"tuned before ({backend}), verified as policy {done.id}", done.verification,
+                               done.status == "published", "" if done.status == "published" else
+                               (done.note or f"not published ({done.status})")), flush=True)
+    if not todo:
+        _say(f"all {len(tasks)} demo buckets were tuned and verified before: nothing to tune")
+        return
     what = "the GPU (CUDA found)" if backend == "gpu" else "the calibrated simulator (no GPU here; stored as simulated)"
-    _say(f"tuning {len(tasks)} demo buckets on {what}, {DEMO_TRIALS} trials each")
+    _say(f"tuning {len(todo)} demo buckets on {what}, {DEMO_TRIALS} trials each")
     # a live progress bar on a terminal; one line per bucket in logs
     cfg = search.TuneConfig(database_url=url, n_trials=DEMO_TRIALS, backend=backend, progress=sys.stderr.isatty())
-    for r in search.tune(tasks, cfg):
-        v = (r.verification or {}).get("policies", {})
-        tuned = v.get("tuned", {}).get("geomean_ratio")
-        best_base = min((x["geomean_ratio"], k) for k, x in v.items() if k != "tuned") if len(v) > 1 else None
-        line = f"  {r.bucket_key}: {r.status}, {r.n_finished} trials"
-        if tuned and best_base:
-            line += f", tuned {tuned:.2f}x floor vs best baseline {best_base[1]} {best_base[0]:.2f}x"
-        if r.published:
-            line += " -> published" + (f" ({r.message})" if r.message else "")
-        else:
-            line += " -> " + (r.message or "not published")
-        print(line, flush=True)
+    for r in search.tune(todo, cfg):
+        print(_result_line(r.bucket_key, f"{r.status}, {r.n_finished} trials", r.verification, r.published,
+                           r.message), flush=True)
 
 
 def _free_port(host: str, preferred: int) -> int:
@@ -165,7 +202,8 @@ def _show_sample(base: str, server: Any) -> None:
     _say(f"dashboard:  {base}/")
     _say(f"policies:   {base}/v1/policies    metrics: {base}/metrics    API docs: {base}/v1/docs")
     _say("sample plan request:")
-    print(f"curl -s -X POST {base}/v1/plan -H 'Content-Type: application/json' -d '{body}'", flush=True)
+    # -w '\n': the JSON answer has no trailing newline; without it the shell prompt lands on its last line
+    print(f"curl -s -w '\\n' -X POST {base}/v1/plan -H 'Content-Type: application/json' -d '{body}'", flush=True)
     short = {k: answer[k] for k in ("policy", "bucket", "num_splits", "config") if k in answer}
     short["work_items"] = len(answer.get("work_request", []))
     _say("answer (work list omitted):")

@@ -81,15 +81,17 @@ class GuardMiddleware:
                 await self.app(scope, receive, send_wrapped)
                 return
             declared = None
+            content_type = None
             for k, v in scope["headers"]:
-                if k == b"content-length":
+                if k == b"content-length" and declared is None:
                     try:
                         declared = int(v)
                     except ValueError:
                         status[0] = 400
                         await _send_json(send, 400, {"detail": "invalid Content-Length header"})
                         return
-                    break
+                elif k == b"content-type" and content_type is None:
+                    content_type = v
             if declared is not None and declared > self.max_body:
                 status[0] = 413
                 await _send_json(send, 413, self._too_large(declared))
@@ -113,7 +115,7 @@ class GuardMiddleware:
                 more = msg.get("more_body", False)
             body = b"".join(chunks)
             if self.plan_state is not None and method == "POST" and scope["path"] == PLAN_ROUTE:
-                code, out = handle_plan(body, self.plan_state)
+                code, out = handle_plan(body, self.plan_state, content_type)
                 status[0] = code
                 scope["route"] = _PLAN_ROUTE_MARK
                 await send({"type": "http.response.start", "status": code,
@@ -134,7 +136,7 @@ class GuardMiddleware:
             route = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
             if label == PLAN_ROUTE:
-                c = self._plan_requests.get(status[0])
+                c = self._plan_requests.get(status[0])  # others (413, 415) labelled on the fly
                 (c if c is not None else metrics.REQUESTS.labels(label, method, str(status[0]))).inc()
                 self._plan_latency.observe(time.perf_counter() - t0)
             else:

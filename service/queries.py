@@ -7,6 +7,7 @@ lists) and compute the dashboard's figures from stored measurements.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import re
@@ -22,10 +23,12 @@ _log = logging.getLogger("kvsplit.service")
 
 __all__ = [
     "table_entry", "load_table_doc", "read_version", "policy_detail", "list_buckets", "list_runs",
-    "list_measurements", "canonical_gpu", "family_of", "BASELINES",
+    "list_measurements", "canonical_gpu", "family_of", "BASELINES", "SIMULATED_SUFFIX",
 ]
 
 BASELINES = ("balanced", "fa3", "flashinfer", "no_split")
+SIMULATED_SUFFIX = " (simulated)"
+"""Appended to a dashboard series name whose points were measured on the simulator."""
 """Baseline policies measured beside the tuned one on held-out batches (issue 4)."""
 _FAMILIES = ("uniform", "skewed40", "skewed60", "skewed80", "2x40")
 
@@ -39,7 +42,12 @@ def canonical_gpu(name: str) -> str:
 
 
 def _iso(t: Any) -> str | None:
-    return None if t is None else t.isoformat()
+    """ISO 8601 with its zone: the store keeps UTC, and SQLite gives the values back without tzinfo."""
+    if t is None:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.timezone.utc)
+    return t.isoformat()
 
 
 def table_entry(p: Any) -> dict[str, Any]:
@@ -189,8 +197,13 @@ def dashboard_data(url: str) -> dict[str, Any]:
     (gpu, H_kv, head_dim, dtype, page_size) has its ``buckets`` (published
     policy, params, held-out geomean time / HBM floor per policy, speedup of
     the tuned policy over each baseline = geomean over held-out batches of
-    baseline time / tuned time, paired by batch) and ``families``: per length
-    family, per policy, the (batch size, geomean time / HBM floor) points.
+    baseline time / tuned time, paired by batch, ``measured_on`` = the
+    backends of those measurements, ``gpu`` and / or ``sim``) and
+    ``families``: per length family, per series, the (batch size, geomean time
+    / HBM floor) points. A series is a policy name, with `` (simulated)``
+    appended for points measured on the simulator; ``tuned`` points come only
+    from buckets with a published policy (a tuning that was not published is
+    not what the service serves).
     """
     with store.session_scope(url) as s:
         version = store.policies_version(s)
@@ -233,6 +246,7 @@ def dashboard_data(url: str) -> dict[str, Any]:
             bsz = sorted(m.batch_size for m in ms)
             batch_size = bsz[len(bsz) // 2] if bsz else None
             family = family_of(b)
+            measured_on = sorted({m.backend for m in ms})
             sh["buckets"].append({
                 "id": b.id, "key": b.key, "family": family, "source": b.source, "batch_size": batch_size,
                 "total_tokens": (sorted(m.total_tokens for m in ms)[len(ms) // 2] if ms else None),
@@ -240,17 +254,23 @@ def dashboard_data(url: str) -> dict[str, Any]:
                     "id": p.id, "version": p.version, "name": p.name, "params": dict(p.params or {}),
                     "backend": p.backend, "source": SOURCE_OF_BACKEND[p.backend], "score": p.score,
                     "published_at": _iso(p.published_at)},
-                "ratios": ratios, "speedups": speedups, "n_heldout": len(tuned),
+                "ratios": ratios, "speedups": speedups, "n_heldout": len(tuned), "measured_on": measured_on,
             })
             if batch_size is not None:
                 for name, r in ratios.items():
-                    if math.isfinite(r):
-                        sh["series"][family][name].append((batch_size, r))
+                    if not math.isfinite(r) or (name == "tuned" and p is None):
+                        continue
+                    sim = all(m.backend == "sim" for m in per_policy[name].values())
+                    sh["series"][family][name + (SIMULATED_SUFFIX if sim else "")].append((batch_size, r))
         out_shapes = []
         for sh in shapes.values():
             fams = {}
             for fam, pol in sh["series"].items():
-                order = sorted(pol, key=lambda n: (n != "tuned", BASELINES.index(n) if n in BASELINES else 99, n))
+                def rank(n: str) -> tuple:
+                    base = n.removesuffix(SIMULATED_SUFFIX)
+                    return (base != "tuned", BASELINES.index(base) if base in BASELINES else 99, base, n != base)
+
+                order = sorted(pol, key=rank)
                 fams[fam] = [(n, _merge_points(pol[n])) for n in order]
             sh["families"] = dict(sorted(fams.items(), key=lambda kv: (_FAMILIES + ("trace", "other")).index(kv[0])
                                          if kv[0] in _FAMILIES + ("trace", "other") else 99))

@@ -143,11 +143,12 @@ class Fallback(BaseModel):
 class PolicyTableDoc(BaseModel):
     """Everything a client needs to plan in-process (kvsplit.kernels.policy_table)."""
 
-    format: Literal["kvsplit.policy_table/1"]
+    format: Literal["kvsplit.policy_table/2"]
     version: int
     distance_limit: float
     fallback: Fallback
-    policies: list[PolicyEntryOut]
+    count: int
+    data: list[PolicyEntryOut]
 
 
 class PolicyDetail(BaseModel):

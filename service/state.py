@@ -69,10 +69,10 @@ class ServedTable:
         if hit is None:
             names = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
             want = (None if flt[0] is None else _slug_or_none(flt[0]),) + tuple(flt[1:])
-            pols = [p for p in self.doc["policies"]
+            pols = [p for p in self.doc["data"]
                     if all(v is None or (gpu_slug(p["gpu"]) if n == "gpu" else p.get(n)) == v
                            for n, v in zip(names, want))]
-            body = orjson.dumps({**self.doc, "policies": pols})
+            body = orjson.dumps({**self.doc, "count": len(pols), "data": pols})
             hit = (body, etag_of(body))
             if len(self._filtered) < 256:
                 self._filtered[flt] = hit

@@ -25,13 +25,30 @@ import orjson
 from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
 
-__all__ = ["RequestValidationFailed", "PlanRequestData", "parse_plan_request", "error"]
+__all__ = ["RequestValidationFailed", "PlanRequestData", "parse_plan_request", "error", "unsupported_media_type"]
 
 MAX_HEADS = 1024
 MAX_GPU_NAME = 200
 _DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceSpec)}
 _REQUIRED = ("gpu", "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "page_size", "kv_lens")
 _ALLOWED = frozenset(_REQUIRED + ("device",))
+
+
+def unsupported_media_type(content_type: bytes | str | None) -> bytes | None:
+    """The 415 answer body for a request ``Content-Type`` that is not JSON, else None.
+
+    JSON is ``application/json`` or any ``application/*+json`` (parameters such
+    as ``; charset=utf-8`` ignored). A request without the header is read as
+    JSON, as FastAPI reads JSON bodies.
+    """
+    if content_type is None:
+        return None
+    if isinstance(content_type, bytes):
+        content_type = content_type.decode("latin-1")
+    media = content_type.split(";", 1)[0].strip().lower()
+    if not media or media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    return orjson.dumps({"detail": f"Content-Type: expected application/json, got {content_type[:100]!r}"})
 
 
 class RequestValidationFailed(Exception):

@@ -292,3 +292,27 @@ def test_wave_aware_balanced_plan_fp16():
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
                      seed=23)
     _check(case, plan, torch.float16)
+
+
+@pytest.mark.parametrize(
+    "mutate, exc, needle",
+    [
+        (lambda c: c.update(q=torch.randn(3, 3, D)), ValueError, "q: H_q=3 must be a multiple of the cache's H_kv"),
+        (lambda c: c.update(q=c["q"][0]), ValueError, "q: expected 3 dimensions"),
+        (lambda c: c.update(v_cache=c["v_cache"][:, :8]), ValueError, "v_cache: expected shape"),
+        (lambda c: c.update(q=torch.randn(3, H_Q, D // 2)), ValueError, "k_cache: expected head_dim 32"),
+        (lambda c: c.update(kv_lens=c["kv_lens"][:2]), ValueError, "kv_lens: expected shape (3,) for B=3"),
+        (lambda c: c.update(kv_indptr=c["kv_indptr"][:3]), ValueError, "kv_indptr: expected shape (4,)"),
+        (lambda c: c.update(kv_lens=torch.tensor([40, 0, 40], dtype=torch.int32)), ValueError,
+         "kv_lens: request 2 has kv_len 40 but only 2 pages of 16 tokens"),
+        (lambda c: c.update(k_cache=None), TypeError, "k_cache: expected a torch.Tensor"),
+    ],
+)
+def test_reference_bad_input_names_the_argument(good, mutate, exc, needle):
+    # the reference validates shapes up front (it used to fail inside einsum with a RuntimeError)
+    case = dict(good[0])
+    reference_decode_attention(**case)  # the unmutated case is fine
+    mutate(case)
+    with pytest.raises(exc) as info:
+        reference_decode_attention(**case)
+    assert needle in str(info.value)

@@ -32,7 +32,7 @@ def test_import_with_a_key_that_disagrees_with_its_fields_is_422_and_stores_noth
         r = c.post("/v1/policies/import", content=json.dumps(bad), headers={"Authorization": "Bearer tok"})
         assert r.status_code == 422
         assert "num_kv_heads 8 differs from the entry's 4" in r.text
-        assert c.get("/v1/policies").json()["policies"] == []
+        assert c.get("/v1/policies").json()["data"] == []
     with store.session_scope(url) as s:
         assert store.list_policies(s) == []
 
@@ -44,11 +44,11 @@ def test_a_hand_edited_unservable_row_is_left_out_and_the_service_still_starts(t
         ids = store.import_policies(s, doc)
     with store.session_scope(url, write=True) as s:
         s.execute(update(Policy).where(Policy.id == ids[0]).values(params={"block_n": 7}))
-    served = {p["id"] for p in load_table_doc(url)["policies"]}
+    served = {p["id"] for p in load_table_doc(url)["data"]}
     assert served == set(ids) - {ids[0]}
     with TestClient(create_app(Settings(database_url=url))) as c:
         assert c.get("/healthz").status_code == 200
-        assert len(c.get("/v1/policies").json()["policies"]) == len(ids) - 1
+        assert len(c.get("/v1/policies").json()["data"]) == len(ids) - 1
 
 
 def test_reimport_keeps_a_retired_policy_retired(tmp_path):

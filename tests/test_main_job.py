@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,10 +47,16 @@ def _stop(p) -> tuple[int, str]:
     return p.returncode, rest
 
 
+def _get(url: str) -> tuple[int, str, bytes]:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.status, r.headers.get("Content-Type", ""), r.read()
+
+
 def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
     port = _port()
     p, lines = _run_until_serving(tmp_path, port)
     out = "".join(lines)
+    base = f"http://127.0.0.1:{port}"
     try:
         assert "imported 23 shipped H200 policies" in out
         assert "tuning 3 demo buckets on the calibrated simulator" in out
@@ -62,11 +70,29 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
         assert len(answer["num_splits"]) == len(json.loads(body)["kv_lens"]) == 64
         html = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode()
         assert "<svg" in html and "<table" in html
+        # every URL the job prints answers 200 (dashboard, policies, metrics, API docs)
+        printed = re.findall(r"(?:dashboard|policies|metrics|API docs):\s+(http://\S+)", out)
+        assert sorted(printed) == sorted([f"{base}/", f"{base}/v1/policies", f"{base}/metrics", f"{base}/v1/docs"])
+        for url in printed:
+            status, ctype, content = _get(url)
+            assert status == 200 and content, url
+        # the printed curl, run as printed, ends its output with a newline
+        if shutil.which("curl"):
+            res = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=30)
+            assert res.returncode == 0 and res.stdout.endswith("}\n") and json.loads(res.stdout) == answer
+        runs_first = json.loads(_get(f"{base}/v1/runs")[2])
+        assert runs_first["count"] == 3  # one per demo bucket
     finally:
         code, rest = _stop(p)
     assert code == 0 and "[kvsplit run] stopped" in rest
-    # a second run reuses what the first stored
+    # a second run reuses what the first stored, and records no new tuning run
     p, lines = _run_until_serving(tmp_path, port)
-    code, _ = _stop(p)
+    try:
+        out2 = "".join(lines)
+        runs_second = json.loads(_get(f"{base}/v1/runs")[2])
+    finally:
+        code, _ = _stop(p)
     assert code == 0
-    assert "shipped policies already in the store (23 H200 buckets)" in "".join(lines)
+    assert "shipped policies already in the store (23 H200 buckets)" in out2
+    assert "all 3 demo buckets were tuned and verified before: nothing to tune" in out2
+    assert runs_second == runs_first

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -200,18 +203,18 @@ def test_policies_table_etag_and_filters(client, info):
     r = client.get("/v1/policies")
     assert r.status_code == 200
     doc = r.json()
-    assert doc["format"] == "kvsplit.policy_table/1" and doc["distance_limit"] == 1.0
+    assert doc["format"] == "kvsplit.policy_table/2" and doc["count"] == len(doc["data"]) and doc["distance_limit"] == 1.0
     assert doc["fallback"] == {"name": "balanced", "params": {}}
-    assert {p["bucket"] for p in doc["policies"]} == set(info.published) | {info.sim_key}
-    assert info.draft_key not in {p["bucket"] for p in doc["policies"]}
+    assert {p["bucket"] for p in doc["data"]} == set(info.published) | {info.sim_key}
+    assert info.draft_key not in {p["bucket"] for p in doc["data"]}
     etag = r.headers["etag"]
     r2 = client.get("/v1/policies", headers={"If-None-Match": etag})
     assert r2.status_code == 304 and r2.headers["etag"] == etag and r2.content == b""
     assert client.get("/v1/policies", headers={"If-None-Match": '"other"'}).status_code == 200
     f = client.get("/v1/policies", params={"gpu": "h200", "num_kv_heads": 4, "head_dim": 128})
-    assert len(f.json()["policies"]) == len(doc["policies"]) and f.headers["etag"] == etag
+    assert len(f.json()["data"]) == len(doc["data"]) and f.headers["etag"] == etag
     f = client.get("/v1/policies", params={"num_kv_heads": 8})
-    assert f.json()["policies"] == [] and f.headers["etag"] != etag
+    assert f.json()["data"] == [] and f.headers["etag"] != etag
     assert client.get("/v1/policies", params={"num_kv_heads": 0}).status_code == 422
 
 
@@ -251,6 +254,80 @@ def test_healthz_metrics_and_openapi(client):
         "$ref": "#/components/schemas/PlanRequest"}
 
 
+def test_head_policies_has_the_get_headers_and_no_body(client):
+    g = client.get("/v1/policies", params={"num_kv_heads": 4})
+    h = client.head("/v1/policies", params={"num_kv_heads": 4})
+    assert h.status_code == 200 and h.content == b""
+    assert h.headers["etag"] == g.headers["etag"] and int(h.headers["content-length"]) == len(g.content)
+    assert h.headers["content-type"] == "application/json"
+    assert client.head("/v1/policies", headers={"If-None-Match": g.headers["etag"]}).status_code == 304
+    assert client.head("/v1/policies", params={"num_kv_heads": 0}).status_code == 422
+
+
+def test_non_json_content_type_is_415(client, fresh):
+    raw = json.dumps(body([100, 200]))
+    for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = client.post("/v1/plan", content=raw, headers={"Content-Type": ct})
+        assert r.status_code == 415, (ct, r.text)
+        assert r.json()["detail"] == f"Content-Type: expected application/json, got {ct!r}"
+    for ct in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.kvsplit+json"):
+        assert client.post("/v1/plan", content=raw, headers={"Content-Type": ct}).status_code == 200, ct
+    _, c = fresh
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = c.post("/v1/policies/import", content=b"format=x", headers={**auth, "Content-Type": "text/csv"})
+    assert r.status_code == 415 and "application/json" in r.json()["detail"]
+    # auth is checked first: no token, no hint about the body
+    assert c.post("/v1/policies/import", content=b"x", headers={"Content-Type": "text/csv"}).status_code == 401
+    spec = client.get("/v1/openapi.json").json()
+    assert "415" in spec["paths"]["/v1/plan"]["post"]["responses"]
+    assert "415" in spec["paths"]["/v1/policies/import"]["post"]["responses"]
+
+
+def test_timestamps_carry_their_zone(client):
+    stamps = [p["published_at"] for p in client.get("/v1/policies").json()["data"]]
+    runs = client.get("/v1/runs").json()["data"]
+    stamps += [r["started_at"] for r in runs] + [client.get("/v1/buckets").json()["data"][0]["created_at"]]
+    assert stamps and all(isinstance(t, str) for t in stamps)
+    for t in stamps:
+        dt = datetime.datetime.fromisoformat(t)
+        assert dt.utcoffset() == datetime.timedelta(0), t
+        # stored as "now" when fill_store ran: within a day of this test
+        assert abs(datetime.datetime.now(datetime.timezone.utc) - dt) < datetime.timedelta(days=1), t
+
+
+def test_docs_load_their_assets_from_this_server(client):
+    r = client.get("/v1/docs")
+    assert r.status_code == 200
+    urls = re.findall(r'(?:src|href)="([^"]+)"', r.text) + re.findall(r"url: '([^']+)'", r.text)
+    assert len(urls) >= 4, urls  # css, icon, js, openapi
+    assert not any("://" in u or u.startswith("//") for u in urls), urls
+    want = {".js": "text/javascript", ".css": "text/css", ".ico": "image/", ".json": "application/json"}
+    for u in urls:
+        a = client.get(u)
+        assert a.status_code == 200, u
+        ext = u[u.rfind("."):]
+        assert a.headers["content-type"].startswith(want[ext]), (u, a.headers["content-type"])
+    js = client.get(next(u for u in urls if u.endswith(".js"))).content
+    assert b"SwaggerUIBundle" in js and len(js) > 100_000
+    assert client.get("/favicon.ico").content[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_empty_store_warns_at_startup(tmp_path, caplog):
+    url = f"sqlite:///{tmp_path}/empty.db"
+    store.upgrade(url)
+    with caplog.at_level(logging.WARNING, logger="kvsplit.service"):
+        with TestClient(create_app(Settings(database_url=url, reload_interval_s=0))) as c:
+            assert c.get("/healthz").json()["policies_loaded"] == 0
+    warn = [r for r in caplog.records if r.levelno == logging.WARNING and "no published policies" in r.getMessage()]
+    assert len(warn) == 1 and "'balanced' fallback" in warn[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kvsplit.service"):
+        with TestClient(create_app(Settings(database_url=fill_store(f"sqlite:///{tmp_path}/full.db").url,
+                                            reload_interval_s=0))):
+            pass
+    assert not [r for r in caplog.records if "no published policies" in r.getMessage()]
+
+
 # --------------------------------------------------------------------------- admin, reload
 
 
@@ -283,12 +360,12 @@ def test_admin_publish_retire_import(fresh, tmp_path):
     store.upgrade(other)
     app2 = create_app(Settings(database_url=other, admin_token=TOKEN, reload_interval_s=0))
     with TestClient(app2) as c2:
-        assert c2.get("/v1/policies").json()["policies"] == []
+        assert c2.get("/v1/policies").json()["data"] == []
         bad = json.loads(json.dumps(export))
         bad["policies"][-1]["params"] = {"ctas_per_sm": "many"}
         r = c2.post("/v1/policies/import", json=bad, headers=auth)
         assert r.status_code == 422 and "ctas_per_sm" in r.json()["detail"][0]["msg"]
-        assert c2.get("/v1/policies").json()["policies"] == []  # nothing stored
+        assert c2.get("/v1/policies").json()["data"] == []  # nothing stored
         r = c2.post("/v1/policies/import", json=export, headers=auth)
         assert r.status_code == 200, r.text
         assert r.json()["imported"] == 13

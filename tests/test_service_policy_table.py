@@ -59,15 +59,26 @@ def test_gpu_tuned_preferred_over_closer_simulated_and_plan():
 
 def test_from_json_rejects_bad_documents():
     good = PolicyTable.document([], version=0)
+    assert good["format"] == "kvsplit.policy_table/2" and good["count"] == 0 and good["data"] == []
     PolicyTable.from_json(good)
     with pytest.raises(ValueError, match="format"):
         PolicyTable.from_json({**good, "format": "x"})
-    bad = {**good, "policies": [{"id": 1, "version": 1, "bucket": "nope", "gpu": "NVIDIA H200", "num_kv_heads": 4,
-                                 "head_dim": 128, "dtype": "bfloat16", "page_size": 16, "name": "balanced",
-                                 "params": {}, "backend": "gpu"}]}
-    with pytest.raises(ValueError, match=r"policies\[0\]\.bucket"):
+    entry = {"id": 1, "version": 1, "bucket": "nope", "gpu": "NVIDIA H200", "num_kv_heads": 4, "head_dim": 128,
+             "dtype": "bfloat16", "page_size": 16, "name": "balanced", "params": {}, "backend": "gpu"}
+    bad = {**good, "count": 1, "data": [entry]}
+    with pytest.raises(ValueError, match=r"data\[0\]\.bucket"):
         PolicyTable.from_json(bad)
-    bad["policies"][0]["bucket"] = str(_key([5, 6]))
-    bad["policies"][0]["num_kv_heads"] = 8
-    with pytest.raises(ValueError, match=r"policies\[0\]"):
+    bad["data"][0]["bucket"] = str(_key([5, 6]))
+    bad["data"][0]["num_kv_heads"] = 8
+    with pytest.raises(ValueError, match=r"data\[0\]"):
         PolicyTable.from_json(bad)
+    bad["data"][0]["num_kv_heads"] = 4
+    assert len(PolicyTable.from_json(bad)) == 1
+    with pytest.raises(ValueError, match=r"count: 2 but data has 1"):
+        PolicyTable.from_json({**bad, "count": 2})
+    # an older server's document (format /1, list under "policies") still reads
+    old = {k: v for k, v in bad.items() if k not in ("count", "data")}
+    old.update(format="kvsplit.policy_table/1", policies=bad["data"])
+    assert [e.id for e in PolicyTable.from_json(old).entries] == [1]
+    with pytest.raises(ValueError, match=r"policy table\.policies: missing"):
+        PolicyTable.from_json({**bad, "format": "kvsplit.policy_table/1"})

@@ -79,8 +79,16 @@ def test_trace_readme_quantiles():
 
 
 def test_traces_are_package_data():
-    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    assert '"kvsplit.tuner" = ["traces/*.csv", "traces/README.md"]' in pyproject
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "kvsplit.tuner.traces" in cfg["packages"]
+    patterns = cfg["package-data"]["kvsplit.tuner.traces"]
+    files = sorted(p.name for p in (root / "tuner" / "traces").iterdir() if p.suffix in (".csv", ".md"))
+    assert len(files) >= 6 and "README.md" in files
+    assert [f for f in files if not any(fnmatch.fnmatch(f, pat) for pat in patterns)] == []
 
 
 def test_unknown_trace():

@@ -9,9 +9,27 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
+from ..queries import SIMULATED_SUFFIX
 from .svg import line_chart
 
-__all__ = ["render_dashboard"]
+__all__ = ["render_dashboard", "MODEL_SHAPES", "shape_name"]
+
+MODEL_SHAPES: dict[tuple[int, int], str] = {
+    (4, 128): "Qwen3-30B-A3B (H_q 32)",
+    (8, 128): "Llama-3.1-8B (H_q 32)",
+    (1, 128): "Llama-3.1-70B at TP 8 (H_q 8 per GPU)",
+}
+"""Model whose per-GPU attention shape a bucket family has, by (H_kv, head_dim).
+
+A bucket family records H_kv and head_dim but not H_q (the plan does not depend
+on it: the G = H_q / H_kv query heads of a KV head are one tile), so the name
+is the model this project tunes for with that (H_kv, head_dim); other models
+can share the shape (Llama-3.1-70B at TP 1 is H_q 64 / H_kv 8 / 128)."""
+
+
+def shape_name(num_kv_heads: int, head_dim: int) -> str:
+    """The card title's model part: a known model, else the shape itself."""
+    return MODEL_SHAPES.get((num_kv_heads, head_dim), f"H_kv {num_kv_heads} × head_dim {head_dim}")
 
 _env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                    autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
@@ -59,6 +77,7 @@ def render_dashboard(data: dict[str, Any]) -> str:
     for sh in data["shapes"]:
         charts = []
         for fam, series in sh["families"].items():
+            series = [(n, pts, "simulated" if n.endswith(SIMULATED_SUFFIX) else "measured") for n, pts in series]
             svg = line_chart(series, title=f"{fam}: time / HBM floor vs batch size", x_label="batch size (requests)",
                              y_label="time / HBM floor")
             charts.append({"family": fam, "svg": Markup(svg)})
@@ -67,7 +86,10 @@ def render_dashboard(data: dict[str, Any]) -> str:
             for name in b["speedups"]:
                 if name not in baselines:
                     baselines.append(name)
-        shapes.append({**sh, "charts": charts, "baselines": baselines})
+        shapes.append({**sh, "charts": charts, "baselines": baselines,
+                       "model": shape_name(sh["num_kv_heads"], sh["head_dim"]),
+                       "has_simulated": any(n.endswith(SIMULATED_SUFFIX) for f in sh["families"].values()
+                                            for n, _ in f)})
     n_pub = sum(1 for sh in data["shapes"] for b in sh["buckets"] if b["policy"] is not None)
     return _env.get_template("index.html").render(shapes=shapes, runs=data["runs"], version=data["version"],
                                                   n_published=n_pub)

@@ -4,6 +4,9 @@
 linear y axes, with grid lines, tick labels, a legend and a ``<title>`` tooltip
 on every point. Every point is a ``<circle class="pt">`` carrying
 ``data-series``, ``data-x`` and ``data-y`` so tests can read the plotted values.
+A series marked ``simulated`` is drawn dashed with hollow markers (class
+``pt simulated``), in the colour of the series it is a variant of (same name
+before `` (``), and its legend entry shows the same line and marker.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def _lin_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 
 
 def line_chart(
-    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+    series: Sequence[tuple],
     *,
     title: str,
     x_label: str,
@@ -66,9 +69,11 @@ def line_chart(
 
     Parameters
     ----------
-    series : sequence of (name, points)
+    series : sequence of (name, points) or (name, points, kind)
         ``points`` are (x, y) pairs; non-finite or non-positive values (on log
-        axes) are dropped. Series are drawn in order with :data:`PALETTE`.
+        axes) are dropped. Series are drawn in order with :data:`PALETTE`, one
+        colour per name before `` (``. ``kind`` ``"simulated"``: dashed line,
+        hollow markers (points predicted by the simulator, not measured).
     title, x_label, y_label : str
         Texts (escaped).
     x_log2 : bool
@@ -85,22 +90,23 @@ def line_chart(
     str
         SVG markup; an SVG with a "no data" note when no series has a point.
     """
-    legend_w = 14 + 7 * max((len(n) for n, _ in series), default=0)
+    series = [(s[0], s[1], s[2] if len(s) > 2 else "measured") for s in series]
+    legend_w = 14 + 7 * max((len(n) for n, _, _ in series), default=0)
     ml, mr, mt, mb = 54, 16 + legend_w, 28, 40
     pw, ph = width - ml - mr, height - mt - mb
     clean = []
-    for name, pts in series:
+    for name, pts, kind in series:
         ok = sorted((float(x), float(y)) for x, y in pts
                     if math.isfinite(x) and math.isfinite(y) and (x > 0 or not x_log2) and y > 0)
         if ok:
-            clean.append((name, ok))
+            clean.append((name, ok, kind))
     head = (f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
             f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">'
             f'<text class="ctitle" x="{ml}" y="17">{escape(title)}</text>')
     if not clean:
         return head + f'<text class="nodata" x="{width / 2}" y="{height / 2}" text-anchor="middle">no data</text></svg>'
-    xs = [x for _, p in clean for x, _ in p]
-    ys = [y for _, p in clean for _, y in p]
+    xs = [x for _, p, _ in clean for x, _ in p]
+    ys = [y for _, p, _ in clean for _, y in p]
     xlo, xhi = min(xs), max(xs)
     ylo, yhi = min(ys), max(ys)
     if reference_y is not None and ylo <= reference_y * 1.6:
@@ -145,20 +151,29 @@ def line_chart(
                f'<text class="axis" transform="translate(13 {mt + ph / 2}) rotate(-90)" '
                f'text-anchor="middle">{escape(y_label)}</text>')
     legend_x = ml + pw + 10
-    for i, (name, pts) in enumerate(clean):
-        color = PALETTE[i % len(PALETTE)]
+    colours: dict[str, str] = {}
+    for i, (name, pts, kind) in enumerate(clean):
+        base = name.split(" (", 1)[0]
+        color = colours.setdefault(base, PALETTE[len(colours) % len(PALETTE)])
+        sim = kind == "simulated"
         width_px = 2.6 if i == 0 else 1.6
+        r = 3 if i == 0 else 2.4
+        dash = ' stroke-dasharray="5 3"' if sim else ""
+        fill = f'fill="#fff" stroke="{color}" stroke-width="1.4"' if sim else f'fill="{color}"'
+        cls = "pt simulated" if sim else "pt"
         path = " ".join(f"{fx(x):.1f},{fy(y):.1f}" for x, y in pts)
-        out.append(f'<g class="series" data-series="{escape(name)}">'
-                   f'<polyline fill="none" stroke="{color}" stroke-width="{width_px}" points="{path}"/>')
+        out.append(f'<g class="series" data-series="{escape(name)}" data-kind="{escape(kind)}">'
+                   f'<polyline fill="none" stroke="{color}" stroke-width="{width_px}"{dash} points="{path}"/>')
         for x, y in pts:
-            out.append(f'<circle class="pt" data-series="{escape(name)}" data-x="{x:g}" data-y="{y:.6g}" '
-                       f'cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="{3 if i == 0 else 2.4}" fill="{color}">'
+            out.append(f'<circle class="{cls}" data-series="{escape(name)}" data-x="{x:g}" data-y="{y:.6g}" '
+                       f'cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="{r}" {fill}>'
                        f'<title>{escape(name)}: {x:g} \u2192 {y:.3g}</title></circle>')
         out.append("</g>")
         ly = mt + 10 + 16 * i
-        out.append(f'<g class="legend"><line x1="{legend_x}" y1="{ly - 4}" x2="{legend_x + 16}" y2="{ly - 4}" '
-                   f'stroke="{color}" stroke-width="{width_px}"/><text x="{legend_x + 20}" y="{ly}">'
-                   f'{escape(name)}</text></g>')
+        out.append(f'<g class="legend" data-series="{escape(name)}" data-kind="{escape(kind)}">'
+                   f'<line x1="{legend_x}" y1="{ly - 4}" x2="{legend_x + 16}" y2="{ly - 4}" '
+                   f'stroke="{color}" stroke-width="{width_px}"{dash}/>'
+                   f'<circle class="{"mark simulated" if sim else "mark"}" cx="{legend_x + 8}" cy="{ly - 4}" r="{r}" {fill}/>'
+                   f'<text x="{legend_x + 20}" y="{ly}">{escape(name)}</text></g>')
     out.append("</svg>")
     return "".join(out)

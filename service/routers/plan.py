@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request, Response
 
 from .. import metrics
 from ..schemas import PlanResponse, ValidationErrorOut, ErrorDetail
-from ..validation import RequestValidationFailed, error, parse_plan_request
+from ..validation import RequestValidationFailed, error, parse_plan_request, unsupported_media_type
 
 router = APIRouter(tags=["plan"])
 
@@ -48,13 +48,19 @@ def plan_answer(plan, bucket: dict, policy: dict) -> bytes:
     return orjson.dumps(d, option=_OPT)
 
 
-def handle_plan(body: bytes, state) -> tuple[int, bytes]:
+def handle_plan(body: bytes, state, content_type: bytes | str | None = None) -> tuple[int, bytes]:
     """Validate, plan and serialize one ``POST /v1/plan`` body: ``(status, JSON bytes)``.
+
+    ``content_type`` is the request's Content-Type header (None when absent):
+    415 unless it is JSON (:func:`~kvsplit.service.validation.unsupported_media_type`).
 
     Shared by the route below and the ASGI fast path of
     :class:`kvsplit.service.middleware.GuardMiddleware` (which answers
     ``POST /v1/plan`` without FastAPI's routing and dependency machinery).
     """
+    bad_type = unsupported_media_type(content_type)
+    if bad_type is not None:
+        return 415, bad_type
     try:
         req = parse_plan_request(body, max_kv_len=state.settings.max_kv_len)
     except RequestValidationFailed as exc:
@@ -79,6 +85,7 @@ def handle_plan(body: bytes, state) -> tuple[int, bytes]:
     response_model=PlanResponse,
     responses={
         413: {"model": ErrorDetail, "description": "request body over the size limit (2 MiB)"},
+        415: {"model": ErrorDetail, "description": "Content-Type is not application/json"},
         422: {"model": ValidationErrorOut, "description": "invalid request (field path and index in loc)"},
         503: {"model": ErrorDetail, "description": "policy table not loaded yet"},
     },
@@ -87,5 +94,5 @@ def handle_plan(body: bytes, state) -> tuple[int, bytes]:
 )
 async def plan(request: Request) -> Response:
     """Plan a batch: Plan.to_dict() at the top level plus `bucket` and `policy` (DESIGN.md §3)."""
-    status, out = handle_plan(await request.body(), request.app.state)
+    status, out = handle_plan(await request.body(), request.app.state, request.headers.get("content-type"))
     return Response(out, status_code=status, media_type="application/json")

@@ -13,6 +13,7 @@ from ...db import store
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
 from ..deps import check_head_dim, AdminDep, HolderDep, ServedDep, SettingsDep
+from ..validation import unsupported_media_type
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
 
 router = APIRouter(tags=["policies"])
@@ -54,12 +55,33 @@ def list_policies(
 
     Poll with If-None-Match: the answer is 304 while the table is unchanged.
     """
+    return _table_response(request, served, (gpu, num_kv_heads, head_dim, dtype, page_size))
+
+
+@router.head("/v1/policies", operation_id="head_policies", include_in_schema=False)
+def head_policies(
+    request: Request,
+    served: ServedDep,
+    gpu: Annotated[Optional[str], Query(min_length=1, max_length=200)] = None,
+    num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
+    head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
+    dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
+    page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
+) -> Response:
+    """The headers of ``GET /v1/policies`` (ETag, Content-Length) without the body."""
+    return _table_response(request, served, (gpu, num_kv_heads, head_dim, dtype, page_size), head=True)
+
+
+def _table_response(request: Request, served, query: tuple, head: bool = False) -> Response:
+    gpu, num_kv_heads, head_dim, dtype, page_size = query
     check_head_dim(head_dim)
     flt = (None if gpu is None else queries.canonical_gpu(gpu), num_kv_heads, head_dim, dtype, page_size)
     body, etag = served.filtered(flt)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if _etag_matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
+    if head:
+        return Response(None, media_type="application/json", headers={**headers, "Content-Length": str(len(body))})
     return Response(body, media_type="application/json", headers=headers)
 
 
@@ -89,6 +111,7 @@ async def _after_write(holder) -> int:
     response_model=ImportResult,
     dependencies=[AdminDep],
     responses={**_ADMIN_RESPONSES, 413: {"model": ErrorDetail, "description": "body over the size limit"},
+               415: {"model": ErrorDetail, "description": "Content-Type is not application/json"},
                422: {"model": ValidationErrorOut, "description": "invalid file; nothing stored"}},
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
         "type": "object", "description": "the JSON of `kvsplit db export` (format kvsplit.policies, version 1)",
@@ -100,6 +123,9 @@ async def _after_write(holder) -> int:
                        "policies": {"type": "array", "items": {"type": "object"}}}}}}}},
 )
 async def import_policies(request: Request, settings: SettingsDep, holder: HolderDep) -> Response:
+    bad_type = unsupported_media_type(request.headers.get("content-type"))
+    if bad_type is not None:
+        return Response(bad_type, status_code=415, media_type="application/json")
     body = await request.body()
     try:
         data = orjson.loads(body)
