@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, DISTANCE_LIMIT, HIST_UNITS, NUM_BINS, BucketKey, bucket_key
+from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, BucketKey, bucket_key
 from .buckets import gpu_slug
 from .device import DeviceSpec, resolve_device
 from .limits import _as_kv_lens
