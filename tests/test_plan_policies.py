@@ -42,6 +42,9 @@ POLICY_CASES = [
     ("tuned", {"ctas_per_sm": 0.5, "min_chunk_tokens": 512, "max_splits": 4, "block_n": 32, "num_warps": 2,
                "num_stages": 3, "order": "heavy_first", "schedule": "persistent", "programs_per_sm": 2,
                "pack_tokens": 1024}),
+    ("stream_k", {}),
+    ("stream_k", {"ctas_per_sm": 4, "item_cost_blocks": 3, "min_piece_blocks": 4, "order": "heavy_first"}),
+    ("tuned", {"partition": "stream_k", "min_piece_blocks": 2}),
 ]
 
 
