@@ -1,11 +1,19 @@
 """Speed of the host-side planner pieces (printed figures, never asserted).
 
-    .venv/bin/python bench/bench_planner.py            # script: prints a table
+    .venv/bin/python bench/bench_planner.py            # script: prints both tables
+    .venv/bin/python bench/bench_planner.py --hot      # only the hot-path table (issue 11)
+    KVSPLIT_NUMBA=0 .venv/bin/python bench/bench_planner.py --hot   # the NumPy reference, for comparison
     .venv/bin/python -m pytest bench/bench_planner.py --benchmark-only   # pytest-benchmark
 
 Targets (DESIGN.md / issue 3): make_plan for B=256 in tens of microseconds and
 for B=4096 under a millisecond; bucket_key likewise; simulator predict in a few
 ms for thousands of tiles.
+
+Hot-path table (issue 11: make_plan <= 20 µs at B = 256, <= 300 µs at B = 4096;
+PolicyTable.plan <= 30 µs at B = 256): every call gets a NEW random batch
+(pre-generated, lengths 1..8192), nothing about a batch is cached; p50 and p99
+over the calls, per entry point, B and input form (NumPy int32 array or Python
+list). The compiled core is warmed up (or loaded from numba's disk cache) first.
 """
 
 from __future__ import annotations
@@ -41,7 +49,55 @@ def _time(fn, reps: int) -> tuple[float, float]:
     return statistics.median(samples), samples[int(0.9 * (len(samples) - 1))]
 
 
+def _hot_table() -> None:
+    import json
+    from pathlib import Path
+
+    from kvsplit.kernels import fastplan
+    from kvsplit.kernels.policy_table import PolicyTable
+
+    fastplan.warmup()
+    core = "numba " + __import__("numba").__version__ if fastplan.ENABLED else "NumPy reference (numba off)"
+    print(f"\nhot path, a new random batch per call, planner core: {core}")
+    doc = json.loads((Path(__file__).resolve().parents[1] / "service/data/h200_policies.json").read_text())
+    pols = [{"id": p["id"], "version": p.get("version", 1), "bucket": p["bucket"]["key"],
+             **{k: p["bucket"][k] for k in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")},
+             "name": p["name"], "params": p["params"], "backend": p.get("backend", "gpu")} for p in doc["policies"]]
+    table = PolicyTable.from_json(PolicyTable.document(pols, version=1))
+    print(f"(PolicyTable: the shipped H200 table, {len(table)} policies)")
+    print(f"{'entry point':<34}{'input':>8}{'B':>6}{'p50 µs':>10}{'p99 µs':>10}{'target':>9}")
+    rng = np.random.default_rng(11)
+    for B, reps in ((256, 2000), (4096, 300)):
+        arrays = [rng.integers(1, 8193, B).astype(np.int32) for _ in range(reps)]
+        lists = [a.tolist() for a in arrays]
+        cases = [(f"make_plan {pol}", lambda L, pol=pol: make_plan(L, num_kv_heads=4, device=H200, policy=pol),
+                  20 if B == 256 else 300) for pol in ("balanced", "stream_k", "tuned")]
+        cases.append(("bucket_key", lambda L: fastplan.bucket_key(L, num_kv_heads=4, head_dim=128,
+                                                                  dtype="bfloat16", device=H200), None))
+        cases.append(("PolicyTable.plan", lambda L: table.plan(L, gpu="NVIDIA H200", num_qo_heads=32,
+                                                              num_kv_heads=4, head_dim=128, dtype="bfloat16",
+                                                              page_size=16), 30 if B == 256 else None))
+        for name, fn, target in cases:
+            for form, batches in (("int32", arrays), ("list", lists)):
+                fn(batches[0])
+                samples = []
+                for L in batches:
+                    t = time.perf_counter_ns()
+                    fn(L)
+                    samples.append(time.perf_counter_ns() - t)
+                samples.sort()
+                p50 = samples[len(samples) // 2] / 1e3
+                p99 = samples[int(0.99 * (len(samples) - 1))] / 1e3
+                tgt = f"{target}" if target else "-"
+                print(f"{name:<34}{form:>8}{B:>6}{p50:>10.1f}{p99:>10.1f}{tgt:>9}")
+
+
 def main() -> None:
+    import sys
+
+    if "--hot" in sys.argv:
+        _hot_table()
+        return
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.processor() or platform.machine()}")
     print(f"{'what':<34}{'B':>6}{'median µs':>12}{'p90 µs':>10}")
     for B in (256, 4096):
@@ -56,6 +112,7 @@ def main() -> None:
             p = make_plan(L, num_kv_heads=4, device=H200, policy=pol)
             med, p90 = _time(lambda: predict(p, H200), 30)
             print(f"{'predict ' + pol + f' ({p.num_work_tiles} tiles)':<34}{B:>6}{med * 1e6:>12.1f}{p90 * 1e6:>10.1f}")
+    _hot_table()
 
 
 # pytest-benchmark entry points

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from .plan import Plan
 
-__all__ = ["decode_attention", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
+__all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -136,7 +136,7 @@ def _stage1_tile(
 def _decode_stage1_kernel(
     Q, K, V, O, LSE, PART_O, PART_LSE,
     KV_INDPTR, KV_INDICES,
-    WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, COUNTER,
+    WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, COUNTER, COUNTS,
     qk_scale, PAGE_SIZE: tl.constexpr, num_tiles,
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
@@ -144,8 +144,10 @@ def _decode_stage1_kernel(
     stride_ob, stride_oh,
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
 ):
+    if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
+        num_tiles = tl.load(COUNTS + 2)
     if PERSISTENT:
         tile = tl.atomic_add(COUNTER, 1)
         while tile < num_tiles:
@@ -168,18 +170,22 @@ def _decode_stage1_kernel(
 @triton.jit
 def _decode_merge_kernel(
     PART_O, PART_LSE, O, LSE,
-    MERGE_REQ, MERGE_SLOT, MERGE_NUM,
+    MERGE_REQ, MERGE_SLOT, MERGE_NUM, COUNTS,
     stride_ob, stride_oh,
     H_Q: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, RETURN_LSE: tl.constexpr,
+    DEVICE_COUNTS: tl.constexpr,
 ):
     # One program per (merged request, query head): the partials of up to BLOCK_S
     # splits are loaded at once (independent loads in flight), chunks of BLOCK_S
     # are folded with a running max.
     mid = tl.program_id(0)
     hq = tl.program_id(1)
-    req = tl.load(MERGE_REQ + mid).to(tl.int64)
-    slot0 = tl.load(MERGE_SLOT + mid).to(tl.int64)
-    n = tl.load(MERGE_NUM + mid)
+    active = True
+    if DEVICE_COUNTS:  # grid sized by max_batch; programs past COUNTS[3] merged requests do nothing
+        active = mid < tl.load(COUNTS + 3)
+    req = tl.load(MERGE_REQ + mid, mask=active, other=0).to(tl.int64)
+    slot0 = tl.load(MERGE_SLOT + mid, mask=active, other=0).to(tl.int64)
+    n = tl.load(MERGE_NUM + mid, mask=active, other=0)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
 
@@ -201,10 +207,10 @@ def _decode_merge_kernel(
     nonempty = l_run > 0.0
     l_safe = tl.where(nonempty, l_run, 1.0)
     out = acc / l_safe
-    tl.store(O + req * stride_ob + hq * stride_oh + offs_d, out.to(O.dtype.element_ty))
+    tl.store(O + req * stride_ob + hq * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=active)
     if RETURN_LSE:
         lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + req * H_Q + hq, lse_out)
+        tl.store(LSE + req * H_Q + hq, lse_out, mask=active)
 
 
 # ----------------------------------------------------------------------------
@@ -452,49 +458,99 @@ def decode_attention(
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate
     )
     dev = q.device
-    G = H_q // H_kv
-    arrays = plan.to(dev)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(D)
     if out is None:
-        out = torch.empty((B, H_q, D), dtype=q.dtype, device=dev)
+        out = torch.empty((B, H_q, q.shape[2]), dtype=q.dtype, device=dev)
     if workspace is None:
         workspace = make_workspace(H_q, D, max_partials=plan.num_partials, max_batch=B, device=dev)
-    lse = workspace.lse[:B] if return_lse else workspace.lse
+    return launch_decode(
+        q, k_cache, v_cache, kv_indptr, kv_indices, plan.to(dev), plan.config, out=out, workspace=workspace,
+        num_tiles=plan.num_ctas * H_kv, num_merge=int(plan.merge_layout()[1].shape[0]),
+        max_splits=int(plan.num_splits.max()), sm_scale=sm_scale, return_lse=return_lse,
+    )
 
-    cfg = plan.config
+
+def launch_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    arrays: dict[str, torch.Tensor],
+    config: Any,
+    *,
+    out: torch.Tensor,
+    workspace: DecodeWorkspace,
+    num_tiles: int | None = None,
+    num_merge: int | None = None,
+    max_splits: int | None = None,
+    counts: torch.Tensor | None = None,
+    max_merge: int | None = None,
+    sm_scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The one launcher of stage 1 + merge, from a plan's device arrays (no checks, no allocation).
+
+    ``arrays``: int32 device tensors ``work_request``, ``work_kv_start``,
+    ``work_kv_end``, ``work_slot``, ``cta_indptr``, ``merge_request``,
+    ``merge_slot_start``, ``merge_num`` (:meth:`Plan.to` or
+    :class:`kvsplit.kernels.device_plan.DevicePlanBuffers`). Either the host
+    knows the sizes (``num_tiles``, ``num_merge``, ``max_splits``: a host
+    :class:`Plan`), or ``counts`` (int32 ``[4]`` on the device: num_items,
+    num_ctas, num_tiles, num_merge) holds them: then ``config.schedule`` must be
+    ``"persistent"`` (``config.num_programs`` programs; idle ones exit) and the
+    merge grid is ``max_merge`` (the max batch) programs per query head, those
+    past ``counts[3]`` doing nothing, so the launch shapes never depend on the
+    batch and the call can be replayed by a CUDA graph. The caller validated
+    the inputs (:func:`decode_attention` or
+    :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
+    """
+    dev = q.device
+    B, H_q, D = q.shape
+    _, page_size, H_kv, _ = k_cache.shape
+    G = H_q // H_kv
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(D)
+    lse = workspace.lse[:B] if return_lse else workspace.lse
+    device_counts = counts is not None
+    cfg = config
     persistent = cfg.schedule == "persistent"
-    num_tiles = plan.num_ctas * H_kv
-    if persistent:
+    if device_counts:
+        if not persistent:
+            raise ValueError("config.schedule: a device-resident plan needs the persistent schedule")
+        grid = (cfg.num_programs,)
+        num_tiles = 0
+        workspace.counter.zero_()
+    elif persistent:
         workspace.counter.zero_()
         grid = (min(cfg.num_programs, num_tiles),)
     else:
         grid = (num_tiles,)
+    counts_arg = counts if device_counts else workspace.counter
     block_h = max(16, triton.next_power_of_2(G))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
         kv_indptr, kv_indices,
         arrays["work_request"], arrays["work_kv_start"], arrays["work_kv_end"], arrays["work_slot"],
-        arrays["cta_indptr"], workspace.counter,
+        arrays["cta_indptr"], workspace.counter, counts_arg,
         sm_scale * _LOG2E, page_size, num_tiles,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
-        RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent,
+        RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    num_merge = int(arrays["merge_request"].shape[0])
-    if num_merge:
-        max_splits = int(plan.num_splits.max())
-        block_s = max(2, min(triton.next_power_of_2(max_splits), 4096 // D))
-        _decode_merge_kernel[(num_merge, H_q)](
+    merge_grid = (max_merge if device_counts else num_merge) or 0
+    if merge_grid:
+        splits = max_splits if max_splits is not None else 4096
+        block_s = max(2, min(triton.next_power_of_2(splits), 4096 // D))
+        _decode_merge_kernel[(merge_grid, H_q)](
             workspace.part_o, workspace.part_lse, out, lse,
-            arrays["merge_request"], arrays["merge_slot_start"], arrays["merge_num"],
+            arrays["merge_request"], arrays["merge_slot_start"], arrays["merge_num"], counts_arg,
             out.stride(0), out.stride(1),
-            H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, RETURN_LSE=return_lse,
+            H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, RETURN_LSE=return_lse, DEVICE_COUNTS=device_counts,
             num_warps=4,
         )
     if return_lse:

@@ -19,6 +19,7 @@ from .limits import MAX_WORK_ITEMS, BLOCK_N_CHOICES, DTYPES, NUM_WARPS_CHOICES, 
 from .registry import _POLICY_PARAMS, POLICIES, PlanContext, _knobs, _num, _register
 from .residency import resident_ctas_per_sm
 from .workplan import Plan, _jsonable, build_work_list, pack_ctas
+from . import fastplan as _fastplan
 
 
 class WorkList(NamedTuple):
@@ -459,6 +460,28 @@ def make_plan(
     ValueError
         On any invalid argument or parameter, naming it.
     """
+    if _fastplan.ENABLED:  # the compiled core (kernels/fastplan.py); None where it does not apply
+        fast = _fastplan.make_plan(kv_lens, num_kv_heads=num_kv_heads, device=device, policy=policy, params=params,
+                                   head_dim=head_dim, page_size=page_size, dtype=dtype)
+        if fast is not None:
+            return fast
+    return make_plan_reference(kv_lens, num_kv_heads=num_kv_heads, device=device, policy=policy, params=params,
+                               head_dim=head_dim, page_size=page_size, dtype=dtype)
+
+
+def make_plan_reference(
+    kv_lens: Any,
+    *,
+    num_kv_heads: int,
+    device: DeviceSpec | str,
+    policy: str = "balanced",
+    params: Mapping[str, Any] | None = None,
+    head_dim: int = 128,
+    page_size: int = 16,
+    dtype: str = "bfloat16",
+) -> Plan:
+    """:func:`make_plan` with the NumPy code only: the tested reference of the
+    compiled core (:mod:`.fastplan`), and the planner where numba is missing."""
     L, num_kv_heads, page_size, dev = check_batch_shape(kv_lens, num_kv_heads, head_dim, page_size, dtype, device)
     if not isinstance(policy, str) or policy not in POLICIES:
         raise ValueError(f"policy: unknown policy {policy!r}; known: {sorted(POLICIES)}")

@@ -51,6 +51,7 @@ from .buckets import gpu_slug
 from .device import DeviceSpec, resolve_device
 from .limits import _as_kv_lens
 from .plan import POLICIES, Plan, make_plan
+from . import fastplan as _fastplan
 
 __all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "SERVE_DISTANCE_LIMIT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
 
@@ -285,9 +286,14 @@ class PolicyTable:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads: {num_qo_heads} is not a multiple of num_kv_heads ({num_kv_heads})")
         dev = device if device is not None else resolve_device(gpu)
-        kv_lens = _as_kv_lens(kv_lens)  # once: bucket_key and make_plan then take the int64 array as is
-        key = bucket_key(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=dev,
-                         page_size=page_size)
+        if _fastplan.ENABLED:  # converted once; the compiled passes of bucket_key and make_plan check the range
+            kv_lens = _fastplan.as_kv_lens(kv_lens)
+            key = _fastplan.bucket_key(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                                       device=dev, page_size=page_size)
+        else:
+            kv_lens = _as_kv_lens(kv_lens)  # once: bucket_key and make_plan then take the int64 array as is
+            key = bucket_key(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=dev,
+                             page_size=page_size)
         entry, d = self.lookup(key)
         if entry is None:
             plan = make_plan(kv_lens, num_kv_heads=num_kv_heads, device=dev, policy=self.fallback_name,
@@ -333,6 +339,12 @@ class _Candidates:
         self.any_empty = bool(self.empty.any())
 
     def nearest(self, key: BucketKey, limit: float) -> tuple[PolicyEntry, float] | None:
+        if _fastplan.ENABLED:  # the same integer distances, one compiled loop
+            i, scaled = _fastplan.nearest_scaled(self.cum, self.cls, self.empty, _cum_hist(key), key.batch_class,
+                                                 key.tokens_class, not key.hist, _CLASS_UNITS)
+            if i < 0 or not scaled / _SCALE <= limit:
+                return None
+            return self.entries[i], scaled / _SCALE
         scaled = np.abs(self.cum - _cum_hist(key)).sum(axis=1)
         scaled += _CLASS_UNITS * np.abs(self.cls - (key.batch_class, key.tokens_class)).sum(axis=1)
         if self.any_empty or not key.hist:

@@ -52,6 +52,8 @@ POLICY_CASES = [
     ("tuned", {"partition": "stream_k", "ctas_per_sm": 3, "item_cost_blocks": 2, "min_piece_blocks": 3,
                "order": "heavy_first", "block_n": 128}),
     ("tuned", {"wave_aware": False, "ctas_per_sm": 2}),
+    ("stream_k", {"ctas_per_sm": 4, "item_cost_blocks": 3, "min_piece_blocks": 4, "order": "heavy_first"}),
+    ("tuned", {"partition": "stream_k", "min_piece_blocks": 2}),
 ]
 
 

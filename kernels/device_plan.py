@@ -1,0 +1,347 @@
+"""Device-side planning: the work list of a rule computed by a Triton kernel from
+kv_lens on the GPU, into preallocated buffers (issue 11; DESIGN.md §3 "Engine hot path").
+
+The rules were written as prefix sums plus per-item arithmetic, so one program
+computes them with ``tl.cumsum`` (blocks of requests and of work items, with the
+running sums carried between blocks):
+
+- ``stream_k`` (and ``tuned`` with ``partition="stream_k"``): request ``b``'s
+  cost ``n_b + o``, its prefix ``P_b``, the kept cuts ``k * share - lo_b`` as a
+  closed-form range of ``k``, each piece's CTA (:func:`kvsplit.kernels.policies.stream_k_work`);
+- ``no_split``, ``fixed`` and ``tuned`` with ``wave_aware=False``: per-request
+  ``num_splits`` from one chunk (``cdiv(H_kv * sum(kv_len), ceil(ctas_per_sm *
+  num_SMs))`` rounded up to ``block_n``), then
+  :func:`kvsplit.kernels.workplan.build_work_list`'s chunk boundaries.
+
+Launch order is the batch order; ``order="heavy_first"``, ``pack_tokens`` and
+the wave-aware chunk search (``balanced``, ``tuned`` by default) are host-only:
+:func:`device_rule` raises ``NotImplementedError`` for them, and
+:class:`kvsplit.kernels.wrapper.DecodeWrapper` then plans on the host and
+uploads the plan into the same buffers. The outputs are exactly the host plan's
+arrays and :meth:`Plan.merge_layout` (tests/test_device_plan.py), plus a
+``counts`` vector ``[num_items, num_ctas, num_tiles, num_merge]`` that the
+decode launch reads on the device (no host sync).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from .device import DeviceSpec, resolve_device
+from .limits import MAX_BATCH, MAX_KV_LEN, KernelConfig
+
+__all__ = ["DeviceRule", "DevicePlanBuffers", "device_rule", "alloc_device_plan", "device_plan"]
+
+# counts[] slots
+NUM_ITEMS, NUM_CTAS, NUM_TILES, NUM_MERGE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class DeviceRule:
+    """A rule the device planner runs, with its parameters resolved on the host.
+
+    ``stream_k``: ``C`` CTAs per KV head, ``o`` = item_cost_blocks, ``mp`` =
+    min_piece_blocks. Otherwise ``const_splits`` (> 0: that many splits, 0: the
+    chunk rule with ``ctas_target`` = ``ceil(ctas_per_sm * num_SMs)``,
+    ``min_chunk`` and ``max_splits``).
+    """
+
+    stream_k: bool
+    num_kv_heads: int
+    block_n: int
+    config: KernelConfig
+    C: int = 1
+    o: int = 0
+    mp: int = 1
+    const_splits: int = 0
+    ctas_target: int = 1
+    min_chunk: int = 1
+    max_splits: int = 1 << 30
+
+
+def device_rule(policy: str, params: Mapping[str, Any] | None, *, num_kv_heads: int, device: DeviceSpec | str,
+                head_dim: int = 128, page_size: int = 16, dtype: str = "bfloat16") -> DeviceRule:
+    """Resolve ``policy`` + ``params`` into a :class:`DeviceRule` (validated as
+    :func:`make_plan` validates them).
+
+    Raises
+    ------
+    ValueError
+        Invalid parameters (the planner's messages).
+    NotImplementedError
+        A rule or knob the device planner does not run (see the module doc).
+    """
+    from . import fastplan
+    from .policies import make_plan_reference
+
+    params = dict(params or {})
+    dev = resolve_device(device)
+    make_plan_reference([1], num_kv_heads=num_kv_heads, device=dev, policy=policy, params=params,
+                        head_dim=head_dim, page_size=page_size, dtype=dtype)  # validates, same errors
+    sp = fastplan._build_spec(policy, params, num_kv_heads, dev, head_dim, page_size, dtype)
+    if sp.heavy:
+        raise NotImplementedError("device planning: order='heavy_first' needs a sort; plan on the host")
+    if sp.pack:
+        raise NotImplementedError("device planning: pack_tokens is host-only; plan on the host")
+    cfg = sp.cfg
+    if sp.kind == "stream_k":
+        return DeviceRule(True, num_kv_heads, cfg.block_n, cfg, C=sp.C, o=sp.o, mp=sp.mp)
+    if sp.rule == fastplan._CONST:
+        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, const_splits=sp.arg)
+    if sp.rule == fastplan._FAIR:
+        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, ctas_target=sp.arg, min_chunk=sp.min_chunk,
+                          max_splits=min(sp.max_splits, 1 << 30))
+    raise NotImplementedError(
+        f"device planning: policy {policy!r} uses the wave-aware chunk search (a data-dependent binary search and "
+        "a sort); use stream_k, fixed, no_split or tuned with wave_aware=False, or plan on the host")
+
+
+@dataclass
+class DevicePlanBuffers:
+    """Preallocated int32 device buffers of a plan (host- or device-made).
+
+    ``work_*``, ``work_slot`` ``[max_items]``; ``cta_indptr`` ``[max_items + 1]``;
+    ``merge_*`` ``[max_batch]``; ``req_end``, ``req_p`` scratch ``[max_batch]``; ``counts``
+    ``[4]`` = num_items, num_ctas, num_tiles (num_ctas * H_kv), num_merge.
+    """
+
+    work_request: torch.Tensor
+    work_kv_start: torch.Tensor
+    work_kv_end: torch.Tensor
+    work_slot: torch.Tensor
+    cta_indptr: torch.Tensor
+    merge_request: torch.Tensor
+    merge_slot_start: torch.Tensor
+    merge_num: torch.Tensor
+    req_end: torch.Tensor
+    req_p: torch.Tensor
+    counts: torch.Tensor
+
+    @property
+    def max_items(self) -> int:
+        return int(self.work_request.shape[0])
+
+    @property
+    def max_batch(self) -> int:
+        return int(self.merge_request.shape[0])
+
+    def arrays(self) -> dict[str, torch.Tensor]:
+        """The dict :func:`kvsplit.kernels.decode.launch_decode` takes."""
+        return {k: getattr(self, k) for k in ("work_request", "work_kv_start", "work_kv_end", "work_slot",
+                                                "cta_indptr", "merge_request", "merge_slot_start", "merge_num")}
+
+
+def alloc_device_plan(max_batch: int, max_items: int, device: Any) -> DevicePlanBuffers:
+    """Allocate :class:`DevicePlanBuffers` for batches of up to ``max_batch`` requests
+    and plans of up to ``max_items`` work items."""
+    if not 1 <= max_batch <= MAX_BATCH:
+        raise ValueError(f"max_batch_size: expected 1 <= max_batch_size <= {MAX_BATCH}, got {max_batch}")
+    if max_items < max_batch:
+        raise ValueError(f"max_work_items: expected >= max_batch_size ({max_batch}), got {max_items}")
+    e = dict(dtype=torch.int32, device=device)
+    return DevicePlanBuffers(
+        work_request=torch.zeros(max_items, **e), work_kv_start=torch.zeros(max_items, **e),
+        work_kv_end=torch.zeros(max_items, **e), work_slot=torch.zeros(max_items, **e),
+        cta_indptr=torch.zeros(max_items + 1, **e), merge_request=torch.zeros(max_batch, **e),
+        merge_slot_start=torch.zeros(max_batch, **e), merge_num=torch.zeros(max_batch, **e),
+        req_end=torch.zeros(max_batch, **e), req_p=torch.zeros(max_batch, **e), counts=torch.zeros(4, **e),
+    )
+
+
+@triton.jit
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+@triton.jit
+def _find_request(REQ_END, w, B, LOG2B: tl.constexpr):
+    """Request of each item index ``w``: the first b with req_end[b] > w (binary search)."""
+    lo = tl.zeros_like(w)
+    hi = tl.zeros_like(w) + B
+    for _ in range(LOG2B + 1):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        e = tl.load(REQ_END + mid, mask=active & (mid < B), other=0)
+        go_right = active & (e <= w)
+        lo = tl.where(go_right, mid + 1, lo)
+        hi = tl.where(active & ~go_right, mid, hi)
+    return lo
+
+
+@triton.jit
+def _sk_request(L, block_n, P, o, share, mp):
+    """stream_k per request: (nb, lo, k_lo, kept cuts)."""
+    nb = _cdiv(L, block_n)
+    lo = P + o
+    hi = lo + nb
+    first_k = lo // share + 1
+    last_k = _cdiv(hi, share) - 1
+    k_lo = tl.maximum(first_k, _cdiv(lo + mp, share))
+    k_hi = tl.minimum(last_k, (hi - mp) // share)
+    ncut = tl.maximum(k_hi - k_lo + 1, 0)
+    return nb, lo, k_lo, ncut
+
+
+@triton.jit
+def _device_plan_kernel(
+    KV_LENS, B, REQ_END, REQ_P,
+    WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR,
+    MERGE_REQ, MERGE_SLOT, MERGE_NUM, COUNTS, COUNTER,
+    H, block_n, C, o, mp, const_splits, ctas_target, min_chunk, max_splits, max_items,
+    STREAM_K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, LOG2B: tl.constexpr,
+):
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_w = tl.arange(0, BLOCK_W)
+    # ---- phase 0: totals -------------------------------------------------------
+    total = tl.zeros([], dtype=tl.int64)
+    for b0 in range(0, B, BLOCK_B):
+        m = (b0 + offs_b) < B
+        L = tl.load(KV_LENS + b0 + offs_b, mask=m, other=0).to(tl.int64)
+        if STREAM_K:
+            total += tl.sum(tl.where(m, _cdiv(L, block_n) + o, 0), axis=0)
+        else:
+            total += tl.sum(L, axis=0)
+    if STREAM_K:
+        share = tl.maximum(_cdiv(total, C), 1)
+        chunk = share  # unused
+    else:
+        fair = _cdiv(total * H, ctas_target)
+        chunk = tl.maximum(tl.maximum(fair, min_chunk), 1)
+        chunk = _cdiv(chunk, block_n) * block_n
+        share = chunk  # unused
+    # ---- phase 1: per-request item counts, prefix sums, merge layout -------------
+    items = tl.zeros([], dtype=tl.int64)
+    cost = tl.zeros([], dtype=tl.int64)
+    slots = tl.zeros([], dtype=tl.int64)
+    merges = tl.zeros([], dtype=tl.int64)
+    for b0 in range(0, B, BLOCK_B):
+        m = (b0 + offs_b) < B
+        L = tl.load(KV_LENS + b0 + offs_b, mask=m, other=0).to(tl.int64)
+        if STREAM_K:
+            c_b = tl.where(m, _cdiv(L, block_n) + o, 0)
+            P = cost + tl.cumsum(c_b, axis=0) - c_b
+            nb, lo, k_lo, ncut = _sk_request(L, block_n, P, o, share, mp)
+            n = ncut + 1
+            tl.store(REQ_P + b0 + offs_b, P.to(tl.int32), mask=m)
+            cost += tl.sum(c_b, axis=0)
+        else:
+            if const_splits > 0:
+                n = tl.zeros_like(L) + const_splits
+            else:
+                n = tl.minimum(tl.maximum(_cdiv(L, chunk), 1), max_splits)
+            n = tl.maximum(tl.minimum(n, tl.maximum(L, 1)), 1)
+        n = tl.where(m, n, 0)
+        ends = items + tl.cumsum(n, axis=0)
+        tl.store(REQ_END + b0 + offs_b, ends.to(tl.int32), mask=m)
+        split = (n > 1) & m
+        sl = tl.where(split, n, 0)
+        slot_base = slots + tl.cumsum(sl, axis=0) - sl
+        mi = merges + tl.cumsum(split.to(tl.int64), axis=0) - 1
+        tl.store(MERGE_REQ + mi, (b0 + offs_b).to(tl.int32), mask=split)
+        tl.store(MERGE_SLOT + mi, slot_base.to(tl.int32), mask=split)
+        tl.store(MERGE_NUM + mi, n.to(tl.int32), mask=split)
+        items += tl.sum(n, axis=0)
+        slots += tl.sum(sl, axis=0)
+        merges += tl.sum(split.to(tl.int64), axis=0)
+    tl.debug_barrier()
+    W = tl.minimum(items, max_items)  # the wrapper checks num_items <= max_items after the step
+    # ---- phase 2: items ---------------------------------------------------------
+    ctas = tl.zeros([], dtype=tl.int64)
+    for w0 in range(0, W, BLOCK_W):
+        w = w0 + offs_w
+        mw = w < W
+        b = _find_request(REQ_END, w, B, LOG2B)
+        bc = tl.minimum(b, B - 1)
+        Lb = tl.load(KV_LENS + bc, mask=mw, other=0).to(tl.int64)
+        end_b = tl.load(REQ_END + bc, mask=mw, other=0).to(tl.int64)
+        first_b = tl.load(REQ_END + bc - 1, mask=mw & (bc > 0), other=0).to(tl.int64)
+        nb_items = end_b - first_b
+        j = w - first_b
+        if STREAM_K:
+            P = tl.load(REQ_P + bc, mask=mw, other=0).to(tl.int64)
+            nblk, lo, k_lo, ncut = _sk_request(Lb, block_n, P, o, share, mp)
+            sblk = tl.where(j > 0, (k_lo + j - 1) * share - lo, 0)
+            eblk = tl.where(j < nb_items - 1, (k_lo + j) * share - lo, nblk)
+            start = tl.minimum(sblk * block_n, Lb)
+            end = tl.minimum(eblk * block_n, Lb)
+            push = tl.where(j == 0, tl.minimum(mp - 1, tl.maximum(nblk - 1, 0)), 0)
+            cta = tl.minimum((lo + sblk + push) // share, C - 1)
+            # the previous item's CTA (item w - 1), by the same arithmetic
+            wp = tl.maximum(w - 1, 0)
+            bp = tl.minimum(_find_request(REQ_END, wp, B, LOG2B), B - 1)
+            Lp = tl.load(KV_LENS + bp, mask=mw, other=0).to(tl.int64)
+            Pp = tl.load(REQ_P + bp, mask=mw, other=0).to(tl.int64)
+            fp = tl.load(REQ_END + bp - 1, mask=mw & (bp > 0), other=0).to(tl.int64)
+            jp = wp - fp
+            nblk_p, lo_p, k_lo_p, _nc = _sk_request(Lp, block_n, Pp, o, share, mp)
+            sblk_p = tl.where(jp > 0, (k_lo_p + jp - 1) * share - lo_p, 0)
+            push_p = tl.where(jp == 0, tl.minimum(mp - 1, tl.maximum(nblk_p - 1, 0)), 0)
+            cta_p = tl.minimum((lo_p + sblk_p + push_p) // share, C - 1)
+            boundary = mw & ((w == 0) | (cta != cta_p))
+        else:
+            tiles = _cdiv(Lb, block_n)
+            aligned = tiles >= nb_items
+            nz = tl.maximum(nb_items, 1)
+            start = tl.where(aligned, block_n * ((j * tiles) // nz), (j * Lb) // nz)
+            end = tl.where(aligned, tl.minimum(block_n * (((j + 1) * tiles) // nz), Lb), ((j + 1) * Lb) // nz)
+            boundary = mw
+        split = nb_items > 1
+        tl.store(WORK_REQ + w, bc.to(tl.int32), mask=mw)
+        tl.store(WORK_START + w, start.to(tl.int32), mask=mw)
+        tl.store(WORK_END + w, end.to(tl.int32), mask=mw)
+        # -1 for items of single-split requests; split items get their slot in phase 3
+        tl.store(WORK_SLOT + w, tl.where(split, j, -1).to(tl.int32), mask=mw)
+        pos = ctas + tl.cumsum(boundary.to(tl.int64), axis=0) - 1
+        tl.store(CTA_INDPTR + pos, w.to(tl.int32), mask=boundary)
+        ctas += tl.sum(boundary.to(tl.int64), axis=0)
+    tl.debug_barrier()
+    # ---- phase 3: slots of split items (merge_slot_start of their request) -------
+    for m0 in range(0, merges, BLOCK_B):
+        mi = m0 + offs_b
+        mm = mi < merges
+        r = tl.load(MERGE_REQ + mi, mask=mm, other=0)
+        s0 = tl.load(MERGE_SLOT + mi, mask=mm, other=0)
+        nr = tl.load(MERGE_NUM + mi, mask=mm, other=0)
+        e = tl.load(REQ_END + r, mask=mm, other=0)
+        first = e - nr
+        for jj in range(0, tl.max(nr, axis=0)):
+            ok = mm & (jj < nr)
+            tl.store(WORK_SLOT + first + jj, s0 + jj, mask=ok)
+    tl.store(CTA_INDPTR + ctas, W.to(tl.int32))
+    tl.store(COUNTS + 0, items.to(tl.int32))
+    tl.store(COUNTS + 1, ctas.to(tl.int32))
+    tl.store(COUNTS + 2, (ctas * H).to(tl.int32))
+    tl.store(COUNTS + 3, merges.to(tl.int32))
+    tl.store(COUNTER, 0)
+
+
+def device_plan(kv_lens: torch.Tensor, rule: DeviceRule, bufs: DevicePlanBuffers, counter: torch.Tensor) -> None:
+    """Compute ``rule``'s work list for ``kv_lens`` (int32 ``[B]``, on the device)
+    into ``bufs`` (one launch, no allocation, no sync: CUDA-graph safe). Also
+    resets the persistent schedule's work ``counter``. The kv_lens are the
+    caller's contract here (0 <= kv_len <= 2^31-1, as FlashInfer's plan
+    trusts its indptr in graph mode); ``bufs.counts[0]`` holds the plan's true
+    item count, which the caller may compare with ``bufs.max_items`` off the hot path.
+    """
+    B = int(kv_lens.shape[0])
+    if B > bufs.max_batch:
+        raise ValueError(f"kv_lens: batch of {B} requests above max_batch_size={bufs.max_batch}")
+    block_b = min(max(triton.next_power_of_2(B), 16), 1024)
+    _device_plan_kernel[(1,)](
+        kv_lens, B, bufs.req_end, bufs.req_p,
+        bufs.work_request, bufs.work_kv_start, bufs.work_kv_end, bufs.work_slot, bufs.cta_indptr,
+        bufs.merge_request, bufs.merge_slot_start, bufs.merge_num, bufs.counts, counter,
+        rule.num_kv_heads, rule.block_n, rule.C, rule.o, rule.mp, rule.const_splits, rule.ctas_target,
+        rule.min_chunk, rule.max_splits, bufs.max_items,
+        STREAM_K=rule.stream_k, BLOCK_B=block_b, BLOCK_W=1024 if B > 64 else 256,
+        LOG2B=max(1, math.ceil(math.log2(max(bufs.max_batch, 2)))),
+        num_warps=4,
+    )
+

@@ -1,0 +1,693 @@
+"""Compiled host planner: the rules of :mod:`.policies` as numba loops (issue 11).
+
+The NumPy planner (:func:`kvsplit.kernels.policies.make_plan`'s own code,
+:func:`~kvsplit.kernels.workplan.build_work_list`, :func:`~kvsplit.kernels.workplan.pack_ctas`,
+:func:`~kvsplit.kernels.policies.stream_k_work`, :func:`~kvsplit.kernels.policies.wave_aware_chunk`,
+:func:`kvsplit.kernels.buckets.bucket_key`) is the tested reference; this module
+computes the same plans and bucket keys (tests/test_fastplan.py compares them
+on random batches) in one compiled pass per call, so a decode step's host
+planning stays in the tens of microseconds:
+
+- the batch is converted once (a list becomes an int64 array; an int32 or int64
+  array is used as is) and its range check is fused into the compiled pass that
+  reads it (``kv_lens[i]`` out of range raises the reference's ``ValueError``);
+- the policy parameters are parsed and validated by the reference code (one probe
+  plan) the first time a (policy, params, shape, device) combination is seen, and
+  the parsed form is memoized: it depends on the parameters and the shape, never
+  on the batch (nothing about a batch, its plan or its bucket is cached);
+- the rules ``no_split``, ``fixed``, ``balanced`` (wave-aware chunk), ``stream_k``
+  and ``tuned`` (both partitions) run as numba ``@njit(cache=True)`` functions
+  (machine code cached on disk next to this file, or under ``NUMBA_CACHE_DIR``);
+  ``flashinfer`` and ``fa3`` keep the NumPy code.
+
+Without numba (it is a dependency, but the planner must not need more than
+NumPy), or with ``KVSPLIT_NUMBA=0`` in the environment, :data:`ENABLED` is false
+and every entry point uses the NumPy reference. :func:`reference` is a context
+manager that switches to the reference temporarily (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from .buckets import HIST_UNITS, NUM_BINS, BucketKey, gpu_slug
+from .device import DeviceSpec, resolve_device
+from .limits import MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, _as_kv_lens, check_batch_shape, default_config
+from .workplan import Plan
+
+try:  # pragma: no branch
+    if os.environ.get("KVSPLIT_NUMBA", "1") == "0":
+        raise ImportError("disabled by KVSPLIT_NUMBA=0")
+    import numba
+
+    def _jit(fn):
+        return numba.njit(cache=True, nogil=True)(fn)
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised where numba is missing
+    numba = None
+    HAVE_NUMBA = False
+
+    def _jit(fn):
+        return fn
+
+ENABLED = HAVE_NUMBA
+"""Whether :func:`kvsplit.kernels.plan.make_plan` and the bucket key use the compiled core."""
+
+FAST_POLICIES = ("no_split", "fixed", "balanced", "stream_k", "tuned")
+"""Policies the compiled core plans; the others use the NumPy code."""
+
+__all__ = ["ENABLED", "HAVE_NUMBA", "FAST_POLICIES", "reference", "as_kv_lens", "make_plan", "bucket_key",
+           "warmup"]
+
+
+@contextlib.contextmanager
+def reference() -> Iterator[None]:
+    """Use the NumPy reference planner inside the ``with`` block."""
+    global ENABLED
+    old = ENABLED
+    ENABLED = False
+    try:
+        yield
+    finally:
+        ENABLED = old
+
+
+# ----------------------------------------------------------------------------
+# Compiled core (plain loops; each function is the loop form of the NumPy
+# function it names, with the same integer and float operations)
+# ----------------------------------------------------------------------------
+
+_MAXLEN = np.int64(MAX_KV_LEN)
+_UNITS = HIST_UNITS
+_NBINS = NUM_BINS
+
+# rule codes of _even_chunks
+_CONST, _WAVE, _FAIR = 0, 1, 2
+
+
+@_jit
+def _check_lens(L):
+    """int64 copy of ``L``, first out-of-range index (-1 if none), sum, max."""
+    B = L.shape[0]
+    out = np.empty(B, np.int64)
+    bad = -1
+    total = 0
+    lmax = 0
+    for i in range(B):
+        v = np.int64(L[i])
+        if (v < 0 or v > _MAXLEN) and bad < 0:
+            bad = i
+        out[i] = v
+        total += v
+        if v > lmax:
+            lmax = v
+    return out, bad, total, lmax
+
+
+@_jit
+def _min_value(L):
+    m = np.int64(L[0])
+    for i in range(1, L.shape[0]):
+        if L[i] < m:
+            m = np.int64(L[i])
+    return m
+
+
+@_jit
+def _tiles(L, chunk):
+    s = 0
+    for i in range(L.shape[0]):
+        t = (L[i] + chunk - 1) // chunk
+        s += t if t > 1 else 1
+    return s
+
+
+@_jit
+def _wave_aware_chunk(L, total, lmax, H, block_n, target, min_chunk):
+    """policies.wave_aware_chunk."""
+    tot = total * H
+    c = (tot + target - 1) // target
+    c = max(c, block_n, min_chunk)
+    chunk0 = (c + block_n - 1) // block_n * block_n
+    B = L.shape[0]
+    tiles0 = H * _tiles(L, chunk0)
+    if H * B > target or tiles0 <= target:
+        return chunk0
+    lo = chunk0 // block_n
+    hi = max((lmax + block_n - 1) // block_n, lo)
+    limit = target // H
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _tiles(L, mid * block_n) > limit:
+            lo = mid + 1
+        else:
+            hi = mid
+    chunk_fit = lo * block_n
+    if tiles0 > 2 * target:
+        return chunk0
+    sizes = np.empty(tiles0, np.float64)
+    k = 0
+    for i in range(B):
+        n = (L[i] + chunk0 - 1) // chunk0
+        if n < 1:
+            n = 1
+        s = L[i] / n
+        for _ in range(n * H):
+            sizes[k] = s
+            k += 1
+    first = np.sort(sizes[:target])
+    est0 = first[-1]
+    for j in range(tiles0 - target):
+        v = first[j] + sizes[target + j]
+        if v > est0:
+            est0 = v
+    return chunk_fit if chunk_fit <= est0 else chunk0
+
+
+@_jit
+def _heavy_first(L):
+    return np.argsort(-L, kind="mergesort")
+
+
+@_jit
+def _pack(start, end, pack, out):
+    """workplan.pack_ctas into ``out`` (>= W + 1 entries); returns the entries written."""
+    W = start.shape[0]
+    if pack <= 0 or W <= 1:
+        for i in range(W + 1):
+            out[i] = i
+        return W + 1
+    c = 0
+    cum = 0
+    prev_short = False
+    prev_bucket = -1
+    for i in range(W):
+        length = end[i] - start[i]
+        short = length < pack
+        bucket = cum // pack
+        if i == 0 or not short or not prev_short or bucket != prev_bucket:
+            out[c] = i
+            c += 1
+        if short:
+            cum += length
+        prev_short = short
+        prev_bucket = bucket
+    out[c] = W
+    return c + 1
+
+
+@_jit
+def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first, pack, max_items):
+    """Validate, split (rule), build_work_list, pack_ctas.
+
+    rule _CONST: num_splits = arg; _WAVE: chunk = wave_aware_chunk(target=arg,
+    min_chunk); _FAIR: chunk = roundup(max(cdiv(H*sum, arg), min_chunk, 1), block_n).
+    Returns (status, info, W, NC, b64, b32): b64 = [kv_lens (B) | start (W) | end (W)],
+    b32 = [num_splits (B) | work_request (W) | cta_indptr (NC) | spare] (two
+    buffers: boxing each returned array costs about a microsecond); status 1:
+    kv_lens[info] out of range, 2: info work items above max_items.
+    """
+    L, bad, total, lmax = _check_lens(L_in)
+    B = L.shape[0]
+    if bad >= 0:
+        return 1, bad, 0, 0, L, np.empty(0, np.int32)
+    if rule == _WAVE:
+        chunk = _wave_aware_chunk(L, total, lmax, H, block_n, arg, min_chunk)
+    elif rule == _FAIR:
+        fair = (total * H + arg - 1) // arg
+        chunk = (max(fair, min_chunk, 1) + block_n - 1) // block_n * block_n
+    else:
+        chunk = 0
+    n = np.empty(B, np.int64)
+    W = 0
+    for i in range(B):
+        if rule == _CONST:
+            s = arg
+        else:
+            s = (L[i] + chunk - 1) // chunk
+            if s < 1:
+                s = 1
+            if s > max_splits:
+                s = max_splits
+        # build_work_list's clamp: 1 <= n <= max(kv_len, 1)
+        cap = L[i] if L[i] > 1 else 1
+        if s > cap:
+            s = cap
+        if s < 1:
+            s = 1
+        n[i] = s
+        W += s
+    if W > max_items:
+        return 2, W, 0, 0, L, np.empty(0, np.int32)
+    b64 = np.empty(B + 2 * W, np.int64)
+    b32 = np.empty(B + 2 * W + 1, np.int32)
+    b64[:B] = L
+    start = b64[B: B + W]
+    end = b64[B + W:]
+    req = b32[B: B + W]
+    perm = _heavy_first(L) if heavy_first else np.arange(B)
+    k = 0
+    for ii in range(B):
+        b = perm[ii]
+        Lb = L[b]
+        nb = n[b]
+        tiles = (Lb + block_n - 1) // block_n
+        aligned = tiles >= nb
+        for j in range(nb):
+            req[k] = b
+            if aligned:
+                start[k] = block_n * ((j * tiles) // nb)
+                e = block_n * (((j + 1) * tiles) // nb)
+                end[k] = e if e < Lb else Lb
+            else:
+                start[k] = (j * Lb) // nb
+                end[k] = ((j + 1) * Lb) // nb
+            k += 1
+    for i in range(B):
+        b32[i] = n[i]
+    nc = _pack(start, end, pack, b32[B + W:])
+    return 0, 0, W, nc, b64, b32
+
+
+@_jit
+def _stream_k(L_in, H, C, block_n, o, mp, heavy_first):
+    """Validate, then policies.stream_k_work with C CTAs per KV head (same return as _even_chunks)."""
+    L, bad, total, lmax = _check_lens(L_in)
+    B = L.shape[0]
+    if bad >= 0:
+        return 1, bad, 0, 0, L, np.empty(0, np.int32)
+    order = _heavy_first(L) if heavy_first else np.arange(B)
+    total_cost = 0
+    for i in range(B):
+        total_cost += (L[i] + block_n - 1) // block_n + o
+    share = (total_cost + C - 1) // C
+    if share < 1:
+        share = 1
+    # pass 1: items per request
+    W = 0
+    P = 0
+    for i in range(B):
+        nb = (L[order[i]] + block_n - 1) // block_n
+        lo = P + o
+        hi = lo + nb
+        cnt = 1
+        for kk in range(lo // share + 1, (hi + share - 1) // share):
+            cut = kk * share - lo
+            if mp <= 1 or (cut >= mp and nb - cut >= mp):
+                cnt += 1
+        W += cnt
+        P += nb + o
+    b64 = np.empty(B + 2 * W, np.int64)
+    b32 = np.empty(B + 2 * W + 1, np.int32)
+    b64[:B] = L
+    start = b64[B: B + W]
+    end = b64[B + W:]
+    num_splits = b32[:B]
+    req = b32[B: B + W]
+    cta_start = b32[B + W:]
+    nc = 0
+    prev_cta = -1
+    w = 0
+    P = 0
+    for i in range(B):
+        b = order[i]
+        Lb = L[b]
+        nb = (Lb + block_n - 1) // block_n
+        lo = P + o
+        hi = lo + nb
+        prev = 0
+        j = 0
+        kk = lo // share + 1
+        k_end = (hi + share - 1) // share
+        while True:
+            # the next kept cut after prev, or the request's end
+            eb = nb
+            while kk < k_end:
+                cut = kk * share - lo
+                kk += 1
+                if mp <= 1 or (cut >= mp and nb - cut >= mp):
+                    eb = cut
+                    break
+            req[w] = b
+            s = prev * block_n
+            e = eb * block_n
+            start[w] = s if s < Lb else Lb
+            end[w] = e if e < Lb else Lb
+            push = 0
+            if j == 0:
+                push = min(mp - 1, max(nb - 1, 0))
+            c = (lo + prev + push) // share
+            if c > C - 1:
+                c = C - 1
+            if c != prev_cta:
+                cta_start[nc] = w
+                nc += 1
+                prev_cta = c
+            w += 1
+            j += 1
+            if eb == nb:
+                break
+            prev = eb
+        num_splits[b] = j
+        P += nb + o
+    cta_start[nc] = W
+    return 0, 0, W, nc + 1, b64, b32
+
+
+@_jit
+def _hist_units(L_in):
+    """Validate, then buckets.bucket_key's quantized token-weighted histogram.
+
+    Returns (bad, B, total, q int64 [NUM_BINS]) (q all zero when total == 0)."""
+    B = L_in.shape[0]
+    w = np.zeros(_NBINS, np.int64)
+    total = 0
+    bad = -1
+    for i in range(B):
+        v = np.int64(L_in[i])
+        if v < 0 or v > _MAXLEN:
+            if bad < 0:
+                bad = i
+            continue
+        if v > 0:
+            k = math.frexp(float(v))[1] - 1  # floor(log2 v), exact below 2^53
+            half = 1 if v * v >= (np.int64(1) << (2 * k + 1)) else 0
+            w[2 * k + half] += v
+            total += v
+    q = np.zeros(_NBINS, np.int64)
+    if bad >= 0 or total == 0:
+        return bad, B, total, q
+    scale = _UNITS / float(total)
+    exact = np.empty(_NBINS, np.float64)
+    rem = np.empty(_NBINS, np.float64)
+    got = 0
+    for i in range(_NBINS):
+        exact[i] = float(w[i]) * scale
+        q[i] = np.int64(math.floor(exact[i]))
+        got += q[i]
+        rem[i] = -(exact[i] - q[i])
+    short = _UNITS - got
+    if short > 0:
+        order = np.argsort(rem, kind="mergesort")
+        for j in range(short):
+            q[order[j]] += 1
+    return bad, B, total, q
+
+
+@_jit
+def _nearest_scaled(cum, cls, empty, key_cum, key_b, key_t, key_empty, class_units):
+    """policy_table._Candidates.nearest's scaled distances: (index of the first
+    minimum, its scaled distance, or -1 when every candidate is infinitely far)."""
+    best = -1
+    best_d = 0
+    for i in range(cum.shape[0]):
+        if empty[i] != key_empty:
+            continue
+        d = class_units * (abs(cls[i, 0] - key_b) + abs(cls[i, 1] - key_t))
+        if not key_empty:
+            for j in range(cum.shape[1]):
+                d += abs(cum[i, j] - key_cum[j])
+        if best < 0 or d < best_d:
+            best = i
+            best_d = d
+    return best, best_d
+
+
+# ----------------------------------------------------------------------------
+# Input conversion (once per call)
+# ----------------------------------------------------------------------------
+
+
+def as_kv_lens(kv_lens: Any) -> np.ndarray:
+    """``kv_lens`` as a 1-D int32 or int64 NumPy array, converted once.
+
+    A list or tuple of Python ints becomes int64 (elements that are not integers,
+    bools included, raise the reference's ``ValueError`` naming the index); an
+    int32/int64 array is returned as is; anything else goes through the reference
+    conversion. The value range (0 <= kv_len <= 2^31-1) is checked by the
+    compiled pass that reads the array, not here.
+    """
+    t = type(kv_lens)
+    if t is np.ndarray:
+        arr = kv_lens
+        if arr.dtype.kind != "i" or arr.dtype.itemsize not in (4, 8):
+            return _as_kv_lens(arr)
+    elif t is list or t is tuple:
+        try:
+            arr = np.array(kv_lens)
+        except (OverflowError, ValueError, TypeError):
+            return _as_kv_lens(kv_lens)
+        if arr.dtype != np.int64 or arr.ndim != 1 or arr.shape[0] == 0:
+            return _as_kv_lens(kv_lens)
+        # a bool among ints converts to 0/1: only then look at the element types
+        if _min_value(arr) <= 1 and bool in set(map(type, kv_lens)):
+            return _as_kv_lens(kv_lens)
+    else:
+        return _as_kv_lens(kv_lens)
+    if arr.ndim != 1:
+        raise ValueError(f"kv_lens: expected a 1-D array, got shape {arr.shape}")
+    B = arr.shape[0]
+    if B < 1:
+        raise ValueError("kv_lens: expected at least one request, got an empty batch")
+    if B > MAX_BATCH:
+        raise ValueError(f"kv_lens: expected at most {MAX_BATCH} requests, got {B}")
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr
+
+
+def _range_error(arr: np.ndarray, i: int) -> ValueError:
+    return ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {int(arr[i])}")
+
+
+# ----------------------------------------------------------------------------
+# Parsed policy parameters (memoized per policy, params, shape and device)
+# ----------------------------------------------------------------------------
+
+
+class _Spec:
+    """What a (policy, params, shape, device) combination plans with (batch independent)."""
+
+    __slots__ = ("kind", "rule", "arg", "min_chunk", "max_splits", "heavy", "pack", "C", "o", "mp", "cfg",
+                 "policy", "params", "H", "head_dim", "page_size", "dtype", "gpu", "device")
+
+
+_SPECS: dict[tuple, _Spec] = {}
+_SHAPES: dict[tuple, tuple] = {}
+_MEMO_MAX = 512
+
+
+def _params_key(params: Mapping[str, Any] | None) -> tuple | None:
+    if not params:
+        return ()
+    try:
+        key = tuple((k, type(v), v) for k, v in sorted(params.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _device_key(device: Any) -> Any:
+    return device if type(device) is str else id(device)
+
+
+def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: DeviceSpec, head_dim: int,
+                page_size: int, dtype: str) -> _Spec:
+    from . import policies as P  # the reference's own helpers parse the parameters
+    from .registry import PlanContext, _knobs, _num
+    from .workplan import _jsonable
+
+    # validate everything exactly as the reference does (same errors), on a probe batch
+    P.make_plan_reference([1], num_kv_heads=num_kv_heads, device=dev, policy=policy, params=params,
+                          head_dim=head_dim, page_size=page_size, dtype=dtype)
+    ctx = PlanContext(dev, num_kv_heads, head_dim, page_size, dtype)
+    S = dev.num_sms
+    sp = _Spec()
+    sp.kind, sp.rule, sp.arg, sp.min_chunk, sp.max_splits, sp.pack = "even", _CONST, 1, 1, 1 << 62, 0
+    sp.C, sp.o, sp.mp = 1, 0, 1
+    if policy == "no_split":
+        cfg, order, pack = _knobs(params, ctx, "natural")
+    elif policy == "fixed":
+        cfg, order, pack = _knobs(params, ctx, "natural")
+        sp.arg = int(params["num_splits"])
+    elif policy == "balanced":
+        target = P._ctas_per_sm(params, 4.0)
+        cfg, order, pack = _knobs(params, ctx, "natural")
+        sp.rule, sp.arg = _WAVE, P.wave_target(ctx, cfg, target)
+    elif policy == "stream_k":
+        target, sp.o, sp.mp = P._stream_k_params(params)
+        cfg, order, pack = _knobs(params, ctx, "natural")
+        sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // num_kv_heads)
+    elif policy == "tuned":
+        space = P.TUNED_PARAM_SPACE
+        target = _num("ctas_per_sm", params.get("ctas_per_sm", space["ctas_per_sm"]["default"]),
+                      space["ctas_per_sm"]["low"], space["ctas_per_sm"]["high"])
+        pps = int(params.get("programs_per_sm", space["programs_per_sm"]["default"]))
+        cfg, order, pack = _knobs(params, ctx, space["order"]["default"], default_programs=pps * S)
+        if params.get("partition", space["partition"]["default"]) == "stream_k":
+            _, sp.o, sp.mp = P._stream_k_params(params)
+            sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // num_kv_heads)
+        else:
+            sp.min_chunk = int(params.get("min_chunk_tokens", space["min_chunk_tokens"]["default"]))
+            sp.max_splits = int(params.get("max_splits", space["max_splits"]["default"]))
+            if params.get("wave_aware", space["wave_aware"]["default"]):
+                sp.rule, sp.arg = _WAVE, max(1, int(math.floor(target * S)))
+            else:
+                sp.rule, sp.arg = _FAIR, max(1, int(math.ceil(target * S)))
+    else:  # pragma: no cover - callers check FAST_POLICIES
+        raise AssertionError(policy)
+    sp.heavy = order == "heavy_first"
+    sp.pack = int(pack)
+    sp.cfg = cfg
+    sp.policy = policy
+    sp.params = _jsonable(dict(params))
+    sp.H, sp.head_dim, sp.page_size, sp.dtype = num_kv_heads, head_dim, page_size, dtype
+    sp.gpu = dev.name
+    sp.device = dev
+    return sp
+
+
+def _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype) -> _Spec:
+    pk = _params_key(params)
+    key = None
+    if pk is not None and type(num_kv_heads) is int and type(head_dim) is int and type(page_size) is int:
+        key = (policy, pk, num_kv_heads, head_dim, page_size, dtype, _device_key(device))
+        sp = _SPECS.get(key)
+        if sp is not None and (type(device) is str or sp.device is device):
+            return sp
+    _, num_kv_heads, page_size, dev = check_batch_shape([1], num_kv_heads, head_dim, page_size, dtype, device)
+    sp = _build_spec(policy, dict(params or {}), num_kv_heads, dev, int(head_dim), page_size, dtype)
+    if key is not None:
+        if len(_SPECS) >= _MEMO_MAX:
+            _SPECS.clear()
+        _SPECS[key] = sp
+    return sp
+
+
+# ----------------------------------------------------------------------------
+# Entry points
+# ----------------------------------------------------------------------------
+
+_new = object.__new__
+
+
+def make_plan(kv_lens: Any, *, num_kv_heads: int, device: DeviceSpec | str, policy: str = "balanced",
+              params: Mapping[str, Any] | None = None, head_dim: int = 128, page_size: int = 16,
+              dtype: str = "bfloat16") -> Plan | None:
+    """:func:`kvsplit.kernels.plan.make_plan` on the compiled core; ``None`` when
+    it does not apply (numba off, or a policy outside :data:`FAST_POLICIES`)."""
+    if not ENABLED or policy not in FAST_POLICIES or type(policy) is not str:
+        return None
+    sp = _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype)
+    arr = as_kv_lens(kv_lens)
+    cfg = sp.cfg
+    if sp.kind == "stream_k":
+        status, info, W, nc, b64, b32 = _stream_k(arr, sp.H, sp.C, cfg.block_n, sp.o, sp.mp, sp.heavy)
+    else:
+        status, info, W, nc, b64, b32 = _even_chunks(
+            arr, sp.H, cfg.block_n, sp.rule, sp.arg, sp.min_chunk, sp.max_splits, sp.heavy, sp.pack, MAX_WORK_ITEMS)
+    if status:
+        if status == 1:
+            raise _range_error(arr, info)
+        raise ValueError(f"params: the plan would have {info} work items, above the limit of {MAX_WORK_ITEMS} "
+                         f"(fewer splits per request)")
+    b64.flags.writeable = False
+    b32.flags.writeable = False
+    B = arr.shape[0]
+    L, start, end = b64[:B], b64[B: B + W], b64[B + W:]
+    n, req, cta = b32[:B], b32[B: B + W], b32[B + W: B + W + nc]
+    plan = _new(Plan)
+    plan.__dict__.update(
+        kv_lens=L, num_splits=n, work_request=req, work_kv_start=start, work_kv_end=end, cta_indptr=cta,
+        config=cfg, policy=sp.policy, params=dict(sp.params), num_kv_heads=sp.H, head_dim=sp.head_dim,
+        page_size=sp.page_size, dtype=sp.dtype, gpu=sp.gpu, _cache={},
+    )
+    return plan
+
+
+def _shape(num_kv_heads, head_dim, dtype, device, page_size) -> tuple:
+    key = None
+    if type(num_kv_heads) is int and type(head_dim) is int and type(page_size) is int:
+        key = (num_kv_heads, head_dim, dtype, _device_key(device), page_size)
+        hit = _SHAPES.get(key)
+        if hit is not None and (type(device) is str or hit[-1] is device):
+            return hit
+    _, num_kv_heads, page_size, dev = check_batch_shape([1], num_kv_heads, head_dim, page_size, dtype, device)
+    out = (gpu_slug(dev.name), num_kv_heads, int(head_dim), page_size, device)
+    if key is not None:
+        if len(_SHAPES) >= _MEMO_MAX:
+            _SHAPES.clear()
+        _SHAPES[key] = out
+    return out
+
+
+def _log2_class(x: int) -> int:
+    k = int(x).bit_length() - 1
+    return k + (int(x) * int(x) >= 1 << (2 * k + 1))
+
+
+def bucket_key(kv_lens: Any, *, num_kv_heads: int, head_dim: int, dtype: str,
+               device: DeviceSpec | str | Mapping[str, Any], page_size: int = 16) -> BucketKey:
+    """:func:`kvsplit.kernels.buckets.bucket_key` on the compiled core (the
+    reference when :data:`ENABLED` is false)."""
+    if not ENABLED:
+        from .buckets import bucket_key as ref
+
+        return ref(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device,
+                   page_size=page_size)
+    if not isinstance(device, (str, DeviceSpec)):
+        device = resolve_device(device)
+    slug, H, D, ps, _ = _shape(num_kv_heads, head_dim, dtype, device, page_size)
+    arr = as_kv_lens(kv_lens)
+    bad, B, total, q = _hist_units(arr)
+    if bad >= 0:
+        raise _range_error(arr, bad)
+    if total:
+        idx = np.flatnonzero(q)
+        hist = tuple(zip(idx.tolist(), q[idx].tolist()))
+        tokens_class = _log2_class(total)
+    else:
+        hist = ()
+        tokens_class = -1
+    key = _new(BucketKey)
+    # the fields are made here, valid by construction (BucketKey.__post_init__ would re-check them)
+    key.__dict__.update(gpu=slug, num_kv_heads=H, head_dim=D, dtype=dtype, page_size=ps,
+                        batch_class=_log2_class(B), tokens_class=tokens_class, hist=hist)
+    return key
+
+
+def nearest_scaled(cum: np.ndarray, cls: np.ndarray, empty: np.ndarray, key_cum: np.ndarray, key_b: int,
+                   key_t: int, key_empty: bool, class_units: int) -> tuple[int, int]:
+    """Index and scaled distance of the nearest candidate (-1 if none is finite);
+    see ``policy_table._Candidates``."""
+    return _nearest_scaled(cum, cls, empty, key_cum, key_b, key_t, key_empty, class_units)
+
+
+def warmup() -> None:
+    """Compile (or load from the on-disk cache) every compiled function once."""
+    if not HAVE_NUMBA:
+        return
+    dev = "NVIDIA H200"
+    for dt in (np.int32, np.int64):
+        L = np.array([5, 0, 4096, 17], dtype=dt)
+        for pol, params in (("balanced", {}), ("stream_k", {}), ("tuned", {"order": "heavy_first",
+                                                                            "pack_tokens": 256})):
+            with contextlib.suppress(ValueError):
+                make_plan(L, num_kv_heads=4, device=dev, policy=pol, params=params)
+        bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=dev)
+    as_kv_lens([3, 1, 2])
+    z = np.zeros((1, NUM_BINS), np.int64)
+    _nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
+
+
+def default_block_n(head_dim: int, dtype: str) -> int:
+    """BLOCK_N of the default kernel config (device planner helper)."""
+    return default_config(head_dim, dtype).block_n

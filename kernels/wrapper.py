@@ -1,0 +1,403 @@
+"""Engine hot path: :class:`DecodeWrapper`, shaped like FlashInfer's
+``BatchDecodeWithPagedKVCacheWrapper`` (DESIGN.md §3 "Engine hot path").
+
+``plan()`` once per decode step, ``run()`` per layer::
+
+    w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=256)
+    for step in ...:
+        w.plan(kv_indptr, kv_indices, kv_lens)          # int32 device tensors
+        for layer in layers:
+            o = w.run(q, k_cache[layer], v_cache[layer])
+
+Two modes:
+
+- **eager** (``use_cuda_graph=False``): ``plan()`` validates its inputs once
+  (one host copy of kv_indptr / kv_lens / the page ids it uses: a sync, as
+  FlashInfer's plan copies indptr to the host), makes the host plan (the
+  table's policy for the batch's bucket, or ``policy``/``params``) and uploads
+  it; ``run()`` checks shapes against what was planned (no device read).
+- **CUDA graph** (``use_cuda_graph=True``): buffers are preallocated for
+  ``max_batch_size`` requests and ``max_work_items`` work items; stage 1 runs
+  the persistent schedule with ``num_programs`` fixed for the wrapper, its tile
+  count read on the device, idle programs exit; the merge grid is
+  ``max_batch_size`` x H_q programs, idle ones exit. ``run()`` can be captured
+  in a graph and replayed every step; ``plan()`` is called every step *outside*
+  the capture (it enqueues the step's planning work on the current stream and
+  may re-pick parameters on the host). Nothing in plan/run allocates (pass
+  ``out`` to ``run``) or syncs. The work list is computed
+
+  - on the GPU (``planner="device"``, :mod:`kvsplit.kernels.device_plan`) for
+    rules made of prefix sums: ``stream_k``, ``fixed``, ``no_split``, ``tuned``
+    with ``partition="stream_k"`` or ``wave_aware=False``;
+  - on the host (``planner="host"``; the only choice for ``balanced`` and the
+    wave-aware ``tuned``), from ``kv_lens_host`` (a host copy of kv_lens the
+    engine already has), then copied into the buffers with asynchronous copies
+    from pinned memory (double-buffered; before refilling a staging buffer the
+    host waits for the copy issued from it two steps earlier, long done in
+    practice).
+
+  ``planner="auto"`` picks device when the rule allows it.
+
+  **Re-pick rule** (graph mode): policy parameters are looked up again on the
+  host from ``kv_lens_host`` only when the batch size changes or every
+  ``repick_every`` steps (default 64) — the bucket of a running batch drifts
+  slowly as its lengths grow. Re-picked parameters keep the wrapper's kernel
+  config (``block_n``, ``num_warps``, ``num_stages``, persistent with
+  ``num_programs``), which the captured graph baked in; the rule's own
+  parameters (``ctas_per_sm``, ``min_piece_blocks``, ...) change freely. With a
+  ``table``, ``kv_lens_host`` is required on re-pick steps; without one, only
+  with ``planner="host"``.
+
+  **Page ids are the caller's contract in graph mode**, as in FlashInfer:
+  ``plan()`` does not read kv_indptr / kv_indices / kv_lens back (that would
+  be a sync), so out-of-range page ids or kv_lens above their pages read
+  arbitrary cache memory instead of raising.
+
+Errors are ``ValueError``s naming the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import fastplan
+from .decode import _TORCH_DTYPES, launch_decode, make_workspace
+from .device import DeviceSpec, resolve_device
+from .device_plan import DeviceRule, alloc_device_plan, device_plan, device_rule
+from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config
+from .plan import Plan, make_plan
+
+__all__ = ["DecodeWrapper"]
+
+_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs")
+
+
+class DecodeWrapper:
+    """Split-KV GQA decode over a paged NHD cache, planned once per step (module doc).
+
+    Parameters
+    ----------
+    num_qo_heads, num_kv_heads, head_dim : int
+        H_q (a multiple of H_kv), H_kv, D (64, 128 or 256).
+    page_size : int
+        Tokens per KV page (default 16).
+    dtype : str
+        ``"float16"``, ``"bfloat16"`` (default) or ``"float32"`` (CPU tests).
+    device : str or torch.device
+        Where q, the cache and the index tensors live (``"cuda"``; ``"cpu"``
+        under ``TRITON_INTERPRET=1``).
+    max_batch_size : int
+        Most requests of a step (graph mode buffers; default 256).
+    table : PolicyTable or PlanClient, optional
+        Tuned policies looked up by the batch's bucket (its ``.table`` is used
+        for a ``PlanClient``); else ``policy``/``params`` for every batch.
+    policy, params
+        The policy when there is no table (default ``"balanced"``).
+    use_cuda_graph : bool
+        Graph mode (module doc).
+    gpu : DeviceSpec or str, optional
+        The GPU the plans are for; default ``torch.cuda.get_device_name(device)``
+        on CUDA, ``"NVIDIA H200"`` on the CPU.
+    max_work_items : int, optional
+        Graph mode: most work items of a plan (default ``max_batch_size + 4 *
+        num_SMs * 8``, enough for stream_k at up to 8 CTAs per SM).
+    planner : str
+        Graph mode: ``"auto"`` (default), ``"device"`` or ``"host"``.
+    repick_every : int
+        Graph mode: re-pick the policy parameters every this many steps (and
+        whenever the batch size changes).
+    num_programs : int, optional
+        Graph mode: persistent programs of stage 1 (default from the policy's
+        config, else 4 per SM).
+    sm_scale : float, optional
+        Softmax scale (default ``1/sqrt(head_dim)``).
+    """
+
+    def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, *, page_size: int = 16,
+                 dtype: str = "bfloat16", device: Any = "cuda", max_batch_size: int = 256, table: Any = None,
+                 policy: str = "balanced", params: Mapping[str, Any] | None = None, use_cuda_graph: bool = False,
+                 gpu: DeviceSpec | str | None = None, max_work_items: int | None = None, planner: str = "auto",
+                 repick_every: int = 64, num_programs: int | None = None, sm_scale: float | None = None) -> None:
+        for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"num_qo_heads: {num_qo_heads} is not a multiple of num_kv_heads ({num_kv_heads})")
+        if head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page_size: expected an integer in [1, {MAX_PAGE_SIZE}], got {page_size!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or \
+                not 1 <= max_batch_size <= MAX_BATCH:
+            raise ValueError(f"max_batch_size: expected an integer in [1, {MAX_BATCH}], got {max_batch_size!r}")
+        if planner not in ("auto", "device", "host"):
+            raise ValueError(f"planner: expected 'auto', 'device' or 'host', got {planner!r}")
+        if isinstance(repick_every, bool) or not isinstance(repick_every, int) or repick_every < 1:
+            raise ValueError(f"repick_every: expected an integer >= 1, got {repick_every!r}")
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
+        self.page_size, self.dtype = page_size, dtype
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if gpu is None:
+            gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "NVIDIA H200"
+        self.gpu = resolve_device(gpu)
+        self.table = getattr(table, "table", table)
+        self.max_batch_size = max_batch_size
+        self.use_cuda_graph = bool(use_cuda_graph)
+        self.repick_every = repick_every
+        self.sm_scale = sm_scale
+        self._shape = dict(num_kv_heads=num_kv_heads, device=self.gpu, head_dim=head_dim, page_size=page_size,
+                           dtype=dtype)
+        make_plan([1], policy=policy, params=params, **self._shape)  # validates policy and params now
+        self.policy, self.params = policy, dict(params or {})
+        self._plan: Plan | None = None
+        self._arrays: dict[str, torch.Tensor] | None = None
+        self._max_page = -1
+        self._B = -1
+        self._step = 0
+        self.workspace = None
+        if not self.use_cuda_graph:
+            return
+        # ---- graph mode: fixed kernel config, preallocated buffers ----------------
+        base = default_config(head_dim, dtype)
+        knobs = {k: self.params[k] for k in ("block_n", "num_warps", "num_stages") if k in self.params}
+        if num_programs is None:
+            num_programs = int(self.params.get("num_programs") or 4 * self.gpu.num_sms)
+        self._knobs = {"block_n": knobs.get("block_n", base.block_n), "num_warps": knobs.get("num_warps",
+                       base.num_warps), "num_stages": knobs.get("num_stages", base.num_stages),
+                       "schedule": "persistent", "num_programs": int(num_programs)}
+        if max_work_items is None:
+            max_work_items = max_batch_size + 32 * self.gpu.num_sms
+        self.max_work_items = int(max_work_items)
+        self.bufs = alloc_device_plan(max_batch_size, self.max_work_items, self.device)
+        self.workspace = make_workspace(num_qo_heads, head_dim, max_partials=self.max_work_items,
+                                        max_batch=max_batch_size, device=self.device)
+        self.planner_requested = planner
+        pin = self.device.type == "cuda"
+        n = 5 * self.max_work_items + 4 * max_batch_size + 8
+        self._staging = [torch.zeros(n, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self._staging_done: list[Any] = [None, None]
+        self._rule: DeviceRule | None = None
+        self._pick(self.policy, self.params)
+
+    # ------------------------------------------------------------------ helpers
+    def _graph_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        p = {k: v for k, v in params.items() if k not in _FIXED_KNOBS and k != "programs_per_sm"}
+        p.update(self._knobs)
+        return p
+
+    def _pick(self, policy: str, params: Mapping[str, Any]) -> None:
+        """Graph mode: set the rule (device) or the host policy for the next steps."""
+        gp = self._graph_params(params)
+        self._graph_policy = (policy, gp)
+        self._rule = None
+        if self.planner_requested in ("auto", "device"):
+            try:
+                self._rule = device_rule(policy, gp, **self._shape)
+            except NotImplementedError:
+                if self.planner_requested == "device":
+                    raise
+        self.planner = "device" if self._rule is not None else "host"
+        self.config = make_plan([1], policy=policy, params=gp, **self._shape).config
+
+    def _lookup(self, kv_lens_host: np.ndarray) -> tuple[str, dict[str, Any]]:
+        if self.table is None:
+            return self.policy, self.params
+        key = fastplan.bucket_key(kv_lens_host, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                                  dtype=self.dtype, device=self.gpu, page_size=self.page_size)
+        entry, _ = self.table.lookup(key)
+        if entry is None:
+            return self.table.fallback_name, dict(self.table.fallback_params)
+        return entry.name, dict(entry.params)
+
+    def _check_index(self, kv_indptr, kv_indices, kv_lens) -> int:
+        for name, t, ndim in (("kv_indptr", kv_indptr, 1), ("kv_indices", kv_indices, 1), ("kv_lens", kv_lens, 1)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != ndim or t.dtype != torch.int32 or not t.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous 1-D torch.int32 tensor, got shape "
+                                 f"{tuple(t.shape)} dtype {t.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"{name}: expected device {self.device}, got {t.device}")
+        B = int(kv_lens.shape[0])
+        if B < 1:
+            raise ValueError("kv_lens: expected at least one request")
+        if B > self.max_batch_size:
+            raise ValueError(f"kv_lens: {B} requests above max_batch_size={self.max_batch_size}")
+        if kv_indptr.shape[0] != B + 1:
+            raise ValueError(f"kv_indptr: expected shape ({B + 1},), got {tuple(kv_indptr.shape)}")
+        return B
+
+    # ------------------------------------------------------------------ plan
+    def plan(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor, *,
+             kv_lens_host: Any = None) -> Plan | None:
+        """Plan one decode step (all layers).
+
+        Parameters
+        ----------
+        kv_indptr : torch.Tensor int32 ``[B + 1]``
+        kv_indices : torch.Tensor int32 ``[kv_indptr[-1]]``
+            Page ids of each request in order.
+        kv_lens : torch.Tensor int32 ``[B]``
+            Tokens of each request (its first ``ceil(kv_len / page_size)`` pages).
+        kv_lens_host : array-like of int ``[B]``, optional
+            A host copy of kv_lens (graph mode: used to re-pick parameters and by
+            the host planner; module doc).
+
+        Returns
+        -------
+        Plan or None
+            The host plan (eager mode, or graph mode with the host planner);
+            None when the work list was computed on the device.
+        """
+        B = self._check_index(kv_indptr, kv_indices, kv_lens)
+        self._indptr, self._indices = kv_indptr, kv_indices
+        if not self.use_cuda_graph:
+            return self._plan_eager(kv_indptr, kv_indices, kv_lens, B)
+        if B != self._B or self._step % self.repick_every == 0:
+            if self.table is not None:
+                if kv_lens_host is None:
+                    raise ValueError("kv_lens_host: required when the policy is re-picked from a table "
+                                     "(batch size changed, or every repick_every steps)")
+                self._pick(*self._lookup(fastplan.as_kv_lens(kv_lens_host)))
+            self._B = B
+        self._step += 1
+        if self.planner == "device":
+            device_plan(kv_lens, self._rule, self.bufs, self.workspace.counter)
+            self._plan = None
+            return None
+        if kv_lens_host is None:
+            raise ValueError("kv_lens_host: required by the host planner in graph mode (policy "
+                             f"{self._graph_policy[0]!r} is not run on the device)")
+        policy, gp = self._graph_policy
+        p = make_plan(kv_lens_host, policy=policy, params=gp, **self._shape)
+        if p.batch_size != B:
+            raise ValueError(f"kv_lens_host: expected {B} entries (kv_lens'), got {p.batch_size}")
+        self._upload(p)
+        self._plan = p
+        return p
+
+    def _plan_eager(self, kv_indptr, kv_indices, kv_lens, B) -> Plan:
+        indptr = kv_indptr.to("cpu", torch.int64).numpy()
+        lens = kv_lens.to("cpu", torch.int64).numpy()
+        if indptr[0] != 0:
+            raise ValueError(f"kv_indptr: expected kv_indptr[0] == 0, got {int(indptr[0])}")
+        d = np.diff(indptr)
+        if (d < 0).any():
+            i = int(np.flatnonzero(d < 0)[0])
+            raise ValueError(f"kv_indptr: must be non-decreasing, kv_indptr[{i + 1}] < kv_indptr[{i}]")
+        if indptr[-1] > kv_indices.shape[0]:
+            raise ValueError(f"kv_indptr: last entry {int(indptr[-1])} exceeds len(kv_indices)="
+                             f"{kv_indices.shape[0]}")
+        if (lens < 0).any():
+            i = int(np.flatnonzero(lens < 0)[0])
+            raise ValueError(f"kv_lens[{i}]: negative kv_len {int(lens[i])}")
+        over = lens > d * self.page_size
+        if over.any():
+            i = int(np.flatnonzero(over)[0])
+            raise ValueError(f"kv_lens[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages x page_size "
+                             f"{self.page_size}")
+        used = kv_indices[: int(indptr[-1])]
+        lo = int(used.min()) if used.numel() else 0
+        self._max_page = int(used.max()) if used.numel() else -1
+        if lo < 0:
+            raise ValueError(f"kv_indices: negative page id {lo}")
+        if self.table is not None:
+            p, _, _ = self.table.plan(lens, gpu=self.gpu.name, num_qo_heads=self.num_qo_heads,
+                                      num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
+                                      page_size=self.page_size, device=self.gpu)
+        else:
+            p = make_plan(lens, policy=self.policy, params=self.params, **self._shape)
+        self._plan = p
+        self._arrays = p.to(self.device)
+        if self.workspace is None or self.workspace.max_partials < p.num_partials or \
+                self.workspace.max_batch < B:
+            grow = max(p.num_partials, 2 * (self.workspace.max_partials if self.workspace else 0))
+            self.workspace = make_workspace(self.num_qo_heads, self.head_dim, max_partials=grow,
+                                            max_batch=max(B, self.max_batch_size), device=self.device)
+        self._B = B
+        return p
+
+    def _upload(self, p: Plan) -> None:
+        W, MW, MB, B = p.num_work_items, self.max_work_items, self.max_batch_size, p.batch_size
+        if W > MW:
+            raise ValueError(f"max_work_items: the plan has {W} work items, above max_work_items={MW}")
+        k = self._step % 2
+        if self._staging_done[k] is not None:
+            self._staging_done[k].synchronize()  # the copy issued from this buffer two steps ago
+        st = self._staging[k]
+        ws, mr, ms, mn = p.merge_layout()
+        C, M = p.num_ctas, mr.shape[0]
+        segs = (("work_request", p.work_request), ("work_kv_start", p.work_kv_start),
+                ("work_kv_end", p.work_kv_end), ("work_slot", ws), ("cta_indptr", p.cta_indptr),
+                ("merge_request", mr), ("merge_slot_start", ms), ("merge_num", mn),
+                ("counts", np.array([W, C, C * self.num_kv_heads, M])))
+        host = st.numpy()
+        off = 0
+        for name, a in segs:
+            n = a.shape[0]
+            host[off: off + n] = a
+            getattr(self.bufs, name)[:n].copy_(st[off: off + n], non_blocking=True)
+            off += n
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record()
+            self._staging_done[k] = ev
+
+    # ------------------------------------------------------------------ run
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, out: torch.Tensor | None = None,
+            return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Decode attention of one layer for the planned step.
+
+        Parameters
+        ----------
+        q : torch.Tensor ``[B, H_q, D]``, the wrapper's dtype
+        k_cache, v_cache : torch.Tensor ``[num_pages, page_size, H_kv, D]``
+        out : torch.Tensor ``[B, H_q, D]``, optional
+            Output buffer (pass it under CUDA-graph capture).
+        return_lse : bool
+            Also return the LSE (fp32 ``[B, H_q]``, natural log; a view of the
+            wrapper's workspace, overwritten by the next call).
+        """
+        if self._B < 0:
+            raise ValueError("plan: call plan() before run()")
+        B = self._B
+        want = _NAMES[self.dtype]
+        for name, t, shape in (("q", q, (B, self.num_qo_heads, self.head_dim)),
+                               ("k_cache", k_cache, None), ("v_cache", v_cache, None)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != want or t.device != self.device or t.stride(-1) != 1:
+                raise ValueError(f"{name}: expected {want} on {self.device} with a contiguous last dimension, "
+                                 f"got {t.dtype} on {t.device}")
+            if shape is not None and tuple(t.shape) != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+        cshape = (self.page_size, self.num_kv_heads, self.head_dim)
+        if k_cache.dim() != 4 or tuple(k_cache.shape[1:]) != cshape or tuple(v_cache.shape) != tuple(k_cache.shape):
+            raise ValueError(f"k_cache/v_cache: expected shape (num_pages, {', '.join(map(str, cshape))}), got "
+                             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        if self._max_page >= k_cache.shape[0]:
+            raise ValueError(f"kv_indices: page id {self._max_page} out of range for a cache of "
+                             f"{k_cache.shape[0]} pages")
+        if out is None:
+            out = torch.empty_like(q)
+        elif tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(f"out: expected shape {tuple(q.shape)} {q.dtype} on {q.device}, got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
+        if not self.use_cuda_graph:
+            p = self._plan
+            return launch_decode(q, k_cache, v_cache, self._indptr, self._indices, self._arrays, p.config,
+                                 out=out, workspace=self.workspace, num_tiles=p.num_ctas * self.num_kv_heads,
+                                 num_merge=int(p.merge_layout()[1].shape[0]), max_splits=int(p.num_splits.max()),
+                                 sm_scale=self.sm_scale, return_lse=return_lse)
+        return launch_decode(q, k_cache, v_cache, self._indptr, self._indices, self.bufs.arrays(), self.config,
+                             out=out, workspace=self.workspace, counts=self.bufs.counts,
+                             max_merge=self.max_batch_size, sm_scale=self.sm_scale, return_lse=return_lse)

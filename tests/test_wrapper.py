@@ -1,0 +1,108 @@
+"""DecodeWrapper decode loops on the CPU interpreter (fp16) against the fp32 reference.
+
+Shuffled pages, NaN in every unused slot (tests/paged_case.py), kv_lens growing
+across steps; eager mode, graph mode with the device planner and with the host
+planner (the graph itself needs CUDA; the same buffers and launches run here).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvsplit.kernels.decode import reference_decode_attention
+from kvsplit.kernels.policy_table import PolicyTable
+from kvsplit.kernels.buckets import bucket_key
+from kvsplit.kernels.wrapper import DecodeWrapper
+
+from .paged_case import make_case
+
+H_Q, H_KV, D, PS = 4, 2, 64, 16
+
+
+def _loop(w, lens0, steps=3, grow=(1, 17, 40), seed=0, host=False):
+    lens = list(lens0)
+    for step in range(steps):
+        case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS,
+                         dtype=torch.float16, seed=seed + step)
+        w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"],
+               kv_lens_host=np.array(lens, dtype=np.int32))
+        ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+        for layer in range(2):
+            out = torch.empty_like(case["q"])
+            o, lse = w.run(case["q"], case["k_cache"], case["v_cache"], out=out, return_lse=True)
+            assert o is out and not torch.isnan(o).any(), "NaN reached the output"
+            err = (o.float() - ref.float()).abs().max().item()
+            assert err < 5e-3, f"step {step}: max |o - ref| = {err}"
+            fin = torch.isfinite(ref_lse)
+            assert torch.equal(fin, torch.isfinite(lse))
+            if fin.any():
+                assert (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+        lens = [n + grow[i % len(grow)] for i, n in enumerate(lens)]
+
+
+def test_eager_balanced():
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8)
+    _loop(w, [0, 5, 300, 1000, 33])
+
+
+def test_eager_with_table():
+    lens = [0, 5, 300, 1000, 33]
+    key = bucket_key(lens, num_kv_heads=H_KV, head_dim=D, dtype="float16", device="NVIDIA H200", page_size=PS)
+    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": H_KV, "head_dim": D,
+           "dtype": "float16", "page_size": PS, "name": "stream_k", "params": {"ctas_per_sm": 0.25},
+           "backend": "gpu"}
+    table = PolicyTable.from_json(PolicyTable.document([pol], version=1))
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table)
+    _loop(w, lens, steps=2)
+    assert w._plan.policy == "stream_k"
+
+
+@pytest.mark.parametrize("policy,params,planner", [
+    ("stream_k", {"ctas_per_sm": 0.25}, "device"),
+    ("tuned", {"wave_aware": False, "ctas_per_sm": 0.1 + 0.15}, "device"),
+    ("balanced", {}, "host"),
+])
+def test_graph_mode_buffers(policy, params, planner):
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, policy=policy,
+                      params=params, use_cuda_graph=True, num_programs=3, max_work_items=256, repick_every=2)
+    assert w.planner == planner
+    _loop(w, [0, 5, 300, 1000, 33], steps=3)
+    _loop(w, [7, 2000, 1], steps=2, seed=9)   # the batch size changes: re-pick
+
+
+def test_graph_mode_batch_at_max_and_one():
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=6,
+                      policy="stream_k", use_cuda_graph=True, num_programs=2, max_work_items=64)
+    _loop(w, [50, 1, 0, 700, 64, 65], steps=2)
+    _loop(w, [123], steps=2)
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        DecodeWrapper(6, 4, 64, device="cpu")
+    with pytest.raises(ValueError, match="params.ctas_per_sm"):
+        DecodeWrapper(4, 2, 64, device="cpu", params={"ctas_per_sm": -1})
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4)
+    case = make_case([5, 40], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
+    with pytest.raises(ValueError, match="plan"):
+        w.run(case["q"], case["k_cache"], case["v_cache"])
+    with pytest.raises(ValueError, match="kv_lens"):
+        w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"].long())
+    bad = case["kv_lens"].clone()
+    bad[1] = 999
+    with pytest.raises(ValueError, match=r"kv_lens\[1\]"):
+        w.plan(case["kv_indptr"], case["kv_indices"], bad)
+    w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
+    with pytest.raises(ValueError, match="kv_indices"):
+        w.run(case["q"], case["k_cache"][:1], case["v_cache"][:1])
+    with pytest.raises(ValueError, match="q"):
+        w.run(case["q"].float(), case["k_cache"], case["v_cache"])
+    big = make_case([1] * 5, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        w.plan(big["kv_indptr"], big["kv_indices"], big["kv_lens"])
+    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", use_cuda_graph=True, max_batch_size=4,
+                      max_work_items=64, num_programs=2)
+    with pytest.raises(ValueError, match="kv_lens_host"):
+        g.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
