@@ -539,7 +539,7 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
             sp.min_chunk = int(params.get("min_chunk_tokens", space["min_chunk_tokens"]["default"]))
             sp.max_splits = int(params.get("max_splits", space["max_splits"]["default"]))
             if params.get("wave_aware", space["wave_aware"]["default"]):
-                sp.rule, sp.arg = _WAVE, max(1, int(math.floor(target * S)))
+                sp.rule, sp.arg = _WAVE, P.wave_target(ctx, cfg, target)
             else:
                 sp.rule, sp.arg = _FAIR, max(1, int(math.ceil(target * S)))
     else:  # pragma: no cover - callers check FAST_POLICIES

@@ -56,8 +56,9 @@ def test_replace_gives_a_valid_variant():
     v = dataclasses.replace(DeviceSpec.known("H200"), num_sms=4)
     assert v.num_sms == 4
     p = make_plan([100_000], num_kv_heads=4, device=v, policy="balanced")
-    # fair = cdiv(4 * 100000, 4 * 4) = 25000 -> chunk 25024 (block_n 64) -> cdiv(100000, 25024) = 4
-    assert p.num_splits.tolist() == [4]
+    # default tile (128, 4, 2): 3 CTAs/SM -> target min(4 * 4, 3 * 4) = 12 tiles;
+    # fair = cdiv(4 * 100000, 12) = 33334 -> chunk 33408 (block_n 128) -> cdiv(100000, 33408) = 3
+    assert p.num_splits.tolist() == [3]
 
 
 @pytest.mark.parametrize(

@@ -60,16 +60,18 @@ def body(kv_lens, **over):
 
 
 def test_fallback_plan_hand_computed(client):
-    # balanced, 4 CTAs/SM on 132 SMs: fair = ceil(4 * 13113 / 528) = 100 -> chunk 128 (block_n 64 multiple)
+    # balanced with the default tile (128, 4 warps, 2 stages; 3 resident CTAs/SM measured on the H200):
+    # target min(4 * 132, 3 * 132) = 396 tiles; H_kv = 8: fair = cdiv(8 * 13113, 396) = 265 -> chunk 384
+    # -> [ceil(4096/384), 1, ceil(9000/384)] = [11, 1, 24], 8 * 36 = 288 tiles <= 396 (nothing to grow)
     r = client.post("/v1/plan", json=body([4096, 17, 9000], num_kv_heads=8, num_qo_heads=64))
     assert r.status_code == 200, r.text
     d = r.json()
-    # H_kv = 8: total 104904 / 528 -> 199 -> chunk 256
-    assert d["num_splits"] == [16, 1, 36]
+    assert d["num_splits"] == [11, 1, 24]
     assert d["policy"] == {"id": None, "version": None, "name": "balanced", "params": {}, "source": "fallback"}
     assert d["bucket"]["matched"] is None and d["bucket"]["distance"] is None
     assert d["bucket"]["key"] == key_of([4096, 17, 9000], num_kv_heads=8)
-    assert d["work_kv_start"][:3] == [0, 256, 512] and d["work_kv_end"][15] == 4096
+    # 32 blocks of 128 over 11 items: starts 128 * floor(j * 32 / 11) = 0, 256, 640
+    assert d["work_kv_start"][:3] == [0, 256, 640] and d["work_kv_end"][10] == 4096
     assert d["made_for"] == {"num_kv_heads": 8, "head_dim": 128, "page_size": 16, "dtype": "bfloat16", "gpu": GPU}
     assert plan_from_response(d) == make_plan([4096, 17, 9000], num_kv_heads=8, device=GPU, policy="balanced")
 
@@ -117,8 +119,11 @@ def test_unknown_gpu_with_device_object(client):
     assert r.status_code == 200, r.text
     d = r.json()
     assert d["made_for"]["gpu"] == "ACME X1" and d["policy"]["source"] == "fallback"
-    # balanced on 100 SMs: fair = ceil(4 * 65536 / 400) = 656 -> chunk 704; ceil(8192 / 704) = 12
-    assert d["num_splits"] == [12] * 8
+    # balanced on 100 SMs, default tile (128, 4, 2), residency estimated (an unmeasured GPU): smem 65536 + 1024
+    # -> 233472 // 66560 = 3, regs 128 -> 4, threads 16 -> 3 CTAs/SM: target min(400, 300) = 300 tiles.
+    # fair = cdiv(4 * 65536, 300) = 874 -> chunk0 896 -> 10 splits, 320 tiles > 300; growing: 8 * ceil(8192 / c)
+    # <= 75 -> c = 1024, one wave of 1024 tokens vs chunk0's two waves of 819 -> 8 splits, 256 tiles
+    assert d["num_splits"] == [8] * 8
 
 
 def test_max_batch_accepted(client):
@@ -203,7 +208,7 @@ def test_policies_table_etag_and_filters(client, info):
     r = client.get("/v1/policies")
     assert r.status_code == 200
     doc = r.json()
-    assert doc["format"] == "kvsplit.policy_table/2" and doc["count"] == len(doc["data"]) and doc["distance_limit"] == 1.0
+    assert doc["format"] == "kvsplit.policy_table/2" and doc["count"] == len(doc["data"]) and doc["distance_limit"] == 2.5
     assert doc["fallback"] == {"name": "balanced", "params": {}}
     assert {p["bucket"] for p in doc["data"]} == set(info.published) | {info.sim_key}
     assert info.draft_key not in {p["bucket"] for p in doc["data"]}

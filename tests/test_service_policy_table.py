@@ -36,7 +36,7 @@ def test_lookup_matches_buckets_nearest():
     for _ in range(400):
         k = _key(_batch(rng))
         entry, d = table.lookup(k)
-        ref = nearest(k, keys, limit=DISTANCE_LIMIT)
+        ref = nearest(k, keys, limit=table.distance_limit)  # the served limit (SERVE_DISTANCE_LIMIT)
         if ref is None:
             assert entry is None
         else:
