@@ -94,7 +94,7 @@ from .models import (
     TuningRun,
     utcnow,
 )
-from .settings import get_settings
+from .settings import get_settings, normalize_database_url
 
 __all__ = [
     "VERSION_TABLE",
@@ -168,11 +168,15 @@ _lock = threading.Lock()
 
 
 def resolve_url(url: str | None = None) -> str:
-    """``url`` or, when None, ``KVSPLIT_DATABASE_URL`` (default ``sqlite:///./kvsplit.db``)."""
+    """``url`` or, when None, ``KVSPLIT_DATABASE_URL`` (default ``sqlite:///./kvsplit.db``).
+
+    A plain file path (no ``://``) means that SQLite file.
+    """
     if url is None:
         url = get_settings().database_url
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"database_url: expected a SQLAlchemy URL string, got {url!r}")
+    url = normalize_database_url(url)
     try:
         make_url(url)
     except Exception as exc:  # sqlalchemy.exc.ArgumentError
