@@ -104,6 +104,8 @@ __all__ = [
     "PublishRefused",
     "ImportValidationError",
     "resolve_url",
+    "safe_url",
+    "check_exists",
     "get_engine",
     "dispose_engines",
     "session_scope",
@@ -194,6 +196,28 @@ def _sqlite_file(url: str) -> str | None:
     if not db or db == ":memory:" or db.startswith("file::memory:"):
         return None
     return db
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password hidden (for messages)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL: shown as given
+        return url
+
+
+def check_exists(url: str | None = None) -> None:
+    """Raise :class:`SchemaError` when ``url`` names a SQLite file that does not exist.
+
+    Read-only commands call it first: opening a missing SQLite file would
+    create an empty one.
+    """
+    url = resolve_url(url)
+    if _is_sqlite(url):
+        path = _sqlite_file(url)
+        if path is not None and not Path(path).expanduser().exists():
+            raise SchemaError(f"no kvsplit store at {safe_url(url)} (the file {path} does not exist): "
+                              f"run `kvsplit db upgrade --database-url {safe_url(url)}` to create it")
 
 
 def get_engine(url: str | None = None) -> Engine:

@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
 from kvsplit.db import store
-from kvsplit.db.cli import plan_check_entry
+from kvsplit.kernels.policy_table import check_policy_entry as plan_check_entry
 from kvsplit.db.models import Policy
 from kvsplit.kernels.buckets import bucket_key
 from kvsplit.service.cli import app
@@ -99,6 +99,7 @@ def test_cli_outdated_message(tmp_path):
     r = CliRunner().invoke(app, ["db", "export", "--database-url", u])
     assert r.exit_code == 1
     assert "run `kvsplit db upgrade --database-url" in r.output
+    assert not (tmp_path / "x.db").exists()  # a read-only command creates no empty store
     r = CliRunner().invoke(app, ["db", "upgrade", "--database-url", u])
     assert r.exit_code == 0 and "upgraded empty -> 0001" in r.output
     r = CliRunner().invoke(app, ["db", "upgrade", "--database-url", u])

@@ -969,6 +969,27 @@ def _calibration_for(url: str, gpu: str, backend: str) -> tuple[dict[str, Any] |
         return data, store.measured_read_bandwidth(s, gpu)
 
 
+def _check_same_batches(task: TuneTask, bucket: Any) -> None:
+    """Refuse a task whose batches differ from those its bucket was first tuned on.
+
+    A bucket's study resumes on the bucket's stored training and held-out
+    batches; a later task with other draws (another ``--seed``,
+    ``--total-tokens``, ``--num-train``, ...) would silently tune on the old
+    ones, so it is refused with the bucket's first source.
+    """
+    sb = bucket.sample_batches or {}
+    if not (sb.get("train") and sb.get("heldout")):
+        return
+    stored = (tuple(tuple(int(v) for v in x) for x in sb["train"]),
+              tuple(tuple(int(v) for v in x) for x in sb["heldout"]))
+    if stored != (task.train, task.heldout):
+        raise ValueError(
+            f"bucket {task.key} was first tuned as {bucket.source or 'another task'} on other batches than this "
+            f"run's ({task.source}): its study resumes only on its own batches, so the flags that choose the "
+            "batches (--seed, --total-tokens, --num-train, --num-heldout, trace options) must be those of the "
+            "first run; tune into another store (--database-url) to start this bucket afresh")
+
+
 def tune_task(task: TuneTask, cfg: TuneConfig, *, stop: Stop | None = None,
               backend: TimingBackend | None = None) -> TuneResult:
     """Tune, verify and (if it passes) publish the ``tuned`` policy of one bucket.
@@ -991,10 +1012,7 @@ def tune_task(task: TuneTask, cfg: TuneConfig, *, stop: Stop | None = None,
             dtype=task.dtype, page_size=task.page_size, signature=dict(task.signature), source=task.source,
             sample_batches={"train": [list(x) for x in task.train], "heldout": [list(x) for x in task.heldout]},
         )
-        sb = b.sample_batches or {}
-        if sb.get("train") and sb.get("heldout"):
-            task = replace(task, train=tuple(tuple(int(v) for v in x) for x in sb["train"]),
-                           heldout=tuple(tuple(int(v) for v in x) for x in sb["heldout"]))
+        _check_same_batches(task, b)
         bucket_id = b.id
     name = study_name(task, cfg.backend)
     own_backend = backend
