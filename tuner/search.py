@@ -85,6 +85,7 @@ __all__ = [
     "objective_value",
     "run_worker",
     "tune_task",
+    "check_task_batches",
     "tune",
     "study_counts",
     "HeartbeatJournalStorage",
@@ -975,7 +976,7 @@ def _check_same_batches(task: TuneTask, bucket: Any) -> None:
     A bucket's study resumes on the bucket's stored training and held-out
     batches; a later task with other draws (another ``--seed``,
     ``--total-tokens``, ``--num-train``, ...) would silently tune on the old
-    ones, so it is refused with the bucket's first source.
+    ones, so it is refused, naming the bucket's first source.
     """
     sb = bucket.sample_batches or {}
     if not (sb.get("train") and sb.get("heldout")):
@@ -984,10 +985,18 @@ def _check_same_batches(task: TuneTask, bucket: Any) -> None:
               tuple(tuple(int(v) for v in x) for x in sb["heldout"]))
     if stored != (task.train, task.heldout):
         raise ValueError(
-            f"bucket {task.key} was first tuned as {bucket.source or 'another task'} on other batches than this "
-            f"run's ({task.source}): its study resumes only on its own batches, so the flags that choose the "
-            "batches (--seed, --total-tokens, --num-train, --num-heldout, trace options) must be those of the "
-            "first run; tune into another store (--database-url) to start this bucket afresh")
+            f"bucket {task.key} keeps the batches of its first tune ({bucket.source or 'another task'}); this run "
+            f"({task.source}) draws other ones: the bucket's study resumes only on its own batches, so use the "
+            "first run's --seed, --total-tokens, --num-train, --num-heldout and trace options, or tune into "
+            "another store (--database-url)")
+
+
+def check_task_batches(task: TuneTask, database_url: str) -> None:
+    """Raise ValueError when ``task``'s bucket exists in the store with other batches (see ``tune_task``)."""
+    with store.session_scope(database_url) as s:
+        b = store.get_bucket(s, task.key)
+        if b is not None:
+            _check_same_batches(task, b)
 
 
 def tune_task(task: TuneTask, cfg: TuneConfig, *, stop: Stop | None = None,

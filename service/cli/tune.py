@@ -123,6 +123,11 @@ def tune_cmd(
         fail(str(exc), code=1)
     except ValueError as exc:
         fail(f"--database-url: {exc}")
+    for t in tasks:  # before any work: a bucket tuned before on other batches is refused (module doc)
+        try:
+            search.check_task_batches(t, cfg.database_url)
+        except ValueError as exc:
+            fail(str(exc))
     typer.echo(f"tuning {len(tasks)} bucket(s), {trials} trials each, backend {backend}, "
                f"{workers} worker(s), studies in "
                f"{search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers).describe()}",
