@@ -78,7 +78,7 @@ def test_empty_database_says_how_to_upgrade(tmp_path):
 
 def test_outdated_database_says_how_to_upgrade(url, monkeypatch):
     # the code now expects a newer revision than the one stamped in the file
-    monkeypatch.setattr(store, "head_revision", lambda: "0099")
+    monkeypatch.setattr("kvsplit.db.engine.head_revision", lambda: "0099")
     store._checked.clear()
     with pytest.raises(store.SchemaError, match=r"at revision 0001, older than 0099: run `kvsplit db upgrade"):
         with store.session_scope(url):
