@@ -219,11 +219,11 @@ def run_trace_bench(
     from ..kernels.policy_table import PolicyTable
     from .backends import make_backend
     from .published import load_table_doc
-    from .search import _calibration_for
+    from .search import calibration_for
     from .workloads import trace_batches
 
     table = PolicyTable.from_json(load_table_doc(database_url))
-    cal, bw = _calibration_for(database_url, gpu, backend)
+    cal, bw = calibration_for(database_url, gpu, backend)
     held_all = [(B, trace_batches(trace, B, num_train=1, num_heldout=batches, seed=seed)[1]) for B in batch_sizes]
     max_tokens = max(int(np.sum(b)) for _, hs in held_all for b in hs)
     max_batch = max(len(b) for _, hs in held_all for b in hs)
