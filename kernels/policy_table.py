@@ -42,11 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, DISTANCE_LIMIT, HIST_UNITS, NUM_BINS, BucketKey, bucket_key
-from .buckets import gpu_slug
-from .device import DeviceSpec, resolve_device
+from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, DISTANCE_LIMIT, HIST_UNITS, NUM_BINS, BucketKey, key_of
+from .device import DeviceSpec
 from .limits import _as_kv_lens
 from .plan import POLICIES, Plan, make_plan
+from .policies import plan_batch
+from .shape import Shape, gpu_slug, shape_family
 
 __all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
 
@@ -169,7 +170,7 @@ class PolicyTable:
                 _field(p, "page_size", int, where),
             )
             shape = key.family
-            if (gpu_slug(declared[0]),) + declared[1:] != shape:
+            if shape_family(*declared) != shape:
                 raise ValueError(f"{where}: gpu/num_kv_heads/head_dim/dtype/page_size {declared} do not match "
                                  f"bucket {bucket!r}")
             entries.append(PolicyEntry(
@@ -220,13 +221,14 @@ class PolicyTable:
     def plan(
         self,
         kv_lens: Any,
+        shape: Shape | None = None,
         *,
-        gpu: str,
-        num_qo_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: str,
-        page_size: int,
+        gpu: str | None = None,
+        num_qo_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        dtype: str | None = None,
+        page_size: int | None = None,
         device: DeviceSpec | None = None,
     ) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
         """Pick the policy of a batch's bucket and plan the batch with it.
@@ -235,6 +237,9 @@ class PolicyTable:
         ----------
         kv_lens : array-like of int, ``[B]``
             Tokens in each request's KV cache (as :func:`kvsplit.kernels.plan.make_plan`).
+        shape : Shape, optional
+            The batch's validated shape (:class:`kvsplit.kernels.shape.Shape`);
+            or give its fields as keywords:
         gpu : str
             GPU name or alias (``"NVIDIA H200"``, ``"h200"``); with ``device``
             given, the name of that description.
@@ -261,24 +266,19 @@ class PolicyTable:
         ValueError
             On invalid arguments, naming them.
         """
-        for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
-        if num_qo_heads % num_kv_heads:
-            raise ValueError(f"num_qo_heads: {num_qo_heads} is not a multiple of num_kv_heads ({num_kv_heads})")
-        dev = device if device is not None else resolve_device(gpu)
-        kv_lens = _as_kv_lens(kv_lens)  # once: bucket_key and make_plan then take the int64 array as is
-        key = bucket_key(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=dev,
-                         page_size=page_size)
+        if shape is None:
+            shape = Shape.of(device=device if device is not None else gpu, num_qo_heads=num_qo_heads,
+                             num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
+        L = _as_kv_lens(kv_lens)  # the one check of the lengths; the shape was validated when it was made
+        ctx = shape.plan_context()
+        key = key_of(L, ctx)
         entry, d = self.lookup(key)
         if entry is None:
-            plan = make_plan(kv_lens, num_kv_heads=num_kv_heads, device=dev, policy=self.fallback_name,
-                             params=self.fallback_params, head_dim=head_dim, page_size=page_size, dtype=dtype)
+            plan = plan_batch(L, ctx, self.fallback_name, self.fallback_params)
             return (plan, {"key": str(key), "matched": None, "distance": None},
                     {"id": None, "version": None, "name": self.fallback_name,
                      "params": dict(self.fallback_params), "source": "fallback"})
-        plan = make_plan(kv_lens, num_kv_heads=num_kv_heads, device=dev, policy=entry.name, params=entry.params,
-                         head_dim=head_dim, page_size=page_size, dtype=dtype)
+        plan = plan_batch(L, ctx, entry.name, entry.params)
         return plan, {"key": str(key), "matched": entry.bucket, "distance": d}, entry.info()
 
 

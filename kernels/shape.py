@@ -14,17 +14,21 @@ short names of bucket keys) mean ``"bfloat16"``, ``"float16"``, ``"float32"``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceSpec, resolve_device
 from .limits import DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, _pos_int
+from .registry import PlanContext
 
-__all__ = ["Shape", "canonical_dtype", "DTYPE_ALIASES", "MAX_HEADS", "shape_family"]
+__all__ = ["Shape", "canonical_dtype", "DTYPE_ALIASES", "MAX_HEADS", "MAX_QO_HEADS", "shape_family", "gpu_slug"]
 
 MAX_HEADS = 1024
-"""Largest H_q and H_kv accepted."""
+"""Largest H_kv accepted."""
+MAX_QO_HEADS = MAX_HEADS * 64
+"""Largest H_q accepted (GQA groups up to 64 per KV head)."""
 
 DTYPE_ALIASES: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": "float32",
                                  "f32": "float32"}
@@ -41,10 +45,22 @@ def canonical_dtype(dtype: Any) -> str:
                      f"got {dtype!r}")
 
 
-def shape_family(gpu_slug: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int
+def gpu_slug(name: str) -> str:
+    """``"NVIDIA H100 80GB HBM3"`` -> ``"nvidia-h100-80gb-hbm3"``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
+    if not slug:
+        raise ValueError(f"device: cannot make a bucket name from GPU name {name!r}")
+    return slug
+
+
+def shape_family(gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int
                  ) -> tuple[str, int, int, str, int]:
-    """The family tuple ``(gpu slug, H_kv, head_dim, dtype, page_size)`` of bucket keys: the one definition."""
-    return (gpu_slug, int(num_kv_heads), int(head_dim), dtype, int(page_size))
+    """The family ``(gpu slug, H_kv, head_dim, dtype, page_size)`` of bucket keys: the one definition.
+
+    ``gpu`` may be a GPU name or already its slug. Bucket keys, policy-table
+    entries and :attr:`Shape.family` all use it; keys match only within a family.
+    """
+    return (gpu_slug(gpu), int(num_kv_heads), int(head_dim), dtype, int(page_size))
 
 
 @dataclass(frozen=True)
@@ -56,7 +72,7 @@ class Shape:
     device : DeviceSpec
         The GPU.
     num_qo_heads, num_kv_heads : int
-        H_q and H_kv, H_q a multiple of H_kv, both in 1..1024.
+        H_q and H_kv, H_q a multiple of H_kv; H_kv in 1..1024, H_q up to 65,536.
     head_dim : int
         64, 128 or 256.
     dtype : str
@@ -89,7 +105,7 @@ class Shape:
         (a spec, a name or alias, or a mapping of numbers).
         """
         hkv = _pos_int("num_kv_heads", num_kv_heads, 1, MAX_HEADS)
-        hq = _pos_int("num_qo_heads", num_qo_heads, 1, MAX_HEADS)
+        hq = _pos_int("num_qo_heads", num_qo_heads, 1, MAX_QO_HEADS)
         if hq % hkv:
             raise ValueError(f"num_qo_heads: expected a multiple of num_kv_heads ({hkv}), got {hq}")
         if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
@@ -111,10 +127,11 @@ class Shape:
     @property
     def family(self) -> tuple[str, int, int, str, int]:
         """``(gpu slug, H_kv, head_dim, dtype, page_size)``: equal to the ``family`` of this shape's bucket keys."""
-        from .buckets import gpu_slug
+        return shape_family(self.device.name, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
 
-        return shape_family(gpu_slug(self.device.name), self.num_kv_heads, self.head_dim, self.dtype,
-                            self.page_size)
+    def plan_context(self) -> PlanContext:
+        """What the planner's inner functions take (no re-validation)."""
+        return PlanContext(self.device, self.num_kv_heads, self.head_dim, self.page_size, self.dtype)
 
     def plan_kwargs(self) -> dict[str, Any]:
         """Keywords of :func:`~kvsplit.kernels.plan.make_plan` and ``bucket_key`` for this shape."""

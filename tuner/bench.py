@@ -59,6 +59,7 @@ def run_bench(
     """
     from ..kernels.device import resolve_device
     from ..kernels.plan import make_plan
+    from ..kernels.shape import Shape
     from .workloads import family_kv_lens, reference_cases
 
     if backend not in ("sim", "gpu"):
@@ -66,9 +67,10 @@ def run_bench(
     unknown = [p for p in policies if p not in BASELINES]
     if unknown:
         raise ValueError(f"policies: unknown labels {unknown}; known: {list(BASELINES)}")
-    if num_qo_heads < 1 or num_qo_heads % max(num_kv_heads, 1):
-        raise ValueError(f"num_qo_heads: expected a positive multiple of num_kv_heads, got {num_qo_heads}")
-    group = num_qo_heads // num_kv_heads
+    shape = Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     dtype=dtype, page_size=page_size)
+    group = shape.group_size
+    dtype = shape.dtype
 
     timer = None
     if backend == "gpu":
@@ -84,7 +86,7 @@ def run_bench(
                          page_size=page_size, max_tokens=total_tokens, max_batch=512)
         dev = resolve_device(torch.cuda.get_device_name())
     else:
-        dev = resolve_device(gpu)
+        dev = shape.device
     from .simulate import Calibration, _prepare, _simulate, hbm_floor_s
 
     cal_fixed = Calibration.from_dict(calibration) if calibration is not None else None
@@ -217,6 +219,7 @@ def run_trace_bench(
 
     from ..kernels.plan import make_plan
     from ..kernels.policy_table import PolicyTable
+    from ..kernels.shape import Shape
     from .backends import make_backend
     from .published import load_table_doc
     from .search import calibration_for
@@ -227,18 +230,20 @@ def run_trace_bench(
     held_all = [(B, trace_batches(trace, B, num_train=1, num_heldout=batches, seed=seed)[1]) for B in batch_sizes]
     max_tokens = max(int(np.sum(b)) for _, hs in held_all for b in hs)
     max_batch = max(len(b) for _, hs in held_all for b in hs)
-    be = make_backend(backend, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                      dtype=dtype, page_size=page_size, calibration=cal, read_bandwidth_gbps=bw,
-                      max_tokens=max_tokens, max_batch=max_batch)
-    shape = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, dtype=dtype)
+    shape = Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     dtype=dtype, page_size=page_size)
+    be = make_backend(backend, shape=shape, calibration=cal, read_bandwidth_gbps=bw, max_tokens=max_tokens,
+                      max_batch=max_batch)
+    make_plan_kw = dict(num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, page_size=shape.page_size,
+                        dtype=shape.dtype)
     rows = []
     for B, held in held_all:
         for j, lens in enumerate(held):
-            plan, _, info = table.plan(lens, gpu=gpu, num_qo_heads=num_qo_heads, **shape)
+            plan, _, info = table.plan(lens, shape)
             plans = [("published", info.get("source", "?"), plan)]
             for label in ("balanced", "fa3", "flashinfer_tc", "flashinfer_notc", "no_split"):
                 pol, params = BASELINES[label]
-                plans.append((label, "baseline", make_plan(lens, device=gpu, policy=pol, params=params, **shape)))
+                plans.append((label, "baseline", make_plan(lens, device=shape.device, policy=pol, params=params, **make_plan_kw)))
             floor = be.hbm_floor_s(lens)
             for label, src, pl in plans:
                 t = be.time_plan(pl)

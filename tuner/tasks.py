@@ -8,12 +8,14 @@ buckets of a shipped trace) and :func:`default_library` build
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..kernels.buckets import bucket_key
-from ..kernels.device import DeviceSpec, resolve_device
+from ..kernels.buckets import BucketKey, key_of
+from ..kernels.limits import _as_kv_lens
+from ..kernels.shape import Shape
 from .backends import TimingBackend, make_backend
 from .workloads import FAMILIES, TRACES, family_batches, family_kv_lens, trace_batches
 
@@ -40,6 +42,11 @@ class TuneTask:
     heldout: tuple[tuple[int, ...], ...]
     signature: Mapping[str, Any] = field(default_factory=dict)
 
+    @cached_property
+    def shape(self) -> Shape:
+        """The task's :class:`~kvsplit.kernels.shape.Shape` (validated once, then cached)."""
+        return _shape(self.gpu, self.num_qo_heads, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
+
     @property
     def max_tokens(self) -> int:
         return max(sum(b) for b in self.train + self.heldout)
@@ -49,20 +56,18 @@ class TuneTask:
         return max(len(b) for b in self.train + self.heldout)
 
 
-def _shape_check(gpu: str, num_qo_heads: int, num_kv_heads: int) -> DeviceSpec:
-    dev = resolve_device(gpu)
-    for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
-    if num_qo_heads % num_kv_heads:
-        raise ValueError(f"num_qo_heads: expected a multiple of num_kv_heads ({num_kv_heads}), got {num_qo_heads}")
-    return dev
+def _shape(gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str, page_size: int) -> Shape:
+    return Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                    dtype=dtype, page_size=page_size)
 
 
-def _key_of(kv_lens: Sequence[int], *, dev: DeviceSpec, num_kv_heads: int, head_dim: int, dtype: str,
-            page_size: int):
-    return bucket_key(np.asarray(kv_lens, dtype=np.int64), num_kv_heads=num_kv_heads, head_dim=head_dim,
-                      dtype=dtype, device=dev, page_size=page_size)
+def _key_of(kv_lens: Sequence[int], shape: Shape) -> BucketKey:
+    return key_of(_as_kv_lens(kv_lens), shape.plan_context())
+
+
+def _shape_fields(shape: Shape) -> dict[str, Any]:
+    return dict(gpu=shape.gpu, num_qo_heads=shape.num_qo_heads, num_kv_heads=shape.num_kv_heads,
+                head_dim=shape.head_dim, dtype=shape.dtype, page_size=shape.page_size)
 
 
 def _signature(k) -> dict[str, Any]:
@@ -90,14 +95,13 @@ def family_task(
     training and held-out batches are independent draws around it
     (:func:`family_batches`, DESIGN.md §6).
     """
-    dev = _shape_check(gpu, num_qo_heads, num_kv_heads)
+    shape = _shape(gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size)
     nominal = family_kv_lens(family, batch_size, total_tokens)
-    k = _key_of(nominal, dev=dev, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
+    k = _key_of(nominal, shape)
     tr = family_batches(family, batch_size, total_tokens, num_batches=num_train, seed=seed, role="train")
     ho = family_batches(family, batch_size, total_tokens, num_batches=num_heldout, seed=seed, role="heldout")
     return TuneTask(
-        key=str(k), gpu=dev.name, num_qo_heads=int(num_qo_heads), num_kv_heads=int(num_kv_heads),
-        head_dim=int(head_dim), dtype=dtype, page_size=int(page_size),
+        key=str(k), **_shape_fields(shape),
         source=f"family:{family}:B{batch_size}:T{total_tokens}",
         train=tuple(tuple(int(x) for x in b) for b in tr), heldout=tuple(tuple(int(x) for x in b) for b in ho),
         signature=_signature(k),
@@ -141,16 +145,14 @@ def trace_tasks(
 
     if trace not in TRACES:
         raise ValueError(f"trace: unknown trace {trace!r}; known: {sorted(TRACES)}")
-    dev = _shape_check(gpu, num_qo_heads, num_kv_heads)
+    shape = _shape(gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size)
     found: dict[str, dict[str, Any]] = {}
     for B in batch_sizes:
         tr, ho = trace_batches(trace, int(B), num_train=3 * num_train, num_heldout=3 * num_heldout, seed=seed,
                                rate_scale=rate_scale, token_budget=token_budget,
                                max_batch_size=max_batch_size, max_kv_len=max_kv_len)
-        kt = [_key_of(b, dev=dev, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                      page_size=page_size) for b in tr]
-        kh = [_key_of(b, dev=dev, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                      page_size=page_size) for b in ho]
+        kt = [_key_of(b, shape) for b in tr]
+        kh = [_key_of(b, shape) for b in ho]
         keys = kt + kh
         D = np.array([[distance(a, b) for b in keys] for a in keys])
         medoid = keys[int(np.argmin(D.sum(axis=1)))]
@@ -164,8 +166,7 @@ def trace_tasks(
         if not ent["train"] or not ent["heldout"]:
             continue
         tasks.append(TuneTask(
-            key=key, gpu=dev.name, num_qo_heads=int(num_qo_heads), num_kv_heads=int(num_kv_heads),
-            head_dim=int(head_dim), dtype=dtype, page_size=int(page_size),
+            key=key, **_shape_fields(shape),
             source=f"trace:{trace}:B{'/'.join(map(str, ent['B']))}",
             train=tuple(ent["train"][:num_train]), heldout=tuple(ent["heldout"][:num_heldout]),
             signature=ent["sig"],
@@ -207,7 +208,5 @@ def default_library(*, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim:
 def backend_for_task(task: TuneTask, backend: str, *, calibration: Mapping[str, Any] | None = None,
                      read_bandwidth_gbps: float | None = None, gpu_index: int = 0) -> TimingBackend:
     """The timing backend (``"sim"`` or ``"gpu"``) for ``task``'s shape, sized for its largest batch."""
-    return make_backend(backend, gpu=task.gpu, num_qo_heads=task.num_qo_heads, num_kv_heads=task.num_kv_heads,
-                        head_dim=task.head_dim, dtype=task.dtype, page_size=task.page_size,
-                        max_tokens=task.max_tokens, max_batch=task.max_batch, calibration=calibration,
-                        read_bandwidth_gbps=read_bandwidth_gbps, gpu_index=gpu_index)
+    return make_backend(backend, shape=task.shape, max_tokens=task.max_tokens, max_batch=task.max_batch,
+                        calibration=calibration, read_bandwidth_gbps=read_bandwidth_gbps, gpu_index=gpu_index)

@@ -38,14 +38,20 @@ def calibrate_cmd(
             raise RuntimeError
     except (ImportError, RuntimeError):
         fail("kvsplit calibrate needs a CUDA GPU (it times the real kernel)")
+    from ...kernels.shape import Shape
+
     local = torch.cuda.get_device_name()
     name = gpu or local
+    try:
+        shape = Shape.of(device=name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         dtype=dtype, page_size=page_size)
+    except ValueError as exc:
+        fail(str(exc))
     url = store_url(database_url)
     store.upgrade(url)
-    backend = make_backend("gpu", gpu=name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                           head_dim=head_dim, dtype=dtype, page_size=page_size, max_tokens=300_000, max_batch=512)
-    rep = calibrate(backend, gpu=name, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                    page_size=page_size, seed=seed, database_url=url, progress=True)
+    backend = make_backend("gpu", shape=shape, max_tokens=300_000, max_batch=512)
+    rep = calibrate(backend, gpu=name, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.dtype,
+                    page_size=shape.page_size, seed=seed, database_url=url, progress=True)
     if out is not None:
         out.write_text(json.dumps(rep, indent=1))
     typer.echo(f"calibration {rep.get('calibration_id')} for {rep['gpu']}: held-out error median "

@@ -221,9 +221,7 @@ def plan_cmd(
     url = existing_store(settings.database_url)
     served = ServedTable.from_doc(load_table_doc(url))
     try:
-        p, bucket, policy = served.table.plan(
-            req.kv_lens, gpu=req.gpu, num_qo_heads=req.num_qo_heads, num_kv_heads=req.num_kv_heads,
-            head_dim=req.head_dim, dtype=req.dtype, page_size=req.page_size, device=req.device)
+        p, bucket, policy = served.table.plan(req.kv_lens, req.shape)
     except ValueError as exc:
         fail(str(exc))
     if policy["source"] == "fallback":
