@@ -79,7 +79,7 @@ def test_trace_readme_quantiles():
 
 
 def test_traces_are_package_data():
-    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert '"kvsplit.tuner" = ["traces/*.csv", "traces/README.md"]' in pyproject
 
 

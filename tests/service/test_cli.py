@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from service_support import GPU, TOTAL, fill_store  # noqa: E402
 
 from kvsplit.db import store  # noqa: E402
