@@ -329,7 +329,11 @@ class _Candidates:
 
 
 def check_policy_entry(entry: Mapping[str, Any]) -> None:
-    """Raise ValueError unless a policy entry (the ``kvsplit db export`` form) can be served.
+    """Raise ValueError unless a policy entry can be served.
+
+    ``entry`` is either the ``kvsplit db export`` form (``bucket`` an object
+    with the key and shape fields) or a policy-table entry (module doc:
+    ``bucket`` the key string, the shape fields beside it).
 
     Checks that the policy name is known, that its params make a plan for its
     bucket's shape (two probe batches), and that the bucket key parses
@@ -339,6 +343,8 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
     """
 
     b = entry["bucket"]
+    if isinstance(b, str):  # a policy-table entry
+        b = {"key": b, **{f: entry[f] for f in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")}}
     if entry["name"] not in POLICIES:
         raise ValueError(f"name: unknown policy {entry['name']!r}; known: {sorted(POLICIES)}")
     try:

@@ -18,8 +18,6 @@ __all__ = ["table_entry", "load_table_doc"]
 
 _log = logging.getLogger("kvsplit.service")
 
-_SHAPE_FIELDS = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
-
 
 def _iso(t: Any) -> str | None:
     return None if t is None else t.isoformat()
@@ -49,8 +47,7 @@ def load_table_doc(url: str) -> dict[str, Any]:
         for p in store.list_published(s):
             e = table_entry(p)
             try:
-                check_policy_entry({"name": e["name"], "params": e["params"],
-                                    "bucket": {"key": e["bucket"], **{f: e[f] for f in _SHAPE_FIELDS}}})
+                check_policy_entry(e)
             except (ValueError, KeyError, TypeError) as exc:
                 _log.warning("policy %s (bucket %s) left out of the served table: %s", p.id, e["bucket"], exc)
                 continue
