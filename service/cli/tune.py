@@ -29,7 +29,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, store_url
+from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, first_line, store_url
 
 __all__ = ["tune_cmd"]
 
@@ -123,6 +123,8 @@ def tune_cmd(
         fail(str(exc), code=1)
     except ValueError as exc:
         fail(f"--database-url: {exc}")
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy OperationalError etc.: server down, bad credentials
+        fail(f"cannot open the policy store at {store.safe_url(cfg.database_url)}: {first_line(exc)}", code=1)
     for t in tasks:  # before any work: a bucket tuned before on other batches is refused (module doc)
         try:
             search.check_task_batches(t, cfg.database_url)

@@ -234,3 +234,13 @@ def test_second_tune_with_other_batch_flags_is_refused(tmp_path):
         assert "keeps the batches of its first tune (family:uniform:B8:T262144); this run " in line
         assert "use the first run's --seed, --total-tokens, --num-train" in line
     store.dispose_engines()
+
+
+@pytest.mark.parametrize("cmd", [["db", "export"], ["db", "upgrade"], ["plan", *SHAPE_ARGS, "--kv-lens", "1"],
+                                 ["tune", "--family", "uniform", "--batch-size", "8", "--no-progress"]])
+def test_unreachable_server_is_one_error_line(cmd):
+    res = _invoke(*cmd, "--database-url", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none")
+    assert res.exit_code == 1
+    line = _one_error_line(res)
+    assert line.startswith("error: cannot open the policy store at postgresql+psycopg://nobody:***@127.0.0.1:1/none: ")
+    assert "secret" not in line
