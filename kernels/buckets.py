@@ -51,10 +51,13 @@ import numpy as np
 
 from .device import DeviceSpec
 from .limits import _pos_int, check_batch_shape
+from .registry import PlanContext
+from .shape import gpu_slug, shape_family
 
 __all__ = [
     "BucketKey",
     "bucket_key",
+    "key_of",
     "distance",
     "nearest",
     "gpu_slug",
@@ -82,14 +85,6 @@ _KEY_RE = re.compile(
     r"^(?P<gpu>[a-z0-9]+(?:-[a-z0-9]+)*)\.kv(?P<kv>\d+)\.d(?P<d>\d+)\.(?P<dtype>f16|bf16|f32)\.p(?P<p>\d+)"
     r"\.b(?P<b>\d+)\.t(?P<t>-1|\d+)\.w(?P<w>(?:\d+x\d+(?:-\d+x\d+)*)?)$"
 )
-
-
-def gpu_slug(name: str) -> str:
-    """``"NVIDIA H100 80GB HBM3"`` -> ``"nvidia-h100-80gb-hbm3"``."""
-    slug = re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
-    if not slug:
-        raise ValueError(f"device: cannot make a bucket name from GPU name {name!r}")
-    return slug
 
 
 @dataclass(frozen=True)
@@ -145,7 +140,7 @@ class BucketKey:
     @property
     def family(self) -> tuple[str, int, int, str, int]:
         """``(gpu, num_kv_heads, head_dim, dtype, page_size)``: keys of different families never match."""
-        return (self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
+        return shape_family(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
 
     def __str__(self) -> str:
         w = "-".join(f"{b}x{u}" for b, u in self.hist)
@@ -253,6 +248,15 @@ def bucket_key(
         Naming the invalid argument.
     """
     L, num_kv_heads, page_size, dev = check_batch_shape(kv_lens, num_kv_heads, head_dim, page_size, dtype, device)
+    return key_of(L, PlanContext(dev, num_kv_heads, int(head_dim), page_size, dtype))
+
+
+def key_of(L: np.ndarray, ctx: PlanContext) -> BucketKey:
+    """The bucket key of already-validated data (what :func:`bucket_key` computes after its checks).
+
+    ``L`` is int64 ``[B]`` as :func:`kvsplit.kernels.limits.check_batch_shape`
+    returns it, ``ctx`` a validated shape (:meth:`kvsplit.kernels.shape.Shape.plan_context`).
+    """
     B = L.shape[0]
     total = int(L.sum())
     nz = L[L > 0]
@@ -266,11 +270,11 @@ def bucket_key(
         hist = ()
         tokens_class = -1
     return BucketKey(
-        gpu=gpu_slug(dev.name),
-        num_kv_heads=num_kv_heads,
-        head_dim=int(head_dim),
-        dtype=dtype,
-        page_size=page_size,
+        gpu=gpu_slug(ctx.device.name),
+        num_kv_heads=ctx.num_kv_heads,
+        head_dim=ctx.head_dim,
+        dtype=ctx.dtype,
+        page_size=ctx.page_size,
         batch_class=_log2_class(B),
         tokens_class=tokens_class,
         hist=hist,  # type: ignore[arg-type]

@@ -504,7 +504,6 @@ def launch_decode(
     the inputs (:func:`decode_attention` or
     :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
     """
-    dev = q.device
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
     G = H_q // H_kv

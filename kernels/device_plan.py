@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .device import DeviceSpec, resolve_device
-from .limits import MAX_BATCH, MAX_KV_LEN, KernelConfig
+from .limits import MAX_BATCH, KernelConfig
 
 __all__ = ["DeviceRule", "DevicePlanBuffers", "device_rule", "alloc_device_plan", "device_plan"]
 

@@ -25,7 +25,7 @@ register count, which a NumPy planner cannot know. 64 registers per thread
 gives 8 resident CTAs per SM for the reference shape (G = 8, D = 128, bf16),
 i.e. a capacity of 1,056 CTAs on an H200; that places the CUDA-core path's
 threshold between B = 256 and B = 512 at H_kv = 4, where the H200 measurement
-(../shared/data/anchors/h200_peers.csv, ``flashinfer_decode_notc``) puts it.
+(docs/data/anchors/h200_peers.csv, ``flashinfer_decode_notc``) puts it.
 """
 
 
@@ -36,7 +36,7 @@ def flashinfer_decode_occupancy(
 
     Restates the kernel configuration of
     ``include/flashinfer/attention/scheduler.cuh::BatchDecodeWithPagedKVCacheWorkEstimationDispatched``
-    (../shared/research/policies.md §1a): ``vec = max(16 / elt, D / 32)``,
+    (docs/policies.md §1a): ``vec = max(16 / elt, D / 32)``,
     ``bdx = D / vec``, ``bdy = G``, ``threads = max(128, bdx * bdy)``,
     ``bdz = threads / (bdx * bdy)``, ``tile_per_bdx = 4 if G == 1 else 1``,
     ``stages = 2`` on sm80+ (else 1) and
@@ -124,7 +124,7 @@ def _smallest_chunk(pages: np.ndarray, lo: int, hi: int, limit: int) -> int:
 def _policy_flashinfer(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     """FlashInfer's batch-decode split rule (its SM80 paths), batch order.
 
-    Restates ../shared/research/policies.md §1a/§1b (flashinfer-ai/flashinfer @ fb28d724):
+    Restates docs/policies.md §1a/§1b (flashinfer-ai/flashinfer @ fb28d724):
 
     - ``tensor_cores=True`` (default; ``scheduler.cuh::PrefillPlanImpl`` with
       ``PrefillBinarySearchKVChunkSize``): ``max_grid = 2 * num_SMs``,
@@ -233,7 +233,7 @@ def _policy_fa3(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     """FlashAttention-3's Hopper varlen split rule, heaviest first, persistent.
 
     Restates ``hopper/flash_prepare_scheduler.cu::prepare_varlen_num_blocks_kernel``
-    (Dao-AILab/flash-attention @ 0251105a, ../shared/research/policies.md §2b):
+    (Dao-AILab/flash-attention @ 0251105a, docs/policies.md §2b):
     ``n_b = cdiv(kv_len[b], kBlockN)`` with kBlockN = 128 (:data:`FA3_BLOCK_N`),
     ``blocks_per_sm = ceil(1.1 * H_kv * sum_b n_b / num_SMs)`` (PackGQA: one
     m-block per request), ``num_splits[b] = clamp(cdiv(n_b, blocks_per_sm), 1,

@@ -483,6 +483,14 @@ def make_plan_reference(
     """:func:`make_plan` with the NumPy code only: the tested reference of the
     compiled core (:mod:`.fastplan`), and the planner where numba is missing."""
     L, num_kv_heads, page_size, dev = check_batch_shape(kv_lens, num_kv_heads, head_dim, page_size, dtype, device)
+    return plan_batch(L, PlanContext(dev, num_kv_heads, int(head_dim), page_size, dtype), policy, params)
+
+
+def plan_batch(L: np.ndarray, ctx: PlanContext, policy: str = "balanced",
+               params: Mapping[str, Any] | None = None) -> Plan:
+    """:func:`make_plan` for already-validated data: ``L`` int64 ``[B]`` from
+    :func:`~kvsplit.kernels.limits.check_batch_shape`, ``ctx`` a validated shape
+    (:meth:`kvsplit.kernels.shape.Shape.plan_context`). Policy and params are checked here."""
     if not isinstance(policy, str) or policy not in POLICIES:
         raise ValueError(f"policy: unknown policy {policy!r}; known: {sorted(POLICIES)}")
     params = dict(params or {})
@@ -490,7 +498,6 @@ def make_plan_reference(
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise ValueError(f"params: unknown parameters {unknown} for policy {policy!r}; allowed: {list(allowed)}")
-    ctx = PlanContext(dev, num_kv_heads, int(head_dim), page_size, dtype)
     out = POLICIES[policy](L, ctx, params)
     if isinstance(out[0], WorkList):
         (n, req, start, end, cta_indptr), cfg = out
@@ -518,11 +525,11 @@ def make_plan_reference(
         config=cfg,
         policy=policy,
         params=_jsonable(params),
-        num_kv_heads=num_kv_heads,
-        head_dim=int(head_dim),
-        page_size=page_size,
-        dtype=dtype,
-        gpu=dev.name,
+        num_kv_heads=ctx.num_kv_heads,
+        head_dim=ctx.head_dim,
+        page_size=ctx.page_size,
+        dtype=ctx.dtype,
+        gpu=ctx.device.name,
     )
 
 

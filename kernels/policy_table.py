@@ -46,11 +46,12 @@ from typing import Any
 
 import numpy as np
 
-from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, BucketKey, bucket_key
-from .buckets import gpu_slug
-from .device import DeviceSpec, resolve_device
+from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, BucketKey, key_of
+from .device import DeviceSpec
 from .limits import _as_kv_lens
 from .plan import POLICIES, Plan, make_plan
+from .policies import plan_batch
+from .shape import Shape, gpu_slug, shape_family
 from . import fastplan as _fastplan
 
 __all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "SERVE_DISTANCE_LIMIT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
@@ -187,7 +188,7 @@ class PolicyTable:
                 _field(p, "page_size", int, where),
             )
             shape = key.family
-            if (gpu_slug(declared[0]),) + declared[1:] != shape:
+            if shape_family(*declared) != shape:
                 raise ValueError(f"{where}: gpu/num_kv_heads/head_dim/dtype/page_size {declared} do not match "
                                  f"bucket {bucket!r}")
             entries.append(PolicyEntry(
@@ -239,13 +240,14 @@ class PolicyTable:
     def plan(
         self,
         kv_lens: Any,
+        shape: Shape | None = None,
         *,
-        gpu: str,
-        num_qo_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: str,
-        page_size: int,
+        gpu: str | None = None,
+        num_qo_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        dtype: str | None = None,
+        page_size: int | None = None,
         device: DeviceSpec | None = None,
     ) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
         """Pick the policy of a batch's bucket and plan the batch with it.
@@ -254,6 +256,9 @@ class PolicyTable:
         ----------
         kv_lens : array-like of int, ``[B]``
             Tokens in each request's KV cache (as :func:`kvsplit.kernels.plan.make_plan`).
+        shape : Shape, optional
+            The batch's validated shape (:class:`kvsplit.kernels.shape.Shape`);
+            or give its fields as keywords:
         gpu : str
             GPU name or alias (``"NVIDIA H200"``, ``"h200"``); with ``device``
             given, the name of that description.
@@ -280,29 +285,31 @@ class PolicyTable:
         ValueError
             On invalid arguments, naming them.
         """
-        for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
-        if num_qo_heads % num_kv_heads:
-            raise ValueError(f"num_qo_heads: {num_qo_heads} is not a multiple of num_kv_heads ({num_kv_heads})")
-        dev = device if device is not None else resolve_device(gpu)
+        if shape is None:
+            shape = Shape.of(device=device if device is not None else gpu, num_qo_heads=num_qo_heads,
+                             num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
+        ctx = shape.plan_context()
         if _fastplan.ENABLED:  # converted once; the compiled passes of bucket_key and make_plan check the range
-            kv_lens = _fastplan.as_kv_lens(kv_lens)
-            key = _fastplan.bucket_key(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                                       device=dev, page_size=page_size)
+            L = _fastplan.as_kv_lens(kv_lens)
+            key = _fastplan.bucket_key(L, num_kv_heads=ctx.num_kv_heads, head_dim=ctx.head_dim, dtype=ctx.dtype,
+                                       device=ctx.device, page_size=ctx.page_size)
+
+            def plan_with(name: str, params: Mapping[str, Any]) -> Plan:
+                return make_plan(L, num_kv_heads=ctx.num_kv_heads, device=ctx.device, policy=name, params=params,
+                                 head_dim=ctx.head_dim, page_size=ctx.page_size, dtype=ctx.dtype)
         else:
-            kv_lens = _as_kv_lens(kv_lens)  # once: bucket_key and make_plan then take the int64 array as is
-            key = bucket_key(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=dev,
-                             page_size=page_size)
+            L = _as_kv_lens(kv_lens)  # the one check of the lengths; the shape was validated when it was made
+            key = key_of(L, ctx)
+
+            def plan_with(name: str, params: Mapping[str, Any]) -> Plan:
+                return plan_batch(L, ctx, name, params)
         entry, d = self.lookup(key)
         if entry is None:
-            plan = make_plan(kv_lens, num_kv_heads=num_kv_heads, device=dev, policy=self.fallback_name,
-                             params=self.fallback_params, head_dim=head_dim, page_size=page_size, dtype=dtype)
+            plan = plan_with(self.fallback_name, self.fallback_params)
             return (plan, {"key": str(key), "matched": None, "distance": None},
                     {"id": None, "version": None, "name": self.fallback_name,
                      "params": dict(self.fallback_params), "source": "fallback"})
-        plan = make_plan(kv_lens, num_kv_heads=num_kv_heads, device=dev, policy=entry.name, params=entry.params,
-                         head_dim=head_dim, page_size=page_size, dtype=dtype)
+        plan = plan_with(entry.name, entry.params)
         return plan, {"key": str(key), "matched": entry.bucket, "distance": d}, entry.info()
 
 
@@ -359,7 +366,11 @@ class _Candidates:
 
 
 def check_policy_entry(entry: Mapping[str, Any]) -> None:
-    """Raise ValueError unless a policy entry (the ``kvsplit db export`` form) can be served.
+    """Raise ValueError unless a policy entry can be served.
+
+    ``entry`` is either the ``kvsplit db export`` form (``bucket`` an object
+    with the key and shape fields) or a policy-table entry (module doc:
+    ``bucket`` the key string, the shape fields beside it).
 
     Checks that the policy name is known, that its params make a plan for its
     bucket's shape (two probe batches), and that the bucket key parses
@@ -369,6 +380,8 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
     """
 
     b = entry["bucket"]
+    if isinstance(b, str):  # a policy-table entry
+        b = {"key": b, **{f: entry[f] for f in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")}}
     if entry["name"] not in POLICIES:
         raise ValueError(f"name: unknown policy {entry['name']!r}; known: {sorted(POLICIES)}")
     try:

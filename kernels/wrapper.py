@@ -327,7 +327,7 @@ class DecodeWrapper:
         return p
 
     def _upload(self, p: Plan) -> None:
-        W, MW, MB, B = p.num_work_items, self.max_work_items, self.max_batch_size, p.batch_size
+        W, MW = p.num_work_items, self.max_work_items
         if W > MW:
             raise ValueError(f"max_work_items: the plan has {W} work items, above max_work_items={MW}")
         k = self._step % 2

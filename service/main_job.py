@@ -225,7 +225,10 @@ def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True) 
     _import_shipped(url)
     if tune:
         _tune_demo(url, _backend_name())
-    port = _free_port(host, int(os.environ.get("KVSPLIT_PORT", port or 8000)))
+    wanted = int(os.environ.get("KVSPLIT_PORT", port or 8000))
+    port = _free_port(host, wanted)
+    if wanted and port != wanted:
+        _say(f"port {wanted} is busy on {host}: serving on port {port} instead")
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)

@@ -17,7 +17,8 @@ from typing import Any
 from ..db import store
 from ..kernels.buckets import gpu_slug
 from ..kernels.device import resolve_device
-from ..kernels.policy_table import SOURCE_OF_BACKEND, PolicyTable, check_policy_entry
+from ..kernels.policy_table import SOURCE_OF_BACKEND
+from ..tuner.published import load_table_doc, table_entry
 
 _log = logging.getLogger("kvsplit.service")
 
@@ -48,39 +49,6 @@ def _iso(t: Any) -> str | None:
     if t.tzinfo is None:
         t = t.replace(tzinfo=datetime.timezone.utc)
     return t.isoformat()
-
-
-def table_entry(p: Any) -> dict[str, Any]:
-    """The policy-table entry (kvsplit.kernels.policy_table module doc) of a Policy row."""
-    b = p.bucket
-    return {
-        "id": p.id, "version": p.version, "bucket": p.bucket_key, "gpu": b.gpu, "num_kv_heads": b.num_kv_heads,
-        "head_dim": b.head_dim, "dtype": b.dtype, "page_size": b.page_size, "name": p.name,
-        "params": dict(p.params or {}), "backend": p.backend, "source": SOURCE_OF_BACKEND[p.backend],
-        "score": p.score, "tuning_run_id": p.tuning_run_id, "published_at": _iso(p.published_at),
-    }
-
-
-def load_table_doc(url: str) -> dict[str, Any]:
-    """The ``GET /v1/policies`` document of the store at ``url`` (one read transaction).
-
-    A published row that could not be served (its key disagrees with its shape
-    fields, or its params make no plan: only possible through a store edited
-    by hand) is left out with a warning rather than failing the whole table.
-    """
-    with store.session_scope(url) as s:
-        version = store.policies_version(s)
-        entries = []
-        for p in store.list_published(s):
-            e = table_entry(p)
-            try:
-                check_policy_entry({"name": e["name"], "params": e["params"], "bucket": {
-                    "key": e["bucket"], **{f: e[f] for f in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")}}})
-            except (ValueError, KeyError, TypeError) as exc:
-                _log.warning("policy %s (bucket %s) left out of the served table: %s", p.id, e["bucket"], exc)
-                continue
-            entries.append(e)
-    return PolicyTable.document(entries, version=version)
 
 
 def read_version(url: str) -> int:

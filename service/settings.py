@@ -1,9 +1,14 @@
-"""Settings of the plan service (pydantic-settings; environment variables ``KVSPLIT_*``).
+"""Settings of the plan service: the store's settings class plus the service's fields.
+
+:class:`Settings` extends :class:`kvsplit.db.settings.Settings`, so it reads the
+same ``KVSPLIT_*`` variables and the same ``.env`` file as every other command.
 
 =========================  ==========================================  ====================
 variable                   meaning                                     default
 =========================  ==========================================  ====================
-KVSPLIT_DATABASE_URL       SQLAlchemy URL of the policy store          sqlite:///./kvsplit.db
+KVSPLIT_DATABASE_URL       SQLAlchemy URL (or SQLite file path) of     sqlite:///./kvsplit.db
+                           the policy store
+KVSPLIT_DB_BUSY_TIMEOUT_MS SQLite busy timeout (ms)                    30000
 KVSPLIT_ADMIN_TOKEN        bearer token of the admin routes; unset     unset (admin off)
                            or empty disables them
 KVSPLIT_MAX_KV_LEN         largest kv_len accepted over HTTP (tokens)  16777216 (2^24)
@@ -17,21 +22,17 @@ KVSPLIT_MAX_BODY_BYTES     largest request body (bytes), refused with  2097152 (
 from __future__ import annotations
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ..db.settings import DEFAULT_DATABASE_URL
+from ..db.settings import Settings as StoreSettings
 from ..kernels.plan import MAX_KV_LEN
 
 __all__ = ["Settings", "DEFAULT_DATABASE_URL"]
 
-DEFAULT_DATABASE_URL = "sqlite:///./kvsplit.db"
 
+class Settings(StoreSettings):
+    """Service settings, read from ``KVSPLIT_*`` environment variables and ``./.env`` (see module doc)."""
 
-class Settings(BaseSettings):
-    """Service settings, read from ``KVSPLIT_*`` environment variables (see module doc)."""
-
-    model_config = SettingsConfigDict(env_prefix="KVSPLIT_", env_ignore_empty=True, extra="ignore")
-
-    database_url: str = DEFAULT_DATABASE_URL
     admin_token: str | None = None
     max_kv_len: int = Field(default=1 << 24, ge=0, le=MAX_KV_LEN)
     reload_interval_s: float = Field(default=2.0, ge=0.0, le=3600.0)

@@ -24,10 +24,10 @@ import orjson
 
 from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
+from ..kernels.shape import MAX_HEADS, MAX_QO_HEADS, Shape
 
 __all__ = ["RequestValidationFailed", "PlanRequestData", "parse_plan_request", "error", "unsupported_media_type"]
 
-MAX_HEADS = 1024
 MAX_GPU_NAME = 200
 _DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceSpec)}
 _REQUIRED = ("gpu", "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "page_size", "kv_lens")
@@ -87,7 +87,8 @@ def _short(v: Any) -> Any:
 
 @dataclass(frozen=True)
 class PlanRequestData:
-    """A validated plan request. ``kv_lens`` is int64 ``[B]``; ``device`` the resolved GPU."""
+    """A validated plan request. ``kv_lens`` is int64 ``[B]``; ``device`` the resolved GPU; ``shape`` the
+    batch's :class:`~kvsplit.kernels.shape.Shape` (built from the fields checked here, not checked again)."""
 
     gpu: str
     num_qo_heads: int
@@ -97,6 +98,7 @@ class PlanRequestData:
     page_size: int
     kv_lens: np.ndarray
     device: DeviceSpec
+    shape: Shape
 
 
 def _type_name(v: Any) -> str:
@@ -266,7 +268,7 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
         errs.append(error("string_type", ("body", "gpu"),
                           f"Input should be a non-empty string of at most {MAX_GPU_NAME} characters", gpu))
         gpu = None
-    hq = _check_int(errs, ("body", "num_qo_heads"), doc["num_qo_heads"], 1, MAX_HEADS * 64)
+    hq = _check_int(errs, ("body", "num_qo_heads"), doc["num_qo_heads"], 1, MAX_QO_HEADS)
     hkv = _check_int(errs, ("body", "num_kv_heads"), doc["num_kv_heads"], 1, MAX_HEADS)
     hd = doc["head_dim"]
     if type(hd) is not int or hd not in HEAD_DIMS:
@@ -297,4 +299,5 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
     if errs:
         raise RequestValidationFailed(errs)
     assert dev is not None and kv is not None and gpu is not None
-    return PlanRequestData(gpu, hq, hkv, hd, dt, ps, kv, dev)  # type: ignore[arg-type]
+    shape = Shape(dev, hq, hkv, hd, dt, ps)  # type: ignore[arg-type]
+    return PlanRequestData(gpu, hq, hkv, hd, dt, ps, kv, dev, shape)  # type: ignore[arg-type]

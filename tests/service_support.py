@@ -1,4 +1,4 @@
-"""Test data and a live-server helper for the service tests (tests/test_service*, test_client*, ...).
+"""Test data and a live-server helper for the service tests (tests/service/: test_service, test_client, ...).
 
 ``fill_store(url)`` writes, through the store API only, a small but realistic
 store: Qwen3-30B-A3B-shape buckets of the five reference families at several

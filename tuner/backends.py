@@ -26,6 +26,7 @@ import numpy as np
 
 from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import DTYPES, Plan
+from ..kernels.shape import Shape
 
 __all__ = ["TimingBackend", "SimBackend", "GpuBackend", "make_backend", "BACKEND_NAMES"]
 
@@ -201,12 +202,13 @@ class GpuBackend:
 def make_backend(
     name: str,
     *,
-    gpu: str,
-    num_qo_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype: str,
-    page_size: int,
+    shape: Shape | None = None,
+    gpu: str | None = None,
+    num_qo_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+    dtype: str | None = None,
+    page_size: int | None = None,
     max_tokens: int = 1 << 20,
     max_batch: int = 4096,
     calibration: Mapping[str, Any] | None = None,
@@ -215,18 +217,25 @@ def make_backend(
 ) -> TimingBackend:
     """Build the timing backend ``name`` (``"sim"`` or ``"gpu"``) for one shape.
 
+    ``shape`` is a :class:`~kvsplit.kernels.shape.Shape`; or give its fields
+    (``gpu``, ``num_qo_heads``, ``num_kv_heads``, ``head_dim``, ``dtype``,
+    ``page_size``), validated into one.
+
     Raises
     ------
     ValueError
-        Unknown ``name``; for ``gpu``, a local GPU other than ``gpu``.
+        Unknown ``name``, an invalid shape; for ``gpu``, a local GPU other than ``gpu``.
     RuntimeError
         ``gpu`` without CUDA.
     """
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"backend: expected one of {BACKEND_NAMES}, got {name!r}")
+    if shape is None:
+        shape = Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         dtype=dtype, page_size=page_size)
     if name == "sim":
-        return SimBackend(gpu, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, calibration=calibration,
-                          read_bandwidth_gbps=read_bandwidth_gbps)
-    if name == "gpu":
-        return GpuBackend(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                          page_size=page_size, max_tokens=max_tokens, max_batch=max_batch, gpu_index=gpu_index,
-                          expect_gpu=gpu)
-    raise ValueError(f"backend: expected one of {BACKEND_NAMES}, got {name!r}")
+        return SimBackend(shape.device, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.dtype,
+                          calibration=calibration, read_bandwidth_gbps=read_bandwidth_gbps)
+    return GpuBackend(num_qo_heads=shape.num_qo_heads, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                      dtype=shape.dtype, page_size=shape.page_size, max_tokens=max_tokens, max_batch=max_batch,
+                      gpu_index=gpu_index, expect_gpu=shape.gpu)

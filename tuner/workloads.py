@@ -332,7 +332,7 @@ def replay_trace(
 ) -> Replay:
     """Replay a timed trace's arrivals through a continuous-batching scheduler.
 
-    Model (DESIGN.md §6; ../shared/data/traces/README.md "Building decode
+    Model (DESIGN.md §6; tuner/traces/README.md "Building decode
     batches"): time advances in decode steps of ``step_s`` seconds; request
     ``i`` arrives at step ``floor(arrival_s[i] / rate_scale / step_s)`` and
     waits FCFS; at each step arrived requests are admitted while fewer than

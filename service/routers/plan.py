@@ -69,9 +69,7 @@ def handle_plan(body: bytes, state, content_type: bytes | str | None = None) -> 
     if served is None:
         return 503, b'{"detail":"policy table not loaded yet"}'
     try:
-        p, bucket, policy = served.table.plan(
-            req.kv_lens, gpu=req.gpu, num_qo_heads=req.num_qo_heads, num_kv_heads=req.num_kv_heads,
-            head_dim=req.head_dim, dtype=req.dtype, page_size=req.page_size, device=req.device)
+        p, bucket, policy = served.table.plan(req.kv_lens, req.shape)
     except ValueError as exc:  # e.g. a device whose numbers make the policy's knobs infeasible
         return 422, orjson.dumps({"detail": [error("value_error", ("body",), f"Value error, {exc}")]})
     metrics.PLAN_LOOKUPS.labels(policy["source"]).inc()

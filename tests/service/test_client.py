@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from service_support import GPU, SHAPE, TOTAL, LiveServer, fill_store  # noqa: E402
 
 from kvsplit.service.client import PlanClient, PlanServiceError, plan_from_response  # noqa: E402

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from service_support import BATCH_SIZES, FAMILIES, GPU, TOTAL, LiveServer, fill_store, key_of  # noqa: E402
 
 from kvsplit.db import store  # noqa: E402
 from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
 
 CHROMIUM = os.environ.get("KVSPLIT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.browser,

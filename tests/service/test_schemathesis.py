@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("schemathesis")
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from service_support import LiveServer, fill_store  # noqa: E402
 
 TOKEN = "schemathesis-token"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import socket
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ from optuna.trial import TrialState
 from kvsplit.db import store
 from kvsplit.kernels.plan import TUNED_PARAM_SPACE, make_plan
 from kvsplit.tuner import search, verify
+from kvsplit.tuner import study as study_mod
 from kvsplit.tuner.backends import SimBackend, make_backend
 
 GPU = "NVIDIA H200"
@@ -252,14 +254,14 @@ def test_dead_and_stale_trials_are_failed_and_retried(tmp_path):
     dead, silent = study.ask(), study.ask()
     p_dead, p_silent = search.suggest_params(dead), search.suggest_params(silent)
     # a trial whose worker process is gone (a pid that cannot exist)
-    study._storage.set_trial_system_attr(dead._trial_id, search._ATTR_PROC,
-                                         {"host": search.socket.gethostname(), "pid": 2**22 + 12345,
+    study._storage.set_trial_system_attr(dead._trial_id, study_mod._ATTR_PROC,
+                                         {"host": socket.gethostname(), "pid": 2**22 + 12345,
                                           "start": "1", "number": dead.number})
     assert search.fail_dead_trials(study) == 1
     # a trial on another host whose heartbeat stopped long ago
-    study._storage.set_trial_system_attr(silent._trial_id, search._ATTR_PROC,
+    study._storage.set_trial_system_attr(silent._trial_id, study_mod._ATTR_PROC,
                                          {"host": "elsewhere", "pid": 1, "start": "", "number": silent.number})
-    study._storage.set_trial_system_attr(silent._trial_id, search._ATTR_HEARTBEAT, time.time() - 100)
+    study._storage.set_trial_system_attr(silent._trial_id, study_mod._ATTR_HEARTBEAT, time.time() - 100)
     search._fail_stale(study)
     trials = study.get_trials()
     assert [x.state for x in trials[:2]] == [TrialState.FAIL, TrialState.FAIL]

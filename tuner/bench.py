@@ -1,4 +1,4 @@
-"""``kvsplit bench``: the baseline policies on the reference workload.
+"""The benchmarks behind ``kvsplit bench``: baseline policies on the reference workload, published policies on trace batches.
 
 ``kvsplit bench --backend sim`` predicts, with :mod:`kvsplit.tuner.simulate`, the
 time of each baseline policy's plan for the 48 reference cases (DESIGN.md §6:
@@ -13,12 +13,12 @@ with the real kernel through :class:`kvsplit.tuner.gpu.GpuTimer` (CUDA only).
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional
 
-import typer
+__all__ = ["BASELINES", "run_bench", "format_table", "cliff_comparison", "write_outputs", "run_trace_bench",
+           "format_trace_table"]
 
 BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
     "no_split": ("no_split", {}),
@@ -59,6 +59,7 @@ def run_bench(
     """
     from ..kernels.device import resolve_device
     from ..kernels.plan import make_plan
+    from ..kernels.shape import Shape
     from .workloads import family_kv_lens, reference_cases
 
     if backend not in ("sim", "gpu"):
@@ -66,9 +67,10 @@ def run_bench(
     unknown = [p for p in policies if p not in BASELINES]
     if unknown:
         raise ValueError(f"policies: unknown labels {unknown}; known: {list(BASELINES)}")
-    if num_qo_heads < 1 or num_qo_heads % max(num_kv_heads, 1):
-        raise ValueError(f"num_qo_heads: expected a positive multiple of num_kv_heads, got {num_qo_heads}")
-    group = num_qo_heads // num_kv_heads
+    shape = Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     dtype=dtype, page_size=page_size)
+    group = shape.group_size
+    dtype = shape.dtype
 
     timer = None
     if backend == "gpu":
@@ -84,7 +86,7 @@ def run_bench(
                          page_size=page_size, max_tokens=total_tokens, max_batch=512)
         dev = resolve_device(torch.cuda.get_device_name())
     else:
-        dev = resolve_device(gpu)
+        dev = shape.device
     from .simulate import Calibration, _prepare, _simulate, hbm_floor_s
 
     cal_fixed = Calibration.from_dict(calibration) if calibration is not None else None
@@ -217,28 +219,31 @@ def run_trace_bench(
 
     from ..kernels.plan import make_plan
     from ..kernels.policy_table import PolicyTable
-    from ..service.queries import load_table_doc
+    from ..kernels.shape import Shape
     from .backends import make_backend
-    from .search import _calibration_for
+    from .published import load_table_doc
+    from .search import calibration_for
     from .workloads import trace_batches
 
     table = PolicyTable.from_json(load_table_doc(database_url))
-    cal, bw = _calibration_for(database_url, gpu, backend)
+    cal, bw = calibration_for(database_url, gpu, backend)
     held_all = [(B, trace_batches(trace, B, num_train=1, num_heldout=batches, seed=seed)[1]) for B in batch_sizes]
     max_tokens = max(int(np.sum(b)) for _, hs in held_all for b in hs)
     max_batch = max(len(b) for _, hs in held_all for b in hs)
-    be = make_backend(backend, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                      dtype=dtype, page_size=page_size, calibration=cal, read_bandwidth_gbps=bw,
-                      max_tokens=max_tokens, max_batch=max_batch)
-    shape = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, dtype=dtype)
+    shape = Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     dtype=dtype, page_size=page_size)
+    be = make_backend(backend, shape=shape, calibration=cal, read_bandwidth_gbps=bw, max_tokens=max_tokens,
+                      max_batch=max_batch)
+    make_plan_kw = dict(num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, page_size=shape.page_size,
+                        dtype=shape.dtype)
     rows = []
     for B, held in held_all:
         for j, lens in enumerate(held):
-            plan, _, info = table.plan(lens, gpu=gpu, num_qo_heads=num_qo_heads, **shape)
+            plan, _, info = table.plan(lens, shape)
             plans = [("published", info.get("source", "?"), plan)]
             for label in ("balanced", "fa3", "flashinfer_tc", "flashinfer_notc", "no_split"):
                 pol, params = BASELINES[label]
-                plans.append((label, "baseline", make_plan(lens, device=gpu, policy=pol, params=params, **shape)))
+                plans.append((label, "baseline", make_plan(lens, device=shape.device, policy=pol, params=params, **make_plan_kw)))
             floor = be.hbm_floor_s(lens)
             for label, src, pl in plans:
                 t = be.time_plan(pl)
@@ -271,71 +276,3 @@ def format_trace_table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{B:>5} {len(ks):>7} {','.join(sorted(src[B])):>10} {ratio:>10.3f} "
                      + " ".join(f"{x:>18.2f}x" for x in sp))
     return "\n".join(lines)
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``bench`` to ``app``."""
-
-    @app.command("bench")
-    def bench(
-        backend: str = typer.Option("sim", help="'sim' (simulator) or 'gpu' (real kernel, CUDA)"),
-        gpu: str = typer.Option("NVIDIA H200", help="GPU name for the simulator (sim backend)"),
-        num_qo_heads: int = typer.Option(32, help="H_q"),
-        num_kv_heads: int = typer.Option(4, help="H_kv"),
-        head_dim: int = typer.Option(128, help="D"),
-        dtype: str = typer.Option("bfloat16", help="float16 | bfloat16 | float32"),
-        page_size: int = typer.Option(16, help="tokens per KV page"),
-        total_tokens: int = typer.Option(262_144, help="T, total tokens per batch"),
-        out: Optional[Path] = typer.Option(None, help="folder for bench.csv and one PNG per family"),
-        policies: str = typer.Option(",".join(BASELINES), help="comma-separated baseline labels"),
-        calibration: Optional[Path] = typer.Option(None, help="JSON file of simulator constants (sim)"),
-        anchors: Optional[Path] = typer.Option(None, help="h200_peers.csv: add the FlashInfer cliff check"),
-        trace: Optional[str] = typer.Option(None, help="instead: batches of this trace (azure_code, azure_conv, "
-                                                        "mooncake, sharegpt, arxiv), published policy vs baselines"),
-        batch_sizes: str = typer.Option("16,64,256", help="with --trace: target batch sizes"),
-        batches: int = typer.Option(3, min=1, help="with --trace: held-out batches per batch size"),
-        database_url: Optional[str] = typer.Option(None, help="with --trace: store of the published policies"),
-    ) -> None:
-        """Baseline policies on the reference workload (or, with --trace, the published policy on trace batches)."""
-        if trace is not None:
-            from ..db import store
-
-            try:
-                url = store.resolve_url(database_url)
-                sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
-                rows = run_trace_bench(trace, database_url=url, backend=backend, gpu=gpu, num_qo_heads=num_qo_heads,
-                                       num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                                       page_size=page_size, batch_sizes=sizes, batches=batches)
-            except (ValueError, OSError, store.SchemaError) as exc:
-                typer.echo(f"error: {exc}", err=True)
-                raise typer.Exit(2) from None
-            typer.echo(f"trace={trace} backend={backend} gpu={gpu} H_q={num_qo_heads} H_kv={num_kv_heads} "
-                       f"D={head_dim} {dtype} page={page_size} store={url}\n")
-            typer.echo(format_trace_table(rows))
-            if out is not None:
-                out.mkdir(parents=True, exist_ok=True)
-                path = out / f"trace_{trace}.csv"
-                with open(path, "w", newline="") as fh:
-                    w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-                    w.writeheader()
-                    w.writerows(rows)
-                typer.echo(f"wrote {path}")
-            return
-        try:
-            cal = json.loads(calibration.read_text()) if calibration else None
-            rows = run_bench(
-                backend=backend, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                head_dim=head_dim, dtype=dtype, page_size=page_size, total_tokens=total_tokens,
-                policies=tuple(p.strip() for p in policies.split(",") if p.strip()), calibration=cal,
-            )
-        except (ValueError, OSError, json.JSONDecodeError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
-        typer.echo(f"backend={backend} gpu={gpu if backend == 'sim' else 'cuda'} H_q={num_qo_heads} "
-                   f"H_kv={num_kv_heads} D={head_dim} {dtype} page={page_size} T={total_tokens}\n")
-        typer.echo(format_table(rows))
-        if anchors is not None:
-            typer.echo(cliff_comparison(rows, anchors, total_tokens))
-        if out is not None:
-            for p in write_outputs(rows, out, f"{backend} {gpu} T={total_tokens}"):
-                typer.echo(f"wrote {p}")

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from kvsplit.db import store
 from kvsplit.service.cli import app
-from kvsplit.tuner.bench_cli import run_trace_bench
+from kvsplit.tuner.bench import run_trace_bench
 
 
 def test_trace_bench_on_an_empty_store_serves_the_fallback(tmp_path):

@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
 from kvsplit.db import store
-from kvsplit.db.cli import plan_check_entry
+from kvsplit.kernels.policy_table import check_policy_entry as plan_check_entry
 from kvsplit.db.models import Policy
 from kvsplit.kernels.buckets import bucket_key
 from kvsplit.service.cli import app
@@ -78,7 +78,7 @@ def test_empty_database_says_how_to_upgrade(tmp_path):
 
 def test_outdated_database_says_how_to_upgrade(url, monkeypatch):
     # the code now expects a newer revision than the one stamped in the file
-    monkeypatch.setattr(store, "head_revision", lambda: "0099")
+    monkeypatch.setattr("kvsplit.db.engine.head_revision", lambda: "0099")
     store._checked.clear()
     with pytest.raises(store.SchemaError, match=r"at revision 0001, older than 0099: run `kvsplit db upgrade"):
         with store.session_scope(url):
@@ -99,6 +99,7 @@ def test_cli_outdated_message(tmp_path):
     r = CliRunner().invoke(app, ["db", "export", "--database-url", u])
     assert r.exit_code == 1
     assert "run `kvsplit db upgrade --database-url" in r.output
+    assert not (tmp_path / "x.db").exists()  # a read-only command creates no empty store
     r = CliRunner().invoke(app, ["db", "upgrade", "--database-url", u])
     assert r.exit_code == 0 and "upgraded empty -> 0001" in r.output
     r = CliRunner().invoke(app, ["db", "upgrade", "--database-url", u])
@@ -117,8 +118,13 @@ def test_settings_default_and_env(monkeypatch, tmp_path):
     monkeypatch.setenv("KVSPLIT_DATABASE_URL", "sqlite:////tmp/other.db")
     assert store.resolve_url(None) == "sqlite:////tmp/other.db"
     get_settings.cache_clear()
-    with pytest.raises(ValueError, match="database_url"):
-        store.resolve_url("not a url")
+    with pytest.raises(ValueError, match="database_url: not a SQLAlchemy URL"):
+        store.resolve_url("postgresql://host:notaport/db")
+    # a plain file path is that SQLite file (issue 13 point 4), from the environment or an argument
+    monkeypatch.setenv("KVSPLIT_DATABASE_URL", "./store.db")
+    assert get_settings().database_url == "sqlite:///./store.db"
+    assert store.resolve_url("/tmp/k.db") == "sqlite:////tmp/k.db"
+    get_settings.cache_clear()
     monkeypatch.undo()
     get_settings.cache_clear()  # leave no cached settings from this test's environment
 

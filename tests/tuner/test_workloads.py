@@ -82,7 +82,7 @@ def test_traces_are_package_data():
     import fnmatch
     import tomllib
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     cfg = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "kvsplit.tuner.traces" in cfg["packages"]
     patterns = cfg["package-data"]["kvsplit.tuner.traces"]

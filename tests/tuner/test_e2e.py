@@ -16,6 +16,7 @@ import pytest
 
 from kvsplit.db import store
 from kvsplit.tuner import search
+from kvsplit.tuner import study as study_mod
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
               pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")]
@@ -63,8 +64,8 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
         v = x["verification"]
         assert v["tuned_geomean_ratio"] <= v["best_baseline_geomean_ratio"]
         # the study values were written by both worker processes
-        pids = {t.system_attrs[search._ATTR_PROC]["pid"] for t in studies[x["study_name"]].get_trials()
-                if search._ATTR_PROC in t.system_attrs}
+        pids = {t.system_attrs[study_mod._ATTR_PROC]["pid"] for t in studies[x["study_name"]].get_trials()
+                if study_mod._ATTR_PROC in t.system_attrs}
         assert len(pids) == 2
     export = tmp_path / "policies.json"
     _cli("db", "export", "--database-url", db, "--output", str(export))
@@ -120,7 +121,7 @@ def test_kill_9_mid_study_then_resume(tmp_path):
     assert after["COMPLETE"] + after["PRUNED"] == 12
     assert after["RUNNING"] == 0 and after["WAITING"] == 0
     # the killed trials were failed and retried with the same parameters
-    failed = [t for t in study.get_trials() if t.state.name == "FAIL" and not t.user_attrs.get(search._ATTR_SURPLUS)]
+    failed = [t for t in study.get_trials() if t.state.name == "FAIL" and not t.user_attrs.get(study_mod._ATTR_SURPLUS)]
     retried = [t for t in study.get_trials() if "failed_trial" in t.system_attrs]
     assert len(failed) >= 1 and {t.number for t in failed} <= {t.system_attrs["failed_trial"] for t in retried}
     assert "published" in r.stdout
@@ -156,7 +157,7 @@ def test_postgres_multi_worker_tuning(pg_url):
     study = optuna.load_study(study_name=res["study_name"], storage=storage)
     c = search.study_counts(study)
     assert c["COMPLETE"] + c["PRUNED"] == 10 and c["RUNNING"] == 0
-    pids = {t.system_attrs[search._ATTR_PROC]["pid"] for t in study.get_trials() if search._ATTR_PROC in t.system_attrs}
+    pids = {t.system_attrs[study_mod._ATTR_PROC]["pid"] for t in study.get_trials() if study_mod._ATTR_PROC in t.system_attrs}
     assert len(pids) == 2
     # resuming through the same URL stops at the requested count
     r = _cli("tune", *SHAPE, "--trace", "azure_code", "--batch-size", "64", "--num-train", "2", "--num-heldout",

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from service_support import GPU, SHAPE, TOTAL, fill_store, key_of  # noqa: E402
 
 from kvsplit.db import store  # noqa: E402

@@ -82,3 +82,19 @@ def test_from_json_rejects_bad_documents():
     assert [e.id for e in PolicyTable.from_json(old).entries] == [1]
     with pytest.raises(ValueError, match=r"policy table\.policies: missing"):
         PolicyTable.from_json({**bad, "format": "kvsplit.policy_table/1"})
+
+
+def test_check_policy_entry_takes_the_export_form_and_the_table_entry_alike():
+    from kvsplit.kernels.policy_table import check_policy_entry
+
+    key = str(bucket_key([4096, 17, 9000], num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200"))
+    fields = {"gpu": "NVIDIA H200", "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16}
+    flat = {"name": "balanced", "params": {"ctas_per_sm": 3.0}, "bucket": key, **fields}
+    export = {"name": "balanced", "params": {"ctas_per_sm": 3.0}, "bucket": {"key": key, **fields}}
+    check_policy_entry(flat)
+    check_policy_entry(export)
+    for bad in ({**flat, "num_kv_heads": 8}, {**export, "bucket": {**export["bucket"], "num_kv_heads": 8}}):
+        with pytest.raises(ValueError, match="bucket.key: its num_kv_heads 4 differs from the entry's 8"):
+            check_policy_entry(bad)
+    with pytest.raises(ValueError, match="params do not make a plan: params: unknown parameters"):
+        check_policy_entry({**flat, "params": {"bogus": 1}})

@@ -1,6 +1,6 @@
 """Decode kernel vs the fp32 torch reference on the CPU (TRITON_INTERPRET=1), fp32 and fp16.
 
-Unused cache slots hold NaN and pages are shuffled (tests/paged_case.py), so any
+Unused cache slots hold NaN and pages are shuffled (tests/kernels/paged_case.py), so any
 load outside a request's kv_len shows up as NaN in the output.
 """
 

@@ -1,0 +1,74 @@
+"""Repeatability of one plan's time on the H200: the same plan, captured and timed many times.
+
+The final sweep (docs/data/h200_r2/retime.log) timed one stream_k plan three times per case; at
+T = 1,048,576 about one timing in five ran ~14 % slower than the others. This script times a few
+plans of two batches ``--reps`` times each (a fresh plan upload + CUDA-graph capture + do_bench
+median every time, as bench/gpu_sweep.py does), and also as plain launches without a graph, and
+prints min / median / max time over the read floor and how many repetitions were > 8 % above the
+minimum. Plans: full residency (tiles == resident slots) and with one slot per SM to spare.
+
+    python bench/timing_modes.py [--reps 12] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import triton
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu_sweep import Bench  # noqa: E402
+
+from kvsplit.kernels import decode as dec  # noqa: E402
+from kvsplit.kernels.plan import make_plan  # noqa: E402
+from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
+
+PLANS = [
+    ("stream_k c3 (128,4,2) full", "stream_k", {"ctas_per_sm": 3, "block_n": 128, "num_warps": 4, "num_stages": 2}),
+    ("stream_k c2 (128,4,2) spare", "stream_k", {"ctas_per_sm": 2, "block_n": 128, "num_warps": 4, "num_stages": 2}),
+    ("stream_k c2 (128,4,3) full", "stream_k", {"ctas_per_sm": 2, "block_n": 128, "num_warps": 4, "num_stages": 3}),
+    ("balanced c4 (64,4,2) full", "balanced", {"ctas_per_sm": 4, "block_n": 64, "num_warps": 4, "num_stages": 2}),
+    ("balanced c3 (64,4,2) spare", "balanced", {"ctas_per_sm": 3, "block_n": 64, "num_warps": 4, "num_stages": 2}),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    bench = Bench(32, 4, 1 << 21, 1024)
+    bw = bench.t.read_bandwidth()
+    out = []
+    for fam, B in (("uniform", 8), ("skewed80", 64)):
+        L = family_kv_lens(fam, B, 1 << 20)
+        floor = bench.t.hbm_floor_s(L)
+        for name, pol, prm in PLANS:
+            graph, plain = [], []
+            for _ in range(args.reps):
+                p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy=pol, params=prm)
+                graph.append(bench.time_plan(p, 10.0) / floor)
+            for _ in range(max(2, args.reps // 3)):
+                p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy=pol, params=prm)
+                b = bench.t.batch(p.kv_lens)
+                o = bench.out[B]
+                args_ = (b["q"], bench.t.k_cache, bench.t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], p)
+                fn = lambda: dec.decode_attention(*args_, out=o, workspace=bench.ws, validate=False)  # noqa: E731
+                fn()
+                plain.append(triton.testing.do_bench(fn, warmup=2, rep=10, return_mode="median") * 1e-3 / floor)
+            g = np.asarray(graph)
+            rec = {"family": fam, "B": B, "plan": name, "graph": graph, "plain": plain, "read_bw": bw}
+            out.append(rec)
+            print(f"{fam:8s} B={B:3d} {name:28s} graph min {g.min():.3f} med {np.median(g):.3f} max {g.max():.3f} "
+                  f"slow(>1.08 min) {int((g > 1.08 * g.min()).sum())}/{len(g)}   plain min {min(plain):.3f} "
+                  f"max {max(plain):.3f}", flush=True)
+    with open(os.path.join(args.out, "timing_modes.json"), "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Devices, calibrations, tuning runs and measurements (part of :mod:`kvsplit.db.store`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload
+
+from .checks import _int, _json_obj, _num, _str, software_fingerprint
+from .models import (
+    BACKENDS,
+    ROLES,
+    RUN_STATUSES,
+    Bucket,
+    Calibration,
+    Device,
+    Measurement,
+    TuningRun,
+    utcnow,
+)
+
+# ----------------------------------------------------------------------------
+# Devices and calibrations
+# ----------------------------------------------------------------------------
+
+
+def get_or_create_device(
+    session: Session,
+    *,
+    name: str,
+    num_sms: int,
+    hbm_bandwidth_gbps: float,
+    software: Mapping[str, Any] | None = None,
+    read_bandwidth_gbps: float | None = None,
+) -> Device:
+    """The device row for (``name``, fingerprint of ``software``), created if missing.
+
+    ``read_bandwidth_gbps`` (measured, GB/s), when given, updates the row.
+    """
+    name = _str("device.name", name, max_len=128)
+    num_sms = _int("device.num_sms", num_sms, 1)
+    hbm = _num("device.hbm_bandwidth_gbps", hbm_bandwidth_gbps, positive=True)
+    rbw = _num("device.read_bandwidth_gbps", read_bandwidth_gbps, positive=True, allow_none=True)
+    sw = _json_obj("device.software", software or {})
+    fp = software_fingerprint(sw)
+    dev = session.scalars(select(Device).where(Device.name == name, Device.fingerprint == fp)).first()
+    if dev is None:
+        dev = Device(name=name, num_sms=num_sms, hbm_bandwidth_gbps=hbm, software=sw, fingerprint=fp,
+                     read_bandwidth_gbps=rbw)
+        try:
+            with session.begin_nested():
+                session.add(dev)
+        except IntegrityError:  # another process created it meanwhile
+            dev = session.scalars(select(Device).where(Device.name == name, Device.fingerprint == fp)).one()
+    elif rbw is not None:
+        dev.read_bandwidth_gbps = rbw
+    session.flush()
+    return dev
+
+
+def get_device(session: Session, name: str) -> Device | None:
+    """The newest device row of GPU ``name`` (any software), or None."""
+    return session.scalars(select(Device).where(Device.name == name).order_by(Device.id.desc())).first()
+
+
+def measured_read_bandwidth(session: Session, gpu: str) -> float | None:
+    """The newest measured read bandwidth (GB/s) stored for GPU ``gpu``, or None."""
+    return session.scalar(
+        select(Device.read_bandwidth_gbps)
+        .where(Device.name == gpu, Device.read_bandwidth_gbps.is_not(None))
+        .order_by(Device.id.desc())
+        .limit(1)
+    )
+
+
+def set_device_bandwidth(session: Session, device_id: int, read_bandwidth_gbps: float) -> Device:
+    """Store a measured read bandwidth (GB/s) on a device row."""
+    dev = session.get(Device, device_id)
+    if dev is None:
+        raise KeyError(f"device id {device_id} not found")
+    dev.read_bandwidth_gbps = _num("read_bandwidth_gbps", read_bandwidth_gbps, positive=True)
+    session.flush()
+    return dev
+
+
+def record_calibration(
+    session: Session,
+    *,
+    device_id: int,
+    constants: Mapping[str, Any],
+    error: Mapping[str, Any] | None = None,
+    kernel_config: Mapping[str, Any] | None = None,
+    num_samples: int = 0,
+) -> Calibration:
+    """Store fitted simulator constants for a device (and kernel config).
+
+    ``config_key`` is the canonical JSON of ``kernel_config`` (``"{}"`` for a
+    calibration valid for every config); ``version`` increases per
+    (device, config_key).
+    """
+    if session.get(Device, device_id) is None:
+        raise KeyError(f"device id {device_id} not found")
+    kc = _json_obj("kernel_config", kernel_config or {})
+    key = json.dumps(kc, sort_keys=True, separators=(",", ":"))
+    last = session.scalar(
+        select(func.max(Calibration.version)).where(Calibration.device_id == device_id, Calibration.config_key == key)
+    )
+    cal = Calibration(
+        device_id=device_id,
+        config_key=key,
+        kernel_config=kc,
+        constants=_json_obj("constants", constants),
+        error=_json_obj("error", error or {}),
+        num_samples=_int("num_samples", num_samples, 0),
+        version=(last or 0) + 1,
+    )
+    session.add(cal)
+    session.flush()
+    return cal
+
+
+def latest_calibration(session: Session, *, gpu: str, config_key: str | None = None) -> Calibration | None:
+    """The newest calibration of any device row named ``gpu`` (optionally for one config key)."""
+    q = select(Calibration).join(Device).where(Device.name == gpu)
+    if config_key is not None:
+        q = q.where(Calibration.config_key == config_key)
+    return session.scalars(q.order_by(Calibration.created_at.desc(), Calibration.id.desc())).first()
+
+
+
+# ----------------------------------------------------------------------------
+# Tuning runs and measurements
+# ----------------------------------------------------------------------------
+
+
+def start_run(
+    session: Session,
+    *,
+    bucket_id: int,
+    study_name: str,
+    backend: str,
+    n_trials: int,
+    workers: int = 1,
+    storage_kind: str = "rdb",
+    device_id: int | None = None,
+) -> TuningRun:
+    """Record the start of a tuning run (status ``running``)."""
+    run = TuningRun(
+        bucket_id=bucket_id, study_name=_str("study_name", study_name), backend=_str("backend", backend,
+                                                                                    choices=BACKENDS),
+        n_trials=_int("n_trials", n_trials, 1), workers=_int("workers", workers, 1),
+        storage_kind=_str("storage_kind", storage_kind, max_len=32), device_id=device_id, status="running",
+    )
+    session.add(run)
+    session.flush()
+    return run
+
+
+def finish_run(
+    session: Session,
+    run_id: int,
+    *,
+    status: str,
+    n_finished: int,
+    best_value: float | None = None,
+    best_params: Mapping[str, Any] | None = None,
+    message: str = "",
+) -> TuningRun:
+    """Record the end of a tuning run."""
+    run = session.get(TuningRun, run_id)
+    if run is None:
+        raise KeyError(f"tuning run id {run_id} not found")
+    run.status = _str("status", status, choices=RUN_STATUSES)
+    run.n_finished = _int("n_finished", n_finished, 0)
+    run.best_value = _num("best_value", best_value, allow_none=True)
+    run.best_params = None if best_params is None else _json_obj("best_params", best_params)
+    run.message = str(message)[:2048]
+    run.finished_at = utcnow()
+    session.flush()
+    return run
+
+
+def list_runs(
+    session: Session, *, bucket_key: str | None = None, status: str | None = None, limit: int | None = 100
+) -> list[TuningRun]:
+    """Tuning runs, newest first (bucket loaded)."""
+    q = select(TuningRun).options(selectinload(TuningRun.bucket))
+    if bucket_key is not None:
+        q = q.join(Bucket).where(Bucket.key == bucket_key)
+    if status is not None:
+        q = q.where(TuningRun.status == _str("status", status, choices=RUN_STATUSES))
+    q = q.order_by(TuningRun.id.desc())
+    if limit is not None:
+        q = q.limit(_int("limit", limit, 1))
+    return list(session.scalars(q))
+
+
+def record_measurement(
+    session: Session,
+    *,
+    bucket_id: int,
+    policy_name: str,
+    kv_lens: Sequence[int],
+    time_s: float,
+    backend: str,
+    floor_s: float | None = None,
+    params: Mapping[str, Any] | None = None,
+    role: str = "heldout",
+    batch_index: int = 0,
+    stage: str = "verify",
+    tuning_run_id: int | None = None,
+    policy_id: int | None = None,
+    device_id: int | None = None,
+    software: Mapping[str, Any] | None = None,
+) -> Measurement:
+    """Store one timed (policy, batch).
+
+    Parameters
+    ----------
+    kv_lens : sequence of int, ``[B]``
+        The batch.
+    time_s : float
+        Kernel time, seconds (> 0).
+    floor_s : float, optional
+        HBM read floor of the batch, seconds; ``ratio = time_s / floor_s``.
+    """
+    lens = [_int(f"kv_lens[{i}]", int(v) if not isinstance(v, bool) else v, 0) for i, v in enumerate(kv_lens)]
+    if not lens:
+        raise ValueError("kv_lens: expected at least one request")
+    t = _num("time_s", time_s, positive=True)
+    fl = _num("floor_s", floor_s, positive=True, allow_none=True)
+    m = Measurement(
+        bucket_id=bucket_id, tuning_run_id=tuning_run_id, policy_id=policy_id, device_id=device_id,
+        stage=_str("stage", stage, max_len=32), policy_name=_str("policy_name", policy_name, max_len=64),
+        params=_json_obj("params", params or {}), role=_str("role", role, choices=ROLES),
+        batch_index=_int("batch_index", batch_index, 0), kv_lens=lens, batch_size=len(lens),
+        total_tokens=sum(lens), time_s=t, floor_s=fl, ratio=None if fl is None else t / fl,
+        backend=_str("backend", backend, choices=BACKENDS), software=_json_obj("software", software or {}),
+    )
+    session.add(m)
+    session.flush()
+    return m
+
+
+def list_measurements(
+    session: Session,
+    *,
+    bucket_key: str | None = None,
+    tuning_run_id: int | None = None,
+    policy_id: int | None = None,
+    policy_name: str | None = None,
+    stage: str | None = None,
+    limit: int | None = None,
+) -> list[Measurement]:
+    """Measurements, oldest first, optionally filtered."""
+    q = select(Measurement)
+    if bucket_key is not None:
+        q = q.join(Bucket, Bucket.id == Measurement.bucket_id).where(Bucket.key == bucket_key)
+    if tuning_run_id is not None:
+        q = q.where(Measurement.tuning_run_id == tuning_run_id)
+    if policy_id is not None:
+        q = q.where(Measurement.policy_id == policy_id)
+    if policy_name is not None:
+        q = q.where(Measurement.policy_name == policy_name)
+    if stage is not None:
+        q = q.where(Measurement.stage == stage)
+    q = q.order_by(Measurement.id)
+    if limit is not None:
+        q = q.limit(_int("limit", limit, 1))
+    return list(session.scalars(q))

@@ -1,0 +1,255 @@
+"""Export and all-or-nothing import of published policies (part of :mod:`kvsplit.db.store`).
+
+Versioned JSON (``format`` ``"kvsplit.policies"``, ``format_version`` 1). Import
+validates every field of every entry before writing anything.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from .checks import _int, _json_obj, _num, _str, software_fingerprint
+from .models import (
+    BACKENDS,
+    Policy,
+    utcnow,
+)
+from .policies import (
+    _bump,
+    _check_bucket_fields,
+    _lock_store,
+    _published_of,
+    _refusal,
+    _set_published,
+    create_policy,
+    get_or_create_bucket,
+    policies_version,
+    policy_to_dict,
+)
+from .records import get_or_create_device
+
+EXPORT_FORMAT = "kvsplit.policies"
+EXPORT_FORMAT_VERSION = 1
+
+
+class ImportValidationError(ValueError):
+    """An import file is malformed; nothing was stored."""
+
+
+_ENTRY_KEYS = {"bucket", "name", "params", "version", "backend", "score", "verification", "created_at",
+               "published_at", "device"}
+_ENTRY_OPTIONAL = {"id", "status", "tuning_run_id"}
+_BUCKET_KEYS = {"key", "gpu", "num_kv_heads", "head_dim", "dtype", "page_size", "signature", "source"}
+_DEVICE_KEYS = {"name", "num_sms", "hbm_bandwidth_gbps", "read_bandwidth_gbps", "software", "fingerprint"}
+
+
+def export_published(session: Session) -> dict[str, Any]:
+    """Every published policy as versioned JSON-able data.
+
+    Returns
+    -------
+    dict
+        ``{"format": "kvsplit.policies", "format_version": 1, "exported_at":
+        ISO-8601, "policies_version": int, "policies": [entry, ...]}``; each
+        entry as :func:`policy_to_dict` (bucket, name, params, version,
+        backend, score, verification, times, device with its software
+        fingerprint).
+    """
+    pols = session.scalars(
+        select(Policy).options(selectinload(Policy.bucket), selectinload(Policy.device))
+        .where(Policy.status == "published").order_by(Policy.bucket_key)
+    ).all()
+    return {
+        "format": EXPORT_FORMAT,
+        "format_version": EXPORT_FORMAT_VERSION,
+        "exported_at": utcnow().isoformat(),
+        "policies_version": policies_version(session),
+        "policies": [policy_to_dict(p) for p in pols],
+    }
+
+
+def _parse_time(name: str, v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ValueError(f"{name}: expected an ISO-8601 string or null, got {v!r}")
+    try:
+        _dt.datetime.fromisoformat(v)
+    except ValueError:
+        raise ValueError(f"{name}: not an ISO-8601 time: {v!r}") from None
+    return v
+
+
+def validate_export(
+    data: Any, *, validate_entry: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Check an export document field by field; return its normalised entries.
+
+    Raises
+    ------
+    ImportValidationError
+        On the first bad field, naming its path (``policies[3].bucket.head_dim``).
+    """
+    try:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"file: expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != EXPORT_FORMAT:
+            raise ValueError(f"format: expected {EXPORT_FORMAT!r}, got {data.get('format')!r}")
+        fv = data.get("format_version")
+        if fv != EXPORT_FORMAT_VERSION or isinstance(fv, bool):
+            raise ValueError(f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, got {fv!r}")
+        unknown = set(data) - {"format", "format_version", "exported_at", "policies_version", "policies"}
+        if unknown:
+            raise ValueError(f"file: unknown fields {sorted(unknown)}")
+        _parse_time("exported_at", data.get("exported_at"))
+        entries = data.get("policies")
+        if not isinstance(entries, list):
+            raise ValueError("policies: expected a list")
+        out: list[dict[str, Any]] = []
+        keys_seen: set[str] = set()
+        for i, e in enumerate(entries):
+            pre = f"policies[{i}]"
+            if not isinstance(e, Mapping):
+                raise ValueError(f"{pre}: expected an object")
+            missing = _ENTRY_KEYS - set(e)
+            if missing:
+                raise ValueError(f"{pre}: missing fields {sorted(missing)}")
+            extra = set(e) - _ENTRY_KEYS - _ENTRY_OPTIONAL
+            if extra:
+                raise ValueError(f"{pre}: unknown fields {sorted(extra)}")
+            b = e["bucket"]
+            if not isinstance(b, Mapping):
+                raise ValueError(f"{pre}.bucket: expected an object")
+            if set(b) != _BUCKET_KEYS:
+                raise ValueError(f"{pre}.bucket: expected fields {sorted(_BUCKET_KEYS)}, got {sorted(b)}")
+            key = _str(f"{pre}.bucket.key", b["key"])
+            if key in keys_seen:
+                raise ValueError(f"{pre}.bucket.key: {key!r} appears twice in the file")
+            keys_seen.add(key)
+            gpu, hkv, hd, dt, ps = _check_bucket_fields(
+                f"{pre}.bucket", b["gpu"], b["num_kv_heads"], b["head_dim"], b["dtype"], b["page_size"]
+            )
+            if not isinstance(b["source"], str):
+                raise ValueError(f"{pre}.bucket.source: expected a string")
+            bucket = {"key": key, "gpu": gpu, "num_kv_heads": hkv, "head_dim": hd, "dtype": dt, "page_size": ps,
+                      "signature": _json_obj(f"{pre}.bucket.signature", b["signature"]), "source": b["source"]}
+            if "status" in e and e["status"] != "published":
+                raise ValueError(f"{pre}.status: only published policies can be imported, got {e['status']!r}")
+            if "tuning_run_id" in e and e["tuning_run_id"] is not None:
+                _int(f"{pre}.tuning_run_id", e["tuning_run_id"], 1)
+            if "id" in e:
+                _int(f"{pre}.id", e["id"], 1)
+            dev = e["device"]
+            device = None
+            if dev is not None:
+                if not isinstance(dev, Mapping) or set(dev) != _DEVICE_KEYS:
+                    raise ValueError(f"{pre}.device: expected null or an object with fields {sorted(_DEVICE_KEYS)}")
+                device = {
+                    "name": _str(f"{pre}.device.name", dev["name"], max_len=128),
+                    "num_sms": _int(f"{pre}.device.num_sms", dev["num_sms"], 1),
+                    "hbm_bandwidth_gbps": _num(f"{pre}.device.hbm_bandwidth_gbps", dev["hbm_bandwidth_gbps"],
+                                               positive=True),
+                    "read_bandwidth_gbps": _num(f"{pre}.device.read_bandwidth_gbps", dev["read_bandwidth_gbps"],
+                                                positive=True, allow_none=True),
+                    "software": _json_obj(f"{pre}.device.software", dev["software"]),
+                }
+                fp = software_fingerprint(device["software"])
+                if dev["fingerprint"] != fp:
+                    raise ValueError(f"{pre}.device.fingerprint: {dev['fingerprint']!r} does not match its software "
+                                     f"versions (expected {fp!r})")
+                if device["name"] != gpu:
+                    raise ValueError(f"{pre}.device.name: {device['name']!r} differs from bucket.gpu {gpu!r}")
+            entry = {
+                "bucket": bucket,
+                "name": _str(f"{pre}.name", e["name"], max_len=64),
+                "params": _json_obj(f"{pre}.params", e["params"], scalars_only=True),
+                "version": _int(f"{pre}.version", e["version"], 1),
+                "backend": _str(f"{pre}.backend", e["backend"], choices=BACKENDS),
+                "score": _num(f"{pre}.score", e["score"], positive=True, allow_none=True),
+                "verification": _json_obj(f"{pre}.verification", e["verification"]),
+                "created_at": _parse_time(f"{pre}.created_at", e["created_at"]),
+                "published_at": _parse_time(f"{pre}.published_at", e["published_at"]),
+                "device": device,
+            }
+            if validate_entry is not None:
+                try:
+                    validate_entry(entry)
+                except ValueError as exc:
+                    raise ValueError(f"{pre}: {exc}") from None
+            out.append(entry)
+        return out
+    except ImportValidationError:
+        raise
+    except ValueError as exc:
+        raise ImportValidationError(f"import rejected, nothing stored: {exc}") from None
+
+
+def import_policies(
+    session: Session,
+    data: Any,
+    *,
+    validate_entry: Callable[[dict[str, Any]], None] | None = None,
+) -> list[int]:
+    """Import an export document; all-or-nothing. Returns the policy ids, in file order.
+
+    Every entry is validated before anything is written
+    (:func:`validate_export`). Each entry becomes a published policy of its
+    bucket (bucket and device rows created as needed); an entry identical to a
+    policy already stored (same bucket, params, backend, score) reuses that
+    row, so importing the same file twice changes nothing (a policy retired
+    since stays retired). The publish rules
+    apply: an entry that may not replace the bucket's published policy (a
+    GPU-measured or better one) is stored as ``draft`` with the reason in
+    ``note``. Any error rolls the whole import back (the session's
+    transaction is rolled back to where it was).
+    """
+    entries = validate_export(data, validate_entry=validate_entry)
+    ids: list[int] = []
+    changed = False
+    with session.begin_nested():
+        st = _lock_store(session)
+        for e in entries:
+            b = e["bucket"]
+            bucket = get_or_create_bucket(session, key=b["key"], gpu=b["gpu"], num_kv_heads=b["num_kv_heads"],
+                                          head_dim=b["head_dim"], dtype=b["dtype"], page_size=b["page_size"],
+                                          signature=b["signature"], source=b["source"])
+            device_id = None
+            if e["device"] is not None:
+                d = e["device"]
+                device_id = get_or_create_device(session, name=d["name"], num_sms=d["num_sms"],
+                                                 hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
+                                                 software=d["software"],
+                                                 read_bandwidth_gbps=d["read_bandwidth_gbps"]).id
+            same = [p for p in session.scalars(select(Policy).where(Policy.bucket_id == bucket.id))
+                    if p.params == e["params"] and p.backend == e["backend"] and p.score == e["score"]
+                    and p.name == e["name"]]
+            if same:
+                pol = next((p for p in same if p.status == "published"), same[0])
+            else:
+                pol = create_policy(session, bucket_id=bucket.id, params=e["params"], backend=e["backend"],
+                                    score=e["score"], verification=e["verification"], device_id=device_id,
+                                    name=e["name"], note=f"imported (exported version {e['version']})")
+                changed = True
+            if pol.status == "retired":
+                # an operator retired this very policy: re-importing the same file (make run does, on
+                # every start) must not bring it back
+                ids.append(pol.id)
+                continue
+            if pol.status != "published":
+                cur = _published_of(session, bucket.id)
+                why = _refusal(pol, cur)
+                if why is None:
+                    _set_published(session, pol, cur)
+                    changed = True
+                else:
+                    pol.note = f"imported, not published: {why}"[:2048]
+            ids.append(pol.id)
+        if changed:
+            _bump(st)
+        session.flush()
+    return ids

@@ -1,0 +1,61 @@
+"""``kvsplit calibrate``: fit the simulator's constants to the real kernel on this GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .options import DatabaseUrl, Dtype, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, store_url
+
+__all__ = ["calibrate_cmd"]
+
+
+def calibrate_cmd(
+    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="NAME",
+                                               help="expected GPU name (default: the local one)")] = None,
+    num_qo_heads: NumQoHeads = 32,
+    num_kv_heads: NumKvHeads = 4,
+    head_dim: HeadDim = 128,
+    dtype: Dtype = "bfloat16",
+    page_size: PageSize = 16,
+    database_url: DatabaseUrl = None,
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE",
+                                                help="also write the report as JSON here")] = None,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", min=0, help="seed of the calibration sample")] = 0,
+) -> None:
+    """Time a calibration sample on the local GPU, fit the simulator, store the constants."""
+    from ...db import store
+    from ...tuner.backends import make_backend
+    from ...tuner.calibrate import calibrate
+
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError
+    except (ImportError, RuntimeError):
+        fail("kvsplit calibrate needs a CUDA GPU (it times the real kernel)")
+    from ...kernels.shape import Shape
+
+    local = torch.cuda.get_device_name()
+    name = gpu or local
+    try:
+        shape = Shape.of(device=name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         dtype=dtype, page_size=page_size)
+    except ValueError as exc:
+        fail(str(exc))
+    url = store_url(database_url)
+    store.upgrade(url)
+    backend = make_backend("gpu", shape=shape, max_tokens=300_000, max_batch=512)
+    rep = calibrate(backend, gpu=name, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.dtype,
+                    page_size=shape.page_size, seed=seed, database_url=url, progress=True)
+    if out is not None:
+        out.write_text(json.dumps(rep, indent=1))
+    typer.echo(f"calibration {rep.get('calibration_id')} for {rep['gpu']}: held-out error median "
+               f"{rep['heldout']['median']:.1%}, worst {rep['heldout']['worst']:.1%} "
+               f"(defaults: {rep['default_heldout']['median']:.1%} / {rep['default_heldout']['worst']:.1%})")
+    for fam, e in rep["heldout"]["per_family"].items():
+        typer.echo(f"  {fam:9s} median {e['median']:.1%}  worst {e['worst']:.1%}  (n={e['n']})")

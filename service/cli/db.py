@@ -1,0 +1,111 @@
+"""``kvsplit db upgrade | export | import FILE`` (each takes ``--database-url``).
+
+- ``upgrade``: run the store's Alembic migrations (version table
+  ``kvsplit_alembic_version``); safe to repeat; creates the store.
+- ``export``: published policies as versioned JSON (``--output FILE``, default
+  stdout). Read-only: a missing SQLite store is refused, not created.
+- ``import FILE``: validate every field of every entry, then store all of them
+  or nothing. Besides the store's own field checks, each entry's params must
+  make a valid plan for its bucket's shape
+  (:func:`kvsplit.kernels.policy_table.check_policy_entry`, the check of the
+  service's import route).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .options import DatabaseUrl, existing_store, fail, first_line, store_url
+
+__all__ = ["db_app"]
+
+db_app = typer.Typer(name="db", help="The policy store: migrations, export, import.", no_args_is_help=True)
+
+
+def _store_error(exc: Exception, url: str) -> None:
+    from ...db import store
+
+    if isinstance(exc, store.SchemaError):
+        fail(str(exc), code=1)
+    if isinstance(exc, ValueError):
+        fail(f"--database-url: {exc}")
+    fail(f"cannot open the policy store at {store.safe_url(url)}: {first_line(exc)}", code=1)
+
+
+@db_app.command("upgrade")
+def upgrade_cmd(database_url: DatabaseUrl = None) -> None:
+    """Create or migrate the store's tables to the newest revision."""
+    from ...db import store
+
+    url = store_url(database_url)
+    try:
+        before = store.current_revision(store.get_engine(url))
+        rev = store.upgrade(url)
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+        _store_error(exc, url)
+    safe = store.safe_url(url)
+    if before == rev:
+        typer.echo(f"{safe}: already at revision {rev}")
+    else:
+        typer.echo(f"{safe}: upgraded {before or 'empty'} -> {rev}")
+
+
+@db_app.command("export")
+def export_cmd(
+    database_url: DatabaseUrl = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
+                                                   help="write here instead of stdout")] = None,
+) -> None:
+    """Write every published policy as versioned JSON."""
+    from ...db import store
+
+    if output is not None and not output.parent.is_dir():
+        fail(f"--output: folder {str(output.parent)!r} does not exist")
+    url = existing_store(database_url)
+    try:
+        with store.session_scope(url) as s:
+            doc = store.export_published(s)
+    except Exception as exc:  # noqa: BLE001
+        _store_error(exc, url)
+    text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        fail(f"--output: cannot write {output}: {exc.strerror or exc}")
+    typer.echo(f"exported {len(doc['policies'])} policies to {output}", err=True)
+
+
+@db_app.command("import")
+def import_cmd(
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="JSON file written by `kvsplit db export`",
+                                         exists=True, dir_okay=False, readable=True)],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Validate and import published policies (all or nothing)."""
+    from ...db import store
+    from ...kernels.policy_table import check_policy_entry
+
+    try:
+        data = json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        fail(f"import rejected, nothing stored: {file} is not JSON ({exc})")
+    url = existing_store(database_url)
+    try:
+        with store.session_scope(url, write=True) as s:
+            ids = store.import_policies(s, data, validate_entry=check_policy_entry)
+            published = sum(1 for i in ids if (p := store.get_policy(s, i)) is not None and p.status == "published")
+            version = store.policies_version(s)
+    except store.ImportValidationError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=2) from None
+    except Exception as exc:  # noqa: BLE001
+        _store_error(exc, url)
+    typer.echo(f"imported {len(ids)} policies ({published} published); policies_version {version}")

@@ -1,0 +1,72 @@
+"""What the ``kvsplit`` commands share: typer ``Annotated`` options and one-line errors.
+
+The shape options (``--gpu``, ``--num-qo-heads``, ``--num-kv-heads``,
+``--head-dim``, ``--dtype``, ``--page-size``) and ``--database-url`` are
+defined once here; each command gives its own default (or none: required).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, NoReturn, Optional
+
+import typer
+
+__all__ = [
+    "DatabaseUrl", "Gpu", "NumQoHeads", "NumKvHeads", "HeadDim", "Dtype", "PageSize", "fail", "store_url",
+    "existing_store", "first_line",
+]
+
+DatabaseUrl = Annotated[Optional[str], typer.Option(
+    "--database-url", metavar="URL",
+    help="policy store: a SQLAlchemy URL or a SQLite file path (default: KVSPLIT_DATABASE_URL from the "
+         "environment or ./.env, else sqlite:///./kvsplit.db)")]
+Gpu = Annotated[str, typer.Option(
+    "--gpu", metavar="NAME", help="GPU name as torch reports it ('NVIDIA H200') or an alias (h200, h100, a100, ...)")]
+NumQoHeads = Annotated[int, typer.Option("--num-qo-heads", metavar="H_Q", min=1, help="query heads H_q (a multiple of H_kv)")]
+NumKvHeads = Annotated[int, typer.Option("--num-kv-heads", metavar="H_KV", min=1, help="KV heads H_kv")]
+HeadDim = Annotated[int, typer.Option("--head-dim", metavar="D", help="head dim D: 64, 128 or 256")]
+Dtype = Annotated[str, typer.Option(
+    "--dtype", metavar="DTYPE", help="float16, bfloat16 or float32 (aliases fp16, bf16, fp32)")]
+PageSize = Annotated[int, typer.Option("--page-size", metavar="TOKENS", min=1, max=256, help="tokens per KV page")]
+
+
+def fail(msg: str, code: int = 2) -> NoReturn:
+    """Print ``error: msg`` on stderr and exit with ``code`` (2: bad input, 1: the store or a run failed)."""
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code=code)
+
+
+def store_url(database_url: str | None) -> str:
+    """``--database-url`` (or the settings' URL) as a SQLAlchemy URL; a bad one is a one-line error."""
+    from ...db import store
+
+    try:
+        return store.resolve_url(database_url)
+    except ValueError as exc:
+        fail(f"--database-url: {exc}")
+
+
+def existing_store(database_url: str | None) -> str:
+    """Like :func:`store_url`, for read-only commands: the store must exist and be at the current schema.
+
+    A missing SQLite file is refused without creating it (a read must leave no
+    empty file behind).
+    """
+    from ...db import store
+
+    url = store_url(database_url)
+    try:
+        store.check_exists(url)
+        store.check_schema(store.get_engine(url))
+    except store.SchemaError as exc:
+        fail(str(exc), code=1)
+    except ValueError as exc:
+        fail(f"--database-url: {exc}")
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy.exc.OperationalError etc.: server down, bad credentials
+        fail(f"cannot open the policy store at {store.safe_url(url)}: {first_line(exc)}", code=1)
+    return url
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

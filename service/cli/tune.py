@@ -1,0 +1,169 @@
+"""``kvsplit tune``: tune, verify and publish ``tuned`` policies per bucket.
+
+One of three workload selections:
+
+- ``--family F --batch-size B [--total-tokens T]``: the bucket of that
+  synthetic batch (jittered training / held-out draws, DESIGN.md §6);
+- ``--trace NAME``: the buckets of a shipped trace (continuous-batching
+  replay of Azure code/conv and Mooncake, i.i.d. draws of ShareGPT/arXiv) at
+  ``--batch-size`` (default 16, 64 and 256), with ``--rate-scale``,
+  ``--token-budget``, ``--max-batch-size``, ``--max-kv-len``;
+- ``--all``: the default library (:func:`kvsplit.tuner.search.default_library`).
+
+Storage of the Optuna studies: the ``--database-url`` for one worker;
+``--journal PATH`` for ``--workers K`` processes on one host; a PostgreSQL URL
+for several hosts. Re-running the same command resumes and stops at exactly
+``--trials`` finished trials per bucket. Ctrl-C stops after the current trial
+(twice: at once).
+
+A bucket keeps the training and held-out batches it was first tuned on; a
+later ``tune`` into the same bucket whose flags (``--seed``,
+``--total-tokens``, ``--num-train``, ...) draw other batches is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, first_line, store_url
+
+__all__ = ["tune_cmd"]
+
+
+def tune_cmd(
+    gpu: Gpu = "NVIDIA H200",
+    num_qo_heads: NumQoHeads = 32,
+    num_kv_heads: NumKvHeads = 4,
+    head_dim: HeadDim = 128,
+    dtype: Dtype = "bfloat16",
+    page_size: PageSize = 16,
+    family: Annotated[Optional[str], typer.Option("--family", metavar="FAMILY",
+                                          help="uniform, skewed40, skewed60, skewed80, 2x40")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", metavar="B", min=1,
+                                              help="B of the family / trace batches")] = None,
+    total_tokens: Annotated[int, typer.Option("--total-tokens", metavar="T", min=1, help="T of the family batch")] = 262_144,
+    trace: Annotated[Optional[str], typer.Option("--trace", metavar="NAME",
+                                         help="azure_code, azure_conv, mooncake, sharegpt, arxiv")] = None,
+    all_: Annotated[bool, typer.Option("--all", metavar="", help="tune the default bucket library")] = False,
+    trials: Annotated[int, typer.Option("--trials", metavar="N", min=1,
+                                help="finished (complete + pruned) trials per bucket")] = 40,
+    backend: Annotated[str, typer.Option("--backend", metavar="NAME",
+                                 help="sim (calibrated simulator) or gpu (the kernel)")] = "sim",
+    database_url: DatabaseUrl = None,
+    workers: Annotated[int, typer.Option("--workers", metavar="K", min=1, help="worker processes sharing each study")] = 1,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="SECONDS",
+                                             help="seconds per bucket; then verify the best")] = None,
+    journal: Annotated[Optional[Path], typer.Option("--journal", metavar="PATH",
+                                            help="Optuna JournalFileBackend file (multi-process)")] = None,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", min=0, help="seed of the batches and the TPE sampler")] = 0,
+    num_train: Annotated[int, typer.Option("--num-train", metavar="N", min=1, help="training batches per bucket")] = 8,
+    num_heldout: Annotated[int, typer.Option("--num-heldout", metavar="N", min=1, help="held-out batches per bucket")] = 8,
+    rate_scale: Annotated[Optional[float], typer.Option("--rate-scale", metavar="X",
+                                                help="trace arrival-rate multiplier (auto)")] = None,
+    token_budget: Annotated[Optional[int], typer.Option("--token-budget", metavar="TOKENS", min=1,
+                                                help="trace replay KV capacity")] = None,
+    max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", metavar="B", min=1,
+                                                  help="trace replay batch cap (default --batch-size)")] = None,
+    max_kv_len: Annotated[Optional[int], typer.Option("--max-kv-len", metavar="TOKENS", min=1,
+                                              help="cap kv_len (model context)")] = None,
+    max_buckets: Annotated[Optional[int], typer.Option("--max-buckets", metavar="N", min=1,
+                                               help="most buckets of a trace")] = None,
+    heartbeat_interval: Annotated[int, typer.Option("--heartbeat-interval", metavar="SECONDS", min=1,
+                                            help="worker heartbeat period")] = 5,
+    grace_period: Annotated[int, typer.Option("--grace-period", metavar="SECONDS", min=2,
+                                      help="silence after which a running trial is failed")] = 30,
+    publish: Annotated[bool, typer.Option("--publish/--no-publish", metavar="",
+                                          help="publish verified policies")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", metavar="", help="tqdm progress bar")] = True,
+    json_out: Annotated[bool, typer.Option("--json", metavar="", help="print the results as JSON")] = False,
+) -> None:
+    """Tune the `tuned` policy of one or more buckets, verify it against the baselines, publish it."""
+    from ...db import store
+    from ...tuner import search
+
+    chosen = [x for x in (family is not None, trace is not None, all_) if x]
+    if len(chosen) != 1:
+        fail("choose exactly one of --family, --trace, --all")
+    url = store_url(database_url)
+    shape = dict(gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                 dtype=dtype, page_size=page_size)
+    try:
+        cfg = search.TuneConfig(
+            database_url=url, n_trials=trials, backend=backend, workers=workers,
+            timeout=timeout, journal=str(journal) if journal else None, seed=seed, progress=progress,
+            heartbeat_interval=heartbeat_interval, grace_period=grace_period, publish=publish,
+        )
+        search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers,
+                            heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+        if family is not None:
+            if batch_size is None:
+                fail("--family needs --batch-size")
+            tasks = [search.family_task(family, batch_size, total_tokens, num_train=num_train,
+                                        num_heldout=num_heldout, seed=seed, **shape)]
+        elif trace is not None:
+            tasks = search.trace_tasks(
+                trace, batch_sizes=(batch_size,) if batch_size else (16, 64, 256), num_train=num_train,
+                num_heldout=num_heldout, seed=seed, rate_scale=rate_scale, token_budget=token_budget,
+                max_batch_size=max_batch_size, max_kv_len=max_kv_len, max_buckets=max_buckets, **shape)
+        else:
+            tasks = search.default_library(num_train=num_train, num_heldout=num_heldout, seed=seed, **shape)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        eng = store.get_engine(cfg.database_url)
+        if store.current_revision(eng) is None:
+            store.upgrade(cfg.database_url)
+            typer.echo(f"created the kvsplit store at {store.safe_url(cfg.database_url)}", err=True)
+        store.check_schema(eng)
+    except store.SchemaError as exc:
+        fail(str(exc), code=1)
+    except ValueError as exc:
+        fail(f"--database-url: {exc}")
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy OperationalError etc.: server down, bad credentials
+        fail(f"cannot open the policy store at {store.safe_url(cfg.database_url)}: {first_line(exc)}", code=1)
+    for t in tasks:  # before any work: a bucket tuned before on other batches is refused (module doc)
+        try:
+            search.check_task_batches(t, cfg.database_url)
+        except ValueError as exc:
+            fail(str(exc))
+    typer.echo(f"tuning {len(tasks)} bucket(s), {trials} trials each, backend {backend}, "
+               f"{workers} worker(s), studies in "
+               f"{search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers).describe()}",
+               err=True)
+    stop = search.Stop().install()
+    results = []
+    try:
+        for t in tasks:
+            if stop.is_set():
+                break
+            try:
+                results.append(search.tune_task(t, cfg, stop=stop))
+            except (ValueError, RuntimeError) as exc:
+                fail(f"{t.source}: {exc}", code=1)
+    finally:
+        stop.restore()
+    if json_out:
+        typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        for r in results:
+            typer.echo(_result_line(r))
+    if stop.is_set() or any(r.status == "interrupted" for r in results):
+        typer.echo("interrupted: re-run the same command to resume", err=True)
+        raise typer.Exit(code=130)
+
+
+def _result_line(r) -> str:
+    v = r.verification or {}
+    line = f"{r.bucket_key}: {r.status}, {r.n_finished} trials"
+    if v:
+        sp = ", ".join(f"{k} {x:.2f}x" for k, x in v.get("speedup_vs", {}).items())
+        line += (f"; tuned {v['tuned_geomean_ratio']:.3f}x floor vs best baseline {v['best_baseline']} "
+                 f"{v['best_baseline_geomean_ratio']:.3f}x; speedup {sp}; "
+                 f"{'published' if r.published else 'not published'} (policy {r.policy_id})")
+    if r.message:
+        line += f" [{r.message}]"
+    return line

@@ -1,0 +1,1 @@
+"""Tests of kvsplit.db (the package layout mirrors the source)."""

@@ -1,0 +1,1 @@
+"""Tests of kvsplit.kernels (the package layout mirrors the source)."""

@@ -1,0 +1,1 @@
+"""Tests of kvsplit.service (the package layout mirrors the source)."""

@@ -1,0 +1,246 @@
+"""The ``kvsplit`` command line's handling of bad input and edge cases (issue 13, the CLI points).
+
+One ``error:`` line (never a traceback) for a bad store URL or folder; read-only
+commands create no empty store; a busy port is named; unknown GPUs and
+fallbacks are explained; long batches come from a file or stdin; a second
+``tune`` into a bucket with other batch flags is refused; help shows no
+``<bool>``/``<str>`` placeholders; ``plan`` output form; dtype aliases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
+from service_support import GPU, TOTAL, fill_store  # noqa: E402
+
+from kvsplit.db import store  # noqa: E402
+from kvsplit.service.cli import app  # noqa: E402
+from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
+
+SHAPE_ARGS = ["--gpu", GPU, "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128",
+              "--dtype", "bfloat16", "--page-size", "16"]
+
+
+def _invoke(*args: str, input: str | None = None):
+    return CliRunner().invoke(app, list(args), input=input)
+
+
+def _one_error_line(res) -> str:
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('cli') / 'store.db'}"
+    info = fill_store(url)
+    yield info
+    store.dispose_engines()
+
+
+# --------------------------------------------------------------------------- store URLs and folders
+
+
+@pytest.mark.parametrize("cmd", [["db", "export"], ["db", "upgrade"], ["db", "import", "FILE"]])
+def test_bad_url_is_one_error_line(cmd, tmp_path):
+    f = tmp_path / "in.json"
+    f.write_text(json.dumps({"format": "kvsplit.policies", "format_version": 1, "policies": []}))
+    args = [str(f) if a == "FILE" else a for a in cmd]
+    res = _invoke(*args, "--database-url", "postgresql://host:notaport/db")
+    line = _one_error_line(res)
+    assert res.exit_code == 2 and line.startswith("error: --database-url: ") and "notaport" in line
+
+
+@pytest.mark.parametrize("cmd", [["db", "export"], ["db", "upgrade"], ["db", "import", "FILE"]])
+def test_missing_folder_is_one_error_line(cmd, tmp_path):
+    f = tmp_path / "in.json"
+    f.write_text(json.dumps({"format": "kvsplit.policies", "format_version": 1, "policies": []}))
+    args = [str(f) if a == "FILE" else a for a in cmd]
+    res = _invoke(*args, "--database-url", str(tmp_path / "nowhere" / "x.db"))
+    line = _one_error_line(res)
+    assert res.exit_code in (1, 2) and "nowhere" in line
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_export_to_missing_folder(filled, tmp_path):
+    res = _invoke("db", "export", "--database-url", filled.url, "--output", str(tmp_path / "no" / "out.json"))
+    assert res.exit_code == 2
+    assert _one_error_line(res) == f"error: --output: folder {str(tmp_path / 'no')!r} does not exist"
+
+
+def test_read_only_commands_create_no_store(tmp_path):
+    path = tmp_path / "missing.db"
+    for args in (["db", "export"], ["plan", *SHAPE_ARGS, "--kv-lens", "100,200"], ["serve", "--port", "0"]):
+        res = _invoke(*args, "--database-url", str(path))
+        assert res.exit_code == 1, res.output
+        line = _one_error_line(res)
+        assert line.startswith(f"error: no kvsplit store at sqlite:///{path} (the file {path} does not exist)")
+        assert "kvsplit db upgrade" in line
+        assert not path.exists()
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def test_serve_names_a_busy_port(filled):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = _invoke("serve", "--database-url", filled.url, "--port", str(port))
+    assert res.exit_code == 2
+    assert _one_error_line(res) == (f"error: --port: 127.0.0.1:{port} is already in use (another kvsplit serve?); "
+                                    "choose another --port")
+
+
+@pytest.mark.slow
+def test_run_says_which_port_it_uses_when_busy(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSPLIT_")}
+    env.update(PYTHONUNBUFFERED="1", KVSPLIT_DATABASE_URL=str(tmp_path / "k.db"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        p = subprocess.Popen([sys.executable, "-m", "kvsplit.service.cli", "run", "--no-tune", "--port", str(busy)],
+                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                line = p.stdout.readline()
+                if not line:
+                    break
+                lines.append(line)
+                if "serving until Ctrl-C" in line:
+                    break
+        finally:
+            p.send_signal(signal.SIGINT)
+            p.communicate(timeout=30)
+    out = "".join(lines)
+    moved = [x for x in lines if "is busy" in x]
+    assert len(moved) == 1, out
+    new_port = int(moved[0].rsplit("serving on port ", 1)[1].split()[0])
+    assert new_port != busy and f"port {busy} is busy on 127.0.0.1" in moved[0]
+    assert f"dashboard:  http://127.0.0.1:{new_port}/" in out
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def test_plan_unknown_gpu_lists_known_ones(filled):
+    res = _invoke("plan", *SHAPE_ARGS[:1], "NVIDIA Z9000", *SHAPE_ARGS[2:], "--kv-lens", "100",
+                  "--database-url", filled.url)
+    assert res.exit_code == 2
+    line = _one_error_line(res)
+    assert line.startswith("error: --gpu: unknown GPU 'NVIDIA Z9000'; known GPUs: ")
+    assert "'NVIDIA H200'" in line and "aliases: " in line and "h200" in line
+    assert "Value error" not in line and "device" not in line
+
+
+def test_plan_says_why_it_falls_back(filled):
+    # a shape with no published policy at all
+    res = _invoke("plan", "--gpu", "h100", "--num-qo-heads", "8", "--num-kv-heads", "1", "--head-dim", "64",
+                  "--dtype", "float16", "--kv-lens", "100,200", "--database-url", filled.url)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["policy"]["source"] == "fallback"
+    assert ("note: planned with the fallback policy 'balanced': no published policy for this shape "
+            "(gpu, num_kv_heads, head_dim, dtype, page_size)") in res.stderr
+    # the tuned shape, but a batch far from every tuned bucket
+    res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", "1", "--database-url", filled.url)
+    assert res.exit_code == 0, res.output
+    answer = json.loads(res.stdout)
+    assert answer["policy"]["source"] == "fallback"
+    assert f"no published policy within the distance limit 1 of bucket {answer['bucket']['key']} (nearest: " \
+        in res.stderr
+    # a tuned batch says nothing
+    lens = family_kv_lens("2x40", 16, TOTAL).tolist()
+    res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", ",".join(map(str, lens)), "--database-url", filled.url)
+    assert res.exit_code == 0 and json.loads(res.stdout)["policy"]["source"] != "fallback" and not res.stderr
+
+
+def test_plan_kv_lens_file_and_stdin(filled, tmp_path):
+    lens = [(i * 7919) % 5000 + 1 for i in range(30_000)]  # too long for a command line
+    f = tmp_path / "lens.txt"
+    f.write_text("\n".join(map(str, lens)) + "\n")
+    res = _invoke("plan", *SHAPE_ARGS, "--kv-lens-file", str(f), "--database-url", filled.url)
+    assert res.exit_code == 0, res.output
+    a = json.loads(res.stdout)
+    assert a["kv_lens"] == lens and len(a["num_splits"]) == 30_000
+    res = _invoke("plan", *SHAPE_ARGS, "--kv-lens-file", "-", "--database-url", filled.url, input=json.dumps(lens))
+    assert res.exit_code == 0 and json.loads(res.stdout) == a
+    f.write_text("10, 20\n30 x 40")
+    res = _invoke("plan", *SHAPE_ARGS, "--kv-lens-file", str(f), "--database-url", filled.url)
+    assert res.exit_code == 2
+    assert _one_error_line(res) == f"error: --kv-lens-file {f}: kv_lens[3]: expected an integer, got 'x'"
+    res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", "1", "--kv-lens-file", str(f), "--database-url", filled.url)
+    assert res.exit_code == 2 and _one_error_line(res) == "error: give exactly one of --kv-lens and --kv-lens-file"
+    res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", "1,-5", "--database-url", filled.url)
+    assert res.exit_code == 2 and _one_error_line(res).startswith("error: --kv-lens[1]: ")
+
+
+def test_plan_output_forms_and_dtype_alias(filled):
+    base = ["plan", *SHAPE_ARGS, "--kv-lens", "4096,17,9000", "--database-url", filled.url]
+    compact = _invoke(*base)
+    assert compact.exit_code == 0 and compact.stdout.count("\n") == 1  # not a terminal: one line
+    indented = _invoke(*base, "--indent")
+    assert indented.stdout.count("\n") > 20 and json.loads(indented.stdout) == json.loads(compact.stdout)
+    assert _invoke(*base, "--compact").stdout == compact.stdout
+    bf16 = _invoke(*[("bf16" if a == "bfloat16" else a) for a in base])
+    assert bf16.exit_code == 0, bf16.output
+    assert json.loads(bf16.stdout) == json.loads(compact.stdout)
+    assert json.loads(bf16.stdout)["made_for"]["dtype"] == "bfloat16"
+    bad = _invoke(*[("bf17" if a == "bfloat16" else a) for a in base])
+    assert bad.exit_code == 2 and _one_error_line(bad).startswith("error: --dtype: expected one of ")
+
+
+@pytest.mark.parametrize("cmd", [["plan"], ["tune"], ["bench"], ["serve"], ["calibrate"], ["run"], ["db", "export"]])
+def test_help_has_no_type_placeholders(cmd):
+    res = CliRunner().invoke(app, [*cmd, "--help"], terminal_width=200)
+    assert res.exit_code == 0
+    ours = [x for x in res.output.splitlines() if "--" in x and "--help" not in x]
+    assert ours and not [x for x in ours if "<bool>" in x or "<str>" in x or "<int>" in x], res.output
+
+
+# --------------------------------------------------------------------------- tune
+
+
+@pytest.mark.slow
+def test_second_tune_with_other_batch_flags_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    args = ["tune", "--family", "uniform", "--batch-size", "8", "--trials", "2", "--num-train", "1",
+            "--num-heldout", "1", "--no-progress", "--database-url", url]
+    first = _invoke(*args)
+    assert first.exit_code == 0, first.output
+    again = _invoke(*args)  # same flags: resumes
+    assert again.exit_code == 0, again.output
+    for extra in (["--seed", "1"], ["--total-tokens", "270000"]):
+        res = _invoke(*args, *extra)
+        assert res.exit_code == 2
+        line = _one_error_line(res)
+        assert line.startswith("error: bucket nvidia-h200.kv4.d128.bf16.p16.b3.")
+        assert "keeps the batches of its first tune (family:uniform:B8:T262144); this run " in line
+        assert "use the first run's --seed, --total-tokens, --num-train" in line
+    store.dispose_engines()
+
+
+@pytest.mark.parametrize("cmd", [["db", "export"], ["db", "upgrade"], ["plan", *SHAPE_ARGS, "--kv-lens", "1"],
+                                 ["tune", "--family", "uniform", "--batch-size", "8", "--no-progress"]])
+def test_unreachable_server_is_one_error_line(cmd):
+    res = _invoke(*cmd, "--database-url", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none")
+    assert res.exit_code == 1
+    line = _one_error_line(res)
+    assert line.startswith("error: cannot open the policy store at postgresql+psycopg://nobody:***@127.0.0.1:1/none: ")
+    assert "secret" not in line

@@ -1,0 +1,1 @@
+"""Tests of kvsplit.tuner (the package layout mirrors the source)."""

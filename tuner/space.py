@@ -1,0 +1,99 @@
+"""The search space of the ``tuned`` policy and the baselines' equivalents in it.
+
+:func:`suggest_params` asks an Optuna trial for the parameters of
+:data:`kvsplit.kernels.plan.TUNED_PARAM_SPACE` marked ``search`` (with their
+conditions); :func:`baseline_equivalents` gives the tuned-family parameters
+that reproduce each baseline on a task, enqueued as the first trials.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..kernels.device import resolve_device
+from ..kernels.plan import TUNED_PARAM_SPACE, default_config, fa3_static_num_splits
+from .tasks import TuneTask
+
+
+def _searched() -> list[tuple[str, dict[str, Any]]]:
+    return [(k, v) for k, v in TUNED_PARAM_SPACE.items() if v.get("search")]
+
+
+def suggest_params(trial: Any) -> dict[str, Any]:
+    """Suggest one ``tuned`` parameter set from :data:`TUNED_PARAM_SPACE`.
+
+    Float and int entries use ``low``/``high``/``log``; categorical ones their
+    ``choices``; an entry with a ``condition`` is suggested only when the
+    parameters it names have those values. Returns ``make_plan`` params.
+    """
+    params: dict[str, Any] = {}
+    for name, spec in _searched():
+        cond = spec.get("condition") or {}
+        if any(params.get(k) != v for k, v in cond.items()):
+            continue
+        kind = spec["kind"]
+        if kind == "float":
+            params[name] = trial.suggest_float(name, float(spec["low"]), float(spec["high"]),
+                                               log=bool(spec.get("log")))
+        elif kind == "int":
+            params[name] = trial.suggest_int(name, int(spec["low"]), int(spec["high"]), log=bool(spec.get("log")))
+        elif kind == "categorical":
+            params[name] = trial.suggest_categorical(name, list(spec["choices"]))
+        else:  # pragma: no cover - guarded by the policies' own tests
+            raise ValueError(f"TUNED_PARAM_SPACE[{name!r}]: unknown kind {kind!r}")
+    return params
+
+
+def _complete_defaults(task: TuneTask, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Fill every searched parameter (respecting conditions) from the space's defaults."""
+    cfg = default_config(task.head_dim, task.dtype)
+    knob_default = {"block_n": cfg.block_n, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    out: dict[str, Any] = {}
+    for name, spec in _searched():
+        cond = spec.get("condition") or {}
+        merged = {**out, **params}
+        if any(merged.get(k) != v for k, v in cond.items()):
+            continue
+        if name in params:
+            out[name] = params[name]
+        elif spec.get("default") is not None:
+            out[name] = spec["default"]
+        else:
+            out[name] = knob_default[name]
+    return out
+
+
+def baseline_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
+    """The baselines restated as ``tuned`` parameter sets (the study's first trials).
+
+    - ``balanced``: the space's defaults (``tuned`` with defaults plans as ``balanced``);
+    - ``no_split``: ``max_splits = 1``;
+    - ``fa3``: about one tile per SM (``ctas_per_sm = 1 / 1.1``, FA3's
+      ``blocks_per_sm`` rule), chunk at least 128 tokens (kBlockN), split cap
+      FA3's static heuristic for the bucket's longest request, heaviest first,
+      persistent with one program per SM;
+    - ``flashinfer``: the tensor-core path aims at 2 CTAs per SM with chunks of
+      at least 128 tokens, and does not split once ``B * H_kv >= 2 * num_SMs``
+      (``max_splits = 1`` then).
+
+    Every set is complete over the searched parameters, so TPE sees them as
+    ordinary points.
+    """
+    dev = resolve_device(task.gpu)
+    S = dev.num_sms
+    B = max(len(b) for b in task.train)
+    longest = max(max(b) for b in task.train)
+    fa3_cap = fa3_static_num_splits(task.num_kv_heads, max(1, -(-longest // 128)), S)
+    space_hi = TUNED_PARAM_SPACE["max_splits"]["high"]
+    out = {
+        "balanced": _complete_defaults(task, {}),
+        "no_split": _complete_defaults(task, {"max_splits": 1}),
+        "fa3": _complete_defaults(task, {"ctas_per_sm": 1 / 1.1, "min_chunk_tokens": 128,
+                                         "max_splits": int(min(max(fa3_cap, 1), space_hi)),
+                                         "order": "heavy_first", "schedule": "persistent",
+                                         "programs_per_sm": 1}),
+        "flashinfer": _complete_defaults(
+            task, {"max_splits": 1} if B * task.num_kv_heads >= 2 * S else {"ctas_per_sm": 2.0,
+                                                                             "min_chunk_tokens": 128}),
+    }
+    return out

@@ -1,0 +1,272 @@
+"""The worker loop of the search: one process asks, measures and tells trials until the study is done.
+
+:func:`run_worker` runs in the tuning process (one worker) or in spawned
+processes (:func:`run_workers`); each keeps the study at exactly ``n_trials``
+finished trials (module doc of :mod:`kvsplit.tuner.search`, steps 3-5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from ..db import store
+from ..kernels.plan import make_plan
+from .backends import TimingBackend
+from .space import suggest_params
+from .study import (
+    _ATTR_SURPLUS,
+    StorageSpec,
+    _fail_stale,
+    _load_study,
+    claim_trial,
+    frozen_trial,
+    open_storage,
+    study_counts,
+    trial_heartbeat,
+)
+from .tasks import TuneTask, backend_for_task
+
+
+class Stop:
+    """A stop flag set by SIGINT/SIGTERM (the current trial finishes first)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.count = 0
+        self._old: dict[int, Any] = {}
+
+    def set(self) -> None:
+        self.count += 1
+        self.event.set()
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def install(self) -> "Stop":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, lambda *_: self.set())
+        return self
+
+    def restore(self) -> None:
+        for sig, h in self._old.items():
+            signal.signal(sig, h)
+        self._old.clear()
+
+
+def _geomean(xs: Sequence[float]) -> float:
+    return float(math.exp(sum(math.log(x) for x in xs) / len(xs)))
+
+
+def objective_value(task: TuneTask, params: Mapping[str, Any], backend: TimingBackend) -> tuple[float, float]:
+    """Geomean kernel time (s) and geomean time / HBM floor of ``params`` over the training batches.
+
+    Raises
+    ------
+    ValueError
+        From ``make_plan`` when the parameter set is infeasible.
+    """
+    times, ratios = [], []
+    for lens in task.train:
+        plan = make_plan(list(lens), num_kv_heads=task.num_kv_heads, device=task.gpu, policy="tuned",
+                         params=dict(params), head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype)
+        t = backend.time_plan(plan)
+        times.append(t)
+        ratios.append(t / backend.hbm_floor_s(lens))
+    return _geomean(times), _geomean(ratios)
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """Everything a worker process needs (plain data; picklable for spawn)."""
+
+    task: TuneTask
+    storage: StorageSpec
+    study: str
+    n_trials: int
+    backend: str
+    seed: int
+    index: int = 0
+    deadline: float | None = None
+    calibration: Mapping[str, Any] | None = None
+    read_bandwidth_gbps: float | None = None
+
+
+def _test_delay() -> float:
+    # Test hook: KVSPLIT_TUNE_TRIAL_DELAY_S makes every measured trial sleep this
+    # long, so tests can kill a worker mid-trial with the millisecond simulator.
+    try:
+        return max(0.0, float(os.environ.get("KVSPLIT_TUNE_TRIAL_DELAY_S", "0")))
+    except ValueError:
+        return 0.0
+
+
+def _same_params(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return dict(a) == dict(b)
+
+
+def _evaluate(study, trial, job: WorkerJob, backend: TimingBackend, stop: Stop):
+    """Return ("complete", value) or ("pruned", None) for one asked trial."""
+    from optuna.trial import TrialState
+
+    params = suggest_params(trial)
+    # a parameter set already measured in this study is not measured again
+    waited = 0.0
+    while True:
+        twins = [t for t in study.get_trials(deepcopy=False)
+                 if t.number != trial.number and t.state in (TrialState.COMPLETE, TrialState.PRUNED,
+                                                             TrialState.RUNNING)
+                 and _same_params(t.params, params)]
+        done = [t for t in twins if t.state != TrialState.RUNNING]
+        if done:
+            src = done[0]
+            trial.set_user_attr("cached_from", src.number)
+            if src.state == TrialState.PRUNED:
+                trial.set_user_attr("infeasible", src.user_attrs.get("infeasible", "same as an earlier trial"))
+                return "pruned", None
+            for k in ("geomean_ratio",):
+                if k in src.user_attrs:
+                    trial.set_user_attr(k, src.user_attrs[k])
+            return "complete", float(src.value)
+        if not twins or waited > job.storage.grace_period or stop.is_set():
+            break
+        time.sleep(0.1)
+        waited += 0.1
+    try:
+        value, ratio = objective_value(job.task, params, backend)
+    except ValueError as exc:
+        trial.set_user_attr("infeasible", str(exc)[:500])
+        return "pruned", None
+    delay = _test_delay()
+    if delay:
+        time.sleep(delay)
+    trial.set_user_attr("geomean_ratio", ratio)
+    return "complete", value
+
+
+def _make_job_backend(job: WorkerJob) -> TimingBackend:
+    return backend_for_task(job.task, job.backend, calibration=job.calibration,
+                            read_bandwidth_gbps=job.read_bandwidth_gbps, gpu_index=job.index)
+
+
+def run_worker(job: WorkerJob, *, stop: Stop | None = None, backend: TimingBackend | None = None,
+               on_trial: Callable[[], None] | None = None) -> int:
+    """Run trials of one study until it has ``job.n_trials`` finished trials.
+
+    Stops early on ``stop`` (after the current trial) or at ``job.deadline``
+    (wall-clock seconds). Returns the number of trials this worker finished.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    stop = stop or Stop()
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    backend = backend or _make_job_backend(job)
+    storage = open_storage(job.storage)
+    study = _load_study(job.storage, job.study, job.seed * 1009 + job.index, job.n_trials, storage=storage)
+    rng = random.Random(job.seed * 7919 + job.index + os.getpid())
+    mine = 0
+    consecutive_failures = 0
+    n = job.n_trials
+    while not stop.is_set():
+        if job.deadline is not None and time.time() >= job.deadline:
+            break
+        _fail_stale(study)
+        c = study_counts(study)
+        finished = c["COMPLETE"] + c["PRUNED"]
+        if finished >= n:
+            break
+        if finished + c["RUNNING"] >= n:
+            time.sleep(0.1 + 0.2 * rng.random())
+            continue
+        trial = study.ask()
+        # admission: at most n trials may be finished or running, whatever the interleaving
+        others = sum(1 for t in study.get_trials(deepcopy=False)
+                     if t.number != trial.number
+                     and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+        if others >= n:
+            frozen = frozen_trial(study, trial)
+            fixed = frozen.system_attrs.get("fixed_params")
+            carried = {k: v for k, v in frozen.system_attrs.items() if not k.startswith("kvsplit:")}
+            trial.set_user_attr(_ATTR_SURPLUS, True)
+            study.tell(trial, state=TrialState.FAIL)
+            if fixed is not None:
+                study.enqueue_trial(dict(fixed))
+            elif frozen.params and "failed_trial" in carried:
+                study.add_trial(optuna.create_trial(state=TrialState.WAITING, params=frozen.params,
+                                                    distributions=frozen.distributions, system_attrs=carried))
+            time.sleep(0.05 + 0.3 * rng.random())
+            continue
+        claim_trial(study, trial)
+        try:
+            with trial_heartbeat(study, trial):
+                state, value = _evaluate(study, trial, job, backend, stop)
+        except Exception as exc:
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            with contextlib.suppress(Exception):
+                study.tell(trial, state=TrialState.FAIL)
+            consecutive_failures += 1
+            if consecutive_failures >= 3:
+                raise
+            continue
+        consecutive_failures = 0
+        if state == "pruned":
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            study.tell(trial, value)
+        mine += 1
+        if on_trial is not None:
+            on_trial()
+    return mine
+
+
+def _worker_entry(job: WorkerJob) -> None:  # pragma: no cover - runs in a spawned process
+    stop = Stop().install()
+    try:
+        run_worker(job, stop=stop)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def run_workers(jobs: list[WorkerJob], study, n: int, bar, stop: Stop) -> None:
+    """Run ``jobs`` in spawned processes; first Ctrl-C: forward it (finish the trial), second: kill."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker_entry, args=(j,), name=f"kvsplit-tune-{j.index}") for j in jobs]
+    store.dispose_engines()
+    for p in procs:
+        p.start()
+    forwarded = killed = False
+    try:
+        while any(p.is_alive() for p in procs):
+            if stop.count >= 1 and not forwarded:
+                for p in procs:
+                    if p.is_alive() and p.pid:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(p.pid, signal.SIGINT)
+                forwarded = True
+            if stop.count >= 2 and not killed:
+                for p in procs:
+                    if p.is_alive():
+                        p.kill()
+                killed = True
+            c = study_counts(study)
+            bar.n = min(n, c["COMPLETE"] + c["PRUNED"])
+            bar.refresh()
+            procs[0].join(timeout=0.25)
+    finally:
+        for p in procs:
+            p.join()
+    bad = [p.exitcode for p in procs if p.exitcode not in (0, 130, -signal.SIGINT)]
+    if bad and not stop.is_set():
+        raise RuntimeError(f"tuning workers exited with codes {bad}")
