@@ -28,7 +28,7 @@ import numpy as np
 
 from kvsplit.db import store
 from kvsplit.kernels.policy_table import PolicyTable
-from kvsplit.service.queries import load_table_doc
+from kvsplit.tuner.published import load_table_doc
 from kvsplit.tuner.workloads import FAMILIES, family_batches, family_kv_lens, reference_cases, trace_batches
 
 

@@ -111,3 +111,68 @@ def test_int64_offsets():
                      dtype="bfloat16")
     assert k.numel() > 2**31
     assert _rel_err(decode_attention(**case, plan=plan), reference_decode_attention(**case)) < 2e-2
+
+
+# ----------------------------------------------------------------------------- round 2: stream_k, wave-aware, wrapper
+
+@pytest.mark.parametrize("policy, params", [
+    ("stream_k", {}),
+    ("stream_k", {"ctas_per_sm": 1, "block_n": 256, "num_warps": 8}),
+    ("stream_k", {"ctas_per_sm": 3, "min_piece_blocks": 4, "item_cost_blocks": 2, "order": "heavy_first"}),
+    ("stream_k", {"ctas_per_sm": 2, "schedule": "persistent", "num_programs": 100}),
+    ("balanced", {}),
+    ("balanced", {"ctas_per_sm": 4, "block_n": 64}),
+    ("tuned", {"partition": "stream_k", "ctas_per_sm": 6}),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round2_policies(policy, params, dtype):
+    lens = [70000, 0, 1, 17, 3000, 129, 5000, 255, 40000, 16]
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda",
+                     seed=11)
+    name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params, head_dim=128,
+                     page_size=16, dtype=name)
+    o, lse = decode_attention(**case, plan=plan, return_lse=True)
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any()
+    assert _rel_err(o, ref) < 2e-2
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert float((lse[finite] - ref_lse[finite]).abs().max()) < 2e-2
+
+
+@pytest.mark.parametrize("policy, params", [("stream_k", {}), ("tuned", {"wave_aware": False}), ("balanced", {})])
+def test_wrapper_graph_replays_across_growing_lens(policy, params):
+    """DecodeWrapper in CUDA-graph mode: one capture of run(), replayed for 4 steps while kv_lens grow;
+    the work list is planned on the device (stream_k, tuned without the wave search) or on the host."""
+    import numpy as np
+
+    from kvsplit.kernels.wrapper import DecodeWrapper
+
+    lens0 = [9000, 0, 17, 300, 65000, 1, 2048]
+    w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=16, policy=policy,
+                      params=params, use_cuda_graph=True)
+    # one cache big enough for every step: make_case's pages for the final lengths, reused by every step
+    final = [n + 40 for n in lens0]
+    case = make_case(final, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
+                     device="cuda", seed=5)
+    out = torch.empty_like(case["q"])
+    kv_lens = case["kv_lens"].clone()
+    graph = None
+    for step in range(4):
+        lens = [n + 10 * step for n in lens0]
+        kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        w.plan(case["kv_indptr"], case["kv_indices"], kv_lens, kv_lens_host=np.asarray(lens, dtype=np.int32))
+        if graph is None:
+            w.run(case["q"], case["k_cache"], case["v_cache"], out=out)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                w.run(case["q"], case["k_cache"], case["v_cache"], out=out)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference_decode_attention(**{**case, "kv_lens": kv_lens})
+        assert not torch.isnan(out).any(), f"step {step}"
+        assert _rel_err(out, ref) < 2e-2, f"step {step}"
