@@ -44,14 +44,23 @@ def main() -> None:
     bench = Bench(32, 4, 1 << 21, 1024)
     bw = bench.t.read_bandwidth()
     out = []
+    import time
+
     for fam, B in (("uniform", 8), ("skewed80", 64)):
         L = family_kv_lens(fam, B, 1 << 20)
         floor = bench.t.hbm_floor_s(L)
-        for name, pol, prm in PLANS:
-            graph, plain = [], []
-            for _ in range(args.reps):
+        graphs: dict[str, list] = {name: [] for name, _, _ in PLANS}
+        stamps: dict[str, list] = {name: [] for name, _, _ in PLANS}
+        for _ in range(args.reps):  # plans interleaved, so a slow period of the GPU hits all of them alike
+            for name, pol, prm in PLANS:
                 p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy=pol, params=prm)
-                graph.append(bench.time_plan(p, 10.0) / floor)
+                graphs[name].append(bench.time_plan(p, 10.0) / floor)
+                stamps[name].append(time.time())
+        print(f"{fam} B={B}: rep x plan (time / read floor), plans in the order of PLANS", flush=True)
+        for i in range(args.reps):
+            print("  " + " ".join(f"{graphs[n][i]:.3f}" for n, _, _ in PLANS), flush=True)
+        for name, pol, prm in PLANS:
+            graph, plain = graphs[name], []
             for _ in range(max(2, args.reps // 3)):
                 p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy=pol, params=prm)
                 b = bench.t.batch(p.kv_lens)
@@ -61,7 +70,8 @@ def main() -> None:
                 fn()
                 plain.append(triton.testing.do_bench(fn, warmup=2, rep=10, return_mode="median") * 1e-3 / floor)
             g = np.asarray(graph)
-            rec = {"family": fam, "B": B, "plan": name, "graph": graph, "plain": plain, "read_bw": bw}
+            rec = {"family": fam, "B": B, "plan": name, "graph": graph, "stamps": stamps[name], "plain": plain,
+                   "read_bw": bw}
             out.append(rec)
             print(f"{fam:8s} B={B:3d} {name:28s} graph min {g.min():.3f} med {np.median(g):.3f} max {g.max():.3f} "
                   f"slow(>1.08 min) {int((g > 1.08 * g.min()).sum())}/{len(g)}   plain min {min(plain):.3f} "

@@ -1,6 +1,7 @@
 """Summarise the final H200 run (bench/gpu_sweep.py --mode final) against issue 9's targets.
 
-    python scripts/final_table.py docs/data/h200_r2/final.jsonl bench/data/sweep_cases.json [--markdown OUT.md]
+    python scripts/final_table.py docs/data/h200_r2/retime.jsonl bench/data/sweep_cases.json [--best-of-repeats]
+        [--markdown OUT.md]
 
 The oracle of a case is the fastest of every plan timed for it on kvsplit's kernel: the full grid of
 ``balanced`` and ``stream_k`` x ctas_per_sm {1,2,3,4,6,8,16} x BLOCK_N {64,128,256} x warps {4,8} x stages {2,3}
@@ -20,15 +21,31 @@ import numpy as np
 OURS_EXCLUDE = ("flashinfer_kernel",)
 
 
-def load(path: str, cases_path: str):
+def cand_name(served: dict) -> str:
+    """bench/gpu_sweep.py's name of a served plan's policy + params (the same plan in the oracle grid)."""
+    p = served["params"]
+    name = f"{served['policy']}|c{p['ctas_per_sm']:g}|n{p['block_n']}w{p['num_warps']}s{p['num_stages']}"
+    if "item_cost_blocks" in p:
+        name += f"|o{p['item_cost_blocks']}m{p['min_piece_blocks']}"
+    return name
+
+
+def load(path: str, cases_path: str, best_of_repeats: bool = False):
+    """Rows of a final/retime run. ``best_of_repeats``: the served plan's time is the fastest of its
+    timings in the run (the served timing, the discarded warm-up of --mode retime, and the same plan
+    timed as an oracle candidate), as the oracle is the fastest of its candidates."""
     recs = [json.loads(line) for line in open(path)]
     cases = json.load(open(cases_path))["cases"]
+    warm = {-1 - r["case"]: r["times"].get("served") for r in recs if r["kind"] == "case" and r["case"] < 0}
     rows = []
     for r in recs:
         if r["kind"] != "case" or r["case"] < 0:  # negative ids: the discarded warm-up timings of --mode retime
             continue
         t = {k: v for k, v in r["times"].items() if v}
         c = cases[r["case"]]
+        if best_of_repeats:
+            same = [t["served"], warm.get(r["case"]), t.get(cand_name(c["served"]))]
+            t["served"] = min(x for x in same if x)
         oracle_name = min((k for k in t if k not in OURS_EXCLUDE), key=t.get)
         rows.append({**{k: r[k] for k in ("case", "set", "family", "B", "T", "num_kv_heads", "floor_s")},
                      "t": t, "oracle": t[oracle_name], "oracle_name": oracle_name, "served": t["served"],
@@ -42,7 +59,7 @@ def geo(x) -> float:
 
 
 def main() -> None:
-    rows = load(sys.argv[1], sys.argv[2])
+    rows = load(sys.argv[1], sys.argv[2], best_of_repeats="--best-of-repeats" in sys.argv)
     md = []
 
     def say(line: str = "") -> None:
