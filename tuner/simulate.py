@@ -9,7 +9,9 @@
    partial write) plus ``item_fixed_s`` for each item beyond its first (packed
    CTAs) plus ``persistent_tile_s`` per tile under the persistent schedule
    (fetching the next tile from the counter).
-2. **Slots.** Each SM runs up to ``slots`` CTAs at once. A grid launch has
+2. **Slots.** Each SM runs up to ``slots`` CTAs at once: the resident CTAs
+   per SM of the plan's own kernel config (kernels/residency.py, measured on
+   the H200) unless the calibration sets ``slots``. A grid launch has
    ``slots * num_SMs`` slots; a persistent launch ``min(num_programs, slots *
    num_SMs)`` resident programs. The first wave goes round-robin over the SMs
    (slot ``p`` on SM ``p % num_SMs``), as the hardware block scheduler spreads a
@@ -18,11 +20,11 @@
    (a grid's CTAs are dispatched in order as slots free; persistent programs pull
    the next tile from a global counter): list scheduling with a heap.
 4. **Bandwidth.** While tiles are queued every slot is busy, so an SM with ``k``
-   resident CTAs gives each ``min(cta_bw, min(sm_bw, hbm_bw / active_SMs) / k)``
+   resident CTAs gives each ``min(cta_bw, sm_bw / (k + ramp_ctas), hbm_bw / active_SMs / k)``
    bytes/s: one CTA alone cannot saturate an SM (``cta_bw``), and resident CTAs
    share their SM's bandwidth. After the last tile has started, the tiles still
    running are spread over the SMs (longest first) and each SM drains its
-   residents by processor sharing with ``min(cta_bw, sm_bw / n_running)`` per
+   residents by processor sharing with ``min(cta_bw, sm_bw / (n_running + ramp_ctas))`` per
    tile — the tail where a lone long CTA runs at ``cta_bw``. With these two
    constants 1 CTA per SM is slower than 4 (the Triton kernel of
    ../shared/data/anchors/policy_on_triton_kernel.md lost 2x), and FlashInfer's
@@ -31,7 +33,13 @@
    some request has more than one split, ``merge_launch_s + merge_partial_s *
    num_partials * H_kv`` for the LSE merge.
 
-The constants live in :class:`Calibration`; :meth:`Calibration.default` derives
+A grid of more than ``slots * num_SMs`` tiles therefore runs in waves, and a
+partial last wave (say 16 tiles beyond 528 slots) costs a lone tile's time at
+``cta_bw``: the wave quantization of DESIGN.md §8.
+
+The constants live in :class:`Calibration`, with optional overrides per kernel
+config (``per_config``: the per-CTA and per-SM streaming rates and fixed costs
+differ by BLOCK_N / warps / stages); :meth:`Calibration.default` derives
 them from a :class:`~kvsplit.kernels.device.DeviceSpec` and the kernel config,
 :func:`fit_calibration` fits them to GPU measurements (``kvsplit calibrate``).
 docs/simulator.md compares the simulated baselines with the H200 anchors.
@@ -42,15 +50,34 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import DTYPES, KernelConfig, Plan, default_config
+from ..kernels.residency import resident_ctas_per_sm
 
-__all__ = ["Calibration", "predict", "hbm_floor_s", "fit_calibration", "FIT_PARAMS"]
+__all__ = ["Calibration", "predict", "hbm_floor_s", "fit_calibration", "FIT_PARAMS", "PER_CONFIG_PARAMS",
+           "config_key", "resident_slots"]
+
+PER_CONFIG_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "slots", "tile_fixed_s", "item_fixed_s", "persistent_tile_s")
+"""Constants a calibration may hold per kernel config (:attr:`Calibration.per_config`)."""
+
+_KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)")
+
+
+def config_key(config: KernelConfig) -> str:
+    """``"n{block_n}w{num_warps}s{num_stages}"``: the key of :attr:`Calibration.per_config`."""
+    return f"n{config.block_n}w{config.num_warps}s{config.num_stages}"
+
+
+def resident_slots(device: DeviceSpec, config: KernelConfig, *, head_dim: int = 128, dtype: str = "bfloat16") -> int:
+    """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`)."""
+    return int(resident_ctas_per_sm(device, head_dim, dtype, DTYPES[dtype], config.block_n, config.num_warps,
+                                    config.num_stages))
 
 
 @dataclass(frozen=True)
@@ -68,8 +95,10 @@ class Calibration:
     cta_bw : float
         Most bytes/s one CTA pulls (default 0.5 x ``hbm_bw / num_SMs``: a Triton
         decode CTA reaches about half its SM's share, policy_on_triton_kernel.md).
-    slots : int
-        Concurrent CTAs per SM (default: occupancy estimate of the config).
+    slots : int or None
+        Concurrent CTAs per SM. None (the fitted H200 calibration): the plan's
+        own config's residency, :func:`resident_slots` (measured on the H200,
+        kernels/residency.py); an integer overrides it for every config.
     tile_fixed_s : float
         Seconds per work tile besides its bytes.
     item_fixed_s : float
@@ -82,23 +111,40 @@ class Calibration:
         Seconds per (partial, kv_head) merged, for the whole GPU.
     persistent_tile_s : float
         Extra seconds per tile under the persistent schedule (atomic fetch, loop).
+    ramp_ctas : float
+        Latency term of an SM's streaming rate: with ``k`` resident CTAs each
+        streams ``min(cta_bw, sm_bw / (k + ramp_ctas))``, so the SM's rate
+        ``k sm_bw / (k + ramp_ctas)`` ramps up with residency (loads in flight,
+        Little's law) instead of jumping to ``sm_bw`` (0: the plain
+        ``min(cta_bw, sm_bw / k)`` of format 1).
+    per_config : mapping
+        ``{config_key: {name: value}}`` overrides of :data:`PER_CONFIG_PARAMS`
+        for plans of that kernel config (``"n64w4s2"``: BLOCK_N 64, 4 warps, 2
+        stages); configs not listed use the fields above.
     """
 
     hbm_bw: float
     sm_bw: float
     cta_bw: float
-    slots: int
+    slots: int | None = None
     tile_fixed_s: float = 1.5e-6
     item_fixed_s: float = 0.3e-6
     launch_s: float = 3.0e-6
     merge_launch_s: float = 2.5e-6
     merge_partial_s: float = 2.0e-9
     persistent_tile_s: float = 0.2e-6
+    ramp_ctas: float = 0.0
+    per_config: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
+            if f.name == "per_config":
+                self._check_per_config(v)
+                continue
             if f.name == "slots":
+                if v is None:
+                    continue
                 if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= int(v) <= 64:
                     raise ValueError(f"Calibration.slots: expected an integer in [1, 64], got {v!r}")
                 object.__setattr__(self, "slots", int(v))
@@ -109,6 +155,38 @@ class Calibration:
             if (positive and v <= 0) or v < 0:
                 raise ValueError(f"Calibration.{f.name}: expected a number {'> 0' if positive else '>= 0'}, got {v!r}")
             object.__setattr__(self, f.name, float(v))
+        object.__setattr__(self, "_resolved", {})
+
+    def _check_per_config(self, pc: Any) -> None:
+        if not isinstance(pc, Mapping):
+            raise ValueError(f"Calibration.per_config: expected an object, got {type(pc).__name__}")
+        out = {}
+        for key, over in pc.items():
+            if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+                raise ValueError(f"Calibration.per_config: keys are like 'n64w4s2', got {key!r}")
+            if not isinstance(over, Mapping):
+                raise ValueError(f"Calibration.per_config[{key!r}]: expected an object, got {type(over).__name__}")
+            bad = sorted(set(over) - set(PER_CONFIG_PARAMS))
+            if bad:
+                raise ValueError(f"Calibration.per_config[{key!r}]: unknown fields {bad}; known: {list(PER_CONFIG_PARAMS)}")
+            try:
+                c = dataclasses.replace(self, per_config={}, **dict(over))
+            except ValueError as e:
+                raise ValueError(f"Calibration.per_config[{key!r}]: {e}") from None
+            out[key] = {k: getattr(c, k) for k in over}
+        object.__setattr__(self, "per_config", out)
+
+    def for_config(self, config: KernelConfig | str) -> "Calibration":
+        """The constants that apply to plans of ``config`` (its :attr:`per_config`
+        overrides applied, ``per_config`` empty). Cached per key."""
+        key = config if isinstance(config, str) else config_key(config)
+        got = self._resolved.get(key)  # type: ignore[attr-defined]
+        if got is None:
+            over = self.per_config.get(key)
+            got = dataclasses.replace(self, per_config={}, **over) if over else (
+                self if not self.per_config else dataclasses.replace(self, per_config={}))
+            self._resolved[key] = got  # type: ignore[attr-defined]
+        return got
 
     @staticmethod
     def default(
@@ -120,30 +198,37 @@ class Calibration:
     ) -> "Calibration":
         """Defaults derived from the device's vendor figures and the kernel config.
 
-        ``slots`` is the occupancy estimate: ``min(threads/SM // (32 num_warps),
-        smem/SM // (max(num_stages - 1, 1) * 2 * block_n * D * elt + 4 KB),
-        regs/SM // (32 num_warps * 128), 32)`` (128 registers per thread assumed
-        for the decode kernel; the shared-memory term is kvsplit.kernels.plan's
-        budget check).
+        ``slots`` is the config's residency, :func:`resident_slots` (measured
+        on the H200 where kernels/residency.py has the config, else its
+        occupancy estimate).
         """
         dev = resolve_device(device)
         cfg = config or default_config(head_dim, dtype)
-        elt = DTYPES[dtype]
-        threads = 32 * cfg.num_warps
-        smem = max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * head_dim * elt + 4096
-        slots = max(1, min(dev.max_threads_per_sm // threads, dev.smem_per_sm_bytes // smem,
-                           dev.regs_per_sm // (threads * 128), 32))
+        slots = resident_slots(dev, cfg, head_dim=head_dim, dtype=dtype)
         hbm = 0.94 * dev.hbm_bandwidth_gbps * 1e9
         share = hbm / dev.num_sms
         return Calibration(hbm_bw=hbm, sm_bw=1.5 * share, cta_bw=0.5 * share, slots=slots)
 
-    def to_dict(self) -> dict[str, float | int]:
-        """Plain JSON form (SI units: bytes/s and seconds)."""
-        return dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON form (SI units: bytes/s and seconds); ``slots`` only when set,
+        ``ramp_ctas`` only when > 0 and ``per_config`` only when not empty (so a
+        format-1 calibration writes back its single-config form)."""
+        d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if d["slots"] is None:
+            del d["slots"]
+        if d["ramp_ctas"] == 0.0:
+            del d["ramp_ctas"]
+        if d["per_config"]:
+            d["per_config"] = {k: dict(v) for k, v in d["per_config"].items()}
+        else:
+            del d["per_config"]
+        return d
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "Calibration":
-        """Inverse of :meth:`to_dict`.
+        """Inverse of :meth:`to_dict`; reads the single-config form (``slots``
+        required there, format 1) and the per-config form (``slots`` absent or
+        null: residency per config; ``per_config``).
 
         Raises
         ------
@@ -156,7 +241,7 @@ class Calibration:
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"calibration: unknown fields {sorted(unknown)}")
-        missing = [n for n in ("hbm_bw", "sm_bw", "cta_bw", "slots") if n not in d]
+        missing = [n for n in ("hbm_bw", "sm_bw", "cta_bw") if n not in d]
         if missing:
             raise ValueError(f"calibration: missing fields {missing}")
         return Calibration(**dict(d))
@@ -178,6 +263,8 @@ class _Tiles:
     num_sms: int
     total_bytes: float
     merge_units: int  # num_partials * H_kv
+    resident: int  # resident CTAs per SM of the plan's config (slots when the calibration leaves them None)
+    config_key: str
 
 
 def _prepare(plan: Plan, device: DeviceSpec) -> _Tiles:
@@ -198,17 +285,21 @@ def _prepare(plan: Plan, device: DeviceSpec) -> _Tiles:
         num_sms=device.num_sms,
         total_bytes=float(plan.kv_lens.sum()) * H * bpt,
         merge_units=plan.num_partials * H,
+        resident=resident_slots(device, plan.config, head_dim=plan.head_dim, dtype=plan.dtype),
+        config_key=config_key(plan.config),
     )
 
 
 def _simulate(t: _Tiles, c: Calibration) -> float:
+    if c.per_config:
+        c = c.for_config(t.config_key)
     S = t.num_sms
     N = t.tile_bytes.shape[0]
-    capacity = c.slots * S
+    capacity = (c.slots if c.slots is not None else t.resident) * S
     P = min(t.num_programs, capacity) if t.persistent else capacity
     active_sms = min(S, P)
     k_bulk = P / active_sms  # resident CTAs per busy SM while tiles are queued
-    r_bulk = min(c.cta_bw, min(c.sm_bw, c.hbm_bw / active_sms) / k_bulk)
+    r_bulk = min(c.cta_bw, c.sm_bw / (k_bulk + c.ramp_ctas), c.hbm_bw / active_sms / k_bulk)
     fixed = c.tile_fixed_s + c.item_fixed_s * (t.tile_items - 1)
     if t.persistent:
         fixed = fixed + c.persistent_tile_s
@@ -268,7 +359,7 @@ def _finish(t: _Tiles, c: Calibration, t_last: float, run_fixed: np.ndarray, run
         b = np.sort(b, axis=1)
         diffs = np.diff(b, axis=1, prepend=0.0)
         active = np.arange(m, 0, -1, dtype=np.float64)  # residents still draining in phase j
-        rate = np.minimum(c.cta_bw, c.sm_bw / active)
+        rate = np.minimum(c.cta_bw, c.sm_bw / (active + c.ramp_ctas))
         sm_time = fx.max(axis=1) + (diffs / rate).sum(axis=1)
         finish = t_last + float(sm_time.max())
     main = max(finish, t.total_bytes / c.hbm_bw)
@@ -309,7 +400,7 @@ def predict(plan: Plan, device: DeviceSpec | str | None = None, *, calibration: 
 
 
 FIT_PARAMS = ("hbm_bw", "sm_bw", "cta_bw", "slots", "tile_fixed_s", "item_fixed_s", "launch_s",
-              "merge_launch_s", "merge_partial_s", "persistent_tile_s")
+              "merge_launch_s", "merge_partial_s", "persistent_tile_s", "ramp_ctas")
 """Constants :func:`fit_calibration` can fit (all by default)."""
 
 
@@ -395,6 +486,8 @@ def fit_calibration(
         for name in params:
             cur = getattr(cal, name)
             if name == "slots":
+                if cur is None:  # residency per config: not a free constant
+                    continue
                 cands = [cur - 1, cur + 1]
                 cands = [v for v in cands if 1 <= v <= 64]
             else:

@@ -1,0 +1,257 @@
+"""Fit the simulator to an H200 sweep: one constant set per kernel config (issue 9, item 3).
+
+``bench/gpu_sweep.py`` times many (batch, plan) pairs on the GPU and writes one
+JSON record per line (docs/data/h200_r2/sweep1.jsonl). This module rebuilds each
+timed plan (:func:`sweep_samples`), fits :class:`~kvsplit.tuner.simulate.Calibration`
+with per-config constants on a training split (:func:`fit_per_config`), and
+tabulates the relative error per set and per policy (:func:`error_table`).
+``scripts/fit_simulator.py`` runs the whole thing and writes the calibration
+document that service/data/h200_calibration.json ships.
+
+Record names of a ``case`` record's ``times``: ``balanced|c4|n64w4s2`` is policy
+balanced with ``{"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4,
+"num_stages": 2}`` (likewise ``stream_k|...``); ``balanced`` its defaults; ``fa3``;
+``fi_rule_tc`` / ``fi_rule_notc`` FlashInfer's rule (``tensor_cores`` True /
+False) on our kernel; ``served_r1`` the case's ``served_r1`` policy in
+bench/data/sweep_cases.json; ``flashinfer_kernel`` is FlashInfer's own kernel
+(not ours: skipped). A time of ``None`` is a rejected plan (skipped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..kernels.device import DeviceSpec, resolve_device
+from ..kernels.plan import Plan, make_plan
+from .simulate import PER_CONFIG_PARAMS, Calibration, _prepare, _simulate, _Tiles
+
+__all__ = ["SweepSample", "sweep_samples", "fit_per_config", "error_table", "predict_samples", "wave_class",
+           "GLOBAL_FIT_PARAMS", "CONFIG_FIT_PARAMS", "HELDOUT_SETS"]
+
+GLOBAL_FIT_PARAMS = ("launch_s", "merge_launch_s", "merge_partial_s", "persistent_tile_s")
+"""Constants shared by every kernel config (fitted on all training samples)."""
+CONFIG_FIT_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "tile_fixed_s", "item_fixed_s")
+"""Constants fitted per kernel config (on that config's training samples)."""
+HELDOUT_SETS = ("untuned", "llama8b", "trace")
+"""Sets of sweep_cases.json held out of the fit by default (trained on ``ref`` and ``jitter``)."""
+
+_NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)")
+_LOSS_CAP = math.log(1.5)  # squared log error capped at 50 %: a few pathological times do not steer the fit
+
+
+@dataclass
+class SweepSample:
+    """One timed plan of the sweep."""
+
+    case: int
+    set: str
+    family: str
+    B: int
+    T: int
+    name: str
+    policy: str  # the record name's policy part: balanced, stream_k, fa3, fi_rule_tc, fi_rule_notc, served_r1
+    time_s: float
+    floor_s: float
+    plan: Plan
+
+
+def _policy_of(name: str, case: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    if name == "fa3":
+        return "fa3", {}
+    if name == "fi_rule_tc":
+        return "flashinfer", {"tensor_cores": True}
+    if name == "fi_rule_notc":
+        return "flashinfer", {"tensor_cores": False}
+    if name == "served_r1":
+        return case["served_r1"]["policy"], dict(case["served_r1"]["params"])
+    m = _NAME_RE.fullmatch(name)
+    if m:
+        return m[1], {"ctas_per_sm": float(m[2]), "block_n": int(m[3]), "num_warps": int(m[4]),
+                      "num_stages": int(m[5])}
+    return name, {}
+
+
+def sweep_samples(sweep_path: str | Path, cases_path: str | Path, *, device: str = "NVIDIA H200",
+                  head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16,
+                  case_ids: Iterable[int] | None = None) -> tuple[list[SweepSample], float | None]:
+    """Rebuild every timed plan of a sweep file.
+
+    Returns the samples and the sweep's measured read bandwidth (bytes/s, its
+    ``bandwidth`` record; None if absent). ``case_ids`` keeps only those cases.
+    """
+    cases = {c["id"]: c for c in json.loads(Path(cases_path).read_text())["cases"]}
+    keep = set(case_ids) if case_ids is not None else None
+    out: list[SweepSample] = []
+    bw = None
+    for line in Path(sweep_path).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if r.get("kind") == "bandwidth":
+            bw = float(r["bytes_per_s"])
+        if r.get("kind") != "case" or (keep is not None and r["case"] not in keep):
+            continue
+        c = cases[r["case"]]
+        lens = np.asarray(c["kv_lens"], dtype=np.int64)
+        for name, t in r["times"].items():
+            if t is None or name == "flashinfer_kernel":
+                continue
+            pol, params = _policy_of(name, c)
+            plan = make_plan(lens, num_kv_heads=c["num_kv_heads"], device=device, policy=pol, params=params,
+                             head_dim=head_dim, dtype=dtype, page_size=page_size)
+            out.append(SweepSample(case=r["case"], set=r["set"], family=r["family"], B=int(r["B"]), T=int(r["T"]),
+                                   name=name, policy=name.split("|")[0], time_s=float(t),
+                                   floor_s=float(r["floor_s"]), plan=plan))
+    return out, bw
+
+
+def _prep(samples: Sequence[SweepSample], dev: DeviceSpec) -> list[_Tiles]:
+    return [_prepare(s.plan, dev) for s in samples]
+
+
+def predict_samples(samples: Sequence[SweepSample], cal: Calibration, device: DeviceSpec | str = "NVIDIA H200",
+                    tiles: Sequence[_Tiles] | None = None) -> np.ndarray:
+    """Predicted seconds of each sample under ``cal``."""
+    tl = tiles if tiles is not None else _prep(samples, resolve_device(device))
+    return np.array([_simulate(t, cal) for t in tl])
+
+
+def _loss(pred: np.ndarray, meas: np.ndarray) -> float:
+    e = np.log(pred / meas)
+    return float(np.mean(np.minimum(e * e, _LOSS_CAP * _LOSS_CAP)))
+
+
+def _coord_search(cal: Calibration, names: Sequence[str], loss_of, rounds: int, key: str | None = None
+                  ) -> tuple[Calibration, float]:
+    """Coordinate search in log space on ``names`` (of ``cal.per_config[key]`` when ``key`` is given)."""
+
+    def get(c: Calibration, n: str) -> float:
+        if key is not None:
+            return float(c.per_config.get(key, {}).get(n, getattr(c, n)))
+        return float(getattr(c, n))
+
+    def put(c: Calibration, n: str, v: float) -> Calibration:
+        if key is None:
+            return dataclasses.replace(c, **{n: v})
+        pc = {k: dict(o) for k, o in c.per_config.items()}
+        pc.setdefault(key, {})[n] = v
+        return dataclasses.replace(c, per_config=pc)
+
+    best = loss_of(cal)
+    for r in range(rounds):
+        step = 2.0 ** (1.0 / (1.7**r))
+        for n in names:
+            cur = get(cal, n)
+            if n == "ramp_ctas":  # additive: 0 is a valid value
+                d = 2.0 * (step - 1.0)
+                cands = [cur + d, max(cur - d, 0.0)]
+            else:
+                base = cur if cur > 0 else 1e-7
+                cands = [base * step, base / step]
+            if n not in ("hbm_bw", "sm_bw", "cta_bw") and cur > 0 and r == 0:
+                cands.append(0.0)
+            for v in cands:
+                try:
+                    trial = put(cal, n, v)
+                except ValueError:
+                    continue
+                val = loss_of(trial)
+                if val < best - 1e-12:
+                    best, cal = val, trial
+    return cal, best
+
+
+def fit_per_config(samples: Sequence[SweepSample], *, device: str = "NVIDIA H200", initial: Calibration | None = None,
+                   read_bandwidth: float | None = None, rounds: int = 5, outer: int = 2,
+                   min_samples: int = 20) -> Calibration:
+    """Fit per-config constants (:data:`CONFIG_FIT_PARAMS`) and the shared ones (:data:`GLOBAL_FIT_PARAMS`).
+
+    Slots stay the measured residency of each config (``slots=None``);
+    ``hbm_bw`` is the measured read bandwidth when given. Block-coordinate
+    search: per config on its own samples (configs with fewer than
+    ``min_samples`` keep the shared constants), then the shared constants on
+    all samples, ``outer`` times. Loss: mean squared log error capped at
+    log(1.5) per sample (robust to a few pathological measurements).
+    """
+    dev = resolve_device(device)
+    cal = initial or Calibration.default(dev)
+    cal = dataclasses.replace(cal, slots=None, per_config={}, ramp_ctas=cal.ramp_ctas or 1.0,
+                              sm_bw=max(cal.sm_bw, 2.0 * cal.cta_bw))
+    if read_bandwidth:
+        cal = dataclasses.replace(cal, hbm_bw=float(read_bandwidth))
+    tiles = _prep(samples, dev)
+    meas = np.array([s.time_s for s in samples])
+    by_key: dict[str, list[int]] = {}
+    for i, t in enumerate(tiles):
+        by_key.setdefault(t.config_key, []).append(i)
+    keys = [k for k, ix in sorted(by_key.items(), key=lambda kv: -len(kv[1])) if len(ix) >= min_samples]
+
+    def loss_all(c: Calibration) -> float:
+        return _loss(np.array([_simulate(t, c) for t in tiles]), meas)
+
+    # shared constants first (every config on them), then per config, then shared again
+    cal, _ = _coord_search(cal, CONFIG_FIT_PARAMS + GLOBAL_FIT_PARAMS, loss_all, rounds=2)
+    for _ in range(outer):
+        for k in keys:
+            ix = by_key[k]
+            tk = [tiles[i] for i in ix]
+            mk = meas[ix]
+            cal, _ = _coord_search(cal, CONFIG_FIT_PARAMS,
+                                   lambda c, tk=tk, mk=mk: _loss(np.array([_simulate(t, c) for t in tk]), mk),
+                                   rounds=rounds, key=k)
+        cal, _ = _coord_search(cal, GLOBAL_FIT_PARAMS, loss_all, rounds=2)
+    return cal
+
+
+def _stats(e: np.ndarray) -> dict[str, Any]:
+    a = np.abs(e)
+    if a.size == 0:
+        return {"n": 0}
+    return {"n": int(a.size), "median": float(np.median(a)), "p90": float(np.quantile(a, 0.9)),
+            "worst": float(a.max()), "over_20pct": int((a > 0.2).sum())}
+
+
+def wave_class(plan: Plan, device: DeviceSpec | str = "NVIDIA H200") -> str:
+    """``one_wave`` (tiles <= resident slots of the plan's config, or a persistent
+    launch), ``partial_last_wave`` (more tiles than slots and the last wave at most
+    half full) or ``full_waves`` (the rest)."""
+    dev = resolve_device(device)
+    t = _prepare(plan, dev)
+    slots = t.resident * dev.num_sms
+    n = int(t.tile_bytes.shape[0])
+    if t.persistent or n <= slots:
+        return "one_wave"
+    last = n % slots
+    return "partial_last_wave" if 0 < last <= slots // 2 else "full_waves"
+
+
+def error_table(samples: Sequence[SweepSample], pred: np.ndarray) -> dict[str, Any]:
+    """Absolute relative errors ``|pred / measured - 1|``: overall, per set, per policy, per
+    (set, policy) and per :func:`wave_class`."""
+    e = pred / np.array([s.time_s for s in samples]) - 1.0
+    out: dict[str, Any] = {"all": _stats(e), "per_set": {}, "per_policy": {}, "per_set_policy": {}, "per_wave": {}}
+    wa = np.array([wave_class(s.plan) for s in samples])
+    for w in ("one_wave", "partial_last_wave", "full_waves"):
+        out["per_wave"][w] = _stats(e[wa == w])
+    sets = sorted({s.set for s in samples})
+    pols = sorted({s.policy for s in samples})
+    sa = np.array([s.set for s in samples])
+    pa = np.array([s.policy for s in samples])
+    for st in sets:
+        out["per_set"][st] = _stats(e[sa == st])
+    for p in pols:
+        out["per_policy"][p] = _stats(e[pa == p])
+    for st in sets:
+        for p in pols:
+            m = (sa == st) & (pa == p)
+            if m.any():
+                out["per_set_policy"][f"{st}/{p}"] = _stats(e[m])
+    return out
