@@ -121,10 +121,21 @@ def flashinfer_backend(m, args, device):
         paged_kv_indices_buffer=m.kv_indices.clone(), paged_kv_last_page_len_buffer=last, backend="fa2")
     dt = getattr(torch, args.dtype)
 
+    # FlashInfer derives each request's length from its page count and last-page length, so its page table
+    # must hold exactly ceil(kv_len / page_size) pages per request at every step (kvsplit's kernel takes kv_lens
+    # and reads only the pages it needs, so the model keeps one page table sized for the last step). The host
+    # builds that table per step from its copy of the page lists, as an engine would.
+    indptr_cap = m.kv_indptr.cpu().numpy().astype(np.int64)
+    indices_cap = m.kv_indices.cpu().numpy()
+
     def plan(lens_host):
-        lp = torch.from_numpy(((lens_host - 1) % m.ps + 1).astype(np.int32))
-        w.plan(m.kv_indptr, m.kv_indices, lp.to(device, non_blocking=True), m.Hq, m.Hkv, m.D, m.ps,
-               q_data_type=dt, kv_data_type=dt)
+        lens_host = np.asarray(lens_host, dtype=np.int64)
+        pages = -(-lens_host // m.ps)
+        take = np.concatenate([indices_cap[s: s + n] for s, n in zip(indptr_cap[:-1], pages)])
+        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        lp = ((lens_host - 1) % m.ps + 1).astype(np.int32)
+        w.plan(torch.from_numpy(indptr).to(device), torch.from_numpy(take.astype(np.int32)).to(device),
+               torch.from_numpy(lp).to(device), m.Hq, m.Hkv, m.D, m.ps, q_data_type=dt, kv_data_type=dt)
 
     def attn(i, q, out):
         return w.run(q, (m.k[i], m.v[i]), out=out)
