@@ -11,6 +11,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 mkdir -p /tmp/fi && tar xJf .peers/fi_trim.tar.xz -C /tmp/fi && \
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/deps/*.whl
+[ -f .tcpkg/tcache.tgz ] && tar xzf .tcpkg/tcache.tgz  # the Triton cache of earlier runs, packed
 export PYTHONPATH=/tmp/site:/tmp/fi TRITON_CACHE_DIR=$PWD/.tcache FLASHINFER_WORKSPACE_BASE=/tmp/fiws
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip -e failed"
 nvidia-smi -L
