@@ -17,18 +17,41 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["BASELINES", "run_bench", "format_table", "cliff_comparison", "write_outputs", "run_trace_bench",
-           "format_trace_table"]
+__all__ = ["BASELINES", "FLASHINFER_KERNEL", "LEGEND", "TRACE_BASELINES", "legend", "run_bench", "format_table",
+           "cliff_comparison", "write_outputs", "run_trace_bench", "format_trace_table"]
 
 BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
     "no_split": ("no_split", {}),
     "fixed8": ("fixed", {"num_splits": 8}),
-    "flashinfer_tc": ("flashinfer", {"tensor_cores": True}),
-    "flashinfer_notc": ("flashinfer", {"tensor_cores": False}),
+    "fi_rule_tc": ("flashinfer", {"tensor_cores": True}),
+    "fi_rule_notc": ("flashinfer", {"tensor_cores": False}),
     "fa3": ("fa3", {}),
     "balanced": ("balanced", {}),
 }
-"""Label -> (policy, params) of the baselines ``kvsplit bench`` compares."""
+"""Label -> (policy, params) of the baselines ``kvsplit bench`` compares (all on kvsplit's kernel)."""
+
+FLASHINFER_KERNEL = "flashinfer_kernel"
+"""Label of FlashInfer's own decode kernel (:mod:`kvsplit.tuner.flashinfer_kernel`; GPU backend only)."""
+
+LEGEND = {
+    "published": "the plan the service serves for the batch (its policy table: tuned / simulated / fallback)",
+    "no_split": "one work item per request, on kvsplit's kernel",
+    "fixed8": "8 splits per request (SGLang/vLLM static count), on kvsplit's kernel",
+    "fi_rule_tc": "FlashInfer's split rule, tensor-core path (2 CTAs/SM threshold), on kvsplit's kernel",
+    "fi_rule_notc": "FlashInfer's split rule, CUDA-core path (occupancy threshold), on kvsplit's kernel",
+    "fa3": "FlashAttention-3's varlen split rule (heavy first, persistent), on kvsplit's kernel",
+    "balanced": "kvsplit's wave-aware even-chunk rule (the fallback), on kvsplit's kernel",
+    FLASHINFER_KERNEL: "FlashInfer's own BatchDecodeWithPagedKVCacheWrapper (tensor cores, fa2 backend), "
+                       "timed on the same cache and batches (GPU backend, when flashinfer imports)",
+}
+"""What each column of ``kvsplit bench`` is."""
+
+_OLD_LABELS = {"flashinfer_tc": "fi_rule_tc", "flashinfer_notc": "fi_rule_notc"}
+
+
+def legend(labels: Any) -> str:
+    """One line per label saying what the column measures."""
+    return "\n".join(f"  {lab:<18} {LEGEND.get(lab, '')}" for lab in labels)
 
 
 def run_bench(
@@ -64,9 +87,12 @@ def run_bench(
 
     if backend not in ("sim", "gpu"):
         raise ValueError(f"backend: expected 'sim' or 'gpu', got {backend!r}")
-    unknown = [p for p in policies if p not in BASELINES]
+    policies = tuple(_OLD_LABELS.get(p, p) for p in policies)  # round 1's labels keep working
+    unknown = [p for p in policies if p not in BASELINES and p != FLASHINFER_KERNEL]
     if unknown:
-        raise ValueError(f"policies: unknown labels {unknown}; known: {list(BASELINES)}")
+        raise ValueError(f"policies: unknown labels {unknown}; known: {list(BASELINES) + [FLASHINFER_KERNEL]}")
+    if FLASHINFER_KERNEL in policies and backend != "gpu":
+        raise ValueError(f"policies: {FLASHINFER_KERNEL} is FlashInfer's kernel, timed on a GPU only (--backend gpu)")
     shape = Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      dtype=dtype, page_size=page_size)
     group = shape.group_size
@@ -92,6 +118,19 @@ def run_bench(
     cal_fixed = Calibration.from_dict(calibration) if calibration is not None else None
     rows: list[dict[str, Any]] = []
     for label in policies:
+        if label == FLASHINFER_KERNEL:
+            from .flashinfer_kernel import load
+
+            fi, note = load(timer)
+            if fi is None:
+                print(f"{FLASHINFER_KERNEL}: {note}; no figure recorded")
+                continue
+            for family, B in reference_cases(total_tokens):
+                L = family_kv_lens(family, B, total_tokens)
+                t, floor = fi.time(L), timer.hbm_floor_s(L)
+                rows.append({"policy": label, "family": family, "B": B, "time_us": t * 1e6, "floor_us": floor * 1e6,
+                             "ratio": t / floor, "num_work_items": 0})
+            continue
         policy, params = BASELINES[label]
         params = dict(params)
         if policy == "flashinfer" and not params.get("tensor_cores", True):
@@ -143,7 +182,7 @@ def cliff_comparison(rows: list[dict[str, Any]], anchors_csv: Path, total_tokens
     lines = ["skewed80 / uniform time at the same B (FlashInfer; measured = h200_peers.csv, T=%d)" % total_tokens]
     Bs = sorted({r["B"] for r in rows})
     lines.append("  " + f"{'':<26}" + "".join(f"{b:>7}" for b in Bs))
-    for label, impl in (("flashinfer_tc", "flashinfer_decode_tc"), ("flashinfer_notc", "flashinfer_decode_notc")):
+    for label, impl in (("fi_rule_tc", "flashinfer_decode_tc"), ("fi_rule_notc", "flashinfer_decode_notc")):
         for name, src, key in (("sim " + label, sim, label), ("measured " + impl, meas, impl)):
             cells = []
             for b in Bs:
@@ -236,12 +275,19 @@ def run_trace_bench(
                       max_batch=max_batch)
     make_plan_kw = dict(num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, page_size=shape.page_size,
                         dtype=shape.dtype)
+    fi = None
+    if backend == "gpu":
+        from .flashinfer_kernel import load
+
+        fi, note = load(be.timer)
+        if fi is None:
+            print(f"{FLASHINFER_KERNEL}: {note}; no figure recorded")
     rows = []
     for B, held in held_all:
         for j, lens in enumerate(held):
             plan, _, info = table.plan(lens, shape)
             plans = [("published", info.get("source", "?"), plan)]
-            for label in ("balanced", "fa3", "flashinfer_tc", "flashinfer_notc", "no_split"):
+            for label in TRACE_BASELINES:
                 pol, params = BASELINES[label]
                 plans.append((label, "baseline", make_plan(lens, device=shape.device, policy=pol, params=params, **make_plan_kw)))
             floor = be.hbm_floor_s(lens)
@@ -250,7 +296,16 @@ def run_trace_bench(
                 rows.append({"B_target": B, "batch": j, "B": len(lens), "tokens": int(np.sum(lens)),
                              "policy": label, "source": src, "time_us": t * 1e6, "floor_us": floor * 1e6,
                              "ratio": t / floor})
+            if fi is not None:
+                t = fi.time(lens)
+                rows.append({"B_target": B, "batch": j, "B": len(lens), "tokens": int(np.sum(lens)),
+                             "policy": FLASHINFER_KERNEL, "source": "baseline", "time_us": t * 1e6,
+                             "floor_us": floor * 1e6, "ratio": t / floor})
     return rows
+
+
+TRACE_BASELINES = ("balanced", "fa3", "fi_rule_tc", "fi_rule_notc", "no_split")
+"""Baselines of ``kvsplit bench --trace`` on kvsplit's kernel (plus FlashInfer's kernel on a GPU)."""
 
 
 def format_trace_table(rows: list[dict[str, Any]]) -> str:
@@ -263,7 +318,8 @@ def format_trace_table(rows: list[dict[str, Any]]) -> str:
         by[(r["B_target"], r["batch"])][r["policy"]] = r
         if r["policy"] == "published":
             src[r["B_target"]].add(r["source"])
-    labels = ("balanced", "fa3", "flashinfer_tc", "flashinfer_notc", "no_split")
+    have = {r["policy"] for r in rows}
+    labels = tuple(lab for lab in (*TRACE_BASELINES, FLASHINFER_KERNEL) if lab in have)
 
     def gm(xs):
         return math.exp(sum(math.log(x) for x in xs) / len(xs))
@@ -275,4 +331,8 @@ def format_trace_table(rows: list[dict[str, Any]]) -> str:
         sp = [gm([by[k][l]["time_us"] / by[k]["published"]["time_us"] for k in ks]) for l in labels]
         lines.append(f"{B:>5} {len(ks):>7} {','.join(sorted(src[B])):>10} {ratio:>10.3f} "
                      + " ".join(f"{x:>18.2f}x" for x in sp))
+    lines.append("columns: 'vs X' = X's time / the published plan's time (geomean over the batches); where")
+    lines.append(legend(("published", *labels)))
+    if FLASHINFER_KERNEL not in have:
+        lines.append(f"  ({FLASHINFER_KERNEL}: not measured -- GPU backend with flashinfer installed only)")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ...tuner.bench import BASELINES
+from ...tuner.bench import BASELINES, FLASHINFER_KERNEL
 from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, store_url
 
 __all__ = ["bench_cmd"]
@@ -32,8 +32,10 @@ def bench_cmd(
                                               help="T, total tokens per batch")] = 262_144,
     out: Annotated[Optional[Path], typer.Option("--out", metavar="DIR",
                                                 help="folder for bench.csv and one PNG per family")] = None,
-    policies: Annotated[str, typer.Option("--policies", metavar="LABELS",
-                                          help="comma-separated baseline labels")] = ",".join(BASELINES),
+    policies: Annotated[Optional[str], typer.Option(
+        "--policies", metavar="LABELS",
+        help=f"comma-separated baseline labels, of {', '.join(BASELINES)}, {FLASHINFER_KERNEL} (GPU only) "
+             f"[default: all; {FLASHINFER_KERNEL} with --backend gpu]")] = None,
     calibration: Annotated[Optional[Path], typer.Option("--calibration", metavar="FILE",
                                                         help="JSON file of simulator constants (sim)")] = None,
     anchors: Annotated[Optional[Path], typer.Option("--anchors", metavar="CSV",
@@ -72,18 +74,23 @@ def bench_cmd(
                 w.writerows(rows)
             typer.echo(f"wrote {path}")
         return
+    if policies is None:
+        labels = tuple(BASELINES) + ((FLASHINFER_KERNEL,) if backend == "gpu" else ())
+    else:
+        labels = tuple(p.strip() for p in policies.split(",") if p.strip())
     try:
         cal = json.loads(calibration.read_text()) if calibration else None
         rows = bench.run_bench(
             backend=backend, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, dtype=dtype, page_size=page_size, total_tokens=total_tokens,
-            policies=tuple(p.strip() for p in policies.split(",") if p.strip()), calibration=cal,
+            policies=labels, calibration=cal,
         )
     except (ValueError, OSError, json.JSONDecodeError) as exc:
         fail(str(exc))
     typer.echo(f"backend={backend} gpu={gpu if backend == 'sim' else 'cuda'} H_q={num_qo_heads} "
                f"H_kv={num_kv_heads} D={head_dim} {dtype} page={page_size} T={total_tokens}\n")
     typer.echo(bench.format_table(rows))
+    typer.echo("columns:\n" + bench.legend(dict.fromkeys(r["policy"] for r in rows)))
     if anchors is not None:
         typer.echo(bench.cliff_comparison(rows, anchors, total_tokens))
     if out is not None:

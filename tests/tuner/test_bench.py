@@ -20,7 +20,8 @@ def test_trace_bench_on_an_empty_store_serves_the_fallback(tmp_path):
         by[r["batch"]][r["policy"]] = r
     assert sorted(by) == [0, 1]
     for batch in by.values():
-        assert set(batch) == {"published", "balanced", "fa3", "flashinfer_tc", "flashinfer_notc", "no_split"}
+        # FlashInfer's *rules* on kvsplit's kernel; FlashInfer's own kernel (flashinfer_kernel) is GPU-only
+        assert set(batch) == {"published", "balanced", "fa3", "fi_rule_tc", "fi_rule_notc", "no_split"}
         pub = batch["published"]
         assert pub["source"] == "fallback"
         # the fallback is `balanced`: the same plan, so the same predicted time
@@ -37,5 +38,17 @@ def test_trace_bench_cli(tmp_path):
                                    "--database-url", url, "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "vs balanced" in res.output and (tmp_path / "trace_sharegpt.csv").exists()
+    # every column is explained, and the missing GPU-only baseline says so instead of showing a figure
+    assert "fi_rule_tc         FlashInfer's split rule, tensor-core path" in res.output
+    assert "flashinfer_kernel: not measured" in res.output and "vs flashinfer_kernel" not in res.output
     bad = CliRunner().invoke(app, ["bench", "--trace", "nope", "--database-url", url])
     assert bad.exit_code == 2 and "unknown trace 'nope'" in bad.output
+
+
+def test_bench_labels_old_names_and_gpu_only_baseline(tmp_path):
+    res = CliRunner().invoke(app, ["bench", "--backend", "sim", "--policies", "flashinfer_tc,balanced"])
+    assert res.exit_code == 0, res.output
+    assert "fi_rule_tc: time / HBM floor" in res.output  # round 1's label still accepted, printed under the new one
+    assert "balanced           kvsplit's wave-aware even-chunk rule" in res.output
+    bad = CliRunner().invoke(app, ["bench", "--backend", "sim", "--policies", "flashinfer_kernel"])
+    assert bad.exit_code != 0 and "flashinfer_kernel is FlashInfer's kernel, timed on a GPU only" in bad.output
