@@ -40,8 +40,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--cache-tokens", type=int, default=1 << 21,
+                    help="KV cache size in tokens (pages shuffled over all of it): 2^21 = 4 GB, 12.3M = 25 GB "
+                         "(the final sweep's cache)")
+    ap.add_argument("--flashinfer", action="store_true", help="also time FlashInfer's kernel on the same batches")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args()
-    bench = Bench(32, 4, 1 << 21, 1024)
+    bench = Bench(32, 4, args.cache_tokens, 1024)
+    fi = None
+    if args.flashinfer:
+        from gpu_sweep import fi_timer
+
+        fi = fi_timer(bench)
     bw = bench.t.read_bandwidth()
     out = []
     import time
@@ -51,14 +61,19 @@ def main() -> None:
         floor = bench.t.hbm_floor_s(L)
         graphs: dict[str, list] = {name: [] for name, _, _ in PLANS}
         stamps: dict[str, list] = {name: [] for name, _, _ in PLANS}
+        fis: list[float] = []
         for _ in range(args.reps):  # plans interleaved, so a slow period of the GPU hits all of them alike
             for name, pol, prm in PLANS:
                 p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy=pol, params=prm)
                 graphs[name].append(bench.time_plan(p, 10.0) / floor)
                 stamps[name].append(time.time())
-        print(f"{fam} B={B}: rep x plan (time / read floor), plans in the order of PLANS", flush=True)
+            if fi is not None:
+                fis.append(fi(L, 10.0) / floor)
+        print(f"{args.tag} cache {args.cache_tokens} tokens, {fam} B={B}: rep x plan (time / read floor), plans in "
+              f"the order of PLANS{', then FlashInfer' if fis else ''}", flush=True)
         for i in range(args.reps):
-            print("  " + " ".join(f"{graphs[n][i]:.3f}" for n, _, _ in PLANS), flush=True)
+            print("  " + " ".join(f"{graphs[n][i]:.3f}" for n, _, _ in PLANS)
+                  + (f"  {fis[i]:.3f}" if fis else ""), flush=True)
         for name, pol, prm in PLANS:
             graph, plain = graphs[name], []
             for _ in range(max(2, args.reps // 3)):
@@ -76,7 +91,7 @@ def main() -> None:
             print(f"{fam:8s} B={B:3d} {name:28s} graph min {g.min():.3f} med {np.median(g):.3f} max {g.max():.3f} "
                   f"slow(>1.08 min) {int((g > 1.08 * g.min()).sum())}/{len(g)}   plain min {min(plain):.3f} "
                   f"max {max(plain):.3f}", flush=True)
-    with open(os.path.join(args.out, "timing_modes.json"), "w") as f:
+    with open(os.path.join(args.out, f"timing_modes{args.tag}.json"), "w") as f:
         json.dump(out, f)
 
 
