@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from .plan import Plan
-from .reference import _check_tensor
+from .reference import _check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
 
 __all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
 
@@ -547,5 +547,3 @@ def launch_decode(
         return out, lse
     return out
 
-
-from .reference import reference_decode_attention  # noqa: E402,F401  (public name kept here, DESIGN.md §3)
