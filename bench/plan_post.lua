@@ -1,8 +1,9 @@
 -- wrk script: POST /v1/plan with B kv_lens per request (env KVSPLIT_BENCH_B, default 256).
--- 64 different bodies (seeded), rotated, so no server-side cache could answer from one body.
+-- KVSPLIT_BENCH_BODIES different bodies (seeded, default 400), one picked at random per request, so no
+-- server-side cache could answer from one body.
 -- Lengths: a mix of short and long requests (1..32768 tokens, log-uniform), Qwen3-30B-A3B shape.
 local B = tonumber(os.getenv("KVSPLIT_BENCH_B") or "256")
-local NBODIES = 64
+local NBODIES = tonumber(os.getenv("KVSPLIT_BENCH_BODIES") or "400")
 local bodies = {}
 math.randomseed(12345)
 for i = 1, NBODIES do
@@ -19,7 +20,7 @@ wrk.headers["Content-Type"] = "application/json"
 
 request = function()
   counter = counter + 1
-  return wrk.format(nil, "/v1/plan", nil, bodies[(counter % NBODIES) + 1])
+  return wrk.format(nil, "/v1/plan", nil, bodies[math.random(NBODIES)])
 end
 
 done = function(summary, latency, requests)
