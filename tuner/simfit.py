@@ -1,20 +1,26 @@
-"""Fit the simulator to an H200 sweep: one constant set per kernel config (issue 9, item 3).
+"""Fit the simulator to H200 timings: one constant set per kernel config (issue 9, item 3).
 
 ``bench/gpu_sweep.py`` times many (batch, plan) pairs on the GPU and writes one
-JSON record per line (docs/data/h200_r2/sweep1.jsonl). This module rebuilds each
-timed plan (:func:`sweep_samples`), fits :class:`~kvsplit.tuner.simulate.Calibration`
-with per-config constants on a training split (:func:`fit_per_config`), and
-tabulates the relative error per set and per policy (:func:`error_table`).
+JSON record per line (docs/data/h200_r2/train.jsonl: the training batches of
+bench/data/train_cases.json; final.jsonl and retime.jsonl: the evaluation
+batches of bench/data/sweep_cases.json). This module rebuilds each timed plan
+with today's planner (:func:`sweep_samples`; a file timed with another planner,
+like docs/data/h200_r2/sweep1.jsonl, rebuilds other plans than the ones it
+timed), fits :class:`~kvsplit.tuner.simulate.Calibration` with per-config
+constants on the training timings (:func:`fit_per_config`), and tabulates the
+relative error per set, policy, wave class and kernel config (:func:`error_table`).
 ``scripts/fit_simulator.py`` runs the whole thing and writes the calibration
 document that service/data/h200_calibration.json ships.
 
 Record names of a ``case`` record's ``times``: ``balanced|c4|n64w4s2`` is policy
 balanced with ``{"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4,
-"num_stages": 2}`` (likewise ``stream_k|...``); ``balanced`` its defaults; ``fa3``;
+"num_stages": 2}`` (likewise ``stream_k|...``; a suffix ``|o2m4`` adds
+``item_cost_blocks`` 2, ``min_piece_blocks`` 4); ``balanced`` its defaults; ``fa3``;
 ``fi_rule_tc`` / ``fi_rule_notc`` FlashInfer's rule (``tensor_cores`` True /
-False) on our kernel; ``served_r1`` the case's ``served_r1`` policy in
-bench/data/sweep_cases.json; ``flashinfer_kernel`` is FlashInfer's own kernel
-(not ours: skipped). A time of ``None`` is a rejected plan (skipped).
+False) on our kernel; ``served`` / ``served_r1`` the case's ``served`` /
+``served_r1`` policy in bench/data/sweep_cases.json; ``flashinfer_kernel`` is
+FlashInfer's own kernel (not ours: skipped). A time of ``None`` is a rejected plan
+(skipped); records with a negative ``case`` id are discarded warm-ups (skipped).
 """
 
 from __future__ import annotations
@@ -31,19 +37,19 @@ import numpy as np
 
 from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import Plan, make_plan
-from .simulate import PER_CONFIG_PARAMS, Calibration, _prepare, _simulate, _Tiles
+from .simulate import PER_CONFIG_PARAMS, Calibration, _prepare, _simulate, _Tiles, config_key
 
-__all__ = ["SweepSample", "sweep_samples", "fit_per_config", "error_table", "predict_samples", "wave_class",
+__all__ = ["SweepSample", "sweep_samples", "best_of", "fit_per_config", "error_table", "predict_samples", "wave_class",
            "GLOBAL_FIT_PARAMS", "CONFIG_FIT_PARAMS", "HELDOUT_SETS"]
 
-GLOBAL_FIT_PARAMS = ("launch_s", "merge_launch_s", "merge_partial_s", "persistent_tile_s")
+GLOBAL_FIT_PARAMS = ("launch_s", "merge_launch_s", "merge_partial_s", "merge_split_s", "persistent_tile_s")
 """Constants shared by every kernel config (fitted on all training samples)."""
 CONFIG_FIT_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "tile_fixed_s", "item_fixed_s")
 """Constants fitted per kernel config (on that config's training samples)."""
 HELDOUT_SETS = ("untuned", "llama8b", "trace")
 """Sets of sweep_cases.json held out of the fit by default (trained on ``ref`` and ``jitter``)."""
 
-_NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)")
+_NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)(?:\|o(\d+)m(\d+))?")
 _LOSS_CAP = math.log(1.5)  # squared log error capped at 50 %: a few pathological times do not steer the fit
 
 
@@ -70,12 +76,15 @@ def _policy_of(name: str, case: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
         return "flashinfer", {"tensor_cores": True}
     if name == "fi_rule_notc":
         return "flashinfer", {"tensor_cores": False}
-    if name == "served_r1":
-        return case["served_r1"]["policy"], dict(case["served_r1"]["params"])
+    if name in ("served", "served_r1"):
+        return case[name]["policy"], dict(case[name]["params"])
     m = _NAME_RE.fullmatch(name)
     if m:
-        return m[1], {"ctas_per_sm": float(m[2]), "block_n": int(m[3]), "num_warps": int(m[4]),
-                      "num_stages": int(m[5])}
+        params: dict[str, Any] = {"ctas_per_sm": float(m[2]), "block_n": int(m[3]), "num_warps": int(m[4]),
+                                  "num_stages": int(m[5])}
+        if m[6] is not None:
+            params["item_cost_blocks"], params["min_piece_blocks"] = int(m[6]), int(m[7])
+        return m[1], params
     return name, {}
 
 
@@ -97,8 +106,8 @@ def sweep_samples(sweep_path: str | Path, cases_path: str | Path, *, device: str
         r = json.loads(line)
         if r.get("kind") == "bandwidth":
             bw = float(r["bytes_per_s"])
-        if r.get("kind") != "case" or (keep is not None and r["case"] not in keep):
-            continue
+        if r.get("kind") != "case" or r["case"] < 0 or (keep is not None and r["case"] not in keep):
+            continue  # negative case ids: discarded warm-up timings
         c = cases[r["case"]]
         lens = np.asarray(c["kv_lens"], dtype=np.int64)
         for name, t in r["times"].items():
@@ -111,6 +120,17 @@ def sweep_samples(sweep_path: str | Path, cases_path: str | Path, *, device: str
                                    name=name, policy=name.split("|")[0], time_s=float(t),
                                    floor_s=float(r["floor_s"]), plan=plan))
     return out, bw
+
+
+def best_of(samples: Sequence[SweepSample], repeats: Sequence[SweepSample]) -> list[SweepSample]:
+    """``samples`` with each time replaced by the least of it and the times of the same (case, name)
+    in ``repeats`` (another run of the same cases, e.g. docs/data/h200_r2/retime.jsonl): best of
+    repeated timings, as bench's final table takes for the served plan."""
+    best: dict[tuple[int, str], float] = {}
+    for r in repeats:
+        k = (r.case, r.name)
+        best[k] = min(best.get(k, math.inf), r.time_s)
+    return [dataclasses.replace(s, time_s=min(s.time_s, best.get((s.case, s.name), math.inf))) for s in samples]
 
 
 def _prep(samples: Sequence[SweepSample], dev: DeviceSpec) -> list[_Tiles]:
@@ -153,9 +173,10 @@ def _coord_search(cal: Calibration, names: Sequence[str], loss_of, rounds: int, 
             if n == "ramp_ctas":  # additive: 0 is a valid value
                 d = 2.0 * (step - 1.0)
                 cands = [cur + d, max(cur - d, 0.0)]
-            else:
-                base = cur if cur > 0 else 1e-7
-                cands = [base * step, base / step]
+            elif cur > 0:
+                cands = [cur * step, cur / step]
+            else:  # a time constant at 0: try back in at a few magnitudes
+                cands = [1e-8, 1e-7, 1e-6, 4e-6] if n.endswith("_s") else [1e-7]
             if n not in ("hbm_bw", "sm_bw", "cta_bw") and cur > 0 and r == 0:
                 cands.append(0.0)
             for v in cands:
@@ -235,9 +256,13 @@ def wave_class(plan: Plan, device: DeviceSpec | str = "NVIDIA H200") -> str:
 
 def error_table(samples: Sequence[SweepSample], pred: np.ndarray) -> dict[str, Any]:
     """Absolute relative errors ``|pred / measured - 1|``: overall, per set, per policy, per
-    (set, policy) and per :func:`wave_class`."""
+    (set, policy), per :func:`wave_class` and per kernel config."""
     e = pred / np.array([s.time_s for s in samples]) - 1.0
-    out: dict[str, Any] = {"all": _stats(e), "per_set": {}, "per_policy": {}, "per_set_policy": {}, "per_wave": {}}
+    out: dict[str, Any] = {"all": _stats(e), "per_set": {}, "per_policy": {}, "per_set_policy": {}, "per_wave": {},
+                           "per_config": {}}
+    ka = np.array([config_key(s.plan.config) for s in samples])
+    for k in sorted(set(ka.tolist())):
+        out["per_config"][k] = _stats(e[ka == k])
     wa = np.array([wave_class(s.plan) for s in samples])
     for w in ("one_wave", "partial_last_wave", "full_waves"):
         out["per_wave"][w] = _stats(e[wa == w])

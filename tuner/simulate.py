@@ -31,7 +31,9 @@
    threshold cliff appears once one long request is one CTA.
 5. **Total.** ``launch_s + max(max_SM finish, total_bytes / hbm_bw)``, plus, when
    some request has more than one split, ``merge_launch_s + merge_partial_s *
-   num_partials * H_kv`` for the LSE merge.
+   num_partials * H_kv + merge_split_s * max_splits`` for the LSE merge (one merge
+   program per (request, query head) folds its request's splits in sequence, so
+   the most-split request bounds the merge's latency).
 
 A grid of more than ``slots * num_SMs`` tiles therefore runs in waves, and a
 partial last wave (say 16 tiles beyond 528 slots) costs a lone tile's time at
@@ -111,6 +113,9 @@ class Calibration:
         Seconds per (partial, kv_head) merged, for the whole GPU.
     persistent_tile_s : float
         Extra seconds per tile under the persistent schedule (atomic fetch, loop).
+    merge_split_s : float
+        Seconds per split of the most-split merged request (the merge's serial
+        latency; 0 in format 1).
     ramp_ctas : float
         Latency term of an SM's streaming rate: with ``k`` resident CTAs each
         streams ``min(cta_bw, sm_bw / (k + ramp_ctas))``, so the SM's rate
@@ -134,6 +139,7 @@ class Calibration:
     merge_partial_s: float = 2.0e-9
     persistent_tile_s: float = 0.2e-6
     ramp_ctas: float = 0.0
+    merge_split_s: float = 0.0
     per_config: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -211,13 +217,14 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON form (SI units: bytes/s and seconds); ``slots`` only when set,
-        ``ramp_ctas`` only when > 0 and ``per_config`` only when not empty (so a
+        ``ramp_ctas`` and ``merge_split_s`` only when > 0 and ``per_config`` only when not empty (so a
         format-1 calibration writes back its single-config form)."""
         d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if d["slots"] is None:
             del d["slots"]
-        if d["ramp_ctas"] == 0.0:
-            del d["ramp_ctas"]
+        for name in ("ramp_ctas", "merge_split_s"):
+            if d[name] == 0.0:
+                del d[name]
         if d["per_config"]:
             d["per_config"] = {k: dict(v) for k, v in d["per_config"].items()}
         else:
@@ -263,6 +270,7 @@ class _Tiles:
     num_sms: int
     total_bytes: float
     merge_units: int  # num_partials * H_kv
+    max_splits: int  # splits of the most-split request (0 when no request is split)
     resident: int  # resident CTAs per SM of the plan's config (slots when the calibration leaves them None)
     config_key: str
 
@@ -285,6 +293,7 @@ def _prepare(plan: Plan, device: DeviceSpec) -> _Tiles:
         num_sms=device.num_sms,
         total_bytes=float(plan.kv_lens.sum()) * H * bpt,
         merge_units=plan.num_partials * H,
+        max_splits=int(plan.num_splits.max()) if plan.num_partials and plan.num_splits.size else 0,
         resident=resident_slots(device, plan.config, head_dim=plan.head_dim, dtype=plan.dtype),
         config_key=config_key(plan.config),
     )
@@ -365,7 +374,7 @@ def _finish(t: _Tiles, c: Calibration, t_last: float, run_fixed: np.ndarray, run
     main = max(finish, t.total_bytes / c.hbm_bw)
     total = c.launch_s + main
     if t.merge_units:
-        total += c.merge_launch_s + c.merge_partial_s * t.merge_units
+        total += c.merge_launch_s + c.merge_partial_s * t.merge_units + c.merge_split_s * t.max_splits
     return total
 
 
@@ -400,7 +409,7 @@ def predict(plan: Plan, device: DeviceSpec | str | None = None, *, calibration: 
 
 
 FIT_PARAMS = ("hbm_bw", "sm_bw", "cta_bw", "slots", "tile_fixed_s", "item_fixed_s", "launch_s",
-              "merge_launch_s", "merge_partial_s", "persistent_tile_s", "ramp_ctas")
+              "merge_launch_s", "merge_partial_s", "persistent_tile_s", "ramp_ctas", "merge_split_s")
 """Constants :func:`fit_calibration` can fit (all by default)."""
 
 

@@ -59,7 +59,9 @@ def test_tail_processor_sharing_and_cta_cap():
 
 
 def test_fixed_costs_launch_merge_and_floor():
-    u = 1_000_000
+    # u a multiple of the default BLOCK_N (128 for head_dim 128): split boundaries are block-aligned, so
+    # 2 splits of 2u are exactly u each (with u = 1e6 the cut lands at 999,936 and one tile has 64 tokens more)
+    u = 1 << 20
     cal = dataclasses.replace(TOYCAL, tile_fixed_s=1e-6, launch_s=2e-6, merge_launch_s=3e-6, merge_partial_s=1e-7)
     p = make_plan([2 * u], num_kv_heads=1, device=TOY, policy="fixed", params={"num_splits": 2})
     # 2 tiles of 1u on 2 SMs: 1e-6 + 1u*BPT/1e12 each; + launch 2e-6 + merge 3e-6 + 2 partials * 1e-7
@@ -116,8 +118,13 @@ def test_determinism_and_speed_shape():
 def test_calibration_dict_round_trip_and_errors():
     c = Calibration.default(H200)
     assert Calibration.from_dict(json.loads(json.dumps(c.to_dict()))) == c
-    # default config (BLOCK_N 64, 4 warps, 2 stages): measured 118 registers/thread -> 4 resident CTAs per SM
-    assert c.slots == 4 and c.hbm_bw == pytest.approx(0.94 * 4.8e12)
+    # default config for head_dim 128 (BLOCK_N 128, 4 warps, 2 stages): measured 168 registers/thread and
+    # 72 KiB of shared memory -> 3 resident CTAs per SM (kernels/residency.py)
+    from kvsplit.kernels.plan import default_config
+    from kvsplit.tuner.simulate import resident_slots
+
+    assert c.slots == resident_slots(H200, default_config(128, "bfloat16")) == 3
+    assert c.hbm_bw == pytest.approx(0.94 * 4.8e12)
     with pytest.raises(ValueError, match="Calibration.cta_bw"):
         dataclasses.replace(c, cta_bw=0.0)
     with pytest.raises(ValueError, match="Calibration.slots"):
@@ -259,26 +266,41 @@ def test_per_config_constants_and_formats():
         dataclasses.replace(base, per_config={"n64w4s2": {"cta_bw": -1.0}})
 
 
+# held-out error bounds on the committed subset of final.jsonl (measured there, scripts/fit_simulator.py:
+# all 5.2 % median; per policy <= 7.7 % median (served); served worst 18.7 %, served_r1 20.4 %, fi_rule_notc
+# 21.3 %). The grid's kernel configs never timed in training (BLOCK_N 256 / 4 warps: 80 register spills,
+# 29 % median error; 64/8/3: 15 %) keep balanced / stream_k worst cases at 43-46 %: not bounded here.
+MEDIAN_ALL = 0.07
+MEDIAN_POLICY = 0.08  # issue 9's median target, every policy incl. the served one
+WORST_BASELINE = 0.22  # the served policy, round 1's, balanced's defaults, fa3, FlashInfer's rule
+
+
 def test_shipped_calibration_heldout_error_on_committed_measurements():
-    """The shipped H200 calibration against GPU times it was not fitted on: the cases of
-    docs/data/h200_r2/sweep1.jsonl with id % 8 == 1 (odd ids are held out of the fit,
-    scripts/fit_simulator.py --split even_odd); every set of the sweep is among them."""
+    """The shipped H200 calibration against GPU times it was not fitted on: the evaluation batches of
+    docs/data/h200_r2/final.jsonl (bench/data/sweep_cases.json) with id % 7 == 1, every plan timed there
+    (the grid, served, served_r1, balanced, fa3, FlashInfer's rule on our kernel). The fit saw only the
+    training batches (docs/data/h200_r2/train.jsonl, scripts/fit_simulator.py); every set is among them."""
     from pathlib import Path
 
     from kvsplit.tuner.simfit import error_table, predict_samples, sweep_samples
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     doc = json.loads((root / "service/data/h200_calibration.json").read_text())
     cal = Calibration.from_dict(doc["constants"])
     assert cal.slots is None and cal.per_config  # residency per config, constants per config
-    samples, bw = sweep_samples(root / "tests/data/h200_sweep_odd_subset.jsonl", root / "bench/data/sweep_cases.json")
-    assert bw == pytest.approx(cal.hbm_bw)
-    assert all(s.case % 2 == 1 for s in samples) and len(samples) >= 700
+    samples, bw = sweep_samples(root / "tests/data/h200_final_subset.jsonl", root / "bench/data/sweep_cases.json")
+    assert bw is not None and abs(bw / cal.hbm_bw - 1) < 0.03  # the held-out run's read bandwidth
+    assert all(s.case % 7 == 1 for s in samples) and len(samples) >= 3500
     assert {s.set for s in samples} == {"ref", "jitter", "untuned", "llama8b", "trace"}
+    assert {"served", "served_r1", "balanced", "stream_k", "fa3", "fi_rule_tc", "fi_rule_notc"} <= \
+        {s.policy for s in samples}
     tab = error_table(samples, predict_samples(samples, cal, H200))
-    assert tab["all"]["median"] <= 0.08, tab["all"]
-    for pol in ("balanced", "stream_k", "served_r1"):
-        assert tab["per_policy"][pol]["median"] <= 0.08, (pol, tab["per_policy"][pol])
+    assert tab["all"]["median"] <= MEDIAN_ALL, tab["all"]
+    for pol, st in tab["per_policy"].items():
+        assert st["median"] <= MEDIAN_POLICY, (pol, st)
+    for pol in ("served", "served_r1", "fa3", "fi_rule_tc", "fi_rule_notc"):
+        assert tab["per_policy"][pol]["worst"] <= WORST_BASELINE, (pol, tab["per_policy"][pol])
+    assert tab["per_policy"]["served"]["worst"] <= 0.20, tab["per_policy"]["served"]  # issue 9's worst target
     # the old single-config calibration (slots = 4 for every config) was worse on the same cases
     old = Calibration(hbm_bw=4489637975675.639, sm_bw=26424884833.03617, cta_bw=15791060935.652895, slots=4,
                       tile_fixed_s=1.205293964527609e-07, item_fixed_s=3e-07, launch_s=1.205293964527609e-07,
