@@ -162,10 +162,10 @@ def test_fit_recovers_known_constants():
 def test_bench_cli_sim(tmp_path):
     from kvsplit.service.cli import app
 
-    res = CliRunner().invoke(app, ["bench", "--backend", "sim", "--policies", "flashinfer_tc,balanced",
+    res = CliRunner().invoke(app, ["bench", "--backend", "sim", "--policies", "fi_rule_tc,balanced",
                                    "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
-    assert "flashinfer_tc: time / HBM floor" in res.output and "skewed80" in res.output
+    assert "fi_rule_tc: time / HBM floor" in res.output and "skewed80" in res.output
     for fam in ("uniform", "skewed40", "skewed60", "skewed80", "2x40"):
         assert (tmp_path / f"{fam}.png").stat().st_size > 1000
     rows = (tmp_path / "bench.csv").read_text().splitlines()
