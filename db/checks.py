@@ -89,9 +89,11 @@ def software_fingerprint(software: Mapping[str, Any] | None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _iso(t: _dt.datetime | None) -> str | None:
+def iso_utc(t: _dt.datetime | None) -> str | None:
+    """ISO 8601 with its zone: the store keeps UTC, and SQLite gives the values back without tzinfo."""
     if t is None:
         return None
     if t.tzinfo is None:  # SQLite drops the zone; values are stored as UTC
         t = t.replace(tzinfo=_dt.timezone.utc)
     return t.isoformat()
+

@@ -16,7 +16,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
-from .checks import _DTYPES, _HEAD_DIMS, _int, _iso, _json_obj, _num, _str
+from .checks import _DTYPES, _HEAD_DIMS, _int, _json_obj, _num, _str, iso_utc
 from .models import (
     BACKENDS,
     POLICY_STATUSES,
@@ -334,8 +334,8 @@ def policy_to_dict(p: Policy) -> dict[str, Any]:
         "score": p.score,
         "verification": dict(p.verification or {}),
         "tuning_run_id": p.tuning_run_id,
-        "created_at": _iso(p.created_at),
-        "published_at": _iso(p.published_at),
+        "created_at": iso_utc(p.created_at),
+        "published_at": iso_utc(p.published_at),
         "device": None if dev is None else {
             "name": dev.name,
             "num_sms": dev.num_sms,

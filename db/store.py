@@ -69,7 +69,7 @@ Examples
 from __future__ import annotations
 
 # The store is split by concern; this module is its one public face (``from kvsplit.db import store``).
-from .checks import software_fingerprint
+from .checks import iso_utc, software_fingerprint
 from .engine import (
     VERSION_TABLE,
     SchemaError,
@@ -141,6 +141,7 @@ __all__ = [
     "current_revision",
     "head_revision",
     "software_fingerprint",
+    "iso_utc",
     "get_or_create_device",
     "get_device",
     "set_device_bandwidth",

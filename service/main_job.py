@@ -3,7 +3,7 @@
 1. Create or migrate the policy store (``KVSPLIT_DATABASE_URL``, default
    ``sqlite:///./kvsplit.db``).
 2. Import the policies the project ships (``service/data/h200_policies.json``:
-   tuned on an H200 with the GPU backend, scripts/h200_campaign.py) and the H200
+   tuned on an H200 with the GPU backend, scripts/build_shipped_policies.py) and the H200
    simulator calibration fitted in the same run — once; a second run finds them.
 3. Tune a small demo set of buckets, one per model shape of issue 6
    (Qwen3-30B-A3B 32/4/128, Llama-3.1-8B 32/8/128, Llama-3.1-70B at TP 8,
@@ -82,8 +82,10 @@ def _import_shipped(url: str) -> None:
                                          params=m["params"], kv_lens=m["kv_lens"], time_s=m["time_s"],
                                          floor_s=m["floor_s"], role=m["role"], batch_index=m["batch_index"],
                                          backend=m["backend"], software=m["software"], stage="verify")
-            _say(f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/h200_campaign.py) "
-                 f"and their {len(meas)} held-out measurements")
+            roles = {m["role"] for m in meas}  # the shipped set: the training batch of each bucket
+            what = "training " if roles == {"train"} else "held-out " if roles == {"heldout"} else ""
+            _say(f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/build_shipped_policies.py) "
+                 f"and their {len(meas)} {what}measurements")
         cal = _data("h200_calibration.json")
         if store.latest_calibration(s, gpu=cal["gpu"]) is None:
             dev = store.get_or_create_device(s, name=cal["gpu"], num_sms=132, hbm_bandwidth_gbps=4800.0,

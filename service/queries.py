@@ -7,7 +7,6 @@ lists) and compute the dashboard's figures from stored measurements.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
 import re
@@ -42,13 +41,7 @@ def canonical_gpu(name: str) -> str:
         return name
 
 
-def _iso(t: Any) -> str | None:
-    """ISO 8601 with its zone: the store keeps UTC, and SQLite gives the values back without tzinfo."""
-    if t is None:
-        return None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=datetime.timezone.utc)
-    return t.isoformat()
+_iso = store.iso_utc  # ISO 8601 with its zone (SQLite gives the values back without tzinfo)
 
 
 def read_version(url: str) -> int:

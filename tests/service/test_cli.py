@@ -163,7 +163,10 @@ def test_plan_says_why_it_falls_back(filled):
     assert res.exit_code == 0, res.output
     answer = json.loads(res.stdout)
     assert answer["policy"]["source"] == "fallback"
-    assert f"no published policy within the distance limit 1 of bucket {answer['bucket']['key']} (nearest: " \
+    # the served limit is kernels.policy_table.SERVE_DISTANCE_LIMIT = 2.5 (not buckets.DISTANCE_LIMIT = 1.0),
+    # printed with :g -> "2.5"; the nearest tuned bucket (b12.t12, same w0x16 histogram) is at
+    # CLASS_WEIGHT * (|0-12| + |0-12|) = 0.5 * 24 = 12 > 2.5
+    assert f"no published policy within the distance limit 2.5 of bucket {answer['bucket']['key']} (nearest: " \
         in res.stderr
     # a tuned batch says nothing
     lens = family_kv_lens("2x40", 16, TOTAL).tolist()

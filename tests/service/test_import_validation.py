@@ -26,8 +26,12 @@ def _store(tmp_path):
 def test_import_with_a_key_that_disagrees_with_its_fields_is_422_and_stores_nothing(tmp_path):
     url = _store(tmp_path)
     doc = json.loads(SHIPPED.read_text())
-    bad = dict(doc, policies=[json.loads(json.dumps(doc["policies"][0]))])
+    # the shipped file covers three shapes (H_kv 1, 4 and 8) and its first entry is not an H_kv 4 one:
+    # take an H_kv 4 entry, so that rewriting ".kv4." really makes its key disagree with its fields
+    entry = next(p for p in doc["policies"] if p["bucket"]["num_kv_heads"] == 4)
+    bad = dict(doc, policies=[json.loads(json.dumps(entry))])
     bad["policies"][0]["bucket"]["key"] = bad["policies"][0]["bucket"]["key"].replace(".kv4.", ".kv8.")
+    assert ".kv8." in bad["policies"][0]["bucket"]["key"]
     with TestClient(create_app(Settings(database_url=url, admin_token="tok"))) as c:
         r = c.post("/v1/policies/import", content=json.dumps(bad), headers={"Authorization": "Bearer tok"})
         assert r.status_code == 422

@@ -278,11 +278,20 @@ def test_dead_and_stale_trials_are_failed_and_retried(tmp_path):
 # ---------------------------------------------------------------------------
 
 
+# A bucket where the seeded 12-trial search beats every baseline on the simulator by a small margin
+# (between the 0.5 % lowered default and the shipped calibration's 4.1 % error). Since the default
+# D=128 tile is (128, 4, 2) with 3 resident CTAs/SM and balanced is wave-aware, balanced is already
+# the best the 12 trials find at skewed80 B = 16, 32, 64 and 128 (gain 0); at B = 256 the search
+# finds a BLOCK_N 64 even-chunk split at 1.085 x the floor vs balanced's 1.116 x: gain
+# 1.1163 / 1.0851 - 1 = 2.9 % (held-out geomeans; the test recomputes the gain from the stored rows).
+GAIN_TASK = dict(family="skewed80", B=256, n_train=3, n_heldout=4)
+
+
 def test_tune_task_verifies_stores_and_publishes(url, monkeypatch):
-    # no calibration stored: the default margin applies; this 12-trial search gains 0.88 % on the
+    # no calibration stored: the default margin applies; this 12-trial search gains 2.9 % on the
     # (uncalibrated) simulator, so lower the default to see the publish path
     monkeypatch.setattr(verify, "SIM_DEFAULT_MARGIN", 0.005)
-    t = _task(n_train=3, n_heldout=4)
+    t = _task(**GAIN_TASK)
     cfg = search.TuneConfig(database_url=url, n_trials=12, progress=False)
     r = search.tune_task(t, cfg)
     assert r.status == "finished" and r.n_finished == 12
@@ -341,7 +350,7 @@ def _gm(xs):
 
 
 def test_simulated_gain_must_exceed_the_simulator_error(url):
-    t = _task(n_train=3, n_heldout=4)
+    t = _task(**GAIN_TASK)
     r = search.tune_task(t, search.TuneConfig(database_url=url, n_trials=12, progress=False, verify=False))
     with store.session_scope(url, write=True) as s:
         bid = store.get_bucket(s, t.key).id
