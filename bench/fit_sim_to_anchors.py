@@ -25,7 +25,7 @@ IMPLS = (("flashinfer_decode_tc", {"tensor_cores": True}), ("flashinfer_decode_n
 
 def main(argv: list[str]) -> None:
     args = [a for a in argv if not a.startswith("--")]
-    anchors = Path(args[0]) if args else Path("../shared/data/anchors/h200_peers.csv")
+    anchors = Path(args[0]) if args else Path(__file__).resolve().parents[1] / "docs" / "data" / "anchors" / "h200_peers.csv"
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
     meas = {}
     with open(anchors, newline="") as f:

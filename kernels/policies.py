@@ -45,7 +45,7 @@ def _policy_fixed(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     """The same ``num_splits`` for every request (clamped to kv_len), batch order.
 
     The fixed count of SGLang's static mode and vLLM's Triton decode kernel
-    (``num_kv_splits``; ../shared/research/policies.md §4a, §5a).
+    (``num_kv_splits``; docs/policies.md §4a, §5a).
     """
     if "num_splits" not in params:
         raise ValueError("params.num_splits: required by policy 'fixed'")

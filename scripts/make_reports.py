@@ -5,7 +5,7 @@
 Reads ``figure.csv``, ``traces.csv``, ``tune.json`` and ``calibration.json``
 written by scripts/h200_campaign.py, the Optuna studies in the campaign store
 (trials to converge, gain split into rule vs kernel knobs) and the peer
-anchors (../shared/data/anchors/h200_peers.csv, copied to docs/data/anchors).
+anchors (docs/data/anchors/h200_peers.csv).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def results_md(d: Path) -> str:
             # the anchor column is against the copy bandwidth (4.248 TB/s); convert to the read floor (4.52 TB/s)
             peers[r["impl"]][(int(r["T"]), r["dist"], int(r["B"]))] = float(r["ratio_to_floor"]) * 4.52 / 4.248
         out += ["## Against the measured peers (same GPU model, same workload)", "",
-                "Peer ratios from ../shared/data/anchors/h200_peers.csv, converted from its copy-bandwidth floor "
+                "Peer ratios from docs/data/anchors/h200_peers.csv, converted from its copy-bandwidth floor "
                 "(4.248 TB/s) to the read floor (4.52 TB/s) used here (x 1.064).", "",
                 "| implementation | T | geomean time/floor | worst | worst skewed80/uniform |", "|---|---:|---:|---:|---:|"]
         for T in (262_144, 1_048_576):

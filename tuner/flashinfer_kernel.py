@@ -8,7 +8,7 @@ the same process, the same way: ``plan()`` once per batch, ``run(..., out=)`` ca
 graph and its replays timed with ``triton.testing.do_bench`` (median).
 
 FlashInfer is an optional dependency (``pip install flashinfer-python``; on a machine without
-internet, ``../shared/tools/flashinfer_for_device.sh`` packs it). :func:`load` returns ``None``
+internet, the team tool ``flashinfer_for_device.sh`` packs it; scripts/device_two_gpu.sh shows the use). :func:`load` returns ``None``
 with the reason when it does not import, and callers print that the baseline is missing: no
 figure is ever made up.
 """

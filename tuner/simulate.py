@@ -27,7 +27,7 @@
    residents by processor sharing with ``min(cta_bw, sm_bw / (n_running + ramp_ctas))`` per
    tile — the tail where a lone long CTA runs at ``cta_bw``. With these two
    constants 1 CTA per SM is slower than 4 (the Triton kernel of
-   ../shared/data/anchors/policy_on_triton_kernel.md lost 2x), and FlashInfer's
+   docs/data/anchors/policy_on_triton_kernel.md lost 2x), and FlashInfer's
    threshold cliff appears once one long request is one CTA.
 5. **Total.** ``launch_s + max(max_SM finish, total_bytes / hbm_bw)``, plus, when
    some request has more than one split, ``merge_launch_s + merge_partial_s *
