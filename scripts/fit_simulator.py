@@ -27,7 +27,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 
 from kvsplit.kernels.device import resolve_device
 from kvsplit.tuner.simfit import best_of, error_table, fit_per_config, predict_samples, sweep_samples

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import Plan, make_plan
-from .simulate import PER_CONFIG_PARAMS, Calibration, _prepare, _simulate, _Tiles, config_key
+from .simulate import Calibration, _prepare, _simulate, _Tiles, config_key
 
 __all__ = ["SweepSample", "sweep_samples", "best_of", "fit_per_config", "error_table", "predict_samples", "wave_class",
            "GLOBAL_FIT_PARAMS", "CONFIG_FIT_PARAMS", "HELDOUT_SETS"]
