@@ -415,3 +415,43 @@ def test_cli_plan_prints_the_http_answer(client, info):
                                    "--head-dim", "128", "--dtype", "bfloat16", "--kv-lens", "5,x",
                                    "--database-url", info.url])
     assert res.exit_code == 2 and "kv_lens[1]" in res.output
+
+
+def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
+    """A later, unpublished tuning of a bucket (e.g. `make run`'s simulated demo beside a shipped GPU policy)
+    must not lend its held-out figures to the published policy; a published policy with only training-batch
+    timings shows those, labelled as such."""
+    from kvsplit.service.queries import dashboard_data
+
+    url = f"sqlite:///{tmp_path}/d.db"
+    store.upgrade(url)
+    lens = family_kv_lens("skewed80", 64, TOTAL)
+    key = key_of(lens)
+    with store.session_scope(url, write=True) as s:
+        b = store.get_or_create_bucket(s, key=key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16",
+                                       page_size=16, source="family:skewed80 B=64")
+        run = store.start_run(s, bucket_id=b.id, study_name="grid", backend="gpu", n_trials=2)
+        pub = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 3.0}, backend="gpu", score=1.1,
+                                  tuning_run_id=run.id, name="balanced")
+        store.publish(s, pub.id)
+        # the published policy's training-batch timings: tuned 2.2 us over a 2.0 us floor, balanced 3.3 us
+        for name, params, t in (("tuned", {"ctas_per_sm": 3.0}, 2.2e-6), ("balanced", {}, 3.3e-6)):
+            store.record_measurement(s, bucket_id=b.id, policy_name=name, params=params, kv_lens=lens.tolist(),
+                                     time_s=t, floor_s=2.0e-6, role="train", batch_index=0, stage="verify",
+                                     backend="gpu")
+        # a later simulated tuning of the same bucket, not published, with held-out figures of its own
+        run2 = store.start_run(s, bucket_id=b.id, study_name="demo", backend="sim", n_trials=2)
+        cand = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 57.0}, backend="sim", score=1.0,
+                                   tuning_run_id=run2.id)
+        for i in range(2):
+            for name, t in (("tuned", 2.1e-6), ("balanced", 2.4e-6), ("fa3", 40e-6)):
+                store.record_measurement(s, bucket_id=b.id, policy_name=name, kv_lens=lens.tolist(), time_s=t,
+                                         floor_s=2.0e-6, role="heldout", batch_index=i, stage="verify",
+                                         tuning_run_id=run2.id, policy_id=cand.id if name == "tuned" else None,
+                                         backend="sim")
+    (bucket,) = dashboard_data(url)["shapes"][0]["buckets"]
+    assert bucket["policy"]["id"] == pub.id
+    assert bucket["evidence"] == "training" and bucket["n_train"] == 1 and bucket["n_heldout"] == 0
+    assert bucket["ratios"]["tuned"] == pytest.approx(1.1)  # 2.2 / 2.0, not the candidate's 1.05
+    assert bucket["speedups"] == {"balanced": pytest.approx(1.5)}  # 3.3 / 2.2; no fa3 from the other run
+    assert bucket["measured_on"] == ["gpu"]
