@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..kernels.device import DeviceSpec, resolve_device
+from ..kernels.device import DeviceSpec, known_devices, resolve_device
 from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
 from ..kernels.shape import MAX_HEADS, MAX_QO_HEADS, Shape
 
@@ -293,9 +293,11 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
     elif gpu is not None:
         try:
             dev = resolve_device(gpu)
-        except ValueError as exc:
+        except ValueError:
+            known = ", ".join(sorted(d.name for d in known_devices()))
             errs.append(error("value_error", ("body", "gpu"),
-                              f"Value error, {exc} (or send a `device` object with its numbers)", gpu))
+                              f"Value error, unknown GPU {gpu!r}; known: {known}; for another GPU send a "
+                              f"`device` object with its numbers", gpu))
     if errs:
         raise RequestValidationFailed(errs)
     assert dev is not None and kv is not None and gpu is not None

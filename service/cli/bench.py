@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from ...tuner.bench import BASELINES, FLASHINFER_KERNEL
-from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, store_url
+from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, existing_store, fail, store_url
 
 __all__ = ["bench_cmd"]
 
@@ -54,7 +54,7 @@ def bench_cmd(
     from ...tuner import bench
 
     if trace is not None:
-        url = store_url(database_url)
+        url = existing_store(database_url)  # read-only: a missing store is refused, not created
         try:
             sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
             rows = bench.run_trace_bench(trace, database_url=url, backend=backend, gpu=gpu,

@@ -216,7 +216,8 @@ def plan_cmd(
             loc = e["loc"][1:]
             name = f"--{str(loc[0]).replace('_', '-')}" if loc else "request"
             where = "".join(f"[{x}]" for x in loc[1:])
-            typer.echo(f"error: {name}{where}: {e['msg']}", err=True)
+            msg = str(e["msg"]).removeprefix("Value error, ")  # pydantic's wording, kept over HTTP only
+            typer.echo(f"error: {name}{where}: {msg}", err=True)
         raise typer.Exit(2) from None
     url = existing_store(settings.database_url)
     served = ServedTable.from_doc(load_table_doc(url))

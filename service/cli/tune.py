@@ -113,6 +113,15 @@ def tune_cmd(
             tasks = search.default_library(num_train=num_train, num_heldout=num_heldout, seed=seed, **shape)
     except ValueError as exc:
         fail(str(exc))
+    if backend == "gpu":  # before any worker starts or anything is stored: one error line, not one per worker
+        try:
+            import torch
+
+            has_cuda = torch.cuda.is_available()
+        except ImportError:
+            has_cuda = False
+        if not has_cuda:
+            fail("--backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; use --backend sim")
     try:
         eng = store.get_engine(cfg.database_url)
         if store.current_revision(eng) is None:

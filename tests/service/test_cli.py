@@ -83,13 +83,30 @@ def test_export_to_missing_folder(filled, tmp_path):
 
 def test_read_only_commands_create_no_store(tmp_path):
     path = tmp_path / "missing.db"
-    for args in (["db", "export"], ["plan", *SHAPE_ARGS, "--kv-lens", "100,200"], ["serve", "--port", "0"]):
+    for args in (["db", "export"], ["plan", *SHAPE_ARGS, "--kv-lens", "100,200"], ["serve", "--port", "0"],
+                 ["bench", "--trace", "arxiv", "--batch-sizes", "8", "--batches", "1"]):
         res = _invoke(*args, "--database-url", str(path))
         assert res.exit_code == 1, res.output
         line = _one_error_line(res)
         assert line.startswith(f"error: no kvsplit store at sqlite:///{path} (the file {path} does not exist)")
         assert "kvsplit db upgrade" in line
         assert not path.exists()
+
+
+def test_gpu_tuning_without_cuda_is_one_error_line_and_stores_nothing(tmp_path):
+    # several workers used to print one traceback each and leave failed runs and a journal behind
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")  # CI has none (the refusal is what is tested)
+    db, journal = tmp_path / "t.db", tmp_path / "j.log"
+    res = _invoke("tune", "--backend", "gpu", "--workers", "2", "--journal", str(journal), "--database-url", str(db),
+                  *SHAPE_ARGS, "--family", "skewed80", "--batch-size", "64", "--trials", "2")
+    assert res.exit_code == 2, res.output
+    assert _one_error_line(res) == ("error: --backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; "
+                                    "use --backend sim")
+    assert not db.exists() and not journal.exists()
 
 
 # --------------------------------------------------------------------------- ports
@@ -247,3 +264,10 @@ def test_unreachable_server_is_one_error_line(cmd):
     line = _one_error_line(res)
     assert line.startswith("error: cannot open the policy store at postgresql+psycopg://nobody:***@127.0.0.1:1/none: ")
     assert "secret" not in line
+
+
+def test_plan_shape_error_has_no_pydantic_prefix(filled):
+    args = [a if a != "32" else "30" for a in SHAPE_ARGS]  # H_q 30 with H_kv 4
+    res = _invoke("plan", *args, "--kv-lens", "100,200", "--database-url", filled)
+    assert res.exit_code == 2, res.output
+    assert _one_error_line(res) == "error: --num-qo-heads: num_qo_heads (30) must be a multiple of num_kv_heads (4)"

@@ -455,3 +455,13 @@ def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
     assert bucket["ratios"]["tuned"] == pytest.approx(1.1)  # 2.2 / 2.0, not the candidate's 1.05
     assert bucket["speedups"] == {"balanced": pytest.approx(1.5)}  # 3.3 / 2.2; no fa3 from the other run
     assert bucket["measured_on"] == ["gpu"]
+
+
+def test_unknown_gpu_answer_speaks_http(client):
+    r = client.post("/v1/plan", json=body([100, 200], gpu="ACME X9"))
+    assert r.status_code == 422
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "gpu"]
+    assert err["msg"].startswith("Value error, unknown GPU 'ACME X9'; known: ")
+    assert "NVIDIA H200" in err["msg"] and err["msg"].endswith("send a `device` object with its numbers")
+    assert "DeviceSpec" not in err["msg"]  # Python-API advice does not belong in an HTTP answer
