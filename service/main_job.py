@@ -213,15 +213,16 @@ def _show_sample(base: str, server: Any) -> None:
     _say("serving until Ctrl-C")
 
 
-def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True) -> None:
-    """Run the main job (see the module doc); blocks until Ctrl-C."""
+def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True, database_url: str | None = None) -> None:
+    """Run the main job (see the module doc); blocks until Ctrl-C. ``database_url``: the store (default
+    KVSPLIT_DATABASE_URL from the environment or ./.env, else ./kvsplit.db)."""
     import uvicorn
 
     from ..db import store
     from .app import create_app
     from .settings import Settings
 
-    settings = Settings()
+    settings = Settings(**({"database_url": database_url} if database_url is not None else {}))
     url = store.resolve_url(settings.database_url)
     _say(f"store {url} ready (schema revision {store.upgrade(url)})")
     _import_shipped(url)

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from ...tuner.bench import BASELINES, FLASHINFER_KERNEL
-from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, existing_store, fail, store_url
+from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, existing_store, fail
 
 __all__ = ["bench_cmd"]
 

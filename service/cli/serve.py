@@ -32,7 +32,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, existing_store, fail
+from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, existing_store, fail, store_url
 
 __all__ = ["serve_cmd", "plan_cmd", "run_cmd", "port_in_use", "parse_kv_lens_text"]
 
@@ -240,8 +240,10 @@ def run_cmd(
                                       help="port (another free one if taken, said so; KVSPLIT_PORT)")] = 8000,
     tune: Annotated[bool, typer.Option("--tune/--no-tune", metavar="",
                                        help="tune the demo buckets before serving")] = True,
+    database_url: DatabaseUrl = None,
 ) -> None:
     """The main job (make run): store, shipped H200 policies, demo tuning, plan service until Ctrl-C."""
     from ..main_job import run
 
-    run(host=host, port=port, tune=tune)
+    url = store_url(database_url) if database_url is not None else None  # a plain path means that SQLite file
+    run(host=host, port=port, tune=tune, database_url=url)
