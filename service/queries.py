@@ -257,6 +257,7 @@ def dashboard_data(url: str) -> dict[str, Any]:
                                               if d["family"] in _FAMILIES + ("trace", "other") else 99,
                                               d["batch_size"] or 0, d["key"]))
             out_shapes.append(sh)
+    out_shapes.sort(key=lambda sh: -len(sh["buckets"]))  # the best-covered shape (the main model) first
     return {"version": version, "shapes": out_shapes, "runs": runs}
 
 

@@ -34,7 +34,8 @@ FLASHINFER_KERNEL = "flashinfer_kernel"
 """Label of FlashInfer's own decode kernel (:mod:`kvsplit.tuner.flashinfer_kernel`; GPU backend only)."""
 
 LEGEND = {
-    "published": "the plan the service serves for the batch (its policy table: tuned / simulated / fallback)",
+    "published": "time/floor column: the plan the service serves for the batch; source column: where its "
+                 "policy came from (tuned / simulated / fallback)",
     "no_split": "one work item per request, on kvsplit's kernel",
     "fixed8": "8 splits per request (SGLang/vLLM static count), on kvsplit's kernel",
     "fi_rule_tc": "FlashInfer's split rule, tensor-core path (2 CTAs/SM threshold), on kvsplit's kernel",
