@@ -533,7 +533,7 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
         pps = int(params.get("programs_per_sm", space["programs_per_sm"]["default"]))
         cfg, order, pack = _knobs(params, ctx, space["order"]["default"], default_programs=pps * S)
         if params.get("partition", space["partition"]["default"]) == "stream_k":
-            _, sp.o, sp.mp = P._stream_k_params(params)
+            _, sp.o, sp.mp = P._stream_k_params(params, P.TUNED_PARAM_SPACE)
             sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // num_kv_heads)
         else:
             sp.min_chunk = int(params.get("min_chunk_tokens", space["min_chunk_tokens"]["default"]))

@@ -244,12 +244,16 @@ def stream_k_work(L: np.ndarray, num_kv_heads: int, num_sms: int, block_n: int, 
     return WorkList(num_splits.astype(np.int32), order[req_p].astype(np.int32), start, end, cta_indptr)
 
 
-def _stream_k_params(params: Mapping[str, Any]) -> tuple[float, int, int]:
+def _stream_k_params(params: Mapping[str, Any], space: Mapping[str, Any] | None = None) -> tuple[float, int, int]:
+    """``(ctas_per_sm, item_cost_blocks, min_piece_blocks)`` checked against the ``stream_k`` policy's ranges,
+    or against ``space`` (:data:`TUNED_PARAM_SPACE`, whose documented ranges ``tuned`` enforces)."""
+    o_lo, o_hi = (space["item_cost_blocks"]["low"], space["item_cost_blocks"]["high"]) if space else (0, 1024)
+    m_lo, m_hi = (space["min_piece_blocks"]["low"], space["min_piece_blocks"]["high"]) if space else (1, 1 << 20)
     target = _ctas_per_sm(params, STREAM_K_DEFAULTS["ctas_per_sm"])
     o = _pos_int("params.item_cost_blocks", params.get("item_cost_blocks", STREAM_K_DEFAULTS["item_cost_blocks"]),
-                 0, 1024)
+                 o_lo, o_hi)
     mp = _pos_int("params.min_piece_blocks", params.get("min_piece_blocks", STREAM_K_DEFAULTS["min_piece_blocks"]),
-                  1, 1 << 20)
+                  m_lo, m_hi)
     return target, o, mp
 
 
@@ -401,7 +405,7 @@ def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
         for name in ("min_chunk_tokens", "max_splits", "pack_tokens"):
             if params.get(name):
                 raise ValueError(f"params.{name}: not used with partition='stream_k'")
-        _, o, mp = _stream_k_params(params)
+        _, o, mp = _stream_k_params(params, TUNED_PARAM_SPACE)
         perm = np.argsort(-L, kind="stable") if order == "heavy_first" else None
         return stream_k_work(L, ctx.num_kv_heads, S, cfg.block_n, target, o, mp, perm), cfg
     for name in ("item_cost_blocks", "min_piece_blocks"):

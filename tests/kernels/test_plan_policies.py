@@ -262,6 +262,17 @@ def test_tuned_param_space_is_data_and_accepted():
             make_plan([5000, 10], num_kv_heads=4, device=H200, policy="tuned", params={name: v})
     for v in TUNED_PARAM_SPACE["pack_tokens"]["choices"]:
         make_plan([5000, 10], num_kv_heads=4, device=H200, policy="tuned", params={"pack_tokens": v})
+    # the stream_k partition's parameters: both bounds accepted, one step outside refused, naming the parameter
+    # (the `stream_k` policy itself allows wider ranges; `tuned` keeps to its documented space)
+    for name in ("item_cost_blocks", "min_piece_blocks"):
+        lo, hi = TUNED_PARAM_SPACE[name]["low"], TUNED_PARAM_SPACE[name]["high"]
+        for v in (lo, hi):
+            make_plan([5000, 10], num_kv_heads=4, device=H200, policy="tuned", params={"partition": "stream_k", name: v})
+        for v in (lo - 1, hi + 1):
+            with pytest.raises(ValueError, match=rf"params\.{name}: expected an integer in \[{lo}, {hi}\], got {v}"):
+                make_plan([5000, 10], num_kv_heads=4, device=H200, policy="tuned",
+                          params={"partition": "stream_k", name: v})
+        make_plan([5000, 10], num_kv_heads=4, device=H200, policy="stream_k", params={name: hi + 1})
 
 
 # ---------------------------------------------------------------------------
