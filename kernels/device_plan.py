@@ -18,7 +18,7 @@ the wave-aware chunk search (``balanced``, ``tuned`` by default) are host-only:
 :func:`device_rule` raises ``NotImplementedError`` for them, and
 :class:`kvsplit.kernels.wrapper.DecodeWrapper` then plans on the host and
 uploads the plan into the same buffers. The outputs are exactly the host plan's
-arrays and :meth:`Plan.merge_layout` (tests/test_device_plan.py), plus a
+arrays and :meth:`Plan.merge_layout` (tests/kernels/test_device_plan.py), plus a
 ``counts`` vector ``[num_items, num_ctas, num_tiles, num_merge]`` that the
 decode launch reads on the device (no host sync).
 """

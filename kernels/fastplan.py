@@ -4,7 +4,7 @@ The NumPy planner (:func:`kvsplit.kernels.policies.make_plan`'s own code,
 :func:`~kvsplit.kernels.workplan.build_work_list`, :func:`~kvsplit.kernels.workplan.pack_ctas`,
 :func:`~kvsplit.kernels.policies.stream_k_work`, :func:`~kvsplit.kernels.policies.wave_aware_chunk`,
 :func:`kvsplit.kernels.buckets.bucket_key`) is the tested reference; this module
-computes the same plans and bucket keys (tests/test_fastplan.py compares them
+computes the same plans and bucket keys (tests/kernels/test_fastplan.py compares them
 on random batches) in one compiled pass per call, so a decode step's host
 planning stays in the tens of microseconds:
 

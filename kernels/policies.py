@@ -517,7 +517,7 @@ def plan_batch(L: np.ndarray, ctx: PlanContext, policy: str = "balanced",
             n, req, start, end = build_work_list(L, num_splits, cfg.block_n, order)
         cta_indptr = pack_ctas(start, end, pack)
     # The arrays come from build_work_list/pack_ctas, which satisfy the
-    # invariants by construction (tests/test_plan_policies.py checks them for
+    # invariants by construction (tests/kernels/test_plan_policies.py checks them for
     # every policy); skipping the O(W) re-check keeps planning in tens of µs.
     return Plan._trusted(
         kv_lens=L,
