@@ -1,85 +1,192 @@
-"""A/B timing of two versions of the decode kernel on the same plans (H200).
+"""A/B timing of decode-kernel versions on the same plans, in one process (H200; issue 12).
 
-    python bench/kernel_ab.py   # needs kernels/_decode_v1.py (the previous version) beside decode.py
+    python bench/kernel_ab.py --cases bench/data/sweep_cases.json --sets ref --out $OUT [--budget-s 300]
 
-Same method as tuner/gpu.py: CUDA-graph replays, do_bench median, random data.
+Variants, each timed on every plan:
+
+- ``A``: the kernel before issue 12 (bench/kernel_a.py, a frozen copy of kernels/decode.py at 66babf4);
+- ``B_sep``: the current kernel with the merge as a second launch (``fuse_merge=False``);
+- ``B_fused``: the current kernel with the merge fused into stage 1 (``fuse_merge=True``; only plans
+  with a split request);
+- ``B``: the current kernel as served (``fuse_merge=None``: fused iff every request has at most
+  ``FUSE_MAX_SPLITS`` splits) -- derived from the two above, not timed again.
+
+Plans per case: the served plan and the case's oracle winners (``served`` and ``oracle_names`` of the
+cases file, written by scripts/make_sweep_cases.py). Then one work tile per SM (an even partition with
+num_SMs tiles: ``stream_k`` at ctas_per_sm = 1 with H_kv = 4, T = 1,048,576, uniform B = 8) under every
+kernel config, as a fraction of the read bandwidth.
+
+Method (DESIGN.md §7): the hot path (``out``, a preallocated workspace, plan uploaded, no validation)
+captured in a CUDA graph, replays timed with ``triton.testing.do_bench`` (median); random bf16 KV on
+shuffled pages spanning GBs (above the 60 MB L2); the variants of one plan are timed back to back in a
+rotating order. Ratios are to the read floor (KV bytes / streaming-read bandwidth measured in this run).
+Every record is a JSON line in OUT/kernel_ab.jsonl; a summary table is printed.
 """
 
 from __future__ import annotations
 
-import importlib
-import itertools
+import argparse
 import json
 import os
+import sys
 import time
 
+import numpy as np
 import torch
 import triton
 
-from kvsplit.kernels.plan import make_plan
-from kvsplit.tuner.gpu import GpuTimer
-from kvsplit.tuner.workloads import family_kv_lens
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernel_a  # noqa: E402  (bench/kernel_a.py, the frozen variant A)
 
-new = importlib.import_module("kvsplit.kernels.decode")
-old = importlib.import_module("kvsplit.kernels._decode_v1")
+from kvsplit.kernels import decode as dec  # noqa: E402
+from kvsplit.kernels.plan import make_plan  # noqa: E402
+from kvsplit.tuner.gpu import GpuTimer, software_versions  # noqa: E402
 
-
-def time_with(mod, timer, plan):
-    b = timer.batch(plan.kv_lens)
-    out = torch.empty_like(b["q"])
-    ws = mod.make_workspace(32, 128, max_partials=plan.num_partials, max_batch=plan.batch_size, device="cuda")
-    args = (b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
-    mod.decode_attention(*args, out=out, workspace=ws)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        mod.decode_attention(*args, out=out, workspace=ws, validate=False)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        mod.decode_attention(*args, out=out, workspace=ws, validate=False)
-    g.replay()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(g.replay, warmup=5, rep=30, return_mode="median") * 1e-3
+GPU = "NVIDIA H200"
+ONE_TILE_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (64, 8, 4), (128, 4, 2), (128, 4, 3),
+                    (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (256, 8, 2)]
 
 
-def main():
-    out_dir = os.environ.get("OUT", ".")
-    timer = GpuTimer(num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16,
-                     max_tokens=1 << 20, max_batch=1024)
-    bw = timer.read_bandwidth()
-    print(f"read bandwidth {bw / 1e12:.3f} TB/s", flush=True)
-    cases = [("uniform", 1), ("uniform", 16), ("uniform", 128), ("uniform", 512), ("skewed80", 16),
-             ("skewed80", 64), ("skewed80", 512), ("2x40", 64), ("skewed40", 256)]
-    cfgs = [dict(block_n=64, num_warps=2, num_stages=3), dict(block_n=64, num_warps=2, num_stages=2),
-            dict(block_n=64, num_warps=4, num_stages=2), dict(block_n=128, num_warps=4, num_stages=2),
-            dict(block_n=32, num_warps=2, num_stages=3), dict(block_n=128, num_warps=4, num_stages=3),
-            dict(block_n=64, num_warps=4, num_stages=3), dict(block_n=128, num_warps=8, num_stages=2)]
-    rows = []
+def parse_name(name: str) -> tuple[str, dict]:
+    """``policy|c<ctas>|n<block_n>w<warps>s<stages>[|o<item_cost>m<min_piece>]`` -> (policy, params)."""
+    pol, c, k, *ex = name.split("|")
+    n, rest = k[1:].split("w")
+    w, s = rest.split("s")
+    p = {"ctas_per_sm": float(c[1:]), "block_n": int(n), "num_warps": int(w), "num_stages": int(s)}
+    if ex:
+        o, m = ex[0][1:].split("m")
+        p["item_cost_blocks"], p["min_piece_blocks"] = int(o), int(m)
+    return pol, p
+
+
+class AB:
+    def __init__(self, hq: int, hkv: int, max_tokens: int, max_batch: int, rep_ms: float):
+        self.t = GpuTimer(num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, dtype="bfloat16", page_size=16,
+                          max_tokens=max_tokens, max_batch=max_batch)
+        self.hq, self.hkv, self.rep_ms = hq, hkv, rep_ms
+        self.ws_a = kernel_a.make_workspace(hq, 128, max_partials=1 << 16, max_batch=max_batch, device="cuda")
+        self.ws_b = dec.make_workspace(hq, 128, max_partials=1 << 16, max_batch=max_batch, device="cuda")
+
+    def _graph_time(self, fn) -> float:
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(g.replay, warmup=2, rep=self.rep_ms, return_mode="median")
+        del g
+        return ms * 1e-3
+
+    def time_variants(self, plan, variants: list[str]) -> dict[str, float]:
+        b = self.t.batch(plan.kv_lens)
+        out = torch.empty((plan.batch_size, self.hq, 128), dtype=torch.bfloat16, device="cuda")
+        arrays = plan.to("cuda")
+        n_merge = int(plan.merge_layout()[1].shape[0])
+        max_splits = int(plan.num_splits.max())
+        args = (b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"])
+
+        def run(v: str):
+            if v == "A":
+                return lambda: kernel_a.decode_attention(*args, b["kv_lens"], plan, out=out, workspace=self.ws_a,
+                                                         validate=False)
+            fuse = {"B_sep": False, "B_fused": True}[v]
+            return lambda: dec.launch_decode(*args, arrays, plan.config, out=out, workspace=self.ws_b,
+                                             num_tiles=plan.num_work_tiles, num_merge=n_merge,
+                                             max_splits=max_splits, fuse_merge=fuse)
+
+        return {v: self._graph_time(run(v)) for v in variants}
+
+    def max_error(self, plan, fuse: bool) -> float:
+        b = self.t.batch(plan.kv_lens)
+        out = torch.full((plan.batch_size, self.hq, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+        dec.launch_decode(b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"], plan.to("cuda"),
+                          plan.config, out=out, workspace=self.ws_b, num_tiles=plan.num_work_tiles,
+                          num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=int(plan.num_splits.max()),
+                          fuse_merge=fuse)
+        ref = dec.reference_decode_attention(b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"],
+                                             b["kv_lens"])
+        return float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="bench/data/sweep_cases.json")
+    ap.add_argument("--sets", default="ref", help="comma-separated case sets of the cases file")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--rep-ms", type=float, default=10.0)
+    args = ap.parse_args()
     t0 = time.time()
-    for T in (262144,):
-        for fam, B in cases:
-            lens = family_kv_lens(fam, B, T)
-            floor = timer.hbm_floor_s(lens)
-            best_old = best_new = (9e9, None)
-            for cfg, ctas in itertools.product(cfgs, (4, 8, 12)):
-                try:
-                    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="balanced",
-                                     params=dict(cfg, ctas_per_sm=ctas, order="heavy_first"), dtype="bfloat16")
-                except ValueError:
-                    continue
-                tn = time_with(new, timer, plan) / floor
-                if cfg == cfgs[0] or ctas == 4:
-                    to = time_with(old, timer, plan) / floor
-                    best_old = min(best_old, (to, (cfg, ctas)), key=lambda x: x[0])
-                else:
-                    to = None
-                best_new = min(best_new, (tn, (cfg, ctas)), key=lambda x: x[0])
-                rows.append(dict(T=T, family=fam, B=B, cfg=cfg, ctas=ctas, new=tn, old=to))
-            print(f"[{time.time() - t0:.0f}s] {fam:9s} B={B:4d} old best {best_old[0]:.3f} {best_old[1]}  "
-                  f"new best {best_new[0]:.3f} {best_new[1]}", flush=True)
-    json.dump(rows, open(os.path.join(out_dir, "kernel_ab.json"), "w"))
+    log = open(os.path.join(args.out, "kernel_ab.jsonl"), "a")
+
+    def emit(rec: dict) -> None:
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+
+    sets = set(args.sets.split(","))
+    cases = [c for c in json.load(open(args.cases))["cases"] if c["set"] in sets]
+    emit({"kind": "versions", **software_versions(), "fuse_max_splits": dec.FUSE_MAX_SPLITS})
+    ab = AB(32, 4, max(max(sum(c["kv_lens"]) for c in cases), 1 << 20) + 4096,
+            max(len(c["kv_lens"]) for c in cases), args.rep_ms)
+    bw = ab.t.read_bandwidth()
+    emit({"kind": "bandwidth", "bytes_per_s": bw})
+    print(f"read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
+
+    # correctness of the fused merge on a skewed batch, bf16, under two partitions
+    rng = np.random.default_rng(0)
+    lens = np.concatenate([[50000], rng.integers(1, 4000, 200)])
+    for pol, prm in (("stream_k", {}), ("balanced", {"ctas_per_sm": 8, "block_n": 64})):
+        p = make_plan(lens, num_kv_heads=4, device=GPU, policy=pol, params=prm)
+        errs = {f: ab.max_error(p, f) for f in (False, True)}
+        emit({"kind": "check", "policy": pol, "params": prm, "max_rel_err": errs})
+        print(f"check {pol} {prm}: max rel err sep {errs[False]:.2e} fused {errs[True]:.2e}", flush=True)
+        assert max(errs.values()) < 2e-2
+
+    # one work tile per SM: T = 1M uniform B = 8, stream_k with 132 tiles in all
+    lens = np.full(8, (1 << 20) // 8)
+    floor = ab.t.hbm_floor_s(lens)
+    for cfg in ONE_TILE_CONFIGS:
+        prm = {"ctas_per_sm": 1.0, "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
+        try:
+            p = make_plan(lens, num_kv_heads=4, device=GPU, policy="stream_k", params=prm)
+        except ValueError as exc:
+            emit({"kind": "one_tile", "config": cfg, "rejected": str(exc)})
+            continue
+        times = ab.time_variants(p, ["A", "B_sep", "B_fused"])
+        emit({"kind": "one_tile", "config": cfg, "tiles": p.num_work_tiles, "floor_s": floor, "times": times})
+        print(f"one tile/SM {cfg}: {p.num_work_tiles} tiles, max splits {int(p.num_splits.max())}: " +
+              "  ".join(f"{k} {floor / v * 100:.1f}% of bw" for k, v in times.items()) +
+              f"  [{time.time() - t0:.0f}s]", flush=True)
+
+    # every case: served plan + oracle winners under every variant
+    order = ["A", "B_sep", "B_fused"]
+    for i, c in enumerate(cases):
+        if time.time() - t0 > args.budget_s:
+            print("budget reached; stopping", flush=True)
+            break
+        L = np.asarray(c["kv_lens"], dtype=np.int64)
+        floor = ab.t.hbm_floor_s(L)
+        names = [("served", (c["served"]["policy"], c["served"]["params"]))]
+        names += [(n, parse_name(n)) for n in c["oracle_names"]]
+        res = {}
+        for name, (pol, prm) in names:
+            p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
+            split = bool((p.num_splits > 1).any())
+            rot = order[i % 3:] + order[: i % 3]
+            vs = [v for v in rot if v != "B_fused" or split]
+            t = ab.time_variants(p, vs)
+            t["max_splits"] = int(p.num_splits.max())
+            t["B"] = t["B_fused"] if split and t["max_splits"] <= dec.FUSE_MAX_SPLITS else t["B_sep"]
+            res[name] = t
+        emit({"kind": "case", "case": c["id"], "set": c["set"], "family": c["family"], "B": c["B"], "T": c["T"],
+              "floor_s": floor, "times": res})
+        best = {v: min(r[v] for r in res.values() if v in r) for v in ("A", "B_sep", "B")}
+        fused_gain = [r["B_sep"] / r["B_fused"] for r in res.values() if "B_fused" in r]
+        print(f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best A {best['A'] / floor:.3f}x B {best['B'] / floor:.3f}x "
+              f"B/A {best['B'] / best['A']:.3f}  served A {res['served']['A'] / floor:.3f} B "
+              f"{res['served']['B'] / floor:.3f}  sep/fused " + " ".join(f"{g:.3f}" for g in fused_gain) +
+              f"  [{time.time() - t0:.0f}s]", flush=True)
 
 
 if __name__ == "__main__":

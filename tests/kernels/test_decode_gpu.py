@@ -176,3 +176,52 @@ def test_wrapper_graph_replays_across_growing_lens(policy, params):
         ref = reference_decode_attention(**{**case, "kv_lens": kv_lens})
         assert not torch.isnan(out).any(), f"step {step}"
         assert _rel_err(out, ref) < 2e-2, f"step {step}"
+
+
+# ----------------------------------------------------------------------------- issue 12: the fused merge
+
+@pytest.mark.parametrize("policy, params", [
+    ("fixed", {"num_splits": 16}),
+    ("fixed", {"num_splits": 3, "schedule": "persistent", "num_programs": 132}),
+    ("stream_k", {"ctas_per_sm": 3}),
+    ("stream_k", {"ctas_per_sm": 8, "block_n": 64}),
+])
+def test_fused_merge_races_over_graph_replays(policy, params):
+    """Hundreds of split requests whose last split items finish at nearly the same time, merged inside
+    stage 1 and replayed 20 times in a CUDA graph: equal to the separate merge launch and the reference,
+    and every semaphore back at zero."""
+    from kvsplit.kernels.decode import FUSE_MAX_SPLITS, launch_decode, make_workspace
+
+    g = torch.Generator().manual_seed(11)
+    lens = (torch.randint(1, 6000, (384,), generator=g)).tolist()
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
+                     device="cuda", seed=12)
+    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params, dtype="bfloat16")
+    assert 1 < int(plan.num_splits.max()) <= FUSE_MAX_SPLITS and int((plan.num_splits > 1).sum()) > 10
+    arrays = plan.to("cuda")
+    ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
+    outs = {}
+    for fuse in (False, True):
+        out = torch.empty_like(case["q"])
+
+        def call():
+            return launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                                 arrays, plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
+                                 num_merge=int(plan.merge_layout()[1].shape[0]),
+                                 max_splits=int(plan.num_splits.max()), return_lse=True, fuse_merge=fuse)
+
+        call()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        for _ in range(20):
+            out.fill_(float("nan"))
+            graph.replay()
+        torch.cuda.synchronize()
+        outs[fuse] = (out.clone(), ws.lse[: len(lens)].clone())
+        assert int(ws.merge_sem.abs().sum()) == 0
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    assert _rel_err(outs[True][0], ref) < 2e-2
+    assert float((outs[True][0].float() - outs[False][0].float()).abs().max()) < 1e-2
+    assert float((outs[True][1] - outs[False][1]).abs().max()) < 1e-4
+    assert float((outs[True][1] - ref_lse).abs().max()) < 2e-2

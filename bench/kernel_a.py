@@ -1,0 +1,553 @@
+"""Variant A of the decode kernel for bench/kernel_ab.py: the stage-1 + merge kernels and launcher of
+kernels/decode.py as of commit 66babf4 (round 2, before issue 12's changes), frozen so that every
+kernel change is timed against it in the same run. Not part of the package; do not edit.
+
+Split-KV GQA decode attention over a paged KV cache (Triton), and its fp32 reference.
+
+Layout (FlashInfer's NHD convention, DESIGN.md §3):
+
+- ``q``: ``[B, H_q, D]``; ``k_cache``, ``v_cache``: ``[num_pages, page_size, H_kv, D]``;
+- ``kv_indptr`` int32 ``[B+1]``, ``kv_indices`` int32 ``[kv_indptr[-1]]`` (page ids of
+  each request in order), ``kv_lens`` int32 ``[B]``; request ``b`` uses its first
+  ``ceil(kv_lens[b] / page_size)`` pages;
+- output ``o`` ``[B, H_q, D]`` in q's dtype, optional ``lse`` fp32 ``[B, H_q]`` (natural log).
+
+Two launches, both driven by a :class:`~kvsplit.kernels.plan.Plan`:
+
+1. **Stage 1** runs one work tile per (CTA, kv_head). A CTA walks the work items
+   ``plan.cta_indptr[c]:plan.cta_indptr[c+1]`` (packing of short items); for each
+   it streams ``[kv_start, kv_end)`` of the request in ``BLOCK_N``-token tiles
+   through the page table with an online softmax (base-2, as FlashAttention-2,
+   Dao 2023), the G = H_q / H_kv query heads of the KV head packed into the M
+   side of ``tl.dot`` (padded to 16 rows; "PackGQA"). Items of requests with a
+   single split write the final output (and LSE); the others write a partial
+   output (fp32, normalized) and its LSE into the workspace. With
+   ``schedule="persistent"``, ``num_programs`` CTAs take work tiles in plan order
+   from a global atomic counter that the call resets first.
+2. **Stage 2** merges the partials of each request with more than one split by
+   their LSE (flash-decoding, Dao et al. 2023): ``o = sum_j exp(lse_j - M) o_j /
+   sum_j exp(lse_j - M)``. Skipped when no request is split.
+
+Empty items (kv_len = 0) are neutral: o = 0, lse = -inf, never NaN. K/V loads
+are masked by the item's range, so garbage (NaN, Inf) in unused slots of a
+request's last page or in pages it does not own never reaches the output.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kvsplit.kernels.plan import Plan
+from kvsplit.kernels.reference import _check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
+
+__all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+_TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+# ----------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _stage1_tile(
+    tile,
+    Q, K, V, O, LSE, PART_O, PART_LSE,
+    KV_INDPTR, KV_INDICES,
+    WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR,
+    qk_scale, PAGE_SIZE: tl.constexpr,
+    stride_qb, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_ob, stride_oh,
+    H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent.
+    c = tile // H_KV
+    h = tile % H_KV
+    item_lo = tl.load(CTA_INDPTR + c)
+    item_hi = tl.load(CTA_INDPTR + c + 1)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_h = offs_h < GROUP
+    q_head = h * GROUP + offs_h
+
+    for it in range(item_lo, item_hi):
+        req = tl.load(WORK_REQ + it).to(tl.int64)
+        start = tl.load(WORK_START + it)
+        end = tl.load(WORK_END + it)
+        slot = tl.load(WORK_SLOT + it)
+        page_base = tl.load(KV_INDPTR + req)
+
+        q = tl.load(
+            Q + req * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
+            mask=mask_h[:, None],
+            other=0.0,
+        )
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+
+        for n0 in range(start, end, BLOCK_N):
+            t = n0 + offs_n
+            mask_n = t < end
+            # PAGE_SIZE is a compile-time constant: // and % by a power of two are shifts and masks
+            page = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+            in_page = (t % PAGE_SIZE).to(tl.int64)
+            k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
+            v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
+            # V is loaded with K, before the softmax math, so both loads are in flight together
+            k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+            v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            s = tl.where(mask_n[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        nonempty = l_i > 0.0
+        l_safe = tl.where(nonempty, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        lse2 = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
+        if slot < 0:
+            o_ptr = O + req * stride_ob + q_head[:, None] * stride_oh + offs_d[None, :]
+            tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mask_h[:, None])
+            if RETURN_LSE:
+                tl.store(LSE + req * H_Q + q_head, lse2 * 0.6931471805599453, mask=mask_h)
+        else:
+            base = slot.to(tl.int64) * H_Q
+            tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
+            tl.store(PART_LSE + base + q_head, lse2, mask=mask_h)
+
+
+@triton.jit
+def _decode_stage1_kernel(
+    Q, K, V, O, LSE, PART_O, PART_LSE,
+    KV_INDPTR, KV_INDICES,
+    WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, COUNTER, COUNTS,
+    qk_scale, PAGE_SIZE: tl.constexpr, num_tiles,
+    stride_qb, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_ob, stride_oh,
+    H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
+):
+    if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
+        num_tiles = tl.load(COUNTS + 2)
+    if PERSISTENT:
+        tile = tl.atomic_add(COUNTER, 1)
+        while tile < num_tiles:
+            _stage1_tile(
+                tile, Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
+                WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
+                stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
+            )
+            tile = tl.atomic_add(COUNTER, 1)
+    else:
+        _stage1_tile(
+            tl.program_id(0), Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
+            WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
+            stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
+        )
+
+
+@triton.jit
+def _decode_merge_kernel(
+    PART_O, PART_LSE, O, LSE,
+    MERGE_REQ, MERGE_SLOT, MERGE_NUM, COUNTS,
+    stride_ob, stride_oh,
+    H_Q: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, RETURN_LSE: tl.constexpr,
+    DEVICE_COUNTS: tl.constexpr,
+):
+    # One program per (merged request, query head): the partials of up to BLOCK_S
+    # splits are loaded at once (independent loads in flight), chunks of BLOCK_S
+    # are folded with a running max.
+    mid = tl.program_id(0)
+    hq = tl.program_id(1)
+    active = True
+    if DEVICE_COUNTS:  # grid sized by max_batch; programs past COUNTS[3] merged requests do nothing
+        active = mid < tl.load(COUNTS + 3)
+    req = tl.load(MERGE_REQ + mid, mask=active, other=0).to(tl.int64)
+    slot0 = tl.load(MERGE_SLOT + mid, mask=active, other=0).to(tl.int64)
+    n = tl.load(MERGE_NUM + mid, mask=active, other=0)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    m_run = float("-inf")
+    l_run = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, n, BLOCK_S):
+        mask_s = (s0 + offs_s) < n
+        row = (slot0 + s0 + offs_s) * H_Q + hq
+        lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
+        o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(lse, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_run - m_safe)
+        w = tl.math.exp2(lse - m_safe)
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        l_run = l_run * alpha + tl.sum(w, axis=0)
+        m_run = m_new
+    nonempty = l_run > 0.0
+    l_safe = tl.where(nonempty, l_run, 1.0)
+    out = acc / l_safe
+    tl.store(O + req * stride_ob + hq * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=active)
+    if RETURN_LSE:
+        lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + req * H_Q + hq, lse_out, mask=active)
+
+
+# ----------------------------------------------------------------------------
+# Workspace
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class DecodeWorkspace:
+    """Preallocated device buffers of :func:`decode_attention`.
+
+    Attributes
+    ----------
+    part_o : torch.Tensor, fp32 ``[max_partials, H_q, D]``
+        Partial outputs of split work items (normalized).
+    part_lse : torch.Tensor, fp32 ``[max_partials, H_q]``
+        Their LSE, base 2.
+    lse : torch.Tensor, fp32 ``[max_batch, H_q]``
+        LSE output buffer (natural log) used when ``return_lse=True``.
+    counter : torch.Tensor, int32 ``[1]``
+        Work counter of the persistent schedule (reset by every call).
+    """
+
+    part_o: torch.Tensor
+    part_lse: torch.Tensor
+    lse: torch.Tensor
+    counter: torch.Tensor
+
+    @property
+    def max_partials(self) -> int:
+        return int(self.part_o.shape[0])
+
+    @property
+    def max_batch(self) -> int:
+        return int(self.lse.shape[0])
+
+
+def make_workspace(
+    num_qo_heads: int,
+    head_dim: int,
+    *,
+    max_partials: int,
+    max_batch: int,
+    device: Any,
+) -> DecodeWorkspace:
+    """Allocate a :class:`DecodeWorkspace` for plans with at most ``max_partials``
+    partial slots (``plan.num_partials``) and ``max_batch`` requests."""
+    dev = torch.device(device)
+    return DecodeWorkspace(
+        part_o=torch.empty((max(max_partials, 1), num_qo_heads, head_dim), dtype=torch.float32, device=dev),
+        part_lse=torch.empty((max(max_partials, 1), num_qo_heads), dtype=torch.float32, device=dev),
+        lse=torch.empty((max(max_batch, 1), num_qo_heads), dtype=torch.float32, device=dev),
+        counter=torch.zeros((1,), dtype=torch.int32, device=dev),
+    )
+
+
+# ----------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------
+
+
+def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate):
+    q = _check_tensor("q", q, ndim=3)
+    dev = q.device
+    if q.dtype not in _TORCH_DTYPES:
+        raise ValueError(f"q: expected dtype float16, bfloat16 or float32, got {q.dtype}")
+    k_cache = _check_tensor("k_cache", k_cache, ndim=4, device=dev)
+    v_cache = _check_tensor("v_cache", v_cache, ndim=4, device=dev)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: expected dtype {q.dtype} (q's), got {t.dtype}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: the last (head_dim) dimension must be contiguous")
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ValueError(f"v_cache: expected shape {tuple(k_cache.shape)} (k_cache's), got {tuple(v_cache.shape)}")
+    B, H_q, D = q.shape
+    num_pages, page_size, H_kv, Dk = k_cache.shape
+    if Dk != D:
+        raise ValueError(f"k_cache: expected head_dim {D} (q's), got {Dk}")
+    if D not in (64, 128, 256):
+        raise ValueError(f"q: expected head_dim 64, 128 or 256, got {D}")
+    if H_kv < 1 or H_q % H_kv != 0:
+        raise ValueError(f"q: H_q={H_q} must be a multiple of the cache's H_kv={H_kv}")
+    if H_q // H_kv > 64:
+        raise ValueError(f"q: GQA group H_q/H_kv={H_q // H_kv} above the supported 64")
+    if q.stride(-1) != 1:
+        raise ValueError("q: the last (head_dim) dimension must be contiguous")
+    for name, t, n in (("kv_indptr", kv_indptr, B + 1), ("kv_lens", kv_lens, B)):
+        _check_tensor(name, t, ndim=1, device=dev)
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+        if t.shape[0] != n:
+            raise ValueError(f"{name}: expected shape ({n},), got {tuple(t.shape)}")
+    _check_tensor("kv_indices", kv_indices, ndim=1, device=dev)
+    if kv_indices.dtype != torch.int32:
+        raise ValueError(f"kv_indices: expected dtype torch.int32, got {kv_indices.dtype}")
+    if not kv_indptr.is_contiguous() or not kv_indices.is_contiguous() or not kv_lens.is_contiguous():
+        raise ValueError("kv_indptr/kv_indices/kv_lens: expected contiguous tensors")
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan: expected a kvsplit.kernels.plan.Plan, got {type(plan).__name__}")
+    if plan.batch_size != B:
+        raise ValueError(f"plan: made for B={plan.batch_size} requests, got q with B={B}")
+    for what, got, want in (
+        ("num_kv_heads", H_kv, plan.num_kv_heads),
+        ("head_dim", D, plan.head_dim),
+        ("page_size", page_size, plan.page_size),
+    ):
+        if got != want:
+            raise ValueError(f"plan: made for {what}={want}, got {what}={got}")
+    if _TORCH_DTYPES[q.dtype] != plan.dtype:
+        raise ValueError(f"plan: made for dtype {plan.dtype}, got q of dtype {_TORCH_DTYPES[q.dtype]}")
+    if out is not None:
+        _check_tensor("out", out, ndim=3, device=dev)
+        if tuple(out.shape) != (B, H_q, D) or out.dtype != q.dtype:
+            raise ValueError(f"out: expected shape {(B, H_q, D)} dtype {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+        if out.stride(-1) != 1:
+            raise ValueError("out: the last dimension must be contiguous")
+    if workspace is not None:
+        if not isinstance(workspace, DecodeWorkspace):
+            raise TypeError(f"workspace: expected a DecodeWorkspace, got {type(workspace).__name__}")
+        # the kernels index these buffers as dense arrays: check every one (a caller may build its own)
+        for name, t, dtype, tail in (
+            ("part_o", workspace.part_o, torch.float32, (H_q, D)),
+            ("part_lse", workspace.part_lse, torch.float32, (H_q,)),
+            ("lse", workspace.lse, torch.float32, (H_q,)),
+            ("counter", workspace.counter, torch.int32, ()),
+        ):
+            if not isinstance(t, torch.Tensor) or t.device != dev or t.dtype != dtype or not t.is_contiguous():
+                raise ValueError(f"workspace.{name}: expected a contiguous {dtype} tensor on {dev}")
+            if tuple(t.shape[1:]) != tail or (name == "counter" and tuple(t.shape) != (1,)):
+                want = "(1,)" if name == "counter" else f"(n, {', '.join(map(str, tail))})"
+                raise ValueError(f"workspace.{name}: expected shape {want}, got {tuple(t.shape)}")
+        if workspace.part_lse.shape[0] != workspace.part_o.shape[0]:
+            raise ValueError("workspace.part_lse: expected as many rows as workspace.part_o")
+        if workspace.max_partials < plan.num_partials:
+            raise ValueError(f"workspace: holds {workspace.max_partials} partials, plan needs {plan.num_partials}")
+        if return_lse and workspace.max_batch < B:
+            raise ValueError(f"workspace: lse buffer holds {workspace.max_batch} requests, got B={B}")
+    if validate:
+        # checks that read device data (a host sync)
+        indptr = kv_indptr.to("cpu", torch.int64)
+        lens = kv_lens.to("cpu", torch.int64)
+        if int(indptr[0]) != 0:
+            raise ValueError(f"kv_indptr: expected kv_indptr[0] == 0, got {int(indptr[0])}")
+        d = indptr[1:] - indptr[:-1]
+        if bool((d < 0).any()):
+            i = int(torch.nonzero(d < 0)[0, 0])
+            raise ValueError(f"kv_indptr: must be non-decreasing, kv_indptr[{i + 1}]={int(indptr[i + 1])} < "
+                             f"kv_indptr[{i}]={int(indptr[i])}")
+        if int(indptr[-1]) > kv_indices.shape[0]:
+            raise ValueError(f"kv_indptr: last entry {int(indptr[-1])} exceeds len(kv_indices)={kv_indices.shape[0]}")
+        if kv_indices.numel():
+            used = kv_indices[: int(indptr[-1])]
+            if used.numel():
+                lo, hi = int(used.min()), int(used.max())
+                if lo < 0 or hi >= num_pages:
+                    raise ValueError(f"kv_indices: page ids must be in [0, {num_pages}), got range [{lo}, {hi}]")
+        if bool((lens < 0).any()):
+            raise ValueError("kv_lens: negative kv_len")
+        cap = d * page_size
+        over = lens > cap
+        if bool(over.any()):
+            i = int(torch.nonzero(over)[0, 0])
+            raise ValueError(f"kv_lens[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages x page_size {page_size}")
+        plan_lens = torch.tensor(plan.kv_lens, dtype=torch.int64)
+        if not torch.equal(lens, plan_lens):
+            i = int(torch.nonzero(lens != plan_lens)[0, 0])
+            raise ValueError(f"plan: made for kv_lens[{i}]={int(plan.kv_lens[i])}, got kv_lens[{i}]={int(lens[i])}")
+    return B, H_q, D, H_kv, page_size
+
+
+# ----------------------------------------------------------------------------
+# Launcher
+# ----------------------------------------------------------------------------
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_lens: torch.Tensor,
+    plan: Plan,
+    *,
+    sm_scale: float | None = None,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    workspace: DecodeWorkspace | None = None,
+    validate: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """GQA decode attention (q_len = 1) over a paged NHD KV cache, launched from a plan.
+
+    Parameters
+    ----------
+    q : torch.Tensor ``[B, H_q, D]``
+        Queries, float16 / bfloat16 (float32 for CPU tests).
+    k_cache, v_cache : torch.Tensor ``[num_pages, page_size, H_kv, D]``
+        Paged KV cache, q's dtype; H_q must be a multiple of H_kv.
+    kv_indptr : torch.Tensor int32 ``[B + 1]``
+        Offsets of each request's page list in ``kv_indices``.
+    kv_indices : torch.Tensor int32 ``[kv_indptr[-1]]``
+        Page ids, in order, of every request.
+    kv_lens : torch.Tensor int32 ``[B]``
+        Tokens of each request (uses its first ``ceil(kv_len / page_size)`` pages).
+    plan : Plan
+        Made for exactly these kv_lens, H_kv, D, page_size and dtype. Its arrays
+        are uploaded on first use and cached on the plan (``plan.to(device)``).
+    sm_scale : float, optional
+        Softmax scale, default ``1 / sqrt(D)``.
+    return_lse : bool
+        Also return the LSE (fp32 ``[B, H_q]``, natural log; -inf for kv_len = 0).
+        With a workspace, the LSE is a view of ``workspace.lse``.
+    out : torch.Tensor ``[B, H_q, D]``, optional
+        Output buffer (q's dtype).
+    workspace : DecodeWorkspace, optional
+        Preallocated buffers; with ``out`` and ``workspace`` given (and the plan
+        uploaded), a call allocates nothing and copies nothing between host and
+        device, so it can be captured in a CUDA graph.
+    validate : bool
+        Run the checks that read device data (a host sync); ``False`` for the
+        serving hot path (shape, dtype and plan-shape checks still run).
+
+    Returns
+    -------
+    torch.Tensor or (torch.Tensor, torch.Tensor)
+        ``o`` ``[B, H_q, D]``, and ``lse`` ``[B, H_q]`` if ``return_lse``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On bad inputs, naming the argument, before any launch.
+    """
+    B, H_q, D, H_kv, page_size = _check_inputs(
+        q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate
+    )
+    dev = q.device
+    if out is None:
+        out = torch.empty((B, H_q, q.shape[2]), dtype=q.dtype, device=dev)
+    if workspace is None:
+        workspace = make_workspace(H_q, D, max_partials=plan.num_partials, max_batch=B, device=dev)
+    return launch_decode(
+        q, k_cache, v_cache, kv_indptr, kv_indices, plan.to(dev), plan.config, out=out, workspace=workspace,
+        num_tiles=plan.num_ctas * H_kv, num_merge=int(plan.merge_layout()[1].shape[0]),
+        max_splits=int(plan.num_splits.max()), sm_scale=sm_scale, return_lse=return_lse,
+    )
+
+
+def launch_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    arrays: dict[str, torch.Tensor],
+    config: Any,
+    *,
+    out: torch.Tensor,
+    workspace: DecodeWorkspace,
+    num_tiles: int | None = None,
+    num_merge: int | None = None,
+    max_splits: int | None = None,
+    counts: torch.Tensor | None = None,
+    max_merge: int | None = None,
+    sm_scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The one launcher of stage 1 + merge, from a plan's device arrays (no checks, no allocation).
+
+    ``arrays``: int32 device tensors ``work_request``, ``work_kv_start``,
+    ``work_kv_end``, ``work_slot``, ``cta_indptr``, ``merge_request``,
+    ``merge_slot_start``, ``merge_num`` (:meth:`Plan.to` or
+    :class:`kvsplit.kernels.device_plan.DevicePlanBuffers`). Either the host
+    knows the sizes (``num_tiles``, ``num_merge``, ``max_splits``: a host
+    :class:`Plan`), or ``counts`` (int32 ``[4]`` on the device: num_items,
+    num_ctas, num_tiles, num_merge) holds them: then ``config.schedule`` must be
+    ``"persistent"`` (``config.num_programs`` programs; idle ones exit) and the
+    merge grid is ``max_merge`` (the max batch) programs per query head, those
+    past ``counts[3]`` doing nothing, so the launch shapes never depend on the
+    batch and the call can be replayed by a CUDA graph. The caller validated
+    the inputs (:func:`decode_attention` or
+    :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
+    """
+    B, H_q, D = q.shape
+    _, page_size, H_kv, _ = k_cache.shape
+    G = H_q // H_kv
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(D)
+    lse = workspace.lse[:B] if return_lse else workspace.lse
+    device_counts = counts is not None
+    cfg = config
+    persistent = cfg.schedule == "persistent"
+    if device_counts:
+        if not persistent:
+            raise ValueError("config.schedule: a device-resident plan needs the persistent schedule")
+        grid = (cfg.num_programs,)
+        num_tiles = 0
+        workspace.counter.zero_()
+    elif persistent:
+        workspace.counter.zero_()
+        grid = (min(cfg.num_programs, num_tiles),)
+    else:
+        grid = (num_tiles,)
+    counts_arg = counts if device_counts else workspace.counter
+    block_h = max(16, triton.next_power_of_2(G))
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _decode_stage1_kernel[grid](
+        q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
+        kv_indptr, kv_indices,
+        arrays["work_request"], arrays["work_kv_start"], arrays["work_kv_end"], arrays["work_slot"],
+        arrays["cta_indptr"], workspace.counter, counts_arg,
+        sm_scale * _LOG2E, page_size, num_tiles,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
+        RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    merge_grid = (max_merge if device_counts else num_merge) or 0
+    if merge_grid:
+        splits = max_splits if max_splits is not None else 4096
+        block_s = max(2, min(triton.next_power_of_2(splits), 4096 // D))
+        _decode_merge_kernel[(merge_grid, H_q)](
+            workspace.part_o, workspace.part_lse, out, lse,
+            arrays["merge_request"], arrays["merge_slot_start"], arrays["merge_num"], counts_arg,
+            out.stride(0), out.stride(1),
+            H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, RETURN_LSE=return_lse, DEVICE_COUNTS=device_counts,
+            num_warps=4,
+        )
+    if return_lse:
+        return out, lse
+    return out
+
