@@ -7,7 +7,8 @@ Variants, each timed on every plan:
 - ``A``: the kernel before issue 12 (bench/kernel_a.py, a frozen copy of kernels/decode.py at 66babf4);
 - ``B_sep``: the current kernel with the merge as a second launch (``fuse_merge=False``);
 - ``B_fused``: the current kernel with the merge fused into stage 1 (``fuse_merge=True``; only plans
-  with a split request);
+  with a split request), registers capped at the unfused kernel's (``decode.FUSED_CAP_REGS``);
+- ``B_fused_nocap``: the same without the register cap;
 - ``B``: the current kernel as served (``fuse_merge=None``: fused iff every request has at most
   ``FUSE_MAX_SPLITS`` splits) -- derived from the two above, not timed again.
 
@@ -90,12 +91,18 @@ class AB:
             if v == "A":
                 return lambda: kernel_a.decode_attention(*args, b["kv_lens"], plan, out=out, workspace=self.ws_a,
                                                          validate=False)
-            fuse = {"B_sep": False, "B_fused": True}[v]
-            return lambda: dec.launch_decode(*args, arrays, plan.config, out=out, workspace=self.ws_b,
-                                             num_tiles=plan.num_work_tiles, num_merge=n_merge,
-                                             max_splits=max_splits, fuse_merge=fuse)
+            fuse = v != "B_sep"
 
-        return {v: self._graph_time(run(v)) for v in variants}
+            def call():
+                dec.FUSED_CAP_REGS = v != "B_fused_nocap"
+                return dec.launch_decode(*args, arrays, plan.config, out=out, workspace=self.ws_b,
+                                         num_tiles=plan.num_work_tiles, num_merge=n_merge,
+                                         max_splits=max_splits, fuse_merge=fuse)
+            return call
+
+        res = {v: self._graph_time(run(v)) for v in variants}
+        dec.FUSED_CAP_REGS = True
+        return res
 
     def max_error(self, plan, fuse: bool) -> float:
         b = self.t.batch(plan.kv_lens)
@@ -153,14 +160,14 @@ def main() -> None:
         except ValueError as exc:
             emit({"kind": "one_tile", "config": cfg, "rejected": str(exc)})
             continue
-        times = ab.time_variants(p, ["A", "B_sep", "B_fused"])
+        times = ab.time_variants(p, ["A", "B_sep", "B_fused", "B_fused_nocap"])
         emit({"kind": "one_tile", "config": cfg, "tiles": p.num_work_tiles, "floor_s": floor, "times": times})
         print(f"one tile/SM {cfg}: {p.num_work_tiles} tiles, max splits {int(p.num_splits.max())}: " +
               "  ".join(f"{k} {floor / v * 100:.1f}% of bw" for k, v in times.items()) +
               f"  [{time.time() - t0:.0f}s]", flush=True)
 
     # every case: served plan + oracle winners under every variant
-    order = ["A", "B_sep", "B_fused"]
+    order = ["A", "B_sep", "B_fused", "B_fused_nocap"]
     for i, c in enumerate(cases):
         if time.time() - t0 > args.budget_s:
             print("budget reached; stopping", flush=True)
@@ -173,8 +180,8 @@ def main() -> None:
         for name, (pol, prm) in names:
             p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
             split = bool((p.num_splits > 1).any())
-            rot = order[i % 3:] + order[: i % 3]
-            vs = [v for v in rot if v != "B_fused" or split]
+            rot = order[i % 4:] + order[: i % 4]
+            vs = [v for v in rot if not v.startswith("B_fused") or split]
             t = ab.time_variants(p, vs)
             t["max_splits"] = int(p.num_splits.max())
             t["B"] = t["B_fused"] if split and t["max_splits"] <= dec.FUSE_MAX_SPLITS else t["B_sep"]
@@ -182,10 +189,11 @@ def main() -> None:
         emit({"kind": "case", "case": c["id"], "set": c["set"], "family": c["family"], "B": c["B"], "T": c["T"],
               "floor_s": floor, "times": res})
         best = {v: min(r[v] for r in res.values() if v in r) for v in ("A", "B_sep", "B")}
-        fused_gain = [r["B_sep"] / r["B_fused"] for r in res.values() if "B_fused" in r]
+        fused_gain = [f"{r['B_sep'] / r['B_fused']:.3f}/{r['B_sep'] / r['B_fused_nocap']:.3f}"
+                      for r in res.values() if "B_fused" in r]
         print(f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best A {best['A'] / floor:.3f}x B {best['B'] / floor:.3f}x "
               f"B/A {best['B'] / best['A']:.3f}  served A {res['served']['A'] / floor:.3f} B "
-              f"{res['served']['B'] / floor:.3f}  sep/fused " + " ".join(f"{g:.3f}" for g in fused_gain) +
+              f"{res['served']['B'] / floor:.3f}  sep/fused(cap/nocap) " + " ".join(fused_gain) +
               f"  [{time.time() - t0:.0f}s]", flush=True)
 
 

@@ -51,8 +51,22 @@ _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.flo
 
 FUSE_MAX_SPLITS = 16
 """Plans whose requests have at most this many splits merge inside stage 1 (:func:`launch_decode`)."""
-FUSED_MERGE_BLOCK_S = 2
-"""Partials loaded at once by the fused merge: ``[FUSED_MERGE_BLOCK_S, G * D]`` fp32 per step."""
+FUSED_MERGE_BLOCK_S = 4
+"""Partials of one query head loaded at once by the fused merge: ``[FUSED_MERGE_BLOCK_S, D]`` fp32 per step."""
+FUSED_CAP_REGS = True
+"""Cap the fused stage-1 kernel's registers per thread (``maxnreg``) at the measured count of the unfused
+kernel of the same config (:data:`kvsplit.kernels.residency.MEASURED`), so fusing never costs residency."""
+
+
+def _fused_maxnreg(cfg: Any, head_dim: int, dtype: torch.dtype, group: int) -> int | None:
+    """Register cap of the fused kernel: the unfused kernel's measured count rounded up to 8 (the
+    allocation unit per thread), for the measured shapes (G = 8, bf16/fp16, D 128); else ``None``."""
+    from .residency import MEASURED
+
+    if not FUSED_CAP_REGS or group != 8 or dtype not in (torch.float16, torch.bfloat16):
+        return None
+    m = MEASURED.get(("NVIDIA H200", head_dim, _TORCH_DTYPES[dtype], cfg.block_n, cfg.num_warps, cfg.num_stages))
+    return None if m is None else min(255, -(-m[0] // 8) * 8)
 
 
 # ----------------------------------------------------------------------------
@@ -64,7 +78,7 @@ FUSED_MERGE_BLOCK_S = 2
 def _merge_if_last(
     req, h, NUM_SPLITS, REQ_SLOT0, SEM, PART_O, PART_LSE, O, LSE, stride_ob, stride_oh,
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_GD: tl.constexpr, BLOCK_SF: tl.constexpr, RETURN_LSE: tl.constexpr,
+    BLOCK_SF: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
     # The merge fused into stage 1 (issue 12): every split item of request `req` counts its arrival
     # on the semaphore SEM[req, h] after writing its partial; the last of the request's n items
@@ -74,42 +88,40 @@ def _merge_if_last(
     # thread's stores precede one thread's release, an acquire-release atomic, and (through the
     # barrier of Triton's scalar-atomic broadcast) every thread's loads after the acquire; the loads
     # bypass L1 (.cg), which is not coherent across SMs.
-    tl.debug_barrier()
     n = tl.load(NUM_SPLITS + req)
     sem_ptr = SEM + req * H_KV + h
     arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
     if arrived == n - 1:
         tl.atomic_xchg(sem_ptr, 0, sem="relaxed", scope="gpu")
         slot0 = tl.load(REQ_SLOT0 + req).to(tl.int64)
-        # columns = (query head g of the group, d): the G x D outputs of this KV head, one row per split
-        col = tl.arange(0, BLOCK_GD)
-        g = col // HEAD_DIM
-        d = col % HEAD_DIM
-        mask_c = g < GROUP
-        qh = h * GROUP + g
+        # one query head of the group at a time: [BLOCK_SF, D] partials per step keeps the registers of
+        # this rarely taken branch below the main loop's (a wider merge cost the stage-1 kernel its residency)
         offs_s = tl.arange(0, BLOCK_SF)
-        m_run = tl.full([BLOCK_GD], float("-inf"), dtype=tl.float32)
-        l_run = tl.zeros([BLOCK_GD], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_GD], dtype=tl.float32)
-        for s0 in range(0, n, BLOCK_SF):
-            m2 = ((s0 + offs_s) < n)[:, None] & mask_c[None, :]
-            row = (slot0 + s0 + offs_s)[:, None] * H_Q + qh[None, :]
-            lse = tl.load(PART_LSE + row, mask=m2, other=float("-inf"), cache_modifier=".cg")
-            o = tl.load(PART_O + row * HEAD_DIM + d[None, :], mask=m2, other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m_run, tl.max(lse, axis=0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_run - m_safe)
-            w = tl.math.exp2(lse - m_safe[None, :])
-            acc = acc * alpha + tl.sum(w * o, axis=0)
-            l_run = l_run * alpha + tl.sum(w, axis=0)
-            m_run = m_new
-        nonempty = l_run > 0.0
-        l_safe = tl.where(nonempty, l_run, 1.0)
-        out = acc / l_safe
-        tl.store(O + req * stride_ob + qh * stride_oh + d, out.to(O.dtype.element_ty), mask=mask_c)
-        if RETURN_LSE:
-            lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-            tl.store(LSE + req * H_Q + qh, lse_out, mask=mask_c & (d == 0))
+        offs_d = tl.arange(0, HEAD_DIM)
+        for g in range(GROUP):
+            qh = h * GROUP + g
+            m_run = float("-inf")
+            l_run = 0.0
+            acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            for s0 in range(0, n, BLOCK_SF):
+                ms = (s0 + offs_s) < n
+                row = (slot0 + s0 + offs_s) * H_Q + qh
+                lse = tl.load(PART_LSE + row, mask=ms, other=float("-inf"), cache_modifier=".cg")
+                o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ms[:, None], other=0.0,
+                            cache_modifier=".cg")
+                m_new = tl.maximum(m_run, tl.max(lse, axis=0))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.math.exp2(m_run - m_safe)
+                w = tl.math.exp2(lse - m_safe)
+                acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+                l_run = l_run * alpha + tl.sum(w, axis=0)
+                m_run = m_new
+            nonempty = l_run > 0.0
+            l_safe = tl.where(nonempty, l_run, 1.0)
+            tl.store(O + req * stride_ob + qh * stride_oh + offs_d, (acc / l_safe).to(O.dtype.element_ty))
+            if RETURN_LSE:
+                lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+                tl.store(LSE + req * H_Q + qh, lse_out)
 
 
 @triton.jit
@@ -126,7 +138,7 @@ def _stage1_tile(
     stride_ob, stride_oh,
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_GD: tl.constexpr, BLOCK_SF: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_SF: tl.constexpr,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent.
     c = tile // H_KV
@@ -189,10 +201,17 @@ def _stage1_tile(
             base = slot.to(tl.int64) * H_Q
             tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
             tl.store(PART_LSE + base + q_head, lse2, mask=mask_h)
-            if FUSED_MERGE:
+
+    if FUSED_MERGE:
+        # a second pass over the tile's items, after the streaming loop, so that the merge's registers are not
+        # live across it; the barrier orders every thread's partial stores before the arrivals below
+        tl.debug_barrier()
+        for it in range(item_lo, item_hi):
+            slot = tl.load(WORK_SLOT + it)
+            if slot >= 0:
                 _merge_if_last(
-                    req, h, NUM_SPLITS, REQ_SLOT0, SEM, PART_O, PART_LSE, O, LSE, stride_ob, stride_oh,
-                    H_Q, H_KV, GROUP, HEAD_DIM, BLOCK_GD, BLOCK_SF, RETURN_LSE,
+                    tl.load(WORK_REQ + it).to(tl.int64), h, NUM_SPLITS, REQ_SLOT0, SEM, PART_O, PART_LSE, O, LSE,
+                    stride_ob, stride_oh, H_Q, H_KV, GROUP, HEAD_DIM, BLOCK_SF, RETURN_LSE,
                 )
 
 
@@ -210,7 +229,7 @@ def _decode_stage1_kernel(
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, BLOCK_GD: tl.constexpr, BLOCK_SF: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, BLOCK_SF: tl.constexpr,
 ):
     if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
         num_tiles = tl.load(COUNTS + 2)
@@ -222,7 +241,7 @@ def _decode_stage1_kernel(
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, NUM_SPLITS, REQ_SLOT0, SEM, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                FUSED_MERGE, BLOCK_GD, BLOCK_SF,
+                FUSED_MERGE, BLOCK_SF,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -231,7 +250,7 @@ def _decode_stage1_kernel(
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, NUM_SPLITS, REQ_SLOT0, SEM, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            FUSED_MERGE, BLOCK_GD, BLOCK_SF,
+            FUSED_MERGE, BLOCK_SF,
         )
 
 
@@ -618,6 +637,11 @@ def launch_decode(
     else:  # unused by the kernel (FUSED_MERGE=False): any int32 tensors
         fused_args = (workspace.counter, workspace.counter, workspace.counter)
     block_h = max(16, triton.next_power_of_2(G))
+    extra = {}
+    if fuse_merge and q.is_cuda:
+        cap = _fused_maxnreg(cfg, D, q.dtype, G)
+        if cap is not None:
+            extra["maxnreg"] = cap
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
@@ -631,8 +655,8 @@ def launch_decode(
         out.stride(0), out.stride(1),
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        FUSED_MERGE=fuse_merge, BLOCK_GD=triton.next_power_of_2(G * D), BLOCK_SF=FUSED_MERGE_BLOCK_S,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FUSED_MERGE=fuse_merge, BLOCK_SF=FUSED_MERGE_BLOCK_S,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
     merge_grid = 0 if fuse_merge else ((max_merge if device_counts else num_merge) or 0)
     if merge_grid:
