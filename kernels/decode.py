@@ -98,12 +98,12 @@ def _merge_if_last(
         # this rarely taken branch below the main loop's (a wider merge cost the stage-1 kernel its residency)
         offs_s = tl.arange(0, BLOCK_SF)
         offs_d = tl.arange(0, HEAD_DIM)
-        for g in range(GROUP):
+        for g in tl.range(0, GROUP, loop_unroll_factor=1):
             qh = h * GROUP + g
             m_run = float("-inf")
             l_run = 0.0
             acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-            for s0 in range(0, n, BLOCK_SF):
+            for s0 in tl.range(0, n, BLOCK_SF, num_stages=1):
                 ms = (s0 + offs_s) < n
                 row = (slot0 + s0 + offs_s) * H_Q + qh
                 lse = tl.load(PART_LSE + row, mask=ms, other=float("-inf"), cache_modifier=".cg")
@@ -206,7 +206,7 @@ def _stage1_tile(
         # a second pass over the tile's items, after the streaming loop, so that the merge's registers are not
         # live across it; the barrier orders every thread's partial stores before the arrivals below
         tl.debug_barrier()
-        for it in range(item_lo, item_hi):
+        for it in tl.range(item_lo, item_hi, num_stages=1):
             slot = tl.load(WORK_SLOT + it)
             if slot >= 0:
                 _merge_if_last(
