@@ -2,26 +2,24 @@
 
     python bench/kernel_ab.py --cases bench/data/sweep_cases.json --sets ref --out $OUT [--budget-s 300]
 
-Variants, each timed on every plan:
+Variants:
 
 - ``A``: the kernel before issue 12 (bench/kernel_a.py, a frozen copy of kernels/decode.py at 66babf4);
-- ``B_sep``: the current kernel with the merge as a second launch (``fuse_merge=False``);
-- ``B_fused``: the current kernel with the merge fused into stage 1 (``fuse_merge=True``; only plans
-  with a split request), registers capped at the unfused kernel's (``decode.FUSED_CAP_REGS``);
-- ``B_fused_nocap``: the same without the register cap;
-- ``B``: the current kernel as served (``fuse_merge=None``: fused iff every request has at most
-  ``FUSE_MAX_SPLITS`` splits) -- derived from the two above, not timed again.
+- ``B``: the current kernel as served (``launch_decode`` defaults);
+- ``B_pf``: the current kernel with K/V double-buffered in registers by hand (``prefetch=True``).
 
-Plans per case: the served plan and the case's oracle winners (``served`` and ``oracle_names`` of the
-cases file, written by scripts/make_sweep_cases.py). Then one work tile per SM (an even partition with
-num_SMs tiles: ``stream_k`` at ctas_per_sm = 1 with H_kv = 4, T = 1,048,576, uniform B = 8) under every
-kernel config, as a fraction of the read bandwidth.
+Each case (the served plan and the case's oracle winners from the cases file, written by
+scripts/make_sweep_cases.py) is timed under A and B; then ``stream_k`` plans at 1-3 CTAs per SM with the
+prefetching tiles (PF_CANDIDATES) under B_pf, so "best B" is the best the current kernel reaches with or
+without the prefetch. Then one work tile per SM (an even partition with num_SMs tiles: ``stream_k`` at
+ctas_per_sm = 1 with H_kv = 4, T = 1,048,576, uniform B = 8) under every config, as a fraction of the
+read bandwidth.
 
 Method (DESIGN.md §7): the hot path (``out``, a preallocated workspace, plan uploaded, no validation)
 captured in a CUDA graph, replays timed with ``triton.testing.do_bench`` (median); random bf16 KV on
-shuffled pages spanning GBs (above the 60 MB L2); the variants of one plan are timed back to back in a
-rotating order. Ratios are to the read floor (KV bytes / streaming-read bandwidth measured in this run).
-Every record is a JSON line in OUT/kernel_ab.jsonl; a summary table is printed.
+shuffled pages spanning GBs (above the 60 MB L2); the variants of one plan are timed back to back.
+Ratios are to the read floor (KV bytes / streaming-read bandwidth measured in this run). Every record
+is a JSON line in OUT/kernel_ab.jsonl; a summary is printed.
 """
 
 from __future__ import annotations
@@ -44,8 +42,10 @@ from kvsplit.kernels.plan import make_plan  # noqa: E402
 from kvsplit.tuner.gpu import GpuTimer, software_versions  # noqa: E402
 
 GPU = "NVIDIA H200"
-ONE_TILE_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (64, 8, 4), (128, 4, 2), (128, 4, 3),
-                    (128, 4, 4), (128, 8, 2), (128, 8, 3), (128, 8, 4), (256, 8, 2)]
+ONE_TILE_CONFIGS = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 8, 3), (256, 8, 2),
+                    (32, 4, 1), (64, 4, 1), (64, 8, 1), (128, 8, 1)]
+PF_CANDIDATES = [(1, (64, 8, 1)), (1, (128, 8, 1)), (2, (64, 4, 1)), (2, (32, 4, 1)), (3, (32, 4, 1)),
+                 (1, (64, 4, 1)), (2, (64, 8, 1))]
 
 
 def parse_name(name: str) -> tuple[str, dict]:
@@ -91,26 +91,19 @@ class AB:
             if v == "A":
                 return lambda: kernel_a.decode_attention(*args, b["kv_lens"], plan, out=out, workspace=self.ws_a,
                                                          validate=False)
-            fuse = v != "B_sep"
+            return lambda: dec.launch_decode(*args, arrays, plan.config, out=out, workspace=self.ws_b,
+                                             num_tiles=plan.num_work_tiles, num_merge=n_merge,
+                                             max_splits=max_splits, prefetch=(v == "B_pf"))
 
-            def call():
-                dec.FUSED_CAP_REGS = v != "B_fused_nocap"
-                return dec.launch_decode(*args, arrays, plan.config, out=out, workspace=self.ws_b,
-                                         num_tiles=plan.num_work_tiles, num_merge=n_merge,
-                                         max_splits=max_splits, fuse_merge=fuse)
-            return call
+        return {v: self._graph_time(run(v)) for v in variants}
 
-        res = {v: self._graph_time(run(v)) for v in variants}
-        dec.FUSED_CAP_REGS = True
-        return res
-
-    def max_error(self, plan, fuse: bool) -> float:
+    def max_error(self, plan, prefetch: bool) -> float:
         b = self.t.batch(plan.kv_lens)
         out = torch.full((plan.batch_size, self.hq, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
         dec.launch_decode(b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"], plan.to("cuda"),
                           plan.config, out=out, workspace=self.ws_b, num_tiles=plan.num_work_tiles,
                           num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=int(plan.num_splits.max()),
-                          fuse_merge=fuse)
+                          prefetch=prefetch)
         ref = dec.reference_decode_attention(b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"],
                                              b["kv_lens"])
         return float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
@@ -140,14 +133,15 @@ def main() -> None:
     emit({"kind": "bandwidth", "bytes_per_s": bw})
     print(f"read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
 
-    # correctness of the fused merge on a skewed batch, bf16, under two partitions
+    # correctness of the prefetching loop on a skewed batch, bf16
     rng = np.random.default_rng(0)
-    lens = np.concatenate([[50000], rng.integers(1, 4000, 200)])
-    for pol, prm in (("stream_k", {}), ("balanced", {"ctas_per_sm": 8, "block_n": 64})):
+    lens = np.concatenate([[50000], rng.integers(0, 4000, 200)])
+    for pol, prm in (("stream_k", {"ctas_per_sm": 2, "block_n": 64, "num_stages": 1}),
+                     ("balanced", {"ctas_per_sm": 8, "block_n": 32, "num_stages": 1})):
         p = make_plan(lens, num_kv_heads=4, device=GPU, policy=pol, params=prm)
         errs = {f: ab.max_error(p, f) for f in (False, True)}
         emit({"kind": "check", "policy": pol, "params": prm, "max_rel_err": errs})
-        print(f"check {pol} {prm}: max rel err sep {errs[False]:.2e} fused {errs[True]:.2e}", flush=True)
+        print(f"check {pol} {prm}: max rel err {errs[False]:.2e} prefetch {errs[True]:.2e}", flush=True)
         assert max(errs.values()) < 2e-2
 
     # one work tile per SM: T = 1M uniform B = 8, stream_k with 132 tiles in all
@@ -155,20 +149,15 @@ def main() -> None:
     floor = ab.t.hbm_floor_s(lens)
     for cfg in ONE_TILE_CONFIGS:
         prm = {"ctas_per_sm": 1.0, "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
-        try:
-            p = make_plan(lens, num_kv_heads=4, device=GPU, policy="stream_k", params=prm)
-        except ValueError as exc:
-            emit({"kind": "one_tile", "config": cfg, "rejected": str(exc)})
-            continue
-        times = ab.time_variants(p, ["A", "B_sep", "B_fused", "B_fused_nocap"])
+        p = make_plan(lens, num_kv_heads=4, device=GPU, policy="stream_k", params=prm)
+        times = ab.time_variants(p, ["A", "B", "B_pf"])
         emit({"kind": "one_tile", "config": cfg, "tiles": p.num_work_tiles, "floor_s": floor, "times": times})
-        print(f"one tile/SM {cfg}: {p.num_work_tiles} tiles, max splits {int(p.num_splits.max())}: " +
+        print(f"one tile/SM {cfg}: {p.num_work_tiles} tiles: " +
               "  ".join(f"{k} {floor / v * 100:.1f}% of bw" for k, v in times.items()) +
               f"  [{time.time() - t0:.0f}s]", flush=True)
 
-    # every case: served plan + oracle winners under every variant
-    order = ["A", "B_sep", "B_fused", "B_fused_nocap"]
-    for i, c in enumerate(cases):
+    # every case: served plan + oracle winners under A and B, prefetching stream_k plans under B_pf
+    for c in cases:
         if time.time() - t0 > args.budget_s:
             print("budget reached; stopping", flush=True)
             break
@@ -179,22 +168,21 @@ def main() -> None:
         res = {}
         for name, (pol, prm) in names:
             p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
-            split = bool((p.num_splits > 1).any())
-            rot = order[i % 4:] + order[: i % 4]
-            vs = [v for v in rot if not v.startswith("B_fused") or split]
-            t = ab.time_variants(p, vs)
-            t["max_splits"] = int(p.num_splits.max())
-            t["B"] = t["B_fused"] if split and t["max_splits"] <= dec.FUSE_MAX_SPLITS else t["B_sep"]
-            res[name] = t
+            res[name] = ab.time_variants(p, ["A", "B"])
+        for cps, cfg in PF_CANDIDATES:
+            prm = {"ctas_per_sm": float(cps), "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
+            p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy="stream_k", params=prm)
+            res[f"pf|stream_k|c{cps}|n{cfg[0]}w{cfg[1]}s{cfg[2]}"] = ab.time_variants(p, ["B_pf"])
         emit({"kind": "case", "case": c["id"], "set": c["set"], "family": c["family"], "B": c["B"], "T": c["T"],
               "floor_s": floor, "times": res})
-        best = {v: min(r[v] for r in res.values() if v in r) for v in ("A", "B_sep", "B")}
-        fused_gain = [f"{r['B_sep'] / r['B_fused']:.3f}/{r['B_sep'] / r['B_fused_nocap']:.3f}"
-                      for r in res.values() if "B_fused" in r]
-        print(f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best A {best['A'] / floor:.3f}x B {best['B'] / floor:.3f}x "
-              f"B/A {best['B'] / best['A']:.3f}  served A {res['served']['A'] / floor:.3f} B "
-              f"{res['served']['B'] / floor:.3f}  sep/fused(cap/nocap) " + " ".join(fused_gain) +
-              f"  [{time.time() - t0:.0f}s]", flush=True)
+        best_a = min(r["A"] for r in res.values() if "A" in r)
+        best_b_old = min(r["B"] for r in res.values() if "B" in r)
+        pf = {k: r["B_pf"] for k, r in res.items() if "B_pf" in r}
+        kpf = min(pf, key=pf.get)
+        best_b = min(best_b_old, pf[kpf])
+        print(f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best A {best_a / floor:.3f}x  B {best_b_old / floor:.3f}x  "
+              f"best prefetch {pf[kpf] / floor:.3f}x ({kpf[3:]})  best B/A {best_b / best_a:.3f}  "
+              f"[{time.time() - t0:.0f}s]", flush=True)
 
 
 if __name__ == "__main__":

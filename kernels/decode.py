@@ -49,24 +49,8 @@ _LN2 = 0.6931471805599453
 
 _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
-FUSE_MAX_SPLITS = 16
-"""Plans whose requests have at most this many splits merge inside stage 1 (:func:`launch_decode`)."""
-FUSED_MERGE_BLOCK_S = 4
-"""Partials of one query head loaded at once by the fused merge: ``[FUSED_MERGE_BLOCK_S, D]`` fp32 per step."""
-FUSED_CAP_REGS = True
-"""Cap the fused stage-1 kernel's registers per thread (``maxnreg``) at the measured count of the unfused
-kernel of the same config (:data:`kvsplit.kernels.residency.MEASURED`), so fusing never costs residency."""
-
-
-def _fused_maxnreg(cfg: Any, head_dim: int, dtype: torch.dtype, group: int) -> int | None:
-    """Register cap of the fused kernel: the unfused kernel's measured count rounded up to 8 (the
-    allocation unit per thread), for the measured shapes (G = 8, bf16/fp16, D 128); else ``None``."""
-    from .residency import MEASURED
-
-    if not FUSED_CAP_REGS or group != 8 or dtype not in (torch.float16, torch.bfloat16):
-        return None
-    m = MEASURED.get(("NVIDIA H200", head_dim, _TORCH_DTYPES[dtype], cfg.block_n, cfg.num_warps, cfg.num_stages))
-    return None if m is None else min(255, -(-m[0] // 8) * 8)
+PREFETCH_DEFAULT = False
+"""Experimental (issue 12): stage 1 double-buffers K/V in registers by hand (``prefetch`` of :func:`launch_decode`)."""
 
 
 # ----------------------------------------------------------------------------
@@ -75,62 +59,11 @@ def _fused_maxnreg(cfg: Any, head_dim: int, dtype: torch.dtype, group: int) -> i
 
 
 @triton.jit
-def _merge_if_last(
-    req, h, NUM_SPLITS, REQ_SLOT0, SEM, PART_O, PART_LSE, O, LSE, stride_ob, stride_oh,
-    H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SF: tl.constexpr, RETURN_LSE: tl.constexpr,
-):
-    # The merge fused into stage 1 (issue 12): every split item of request `req` counts its arrival
-    # on the semaphore SEM[req, h] after writing its partial; the last of the request's n items
-    # merges the n partials of the GROUP query heads of KV head h and resets the semaphore to 0,
-    # so the next call (or CUDA-graph replay) starts from zero with no reset launch. Ordering is the
-    # split-K semaphore pattern of CUTLASS (cutlass/semaphore.h): a CTA barrier so that every
-    # thread's stores precede one thread's release, an acquire-release atomic, and (through the
-    # barrier of Triton's scalar-atomic broadcast) every thread's loads after the acquire; the loads
-    # bypass L1 (.cg), which is not coherent across SMs.
-    n = tl.load(NUM_SPLITS + req)
-    sem_ptr = SEM + req * H_KV + h
-    arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == n - 1:
-        tl.atomic_xchg(sem_ptr, 0, sem="relaxed", scope="gpu")
-        slot0 = tl.load(REQ_SLOT0 + req).to(tl.int64)
-        # one query head of the group at a time: [BLOCK_SF, D] partials per step keeps the registers of
-        # this rarely taken branch below the main loop's (a wider merge cost the stage-1 kernel its residency)
-        offs_s = tl.arange(0, BLOCK_SF)
-        offs_d = tl.arange(0, HEAD_DIM)
-        for g in tl.range(0, GROUP, loop_unroll_factor=1):
-            qh = h * GROUP + g
-            m_run = float("-inf")
-            l_run = 0.0
-            acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-            for s0 in tl.range(0, n, BLOCK_SF, num_stages=1):
-                ms = (s0 + offs_s) < n
-                row = (slot0 + s0 + offs_s) * H_Q + qh
-                lse = tl.load(PART_LSE + row, mask=ms, other=float("-inf"), cache_modifier=".cg")
-                o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=ms[:, None], other=0.0,
-                            cache_modifier=".cg")
-                m_new = tl.maximum(m_run, tl.max(lse, axis=0))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.math.exp2(m_run - m_safe)
-                w = tl.math.exp2(lse - m_safe)
-                acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
-                l_run = l_run * alpha + tl.sum(w, axis=0)
-                m_run = m_new
-            nonempty = l_run > 0.0
-            l_safe = tl.where(nonempty, l_run, 1.0)
-            tl.store(O + req * stride_ob + qh * stride_oh + offs_d, (acc / l_safe).to(O.dtype.element_ty))
-            if RETURN_LSE:
-                lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-                tl.store(LSE + req * H_Q + qh, lse_out)
-
-
-@triton.jit
 def _stage1_tile(
     tile,
     Q, K, V, O, LSE, PART_O, PART_LSE,
     KV_INDPTR, KV_INDICES,
     WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR,
-    NUM_SPLITS, REQ_SLOT0, SEM,
     qk_scale, PAGE_SIZE: tl.constexpr,
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
@@ -138,7 +71,7 @@ def _stage1_tile(
     stride_ob, stride_oh,
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_SF: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent.
     c = tile // H_KV
@@ -168,25 +101,63 @@ def _stage1_tile(
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
 
-        for n0 in range(start, end, BLOCK_N):
-            t = n0 + offs_n
+        if PREFETCH:
+            # Register double buffering by hand: while tile i is computed, the K/V loads of tile i + 1 (whose
+            # page ids arrived during iteration i - 1) and the page ids of tile i + 2 are in flight. Triton's
+            # pipeliner single-buffers this loop (its K/V addresses come from a load in the loop), so with
+            # it the loads of a tile are issued after the previous tile's math and nothing overlaps.
+            t = start + offs_n
             mask_n = t < end
-            # PAGE_SIZE is a compile-time constant: // and % by a power of two are shifts and masks
             page = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
             in_page = (t % PAGE_SIZE).to(tl.int64)
-            k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
-            v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
-            # V is loaded with K, before the softmax math, so both loads are in flight together
-            k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where(mask_n[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.math.exp2(m_i - m_new)
-            p = tl.math.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+            k = tl.load(K + (page * stride_kp + in_page * stride_ks + h * stride_kh)[:, None] + offs_d[None, :],
+                        mask=mask_n[:, None], other=0.0)
+            v = tl.load(V + (page * stride_vp + in_page * stride_vs + h * stride_vh)[:, None] + offs_d[None, :],
+                        mask=mask_n[:, None], other=0.0)
+            t1 = t + BLOCK_N
+            page_nx = tl.load(KV_INDICES + page_base + t1 // PAGE_SIZE, mask=t1 < end, other=0).to(tl.int64)
+            for n0 in tl.range(start, end, BLOCK_N, num_stages=1):
+                t1 = n0 + BLOCK_N + offs_n
+                m1 = t1 < end
+                ip1 = (t1 % PAGE_SIZE).to(tl.int64)
+                k_nx = tl.load(K + (page_nx * stride_kp + ip1 * stride_ks + h * stride_kh)[:, None] + offs_d[None, :],
+                               mask=m1[:, None], other=0.0)
+                v_nx = tl.load(V + (page_nx * stride_vp + ip1 * stride_vs + h * stride_vh)[:, None] + offs_d[None, :],
+                               mask=m1[:, None], other=0.0)
+                t2 = t1 + BLOCK_N
+                page_nx2 = tl.load(KV_INDICES + page_base + t2 // PAGE_SIZE, mask=t2 < end, other=0).to(tl.int64)
+                mask_n = (n0 + offs_n) < end
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+                s = tl.where(mask_n[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.math.exp2(m_i - m_new)
+                p = tl.math.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+                m_i = m_new
+                k = k_nx
+                v = v_nx
+                page_nx = page_nx2
+        else:
+            for n0 in range(start, end, BLOCK_N):
+                t = n0 + offs_n
+                mask_n = t < end
+                # PAGE_SIZE is a compile-time constant: // and % by a power of two are shifts and masks
+                page = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+                in_page = (t % PAGE_SIZE).to(tl.int64)
+                k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
+                v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
+                # V is loaded with K, before the softmax math, so both loads are in flight together
+                k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+                v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+                s = tl.where(mask_n[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.math.exp2(m_i - m_new)
+                p = tl.math.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+                m_i = m_new
 
         nonempty = l_i > 0.0
         l_safe = tl.where(nonempty, l_i, 1.0)
@@ -202,25 +173,12 @@ def _stage1_tile(
             tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
             tl.store(PART_LSE + base + q_head, lse2, mask=mask_h)
 
-    if FUSED_MERGE:
-        # a second pass over the tile's items, after the streaming loop, so that the merge's registers are not
-        # live across it; the barrier orders every thread's partial stores before the arrivals below
-        tl.debug_barrier()
-        for it in tl.range(item_lo, item_hi, num_stages=1):
-            slot = tl.load(WORK_SLOT + it)
-            if slot >= 0:
-                _merge_if_last(
-                    tl.load(WORK_REQ + it).to(tl.int64), h, NUM_SPLITS, REQ_SLOT0, SEM, PART_O, PART_LSE, O, LSE,
-                    stride_ob, stride_oh, H_Q, H_KV, GROUP, HEAD_DIM, BLOCK_SF, RETURN_LSE,
-                )
-
 
 @triton.jit
 def _decode_stage1_kernel(
     Q, K, V, O, LSE, PART_O, PART_LSE,
     KV_INDPTR, KV_INDICES,
     WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, COUNTER, COUNTS,
-    NUM_SPLITS, REQ_SLOT0, SEM,
     qk_scale, PAGE_SIZE: tl.constexpr, num_tiles,
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
@@ -229,7 +187,7 @@ def _decode_stage1_kernel(
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, BLOCK_SF: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
         num_tiles = tl.load(COUNTS + 2)
@@ -238,19 +196,19 @@ def _decode_stage1_kernel(
         while tile < num_tiles:
             _stage1_tile(
                 tile, Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
-                WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, NUM_SPLITS, REQ_SLOT0, SEM, qk_scale, PAGE_SIZE,
+                WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                FUSED_MERGE, BLOCK_SF,
+                PREFETCH,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
         _stage1_tile(
             tl.program_id(0), Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
-            WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, NUM_SPLITS, REQ_SLOT0, SEM, qk_scale, PAGE_SIZE,
+            WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            FUSED_MERGE, BLOCK_SF,
+            PREFETCH,
         )
 
 
@@ -319,17 +277,12 @@ class DecodeWorkspace:
         LSE output buffer (natural log) used when ``return_lse=True``.
     counter : torch.Tensor, int32 ``[1]``
         Work counter of the persistent schedule (reset by every call).
-    merge_sem : torch.Tensor, int32 ``[max_batch * H_q]``, optional
-        Arrival counters of the fused merge, one per (request, KV head); all
-        zero between calls (the last arrival resets its counter). ``None``
-        (a workspace built without it) always uses the separate merge launch.
     """
 
     part_o: torch.Tensor
     part_lse: torch.Tensor
     lse: torch.Tensor
     counter: torch.Tensor
-    merge_sem: torch.Tensor | None = None
 
     @property
     def max_partials(self) -> int:
@@ -356,7 +309,6 @@ def make_workspace(
         part_lse=torch.empty((max(max_partials, 1), num_qo_heads), dtype=torch.float32, device=dev),
         lse=torch.empty((max(max_batch, 1), num_qo_heads), dtype=torch.float32, device=dev),
         counter=torch.zeros((1,), dtype=torch.int32, device=dev),
-        merge_sem=torch.zeros((max(max_batch, 1) * num_qo_heads,), dtype=torch.int32, device=dev),
     )
 
 
@@ -436,13 +388,6 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
             if tuple(t.shape[1:]) != tail or (name == "counter" and tuple(t.shape) != (1,)):
                 want = "(1,)" if name == "counter" else f"(n, {', '.join(map(str, tail))})"
                 raise ValueError(f"workspace.{name}: expected shape {want}, got {tuple(t.shape)}")
-        sem = workspace.merge_sem
-        if sem is not None:
-            if (not isinstance(sem, torch.Tensor) or sem.device != dev or sem.dtype != torch.int32
-                    or not sem.is_contiguous() or sem.ndim != 1):
-                raise ValueError(f"workspace.merge_sem: expected a contiguous 1-D torch.int32 tensor on {dev}")
-            if sem.shape[0] < B * H_kv:
-                raise ValueError(f"workspace.merge_sem: holds {sem.shape[0]} counters, B * H_kv = {B * H_kv} needed")
         if workspace.part_lse.shape[0] != workspace.part_o.shape[0]:
             raise ValueError("workspace.part_lse: expected as many rows as workspace.part_o")
         if workspace.max_partials < plan.num_partials:
@@ -577,7 +522,7 @@ def launch_decode(
     max_merge: int | None = None,
     sm_scale: float | None = None,
     return_lse: bool = False,
-    fuse_merge: bool | None = None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no checks, no allocation).
 
@@ -594,14 +539,6 @@ def launch_decode(
     batch and the call can be replayed by a CUDA graph. The caller validated
     the inputs (:func:`decode_attention` or
     :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
-
-    ``fuse_merge``: merge the partials of split requests inside stage 1 (the
-    last split item of a request merges, module doc) instead of a second
-    launch. ``None`` (default) fuses when the host knows the plan
-    (``max_splits`` given, no ``counts``), the arrays hold ``num_splits`` and
-    ``req_slot_start`` (:meth:`Plan.to`), the workspace has ``merge_sem`` and
-    ``max_splits <= FUSE_MAX_SPLITS``: the last arrival merges its request's
-    partials alone, so requests with many splits keep the parallel merge launch.
     """
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
@@ -624,30 +561,15 @@ def launch_decode(
     else:
         grid = (num_tiles,)
     counts_arg = counts if device_counts else workspace.counter
-    can_fuse = (not device_counts and max_splits is not None and workspace.merge_sem is not None
-                and "req_slot_start" in arrays and "num_splits" in arrays)
-    if fuse_merge is None:
-        fuse_merge = can_fuse and bool(num_merge) and max_splits <= FUSE_MAX_SPLITS
-    elif fuse_merge and not can_fuse:
-        raise ValueError("fuse_merge: needs a host plan's arrays (num_splits, req_slot_start), max_splits "
-                         "and a workspace with merge_sem")
-    fuse_merge = bool(fuse_merge and num_merge)
-    if fuse_merge:
-        fused_args = (arrays["num_splits"], arrays["req_slot_start"], workspace.merge_sem)
-    else:  # unused by the kernel (FUSED_MERGE=False): any int32 tensors
-        fused_args = (workspace.counter, workspace.counter, workspace.counter)
     block_h = max(16, triton.next_power_of_2(G))
-    extra = {}
-    if fuse_merge and q.is_cuda:
-        cap = _fused_maxnreg(cfg, D, q.dtype, G)
-        if cap is not None:
-            extra["maxnreg"] = cap
+    if prefetch is None:
+        prefetch = PREFETCH_DEFAULT
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
         kv_indptr, kv_indices,
         arrays["work_request"], arrays["work_kv_start"], arrays["work_kv_end"], arrays["work_slot"],
-        arrays["cta_indptr"], workspace.counter, counts_arg, *fused_args,
+        arrays["cta_indptr"], workspace.counter, counts_arg,
         sm_scale * _LOG2E, page_size, num_tiles,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -655,10 +577,9 @@ def launch_decode(
         out.stride(0), out.stride(1),
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        FUSED_MERGE=fuse_merge, BLOCK_SF=FUSED_MERGE_BLOCK_S,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        PREFETCH=bool(prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    merge_grid = 0 if fuse_merge else ((max_merge if device_counts else num_merge) or 0)
+    merge_grid = (max_merge if device_counts else num_merge) or 0
     if merge_grid:
         splits = max_splits if max_splits is not None else 4096
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // D))

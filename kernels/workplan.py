@@ -188,9 +188,6 @@ class Plan:
         arrays = self._cache.get(key)
         if arrays is None:
             work_slot, merge_request, merge_slot_start, merge_num = self.merge_layout()
-            # first partial slot of each split request, -1 for the others (the fused merge's lookup)
-            req_slot_start = np.full(self.batch_size, -1, dtype=np.int32)
-            req_slot_start[merge_request] = merge_slot_start
             host = {
                 "num_splits": self.num_splits,
                 "work_request": self.work_request,
@@ -201,7 +198,6 @@ class Plan:
                 "merge_request": merge_request,
                 "merge_slot_start": merge_slot_start,
                 "merge_num": merge_num,
-                "req_slot_start": req_slot_start,
             }
             arrays = {
                 k: torch.from_numpy(np.array(v, dtype=np.int32)).to(dev, non_blocking=False)
