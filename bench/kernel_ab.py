@@ -126,7 +126,7 @@ def main() -> None:
 
     sets = set(args.sets.split(","))
     cases = [c for c in json.load(open(args.cases))["cases"] if c["set"] in sets]
-    emit({"kind": "versions", **software_versions(), "fuse_max_splits": dec.FUSE_MAX_SPLITS})
+    emit({"kind": "versions", **software_versions()})
     ab = AB(32, 4, max(max(sum(c["kv_lens"]) for c in cases), 1 << 20) + 4096,
             max(len(c["kv_lens"]) for c in cases), args.rep_ms)
     bw = ab.t.read_bandwidth()
