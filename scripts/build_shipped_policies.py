@@ -41,7 +41,7 @@ SERVED_POOL = (
     "stream_k|c3|n128w4s2", "stream_k|c3|n64w4s3", "stream_k|c2|n128w4s3", "stream_k|c3|n128w4s2|o2m4",
     "balanced|c3|n128w4s2", "balanced|c4|n128w4s2", "balanced|c4|n64w4s2",
 )
-MARGIN = 0.02
+MARGIN = 0.01
 
 
 def policy_of(name: str) -> tuple[str, dict]:
