@@ -49,6 +49,9 @@ _LN2 = 0.6931471805599453
 
 _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
+PREFETCH_DEFAULT = False
+"""Stage 1 loads the next tile's page ids one iteration ahead (``prefetch`` of :func:`launch_decode`)."""
+
 
 # ----------------------------------------------------------------------------
 # Triton kernels
@@ -68,7 +71,7 @@ def _stage1_tile(
     stride_ob, stride_oh,
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent.
     c = tile // H_KV
@@ -98,25 +101,52 @@ def _stage1_tile(
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
 
-        for n0 in range(start, end, BLOCK_N):
-            t = n0 + offs_n
-            mask_n = t < end
-            # PAGE_SIZE is a compile-time constant: // and % by a power of two are shifts and masks
-            page = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-            in_page = (t % PAGE_SIZE).to(tl.int64)
-            k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
-            v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
-            # V is loaded with K, before the softmax math, so both loads are in flight together
-            k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where(mask_n[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.math.exp2(m_i - m_new)
-            p = tl.math.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+        if PREFETCH:
+            # The page ids of tile i + 1 are loaded during tile i (a loop-carried value), so no K/V address
+            # depends on a load of its own iteration: Triton's software pipeliner then multi-buffers K/V
+            # (num_stages - 1 tiles in flight) instead of issuing each tile's loads after the previous
+            # tile's math.
+            t = start + offs_n
+            page_nx = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=t < end, other=0)
+            for n0 in range(start, end, BLOCK_N):
+                page = page_nx.to(tl.int64)
+                t = n0 + offs_n
+                mask_n = t < end
+                t1 = t + BLOCK_N
+                page_nx = tl.load(KV_INDICES + page_base + t1 // PAGE_SIZE, mask=t1 < end, other=0)
+                in_page = (t % PAGE_SIZE).to(tl.int64)
+                k = tl.load(K + (page * stride_kp + in_page * stride_ks + h * stride_kh)[:, None] + offs_d[None, :],
+                            mask=mask_n[:, None], other=0.0)
+                v = tl.load(V + (page * stride_vp + in_page * stride_vs + h * stride_vh)[:, None] + offs_d[None, :],
+                            mask=mask_n[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+                s = tl.where(mask_n[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.math.exp2(m_i - m_new)
+                p = tl.math.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+                m_i = m_new
+        else:
+            for n0 in range(start, end, BLOCK_N):
+                t = n0 + offs_n
+                mask_n = t < end
+                # PAGE_SIZE is a compile-time constant: // and % by a power of two are shifts and masks
+                page = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+                in_page = (t % PAGE_SIZE).to(tl.int64)
+                k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
+                v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
+                # V is loaded with K, before the softmax math, so both loads are in flight together
+                k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+                v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+                s = tl.where(mask_n[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.math.exp2(m_i - m_new)
+                p = tl.math.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+                m_i = m_new
 
         nonempty = l_i > 0.0
         l_safe = tl.where(nonempty, l_i, 1.0)
@@ -146,6 +176,7 @@ def _decode_stage1_kernel(
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
         num_tiles = tl.load(COUNTS + 2)
@@ -157,6 +188,7 @@ def _decode_stage1_kernel(
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
+                PREFETCH,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -165,6 +197,7 @@ def _decode_stage1_kernel(
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
+            PREFETCH,
         )
 
 
@@ -478,6 +511,7 @@ def launch_decode(
     max_merge: int | None = None,
     sm_scale: float | None = None,
     return_lse: bool = False,
+    prefetch: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no checks, no allocation).
 
@@ -517,6 +551,8 @@ def launch_decode(
         grid = (num_tiles,)
     counts_arg = counts if device_counts else workspace.counter
     block_h = max(16, triton.next_power_of_2(G))
+    if prefetch is None:
+        prefetch = PREFETCH_DEFAULT
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
@@ -530,7 +566,7 @@ def launch_decode(
         out.stride(0), out.stride(1),
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=bool(prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     merge_grid = (max_merge if device_counts else num_merge) or 0
     if merge_grid:
