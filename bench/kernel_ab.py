@@ -10,11 +10,10 @@ Variants:
   (``prefetch=True``), which lets Triton's pipeliner multi-buffer K/V.
 
 Each case (the served plan and the case's oracle winners from the cases file, written by
-scripts/make_sweep_cases.py) is timed under A and B; then ``stream_k`` plans at 1-3 CTAs per SM with the
-prefetching tiles (PF_CANDIDATES) under B_pf, so "best B" is the best the current kernel reaches with or
-without the prefetch. Then one work tile per SM (an even partition with num_SMs tiles: ``stream_k`` at
-ctas_per_sm = 1 with H_kv = 4, T = 1,048,576, uniform B = 8) under every config, as a fraction of the
-read bandwidth.
+scripts/make_sweep_cases.py, plus STAGE3) is timed under A and B, and every plan with >= 3 stages also
+under B_pf (the same plan with and without the prefetch). Before that: one work tile per SM (an even
+partition with num_SMs tiles: ``stream_k`` at ctas_per_sm = 1 with H_kv = 4, T = 1,048,576, uniform
+B = 8) under every config of ONE_TILE_CONFIGS, as a fraction of the read bandwidth.
 
 Method (DESIGN.md §7): the hot path (``out``, a preallocated workspace, plan uploaded, no validation)
 captured in a CUDA graph, replays timed with ``triton.testing.do_bench`` (median); random bf16 KV on
@@ -45,11 +44,10 @@ from kvsplit.tuner.gpu import GpuTimer, software_versions  # noqa: E402
 GPU = "NVIDIA H200"
 ONE_TILE_CONFIGS = [(256, 8, 2), (128, 8, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3), (64, 8, 4), (128, 4, 3),
                     (128, 8, 4), (32, 4, 4)]
-# (ctas_per_sm, (block_n, warps, stages)) with the residency of the prefetching kernel (registers and shared memory
-# of the compiled kernel for sm_90, read off ptxas locally): (32,4,3/4) 4 CTAs/SM, (64,4,3) 3, (64,4,4) 2,
-# (64,8,3/4) 2, (128,*,3/4) 1
-PF_CANDIDATES = [(4, (32, 4, 4)), (4, (32, 4, 3)), (3, (64, 4, 3)), (2, (64, 4, 4)), (2, (64, 8, 3)),
-                 (2, (64, 8, 4)), (1, (128, 8, 4)), (1, (128, 8, 3)), (1, (128, 4, 3))]
+# stage-3 tiles at their resident CTAs per SM (the same with and without the prefetch, except (128, 4, 3):
+# 2 -> 1; registers and shared memory of the sm_90 compile)
+STAGE3 = [("stream_k", 3, (64, 4, 3)), ("stream_k", 2, (64, 8, 3)), ("stream_k", 4, (32, 4, 3)),
+          ("balanced", 3, (64, 4, 3)), ("stream_k", 1, (128, 8, 3))]
 
 
 def parse_name(name: str) -> tuple[str, dict]:
@@ -160,7 +158,8 @@ def main() -> None:
               "  ".join(f"{k} {floor / v * 100:.1f}% of bw" for k, v in times.items()) +
               f"  [{time.time() - t0:.0f}s]", flush=True)
 
-    # every case: served plan + oracle winners under A and B, prefetching stream_k plans under B_pf
+    # every case: served plan + oracle winners under A and B; every plan with >= 3 stages (and STAGE3, the
+    # stage-3 tiles at their residency) also under B_pf -- the same plan with and without the prefetch
     for c in cases:
         if time.time() - t0 > args.budget_s:
             print("budget reached; stopping", flush=True)
@@ -169,24 +168,21 @@ def main() -> None:
         floor = ab.t.hbm_floor_s(L)
         names = [("served", (c["served"]["policy"], c["served"]["params"]))]
         names += [(n, parse_name(n)) for n in c["oracle_names"]]
+        names += [(f"{pol}|c{cps}|n{cfg[0]}w{cfg[1]}s{cfg[2]}", (pol, {"ctas_per_sm": float(cps), "block_n": cfg[0],
+                   "num_warps": cfg[1], "num_stages": cfg[2]})) for pol, cps, cfg in STAGE3]
         res = {}
         for name, (pol, prm) in names:
             p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
-            res[name] = ab.time_variants(p, ["A", "B"])
-        for cps, cfg in PF_CANDIDATES:
-            prm = {"ctas_per_sm": float(cps), "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
-            p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy="stream_k", params=prm)
-            res[f"pf|stream_k|c{cps}|n{cfg[0]}w{cfg[1]}s{cfg[2]}"] = ab.time_variants(p, ["B_pf"])
+            vs = ["A", "B"] + (["B_pf"] if p.config.num_stages >= 3 else [])
+            res[name] = ab.time_variants(p, vs)
         emit({"kind": "case", "case": c["id"], "set": c["set"], "family": c["family"], "B": c["B"], "T": c["T"],
               "floor_s": floor, "times": res})
-        best_a = min(r["A"] for r in res.values() if "A" in r)
-        best_b_old = min(r["B"] for r in res.values() if "B" in r)
-        pf = {k: r["B_pf"] for k, r in res.items() if "B_pf" in r}
-        kpf = min(pf, key=pf.get)
-        best_b = min(best_b_old, pf[kpf])
-        print(f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best A {best_a / floor:.3f}x  B {best_b_old / floor:.3f}x  "
-              f"best prefetch {pf[kpf] / floor:.3f}x ({kpf[3:]})  best B/A {best_b / best_a:.3f}  "
-              f"[{time.time() - t0:.0f}s]", flush=True)
+        best_a = min(r["A"] for r in res.values())
+        best_b = min(min(r["B"], r.get("B_pf", 9.0)) for r in res.values())
+        pf = {k: r["B"] / r["B_pf"] for k, r in res.items() if "B_pf" in r}
+        print(f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best A {best_a / floor:.3f}x  best B {best_b / floor:.3f}x "
+              f"B/A {best_b / best_a:.3f}  off/on: " + " ".join(f"{k.split('|', 1)[1]}={v:.3f}" for k, v in pf.items())
+              + f"  [{time.time() - t0:.0f}s]", flush=True)
 
 
 if __name__ == "__main__":
