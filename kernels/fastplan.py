@@ -391,10 +391,11 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
             c = _div(pos, share, inv)
             if c > C - 1:
                 c = C - 1
-            if c != prev_cta:
-                cta_start[nc] = w
-                nc += 1
-                prev_cta = c
+            # a new CTA starts here when c changes: the slot is written either way
+            # and kept only then (a select, not a mispredicted branch)
+            cta_start[nc] = w
+            nc += 1 if c != prev_cta else 0
+            prev_cta = c
             w += 1
             j += 1
             if eb == nb:
@@ -578,7 +579,9 @@ def as_kv_lens(kv_lens: Any) -> np.ndarray:
             arr = np.array(kv_lens)
         except (OverflowError, ValueError, TypeError):
             return _as_kv_lens(kv_lens)
-        if arr.dtype != np.int64 or arr.ndim != 1 or arr.shape[0] == 0:
+        # int64 exactly when every element is an int, NumPy integer or bool (the
+        # dtype singleton; anything else goes to the reference, which names the element)
+        if arr.dtype is not _I64 or arr.ndim != 1 or not 0 < arr.shape[0] <= MAX_BATCH:
             return _as_kv_lens(kv_lens)
         # a bool (Python's or NumPy's) among ints converts to 0/1: only then look
         # at the types of the elements that are 0 or 1
@@ -587,6 +590,7 @@ def as_kv_lens(kv_lens: Any) -> np.ndarray:
                 v = kv_lens[i]
                 if type(v) is not int and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
                     return _as_kv_lens(kv_lens)
+        return arr  # a new 1-D C-contiguous array
     else:
         return _as_kv_lens(kv_lens)
     if arr.ndim != 1:
@@ -599,6 +603,9 @@ def as_kv_lens(kv_lens: Any) -> np.ndarray:
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return arr
+
+
+_I64 = np.dtype(np.int64)
 
 
 def _range_error(arr: np.ndarray, i: int) -> ValueError:
@@ -614,7 +621,8 @@ class _Spec:
     """What a (policy, params, shape, device) combination plans with (batch independent)."""
 
     __slots__ = ("kind", "rule", "arg", "min_chunk", "max_splits", "heavy", "pack", "C", "o", "mp", "cfg",
-                 "policy", "params", "H", "head_dim", "page_size", "dtype", "gpu", "device")
+                 "policy", "params", "H", "head_dim", "page_size", "dtype", "gpu", "device", "kernel", "args",
+                 "fields")
 
 
 _SPECS: dict[tuple, _Spec] = {}
@@ -690,6 +698,14 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
     sp.H, sp.head_dim, sp.page_size, sp.dtype = num_kv_heads, head_dim, page_size, dtype
     sp.gpu = dev.name
     sp.device = dev
+    # what plan_with_spec passes: the compiled rule and its arguments, the Plan's batch-independent fields
+    if sp.kind == "stream_k":
+        sp.kernel, sp.args = _stream_k, (sp.H, sp.C, cfg.block_n, sp.o, sp.mp, sp.heavy)
+    else:
+        sp.kernel, sp.args = _even_chunks, (sp.H, cfg.block_n, sp.rule, sp.arg, sp.min_chunk, sp.max_splits,
+                                            sp.heavy, sp.pack, MAX_WORK_ITEMS)
+    sp.fields = {"config": cfg, "policy": policy, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
+                 "page_size": page_size, "dtype": dtype, "gpu": dev.name}
     return sp
 
 
@@ -741,13 +757,7 @@ def make_plan(kv_lens: Any, *, num_kv_heads: int, device: DeviceSpec | str, poli
 def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
     """The plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`);
     ``check=False`` skips the range check of lengths an earlier compiled pass checked."""
-    cfg = sp.cfg
-    if sp.kind == "stream_k":
-        status, info, W, nc, b64, b32 = _stream_k(arr, sp.H, sp.C, cfg.block_n, sp.o, sp.mp, sp.heavy, check)
-    else:
-        status, info, W, nc, b64, b32 = _even_chunks(
-            arr, sp.H, cfg.block_n, sp.rule, sp.arg, sp.min_chunk, sp.max_splits, sp.heavy, sp.pack, MAX_WORK_ITEMS,
-            check)
+    status, info, W, nc, b64, b32 = sp.kernel(arr, *sp.args, check)
     if status:
         if status == 1:
             raise _range_error(arr, info)
@@ -759,11 +769,10 @@ def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
     L, start, end = b64[:B], b64[B: B + W], b64[B + W:]
     n, req, cta = b32[:B], b32[B: B + W], b32[B + W: B + W + nc]
     plan = _new(Plan)
-    plan.__dict__.update(
-        kv_lens=L, num_splits=n, work_request=req, work_kv_start=start, work_kv_end=end, cta_indptr=cta,
-        config=cfg, policy=sp.policy, params=dict(sp.params), num_kv_heads=sp.H, head_dim=sp.head_dim,
-        page_size=sp.page_size, dtype=sp.dtype, gpu=sp.gpu, _cache={},
-    )
+    d = plan.__dict__
+    d.update(sp.fields)
+    d.update(kv_lens=L, num_splits=n, work_request=req, work_kv_start=start, work_kv_end=end, cta_indptr=cta,
+             params=dict(sp.params), _cache={})
     return plan
 
 
