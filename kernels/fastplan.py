@@ -139,6 +139,23 @@ def _div(a, d, inv):
 
 
 @_jit
+def _log2_exact(d):
+    """``k`` with ``2^k == d``, or -1 when ``d`` is not a power of two."""
+    k = 0
+    while (np.int64(1) << k) < d and k < 62:
+        k += 1
+    return k if (np.int64(1) << k) == d else -1
+
+
+@_jit_inline
+def _blocks(x, block_n, sh, inv):
+    """``ceil(x / block_n)``: a shift when block_n is ``2^sh`` (every BLOCK_N_CHOICES), else :func:`_div`."""
+    if sh >= 0:
+        return (x + block_n - 1) >> sh
+    return _div(x + block_n - 1, block_n, inv)
+
+
+@_jit
 def _tiles(L, chunk):
     s = 0
     inv = 1.0 / chunk
@@ -276,11 +293,12 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
     perm = _heavy_first(L) if heavy_first else np.arange(B)
     k = 0
     inv_bn = 1.0 / block_n
+    sh = _log2_exact(block_n)
     for ii in range(B):
         b = perm[ii]
         Lb = L[b]
         nb = n[b]
-        tiles = _div(Lb + block_n - 1, block_n, inv_bn)
+        tiles = _blocks(Lb, block_n, sh, inv_bn)
         aligned = tiles >= nb
         # item j covers [floor(j * x / nb), floor((j + 1) * x / nb)) of x = tiles
         # (times block_n, clipped to Lb) or x = Lb: the floors are walked with
@@ -327,9 +345,10 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
         return 1, bad, 0, 0, L, np.empty(0, np.int32)
     order = _heavy_first(L) if heavy_first else np.arange(B)
     inv_bn = 1.0 / block_n
+    sh = _log2_exact(block_n)
     sum_nb = 0
     for i in range(B):
-        sum_nb += _div(L[i] + block_n - 1, block_n, inv_bn)
+        sum_nb += _blocks(L[i], block_n, sh, inv_bn)
     total_cost = sum_nb + o * B
     share = (total_cost + C - 1) // C
     if share < 1:
@@ -340,7 +359,7 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
     W = B
     P = 0
     for i in range(B):
-        nb = _div(L[order[i]] + block_n - 1, block_n, inv_bn)
+        nb = _blocks(L[order[i]], block_n, sh, inv_bn)
         lo = P + o
         hi = lo + nb
         # multiples of share in [lo + m0, hi - m0] (none when nb < 2 * m0: a
@@ -363,7 +382,7 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
     for i in range(B):
         b = order[i]
         Lb = L[b]
-        nb = _div(Lb + block_n - 1, block_n, inv_bn)
+        nb = _blocks(Lb, block_n, sh, inv_bn)
         lo = P + o
         hi = lo + nb
         # the first kept cut (a multiple of share at or after lo + m0) and the last allowed position
@@ -763,8 +782,8 @@ def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
             raise _range_error(arr, info)
         raise ValueError(f"params: the plan would have {info} work items, above the limit of {MAX_WORK_ITEMS} "
                          f"(fewer splits per request)")
-    b64.flags.writeable = False
-    b32.flags.writeable = False
+    b64.setflags(write=False)  # (cheaper than .flags.writeable = False)
+    b32.setflags(write=False)
     B = arr.shape[0]
     L, start, end = b64[:B], b64[B: B + W], b64[B + W:]
     n, req, cta = b32[:B], b32[B: B + W], b32[B + W: B + W + nc]

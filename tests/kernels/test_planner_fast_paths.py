@@ -172,3 +172,15 @@ def test_compiled_log2_class_matches_python():
         xs |= {2**k - 1, 2**k, 2**k + 1, int(t) - 1, int(t), int(t) + 1}
     for x in sorted(xs):
         assert fastplan._log2_class(x) == _log2_class(x), x
+
+
+def test_compiled_division_helpers():
+    rng = np.random.default_rng(8)
+    for d in (1, 3, 7, 16, 32, 100, 128, 257, 4096, 2**20 + 1, 2**31 - 1):
+        xs = [0, 1, d - 1, d, d + 1, 2**31 - 1, 2**47 + 3, 2**50 - 1] + rng.integers(0, 2**50, 40).tolist()
+        for x in xs:
+            assert fastplan._div(x, d, 1.0 / d) == x // d, (x, d)
+            sh = fastplan._log2_exact(d)
+            assert sh == (d.bit_length() - 1 if d & (d - 1) == 0 else -1)
+            if x < 2**40:
+                assert fastplan._blocks(x, d, sh, 1.0 / d) == -(-x // d), (x, d)
