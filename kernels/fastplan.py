@@ -336,8 +336,10 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
     (same return as _even_chunks).
 
     A request's kept cuts are the multiples of ``share`` in ``[lo + m0, hi - m0]``
-    (``m0 = max(min_piece_blocks, 1)``), so they are counted and listed with a
-    few :func:`_div` per request, no search.
+    (``m0 = max(min_piece_blocks, 1)``), so they are listed with a few :func:`_div`
+    per request, no search. One pass: the buffers are sized for the most items
+    there can be (every cut is a multiple of share below the total cost, so at
+    most C - 1 of them, and at most one per block) and compacted at the end.
     """
     L, bad, total, lmax = _check_lens(L_in, check)
     B = L.shape[0]
@@ -355,26 +357,15 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
         share = 1
     inv = 1.0 / share
     m0 = mp if mp > 1 else 1
-    # pass 1: items per request (one per kept cut, plus one)
-    W = B
-    P = 0
-    for i in range(B):
-        nb = _blocks(L[order[i]], block_n, sh, inv_bn)
-        lo = P + o
-        hi = lo + nb
-        # multiples of share in [lo + m0, hi - m0] (none when nb < 2 * m0: a
-        # select, not a branch, which random lengths would mispredict)
-        cnt = _div(hi + share - m0, share, inv) - _div(lo + m0 - 1, share, inv) - 1
-        W += cnt if cnt > 0 else 0
-        P = hi
-    b64 = np.empty(B + 2 * W, np.int64)
-    b32 = np.empty(B + 2 * W + 1, np.int32)
+    WM = B + min(C - 1, sum_nb)  # at least W
+    b64 = np.empty(B + 2 * WM, np.int64)
+    b32 = np.empty(B + 2 * WM + 1, np.int32)
     b64[:B] = L
-    start = b64[B: B + W]
-    end = b64[B + W:]
+    start = b64[B: B + WM]
+    end = b64[B + WM:]
     num_splits = b32[:B]
-    req = b32[B: B + W]
-    cta_start = b32[B + W:]
+    req = b32[B: B + WM]
+    cta_start = b32[B + WM:]
     nc = 0
     prev_cta = -1
     w = 0
@@ -422,7 +413,12 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
             prev = eb
         num_splits[b] = j
         P = hi
+    W = w
     cta_start[nc] = W
+    if W < WM:  # compact to [kv_lens | start | end] and [num_splits | work_request | cta_indptr]
+        b64[B + W: B + 2 * W] = end[:W]
+        b32[B + W: B + W + nc + 1] = cta_start[:nc + 1]
+        b64 = b64[:B + 2 * W]
     return 0, 0, W, nc + 1, b64, b32
 
 
