@@ -8,9 +8,11 @@ computes the same plans and bucket keys (tests/kernels/test_fastplan.py compares
 on random batches) in one compiled pass per call, so a decode step's host
 planning stays in the tens of microseconds:
 
-- the batch is converted once (a list becomes an int64 array; an int32 or int64
-  array is used as is) and its range check is fused into the compiled pass that
-  reads it (``kv_lens[i]`` out of range raises the reference's ``ValueError``);
+- the batch is converted once (a list becomes an int64 array in one
+  ``np.array`` call, whose inferred dtype is the type check; only elements equal
+  to 0 or 1 are looked at again, for bools; an int32 or int64 array is used as
+  is) and its range check is fused into the compiled pass that reads it
+  (``kv_lens[i]`` out of range raises the reference's ``ValueError``);
 - the policy parameters are parsed and validated by the reference code (one probe
   plan) the first time a (policy, params, shape, device) combination is seen, and
   the parsed form is memoized: it depends on the parameters and the shape, never
@@ -19,6 +21,14 @@ planning stays in the tens of microseconds:
   and ``tuned`` (both partitions) run as numba ``@njit(cache=True)`` functions
   (machine code cached on disk next to this file, or under ``NUMBA_CACHE_DIR``);
   ``flashinfer`` and ``fa3`` keep the NumPy code.
+- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one compiled pass
+  for the bucket key and the nearest published bucket (:func:`_key_nearest`,
+  over the table's cumulative histograms stored as one contiguous array per
+  shape family) and one for the plan (:func:`plan_with_spec`, which skips the
+  range check the first pass made): the lengths are validated once per call;
+- the loops divide by per-call constants with a multiply and an exact
+  correction (:func:`_div`) or a shift (``block_n`` is a power of two), not a
+  64-bit integer division per element.
 
 Without numba (it is a dependency, but the planner must not need more than
 NumPy), or with ``KVSPLIT_NUMBA=0`` in the environment, :data:`ENABLED` is false

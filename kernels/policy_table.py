@@ -18,6 +18,13 @@ here for all candidates of a family at once with NumPy (bit-identical: integer
 sums divided by powers of two); ties go to the smaller bucket key string, then
 the smaller policy id, as :func:`kvsplit.kernels.buckets.nearest` breaks them.
 
+:meth:`PolicyTable.plan` on the compiled core (:mod:`.fastplan`): the call's
+shape is validated once and kept per table (with the family's candidates as
+contiguous arrays, the key's string prefix and each entry's parsed policy: a
+cache of argument checks, never of a batch's key, match or plan), the lengths
+are converted once, one compiled pass computes the key and the nearest
+candidate (the same integer distances and tie rule) and one the plan.
+
 Pure NumPy: no torch, FastAPI or SQLAlchemy import.
 
 Document fields::
