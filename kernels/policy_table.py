@@ -300,9 +300,11 @@ class PolicyTable:
         """
         if shape is None:
             sc = None
-            # exact types only: 1 == 1.0 == True would otherwise share a checked entry
+            # exact types only (1 == 1.0 == True would otherwise share a checked entry), and
+            # no device or an immutable DeviceSpec (kept by identity; a mapping could change)
             if (type(num_kv_heads) is int and type(num_qo_heads) is int and type(head_dim) is int
-                    and type(page_size) is int and type(gpu) is str and type(dtype) is str):
+                    and type(page_size) is int and type(dtype) is str
+                    and (type(gpu) is str if device is None else type(device) is DeviceSpec)):
                 fields = (gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, None if device is None
                           else id(device))
                 sc = self._shapes.get(fields)

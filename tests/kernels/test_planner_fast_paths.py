@@ -109,6 +109,22 @@ def test_table_plan_other_families_and_devices():
                 assert got[0] == ref[0] and got[1] == ref[1] and got[2] == ref[2]
 
 
+def test_table_plan_device_mapping_is_read_each_call():
+    table = _shipped()
+    L = np.random.default_rng(1).integers(1, 9000, 300)
+    dev = {"name": "NVIDIA H200", "num_sms": 132, "hbm_bandwidth_gbps": 4800}
+    kw = dict(SHAPE, gpu=None, device=dev)
+    plans = []
+    for sms in (132, 40):
+        dev["num_sms"] = sms
+        with fastplan.reference():
+            ref = table.plan(L, **kw)
+        got = table.plan(L, **kw)
+        assert got[0] == ref[0] and got[1] == ref[1] and got[2] == ref[2]
+        plans.append(got[0])
+    assert plans[0] != plans[1]
+
+
 def test_table_plan_errors():
     table = _shipped()
     for bad, field in (([5, -1, 3], "kv_lens[1]"), ([1, True, 3], "kv_lens[1]"), ([1, np.True_], "kv_lens[1]"),
