@@ -142,12 +142,22 @@ class BucketKey:
         """``(gpu, num_kv_heads, head_dim, dtype, page_size)``: keys of different families never match."""
         return shape_family(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
 
+    @classmethod
+    def _trusted(cls, gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int, batch_class: int,
+                 tokens_class: int, hist: tuple[tuple[int, int], ...]) -> "BucketKey":
+        """A key from fields the planner computed itself (valid by construction:
+        ``gpu`` a slug, ``hist`` a tuple of ``(int, int)`` pairs as the module doc
+        says), skipping ``__post_init__``'s checks. Equal (``==``, ``hash``,
+        ``str``) to the checked key of the same fields; tests compare them."""
+        key = object.__new__(cls)
+        key.__dict__.update(gpu=gpu, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size,
+                            batch_class=batch_class, tokens_class=tokens_class, hist=hist)
+        return key
+
     def __str__(self) -> str:
         w = "-".join(f"{b}x{u}" for b, u in self.hist)
-        return (
-            f"{self.gpu}.kv{self.num_kv_heads}.d{self.head_dim}.{_DTYPE_SHORT[self.dtype]}.p{self.page_size}"
-            f".b{self.batch_class}.t{self.tokens_class}.w{w}"
-        )
+        return (f"{key_prefix(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)}"
+                f".b{self.batch_class}.t{self.tokens_class}.w{w}")
 
     def to_str(self) -> str:
         """The string form (same as ``str(key)``)."""
@@ -182,6 +192,12 @@ class BucketKey:
         if str(key) != s:  # e.g. leading zeros
             raise ValueError(f"bucket: not in canonical form: {s!r} (expected {str(key)!r})")
         return key
+
+
+def key_prefix(gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int) -> str:
+    """The family part of a key's string form, ``"nvidia-h200.kv4.d128.bf16.p16"``
+    (``gpu`` already a slug; the rest of the string is ``.b{batch_class}.t{tokens_class}.w{hist}``)."""
+    return f"{gpu}.kv{num_kv_heads}.d{head_dim}.{_DTYPE_SHORT[dtype]}.p{page_size}"
 
 
 def _length_bins(L: np.ndarray) -> np.ndarray:

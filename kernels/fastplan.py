@@ -8,9 +8,11 @@ computes the same plans and bucket keys (tests/kernels/test_fastplan.py compares
 on random batches) in one compiled pass per call, so a decode step's host
 planning stays in the tens of microseconds:
 
-- the batch is converted once (a list becomes an int64 array; an int32 or int64
-  array is used as is) and its range check is fused into the compiled pass that
-  reads it (``kv_lens[i]`` out of range raises the reference's ``ValueError``);
+- the batch is converted once (a list becomes an int64 array in one
+  ``np.array`` call, whose inferred dtype is the type check; only elements equal
+  to 0 or 1 are looked at again, for bools; an int32 or int64 array is used as
+  is) and its range check is fused into the compiled pass that reads it
+  (``kv_lens[i]`` out of range raises the reference's ``ValueError``);
 - the policy parameters are parsed and validated by the reference code (one probe
   plan) the first time a (policy, params, shape, device) combination is seen, and
   the parsed form is memoized: it depends on the parameters and the shape, never
@@ -19,6 +21,14 @@ planning stays in the tens of microseconds:
   and ``tuned`` (both partitions) run as numba ``@njit(cache=True)`` functions
   (machine code cached on disk next to this file, or under ``NUMBA_CACHE_DIR``);
   ``flashinfer`` and ``fa3`` keep the NumPy code.
+- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one compiled pass
+  for the bucket key and the nearest published bucket (:func:`_key_nearest`,
+  over the table's cumulative histograms stored as one contiguous array per
+  shape family) and one for the plan (:func:`plan_with_spec`, which skips the
+  range check the first pass made): the lengths are validated once per call;
+- the loops divide by per-call constants with a multiply and an exact
+  correction (:func:`_div`) or a shift (``block_n`` is a power of two), not a
+  64-bit integer division per element.
 
 Without numba (it is a dependency, but the planner must not need more than
 NumPy), or with ``KVSPLIT_NUMBA=0`` in the environment, :data:`ENABLED` is false
@@ -49,6 +59,9 @@ try:  # pragma: no branch
     def _jit(fn):
         return numba.njit(cache=True, nogil=True)(fn)
 
+    def _jit_inline(fn):
+        return numba.njit(cache=True, nogil=True, inline="always")(fn)
+
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised where numba is missing
     numba = None
@@ -56,6 +69,8 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 
     def _jit(fn):
         return fn
+
+    _jit_inline = _jit
 
 ENABLED = HAVE_NUMBA
 """Whether :func:`kvsplit.kernels.plan.make_plan` and the bucket key use the compiled core."""
@@ -93,8 +108,8 @@ _CONST, _WAVE, _FAIR = 0, 1, 2
 
 
 @_jit
-def _check_lens(L):
-    """int64 copy of ``L``, first out-of-range index (-1 if none), sum, max."""
+def _check_lens(L, check):
+    """int64 copy of ``L``, first out-of-range index (-1 if none, or not ``check``), sum, max."""
     B = L.shape[0]
     out = np.empty(B, np.int64)
     bad = -1
@@ -102,7 +117,7 @@ def _check_lens(L):
     lmax = 0
     for i in range(B):
         v = np.int64(L[i])
-        if (v < 0 or v > _MAXLEN) and bad < 0:
+        if check and (v < 0 or v > _MAXLEN) and bad < 0:
             bad = i
         out[i] = v
         total += v
@@ -120,11 +135,42 @@ def _min_value(L):
     return m
 
 
+@_jit_inline
+def _div(a, d, inv):
+    """``a // d`` for ``0 <= a < 2^51``, ``d >= 1``, ``inv = 1.0 / d``: a multiply
+    and an exact correction instead of a 64-bit integer division (the planner's
+    loops divide by a per-call constant; the division dominated their time)."""
+    q = np.int64(a * inv)  # within 1 of a / d for a < 2^51: one correction each way
+    if q * d > a:
+        q -= 1
+    elif (q + 1) * d <= a:
+        q += 1
+    return q
+
+
+@_jit
+def _log2_exact(d):
+    """``k`` with ``2^k == d``, or -1 when ``d`` is not a power of two."""
+    k = 0
+    while (np.int64(1) << k) < d and k < 62:
+        k += 1
+    return k if (np.int64(1) << k) == d else -1
+
+
+@_jit_inline
+def _blocks(x, block_n, sh, inv):
+    """``ceil(x / block_n)``: a shift when block_n is ``2^sh`` (every BLOCK_N_CHOICES), else :func:`_div`."""
+    if sh >= 0:
+        return (x + block_n - 1) >> sh
+    return _div(x + block_n - 1, block_n, inv)
+
+
 @_jit
 def _tiles(L, chunk):
     s = 0
+    inv = 1.0 / chunk
     for i in range(L.shape[0]):
-        t = (L[i] + chunk - 1) // chunk
+        t = _div(L[i] + chunk - 1, chunk, inv)
         s += t if t > 1 else 1
     return s
 
@@ -188,10 +234,11 @@ def _pack(start, end, pack, out):
     cum = 0
     prev_short = False
     prev_bucket = -1
+    inv = 1.0 / pack
     for i in range(W):
         length = end[i] - start[i]
         short = length < pack
-        bucket = cum // pack
+        bucket = _div(cum, pack, inv)
         if i == 0 or not short or not prev_short or bucket != prev_bucket:
             out[c] = i
             c += 1
@@ -204,8 +251,8 @@ def _pack(start, end, pack, out):
 
 
 @_jit
-def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first, pack, max_items):
-    """Validate, split (rule), build_work_list, pack_ctas.
+def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first, pack, max_items, check):
+    """Validate (``check``), split (rule), build_work_list, pack_ctas.
 
     rule _CONST: num_splits = arg; _WAVE: chunk = wave_aware_chunk(target=arg,
     min_chunk); _FAIR: chunk = roundup(max(cdiv(H*sum, arg), min_chunk, 1), block_n).
@@ -214,7 +261,7 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
     buffers: boxing each returned array costs about a microsecond); status 1:
     kv_lens[info] out of range, 2: info work items above max_items.
     """
-    L, bad, total, lmax = _check_lens(L_in)
+    L, bad, total, lmax = _check_lens(L_in, check)
     B = L.shape[0]
     if bad >= 0:
         return 1, bad, 0, 0, L, np.empty(0, np.int32)
@@ -227,11 +274,12 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
         chunk = 0
     n = np.empty(B, np.int64)
     W = 0
+    inv = 1.0 / chunk if chunk > 0 else 0.0
     for i in range(B):
         if rule == _CONST:
             s = arg
         else:
-            s = (L[i] + chunk - 1) // chunk
+            s = _div(L[i] + chunk - 1, chunk, inv)
             if s < 1:
                 s = 1
             if s > max_splits:
@@ -254,21 +302,37 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
     req = b32[B: B + W]
     perm = _heavy_first(L) if heavy_first else np.arange(B)
     k = 0
+    inv_bn = 1.0 / block_n
+    sh = _log2_exact(block_n)
     for ii in range(B):
         b = perm[ii]
         Lb = L[b]
         nb = n[b]
-        tiles = (Lb + block_n - 1) // block_n
+        tiles = _blocks(Lb, block_n, sh, inv_bn)
         aligned = tiles >= nb
+        # item j covers [floor(j * x / nb), floor((j + 1) * x / nb)) of x = tiles
+        # (times block_n, clipped to Lb) or x = Lb: the floors are walked with
+        # x = q * nb + r (one division per request, none per item)
+        x = tiles if aligned else Lb
+        q = x // nb
+        r = x - q * nb
+        f = 0      # floor(j * x / nb)
+        acc = 0    # (j * r) % nb
         for j in range(nb):
+            f1 = f + q
+            acc += r
+            if acc >= nb:
+                acc -= nb
+                f1 += 1
             req[k] = b
             if aligned:
-                start[k] = block_n * ((j * tiles) // nb)
-                e = block_n * (((j + 1) * tiles) // nb)
+                start[k] = block_n * f
+                e = block_n * f1
                 end[k] = e if e < Lb else Lb
             else:
-                start[k] = (j * Lb) // nb
-                end[k] = ((j + 1) * Lb) // nb
+                start[k] = f
+                end[k] = f1
+            f = f1
             k += 1
     for i in range(B):
         b32[i] = n[i]
@@ -277,41 +341,41 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
 
 
 @_jit
-def _stream_k(L_in, H, C, block_n, o, mp, heavy_first):
-    """Validate, then policies.stream_k_work with C CTAs per KV head (same return as _even_chunks)."""
-    L, bad, total, lmax = _check_lens(L_in)
+def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
+    """Validate (``check``), then policies.stream_k_work with C CTAs per KV head
+    (same return as _even_chunks).
+
+    A request's kept cuts are the multiples of ``share`` in ``[lo + m0, hi - m0]``
+    (``m0 = max(min_piece_blocks, 1)``), so they are listed with a few :func:`_div`
+    per request, no search. One pass: the buffers are sized for the most items
+    there can be (every cut is a multiple of share below the total cost, so at
+    most C - 1 of them, and at most one per block) and compacted at the end.
+    """
+    L, bad, total, lmax = _check_lens(L_in, check)
     B = L.shape[0]
     if bad >= 0:
         return 1, bad, 0, 0, L, np.empty(0, np.int32)
     order = _heavy_first(L) if heavy_first else np.arange(B)
-    total_cost = 0
+    inv_bn = 1.0 / block_n
+    sh = _log2_exact(block_n)
+    sum_nb = 0
     for i in range(B):
-        total_cost += (L[i] + block_n - 1) // block_n + o
+        sum_nb += _blocks(L[i], block_n, sh, inv_bn)
+    total_cost = sum_nb + o * B
     share = (total_cost + C - 1) // C
     if share < 1:
         share = 1
-    # pass 1: items per request
-    W = 0
-    P = 0
-    for i in range(B):
-        nb = (L[order[i]] + block_n - 1) // block_n
-        lo = P + o
-        hi = lo + nb
-        cnt = 1
-        for kk in range(lo // share + 1, (hi + share - 1) // share):
-            cut = kk * share - lo
-            if mp <= 1 or (cut >= mp and nb - cut >= mp):
-                cnt += 1
-        W += cnt
-        P += nb + o
-    b64 = np.empty(B + 2 * W, np.int64)
-    b32 = np.empty(B + 2 * W + 1, np.int32)
+    inv = 1.0 / share
+    m0 = mp if mp > 1 else 1
+    WM = B + min(C - 1, sum_nb)  # at least W
+    b64 = np.empty(B + 2 * WM, np.int64)
+    b32 = np.empty(B + 2 * WM + 1, np.int32)
     b64[:B] = L
-    start = b64[B: B + W]
-    end = b64[B + W:]
+    start = b64[B: B + WM]
+    end = b64[B + WM:]
     num_splits = b32[:B]
-    req = b32[B: B + W]
-    cta_start = b32[B + W:]
+    req = b32[B: B + WM]
+    cta_start = b32[B + WM:]
     nc = 0
     prev_cta = -1
     w = 0
@@ -319,45 +383,52 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first):
     for i in range(B):
         b = order[i]
         Lb = L[b]
-        nb = (Lb + block_n - 1) // block_n
+        nb = _blocks(Lb, block_n, sh, inv_bn)
         lo = P + o
         hi = lo + nb
+        # the first kept cut (a multiple of share at or after lo + m0) and the last allowed position
+        m = (_div(lo + m0 - 1, share, inv) + 1) * share
+        m_end = hi - m0
         prev = 0
         j = 0
-        kk = lo // share + 1
-        k_end = (hi + share - 1) // share
         while True:
-            # the next kept cut after prev, or the request's end
-            eb = nb
-            while kk < k_end:
-                cut = kk * share - lo
-                kk += 1
-                if mp <= 1 or (cut >= mp and nb - cut >= mp):
-                    eb = cut
-                    break
+            if m <= m_end:
+                eb = m - lo
+                m += share
+            else:
+                eb = nb
             req[w] = b
             s = prev * block_n
             e = eb * block_n
             start[w] = s if s < Lb else Lb
             end[w] = e if e < Lb else Lb
-            push = 0
-            if j == 0:
-                push = min(mp - 1, max(nb - 1, 0))
-            c = (lo + prev + push) // share
+            pos = lo + prev
+            if j == 0:  # push = min(mp - 1, max(nb - 1, 0))
+                push = nb - 1 if nb > 1 else 0
+                if mp - 1 < push:
+                    push = mp - 1
+                pos += push
+            c = _div(pos, share, inv)
             if c > C - 1:
                 c = C - 1
-            if c != prev_cta:
-                cta_start[nc] = w
-                nc += 1
-                prev_cta = c
+            # a new CTA starts here when c changes: the slot is written either way
+            # and kept only then (a select, not a mispredicted branch)
+            cta_start[nc] = w
+            nc += 1 if c != prev_cta else 0
+            prev_cta = c
             w += 1
             j += 1
             if eb == nb:
                 break
             prev = eb
         num_splits[b] = j
-        P += nb + o
+        P = hi
+    W = w
     cta_start[nc] = W
+    if W < WM:  # compact to [kv_lens | start | end] and [num_splits | work_request | cta_indptr]
+        b64[B + W: B + 2 * W] = end[:W]
+        b32[B + W: B + W + nc + 1] = cta_start[:nc + 1]
+        b64 = b64[:B + 2 * W]
     return 0, 0, W, nc + 1, b64, b32
 
 
@@ -401,6 +472,94 @@ def _hist_units(L_in):
     return bad, B, total, q
 
 
+# smallest x with x * x >= 2^(2k + 1), k = 0..62: round(log2 x) without squaring x
+_HALF_UP = np.array([math.isqrt((1 << (2 * k + 1)) - 1) + 1 for k in range(63)], dtype=np.int64)
+
+
+@_jit
+def _log2_class(x):
+    """buckets._log2_class, ``round(log2 x)`` (halves up) for ``1 <= x < 2^53``."""
+    k = math.frexp(float(x))[1] - 1  # floor(log2 x), exact below 2^53
+    return k + (1 if x >= _HALF_UP[k] else 0)
+
+
+@_jit
+def _nearest_within(cum, cls, empty, lo, hi, key_cum, key_b, key_t, key_empty, class_units, lim):
+    """First minimum of the scaled distance over rows ``lo:hi`` among those within
+    ``lim`` (scaled); (-1, 0) if none. Rows whose class steps alone exceed the
+    limit or reach the best so far are skipped without their histogram."""
+    best = -1
+    best_d = 0
+    nb = cum.shape[1]
+    for i in range(lo, hi):
+        if empty[i] != key_empty:
+            continue
+        d = class_units * (abs(cls[i, 0] - key_b) + abs(cls[i, 1] - key_t))
+        if d > lim or (best >= 0 and d >= best_d):
+            continue
+        if not key_empty:
+            for j in range(nb):
+                d += abs(cum[i, j] - key_cum[j])
+        if d <= lim and (best < 0 or d < best_d):
+            best = i
+            best_d = d
+    return best, best_d
+
+
+@_jit
+def _put_int(out, n, v):
+    """Decimal digits of ``0 <= v < 1000`` into ``out[n:]``; returns the new end."""
+    if v >= 100:
+        out[n] = 48 + v // 100
+        n += 1
+    if v >= 10:
+        out[n] = 48 + (v // 10) % 10
+        n += 1
+    out[n] = 48 + v % 10
+    return n + 1
+
+
+@_jit
+def _key_nearest(L_in, cum, cls, empty, n_first, class_units, lim):
+    """PolicyTable.plan's compiled step: validate the lengths, the bucket key's
+    classes and histogram (as ``bucket_key``), and the nearest candidate.
+
+    Candidates are rows of ``cum`` (int64 [n, NUM_BINS], cumulative histograms),
+    ``cls`` (int64 [n, 2], batch and tokens class) and ``empty`` (bool [n]);
+    rows ``:n_first`` are searched first, rows ``n_first:`` only when none of
+    those is within ``lim`` (the scaled distance limit, float). Returns (bad,
+    batch_class, tokens_class, w, row, scaled distance): ``bad`` the first
+    out-of-range index or -1; ``w`` the ASCII text of the key's ``w`` field
+    (uint8); ``row`` -1 when no candidate is within the limit.
+    """
+    bad, B, total, q = _hist_units(L_in)
+    w = np.empty(6 * _UNITS, np.uint8)
+    if bad >= 0:
+        return bad, 0, 0, w[:0], -1, 0
+    bc = _log2_class(B)
+    key_empty = total == 0
+    tc = -1 if key_empty else _log2_class(total)
+    key_cum = np.empty(_NBINS, np.int64)
+    acc = 0
+    n = 0
+    for j in range(_NBINS):
+        u = q[j]
+        acc += u
+        key_cum[j] = acc
+        if u:
+            if n:
+                w[n] = 45  # "-"
+                n += 1
+            n = _put_int(w, n, j)
+            w[n] = 120  # "x"
+            n = _put_int(w, n + 1, u)
+    row, d = _nearest_within(cum, cls, empty, 0, n_first, key_cum, bc, tc, key_empty, class_units, lim)
+    if row < 0:
+        row, d = _nearest_within(cum, cls, empty, n_first, cum.shape[0], key_cum, bc, tc, key_empty, class_units,
+                                 lim)
+    return -1, bc, tc, w[:n], row, d
+
+
 @_jit
 def _nearest_scaled(cum, cls, empty, key_cum, key_b, key_t, key_empty, class_units):
     """policy_table._Candidates.nearest's scaled distances: (index of the first
@@ -428,8 +587,9 @@ def _nearest_scaled(cum, cls, empty, key_cum, key_b, key_t, key_empty, class_uni
 def as_kv_lens(kv_lens: Any) -> np.ndarray:
     """``kv_lens`` as a 1-D int32 or int64 NumPy array, converted once.
 
-    A list or tuple of Python ints becomes int64 (elements that are not integers,
-    bools included, raise the reference's ``ValueError`` naming the index); an
+    A list or tuple of Python ints becomes int64 in one ``np.array`` call (elements
+    that are not integers, bools and NumPy bools included, raise the reference's
+    ``ValueError`` naming the index); an
     int32/int64 array is returned as is; anything else goes through the reference
     conversion. The value range (0 <= kv_len <= 2^31-1) is checked by the
     compiled pass that reads the array, not here.
@@ -444,11 +604,18 @@ def as_kv_lens(kv_lens: Any) -> np.ndarray:
             arr = np.array(kv_lens)
         except (OverflowError, ValueError, TypeError):
             return _as_kv_lens(kv_lens)
-        if arr.dtype != np.int64 or arr.ndim != 1 or arr.shape[0] == 0:
+        # int64 exactly when every element is an int, NumPy integer or bool (the
+        # dtype singleton; anything else goes to the reference, which names the element)
+        if arr.dtype is not _I64 or arr.ndim != 1 or not 0 < arr.shape[0] <= MAX_BATCH:
             return _as_kv_lens(kv_lens)
-        # a bool among ints converts to 0/1: only then look at the element types
-        if _min_value(arr) <= 1 and bool in set(map(type, kv_lens)):
-            return _as_kv_lens(kv_lens)
+        # a bool (Python's or NumPy's) among ints converts to 0/1: only then look
+        # at the types of the elements that are 0 or 1
+        if _min_value(arr) <= 1:
+            for i in np.flatnonzero(arr <= 1).tolist():
+                v = kv_lens[i]
+                if type(v) is not int and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                    return _as_kv_lens(kv_lens)
+        return arr  # a new 1-D C-contiguous array
     else:
         return _as_kv_lens(kv_lens)
     if arr.ndim != 1:
@@ -461,6 +628,9 @@ def as_kv_lens(kv_lens: Any) -> np.ndarray:
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return arr
+
+
+_I64 = np.dtype(np.int64)
 
 
 def _range_error(arr: np.ndarray, i: int) -> ValueError:
@@ -476,7 +646,8 @@ class _Spec:
     """What a (policy, params, shape, device) combination plans with (batch independent)."""
 
     __slots__ = ("kind", "rule", "arg", "min_chunk", "max_splits", "heavy", "pack", "C", "o", "mp", "cfg",
-                 "policy", "params", "H", "head_dim", "page_size", "dtype", "gpu", "device")
+                 "policy", "params", "H", "head_dim", "page_size", "dtype", "gpu", "device", "kernel", "args",
+                 "fields")
 
 
 _SPECS: dict[tuple, _Spec] = {}
@@ -552,7 +723,25 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
     sp.H, sp.head_dim, sp.page_size, sp.dtype = num_kv_heads, head_dim, page_size, dtype
     sp.gpu = dev.name
     sp.device = dev
+    # what plan_with_spec passes: the compiled rule and its arguments, the Plan's batch-independent fields
+    if sp.kind == "stream_k":
+        sp.kernel, sp.args = _stream_k, (sp.H, sp.C, cfg.block_n, sp.o, sp.mp, sp.heavy)
+    else:
+        sp.kernel, sp.args = _even_chunks, (sp.H, cfg.block_n, sp.rule, sp.arg, sp.min_chunk, sp.max_splits,
+                                            sp.heavy, sp.pack, MAX_WORK_ITEMS)
+    sp.fields = {"config": cfg, "policy": policy, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
+                 "page_size": page_size, "dtype": dtype, "gpu": dev.name}
     return sp
+
+
+def spec(policy: str, params: Mapping[str, Any] | None, num_kv_heads: int, device: DeviceSpec | str,
+         head_dim: int, page_size: int, dtype: str) -> _Spec | None:
+    """The parsed form of a (policy, params, shape) combination for :func:`plan_with_spec`,
+    or ``None`` for a policy the compiled core does not plan. Raises the reference's
+    ``ValueError`` on bad parameters."""
+    if type(policy) is not str or policy not in FAST_POLICIES:
+        return None
+    return _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype)
 
 
 def _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype) -> _Spec:
@@ -584,32 +773,31 @@ def make_plan(kv_lens: Any, *, num_kv_heads: int, device: DeviceSpec | str, poli
               dtype: str = "bfloat16") -> Plan | None:
     """:func:`kvsplit.kernels.plan.make_plan` on the compiled core; ``None`` when
     it does not apply (numba off, or a policy outside :data:`FAST_POLICIES`)."""
-    if not ENABLED or policy not in FAST_POLICIES or type(policy) is not str:
+    if not ENABLED or type(policy) is not str or policy not in FAST_POLICIES:
         return None
     sp = _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype)
-    arr = as_kv_lens(kv_lens)
-    cfg = sp.cfg
-    if sp.kind == "stream_k":
-        status, info, W, nc, b64, b32 = _stream_k(arr, sp.H, sp.C, cfg.block_n, sp.o, sp.mp, sp.heavy)
-    else:
-        status, info, W, nc, b64, b32 = _even_chunks(
-            arr, sp.H, cfg.block_n, sp.rule, sp.arg, sp.min_chunk, sp.max_splits, sp.heavy, sp.pack, MAX_WORK_ITEMS)
+    return plan_with_spec(as_kv_lens(kv_lens), sp, True)
+
+
+def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
+    """The plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`);
+    ``check=False`` skips the range check of lengths an earlier compiled pass checked."""
+    status, info, W, nc, b64, b32 = sp.kernel(arr, *sp.args, check)
     if status:
         if status == 1:
             raise _range_error(arr, info)
         raise ValueError(f"params: the plan would have {info} work items, above the limit of {MAX_WORK_ITEMS} "
                          f"(fewer splits per request)")
-    b64.flags.writeable = False
-    b32.flags.writeable = False
+    b64.setflags(write=False)  # (cheaper than .flags.writeable = False)
+    b32.setflags(write=False)
     B = arr.shape[0]
     L, start, end = b64[:B], b64[B: B + W], b64[B + W:]
     n, req, cta = b32[:B], b32[B: B + W], b32[B + W: B + W + nc]
     plan = _new(Plan)
-    plan.__dict__.update(
-        kv_lens=L, num_splits=n, work_request=req, work_kv_start=start, work_kv_end=end, cta_indptr=cta,
-        config=cfg, policy=sp.policy, params=dict(sp.params), num_kv_heads=sp.H, head_dim=sp.head_dim,
-        page_size=sp.page_size, dtype=sp.dtype, gpu=sp.gpu, _cache={},
-    )
+    d = plan.__dict__
+    d.update(sp.fields)
+    d.update(kv_lens=L, num_splits=n, work_request=req, work_kv_start=start, work_kv_end=end, cta_indptr=cta,
+             params=dict(sp.params), _cache={})
     return plan
 
 
@@ -629,7 +817,7 @@ def _shape(num_kv_heads, head_dim, dtype, device, page_size) -> tuple:
     return out
 
 
-def _log2_class(x: int) -> int:
+def _py_log2_class(x: int) -> int:
     k = int(x).bit_length() - 1
     return k + (int(x) * int(x) >= 1 << (2 * k + 1))
 
@@ -653,15 +841,12 @@ def bucket_key(kv_lens: Any, *, num_kv_heads: int, head_dim: int, dtype: str,
     if total:
         idx = np.flatnonzero(q)
         hist = tuple(zip(idx.tolist(), q[idx].tolist()))
-        tokens_class = _log2_class(total)
+        tokens_class = _py_log2_class(total)
     else:
         hist = ()
         tokens_class = -1
-    key = _new(BucketKey)
     # the fields are made here, valid by construction (BucketKey.__post_init__ would re-check them)
-    key.__dict__.update(gpu=slug, num_kv_heads=H, head_dim=D, dtype=dtype, page_size=ps,
-                        batch_class=_log2_class(B), tokens_class=tokens_class, hist=hist)
-    return key
+    return BucketKey._trusted(slug, H, D, dtype, ps, _py_log2_class(B), tokens_class, hist)
 
 
 def nearest_scaled(cum: np.ndarray, cls: np.ndarray, empty: np.ndarray, key_cum: np.ndarray, key_b: int,
@@ -686,6 +871,9 @@ def warmup() -> None:
     as_kv_lens([3, 1, 2])
     z = np.zeros((1, NUM_BINS), np.int64)
     _nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
+    for dt in (np.int32, np.int64):
+        _key_nearest(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
+                     80.0)
 
 
 def default_block_n(head_dim: int, dtype: str) -> int:

@@ -18,6 +18,13 @@ here for all candidates of a family at once with NumPy (bit-identical: integer
 sums divided by powers of two); ties go to the smaller bucket key string, then
 the smaller policy id, as :func:`kvsplit.kernels.buckets.nearest` breaks them.
 
+:meth:`PolicyTable.plan` on the compiled core (:mod:`.fastplan`): the call's
+shape is validated once and kept per table (with the family's candidates as
+contiguous arrays, the key's string prefix and each entry's parsed policy: a
+cache of argument checks, never of a batch's key, match or plan), the lengths
+are converted once, one compiled pass computes the key and the nearest
+candidate (the same integer distances and tie rule) and one the plan.
+
 Pure NumPy: no torch, FastAPI or SQLAlchemy import.
 
 Document fields::
@@ -46,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, BucketKey, key_of
+from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, BucketKey, key_of, key_prefix
 from .device import DeviceSpec
 from .limits import _as_kv_lens
 from .plan import POLICIES, Plan, make_plan
@@ -135,6 +142,12 @@ class PolicyTable:
             groups.setdefault(e.shape, {"tuned": [], "simulated": []})[e.source].append(e)
         self._by_shape = {shape: {src: _Candidates(es) for src, es in g.items() if es}
                           for shape, g in groups.items()}
+        # per family, every candidate as one contiguous array set, tuned rows first (the compiled lookup)
+        self._rows: dict[tuple, _Rows] = {shape: _Rows(g.get("tuned", ()), g.get("simulated", ()))
+                                          for shape, g in groups.items()}
+        # validated shapes and what a plan needs besides the lengths, by the call's shape fields
+        # (a cache of argument checks, never of a batch's key, lookup or plan)
+        self._shapes: dict[tuple, _ShapeCtx] = {}
 
     # -- construction ----------------------------------------------------------
     @classmethod
@@ -286,8 +299,30 @@ class PolicyTable:
             On invalid arguments, naming them.
         """
         if shape is None:
-            shape = Shape.of(device=device if device is not None else gpu, num_qo_heads=num_qo_heads,
-                             num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
+            sc = None
+            # exact types only (1 == 1.0 == True would otherwise share a checked entry), and
+            # no device or an immutable DeviceSpec (kept by identity; a mapping could change)
+            if (type(num_kv_heads) is int and type(num_qo_heads) is int and type(head_dim) is int
+                    and type(page_size) is int and type(dtype) is str
+                    and (type(gpu) is str if device is None else type(device) is DeviceSpec)):
+                fields = (gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, None if device is None
+                          else id(device))
+                sc = self._shapes.get(fields)
+                if sc is None or sc.device is not device:
+                    sc = self._shape_ctx(fields, Shape.of(
+                        device=device if device is not None else gpu, num_qo_heads=num_qo_heads,
+                        num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size), device)
+            else:
+                shape = Shape.of(device=device if device is not None else gpu, num_qo_heads=num_qo_heads,
+                                 num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
+        else:
+            sc = self._shapes.get(id(shape))
+            if sc is None or sc.shape is not shape:
+                sc = self._shape_ctx(id(shape), shape, shape) if isinstance(shape, Shape) else None
+        if sc is not None:
+            if _fastplan.ENABLED:
+                return sc.plan(self, kv_lens)
+            shape = sc.shape
         ctx = shape.plan_context()
         if _fastplan.ENABLED:  # converted once; the compiled passes of bucket_key and make_plan check the range
             L = _fastplan.as_kv_lens(kv_lens)
@@ -311,6 +346,86 @@ class PolicyTable:
                      "params": dict(self.fallback_params), "source": "fallback"})
         plan = plan_with(entry.name, entry.params)
         return plan, {"key": str(key), "matched": entry.bucket, "distance": d}, entry.info()
+
+    def _shape_ctx(self, cache_key: Any, shape: Shape, owner: Any) -> "_ShapeCtx":
+        if len(self._shapes) >= 64:
+            self._shapes.clear()
+        sc = _ShapeCtx(shape, self._rows.get(shape.family), self.distance_limit, owner if owner is not shape
+                       else None)
+        self._shapes[cache_key] = sc
+        return sc
+
+
+class _Rows:
+    """One family's candidates for the compiled lookup: tuned rows then simulated
+    rows, each part sorted by (bucket string, id) as :class:`_Candidates`."""
+
+    def __init__(self, tuned: Sequence[PolicyEntry], simulated: Sequence[PolicyEntry]) -> None:
+        self.entries = list(tuned) + list(simulated)
+        self.n_tuned = len(tuned)
+        n = len(self.entries)
+        self.cum = np.zeros((n, NUM_BINS), dtype=np.int64)
+        for i, e in enumerate(self.entries):
+            self.cum[i] = _cum_hist(e.key)
+        self.cls = np.array([(e.key.batch_class, e.key.tokens_class) for e in self.entries],
+                            dtype=np.int64).reshape(n, 2)
+        self.empty = np.array([not e.key.hist for e in self.entries], dtype=np.bool_)
+
+
+_NO_ROWS = _Rows((), ())
+
+
+class _ShapeCtx:
+    """A validated shape of :meth:`PolicyTable.plan` and what planning with it
+    needs besides the lengths: the family's candidate rows, the key prefix, the
+    scaled distance limit, and the parsed policy of each row (made on first use)."""
+
+    def __init__(self, shape: Shape, rows: "_Rows | None", limit: float, device: Any) -> None:
+        self.shape = shape
+        self.device = device  # the ``device`` argument the entry was made for (identity)
+        self.ctx = shape.plan_context()
+        self.rows = rows if rows is not None else _NO_ROWS
+        gpu, H, D, dt, ps = shape.family
+        self.prefix = key_prefix(gpu, H, D, dt, ps)
+        self.lim = float(limit) * _SCALE  # d <= limit  <=>  scaled <= limit * 2^k (exact)
+        self.specs: list[Any] = [None] * len(self.rows.entries)
+        self.fallback_spec: Any = None
+
+    def _spec(self, name: str, params: Mapping[str, Any]) -> Any:
+        c = self.ctx
+        sp = _fastplan.spec(name, params, c.num_kv_heads, c.device, c.head_dim, c.page_size, c.dtype)
+        return sp if sp is not None else False
+
+    def plan(self, table: PolicyTable, kv_lens: Any) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
+        """:meth:`PolicyTable.plan` on the compiled core: one conversion, one compiled
+        key-and-lookup pass (which checks the lengths), one compiled plan pass."""
+        L = _fastplan.as_kv_lens(kv_lens)
+        r = self.rows
+        bad, bc, tc, w, i, scaled = _fastplan._key_nearest(L, r.cum, r.cls, r.empty, r.n_tuned, _CLASS_UNITS,
+                                                          self.lim)
+        if bad >= 0:
+            raise _fastplan._range_error(L, bad)
+        key = f"{self.prefix}.b{bc}.t{tc}.w{w.tobytes().decode()}"
+        if i < 0:
+            sp = self.fallback_spec
+            if sp is None:
+                sp = self.fallback_spec = self._spec(table.fallback_name, table.fallback_params)
+            plan = self._plan(L, sp, table.fallback_name, table.fallback_params)
+            return (plan, {"key": key, "matched": None, "distance": None},
+                    {"id": None, "version": None, "name": table.fallback_name,
+                     "params": dict(table.fallback_params), "source": "fallback"})
+        entry = r.entries[i]
+        sp = self.specs[i]
+        if sp is None:
+            sp = self.specs[i] = self._spec(entry.name, entry.params)
+        plan = self._plan(L, sp, entry.name, entry.params)
+        return plan, {"key": key, "matched": entry.bucket, "distance": scaled / _SCALE}, entry.info()
+
+    def _plan(self, L: np.ndarray, sp: Any, name: str, params: Mapping[str, Any]) -> Plan:
+        if sp is not False:
+            return _fastplan.plan_with_spec(L, sp, False)
+        c = self.ctx  # a policy the compiled core does not plan (flashinfer, fa3)
+        return plan_batch(_as_kv_lens(L), c, name, params)
 
 
 def _cum_hist(key: BucketKey) -> np.ndarray:
