@@ -316,3 +316,58 @@ def test_reference_bad_input_names_the_argument(good, mutate, exc, needle):
     with pytest.raises(exc) as info:
         reference_decode_attention(**case)
     assert needle in str(info.value)
+
+
+# ----------------------------------------------------------------------------- issue 12: the prefetching loop
+
+@pytest.mark.parametrize("block_n, page_size, policy", [(16, 16, "stream_k"), (32, 8, "fixed"), (64, 16, "no_split"),
+                                                        (16, 4, "balanced"), (128, 16, "fixed")])
+def test_prefetching_loop_matches_reference_fp16(block_n, page_size, policy):
+    """The stage-1 loop that loads the next tile's page ids one iteration ahead: same output as the plain
+    loop and the reference, including tiles that end inside a page and the masked look-ahead past kv_len."""
+    from kvsplit.kernels.decode import launch_decode
+
+    lens = [300, 0, 1, 77, 160, 33, block_n, block_n + 1]
+    params = {"block_n": block_n, **({"num_splits": 3} if policy == "fixed" else {})}
+    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy=policy, params=params, head_dim=D,
+                     page_size=page_size, dtype="float16")
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=page_size,
+                     dtype=torch.float16, seed=block_n + page_size)
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    outs = []
+    for prefetch in (True, False):
+        ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+        o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                               plan.to("cpu"), plan.config, out=torch.empty_like(case["q"]), workspace=ws,
+                               num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
+                               max_splits=int(plan.num_splits.max()), return_lse=True, prefetch=prefetch)
+        assert not torch.isnan(o).any()
+        assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
+        fin = torch.isfinite(ref_lse)
+        assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+        outs.append(o.clone())
+    assert (outs[0].float() - outs[1].float()).abs().max().item() < 1e-3
+
+
+def test_prefetch_rule_keeps_residency_on_the_h200():
+    """prefetch_default against the residency arithmetic (kernels/residency.py, 65,536 registers and 228 KB
+    of shared memory per SM, 1 KB reserved per CTA): on only where the num_stages - 1 K/V buffers (+ 8 KB)
+    keep the resident CTAs per SM of the measured kernel."""
+    from kvsplit.kernels.decode import prefetch_default
+    from kvsplit.kernels.limits import KernelConfig
+
+    h200 = DeviceSpec.known("NVIDIA H200")
+
+    def on(bn, w, s, dev=h200):
+        return prefetch_default(KernelConfig(block_n=bn, num_warps=w, num_stages=s), 128, "bfloat16", 2, dev)
+
+    assert not on(64, 4, 2) and not on(128, 4, 2) and not on(256, 8, 2)  # 2 stages: one K/V buffer either way
+    # (64, 4, 3): 156 registers -> 65536 // (160 * 128) = 3 CTAs; 2 x 32 KB + 8 KB = 72 KB -> 228 // 73 = 3: kept
+    assert on(64, 4, 3)
+    # (64, 8, 3): 114 registers x 256 threads -> 2 CTAs; 72 KB -> 3: kept at 2
+    assert on(64, 8, 3)
+    # (128, 8, 3): 156 x 256 -> 1 CTA; 2 x 64 KB + 8 KB = 136 KB -> 1: kept
+    assert on(128, 8, 3)
+    # (128, 4, 3): 238 registers -> 2 CTAs; 136 KB -> 1: residency would drop, so off
+    assert not on(128, 4, 3)
+    assert not on(64, 4, 3, dev=None)  # no device (the CPU interpreter): the plain loop
