@@ -15,7 +15,11 @@ Two launches, both driven by a :class:`~kvsplit.kernels.plan.Plan`:
    it streams ``[kv_start, kv_end)`` of the request in ``BLOCK_N``-token tiles
    through the page table with an online softmax (base-2, as FlashAttention-2,
    Dao 2023), the G = H_q / H_kv query heads of the KV head packed into the M
-   side of ``tl.dot`` (padded to 16 rows; "PackGQA"). Items of requests with a
+   side of ``tl.dot`` (padded to 16 rows; "PackGQA"). With ``config.prefetch``
+   the page ids of the next tile are loaded one iteration ahead, so the K/V
+   loads of a tile no longer depend on a load of their own iteration and
+   Triton's software pipeliner keeps ``num_stages - 1`` K/V tiles in flight
+   (without it the pipeliner single-buffers K/V whatever ``num_stages``). Items of requests with a
    single split write the final output (and LSE); the others write a partial
    output (fp32, normalized) and its LSE into the workspace. With
    ``schedule="persistent"``, ``num_programs`` CTAs take work tiles in plan order
@@ -31,7 +35,6 @@ request's last page or in pages it does not own never reaches the output.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -40,10 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .device import DeviceSpec
-from .limits import KernelConfig
 from .plan import Plan
-from .residency import MEASURED, occupancy, resident_ctas_per_sm
 from .reference import _check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
 
 __all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
@@ -52,55 +52,6 @@ _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
 _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-
-_PF_EXTRA_SMEM = 8192
-"""Shared memory of the stage-1 kernel besides its K/V buffers (q, page ids, dot scratch), bytes; the
-compiled kernels hold 6-7 KB (sm_90, D 128, bf16)."""
-
-
-def prefetch_default(config: Any, head_dim: int, dtype: str, dtype_bytes: int, device: DeviceSpec | None) -> bool:
-    """Whether stage 1 loads the next tile's page ids one iteration ahead for ``config`` (module doc).
-
-    Parameters
-    ----------
-    config : KernelConfig
-        ``block_n``, ``num_warps``, ``num_stages`` of the launch.
-    head_dim, dtype, dtype_bytes
-        D, the KV dtype name and its size in bytes.
-    device : DeviceSpec or None
-        The GPU; ``None`` (the CPU interpreter, an unknown GPU) -> ``False``.
-
-    Returns
-    -------
-    bool
-        ``True`` when ``num_stages >= 3`` (with 2 stages Triton's pipeliner keeps one K/V buffer
-        either way) and the ``num_stages - 1`` K/V buffers the prefetching loop then gets, plus
-        :data:`_PF_EXTRA_SMEM`, keep the config's resident CTAs per SM
-        (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`, registers as measured). On the
-        H200 this holds for (32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3) and not for (128, 4, 3)
-        (2 -> 1 CTA per SM) or (64, 4, 4) (3 -> 2), which the same-plan A/B of docs/perf.md
-        (round 3) bears out: 0.90-0.94x where residency drops, 1.00-1.41x elsewhere.
-    """
-    if device is None or config.num_stages < 3:
-        return False
-    bn, w, st = config.block_n, config.num_warps, config.num_stages
-    base = resident_ctas_per_sm(device, head_dim, dtype, dtype_bytes, bn, w, st)
-    m = MEASURED.get((device.name, head_dim, dtype, bn, w, st))
-    regs = m[0] if m is not None else 128
-    smem = (st - 1) * 2 * bn * head_dim * dtype_bytes + _PF_EXTRA_SMEM
-    return occupancy(device, w, regs, smem) >= base
-
-
-@functools.lru_cache(maxsize=64)
-def _prefetch_for(cfg_key: tuple[int, int, int], head_dim: int, dtype: str, dtype_bytes: int,
-                  device_index: int) -> bool:
-    try:
-        spec = DeviceSpec.known(torch.cuda.get_device_name(device_index))
-    except ValueError:  # a GPU outside the table: no measured residency, keep the plain loop
-        return False
-    cfg = KernelConfig(block_n=cfg_key[0], num_warps=cfg_key[1], num_stages=cfg_key[2])
-    return prefetch_default(cfg, head_dim, dtype, dtype_bytes, spec)
-
 
 # ----------------------------------------------------------------------------
 # Triton kernels
@@ -577,6 +528,9 @@ def launch_decode(
     batch and the call can be replayed by a CUDA graph. The caller validated
     the inputs (:func:`decode_attention` or
     :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
+
+    ``prefetch`` overrides ``config.prefetch`` (the stage-1 loop that loads the
+    next tile's page ids one iteration ahead; for A/B benchmarks).
     """
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
@@ -601,8 +555,7 @@ def launch_decode(
     counts_arg = counts if device_counts else workspace.counter
     block_h = max(16, triton.next_power_of_2(G))
     if prefetch is None:
-        prefetch = q.is_cuda and _prefetch_for((cfg.block_n, cfg.num_warps, cfg.num_stages), D,
-                                               _TORCH_DTYPES[q.dtype], q.element_size(), q.device.index or 0)
+        prefetch = bool(getattr(cfg, "prefetch", False))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,

@@ -57,6 +57,14 @@ class KernelConfig:
         work tiles in plan order from a global atomic counter.
     num_programs : int
         Programs of a persistent launch (ignored, and stored as 0, for ``grid``).
+    prefetch : bool
+        Load the next tile's page ids one iteration ahead, so Triton's software
+        pipeliner keeps ``num_stages - 1`` K/V tiles in flight (without it, one
+        K/V buffer for any ``num_stages``: the page-id load feeds the K/V
+        addresses of its own iteration). Needs ``num_stages >= 3``; costs
+        ``num_stages - 1`` K/V buffers of shared memory, which
+        :func:`kvsplit.kernels.residency.resident_ctas_per_sm` counts
+        (docs/perf.md, round 3).
     """
 
     block_n: int = 64
@@ -64,6 +72,7 @@ class KernelConfig:
     num_stages: int = 2
     schedule: str = "grid"
     num_programs: int = 0
+    prefetch: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -192,6 +201,11 @@ def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
         _pos_int("params.num_programs", cfg.num_programs, 1, MAX_NUM_PROGRAMS)
     elif cfg.num_programs != 0:
         raise ValueError("params.num_programs: only meaningful with schedule='persistent'")
+    if not isinstance(cfg.prefetch, bool):
+        raise ValueError(f"params.prefetch: expected true or false, got {cfg.prefetch!r}")
+    if cfg.prefetch and cfg.num_stages < 3:
+        raise ValueError(f"params.prefetch: needs num_stages >= 3 (with {cfg.num_stages} the pipeliner keeps one K/V "
+                         "buffer and there is nothing to prefetch into)")
     elt = DTYPES[dtype]
     smem = max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * head_dim * elt
     if smem > _SMEM_BUDGET:

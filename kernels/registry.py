@@ -26,7 +26,7 @@ class PlanContext:
 
 
 
-KNOB_PARAMS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "order", "pack_tokens")
+KNOB_PARAMS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "order", "pack_tokens", "prefetch")
 """Parameters every policy accepts (kernel knobs, launch order, CTA packing)."""
 
 
@@ -53,7 +53,12 @@ def _knobs(params: Mapping[str, Any], ctx: PlanContext, default_order: str, defa
     if order not in ORDERS:
         raise ValueError(f"params.order: expected one of {ORDERS}, got {order!r}")
     pack = _pos_int("params.pack_tokens", params.get("pack_tokens", 0), 0, MAX_PACK_TOKENS)
-    cfg = KernelConfig(int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs))
+    prefetch = params.get("prefetch", False)
+    if isinstance(prefetch, np.bool_):
+        prefetch = bool(prefetch)
+    if not isinstance(prefetch, bool):
+        raise ValueError(f"params.prefetch: expected true or false, got {prefetch!r}")
+    cfg = KernelConfig(int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs), prefetch)
     _check_config(cfg, ctx.head_dim, ctx.dtype)
     return cfg, order, pack
 

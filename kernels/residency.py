@@ -26,7 +26,7 @@ import math
 
 from .device import DeviceSpec
 
-__all__ = ["MEASURED", "occupancy", "estimate", "resident_ctas_per_sm"]
+__all__ = ["MEASURED", "MEASURED_PREFETCH", "occupancy", "estimate", "resident_ctas_per_sm"]
 
 # (gpu, head_dim, dtype, block_n, num_warps, num_stages) -> (n_regs, shared bytes), read off the compiled
 # stage-1 kernel (G = 8, page_size 16, grid schedule; Triton 3.6, CUDA 13) on the H200 by bench/gpu_sweep.py
@@ -45,6 +45,22 @@ MEASURED: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = {
 }
 for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED.items()):
     MEASURED[(_gpu, _d, "float16", _bn, _w, _s)] = _v
+
+# The same for the prefetching loop (KernelConfig.prefetch): registers and shared memory of the stage-1 kernel
+# compiled for sm_90 by Triton 3.6's ptxas on the CPU (triton.compile with the launch's specialization; the same
+# procedure gives the device-read MEASURED figures above exactly). K/V get num_stages - 1 buffers.
+MEASURED_PREFETCH: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = {
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3): (110, 37888),  # 4 CTAs/SM
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4): (110, 54272),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3): (164, 71680),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4): (164, 104448),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3): (112, 71680),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3): (168, 139264),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 3): (167, 139264),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 4): (167, 204800),  # 1
+}
+for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED_PREFETCH.items()):
+    MEASURED_PREFETCH[(_gpu, _d, "float16", _bn, _w, _s)] = _v
 
 
 def occupancy(device: DeviceSpec, num_warps: int, n_regs: int, shared_bytes: int) -> int:
@@ -79,9 +95,12 @@ def estimate(device: DeviceSpec, head_dim: int, dtype_bytes: int, block_n: int, 
 
 
 def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_bytes: int, block_n: int,
-                         num_warps: int, num_stages: int) -> int:
-    """Measured residency of a config on ``device`` if known, else :func:`estimate`."""
-    m = MEASURED.get((device.name, head_dim, dtype, block_n, num_warps, num_stages))
+                         num_warps: int, num_stages: int, *, prefetch: bool = False) -> int:
+    """Measured residency of a config on ``device`` if known, else :func:`estimate` (which assumes
+    ``num_stages - 1`` K/V buffers, as the prefetching loop has). ``prefetch``: the config with
+    ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`)."""
+    table = MEASURED_PREFETCH if prefetch else MEASURED
+    m = table.get((device.name, head_dim, dtype, block_n, num_warps, num_stages))
     if m is not None:
         return occupancy(device, num_warps, m[0], m[1])
     return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages)

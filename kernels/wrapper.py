@@ -74,7 +74,7 @@ from .plan import Plan, make_plan
 __all__ = ["DecodeWrapper"]
 
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
-_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs")
+_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "prefetch")
 
 
 class DecodeWrapper:

@@ -73,6 +73,7 @@ class KernelConfigOut(BaseModel):
     num_stages: int
     schedule: Literal["grid", "persistent"]
     num_programs: int
+    prefetch: bool = False
 
 
 class MadeFor(BaseModel):

@@ -349,25 +349,39 @@ def test_prefetching_loop_matches_reference_fp16(block_n, page_size, policy):
     assert (outs[0].float() - outs[1].float()).abs().max().item() < 1e-3
 
 
-def test_prefetch_rule_keeps_residency_on_the_h200():
-    """prefetch_default against the residency arithmetic (kernels/residency.py, 65,536 registers and 228 KB
-    of shared memory per SM, 1 KB reserved per CTA): on only where the num_stages - 1 K/V buffers (+ 8 KB)
-    keep the resident CTAs per SM of the measured kernel."""
-    from kvsplit.kernels.decode import prefetch_default
-    from kvsplit.kernels.limits import KernelConfig
+def test_prefetch_knob_is_checked_and_counted_in_residency():
+    """params.prefetch: a bool, only with num_stages >= 3, kept in the plan's config (and its JSON form), and
+    counted in the residency the wave-aware rules plan against (kernels/residency.py, MEASURED_PREFETCH)."""
+    from kvsplit.kernels.plan import Plan
+    from kvsplit.kernels.residency import resident_ctas_per_sm
 
+    lens = [5000, 300, 7]
+    for bad, msg in ((1, "params.prefetch: expected true or false"), ("yes", "params.prefetch: expected true")):
+        with pytest.raises(ValueError, match=msg):
+            make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="balanced",
+                      params={"num_stages": 3, "prefetch": bad})
+    with pytest.raises(ValueError, match="params.prefetch: needs num_stages >= 3"):
+        make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", params={"prefetch": True})
+    p = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
+                  params={"block_n": 64, "num_stages": 3, "prefetch": True})
+    assert p.config.prefetch is True and p.to_dict()["config"]["prefetch"] is True
+    assert Plan.from_dict(p.to_dict()).config == p.config
     h200 = DeviceSpec.known("NVIDIA H200")
 
-    def on(bn, w, s, dev=h200):
-        return prefetch_default(KernelConfig(block_n=bn, num_warps=w, num_stages=s), 128, "bfloat16", 2, dev)
+    def res(bn, w, s, pf):
+        return resident_ctas_per_sm(h200, 128, "bfloat16", 2, bn, w, s, prefetch=pf)
 
-    assert not on(64, 4, 2) and not on(128, 4, 2) and not on(256, 8, 2)  # 2 stages: one K/V buffer either way
-    # (64, 4, 3): 156 registers -> 65536 // (160 * 128) = 3 CTAs; 2 x 32 KB + 8 KB = 72 KB -> 228 // 73 = 3: kept
-    assert on(64, 4, 3)
-    # (64, 8, 3): 114 registers x 256 threads -> 2 CTAs; 72 KB -> 3: kept at 2
-    assert on(64, 8, 3)
-    # (128, 8, 3): 156 x 256 -> 1 CTA; 2 x 64 KB + 8 KB = 136 KB -> 1: kept
-    assert on(128, 8, 3)
-    # (128, 4, 3): 238 registers -> 2 CTAs; 136 KB -> 1: residency would drop, so off
-    assert not on(128, 4, 3)
-    assert not on(64, 4, 3, dev=None)  # no device (the CPU interpreter): the plain loop
+    # (128, 4, 3): 238 registers -> 65536 // (240 * 128) = 2 CTAs; prefetching, 168 registers but 139,264 B of
+    # shared memory (two 64 KB K/V buffers) -> 233,472 // (139,264 + 1,024) = 1
+    assert res(128, 4, 3, False) == 2 and res(128, 4, 3, True) == 1
+    # (64, 4, 3): 156 registers -> 3; prefetching 164 registers -> 65536 // (168 * 128) = 3, 71,680 B -> 3
+    assert res(64, 4, 3, False) == 3 and res(64, 4, 3, True) == 3
+    # (64, 4, 4) prefetching: 104,448 B -> 233,472 // 105,472 = 2
+    assert res(64, 4, 4, True) == 2
+    # wave-aware balanced counts those slots: 132 SMs x 1 for (128, 4, 3) with prefetch
+    from kvsplit.kernels.policies import resident_slots
+    from kvsplit.kernels.registry import PlanContext
+
+    ctx = PlanContext(device=h200, num_kv_heads=4, head_dim=128, page_size=16, dtype="bfloat16")
+    assert resident_slots(ctx, p.config.__class__(block_n=128, num_warps=4, num_stages=3, prefetch=True)) == 132
+    assert resident_slots(ctx, p.config.__class__(block_n=128, num_warps=4, num_stages=3)) == 264

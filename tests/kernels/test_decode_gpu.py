@@ -184,23 +184,17 @@ def test_wrapper_graph_replays_across_growing_lens(policy, params):
 @pytest.mark.parametrize("cfg", [(32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 4), (128, 4, 3)])
 @pytest.mark.parametrize("schedule", ["grid", "persistent"])
 def test_prefetching_loop(dtype, cfg, schedule):
-    """prefetch on and off on the same plan (stream_k, CTAs crossing requests), against the reference."""
-    from kvsplit.kernels.decode import launch_decode, make_workspace
-
+    """params.prefetch on and off on the same partition (stream_k, CTAs crossing requests), against the reference."""
     lens = LENS + [70000]
     case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda",
                      seed=cfg[0] + cfg[2])
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    params = {"ctas_per_sm": 2, "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2], "schedule": schedule}
-    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", params=params, dtype=name)
     ref = reference_decode_attention(**case)
     for prefetch in (True, False):
-        ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
-        out = torch.full_like(case["q"], float("nan"))
-        launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                      plan.to("cuda"), plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
-                      num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=int(plan.num_splits.max()),
-                      prefetch=prefetch)
+        params = {"ctas_per_sm": 2, "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2],
+                  "schedule": schedule, "prefetch": prefetch}
+        plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", params=params, dtype=name)
+        out = decode_attention(**case, plan=plan, out=torch.full_like(case["q"], float("nan")))
         torch.cuda.synchronize()
         assert not torch.isnan(out).any()
         assert _rel_err(out, ref) < 2e-2
