@@ -134,3 +134,94 @@ def test_streamed_body_in_chunks_is_planned(client):
     assert r.status_code == 415
     r = client.post("/v1/plan", content=body, headers={"Content-Length": "abc"})
     assert r.status_code == 400 and r.headers["connection"] == "close"
+
+
+def _outcome(body: bytes, max_kv_len: int = 1 << 24):
+    try:
+        r = parse_plan_request(body, max_kv_len=max_kv_len)
+    except RequestValidationFailed as exc:
+        return "error", exc.errors
+    return "ok", (tuple(r[:6]), r.kv_lens.dtype.str, r.kv_lens.tolist(), r.shape)
+
+
+def _three_ways(monkeypatch, body: bytes, max_kv_len: int = 1 << 24):
+    """The outcome with the compiled scan, with orjson + array.array, and with the full checks only."""
+    from kvsplit.service import fastparse
+
+    warm = orjson.dumps(dict(SHAPE, kv_lens=[1]))
+    parse_plan_request(warm, max_kv_len=1 << 24)  # the header is cached
+    scan = _outcome(body, max_kv_len)
+    with monkeypatch.context() as m:
+        m.setattr(fastparse, "ENABLED", False)
+        arr = _outcome(body, max_kv_len)
+        m.setattr(validation, "_HEADERS", {})
+        full = _outcome(body, max_kv_len)
+    return scan, arr, full
+
+
+CRAFTED = [
+    b'{"gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,"dtype":"bfloat16","page_size":16,'
+    b'"kv_lens":[0,1,22,333]}',
+    b'{"kv_lens" :\n[ 5 ,\t6\r\n, 0 ] , "gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,'
+    b'"dtype":"bfloat16","page_size":16}',
+]
+TEMPLATE = ('{{"gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,"dtype":"bfloat16",'
+            '"page_size":16,"kv_lens":{}}}')
+for kv in ("[]", "[01]", "[1,]", "[,1]", "[1 2]", "[-1]", "[-0]", "[1.5]", "[1e3]", "[1E3]", "[2.0]", "[true]",
+           "[1,false]", "[null]", '["5"]', "[[5]]", "[{}]", "[16777216]", "[16777217]", "[99999999999999999999999]",
+           "[1,2", "[1,2]]", "0", "[+1]", "[ ]", "[1]  ", "[00]", "[0]", "[7,-8]"):
+    CRAFTED.append(TEMPLATE.format(kv).encode())
+CRAFTED += [
+    TEMPLATE.format("[1, 2]")[:-1].encode() + b',"kv_lens":[3]}',  # duplicate key: the last one wins
+    TEMPLATE.format("[1, 2]")[:-1].encode() + b',"kv_lens":0}',
+    b'{"kv_lens":[1],' + TEMPLATE.format("[1, 2]")[1:].encode(),
+    TEMPLATE.format("[1, 2]").replace('"NVIDIA H200"', '"NVIDIA H200\\"kv_lens\\":[4]"').encode(),
+    TEMPLATE.format("[1, 2]").replace('"NVIDIA H200"', '"kv_lens"').encode(),
+    TEMPLATE.format("[1, 2]").replace('"gpu"', '"x\\"kv_lens"').encode(),
+    TEMPLATE.format("[1, 2]").replace('"page_size":16', '"page_size":16,"device":null').encode(),
+    TEMPLATE.format("[1, 2]").replace('"page_size":16', '"page_size":16.0').encode(),
+    TEMPLATE.format("[1, 2]").replace('"num_qo_heads":32', '"num_qo_heads":{"kv_lens":[1]}').encode(),
+    TEMPLATE.format("[1, 2]").replace("}", ",}").encode(),
+    TEMPLATE.format("[1, 2]").encode() + b" x",
+    TEMPLATE.format("[1, 2]").encode()[:-1],
+    TEMPLATE.format("[3]").replace('"NVIDIA H200"', '"h200"').encode(),
+    TEMPLATE.format("[3]").replace('"NVIDIA H200"', '"NVIDIA \\u00e9"').encode(),
+    TEMPLATE.format("[3]").encode().replace(b"H200", b"H\xff00"),
+    TEMPLATE.format("[" + ",".join(["3"] * 65536) + "]").encode(),
+    TEMPLATE.format("[" + ",".join(["3"] * 65537) + "]").encode(),
+]
+
+
+@pytest.mark.parametrize("body", CRAFTED, ids=range(len(CRAFTED)))
+def test_compiled_scan_agrees_with_orjson_and_the_full_checks(monkeypatch, body):
+    scan, arr, full = _three_ways(monkeypatch, body)
+    assert scan == arr == full, body[:200]
+
+
+def test_compiled_scan_takes_the_plain_forms():
+    from kvsplit.service import fastparse
+
+    if not fastparse.ENABLED:
+        pytest.skip("numba off")
+    kv, start, end = fastparse.scan_kv_lens(CRAFTED[1], 1 << 24, 65536)
+    assert kv.tolist() == [5, 6, 0] and CRAFTED[1][start:end] == b"[ 5 ,\t6\r\n, 0 ]"
+    assert fastparse.scan_kv_lens(CRAFTED[0], 1 << 24, 65536)[0].tolist() == [0, 1, 22, 333]
+    assert fastparse.scan_kv_lens(CRAFTED[0], 332, 65536) is None  # over the limit: the full checks say where
+    assert fastparse.scan_kv_lens(CRAFTED[0], 1 << 24, 3) is None  # more than max_n
+
+
+def test_compiled_scan_agrees_on_random_bodies(monkeypatch):
+    from kvsplit.service import fastparse
+
+    if not fastparse.ENABLED:
+        pytest.skip("numba off: only the orjson path runs")
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        lens = np.floor(2 ** (rng.random(int(rng.integers(1, 300))) * 25)).astype(np.int64).tolist()
+        sep = [",", ", ", " ,\n"][int(rng.integers(3))]
+        body = TEMPLATE.format("[" + sep.join(map(str, lens)) + "]").encode()
+        limit = int(rng.choice([1 << 24, 1 << 20, 0, 2**31 - 1]))
+        scan, arr, full = _three_ways(monkeypatch, body, limit)
+        assert scan == arr == full
+        assert scan[0] == ("ok" if max(lens) <= limit else "error")
+        assert (fastparse.scan_kv_lens(body, limit, 65536) is not None) == (scan[0] == "ok")  # the scan took it
