@@ -39,3 +39,19 @@ app_sync = FastAPI(title="plain FastAPI baseline (def endpoint)")
 @app_sync.post("/v1/plan")
 def plan_sync(req: PlanRequest) -> PlanRequest:
     return req
+
+
+async def hello(scope, receive, send):
+    """The server floor (not a baseline to beat): a raw ASGI app that reads the body and answers 11 bytes.
+
+    What uvicorn + uvloop + httptools cost per request on this machine with no framework and no work:
+    ``uvicorn bench.service_baseline:hello ...`` (``bench/service_bench.py --floor``).
+    """
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"11")]})
+    await send({"type": "http.response.body", "body": b'{"ok":true}'})

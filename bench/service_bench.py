@@ -6,10 +6,13 @@ the plain FastAPI baselines of ``bench/service_baseline.py`` (``async def`` and 
 a pydantic model of the plan request's fields, returned as is) with as many workers on the same
 server stack; runs wrk with ``bench/plan_post.lua`` (B = 256 kv_lens per request, 400 distinct
 bodies picked at random per request, 16 connections, 1 wrk thread) against each server in turn,
-``--rounds`` times interleaved (the machine is noisy); records each server's RSS before and after;
-then times a 65,536-entry request and ``PlanClient.plan`` per call. Prints markdown tables.
+``--rounds`` times interleaved (the machine is noisy); records each server's RSS before and after
+and its CPU time per request (user + system of the server's processes over the run, from /proc: less
+sensitive than req/s to other load on the machine); then times a 65,536-entry request and
+``PlanClient.plan`` per call. Prints markdown tables. ``--floor`` adds the raw ASGI hello-world of
+``bench/service_baseline.py`` (no framework, no work: uvicorn's own cost per request).
 
-    .venv/bin/python bench/service_bench.py [--duration 60] [--rounds 3] [--workers 1] [--connections 16]
+    .venv/bin/python bench/service_bench.py [--duration 60] [--rounds 3] [--workers 1] [--connections 16] [--floor]
 
 Needs Debian's ``wrk`` (``apt-get install -y wrk``).
 """
@@ -83,6 +86,24 @@ def rss_mb(pids: list[int]) -> float:
     return total / 1024
 
 
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of a server: its process and its children (uvicorn workers)."""
+    seen = set(pids)
+    for pid in list(pids):
+        try:
+            seen.update(int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split())
+        except OSError:
+            pass
+    total = 0
+    for pid in seen:
+        try:
+            f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += int(f[11]) + int(f[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def wrk(url: str, duration: int, connections: int, batch: int, bodies: int = 400) -> dict:
     env = dict(os.environ, KVSPLIT_BENCH_B=str(batch), KVSPLIT_BENCH_BODIES=str(bodies))
     out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "-s", str(ROOT / "bench/plan_post.lua"),
@@ -99,6 +120,7 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--bodies", type=int, default=400)
+    ap.add_argument("--floor", action="store_true", help="also run the raw ASGI hello-world (the server floor)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install -y wrk")
@@ -115,7 +137,10 @@ def main() -> None:
                                        w, "--log-level", "warning"], env=env, cwd=tmp))
         servers["kvsplit serve"] = f"http://127.0.0.1:{port}"
         pids = {"kvsplit serve": procs[-1].pid}
-        for name, target in (("plain FastAPI, async def", "app"), ("plain FastAPI, def", "app_sync")):
+        targets = [("plain FastAPI, async def", "app"), ("plain FastAPI, def", "app_sync")]
+        if args.floor:
+            targets.append(("raw ASGI hello (floor)", "hello"))
+        for name, target in targets:
             p = free_port()
             procs.append(subprocess.Popen([PY, "-m", "uvicorn", f"bench.service_baseline:{target}", "--port", str(p),
                                            "--workers", w, "--loop", "uvloop", "--http", "httptools",
@@ -123,17 +148,20 @@ def main() -> None:
             servers[name] = f"http://127.0.0.1:{p}"
             pids[name] = procs[-1].pid
         for name, u in servers.items():
-            wait_up(u + ("/healthz" if name == "kvsplit serve" else "/openapi.json"))
+            wait_up(u + {"kvsplit serve": "/healthz", "raw ASGI hello (floor)": "/"}.get(name, "/openapi.json"))
         for name, u in servers.items():
             wrk(u, 3, args.connections, args.batch, args.bodies)  # warm-up
         rss0 = {name: rss_mb([pids[name]]) for name in servers}
         rounds: dict[str, list] = {name: [] for name in servers}
         for i in range(args.rounds):  # interleaved: every server once per round
             for name, u in servers.items():
+                c0 = cpu_s([pids[name]])
                 r = wrk(u, args.duration, args.connections, args.batch, args.bodies)
+                r["cpu_us"] = (cpu_s([pids[name]]) - c0) / max(r["requests"], 1) * 1e6
                 rounds[name].append(r)
                 print(f"round {i + 1} {name}: {r['rps']:,.0f} req/s p99 {r['p99_ms']:.2f} ms "
-                      f"non-2xx {int(r['non2xx'])} socket errors {int(r['sockerr'])}", flush=True)
+                      f"non-2xx {int(r['non2xx'])} socket errors {int(r['sockerr'])} "
+                      f"server CPU {r['cpu_us']:.0f} us/request (load {os.getloadavg()[0]:.1f})", flush=True)
         rss1 = {name: rss_mb([pids[name]]) for name in servers}
         results = {name: min(rs, key=lambda r: abs(r["rps"] - statistics.median(x["rps"] for x in rs)))
                    for name, rs in rounds.items()}  # the median round
@@ -175,18 +203,23 @@ def main() -> None:
         pass
     print(f"\n{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, wrk -t1 -c{args.connections} "
           f"-d{args.duration}s, B = {args.batch} kv_lens per request, {args.bodies} bodies at random, "
-          f"{args.workers} server worker(s), {args.rounds} interleaved rounds (median round shown)\n")
+          f"{args.workers} server worker(s), {args.rounds} interleaved rounds (median round shown), "
+          f"load average at the end {os.getloadavg()[0]:.1f}\n")
     print("| server | req/s (median round) | all rounds | p50 ms | p90 ms | p99 ms | non-2xx + socket errors | "
-          "RSS MB before -> after |")
-    print("|---|---:|---|---:|---:|---:|---:|---|")
+          "RSS MB before -> after | server CPU us/request (median) |")
+    print("|---|---:|---|---:|---:|---:|---:|---|---:|")
     for name, r in results.items():
         allr = ", ".join(f"{x['rps']:,.0f}" for x in rounds[name])
         errs = sum(int(x["non2xx"] + x["sockerr"]) for x in rounds[name])
         print(f"| {name} | {r['rps']:,.0f} | {allr} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
-              f"{errs} | {rss0[name]:.0f} -> {rss1[name]:.0f} |")
+              f"{errs} | {rss0[name]:.0f} -> {rss1[name]:.0f} | "
+              f"{statistics.median(x['cpu_us'] for x in rounds[name]):.0f} |")
     k = results["kvsplit serve"]["rps"]
+    kc = statistics.median(x["cpu_us"] for x in rounds["kvsplit serve"])
     for name in list(results)[1:]:
-        print(f"\nkvsplit serve / {name}: {k / results[name]['rps']:.2f}x")
+        oc = statistics.median(x["cpu_us"] for x in rounds[name])
+        print(f"\nkvsplit serve / {name}: {k / results[name]['rps']:.2f}x req/s, "
+              f"{oc / kc:.2f}x less server CPU per request")
     print(f"\n65,536-entry POST /v1/plan, end to end (urllib client): median {statistics.median(lat) * 1e3:.1f} ms, "
           f"max {max(lat) * 1e3:.1f} ms over {len(lat)}")
     print(f"PlanClient.plan, B = {args.batch}: {client_us:.0f} us per call")

@@ -35,8 +35,8 @@ from fastapi.responses import FileResponse
 from fastapi_offline import FastAPIOffline
 from pydantic.json_schema import models_json_schema
 
-from . import queries
-from .middleware import GuardMiddleware
+from . import fastparse, queries
+from .middleware import PLAN_ROUTE, GuardMiddleware, PlanFastPath
 from .routers import dashboard, data, health, plan, policies
 from .schemas import DeviceIn, make_plan_request_model
 from .settings import Settings
@@ -67,6 +67,25 @@ def _custom_openapi(app: FastAPI, max_kv_len: int) -> Any:
     return openapi
 
 
+class _PlanServiceApp(FastAPI):
+    """The service's FastAPI app: ``POST /v1/plan`` is answered before FastAPI's own ``__call__``.
+
+    ``create_app`` gets its app from ``FastAPIOffline`` (a function returning a
+    FastAPI instance) and sets its class to this subclass, which only adds the
+    hot-path dispatch to :class:`~kvsplit.service.middleware.PlanFastPath`
+    (``plan_fast_path``; None: everything goes through FastAPI).
+    """
+
+    plan_fast_path: PlanFastPath | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        fast = self.plan_fast_path
+        if fast is not None and scope["type"] == "http" and scope["path"] == PLAN_ROUTE and scope["method"] == "POST":
+            await fast(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the service app.
 
@@ -82,6 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         served = await asyncio.to_thread(holder.reload)
+        await asyncio.to_thread(fastparse.warmup)  # compile or load the kv_lens scan before the first request
         if len(served.table) == 0:
             log.warning("the store %s has no published policies: every batch gets the %r fallback plan "
                         "(fill it with `kvsplit run --no-tune`, `kvsplit db import` or `kvsplit tune`)",
@@ -119,6 +139,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for r in (plan.router, policies.router, data.router, health.router, dashboard.router):
         app.include_router(r)
     app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, plan_state=app.state)
+    app.__class__ = _PlanServiceApp  # FastAPIOffline builds a plain FastAPI; only __call__ differs
+    app.plan_fast_path = PlanFastPath(app.state, settings.max_body_bytes)
     app.openapi = _custom_openapi(app, settings.max_kv_len)  # type: ignore[method-assign]
     return app
 

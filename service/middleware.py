@@ -10,11 +10,17 @@ stream per request) that
   not the raw path, so label cardinality stays bounded; unmatched paths are
   ``"unmatched"``).
 
-It also answers ``POST /v1/plan`` itself (the hot path): the body goes straight
-to :func:`kvsplit.service.routers.plan.handle_plan`, skipping Starlette's
-routing, FastAPI's dependency solving and the Response object (about 60 µs of a
-~250 µs request). The FastAPI route of ``/v1/plan`` calls the same function and
-documents the schemas in OpenAPI.
+``POST /v1/plan`` (the hot path) is answered by :class:`PlanFastPath` instead,
+which the app's ``__call__`` runs before anything of FastAPI or Starlette
+(:func:`kvsplit.service.app.create_app`): the same body limit and metrics, then
+the body goes straight to :func:`kvsplit.service.routers.plan.handle_plan`. That
+skips FastAPI's per-request native-telemetry check (~15 µs: it looks up the
+OpenTelemetry providers and environment on every request), Starlette's error
+middleware, routing, dependency solving and the Response object. The FastAPI
+route of ``/v1/plan`` calls the same function and documents the schemas in
+OpenAPI; it answers only when the fast path is not installed. Consequence: FastAPI's
+native OpenTelemetry (if configured) sees no ``POST /v1/plan`` requests; the
+Prometheus metrics count them.
 """
 
 from __future__ import annotations
@@ -27,14 +33,17 @@ import orjson
 from . import metrics
 from .routers.plan import handle_plan
 
-__all__ = ["GuardMiddleware"]
+__all__ = ["GuardMiddleware", "PlanFastPath", "PLAN_ROUTE"]
 
 _BODY_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 PLAN_ROUTE = "/v1/plan"
-_JSON_HEADERS = [(b"content-type", b"application/json")]
+_START = "http.response.start"
+_BODY = "http.response.body"
+_CT_JSON = (b"content-type", b"application/json")
 
 
 async def _send_json(send: Any, status: int, payload: dict, headers: list | None = None) -> None:
+    """An error answer that closes the connection (its body may be unread)."""
     body = orjson.dumps(payload)
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"connection", b"close")] + (headers or [])
@@ -60,8 +69,7 @@ class GuardMiddleware:
         self._plan_latency = metrics.LATENCY.labels(PLAN_ROUTE, "POST")
 
     def _too_large(self, n: int | None) -> dict:
-        got = f"{n} bytes" if n is not None else "more"
-        return {"detail": f"request body too large: {got}, limit {self.max_body} bytes (KVSPLIT_MAX_BODY_BYTES)"}
+        return _too_large(n, self.max_body)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -118,9 +126,9 @@ class GuardMiddleware:
                 code, out = handle_plan(body, self.plan_state, content_type)
                 status[0] = code
                 scope["route"] = _PLAN_ROUTE_MARK
-                await send({"type": "http.response.start", "status": code,
-                            "headers": _JSON_HEADERS + [(b"content-length", str(len(out)).encode())]})
-                await send({"type": "http.response.body", "body": out})
+                await send({"type": _START, "status": code,
+                            "headers": [_CT_JSON, (b"content-length", b"%d" % len(out))]})
+                await send({"type": _BODY, "body": out})
                 return
             replayed = False
 
@@ -142,6 +150,87 @@ class GuardMiddleware:
             else:
                 metrics.REQUESTS.labels(label, method, str(status[0])).inc()
                 metrics.LATENCY.labels(label, method).observe(time.perf_counter() - t0)
+
+
+def _too_large(n: int | None, limit: int) -> dict:
+    got = f"{n} bytes" if n is not None else "more"
+    return {"detail": f"request body too large: {got}, limit {limit} bytes (KVSPLIT_MAX_BODY_BYTES)"}
+
+
+class PlanFastPath:
+    """``POST /v1/plan`` as a bare ASGI callable (module doc): body limit, plan, metrics.
+
+    Same answers as the route behind :class:`GuardMiddleware`: 400 for a bad
+    ``Content-Length``, 413 over ``max_body_bytes`` (declared or counted), then
+    :func:`~kvsplit.service.routers.plan.handle_plan`'s status and body. A
+    success keeps the connection open (no ``Connection`` header); the 400/413
+    answers close it, as the guard's do. An exception propagates to the server
+    (uvicorn answers 500 and logs it) and is counted as 500.
+    """
+
+    __slots__ = ("state", "max_body", "_requests", "_latency")
+
+    def __init__(self, state: Any, max_body_bytes: int) -> None:
+        self.state = state
+        self.max_body = int(max_body_bytes)
+        self._requests = {s: metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(s)) for s in (200, 422, 503)}
+        self._latency = metrics.LATENCY.labels(PLAN_ROUTE, "POST")
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        t0 = time.perf_counter()
+        status = 500
+        try:
+            declared = None
+            content_type = None
+            for k, v in scope["headers"]:
+                if k == b"content-length" and declared is None:
+                    try:
+                        declared = int(v)
+                    except ValueError:
+                        status = 400
+                        await _send_json(send, 400, {"detail": "invalid Content-Length header"})
+                        return
+                elif k == b"content-type" and content_type is None:
+                    content_type = v
+            limit = self.max_body
+            if declared is not None and declared > limit:
+                status = 413
+                await _send_json(send, 413, _too_large(declared, limit))
+                return
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                status = 499  # client went away before sending its body
+                return
+            body = msg.get("body", b"")
+            if msg.get("more_body", False):  # chunked or split: collect, counting against the limit
+                chunks = [body]
+                total = len(body)
+                more = True
+                while more:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        status = 499
+                        return
+                    chunk = msg.get("body", b"")
+                    total += len(chunk)
+                    if total > limit:
+                        status = 413
+                        await _send_json(send, 413, _too_large(None, limit))
+                        return
+                    chunks.append(chunk)
+                    more = msg.get("more_body", False)
+                body = b"".join(chunks)
+            elif len(body) > limit:
+                status = 413
+                await _send_json(send, 413, _too_large(None, limit))
+                return
+            status, out = handle_plan(body, self.state, content_type)
+            await send({"type": _START, "status": status, "headers": [_CT_JSON, (b"content-length", b"%d" % len(out))]})
+            await send({"type": _BODY, "body": out})
+        finally:
+            c = self._requests.get(status)
+            (c if c is not None else metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(status))).inc()
+            self._latency.observe(time.perf_counter() - t0)
 
 
 class _RouteMark:

@@ -4,7 +4,19 @@ FastAPI's pydantic path costs more than the whole plan for a batch of a few
 hundred requests (it builds a Python int object per kv_len twice and validates
 each one in a loop). Here the raw body is parsed once with orjson, the scalar
 fields are checked by hand and ``kv_lens`` is checked with one type scan and
-NumPy range tests. Errors have the shape of FastAPI's ``RequestValidationError``
+NumPy range tests.
+
+The common request (the seven fields, no ``device``, a header already seen)
+takes a faster path: the header's validated :class:`Shape` comes from a small
+dict keyed by the exact field values and types, and ``kv_lens`` is read from
+the body bytes by the compiled scan of :mod:`kvsplit.service.fastparse` (strict
+JSON integers in range, straight into int64; orjson then parses the rest of the
+body with the list replaced by ``0``). Without numba, ``kv_lens`` is converted
+from orjson's list by ``array.array("q", ...)`` (which refuses anything but
+ints, with no per-element Python loop) plus one unsigned maximum for the range.
+Anything unusual (a bool anywhere in the body, a value out of range, another
+field, a duplicate key) falls through to the full checks below, which name the
+offending field and index. Errors have the shape of FastAPI's ``RequestValidationError``
 answer (``{"detail": [{"type", "loc", "msg", "input"}]}``), with the exact field
 path and list index, e.g. ``["body", "kv_lens", 3]``.
 
@@ -15,9 +27,9 @@ H_q a multiple of H_kv.
 
 from __future__ import annotations
 
+import array
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -25,6 +37,7 @@ import orjson
 from ..kernels.device import DeviceSpec, known_devices, resolve_device
 from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
 from ..kernels.shape import MAX_HEADS, MAX_QO_HEADS, Shape
+from . import fastparse
 
 __all__ = ["RequestValidationFailed", "PlanRequestData", "parse_plan_request", "error", "unsupported_media_type"]
 
@@ -85,8 +98,7 @@ def _short(v: Any) -> Any:
     return v
 
 
-@dataclass(frozen=True)
-class PlanRequestData:
+class PlanRequestData(NamedTuple):
     """A validated plan request. ``kv_lens`` is int64 ``[B]``; ``device`` the resolved GPU; ``shape`` the
     batch's :class:`~kvsplit.kernels.shape.Shape` (built from the fields checked here, not checked again)."""
 
@@ -220,6 +232,73 @@ def _device(errs: list, v: Any, gpu: str | None) -> DeviceSpec | None:
         return None
 
 
+_HEADERS: dict[tuple, tuple[DeviceSpec, Shape]] = {}
+"""(gpu, H_q, H_kv, D, dtype, page_size) of a request without ``device`` that passed the checks below ->
+(device, Shape). Only exact types reach it (a bool or float equal to an int is never looked up)."""
+_HEADERS_MAX = 1024
+
+
+def _known_header(doc: dict) -> tuple | None:
+    """(gpu, H_q, H_kv, D, dtype, page_size, device, shape, kv_lens value) of a seven-field body whose header
+    passed the full checks before, else None."""
+    if len(doc) != 7:
+        return None
+    try:
+        gpu = doc["gpu"]
+        hq = doc["num_qo_heads"]
+        hkv = doc["num_kv_heads"]
+        hd = doc["head_dim"]
+        dt = doc["dtype"]
+        ps = doc["page_size"]
+        v = doc["kv_lens"]
+    except KeyError:
+        return None
+    if not (type(gpu) is str and type(hq) is int and type(hkv) is int and type(hd) is int and type(dt) is str
+            and type(ps) is int):
+        return None
+    hit = _HEADERS.get((gpu, hq, hkv, hd, dt, ps))
+    if hit is None:
+        return None
+    return gpu, hq, hkv, hd, dt, ps, hit[0], hit[1], v
+
+
+def _fast_scan(body: bytes, max_kv_len: int) -> PlanRequestData | None:
+    """The common request via the compiled kv_lens scan, or None (module doc)."""
+    found = fastparse.scan_kv_lens(body, max_kv_len, MAX_BATCH)
+    if found is None:
+        return None
+    kv, start, end = found
+    try:
+        doc = orjson.loads(body[:start] + b"0" + body[end:])
+    except orjson.JSONDecodeError:
+        return None
+    if type(doc) is not dict:
+        return None
+    h = _known_header(doc)
+    if h is None or type(h[8]) is not int or h[8] != 0:  # the 0 put in place of the list, at the top level
+        return None
+    return PlanRequestData(h[0], h[1], h[2], h[3], h[4], h[5], kv, h[6], h[7])
+
+
+def _fast_path(doc: dict, body: bytes, max_kv_len: int) -> PlanRequestData | None:
+    """The common request from orjson's document (no numba), or None to run the full checks (module doc)."""
+    h = _known_header(doc)
+    if h is None:
+        return None
+    gpu, hq, hkv, hd, dt, ps, dev, shape, v = h
+    if not (type(v) is list and 0 < len(v) <= MAX_BATCH):
+        return None
+    try:  # ints only: a float, string, null, list or int over 2^63 raises
+        kv = np.frombuffer(array.array("q", v), dtype=np.int64)
+    except (TypeError, OverflowError):
+        return None
+    if kv.view(np.uint64).max() > max_kv_len:  # a negative length is a huge unsigned one
+        return None
+    if b"true" in body or b"false" in body:  # a JSON bool is an int subclass that array.array takes as 0/1
+        return None
+    return PlanRequestData(gpu, hq, hkv, hd, dt, ps, kv, dev, shape)
+
+
 def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
     """Parse and validate a plan request body.
 
@@ -240,6 +319,10 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
         Status 422 with FastAPI-shaped errors; a body that is not JSON is a
         ``json_invalid`` error at ``["body", position]`` as in FastAPI.
     """
+    if fastparse.ENABLED and type(body) is bytes and _HEADERS:
+        fast = _fast_scan(body, max_kv_len)
+        if fast is not None:
+            return fast
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -247,7 +330,11 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
             [error("json_invalid", ("body", int(getattr(exc, "pos", 0) or 0)), "JSON decode error", None,
                    error=str(exc.msg if hasattr(exc, "msg") else exc))]
         ) from None
-    if type(doc) is not dict:
+    if type(doc) is dict:
+        fast = _fast_path(doc, body, max_kv_len)
+        if fast is not None:
+            return fast
+    else:
         raise RequestValidationFailed(
             [error("model_attributes_type", ("body",), "Input should be a valid dictionary or object to extract "
                    f"fields from, got {_type_name(doc)}", doc)])
@@ -302,4 +389,6 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
         raise RequestValidationFailed(errs)
     assert dev is not None and kv is not None and gpu is not None
     shape = Shape(dev, hq, hkv, hd, dt, ps)  # type: ignore[arg-type]
+    if doc.get("device") is None and len(_HEADERS) < _HEADERS_MAX:
+        _HEADERS[(gpu, hq, hkv, hd, dt, ps)] = (dev, shape)
     return PlanRequestData(gpu, hq, hkv, hd, dt, ps, kv, dev, shape)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from ..validation import RequestValidationFailed, error, parse_plan_request, uns
 router = APIRouter(tags=["plan"])
 
 _OPT = orjson.OPT_SERIALIZE_NUMPY
+_LOOKUPS: dict = {}  # policy source -> its bound kvsplit_plan_lookups_total child (labels() costs ~1 µs a call)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -72,7 +73,11 @@ def handle_plan(body: bytes, state, content_type: bytes | str | None = None) -> 
         p, bucket, policy = served.table.plan(req.kv_lens, req.shape)
     except ValueError as exc:  # e.g. a device whose numbers make the policy's knobs infeasible
         return 422, orjson.dumps({"detail": [error("value_error", ("body",), f"Value error, {exc}")]})
-    metrics.PLAN_LOOKUPS.labels(policy["source"]).inc()
+    src = policy["source"]
+    c = _LOOKUPS.get(src)
+    if c is None:
+        c = _LOOKUPS[src] = metrics.PLAN_LOOKUPS.labels(src)
+    c.inc()
     return 200, plan_answer(p, bucket, policy)
 
 

@@ -1,0 +1,150 @@
+"""In-process cost of one ``POST /v1/plan`` request (not a test): where the server's time goes, no sockets.
+
+Builds the service on a temporary SQLite store with the shipped H200 policy table (as
+``bench/service_bench.py``), makes 400 distinct B = 256 bodies (the distribution of
+``bench/plan_post.lua``) and prints, per request, median of ``--reps`` passes over the 400 bodies:
+
+* the stages of :func:`kvsplit.service.routers.plan.handle_plan` timed in sequence (Content-Type check,
+  parse + validation, ``PolicyTable.plan``, the answer's serialization), and
+* the whole ASGI call (scope in, both response messages out) of ``kvsplit serve``'s app, of the plain
+  FastAPI ``async def`` echo of ``bench/service_baseline.py`` and of its raw ASGI hello-world.
+
+    .venv/bin/python bench/service_inprocess.py [--reps 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def make_bodies(n: int = 400, batch: int = 256, seed: int = 12345) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        lens = np.floor(2 ** (rng.random(batch) * 15)).astype(int).tolist()
+        out.append(('{"gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,'
+                    '"dtype":"bfloat16","page_size":16,"kv_lens":[' + ",".join(map(str, lens)) + "]}").encode())
+    return out
+
+
+def scope_of(body: bytes) -> dict:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/plan", "raw_path": b"/v1/plan", "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+
+
+async def call(app, body: bytes) -> int:
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    status = [0]
+
+    async def send(msg: dict) -> None:
+        if msg["type"] == "http.response.start":
+            status[0] = msg["status"]
+
+    await app(scope_of(body), receive, send)
+    return status[0]
+
+
+async def asgi_us(app, bodies: list[bytes], reps: int) -> float:
+    for b in bodies[:50]:
+        assert await call(app, b) == 200
+    res = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for b in bodies:
+            await call(app, b)
+        res.append((time.perf_counter() - t0) / len(bodies) * 1e6)
+    return statistics.median(res)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    from service_bench import fill_store
+
+    tmp = tempfile.mkdtemp(prefix="kvsplit-inproc-")
+    url = f"sqlite:///{tmp}/bench.db"
+    fill_store(url)
+    os.environ["KVSPLIT_DATABASE_URL"] = url
+    os.environ["KVSPLIT_RELOAD_INTERVAL_S"] = "0"
+    from kvsplit.service import metrics
+    from kvsplit.service.app import create_app
+    from kvsplit.service.routers.plan import plan_answer
+    from kvsplit.service.validation import parse_plan_request, unsupported_media_type
+
+    try:  # older trees (to time a before / after) lack these
+        from kvsplit.service import fastparse
+        from kvsplit.service.routers.plan import _LOOKUPS
+    except ImportError:
+        fastparse, _LOOKUPS = None, {}
+
+    import service_baseline
+
+    bodies = make_bodies()
+    app = create_app()
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app):
+            state = app.state
+            limit = state.settings.max_kv_len
+            ct = b"application/json"
+            stages = ("Content-Type", "parse + validation", "PolicyTable.plan", "metrics", "serialization")
+            acc = {s: [] for s in stages + ("handle_plan total",)}
+            for _ in range(args.reps + 1):
+                t = np.zeros(len(stages))
+                for b in bodies:
+                    t0 = time.perf_counter()
+                    unsupported_media_type(ct)
+                    t1 = time.perf_counter()
+                    req = parse_plan_request(b, max_kv_len=limit)
+                    t2 = time.perf_counter()
+                    p, bucket, policy = state.holder.current.table.plan(req.kv_lens, req.shape)
+                    t3 = time.perf_counter()
+                    c = _LOOKUPS.get(policy["source"]) or metrics.PLAN_LOOKUPS.labels(policy["source"])
+                    c.inc()
+                    t4 = time.perf_counter()
+                    plan_answer(p, bucket, policy)
+                    t5 = time.perf_counter()
+                    t += (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
+                for s, v in zip(stages, t):
+                    acc[s].append(v / len(bodies) * 1e6)
+                acc["handle_plan total"].append(t.sum() / len(bodies) * 1e6)
+            print(f"compiled kv_lens scan: {'on' if fastparse and fastparse.ENABLED else 'off'}; 400 bodies, B = 256; "
+                  f"median of {args.reps} passes (first pass dropped)\n")
+            print("| stage (in sequence) | us per request |\n|---|---:|")
+            for s, v in acc.items():
+                print(f"| {s} | {statistics.median(v[1:]):.1f} |")
+            print("\n| whole ASGI call, in-process | us per request |\n|---|---:|")
+            for name, a in (("kvsplit serve app", app), ("plain FastAPI async def echo", service_baseline.app),
+                            ("raw ASGI hello", service_baseline.hello)):
+                print(f"| {name} | {await asgi_us(a, bodies, args.reps):.1f} |")
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
