@@ -5,7 +5,8 @@
 Variants:
 
 - ``A``: the kernel before issue 12 (bench/kernel_a.py, a frozen copy of kernels/decode.py at 66babf4);
-- ``B``: the current kernel as served (``launch_decode`` defaults);
+- ``B``: the current kernel with ``prefetch=False`` (the default of ``KernelConfig.prefetch``: what every
+  shipped plan runs);
 - ``B_pf``: the current kernel with the page ids of the next tile loaded one iteration ahead
   (``prefetch=True``), which lets Triton's pipeliner multi-buffer K/V.
 
