@@ -248,6 +248,25 @@ def _decode_merge_kernel(
         tl.store(LSE + req * H_Q + hq, lse_out, mask=active)
 
 
+try:  # Triton's interpreter (TRITON_INTERPRET=1, read when the kernels above were decorated)
+    from triton.runtime.interpreter import InterpretedFunction as _Interpreted
+
+    _INTERPRETED = isinstance(_decode_stage1_kernel, _Interpreted)
+except ImportError:  # pragma: no cover - other Triton versions
+    import os as _os
+
+    _INTERPRETED = _os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_kernel_device(name: str, device: torch.device) -> None:
+    """Raise ``ValueError`` naming ``name`` when the Triton kernel cannot run on ``device``: CPU tensors
+    need Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before kvsplit is imported);
+    without it Triton fails later with "0 active drivers"."""
+    if device.type == "cpu" and not _INTERPRETED:
+        raise ValueError(f"{name}: tensors on the CPU run the Triton kernel only under Triton's interpreter: set "
+                         "TRITON_INTERPRET=1 in the environment before importing kvsplit, or use a CUDA device")
+
+
 # ----------------------------------------------------------------------------
 # Workspace
 # ----------------------------------------------------------------------------
@@ -310,6 +329,7 @@ def make_workspace(
 def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate):
     q = _check_tensor("q", q, ndim=3)
     dev = q.device
+    check_kernel_device("q", dev)
     if q.dtype not in _TORCH_DTYPES:
         raise ValueError(f"q: expected dtype float16, bfloat16 or float32, got {q.dtype}")
     k_cache = _check_tensor("k_cache", k_cache, ndim=4, device=dev)

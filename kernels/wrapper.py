@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from . import fastplan
-from .decode import _TORCH_DTYPES, launch_decode, make_workspace
+from .decode import _TORCH_DTYPES, check_kernel_device, launch_decode, make_workspace
 from .device import DeviceSpec, resolve_device
 from .device_plan import DeviceRule, alloc_device_plan, device_plan, device_rule
 from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config
@@ -144,8 +144,12 @@ class DecodeWrapper:
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.dtype = page_size, dtype
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA device here (CPU-only build or no "
+                             "GPU); on the CPU pass device='cpu' with TRITON_INTERPRET=1 set")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        check_kernel_device("device", self.device)
         if gpu is None:
             gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "NVIDIA H200"
         self.gpu = resolve_device(gpu)

@@ -53,7 +53,8 @@ def make_plan_request_model(max_kv_len: int) -> type[BaseModel]:
         num_qo_heads: int = Field(ge=1, le=65536)
         num_kv_heads: int = Field(ge=1, le=1024)
         head_dim: Literal[64, 128, 256]
-        dtype: Literal["bfloat16", "float16", "float32"]
+        dtype: Literal["bfloat16", "float16", "float32", "bf16", "fp16", "f16", "fp32", "f32"] = Field(
+            description="KV dtype: torch's name or an alias (bf16, fp16/f16, fp32/f32)")
         page_size: int = Field(ge=1, le=256)
         kv_lens: list[int] = Field(min_length=1, max_length=MAX_BATCH,
                                    json_schema_extra={"items": {"type": "integer", "minimum": 0,

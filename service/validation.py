@@ -36,7 +36,7 @@ import orjson
 
 from ..kernels.device import DeviceSpec, known_devices, resolve_device
 from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
-from ..kernels.shape import MAX_HEADS, MAX_QO_HEADS, Shape
+from ..kernels.shape import DTYPE_ALIASES, MAX_HEADS, MAX_QO_HEADS, Shape
 from . import fastparse
 
 __all__ = ["RequestValidationFailed", "PlanRequestData", "parse_plan_request", "error", "unsupported_media_type"]
@@ -363,11 +363,14 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
                           "Input should be " + " or ".join(str(h) for h in HEAD_DIMS), hd,
                           expected=", ".join(str(h) for h in HEAD_DIMS)))
         hd = None
-    dt = doc["dtype"]
+    dt_raw = doc["dtype"]
+    dt = DTYPE_ALIASES.get(dt_raw, dt_raw) if type(dt_raw) is str else dt_raw  # "bf16" -> "bfloat16", as the CLI
     if type(dt) is not str or dt not in DTYPES:
         names = sorted(DTYPES)
         errs.append(error("literal_error", ("body", "dtype"),
-                          "Input should be " + ", ".join(repr(n) for n in names), dt, expected=", ".join(names)))
+                          "Input should be " + ", ".join(repr(n) for n in names) + " (or an alias: "
+                          + ", ".join(repr(a) for a in DTYPE_ALIASES) + ")", dt_raw,
+                          expected=", ".join(names + list(DTYPE_ALIASES))))
         dt = None
     ps = _check_int(errs, ("body", "page_size"), doc["page_size"], 1, MAX_PAGE_SIZE)
     if hq is not None and hkv is not None and hq % hkv:
@@ -390,5 +393,5 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
     assert dev is not None and kv is not None and gpu is not None
     shape = Shape(dev, hq, hkv, hd, dt, ps)  # type: ignore[arg-type]
     if doc.get("device") is None and len(_HEADERS) < _HEADERS_MAX:
-        _HEADERS[(gpu, hq, hkv, hd, dt, ps)] = (dev, shape)
+        _HEADERS[(gpu, hq, hkv, hd, dt_raw, ps)] = (dev, shape)
     return PlanRequestData(gpu, hq, hkv, hd, dt, ps, kv, dev, shape)  # type: ignore[arg-type]

@@ -385,3 +385,21 @@ def test_prefetch_knob_is_checked_and_counted_in_residency():
     ctx = PlanContext(device=h200, num_kv_heads=4, head_dim=128, page_size=16, dtype="bfloat16")
     assert resident_slots(ctx, p.config.__class__(block_n=128, num_warps=4, num_stages=3, prefetch=True)) == 132
     assert resident_slots(ctx, p.config.__class__(block_n=128, num_warps=4, num_stages=3)) == 264
+
+
+def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch, good):
+    """Without TRITON_INTERPRET=1, CPU tensors would fail deep in Triton ("0 active drivers"): the launcher
+    and DecodeWrapper refuse them first, naming the argument and the fix."""
+    import kvsplit.kernels.decode as dec
+    from kvsplit.kernels.wrapper import DecodeWrapper
+
+    monkeypatch.setattr(dec, "_INTERPRETED", False)
+    case, plan = good
+    with pytest.raises(ValueError, match="q: tensors on the CPU run the Triton kernel only under Triton's "
+                                         "interpreter: set TRITON_INTERPRET=1"):
+        decode_attention(**case, plan=plan)
+    with pytest.raises(ValueError, match="device: tensors on the CPU .* TRITON_INTERPRET=1"):
+        DecodeWrapper(H_Q, H_KV, D, device="cpu", dtype="float16")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device: 'cuda' asked for, but torch sees no CUDA device"):
+            DecodeWrapper(H_Q, H_KV, D, device="cuda")

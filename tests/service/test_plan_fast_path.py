@@ -225,3 +225,21 @@ def test_compiled_scan_agrees_on_random_bodies(monkeypatch):
         assert scan == arr == full
         assert scan[0] == ("ok" if max(lens) <= limit else "error")
         assert (fastparse.scan_kv_lens(body, limit, 65536) is not None) == (scan[0] == "ok")  # the scan took it
+
+
+def test_dtype_aliases_as_the_cli_and_plan_client_take(client):
+    """'bf16' (the CLI's and PlanClient's alias) plans like 'bfloat16' over HTTP, on the first (full-check)
+    request and on the cached-header one; a bad dtype's 422 names the field and lists the aliases."""
+    lens = [210000] + [3400] * 15
+    want = client.post("/v1/plan", content=raw(json.dumps(lens))).json()
+    for _ in range(2):
+        got = client.post("/v1/plan", content=raw(json.dumps(lens), dtype="bf16"))
+        assert got.status_code == 200
+        got = got.json()
+        assert got["made_for"]["dtype"] == "bfloat16"
+        assert got["num_splits"] == want["num_splits"] and got["work_kv_end"] == want["work_kv_end"]
+        assert got["policy"] == want["policy"]
+    bad = client.post("/v1/plan", content=raw(json.dumps(lens), dtype="bfloat"))
+    assert bad.status_code == 422
+    (err,) = bad.json()["detail"]
+    assert err["loc"] == ["body", "dtype"] and "'bf16'" in err["msg"] and err["input"] == "bfloat"
