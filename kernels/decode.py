@@ -60,6 +60,20 @@ _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.flo
 
 
 @triton.jit
+def _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
+    # one BLOCK_N tile of the online softmax (base 2; FlashAttention-2, Dao 2023): scores of the GQA group's
+    # queries against the tile's keys, masked past the item's end, running max / sum / output rescaled
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(mask_n[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _stage1_tile(
     tile,
     Q, K, V, O, LSE, PART_O, PART_LSE,
@@ -120,14 +134,7 @@ def _stage1_tile(
                             mask=mask_n[:, None], other=0.0)
                 v = tl.load(V + (page * stride_vp + in_page * stride_vs + h * stride_vh)[:, None] + offs_d[None, :],
                             mask=mask_n[:, None], other=0.0)
-                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-                s = tl.where(mask_n[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                alpha = tl.math.exp2(m_i - m_new)
-                p = tl.math.exp2(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-                m_i = m_new
+                m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
         else:
             for n0 in range(start, end, BLOCK_N):
                 t = n0 + offs_n
@@ -140,14 +147,7 @@ def _stage1_tile(
                 # V is loaded with K, before the softmax math, so both loads are in flight together
                 k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
                 v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-                s = tl.where(mask_n[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                alpha = tl.math.exp2(m_i - m_new)
-                p = tl.math.exp2(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-                m_i = m_new
+                m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
 
         nonempty = l_i > 0.0
         l_safe = tl.where(nonempty, l_i, 1.0)
