@@ -18,7 +18,9 @@ skips FastAPI's per-request native-telemetry check (~15 µs: it looks up the
 OpenTelemetry providers and environment on every request), Starlette's error
 middleware, routing, dependency solving and the Response object. The FastAPI
 route of ``/v1/plan`` calls the same function and documents the schemas in
-OpenAPI; it answers only when the fast path is not installed. Consequence: FastAPI's
+OpenAPI; it answers only when the fast path is not installed. A ``POST /v1/plan`` that reaches
+:class:`GuardMiddleware` (an app mounted under another path) is handed to the same
+:class:`PlanFastPath`. Consequence: FastAPI's
 native OpenTelemetry (if configured) sees no ``POST /v1/plan`` requests; the
 Prometheus metrics count them.
 """
@@ -51,6 +53,24 @@ async def _send_json(send: Any, status: int, payload: dict, headers: list | None
     await send({"type": "http.response.body", "body": body})
 
 
+def _scan_headers(headers: Any) -> tuple[int | None, bytes | None]:
+    """``(Content-Length, Content-Type)`` of an ASGI header list (first of each, None when absent).
+
+    Raises
+    ------
+    ValueError
+        On a Content-Length that is not an integer.
+    """
+    declared = None
+    content_type = None
+    for k, v in headers:
+        if k == b"content-length" and declared is None:
+            declared = int(v)
+        elif k == b"content-type" and content_type is None:
+            content_type = v
+    return declared, content_type
+
+
 class GuardMiddleware:
     """Body-size limit + Prometheus request metrics (module doc).
 
@@ -64,9 +84,8 @@ class GuardMiddleware:
     def __init__(self, app: Any, max_body_bytes: int, plan_state: Any = None) -> None:
         self.app = app
         self.max_body = int(max_body_bytes)
-        self.plan_state = plan_state
-        self._plan_requests = {s: metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(s)) for s in (200, 422, 503)}
-        self._plan_latency = metrics.LATENCY.labels(PLAN_ROUTE, "POST")
+        # POST /v1/plan reaching the guard (an app mounted under another path) takes the same fast path
+        self._plan = PlanFastPath(plan_state, max_body_bytes) if plan_state is not None else None
 
     def _too_large(self, n: int | None) -> dict:
         return _too_large(n, self.max_body)
@@ -75,8 +94,11 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        t0 = time.perf_counter()
         method = scope["method"]
+        if self._plan is not None and method == "POST" and scope["path"] == PLAN_ROUTE:
+            await self._plan(scope, receive, send)
+            return
+        t0 = time.perf_counter()
         status = [500]
 
         async def send_wrapped(msg: dict) -> None:
@@ -88,18 +110,12 @@ class GuardMiddleware:
             if method not in _BODY_METHODS:
                 await self.app(scope, receive, send_wrapped)
                 return
-            declared = None
-            content_type = None
-            for k, v in scope["headers"]:
-                if k == b"content-length" and declared is None:
-                    try:
-                        declared = int(v)
-                    except ValueError:
-                        status[0] = 400
-                        await _send_json(send, 400, {"detail": "invalid Content-Length header"})
-                        return
-                elif k == b"content-type" and content_type is None:
-                    content_type = v
+            try:
+                declared, _ = _scan_headers(scope["headers"])
+            except ValueError:
+                status[0] = 400
+                await _send_json(send, 400, {"detail": "invalid Content-Length header"})
+                return
             if declared is not None and declared > self.max_body:
                 status[0] = 413
                 await _send_json(send, 413, self._too_large(declared))
@@ -122,14 +138,6 @@ class GuardMiddleware:
                     chunks.append(chunk)
                 more = msg.get("more_body", False)
             body = b"".join(chunks)
-            if self.plan_state is not None and method == "POST" and scope["path"] == PLAN_ROUTE:
-                code, out = handle_plan(body, self.plan_state, content_type)
-                status[0] = code
-                scope["route"] = _PLAN_ROUTE_MARK
-                await send({"type": _START, "status": code,
-                            "headers": [_CT_JSON, (b"content-length", b"%d" % len(out))]})
-                await send({"type": _BODY, "body": out})
-                return
             replayed = False
 
             async def replay() -> dict:
@@ -143,13 +151,8 @@ class GuardMiddleware:
         finally:
             route = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
-            if label == PLAN_ROUTE:
-                c = self._plan_requests.get(status[0])  # others (413, 415) labelled on the fly
-                (c if c is not None else metrics.REQUESTS.labels(label, method, str(status[0]))).inc()
-                self._plan_latency.observe(time.perf_counter() - t0)
-            else:
-                metrics.REQUESTS.labels(label, method, str(status[0])).inc()
-                metrics.LATENCY.labels(label, method).observe(time.perf_counter() - t0)
+            metrics.REQUESTS.labels(label, method, str(status[0])).inc()
+            metrics.LATENCY.labels(label, method).observe(time.perf_counter() - t0)
 
 
 def _too_large(n: int | None, limit: int) -> dict:
@@ -180,18 +183,12 @@ class PlanFastPath:
         t0 = time.perf_counter()
         status = 500
         try:
-            declared = None
-            content_type = None
-            for k, v in scope["headers"]:
-                if k == b"content-length" and declared is None:
-                    try:
-                        declared = int(v)
-                    except ValueError:
-                        status = 400
-                        await _send_json(send, 400, {"detail": "invalid Content-Length header"})
-                        return
-                elif k == b"content-type" and content_type is None:
-                    content_type = v
+            try:
+                declared, content_type = _scan_headers(scope["headers"])
+            except ValueError:
+                status = 400
+                await _send_json(send, 400, {"detail": "invalid Content-Length header"})
+                return
             limit = self.max_body
             if declared is not None and declared > limit:
                 status = 413
@@ -232,9 +229,3 @@ class PlanFastPath:
             (c if c is not None else metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(status))).inc()
             self._latency.observe(time.perf_counter() - t0)
 
-
-class _RouteMark:
-    path = PLAN_ROUTE
-
-
-_PLAN_ROUTE_MARK = _RouteMark()
