@@ -53,22 +53,45 @@ async def _send_json(send: Any, status: int, payload: dict, headers: list | None
     await send({"type": "http.response.body", "body": body})
 
 
-def _scan_headers(headers: Any) -> tuple[int | None, bytes | None]:
-    """``(Content-Length, Content-Type)`` of an ASGI header list (first of each, None when absent).
+async def _read_request(scope: dict, receive: Any, send: Any, limit: int) -> tuple[int, bytes, bytes | None]:
+    """Read a request body of at most ``limit`` bytes: ``(0, body, Content-Type)``.
 
-    Raises
-    ------
-    ValueError
-        On a Content-Length that is not an integer.
+    Otherwise answers and returns the status with an empty body: 400 for a
+    Content-Length that is not an integer, 413 when the declared or the counted
+    (chunked) length is over ``limit``, checked before anything is parsed and
+    after each chunk; 499 (nothing sent) when the client left first.
     """
     declared = None
     content_type = None
-    for k, v in headers:
+    for k, v in scope["headers"]:
         if k == b"content-length" and declared is None:
-            declared = int(v)
+            try:
+                declared = int(v)
+            except ValueError:
+                await _send_json(send, 400, {"detail": "invalid Content-Length header"})
+                return 400, b"", None
         elif k == b"content-type" and content_type is None:
             content_type = v
-    return declared, content_type
+    if declared is not None and declared > limit:
+        await _send_json(send, 413, _too_large(declared, limit))
+        return 413, b"", None
+    msg = await receive()
+    if msg["type"] == "http.disconnect":
+        return 499, b"", None  # the client went away before sending its body
+    body = msg.get("body", b"")
+    total = len(body)
+    chunks = [body]
+    while msg.get("more_body", False) and total <= limit:  # chunked or split: collect, counting against the limit
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return 499, b"", None
+        chunk = msg.get("body", b"")
+        total += len(chunk)
+        chunks.append(chunk)
+    if total > limit:
+        await _send_json(send, 413, _too_large(None, limit))
+        return 413, b"", None
+    return 0, (body if len(chunks) == 1 else b"".join(chunks)), content_type
 
 
 class GuardMiddleware:
@@ -86,9 +109,6 @@ class GuardMiddleware:
         self.max_body = int(max_body_bytes)
         # POST /v1/plan reaching the guard (an app mounted under another path) takes the same fast path
         self._plan = PlanFastPath(plan_state, max_body_bytes) if plan_state is not None else None
-
-    def _too_large(self, n: int | None) -> dict:
-        return _too_large(n, self.max_body)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -110,34 +130,10 @@ class GuardMiddleware:
             if method not in _BODY_METHODS:
                 await self.app(scope, receive, send_wrapped)
                 return
-            try:
-                declared, _ = _scan_headers(scope["headers"])
-            except ValueError:
-                status[0] = 400
-                await _send_json(send, 400, {"detail": "invalid Content-Length header"})
+            code, body, _ = await _read_request(scope, receive, send, self.max_body)
+            if code:
+                status[0] = code
                 return
-            if declared is not None and declared > self.max_body:
-                status[0] = 413
-                await _send_json(send, 413, self._too_large(declared))
-                return
-            chunks = []
-            total = 0
-            more = True
-            while more:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    status[0] = 499  # client went away before sending its body
-                    return
-                chunk = msg.get("body", b"")
-                total += len(chunk)
-                if total > self.max_body:
-                    status[0] = 413
-                    await _send_json(send, 413, self._too_large(None))
-                    return
-                if chunk:
-                    chunks.append(chunk)
-                more = msg.get("more_body", False)
-            body = b"".join(chunks)
             replayed = False
 
             async def replay() -> dict:
@@ -183,43 +179,8 @@ class PlanFastPath:
         t0 = time.perf_counter()
         status = 500
         try:
-            try:
-                declared, content_type = _scan_headers(scope["headers"])
-            except ValueError:
-                status = 400
-                await _send_json(send, 400, {"detail": "invalid Content-Length header"})
-                return
-            limit = self.max_body
-            if declared is not None and declared > limit:
-                status = 413
-                await _send_json(send, 413, _too_large(declared, limit))
-                return
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                status = 499  # client went away before sending its body
-                return
-            body = msg.get("body", b"")
-            if msg.get("more_body", False):  # chunked or split: collect, counting against the limit
-                chunks = [body]
-                total = len(body)
-                more = True
-                while more:
-                    msg = await receive()
-                    if msg["type"] == "http.disconnect":
-                        status = 499
-                        return
-                    chunk = msg.get("body", b"")
-                    total += len(chunk)
-                    if total > limit:
-                        status = 413
-                        await _send_json(send, 413, _too_large(None, limit))
-                        return
-                    chunks.append(chunk)
-                    more = msg.get("more_body", False)
-                body = b"".join(chunks)
-            elif len(body) > limit:
-                status = 413
-                await _send_json(send, 413, _too_large(None, limit))
+            status, body, content_type = await _read_request(scope, receive, send, self.max_body)
+            if status:
                 return
             status, out = handle_plan(body, self.state, content_type)
             await send({"type": _START, "status": status, "headers": [_CT_JSON, (b"content-length", b"%d" % len(out))]})
