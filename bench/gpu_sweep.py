@@ -44,6 +44,7 @@ from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.residency import occupancy
 from kvsplit.tuner.gpu import GpuTimer, software_versions
+from kvsplit.tuner.simfit import candidate_policy
 
 GPU = "NVIDIA H200"
 CTAS = (1, 2, 3, 4, 6, 8, 16)
@@ -56,17 +57,30 @@ BASELINES = {
 }
 
 
-def cand_name(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None) -> str:
+def cand_name(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None,
+              prefetch: bool = False) -> str:
+    """Record name of a grid candidate, e.g. ``stream_k|c3|n128w4s3|o2m4|pf`` (parsed back by
+    :func:`kvsplit.tuner.simfit.candidate_policy`)."""
     name = f"{pol}|c{cps:g}|n{cfg[0]}w{cfg[1]}s{cfg[2]}"
-    return name + (f"|o{extra[0]}m{extra[1]}" if extra else "")
+    return name + (f"|o{extra[0]}m{extra[1]}" if extra else "") + ("|pf" if prefetch else "")
 
 
-def cand_params(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None
-                ) -> tuple[str, dict]:
+def cand_params(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None,
+                prefetch: bool = False) -> tuple[str, dict]:
     p = {"ctas_per_sm": float(cps), "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
     if extra:
         p["item_cost_blocks"], p["min_piece_blocks"] = extra
+    if prefetch:
+        p["prefetch"] = True
     return pol, p
+
+
+def named(name: str) -> tuple[str, tuple[str, dict]]:
+    """``(name, (policy, params))`` of a candidate name."""
+    got = candidate_policy(name)
+    if got is None:
+        raise ValueError(f"not a candidate name: {name!r}")
+    return name, got
 
 
 # the tuning candidates (--mode train): the phase-2 pool of docs/data/h200_r2/sweep1.log that never lost more
@@ -159,13 +173,22 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--phase1-cases", type=int, default=24)
     ap.add_argument("--rep-ms", type=float, default=10.0)
-    ap.add_argument("--mode", choices=("grid", "train", "final", "retime"), default="grid",
+    ap.add_argument("--mode", choices=("grid", "train", "final", "retime", "pairs"), default="grid",
                     help="grid: phase 1 + phase 2 (the first run); train: TRAIN_CANDIDATES on every case; "
                          "final: the served plan, the full grid + TRAIN_CANDIDATES (the oracle), baselines and "
                          "FlashInfer's kernel on every case; retime: the served plan, the case's oracle winners "
                          "(oracle_names, from a final run), baselines and FlashInfer's kernel, after one discarded "
-                         "warm-up timing per case")
+                         "warm-up timing per case; pairs: the (case id, record name) pairs of --pairs (a JSON list), "
+                         "e.g. the plans a planner change rebuilt differently, to re-time them")
+    ap.add_argument("--pairs", default=None, help="pairs: JSON file of [case id, record name] pairs")
     ap.add_argument("--out-name", default="sweep.jsonl")
+    ap.add_argument("--grid-sample", type=int, default=0,
+                    help="train: instead of TRAIN_CANDIDATES, this many plans per batch drawn at random (seeded by "
+                         "the case id) from the full grid and its prefetching stage-3 tiles, plus balanced")
+    ap.add_argument("--candidates", default=None,
+                    help="train: these comma-separated candidate names (e.g. stream_k|c1|n128w4s3|pf) instead of "
+                         "TRAIN_CANDIDATES")
+    ap.add_argument("--skip-cases", type=int, default=0, help="start after this many cases (resume a run)")
     ap.add_argument("--flashinfer", choices=("with", "skip", "only"), default="with",
                     help="retime: time FlashInfer's kernel with our plans (with), not at all (skip), or alone "
                          "(only). After FlashInfer has run in a process, later CUDA-graph timings of our "
@@ -179,14 +202,15 @@ def main() -> None:
         log.write(json.dumps(rec) + "\n")
         log.flush()
 
-    cases = json.load(open(args.cases))["cases"]
+    all_cases = json.load(open(args.cases))["cases"]
+    cases = all_cases[args.skip_cases:]
     info = software_versions()
     emit({"kind": "versions", **info})
     dev = DeviceSpec.known(GPU)
-    shapes = sorted({(c["num_qo_heads"], c["num_kv_heads"]) for c in cases})
+    shapes = sorted({(c["num_qo_heads"], c["num_kv_heads"]) for c in all_cases})
     benches = {}
     for hq, hkv in shapes:
-        mine = [c for c in cases if (c["num_qo_heads"], c["num_kv_heads"]) == (hq, hkv)]
+        mine = [c for c in all_cases if (c["num_qo_heads"], c["num_kv_heads"]) == (hq, hkv)]
         benches[(hq, hkv)] = Bench(hq, hkv, max(sum(c["kv_lens"]) for c in mine) + 4096,
                                    max(len(c["kv_lens"]) for c in mine))
     bw = benches[shapes[0]].t.read_bandwidth()
@@ -259,29 +283,65 @@ def main() -> None:
         return res, floor
 
     train = [(cand_name(*c), cand_params(*c)) for c in TRAIN_CANDIDATES]
+    # the full grid (phase 1, the oracle) and its stage-3 tiles with the prefetch knob
+    full, full_pf = [], []
+    for pol in ("balanced", "stream_k"):
+        for cps in CTAS:
+            for cfg in CONFIGS:
+                for pf in (False, True):
+                    if pf and cfg[2] < 3:
+                        continue
+                    try:
+                        make_plan([4096] * 8, num_kv_heads=4, device=GPU, policy=pol,
+                                  params=cand_params(pol, cps, cfg, prefetch=pf)[1])
+                    except ValueError:
+                        continue
+                    (full_pf if pf else full).append((cand_name(pol, cps, cfg, prefetch=pf),
+                                                      cand_params(pol, cps, cfg, prefetch=pf)))
+    if args.mode == "pairs":
+        want: dict[int, list[str]] = {}
+        for cid, name in json.load(open(args.pairs)):
+            want.setdefault(int(cid), []).append(name)
+        for c in cases:
+            if c["id"] not in want:
+                continue
+            plans = []
+            for name in dict.fromkeys(want[c["id"]]):
+                if name in BASELINES:
+                    plans.append((name, BASELINES[name]))
+                elif name in ("served", "served_r1"):
+                    plans.append((name, (c[name]["policy"], c[name]["params"])))
+                else:
+                    plans.append(named(name))
+            res, floor = time_case(c, plans)
+            print(f"P {c['set']:11s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} " +
+                  " ".join(f"{k}={v / floor:.3f}" for k, v in res.items() if v) + f"  [{time.time() - t0:.0f}s]",
+                  flush=True)
+        return
+
     if args.mode == "train":
         for c in cases:
             if time.time() - t0 > args.budget_s:
                 print("budget reached; stopping", flush=True)
                 break
-            res, floor = time_case(c, train + [("balanced", ("balanced", {}))])
+            plans = train + [("balanced", ("balanced", {}))]
+            if args.candidates:
+                plans = [named(n) for n in args.candidates.split(",")]
+            if args.grid_sample:
+                # a random sample of the grid per batch (seeded by the case id), so the simulator's fit sees
+                # every kernel config and CTA count, not only the tuning candidates
+                rng = np.random.default_rng(1000 + int(c["id"]))
+                pool = full + full_pf
+                plans = [pool[i] for i in rng.permutation(len(pool))[: args.grid_sample]]
+                plans += [("balanced", ("balanced", {}))]
+            res, floor = time_case(c, plans)
             ok = {k: v for k, v in res.items() if v}
             bk = min(ok, key=ok.get)
             print(f"T {c['set']:11s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} best "
-                  f"{ok[bk] / floor:.3f}x {bk}  sk3 {ok.get(train[0][0], 0) / floor:.3f} "
+                  f"{ok[bk] / floor:.3f}x {bk}  sk3 {(ok.get(train[0][0]) or 0) / floor:.3f} "
                   f"bal {ok.get('balanced', 0) / floor:.3f}  [{time.time() - t0:.0f}s]", flush=True)
         return
 
-    # phase 1: the full grid on a subset of reference cases
-    full = []
-    for pol in ("balanced", "stream_k"):
-        for cps in CTAS:
-            for cfg in CONFIGS:
-                try:
-                    make_plan([4096] * 8, num_kv_heads=4, device=GPU, policy=pol, params=cand_params(pol, cps, cfg)[1])
-                except ValueError:
-                    continue
-                full.append((cand_name(pol, cps, cfg), cand_params(pol, cps, cfg)))
     if args.mode == "retime":
         fis = {k: fi_timer(b) if args.flashinfer != "skip" else None for k, b in benches.items()}
         if args.flashinfer == "only":
@@ -299,7 +359,7 @@ def main() -> None:
             # the first plan timed after a batch change ran up to 15 % slow in the final run
             # (docs/results.md, "Method"): time the served plan once and throw that figure away
             time_case({**c, "id": -1 - c["id"]}, [served])
-            plans = [served] + [(n, cand_params(*_parse(n))) for n in c.get("oracle_names", [])]
+            plans = [served] + [named(n) for n in c.get("oracle_names", [])]
             plans += list(BASELINES.items())
             plans += [("served_r1", (c["served_r1"]["policy"], c["served_r1"]["params"]))] if "served_r1" in c else []
             res, floor = time_case(c, plans, fis[(c["num_qo_heads"], c["num_kv_heads"])])
@@ -354,7 +414,7 @@ def main() -> None:
     print(f"pool ({len(pool)}): {sorted(pool)}", flush=True)
 
     # phase 2: every case x (pool + baselines + round-1 served + FlashInfer's kernel)
-    pool_plans = [(n, cand_params(*_parse(n))) for n in sorted(pool)]
+    pool_plans = [named(n) for n in sorted(pool)]
     fis = {k: fi_timer(b) for k, b in benches.items()}
     order = [c for c in cases if c not in pick] + pick
     for c in order:
@@ -370,17 +430,6 @@ def main() -> None:
         print(f"P2 {c['set']:7s} {c['family']:9s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} best "
               f"{best / floor:.3f}x bal {ok.get('balanced', 0) / floor:.3f} r1 {ok.get('served_r1', 0) / floor:.3f} "
               f"fi {(fi or 0) / floor:.3f}  [{time.time() - t0:.0f}s]", flush=True)
-
-
-def _parse(name: str) -> tuple[str, float, tuple[int, int, int], tuple[int, int] | None]:
-    pol, c, k, *ex = name.split("|")
-    n, rest = k[1:].split("w")
-    w, s = rest.split("s")
-    extra = None
-    if ex:
-        o, m = ex[0][1:].split("m")
-        extra = (int(o), int(m))
-    return pol, float(c[1:]), (int(n), int(w), int(s)), extra
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernel_a  # noqa: E402  (bench/kernel_a.py, the frozen variant A)
-from gpu_sweep import _parse, cand_params  # noqa: E402  (the candidate names of the sweeps)
+from gpu_sweep import named  # noqa: E402  (the candidate names of the sweeps)
 
 from kvsplit.kernels import decode as dec  # noqa: E402
 from kvsplit.kernels.plan import make_plan  # noqa: E402
@@ -55,7 +55,7 @@ STAGE3 = [("stream_k", 3, (64, 4, 3)), ("stream_k", 2, (64, 8, 3)), ("stream_k",
 def parse_name(name: str) -> tuple[str, dict]:
     """``policy|c<ctas>|n<block_n>w<warps>s<stages>[|o<item_cost>m<min_piece>]`` -> (policy, params)
     (bench/gpu_sweep.py's candidate names)."""
-    return cand_params(*_parse(name))
+    return named(name)[1]
 
 
 class AB:

@@ -104,7 +104,7 @@ _UNITS = HIST_UNITS
 _NBINS = NUM_BINS
 
 # rule codes of _even_chunks
-_CONST, _WAVE, _FAIR = 0, 1, 2
+_CONST, _WAVE, _FAIR, _WAVE1 = 0, 1, 2, 3  # _WAVE1: wave-aware with one block of fixed cost per tile
 
 
 @_jit
@@ -176,7 +176,7 @@ def _tiles(L, chunk):
 
 
 @_jit
-def _wave_aware_chunk(L, total, lmax, H, block_n, target, min_chunk):
+def _wave_aware_chunk(L, total, lmax, H, block_n, target, min_chunk, tile_cost):
     """policies.wave_aware_chunk."""
     tot = total * H
     c = (tot + target - 1) // target
@@ -204,7 +204,7 @@ def _wave_aware_chunk(L, total, lmax, H, block_n, target, min_chunk):
         n = (L[i] + chunk0 - 1) // chunk0
         if n < 1:
             n = 1
-        s = L[i] / n
+        s = L[i] / n + tile_cost
         for _ in range(n * H):
             sizes[k] = s
             k += 1
@@ -214,7 +214,17 @@ def _wave_aware_chunk(L, total, lmax, H, block_n, target, min_chunk):
         v = first[j] + sizes[target + j]
         if v > est0:
             est0 = v
-    return chunk_fit if chunk_fit <= est0 else chunk0
+    if tile_cost == 0:
+        return chunk_fit if chunk_fit <= est0 else chunk0
+    est_fit = 0.0
+    for i in range(B):
+        n = (L[i] + chunk_fit - 1) // chunk_fit
+        if n < 1:
+            n = 1
+        v = L[i] / n
+        if v > est_fit:
+            est_fit = v
+    return chunk_fit if est_fit + tile_cost <= est0 else chunk0
 
 
 @_jit
@@ -254,8 +264,8 @@ def _pack(start, end, pack, out):
 def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first, pack, max_items, check):
     """Validate (``check``), split (rule), build_work_list, pack_ctas.
 
-    rule _CONST: num_splits = arg; _WAVE: chunk = wave_aware_chunk(target=arg,
-    min_chunk); _FAIR: chunk = roundup(max(cdiv(H*sum, arg), min_chunk, 1), block_n).
+    rule _CONST: num_splits = arg; _WAVE / _WAVE1: chunk = wave_aware_chunk(target=arg,
+    min_chunk, tile_cost 0 / block_n); _FAIR: chunk = roundup(max(cdiv(H*sum, arg), min_chunk, 1), block_n).
     Returns (status, info, W, NC, b64, b32): b64 = [kv_lens (B) | start (W) | end (W)],
     b32 = [num_splits (B) | work_request (W) | cta_indptr (NC) | spare] (two
     buffers: boxing each returned array costs about a microsecond); status 1:
@@ -265,8 +275,8 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
     B = L.shape[0]
     if bad >= 0:
         return 1, bad, 0, 0, L, np.empty(0, np.int32)
-    if rule == _WAVE:
-        chunk = _wave_aware_chunk(L, total, lmax, H, block_n, arg, min_chunk)
+    if rule == _WAVE or rule == _WAVE1:
+        chunk = _wave_aware_chunk(L, total, lmax, H, block_n, arg, min_chunk, block_n if rule == _WAVE1 else 0)
     elif rule == _FAIR:
         fair = (total * H + arg - 1) // arg
         chunk = (max(fair, min_chunk, 1) + block_n - 1) // block_n * block_n
@@ -670,6 +680,14 @@ def _device_key(device: Any) -> Any:
     return device if type(device) is str else id(device)
 
 
+def _wave_rule(ctx: Any, cfg: Any, target: float) -> tuple[int, int]:
+    """(rule, target tiles) of the wave-aware chunk: :func:`policies.wave_target`, and ``_WAVE1`` (one block of
+    fixed cost per tile) where :func:`policies.wave_tile_cost` charges it."""
+    from . import policies as P
+    tt = P.wave_target(ctx, cfg, target)
+    return (_WAVE1 if P.wave_tile_cost(ctx, cfg, tt) else _WAVE), tt
+
+
 def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: DeviceSpec, head_dim: int,
                 page_size: int, dtype: str) -> _Spec:
     from . import policies as P  # the reference's own helpers parse the parameters
@@ -692,7 +710,7 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
     elif policy == "balanced":
         target = P._ctas_per_sm(params, 4.0)
         cfg, order, pack = _knobs(params, ctx, "natural")
-        sp.rule, sp.arg = _WAVE, P.wave_target(ctx, cfg, target)
+        sp.rule, sp.arg = _wave_rule(ctx, cfg, target)
     elif policy == "stream_k":
         target, sp.o, sp.mp = P._stream_k_params(params)
         cfg, order, pack = _knobs(params, ctx, "natural")
@@ -710,7 +728,7 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
             sp.min_chunk = int(params.get("min_chunk_tokens", space["min_chunk_tokens"]["default"]))
             sp.max_splits = int(params.get("max_splits", space["max_splits"]["default"]))
             if params.get("wave_aware", space["wave_aware"]["default"]):
-                sp.rule, sp.arg = _WAVE, P.wave_target(ctx, cfg, target)
+                sp.rule, sp.arg = _wave_rule(ctx, cfg, target)
             else:
                 sp.rule, sp.arg = _FAIR, max(1, int(math.ceil(target * S)))
     else:  # pragma: no cover - callers check FAST_POLICIES

@@ -84,7 +84,17 @@ def _tiles(L: np.ndarray, chunk: int) -> int:
     return int(np.maximum(-(-L // chunk), 1).sum())
 
 
-def wave_aware_chunk(L: np.ndarray, num_kv_heads: int, block_n: int, target_tiles: int, min_chunk: int = 1) -> int:
+def wave_tile_cost(ctx: PlanContext, cfg: KernelConfig, target_tiles: int) -> int:
+    """Fixed cost per work tile, in tokens, that :func:`wave_aware_chunk` charges: one ``block_n``
+    block when ``target_tiles`` is exactly one resident wave of ``cfg`` (:func:`resident_slots`),
+    where a tile more waits for a slot; 0 otherwise (a target below the residency leaves slots free,
+    and more tiles run side by side: measured 1.2-1.7x slower with the charge at ``ctas_per_sm`` 1,
+    docs/data/h200_r4/rebalanced_eval.log)."""
+    return cfg.block_n if target_tiles == resident_slots(ctx, cfg) else 0
+
+
+def wave_aware_chunk(L: np.ndarray, num_kv_heads: int, block_n: int, target_tiles: int, min_chunk: int = 1,
+                     tile_cost: int = 0) -> int:
     """Chunk (tokens, a multiple of ``block_n``) of an even-chunk split.
 
     Starts from ``chunk0 = roundup(max(min_chunk, block_n, ceil(H_kv * sum(kv_len) / target_tiles)), block_n)``.
@@ -96,7 +106,14 @@ def wave_aware_chunk(L: np.ndarray, num_kv_heads: int, block_n: int, target_tile
     search (as FlashInfer's ``PrefillBinarySearchKVChunkSize`` searches its
     chunk), and replaces ``chunk0`` when one wave of ``chunk_fit`` is shorter
     than ``chunk0``'s estimated makespan (one wave plus overflow tiles placed on
-    the slots that free first; ``chunk0`` stays above two waves).
+    the slots that free first; ``chunk0`` stays above two waves). Both estimates
+    are in tokens and charge every tile ``tile_cost`` tokens of fixed cost
+    (:func:`wave_tile_cost`: one ``block_n`` block, its q load and output or
+    partial write, as ``stream_k``'s ``item_cost_blocks`` default, when the target
+    is one resident wave), so a tie goes to fewer tiles: one tile per request of
+    a near-even batch, not two waves of halves and a merge (measured on the
+    H200, B = 128 of ~2,572 tokens, H_kv 4, BLOCK_N 64: 1.248x the floor split in
+    two, docs/data/h200_r4/train_even.log).
     (Growing the chunk is wrong when few tiles are left for the long requests,
     e.g. B = 128 at H_kv = 4 leaves 16 of 528 tiles: measured 6-11x the floor,
     docs/data/h200_r2/sweep1.log.)
@@ -123,10 +140,14 @@ def wave_aware_chunk(L: np.ndarray, num_kv_heads: int, block_n: int, target_tile
     # follows on the slot whose first tile ends first (list scheduling, as the hardware block scheduler places
     # a grid in order)
     n = np.maximum(-(-L // chunk0), 1)
-    size = np.repeat(np.repeat(L / n, n), num_kv_heads)
+    size = np.repeat(np.repeat(L / n + tile_cost, n), num_kv_heads)
     first, over = size[:target_tiles], size[target_tiles:]
     est0 = max(float(first.max()), float((np.sort(first)[: over.shape[0]] + over).max()))
-    return chunk_fit if chunk_fit <= est0 else chunk0
+    if tile_cost:  # one wave: chunk_fit's largest tile (even spread) plus its fixed cost
+        est_fit = float((L / np.maximum(-(-L // chunk_fit), 1)).max()) + tile_cost
+    else:  # below one resident wave: the chunk itself (measured: fewer, longer tiles lose there)
+        est_fit = float(chunk_fit)
+    return chunk_fit if est_fit <= est0 else chunk0
 
 
 @_register("balanced", ("ctas_per_sm",))
@@ -144,7 +165,8 @@ def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
     """
     target = _ctas_per_sm(params, 4.0)
     cfg, order, pack = _knobs(params, ctx, "natural")
-    chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, wave_target(ctx, cfg, target))
+    tt = wave_target(ctx, cfg, target)
+    chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, tt, tile_cost=wave_tile_cost(ctx, cfg, tt))
     return np.maximum(-(-L // chunk), 1), cfg, order, pack
 
 
@@ -412,7 +434,8 @@ def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
         if name in params:
             raise ValueError(f"params.{name}: only used with partition='stream_k'")
     if wave_aware:
-        chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, wave_target(ctx, cfg, target), min_chunk)
+        tt = wave_target(ctx, cfg, target)
+        chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, tt, min_chunk, wave_tile_cost(ctx, cfg, tt))
     else:
         total = int(L.sum()) * ctx.num_kv_heads
         fair = cdiv(total, max(1, int(math.ceil(target * S))))

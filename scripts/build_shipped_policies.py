@@ -1,6 +1,10 @@
 """Build the shipped H200 policy set from the GPU tuning sweep (issue 9, "tuned parameters that generalize").
 
-    python scripts/build_shipped_policies.py docs/data/h200_r2/train.jsonl bench/data/train_cases.json
+    python scripts/build_shipped_policies.py docs/data/h200_r2/train.jsonl docs/data/h200_r4/train_even.jsonl \
+        docs/data/h200_r4/rebalanced_train.jsonl bench/data/train_cases.json
+
+(any number of sweep files of the training batches, then the case file; the files are merged per batch, a plan
+timed in a later file replacing its earlier timing: ``kvsplit.tuner.simfit.merged_case_records``).
 
 The tuning sweep (``bench/gpu_sweep.py --mode train`` on an H200, docs/data/h200_r2/train.log) timed every
 candidate of :data:`SERVED_POOL` (and more) on 192 *training* batches: jittered training draws of the five
@@ -33,6 +37,7 @@ import numpy as np
 
 from kvsplit.db import store
 from kvsplit.kernels.buckets import bucket_key
+from kvsplit.tuner.simfit import candidate_policy, merged_case_records
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = "NVIDIA H200"
@@ -41,54 +46,61 @@ SERVED_POOL = (
     "stream_k|c3|n128w4s2", "stream_k|c3|n64w4s3", "stream_k|c2|n128w4s3", "stream_k|c3|n128w4s2|o2m4",
     "balanced|c3|n128w4s2", "balanced|c4|n128w4s2", "balanced|c4|n64w4s2",
 )
+# Not in the pool (round 4, measured): four stage-3 tiles with the prefetch knob, each faster than the pool above by
+# more than 2 % on some training batches (69 of 280, docs/data/h200_r4/train_pf.log): "stream_k|c3|n64w4s3|pf",
+# "balanced|c2|n64w4s3|pf", "balanced|c3|n64w8s3|pf", "stream_k|c1|n128w8s3|pf". A table built with them served
+# them on 47 of the 182 evaluation batches, which ran at 0.979-1.067x their round-3 time (geomean 0.997; B >= 512
+# up to 6.7 % slower; docs/data/h200_r4/retime5.log), so the pool stays without them.
+PREFETCH_CANDIDATES = ("stream_k|c3|n64w4s3|pf", "balanced|c2|n64w4s3|pf", "balanced|c3|n64w8s3|pf",
+                       "stream_k|c1|n128w8s3|pf")
 MARGIN = 0.01
 
 
 def policy_of(name: str) -> tuple[str, dict]:
     """Policy name and params of a sweep candidate name (bench/gpu_sweep.py's naming)."""
-    pol, c, k, *ex = name.split("|")
-    n, rest = k[1:].split("w")
-    w, s = rest.split("s")
-    params = {"ctas_per_sm": float(c[1:]), "block_n": int(n), "num_warps": int(w), "num_stages": int(s)}
-    if ex:
-        o, m = ex[0][1:].split("m")
-        params["item_cost_blocks"], params["min_piece_blocks"] = int(o), int(m)
-    return pol, params
+    got = candidate_policy(name)
+    if got is None:
+        raise ValueError(f"not a candidate name: {name!r}")
+    return got
 
 
-def choose(times: dict[str, float | None]) -> str:
-    ok = {k: v for k, v in times.items() if k in SERVED_POOL and v}
-    best = min(ok, key=ok.get)
-    if DEFAULT in ok and ok[best] >= (1.0 - MARGIN) * ok[DEFAULT]:
+def choose(batches: list[dict[str, float | None]]) -> str:
+    """The pool member with the least geomean time over a bucket's training batches (those timed on every
+    batch of it), unless it beats :data:`DEFAULT` by less than :data:`MARGIN`. Times are comparable across the
+    batches of one bucket only as ratios, so each batch's times are divided by its fastest pool time first."""
+    names = [k for k in SERVED_POOL if all(t.get(k) for t in batches)]
+    score = {k: float(np.exp(np.mean([np.log(t[k] / min(t[n] for n in names)) for t in batches]))) for k in names}
+    best = min(score, key=score.get)
+    if DEFAULT in score and score[best] >= (1.0 - MARGIN) * score[DEFAULT]:
         return DEFAULT
     return best
 
 
-def main(sweep: str, cases_path: str) -> None:
-    recs = [json.loads(line) for line in open(sweep)]
+def main(sweeps: list[str], cases_path: str) -> None:
+    recs, bw = merged_case_records(sweeps)
     cases = json.load(open(cases_path))["cases"]
-    bw = next(r["bytes_per_s"] for r in recs if r["kind"] == "bandwidth")
-    versions = next(r for r in recs if r["kind"] == "versions")
+    versions = next(json.loads(line) for line in open(sweeps[0]) if '"versions"' in line)
     software = {k: v for k, v in versions.items() if k != "kind"} | {"backend": "gpu"}
     with tempfile.TemporaryDirectory() as d:
         url = f"sqlite:///{d}/campaign.db"
         store.upgrade(url)
-        seen: set[str] = set()
         rows = []
         with store.session_scope(url, write=True) as s:
             dev = store.get_or_create_device(s, name=GPU, num_sms=132, hbm_bandwidth_gbps=4800.0, software=software,
                                              read_bandwidth_gbps=bw / 1e9)
+            groups: dict[str, list[dict]] = {}
             for r in recs:
-                if r["kind"] != "case":
-                    continue
+                c = cases[r["case"]]
+                key = str(bucket_key(np.asarray(c["kv_lens"], dtype=np.int64), num_kv_heads=c["num_kv_heads"],
+                                     head_dim=128, dtype="bfloat16", device=GPU, page_size=16))
+                groups.setdefault(key, []).append(r)
+            for key, group in groups.items():
+                # training batches with one key make one bucket: the pick is the best over all of them (geomean);
+                # the first batch's figures stand for the bucket in its verification and measurements
+                r = group[0]
                 c = cases[r["case"]]
                 lens = np.asarray(c["kv_lens"], dtype=np.int64)
-                key = str(bucket_key(lens, num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16",
-                                     device=GPU, page_size=16))
-                if key in seen:  # two training batches with one key: the first stays
-                    continue
-                seen.add(key)
-                pick = choose(r["times"])
+                pick = choose([g["times"] for g in group])
                 name, params = policy_of(pick)
                 b = store.get_or_create_bucket(
                     s, key=key, gpu=GPU, num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16,
@@ -97,7 +109,8 @@ def main(sweep: str, cases_path: str) -> None:
                 run = store.start_run(s, bucket_id=b.id, study_name=f"grid/{key}", backend="gpu", n_trials=len(ok),
                                       device_id=dev.id)
                 store.finish_run(s, run.id, status="finished", n_finished=len(ok), best_value=ok[pick],
-                                 best_params={"candidate": pick}, message="grid search, bench/gpu_sweep.py --mode train")
+                                 best_params={"candidate": pick},
+                                 message=f"grid search over {len(group)} training batch(es), bench/gpu_sweep.py --mode train")
                 floor = r["floor_s"]
                 bal = ok.get("balanced")
                 verification = {
@@ -129,7 +142,7 @@ def main(sweep: str, cases_path: str) -> None:
     (data / "h200_policies.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (data / "h200_measurements.json").write_text(json.dumps(
         {"format": "kvsplit.measurements", "format_version": 1,
-         "source": "bench/gpu_sweep.py --mode train on an H200 (docs/data/h200_r2/train.log)",
+         "source": "bench/gpu_sweep.py --mode train on an H200 (" + ", ".join(sweeps) + ")",
          "measurements": rows}) + "\n")
     picks = [p["params"] for p in doc["policies"]]
     print(f"{len(doc['policies'])} policies ({sum(1 for p in doc['policies'] if p['name'] == 'stream_k')} stream_k), "
@@ -137,4 +150,6 @@ def main(sweep: str, cases_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if len(sys.argv) < 3:
+        sys.exit("usage: build_shipped_policies.py SWEEP.jsonl [SWEEP.jsonl ...] CASES.json")
+    main(sys.argv[1:-1], sys.argv[-1])

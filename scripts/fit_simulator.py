@@ -53,9 +53,15 @@ def _print_table(title: str, tab: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--train", default="docs/data/h200_r2/train.jsonl")
+    ap.add_argument("--train", nargs="+", default=["docs/data/h200_r2/train.jsonl", "docs/data/h200_r4/train4.jsonl",
+                                                   "docs/data/h200_r4/train_even.jsonl",
+                                                   "docs/data/h200_r4/rebalanced_train.jsonl"],
+                    help="sweep files of the training batches (timed plans of --train-cases), merged per batch (a "
+                         "later file's timing of a plan replaces an earlier one); the read bandwidth is the first's")
     ap.add_argument("--train-cases", default="bench/data/train_cases.json")
-    ap.add_argument("--heldout", default="docs/data/h200_r2/final.jsonl")
+    ap.add_argument("--heldout", nargs="+", default=["docs/data/h200_r2/final.jsonl",
+                                                     "docs/data/h200_r4/rebalanced_eval.jsonl"],
+                    help="sweep files of the evaluation batches, merged as --train")
     ap.add_argument("--heldout-cases", default="bench/data/sweep_cases.json")
     ap.add_argument("--retime", default="docs/data/h200_r2/retime.jsonl",
                     help="a repeat run of the held-out cases: also tabulate the held-out errors against the best "
@@ -71,8 +77,8 @@ def main() -> None:
     dev = resolve_device("NVIDIA H200")
     train, bw = sweep_samples(args.train, args.train_cases)
     held, bw_held = sweep_samples(args.heldout, args.heldout_cases)
-    split_desc = (f"trained on {args.train} (batches of {args.train_cases}), "
-                  f"held out {args.heldout} (batches of {args.heldout_cases})")
+    split_desc = (f"trained on {' + '.join(args.train)} (batches of {args.train_cases}), "
+                  f"held out {' + '.join(args.heldout)} (batches of {args.heldout_cases})")
     print(f"{len(train)} training and {len(held)} held-out timed plans; read bandwidth "
           f"{bw / 1e12:.3f} TB/s (held-out run {bw_held / 1e12:.3f}) [{time.time() - t0:.0f}s]", flush=True)
 

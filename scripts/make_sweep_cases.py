@@ -15,7 +15,8 @@ Usage: python scripts/make_sweep_cases.py bench/data/sweep_cases.json           
 ``--train`` writes the tuning set instead: jittered *training* draws
 (``family_batches(role="train")``, never the reference batches themselves) of every family at
 B 1..1024 and T 262,144 / 1,048,576, training trace batches of every shipped trace at B 8..1024,
-and the Llama-3.1-8B (32/8/128) and Llama-3.1-70B TP8 (8/1/128) shapes.
+the Llama-3.1-8B (32/8/128) and Llama-3.1-70B TP8 (8/1/128) shapes, and (set ``train_even``) near-equal
+lengths (U(0.995, 1.005)) at B 16..1024 and totals drawn around 2^17..2^20 for 32/4 and 32/8.
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ def train_cases() -> list[dict]:
                         continue
                     add(f"train_{hq}_{hkv}", fam, B, T, family_batches(fam, B, T, num_batches=1, seed=11,
                                                                       role="train")[0], hq=hq, hkv=hkv)
+    # near-equal lengths (round 4): requests started together with one prompt length decode in lockstep
+    # (fixed-length benchmarks, synchronous batches), a case the +-10 % draws above never show. Each batch
+    # is U(0.995, 1.005) around an even split of a T drawn log-uniformly within an octave around 2^17,
+    # 2^18, 2^19 or 2^20 (never the reference totals themselves), for both model shapes.
+    rng = np.random.default_rng(20261201)
+    for hq, hkv in ((32, 4), (32, 8)):
+        for B in (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024):
+            for e in (17, 18, 19, 20):
+                T = int(round(2 ** (e + rng.uniform(-0.45, 0.45))))
+                lens = np.maximum(np.rint(T / B * rng.uniform(0.995, 1.005, size=B)).astype(np.int64), 1)
+                add("train_even", "uniform", B, int(lens.sum()), lens, hq=hq, hkv=hkv)
     return cases
 
 

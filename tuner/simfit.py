@@ -15,7 +15,8 @@ document that service/data/h200_calibration.json ships.
 Record names of a ``case`` record's ``times``: ``balanced|c4|n64w4s2`` is policy
 balanced with ``{"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4,
 "num_stages": 2}`` (likewise ``stream_k|...``; a suffix ``|o2m4`` adds
-``item_cost_blocks`` 2, ``min_piece_blocks`` 4); ``balanced`` its defaults; ``fa3``;
+``item_cost_blocks`` 2, ``min_piece_blocks`` 4, a last suffix ``|pf`` the ``prefetch`` knob);
+``balanced`` its defaults; ``fa3``;
 ``fi_rule_tc`` / ``fi_rule_notc`` FlashInfer's rule (``tensor_cores`` True /
 False) on our kernel; ``served`` / ``served_r1`` the case's ``served`` /
 ``served_r1`` policy in bench/data/sweep_cases.json; ``flashinfer_kernel`` is
@@ -40,7 +41,7 @@ from ..kernels.plan import Plan, make_plan
 from .simulate import Calibration, _prepare, _simulate, _Tiles, config_key
 
 __all__ = ["SweepSample", "sweep_samples", "best_of", "fit_per_config", "error_table", "predict_samples", "wave_class",
-           "GLOBAL_FIT_PARAMS", "CONFIG_FIT_PARAMS", "HELDOUT_SETS"]
+           "GLOBAL_FIT_PARAMS", "CONFIG_FIT_PARAMS", "HELDOUT_SETS", "candidate_policy", "merged_case_records"]
 
 GLOBAL_FIT_PARAMS = ("launch_s", "merge_launch_s", "merge_partial_s", "merge_split_s", "persistent_tile_s")
 """Constants shared by every kernel config (fitted on all training samples)."""
@@ -49,7 +50,7 @@ CONFIG_FIT_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "tile_fixed_s", "item_fixed
 HELDOUT_SETS = ("untuned", "llama8b", "trace")
 """Sets of sweep_cases.json held out of the fit by default (trained on ``ref`` and ``jitter``)."""
 
-_NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)(?:\|o(\d+)m(\d+))?")
+_NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)(?:\|o(\d+)m(\d+))?(\|pf)?")
 _LOSS_CAP = math.log(1.5)  # squared log error capped at 50 %: a few pathological times do not steer the fit
 
 
@@ -69,6 +70,21 @@ class SweepSample:
     plan: Plan
 
 
+def candidate_policy(name: str) -> tuple[str, dict[str, Any]] | None:
+    """``(policy, params)`` of a grid candidate name such as ``stream_k|c3|n128w4s3|o2m4|pf``, or None when
+    ``name`` is not one (a baseline's or the served plan's record name)."""
+    m = _NAME_RE.fullmatch(name)
+    if not m:
+        return None
+    params: dict[str, Any] = {"ctas_per_sm": float(m[2]), "block_n": int(m[3]), "num_warps": int(m[4]),
+                              "num_stages": int(m[5])}
+    if m[6] is not None:
+        params["item_cost_blocks"], params["min_piece_blocks"] = int(m[6]), int(m[7])
+    if m[8]:
+        params["prefetch"] = True
+    return m[1], params
+
+
 def _policy_of(name: str, case: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     if name == "fa3":
         return "fa3", {}
@@ -78,20 +94,41 @@ def _policy_of(name: str, case: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
         return "flashinfer", {"tensor_cores": False}
     if name in ("served", "served_r1"):
         return case[name]["policy"], dict(case[name]["params"])
-    m = _NAME_RE.fullmatch(name)
-    if m:
-        params: dict[str, Any] = {"ctas_per_sm": float(m[2]), "block_n": int(m[3]), "num_warps": int(m[4]),
-                                  "num_stages": int(m[5])}
-        if m[6] is not None:
-            params["item_cost_blocks"], params["min_piece_blocks"] = int(m[6]), int(m[7])
-        return m[1], params
-    return name, {}
+    return candidate_policy(name) or (name, {})
 
 
-def sweep_samples(sweep_path: str | Path, cases_path: str | Path, *, device: str = "NVIDIA H200",
+def merged_case_records(paths: str | Path | Sequence[str | Path]) -> tuple[list[dict[str, Any]], float | None]:
+    """The ``case`` records of one or more sweep files, merged per case id: a plan timed in a later file
+    replaces the earlier timing of the same record name (a re-time of the plans a planner change rebuilt, e.g.
+    docs/data/h200_r4/rebalanced_train.jsonl over docs/data/h200_r2/train.jsonl). Negative (warm-up) case ids
+    are dropped. Returns the records in first-seen order and the first file's measured read bandwidth (bytes/s,
+    None if it has none)."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    merged: dict[int, dict[str, Any]] = {}
+    bw = None
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if r.get("kind") == "bandwidth" and bw is None:
+                bw = float(r["bytes_per_s"])
+            if r.get("kind") != "case" or r["case"] < 0:
+                continue
+            have = merged.get(r["case"])
+            if have is None:
+                merged[r["case"]] = {**r, "times": dict(r["times"])}
+            else:
+                have["times"].update(r["times"])
+    return list(merged.values()), bw
+
+
+def sweep_samples(sweep_path: str | Path | Sequence[str | Path], cases_path: str | Path, *,
+                  device: str = "NVIDIA H200",
                   head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16,
                   case_ids: Iterable[int] | None = None) -> tuple[list[SweepSample], float | None]:
-    """Rebuild every timed plan of a sweep file.
+    """Rebuild every timed plan of a sweep file (or of several, merged by :func:`merged_case_records`).
 
     Returns the samples and the sweep's measured read bandwidth (bytes/s, its
     ``bandwidth`` record; None if absent). ``case_ids`` keeps only those cases.
@@ -99,15 +136,10 @@ def sweep_samples(sweep_path: str | Path, cases_path: str | Path, *, device: str
     cases = {c["id"]: c for c in json.loads(Path(cases_path).read_text())["cases"]}
     keep = set(case_ids) if case_ids is not None else None
     out: list[SweepSample] = []
-    bw = None
-    for line in Path(sweep_path).read_text().splitlines():
-        if not line.strip():
+    records, bw = merged_case_records(sweep_path)
+    for r in records:
+        if keep is not None and r["case"] not in keep:
             continue
-        r = json.loads(line)
-        if r.get("kind") == "bandwidth":
-            bw = float(r["bytes_per_s"])
-        if r.get("kind") != "case" or r["case"] < 0 or (keep is not None and r["case"] not in keep):
-            continue  # negative case ids: discarded warm-up timings
         c = cases[r["case"]]
         lens = np.asarray(c["kv_lens"], dtype=np.int64)
         for name, t in r["times"].items():

@@ -286,7 +286,8 @@ def test_wave_aware_balanced_plan_fp16():
     # 65536 // (4096 * 4) = 4 CTAs/SM -> 8 slots, target min(floor(4 * 2), 8) = 8.
     # chunk0 = roundup(ceil(2 * 1700 / 8) = 425, 32) = 448 -> splits [3, 2], 10 tiles > 8.
     # chunk_fit: ceil(1000 / c) + ceil(700 / c) <= 4 -> c >= 500 -> 512; est0: 8 first tiles (6 x 333.3,
-    # 2 x 350), 2 overflow (350) behind two 333.3 -> 683.3 >= 512 -> chunk 512: splits [2, 2], 8 tiles
+    # 2 x 350, each + 32 of fixed cost), 2 overflow (382) behind two 365.3 -> 747.3 >= 500 + 32 (chunk_fit's
+    # largest tile 1000 / 2 + 32) -> chunk 512: splits [2, 2], 8 tiles
     assert plan.num_splits.tolist() == [2, 2] and plan.num_work_tiles == 8
     assert plan.work_kv_start.tolist() == [0, 512, 0, 352] and plan.work_kv_end.tolist() == [512, 1000, 352, 700]
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,

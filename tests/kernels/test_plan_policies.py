@@ -592,8 +592,9 @@ def test_balanced_uniform_1m_fits_one_wave():
     # B = 8, T = 1,048,576 (131,072 each), H_kv = 4, H200: target 4 * 132 = 528 slots (residency 4)
     # chunk0 = roundup(ceil(4 * 1048576 / 528) = 7944, 64) = 8000 -> ceil(131072 / 8000) = 17 splits,
     # 4 * 8 * 17 = 544 tiles > 528 (a second wave of 16). H_kv * B = 32 <= 528 -> search: 8 * ceil(131072 / c)
-    # <= 132 -> ceil <= 16 -> c >= 8192 = chunk_fit. 544 <= 2 * 528; est0 = 131072 / 17 * 2 = 15,420 tokens
-    # (16 overflow tiles behind first-wave tiles) >= 8192 -> chunk 8192: 16 splits each, 512 tiles.
+    # <= 132 -> ceil <= 16 -> c >= 8192 = chunk_fit. 544 <= 2 * 528; est0 = (131072 / 17 + 64) * 2 = 15,548
+    # tokens (16 overflow tiles behind first-wave tiles, each tile + one block of fixed cost) >= 8192 + 64 ->
+    # chunk 8192: 16 splits each, 512 tiles.
     L = family_kv_lens("uniform", 8, 1_048_576)
     assert L.tolist() == [131072] * 8
     p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params=R1_TILE)
@@ -608,9 +609,10 @@ def test_balanced_skewed80_keeps_chunk0():
     # B = 128, T = 262,144: one request of 209,715 tokens, 127 of 412-413. H_kv = 4, target 528.
     # chunk0 = roundup(ceil(4 * 262144 / 528) = 1986, 64) = 2048: tiles0 = 4 * (ceil(209715 / 2048) = 103 + 127)
     # = 920 > 528; H_kv * B = 512 <= 528 -> chunk_fit: 127 + ceil(209715 / c) <= 132 -> c >= 41,943 -> 41,984.
-    # 920 <= 1056; est0: first wave = 412 long tiles (209715 / 103 = 2036.1 tokens) + 116 short (413);
-    # 392 short overflow tiles follow the 116 short + 276 long slots that free first -> 2036.1 + 413 = 2449
-    # < 41,984 -> chunk0 stays: 103 splits for the long request (not 5), 1 for the others.
+    # 920 <= 1056; est0 (each tile + 64 of fixed cost): first wave = 412 long tiles (209715 / 103 + 64 =
+    # 2100.1) + 116 short (477); 392 short overflow tiles follow the 116 short + 276 long slots that free first
+    # -> 2100.1 + 477 = 2577.1 < chunk_fit's largest tile 209715 / 5 + 64 = 42,007 -> chunk0 stays: 103 splits
+    # for the long request (not 5), 1 for the others.
     L = family_kv_lens("skewed80", 128, 262_144)
     assert int(L[0]) == 209_715 and set(L[1:].tolist()) == {412, 413}
     p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params=R1_TILE)
@@ -628,9 +630,27 @@ def test_balanced_keeps_chunk0_when_growing_does_not_pay():
     # B = 2, target 132 (ctas_per_sm 1): chunk0 = roundup(ceil(4 * 400016 / 132) = 12122, 64) = 12160:
     # tiles0 = 4 * (ceil(400000 / 12160) = 33 + 1) = 136 > 132, <= 264; chunk_fit: ceil(400000 / c) <= 32 ->
     # c >= 12500 -> 12544; est0: the first 132 tiles are the long request's (400000 / 33 = 12121.2 tokens each),
-    # the 4 overflow tiles (16 tokens) follow the first that free -> est0 = 12137.2 < 12544 -> chunk0 stays
+    # the 4 overflow tiles (16 tokens) follow the first that free -> est0 = 12137.2 < 400000 / 32 = 12500 ->
+    # chunk0 stays (no fixed cost per tile: the target, 132, is below one resident wave of 528)
     p = make_plan([400_000, 16], num_kv_heads=4, device="NVIDIA H200", policy="balanced", params={"ctas_per_sm": 1, **R1_TILE})
     assert p.num_splits.tolist() == [33, 1] and p.num_work_tiles == 136
+
+
+def test_balanced_near_even_batch_keeps_one_tile_per_request():
+    # B = 128 requests of 2,570 or 2,575 tokens (T = 329,280), H_kv = 4, BLOCK_N 64: target 528 slots.
+    # chunk0 = roundup(ceil(4 * 329280 / 528) = 2495, 64) = 2496 -> 2 splits each, tiles0 = 1024 > 528, <= 1056.
+    # H_kv * B = 512 <= 528 -> chunk_fit = smallest c with ceil(L / c) = 1 for all: roundup(2575, 64) = 2624.
+    # Makespans in tokens, each tile + 64 of fixed cost: est0 = 2 * (2575 / 2 + 64) = 2703 (every slot runs two
+    # halves); one tile per request: 2575 + 64 = 2639 <= 2703 -> 1 split each, 512 tiles, no merge. Without the
+    # fixed cost the halves won (2575 > 2572.5) and the plan ran 1.248x the floor on the H200 where one tile per
+    # request ran ~1.18x (docs/data/h200_r4/train_even.log, docs/data/h200_r2/final.jsonl).
+    L = np.array([2570, 2575] * 64)
+    p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params=R1_TILE)
+    assert p.num_splits.tolist() == [1] * 128 and p.num_work_tiles == 512
+    # a long request's halves still win where one tile per request would make it the makespan
+    L2 = np.array([20_000] + [2570] * 127)
+    q = make_plan(L2, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params=R1_TILE)
+    assert int(q.num_splits[0]) > 1
 
 
 balanced_case_st = st.fixed_dictionaries({

@@ -58,10 +58,10 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
     out = "".join(lines)
     base = f"http://127.0.0.1:{port}"
     try:
-        # service/data/h200_policies.json: one GPU-tuned bucket per training batch of the H200 sweep,
-        # 192 of them (130 + 10 for 32/4/128, 25 + 1 for 32/8/128, 25 + 1 for 8/1/128, stream_k + balanced),
-        # each with 2 training measurements (its published plan and balanced): 2 * 192 = 384
-        assert "imported 192 shipped H200 policies" in out and "their 384 training measurements" in out
+        # service/data/h200_policies.json: one GPU-tuned bucket per bucket key of the H200 sweep's 280
+        # training batches, 263 of them (139 + 38 for 32/4/128, 56 + 4 for 32/8/128, 25 + 1 for 8/1/128,
+        # stream_k + balanced), each with 2 training measurements (its published plan and balanced): 526
+        assert "imported 263 shipped H200 policies" in out and "their 526 training measurements" in out
         assert "tuning 3 demo buckets on the calibrated simulator" in out
         assert f"dashboard:  http://127.0.0.1:{port}/" in out
         curl = next(line for line in lines if line.startswith("curl "))
@@ -96,6 +96,6 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
     finally:
         code, _ = _stop(p)
     assert code == 0
-    assert "shipped policies already in the store (192 H200 buckets)" in out2
+    assert "shipped policies already in the store (263 H200 buckets)" in out2
     assert "all 3 demo buckets were tuned and verified before: nothing to tune" in out2
     assert runs_second == runs_first
