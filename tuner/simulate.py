@@ -79,7 +79,7 @@ def config_key(config: KernelConfig) -> str:
 def resident_slots(device: DeviceSpec, config: KernelConfig, *, head_dim: int = 128, dtype: str = "bfloat16") -> int:
     """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`)."""
     return int(resident_ctas_per_sm(device, head_dim, dtype, DTYPES[dtype], config.block_n, config.num_warps,
-                                    config.num_stages, prefetch=config.prefetch))
+                                    config.num_stages, prefetch=config.prefetch, tma=config.tma))
 
 
 @dataclass(frozen=True)
