@@ -7,8 +7,9 @@ passes for a case of the reference shape (H_q 32, H_kv 4, D 128, bf16, page 16, 
 (the kernel object is swapped for a recorder, so the launch's own code builds them), specialized as Triton's
 launcher does (16-byte divisibility of pointers and integers, ints == 1 as constants, a host
 ``TensorDescriptor`` as ``tensordesc<...>``), compiled with ``triton.compile`` for ``GPUTarget("cuda", 90,
-32)`` and read back: registers, spills and shared memory from ``cuobjdump --dump-resource-usage`` on the
-cubin (the same procedure reproduces the registers and shared memory read on the H200 in round 2 exactly),
+32)`` and read back: registers and shared memory from ``cuobjdump --dump-resource-usage`` on the cubin (the
+same procedure reproduces the registers and shared memory read on the H200 in round 2 exactly), bytes of
+spill stores from ``ptxas -v`` on its PTX,
 and from the TTGIR: the K/V loads (cp.async or TMA), the buffers the pipeliner allocates for them and the
 depth of its waits. ``--ttgir DIR`` also writes each kernel's TTGIR there.
 """
@@ -32,6 +33,7 @@ from kvsplit.kernels.limits import KernelConfig
 from kvsplit.kernels.plan import make_plan
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+PTXAS = os.path.join(os.path.dirname(CUOBJDUMP), "ptxas")
 
 
 class _Recorder:
@@ -99,20 +101,24 @@ def compile_sm90(fn, args, kwargs):
 
 
 def resources(kernel) -> dict:
-    """Registers, stack frame (the spill space: 0 when ptxas spilled nothing) and shared memory (Triton's
-    dynamic allocation, which the launch asks for) of the compiled kernel (cuobjdump on its cubin)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-        path = f.name
-    try:
-        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", path], capture_output=True, text=True,
+    """Registers, stack frame and shared memory (Triton's dynamic allocation, which the launch asks for) of the
+    compiled kernel (cuobjdump on its cubin), and the spill stores ptxas reports for its PTX (``ptxas -v``
+    for sm_90a, the arch Triton compiles capability 90 for)."""
+    with tempfile.TemporaryDirectory() as d:
+        cubin, ptx = os.path.join(d, "k.cubin"), os.path.join(d, "k.ptx")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", cubin], capture_output=True, text=True,
                              check=True).stdout
-    finally:
-        os.unlink(path)
+        info = subprocess.run([PTXAS, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(d, "v.cubin")],
+                              capture_output=True, text=True, check=True).stderr
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
     regs, stack, shared, local = map(int, m.groups())
+    spill = re.search(r"(\d+) bytes spill stores", info)
     return {"regs": regs, "stack": stack, "local": local, "shared_static": shared,
-            "shared": int(kernel.metadata.shared)}
+            "shared": int(kernel.metadata.shared), "spill_stores": int(spill.group(1)) if spill else -1}
 
 
 def ttgir_summary(ttgir: str) -> dict:
@@ -144,7 +150,7 @@ def main() -> None:
     args = ap.parse_args()
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
     print(f"triton {triton.__version__}, sm_90, {args.dtype}, H_q 32 H_kv 4 D 128 page {args.page_size}")
-    print(f"{'variant':9s} {'cfg':12s} {'regs':>4s} {'stack':>5s} {'smem B':>7s}  {'TMA':>3s} {'cp.async':>8s} "
+    print(f"{'variant':9s} {'cfg':12s} {'regs':>4s} {'spill':>5s} {'smem B':>7s}  {'TMA':>3s} {'cp.async':>8s} "
           f"{'waits':>8s}  pipelined K/V buffers (rings x depth x [box])")
     for c in args.configs:
         bn, w, s = map(int, c.split(","))
@@ -165,7 +171,7 @@ def main() -> None:
                 with open(os.path.join(args.ttgir, f"{variant}_{bn}_{w}_{s}.ttgir"), "w") as f:
                     f.write(k.asm["ttgir"])
             waits = ",".join(map(str, t["async_wait_nums"])) if t["cp_async"] else f"mbar {t['mbarrier_waits']}"
-            print(f"{variant:9s} {str((bn, w, s)):12s} {r['regs']:4d} {r['stack']:5d} {r['shared']:7d}  "
+            print(f"{variant:9s} {str((bn, w, s)):12s} {r['regs']:4d} {r['spill_stores']:5d} {r['shared']:7d}  "
                   f"{t['tma_copies']:3d} {t['cp_async']:8d} {waits:>8s}  {' '.join(f'{n} x {k}' for k, n in t['rings'].items())}", flush=True)
 
 
