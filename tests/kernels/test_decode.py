@@ -404,3 +404,119 @@ def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch, good
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device: 'cuda' asked for, but torch sees no CUDA device"):
             DecodeWrapper(H_Q, H_KV, D, device="cuda")
+
+
+# ----------------------------------------------------------------------------- issue 12: the TMA loop (experimental)
+
+def _launch(case, plan, **kw):
+    from kvsplit.kernels.decode import launch_decode
+
+    ws = make_workspace(case["q"].shape[1], case["q"].shape[2], max_partials=plan.num_partials,
+                        max_batch=case["q"].shape[0], device="cpu")
+    return launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                         plan.to("cpu"), plan.config, out=torch.full_like(case["q"], float("nan")), workspace=ws,
+                         num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
+                         max_splits=int(plan.num_splits.max()), return_lse=True, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_n, page_size, policy, params", [
+    (16, 16, "fixed", {"num_splits": 3}),  # one page per tile
+    (64, 16, "stream_k", {"ctas_per_sm": 0.5}),  # 4 pages per tile, CTAs crossing requests
+    (32, 16, "fixed", {"num_splits": 30}),  # token-granular chunks: items start and end inside tiles
+    (16, 64, "no_split", {}),  # a page holds 4 tiles: boxes at an offset in the page
+    (32, 32, "balanced", {"schedule": "persistent", "num_programs": 3}),
+])
+def test_tma_loop_matches_reference(dtype, block_n, page_size, policy, params):
+    """params.tma (host TMA descriptors; Triton's interpreter runs the descriptor loads): the same output and
+    LSE as the reference and the pointer-gather loop, with NaN in every slot no request owns, lengths around
+    the page and tile boundaries, split and unsplit requests."""
+    lens = [300, 0, 1, 77, 160, 33, block_n, block_n + 1, page_size - 1, 2 * page_size + 3, 1000]
+    small = dataclasses.replace(DeviceSpec.known("NVIDIA H200"), num_sms=4)
+    plan = make_plan(lens, num_kv_heads=H_KV, device=small, policy=policy,
+                     params={"block_n": block_n, "tma": True, **params}, head_dim=D, page_size=page_size,
+                     dtype=NAMES[dtype])
+    assert plan.config.tma
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=page_size, dtype=dtype,
+                     seed=block_n + page_size)
+    o = _check(case, plan, dtype)  # decode_attention with the plan's config
+    o_plain, _ = _launch(case, plan, tma=False)
+    assert (o.float() - o_plain.float()).abs().max().item() < TOL[dtype]
+
+
+def test_tma_override_and_wrapper_fp16():
+    """launch_decode(tma=True) on a plan without the knob (the A/B benchmark's override), and DecodeWrapper
+    with params.tma: the reference's output."""
+    from kvsplit.kernels.wrapper import DecodeWrapper
+
+    lens = [200, 5, 64, 0, 97]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
+                     seed=9)
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    plan = _plan(lens, torch.float16, 16, policy="stream_k", block_n=32, num_stages=3)
+    assert not plan.config.tma
+    o, lse = _launch(case, plan, tma=True)
+    assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=16, dtype="float16", device="cpu", policy="stream_k",
+                      params={"block_n": 32, "tma": True})
+    w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
+    assert w._plan.config.tma
+    o = w.run(case["q"], case["k_cache"], case["v_cache"])
+    assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
+
+
+def test_tma_knob_is_checked_and_counted_in_residency():
+    """params.tma: a bool, not with params.prefetch nor num_stages 1, only for page sizes the boxes can tile,
+    kept in the plan's config (and its JSON form), counted in the residency (kernels/residency.py,
+    MEASURED_TMA); a cache the 2-D TMA view cannot describe is refused at launch, naming it."""
+    from kvsplit.kernels.plan import Plan
+    from kvsplit.kernels.residency import resident_ctas_per_sm
+
+    lens = [5000, 300, 7]
+    for params, msg in (({"tma": 1}, "params.tma: expected true or false"),
+                        ({"tma": True, "num_stages": 3, "prefetch": True}, "params.tma: the TMA loop loads"),
+                        ({"tma": True, "num_stages": 1}, "params.tma: needs num_stages >= 2")):
+        with pytest.raises(ValueError, match=msg):
+            make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params=params)
+    for page_size, block_n in ((8, 64), (48, 32), (1, 16)):
+        with pytest.raises(ValueError, match="params.tma: needs min\\(page_size, block_n\\) >= 16"):
+            make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", page_size=page_size,
+                      params={"tma": True, "block_n": block_n})
+    for page_size, block_n in ((48, 16), (256, 128), (16, 256)):
+        make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", page_size=page_size,
+                  params={"tma": True, "block_n": block_n, "num_warps": 8})
+    p = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
+                  params={"block_n": 128, "num_warps": 8, "num_stages": 3, "tma": True})
+    assert p.config.tma is True and p.to_dict()["config"]["tma"] is True
+    assert Plan.from_dict(p.to_dict()).config == p.config
+    d = p.to_dict()
+    del d["config"]["tma"]  # a plan written before the knob
+    assert Plan.from_dict(d).config.tma is False
+    h200 = DeviceSpec.known("NVIDIA H200")
+    # (64, 4, 3): 128 registers, 74,368 B (two rings of [16, 128] boxes) -> 3; (128, 8, 3): 140,032 B -> 1
+    assert resident_ctas_per_sm(h200, 128, "bfloat16", 2, 64, 4, 3, tma=True) == 3
+    assert resident_ctas_per_sm(h200, 128, "bfloat16", 2, 128, 8, 3, tma=True) == 1
+    assert resident_ctas_per_sm(h200, 128, "bfloat16", 2, 64, 4, 4, tma=True) == 2
+
+    # the launch-time layout checks
+    lens = [40, 3]
+    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split",
+                     params={"block_n": 16, "tma": True}, head_dim=D, page_size=16, dtype="float32")
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=32, dtype=torch.float32,
+                     seed=1)
+    # pages padded to 32 tokens, 16 used: page stride != page_size * token stride
+    case["k_cache"] = case["k_cache"][:, :16]
+    case["v_cache"] = case["v_cache"][:, :16]
+    case["kv_indptr"] = torch.tensor([0, 3, 4], dtype=torch.int32)
+    case["kv_indices"] = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="k_cache: config.tma views the cache as .* needs strides"):
+        decode_attention(**case, plan=plan)
+    # a head slice of a wider cache is fine: its token rows are just further apart
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=2 * H_KV, head_dim=D, page_size=16,
+                     dtype=torch.float32, seed=2)
+    case["q"] = case["q"][:, :H_Q].contiguous()
+    case["k_cache"] = case["k_cache"][:, :, :H_KV]
+    case["v_cache"] = case["v_cache"][:, :, :H_KV]
+    _check(case, plan, torch.float32)

@@ -110,7 +110,12 @@ def test_int64_offsets():
     plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": 2},
                      dtype="bfloat16")
     assert k.numel() > 2**31
-    assert _rel_err(decode_attention(**case, plan=plan), reference_decode_attention(**case)) < 2e-2
+    ref = reference_decode_attention(**case)
+    assert _rel_err(decode_attention(**case, plan=plan), ref) < 2e-2
+    # the TMA loop (issue 12): 2-D descriptor rows = num_pages * 16 < 2^31, byte offsets past 2^32
+    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 2, "block_n": 32, "num_stages": 3, "tma": True}, dtype="bfloat16")
+    assert _rel_err(decode_attention(**case, plan=plan), ref) < 2e-2
 
 
 # ----------------------------------------------------------------------------- round 2: stream_k, wave-aware, wrapper
@@ -198,3 +203,118 @@ def test_prefetching_loop(dtype, cfg, schedule):
         torch.cuda.synchronize()
         assert not torch.isnan(out).any()
         assert _rel_err(out, ref) < 2e-2
+
+
+# ----------------------------------------------------------------------------- issue 12: the TMA loop (experimental)
+
+TMA_CFGS = [(64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 4), (32, 4, 3), (128, 4, 2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cfg", TMA_CFGS, ids=lambda c: "n%dw%ds%d" % c)
+def test_tma_loop(dtype, cfg):
+    """params.tma against the reference and the pointer-gather loop, same plans: stream_k (CTAs crossing
+    requests, persistent too), fixed splits (token-granular chunks of short requests: items starting and
+    ending inside tiles), no_split; kv_lens around page and tile boundaries, NaN in every unused slot."""
+    lens = LENS + [70000]
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda",
+                     seed=cfg[0] + cfg[2])
+    name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    knobs = {"block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
+    for policy, params in (("stream_k", {"ctas_per_sm": 2}), ("stream_k", {"schedule": "persistent",
+                           "num_programs": 100}), ("fixed", {"num_splits": 40}), ("no_split", {})):
+        outs = []
+        for tma in (True, False):
+            plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy,
+                             params={**knobs, **params, "tma": tma}, dtype=name)
+            o, lse = decode_attention(**case, plan=plan, out=torch.full_like(case["q"], float("nan")),
+                                      return_lse=True)
+            torch.cuda.synchronize()
+            assert not torch.isnan(o).any(), (policy, tma)
+            assert _rel_err(o, ref) < 2e-2, (policy, tma)
+            finite = torch.isfinite(ref_lse)
+            assert torch.equal(finite, torch.isfinite(lse))
+            assert float((lse[finite] - ref_lse[finite]).abs().max()) < 2e-2
+            outs.append(o.float())
+        assert _rel_err(outs[0], outs[1]) < 1e-2, policy
+
+
+@pytest.mark.parametrize("page_size, block_n", [(32, 64), (64, 64), (128, 64), (256, 128), (16, 256)])
+def test_tma_page_sizes(page_size, block_n):
+    """Boxes of whole pages (page_size <= block_n) and of parts of a page (page_size > block_n)."""
+    lens = [0, 1, page_size - 1, page_size + 1, 777, 5000]
+    case = make_case(lens, num_qo_heads=16, num_kv_heads=2, head_dim=128, page_size=page_size, dtype=torch.bfloat16,
+                     device="cuda", seed=page_size)
+    plan = make_plan(lens, num_kv_heads=2, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 3, "block_n": block_n, "num_warps": 8, "num_stages": 2, "tma": True},
+                     page_size=page_size, dtype="bfloat16")
+    o = decode_attention(**case, plan=plan)
+    assert _rel_err(o, reference_decode_attention(**case)) < 2e-2
+
+
+@pytest.mark.parametrize("head_dim, group", [(64, 4), (256, 2)])
+def test_tma_head_dims(head_dim, group):
+    lens = [0, 17, 300, 4000]
+    case = make_case(lens, num_qo_heads=2 * group, num_kv_heads=2, head_dim=head_dim, page_size=16,
+                     dtype=torch.bfloat16, device="cuda", seed=head_dim)
+    plan = make_plan(lens, num_kv_heads=2, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 2, "block_n": 32, "num_stages": 3, "tma": True}, head_dim=head_dim,
+                     dtype="bfloat16")
+    assert _rel_err(decode_attention(**case, plan=plan), reference_decode_attention(**case)) < 2e-2
+
+
+def test_tma_graph_replay():
+    """The TMA loop under CUDA-graph capture (host descriptors captured by value with the launch; validate=False
+    hot path, nothing allocated): decode_attention with a grid and a persistent plan, and DecodeWrapper in
+    graph mode (device-planned persistent launch) replayed over growing kv_lens."""
+    import numpy as np
+
+    from kvsplit.kernels.decode import make_workspace
+    from kvsplit.kernels.wrapper import DecodeWrapper
+
+    lens = [5000, 17, 300, 0, 9000]
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
+                     device="cuda", seed=3)
+    ref = reference_decode_attention(**case)
+    for params in ({"num_splits": 4}, {"num_splits": 4, "schedule": "persistent", "num_programs": 64}):
+        plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="fixed",
+                         params={**params, "block_n": 64, "num_stages": 3, "tma": True}, dtype="bfloat16")
+        plan.to("cuda")
+        out = torch.empty_like(case["q"])
+        ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
+        decode_attention(**case, plan=plan, out=out, workspace=ws)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            g.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(out, ref) < 2e-2
+
+    lens0 = [9000, 0, 17, 300, 65000, 1, 2048]
+    w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=16,
+                      policy="stream_k", params={"block_n": 64, "num_stages": 3, "tma": True}, use_cuda_graph=True)
+    assert w.config.tma
+    case = make_case([n + 40 for n in lens0], num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16,
+                     dtype=torch.bfloat16, device="cuda", seed=5)
+    out = torch.empty_like(case["q"])
+    kv_lens = case["kv_lens"].clone()
+    graph = None
+    for step in range(4):
+        lens = [n + 10 * step for n in lens0]
+        kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        w.plan(case["kv_indptr"], case["kv_indices"], kv_lens, kv_lens_host=np.asarray(lens, dtype=np.int32))
+        if graph is None:
+            w.run(case["q"], case["k_cache"], case["v_cache"], out=out)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                w.run(case["q"], case["k_cache"], case["v_cache"], out=out)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference_decode_attention(**{**case, "kv_lens": kv_lens})
+        assert not torch.isnan(out).any(), f"step {step}"
+        assert _rel_err(out, ref) < 2e-2, f"step {step}"
