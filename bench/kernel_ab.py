@@ -1,7 +1,6 @@
 """A/B timing of decode-kernel versions on the same plans, in one process (H200; issue 12).
 
     python bench/kernel_ab.py --cases bench/data/sweep_cases.json --sets ref --out $OUT [--budget-s 300]
-    python bench/kernel_ab.py --out $OUT --tma --variants B,B_pf,B_tma [--sections check,one_tile,cases]
 
 Variants:
 
@@ -10,14 +9,6 @@ Variants:
   shipped plan runs);
 - ``B_pf``: the current kernel with the page ids of the next tile loaded one iteration ahead
   (``prefetch=True``), which lets Triton's pipeliner multi-buffer K/V.
-- ``B_tma`` (``--tma``): the current kernel with the experimental TMA loop (``tma=True``: full tiles by
-  Hopper bulk copies, one ``[16, 128]`` box per page, ``num_stages - 1`` tiles of copies in flight), the
-  same plan. ``--tma`` also adds TMA_ONE_TILE_CONFIGS to the one-tile-per-SM section and the TMA loop to
-  the correctness check.
-
-``--variants`` picks among them (default ``A,B,B_pf``, plus ``B_tma`` with ``--tma``); ``--sections``
-among ``check`` (max error of every variant's loop against the fp32 reference, bf16 skewed batches),
-``one_tile`` and ``cases``.
 
 Each case (the served plan and the case's oracle winners from the cases file, written by
 scripts/make_sweep_cases.py, plus STAGE3) is timed under A and B, and every plan with >= 3 stages also
@@ -55,10 +46,6 @@ from kvsplit.tuner.gpu import GpuTimer, software_versions  # noqa: E402
 GPU = "NVIDIA H200"
 ONE_TILE_CONFIGS = [(256, 8, 2), (128, 8, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3), (64, 8, 4), (128, 4, 3),
                     (128, 8, 4), (32, 4, 4)]
-# one work tile per SM with the TMA loop: deep rings of copies in flight (num_stages - 1 tiles of 2 x BLOCK_N x 128
-# x 2 B; (128, *, 4): 3 x 64 KB, 205,824 B of shared memory)
-TMA_ONE_TILE_CONFIGS = [(128, 4, 4), (128, 8, 4), (128, 4, 3), (128, 8, 3), (64, 4, 4), (64, 8, 4), (64, 4, 3),
-                        (256, 8, 2), (32, 4, 4)]
 # stage-3 tiles at their resident CTAs per SM (the same with and without the prefetch, except (128, 4, 3):
 # 2 -> 1; registers and shared memory of the sm_90 compile)
 STAGE3 = [("stream_k", 3, (64, 4, 3)), ("stream_k", 2, (64, 8, 3)), ("stream_k", 4, (32, 4, 3)),
@@ -72,8 +59,8 @@ def parse_name(name: str) -> tuple[str, dict]:
 
 
 class AB:
-    def __init__(self, hq: int, hkv: int, max_tokens: int, max_batch: int, rep_ms: float, page_size: int = 16):
-        self.t = GpuTimer(num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, dtype="bfloat16", page_size=page_size,
+    def __init__(self, hq: int, hkv: int, max_tokens: int, max_batch: int, rep_ms: float):
+        self.t = GpuTimer(num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, dtype="bfloat16", page_size=16,
                           max_tokens=max_tokens, max_batch=max_batch)
         self.hq, self.hkv, self.rep_ms = hq, hkv, rep_ms
         self.ws_a = kernel_a.make_workspace(hq, 128, max_partials=1 << 16, max_batch=max_batch, device="cuda")
@@ -91,7 +78,6 @@ class AB:
         return ms * 1e-3
 
     def time_variants(self, plan, variants: list[str]) -> dict[str, float]:
-        variants = [v for v in variants if _applies(v, plan.config)]
         b = self.t.batch(plan.kv_lens)
         out = torch.empty((plan.batch_size, self.hq, 128), dtype=torch.bfloat16, device="cuda")
         arrays = plan.to("cuda")
@@ -105,39 +91,20 @@ class AB:
                                                          validate=False)
             return lambda: dec.launch_decode(*args, arrays, plan.config, out=out, workspace=self.ws_b,
                                              num_tiles=plan.num_work_tiles, num_merge=n_merge,
-                                             max_splits=max_splits, prefetch=(v == "B_pf"), tma=(v == "B_tma"))
+                                             max_splits=max_splits, prefetch=(v == "B_pf"))
 
         return {v: self._graph_time(run(v)) for v in variants}
 
-    def max_error(self, plan, prefetch: bool, tma: bool = False) -> float:
+    def max_error(self, plan, prefetch: bool) -> float:
         b = self.t.batch(plan.kv_lens)
         out = torch.full((plan.batch_size, self.hq, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
         dec.launch_decode(b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"], plan.to("cuda"),
                           plan.config, out=out, workspace=self.ws_b, num_tiles=plan.num_work_tiles,
                           num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=int(plan.num_splits.max()),
-                          prefetch=prefetch, tma=tma)
+                          prefetch=prefetch)
         ref = dec.reference_decode_attention(b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"],
                                              b["kv_lens"])
         return float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
-
-
-def _applies(variant: str, cfg) -> bool:
-    """B_pf needs num_stages >= 3 (the prefetch knob's rule), B_tma num_stages >= 2 (the TMA knob's)."""
-    return {"B_pf": cfg.num_stages >= 3, "B_tma": cfg.num_stages >= 2}.get(variant, True)
-
-
-def _short(name: str) -> str:
-    """A plan's name without its policy (``served`` stays)."""
-    return name.split("|", 1)[1] if "|" in name else name
-
-
-def _bests(res: dict[str, dict[str, float]], floor: float) -> dict[str, float]:
-    """Best time / floor of every variant over the plans of a case."""
-    out: dict[str, float] = {}
-    for r in res.values():
-        for v, t in r.items():
-            out[v] = min(out.get(v, 9e9), t / floor)
-    return out
 
 
 def main() -> None:
@@ -147,19 +114,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--rep-ms", type=float, default=10.0)
-    ap.add_argument("--tma", action="store_true", help="add variant B_tma (the TMA loop, same plans) and the TMA "
-                    "one-tile configs")
-    ap.add_argument("--variants", default=None, help="comma-separated, of A, B, B_pf, B_tma (default A,B,B_pf "
-                    "[,B_tma with --tma])")
-    ap.add_argument("--sections", default="check,one_tile,cases")
-    ap.add_argument("--one-tile-page-size", type=int, default=16, help="page size of the one-tile-per-SM section "
-                    "(its own cache; the TMA loop copies one [min(page_size, block_n), 128] box per page)")
     args = ap.parse_args()
-    variants = (args.variants.split(",") if args.variants else ["A", "B", "B_pf"] + (["B_tma"] if args.tma else []))
-    bad = [v for v in variants if v not in ("A", "B", "B_pf", "B_tma")]
-    if bad:
-        raise SystemExit(f"--variants: unknown {bad}")
-    sections = set(args.sections.split(","))
     t0 = time.time()
     log = open(os.path.join(args.out, "kernel_ab.jsonl"), "a")
 
@@ -176,53 +131,32 @@ def main() -> None:
     emit({"kind": "bandwidth", "bytes_per_s": bw})
     print(f"read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
 
-    # correctness of the prefetching (and TMA) loop on a skewed batch, bf16
+    # correctness of the prefetching loop on a skewed batch, bf16
     rng = np.random.default_rng(0)
     lens = np.concatenate([[50000], rng.integers(0, 4000, 200)])
-    checks = (("stream_k", {"ctas_per_sm": 2, "block_n": 64, "num_stages": 4}),
-              ("balanced", {"ctas_per_sm": 8, "block_n": 32, "num_stages": 3}),
-              ("fixed", {"num_splits": 16, "block_n": 128, "num_warps": 8, "num_stages": 4}))
-    loops = {"plain": (False, False), "prefetch": (True, False)}
-    if args.tma or "B_tma" in variants:
-        loops["tma"] = (False, True)
-    for pol, prm in (checks if "check" in sections else ()):
+    for pol, prm in (("stream_k", {"ctas_per_sm": 2, "block_n": 64, "num_stages": 4}),
+                     ("balanced", {"ctas_per_sm": 8, "block_n": 32, "num_stages": 3})):
         p = make_plan(lens, num_kv_heads=4, device=GPU, policy=pol, params=prm)
-        errs = {name: ab.max_error(p, *f) for name, f in loops.items()}
+        errs = {f: ab.max_error(p, f) for f in (False, True)}
         emit({"kind": "check", "policy": pol, "params": prm, "max_rel_err": errs})
-        print(f"check {pol} {prm}: max rel err " + "  ".join(f"{k} {v:.2e}" for k, v in errs.items()), flush=True)
+        print(f"check {pol} {prm}: max rel err {errs[False]:.2e} prefetch {errs[True]:.2e}", flush=True)
         assert max(errs.values()) < 2e-2
 
     # one work tile per SM: T = 1M uniform B = 8, stream_k with 132 tiles in all
     lens = np.full(8, (1 << 20) // 8)
-    ps1 = args.one_tile_page_size
-    ab1 = ab if ps1 == 16 or "one_tile" not in sections else AB(32, 4, (1 << 20) + 4096, 8, args.rep_ms, ps1)
-    floor = ab1.t.hbm_floor_s(lens)
-    one_tile = ONE_TILE_CONFIGS + ([c for c in TMA_ONE_TILE_CONFIGS if c not in ONE_TILE_CONFIGS]
-                                   if "B_tma" in variants else [])
-    best_one: dict[str, tuple[float, tuple]] = {}
-    for cfg in (one_tile if "one_tile" in sections else ()):
+    floor = ab.t.hbm_floor_s(lens)
+    for cfg in ONE_TILE_CONFIGS:
         prm = {"ctas_per_sm": 1.0, "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
-        p = make_plan(lens, num_kv_heads=4, device=GPU, policy="stream_k", params=prm, page_size=ps1)
-        times = ab1.time_variants(p, variants)
-        emit({"kind": "one_tile", "config": cfg, "page_size": ps1, "tiles": p.num_work_tiles, "floor_s": floor,
-              "times": times})
-        print(f"one tile/SM {cfg} page {ps1}: {p.num_work_tiles} tiles: " +
-              "  ".join(f"{k} {floor / v * 100:.1f}% of bw ({v / floor:.3f}x floor)" for k, v in times.items()) +
+        p = make_plan(lens, num_kv_heads=4, device=GPU, policy="stream_k", params=prm)
+        times = ab.time_variants(p, ["A", "B", "B_pf"])
+        emit({"kind": "one_tile", "config": cfg, "tiles": p.num_work_tiles, "floor_s": floor, "times": times})
+        print(f"one tile/SM {cfg}: {p.num_work_tiles} tiles: " +
+              "  ".join(f"{k} {floor / v * 100:.1f}% of bw" for k, v in times.items()) +
               f"  [{time.time() - t0:.0f}s]", flush=True)
-        for k, v in times.items():
-            if floor / v > best_one.get(k, (0.0, None))[0]:
-                best_one[k] = (floor / v, cfg)
-    if ab1 is not ab:
-        del ab1
-        torch.cuda.empty_cache()
-    if best_one:
-        emit({"kind": "one_tile_best", "best": {k: [f, list(c)] for k, (f, c) in best_one.items()}})
-        print("one tile/SM, best per variant: " + "  ".join(f"{k} {f * 100:.1f}% {c}" for k, (f, c) in
-                                                           best_one.items()), flush=True)
 
     # every case: served plan + oracle winners under A and B; every plan with >= 3 stages (and STAGE3, the
     # stage-3 tiles at their residency) also under B_pf -- the same plan with and without the prefetch
-    for c in (cases if "cases" in sections else ()):
+    for c in cases:
         if time.time() - t0 > args.budget_s:
             print("budget reached; stopping", flush=True)
             break
@@ -235,22 +169,16 @@ def main() -> None:
         res = {}
         for name, (pol, prm) in names:
             p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
-            res[name] = ab.time_variants(p, variants)
+            vs = ["A", "B"] + (["B_pf"] if p.config.num_stages >= 3 else [])
+            res[name] = ab.time_variants(p, vs)
         emit({"kind": "case", "case": c["id"], "set": c["set"], "family": c["family"], "B": c["B"], "T": c["T"],
               "floor_s": floor, "times": res})
-        bests = _bests(res, floor)
-        line = f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best/floor " + " ".join(f"{k} {v:.3f}x"
-                                                                                     for k, v in bests.items())
-        if "A" in bests and "B" in bests:
-            line += f"  B/A {min(bests['B'], bests.get('B_pf', 9.0)) / bests['A']:.3f}"
-        if "B_pf" in variants and "B" in variants:
-            pf = {k: r["B"] / r["B_pf"] for k, r in res.items() if "B_pf" in r and "B" in r}
-            line += "  off/pf: " + " ".join(f"{_short(k)}={v:.3f}" for k, v in pf.items())
-        if "B_tma" in variants:  # > 1: the TMA loop is faster than the better of B and B_pf on that plan
-            tm = {k: min(r.get("B", 9.0), r.get("B_pf", 9.0)) / r["B_tma"] for k, r in res.items()
-                  if "B_tma" in r and ("B" in r or "B_pf" in r)}
-            line += "  gather/tma: " + " ".join(f"{_short(k)}={v:.3f}" for k, v in tm.items())
-        print(line + f"  [{time.time() - t0:.0f}s]", flush=True)
+        best_a = min(r["A"] for r in res.values())
+        best_b = min(min(r["B"], r.get("B_pf", 9.0)) for r in res.values())
+        pf = {k: r["B"] / r["B_pf"] for k, r in res.items() if "B_pf" in r}
+        print(f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best A {best_a / floor:.3f}x  best B {best_b / floor:.3f}x "
+              f"B/A {best_b / best_a:.3f}  off/on: " + " ".join(f"{k.split('|', 1)[1]}={v:.3f}" for k, v in pf.items())
+              + f"  [{time.time() - t0:.0f}s]", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,7 @@ Two launches, both driven by a :class:`~kvsplit.kernels.plan.Plan`:
    the page ids of the next tile are loaded one iteration ahead, so the K/V
    loads of a tile no longer depend on a load of their own iteration and
    Triton's software pipeliner keeps ``num_stages - 1`` K/V tiles in flight
-   (without it the pipeliner single-buffers K/V whatever ``num_stages``). With the
-   experimental ``config.tma`` the full tiles are Hopper bulk copies instead (TMA, host tensor
-   descriptors of the caches viewed as ``[pages * page_size, H_kv * D]``; TMA cannot gather, so one
-   ``[min(page_size, BLOCK_N), D]`` box and one pair of small dots per page), page ids one tile
-   ahead, ``num_stages - 1`` tiles of copies in flight. Items of requests with a
+   (without it the pipeliner single-buffers K/V whatever ``num_stages``). Items of requests with a
    single split write the final output (and LSE); the others write a partial
    output (fp32, normalized) and its LSE into the workspace. With
    ``schedule="persistent"``, ``num_programs`` CTAs take work tiles in plan order
@@ -33,15 +29,12 @@ Two launches, both driven by a :class:`~kvsplit.kernels.plan.Plan`:
    sum_j exp(lse_j - M)``. Skipped when no request is split.
 
 Empty items (kv_len = 0) are neutral: o = 0, lse = -inf, never NaN. K/V loads
-are masked by the item's range (the TMA loop, whose copies cannot be masked, sets
-the scores of tokens outside it to -inf and zeroes their V rows), so garbage (NaN,
-Inf) in unused slots of a request's last page or in pages it does not own never
-reaches the output.
+are masked by the item's range, so garbage (NaN, Inf) in unused slots of a
+request's last page or in pages it does not own never reaches the output.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -50,16 +43,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .limits import check_tma_page_size
 from .plan import Plan
 from .reference import _check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
 
 __all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
-
-try:  # host TMA descriptors (KernelConfig.tma), Triton >= 3.4
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover
-    TensorDescriptor = None
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -87,55 +74,9 @@ def _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION
 
 
 @triton.jit
-def _tma_rows(KV_INDICES, page_base, n0, end, PAGE_SIZE: tl.constexpr, SUB: tl.constexpr, NP: tl.constexpr):
-    # rows of the NP boxes of the tile at n0 in the [pages * PAGE_SIZE, H_kv * D] view of the cache: page id
-    # * PAGE_SIZE + offset in the page (boxes at or past the item's end read page 0: in bounds, scores masked)
-    rows = ()
-    for j in tl.static_range(NP):
-        tj = n0 + j * SUB
-        page = tl.load(KV_INDICES + page_base + tj // PAGE_SIZE, mask=tj < end, other=0)
-        rows = rows + (page * PAGE_SIZE + tj % PAGE_SIZE,)
-    return rows
-
-
-@triton.jit
-def _tma_tile(q, K_DESC, V_DESC, rows, n0, start, end, h, m_i, l_i, acc, qk_scale, SUB: tl.constexpr,
-              NP: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # One BLOCK_N = NP * SUB tile at n0 through TMA: NP bulk copies of [SUB, D] for K and for V, one per page
-    # (SUB = min(PAGE_SIZE, BLOCK_N) rows of the cache viewed as [pages * PAGE_SIZE, H_kv * D]) at (rows[j],
-    # h * D). Hopper TMA cannot gather, so the pages of a tile are separate copies and separate dots: the
-    # scores of all NP boxes first (their max is the tile's), then one rescale of the running output and the
-    # NP P @ V dots accumulated in place. MASKED (a tile with tokens outside the item's [start, end)): their
-    # scores are -inf and their V rows zeroed (p = 0 alone would not clear NaN / Inf garbage in unused slots).
-    offs_s = tl.arange(0, SUB)
-    m_t = m_i
-    s_all = ()
-    for j in tl.static_range(NP):
-        k = K_DESC.load([rows[j], h * HEAD_DIM])
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        if MASKED:
-            t = n0 + j * SUB + offs_s
-            s = tl.where(((t >= start) & (t < end))[None, :], s, float("-inf"))
-        m_t = tl.maximum(m_t, tl.max(s, axis=1))
-        s_all = s_all + (s,)
-    alpha = tl.math.exp2(m_i - m_t)
-    l_i = l_i * alpha
-    acc = acc * alpha[:, None]
-    for j in tl.static_range(NP):
-        v = V_DESC.load([rows[j], h * HEAD_DIM])
-        if MASKED:
-            t = n0 + j * SUB + offs_s
-            v = tl.where(((t >= start) & (t < end))[:, None], v, 0.0)
-        p = tl.math.exp2(s_all[j] - m_t[:, None])
-        l_i += tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-    return m_t, l_i, acc
-
-
-@triton.jit
 def _stage1_tile(
     tile,
-    Q, K, V, K_DESC, V_DESC, O, LSE, PART_O, PART_LSE,
+    Q, K, V, O, LSE, PART_O, PART_LSE,
     KV_INDPTR, KV_INDICES,
     WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR,
     qk_scale, PAGE_SIZE: tl.constexpr,
@@ -145,7 +86,7 @@ def _stage1_tile(
     stride_ob, stride_oh,
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent.
     c = tile // H_KV
@@ -175,34 +116,7 @@ def _stage1_tile(
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
 
-        if TMA:
-            # Tiles at multiples of BLOCK_N of the request, so every box lies in one page: the full ones in the
-            # pipelined main loop without masks; a head tile (the item starts inside a tile) and a tail tile
-            # (it ends inside one) with masks, each in a loop of at most one trip that the pipeliner also
-            # pipelines, so all 2 * NP copies of the tile are issued before the first wait.
-            SUB: tl.constexpr = min(PAGE_SIZE, BLOCK_N)
-            NP: tl.constexpr = BLOCK_N // SUB
-            lo = start - start % BLOCK_N
-            main_lo = tl.minimum(lo + tl.where(start == lo, 0, BLOCK_N), end)
-            main_hi = tl.maximum(end - end % BLOCK_N, main_lo)
-            # rows (page ids) of the tail tile up front, so its copies do not wait for a page-id load
-            rows_tail = _tma_rows(KV_INDICES, page_base, main_hi, end, PAGE_SIZE, SUB, NP)
-            for n0 in range(lo, main_lo, BLOCK_N):
-                rows = _tma_rows(KV_INDICES, page_base, lo, end, PAGE_SIZE, SUB, NP)
-                m_i, l_i, acc = _tma_tile(q, K_DESC, V_DESC, rows, n0, start, end, h, m_i, l_i, acc, qk_scale,
-                                          SUB, NP, HEAD_DIM, True, DOT_PRECISION)
-            # the rows of tile i + 1 are loaded during tile i, so no TMA coordinate depends on a load of its
-            # own iteration and the pipeliner issues the copies num_stages - 1 tiles ahead
-            rows_nx = _tma_rows(KV_INDICES, page_base, main_lo, end, PAGE_SIZE, SUB, NP)
-            for n0 in range(main_lo, main_hi, BLOCK_N):
-                rows = rows_nx
-                rows_nx = _tma_rows(KV_INDICES, page_base, n0 + BLOCK_N, end, PAGE_SIZE, SUB, NP)
-                m_i, l_i, acc = _tma_tile(q, K_DESC, V_DESC, rows, n0, start, end, h, m_i, l_i, acc, qk_scale,
-                                          SUB, NP, HEAD_DIM, False, DOT_PRECISION)
-            for n0 in range(main_hi, end, BLOCK_N):
-                m_i, l_i, acc = _tma_tile(q, K_DESC, V_DESC, rows_tail, n0, start, end, h, m_i, l_i, acc,
-                                          qk_scale, SUB, NP, HEAD_DIM, True, DOT_PRECISION)
-        elif PREFETCH:
+        if PREFETCH:
             # The page ids of tile i + 1 are loaded during tile i (a loop-carried value), so no K/V address
             # depends on a load of its own iteration: Triton's software pipeliner then multi-buffers K/V
             # (num_stages - 1 tiles in flight) instead of issuing each tile's loads after the previous
@@ -252,7 +166,7 @@ def _stage1_tile(
 
 @triton.jit
 def _decode_stage1_kernel(
-    Q, K, V, K_DESC, V_DESC, O, LSE, PART_O, PART_LSE,
+    Q, K, V, O, LSE, PART_O, PART_LSE,
     KV_INDPTR, KV_INDICES,
     WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, COUNTER, COUNTS,
     qk_scale, PAGE_SIZE: tl.constexpr, num_tiles,
@@ -263,7 +177,7 @@ def _decode_stage1_kernel(
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
-    PREFETCH: tl.constexpr, TMA: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
         num_tiles = tl.load(COUNTS + 2)
@@ -271,20 +185,20 @@ def _decode_stage1_kernel(
         tile = tl.atomic_add(COUNTER, 1)
         while tile < num_tiles:
             _stage1_tile(
-                tile, Q, K, V, K_DESC, V_DESC, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
+                tile, Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                PREFETCH, TMA,
+                PREFETCH,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
         _stage1_tile(
-            tl.program_id(0), Q, K, V, K_DESC, V_DESC, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
+            tl.program_id(0), Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            PREFETCH, TMA,
+            PREFETCH,
         )
 
 
@@ -600,39 +514,6 @@ def decode_attention(
     )
 
 
-def _tma_descriptors(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int) -> list:
-    """Host TMA descriptors of the K and V caches for ``config.tma``: each cache viewed as the 2-D
-    ``[num_pages * page_size, H_kv * D]`` (row stride ``stride(1)``), boxes of ``[min(page_size, block_n), D]``.
-    Triton's launcher encodes them (``cuTensorMapEncodeTiled``) on the host at every launch and passes them
-    by value: nothing is allocated on the device, nothing is read back, and a CUDA graph captures them with
-    the launch. Raises ``ValueError`` naming the argument when a cache cannot be viewed so."""
-    if TensorDescriptor is None:  # pragma: no cover - Triton without host tensor descriptors
-        raise ValueError("config.tma: this Triton has no triton.tools.tensor_descriptor (needs Triton >= 3.4)")
-    num_pages, page_size, H_kv, D = k_cache.shape
-    check_tma_page_size(block_n, page_size)
-    if k_cache.is_cuda and _cuda_capability(k_cache.device) < (9, 0):
-        raise ValueError(f"config.tma: needs a GPU of compute capability 9.0 or newer (TMA), got "
-                         f"{_cuda_capability(k_cache.device)} on {k_cache.device}")
-    if num_pages * page_size >= 2**31:
-        raise ValueError(f"k_cache: {num_pages} pages x {page_size} tokens exceed the int32 rows of a TMA descriptor")
-    descs = []
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        row = t.stride(1)
-        if t.stride(2) != D or (num_pages > 1 and t.stride(0) != page_size * row) or t.stride(3) != 1:
-            raise ValueError(f"{name}: config.tma views the cache as [num_pages * page_size, H_kv * D] and needs "
-                             f"strides (page_size * s, s, head_dim, 1), got {tuple(t.stride())}")
-        if (row * t.element_size()) % 16 or t.data_ptr() % 16:
-            raise ValueError(f"{name}: config.tma needs a 16-byte aligned base and token-row stride, got data_ptr "
-                             f"{t.data_ptr():#x} and a row of {row * t.element_size()} bytes")
-        descs.append(TensorDescriptor(t, [num_pages * page_size, H_kv * D], [row, 1], [min(page_size, block_n), D]))
-    return descs
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_capability(device: torch.device) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(device))
-
-
 def launch_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -652,7 +533,6 @@ def launch_decode(
     sm_scale: float | None = None,
     return_lse: bool = False,
     prefetch: bool | None = None,
-    tma: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no checks, no allocation).
 
@@ -671,9 +551,7 @@ def launch_decode(
     :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
 
     ``prefetch`` overrides ``config.prefetch`` (the stage-1 loop that loads the
-    next tile's page ids one iteration ahead; for A/B benchmarks), ``tma``
-    ``config.tma`` (K/V tiles by TMA bulk copies; it takes precedence over the
-    prefetch). With the TMA loop the cache layout is checked here (``ValueError``).
+    next tile's page ids one iteration ahead; for A/B benchmarks).
     """
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
@@ -699,15 +577,9 @@ def launch_decode(
     block_h = max(16, triton.next_power_of_2(G))
     if prefetch is None:
         prefetch = bool(getattr(cfg, "prefetch", False))
-    if tma is None:
-        tma = bool(getattr(cfg, "tma", False))
-    if tma:
-        k_desc, v_desc = _tma_descriptors(k_cache, v_cache, cfg.block_n)
-    else:
-        k_desc, v_desc = k_cache, v_cache  # unused by the kernel
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1_kernel[grid](
-        q, k_cache, v_cache, k_desc, v_desc, out, lse, workspace.part_o, workspace.part_lse,
+        q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
         kv_indptr, kv_indices,
         arrays["work_request"], arrays["work_kv_start"], arrays["work_kv_end"], arrays["work_slot"],
         arrays["cta_indptr"], workspace.counter, counts_arg,
@@ -718,7 +590,7 @@ def launch_decode(
         out.stride(0), out.stride(1),
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        PREFETCH=bool(prefetch) and not tma, TMA=bool(tma), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=bool(prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     merge_grid = (max_merge if device_counts else num_merge) or 0
     if merge_grid:

@@ -65,18 +65,6 @@ class KernelConfig:
         ``num_stages - 1`` K/V buffers of shared memory, which
         :func:`kvsplit.kernels.residency.resident_ctas_per_sm` counts
         (docs/perf.md, round 3).
-    tma : bool
-        Experimental: stream the full K/V tiles with Hopper bulk copies (TMA, a
-        host tensor descriptor of each cache viewed as ``[pages * page_size,
-        H_kv * D]``), one ``[min(page_size, block_n), D]`` box per page (TMA
-        cannot gather), the page ids of the next tile loaded one iteration
-        ahead so the pipeliner keeps ``num_stages - 1`` tiles of copies in
-        flight; the ragged ends of an item go through masked copies. Needs
-        ``num_stages >= 2``, ``min(page_size, block_n) >= 16`` and one of
-        ``page_size``, ``block_n`` a multiple of the other (checked by the
-        planner), a cache whose pages and heads are dense within a token row
-        (checked at launch), and sm_90 or newer (or Triton's interpreter).
-        Exclusive with ``prefetch``. Residency: :data:`kvsplit.kernels.residency.MEASURED_TMA`.
     """
 
     block_n: int = 64
@@ -85,7 +73,6 @@ class KernelConfig:
     schedule: str = "grid"
     num_programs: int = 0
     prefetch: bool = False
-    tma: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -219,13 +206,6 @@ def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
     if cfg.prefetch and cfg.num_stages < 3:
         raise ValueError(f"params.prefetch: needs num_stages >= 3 (with {cfg.num_stages} the pipeliner keeps one K/V "
                          "buffer and there is nothing to prefetch into)")
-    if not isinstance(cfg.tma, bool):
-        raise ValueError(f"params.tma: expected true or false, got {cfg.tma!r}")
-    if cfg.tma and cfg.prefetch:
-        raise ValueError("params.tma: the TMA loop loads the next tile's page ids ahead by itself; drop params.prefetch")
-    if cfg.tma and cfg.num_stages < 2:
-        raise ValueError("params.tma: needs num_stages >= 2 (with 1 the copies are not pipelined: every page's copy "
-                         "is waited for before the next is issued)")
     elt = DTYPES[dtype]
     smem = max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * head_dim * elt
     if smem > _SMEM_BUDGET:
@@ -241,16 +221,6 @@ def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
         )
 
 
-
-
-def check_tma_page_size(block_n: int, page_size: int) -> None:
-    """Raise ``ValueError`` unless the TMA loop (``KernelConfig.tma``) can tile ``page_size``: its boxes are
-    ``min(page_size, block_n)`` rows of one page (a ``tl.dot`` operand: at least 16), so one of ``page_size``,
-    ``block_n`` must be a multiple of the other."""
-    sub = min(page_size, block_n)
-    if sub < 16 or (page_size % block_n and block_n % page_size):
-        raise ValueError(f"params.tma: needs min(page_size, block_n) >= 16 and one of page_size, block_n a multiple "
-                         f"of the other (one TMA box per page), got page_size={page_size}, block_n={block_n}")
 
 
 def cdiv(a: int, b: int) -> int:

@@ -65,7 +65,7 @@ def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
     """Work tiles of one resident wave: ``resident_ctas_per_sm(cfg) * num_SMs``
     (:mod:`.residency`; measured data where known)."""
     r = resident_ctas_per_sm(ctx.device, ctx.head_dim, ctx.dtype, DTYPES[ctx.dtype], cfg.block_n, cfg.num_warps,
-                             cfg.num_stages, prefetch=cfg.prefetch, tma=cfg.tma)
+                             cfg.num_stages, prefetch=cfg.prefetch)
     return r * ctx.device.num_sms
 
 

@@ -11,8 +11,7 @@ import numpy as np
 
 from .device import DeviceSpec
 from .limits import (
-    MAX_NUM_PROGRAMS, MAX_PACK_TOKENS, ORDERS, SCHEDULES, KernelConfig, _check_config, _pos_int,
-    check_tma_page_size, default_config,
+    MAX_NUM_PROGRAMS, MAX_PACK_TOKENS, ORDERS, SCHEDULES, KernelConfig, _check_config, _pos_int, default_config,
 )
 
 @dataclass(frozen=True)
@@ -27,8 +26,7 @@ class PlanContext:
 
 
 
-KNOB_PARAMS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "order", "pack_tokens", "prefetch",
-               "tma")
+KNOB_PARAMS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "order", "pack_tokens", "prefetch")
 """Parameters every policy accepts (kernel knobs, launch order, CTA packing)."""
 
 
@@ -60,15 +58,8 @@ def _knobs(params: Mapping[str, Any], ctx: PlanContext, default_order: str, defa
         prefetch = bool(prefetch)
     if not isinstance(prefetch, bool):
         raise ValueError(f"params.prefetch: expected true or false, got {prefetch!r}")
-    tma = params.get("tma", False)
-    if isinstance(tma, np.bool_):
-        tma = bool(tma)
-    if not isinstance(tma, bool):
-        raise ValueError(f"params.tma: expected true or false, got {tma!r}")
-    cfg = KernelConfig(int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs), prefetch, tma)
+    cfg = KernelConfig(int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs), prefetch)
     _check_config(cfg, ctx.head_dim, ctx.dtype)
-    if tma:
-        check_tma_page_size(cfg.block_n, ctx.page_size)
     return cfg, order, pack
 
 

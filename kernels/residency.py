@@ -26,7 +26,7 @@ import math
 
 from .device import DeviceSpec
 
-__all__ = ["MEASURED", "MEASURED_PREFETCH", "MEASURED_TMA", "occupancy", "estimate", "resident_ctas_per_sm"]
+__all__ = ["MEASURED", "MEASURED_PREFETCH", "occupancy", "estimate", "resident_ctas_per_sm"]
 
 # (gpu, head_dim, dtype, block_n, num_warps, num_stages) -> (n_regs, shared bytes), read off the compiled
 # stage-1 kernel (G = 8, page_size 16, grid schedule; Triton 3.6, CUDA 13) on the H200 by bench/gpu_sweep.py
@@ -62,28 +62,6 @@ MEASURED_PREFETCH: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = 
 for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED_PREFETCH.items()):
     MEASURED_PREFETCH[(_gpu, _d, "float16", _bn, _w, _s)] = _v
 
-# The same for the TMA loop (KernelConfig.tma), from `python bench/compile_sm90.py` (ptxas for sm_90 on the CPU,
-# page_size 16; docs/data/h200_r4/compile_sm90.log, docs/perf.md round 4): K/V rings of num_stages - 1 tiles of
-# [16, 128] boxes. (64, *, *) spill 8 (4 warps) / 52 (8 warps) bytes at ptxas' 128 registers.
-MEASURED_TMA: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = {
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3): (119, 41536),  # 4 CTAs/SM
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4): (119, 57984),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2): (128, 41592),  # 4
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3): (128, 74368),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4): (128, 107264),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2): (128, 41592),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3): (128, 74368),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 4): (128, 107264),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 2): (219, 74488),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3): (220, 140032),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 4): (220, 205824),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 128, 8, 2): (207, 74488),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 128, 8, 3): (208, 140032),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 128, 8, 4): (211, 205824),  # 1
-}
-for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED_TMA.items()):
-    MEASURED_TMA[(_gpu, _d, "float16", _bn, _w, _s)] = _v
-
 
 def occupancy(device: DeviceSpec, num_warps: int, n_regs: int, shared_bytes: int) -> int:
     """CTAs of one kernel resident on one SM (>= 1).
@@ -117,12 +95,11 @@ def estimate(device: DeviceSpec, head_dim: int, dtype_bytes: int, block_n: int, 
 
 
 def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_bytes: int, block_n: int,
-                         num_warps: int, num_stages: int, *, prefetch: bool = False, tma: bool = False) -> int:
+                         num_warps: int, num_stages: int, *, prefetch: bool = False) -> int:
     """Measured residency of a config on ``device`` if known, else :func:`estimate` (which assumes
-    ``num_stages - 1`` K/V buffers, as the prefetching and the TMA loop have). ``prefetch``, ``tma``: the
-    config with ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`) or ``KernelConfig.tma``
-    (:data:`MEASURED_TMA`)."""
-    table = MEASURED_TMA if tma else MEASURED_PREFETCH if prefetch else MEASURED
+    ``num_stages - 1`` K/V buffers, as the prefetching loop has). ``prefetch``: the config with
+    ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`)."""
+    table = MEASURED_PREFETCH if prefetch else MEASURED
     m = table.get((device.name, head_dim, dtype, block_n, num_warps, num_stages))
     if m is not None:
         return occupancy(device, num_warps, m[0], m[1])

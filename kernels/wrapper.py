@@ -74,7 +74,7 @@ from .plan import Plan, make_plan
 __all__ = ["DecodeWrapper"]
 
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
-_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "prefetch", "tma")
+_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "prefetch")
 
 
 class DecodeWrapper:
@@ -178,8 +178,6 @@ class DecodeWrapper:
         self._knobs = {"block_n": knobs.get("block_n", base.block_n), "num_warps": knobs.get("num_warps",
                        base.num_warps), "num_stages": knobs.get("num_stages", base.num_stages),
                        "schedule": "persistent", "num_programs": int(num_programs)}
-        # the load-path knobs of the given params hold for every step too (a table's policies cannot change them)
-        self._knobs.update({k: self.params[k] for k in ("prefetch", "tma") if k in self.params})
         if max_work_items is None:
             max_work_items = max_batch_size + 32 * self.gpu.num_sms
         self.max_work_items = int(max_work_items)

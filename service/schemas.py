@@ -75,7 +75,6 @@ class KernelConfigOut(BaseModel):
     schedule: Literal["grid", "persistent"]
     num_programs: int
     prefetch: bool = False
-    tma: bool = False
 
 
 class MadeFor(BaseModel):

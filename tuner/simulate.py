@@ -68,20 +68,19 @@ __all__ = ["Calibration", "predict", "hbm_floor_s", "fit_calibration", "FIT_PARA
 PER_CONFIG_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "slots", "tile_fixed_s", "item_fixed_s", "persistent_tile_s")
 """Constants a calibration may hold per kernel config (:attr:`Calibration.per_config`)."""
 
-_KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)p?t?")
+_KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)p?")
 
 
 def config_key(config: KernelConfig) -> str:
-    """``"n{block_n}w{num_warps}s{num_stages}"`` (``...p`` with the ``prefetch`` knob, ``...t`` with ``tma``):
-    the key of :attr:`Calibration.per_config`."""
-    return (f"n{config.block_n}w{config.num_warps}s{config.num_stages}" + ("p" if config.prefetch else "")
-            + ("t" if config.tma else ""))
+    """``"n{block_n}w{num_warps}s{num_stages}"`` (``...p`` with the ``prefetch`` knob): the key of
+    :attr:`Calibration.per_config`."""
+    return f"n{config.block_n}w{config.num_warps}s{config.num_stages}" + ("p" if config.prefetch else "")
 
 
 def resident_slots(device: DeviceSpec, config: KernelConfig, *, head_dim: int = 128, dtype: str = "bfloat16") -> int:
     """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`)."""
     return int(resident_ctas_per_sm(device, head_dim, dtype, DTYPES[dtype], config.block_n, config.num_warps,
-                                    config.num_stages, prefetch=config.prefetch, tma=config.tma))
+                                    config.num_stages, prefetch=config.prefetch))
 
 
 @dataclass(frozen=True)
@@ -186,14 +185,14 @@ class Calibration:
 
     def for_config(self, config: KernelConfig | str) -> "Calibration":
         """The constants that apply to plans of ``config`` (its :attr:`per_config`
-        overrides applied, ``per_config`` empty). A prefetching or TMA config without its
-        own entry (``n128w4s3p``, ``n128w4s3t``) takes its tile's (``n128w4s3``). Cached per key."""
+        overrides applied, ``per_config`` empty). A prefetching config without its own
+        entry (``n128w4s3p``) takes its tile's (``n128w4s3``). Cached per key."""
         key = config if isinstance(config, str) else config_key(config)
         got = self._resolved.get(key)  # type: ignore[attr-defined]
         if got is None:
             over = self.per_config.get(key)
-            if over is None and key[-1] in "pt":
-                over = self.per_config.get(key.rstrip("pt"))
+            if over is None and key.endswith("p"):
+                over = self.per_config.get(key[:-1])
             got = dataclasses.replace(self, per_config={}, **over) if over else (
                 self if not self.per_config else dataclasses.replace(self, per_config={}))
             self._resolved[key] = got  # type: ignore[attr-defined]
