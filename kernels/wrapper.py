@@ -178,6 +178,8 @@ class DecodeWrapper:
         self._knobs = {"block_n": knobs.get("block_n", base.block_n), "num_warps": knobs.get("num_warps",
                        base.num_warps), "num_stages": knobs.get("num_stages", base.num_stages),
                        "schedule": "persistent", "num_programs": int(num_programs)}
+        if "prefetch" in self.params:  # the load-path knob of the given params holds for every step too
+            self._knobs["prefetch"] = self.params["prefetch"]
         if max_work_items is None:
             max_work_items = max_batch_size + 32 * self.gpu.num_sms
         self.max_work_items = int(max_work_items)

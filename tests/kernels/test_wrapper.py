@@ -72,6 +72,16 @@ def test_graph_mode_buffers(policy, params, planner):
     _loop(w, [7, 2000, 1], steps=2, seed=9)   # the batch size changes: re-pick
 
 
+def test_graph_mode_keeps_the_prefetch_knob():
+    # graph mode fixes the kernel config at construction: the given params.prefetch is part of it (it was
+    # dropped before round 4, so the graph ran the plain loop)
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
+                      policy="stream_k", params={"num_stages": 3, "prefetch": True}, use_cuda_graph=True,
+                      num_programs=2, max_work_items=64)
+    _loop(w, [50, 700, 64], steps=2)
+    assert w.config.prefetch and w.config.num_stages == 3
+
+
 def test_graph_mode_batch_at_max_and_one():
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=6,
                       policy="stream_k", use_cuda_graph=True, num_programs=2, max_work_items=64)
