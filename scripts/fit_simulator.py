@@ -1,9 +1,11 @@
 """Fit the simulator (per-config constants, residency slots) to H200 timings and report its held-out errors.
 
     .venv/bin/python scripts/fit_simulator.py \
-        --train docs/data/h200_r2/train.jsonl --train-cases bench/data/train_cases.json \
-        --heldout docs/data/h200_r2/final.jsonl --heldout-cases bench/data/sweep_cases.json \
-        --out service/data/h200_calibration.json --report docs/data/h200_r2/sim_fit.json
+        --out service/data/h200_calibration.json --report docs/data/h200_r4/sim_fit.json
+
+(the defaults: trained on docs/data/h200_r2/train.jsonl, docs/data/h200_r4/train4.jsonl (a random sample of the
+full grid, incl. prefetching tiles, on every training batch), train_even.jsonl and rebalanced_train.jsonl,
+merged per batch; held out docs/data/h200_r2/final.jsonl with rebalanced_eval.jsonl; about 15 minutes)
 
 Fits on every timed plan of ``--train`` (the training batches of
 bench/data/train_cases.json, timed with today's planner) and holds out every
@@ -127,7 +129,7 @@ def main() -> None:
             },
             "num_samples": len(train),
             "read_bandwidth_gbps": bw / 1e9,
-            "source": (f"scripts/fit_simulator.py (bench/gpu_sweep.py on an H200, 2026-11-30): {split_desc}; "
+            "source": (f"scripts/fit_simulator.py (bench/gpu_sweep.py on an H200, 2026-11-30 to 2026-12-01): {split_desc}; "
                        "slots = measured residency per kernel config (kernels/residency.py)"),
         }
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")

@@ -14,7 +14,7 @@ passes when its geomean is no larger than the best baseline's (times
 ``1 + tolerance``; tolerance 0 by default). On the simulator it must also win
 by more than the simulator's own error: ``tuned · (1 + margin) <= best``, with
 ``margin`` the held-out median relative error of the GPU's newest stored
-calibration (``kvsplit calibrate``; 4.1 % for the shipped H200 one), or
+calibration (``kvsplit calibrate``; 3.0 % for the shipped H200 one), or
 :data:`SIM_DEFAULT_MARGIN` when the store has no calibration of that GPU. A
 simulated 0.2 % gain is noise next to a 4 % model error; publishing it would
 replace the fallback on the strength of nothing. GPU results keep margin 0. A draft policy is then created with
