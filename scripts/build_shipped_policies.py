@@ -51,8 +51,6 @@ SERVED_POOL = (
 # "balanced|c2|n64w4s3|pf", "balanced|c3|n64w8s3|pf", "stream_k|c1|n128w8s3|pf". A table built with them served
 # them on 47 of the 182 evaluation batches, which ran at 0.979-1.067x their round-3 time (geomean 0.997; B >= 512
 # up to 6.7 % slower; docs/data/h200_r4/retime5.log), so the pool stays without them.
-PREFETCH_CANDIDATES = ("stream_k|c3|n64w4s3|pf", "balanced|c2|n64w4s3|pf", "balanced|c3|n64w8s3|pf",
-                       "stream_k|c1|n128w8s3|pf")
 MARGIN = 0.01
 NEIGHBOUR_DISTANCE = 0.5
 """A bucket's pick is judged on its own training batches and on those of keys within this distance (one
