@@ -83,7 +83,9 @@ def check_exists(url: str | None = None) -> None:
         path = _sqlite_file(url)
         if path is not None and not Path(path).expanduser().exists():
             raise SchemaError(f"no kvsplit store at {safe_url(url)} (the file {path} does not exist): "
-                              f"run `kvsplit db upgrade --database-url {safe_url(url)}` to create it")
+                              f"run `kvsplit run --no-tune --database-url {safe_url(url)}` to create it with the "
+                              f"shipped H200 policies and serve it, or `kvsplit db upgrade --database-url "
+                              f"{safe_url(url)}` for an empty one")
 
 
 def get_engine(url: str | None = None) -> Engine:

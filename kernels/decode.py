@@ -267,6 +267,16 @@ def check_kernel_device(name: str, device: torch.device) -> None:
                          "TRITON_INTERPRET=1 in the environment before importing kvsplit, or use a CUDA device")
 
 
+def check_interpreter_dtype(name: str, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` naming ``name`` for bfloat16 under Triton's interpreter: Triton 3.6's
+    interpreter computes ``tl.dot`` on bfloat16 wrongly (NumPy has no bfloat16; the output is off by
+    orders of magnitude, silently), so CPU runs take float16 or float32 and bfloat16 runs on a GPU."""
+    if _INTERPRETED and dtype == torch.bfloat16:
+        raise ValueError(f"{name}: bfloat16 under Triton's interpreter (TRITON_INTERPRET=1) gives wrong results "
+                         "(Triton 3.6 computes tl.dot on bfloat16 incorrectly there); use float16 or float32 on "
+                         "the CPU, bfloat16 on a CUDA device")
+
+
 # ----------------------------------------------------------------------------
 # Workspace
 # ----------------------------------------------------------------------------
@@ -332,6 +342,7 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
     check_kernel_device("q", dev)
     if q.dtype not in _TORCH_DTYPES:
         raise ValueError(f"q: expected dtype float16, bfloat16 or float32, got {q.dtype}")
+    check_interpreter_dtype("q", q.dtype)
     k_cache = _check_tensor("k_cache", k_cache, ndim=4, device=dev)
     v_cache = _check_tensor("v_cache", v_cache, ndim=4, device=dev)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):

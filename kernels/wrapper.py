@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from . import fastplan
-from .decode import _TORCH_DTYPES, check_kernel_device, launch_decode, make_workspace
+from .decode import _TORCH_DTYPES, check_interpreter_dtype, check_kernel_device, launch_decode, make_workspace
 from .device import DeviceSpec, resolve_device
 from .device_plan import DeviceRule, alloc_device_plan, device_plan, device_rule
 from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config
@@ -161,6 +161,8 @@ class DecodeWrapper:
         self._shape = dict(num_kv_heads=num_kv_heads, device=self.gpu, head_dim=head_dim, page_size=page_size,
                            dtype=dtype)
         make_plan([1], policy=policy, params=params, **self._shape)  # validates policy and params now
+        if self.device.type == "cpu":
+            check_interpreter_dtype("dtype", _NAMES[dtype])
         self.policy, self.params = policy, dict(params or {})
         self._plan: Plan | None = None
         self._arrays: dict[str, torch.Tensor] | None = None

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvsplit.kernels.decode import reference_decode_attention
+from kvsplit.kernels.decode import decode_attention, reference_decode_attention
+from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.kernels.buckets import bucket_key
 from kvsplit.kernels.wrapper import DecodeWrapper
@@ -116,3 +117,16 @@ def test_errors_name_the_argument():
                       max_work_items=64, num_programs=2)
     with pytest.raises(ValueError, match="kv_lens_host"):
         g.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
+
+
+def test_bfloat16_under_the_interpreter_is_refused():
+    # Triton 3.6's interpreter computes tl.dot on bfloat16 wrongly (a newcomer's bf16 CPU run printed a max
+    # error of 8e8 with no warning): a clear error naming the argument instead
+    with pytest.raises(ValueError, match="dtype: bfloat16 under Triton's interpreter"):
+        DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="bfloat16", device="cpu")
+    case = make_case([5, 40], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.bfloat16)
+    plan = make_plan([5, 40], num_kv_heads=H_KV, device="NVIDIA H200", policy="balanced", head_dim=D, page_size=PS,
+                     dtype="bfloat16")
+    with pytest.raises(ValueError, match="q: bfloat16 under Triton's interpreter"):
+        decode_attention(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                         case["kv_lens"], plan)

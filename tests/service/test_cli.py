@@ -89,7 +89,7 @@ def test_read_only_commands_create_no_store(tmp_path):
         assert res.exit_code == 1, res.output
         line = _one_error_line(res)
         assert line.startswith(f"error: no kvsplit store at sqlite:///{path} (the file {path} does not exist)")
-        assert "kvsplit db upgrade" in line
+        assert "kvsplit db upgrade" in line and "kvsplit run --no-tune" in line
         assert not path.exists()
 
 
