@@ -21,11 +21,12 @@ planning stays in the tens of microseconds:
   and ``tuned`` (both partitions) run as numba ``@njit(cache=True)`` functions
   (machine code cached on disk next to this file, or under ``NUMBA_CACHE_DIR``);
   ``flashinfer`` and ``fa3`` keep the NumPy code.
-- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one compiled pass
-  for the bucket key and the nearest published bucket (:func:`_key_nearest`,
-  over the table's cumulative histograms stored as one contiguous array per
-  shape family) and one for the plan (:func:`plan_with_spec`, which skips the
-  range check the first pass made): the lengths are validated once per call;
+- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one compiled call
+  (:func:`_key_plan`) for the bucket key, the nearest published bucket
+  (:func:`_key_nearest`, over the table's cumulative histograms stored as one
+  contiguous array per shape family) and the plan with that bucket's parsed
+  policy (an int64 row per candidate, :func:`spec_vector`; the plan pass skips
+  the range check the key pass made): the lengths are validated once per call;
 - the loops divide by per-call constants with a multiply and an exact
   correction (:func:`_div`) or a shift (``block_n`` is a power of two), not a
   64-bit integer division per element.

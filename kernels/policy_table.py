@@ -22,8 +22,11 @@ the smaller policy id, as :func:`kvsplit.kernels.buckets.nearest` breaks them.
 shape is validated once and kept per table (with the family's candidates as
 contiguous arrays, the key's string prefix and each entry's parsed policy: a
 cache of argument checks, never of a batch's key, match or plan), the lengths
-are converted once, one compiled pass computes the key and the nearest
-candidate (the same integer distances and tie rule) and one the plan.
+are converted once, and one compiled call computes the key, the nearest
+candidate (the same integer distances and tie rule) and the plan
+(:func:`kvsplit.kernels.fastplan._key_plan`). :meth:`PolicyTable.plan_buffers`
+is the same call without the Plan object (the plan service writes its answer
+from the planner's buffers).
 
 Pure NumPy: no torch, FastAPI or SQLAlchemy import.
 

@@ -8,13 +8,20 @@ that accepts only the strict JSON form of non-negative integers up to a limit::
     "kv_lens" ws* ':' ws* '[' ws* int (ws* ',' ws* int)* ws* ']'
     int = '0' | [1-9][0-9]*            ws = space, tab, CR, LF
 
+A value followed by its separator within the next 8 bytes is read with one
+8-byte load (a byte test finds the first non-digit, three multiplies give the
+value): about 2.5 µs for the 256 values of a B = 256 body. The scan also says
+whether the list was *plain* (no whitespace inside), i.e. exactly orjson's text
+of the values, which the answer writer then copies (:mod:`kvsplit.service.fastjson`).
+
 Anything else (an empty list, a sign, a leading zero, a fraction or exponent,
 ``true``, ``null``, a value over the limit, more than ``max_n`` entries, a
 malformed list) makes :func:`scan_kv_lens` answer "not handled" and the caller
 runs the ordinary orjson path, which produces the error message. The rest of
-the body is still parsed by orjson (:func:`kvsplit.service.validation.parse_plan_request`
+the body is still parsed by orjson (:func:`kvsplit.service.validation.scan_request`
 replaces the list by ``0`` and checks that exactly that ``0`` arrives as the
-top-level ``kv_lens``), so JSON validity and every other field are checked as before.
+top-level ``kv_lens``, once per distinct header text), so JSON validity and every
+other field are checked as before.
 
 Without numba, or with ``KVSPLIT_NUMBA=0`` (the planner's switch), :data:`ENABLED`
 is false and the service uses orjson alone.

@@ -1,10 +1,21 @@
 """``POST /v1/plan``: the plan of one decode batch under the published policies.
 
-Kept lean for throughput (docs/perf.md, "Plan service"): the raw body is parsed
-with orjson and validated with NumPy (:mod:`kvsplit.service.validation`), the
-plan comes from the served :class:`~kvsplit.kernels.policy_table.PolicyTable`
-snapshot and the answer is serialized with orjson straight from the NumPy
-arrays. The request / response schemas are still declared for OpenAPI.
+Kept lean for throughput (docs/perf.md, "Plan service"). The common request
+(a header seen before, lengths as plain JSON integers) takes the compiled answer path
+(:func:`_fast_answer`): the kv_lens list is read by the compiled scan of
+:mod:`kvsplit.service.fastparse` and the header is recognized by its bytes
+(:func:`kvsplit.service.validation.scan_request`), one compiled call computes
+the bucket key, the nearest published policy and the plan
+(:meth:`~kvsplit.kernels.policy_table.PolicyTable.plan_buffers`), and the
+answer's integer arrays are written by :mod:`kvsplit.service.fastjson` between
+per-policy constant text: about 30 µs in-process for B = 256 on a 2-core VM,
+against about 49 µs for the full path below. Everything else takes the full
+path: the raw body parsed with orjson and validated with NumPy
+(:mod:`kvsplit.service.validation`), :meth:`PolicyTable.plan` and the answer
+serialized with orjson straight from the NumPy arrays (:func:`plan_answer`),
+which gives every error message. Both write the same bytes
+(tests/service/test_plan_answer.py). The request / response schemas are still
+declared for OpenAPI.
 """
 
 from __future__ import annotations
