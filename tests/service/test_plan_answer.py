@@ -243,3 +243,58 @@ def test_no_table_yet_is_503():
     body = orjson.dumps(dict(shape, kv_lens=[5, 6]))
     assert handle_plan(body, state, JSON)[0] == 503  # full checks, header remembered
     assert handle_plan(body, state, JSON) == (503, b'{"detail":"policy table not loaded yet"}')
+
+
+def test_metric_shortcuts_count_like_the_client():
+    """metrics.adder / observer leave the same samples as Counter.inc / Histogram.observe."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from kvsplit.service import metrics
+
+    bounds = (0.0005, 0.001, 0.0025, 0.005, 0.01)
+    texts = []
+    for fast in (False, True):
+        reg = CollectorRegistry()
+        c = Counter("c", "c", ["k"], registry=reg).labels("x")
+        h = Histogram("h", "h", ["k"], buckets=bounds, registry=reg).labels("x")
+        inc, obs = (metrics.adder(c), metrics.observer(h)) if fast else (c.inc, h.observe)
+        assert fast is False or (inc is not c.inc and obs is not h.observe)  # the shortcuts apply here
+        for v in [0.0, 0.0005, 0.00050001, 0.001, 0.3, 0.01, 1e-9] + list(np.random.default_rng(0).random(200) / 50):
+            inc()
+            obs(float(v))
+        texts.append([ln for ln in generate_latest(reg).splitlines() if b"_created" not in ln])
+    assert texts[0] == texts[1]
+
+
+def test_requests_through_the_app_are_counted(tmp_path):
+    from fastapi.testclient import TestClient
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from service_support import SHAPE, fill_store  # noqa: E402
+
+    from kvsplit.service.app import create_app
+    from kvsplit.service.settings import Settings
+
+    info = fill_store(f"sqlite:///{tmp_path}/store.db")
+    app = create_app(Settings(database_url=info.url, admin_token=None, reload_interval_s=0))
+
+    def sample(text: str, prefix: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+    route = 'route="/v1/plan"'
+    with TestClient(app) as client:
+        client.post("/v1/plan", json=dict(SHAPE, kv_lens=[5]))  # header known
+        before = client.get("/metrics").text
+        rng = np.random.default_rng(2)
+        for _ in range(25):
+            body = orjson.dumps(dict(SHAPE, kv_lens=np.floor(2 ** (rng.random(64) * 15)).astype(int).tolist()))
+            assert plan_router._fast_answer(body, app.state) is not None
+            assert client.post("/v1/plan", content=body, headers={"Content-Type": "application/json"}
+                               ).status_code == 200
+        after = client.get("/metrics").text
+    for prefix in ('kvsplit_http_requests_total{method="POST",' + route + ',status="200"}',
+                   'kvsplit_http_request_duration_seconds_count{method="POST",' + route + "}",
+                   'kvsplit_http_request_duration_seconds_bucket{le="+Inf",method="POST",' + route + "}"):
+        assert sample(after, prefix) - sample(before, prefix) == 25, prefix
+    # 25 requests and the 25 direct _fast_answer calls above
+    assert sample(after, "kvsplit_plan_lookups_total{") - sample(before, "kvsplit_plan_lookups_total{") == 50
