@@ -4,8 +4,10 @@ Builds the service on a temporary SQLite store with the shipped H200 policy tabl
 ``bench/service_bench.py``), makes 400 distinct B = 256 bodies (the distribution of
 ``bench/plan_post.lua``) and prints, per request, median of ``--reps`` passes over the 400 bodies:
 
-* the stages of :func:`kvsplit.service.routers.plan.handle_plan` timed in sequence (Content-Type check,
-  parse + validation, ``PolicyTable.plan``, the answer's serialization), and
+* the stages of :func:`kvsplit.service.routers.plan.handle_plan` timed in sequence: the full path
+  (Content-Type check, parse + validation, ``PolicyTable.plan``, the answer's serialization with orjson)
+  and, where the tree has it, the compiled answer path that serves the common request (the kv_lens scan
+  and header memo, ``PolicyTable.plan_buffers``, the compiled writer), and
 * the whole ASGI call (scope in, both response messages out) of ``kvsplit serve``'s app, of the plain
   FastAPI ``async def`` echo of ``bench/service_baseline.py`` and of its raw ASGI hello-world.
 
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -101,47 +104,93 @@ def main() -> None:
         from kvsplit.service.routers.plan import _LOOKUPS
     except ImportError:
         fastparse, _LOOKUPS = None, {}
+    try:  # the compiled answer path (round 4)
+        from kvsplit.service import fastjson
+        from kvsplit.service.routers.plan import _KV_OPEN, _fragments
+        from kvsplit.service.validation import scan_request
+        compiled = fastjson.ENABLED and fastparse.ENABLED
+    except ImportError:
+        compiled = False
 
     import service_baseline
 
     bodies = make_bodies()
     app = create_app()
 
+    def per_request(stages, acc, step) -> None:
+        for _ in range(args.reps + 1):
+            t = np.zeros(len(stages))
+            for b in bodies:
+                t += step(b)
+            for s, v in zip(stages, t):
+                acc[s].append(v / len(bodies) * 1e6)
+            acc["handle_plan total"].append(t.sum() / len(bodies) * 1e6)
+
+    def table(title, acc) -> None:
+        print(f"| {title} | us per request |\n|---|---:|")
+        for s, v in acc.items():
+            print(f"| {s} | {statistics.median(v[1:]):.1f} |")
+        print()
+
     async def run() -> None:
         async with app.router.lifespan_context(app):
             state = app.state
             limit = state.settings.max_kv_len
             ct = b"application/json"
-            stages = ("Content-Type", "parse + validation", "PolicyTable.plan", "metrics", "serialization")
+            tab = state.holder.current.table
+
+            def full(b):
+                t0 = time.perf_counter()
+                unsupported_media_type(ct)
+                t1 = time.perf_counter()
+                req = parse_plan_request(b, max_kv_len=limit)
+                t2 = time.perf_counter()
+                p, bucket, policy = tab.plan(req.kv_lens, req.shape)
+                t3 = time.perf_counter()
+                c = _LOOKUPS.get(policy["source"]) or metrics.PLAN_LOOKUPS.labels(policy["source"])
+                c.inc()
+                t4 = time.perf_counter()
+                plan_answer(p, bucket, policy)
+                t5 = time.perf_counter()
+                return (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
+
+            stages = ("Content-Type", "parse + validation", "PolicyTable.plan", "metrics", "serialization (orjson)")
             acc = {s: [] for s in stages + ("handle_plan total",)}
-            for _ in range(args.reps + 1):
-                t = np.zeros(len(stages))
-                for b in bodies:
+            per_request(stages, acc, full)
+            print(f"compiled kv_lens scan: {'on' if fastparse and fastparse.ENABLED else 'off'}; compiled answer "
+                  f"path: {'on' if compiled else 'off'}; 400 bodies, B = 256; median of {args.reps} passes "
+                  f"(first pass dropped)\n")
+            table("full path, stage (in sequence)", acc)
+            if compiled:
+                def fast(b):
                     t0 = time.perf_counter()
-                    unsupported_media_type(ct)
+                    ok = ct == b"application/json"
                     t1 = time.perf_counter()
-                    req = parse_plan_request(b, max_kv_len=limit)
+                    kv, header, start, end, plain = scan_request(b, limit)
                     t2 = time.perf_counter()
-                    p, bucket, policy = state.holder.current.table.plan(req.kv_lens, req.shape)
+                    B, W, nc, b64, b32, sp, key, entry, distance = tab.plan_buffers(kv, header[7])
                     t3 = time.perf_counter()
-                    c = _LOOKUPS.get(policy["source"]) or metrics.PLAN_LOOKUPS.labels(policy["source"])
-                    c.inc()
+                    _, _, count, head, matched, policy = _fragments(sp, entry, tab)
+                    count()
                     t4 = time.perf_counter()
-                    plan_answer(p, bucket, policy)
+                    arrays = fastjson.buffers_json(b64, b32, B, W, nc, not plain)
+                    parts = (_KV_OPEN, b[start:end], arrays, head, key, matched) if plain else (arrays, head, key,
+                                                                                                 matched)
+                    b"".join(parts + ((policy,) if entry is None else (orjson.dumps(distance), policy)))
                     t5 = time.perf_counter()
-                    t += (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
-                for s, v in zip(stages, t):
-                    acc[s].append(v / len(bodies) * 1e6)
-                acc["handle_plan total"].append(t.sum() / len(bodies) * 1e6)
-            print(f"compiled kv_lens scan: {'on' if fastparse and fastparse.ENABLED else 'off'}; 400 bodies, B = 256; "
-                  f"median of {args.reps} passes (first pass dropped)\n")
-            print("| stage (in sequence) | us per request |\n|---|---:|")
-            for s, v in acc.items():
-                print(f"| {s} | {statistics.median(v[1:]):.1f} |")
-            print("\n| whole ASGI call, in-process | us per request |\n|---|---:|")
+                    assert ok
+                    return (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
+
+                stages = ("Content-Type", "scan + header (scan_request)", "key + lookup + plan (plan_buffers)",
+                          "metrics", "answer writer (fastjson + fragments)")
+                acc = {s: [] for s in stages + ("handle_plan total",)}
+                per_request(stages, acc, fast)
+                table("compiled path, stage (in sequence)", acc)
+            print("| whole ASGI call, in-process | us per request |\n|---|---:|")
             for name, a in (("kvsplit serve app", app), ("plain FastAPI async def echo", service_baseline.app),
                             ("raw ASGI hello", service_baseline.hello)):
                 print(f"| {name} | {await asgi_us(a, bodies, args.reps):.1f} |")
+            print(f"\nload average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     asyncio.run(run())
 

@@ -21,11 +21,12 @@ planning stays in the tens of microseconds:
   and ``tuned`` (both partitions) run as numba ``@njit(cache=True)`` functions
   (machine code cached on disk next to this file, or under ``NUMBA_CACHE_DIR``);
   ``flashinfer`` and ``fa3`` keep the NumPy code.
-- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one compiled pass
-  for the bucket key and the nearest published bucket (:func:`_key_nearest`,
-  over the table's cumulative histograms stored as one contiguous array per
-  shape family) and one for the plan (:func:`plan_with_spec`, which skips the
-  range check the first pass made): the lengths are validated once per call;
+- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one compiled call
+  (:func:`_key_plan`) for the bucket key, the nearest published bucket
+  (:func:`_key_nearest`, over the table's cumulative histograms stored as one
+  contiguous array per shape family) and the plan with that bucket's parsed
+  policy (an int64 row per candidate, :func:`spec_vector`; the plan pass skips
+  the range check the key pass made): the lengths are validated once per call;
 - the loops divide by per-call constants with a multiply and an exact
   correction (:func:`_div`) or a shift (``block_n`` is a power of two), not a
   64-bit integer division per element.
@@ -55,6 +56,7 @@ try:  # pragma: no branch
     if os.environ.get("KVSPLIT_NUMBA", "1") == "0":
         raise ImportError("disabled by KVSPLIT_NUMBA=0")
     import numba
+    from numba.cpython.unsafe.numbers import leading_zeros
 
     def _jit(fn):
         return numba.njit(cache=True, nogil=True)(fn)
@@ -69,6 +71,9 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 
     def _jit(fn):
         return fn
+
+    def leading_zeros(x):  # the compiled functions' plain-Python form (unused while ENABLED is false)
+        return 64 - int(x).bit_length()
 
     _jit_inline = _jit
 
@@ -100,6 +105,7 @@ def reference() -> Iterator[None]:
 # ----------------------------------------------------------------------------
 
 _MAXLEN = np.int64(MAX_KV_LEN)
+_MAX_ITEMS = np.int64(MAX_WORK_ITEMS)
 _UNITS = HIST_UNITS
 _NBINS = NUM_BINS
 
@@ -446,7 +452,12 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
 def _hist_units(L_in):
     """Validate, then buckets.bucket_key's quantized token-weighted histogram.
 
-    Returns (bad, B, total, q int64 [NUM_BINS]) (q all zero when total == 0)."""
+    Returns (bad, B, total, q int64 [NUM_BINS]) (q all zero when total == 0).
+    ``floor(log2 v)`` is the bit length of ``v`` less one (exact; the reference's
+    ``frexp`` is exact below 2^53), and the units left after flooring go to the
+    largest remainders, lower bin first on ties: the reference's stable sort of
+    the negated remainders, done as a selection (at most HIST_UNITS picks).
+    """
     B = L_in.shape[0]
     w = np.zeros(_NBINS, np.int64)
     total = 0
@@ -458,7 +469,7 @@ def _hist_units(L_in):
                 bad = i
             continue
         if v > 0:
-            k = math.frexp(float(v))[1] - 1  # floor(log2 v), exact below 2^53
+            k = 63 - np.int64(leading_zeros(np.uint64(v)))  # floor(log2 v)
             half = 1 if v * v >= (np.int64(1) << (2 * k + 1)) else 0
             w[2 * k + half] += v
             total += v
@@ -466,19 +477,20 @@ def _hist_units(L_in):
     if bad >= 0 or total == 0:
         return bad, B, total, q
     scale = _UNITS / float(total)
-    exact = np.empty(_NBINS, np.float64)
     rem = np.empty(_NBINS, np.float64)
     got = 0
     for i in range(_NBINS):
-        exact[i] = float(w[i]) * scale
-        q[i] = np.int64(math.floor(exact[i]))
+        exact = float(w[i]) * scale
+        q[i] = np.int64(math.floor(exact))
         got += q[i]
-        rem[i] = -(exact[i] - q[i])
-    short = _UNITS - got
-    if short > 0:
-        order = np.argsort(rem, kind="mergesort")
-        for j in range(short):
-            q[order[j]] += 1
+        rem[i] = -(exact - q[i])
+    for _ in range(_UNITS - got):  # the smallest -remainder not yet taken, the lowest index on ties
+        best = 0
+        for i in range(1, _NBINS):
+            if rem[i] < rem[best]:
+                best = i
+        q[best] += 1
+        rem[best] = np.inf
     return bad, B, total, q
 
 
@@ -568,6 +580,65 @@ def _key_nearest(L_in, cum, cls, empty, n_first, class_units, lim):
         row, d = _nearest_within(cum, cls, empty, n_first, cum.shape[0], key_cum, bc, tc, key_empty, class_units,
                                  lim)
     return -1, bc, tc, w[:n], row, d
+
+
+# a parsed spec as one int64 row for _key_plan: state (0 not parsed yet, 1 compiled, 2 a policy the
+# compiled core does not plan), kind (0 _even_chunks, 1 _stream_k), then the rule's arguments
+SV_STATE, SV_KIND, SV_H, SV_BLOCK_N, SV_RULE, SV_ARG, SV_MIN_CHUNK, SV_MAX_SPLITS, SV_HEAVY, SV_PACK, SV_C, \
+    SV_O, SV_MP = range(13)
+SV_LEN = 13
+
+
+@_jit
+def _key_text(prefix, bc, tc, w):
+    """The bucket key's string form as ASCII: ``{prefix}.b{bc}.t{tc}.w{w}`` (``0 <= bc < 1000``,
+    ``-1000 < tc < 1000``)."""
+    out = np.empty(prefix.shape[0] + w.shape[0] + 14, np.uint8)
+    n = prefix.shape[0]
+    out[:n] = prefix
+    out[n] = 46  # ".b"
+    out[n + 1] = 98
+    n = _put_int(out, n + 2, bc)
+    out[n] = 46  # ".t"
+    out[n + 1] = 116
+    n += 2
+    if tc < 0:
+        out[n] = 45  # "-"
+        n += 1
+    n = _put_int(out, n, abs(tc))
+    out[n] = 46  # ".w"
+    out[n + 1] = 119
+    n += 2
+    out[n: n + w.shape[0]] = w
+    return out[:n + w.shape[0]]
+
+
+@_jit
+def _key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix):
+    """:func:`_key_nearest` then the plan with the matched row's spec (``specs[row]``, the last row
+    for the fallback), one compiled call (PolicyTable.plan's core).
+
+    Returns (status, info, key, row, scaled, W, nc, b64, b32): status 0 and the plan's buffers
+    (:func:`run_spec`); 1: kv_lens[info] out of range; 2: info work items above MAX_WORK_ITEMS;
+    3: the row's spec is not parsed yet or not compiled (no plan made). ``key`` is the bucket key's
+    text (:func:`_key_text` with the family's ``prefix``, ASCII) unless status is 1.
+    """
+    bad, bc, tc, w, row, d = _key_nearest(L_in, cum, cls, empty, n_first, class_units, lim)
+    if bad >= 0:
+        return 1, bad, w, row, d, 0, 0, np.empty(0, np.int64), np.empty(0, np.int32)
+    key = _key_text(prefix, bc, tc, w)
+    r = row if row >= 0 else specs.shape[0] - 1
+    sv = specs[r]
+    if sv[SV_STATE] != 1:
+        return 3, 0, key, row, d, 0, 0, np.empty(0, np.int64), np.empty(0, np.int32)
+    if sv[SV_KIND] == 1:
+        status, info, W, nc, b64, b32 = _stream_k(L_in, sv[SV_H], sv[SV_C], sv[SV_BLOCK_N], sv[SV_O], sv[SV_MP],
+                                                  sv[SV_HEAVY] != 0, False)
+    else:
+        status, info, W, nc, b64, b32 = _even_chunks(L_in, sv[SV_H], sv[SV_BLOCK_N], sv[SV_RULE], sv[SV_ARG],
+                                                     sv[SV_MIN_CHUNK], sv[SV_MAX_SPLITS], sv[SV_HEAVY] != 0,
+                                                     sv[SV_PACK], _MAX_ITEMS, False)
+    return status, info, key, row, d, W, nc, b64, b32
 
 
 @_jit
@@ -797,18 +868,52 @@ def make_plan(kv_lens: Any, *, num_kv_heads: int, device: DeviceSpec | str, poli
     return plan_with_spec(as_kv_lens(kv_lens), sp, True)
 
 
-def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
-    """The plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`);
-    ``check=False`` skips the range check of lengths an earlier compiled pass checked."""
+def spec_vector(sp: _Spec | None, out: np.ndarray) -> None:
+    """Write a parsed spec into its :func:`_key_plan` row ``out`` (int64 [SV_LEN]); None: a policy the
+    compiled core does not plan."""
+    out[:] = 0
+    if sp is None:
+        out[SV_STATE] = 2
+        return
+    out[SV_H], out[SV_BLOCK_N], out[SV_HEAVY] = sp.H, sp.cfg.block_n, int(sp.heavy)
+    if sp.kind == "stream_k":
+        out[SV_KIND], out[SV_C], out[SV_O], out[SV_MP] = 1, sp.C, sp.o, sp.mp
+    else:
+        out[SV_RULE], out[SV_ARG], out[SV_MIN_CHUNK], out[SV_MAX_SPLITS], out[SV_PACK] = (
+            sp.rule, sp.arg, sp.min_chunk, sp.max_splits, sp.pack)
+    out[SV_STATE] = 1  # last: a row is used only once complete
+
+
+def _too_many_items(n: int) -> ValueError:
+    return ValueError(f"params: the plan would have {n} work items, above the limit of {MAX_WORK_ITEMS} "
+                      f"(fewer splits per request)")
+
+
+def run_spec(arr: np.ndarray, sp: _Spec, check: bool) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """The compiled plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`) as
+    ``(W, nc, b64, b32)``: ``b64 = [kv_lens (B) | work_kv_start (W) | work_kv_end (W)]`` (int64),
+    ``b32 = [num_splits (B) | work_request (W) | cta_indptr (nc) | ...]`` (int32), the arrays of
+    :func:`plan_with_spec`'s Plan. ``check=False`` skips the range check of lengths an earlier compiled
+    pass checked. Raises the reference's ValueError (a length out of range, too many work items)."""
     status, info, W, nc, b64, b32 = sp.kernel(arr, *sp.args, check)
     if status:
         if status == 1:
             raise _range_error(arr, info)
-        raise ValueError(f"params: the plan would have {info} work items, above the limit of {MAX_WORK_ITEMS} "
-                         f"(fewer splits per request)")
+        raise _too_many_items(info)
+    return W, nc, b64, b32
+
+
+def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
+    """The plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`);
+    ``check=False`` skips the range check of lengths an earlier compiled pass checked."""
+    W, nc, b64, b32 = run_spec(arr, sp, check)
+    return plan_of_buffers(arr.shape[0], W, nc, b64, b32, sp)
+
+
+def plan_of_buffers(B: int, W: int, nc: int, b64: np.ndarray, b32: np.ndarray, sp: _Spec) -> Plan:
+    """The Plan of the compiled planner's buffers (:func:`run_spec`) for the spec ``sp`` (read-only views)."""
     b64.setflags(write=False)  # (cheaper than .flags.writeable = False)
     b32.setflags(write=False)
-    B = arr.shape[0]
     L, start, end = b64[:B], b64[B: B + W], b64[B + W:]
     n, req, cta = b32[:B], b32[B: B + W], b32[B + W: B + W + nc]
     plan = _new(Plan)
@@ -889,9 +994,12 @@ def warmup() -> None:
     as_kv_lens([3, 1, 2])
     z = np.zeros((1, NUM_BINS), np.int64)
     _nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
+    sv = np.zeros((2, SV_LEN), np.int64)
     for dt in (np.int32, np.int64):
         _key_nearest(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
                      80.0)
+        _key_plan(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
+                  80.0, sv, np.frombuffer(b"gpu.kv1", np.uint8).copy())
 
 
 def default_block_n(head_dim: int, dtype: str) -> int:

@@ -22,8 +22,11 @@ the smaller policy id, as :func:`kvsplit.kernels.buckets.nearest` breaks them.
 shape is validated once and kept per table (with the family's candidates as
 contiguous arrays, the key's string prefix and each entry's parsed policy: a
 cache of argument checks, never of a batch's key, match or plan), the lengths
-are converted once, one compiled pass computes the key and the nearest
-candidate (the same integer distances and tie rule) and one the plan.
+are converted once, and one compiled call computes the key, the nearest
+candidate (the same integer distances and tie rule) and the plan
+(:func:`kvsplit.kernels.fastplan._key_plan`). :meth:`PolicyTable.plan_buffers`
+is the same call without the Plan object (the plan service writes its answer
+from the planner's buffers).
 
 Pure NumPy: no torch, FastAPI or SQLAlchemy import.
 
@@ -347,6 +350,28 @@ class PolicyTable:
         plan = plan_with(entry.name, entry.params)
         return plan, {"key": str(key), "matched": entry.bucket, "distance": d}, entry.info()
 
+    def plan_buffers(self, kv_lens: Any, shape: Shape) -> tuple | None:
+        """:meth:`plan` without the Plan object and the answer dicts, for a writer of the answer (the plan service).
+
+        Returns ``(B, W, nc, b64, b32, spec, key, entry, distance)``: the compiled planner's buffers
+        (:func:`kvsplit.kernels.fastplan.run_spec`), the parsed policy (``spec.fields`` and ``spec.params``
+        are the Plan's other fields), the bucket key's text (ASCII letters, digits, ``.``, ``-``: uint8),
+        the matched :class:`PolicyEntry` (None: the fallback) and its distance (None on fallback) -- the same plan, key, match and distance as
+        :meth:`plan`. None when the compiled core does not apply (numba off, ``shape`` not a
+        :class:`Shape`, a policy the core does not plan): call :meth:`plan`. Raises :meth:`plan`'s ValueError.
+        """
+        if not _fastplan.ENABLED:
+            return None
+        sc = self._shapes.get(id(shape))
+        if sc is None or sc.shape is not shape:
+            if not isinstance(shape, Shape):
+                return None
+            sc = self._shape_ctx(id(shape), shape, shape)
+        L, key, entry, scaled, sp, W, nc, b64, b32 = sc.run(self, kv_lens)
+        if sp is False:
+            return None
+        return L.shape[0], W, nc, b64, b32, sp, key, entry, None if entry is None else scaled / _SCALE
+
     def _shape_ctx(self, cache_key: Any, shape: Shape, owner: Any) -> "_ShapeCtx":
         if len(self._shapes) >= 64:
             self._shapes.clear()
@@ -387,45 +412,67 @@ class _ShapeCtx:
         self.rows = rows if rows is not None else _NO_ROWS
         gpu, H, D, dt, ps = shape.family
         self.prefix = key_prefix(gpu, H, D, dt, ps)
+        self.prefix_bytes = np.frombuffer(self.prefix.encode("ascii"), np.uint8).copy()
         self.lim = float(limit) * _SCALE  # d <= limit  <=>  scaled <= limit * 2^k (exact)
-        self.specs: list[Any] = [None] * len(self.rows.entries)
-        self.fallback_spec: Any = None
+        n = len(self.rows.entries)
+        self.specs: list[Any] = [None] * (n + 1)  # parsed policy of each row, the fallback's last
+        self.spec_rows = np.zeros((n + 1, _fastplan.SV_LEN), np.int64)  # the same for the compiled pass
 
-    def _spec(self, name: str, params: Mapping[str, Any]) -> Any:
+    def _parse(self, table: PolicyTable, i: int) -> Any:
+        """Parse row ``i``'s policy (the fallback's for the last row), the reference's ValueError on bad params."""
+        if i < len(self.rows.entries):
+            name, params = self.rows.entries[i].name, self.rows.entries[i].params
+        else:
+            name, params = table.fallback_name, table.fallback_params
         c = self.ctx
         sp = _fastplan.spec(name, params, c.num_kv_heads, c.device, c.head_dim, c.page_size, c.dtype)
-        return sp if sp is not None else False
+        _fastplan.spec_vector(sp, self.spec_rows[i])
+        sp = self.specs[i] = sp if sp is not None else False
+        return sp
 
-    def plan(self, table: PolicyTable, kv_lens: Any) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
-        """:meth:`PolicyTable.plan` on the compiled core: one conversion, one compiled
-        key-and-lookup pass (which checks the lengths), one compiled plan pass."""
+    def run(self, table: PolicyTable, kv_lens: Any) -> tuple:
+        """The compiled key, lookup and plan pass (which checks the lengths), one call:
+        ``(L, key, entry, scaled, spec, W, nc, b64, b32)``; ``key`` the bucket key's text as ASCII
+        (uint8); ``entry`` None for the fallback; ``spec`` the parsed policy, False for one the
+        compiled core does not plan (then no buffers: W is -1)."""
         L = _fastplan.as_kv_lens(kv_lens)
         r = self.rows
-        bad, bc, tc, w, i, scaled = _fastplan._key_nearest(L, r.cum, r.cls, r.empty, r.n_tuned, _CLASS_UNITS,
-                                                          self.lim)
-        if bad >= 0:
-            raise _fastplan._range_error(L, bad)
-        key = f"{self.prefix}.b{bc}.t{tc}.w{w.tobytes().decode()}"
-        if i < 0:
-            sp = self.fallback_spec
+        while True:
+            status, info, key, i, scaled, W, nc, b64, b32 = _fastplan._key_plan(
+                L, r.cum, r.cls, r.empty, r.n_tuned, _CLASS_UNITS, self.lim, self.spec_rows, self.prefix_bytes)
+            if status == 0:
+                break
+            if status == 1:
+                raise _fastplan._range_error(L, info)
+            if status == 2:
+                raise _fastplan._too_many_items(info)
+            j = i if i >= 0 else len(r.entries)  # status 3: the row's policy is parsed on first use
+            sp = self.specs[j]
             if sp is None:
-                sp = self.fallback_spec = self._spec(table.fallback_name, table.fallback_params)
-            plan = self._plan(L, sp, table.fallback_name, table.fallback_params)
+                sp = self._parse(table, j)
+            if sp is False:
+                W = -1
+                break
+        if i < 0:
+            return L, key, None, 0, self.specs[-1], W, nc, b64, b32
+        return L, key, r.entries[i], scaled, self.specs[i], W, nc, b64, b32
+
+    def plan(self, table: PolicyTable, kv_lens: Any) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
+        """:meth:`PolicyTable.plan` on the compiled core: one conversion and one compiled
+        key, lookup and plan pass (:meth:`run`)."""
+        L, key, entry, scaled, sp, W, nc, b64, b32 = self.run(table, kv_lens)
+        key = key.tobytes().decode()
+        if sp is not False:
+            plan = _fastplan.plan_of_buffers(L.shape[0], W, nc, b64, b32, sp)
+        elif entry is None:  # a policy the compiled core does not plan (flashinfer, fa3)
+            plan = plan_batch(_as_kv_lens(L), self.ctx, table.fallback_name, table.fallback_params)
+        else:
+            plan = plan_batch(_as_kv_lens(L), self.ctx, entry.name, entry.params)
+        if entry is None:
             return (plan, {"key": key, "matched": None, "distance": None},
                     {"id": None, "version": None, "name": table.fallback_name,
                      "params": dict(table.fallback_params), "source": "fallback"})
-        entry = r.entries[i]
-        sp = self.specs[i]
-        if sp is None:
-            sp = self.specs[i] = self._spec(entry.name, entry.params)
-        plan = self._plan(L, sp, entry.name, entry.params)
         return plan, {"key": key, "matched": entry.bucket, "distance": scaled / _SCALE}, entry.info()
-
-    def _plan(self, L: np.ndarray, sp: Any, name: str, params: Mapping[str, Any]) -> Plan:
-        if sp is not False:
-            return _fastplan.plan_with_spec(L, sp, False)
-        c = self.ctx  # a policy the compiled core does not plan (flashinfer, fa3)
-        return plan_batch(_as_kv_lens(L), c, name, params)
 
 
 def _cum_hist(key: BucketKey) -> np.ndarray:

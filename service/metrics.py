@@ -21,13 +21,16 @@ With one worker the default in-process registry is used.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import os
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
 __all__ = ["REQUESTS", "LATENCY", "PLAN_LOOKUPS", "POLICIES_LOADED", "POLICIES_VERSION", "RELOADS",
-           "render", "CONTENT_TYPE_LATEST", "MULTIPROCESS"]
+           "render", "CONTENT_TYPE_LATEST", "MULTIPROCESS", "adder", "observer"]
 
 MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 _gauge_kw = {"multiprocess_mode": "mostrecent"} if MULTIPROCESS else {}
@@ -45,6 +48,39 @@ RELOADS = Counter("kvsplit_policy_reloads", "Policy table reloads", ["result"])
 
 for _s in ("tuned", "simulated", "fallback"):
     PLAN_LOOKUPS.labels(_s)
+
+
+def adder(child: Any) -> Callable[[], None]:
+    """``child.inc`` for a labelled counter child on the hot path: a call adding 1 to the child's own
+    prometheus-client value (``child._value.inc(1)``, the storage ``inc`` updates, in-process or
+    multiprocess), without ``Counter.inc``'s argument checks (about 0.2 µs); ``child.inc`` itself where
+    the client's internals differ."""
+    value = getattr(child, "_value", None)
+    if callable(getattr(value, "inc", None)):
+        return functools.partial(value.inc, 1)
+    return child.inc
+
+
+def observer(child: Any) -> Callable[[float], None]:
+    """``child.observe`` for a labelled histogram child on the hot path: the sum and the first bucket whose
+    bound is >= the value (``bisect_left``: ``Histogram.observe``'s loop) updated in the child's own
+    prometheus-client values, about 0.5 µs less; ``child.observe`` itself where the internals differ."""
+    total = getattr(child, "_sum", None)
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    if not (callable(getattr(total, "inc", None)) and isinstance(bounds, list) and isinstance(buckets, list)
+            and len(bounds) == len(buckets) and bounds and bounds[-1] == float("inf")
+            and all(callable(getattr(b, "inc", None)) for b in buckets)):
+        return child.observe
+    bucket_incs = [b.inc for b in buckets]
+    total_inc = total.inc
+    find = bisect.bisect_left
+
+    def observe(amount: float) -> None:
+        total_inc(amount)
+        bucket_incs[find(bounds, amount)](1)
+
+    return observe
 
 
 def render() -> bytes:

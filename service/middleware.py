@@ -167,13 +167,15 @@ class PlanFastPath:
     (uvicorn answers 500 and logs it) and is counted as 500.
     """
 
-    __slots__ = ("state", "max_body", "_requests", "_latency")
+    __slots__ = ("state", "max_body", "_requests", "_observe")
 
     def __init__(self, state: Any, max_body_bytes: int) -> None:
         self.state = state
         self.max_body = int(max_body_bytes)
-        self._requests = {s: metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(s)) for s in (200, 422, 503)}
-        self._latency = metrics.LATENCY.labels(PLAN_ROUTE, "POST")
+        # the children bound once, updated through metrics.adder / observer (the client's own values)
+        self._requests = {s: metrics.adder(metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(s)))
+                          for s in (200, 422, 503)}
+        self._observe = metrics.observer(metrics.LATENCY.labels(PLAN_ROUTE, "POST"))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         t0 = time.perf_counter()
@@ -187,6 +189,9 @@ class PlanFastPath:
             await send({"type": _BODY, "body": out})
         finally:
             c = self._requests.get(status)
-            (c if c is not None else metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(status))).inc()
-            self._latency.observe(time.perf_counter() - t0)
+            if c is not None:
+                c()
+            else:
+                metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(status)).inc()
+            self._observe(time.perf_counter() - t0)
 

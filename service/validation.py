@@ -11,7 +11,8 @@ takes a faster path: the header's validated :class:`Shape` comes from a small
 dict keyed by the exact field values and types, and ``kv_lens`` is read from
 the body bytes by the compiled scan of :mod:`kvsplit.service.fastparse` (strict
 JSON integers in range, straight into int64; orjson then parses the rest of the
-body with the list replaced by ``0``). Without numba, ``kv_lens`` is converted
+body with the list replaced by ``0``, once per distinct header text: the bytes
+around the list are remembered too). Without numba, ``kv_lens`` is converted
 from orjson's list by ``array.array("q", ...)`` (which refuses anything but
 ints, with no per-element Python loop) plus one unsigned maximum for the range.
 Anything unusual (a bool anywhere in the body, a value out of range, another
@@ -232,9 +233,12 @@ def _device(errs: list, v: Any, gpu: str | None) -> DeviceSpec | None:
         return None
 
 
-_HEADERS: dict[tuple, tuple[DeviceSpec, Shape]] = {}
-"""(gpu, H_q, H_kv, D, dtype, page_size) of a request without ``device`` that passed the checks below ->
-(device, Shape). Only exact types reach it (a bool or float equal to an int is never looked up)."""
+_HEADERS: dict[tuple, tuple] = {}
+"""Headers that passed the checks below, in two forms: (gpu, H_q, H_kv, D, dtype, page_size) of a request
+without ``device`` -> (device, Shape), only exact types reaching it (a bool or float equal to an int is never
+looked up); and (the body's bytes before its kv_lens list, the bytes after it) of a request the compiled scan
+took and whose header then passed through the first form -> (gpu, H_q, H_kv, D, dtype, page_size, device,
+Shape), so the same header text is not parsed again. One dict: clearing it forgets both."""
 _HEADERS_MAX = 1024
 
 
@@ -262,14 +266,10 @@ def _known_header(doc: dict) -> tuple | None:
     return gpu, hq, hkv, hd, dt, ps, hit[0], hit[1], v
 
 
-def _fast_scan(body: bytes, max_kv_len: int) -> PlanRequestData | None:
-    """The common request via the compiled kv_lens scan, or None (module doc)."""
-    found = fastparse.scan_kv_lens(body, max_kv_len, MAX_BATCH)
-    if found is None:
-        return None
-    kv, start, end = found
+def _scanned_header(raw: tuple[bytes, bytes]) -> tuple | None:
+    """orjson's reading of the body with its kv_lens list replaced by ``0``: the header through _known_header."""
     try:
-        doc = orjson.loads(body[:start] + b"0" + body[end:])
+        doc = orjson.loads(raw[0] + b"0" + raw[1])
     except orjson.JSONDecodeError:
         return None
     if type(doc) is not dict:
@@ -277,6 +277,35 @@ def _fast_scan(body: bytes, max_kv_len: int) -> PlanRequestData | None:
     h = _known_header(doc)
     if h is None or type(h[8]) is not int or h[8] != 0:  # the 0 put in place of the list, at the top level
         return None
+    return h[:8]
+
+
+def scan_request(body: bytes, max_kv_len: int) -> tuple | None:
+    """The common request via the compiled kv_lens scan (module doc): ``(kv_lens, header, start, end, plain)``
+    with ``header`` = ``(gpu, H_q, H_kv, head_dim, dtype, page_size, device, shape)`` as the full checks
+    would give them, where the ``kv_lens`` list lies in ``body`` and whether that list is plain
+    (:func:`~kvsplit.service.fastparse.scan_kv_lens`), or None to take the other paths."""
+    found = fastparse.scan_kv_lens(body, max_kv_len, MAX_BATCH)
+    if found is None:
+        return None
+    kv, start, end, plain = found
+    raw = (body[:start], body[end:])
+    h = _HEADERS.get(raw)
+    if h is None:
+        h = _scanned_header(raw)
+        if h is None:
+            return None
+        if len(_HEADERS) < _HEADERS_MAX:
+            _HEADERS[raw] = h
+    return kv, h, start, end, plain
+
+
+def _fast_scan(body: bytes, max_kv_len: int) -> PlanRequestData | None:
+    """The common request via the compiled kv_lens scan, or None (module doc)."""
+    found = scan_request(body, max_kv_len)
+    if found is None:
+        return None
+    kv, h = found[0], found[1]
     return PlanRequestData(h[0], h[1], h[2], h[3], h[4], h[5], kv, h[6], h[7])
 
 

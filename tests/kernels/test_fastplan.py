@@ -100,6 +100,20 @@ def test_same_bucket_keys_as_reference():
             assert got == ref and str(got) == str(ref) and hash(got) == hash(ref)
 
 
+def test_same_bucket_keys_as_reference_on_rounding_ties():
+    """Batches whose token weights split evenly over 3, 5, 6, 7 ... bins: equal remainders, so the
+    leftover units of the 16 go by the reference's tie rule (the lower bin first)."""
+    rng = np.random.default_rng(8)
+    kw = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200, page_size=16)
+    for _ in range(300):
+        m = int(rng.integers(11, 31))  # 2^m tokens in every bin: 2^(m - e) requests of 2^e tokens
+        exps = rng.choice(np.arange(m - 11, m + 1), int(rng.integers(2, 12)), replace=False)
+        L = np.concatenate([np.full(1 << (m - int(e)), 1 << int(e), np.int64) for e in exps])
+        rng.shuffle(L)
+        ref = bucket_key_ref(L, **kw)
+        assert fastplan.bucket_key(L, **kw) == ref and str(fastplan.bucket_key(L, **kw)) == str(ref)
+
+
 @pytest.mark.parametrize("bad,field", [
     ([5, -1, 3], "kv_lens[1]"),
     (np.array([5, 2**31], dtype=np.int64), "kv_lens[1]"),

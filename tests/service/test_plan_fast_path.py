@@ -203,9 +203,10 @@ def test_compiled_scan_takes_the_plain_forms():
 
     if not fastparse.ENABLED:
         pytest.skip("numba off")
-    kv, start, end = fastparse.scan_kv_lens(CRAFTED[1], 1 << 24, 65536)
-    assert kv.tolist() == [5, 6, 0] and CRAFTED[1][start:end] == b"[ 5 ,\t6\r\n, 0 ]"
-    assert fastparse.scan_kv_lens(CRAFTED[0], 1 << 24, 65536)[0].tolist() == [0, 1, 22, 333]
+    kv, start, end, plain = fastparse.scan_kv_lens(CRAFTED[1], 1 << 24, 65536)
+    assert kv.tolist() == [5, 6, 0] and CRAFTED[1][start:end] == b"[ 5 ,\t6\r\n, 0 ]" and not plain
+    kv, start, end, plain = fastparse.scan_kv_lens(CRAFTED[0], 1 << 24, 65536)
+    assert kv.tolist() == [0, 1, 22, 333] and plain and CRAFTED[0][start:end] == b"[0,1,22,333]"
     assert fastparse.scan_kv_lens(CRAFTED[0], 332, 65536) is None  # over the limit: the full checks say where
     assert fastparse.scan_kv_lens(CRAFTED[0], 1 << 24, 3) is None  # more than max_n
 
