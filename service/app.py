@@ -35,7 +35,6 @@ from fastapi.responses import FileResponse
 from fastapi_offline import FastAPIOffline
 from pydantic.json_schema import models_json_schema
 
-from ..kernels import fastplan
 from . import fastjson, fastparse, queries
 from .middleware import PLAN_ROUTE, GuardMiddleware, PlanFastPath
 from .routers import dashboard, data, health, plan, policies
@@ -104,7 +103,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         served = await asyncio.to_thread(holder.reload)
         await asyncio.to_thread(fastparse.warmup)  # compile or load the kv_lens scan before the first request
         await asyncio.to_thread(fastjson.warmup)  # and the answer's writer
-        await asyncio.to_thread(fastplan.warmup)  # and the planner (a first request took 2.5 s without it)
         if len(served.table) == 0:
             log.warning("the store %s has no published policies: every batch gets the %r fallback plan "
                         "(fill it with `kvsplit run --no-tune`, `kvsplit db import` or `kvsplit tune`)",
