@@ -188,17 +188,21 @@ def _free_port(host: str, preferred: int) -> int:
 
 
 def _show_sample(base: str, server: Any) -> None:
-    for _ in range(200):
-        if server.started:
-            break
+    # the app's start-up compiles (or loads from numba's disk cache) the request scan and the answer writer:
+    # a minute or more on a fresh install of a 2-core machine, so wait for it rather than a fixed 10 s
+    deadline = time.monotonic() + 900
+    while not server.started and not server.should_exit and time.monotonic() < deadline:
         time.sleep(0.05)
+    if not server.started:
+        return
     body = json.dumps({**SAMPLE_REQUEST, "kv_lens": _sample_kv_lens()})
     req = urllib.request.Request(base + "/v1/plan", data=body.encode(), headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=60) as resp:
             answer = json.loads(resp.read())
     except Exception as exc:  # noqa: BLE001 - printed, the server keeps running
         _say(f"sample request failed: {exc}")
+        _say("serving until Ctrl-C")
         return
     print(flush=True)
     _say(f"dashboard:  {base}/")

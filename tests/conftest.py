@@ -17,6 +17,20 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_sessionstart(session):
+    """Compile the numba parts of the planner and the plan service once, into numba's disk cache, before
+    the tests that start servers in subprocesses: on a fresh clone each server would otherwise compile
+    them at start-up (a minute or more on 2 cores) inside the tests' start-up deadlines."""
+    try:
+        from kvsplit.kernels import fastplan
+        from kvsplit.service import fastjson, fastparse
+    except ImportError:  # pragma: no cover - the service extras are not installed
+        return
+    fastplan.warmup()
+    fastparse.warmup()
+    fastjson.warmup()
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
