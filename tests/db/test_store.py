@@ -98,7 +98,7 @@ def test_cli_outdated_message(tmp_path):
     u = f"sqlite:///{tmp_path / 'x.db'}"
     r = CliRunner().invoke(app, ["db", "export", "--database-url", u])
     assert r.exit_code == 1
-    assert "run `kvsplit db upgrade --database-url" in r.output
+    assert "`kvsplit db upgrade --database-url" in r.output and "`kvsplit run --no-tune --database-url" in r.output
     assert not (tmp_path / "x.db").exists()  # a read-only command creates no empty store
     r = CliRunner().invoke(app, ["db", "upgrade", "--database-url", u])
     assert r.exit_code == 0 and "upgraded empty -> 0001" in r.output
