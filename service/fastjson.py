@@ -29,8 +29,6 @@ service serializes with orjson.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 __all__ = ["ENABLED", "plan_arrays_json", "buffers_json", "warmup", "KEYS"]
@@ -39,16 +37,13 @@ KEYS = (b'{"kv_lens":', b',"num_splits":', b',"work_request":', b',"work_kv_star
         b',"cta_indptr":')
 """The members the writer opens the answer with, in order (the answer's order)."""
 
-try:  # pragma: no branch
-    if os.environ.get("KVSPLIT_NUMBA", "1") == "0":
-        raise ImportError("disabled by KVSPLIT_NUMBA=0")
+from .fastparse import ENABLED, _jit  # one numba switch (KVSPLIT_NUMBA) for the scan and the writer
+
+if ENABLED:  # pragma: no branch
     import numba
     from llvmlite import ir
     from numba.core import types
     from numba.extending import intrinsic
-
-    def _jit(fn):
-        return numba.njit(cache=True, nogil=True)(fn)
 
     def _inline(fn):
         return numba.njit(cache=True, nogil=True, inline="always")(fn)
@@ -65,14 +60,7 @@ try:  # pragma: no branch
             return context.get_dummy_value()
 
         return sig, codegen
-
-    ENABLED = True
-except ImportError:  # pragma: no cover - exercised where numba is missing
-    ENABLED = False
-
-    def _jit(fn):
-        return fn
-
+else:  # pragma: no cover - exercised where numba is missing
     _inline = _jit
 
 # two ASCII digits of 0..99 as a little-endian uint16 (tens digit first)
