@@ -207,14 +207,15 @@ def _decode_merge_kernel(
     PART_O, PART_LSE, O, LSE,
     MERGE_REQ, MERGE_SLOT, MERGE_NUM, COUNTS,
     stride_ob, stride_oh,
-    H_Q: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DEVICE_COUNTS: tl.constexpr,
+    H_Q: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    RETURN_LSE: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
 ):
-    # One program per (merged request, query head): the partials of up to BLOCK_S
+    # One program per (merged request, query head, BLOCK_D chunk of the head dim): the partials of up to BLOCK_S
     # splits are loaded at once (independent loads in flight), chunks of BLOCK_S
     # are folded with a running max.
     mid = tl.program_id(0)
     hq = tl.program_id(1)
+    d0 = tl.program_id(2) * BLOCK_D  # the head dimension is cut into HEAD_DIM // BLOCK_D chunks
     active = True
     if DEVICE_COUNTS:  # grid sized by max_batch; programs past COUNTS[3] merged requests do nothing
         active = mid < tl.load(COUNTS + 3)
@@ -222,11 +223,11 @@ def _decode_merge_kernel(
     slot0 = tl.load(MERGE_SLOT + mid, mask=active, other=0).to(tl.int64)
     n = tl.load(MERGE_NUM + mid, mask=active, other=0)
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = d0 + tl.arange(0, BLOCK_D)
 
     m_run = float("-inf")
     l_run = 0.0
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for s0 in range(0, n, BLOCK_S):
         mask_s = (s0 + offs_s) < n
         row = (slot0 + s0 + offs_s) * H_Q + hq
@@ -245,7 +246,7 @@ def _decode_merge_kernel(
     tl.store(O + req * stride_ob + hq * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=active)
     if RETURN_LSE:
         lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + req * H_Q + hq, lse_out, mask=active)
+        tl.store(LSE + req * H_Q + hq, lse_out, mask=active & (d0 == 0))
 
 
 try:  # Triton's interpreter (TRITON_INTERPRET=1, read when the kernels above were decorated)
@@ -544,6 +545,7 @@ def launch_decode(
     sm_scale: float | None = None,
     return_lse: bool = False,
     prefetch: bool | None = None,
+    merge_dsplit: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no checks, no allocation).
 
@@ -563,6 +565,12 @@ def launch_decode(
 
     ``prefetch`` overrides ``config.prefetch`` (the stage-1 loop that loads the
     next tile's page ids one iteration ahead; for A/B benchmarks).
+
+    ``merge_dsplit``: the merge's programs per (request, query head), each over
+    ``D / merge_dsplit`` of the head dim (a divisor of D). Default (``None``): 4
+    when ``max_splits`` is given and exceeds the splits one full-D program folds
+    at once (``4096 / D``) and D is a multiple of 64, else 1 (docs/perf.md,
+    round 5).
     """
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
@@ -606,13 +614,21 @@ def launch_decode(
     merge_grid = (max_merge if device_counts else num_merge) or 0
     if merge_grid:
         splits = max_splits if max_splits is not None else 4096
-        block_s = max(2, min(triton.next_power_of_2(splits), 4096 // D))
-        _decode_merge_kernel[(merge_grid, H_q)](
+        if merge_dsplit is None:
+            # the merge is latency-bound: a program folds ceil(splits / BLOCK_S) chunks one after another, and
+            # BLOCK_S * BLOCK_D is held to 4096 fp32 values; cutting D into 4 chunks when a request has more
+            # splits than one full-D chunk holds makes 4x the programs with a quarter of the serial chunks
+            # (a device-resident plan's split count is not known here: its grid of max_batch programs, most of
+            # them idle, keeps one program per (request, query head))
+            merge_dsplit = 4 if max_splits is not None and splits > 4096 // D and D % 64 == 0 else 1
+        block_d = D // merge_dsplit
+        block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
+        _decode_merge_kernel[(merge_grid, H_q, merge_dsplit)](
             workspace.part_o, workspace.part_lse, out, lse,
             arrays["merge_request"], arrays["merge_slot_start"], arrays["merge_num"], counts_arg,
             out.stride(0), out.stride(1),
-            H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, RETURN_LSE=return_lse, DEVICE_COUNTS=device_counts,
-            num_warps=4,
+            H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, BLOCK_D=block_d, RETURN_LSE=return_lse,
+            DEVICE_COUNTS=device_counts, num_warps=4,
         )
     if return_lse:
         return out, lse

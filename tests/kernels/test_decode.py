@@ -404,3 +404,29 @@ def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch, good
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device: 'cuda' asked for, but torch sees no CUDA device"):
             DecodeWrapper(H_Q, H_KV, D, device="cuda")
+
+
+@pytest.mark.parametrize("merge_dsplit", [1, 2, 4])
+def test_merge_over_head_dim_chunks_matches_reference_fp16(merge_dsplit):
+    """The merge cut into ``merge_dsplit`` chunks of the head dim (one program per request, query head and
+    chunk): the same output and LSE as the fp32 reference, with requests of 0, 1 and more splits than one
+    BLOCK_S chunk holds (so the running-max fold crosses chunks), and empty splits past a short request's end."""
+    from kvsplit.kernels.decode import launch_decode
+
+    lens = [700, 0, 5, 333, 64]
+    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 40, "block_n": 16}, head_dim=D, page_size=16, dtype="float16")
+    assert int(plan.num_splits.max()) == 40
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
+                     seed=merge_dsplit)
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+    out = torch.full_like(case["q"], float("nan"))
+    o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                           plan.to("cpu"), plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
+                           num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=4, return_lse=True,
+                           merge_dsplit=merge_dsplit)
+    assert not torch.isnan(o).any()
+    assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
