@@ -45,6 +45,7 @@ import triton.language as tl
 
 from .plan import Plan
 from .reference import _check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
+from .residency import register_cap
 
 __all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
 
@@ -546,6 +547,7 @@ def launch_decode(
     return_lse: bool = False,
     prefetch: bool | None = None,
     merge_dsplit: int | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no checks, no allocation).
 
@@ -566,10 +568,15 @@ def launch_decode(
     ``prefetch`` overrides ``config.prefetch`` (the stage-1 loop that loads the
     next tile's page ids one iteration ahead; for A/B benchmarks).
 
+    ``maxnreg``: register cap of the stage-1 launch (Triton's ``maxnreg``). Default
+    (``None``): :func:`kvsplit.kernels.residency.register_cap`, which keeps the
+    residency the planner counts for every GQA group; 0: no cap (A/B).
+
     ``merge_dsplit``: the merge's programs per (request, query head), each over
     ``D / merge_dsplit`` of the head dim (a divisor of D). Default (``None``): 4
-    when ``max_splits`` is given and exceeds the splits one full-D program folds
-    at once (``4096 / D``) and D is a multiple of 64, else 1 (docs/perf.md,
+    when the host knows the sizes, at most 1024 (merged request, query head)
+    pairs are merged, ``max_splits`` exceeds the splits one full-D program folds
+    at once (``4096 / D``) and D is a multiple of 64; else 1 (docs/perf.md,
     round 5).
     """
     B, H_q, D = q.shape
@@ -596,6 +603,8 @@ def launch_decode(
     block_h = max(16, triton.next_power_of_2(G))
     if prefetch is None:
         prefetch = bool(getattr(cfg, "prefetch", False))
+    if maxnreg is None:
+        maxnreg = None if _INTERPRETED else register_cap(D, G, cfg.block_n, cfg.num_warps, cfg.num_stages, prefetch)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
@@ -610,17 +619,20 @@ def launch_decode(
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
         PREFETCH=bool(prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     merge_grid = (max_merge if device_counts else num_merge) or 0
     if merge_grid:
         splits = max_splits if max_splits is not None else 4096
         if merge_dsplit is None:
-            # the merge is latency-bound: a program folds ceil(splits / BLOCK_S) chunks one after another, and
-            # BLOCK_S * BLOCK_D is held to 4096 fp32 values; cutting D into 4 chunks when a request has more
-            # splits than one full-D chunk holds makes 4x the programs with a quarter of the serial chunks
-            # (a device-resident plan's split count is not known here: its grid of max_batch programs, most of
-            # them idle, keeps one program per (request, query head))
-            merge_dsplit = 4 if max_splits is not None and splits > 4096 // D and D % 64 == 0 else 1
+            # the merge is latency-bound when few programs each fold many splits: a program folds
+            # ceil(splits / BLOCK_S) chunks one after another (BLOCK_S * BLOCK_D is held to 4096 fp32 values).
+            # Cutting D into 4 chunks gives 4x the programs with a quarter of the serial chunks: measured on the
+            # H200 it wins with at most 1024 (request, query head) programs and loses 1-2 % with more (many short
+            # split requests, e.g. skewed B >= 64: docs/perf.md, round 5). A device-resident plan's sizes are
+            # not known here: its grid of max_batch programs, most of them idle, keeps one per (request, head).
+            few = max_splits is not None and num_merge is not None and num_merge * H_q <= 1024
+            merge_dsplit = 4 if few and splits > 4096 // D and D % 64 == 0 else 1
         block_d = D // merge_dsplit
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
         _decode_merge_kernel[(merge_grid, H_q, merge_dsplit)](

@@ -26,7 +26,11 @@ import math
 
 from .device import DeviceSpec
 
-__all__ = ["MEASURED", "MEASURED_PREFETCH", "occupancy", "estimate", "resident_ctas_per_sm"]
+__all__ = ["MEASURED", "MEASURED_PREFETCH", "MEASURED_GROUP", "REGISTER_CAPS", "register_cap", "occupancy", "estimate",
+           "resident_ctas_per_sm"]
+
+MEASURED_GROUP = 8
+"""The GQA group G = H_q / H_kv the tables below were read at (Qwen3-30B-A3B's 32/4)."""
 
 # (gpu, head_dim, dtype, block_n, num_warps, num_stages) -> (n_regs, shared bytes), read off the compiled
 # stage-1 kernel (G = 8, page_size 16, grid schedule; Triton 3.6, CUDA 13) on the H200 by bench/gpu_sweep.py
@@ -61,6 +65,29 @@ MEASURED_PREFETCH: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = 
 }
 for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED_PREFETCH.items()):
     MEASURED_PREFETCH[(_gpu, _d, "float16", _bn, _w, _s)] = _v
+
+
+# Registers of the stage-1 kernel depend on the GQA group for some tiles: compiled for sm_90 at G = 1..8 and 16
+# (docs/data/h200_r5/residency_by_group.jsonl), every config of MEASURED keeps its residency for G <= 8 except
+# (64, 4, 2), which takes 154-166 registers (3 CTAs per SM) at G != 8 against 118 (4) at G = 8. Its launch is
+# capped at 128 registers (Triton's ``maxnreg``; 44 bytes of spill stores), which restores 4 CTAs per SM for every
+# G: on the H200 the capped kernel ran G = 4 plans on that tile 1.29-1.33x faster (stream_k / balanced at 4 CTAs
+# per SM, 262,144 and 1,048,576 tokens), while at G = 8 the cap cost 0.4-1.5 % and is not applied
+# (docs/perf.md, round 5). A cap at 168 for (128, 4, 2) (3 CTAs per SM at G = 16) made it 1.3-1.4x slower at
+# every G (180 bytes of spills): not applied, so G = 16 runs that tile at 2 CTAs per SM where the tables say 3.
+# (head_dim, block_n, num_warps, num_stages, prefetch) -> maxnreg for G != MEASURED_GROUP
+REGISTER_CAPS: dict[tuple[int, int, int, int, bool], int] = {
+    (128, 64, 4, 2, False): 128,
+}
+
+
+def register_cap(head_dim: int, group: int, block_n: int, num_warps: int, num_stages: int,
+                 prefetch: bool = False) -> int | None:
+    """Register cap (``maxnreg``) of the stage-1 launch that keeps a config's measured residency at GQA
+    group ``group`` (:data:`REGISTER_CAPS`), or None when the uncapped kernel keeps it."""
+    if group == MEASURED_GROUP:
+        return None
+    return REGISTER_CAPS.get((head_dim, block_n, num_warps, num_stages, bool(prefetch)))
 
 
 def occupancy(device: DeviceSpec, num_warps: int, n_regs: int, shared_bytes: int) -> int:

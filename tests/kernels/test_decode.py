@@ -430,3 +430,55 @@ def test_merge_over_head_dim_chunks_matches_reference_fp16(merge_dsplit):
     assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
     fin = torch.isfinite(ref_lse)
     assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+
+
+def test_register_cap_table():
+    """kernels/residency.register_cap: the (64, 4, 2) tile (D 128) is capped at 128 registers -- 4 CTAs per SM
+    by the occupancy rule -- for every group but the one MEASURED was read at; other tiles are not capped."""
+    from kvsplit.kernels.device import resolve_device
+    from kvsplit.kernels.residency import MEASURED, MEASURED_GROUP, occupancy, register_cap
+
+    assert MEASURED_GROUP == 8
+    for g in (1, 2, 3, 4, 5, 6, 7, 16, 32):
+        assert register_cap(128, g, 64, 4, 2) == 128
+        assert register_cap(128, g, 64, 4, 2, prefetch=True) is None
+        for bn, w, s in ((64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (256, 8, 2)):
+            assert register_cap(128, g, bn, w, s) is None
+    assert register_cap(128, 8, 64, 4, 2) is None
+    assert register_cap(64, 4, 64, 4, 2) is None  # measured at D = 128 only
+    h200 = resolve_device("NVIDIA H200")
+    regs8, smem = MEASURED[("NVIDIA H200", 128, "bfloat16", 64, 4, 2)]
+    assert occupancy(h200, 4, 128, smem) == occupancy(h200, 4, regs8, smem) == 4
+    assert occupancy(h200, 4, 166, smem) == 3  # the uncapped G = 4 compile
+
+
+@pytest.mark.parametrize("lens, max_splits, dsplit", [
+    ([5000] * 2, 40, 4),        # 2 x 32 (request, head) pairs, 40 splits > 4096 / 128: 4 programs each
+    ([5000] * 2, 32, 1),        # a single full-D fold holds 32 splits
+    ([5000] * 33, 40, 1),       # 33 x 32 = 1056 pairs > 1024: one program per pair
+])
+def test_merge_dsplit_default_rule(lens, max_splits, dsplit, monkeypatch):
+    """launch_decode's default merge grid: (merged requests, H_q, 4) only when few (request, head) pairs fold
+    many splits (docs/perf.md round 5), else (merged requests, H_q, 1); a device-resident plan keeps 1."""
+    from kvsplit.kernels import decode as dec
+
+    grids = []
+
+    class Rec:  # records the launch grid instead of running the kernel
+        def __getitem__(self, grid):
+            return lambda *a, **k: grids.append((grid, k.get("BLOCK_D")))
+
+    monkeypatch.setattr(dec, "_decode_stage1_kernel", Rec())
+    monkeypatch.setattr(dec, "_decode_merge_kernel", Rec())
+    d, hq, hkv = 128, 32, 4
+    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": max_splits},
+                     head_dim=d, page_size=16, dtype="float16")
+    q = torch.zeros((len(lens), hq, d), dtype=torch.float16)
+    k = torch.zeros((sum(-(-n // 16) for n in lens) + 1, 16, hkv, d), dtype=torch.float16)
+    ws = make_workspace(hq, d, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+    nm = int(plan.merge_layout()[1].shape[0])
+    dec.launch_decode(q, k, k, torch.zeros(len(lens) + 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
+                      plan.to("cpu"), plan.config, out=torch.empty_like(q), workspace=ws, num_tiles=plan.num_work_tiles,
+                      num_merge=nm, max_splits=int(plan.num_splits.max()))
+    (_, _), (merge_grid, block_d) = grids
+    assert merge_grid == (nm, hq, dsplit) and block_d == d // dsplit

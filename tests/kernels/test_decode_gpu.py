@@ -198,3 +198,39 @@ def test_prefetching_loop(dtype, cfg, schedule):
         torch.cuda.synchronize()
         assert not torch.isnan(out).any()
         assert _rel_err(out, ref) < 2e-2
+
+
+@pytest.mark.parametrize("group", [1, 4, 8, 16])
+def test_register_cap_keeps_the_counted_residency(group, monkeypatch):
+    """The (64, 4, 2) tile launched at any GQA group compiles to at most the 128 registers its 4 resident
+    CTAs per SM need (kernels/residency.py, REGISTER_CAPS; uncapped it takes 150-166 at G != 8), and its
+    output (with a merge) matches the reference."""
+    from kvsplit.kernels import decode as dec
+    from kvsplit.kernels.residency import register_cap
+
+    real, launched = dec._decode_stage1_kernel, []
+
+    class Spy:  # records the compiled kernel of each stage-1 launch (JITFunction.run returns it)
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                k = real[grid](*args, **kwargs)
+                launched.append((kwargs.get("maxnreg"), k))
+                return k
+            return launch
+
+    monkeypatch.setattr(dec, "_decode_stage1_kernel", Spy())
+    lens = [5000, 17, 0, 3001, 640]
+    hkv = 4
+    case = make_case(lens, num_qo_heads=hkv * group, num_kv_heads=hkv, head_dim=128, page_size=16,
+                     dtype=torch.bfloat16, device="cuda", seed=group)
+    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 4, "block_n": 64, "num_warps": 4, "num_stages": 2},
+                     head_dim=128, page_size=16, dtype="bfloat16")
+    o = decode_attention(**case, plan=plan)
+    assert _rel_err(o, reference_decode_attention(**case)) < 2e-2
+    cap = register_cap(128, group, 64, 4, 2)
+    assert (cap is None) == (group == 8)
+    (maxnreg, kernel), = launched
+    assert maxnreg == cap
+    kernel._init_handles()
+    assert kernel.n_regs <= 128, (group, kernel.n_regs)

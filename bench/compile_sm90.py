@@ -1,0 +1,213 @@
+"""Compile the stage-1 decode kernel for sm_90 on a machine without a GPU and report its resources.
+
+    python bench/compile_sm90.py [--configs 64,4,3 128,8,3 ...] [--variants plain,prefetch] [--ttgir DIR]
+    python bench/compile_sm90.py --groups 1,2,3,4,5,6,7,8,16 --maxnreg none,auto,128 --variants plain --json OUT.jsonl
+
+For every (BLOCK_N, warps, stages) x variant, the arguments :func:`kvsplit.kernels.decode.launch_decode`
+passes for a case of the reference shape (H_q 32, H_kv 4, D 128, bf16, page 16, grid schedule) are recorded
+(the kernel object is swapped for a recorder, so the launch's own code builds them), specialized as Triton's
+launcher does (16-byte divisibility of pointers and integers, ints == 1 as constants, a host
+``TensorDescriptor`` as ``tensordesc<...>``), compiled with ``triton.compile`` for ``GPUTarget("cuda", 90,
+32)`` and read back: registers and shared memory from ``cuobjdump --dump-resource-usage`` on the cubin (the
+same procedure reproduces the registers and shared memory read on the H200 in round 2 exactly), bytes of
+spill stores from ``ptxas -v`` on its PTX,
+and from the TTGIR: the K/V loads (cp.async or TMA), the buffers the pipeliner allocates for them and the
+depth of its waits. ``--ttgir DIR`` also writes each kernel's TTGIR there.
+
+``--groups`` compiles each config at several GQA groups G (H_q = 4 G, H_kv = 4) and ``--maxnreg`` with a
+register cap: ``none`` (uncapped), ``auto`` (what ``launch_decode`` applies:
+:func:`kvsplit.kernels.residency.register_cap`) or a number; the resident CTAs per SM of each compile are
+printed beside the residency kernels/residency.py counts for the config (``--json`` writes one JSON line per
+compile). The ``tma`` variant of round 4 was removed from the kernel; asking for it prints an error line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import BaseBackend, GPUTarget
+from triton.runtime.jit import native_specialize_impl
+
+from kvsplit.kernels import decode as dec
+from kvsplit.kernels.limits import KernelConfig
+from kvsplit.kernels.plan import make_plan
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+PTXAS = os.path.join(os.path.dirname(CUOBJDUMP), "ptxas")
+
+
+class _Recorder:
+    """Stands in for a JITFunction: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+def record_stage1(cfg: KernelConfig, *, dtype=torch.bfloat16, hq=32, hkv=4, d=128, page_size=16,
+                  lens=(4096, 1000, 17), **launch_kw):
+    """The stage-1 launch of ``launch_decode`` for a small case on CPU tensors: (args, kwargs)."""
+    name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
+    plan = make_plan(list(lens), num_kv_heads=hkv, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 2, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
+                             "num_stages": cfg.num_stages, "prefetch": cfg.prefetch,
+                             **({"tma": True} if getattr(cfg, "tma", False) else {})},
+                     head_dim=d, page_size=page_size, dtype=name)
+    npages = sum(-(-n // page_size) for n in lens) + 8
+    k = torch.zeros((npages, page_size, hkv, d), dtype=dtype)
+    q = torch.zeros((len(lens), hq, d), dtype=dtype)
+    indptr = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    indices = torch.zeros(npages, dtype=torch.int32)
+    ws = dec.make_workspace(hq, d, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+    rec, saved = _Recorder(dec._decode_stage1_kernel), dec._decode_stage1_kernel
+    rec_m, saved_m = _Recorder(dec._decode_merge_kernel), dec._decode_merge_kernel
+    dec._decode_stage1_kernel, dec._decode_merge_kernel = rec, rec_m
+    try:
+        dec.launch_decode(q, k, k.clone(), indptr, indices, plan.to("cpu"), plan.config, out=torch.empty_like(q),
+                          workspace=ws, num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
+                          max_splits=int(plan.num_splits.max()), **launch_kw)
+    finally:
+        dec._decode_stage1_kernel, dec._decode_merge_kernel = saved, saved_m
+    (_, args, kwargs), = rec.calls
+    return args, kwargs
+
+
+def compile_sm90(fn, args, kwargs):
+    """``triton.compile`` of the JITFunction ``fn`` for sm_90 with the specialization of ``fn[grid](*args,
+    **kwargs)``."""
+    kwargs = dict(kwargs)
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
+    bound = dict(zip(fn.arg_names, args))
+    bound.update(kwargs)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        v = bound[p.name]
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+            constexprs[p.name] = v
+            continue
+        ty, key = native_specialize_impl(BaseBackend, v, False, True, True)
+        if ty == "constexpr":
+            signature[p.name] = "constexpr"
+            constexprs[p.name] = key
+            continue
+        signature[p.name] = ty
+        if key == "D":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def resources(kernel) -> dict:
+    """Registers, stack frame and shared memory (Triton's dynamic allocation, which the launch asks for) of the
+    compiled kernel (cuobjdump on its cubin), and the spill stores ptxas reports for its PTX (``ptxas -v``
+    for sm_90a, the arch Triton compiles capability 90 for)."""
+    with tempfile.TemporaryDirectory() as d:
+        cubin, ptx = os.path.join(d, "k.cubin"), os.path.join(d, "k.ptx")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", cubin], capture_output=True, text=True,
+                             check=True).stdout
+        info = subprocess.run([PTXAS, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(d, "v.cubin")],
+                              capture_output=True, text=True, check=True).stderr
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
+    regs, stack, shared, local = map(int, m.groups())
+    spill = re.search(r"(\d+) bytes spill stores", info)
+    return {"regs": regs, "stack": stack, "local": local, "shared_static": shared,
+            "shared": int(kernel.metadata.shared), "spill_stores": int(spill.group(1)) if spill else -1}
+
+
+def ttgir_summary(ttgir: str) -> dict:
+    """What the pipeliner made of the K/V loads: TMA copies and cp.async in the TTGIR, the pipelined
+    shared-memory buffers (``local_alloc`` of ``<depth>x<rows>x<cols>``: one ring of ``depth`` buffers per
+    load) and the async_wait depths (cp.async) or barrier waits (TMA)."""
+    allocs = re.findall(r"ttg\.local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x(\d+)x(\d+)x(bf16|f16|f32)", ttgir)
+    rings: dict[str, int] = {}
+    for depth, r, c, ty in allocs:
+        key = f"{depth}x[{r}x{c}]"
+        rings[key] = rings.get(key, 0) + 1
+    return {
+        "tma_copies": len(re.findall(r"ttng\.async_tma_copy_global_to_local", ttgir)),
+        "cp_async": len(re.findall(r"ttg\.async_copy_global_to_local", ttgir)),
+        "mbarrier_waits": len(re.findall(r"ttng\.wait_barrier", ttgir)),
+        "async_wait_nums": sorted(set(int(n) for n in re.findall(r"ttg\.async_wait .*\{num = (\d+) : i32\}", ttgir))),
+        "rings": rings,
+    }
+
+
+def main() -> None:
+    import json
+
+    from kvsplit.kernels.device import resolve_device
+    from kvsplit.kernels.residency import occupancy, register_cap, resident_ctas_per_sm
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", nargs="*", default=[f"{n},{w},{s}" for n in (64, 128, 256) for w in (4, 8)
+                                                       for s in (2, 3, 4)])
+    ap.add_argument("--variants", default="plain,prefetch")
+    ap.add_argument("--groups", default="8", help="GQA groups G to compile at (H_q = 4 G, H_kv = 4)")
+    ap.add_argument("--maxnreg", default="none", help="register caps: none, auto (launch_decode's) or numbers")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--ttgir", default=None, help="write each kernel's TTGIR into this folder")
+    ap.add_argument("--json", default=None, help="append one JSON line per compile to this file")
+    args = ap.parse_args()
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
+    dev = resolve_device("NVIDIA H200")
+    sink = open(args.json, "a") if args.json else None
+    print(f"triton {triton.__version__}, sm_90, {args.dtype}, H_kv 4 D 128 page {args.page_size}")
+    print(f"{'variant':9s} {'cfg':12s} {'G':>2s} {'cap':>4s} {'regs':>4s} {'spill':>5s} {'smem B':>7s} {'CTA/SM':>6s} "
+          f"{'table':>5s}  {'cp.async':>8s} {'waits':>8s}  pipelined K/V buffers (rings x depth x [box])")
+    for c in args.configs:
+        bn, w, s = map(int, c.split(","))
+        for variant in args.variants.split(","):
+            pf = variant == "prefetch"
+            for g in map(int, args.groups.split(",")):
+                for capname in args.maxnreg.split(","):
+                    cap = {"none": None, "auto": register_cap(128, g, bn, w, s, pf)}.get(capname, None)
+                    if capname not in ("none", "auto"):
+                        cap = int(capname)
+                    extra = {"prefetch": pf}
+                    if variant == "tma":
+                        extra["tma"] = True
+                    try:
+                        cfg = KernelConfig(block_n=bn, num_warps=w, num_stages=s, **extra)
+                        a, kw = record_stage1(cfg, dtype=dtype, hq=4 * g, hkv=4, page_size=args.page_size,
+                                              maxnreg=0)
+                        if cap:
+                            kw = {**kw, "maxnreg": cap}
+                        k = compile_sm90(dec._decode_stage1_kernel, a, kw)
+                    except Exception as e:  # a config the planner rejects, or a compile failure: say which
+                        print(f"{variant:9s} {str((bn, w, s)):12s} -- {type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:120]}")
+                        continue
+                    r, t = resources(k), ttgir_summary(k.asm["ttgir"])
+                    res = occupancy(dev, w, r["regs"], r["shared"])
+                    table = resident_ctas_per_sm(dev, 128, args.dtype, dtype.itemsize, bn, w, s, prefetch=pf)
+                    if args.ttgir:
+                        os.makedirs(args.ttgir, exist_ok=True)
+                        with open(os.path.join(args.ttgir, f"{variant}_{bn}_{w}_{s}_g{g}.ttgir"), "w") as f:
+                            f.write(k.asm["ttgir"])
+                    waits = ",".join(map(str, t["async_wait_nums"])) if t["cp_async"] else f"mbar {t['mbarrier_waits']}"
+                    print(f"{variant:9s} {str((bn, w, s)):12s} {g:2d} {cap or '-':>4} {r['regs']:4d} "
+                          f"{r['spill_stores']:5d} {r['shared']:7d} {res:6d} {table:5d}  {t['cp_async']:8d} "
+                          f"{waits:>8s}  {' '.join(f'{n} x {k}' for k, n in t['rings'].items())}", flush=True)
+                    if sink:
+                        sink.write(json.dumps({"variant": variant, "cfg": [bn, w, s], "G": g, "maxnreg": cap, **r,
+                                               "resident": res, "table": table}) + "\n")
+                        sink.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
