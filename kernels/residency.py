@@ -71,10 +71,11 @@ for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED_PREFETCH.items()):
 # (docs/data/h200_r5/residency_by_group.jsonl), every config of MEASURED keeps its residency for G <= 8 except
 # (64, 4, 2), which takes 154-166 registers (3 CTAs per SM) at G != 8 against 118 (4) at G = 8. Its launch is
 # capped at 128 registers (Triton's ``maxnreg``; 44 bytes of spill stores), which restores 4 CTAs per SM for every
-# G: on the H200 the capped kernel ran G = 4 plans on that tile 1.29-1.33x faster (stream_k / balanced at 4 CTAs
-# per SM, 262,144 and 1,048,576 tokens), while at G = 8 the cap cost 0.4-1.5 % and is not applied
-# (docs/perf.md, round 5). A cap at 168 for (128, 4, 2) (3 CTAs per SM at G = 16) made it 1.3-1.4x slower at
-# every G (180 bytes of spills): not applied, so G = 16 runs that tile at 2 CTAs per SM where the tables say 3.
+# G: on the H200 the capped kernel ran G = 4 plans on that tile 1.31x (stream_k) and 1.24x (balanced) faster,
+# geomean over 12 batches of 262,144 and 1,048,576 tokens, and G = 16 plans 1.32x / 1.25x; at G = 8 the cap cost
+# 0.5-0.7 % (geomean) and is not applied (docs/perf.md, round 5). A cap at 168 for (128, 4, 2) (3 CTAs per SM at
+# G = 16) made it 1.05x slower at G = 16 and 1.28-1.35x at G = 4 and 8 (180 bytes of spills): not applied, so
+# G = 16 runs that tile at 2 CTAs per SM where the tables say 3.
 # (head_dim, block_n, num_warps, num_stages, prefetch) -> maxnreg for G != MEASURED_GROUP
 REGISTER_CAPS: dict[tuple[int, int, int, int, bool], int] = {
     (128, 64, 4, 2, False): 128,
