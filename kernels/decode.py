@@ -604,7 +604,8 @@ def launch_decode(
     if prefetch is None:
         prefetch = bool(getattr(cfg, "prefetch", False))
     if maxnreg is None:
-        maxnreg = None if _INTERPRETED else register_cap(D, G, cfg.block_n, cfg.num_warps, cfg.num_stages, prefetch)
+        maxnreg = None if _INTERPRETED else register_cap(D, G, cfg.block_n, cfg.num_warps, cfg.num_stages,
+                                                         prefetch, k_cache.element_size())
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,

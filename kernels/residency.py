@@ -76,17 +76,19 @@ for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED_PREFETCH.items()):
 # 0.5-0.7 % (geomean) and is not applied (docs/perf.md, round 5). A cap at 168 for (128, 4, 2) (3 CTAs per SM at
 # G = 16) made it 1.05x slower at G = 16 and 1.28-1.35x at G = 4 and 8 (180 bytes of spills): not applied, so
 # G = 16 runs that tile at 2 CTAs per SM where the tables say 3.
-# (head_dim, block_n, num_warps, num_stages, prefetch) -> maxnreg for G != MEASURED_GROUP
+# (head_dim, block_n, num_warps, num_stages, prefetch) -> maxnreg for G != MEASURED_GROUP, G <= 16 (the 16-row
+# query tile every measured group compiles to), 16-bit K/V
 REGISTER_CAPS: dict[tuple[int, int, int, int, bool], int] = {
     (128, 64, 4, 2, False): 128,
 }
 
 
 def register_cap(head_dim: int, group: int, block_n: int, num_warps: int, num_stages: int,
-                 prefetch: bool = False) -> int | None:
+                 prefetch: bool = False, dtype_bytes: int = 2) -> int | None:
     """Register cap (``maxnreg``) of the stage-1 launch that keeps a config's measured residency at GQA
-    group ``group`` (:data:`REGISTER_CAPS`), or None when the uncapped kernel keeps it."""
-    if group == MEASURED_GROUP:
+    group ``group`` (:data:`REGISTER_CAPS`), or None when the uncapped kernel keeps it or the case was not
+    measured (G > 16: a 32- or 64-row query tile; fp32)."""
+    if group == MEASURED_GROUP or group > 16 or dtype_bytes != 2:
         return None
     return REGISTER_CAPS.get((head_dim, block_n, num_warps, num_stages, bool(prefetch)))
 

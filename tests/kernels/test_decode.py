@@ -439,12 +439,14 @@ def test_register_cap_table():
     from kvsplit.kernels.residency import MEASURED, MEASURED_GROUP, occupancy, register_cap
 
     assert MEASURED_GROUP == 8
-    for g in (1, 2, 3, 4, 5, 6, 7, 16, 32):
+    for g in (1, 2, 3, 4, 5, 6, 7, 16):
         assert register_cap(128, g, 64, 4, 2) == 128
+        assert register_cap(128, g, 64, 4, 2, dtype_bytes=4) is None  # fp32: not measured
         assert register_cap(128, g, 64, 4, 2, prefetch=True) is None
         for bn, w, s in ((64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (256, 8, 2)):
             assert register_cap(128, g, bn, w, s) is None
     assert register_cap(128, 8, 64, 4, 2) is None
+    assert register_cap(128, 32, 64, 4, 2) is None  # a 32-row query tile: not measured
     assert register_cap(64, 4, 64, 4, 2) is None  # measured at D = 128 only
     h200 = resolve_device("NVIDIA H200")
     regs8, smem = MEASURED[("NVIDIA H200", 128, "bfloat16", 64, 4, 2)]
