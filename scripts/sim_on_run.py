@@ -1,0 +1,38 @@
+"""Errors of the shipped simulator calibration on H200 re-timing runs (CPU; issue 9 item 3).
+
+    python scripts/sim_on_run.py docs/data/h200_r4/retime7.jsonl docs/data/h200_r5/retime8.jsonl
+
+For each run (bench/gpu_sweep.py's JSON lines over bench/data/sweep_cases.json), the median and worst relative
+error |prediction / measured - 1| of service/data/h200_calibration.json over every timed plan, overall and per
+policy (:func:`kvsplit.tuner.simfit.error_table`). retime7 was timed with round 4's kernel, retime8 with round
+5's (register cap, merge over head-dim chunks), so the pair shows how far the kernel change moved the model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kvsplit.kernels.device import resolve_device
+from kvsplit.tuner.simfit import error_table, predict_samples, sweep_samples
+from kvsplit.tuner.simulate import Calibration
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    runs = sys.argv[1:] or ["docs/data/h200_r4/retime7.jsonl", "docs/data/h200_r5/retime8.jsonl"]
+    cal = Calibration.from_dict(json.loads((ROOT / "service/data/h200_calibration.json").read_text())["constants"])
+    h200 = resolve_device("NVIDIA H200")
+    for run in runs:
+        samples, _ = sweep_samples(Path(run), ROOT / "bench/data/sweep_cases.json")
+        tab = error_table(samples, predict_samples(samples, cal, h200))
+        print(f"{run}: {len(samples)} timed plans, median {100 * tab['all']['median']:.1f} %, "
+              f"worst {100 * tab['all']['worst']:.1f} %")
+        for pol, st in sorted(tab["per_policy"].items()):
+            print(f"  {pol:14s} median {100 * st['median']:5.1f} %  worst {100 * st['worst']:5.1f} %")
+
+
+if __name__ == "__main__":
+    main()
