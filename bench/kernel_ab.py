@@ -38,6 +38,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernel_a  # noqa: E402  (bench/kernel_a.py, the frozen variant A)
 from gpu_sweep import named  # noqa: E402  (the candidate names of the sweeps)
+from l2_state import graph_of  # noqa: E402  (one warm-up launch, capture, one replay)
 
 from kvsplit.kernels import decode as dec  # noqa: E402
 from kvsplit.kernels.plan import make_plan  # noqa: E402
@@ -67,12 +68,7 @@ class AB:
         self.ws_b = dec.make_workspace(hq, 128, max_partials=1 << 16, max_batch=max_batch, device="cuda")
 
     def _graph_time(self, fn) -> float:
-        fn()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
+        g = graph_of(fn)
         ms = triton.testing.do_bench(g.replay, warmup=2, rep=self.rep_ms, return_mode="median")
         del g
         return ms * 1e-3

@@ -83,6 +83,8 @@ def bench_flush(fn, mode: str, rep_ms: float = 10.0, warmup: int = 3) -> float:
 
 
 def graph_of(fn):
+    """A CUDA graph of ``fn`` (one eager launch first, so Triton compiles outside the capture), replayed once.
+    The graph holds raw pointers: keep every tensor ``fn`` uses alive while it is replayed."""
     fn()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
