@@ -16,11 +16,13 @@ graph replays under four L2 states, with one event-timed loop that differs only 
   lines, as after the GEMMs of a decode step;
 - ``none``: no flush (the KV data are several times the L2, so little of the previous replay survives).
 
-Timed: the streaming-read kernel of the read floor over 4 GB and 512 MB; an empty graph (a one-CTA
-kernel); the served plan and the first oracle winner of each case of ``--sets`` in bench/data/sweep_cases.json;
-with ``--fi`` FlashInfer 0.7.2's tensor-core decode on the same batches; with ``--merge-ab`` each kvsplit plan
-with the merge over the full head dim, with launch_decode's default merge and without the merge (stage 1 alone). Every record is a JSON line in
-OUT/l2_state[_fi].jsonl; ratios are to the read floor of the ``do_bench`` 4 GB figure.
+Timed: the streaming-read kernel of the read floor over 4 GiB and over the KV bytes of T = 262,144 and
+1,048,576 (512 MiB, 2 GiB); an empty graph (a one-CTA kernel); the served plan and the first oracle winner
+of each case of ``--sets`` in bench/data/sweep_cases.json; with ``--fi`` FlashInfer 0.7.2's tensor-core
+decode on the same batches; with ``--merge-ab`` each kvsplit plan with the merge over the full head dim,
+with launch_decode's default merge and without the merge (stage 1 alone). Every record is a JSON line in
+OUT/l2_state[_fi].jsonl; ratios are to the read floor of the 4 GiB read under the first of ``--modes``
+(do_bench by default).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def main() -> None:
 
     # the read floor's kernel under each L2 state
     bw = {}
-    for nbytes in (4 << 30, 512 << 20, 262144 * 2048, 1048576 * 2048):  # + the KV bytes of T = 262,144 and 1M
+    for nbytes in (4 << 30, 262144 * 2048, 1048576 * 2048):  # the floor's 4 GiB; the KV bytes of T = 262,144, 1M
         n = nbytes // 2
         x = torch.randn(n, dtype=torch.bfloat16, device="cuda")
         grid = (triton.cdiv(n, 4096 * 8),)
@@ -179,8 +181,7 @@ def main() -> None:
             if c.get("oracle_names"):
                 plans["oracle0"] = named(c["oracle_names"][0])[1]
             # variants of the merge: over the full head dim (m1, the kernel before round 5) / launch_decode's
-            # default (auto: 4 chunks of the head dim when a request has > 4096 / D splits) / stage 1 alone (s1: no
-            # merge, its time only, not a correct output)
+            # default rule (auto) / stage 1 alone (s1: no merge, its time only, not a correct output)
             variants = {"m1": 1, "auto": None, "s1": "s1"} if args.merge_ab else {"": None}
             for (label, (pol, prm)), (vname, dsplit) in [(x, y) for x in plans.items() for y in variants.items()]:
                 if vname:
