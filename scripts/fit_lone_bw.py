@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsplit.kernels.device import resolve_device
-from kvsplit.tuner.simfit import _loss, _prep, error_table, predict_samples, sweep_samples
+from kvsplit.tuner.simfit import _loss, _prep, error_summary, error_table, predict_samples, sweep_samples
 from kvsplit.tuner.simulate import Calibration, _simulate
 
 TRAIN = ["docs/data/h200_r2/train.jsonl", "docs/data/h200_r4/train4.jsonl", "docs/data/h200_r4/train_even.jsonl",
@@ -89,7 +89,10 @@ def main() -> None:
     t0 = time.time()
     dev = resolve_device("NVIDIA H200")
     doc = json.loads(Path(args.calibration).read_text())
+    # the starting point without any lone-CTA rate, so a re-run starts from the same constants ("before")
     cal0 = Calibration.from_dict(doc["constants"])
+    cal0 = dataclasses.replace(cal0, lone_bw=0.0, per_config={
+        k: {n: v for n, v in o.items() if n != "lone_bw"} for k, o in cal0.per_config.items()})
     train, _ = sweep_samples(TRAIN, "bench/data/train_cases.json")
     print(f"{len(train)} training plans [{time.time() - t0:.0f}s]", flush=True)
     cal, per_config = fit_lone(cal0, train, dev)
@@ -106,16 +109,7 @@ def main() -> None:
     if args.out:
         h = tabs["after_heldout"]
         doc["constants"] = cal.to_dict()
-        doc["error"].update({
-            "train": {k: tabs["after_train"]["all"][k] for k in ("median", "worst")},
-            "heldout": {k: h["all"][k] for k in ("median", "worst")},
-            "heldout_per_set": {k: {"n": v["n"], "median": v["median"], "worst": v["worst"]}
-                                for k, v in h["per_set"].items()},
-            "heldout_per_policy": {k: {"n": v["n"], "median": v["median"], "worst": v["worst"]}
-                                   for k, v in h["per_policy"].items()},
-            "heldout_per_config": {k: {"n": v["n"], "median": v["median"], "worst": v["worst"]}
-                                   for k, v in h["per_config"].items()},
-        })
+        doc["error"].update(error_summary(tabs["after_train"], h))
         if "fit_lone_bw.py" not in doc["source"]:
             doc["source"] += ("; lone_bw per config fitted on the same training batches by scripts/fit_lone_bw.py "
                               "(2026-12-01, round 5), every other constant kept")

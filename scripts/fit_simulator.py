@@ -31,7 +31,7 @@ from pathlib import Path
 
 
 from kvsplit.kernels.device import resolve_device
-from kvsplit.tuner.simfit import best_of, error_table, fit_per_config, predict_samples, sweep_samples
+from kvsplit.tuner.simfit import best_of, error_summary, error_table, fit_per_config, predict_samples, sweep_samples
 from kvsplit.tuner.simulate import Calibration, config_key
 
 
@@ -116,17 +116,7 @@ def main() -> None:
             "gpu": dev.name, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16,
             "kernel_config": {},
             "constants": cal.to_dict(),
-            "error": {
-                "train": {k: tabs["new_train"]["all"][k] for k in ("median", "worst")},
-                "heldout": {k: h["all"][k] for k in ("median", "worst")},
-                "heldout_per_set": {k: {"n": v["n"], "median": v["median"], "worst": v["worst"]}
-                                    for k, v in h["per_set"].items()},
-                "heldout_per_policy": {k: {"n": v["n"], "median": v["median"], "worst": v["worst"]}
-                                       for k, v in h["per_policy"].items()},
-                "heldout_per_config": {k: {"n": v["n"], "median": v["median"], "worst": v["worst"]}
-                                       for k, v in h["per_config"].items()},
-                "trained_configs": sorted(trained_keys),
-            },
+            "error": {**error_summary(tabs["new_train"], h), "trained_configs": sorted(trained_keys)},
             "num_samples": len(train),
             "read_bandwidth_gbps": bw / 1e9,
             "source": (f"scripts/fit_simulator.py (bench/gpu_sweep.py on an H200, 2026-11-30 to 2026-12-01): {split_desc}; "

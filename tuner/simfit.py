@@ -40,7 +40,8 @@ from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import Plan, make_plan
 from .simulate import Calibration, _prepare, _simulate, _Tiles, config_key
 
-__all__ = ["SweepSample", "sweep_samples", "best_of", "fit_per_config", "error_table", "predict_samples", "wave_class",
+__all__ = ["SweepSample", "sweep_samples", "best_of", "fit_per_config", "error_table", "error_summary", "predict_samples",
+           "wave_class",
            "GLOBAL_FIT_PARAMS", "CONFIG_FIT_PARAMS", "HELDOUT_SETS", "candidate_policy", "merged_case_records"]
 
 GLOBAL_FIT_PARAMS = ("launch_s", "merge_launch_s", "merge_partial_s", "merge_split_s", "persistent_tile_s")
@@ -312,3 +313,18 @@ def error_table(samples: Sequence[SweepSample], pred: np.ndarray) -> dict[str, A
             if m.any():
                 out["per_set_policy"][f"{st}/{p}"] = _stats(e[m])
     return out
+
+
+def error_summary(train: Mapping[str, Any], heldout: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``error`` object of a calibration document from two :func:`error_table` results: median and worst
+    on the training and held-out plans, and held-out per set, per policy and per kernel config (with ``n``)."""
+    def part(tab: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: {"n": v["n"], "median": v["median"], "worst": v["worst"]} for k, v in tab.items()}
+
+    return {
+        "train": {k: train["all"][k] for k in ("median", "worst")},
+        "heldout": {k: heldout["all"][k] for k in ("median", "worst")},
+        "heldout_per_set": part(heldout["per_set"]),
+        "heldout_per_policy": part(heldout["per_policy"]),
+        "heldout_per_config": part(heldout["per_config"]),
+    }
