@@ -25,7 +25,8 @@
    share their SM's bandwidth. After the last tile has started, the tiles still
    running are spread over the SMs (longest first) and each SM drains its
    residents by processor sharing with ``min(cta_bw, sm_bw / (n_running + ramp_ctas))`` per
-   tile — the tail where a lone long CTA runs at ``cta_bw``. With these two
+   tile — the tail where a lone long CTA runs at ``cta_bw`` (or at ``lone_bw``, the config's
+   fitted rate of the last CTA left on an SM, where the calibration sets one). With these two
    constants 1 CTA per SM is slower than 4 (the Triton kernel of
    docs/data/anchors/policy_on_triton_kernel.md lost 2x), and FlashInfer's
    threshold cliff appears once one long request is one CTA.
