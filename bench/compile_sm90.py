@@ -18,7 +18,8 @@ depth of its waits. ``--ttgir DIR`` also writes each kernel's TTGIR there.
 register cap: ``none`` (uncapped), ``auto`` (what ``launch_decode`` applies:
 :func:`kvsplit.kernels.residency.register_cap`) or a number; the resident CTAs per SM of each compile are
 printed beside the residency kernels/residency.py counts for the config (``--json`` writes one JSON line per
-compile). The ``tma`` variant of round 4 was removed from the kernel; asking for it prints an error line.
+compile). Variants: ``plain`` and ``prefetch`` (``KernelConfig.prefetch``); round 4's TMA load path was removed
+from the kernel.
 """
 
 from __future__ import annotations
@@ -59,8 +60,7 @@ def record_stage1(cfg: KernelConfig, *, dtype=torch.bfloat16, hq=32, hkv=4, d=12
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
     plan = make_plan(list(lens), num_kv_heads=hkv, device="NVIDIA H200", policy="fixed",
                      params={"num_splits": 2, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
-                             "num_stages": cfg.num_stages, "prefetch": cfg.prefetch,
-                             **({"tma": True} if getattr(cfg, "tma", False) else {})},
+                             "num_stages": cfg.num_stages, "prefetch": cfg.prefetch},
                      head_dim=d, page_size=page_size, dtype=name)
     npages = sum(-(-n // page_size) for n in lens) + 8
     k = torch.zeros((npages, page_size, hkv, d), dtype=dtype)
@@ -175,12 +175,9 @@ def main() -> None:
             pf = variant == "prefetch"
             for g in map(int, args.groups.split(",")):
                 for capname in args.maxnreg.split(","):
-                    cap = {"none": None, "auto": register_cap(128, g, bn, w, s, pf)}.get(capname, None)
-                    if capname not in ("none", "auto"):
-                        cap = int(capname)
+                    cap = (None if capname == "none" else int(capname) if capname != "auto"
+                           else register_cap(128, g, bn, w, s, pf, dtype.itemsize))
                     extra = {"prefetch": pf}
-                    if variant == "tma":
-                        extra["tma"] = True
                     try:
                         cfg = KernelConfig(block_n=bn, num_warps=w, num_stages=s, **extra)
                         a, kw = record_stage1(cfg, dtype=dtype, hq=4 * g, hkv=4, page_size=args.page_size,

@@ -6,11 +6,11 @@ kernels/residency.py holds the resident CTAs per SM of each tile measured at G =
 compile to more registers for some tiles (docs/perf.md round 4: (64, 4, 2) takes 164-166 registers and 3 CTAs per
 SM at G = 1-7, 118 and 4 at G = 8; (128, 4, 2) takes 238 and 2 at G = 16, 168 and 3 at G = 8). Capping the
 registers (Triton's ``maxnreg``) at ``65536 / (R * 32 * num_warps)`` (rounded down to 8) keeps the measured
-residency R for every group, at the price of some spills. This script times the same plans with and without
-the cap: ``stream_k`` and ``balanced`` at 4 CTAs per SM on (64, 4, 2) and at 3 on (128, 4, 2), on the
-reference length mixes (uniform and skewed80, B 8 / 64 / 256, both totals), for G = 4 (H_q 32, H_kv 8: Llama-3.1-8B), G = 8 (32/4: Qwen3-30B-A3B) and
-G = 16 (64/4). Method as bench/l2_state.py (CUDA-graph replays, ``do_bench`` median, random bf16 KV on
-shuffled pages); every record is a JSON line in OUT/regcap_ab.jsonl.
+residency R for every group, at the price of some spills. This script times the same plans with and without the
+cap: ``stream_k`` and ``balanced`` at 4 CTAs per SM on (64, 4, 2) and at 3 on (128, 4, 2), on the reference length
+mixes (uniform and skewed80, B 8 / 64 / 256, both totals), for G = 4 (H_q 32, H_kv 8: Llama-3.1-8B), G = 8 (32/4:
+Qwen3-30B-A3B) and G = 16 (64/4). Method as bench/l2_state.py (CUDA-graph replays, ``do_bench`` median, random bf16
+KV on shuffled pages); every record is a JSON line in OUT/regcap_ab.jsonl.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_sweep import cand_name, cand_params  # noqa: E402  (the sweeps' plan names and params)
 from l2_state import bench_flush, graph_of  # noqa: E402
 
 from kvsplit.kernels import decode as dec  # noqa: E402
@@ -44,7 +45,6 @@ def main() -> None:
     t0 = time.time()
     log = open(os.path.join(args.out, "regcap_ab.jsonl"), "a")
     log.write(json.dumps({"kind": "versions", **software_versions()}) + "\n")
-    bench_flush.cache = torch.empty(int(256e6 // 4), dtype=torch.int32, device="cuda")
     cases = [c for c in json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                                                     "sweep_cases.json")))["cases"]
              if c["set"] == "ref" and c["family"] in ("uniform", "skewed80") and c["B"] in (8, 64, 256)]
@@ -61,13 +61,14 @@ def main() -> None:
             floor = timer.kv_bytes(lens) / bw
             for pol, cps, (bn, w, s), cap in PLANS:
                 p = make_plan(lens, num_kv_heads=hkv, device=GPU, policy=pol,
-                              params={"ctas_per_sm": cps, "block_n": bn, "num_warps": w, "num_stages": s})
+                              params=cand_params(pol, cps, (bn, w, s))[1])
                 arrays = p.to("cuda")
                 nm, ms = int(p.merge_layout()[1].shape[0]), int(p.num_splits.max())
                 rec = {"kind": "case", "G": hq // hkv, "H_kv": hkv, "family": c["family"], "B": c["B"],
-                       "T": int(lens.sum()), "plan": f"{pol}|c{cps}|n{bn}w{w}s{s}", "cap": cap, "floor_s": floor}
+                       "T": int(lens.sum()), "plan": cand_name(pol, cps, (bn, w, s)), "cap": cap, "floor_s": floor}
                 keep = []
-                for label, mr in (("uncapped", None), ("capped", cap)):
+                # maxnreg 0: no cap (None would be launch_decode's default, which caps this tile at G != 8)
+                for label, mr in (("uncapped", 0), ("capped", cap)):
                     out = torch.empty((len(lens), hq, 128), dtype=torch.bfloat16, device="cuda")
 
                     def fn(out=out, mr=mr):

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsplit.kernels.plan import make_plan
+from kvsplit.tuner.simfit import candidate_policy
 from kvsplit.tuner.simulate import Calibration, predict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,12 +36,8 @@ def main() -> None:
         if r.get("kind") != "case" or r["G"] not in (4, 8):
             continue
         c = cases[(r["family"], r["B"], r["T"])]
-        pol, cps, cfg = r["plan"].split("|")
-        bn, rest = cfg[1:].split("w")
-        w, s = rest.split("s")
-        p = make_plan(c["kv_lens"], num_kv_heads=r["H_kv"], device="NVIDIA H200", policy=pol,
-                      params={"ctas_per_sm": float(cps[1:]), "block_n": int(bn), "num_warps": int(w),
-                              "num_stages": int(s)})
+        pol, params = candidate_policy(r["plan"])  # bench/gpu_sweep.py's plan names
+        p = make_plan(c["kv_lens"], num_kv_heads=r["H_kv"], device="NVIDIA H200", policy=pol, params=params)
         pred = predict(p, calibration=cal)
         for kernel in ("uncapped", "capped"):
             if kernel == "capped" and r["cap"] != 128:
