@@ -187,7 +187,7 @@ def main() -> None:
                          "the case id) from the full grid and its prefetching stage-3 tiles, plus balanced")
     ap.add_argument("--candidates", default=None,
                     help="train: these comma-separated candidate names (e.g. stream_k|c1|n128w4s3|pf) instead of "
-                         "TRAIN_CANDIDATES")
+                         "TRAIN_CANDIDATES (balanced, the fallback, is timed too)")
     ap.add_argument("--skip-cases", type=int, default=0, help="start after this many cases (resume a run)")
     ap.add_argument("--flashinfer", choices=("with", "skip", "only"), default="with",
                     help="retime: time FlashInfer's kernel with our plans (with), not at all (skip), or alone "
@@ -326,7 +326,7 @@ def main() -> None:
                 break
             plans = train + [("balanced", ("balanced", {}))]
             if args.candidates:
-                plans = [named(n) for n in args.candidates.split(",")]
+                plans = [named(n) for n in args.candidates.split(",")] + [("balanced", ("balanced", {}))]
             if args.grid_sample:
                 # a random sample of the grid per batch (seeded by the case id), so the simulator's fit sees
                 # every kernel config and CTA count, not only the tuning candidates

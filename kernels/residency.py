@@ -10,6 +10,9 @@ NumPy planner cannot query, so it is data:
   on a GPU (``n_regs`` and ``metadata.shared`` of the CompiledKernel, then the
   CUDA occupancy limits below), written by ``bench/gpu_sweep.py`` and recorded
   in docs/perf.md.
+- :data:`MEASURED_PREFETCH` and :data:`COMPILED` hold the same figures from
+  the sm_90 compile on a CPU (Triton's ptxas; it reproduces MEASURED exactly)
+  for the prefetching loop and for plain-loop configs MEASURED lacks.
 - :func:`estimate` applies the same limits to a register/shared-memory guess
   when a config was not measured.
 
@@ -26,7 +29,7 @@ import math
 
 from .device import DeviceSpec
 
-__all__ = ["MEASURED", "MEASURED_PREFETCH", "MEASURED_GROUP", "REGISTER_CAPS", "register_cap", "occupancy", "estimate",
+__all__ = ["MEASURED", "MEASURED_PREFETCH", "COMPILED", "MEASURED_GROUP", "REGISTER_CAPS", "register_cap", "occupancy", "estimate",
            "resident_ctas_per_sm"]
 
 MEASURED_GROUP = 8
@@ -65,6 +68,31 @@ MEASURED_PREFETCH: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = 
 }
 for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED_PREFETCH.items()):
     MEASURED_PREFETCH[(_gpu, _d, "float16", _bn, _w, _s)] = _v
+
+# The plain loop's configs that MEASURED lacks, compiled for sm_90 the same way (round 6:
+# `python bench/compile_sm90.py --configs 32,2,2 ... 128,8,4 --variants plain`, docs/data/h200_r6/compile_sm90.log).
+# Before them the estimate below counted (64, 2, 3) at 3 CTAs per SM (compiled: 4) and (64, 4, 4) at 2 (3): round 1's
+# served plans use those tiles, and the simulator's worst held-out errors were on them.
+COMPILED: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = {
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 2): (168, 21504),  # 6 CTAs/SM (8 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 3): (192, 21632),  # 5
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2): (80, 21504),  # 6
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3): (112, 21632),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4): (112, 21632),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 2): (80, 21504),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 3): (80, 21632),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 2): (244, 38912),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 3): (246, 39168),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 4): (246, 39168),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4): (156, 39168),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 4): (114, 39168),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 128, 2, 2): (255, 73728),  # 3 (364 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 128, 2, 3): (255, 74240),  # 3 (344 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 4): (238, 74240),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 4): (156, 74240),  # 1
+}
+for (_gpu, _d, _dt, _bn, _w, _s), _v in list(COMPILED.items()):
+    COMPILED[(_gpu, _d, "float16", _bn, _w, _s)] = _v
 
 
 # Registers of the stage-1 kernel depend on the GQA group for some tiles: compiled for sm_90 at G = 1..8 and 16
@@ -126,11 +154,11 @@ def estimate(device: DeviceSpec, head_dim: int, dtype_bytes: int, block_n: int, 
 
 def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_bytes: int, block_n: int,
                          num_warps: int, num_stages: int, *, prefetch: bool = False) -> int:
-    """Measured residency of a config on ``device`` if known, else :func:`estimate` (which assumes
-    ``num_stages - 1`` K/V buffers, as the prefetching loop has). ``prefetch``: the config with
-    ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`)."""
-    table = MEASURED_PREFETCH if prefetch else MEASURED
-    m = table.get((device.name, head_dim, dtype, block_n, num_warps, num_stages))
+    """Measured residency of a config on ``device`` if known (:data:`MEASURED`, then the sm_90 compiles of
+    :data:`COMPILED`), else :func:`estimate` (which assumes ``num_stages - 1`` K/V buffers, as the prefetching
+    loop has). ``prefetch``: the config with ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`)."""
+    key = (device.name, head_dim, dtype, block_n, num_warps, num_stages)
+    m = MEASURED_PREFETCH.get(key) if prefetch else (MEASURED.get(key) or COMPILED.get(key))
     if m is not None:
         return occupancy(device, num_warps, m[0], m[1])
     return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages)

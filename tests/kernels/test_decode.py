@@ -484,3 +484,32 @@ def test_merge_dsplit_default_rule(lens, max_splits, dsplit, monkeypatch):
                       num_merge=nm, max_splits=int(plan.num_splits.max()))
     (_, _), (merge_grid, block_d) = grids
     assert merge_grid == (nm, hq, dsplit) and block_d == d // dsplit
+
+
+def test_compiled_residency_table_matches_an_sm90_compile(tmp_path):
+    """kernels/residency.py COMPILED holds registers / shared memory of plain-loop configs from Triton's sm_90
+    compile on the CPU: compiling two of them again (bench/compile_sm90.py, a subprocess without the interpreter)
+    gives the same figures, and the residency the planner counts is the one those figures give."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kvsplit.kernels.device import resolve_device
+    from kvsplit.kernels.residency import COMPILED, MEASURED, occupancy, resident_ctas_per_sm
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "c.jsonl"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    subprocess.run([sys.executable, str(root / "bench/compile_sm90.py"), "--configs", "64,2,3", "64,4,4",
+                    "--variants", "plain", "--json", str(out)], check=True, env=env, cwd=root, capture_output=True)
+    h200 = resolve_device("NVIDIA H200")
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 2
+    for r in rows:
+        bn, w, st = r["cfg"]
+        key = ("NVIDIA H200", 128, "bfloat16", bn, w, st)
+        assert key not in MEASURED and COMPILED[key] == (r["regs"], r["shared"])
+        assert resident_ctas_per_sm(h200, 128, "bfloat16", 2, bn, w, st) == occupancy(h200, w, r["regs"], r["shared"])
+    assert {tuple(r["cfg"]): r["resident"] for r in rows} == {(64, 2, 3): 4, (64, 4, 4): 3}

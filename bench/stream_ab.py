@@ -1,0 +1,178 @@
+"""Where the decode kernel's time above the read floor goes, and A/B of its K/V load path (H200; issue 12).
+
+    python bench/stream_ab.py --out $OUT [--budget-s 300] [--rep-ms 10]
+
+For each case (Qwen3-30B-A3B's shape: H_q 32, H_kv 4, D 128, bf16, page 16) and plan, timed back to back in
+one process, CUDA-graph replays under ``triton.testing.do_bench`` (median), the hot path:
+
+- ``decode``: the kernel as shipped (stage 1 + merge, ``launch_decode``'s defaults);
+- ``s1``: stage 1 alone (no merge launch): the merge's share;
+- ``pf``: the same plan with ``prefetch=True`` (page ids of the next tile loaded one iteration ahead);
+- ``seq_pages``: ``decode`` on a page table of consecutive pages (the cache's first pages in order) instead
+  of the shuffled one: what the page shuffle costs;
+- ``gather``: a read-only kernel walking the plan's work tiles exactly as stage 1 does (same CTAs, tile
+  order, BLOCK_N, warps, page-table walk with the page ids one tile ahead) and summing K and V, no softmax:
+  the *layout floor* of the plan, i.e. what streaming the paged cache in this order costs without the
+  attention math;
+- ``stream``: the project's streaming-read kernel (``kvsplit.tuner.gpu``) over the same number of
+  contiguous bytes.
+
+Round 6's run (docs/data/h200_r6/stream_ab.jsonl) also timed an ``evict_first`` variant (the K/V loads with
+that L2 hint, through a ``launch_decode`` keyword added for the run): within 0.4 % of ``decode`` everywhere, so
+the keyword was removed again.
+
+Ratios are to the read floor (KV bytes / streaming-read bandwidth over 4 GiB, measured in this run). One
+JSON line per (case, plan) in OUT/stream_ab.jsonl; a table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_sweep import named  # noqa: E402  (candidate names of the sweeps)
+from l2_state import graph_of  # noqa: E402
+
+from kvsplit.kernels import decode as dec  # noqa: E402
+from kvsplit.kernels.plan import make_plan  # noqa: E402
+from kvsplit.tuner.gpu import GpuTimer, _stream_read_kernel, software_versions  # noqa: E402
+from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
+
+GPU = "NVIDIA H200"
+CASES = [(1 << 20, "uniform", 1), (1 << 20, "uniform", 8), (1 << 20, "uniform", 64), (1 << 20, "skewed80", 64),
+         (1 << 18, "uniform", 8), (1 << 18, "uniform", 64), (1 << 18, "skewed80", 128), (1 << 18, "skewed80", 512)]
+PLANS = ["balanced|c4|n64w4s2", "stream_k|c3|n128w4s2", "stream_k|c1|n128w8s3|pf"]
+
+
+@triton.jit
+def _gather_read_kernel(
+    K, V, OUT, KV_INDPTR, KV_INDICES, WORK_REQ, WORK_START, WORK_END, CTA_INDPTR,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    PAGE_SIZE: tl.constexpr, H_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # stage 1's walk (kernels/decode.py, the prefetching loop) with the attention math replaced by a sum
+    tile = tl.program_id(0)
+    c = tile // H_KV
+    h = tile % H_KV
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for it in range(tl.load(CTA_INDPTR + c), tl.load(CTA_INDPTR + c + 1)):
+        req = tl.load(WORK_REQ + it).to(tl.int64)
+        start = tl.load(WORK_START + it)
+        end = tl.load(WORK_END + it)
+        page_base = tl.load(KV_INDPTR + req)
+        t = start + offs_n
+        page_nx = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=t < end, other=0)
+        for n0 in range(start, end, BLOCK_N):
+            page = page_nx.to(tl.int64)
+            t = n0 + offs_n
+            mask_n = t < end
+            t1 = t + BLOCK_N
+            page_nx = tl.load(KV_INDICES + page_base + t1 // PAGE_SIZE, mask=t1 < end, other=0)
+            in_page = (t % PAGE_SIZE).to(tl.int64)
+            k = tl.load(K + (page * stride_kp + in_page * stride_ks + h * stride_kh)[:, None] + offs_d[None, :],
+                        mask=mask_n[:, None], other=0.0)
+            v = tl.load(V + (page * stride_vp + in_page * stride_vs + h * stride_vh)[:, None] + offs_d[None, :],
+                        mask=mask_n[:, None], other=0.0)
+            acc += k.to(tl.float32) + v.to(tl.float32)
+    tl.store(OUT + tile, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--rep-ms", type=float, default=10.0)
+    ap.add_argument("--plans", default=",".join(PLANS))
+    args = ap.parse_args()
+    t0 = time.time()
+    log = open(os.path.join(args.out, "stream_ab.jsonl"), "a")
+
+    def emit(rec: dict) -> None:
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+
+    emit({"kind": "versions", **software_versions()})
+    hq, hkv, d = 32, 4, 128
+    t = GpuTimer(num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, dtype="bfloat16", page_size=16,
+                 max_tokens=1 << 20, max_batch=1024)
+    bw = t.read_bandwidth()
+    emit({"kind": "bandwidth", "bytes_per_s": bw})
+    print(f"read bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    ws = dec.make_workspace(hq, d, max_partials=1 << 16, max_batch=1024, device="cuda")
+    seq_indices = torch.arange(t.num_pages, dtype=torch.int32, device="cuda")
+    # contiguous bytes for the streaming read (as many as the largest case's K + V)
+    sbuf = torch.randn(max(t.kv_bytes(family_kv_lens(f, n, T)) for T, f, n in CASES) // 2, dtype=torch.bfloat16,
+                       device="cuda")
+    variants = ("decode", "s1", "pf", "seq_pages", "gather", "stream")
+    print(f"{'case':24s} {'plan':26s} " + " ".join(f"{v:>11s}" for v in variants), flush=True)
+    for T, fam, B in CASES:
+        lens = family_kv_lens(fam, B, T)
+        b = t.batch(lens)
+        out = torch.empty((B, hq, d), dtype=torch.bfloat16, device="cuda")
+        floor = t.hbm_floor_s(lens)
+        nbytes = t.kv_bytes(lens)
+        for name in args.plans.split(","):
+            if time.time() - t0 > args.budget_s:
+                print("budget reached", flush=True)
+                return
+            pol, params = named(name)[1]
+            plan = make_plan(lens, num_kv_heads=hkv, head_dim=d, page_size=16, dtype="bfloat16", device=GPU,
+                             policy=pol, params=params)
+            arr = plan.to("cuda")
+            cfg = plan.config
+            sizes = dict(num_tiles=plan.num_ctas * hkv, num_merge=int(plan.merge_layout()[1].shape[0]),
+                         max_splits=int(plan.num_splits.max()))
+            base = (b["q"], t.k_cache, t.v_cache, b["kv_indptr"])
+
+            def launch(indices=b["kv_indices"], **kw):
+                return lambda: dec.launch_decode(*base, indices, arr, cfg, out=out, workspace=ws, **{**sizes, **kw})
+
+            n_pages = int(b["kv_indptr"][-1])
+            fns = {
+                "decode": launch(),
+                "s1": launch(num_merge=0),
+                "pf": launch(prefetch=not cfg.prefetch),
+                "seq_pages": launch(indices=seq_indices[:n_pages]),
+            }
+            gout = torch.empty(plan.num_ctas * hkv, dtype=torch.float32, device="cuda")
+            fns["gather"] = lambda: _gather_read_kernel[(plan.num_ctas * hkv,)](
+                t.k_cache, t.v_cache, gout, b["kv_indptr"], b["kv_indices"], arr["work_request"],
+                arr["work_kv_start"], arr["work_kv_end"], arr["cta_indptr"],
+                t.k_cache.stride(0), t.k_cache.stride(1), t.k_cache.stride(2),
+                t.v_cache.stride(0), t.v_cache.stride(1), t.v_cache.stride(2),
+                PAGE_SIZE=16, H_KV=hkv, HEAD_DIM=d, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                num_stages=max(cfg.num_stages, 3))
+            n_el = nbytes // 2
+            blk, iters = 4096, 8
+            sgrid = (triton.cdiv(n_el, blk * iters),)
+            sout = torch.empty(sgrid[0], dtype=torch.float32, device="cuda")
+            fns["stream"] = lambda: _stream_read_kernel[sgrid](sbuf, sout, n_el, BLOCK=blk, ITERS=iters, num_warps=8)
+            times = {}
+            for v, fn in fns.items():
+                try:
+                    g = graph_of(fn)
+                    times[v] = triton.testing.do_bench(g.replay, warmup=2, rep=args.rep_ms,
+                                                       return_mode="median") * 1e-3
+                    del g
+                except Exception as exc:  # noqa: BLE001  (record and go on: one variant must not end the run)
+                    emit({"kind": "error", "case": [T, fam, B], "plan": name, "variant": v, "error": repr(exc)})
+            emit({"kind": "case", "T": T, "family": fam, "B": B, "plan": name, "floor_s": floor,
+                  "kv_bytes": nbytes, "times": times})
+            row = " ".join(f"{times[v] / floor:11.4f}" if v in times else f"{'-':>11s}" for v in variants)
+            print(f"{fam + ' B=' + str(B) + ' T=' + str(T):24s} {name:26s} {row}  [{time.time() - t0:.0f}s]",
+                  flush=True)
+    print(f"done [{time.time() - t0:.0f}s]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
