@@ -68,11 +68,11 @@ def policy_of(name: str) -> tuple[str, dict]:
     return got
 
 
-def choose(batches: list[dict[str, float | None]]) -> str:
-    """The pool member with the least geomean time over a bucket's training batches (those timed on every
+def choose(batches: list[dict[str, float | None]], pool: tuple[str, ...] = SERVED_POOL) -> str:
+    """The ``pool`` member with the least geomean time over a bucket's training batches (those timed on every
     batch of it), unless it beats :data:`DEFAULT` by less than :data:`MARGIN`. Times are comparable across the
     batches of one bucket only as ratios, so each batch's times are divided by its fastest pool time first."""
-    names = [k for k in SERVED_POOL if all(t.get(k) for t in batches)]
+    names = [k for k in pool if all(t.get(k) for t in batches)]
     score = {k: float(np.exp(np.mean([np.log(t[k] / min(t[n] for n in names)) for t in batches]))) for k in names}
     best = min(score, key=score.get)
     if DEFAULT in score and score[best] >= (1.0 - MARGIN) * score[DEFAULT]:
@@ -80,7 +80,10 @@ def choose(batches: list[dict[str, float | None]]) -> str:
     return best
 
 
-def main(sweeps: list[str], cases_path: str) -> None:
+def main(sweeps: list[str], cases_path: str, *, data_dir: Path | None = None,
+         pool: tuple[str, ...] = SERVED_POOL) -> None:
+    """Build the table from ``sweeps`` and write ``h200_policies.json`` / ``h200_measurements.json`` into
+    ``data_dir`` (default: service/data, the shipped export); ``pool``: the candidates a bucket may publish."""
     recs, bw = merged_case_records(sweeps)
     cases = json.load(open(cases_path))["cases"]
     versions = next(json.loads(line) for line in open(sweeps[0]) if '"versions"' in line)
@@ -107,7 +110,7 @@ def main(sweeps: list[str], cases_path: str) -> None:
                 lens = np.asarray(c["kv_lens"], dtype=np.int64)
                 near = [g for k2, g2 in groups.items() if k2 != key and distance(key, k2) <= NEIGHBOUR_DISTANCE
                         for g in g2]
-                pick = choose([g["times"] for g in group + near])
+                pick = choose([g["times"] for g in group + near], pool)
                 name, params = policy_of(pick)
                 b = store.get_or_create_bucket(
                     s, key=key, gpu=GPU, num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16,
@@ -125,7 +128,7 @@ def main(sweeps: list[str], cases_path: str) -> None:
                     "policies": {"tuned": {"geomean_ratio": ok[pick] / floor, "worst_ratio": ok[pick] / floor},
                                  **({"balanced": {"geomean_ratio": bal / floor, "worst_ratio": bal / floor}}
                                     if bal else {})},
-                    "best_of_pool": min(v for k, v in ok.items() if k in SERVED_POOL) / floor,
+                    "best_of_pool": min(v for k, v in ok.items() if k in pool) / floor,
                     "note": "held-out figures: docs/results.md (bench/gpu_sweep.py --mode final)",
                     "passed": True,
                 }
@@ -145,7 +148,7 @@ def main(sweeps: list[str], cases_path: str) -> None:
                                      "batch_index": 0, "backend": "gpu", "software": software})
         with store.session_scope(url) as s:
             doc = store.export_published(s)
-    data = ROOT / "service" / "data"
+    data = data_dir or ROOT / "service" / "data"
     (data / "h200_policies.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (data / "h200_measurements.json").write_text(json.dumps(
         {"format": "kvsplit.measurements", "format_version": 1,
