@@ -21,6 +21,7 @@ keyword (the next work item's request id loaded while the current item streams):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -105,10 +106,9 @@ def main() -> None:
             order = names[i % len(names):] + names[: i % len(names)]
             times, outs = {}, {}
             for v in order:
-                kw = kws[v]
-                fn = lambda kw=kw: dec.launch_decode(b["q"], t.k_cache, t.v_cache, b["kv_indptr"], b["kv_indices"],  # noqa: E731
-                                                     arr, plan.config, out=out, workspace=ws[(hq, hkv)],
-                                                     **sizes, **kw)
+                fn = functools.partial(dec.launch_decode, b["q"], t.k_cache, t.v_cache, b["kv_indptr"],
+                                       b["kv_indices"], arr, plan.config, out=out, workspace=ws[(hq, hkv)],
+                                       **sizes, **kws[v])
                 g = graph_of(fn)
                 outs[v] = out.float().clone()
                 times[v] = triton.testing.do_bench(g.replay, warmup=2, rep=args.rep_ms, return_mode="median") * 1e-3

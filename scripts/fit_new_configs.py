@@ -78,7 +78,7 @@ def main() -> None:
     print(f"{len(train)} training plans [{time.time() - t0:.0f}s]", flush=True)
     cal, per_config = fit_new(cal0, train, dev)
     new_keys = set(per_config)
-    fitted = [s for s, t in zip(train, _prep(train, dev)) if t.config_key in new_keys]
+    fitted = [s for s, t in zip(train, _prep(train, dev), strict=True) if t.config_key in new_keys]
     cal, lone = fit_lone(cal, fitted, dev)
     for k, v in lone.items():
         per_config[k]["lone"] = v
