@@ -86,6 +86,9 @@ def device_rule(policy: str, params: Mapping[str, Any] | None, *, num_kv_heads: 
     make_plan_reference([1], num_kv_heads=num_kv_heads, device=dev, policy=policy, params=params,
                         head_dim=head_dim, page_size=page_size, dtype=dtype)  # validates, same errors
     sp = fastplan._build_spec(policy, params, num_kv_heads, dev, head_dim, page_size, dtype)
+    if sp.ww_specs:
+        raise NotImplementedError("device planning: whole_wave picks the kernel tile per batch (a CUDA graph keeps "
+                                  "one); plan on the host, or leave whole_wave out")
     if sp.heavy:
         raise NotImplementedError("device planning: order='heavy_first' needs a sort; plan on the host")
     if sp.pack:

@@ -49,7 +49,8 @@ import numpy as np
 
 from .buckets import HIST_UNITS, NUM_BINS, BucketKey, gpu_slug
 from .device import DeviceSpec, resolve_device
-from .limits import MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, _as_kv_lens, check_batch_shape, default_config
+from .limits import (MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, KernelConfig, _as_kv_lens, _check_config,
+                     check_batch_shape, default_config)
 from .workplan import Plan
 
 try:  # pragma: no branch
@@ -718,6 +719,34 @@ def _range_error(arr: np.ndarray, i: int) -> ValueError:
     return ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {int(arr[i])}")
 
 
+@_jit
+def _whole_wave_pick(L, H, eps, slots, max_waves):
+    """:func:`kvsplit.kernels.policies.whole_wave_config` on the tiles' resident slots ``slots`` (int64, in the
+    tiles' order): the index of the chosen tile, or -1 (the same float64 operations and tie rule)."""
+    total = 0
+    lmax = 0
+    for i in range(L.shape[0]):
+        x = np.int64(L[i])
+        total += x
+        if x > lmax:
+            lmax = x
+    if eps <= 0.0 or total <= 0:
+        return -1
+    n = H * L.shape[0]
+    best = -1
+    best_e = 0.0
+    for j in range(slots.shape[0]):
+        sl = slots[j]
+        k = (n + sl - 1) // sl
+        if k > max_waves:
+            continue
+        e = float(k * lmax * sl) / float(H * total)
+        if e <= 1.0 + eps and (best < 0 or e < best_e):
+            best = j
+            best_e = e
+    return best
+
+
 # ----------------------------------------------------------------------------
 # Parsed policy parameters (memoized per policy, params, shape and device)
 # ----------------------------------------------------------------------------
@@ -728,7 +757,7 @@ class _Spec:
 
     __slots__ = ("kind", "rule", "arg", "min_chunk", "max_splits", "heavy", "pack", "C", "o", "mp", "cfg",
                  "policy", "params", "H", "head_dim", "page_size", "dtype", "gpu", "device", "kernel", "args",
-                 "fields")
+                 "fields", "ww", "ww_slots", "ww_specs", "ww_waves")
 
 
 _SPECS: dict[tuple, _Spec] = {}
@@ -820,7 +849,47 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
                                             sp.heavy, sp.pack, MAX_WORK_ITEMS)
     sp.fields = {"config": cfg, "policy": policy, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
                  "page_size": page_size, "dtype": dtype, "gpu": dev.name}
+    # the whole-wave rule (policies.whole_wave_config): the tiles it may pick, their slots, and for each the
+    # spec of one work item per request on that tile under this policy's name and params
+    sp.ww, sp.ww_slots, sp.ww_specs, sp.ww_waves = 0.0, None, (), P.WHOLE_WAVE_MAX_WAVES
+    if policy in ("balanced", "stream_k", "tuned") and params.get("whole_wave"):
+        sp.ww = float(params["whole_wave"])
+        slots, alts = [], []
+        for bn, nw, ns in P.WHOLE_WAVE_TILES:
+            alt_cfg = KernelConfig(bn, nw, ns)
+            try:
+                _check_config(alt_cfg, head_dim, dtype)
+            except ValueError:
+                continue
+            slots.append(P.resident_slots(ctx, alt_cfg))
+            alts.append(_whole_request_spec(sp, alt_cfg))
+        sp.ww_slots, sp.ww_specs = np.array(slots, dtype=np.int64), tuple(alts)
     return sp
+
+
+def _whole_request_spec(sp: _Spec, cfg: Any) -> _Spec:
+    """A copy of ``sp`` that plans one work item per request (no split, batch order, no packing) on ``cfg``:
+    what ``sp``'s policy plans when the whole-wave rule takes a batch (same policy name and params)."""
+    alt = _Spec()
+    for name in _Spec.__slots__:
+        setattr(alt, name, getattr(sp, name))
+    alt.kind, alt.rule, alt.arg, alt.min_chunk, alt.max_splits, alt.heavy, alt.pack = (
+        "even", _CONST, 1, 1, 1 << 62, False, 0)
+    alt.C, alt.o, alt.mp = 1, 0, 1
+    alt.cfg = cfg
+    alt.kernel, alt.args = _even_chunks, (sp.H, cfg.block_n, _CONST, 1, 1, 1 << 62, False, 0, MAX_WORK_ITEMS)
+    alt.fields = dict(sp.fields, config=cfg)
+    alt.ww, alt.ww_slots, alt.ww_specs = 0.0, None, ()
+    return alt
+
+
+def whole_wave_spec(arr: np.ndarray, sp: _Spec) -> _Spec:
+    """The spec that plans ``arr`` under ``sp``: ``sp`` itself, or the whole-request spec of the tile the
+    whole-wave rule picks (:func:`kvsplit.kernels.policies.whole_wave_config`)."""
+    if not sp.ww_specs:
+        return sp
+    j = _whole_wave_pick(arr, sp.H, sp.ww, sp.ww_slots, sp.ww_waves)
+    return sp if j < 0 else sp.ww_specs[j]
 
 
 def spec(policy: str, params: Mapping[str, Any] | None, num_kv_heads: int, device: DeviceSpec | str,
@@ -906,6 +975,7 @@ def run_spec(arr: np.ndarray, sp: _Spec, check: bool) -> tuple[int, int, np.ndar
 def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
     """The plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`);
     ``check=False`` skips the range check of lengths an earlier compiled pass checked."""
+    sp = whole_wave_spec(arr, sp)
     W, nc, b64, b32 = run_spec(arr, sp, check)
     return plan_of_buffers(arr.shape[0], W, nc, b64, b32, sp)
 
@@ -992,6 +1062,8 @@ def warmup() -> None:
                 make_plan(L, num_kv_heads=4, device=dev, policy=pol, params=params)
         bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=dev)
     as_kv_lens([3, 1, 2])
+    for dt in (np.int32, np.int64):
+        _whole_wave_pick(np.array([2048, 2048], dtype=dt), 4, 0.05, np.array([528, 396], np.int64), 2)
     z = np.zeros((1, NUM_BINS), np.int64)
     _nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
     sv = np.zeros((2, SV_LEN), np.int64)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from .device import DeviceSpec
 from .limits import MAX_WORK_ITEMS, BLOCK_N_CHOICES, DTYPES, NUM_WARPS_CHOICES, NUM_STAGES_CHOICES, ORDERS, \
-    SCHEDULES, MAX_NUM_PROGRAMS, KernelConfig, _pos_int, cdiv, check_batch_shape
+    SCHEDULES, MAX_NUM_PROGRAMS, KernelConfig, _check_config, _pos_int, cdiv, check_batch_shape
 from .registry import _POLICY_PARAMS, POLICIES, PlanContext, _knobs, _num, _register
 from .residency import resident_ctas_per_sm
 from .workplan import Plan, _jsonable, build_work_list, pack_ctas
@@ -150,7 +150,80 @@ def wave_aware_chunk(L: np.ndarray, num_kv_heads: int, block_n: int, target_tile
     return chunk_fit if est_fit <= est0 else chunk0
 
 
-@_register("balanced", ("ctas_per_sm",))
+WHOLE_WAVE_TILES: tuple[tuple[int, int, int], ...] = ((64, 4, 2), (128, 4, 2))
+"""(block_n, num_warps, num_stages) tiles the whole-wave rule (:func:`whole_wave_config`) may run: the two
+multi-resident tiles that stream fastest on the H200 (4 and 3 CTAs per SM at D = 128, 16-bit K/V; the best
+single plans of docs/perf.md's round-6 table, 1.064-1.079x the read floor at T = 1,048,576)."""
+WHOLE_WAVE_MAX_WAVES = 2
+"""The whole-wave rule considers at most this many resident waves of whole requests: more waves of near-even
+batches lost 1-5 % to the even partition on the training batches (docs/perf.md, round 7)."""
+
+
+def whole_wave_config(L: np.ndarray, ctx: PlanContext, eps: float,
+                      tiles: tuple[tuple[int, int, int], ...] = WHOLE_WAVE_TILES) -> KernelConfig | None:
+    """The tile on which one work tile per request (no split-KV) fills whole resident waves, or None.
+
+    For each tile ``(block_n, num_warps, num_stages)`` of ``tiles`` with ``slots = resident_slots(ctx, cfg)``
+    (resident CTAs per SM x SMs, :mod:`.residency`) and ``n = H_kv * B`` work tiles of whole requests, the
+    plan needs ``k = ceil(n / slots)`` waves, each as long as the longest request, so its makespan against an
+    even share of the same slots is
+
+        ``excess = k * max(kv_len) * slots / (H_kv * sum(kv_len))``   (1 for equal lengths filling k waves).
+
+    The tile with the smallest ``excess`` is returned when ``k <= WHOLE_WAVE_MAX_WAVES`` and
+    ``excess <= 1 + eps``: then no request is split, there is no merge launch and no per-piece fixed cost,
+    and at most a fraction ``eps`` of the slot-time idles. Ties go to the earlier tile. Near-even batches
+    (requests started together, fixed-length benchmarks) meet it; measured on the H200, exact-uniform B = 128
+    at T = 262,144 (512 tiles for the 528 slots of (64, 4, 2)) ran 1.059x its best plan under the even
+    partition the table served and 1.0x with one tile per request (docs/results.md, round 6), while B = 96
+    batches of the same bucket key fill (128, 4, 2)'s 396 slots instead (DESIGN.md §8: tiles are counted
+    against the plan's own config's slots). A tile whose residency is unknown for ``ctx`` or that the kernel
+    refuses for its head_dim and dtype is skipped.
+
+    Parameters
+    ----------
+    L : np.ndarray int64 ``[B]``
+        kv_len per request (validated).
+    ctx : PlanContext
+    eps : float
+        Allowed excess, >= 0; 0 disables the rule (returns None).
+
+    Returns
+    -------
+    KernelConfig or None
+        ``KernelConfig(block_n, num_warps, num_stages)`` (grid schedule, no prefetch) of the chosen tile.
+    """
+    total = int(L.sum())
+    if eps <= 0 or total <= 0:
+        return None
+    n = ctx.num_kv_heads * int(L.shape[0])
+    lmax = int(L.max())
+    best, best_cfg = None, None
+    for bn, nw, ns in tiles:
+        cfg = KernelConfig(bn, nw, ns)
+        try:
+            _check_config(cfg, ctx.head_dim, ctx.dtype)
+        except ValueError:
+            continue
+        slots = resident_slots(ctx, cfg)
+        k = -(-n // slots)
+        if k > WHOLE_WAVE_MAX_WAVES:
+            continue
+        # the same float64 operations as the compiled core (kernels/fastplan.py), so both pick alike
+        excess = float(k * lmax * slots) / float(ctx.num_kv_heads * total)
+        if excess <= 1.0 + eps and (best is None or excess < best):
+            best, best_cfg = excess, cfg
+    return best_cfg
+
+
+def _whole_wave(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]) -> KernelConfig | None:
+    """``params.whole_wave`` checked (a number in [0, 1], default 0: off) and :func:`whole_wave_config`."""
+    if "whole_wave" not in params:
+        return None
+    return whole_wave_config(L, ctx, _num("whole_wave", params["whole_wave"], 0.0, 1.0))
+
+
+@_register("balanced", ("ctas_per_sm", "whole_wave"))
 def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     """Even chunks aimed at ``ctas_per_sm`` work tiles per SM (default 4), wave-aware.
 
@@ -165,6 +238,9 @@ def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
     """
     target = _ctas_per_sm(params, 4.0)
     cfg, order, pack = _knobs(params, ctx, "natural")
+    ww = _whole_wave(L, ctx, params)
+    if ww is not None:
+        return np.ones_like(L, dtype=np.int64), ww, "natural", 0
     tt = wave_target(ctx, cfg, target)
     chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, tt, tile_cost=wave_tile_cost(ctx, cfg, tt))
     return np.maximum(-(-L // chunk), 1), cfg, order, pack
@@ -279,7 +355,7 @@ def _stream_k_params(params: Mapping[str, Any], space: Mapping[str, Any] | None 
     return target, o, mp
 
 
-@_register("stream_k", ("ctas_per_sm", "item_cost_blocks", "min_piece_blocks"))
+@_register("stream_k", ("ctas_per_sm", "item_cost_blocks", "min_piece_blocks", "whole_wave"))
 def _policy_stream_k(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     """Even partition of the concatenated KV stream (:func:`stream_k_work`).
 
@@ -294,6 +370,9 @@ def _policy_stream_k(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
         raise ValueError("params.pack_tokens: not used by policy 'stream_k' (its CTAs already walk runs of items)")
     target, o, mp = _stream_k_params(params)
     cfg, order, _ = _knobs(params, ctx, "natural")
+    ww = _whole_wave(L, ctx, params)
+    if ww is not None:
+        return np.ones_like(L, dtype=np.int64), ww, "natural", 0
     perm = np.argsort(-L, kind="stable") if order == "heavy_first" else None
     return stream_k_work(L, ctx.num_kv_heads, ctx.device.num_sms, cfg.block_n, target, o, mp, perm), cfg
 
@@ -362,6 +441,12 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
         "doc": "even_chunks: grow the chunk until the rounded tiles fit wave_target(ctas_per_sm) "
                "(wave_aware_chunk); False is the rule of the first campaign",
     },
+    "whole_wave": {
+        "kind": "float", "low": 0.0, "high": 1.0, "log": False, "default": 0.0, "search": False,
+        "doc": "one work tile per request on a WHOLE_WAVE_TILES tile when that fills whole resident waves "
+               "within this excess (whole_wave_config); 0 = off. Set per bucket from GPU timings "
+               "(scripts/enable_whole_wave.py), not searched",
+    },
     "item_cost_blocks": {
         "kind": "int", "low": 0, "high": 64, "log": False, "default": 1, "search": True,
         "condition": {"partition": "stream_k"},
@@ -385,7 +470,7 @@ defaults ``tuned`` gives the same plan as ``balanced``.
 """
 
 _TUNED_RULE_PARAMS = ("ctas_per_sm", "min_chunk_tokens", "max_splits", "programs_per_sm", "partition", "wave_aware",
-                      "item_cost_blocks", "min_piece_blocks")
+                      "item_cost_blocks", "min_piece_blocks", "whole_wave")
 
 
 
@@ -428,11 +513,16 @@ def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
             if params.get(name):
                 raise ValueError(f"params.{name}: not used with partition='stream_k'")
         _, o, mp = _stream_k_params(params, TUNED_PARAM_SPACE)
+    else:
+        for name in ("item_cost_blocks", "min_piece_blocks"):
+            if name in params:
+                raise ValueError(f"params.{name}: only used with partition='stream_k'")
+    ww = _whole_wave(L, ctx, params)  # after every check: a batch the rule takes validates the same
+    if ww is not None:
+        return np.ones_like(L, dtype=np.int64), ww, "natural", 0
+    if partition == "stream_k":
         perm = np.argsort(-L, kind="stable") if order == "heavy_first" else None
         return stream_k_work(L, ctx.num_kv_heads, S, cfg.block_n, target, o, mp, perm), cfg
-    for name in ("item_cost_blocks", "min_piece_blocks"):
-        if name in params:
-            raise ValueError(f"params.{name}: only used with partition='stream_k'")
     if wave_aware:
         tt = wave_target(ctx, cfg, target)
         chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, tt, min_chunk, wave_tile_cost(ctx, cfg, tt))

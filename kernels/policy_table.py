@@ -453,9 +453,15 @@ class _ShapeCtx:
             if sp is False:
                 W = -1
                 break
+        sp = self.specs[i if i >= 0 else -1]
+        if sp is not False and sp.ww_specs:  # the whole-wave rule of the matched policy (policies.whole_wave_config)
+            alt = _fastplan.whole_wave_spec(L, sp)
+            if alt is not sp:
+                sp = alt
+                W, nc, b64, b32 = _fastplan.run_spec(L, sp, False)
         if i < 0:
-            return L, key, None, 0, self.specs[-1], W, nc, b64, b32
-        return L, key, r.entries[i], scaled, self.specs[i], W, nc, b64, b32
+            return L, key, None, 0, sp, W, nc, b64, b32
+        return L, key, r.entries[i], scaled, sp, W, nc, b64, b32
 
     def plan(self, table: PolicyTable, kv_lens: Any) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
         """:meth:`PolicyTable.plan` on the compiled core: one conversion and one compiled

@@ -44,7 +44,9 @@ Two modes:
   slowly as its lengths grow. Re-picked parameters keep the wrapper's kernel
   config (``block_n``, ``num_warps``, ``num_stages``, persistent with
   ``num_programs``), which the captured graph baked in; the rule's own
-  parameters (``ctas_per_sm``, ``min_piece_blocks``, ...) change freely. With a
+  parameters (``ctas_per_sm``, ``min_piece_blocks``, ...) change freely; the
+  whole-wave rule (``whole_wave``, which picks a tile per batch:
+  :func:`kvsplit.kernels.policies.whole_wave_config`) is left out. With a
   ``table``, ``kv_lens_host`` is required on re-pick steps; without one, only
   with ``planner="host"``.
 
@@ -198,7 +200,8 @@ class DecodeWrapper:
 
     # ------------------------------------------------------------------ helpers
     def _graph_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        p = {k: v for k, v in params.items() if k not in _FIXED_KNOBS and k != "programs_per_sm"}
+        # the graph's tile is fixed, so the whole-wave rule (which picks a tile per batch) does not apply here
+        p = {k: v for k, v in params.items() if k not in _FIXED_KNOBS and k not in ("programs_per_sm", "whole_wave")}
         p.update(self._knobs)
         return p
 

@@ -35,6 +35,9 @@ CASES = [
     ("tuned", {"wave_aware": False, "ctas_per_sm": 3, "block_n": 32, "num_warps": 2}),
     ("tuned", {"partition": "stream_k", "ctas_per_sm": 1, "item_cost_blocks": 0, "min_piece_blocks": 2}),
     ("tuned", {"partition": "stream_k", "order": "heavy_first", "schedule": "persistent", "num_programs": 77}),
+    ("stream_k", {"ctas_per_sm": 3, "block_n": 128, "whole_wave": 0.05}),
+    ("balanced", {"whole_wave": 0.2, "order": "heavy_first"}),
+    ("tuned", {"partition": "stream_k", "whole_wave": 0.05, "schedule": "persistent", "num_programs": 77}),
 ]
 
 
@@ -48,6 +51,8 @@ def _batches(seed: int):
     yield np.concatenate([[200000], rng.integers(1, 300, 500)])  # skewed
     yield rng.integers(1, 2000, 7) * 64                    # block-aligned
     yield np.full(132, 1024)                               # uniform, wave edge
+    yield np.full(128, 2048)                               # whole wave of (64, 4, 2) at H_kv 4
+    yield np.rint(5461 * rng.uniform(0.995, 1.005, 96)).astype(np.int64)  # near-even, (128, 4, 2) at H_kv 4
     yield rng.integers(0, 3, 1000)                         # many 0/1/2
     B = int(rng.integers(1, 600))
     yield (rng.pareto(1.2, B) * 500).astype(np.int64).clip(0, 2**20)

@@ -197,6 +197,18 @@ def test_shipped_h200_table(monkeypatch):
         lens = np.array(json.loads(body)["kv_lens"], np.int64)
         handle_plan(body, _state(table), JSON)
         _check(table, shape, lens, body, True, 1 << 24, monkeypatch)
+    # near-even batches whose matched policies have the whole-wave rule on: the answer's config is the rule's
+    # tile, written by the compiled path from the rule's own spec
+    rng = np.random.default_rng(5)
+    tiles = set()
+    for lens in (np.full(128, 2048), np.full(96, 5461), np.full(256, 1024),
+                 np.rint(2572 * rng.uniform(0.995, 1.005, 128)).astype(np.int64)):
+        body = orjson.dumps(dict(shape, kv_lens=lens.tolist()))
+        _check(table, shape, lens, body, True, 1 << 24, monkeypatch)
+        d = json.loads(handle_plan(body, _state(table), JSON)[1])
+        assert d["policy"]["params"].get("whole_wave") == 0.05 and max(d["num_splits"]) == 1
+        tiles.add(d["config"]["block_n"])
+    assert tiles == {64, 128}
 
 
 @pytest.mark.parametrize("kv", ["[1, 16777217]", "[9223372036854775807]", "[0, -1]", "[1.0]", "[true]", "[]",

@@ -1,0 +1,160 @@
+"""The whole-wave rule (``params.whole_wave``; kernels/policies.py ``whole_wave_config``).
+
+Hand-computed picks on the H200 (132 SMs; resident CTAs per SM at D = 128 bf16: 4 for the
+(64, 4, 2) tile, 3 for (128, 4, 2), kernels/residency.py), the plan it makes (one work item per
+request, batch order, one CTA each, on the picked tile), batches it must leave to the policy's own
+rule, its parameter errors, and the compiled core, the policy table and the device planner agreeing
+with the NumPy reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsplit.kernels import fastplan
+from kvsplit.kernels.device import DeviceSpec
+from kvsplit.kernels.device_plan import device_rule
+from kvsplit.kernels.limits import KernelConfig
+from kvsplit.kernels.plan import make_plan
+from kvsplit.kernels.policies import WHOLE_WAVE_MAX_WAVES, make_plan_reference, whole_wave_config
+from kvsplit.kernels.policy_table import PolicyTable
+from kvsplit.kernels.registry import PlanContext
+from kvsplit.kernels.buckets import bucket_key
+
+H200 = DeviceSpec.known("NVIDIA H200")
+SK = {"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2}  # the table's default plan
+
+
+def _ctx(hkv=4):
+    return PlanContext(H200, hkv, 128, 16, "bfloat16")
+
+
+def _plan(lens, policy="stream_k", params=None, hkv=4, ref=True):
+    fn = make_plan_reference if ref else make_plan
+    return fn(lens, num_kv_heads=hkv, device=H200, policy=policy, params=params if params is not None else SK)
+
+
+def test_residency_the_hand_computations_assume():
+    from kvsplit.kernels.policies import resident_slots
+    assert resident_slots(_ctx(), KernelConfig(64, 4, 2)) == 4 * 132
+    assert resident_slots(_ctx(), KernelConfig(128, 4, 2)) == 3 * 132
+
+
+@pytest.mark.parametrize("lens,eps,want", [
+    # 512 tiles for 528 slots of (64, 4, 2): excess 1 * 2048 * 528 / (4 * 262144) = 1.03125; (128, 4, 2): 2 waves
+    # of 396, 2 * 2048 * 396 / (4 * 262144) = 1.546875
+    ([2048] * 128, 0.05, (64, 4, 2)),
+    ([2048] * 128, 0.03, None),                       # 1.03125 > 1.03
+    # 384 tiles: (64, 4, 2) 5461 * 528 / (4 * 524256) = 1.375; (128, 4, 2) 5461 * 396 / (4 * 524256) = 1.03125
+    ([5461] * 96, 0.05, (128, 4, 2)),
+    # 1024 tiles: (64, 4, 2) two waves of 528: 2 * 1024 * 528 / (4 * 262144) = 1.03125
+    ([1024] * 256, 0.05, (64, 4, 2)),
+    # 4096 tiles: 8 waves of (64, 4, 2), 11 of (128, 4, 2): above WHOLE_WAVE_MAX_WAVES
+    ([256] * 1024, 1.0, None),
+    # one long request: 132 tiles of which one is 10x the others' length
+    ([20000] + [2000] * 131, 0.05, None),
+    ([2048] * 128, 0.0, None),                        # off
+    ([0] * 128, 0.05, None),                          # nothing to read
+])
+def test_whole_wave_config_hand_computed(lens, eps, want):
+    cfg = whole_wave_config(np.asarray(lens, dtype=np.int64), _ctx(), eps)
+    if want is None:
+        assert cfg is None
+    else:
+        assert cfg == KernelConfig(*want)
+    assert WHOLE_WAVE_MAX_WAVES == 2
+
+
+@pytest.mark.parametrize("policy,params", [
+    ("stream_k", SK), ("balanced", {"ctas_per_sm": 4.0}),
+    ("tuned", {"partition": "stream_k", "ctas_per_sm": 3.0, "block_n": 128, "item_cost_blocks": 2}),
+    ("tuned", {"ctas_per_sm": 8.0, "min_chunk_tokens": 64}),
+])
+@pytest.mark.parametrize("ref", [True, False])
+def test_the_rule_plans_one_item_per_request_on_its_tile(policy, params, ref):
+    lens = [2048] * 128
+    p = _plan(lens, policy, {**params, "whole_wave": 0.05}, ref=ref)
+    assert (p.config.block_n, p.config.num_warps, p.config.num_stages) == (64, 4, 2)
+    assert p.config.schedule == "grid" and not p.config.prefetch
+    np.testing.assert_array_equal(p.num_splits, np.ones(128))
+    np.testing.assert_array_equal(p.work_request, np.arange(128))
+    np.testing.assert_array_equal(p.work_kv_start, np.zeros(128))
+    np.testing.assert_array_equal(p.work_kv_end, np.full(128, 2048))
+    np.testing.assert_array_equal(p.cta_indptr, np.arange(129))
+    # the plan names the policy and params that made it, so re-planning from them gives it again
+    assert p.policy == policy and p.params == {**params, "whole_wave": 0.05}
+    assert _plan(lens, p.policy, p.params, ref=not ref) == p
+
+
+@pytest.mark.parametrize("lens", [[2048] * 127 + [2600], [256] * 1024, [3000] * 64 + [300] * 64,
+                                  list(np.random.default_rng(5).integers(1800, 2300, 128))])
+def test_batches_the_rule_leaves_get_the_policy_own_plan(lens):
+    for ref in (True, False):
+        assert _plan(lens, params={**SK, "whole_wave": 0.05}, ref=ref).config == _plan(lens, ref=ref).config
+        a, b = _plan(lens, params={**SK, "whole_wave": 0.05}, ref=ref), _plan(lens, ref=ref)
+        for f in ("num_splits", "work_request", "work_kv_start", "work_kv_end", "cta_indptr"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.05", True, float("nan"), None])
+@pytest.mark.parametrize("policy", ["stream_k", "balanced", "tuned"])
+def test_bad_whole_wave_names_the_parameter(bad, policy):
+    for fn in (make_plan_reference, make_plan):
+        with pytest.raises(ValueError, match="params.whole_wave"):
+            fn([2048] * 128, num_kv_heads=4, device=H200, policy=policy, params={"whole_wave": bad})
+
+
+def test_whole_wave_is_not_a_parameter_of_other_policies():
+    with pytest.raises(ValueError, match="unknown parameters"):
+        make_plan([5, 6], num_kv_heads=4, device=H200, policy="fixed", params={"num_splits": 2, "whole_wave": 0.1})
+
+
+@pytest.mark.skipif(not fastplan.HAVE_NUMBA, reason="numba is not installed")
+def test_compiled_core_matches_reference_on_near_even_batches():
+    rng = np.random.default_rng(7)
+    hits = 0
+    for _ in range(200):
+        B = int(rng.choice([32, 64, 96, 100, 128, 132, 192, 256, 264, 384, 512]))
+        hkv = int(rng.choice([1, 2, 4, 8]))
+        spread = float(rng.choice([0.0, 0.005, 0.02, 0.06]))
+        lens = np.maximum(np.rint(int(rng.integers(50, 30000)) * rng.uniform(1 - spread, 1 + spread, B)), 0)
+        params = {**SK, "whole_wave": float(rng.choice([0.01, 0.04, 0.1, 0.3]))}
+        for arr in (lens.astype(np.int32), lens.astype(np.int64).tolist()):
+            ref, fast = _plan(arr, params=params, hkv=hkv), _plan(arr, params=params, hkv=hkv, ref=False)
+            assert fast == ref
+        hits += whole_wave_config(lens.astype(np.int64), _ctx(hkv), params["whole_wave"]) is not None
+    assert hits > 20  # the rule took a good share of these batches
+
+
+@pytest.mark.skipif(not fastplan.HAVE_NUMBA, reason="numba is not installed")
+def test_policy_table_applies_the_matched_entry_rule():
+    def entry(i, lens, params):
+        key = str(bucket_key(np.asarray(lens), num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200))
+        return {"id": i, "version": 1, "bucket": key, "gpu": "NVIDIA H200", "num_kv_heads": 4, "head_dim": 128,
+                "dtype": "bfloat16", "page_size": 16, "name": "stream_k", "params": params, "backend": "gpu"}
+    doc = PolicyTable.document([entry(1, [2048] * 128, {**SK, "whole_wave": 0.05}),
+                                entry(2, [4096] * 64, SK)], version=3)
+    table = PolicyTable.from_json(doc)
+    shape = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+    for lens, tile, entry_id in (([2048] * 128, (64, 4, 2), 1), ([4096] * 64, (128, 4, 2), 2),
+                                 ([4096] * 128, (128, 4, 2), None)):
+        with fastplan.reference():
+            ref = table.plan(np.asarray(lens), **shape)
+        got = table.plan(np.asarray(lens, dtype=np.int32), **shape)
+        assert got[0] == ref[0] and got[1] == ref[1] and got[2] == ref[2]
+        assert (got[0].config.block_n, got[0].config.num_warps, got[0].config.num_stages) == tile
+        if entry_id is not None:
+            assert got[2]["id"] == entry_id and got[2]["params"] == doc["data"][entry_id - 1]["params"]
+    # the whole-wave plan of entry 1: one tile per request; the buffers the plan service writes from agree
+    from kvsplit.kernels.shape import Shape
+    sh = Shape.of(device="NVIDIA H200", num_qo_heads=32, num_kv_heads=4)
+    B, W, nc, b64, b32, sp, key, ent, dist = table.plan_buffers(np.asarray([2048] * 128, np.int32), sh)
+    assert (W, nc, ent.id, sp.fields["config"].block_n) == (128, 129, 1, 64)
+    assert sp.params == {**SK, "whole_wave": 0.05}
+
+
+def test_device_planner_refuses_the_rule():
+    with pytest.raises(NotImplementedError, match="whole_wave"):
+        device_rule("stream_k", {**SK, "whole_wave": 0.05}, num_kv_heads=4, device=H200)
+    device_rule("stream_k", SK, num_kv_heads=4, device=H200)
