@@ -1,11 +1,12 @@
-"""Write docs/results.md (rounds 2-6) and its plots from the H200 runs, with one command:
+"""Write docs/results.md (rounds 2-7) and its plots from the H200 runs, with one command:
 
     python scripts/results_page.py
 
-Inputs (all committed): docs/data/h200_r6/retime9.jsonl + retime9_fi.jsonl (the final table, with the
-policy table of round 4 and today's kernel, i.e. round 5's with the merge rule it shipped: the served plan, the
-oracle's winners and the baselines re-timed in one process, FlashInfer's kernel in a second process of the same
-device call; merged into retime9_merged.jsonl), round 5's docs/data/h200_r5/retime8*.jsonl (round 5's kernel
+Inputs (all committed): docs/data/h200_r7/retime10.jsonl + retime10_fi.jsonl (the final table, with round 7's
+policy table -- round 4's plus the whole-wave rule on 11 policies -- and today's kernel, i.e. round 5's with the
+merge rule it shipped: the served plan, the oracle's winners and the baselines re-timed in one process,
+FlashInfer's kernel in a second process of the same device call; merged into retime10_merged.jsonl), round 6's
+docs/data/h200_r6/retime9*.jsonl (the same before the whole-wave rule), round 5's docs/data/h200_r5/retime8*.jsonl (round 5's kernel
 with its first, broader merge rule), round 4's docs/data/h200_r4/retime7*.jsonl (the same with round 4's kernel), round
 3's docs/data/h200_r3/retime3*.jsonl (the same with round 3's table), round
 2's docs/data/h200_r2/retime2*.jsonl (the same with round 2's table), docs/data/h200_r2/retime.jsonl (the
@@ -139,12 +140,12 @@ def plot(rows, T, path):
 
 def main() -> None:
     data = ROOT / "docs" / "data" / "h200_r2"
-    data3 = ROOT / "docs" / "data" / "h200_r6"
+    data3 = ROOT / "docs" / "data" / "h200_r7"
     cases = ROOT / "bench" / "data" / "sweep_cases.json"
-    merge_flashinfer(data3, "retime9")
-    best = load(str(data3 / "retime9_merged.jsonl"), str(cases))  # strict: one timing of the served plan
+    merge_flashinfer(data3, "retime10")
+    best = load(str(data3 / "retime10_merged.jsonl"), str(cases))  # strict: one timing of the served plan
     inproc = load(str(data / "retime.jsonl"), str(cases))
-    bw = next(json.loads(x)["bytes_per_s"] for x in open(data3 / "retime9.jsonl") if '"bandwidth"' in x)
+    bw = next(json.loads(x)["bytes_per_s"] for x in open(data3 / "retime10.jsonl") if '"bandwidth"' in x)
     served_names = [json.dumps([c["served"]["policy"], c["served"]["params"]], sort_keys=True)
                     for c in json.load(open(cases))["cases"]]
     n_default = sum(n == json.dumps(["stream_k", {"block_n": 128, "ctas_per_sm": 3.0, "num_stages": 2,
@@ -157,7 +158,7 @@ def main() -> None:
         modes[f.stem] = json.load(open(f))
     c1 = cliffs(best)
     md = [
-        "# Results on the H200 (rounds 2-6): the served plan against the best plan and FlashInfer's kernel",
+        "# Results on the H200 (rounds 2-7): the served plan against the best plan and FlashInfer's kernel",
         "",
         "One NVIDIA H200 (132 SMs), torch 2.11 + triton 3.6 + CUDA 13, FlashInfer 0.7.2.post1. Unless a row says "
         "otherwise: the Qwen3-30B-A3B shape (H_q 32, H_kv 4, D 128, bf16, page 16), random KV data on pages "
@@ -188,7 +189,11 @@ def main() -> None:
         "geomean over that key's training batches and those of keys within distance 0.5 "
         "(`python scripts/build_shipped_policies.py docs/data/h200_r2/train.jsonl "
         "docs/data/h200_r4/train_even.jsonl docs/data/h200_r4/rebalanced_train.jsonl "
-        "bench/data/train_cases.json`): 263 buckets.",
+        "bench/data/train_cases.json`): 263 buckets. Round 7 turned the whole-wave rule (`params.whole_wave`: one "
+        "work tile per request on the (64, 4, 2) or (128, 4, 2) tile when that fills at most two resident waves "
+        "within 5 %, `kvsplit.kernels.policies.whole_wave_config`) on for the 11 policies whose training batches "
+        "it served faster in round 6's re-timing of them (`python scripts/enable_whole_wave.py --write`, "
+        "docs/data/h200_r7/enable_whole_wave.log; training timings only).",
         "3. `python bench/gpu_sweep.py --mode final --rep-ms 5`: every evaluation batch x the **oracle's search "
         "space**: `balanced` and `stream_k` x ctas_per_sm {1,2,3,4,6,8,16} x BLOCK_N {64,128,256} x warps {4,8} x "
         "stages {2,3} (the two BLOCK_N 256 / 3-stage tiles need 256 KB of shared memory and are refused), the "
@@ -197,10 +202,11 @@ def main() -> None:
         "4. `python scripts/make_sweep_cases.py --oracle-from docs/data/h200_r2/final.jsonl "
         "bench/data/sweep_cases.json` (after `python scripts/make_sweep_cases.py bench/data/sweep_cases.json`, "
         "which records the plan the shipped table serves), then, in one device call, `python bench/gpu_sweep.py "
-        "--mode retime --flashinfer skip --rep-ms 10 --out-name retime9.jsonl` and `python bench/gpu_sweep.py "
-        "--mode retime --flashinfer only --rep-ms 10 --out-name retime9_fi.jsonl` (docs/data/h200_r6/, round 6, "
-        "with today's kernel: round 5's register cap of the (64, 4, 2) tile and its merge over head-dim chunks "
-        "under the rule it shipped; round 5's run with that merge's first, broader rule: "
+        "--mode retime --flashinfer skip --rep-ms 10 --out-name retime10.jsonl` and `python bench/gpu_sweep.py "
+        "--mode retime --flashinfer only --rep-ms 10 --out-name retime10_fi.jsonl` (`bash bench/r7_call1.sh`, "
+        "docs/data/h200_r7/, round 7, with today's kernel: round 5's register cap of the (64, 4, 2) tile and its "
+        "merge over head-dim chunks under the rule it shipped; round 6's run before the whole-wave rule: "
+        "docs/data/h200_r6/retime9*; round 5's run with that merge's first, broader rule: "
         "docs/data/h200_r5/retime8*; round 4's kernel: docs/data/h200_r4/retime7*, round 3's table: "
         "docs/data/h200_r3/retime3*, round 2's: docs/data/h200_r2/retime2*): **the final table**. Per batch: the "
         "served "
@@ -249,19 +255,17 @@ def main() -> None:
         f"{geo(so_all):.3f}, worst {max(so_all):.3f}); the misses: "
         + ", ".join(f"{r['family']} B={r['B']} T={r['T']} ({r['served'] / r['oracle']:.3f}: `{r['oracle_name']}`)"
                     for r in miss)
-        + ". Uniform B=128, T=262,144 is an exact reference batch of equal lengths, where a one-tile-per-request `balanced` plan wins (512 "
-        "tiles for 528 slots of the (64, 4, 2) tile). Its bucket key (batch class 91-181, token class 2^18, "
-        "lengths 2,048-2,896) also holds B = 96 batches, where that plan leaves a quarter of the slots idle: an "
-        "intermediate round-4 table that served it from a B = 128 training batch's key ran the untuned B = 96, "
-        "T = 524,288 batch at 1.085x its best plan (docs/data/h200_r4/retime6.log). Nearest-bucket lookup cannot "
-        "tell the two apart, so the table now judges a pick on neighbouring keys too and keeps the default there. (Round 3's table: 2 misses, uniform B=128 at 1.067 and "
-        "B=256 at 1.052; round 2's: 1 miss, uniform B=128 at 1.060, and 2 of 48 cases above 1.10x at "
-        "T = 1,048,576; round 5's run, retime8: 2 misses, this one and skewed40 B=128 at 1.055 from the broader "
-        "merge rule it timed.) Round 6 re-timed the training batches with today's kernel (docs/data/h200_r6/"
-        "train6.jsonl, the pool and four more plans) and rebuilt the table from them; scored offline against round "
-        "2's full grid of the evaluation batches, the rebuilt table did no better than the shipped one (geomean "
-        "served / best 1.006 vs 1.007, the same two batches above 1.05: uniform B = 128 and 256 at T = 262,144), "
-        "with the four extra plans in the pool neither, so the shipped table was kept.",
+        + (". " if miss else "none. ")
+        + "Uniform B=128, T=262,144, an exact reference batch of equal lengths, was the one miss of rounds 2-6 "
+        "(1.059-1.067): a one-tile-per-request plan wins there (512 tiles for 528 slots of the (64, 4, 2) tile), "
+        "but its bucket key (batch class 91-181, token class 2^18, lengths 2,048-2,896) also holds B = 96 batches, "
+        "where that plan leaves a quarter of the slots idle (an intermediate round-4 table ran the untuned B = 96, "
+        "T = 524,288 batch at 1.085x its best plan, docs/data/h200_r4/retime6.log), so no bucket pick could serve "
+        "both. Round 7's whole-wave rule counts the batch's tiles against each tile config's resident slots "
+        "instead of relying on the key: B = 128 gets (64, 4, 2), B = 96 (128, 4, 2). The four evaluation batches "
+        "it changes, timed back to back against the plan served before (`bench/gpu_sweep.py --mode pairs`, "
+        "docs/data/h200_r7/pairs_r7.log): uniform B = 128, T = 262,144 1.263 -> 1.188x the floor; B = 256 "
+        "1.265 -> 1.209; B = 256, T = 1,048,576 1.084 -> 1.062; untuned B = 96, T = 524,288 1.135 -> 1.114.",
         f"- Served vs FlashInfer's kernel: geomean **{fi_ref:.2f}x** over the 96 reference cases (target >= 2.0: "
         f"met); on the held-out trace batches geomean **{geo(fi_tr):.2f}x** (target >= 1.05: met), slowest "
         f"**{min(fi_tr):.3f}x** (target >= 0.95: met).",
