@@ -17,8 +17,9 @@ training plans, picks ``tail_sm_bw`` = f x the bulk rate of 2 CTAs on the SM (f 
 :func:`kvsplit.tuner.simfit._loss`) over that config's training plans: the training batches of
 scripts/fit_lone_bw.py (docs/data/h200_r2/train.jsonl + round 4's three files, merged per batch) plus round 6's
 re-timing of them (docs/data/h200_r6/train6.jsonl) and round 6's sweep of round 1's tiles (train6_r1tiles.jsonl),
-never an evaluation batch; ``--no-tail`` fits ``fixed_overlap`` alone. It prints the held-out error tables before and after (docs/data/h200_r2/final.jsonl +
-docs/data/h200_r4/rebalanced_eval.jsonl, round 2's kernel; docs/data/h200_r6/retime9.jsonl, today's kernel) and
+never an evaluation batch; ``--no-tail`` fits ``fixed_overlap`` alone. It prints the held-out error tables before
+and after (docs/data/h200_r2/final.jsonl + docs/data/h200_r4/rebalanced_eval.jsonl, round 2's kernel;
+docs/data/h200_r6/retime9.jsonl, today's kernel) and
 writes the calibration document. About two minutes; a re-run on its own output reproduces it byte for byte (it
 starts from the calibration with ``fixed_overlap`` and ``tail_sm_bw`` removed).
 """
@@ -136,8 +137,8 @@ def main() -> None:
         doc["constants"] = cal.to_dict()
         doc["error"].update(error_summary(tabs["after_train"], tabs["after_heldout"]))
         if "fit_drain.py" not in doc["source"]:
-            doc["source"] += ("; tail_sm_bw and fixed_overlap per config fitted on the training batches (the files above plus "
-                              "docs/data/h200_r6/train6.jsonl and train6_r1tiles.jsonl) by scripts/fit_drain.py "
+            doc["source"] += ("; tail_sm_bw and fixed_overlap per config fitted on the training batches (the files "
+                              "above plus docs/data/h200_r6/train6.jsonl and train6_r1tiles.jsonl) by scripts/fit_drain.py "
                               "(round 7), every other constant kept")
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"done [{time.time() - t0:.0f}s]")
