@@ -26,7 +26,9 @@
    running are spread over the SMs (longest first) and each SM drains its
    residents by processor sharing with ``min(cta_bw, sm_bw / (n_running + ramp_ctas))`` per
    tile — the tail where a lone long CTA runs at ``cta_bw`` (or at ``lone_bw``, the config's
-   fitted rate of the last CTA left on an SM, where the calibration sets one). With these two
+   fitted rate of the last CTA left on an SM, where the calibration sets one; round 7: with ``n > 1``
+   CTAs left, up to ``tail_sm_bw / n`` each where the calibration sets ``tail_sm_bw``, and the SM's fixed
+   cost before it streams shrunk by ``fixed_overlap * (m - 1) / m``, ``m`` its tiles). With these two
    constants 1 CTA per SM is slower than 4 (the Triton kernel of
    docs/data/anchors/policy_on_triton_kernel.md lost 2x), and FlashInfer's
    threshold cliff appears once one long request is one CTA.
@@ -67,7 +69,7 @@ __all__ = ["Calibration", "predict", "hbm_floor_s", "fit_calibration", "FIT_PARA
            "config_key", "resident_slots"]
 
 PER_CONFIG_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "slots", "tile_fixed_s", "item_fixed_s", "persistent_tile_s",
-                     "lone_bw")
+                     "lone_bw", "fixed_overlap", "tail_sm_bw")
 """Constants a calibration may hold per kernel config (:attr:`Calibration.per_config`)."""
 
 _KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)p?")
@@ -124,6 +126,19 @@ class Calibration:
         tiles than SMs), when the rest of the GPU is mostly idle; 0 (default): the bulk formula
         ``min(cta_bw, sm_bw / (1 + ramp_ctas))``. Fitted per config in round 5: a lone long CTA of the
         (128, 4, 2) tile streams ~12 % faster than the bulk formula says, lone 64-token tiles slower.
+    fixed_overlap : float
+        Fraction (0..1) of an SM's fixed cost in the drain that its other resident CTAs hide (round 7,
+        docs/simulator.md). The drain charges each SM the largest remaining fixed cost of its ``m`` tiles
+        (``tile_fixed_s`` + ``item_fixed_s`` per extra packed item) before any of them streams; with this
+        field it charges ``max_fixed * (1 - fixed_overlap * (m - 1) / m)``: one CTA's item prologues and
+        partial writes stall only that CTA while the ``m - 1`` others keep streaming; a lone CTA (``m = 1``)
+        hides nothing. 0 (default): charged in full, as before.
+    tail_sm_bw : float
+        Bytes/s one SM pulls in the drain after the last tile started, when the rest of the GPU is idling
+        (round 7): a tail phase with ``n > 1`` CTAs left on an SM streams each at
+        ``max(bulk, min(lone, tail_sm_bw / n))`` (``bulk`` = ``min(cta_bw, sm_bw / (n + ramp_ctas))``,
+        ``lone`` = ``lone_bw`` or the bulk rate at ``n = 1``), where the bulk rate was fitted with every
+        SM busy (HBM contended). 0 (default): the bulk rate, as before.
     ramp_ctas : float
         Latency term of an SM's streaming rate: with ``k`` resident CTAs each
         streams ``min(cta_bw, sm_bw / (k + ramp_ctas))``, so the SM's rate
@@ -149,6 +164,8 @@ class Calibration:
     ramp_ctas: float = 0.0
     merge_split_s: float = 0.0
     lone_bw: float = 0.0
+    fixed_overlap: float = 0.0
+    tail_sm_bw: float = 0.0
     per_config: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -169,6 +186,8 @@ class Calibration:
             positive = f.name in ("hbm_bw", "sm_bw", "cta_bw")
             if (positive and v <= 0) or v < 0:
                 raise ValueError(f"Calibration.{f.name}: expected a number {'> 0' if positive else '>= 0'}, got {v!r}")
+            if f.name == "fixed_overlap" and v > 1:
+                raise ValueError(f"Calibration.fixed_overlap: expected a fraction in [0, 1], got {v!r}")
             object.__setattr__(self, f.name, float(v))
         object.__setattr__(self, "_resolved", {})
 
@@ -229,12 +248,13 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON form (SI units: bytes/s and seconds); ``slots`` only when set,
-        ``ramp_ctas`` and ``merge_split_s`` only when > 0 and ``per_config`` only when not empty (so a
+        ``ramp_ctas``, ``merge_split_s``, ``lone_bw``, ``fixed_overlap``
+        and ``tail_sm_bw`` only when > 0 and ``per_config`` only when not empty (so a
         format-1 calibration writes back its single-config form)."""
         d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if d["slots"] is None:
             del d["slots"]
-        for name in ("ramp_ctas", "merge_split_s", "lone_bw"):
+        for name in ("ramp_ctas", "merge_split_s", "lone_bw", "fixed_overlap", "tail_sm_bw"):
             if d[name] == 0.0:
                 del d[name]
         if d["per_config"]:
@@ -381,9 +401,18 @@ def _finish(t: _Tiles, c: Calibration, t_last: float, run_fixed: np.ndarray, run
         diffs = np.diff(b, axis=1, prepend=0.0)
         active = np.arange(m, 0, -1, dtype=np.float64)  # residents still draining in phase j
         rate = np.minimum(c.cta_bw, c.sm_bw / (active + c.ramp_ctas))
+        if c.tail_sm_bw > 0.0:  # the drain with the rest of the GPU idling: up to the lone rate, capped per SM
+            lone = c.lone_bw if c.lone_bw > 0.0 else min(c.cta_bw, c.sm_bw / (1.0 + c.ramp_ctas))
+            rate = np.maximum(rate, np.minimum(lone, c.tail_sm_bw / active))
         if c.lone_bw > 0.0:
             rate[-1] = c.lone_bw  # the last phase: one CTA left on the SM
-        sm_time = fx.max(axis=1) + (diffs / rate).sum(axis=1)
+        fx_sm = fx.max(axis=1)
+        if c.fixed_overlap > 0.0:  # the other residents of the SM stream while one pays its fixed cost
+            m_sm = np.full(S, float(m))  # tiles on each SM in the drain (the last `pad` SMs hold one fewer)
+            if pad:
+                m_sm[S - pad:] -= 1.0
+            fx_sm = fx_sm * (1.0 - c.fixed_overlap * (m_sm - 1.0) / np.maximum(m_sm, 1.0))
+        sm_time = fx_sm + (diffs / rate).sum(axis=1)
         finish = t_last + float(sm_time.max())
     main = max(finish, t.total_bytes / c.hbm_bw)
     total = c.launch_s + main
