@@ -1,6 +1,7 @@
 """Errors of the shipped simulator calibration on H200 re-timing runs (CPU; issue 9 item 3).
 
     python scripts/sim_on_run.py docs/data/h200_r4/retime7.jsonl docs/data/h200_r5/retime8.jsonl
+    python scripts/sim_on_run.py --per-set docs/data/h200_r2/final.jsonl,docs/data/h200_r4/rebalanced_eval.jsonl
 
 For each run (bench/gpu_sweep.py's JSON lines over bench/data/sweep_cases.json), the median and worst relative
 error |prediction / measured - 1| of service/data/h200_calibration.json over every timed plan, overall and per
@@ -22,16 +23,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    runs = sys.argv[1:] or ["docs/data/h200_r4/retime7.jsonl", "docs/data/h200_r5/retime8.jsonl"]
+    args = sys.argv[1:]
+    per_set = "--per-set" in args  # also print each (set, policy): e.g. the reference cases and traces alone
+    args = [a for a in args if a != "--per-set"]
+    runs = args or ["docs/data/h200_r4/retime7.jsonl", "docs/data/h200_r5/retime8.jsonl"]
     cal = Calibration.from_dict(json.loads((ROOT / "service/data/h200_calibration.json").read_text())["constants"])
     h200 = resolve_device("NVIDIA H200")
     for run in runs:
-        samples, _ = sweep_samples(Path(run), ROOT / "bench/data/sweep_cases.json")
+        # "a.jsonl,b.jsonl": one run in several files, merged per batch (simfit.merged_case_records)
+        samples, _ = sweep_samples([Path(r) for r in run.split(",")], ROOT / "bench/data/sweep_cases.json")
         tab = error_table(samples, predict_samples(samples, cal, h200))
         print(f"{run}: {len(samples)} timed plans, median {100 * tab['all']['median']:.1f} %, "
               f"worst {100 * tab['all']['worst']:.1f} %")
         for pol, st in sorted(tab["per_policy"].items()):
             print(f"  {pol:14s} median {100 * st['median']:5.1f} %  worst {100 * st['worst']:5.1f} %")
+        if per_set:
+            for key, st in sorted(tab["per_set_policy"].items()):
+                print(f"  {key:24s} median {100 * st['median']:5.1f} %  worst {100 * st['worst']:5.1f} %")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsplit.kernels import fastplan
 from kvsplit.kernels.device import DeviceSpec
@@ -158,3 +160,34 @@ def test_device_planner_refuses_the_rule():
     with pytest.raises(NotImplementedError, match="whole_wave"):
         device_rule("stream_k", {**SK, "whole_wave": 0.05}, num_kv_heads=4, device=H200)
     device_rule("stream_k", SK, num_kv_heads=4, device=H200)
+
+
+@given(B=st.integers(1, 700), base=st.integers(1, 40000), spread=st.sampled_from([0.0, 0.004, 0.03, 0.2]),
+       hkv=st.sampled_from([1, 2, 4, 8]), eps=st.sampled_from([0.01, 0.05, 0.3]), seed=st.integers(0, 2**16))
+@settings(max_examples=150, deadline=None)
+def test_whole_wave_property_tiles_against_slots(B, base, spread, hkv, eps, seed):
+    """Property: the rule takes a batch exactly when some candidate tile's whole-request tiles fit at most
+    WHOLE_WAVE_MAX_WAVES resident waves within 1 + eps (computed here from the residency table, in exact
+    rationals), and then the plan is one non-empty item per request on that tile."""
+    from fractions import Fraction
+    from kvsplit.kernels.policies import WHOLE_WAVE_TILES, resident_slots
+    rng = np.random.default_rng(seed)
+    L = np.maximum(np.rint(base * rng.uniform(1 - spread, 1 + spread, B)), 1).astype(np.int64)
+    ok = []
+    for tile in WHOLE_WAVE_TILES:
+        slots = resident_slots(_ctx(hkv), KernelConfig(*tile))
+        k = -(-hkv * B // slots)
+        excess = Fraction(k * int(L.max()) * slots, hkv * int(L.sum()))
+        if k <= WHOLE_WAVE_MAX_WAVES and excess <= 1 + Fraction(eps).limit_denominator(10**6):
+            ok.append((excess, tile))
+    p = _plan(L, params={**SK, "whole_wave": eps}, hkv=hkv, ref=False)
+    if ok:
+        tile = min(ok)[1]
+        assert (p.config.block_n, p.config.num_warps, p.config.num_stages) == tile
+        assert p.num_splits.max() == 1 and p.work_request.shape[0] == B
+        assert np.all(p.work_kv_end - p.work_kv_start == L)
+    else:
+        own = _plan(L, hkv=hkv, ref=False)  # the policy's own plan
+        assert p.config == own.config
+        for f in ("num_splits", "work_request", "work_kv_start", "work_kv_end", "cta_indptr"):
+            np.testing.assert_array_equal(getattr(p, f), getattr(own, f))
