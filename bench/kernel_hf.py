@@ -22,6 +22,19 @@ its base-2 LSE into the workspace at row ``slot * H_q + q_head``, which today's 
 merges unchanged. Empty items are neutral (o = 0, lse = -inf); K/V loads are masked by the item's range, so
 garbage in unused cache slots never reaches the output.
 
+A second layout, :func:`_hf2d_stage1_kernel` (``hf_decode(..., layout="2d")``), does the same work with 2-D
+dots: the H_q query heads are the M rows, a tile's rows are (token, KV head) pairs in the cache's own order
+(``[BLOCK_N * H_kv, D]``), the scores of a query head against another KV head's rows are masked to -inf, so P is
+block-diagonal: H_kv times the MMA work, but no per-head padding of the G query rows to 16 (fp32 accumulator
+``[H_q, D]`` instead of ``[H_kv, 16, D]``).
+
+sm_90 compile without a GPU (``bench/compile_hf_sm90.py``, docs/data/hf7/compile_hf_sm90.log; Triton 3.6, H_q 32,
+H_kv 4, D 128, bf16): both layouts compile; the dots are MMA v2 (``mma.sync``; the 3-D dot has no wgmma path and
+the 2-D one has M = 32). The 3-D layout needs 163-255 registers (spills at 4 warps: 44-272 bytes) and fits 2 CTAs
+per SM at 4 warps, 1 at 8; the 2-D layout 128-232 registers without spills (3 CTAs per SM at BLOCK_N 16, 4 warps;
+2 at 16 / 8 warps). As in today's kernel, K/V are multi-buffered (num_stages - 1 tiles in flight) only with
+``prefetch`` and ``num_stages >= 3``.
+
 Plans come from the normal planner: a plan made with ``ctas_per_sm = c * H_kv`` has as many CTAs
 (``plan.num_ctas``) as today's kernel has work tiles (``num_ctas * H_kv``) at ``ctas_per_sm = c``; each CTA
 then holds ``1 / H_kv`` of the tokens, for all heads. Only the plan's work list is used: the kernel config
@@ -133,6 +146,95 @@ def _hf_stage1_kernel(
             tl.store(PART_LSE + row, lse2, mask=mask_h[None, :])
 
 
+@triton.jit
+def _hf2d_stage1_kernel(
+    Q, K, V, O, LSE, PART_O, PART_LSE,
+    KV_INDPTR, KV_INDICES,
+    WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR,
+    qk_scale,
+    stride_qb, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_ob, stride_oh,
+    PAGE_SIZE: tl.constexpr, H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    # The same work as _hf_stage1_kernel with 2-D dots: all H_q query heads are the M rows (BLOCK_M >= H_q) and a
+    # tile's rows are (token, KV head) pairs, r = n * H_KV + h, i.e. the cache's own order (a page's K is one
+    # contiguous [page_size * H_kv, D] block). Scores of a query row against another KV head's rows are masked
+    # to -inf, so P is block-diagonal and P @ V sums each query head's own KV head only: H_kv times the MMA work
+    # of the per-head dots, no per-head row padding (fp32 accumulator [H_q, D] instead of [H_kv, 16, D] at G < 16).
+    c = tl.program_id(0)
+    item_lo = tl.load(CTA_INDPTR + c)
+    item_hi = tl.load(CTA_INDPTR + c + 1)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_r = tl.arange(0, BLOCK_N * H_KV)
+    mask_m = offs_m < H_Q
+    r_n = offs_r // H_KV  # token of each tile row
+    r_h = offs_r % H_KV  # KV head of each tile row
+    # KV head of each query row; padded rows (q = 0) take the last head, so every row has a finite score
+    m_head = tl.minimum(offs_m // GROUP, H_KV - 1)
+    same = m_head[:, None] == r_h[None, :]  # [BLOCK_M, BLOCK_N * H_KV]
+    k_h = r_h.to(tl.int64) * stride_kh
+    v_h = r_h.to(tl.int64) * stride_vh
+
+    for it in range(item_lo, item_hi):
+        req = tl.load(WORK_REQ + it).to(tl.int64)
+        start = tl.load(WORK_START + it)
+        end = tl.load(WORK_END + it)
+        slot = tl.load(WORK_SLOT + it)
+        page_base = tl.load(KV_INDPTR + req)
+
+        q = tl.load(Q + req * stride_qb + offs_m[:, None] * stride_qh + offs_d[None, :], mask=mask_m[:, None],
+                    other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+        if PREFETCH:
+            t = start + r_n
+            page_nx = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=t < end, other=0)
+        for n0 in range(start, end, BLOCK_N):
+            t = n0 + r_n
+            mask_r = t < end
+            if PREFETCH:
+                page = page_nx.to(tl.int64)
+                t1 = t + BLOCK_N
+                page_nx = tl.load(KV_INDICES + page_base + t1 // PAGE_SIZE, mask=t1 < end, other=0)
+            else:
+                page = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=mask_r, other=0).to(tl.int64)
+            in_page = (t % PAGE_SIZE).to(tl.int64)
+            k = tl.load(K + (page * stride_kp + in_page * stride_ks + k_h)[:, None] + offs_d[None, :],
+                        mask=mask_r[:, None], other=0.0)
+            v = tl.load(V + (page * stride_vp + in_page * stride_vs + v_h)[:, None] + offs_d[None, :],
+                        mask=mask_r[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            s = tl.where(same & mask_r[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        nonempty = l_i > 0.0
+        l_safe = tl.where(nonempty, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        lse2 = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
+        if slot < 0:
+            o_ptr = O + req * stride_ob + offs_m[:, None] * stride_oh + offs_d[None, :]
+            tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mask_m[:, None])
+            if RETURN_LSE:
+                tl.store(LSE + req * H_Q + offs_m, lse2 * 0.6931471805599453, mask=mask_m)
+        else:
+            row = slot.to(tl.int64) * H_Q + offs_m
+            tl.store(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask_m[:, None])
+            tl.store(PART_LSE + row, lse2, mask=mask_m)
+
+
 def launch_merge(out: torch.Tensor, lse: torch.Tensor, workspace: dec.DecodeWorkspace, arrays: dict, *,
                  num_merge: int, max_splits: int, return_lse: bool) -> None:
     """Today's stage 2 (``kvsplit.kernels.decode._decode_merge_kernel``) on a host plan's sizes, with
@@ -157,9 +259,14 @@ def launch_merge(out: torch.Tensor, lse: torch.Tensor, workspace: dec.DecodeWork
 def hf_launch(q, k_cache, v_cache, kv_indptr, kv_indices, arrays: dict, *, num_ctas: int, num_merge: int,
               max_splits: int, out: torch.Tensor, workspace: dec.DecodeWorkspace, block_n: int, num_warps: int,
               num_stages: int, prefetch: bool = False, sm_scale: float | None = None, return_lse: bool = False,
-              merge: bool = True):
+              merge: bool = True, layout: str = "3d"):
     """Fused stage 1 (grid ``num_ctas``) + today's merge, from a plan's device arrays (no checks, no allocation:
-    CUDA-graph capturable). ``merge=False`` launches stage 1 alone (A/B of the merge share)."""
+    CUDA-graph capturable). ``layout``: ``"3d"`` (:func:`_hf_stage1_kernel`, batched per-head dots) or ``"2d"``
+    (:func:`_hf2d_stage1_kernel`, block-diagonal 2-D dots). ``merge=False`` launches stage 1 alone (A/B of the
+    merge share). Returns ``(out, kernel)`` or ``(out, lse, kernel)``, ``kernel`` the launched CompiledKernel
+    (None under the interpreter)."""
+    if layout not in ("3d", "2d"):
+        raise ValueError(f"layout: expected '3d' or '2d', got {layout!r}")
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
     G = H_q // H_kv
@@ -167,7 +274,11 @@ def hf_launch(q, k_cache, v_cache, kv_indptr, kv_indices, arrays: dict, *, num_c
         sm_scale = 1.0 / math.sqrt(D)
     lse = workspace.lse[:B] if return_lse else workspace.lse
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    kernel = _hf_stage1_kernel[(num_ctas,)](
+    if layout == "2d":
+        fn, rows = _hf2d_stage1_kernel, {"BLOCK_M": max(16, triton.next_power_of_2(H_q))}
+    else:
+        fn, rows = _hf_stage1_kernel, {"BLOCK_H": max(16, triton.next_power_of_2(G))}
+    kernel = fn[(num_ctas,)](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
         kv_indptr, kv_indices,
         arrays["work_request"], arrays["work_kv_start"], arrays["work_kv_end"], arrays["work_slot"],
@@ -177,7 +288,7 @@ def hf_launch(q, k_cache, v_cache, kv_indptr, kv_indices, arrays: dict, *, num_c
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
-        PAGE_SIZE=page_size, H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=max(16, triton.next_power_of_2(G)), HEAD_DIM=D,
+        PAGE_SIZE=page_size, H_Q=H_q, H_KV=H_kv, GROUP=G, HEAD_DIM=D, **rows,
         BLOCK_N=block_n, RETURN_LSE=return_lse, DOT_PRECISION=precision, PREFETCH=bool(prefetch),
         num_warps=num_warps, num_stages=num_stages,
     )
@@ -204,6 +315,7 @@ def hf_decode(
     sm_scale: float | None = None,
     return_lse: bool = False,
     validate: bool = True,
+    layout: str = "3d",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """GQA decode attention with the head-fused stage 1 (one program per plan CTA, all KV heads) + today's merge.
 
@@ -234,6 +346,9 @@ def hf_decode(
         Also return the LSE (fp32 ``[B, H_q]``, natural log; -inf for kv_len = 0).
     validate : bool
         Run the checks that read device data (a host sync), as ``decode_attention``.
+    layout : str
+        ``"3d"``: per-KV-head batched dots (``[H_kv, BLOCK_H, D]`` x ``[H_kv, D, block_n]``); ``"2d"``: one
+        ``[H_q, D]`` x ``[D, block_n * H_kv]`` dot with the other heads' scores masked (block-diagonal P).
 
     Returns
     -------
@@ -254,5 +369,5 @@ def hf_decode(
     res = hf_launch(q, k_cache, v_cache, kv_indptr, kv_indices, plan.to(dev), num_ctas=plan.num_ctas,
                     num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=int(plan.num_splits.max()),
                     out=out, workspace=workspace, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                    prefetch=prefetch, sm_scale=sm_scale, return_lse=return_lse)
+                    prefetch=prefetch, sm_scale=sm_scale, return_lse=return_lse, layout=layout)
     return (res[0], res[1]) if return_lse else res[0]
