@@ -130,3 +130,13 @@ def test_bfloat16_under_the_interpreter_is_refused():
     with pytest.raises(ValueError, match="q: bfloat16 under Triton's interpreter"):
         decode_attention(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
                          case["kv_lens"], plan)
+
+
+def test_graph_mode_leaves_the_whole_wave_rule_out():
+    # the whole-wave rule picks a tile per batch; a captured graph keeps one, so graph mode plans with the
+    # policy's own rule (on the device) and the wrapper's tile, whatever whole_wave says
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
+                      policy="stream_k", params={"ctas_per_sm": 0.25, "whole_wave": 1.0}, use_cuda_graph=True,
+                      num_programs=3, max_work_items=256)
+    assert w.planner == "device" and "whole_wave" not in w._graph_policy[1]
+    _loop(w, [64] * 8, steps=2)
