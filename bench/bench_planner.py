@@ -90,6 +90,23 @@ def _hot_table() -> None:
                 p99 = samples[int(0.99 * (len(samples) - 1))] / 1e3
                 tgt = f"{target}" if target else "-"
                 print(f"{name:<34}{form:>8}{B:>6}{p50:>10.1f}{p99:>10.1f}{tgt:>9}")
+    # near-even batches (U(0.995, 1.005) around 2,048 and 1,024 tokens) that reach a shipped policy with the
+    # whole-wave rule on: the rule's check and the second compiled plan pass it takes (round 7)
+    for B, mean in ((128, 2048), (256, 1024)):
+        arrays = [np.rint(mean * rng.uniform(0.995, 1.005, B)).astype(np.int32) for _ in range(2000)]
+        p, _, info = table.plan(arrays[0], gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
+                                dtype="bfloat16", page_size=16)
+        assert info["params"].get("whole_wave") and p.config.block_n == 64, "the batch should take the rule"
+        for form, batches in (("int32", arrays), ("list", [a.tolist() for a in arrays])):
+            samples = []
+            for L in batches:
+                t = time.perf_counter_ns()
+                table.plan(L, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
+                           dtype="bfloat16", page_size=16)
+                samples.append(time.perf_counter_ns() - t)
+            samples.sort()
+            print(f"{'PolicyTable.plan (whole-wave)':<34}{form:>8}{B:>6}{samples[len(samples) // 2] / 1e3:>10.1f}"
+                  f"{samples[int(0.99 * (len(samples) - 1))] / 1e3:>10.1f}{30:>9}")
 
 
 def main() -> None:

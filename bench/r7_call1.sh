@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 7, device call 1 (H200): the final table re-timed with the whole-wave rule (retime10, FlashInfer's kernel in
+# Round 7, device calls 1 and 4 (H200; call 4 with the rule on for the whole H_kv 4 family: retime11, pairs_r7b): the final table re-timed with the whole-wave rule (retime11, FlashInfer's kernel in
 # a second process), and the four evaluation batches whose served plan the rule changes timed against the plan
 # served before, back to back (pairs_r7). Run from the repo root on the device machine; .peers/ carried
 # (../shared/tools/flashinfer_for_device.sh .peers).
@@ -10,6 +10,6 @@ mkdir -p /tmp/fi /tmp/site && tar xJf .peers/fi_trim.tar.xz -C /tmp/fi \
   && python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/deps/*.whl
 export PYTHONPATH=/tmp/site:/tmp/fi:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
-python3 bench/gpu_sweep.py --mode retime --flashinfer skip --rep-ms 10 --out "$OUT" --out-name retime10.jsonl 2>&1 | tee "$OUT/retime10.log" | tail -n 3
-python3 bench/gpu_sweep.py --mode retime --flashinfer only --rep-ms 10 --out "$OUT" --out-name retime10_fi.jsonl 2>&1 | tee "$OUT/retime10_fi.log" | tail -n 3
-python3 bench/gpu_sweep.py --mode pairs --flashinfer skip --pairs bench/data/pairs_r7_whole_wave.json --rep-ms 10 --out "$OUT" --out-name pairs_r7.jsonl 2>&1 | tee "$OUT/pairs_r7.log"
+python3 bench/gpu_sweep.py --mode retime --flashinfer skip --rep-ms 10 --out "$OUT" --out-name retime11.jsonl 2>&1 | tee "$OUT/retime11.log" | tail -n 3
+python3 bench/gpu_sweep.py --mode retime --flashinfer only --rep-ms 10 --out "$OUT" --out-name retime11_fi.jsonl 2>&1 | tee "$OUT/retime11_fi.log" | tail -n 3
+python3 bench/gpu_sweep.py --mode pairs --flashinfer skip --pairs bench/data/pairs_r7_whole_wave.json --rep-ms 10 --out "$OUT" --out-name pairs_r7b.jsonl 2>&1 | tee "$OUT/pairs_r7b.log"

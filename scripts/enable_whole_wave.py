@@ -13,14 +13,18 @@ near-even batches of the Qwen3-30B-A3B shape gain up to 3.6 %, the Llama-3.1-8B 
 1. every *training* batch of ``bench/data/train_cases.json`` timed in ``--timings`` (a ``bench/gpu_sweep.py
    --mode train`` run with today's kernel; the evaluation batches are never read) is served by the shipped
    table (``service/data/h200_policies.json``) as a user would be: the nearest published policy;
-2. for each policy, the batches it serves on which the rule would act; each needs a timing of its own plan
-   and of the whole-request plan on the rule's tile, in that same run (some timed candidate makes exactly that
-   plan: one split per request on that tile);
-3. the rule is written into the policy's params when at least one such batch exists, every one has both
-   timings, and the whole-request plans are faster in geomean with none more than :data:`WORST` slower.
+2. for each such batch the rule would act on, the time of the policy that serves it and of the whole-request
+   plan on the rule's tile, in that same run (some timed candidate makes exactly that plan: one split per
+   request on that tile), gathered per shape family (GPU, H_kv, head_dim, dtype, page size);
+3. the rule is written into the params of every policy of a family when at least one such batch exists, every
+   one has both timings, and the whole-request plans are faster in geomean with none more than :data:`WORST`
+   slower. The decision is per family, not per policy: the rule's outcome is a property of the tiles'
+   residency and streaming rate at the shape's GQA group, each policy serves one or two near-even training
+   batches at most, and near-even batches straddle the key's length bins (128 requests of 2,048 +- 0.5 %
+   tokens reach another key than 128 of exactly 2,048), so a per-policy switch would leave most of them out.
 
-Without ``--write`` it prints the decision per policy; with it, rewrites the shipped policies file (each
-enabled policy's params gain ``"whole_wave": eps``; nothing else changes).
+Without ``--write`` it prints the decision per family with the evidence per policy; with it, rewrites the
+shipped policies file (each enabled policy's params gain ``"whole_wave": eps``; nothing else changes).
 """
 
 from __future__ import annotations
@@ -117,24 +121,32 @@ def main() -> None:
     doc = json.loads((ROOT / args.policies).read_text())
     cases = json.loads((ROOT / args.cases).read_text())["cases"]
     dec = decide(doc, cases, ROOT / args.timings, args.eps)
-    enabled = []
+    family_of = {p["id"]: tuple(p["bucket"][k] for k in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size"))
+                 for p in doc["policies"]}
+    per_family: dict[tuple, dict] = defaultdict(lambda: {"ratios": [], "missing": []})
     for p in doc["policies"]:
         rec = dec.get(p["id"])
         if rec is None or not (rec["ratios"] or rec["missing"]):
             continue
-        rs = [x for _, _, x in rec["ratios"]]
-        geo = math.exp(sum(math.log(x) for x in rs) / len(rs)) if rs else float("nan")
-        ok = bool(rs) and not rec["missing"] and geo < 1.0 and max(rs) <= WORST
-        print(f"policy {p['id']:4d} {p['bucket']['key']:55s} {p['name']:9s} serves {rec['batches']:3d}: "
-              f"{len(rs)} taken, geomean {geo:.3f}, worst {max(rs) if rs else float('nan'):.3f}, "
-              f"{len(rec['missing'])} untimed -> {'ON' if ok else 'off'}")
+        fam = per_family[family_of[p["id"]]]
+        fam["ratios"] += [x for _, _, x in rec["ratios"]]
+        fam["missing"] += rec["missing"]
+        print(f"policy {p['id']:4d} {p['bucket']['key']:55s} {p['name']:9s} serves {rec['batches']:3d}")
         for label, tile, x in rec["ratios"]:
             print(f"      {label:40s} tile {tile}: whole-request / own plan {x:.3f}")
         for label in rec["missing"]:
             print(f"      {label:40s} no timing of one of the two plans")
+    on = set()
+    for fam, rec in sorted(per_family.items()):
+        rs = rec["ratios"]
+        geo = math.exp(sum(math.log(x) for x in rs) / len(rs)) if rs else float("nan")
+        ok = bool(rs) and not rec["missing"] and geo < 1.0 and max(rs) <= WORST
+        print(f"family {fam}: {len(rs)} batches taken, geomean {geo:.4f}, worst {max(rs) if rs else float('nan'):.4f}, "
+              f"{len(rec['missing'])} untimed -> {'ON' if ok else 'off'}")
         if ok:
-            enabled.append(p["id"])
-    print(f"{len(enabled)} policies get whole_wave = {args.eps}: {enabled}")
+            on.add(fam)
+    enabled = [p["id"] for p in doc["policies"] if family_of[p["id"]] in on]
+    print(f"{len(enabled)} policies get whole_wave = {args.eps} (families {sorted(on)})")
     if args.write:
         for p in doc["policies"]:
             if p["id"] in enabled:

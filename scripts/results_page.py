@@ -3,7 +3,7 @@
     python scripts/results_page.py
 
 Inputs (all committed): docs/data/h200_r7/retime10.jsonl + retime10_fi.jsonl (the final table, with round 7's
-policy table -- round 4's plus the whole-wave rule on 11 policies -- and today's kernel, i.e. round 5's with the
+policy table -- round 4's plus the whole-wave rule on the H_kv 4 family -- and today's kernel, i.e. round 5's with the
 merge rule it shipped: the served plan, the oracle's winners and the baselines re-timed in one process,
 FlashInfer's kernel in a second process of the same device call; merged into retime10_merged.jsonl), round 6's
 docs/data/h200_r6/retime9*.jsonl (the same before the whole-wave rule), round 5's docs/data/h200_r5/retime8*.jsonl (round 5's kernel
@@ -191,8 +191,9 @@ def main() -> None:
         "docs/data/h200_r4/train_even.jsonl docs/data/h200_r4/rebalanced_train.jsonl "
         "bench/data/train_cases.json`): 263 buckets. Round 7 turned the whole-wave rule (`params.whole_wave`: one "
         "work tile per request on the (64, 4, 2) or (128, 4, 2) tile when that fills at most two resident waves "
-        "within 5 %, `kvsplit.kernels.policies.whole_wave_config`) on for the 11 policies whose training batches "
-        "it served faster in round 6's re-timing of them (`python scripts/enable_whole_wave.py --write`, "
+        "within 5 %, `kvsplit.kernels.policies.whole_wave_config`) on for the Qwen3-30B-A3B shape's 177 policies, "
+        "whose near-even training batches it served faster in round 6's re-timing of them (geomean 0.988, worst "
+        "1.0099; off for the Llama-3.1-8B shape: 1.006 / 1.031; `python scripts/enable_whole_wave.py --write`, "
         "docs/data/h200_r7/enable_whole_wave.log; training timings only).",
         "3. `python bench/gpu_sweep.py --mode final --rep-ms 5`: every evaluation batch x the **oracle's search "
         "space**: `balanced` and `stream_k` x ctas_per_sm {1,2,3,4,6,8,16} x BLOCK_N {64,128,256} x warps {4,8} x "
