@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Round 7, device calls 1 and 4 (H200; call 4 with the rule on for the whole H_kv 4 family: retime11, pairs_r7b): the final table re-timed with the whole-wave rule (retime11, FlashInfer's kernel in
-# a second process), and the four evaluation batches whose served plan the rule changes timed against the plan
-# served before, back to back (pairs_r7). Run from the repo root on the device machine; .peers/ carried
+# Round 7, device calls 1 and 4 (H200): the final table re-timed with the whole-wave rule (call 1: retime10 with the
+# rule on 11 policies; call 4: retime11 with it on the H_kv 4 family; FlashInfer's kernel in a second process), and
+# the evaluation batches whose served plan the rule changes timed back to back against the plan served before
+# (pairs_r7 / pairs_r7b). Run from the repo root on the device machine; .peers/ carried
 # (../shared/tools/flashinfer_for_device.sh .peers).
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_cache"
