@@ -2,10 +2,11 @@
 
     python scripts/results_page.py
 
-Inputs (all committed): docs/data/h200_r7/retime10.jsonl + retime10_fi.jsonl (the final table, with round 7's
+Inputs (all committed): docs/data/h200_r7/retime11.jsonl + retime11_fi.jsonl (the final table, with round 7's
 policy table -- round 4's plus the whole-wave rule on the H_kv 4 family -- and today's kernel, i.e. round 5's with the
 merge rule it shipped: the served plan, the oracle's winners and the baselines re-timed in one process,
-FlashInfer's kernel in a second process of the same device call; merged into retime10_merged.jsonl), round 6's
+FlashInfer's kernel in a second process of the same device call; merged into retime11_merged.jsonl; retime10*:
+the same with the rule on 11 policies only), round 6's
 docs/data/h200_r6/retime9*.jsonl (the same before the whole-wave rule), round 5's docs/data/h200_r5/retime8*.jsonl (round 5's kernel
 with its first, broader merge rule), round 4's docs/data/h200_r4/retime7*.jsonl (the same with round 4's kernel), round
 3's docs/data/h200_r3/retime3*.jsonl (the same with round 3's table), round
@@ -142,10 +143,10 @@ def main() -> None:
     data = ROOT / "docs" / "data" / "h200_r2"
     data3 = ROOT / "docs" / "data" / "h200_r7"
     cases = ROOT / "bench" / "data" / "sweep_cases.json"
-    merge_flashinfer(data3, "retime10")
-    best = load(str(data3 / "retime10_merged.jsonl"), str(cases))  # strict: one timing of the served plan
+    merge_flashinfer(data3, "retime11")
+    best = load(str(data3 / "retime11_merged.jsonl"), str(cases))  # strict: one timing of the served plan
     inproc = load(str(data / "retime.jsonl"), str(cases))
-    bw = next(json.loads(x)["bytes_per_s"] for x in open(data3 / "retime10.jsonl") if '"bandwidth"' in x)
+    bw = next(json.loads(x)["bytes_per_s"] for x in open(data3 / "retime11.jsonl") if '"bandwidth"' in x)
     served_names = [json.dumps([c["served"]["policy"], c["served"]["params"]], sort_keys=True)
                     for c in json.load(open(cases))["cases"]]
     n_default = sum(n == json.dumps(["stream_k", {"block_n": 128, "ctas_per_sm": 3.0, "num_stages": 2,
@@ -203,8 +204,8 @@ def main() -> None:
         "4. `python scripts/make_sweep_cases.py --oracle-from docs/data/h200_r2/final.jsonl "
         "bench/data/sweep_cases.json` (after `python scripts/make_sweep_cases.py bench/data/sweep_cases.json`, "
         "which records the plan the shipped table serves), then, in one device call, `python bench/gpu_sweep.py "
-        "--mode retime --flashinfer skip --rep-ms 10 --out-name retime10.jsonl` and `python bench/gpu_sweep.py "
-        "--mode retime --flashinfer only --rep-ms 10 --out-name retime10_fi.jsonl` (`bash bench/r7_call1.sh`, "
+        "--mode retime --flashinfer skip --rep-ms 10 --out-name retime11.jsonl` and `python bench/gpu_sweep.py "
+        "--mode retime --flashinfer only --rep-ms 10 --out-name retime11_fi.jsonl` (`bash bench/r7_call1.sh`, "
         "docs/data/h200_r7/, round 7, with today's kernel: round 5's register cap of the (64, 4, 2) tile and its "
         "merge over head-dim chunks under the rule it shipped; round 6's run before the whole-wave rule: "
         "docs/data/h200_r6/retime9*; round 5's run with that merge's first, broader rule: "
@@ -263,10 +264,11 @@ def main() -> None:
         "where that plan leaves a quarter of the slots idle (an intermediate round-4 table ran the untuned B = 96, "
         "T = 524,288 batch at 1.085x its best plan, docs/data/h200_r4/retime6.log), so no bucket pick could serve "
         "both. Round 7's whole-wave rule counts the batch's tiles against each tile config's resident slots "
-        "instead of relying on the key: B = 128 gets (64, 4, 2), B = 96 (128, 4, 2). The four evaluation batches "
+        "instead of relying on the key: B = 128 gets (64, 4, 2), B = 96 (128, 4, 2). The five evaluation batches "
         "it changes, timed back to back against the plan served before (`bench/gpu_sweep.py --mode pairs`, "
-        "docs/data/h200_r7/pairs_r7.log): uniform B = 128, T = 262,144 1.263 -> 1.188x the floor; B = 256 "
-        "1.265 -> 1.209; B = 256, T = 1,048,576 1.084 -> 1.062; untuned B = 96, T = 524,288 1.135 -> 1.114.",
+        "docs/data/h200_r7/pairs_r7b.log): uniform B = 128, T = 262,144 1.263 -> 1.194x the floor; B = 256 "
+        "1.275 -> 1.218; B = 128, T = 1,048,576 1.077 -> 1.061; B = 256, T = 1,048,576 1.082 -> 1.063; untuned "
+        "B = 96, T = 524,288 1.137 -> 1.114.",
         f"- Served vs FlashInfer's kernel: geomean **{fi_ref:.2f}x** over the 96 reference cases (target >= 2.0: "
         f"met); on the held-out trace batches geomean **{geo(fi_tr):.2f}x** (target >= 1.05: met), slowest "
         f"**{min(fi_tr):.3f}x** (target >= 0.95: met).",
