@@ -234,7 +234,8 @@ def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
     (docs/data/anchors/policy_on_triton_kernel.md; DESIGN.md §7); counting the
     rounded tiles against the target removes the partial second wave that
     per-request rounding made (DESIGN.md §8: 1.34-1.49x the floor at T = 1M,
-    B = 4-32 before; docs/results.md after).
+    B = 4-32 before; docs/results.md after). ``whole_wave`` (default off):
+    :func:`whole_wave_config`'s one tile per request where it applies.
     """
     target = _ctas_per_sm(params, 4.0)
     cfg, order, pack = _knobs(params, ctx, "natural")
@@ -365,6 +366,8 @@ def _policy_stream_k(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
     ``item_cost_blocks`` (default 1) is the fixed cost of a request's piece in
     ``block_n`` blocks; ``min_piece_blocks`` (default 1) keeps short requests
     whole. ``pack_tokens`` does not apply (the partition packs by itself).
+    ``whole_wave`` (default off): :func:`whole_wave_config`'s one tile per
+    request where it applies.
     """
     if params.get("pack_tokens", 0):
         raise ValueError("params.pack_tokens: not used by policy 'stream_k' (its CTAs already walk runs of items)")
@@ -487,7 +490,8 @@ def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     ``floor(ctas_per_sm * num_SMs)`` cut to whole resident waves) and at least
     ``min_chunk_tokens``. ``partition="stream_k"`` uses
     :func:`stream_k_work` instead (``ctas_per_sm``, ``item_cost_blocks``,
-    ``min_piece_blocks``, ``order``). Ranges and defaults: :data:`TUNED_PARAM_SPACE`.
+    ``min_piece_blocks``, ``order``). ``whole_wave`` (default off): :func:`whole_wave_config`'s
+    one tile per request where it applies. Ranges and defaults: :data:`TUNED_PARAM_SPACE`.
     """
     sp = TUNED_PARAM_SPACE
     target = _num("ctas_per_sm", params.get("ctas_per_sm", sp["ctas_per_sm"]["default"]),
