@@ -234,3 +234,30 @@ def test_register_cap_keeps_the_counted_residency(group, monkeypatch):
     assert maxnreg == cap
     kernel._init_handles()
     assert kernel.n_regs <= 128, (group, kernel.n_regs)
+
+
+@pytest.mark.parametrize("lens", [[2048] * 128, [5461] * 96, [1024] * 256], ids=["b128", "b96", "b256"])
+def test_whole_wave_plans_of_the_shipped_table(lens):
+    """Batches the shipped H200 table serves with the whole-wave rule (one tile per request on the rule's tile,
+    round 7) in bf16 against the fp32 reference, through the table as a server answers them."""
+    import json
+    from pathlib import Path
+
+    from kvsplit.kernels.policy_table import PolicyTable
+
+    raw = json.loads((Path(__file__).resolve().parents[2] / "service/data/h200_policies.json").read_text())
+    pols = [{"id": p["id"], "version": p.get("version", 1), "bucket": p["bucket"]["key"],
+             **{k: p["bucket"][k] for k in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")},
+             "name": p["name"], "params": p["params"], "backend": p.get("backend", "gpu")} for p in raw["policies"]]
+    table = PolicyTable.from_json(PolicyTable.document(pols, version=1))
+    plan, _, policy = table.plan(lens, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
+                                 dtype="bfloat16", page_size=16)
+    assert policy["params"].get("whole_wave") and int(plan.num_splits.max()) == 1
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
+                     device="cuda", seed=13)
+    o, lse = decode_attention(**case, plan=plan, return_lse=True)
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any()
+    assert _rel_err(o, ref) < 2e-2
+    assert float((lse - ref_lse).abs().max()) < 2e-2
