@@ -332,7 +332,7 @@ def format_trace_table(rows: list[dict[str, Any]]) -> str:
         sp = [gm([by[k][l]["time_us"] / by[k]["published"]["time_us"] for k in ks]) for l in labels]
         lines.append(f"{B:>5} {len(ks):>7} {','.join(sorted(src[B])):>10} {ratio:>10.3f} "
                      + " ".join(f"{x:>18.2f}x" for x in sp))
-    lines.append("columns: 'vs X' = X's time / the published plan's time (geomean over the batches); where")
+    lines.append("columns: 'vs X' = X's time / the published plan's time (geomean over the batches); the plans:")
     lines.append(legend(("published", *labels)))
     if FLASHINFER_KERNEL not in have:
         lines.append(f"  ({FLASHINFER_KERNEL}: not measured -- GPU backend with flashinfer installed only)")
