@@ -36,12 +36,12 @@ from pathlib import Path
 import numpy as np
 
 from kvsplit.kernels.device import resolve_device
-from kvsplit.tuner.simfit import _loss, _prep, error_summary, error_table, predict_samples, sweep_samples
+from kvsplit.tuner.simfit import _loss, by_config, error_table, predict_samples, sweep_samples
 from kvsplit.tuner.simulate import Calibration, _simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from fit_lone_bw import HELDOUT, TRAIN, _row  # noqa: E402
+from fit_lone_bw import HELDOUT, TRAIN, _row, write_outputs  # noqa: E402
 
 TRAIN_R6 = ["docs/data/h200_r6/train6.jsonl", "docs/data/h200_r6/train6_r1tiles.jsonl"]
 RETIME = "docs/data/h200_r6/retime9.jsonl"
@@ -61,13 +61,9 @@ def fit_new_terms(cal: Calibration, samples, dev, *, tail: bool = False, min_sam
     """``cal`` with ``per_config[key]["fixed_overlap"]`` (and ``"tail_sm_bw"`` when ``tail``) picked per config on
     ``samples`` (grids :data:`OVERLAPS`, :data:`TAIL_FACTORS`); per config: samples, the values, loss before and
     after. A value is set only where it lowers the loss (else the config keeps the old model)."""
-    tiles = _prep(samples, dev)
-    meas = np.array([s.time_s for s in samples])
-    by: dict[str, list[int]] = {}
-    for i, t in enumerate(tiles):
-        by.setdefault(t.config_key, []).append(i)
+    tiles, meas, groups = by_config(samples, dev)
     out = {}
-    for key, ix in sorted(by.items(), key=lambda kv: -len(kv[1])):
+    for key, ix in groups:
         if len(ix) < min_samples:
             continue
         tk, mk = [tiles[i] for i in ix], meas[ix]
@@ -129,18 +125,12 @@ def main() -> None:
         for role, ss in (("heldout", held), ("retime9", r9), ("train", train)):
             tabs[f"{label}_{role}"] = error_table(ss, predict_samples(ss, c, dev))
             print(f"{label:6s} {role:8s} {_row(tabs[f'{label}_{role}'])}", flush=True)
-    if args.report:
-        Path(args.report).write_text(json.dumps({"train": TRAIN + TRAIN_R6, "heldout": HELDOUT + [RETIME],
-                                                 "tail": not args.no_tail, "per_config": per_config,
-                                                 "constants": cal.to_dict(), "tables": tabs}, indent=1) + "\n")
-    if args.out:
-        doc["constants"] = cal.to_dict()
-        doc["error"].update(error_summary(tabs["after_train"], tabs["after_heldout"]))
-        if "fit_drain.py" not in doc["source"]:
-            doc["source"] += ("; tail_sm_bw and fixed_overlap per config fitted on the training batches (the files "
-                              "above plus docs/data/h200_r6/train6.jsonl and train6_r1tiles.jsonl) by scripts/fit_drain.py "
-                              "(round 7), every other constant kept")
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_outputs(args.out, args.report, doc, cal, tabs,
+                  {"train": TRAIN + TRAIN_R6, "heldout": HELDOUT + [RETIME], "tail": not args.no_tail,
+                   "per_config": per_config}, "fit_drain.py",
+                  "; tail_sm_bw and fixed_overlap per config fitted on the training batches (the files "
+                  "above plus docs/data/h200_r6/train6.jsonl and train6_r1tiles.jsonl) by scripts/fit_drain.py "
+                  "(round 7), every other constant kept")
     print(f"done [{time.time() - t0:.0f}s]")
 
 

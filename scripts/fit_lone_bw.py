@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsplit.kernels.device import resolve_device
-from kvsplit.tuner.simfit import _loss, _prep, error_summary, error_table, predict_samples, sweep_samples
+from kvsplit.tuner.simfit import _loss, by_config, error_summary, error_table, predict_samples, sweep_samples
 from kvsplit.tuner.simulate import Calibration, _simulate
 
 TRAIN = ["docs/data/h200_r2/train.jsonl", "docs/data/h200_r4/train4.jsonl", "docs/data/h200_r4/train_even.jsonl",
@@ -40,13 +40,9 @@ FACTORS = (0.5, 0.6, 0.7, 0.8) + tuple(float(f) for f in np.round(np.arange(0.85
 def fit_lone(cal: Calibration, samples, dev, min_samples: int = 20) -> tuple[Calibration, dict[str, dict]]:
     """``cal`` with ``per_config[key]["lone_bw"]`` fitted per config on ``samples``; and per config: samples, old
     lone rate, factor (None: no factor beat the old rate), loss before and after."""
-    tiles = _prep(samples, dev)
-    meas = np.array([s.time_s for s in samples])
-    by: dict[str, list[int]] = {}
-    for i, t in enumerate(tiles):
-        by.setdefault(t.config_key, []).append(i)
+    tiles, meas, groups = by_config(samples, dev)
     out = {}
-    for key, ix in sorted(by.items(), key=lambda kv: -len(kv[1])):
+    for key, ix in groups:
         if len(ix) < min_samples:
             continue
         tk, mk = [tiles[i] for i in ix], meas[ix]
@@ -103,18 +99,26 @@ def main() -> None:
         for role, ss in (("heldout", held), ("retime8", r8), ("train", train)):
             tabs[f"{label}_{role}"] = error_table(ss, predict_samples(ss, c, dev))
             print(f"{label:6s} {role:8s} {_row(tabs[f'{label}_{role}'])}", flush=True)
-    if args.report:
-        Path(args.report).write_text(json.dumps({"train": TRAIN, "heldout": HELDOUT, "per_config": per_config,
-                                                 "constants": cal.to_dict(), "tables": tabs}, indent=1) + "\n")
-    if args.out:
-        h = tabs["after_heldout"]
-        doc["constants"] = cal.to_dict()
-        doc["error"].update(error_summary(tabs["after_train"], h))
-        if "fit_lone_bw.py" not in doc["source"]:
-            doc["source"] += ("; lone_bw per config fitted on the same training batches by scripts/fit_lone_bw.py "
-                              "(2026-12-01, round 5), every other constant kept")
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_outputs(args.out, args.report, doc, cal, tabs,
+                  {"train": TRAIN, "heldout": HELDOUT, "per_config": per_config}, "fit_lone_bw.py",
+                  "; lone_bw per config fitted on the same training batches by scripts/fit_lone_bw.py "
+                  "(2026-12-01, round 5), every other constant kept")
     print(f"done [{time.time() - t0:.0f}s]")
+
+
+def write_outputs(out: str | None, report: str | None, doc: dict, cal: Calibration, tabs: dict, fields: dict,
+                  script: str, note: str) -> None:
+    """What the fit scripts write: the report JSON at ``report`` (``fields``, then the constants and the error
+    tables) and the calibration document at ``out`` (``doc`` with ``cal``'s constants, the after-fit errors and
+    ``note`` appended to its ``source`` once, keyed by the ``script`` name); either may be None."""
+    if report:
+        Path(report).write_text(json.dumps({**fields, "constants": cal.to_dict(), "tables": tabs}, indent=1) + "\n")
+    if out:
+        doc["constants"] = cal.to_dict()
+        doc["error"].update(error_summary(tabs["after_train"], tabs["after_heldout"]))
+        if script not in doc["source"]:
+            doc["source"] += note
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from kvsplit.kernels.device import resolve_device
-from kvsplit.tuner.simfit import (CONFIG_FIT_PARAMS, _coord_search, _loss, _prep, error_summary, error_table,
+from kvsplit.tuner.simfit import (CONFIG_FIT_PARAMS, _coord_search, _loss, _prep, by_config, error_table,
                                   predict_samples, sweep_samples)
 from kvsplit.tuner.simulate import Calibration, _simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from fit_lone_bw import HELDOUT, _row, fit_lone  # noqa: E402
+from fit_lone_bw import HELDOUT, _row, fit_lone, write_outputs  # noqa: E402
 
 TRAIN = ["docs/data/h200_r6/train6_r1tiles.jsonl"]
 RETIME = "docs/data/h200_r6/retime9.jsonl"
@@ -42,13 +42,9 @@ RETIME = "docs/data/h200_r6/retime9.jsonl"
 def fit_new(cal: Calibration, samples, dev, min_samples: int = 20) -> tuple[Calibration, dict[str, dict]]:
     """``cal`` with ``CONFIG_FIT_PARAMS`` fitted for every config of ``samples`` that ``cal.per_config`` lacks;
     and per fitted config: samples, loss before and after, the constants."""
-    tiles = _prep(samples, dev)
-    meas = np.array([s.time_s for s in samples])
-    by: dict[str, list[int]] = {}
-    for i, t in enumerate(tiles):
-        by.setdefault(t.config_key, []).append(i)
+    tiles, meas, groups = by_config(samples, dev)
     out = {}
-    for key, ix in sorted(by.items(), key=lambda kv: -len(kv[1])):
+    for key, ix in groups:
         if key in cal.per_config or len(ix) < min_samples:
             continue
         tk, mk = [tiles[i] for i in ix], meas[ix]
@@ -89,18 +85,11 @@ def main() -> None:
         for role, ss in (("heldout", held), ("retime9", r9), ("train", train)):
             tabs[f"{label}_{role}"] = error_table(ss, predict_samples(ss, c, dev))
             print(f"{label:6s} {role:8s} {_row(tabs[f'{label}_{role}'])}", flush=True)
-    if args.report:
-        Path(args.report).write_text(json.dumps({"train": args.train, "heldout": HELDOUT + [RETIME],
-                                                 "per_config": per_config, "constants": cal.to_dict(),
-                                                 "tables": tabs}, indent=1) + "\n")
-    if args.out:
-        doc["constants"] = cal.to_dict()
-        doc["error"].update(error_summary(tabs["after_train"], tabs["after_heldout"]))
-        if "fit_new_configs.py" not in doc["source"]:
-            doc["source"] += ("; per-config constants of the configs without any, (64, 2, 3) and (64, 4, 4), fitted "
-                              "on their training plans (docs/data/h200_r6/train6_r1tiles.jsonl) by "
-                              "scripts/fit_new_configs.py (round 6), every other constant kept")
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_outputs(args.out, args.report, doc, cal, tabs,
+                  {"train": args.train, "heldout": HELDOUT + [RETIME], "per_config": per_config}, "fit_new_configs.py",
+                  "; per-config constants of the configs without any, (64, 2, 3) and (64, 4, 4), fitted "
+                  "on their training plans (docs/data/h200_r6/train6_r1tiles.jsonl) by "
+                  "scripts/fit_new_configs.py (round 6), every other constant kept")
     print(f"done [{time.time() - t0:.0f}s]")
 
 

@@ -315,6 +315,19 @@ def error_table(samples: Sequence[SweepSample], pred: np.ndarray) -> dict[str, A
     return out
 
 
+def by_config(samples: Sequence[SweepSample], dev: DeviceSpec) -> tuple[list[_Tiles], np.ndarray,
+                                                                        list[tuple[str, list[int]]]]:
+    """What the per-config fits (scripts/fit_lone_bw.py, fit_new_configs.py, fit_drain.py) loop over: the samples'
+    prepared tiles, their measured seconds, and ``(config key, sample indices)`` per kernel config, the configs
+    with the most samples first (ties in first-seen order)."""
+    tiles = _prep(samples, dev)
+    meas = np.array([s.time_s for s in samples])
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(tiles):
+        groups.setdefault(t.config_key, []).append(i)
+    return tiles, meas, sorted(groups.items(), key=lambda kv: -len(kv[1]))
+
+
 def error_summary(train: Mapping[str, Any], heldout: Mapping[str, Any]) -> dict[str, Any]:
     """The ``error`` object of a calibration document from two :func:`error_table` results: median and worst
     on the training and held-out plans, and held-out per set, per policy and per kernel config (with ``n``)."""
