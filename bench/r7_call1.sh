@@ -4,12 +4,7 @@
 # the evaluation batches whose served plan the rule changes timed back to back against the plan served before
 # (pairs_r7 / pairs_r7b). Run from the repo root on the device machine; .peers/ carried
 # (../shared/tools/flashinfer_for_device.sh .peers).
-set -o pipefail
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_cache"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
-mkdir -p /tmp/fi /tmp/site && tar xJf .peers/fi_trim.tar.xz -C /tmp/fi \
-  && python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/deps/*.whl
-export PYTHONPATH=/tmp/site:/tmp/fi:${PYTHONPATH:-}
+source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 bench/gpu_sweep.py --mode retime --flashinfer skip --rep-ms 10 --out "$OUT" --out-name retime11.jsonl 2>&1 | tee "$OUT/retime11.log" | tail -n 3
 python3 bench/gpu_sweep.py --mode retime --flashinfer only --rep-ms 10 --out "$OUT" --out-name retime11_fi.jsonl 2>&1 | tee "$OUT/retime11_fi.log" | tail -n 3

@@ -3,12 +3,7 @@
 # reference cases whose best re-timed plan was above 1.02x FlashInfer's kernel in retime10 (uniform B=64 and
 # skewed40 B=32, T=262,144) x the whole oracle grid and its prefetching tiles with today's kernel, then FlashInfer's
 # kernel on them in a second process.
-set -o pipefail
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_cache"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
-mkdir -p /tmp/fi /tmp/site && tar xJf .peers/fi_trim.tar.xz -C /tmp/fi \
-  && python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/deps/*.whl
-export PYTHONPATH=/tmp/site:/tmp/fi:${PYTHONPATH:-}
+source bench/device_env.sh
 python3 bench/gpu_sweep.py --mode train --cases bench/data/r7_fi_cases.json --grid-sample 100000 --rep-ms 10 \
     --out "$OUT" --out-name grid_fi_cases.jsonl 2>&1 | tee "$OUT/grid_fi_cases.log" | tail -n 4
 python3 bench/gpu_sweep.py --mode retime --flashinfer only --cases bench/data/r7_fi_cases.json --rep-ms 10 \
