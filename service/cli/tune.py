@@ -23,6 +23,8 @@ later ``tune`` into the same bucket whose flags (``--seed``,
 
 from __future__ import annotations
 
+import sys
+
 import json
 from pathlib import Path
 from typing import Annotated, Optional
@@ -78,7 +80,8 @@ def tune_cmd(
                                       help="silence after which a running trial is failed")] = 30,
     publish: Annotated[bool, typer.Option("--publish/--no-publish", metavar="",
                                           help="publish verified policies")] = True,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", metavar="", help="tqdm progress bar")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", metavar="",
+                                           help="tqdm progress bar (drawn only when stderr is a terminal)")] = True,
     json_out: Annotated[bool, typer.Option("--json", metavar="", help="print the results as JSON")] = False,
 ) -> None:
     """Tune the `tuned` policy of one or more buckets, verify it against the baselines, publish it."""
@@ -94,7 +97,8 @@ def tune_cmd(
     try:
         cfg = search.TuneConfig(
             database_url=url, n_trials=trials, backend=backend, workers=workers,
-            timeout=timeout, journal=str(journal) if journal else None, seed=seed, progress=progress,
+            timeout=timeout, journal=str(journal) if journal else None, seed=seed,
+            progress=progress and sys.stderr.isatty(),  # no carriage-return redraws in a piped log
             heartbeat_interval=heartbeat_interval, grace_period=grace_period, publish=publish,
         )
         search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers,
