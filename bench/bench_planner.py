@@ -59,54 +59,47 @@ def _hot_table() -> None:
     fastplan.warmup()
     core = "numba " + __import__("numba").__version__ if fastplan.ENABLED else "NumPy reference (numba off)"
     print(f"\nhot path, a new random batch per call, planner core: {core}")
-    doc = json.loads((Path(__file__).resolve().parents[1] / "service/data/h200_policies.json").read_text())
-    pols = [{"id": p["id"], "version": p.get("version", 1), "bucket": p["bucket"]["key"],
-             **{k: p["bucket"][k] for k in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")},
-             "name": p["name"], "params": p["params"], "backend": p.get("backend", "gpu")} for p in doc["policies"]]
-    table = PolicyTable.from_json(PolicyTable.document(pols, version=1))
+    table = PolicyTable.from_export(json.loads((Path(__file__).resolve().parents[1] / "service/data/h200_policies.json")
+                                               .read_text()))
     print(f"(PolicyTable: the shipped H200 table, {len(table)} policies)")
     print(f"{'entry point':<34}{'input':>8}{'B':>6}{'p50 µs':>10}{'p99 µs':>10}{'target':>9}")
     rng = np.random.default_rng(11)
+
+    def row(name, fn, B, target, arrays):
+        # one warm-up call, then one timed call per batch (int32 arrays, then the same batches as lists)
+        for form, batches in (("int32", arrays), ("list", [a.tolist() for a in arrays])):
+            fn(batches[0])
+            samples = []
+            for L in batches:
+                t = time.perf_counter_ns()
+                fn(L)
+                samples.append(time.perf_counter_ns() - t)
+            samples.sort()
+            p50 = samples[len(samples) // 2] / 1e3
+            p99 = samples[int(0.99 * (len(samples) - 1))] / 1e3
+            tgt = f"{target}" if target else "-"
+            print(f"{name:<34}{form:>8}{B:>6}{p50:>10.1f}{p99:>10.1f}{tgt:>9}")
+
+    def table_plan(L):
+        return table.plan(L, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16",
+                          page_size=16)
+
     for B, reps in ((256, 2000), (4096, 300)):
         arrays = [rng.integers(1, 8193, B).astype(np.int32) for _ in range(reps)]
-        lists = [a.tolist() for a in arrays]
         cases = [(f"make_plan {pol}", lambda L, pol=pol: make_plan(L, num_kv_heads=4, device=H200, policy=pol),
                   20 if B == 256 else 300) for pol in ("balanced", "stream_k", "tuned")]
         cases.append(("bucket_key", lambda L: fastplan.bucket_key(L, num_kv_heads=4, head_dim=128,
                                                                   dtype="bfloat16", device=H200), None))
-        cases.append(("PolicyTable.plan", lambda L: table.plan(L, gpu="NVIDIA H200", num_qo_heads=32,
-                                                              num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                                                              page_size=16), 30 if B == 256 else None))
+        cases.append(("PolicyTable.plan", table_plan, 30 if B == 256 else None))
         for name, fn, target in cases:
-            for form, batches in (("int32", arrays), ("list", lists)):
-                fn(batches[0])
-                samples = []
-                for L in batches:
-                    t = time.perf_counter_ns()
-                    fn(L)
-                    samples.append(time.perf_counter_ns() - t)
-                samples.sort()
-                p50 = samples[len(samples) // 2] / 1e3
-                p99 = samples[int(0.99 * (len(samples) - 1))] / 1e3
-                tgt = f"{target}" if target else "-"
-                print(f"{name:<34}{form:>8}{B:>6}{p50:>10.1f}{p99:>10.1f}{tgt:>9}")
+            row(name, fn, B, target, arrays)
     # near-even batches (U(0.995, 1.005) around 2,048 and 1,024 tokens) that reach a shipped policy with the
     # whole-wave rule on: the rule's check and the second compiled plan pass it takes (round 7)
     for B, mean in ((128, 2048), (256, 1024)):
         arrays = [np.rint(mean * rng.uniform(0.995, 1.005, B)).astype(np.int32) for _ in range(2000)]
-        p, _, info = table.plan(arrays[0], gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
-                                dtype="bfloat16", page_size=16)
+        p, _, info = table_plan(arrays[0])
         assert info["params"].get("whole_wave") and p.config.block_n == 64, "the batch should take the rule"
-        for form, batches in (("int32", arrays), ("list", [a.tolist() for a in arrays])):
-            samples = []
-            for L in batches:
-                t = time.perf_counter_ns()
-                table.plan(L, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
-                           dtype="bfloat16", page_size=16)
-                samples.append(time.perf_counter_ns() - t)
-            samples.sort()
-            print(f"{'PolicyTable.plan (whole-wave)':<34}{form:>8}{B:>6}{samples[len(samples) // 2] / 1e3:>10.1f}"
-                  f"{samples[int(0.99 * (len(samples) - 1))] / 1e3:>10.1f}{30:>9}")
+        row("PolicyTable.plan (whole-wave)", table_plan, B, 30, arrays)
 
 
 def main() -> None:

@@ -65,6 +65,14 @@ def cand_name(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int,
     return name + (f"|o{extra[0]}m{extra[1]}" if extra else "") + ("|pf" if prefetch else "")
 
 
+def plan_cand_name(policy: str, params: dict) -> str:
+    """The :func:`cand_name` of a (policy, params) pair whose params hold the tile (``block_n``, ``num_warps``,
+    ``num_stages``), as the shipped table's entries do; other keys (``whole_wave``) are not part of the name."""
+    extra = (params["item_cost_blocks"], params["min_piece_blocks"]) if "item_cost_blocks" in params else None
+    return cand_name(policy, params.get("ctas_per_sm", 0), (params["block_n"], params["num_warps"],
+                                                            params["num_stages"]), extra)
+
+
 def cand_params(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None,
                 prefetch: bool = False) -> tuple[str, dict]:
     p = {"ctas_per_sm": float(cps), "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}

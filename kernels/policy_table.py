@@ -215,6 +215,24 @@ class PolicyTable:
         return cls(entries, version=version, distance_limit=float(limit), fallback_name=fb_name,
                    fallback_params=fb_params, doc=doc)
 
+    @classmethod
+    def from_export(cls, export: Mapping[str, Any], *, version: int = 1) -> "PolicyTable":
+        """The table a store filled from a ``kvsplit db export`` document would serve (format
+        ``kvsplit.policies``: ``{"policies": [{"id", "bucket": {"key", "gpu", ...}, "name", "params",
+        "backend", ...}]}``, e.g. ``service/data/h200_policies.json``), without a store: every entry is
+        published, ``version`` defaults to 1 and ``backend`` to ``"gpu"``.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`from_json`, on a malformed entry.
+        """
+        pols = [{"id": p["id"], "version": p.get("version", 1), "bucket": p["bucket"]["key"],
+                 **{k: p["bucket"][k] for k in _SHAPE_FIELDS},
+                 "name": p["name"], "params": p["params"], "backend": p.get("backend", "gpu")}
+                for p in export["policies"]]
+        return cls.from_json(cls.document(pols, version=version))
+
     @staticmethod
     def document(policies: Sequence[Mapping[str, Any]], *, version: int,
                  distance_limit: float = SERVE_DISTANCE_LIMIT) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from kvsplit.tuner.simfit import candidate_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_sweep import cand_name  # noqa: E402
+from gpu_sweep import plan_cand_name  # noqa: E402
 
 GPU = "NVIDIA H200"
 WORST = 1.01
@@ -56,24 +56,10 @@ WORST = 1.01
 slower than its own plan (ten-repetition timings vary by < 1 %, docs/perf.md round 3)."""
 
 
-def table_of(doc: dict) -> PolicyTable:
-    """The served table of a ``kvsplit db export`` policies document (as ``GET /v1/policies`` would give it)."""
-    pols = [{"id": p["id"], "version": p.get("version", 1), "bucket": p["bucket"]["key"],
-             **{k: p["bucket"][k] for k in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")},
-             "name": p["name"], "params": p["params"], "backend": p.get("backend", "gpu")} for p in doc["policies"]]
-    return PolicyTable.from_json(PolicyTable.document(pols, version=1))
-
-
-def plan_name(policy: str, params: dict) -> str:
-    extra = (params["item_cost_blocks"], params["min_piece_blocks"]) if "item_cost_blocks" in params else None
-    return cand_name(policy, params.get("ctas_per_sm", 0), (params["block_n"], params["num_warps"],
-                                                            params["num_stages"]), extra)
-
-
 def decide(doc: dict, cases: list[dict], timings: Path, eps: float) -> dict[int, dict]:
     """Per published policy id: the batches the rule acts on and their whole-request / own-plan time ratios."""
     dev = DeviceSpec.known(GPU)
-    table = table_of(doc)
+    table = PolicyTable.from_export(doc)
     by_id = {c["id"]: c for c in cases}
     out: dict[int, dict] = defaultdict(lambda: {"ratios": [], "missing": [], "batches": 0})
     for line in open(timings):
@@ -93,7 +79,7 @@ def decide(doc: dict, cases: list[dict], timings: Path, eps: float) -> dict[int,
         if tile is None:
             continue
         t = r["times"]
-        own = t.get(plan_name(entry.name, dict(entry.params)))
+        own = t.get(plan_cand_name(entry.name, dict(entry.params)))
         whole = None
         for name, v in t.items():
             cp = candidate_policy(name)

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "bench"))
 import build_shipped_policies as bsp  # noqa: E402
-from gpu_sweep import cand_name  # noqa: E402
+from gpu_sweep import plan_cand_name  # noqa: E402
 
 GPU = "NVIDIA H200"
 
@@ -51,10 +51,7 @@ def served_names(policies_doc: dict, cases: list[dict]) -> dict[int, str]:
     for c in cases:
         p, _, _ = table.plan(np.asarray(c["kv_lens"]), gpu=GPU, num_qo_heads=c["num_qo_heads"],
                              num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
-        pr = p.params
-        extra = (pr["item_cost_blocks"], pr["min_piece_blocks"]) if "item_cost_blocks" in pr else None
-        out[c["id"]] = cand_name(p.policy, pr.get("ctas_per_sm", 0), (pr["block_n"], pr["num_warps"],
-                                                                     pr["num_stages"]), extra)
+        out[c["id"]] = plan_cand_name(p.policy, p.params)
     return out
 
 

@@ -246,10 +246,7 @@ def test_whole_wave_plans_of_the_shipped_table(lens):
     from kvsplit.kernels.policy_table import PolicyTable
 
     raw = json.loads((Path(__file__).resolve().parents[2] / "service/data/h200_policies.json").read_text())
-    pols = [{"id": p["id"], "version": p.get("version", 1), "bucket": p["bucket"]["key"],
-             **{k: p["bucket"][k] for k in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")},
-             "name": p["name"], "params": p["params"], "backend": p.get("backend", "gpu")} for p in raw["policies"]]
-    table = PolicyTable.from_json(PolicyTable.document(pols, version=1))
+    table = PolicyTable.from_export(raw)
     plan, _, policy = table.plan(lens, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
                                  dtype="bfloat16", page_size=16)
     assert policy["params"].get("whole_wave") and int(plan.num_splits.max()) == 1

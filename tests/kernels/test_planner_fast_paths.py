@@ -32,11 +32,7 @@ SHAPE = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, d
 
 
 def _shipped() -> PolicyTable:
-    doc = json.loads((ROOT / "service/data/h200_policies.json").read_text())
-    pols = [{"id": p["id"], "version": p.get("version", 1), "bucket": p["bucket"]["key"],
-             **{k: p["bucket"][k] for k in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")},
-             "name": p["name"], "params": p["params"], "backend": p.get("backend", "gpu")} for p in doc["policies"]]
-    return PolicyTable.from_json(PolicyTable.document(pols, version=1))
+    return PolicyTable.from_export(json.loads((ROOT / "service/data/h200_policies.json").read_text()))
 
 
 def _mixed() -> PolicyTable:

@@ -68,3 +68,29 @@ def test_reimport_keeps_a_retired_policy_retired(tmp_path):
     with store.session_scope(url) as s:
         assert store.get_policy(s, ids[0]).status == "retired"
         assert store.get_policy(s, ids[1]).status == "published"
+
+
+def test_table_from_an_export_equals_the_table_the_store_serves(tmp_path):
+    """PolicyTable.from_export (benches, scripts and tests build the shipped table with it) gives the entries
+    and plans that importing the file into a store and loading GET /v1/policies' document gives."""
+    import numpy as np
+
+    from kvsplit.kernels.policy_table import PolicyTable
+
+    url = _store(tmp_path)
+    doc = json.loads(SHIPPED.read_text())
+    with store.session_scope(url, write=True) as s:
+        store.import_policies(s, doc)
+    served = PolicyTable.from_json(load_table_doc(url))
+    direct = PolicyTable.from_export(doc)
+
+    def rows(t):
+        return sorted((e.bucket, e.name, json.dumps(dict(e.params), sort_keys=True), e.backend, e.source)
+                      for e in t.entries)
+
+    assert len(direct) == len(served) == len(doc["policies"]) and rows(direct) == rows(served)
+    shape = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+    for lens in ([210000] + [3400] * 15, [2048] * 128, list(np.random.default_rng(3).integers(1, 9000, 300))):
+        a, b = direct.plan(lens, **shape), served.plan(lens, **shape)
+        assert a[0] == b[0] and a[1] == b[1]
+        assert {k: v for k, v in a[2].items() if k != "id"} == {k: v for k, v in b[2].items() if k != "id"}

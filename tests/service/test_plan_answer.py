@@ -187,10 +187,7 @@ def test_shipped_h200_table(monkeypatch):
     from service_inprocess import make_bodies  # noqa: E402
 
     raw = json.loads((ROOT / "service" / "data" / "h200_policies.json").read_text())
-    pols = [{"id": p["id"], "version": p["version"], "bucket": p["bucket"]["key"],
-             **{k: p["bucket"][k] for k in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")},
-             "name": p["name"], "params": p["params"], "backend": p["backend"]} for p in raw["policies"]]
-    table = PolicyTable.from_json(PolicyTable.document(pols, version=raw["policies_version"]))
+    table = PolicyTable.from_export(raw, version=raw["policies_version"])
     shape = _shape(hq=32)
     validation._HEADERS.clear()
     for body in make_bodies(n=60, seed=4):
