@@ -2,6 +2,7 @@
 
     python bench/compile_sm90.py [--configs 64,4,3 128,8,3 ...] [--variants plain,prefetch] [--ttgir DIR]
     python bench/compile_sm90.py --groups 1,2,3,4,5,6,7,8,16 --maxnreg none,auto,128 --variants plain --json OUT.jsonl
+    python bench/compile_sm90.py --configs 32,4,3 64,4,2 --groups 4,8 --heads 2,4   # KernelConfig.heads_per_tile
 
 For every (BLOCK_N, warps, stages) x variant, the arguments :func:`kvsplit.kernels.decode.launch_decode`
 passes for a case of the reference shape (H_q 32, H_kv 4, D 128, bf16, page 16, grid schedule) are recorded
@@ -60,7 +61,8 @@ def record_stage1(cfg: KernelConfig, *, dtype=torch.bfloat16, hq=32, hkv=4, d=12
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
     plan = make_plan(list(lens), num_kv_heads=hkv, device="NVIDIA H200", policy="fixed",
                      params={"num_splits": 2, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
-                             "num_stages": cfg.num_stages, "prefetch": cfg.prefetch},
+                             "num_stages": cfg.num_stages, "prefetch": cfg.prefetch,
+                             "heads_per_tile": cfg.heads_per_tile},
                      head_dim=d, page_size=page_size, dtype=name)
     npages = sum(-(-n // page_size) for n in lens) + 8
     k = torch.zeros((npages, page_size, hkv, d), dtype=dtype)
@@ -158,6 +160,8 @@ def main() -> None:
     ap.add_argument("--variants", default="plain,prefetch")
     ap.add_argument("--groups", default="8", help="GQA groups G to compile at (H_q = 4 G, H_kv = 4)")
     ap.add_argument("--maxnreg", default="none", help="register caps: none, auto (launch_decode's) or numbers")
+    ap.add_argument("--heads", default="1", help="KV heads per work tile (KernelConfig.heads_per_tile); each is "
+                                                 "compiled at the groups G with heads * G <= 16")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--ttgir", default=None, help="write each kernel's TTGIR into this folder")
@@ -167,17 +171,18 @@ def main() -> None:
     dev = resolve_device("NVIDIA H200")
     sink = open(args.json, "a") if args.json else None
     print(f"triton {triton.__version__}, sm_90, {args.dtype}, H_kv 4 D 128 page {args.page_size}")
-    print(f"{'variant':9s} {'cfg':12s} {'G':>2s} {'cap':>4s} {'regs':>4s} {'spill':>5s} {'smem B':>7s} {'CTA/SM':>6s} "
+    print(f"{'variant':9s} {'cfg':12s} {'G':>2s} {'h':>2s} {'cap':>4s} {'regs':>4s} {'spill':>5s} {'smem B':>7s} {'CTA/SM':>6s} "
           f"{'table':>5s}  {'cp.async':>8s} {'waits':>8s}  pipelined K/V buffers (rings x depth x [box])")
     for c in args.configs:
         bn, w, s = map(int, c.split(","))
         for variant in args.variants.split(","):
             pf = variant == "prefetch"
-            for g in map(int, args.groups.split(",")):
+            for g, heads in [(g, h) for g in map(int, args.groups.split(",")) for h in map(int, args.heads.split(","))
+                             if h == 1 or h * g <= 16]:
                 for capname in args.maxnreg.split(","):
                     cap = (None if capname == "none" else int(capname) if capname != "auto"
                            else register_cap(128, g, bn, w, s, pf, dtype.itemsize))
-                    extra = {"prefetch": pf}
+                    extra = {"prefetch": pf, "heads_per_tile": heads}
                     try:
                         cfg = KernelConfig(block_n=bn, num_warps=w, num_stages=s, **extra)
                         a, kw = record_stage1(cfg, dtype=dtype, hq=4 * g, hkv=4, page_size=args.page_size,
@@ -186,22 +191,24 @@ def main() -> None:
                             kw = {**kw, "maxnreg": cap}
                         k = compile_sm90(dec._decode_stage1_kernel, a, kw)
                     except Exception as e:  # a config the planner rejects, or a compile failure: say which
-                        print(f"{variant:9s} {str((bn, w, s)):12s} -- {type(e).__name__}: "
+                        print(f"{variant:9s} {str((bn, w, s)):12s} {g:2d} {heads:2d} -- {type(e).__name__}: "
                               f"{str(e).splitlines()[0][:120]}")
                         continue
                     r, t = resources(k), ttgir_summary(k.asm["ttgir"])
                     res = occupancy(dev, w, r["regs"], r["shared"])
-                    table = resident_ctas_per_sm(dev, 128, args.dtype, dtype.itemsize, bn, w, s, prefetch=pf)
+                    table = resident_ctas_per_sm(dev, 128, args.dtype, dtype.itemsize, bn, w, s, prefetch=pf,
+                                                 heads_per_tile=heads)
                     if args.ttgir:
                         os.makedirs(args.ttgir, exist_ok=True)
-                        with open(os.path.join(args.ttgir, f"{variant}_{bn}_{w}_{s}_g{g}.ttgir"), "w") as f:
+                        with open(os.path.join(args.ttgir, f"{variant}_{bn}_{w}_{s}_g{g}_h{heads}.ttgir"), "w") as f:
                             f.write(k.asm["ttgir"])
                     waits = ",".join(map(str, t["async_wait_nums"])) if t["cp_async"] else f"mbar {t['mbarrier_waits']}"
-                    print(f"{variant:9s} {str((bn, w, s)):12s} {g:2d} {cap or '-':>4} {r['regs']:4d} "
+                    print(f"{variant:9s} {str((bn, w, s)):12s} {g:2d} {heads:2d} {cap or '-':>4} {r['regs']:4d} "
                           f"{r['spill_stores']:5d} {r['shared']:7d} {res:6d} {table:5d}  {t['cp_async']:8d} "
                           f"{waits:>8s}  {' '.join(f'{n} x {k}' for k, n in t['rings'].items())}", flush=True)
                     if sink:
-                        sink.write(json.dumps({"variant": variant, "cfg": [bn, w, s], "G": g, "maxnreg": cap, **r,
+                        sink.write(json.dumps({"variant": variant, "cfg": [bn, w, s], "G": g, "heads_per_tile": heads,
+                                               "maxnreg": cap, **r,
                                                "resident": res, "table": table}) + "\n")
                         sink.flush()
 

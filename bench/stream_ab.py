@@ -15,7 +15,15 @@ one process, CUDA-graph replays under ``triton.testing.do_bench`` (median), the 
   the *layout floor* of the plan, i.e. what streaming the paged cache in this order costs without the
   attention math;
 - ``stream``: the project's streaming-read kernel (``kvsplit.tuner.gpu``) over the same number of
-  contiguous bytes.
+  contiguous bytes;
+- ``paged`` (per case, not per plan): the *paged read floor*, a read-only kernel that reads the batch's pages
+  whole, in the shuffled page table's order: each program reads a few pages, each page's K and V
+  as one contiguous ``[page_size * H_kv * D]`` box (16 KB each at the reference shape), page ids loaded
+  independently of each other, and sums them (``paged_p{P}w{W}``: P pages per program, W warps; the fastest
+  of them is the floor): what any kernel over this paged cache pays before the attention
+  math, the split and the merge; ``paged_seq`` the same on consecutive pages; ``pg1cta_u{U}w{W}`` the same
+  read by one program per SM (a grid-stride loop, U pages' loads issued together, W warps): what one CTA
+  per SM can stream from this cache.
 
 Round 6's run (docs/data/h200_r6/stream_ab.jsonl) also timed an ``evict_first`` variant (the K/V loads with
 that L2 hint, through a ``launch_decode`` keyword added for the run): within 0.4 % of ``decode`` everywhere, so
@@ -28,6 +36,7 @@ JSON line per (case, plan) in OUT/stream_ab.jsonl; a table is printed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -87,12 +96,53 @@ def _gather_read_kernel(
     tl.store(OUT + tile, tl.sum(tl.sum(acc, axis=1), axis=0))
 
 
+@triton.jit
+def _paged_read_kernel(K, V, OUT, KV_INDICES, n_pages, stride_kp, stride_vp,
+                       PAGE_ELEMS: tl.constexpr, PAGES_PER_PROG: tl.constexpr):
+    # the paged read floor: whole pages (all KV heads, K and V each one contiguous box), no attention math
+    pid = tl.program_id(0)
+    offs = tl.arange(0, PAGE_ELEMS).to(tl.int64)
+    acc = tl.zeros([PAGE_ELEMS], dtype=tl.float32)
+    for i in tl.static_range(PAGES_PER_PROG):
+        j = pid * PAGES_PER_PROG + i
+        ok = j < n_pages
+        page = tl.load(KV_INDICES + j, mask=ok, other=0).to(tl.int64)
+        k = tl.load(K + page * stride_kp + offs, mask=ok & (offs >= 0), other=0.0)
+        v = tl.load(V + page * stride_vp + offs, mask=ok & (offs >= 0), other=0.0)
+        acc += k.to(tl.float32) + v.to(tl.float32)
+    tl.store(OUT + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _paged_read_one_cta_kernel(K, V, OUT, KV_INDICES, n_pages, stride_kp, stride_vp,
+                               PAGE_ELEMS: tl.constexpr, UNROLL: tl.constexpr):
+    # the same read with one program per SM: a grid-stride loop over groups of UNROLL pages (UNROLL pages'
+    # K and V loads issued together per iteration)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs = tl.arange(0, PAGE_ELEMS).to(tl.int64)
+    acc = tl.zeros([PAGE_ELEMS], dtype=tl.float32)
+    for j0 in range(pid * UNROLL, n_pages, nprog * UNROLL):
+        for i in tl.static_range(UNROLL):
+            ok = j0 + i < n_pages
+            page = tl.load(KV_INDICES + j0 + i, mask=ok, other=0).to(tl.int64)
+            k = tl.load(K + page * stride_kp + offs, mask=ok & (offs >= 0), other=0.0)
+            v = tl.load(V + page * stride_vp + offs, mask=ok & (offs >= 0), other=0.0)
+            acc += k.to(tl.float32) + v.to(tl.float32)
+    tl.store(OUT + pid, tl.sum(acc, axis=0))
+
+
+ONE_CTA_CONFIGS = {"pg1cta_u2w8": (2, 8), "pg1cta_u4w8": (4, 8), "pg1cta_u2w16": (2, 16)}  # (UNROLL, warps)
+PAGED_CONFIGS = {"paged_p4w8": (4, 8), "paged_p8w8": (8, 8), "paged_p2w4": (2, 4)}  # (pages per program, warps)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--rep-ms", type=float, default=10.0)
     ap.add_argument("--plans", default=",".join(PLANS))
+    ap.add_argument("--variants", default=None, help="comma-separated subset of the variants (default: all)")
     args = ap.parse_args()
     t0 = time.time()
     log = open(os.path.join(args.out, "stream_ab.jsonl"), "a")
@@ -113,7 +163,10 @@ def main() -> None:
     # contiguous bytes for the streaming read (as many as the largest case's K + V)
     sbuf = torch.randn(max(t.kv_bytes(family_kv_lens(f, n, T)) for T, f, n in CASES) // 2, dtype=torch.bfloat16,
                        device="cuda")
-    variants = ("decode", "s1", "pf", "seq_pages", "gather", "stream")
+    variants = ("decode", "s1", "pf", "seq_pages", "gather", "stream", *PAGED_CONFIGS, "paged_seq", *ONE_CTA_CONFIGS,
+                "swap")
+    if args.variants:
+        variants = tuple(v for v in variants if v in args.variants.split(","))
     print(f"{'case':24s} {'plan':26s} " + " ".join(f"{v:>11s}" for v in variants), flush=True)
     for T, fam, B in CASES:
         lens = family_kv_lens(fam, B, T)
@@ -143,6 +196,7 @@ def main() -> None:
                 "s1": launch(num_merge=0),
                 "pf": launch(prefetch=not cfg.prefetch),
                 "seq_pages": launch(indices=seq_indices[:n_pages]),
+                "swap": launch(swap_ab=True),
             }
             gout = torch.empty(plan.num_ctas * hkv, dtype=torch.float32, device="cuda")
             fns["gather"] = lambda: _gather_read_kernel[(plan.num_ctas * hkv,)](
@@ -157,7 +211,30 @@ def main() -> None:
             sgrid = (triton.cdiv(n_el, blk * iters),)
             sout = torch.empty(sgrid[0], dtype=torch.float32, device="cuda")
             fns["stream"] = lambda: _stream_read_kernel[sgrid](sbuf, sout, n_el, BLOCK=blk, ITERS=iters, num_warps=8)
-            times = {}
+            pout = torch.empty(n_pages, dtype=torch.float32, device="cuda")
+            assert t.k_cache.stride(1) == hkv * d and t.k_cache.is_contiguous() and t.v_cache.is_contiguous()
+            for vname, idx, (ppp, w) in [(v, b["kv_indices"], c) for v, c in PAGED_CONFIGS.items()] + [
+                    ("paged_seq", seq_indices, PAGED_CONFIGS["paged_p4w8"])]:
+                fns[vname] = functools.partial(
+                    _paged_read_kernel[(triton.cdiv(n_pages, ppp),)], t.k_cache, t.v_cache, pout, idx, n_pages,
+                    t.k_cache.stride(0), t.v_cache.stride(0), PAGE_ELEMS=16 * hkv * d, PAGES_PER_PROG=ppp,
+                    num_warps=w)
+            n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+            for vname, (unroll, w) in ONE_CTA_CONFIGS.items():
+                fns[vname] = functools.partial(
+                    _paged_read_one_cta_kernel[(n_sm,)], t.k_cache, t.v_cache, pout, b["kv_indices"], n_pages,
+                    t.k_cache.stride(0), t.v_cache.stride(0), PAGE_ELEMS=16 * hkv * d, UNROLL=unroll, num_warps=w)
+            fns = {v: fn for v, fn in fns.items() if v in variants}
+            times, errs = {}, {}
+            if "swap" in fns and "decode" in fns:  # the variant's output against the shipped kernel's
+                try:
+                    fns["decode"]()
+                    ref_out = out.float().clone()
+                    out.fill_(float("nan"))
+                    fns["swap"]()
+                    errs["swap"] = float((out.float() - ref_out).abs().max())
+                except Exception as exc:  # noqa: BLE001
+                    errs["swap"] = repr(exc)[:200]
             for v, fn in fns.items():
                 try:
                     g = graph_of(fn)
@@ -167,10 +244,10 @@ def main() -> None:
                 except Exception as exc:  # noqa: BLE001  (record and go on: one variant must not end the run)
                     emit({"kind": "error", "case": [T, fam, B], "plan": name, "variant": v, "error": repr(exc)})
             emit({"kind": "case", "T": T, "family": fam, "B": B, "plan": name, "floor_s": floor,
-                  "kv_bytes": nbytes, "times": times})
+                  "kv_bytes": nbytes, "times": times, "max_abs_diff": errs})
             row = " ".join(f"{times[v] / floor:11.4f}" if v in times else f"{'-':>11s}" for v in variants)
-            print(f"{fam + ' B=' + str(B) + ' T=' + str(T):24s} {name:26s} {row}  [{time.time() - t0:.0f}s]",
-                  flush=True)
+            print(f"{fam + ' B=' + str(B) + ' T=' + str(T):24s} {name:26s} {row}  {errs or ''} "
+                  f"[{time.time() - t0:.0f}s]", flush=True)
     print(f"done [{time.time() - t0:.0f}s]", flush=True)
 
 

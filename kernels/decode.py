@@ -10,7 +10,10 @@ Layout (FlashInfer's NHD convention, DESIGN.md §3):
 
 Two launches, both driven by a :class:`~kvsplit.kernels.plan.Plan`:
 
-1. **Stage 1** runs one work tile per (CTA, kv_head). A CTA walks the work items
+1. **Stage 1** runs one work tile per (CTA, kv_head) (per (CTA, group of
+   ``config.heads_per_tile`` adjacent KV heads) when that knob is above 1: their
+   GQA groups share the 16 query rows one group pads, each head's scores and
+   probabilities kept on its own rows). A CTA walks the work items
    ``plan.cta_indptr[c]:plan.cta_indptr[c+1]`` (packing of short items); for each
    it streams ``[kv_start, kv_end)`` of the request in ``BLOCK_N``-token tiles
    through the page table with an online softmax (base-2, as FlashAttention-2,
@@ -75,6 +78,30 @@ def _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION
 
 
 @triton.jit
+def _online_softmax_step_heads(q, K, V, k_row, v_row, mask_n, row_head, m_i, l_i, acc, qk_scale, offs_d, h0,
+                               stride_kh, stride_vh, HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
+                               BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # one BLOCK_N tile for HEADS adjacent KV heads at once: the query rows of head j are rows
+    # j*G .. j*G+G-1 of q (HEADS*G <= BLOCK_H, so the rows that pad one head's G queries to 16 hold the next
+    # head's). Each head's K and V are loaded (adjacent 256 B rows of the same pages), its scores are kept
+    # on its own rows, and its probabilities are multiplied with its V only (the other rows zeroed).
+    s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(HEADS):
+        k = tl.load(K + (k_row + (h0 + j) * stride_kh)[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        s = tl.where((row_head == j)[:, None], tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), s)
+    s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    for j in tl.static_range(HEADS):
+        v = tl.load(V + (v_row + (h0 + j) * stride_vh)[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        acc += tl.dot(tl.where((row_head == j)[:, None], p, 0.0).to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _stage1_tile(
     tile,
     Q, K, V, O, LSE, PART_O, PART_LSE,
@@ -87,19 +114,21 @@ def _stage1_tile(
     stride_ob, stride_oh,
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
 ):
-    # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent.
-    c = tile // H_KV
-    h = tile % H_KV
+    # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
+    # tile is (cta, group of HEADS adjacent KV heads starting at h).
+    c = tile // (H_KV // HEADS)
+    h = (tile % (H_KV // HEADS)) * HEADS
     item_lo = tl.load(CTA_INDPTR + c)
     item_hi = tl.load(CTA_INDPTR + c + 1)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    mask_h = offs_h < GROUP
+    mask_h = offs_h < GROUP * HEADS
     q_head = h * GROUP + offs_h
+    row_head = offs_h // GROUP
 
     for it in range(item_lo, item_hi):
         req = tl.load(WORK_REQ + it).to(tl.int64)
@@ -131,11 +160,17 @@ def _stage1_tile(
                 t1 = t + BLOCK_N
                 page_nx = tl.load(KV_INDICES + page_base + t1 // PAGE_SIZE, mask=t1 < end, other=0)
                 in_page = (t % PAGE_SIZE).to(tl.int64)
-                k = tl.load(K + (page * stride_kp + in_page * stride_ks + h * stride_kh)[:, None] + offs_d[None, :],
-                            mask=mask_n[:, None], other=0.0)
-                v = tl.load(V + (page * stride_vp + in_page * stride_vs + h * stride_vh)[:, None] + offs_d[None, :],
-                            mask=mask_n[:, None], other=0.0)
-                m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+                if HEADS == 1:
+                    k = tl.load(K + (page * stride_kp + in_page * stride_ks + h * stride_kh)[:, None]
+                                + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+                    v = tl.load(V + (page * stride_vp + in_page * stride_vs + h * stride_vh)[:, None]
+                                + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+                    m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+                else:
+                    m_i, l_i, acc = _online_softmax_step_heads(
+                        q, K, V, page * stride_kp + in_page * stride_ks, page * stride_vp + in_page * stride_vs,
+                        mask_n, row_head, m_i, l_i, acc, qk_scale, offs_d, h, stride_kh, stride_vh, HEADS, BLOCK_H,
+                        BLOCK_N, DOT_PRECISION)
         else:
             for n0 in range(start, end, BLOCK_N):
                 t = n0 + offs_n
@@ -143,12 +178,18 @@ def _stage1_tile(
                 # PAGE_SIZE is a compile-time constant: // and % by a power of two are shifts and masks
                 page = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
                 in_page = (t % PAGE_SIZE).to(tl.int64)
-                k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
-                v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
-                # V is loaded with K, before the softmax math, so both loads are in flight together
-                k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-                v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-                m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+                if HEADS == 1:
+                    k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
+                    v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
+                    # V is loaded with K, before the softmax math, so both loads are in flight together
+                    k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+                    v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+                    m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+                else:
+                    m_i, l_i, acc = _online_softmax_step_heads(
+                        q, K, V, page * stride_kp + in_page * stride_ks, page * stride_vp + in_page * stride_vs,
+                        mask_n, row_head, m_i, l_i, acc, qk_scale, offs_d, h, stride_kh, stride_vh, HEADS, BLOCK_H,
+                        BLOCK_N, DOT_PRECISION)
 
         nonempty = l_i > 0.0
         l_safe = tl.where(nonempty, l_i, 1.0)
@@ -178,7 +219,7 @@ def _decode_stage1_kernel(
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
 ):
     if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
         num_tiles = tl.load(COUNTS + 2)
@@ -190,7 +231,7 @@ def _decode_stage1_kernel(
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                PREFETCH,
+                PREFETCH, HEADS,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -199,7 +240,7 @@ def _decode_stage1_kernel(
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            PREFETCH,
+            PREFETCH, HEADS,
         )
 
 
@@ -267,6 +308,15 @@ def check_kernel_device(name: str, device: torch.device) -> None:
     if device.type == "cpu" and not _INTERPRETED:
         raise ValueError(f"{name}: tensors on the CPU run the Triton kernel only under Triton's interpreter: set "
                          "TRITON_INTERPRET=1 in the environment before importing kvsplit, or use a CUDA device")
+
+
+def check_heads_per_tile(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int) -> None:
+    """Raise ``ValueError`` naming ``plan.config.heads_per_tile`` unless it divides H_kv and the GQA groups of
+    that many KV heads fit the 16 query rows of one ``tl.dot`` (``heads_per_tile * H_q / H_kv <= 16``)."""
+    G = num_qo_heads // num_kv_heads
+    if num_kv_heads % heads_per_tile or heads_per_tile * G > 16:
+        raise ValueError(f"plan.config.heads_per_tile: {heads_per_tile} KV heads per work tile need a divisor of "
+                         f"H_kv={num_kv_heads} with heads_per_tile * G <= 16 (GQA group G={G})")
 
 
 def check_interpreter_dtype(name: str, dtype: torch.dtype) -> None:
@@ -390,6 +440,8 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
             raise ValueError(f"plan: made for {what}={want}, got {what}={got}")
     if _TORCH_DTYPES[q.dtype] != plan.dtype:
         raise ValueError(f"plan: made for dtype {plan.dtype}, got q of dtype {_TORCH_DTYPES[q.dtype]}")
+    if plan.config.heads_per_tile != 1:
+        check_heads_per_tile(plan.config.heads_per_tile, H_q, H_kv)
     if out is not None:
         _check_tensor("out", out, ndim=3, device=dev)
         if tuple(out.shape) != (B, H_q, D) or out.dtype != q.dtype:
@@ -522,7 +574,7 @@ def decode_attention(
         workspace = make_workspace(H_q, D, max_partials=plan.num_partials, max_batch=B, device=dev)
     return launch_decode(
         q, k_cache, v_cache, kv_indptr, kv_indices, plan.to(dev), plan.config, out=out, workspace=workspace,
-        num_tiles=plan.num_ctas * H_kv, num_merge=int(plan.merge_layout()[1].shape[0]),
+        num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
         max_splits=int(plan.num_splits.max()), sm_scale=sm_scale, return_lse=return_lse,
     )
 
@@ -555,7 +607,8 @@ def launch_decode(
     ``work_kv_end``, ``work_slot``, ``cta_indptr``, ``merge_request``,
     ``merge_slot_start``, ``merge_num`` (:meth:`Plan.to` or
     :class:`kvsplit.kernels.device_plan.DevicePlanBuffers`). Either the host
-    knows the sizes (``num_tiles``, ``num_merge``, ``max_splits``: a host
+    knows the sizes (``num_tiles``: :attr:`Plan.num_work_tiles`, i.e. ``num_ctas
+    * H_kv / config.heads_per_tile``; ``num_merge``, ``max_splits``: a host
     :class:`Plan`), or ``counts`` (int32 ``[4]`` on the device: num_items,
     num_ctas, num_tiles, num_merge) holds them: then ``config.schedule`` must be
     ``"persistent"`` (``config.num_programs`` programs; idle ones exit) and the
@@ -587,6 +640,11 @@ def launch_decode(
     lse = workspace.lse[:B] if return_lse else workspace.lse
     device_counts = counts is not None
     cfg = config
+    heads = int(getattr(cfg, "heads_per_tile", 1))
+    if heads != 1:
+        check_heads_per_tile(heads, H_q, H_kv)
+        if device_counts:
+            raise ValueError("config.heads_per_tile: a device-resident plan has one KV head per work tile")
     persistent = cfg.schedule == "persistent"
     if device_counts:
         if not persistent:
@@ -600,12 +658,13 @@ def launch_decode(
     else:
         grid = (num_tiles,)
     counts_arg = counts if device_counts else workspace.counter
-    block_h = max(16, triton.next_power_of_2(G))
+    block_h = max(16, triton.next_power_of_2(G * heads))
     if prefetch is None:
         prefetch = bool(getattr(cfg, "prefetch", False))
     if maxnreg is None:
-        maxnreg = None if _INTERPRETED else register_cap(D, G, cfg.block_n, cfg.num_warps, cfg.num_stages,
-                                                         prefetch, k_cache.element_size())
+        # the caps of kernels/residency.py were measured on one KV head per tile
+        maxnreg = None if _INTERPRETED or heads != 1 else register_cap(D, G, cfg.block_n, cfg.num_warps,
+                                                                       cfg.num_stages, prefetch, k_cache.element_size())
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
@@ -619,7 +678,7 @@ def launch_decode(
         out.stride(0), out.stride(1),
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        PREFETCH=bool(prefetch), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=bool(prefetch), HEADS=heads, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     merge_grid = (max_merge if device_counts else num_merge) or 0

@@ -91,6 +91,9 @@ def device_rule(policy: str, params: Mapping[str, Any] | None, *, num_kv_heads: 
                                   "one); plan on the host, or leave whole_wave out")
     if sp.heavy:
         raise NotImplementedError("device planning: order='heavy_first' needs a sort; plan on the host")
+    if sp.cfg.heads_per_tile != 1:
+        raise NotImplementedError("device planning: the device planner makes one KV head per work tile "
+                                  "(heads_per_tile 1); plan on the host, or leave heads_per_tile out")
     if sp.pack:
         raise NotImplementedError("device planning: pack_tokens is host-only; plan on the host")
     cfg = sp.cfg

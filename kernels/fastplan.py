@@ -756,7 +756,7 @@ class _Spec:
     """What a (policy, params, shape, device) combination plans with (batch independent)."""
 
     __slots__ = ("kind", "rule", "arg", "min_chunk", "max_splits", "heavy", "pack", "C", "o", "mp", "cfg",
-                 "policy", "params", "H", "head_dim", "page_size", "dtype", "gpu", "device", "kernel", "args",
+                 "policy", "params", "H", "Ht", "head_dim", "page_size", "dtype", "gpu", "device", "kernel", "args",
                  "fields", "ww", "ww_slots", "ww_specs", "ww_waves")
 
 
@@ -814,7 +814,7 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
     elif policy == "stream_k":
         target, sp.o, sp.mp = P._stream_k_params(params)
         cfg, order, pack = _knobs(params, ctx, "natural")
-        sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // num_kv_heads)
+        sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // P.tile_heads(ctx, cfg))
     elif policy == "tuned":
         space = P.TUNED_PARAM_SPACE
         target = _num("ctas_per_sm", params.get("ctas_per_sm", space["ctas_per_sm"]["default"]),
@@ -823,7 +823,7 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
         cfg, order, pack = _knobs(params, ctx, space["order"]["default"], default_programs=pps * S)
         if params.get("partition", space["partition"]["default"]) == "stream_k":
             _, sp.o, sp.mp = P._stream_k_params(params, P.TUNED_PARAM_SPACE)
-            sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // num_kv_heads)
+            sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // P.tile_heads(ctx, cfg))
         else:
             sp.min_chunk = int(params.get("min_chunk_tokens", space["min_chunk_tokens"]["default"]))
             sp.max_splits = int(params.get("max_splits", space["max_splits"]["default"]))
@@ -839,13 +839,14 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
     sp.policy = policy
     sp.params = _jsonable(dict(params))
     sp.H, sp.head_dim, sp.page_size, sp.dtype = num_kv_heads, head_dim, page_size, dtype
+    sp.Ht = P.tile_heads(ctx, cfg)  # work tiles per work item: what the partitions count (H_kv for one head per tile)
     sp.gpu = dev.name
     sp.device = dev
     # what plan_with_spec passes: the compiled rule and its arguments, the Plan's batch-independent fields
     if sp.kind == "stream_k":
-        sp.kernel, sp.args = _stream_k, (sp.H, sp.C, cfg.block_n, sp.o, sp.mp, sp.heavy)
+        sp.kernel, sp.args = _stream_k, (sp.Ht, sp.C, cfg.block_n, sp.o, sp.mp, sp.heavy)
     else:
-        sp.kernel, sp.args = _even_chunks, (sp.H, cfg.block_n, sp.rule, sp.arg, sp.min_chunk, sp.max_splits,
+        sp.kernel, sp.args = _even_chunks, (sp.Ht, cfg.block_n, sp.rule, sp.arg, sp.min_chunk, sp.max_splits,
                                             sp.heavy, sp.pack, MAX_WORK_ITEMS)
     sp.fields = {"config": cfg, "policy": policy, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
                  "page_size": page_size, "dtype": dtype, "gpu": dev.name}
@@ -877,7 +878,8 @@ def _whole_request_spec(sp: _Spec, cfg: Any) -> _Spec:
         "even", _CONST, 1, 1, 1 << 62, False, 0)
     alt.C, alt.o, alt.mp = 1, 0, 1
     alt.cfg = cfg
-    alt.kernel, alt.args = _even_chunks, (sp.H, cfg.block_n, _CONST, 1, 1, 1 << 62, False, 0, MAX_WORK_ITEMS)
+    alt.Ht = sp.H // cfg.heads_per_tile
+    alt.kernel, alt.args = _even_chunks, (alt.Ht, cfg.block_n, _CONST, 1, 1, 1 << 62, False, 0, MAX_WORK_ITEMS)
     alt.fields = dict(sp.fields, config=cfg)
     alt.ww, alt.ww_slots, alt.ww_specs = 0.0, None, ()
     return alt
@@ -944,7 +946,7 @@ def spec_vector(sp: _Spec | None, out: np.ndarray) -> None:
     if sp is None:
         out[SV_STATE] = 2
         return
-    out[SV_H], out[SV_BLOCK_N], out[SV_HEAVY] = sp.H, sp.cfg.block_n, int(sp.heavy)
+    out[SV_H], out[SV_BLOCK_N], out[SV_HEAVY] = sp.Ht, sp.cfg.block_n, int(sp.heavy)
     if sp.kind == "stream_k":
         out[SV_KIND], out[SV_C], out[SV_O], out[SV_MP] = 1, sp.C, sp.o, sp.mp
     else:

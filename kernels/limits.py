@@ -24,6 +24,7 @@ MAX_WORK_ITEMS = 1 << 24
 BLOCK_N_CHOICES = (16, 32, 64, 128, 256)
 NUM_WARPS_CHOICES = (1, 2, 4, 8)
 NUM_STAGES_CHOICES = (1, 2, 3, 4)
+HEADS_PER_TILE_CHOICES = (1, 2, 4, 8)
 SCHEDULES = ("grid", "persistent")
 ORDERS = ("natural", "heavy_first")
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -65,6 +66,16 @@ class KernelConfig:
         ``num_stages - 1`` K/V buffers of shared memory, which
         :func:`kvsplit.kernels.residency.resident_ctas_per_sm` counts
         (docs/perf.md, round 3).
+    heads_per_tile : int
+        KV heads per work tile, one of 1, 2, 4, 8 (a divisor of H_kv, with
+        ``heads_per_tile * G <= 16`` for the GQA group G = H_q / H_kv, checked at
+        launch): a work tile is (CTA, ``heads_per_tile`` adjacent KV heads), the
+        GQA groups of those heads fill the 16 query rows of one ``tl.dot`` that
+        a single group pads, and the K/V rows the tile reads per token are
+        ``heads_per_tile`` times longer (adjacent in the NHD page). Costs
+        ``heads_per_tile`` times the K/V shared memory of its tile, which
+        :func:`kvsplit.kernels.residency.resident_ctas_per_sm` counts
+        (docs/perf.md, round 8).
     """
 
     block_n: int = 64
@@ -73,6 +84,7 @@ class KernelConfig:
     schedule: str = "grid"
     num_programs: int = 0
     prefetch: bool = False
+    heads_per_tile: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -206,11 +218,14 @@ def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
     if cfg.prefetch and cfg.num_stages < 3:
         raise ValueError(f"params.prefetch: needs num_stages >= 3 (with {cfg.num_stages} the pipeliner keeps one K/V "
                          "buffer and there is nothing to prefetch into)")
+    if isinstance(cfg.heads_per_tile, bool) or cfg.heads_per_tile not in HEADS_PER_TILE_CHOICES:
+        raise ValueError(f"params.heads_per_tile: expected one of {HEADS_PER_TILE_CHOICES}, got {cfg.heads_per_tile!r}")
     elt = DTYPES[dtype]
-    smem = max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * head_dim * elt
+    smem = max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * head_dim * elt * cfg.heads_per_tile
     if smem > _SMEM_BUDGET:
+        heads = f" x heads_per_tile={cfg.heads_per_tile}" if cfg.heads_per_tile > 1 else ""
         raise ValueError(
-            f"params: block_n={cfg.block_n} x num_stages={cfg.num_stages} needs about {smem // 1024} KB of "
+            f"params: block_n={cfg.block_n} x num_stages={cfg.num_stages}{heads} needs about {smem // 1024} KB of "
             f"shared memory for head_dim={head_dim} {dtype}, over the {_SMEM_BUDGET // 1024} KB budget"
         )
     per_thread = cfg.block_n * head_dim // (32 * cfg.num_warps)

@@ -65,8 +65,14 @@ def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
     """Work tiles of one resident wave: ``resident_ctas_per_sm(cfg) * num_SMs``
     (:mod:`.residency`; measured data where known)."""
     r = resident_ctas_per_sm(ctx.device, ctx.head_dim, ctx.dtype, DTYPES[ctx.dtype], cfg.block_n, cfg.num_warps,
-                             cfg.num_stages, prefetch=cfg.prefetch)
+                             cfg.num_stages, prefetch=cfg.prefetch, heads_per_tile=cfg.heads_per_tile)
     return r * ctx.device.num_sms
+
+
+def tile_heads(ctx: PlanContext, cfg: KernelConfig) -> int:
+    """Work tiles per work item: ``H_kv / cfg.heads_per_tile`` (one tile per group of ``heads_per_tile`` KV
+    heads). The partitions count a batch's tiles with it wherever DESIGN.md §4 writes H_kv."""
+    return ctx.num_kv_heads // cfg.heads_per_tile
 
 
 def wave_target(ctx: PlanContext, cfg: KernelConfig, ctas_per_sm: float) -> int:
@@ -243,7 +249,7 @@ def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
     if ww is not None:
         return np.ones_like(L, dtype=np.int64), ww, "natural", 0
     tt = wave_target(ctx, cfg, target)
-    chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, tt, tile_cost=wave_tile_cost(ctx, cfg, tt))
+    chunk = wave_aware_chunk(L, tile_heads(ctx, cfg), cfg.block_n, tt, tile_cost=wave_tile_cost(ctx, cfg, tt))
     return np.maximum(-(-L // chunk), 1), cfg, order, pack
 
 
@@ -377,7 +383,7 @@ def _policy_stream_k(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
     if ww is not None:
         return np.ones_like(L, dtype=np.int64), ww, "natural", 0
     perm = np.argsort(-L, kind="stable") if order == "heavy_first" else None
-    return stream_k_work(L, ctx.num_kv_heads, ctx.device.num_sms, cfg.block_n, target, o, mp, perm), cfg
+    return stream_k_work(L, tile_heads(ctx, cfg), ctx.device.num_sms, cfg.block_n, target, o, mp, perm), cfg
 
 
 # ---------------------------------------------------------------------------
@@ -526,12 +532,12 @@ def _policy_tuned(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
         return np.ones_like(L, dtype=np.int64), ww, "natural", 0
     if partition == "stream_k":
         perm = np.argsort(-L, kind="stable") if order == "heavy_first" else None
-        return stream_k_work(L, ctx.num_kv_heads, S, cfg.block_n, target, o, mp, perm), cfg
+        return stream_k_work(L, tile_heads(ctx, cfg), S, cfg.block_n, target, o, mp, perm), cfg
     if wave_aware:
         tt = wave_target(ctx, cfg, target)
-        chunk = wave_aware_chunk(L, ctx.num_kv_heads, cfg.block_n, tt, min_chunk, wave_tile_cost(ctx, cfg, tt))
+        chunk = wave_aware_chunk(L, tile_heads(ctx, cfg), cfg.block_n, tt, min_chunk, wave_tile_cost(ctx, cfg, tt))
     else:
-        total = int(L.sum()) * ctx.num_kv_heads
+        total = int(L.sum()) * tile_heads(ctx, cfg)
         fair = cdiv(total, max(1, int(math.ceil(target * S))))
         chunk = cdiv(max(fair, min_chunk, 1), cfg.block_n) * cfg.block_n
     return np.clip(-(-L // chunk), 1, max_splits), cfg, order, pack

@@ -26,7 +26,8 @@ class PlanContext:
 
 
 
-KNOB_PARAMS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "order", "pack_tokens", "prefetch")
+KNOB_PARAMS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "order", "pack_tokens", "prefetch",
+               "heads_per_tile")
 """Parameters every policy accepts (kernel knobs, launch order, CTA packing)."""
 
 
@@ -58,8 +59,15 @@ def _knobs(params: Mapping[str, Any], ctx: PlanContext, default_order: str, defa
         prefetch = bool(prefetch)
     if not isinstance(prefetch, bool):
         raise ValueError(f"params.prefetch: expected true or false, got {prefetch!r}")
-    cfg = KernelConfig(int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs), prefetch)
+    heads = params.get("heads_per_tile", 1)
+    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)):
+        raise ValueError(f"params.heads_per_tile: expected an integer, got {heads!r}")
+    cfg = KernelConfig(int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs), prefetch,
+                       int(heads))
     _check_config(cfg, ctx.head_dim, ctx.dtype)
+    if ctx.num_kv_heads % cfg.heads_per_tile:
+        raise ValueError(f"params.heads_per_tile: expected a divisor of num_kv_heads={ctx.num_kv_heads}, "
+                         f"got {cfg.heads_per_tile}")
     return cfg, order, pack
 
 

@@ -29,7 +29,7 @@ import math
 
 from .device import DeviceSpec
 
-__all__ = ["MEASURED", "MEASURED_PREFETCH", "COMPILED", "MEASURED_GROUP", "REGISTER_CAPS", "register_cap", "occupancy",
+__all__ = ["MEASURED", "MEASURED_PREFETCH", "COMPILED", "COMPILED_HEADS", "MEASURED_GROUP", "REGISTER_CAPS", "register_cap", "occupancy",
            "estimate", "resident_ctas_per_sm"]
 
 MEASURED_GROUP = 8
@@ -95,6 +95,94 @@ for (_gpu, _d, _dt, _bn, _w, _s), _v in list(COMPILED.items()):
     COMPILED[(_gpu, _d, "float16", _bn, _w, _s)] = _v
 
 
+# Work tiles of several KV heads (KernelConfig.heads_per_tile, round 8), compiled for sm_90 the same way
+# (`python bench/compile_sm90.py --heads 2,4 ...`, docs/data/h200_r8/compile_heads.log): heads_per_tile 2 at G = 8
+# (H_q 32, H_kv 4: 16 query rows), 4 at G = 4 (H_q 16, H_kv 4: 16 rows). Shared memory grows with the heads' K/V
+# buffers, registers with the per-head loads. Key: (gpu, head_dim, dtype, block_n, num_warps, num_stages, prefetch,
+# heads_per_tile).
+COMPILED_HEADS: dict[tuple[str, int, str, int, int, int, bool, int], tuple[int, int]] = {
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 2, False, 2): (150, 20992),  # 6
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 3, False, 2): (152, 21056),  # 6
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 4, False, 2): (152, 21056),  # 6
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 2, False, 2): (96, 20992),  # 5
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 3, False, 2): (109, 21056),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 4, False, 2): (109, 21056),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 2, False, 2): (80, 20992),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 3, False, 2): (80, 21056),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 4, False, 2): (80, 21056),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 2, False, 2): (221, 37888),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 3, False, 2): (213, 38016),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 4, False, 2): (213, 38016),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 2): (114, 37888),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, False, 2): (118, 38016),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, False, 2): (118, 38016),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 2, False, 2): (80, 37888),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 3, False, 2): (92, 38016),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 4, False, 2): (92, 38016),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 2, False, 2): (255, 71680),  # 3 (292 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 3, False, 2): (255, 71936),  # 3 (224 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 4, False, 2): (255, 71936),  # 3 (224 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 2): (168, 71680),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, False, 2): (207, 71936),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4, False, 2): (207, 71936),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 2): (116, 71680),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, False, 2): (118, 71936),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 4, False, 2): (118, 71936),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 3, True, 2): (156, 37376),  # 6
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 4, True, 2): (156, 53760),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 3, True, 2): (96, 37376),  # 5
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 4, True, 2): (96, 53760),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 3, True, 2): (76, 37376),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 4, True, 2): (76, 53760),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 3, True, 2): (255, 70656),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 4, True, 2): (255, 103424),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 2): (120, 70656),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, True, 2): (120, 103424),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 3, True, 2): (80, 70656),  # 3 (8 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 4, True, 2): (80, 103424),  # 2 (8 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 3, True, 2): (255, 137216),  # 1 (280 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 4, True, 2): (255, 202752),  # 1 (236 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 2): (218, 137216),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4, True, 2): (218, 202752),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 2): (117, 137216),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 4, True, 2): (117, 202752),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 2, False, 4): (192, 37376),  # 5
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 3, False, 4): (194, 37440),  # 5
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 4, False, 4): (194, 37440),  # 5
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 2, False, 4): (140, 37376),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 3, False, 4): (139, 37440),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 4, False, 4): (139, 37440),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 2, False, 4): (118, 37376),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 3, False, 4): (120, 37440),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 4, False, 4): (120, 37440),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 2, False, 4): (232, 70656),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 3, False, 4): (215, 70784),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 4, False, 4): (215, 70784),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 4): (154, 70656),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, False, 4): (156, 70784),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, False, 4): (156, 70784),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 2, False, 4): (128, 70656),  # 2 (4 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 3, False, 4): (128, 70784),  # 2 (12 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 4, False, 4): (128, 70784),  # 2 (12 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 2, False, 4): (255, 137216),  # 1 (332 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 4): (230, 137216),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 4): (154, 137216),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 3, True, 4): (203, 70144),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 4, True, 4): (202, 102912),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 3, True, 4): (140, 70144),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 4, True, 4): (140, 102912),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 3, True, 4): (124, 70144),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 4, True, 4): (124, 102912),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 3, True, 4): (232, 136192),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 4, True, 4): (232, 201728),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 4): (158, 136192),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, True, 4): (162, 201728),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 3, True, 4): (128, 136192),  # 1 (24 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 4, True, 4): (146, 201728),  # 1
+}
+for (_gpu, _d, _dt, _bn, _w, _s, _pf, _h), _v in list(COMPILED_HEADS.items()):
+    COMPILED_HEADS[(_gpu, _d, "float16", _bn, _w, _s, _pf, _h)] = _v
+
 # Registers of the stage-1 kernel depend on the GQA group for some tiles: compiled for sm_90 at G = 1..8 and 16
 # (docs/data/h200_r5/residency_by_group.jsonl), every config of MEASURED keeps its residency for G <= 8 except
 # (64, 4, 2), which takes 154-166 registers (3 CTAs per SM) at G != 8 against 118 (4) at G = 8. Its launch is
@@ -144,21 +232,26 @@ def occupancy(device: DeviceSpec, num_warps: int, n_regs: int, shared_bytes: int
 
 
 def estimate(device: DeviceSpec, head_dim: int, dtype_bytes: int, block_n: int, num_warps: int,
-             num_stages: int) -> int:
+             num_stages: int, heads_per_tile: int = 1) -> int:
     """Residency of an unmeasured config: shared memory of ``max(num_stages - 1, 1)``
-    K+V tile buffers (Triton's software pipeline) and 128 registers per thread
+    K+V tile buffers (Triton's software pipeline) per KV head of the tile and 128 registers per thread
     (the register budget Triton's 4-warp decode tiles reach; a guess, see MEASURED)."""
-    smem = max(num_stages - 1, 1) * 2 * block_n * head_dim * dtype_bytes
+    smem = max(num_stages - 1, 1) * 2 * block_n * head_dim * dtype_bytes * heads_per_tile
     return occupancy(device, num_warps, 128, smem)
 
 
 def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_bytes: int, block_n: int,
-                         num_warps: int, num_stages: int, *, prefetch: bool = False) -> int:
+                         num_warps: int, num_stages: int, *, prefetch: bool = False, heads_per_tile: int = 1) -> int:
     """Measured residency of a config on ``device`` if known (:data:`MEASURED`, then the sm_90 compiles of
     :data:`COMPILED`), else :func:`estimate` (which assumes ``num_stages - 1`` K/V buffers, as the prefetching
-    loop has). ``prefetch``: the config with ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`)."""
-    key = (device.name, head_dim, dtype, block_n, num_warps, num_stages)
-    m = MEASURED_PREFETCH.get(key) if prefetch else (MEASURED.get(key) or COMPILED.get(key))
+    loop has). ``prefetch``: the config with ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`);
+    ``heads_per_tile`` > 1: :data:`COMPILED_HEADS`."""
+    if heads_per_tile != 1:
+        m = COMPILED_HEADS.get((device.name, head_dim, dtype, block_n, num_warps, num_stages, bool(prefetch),
+                                heads_per_tile))
+    else:
+        key = (device.name, head_dim, dtype, block_n, num_warps, num_stages)
+        m = MEASURED_PREFETCH.get(key) if prefetch else (MEASURED.get(key) or COMPILED.get(key))
     if m is not None:
         return occupancy(device, num_warps, m[0], m[1])
-    return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages)
+    return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages, heads_per_tile)

@@ -132,7 +132,8 @@ class Plan:
 
     @property
     def num_work_tiles(self) -> int:
-        return self.num_ctas * self.num_kv_heads
+        """Work tiles of the stage-1 launch: ``num_ctas * num_kv_heads / config.heads_per_tile``."""
+        return self.num_ctas * (self.num_kv_heads // self.config.heads_per_tile)
 
     # -- derived arrays used by the kernel -----------------------------------
     def merge_layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -318,6 +319,9 @@ def _check_plan_invariants(p: Plan) -> None:
         raise ValueError(f"Plan.kv_lens: expected 0 <= kv_len <= {MAX_KV_LEN}")
     if (p.num_splits < 1).any():
         raise ValueError("Plan.num_splits: every request needs >= 1 split")
+    if p.num_kv_heads % p.config.heads_per_tile:
+        raise ValueError(f"Plan.config.heads_per_tile: expected a divisor of num_kv_heads={p.num_kv_heads}, got "
+                         f"{p.config.heads_per_tile}")
     if W != int(p.num_splits.sum()):
         raise ValueError(f"Plan.work_request: expected W == sum(num_splits) == {int(p.num_splits.sum())}, got {W}")
     if p.work_kv_start.shape[0] != W or p.work_kv_end.shape[0] != W:

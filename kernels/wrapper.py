@@ -46,7 +46,9 @@ Two modes:
   ``num_programs``), which the captured graph baked in; the rule's own
   parameters (``ctas_per_sm``, ``min_piece_blocks``, ...) change freely; the
   whole-wave rule (``whole_wave``, which picks a tile per batch:
-  :func:`kvsplit.kernels.policies.whole_wave_config`) is left out. With a
+  :func:`kvsplit.kernels.policies.whole_wave_config`) is left out, and so is
+  ``heads_per_tile`` (the graph runs one KV head per work tile, as the device
+  planner counts them). With a
   ``table``, ``kv_lens_host`` is required on re-pick steps; without one, only
   with ``planner="host"``.
 
@@ -76,7 +78,7 @@ from .plan import Plan, make_plan
 __all__ = ["DecodeWrapper"]
 
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
-_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "prefetch")
+_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "prefetch", "heads_per_tile")
 
 
 class DecodeWrapper:
@@ -406,7 +408,7 @@ class DecodeWrapper:
         if not self.use_cuda_graph:
             p = self._plan
             return launch_decode(q, k_cache, v_cache, self._indptr, self._indices, self._arrays, p.config,
-                                 out=out, workspace=self.workspace, num_tiles=p.num_ctas * self.num_kv_heads,
+                                 out=out, workspace=self.workspace, num_tiles=p.num_work_tiles,
                                  num_merge=int(p.merge_layout()[1].shape[0]), max_splits=int(p.num_splits.max()),
                                  sm_scale=self.sm_scale, return_lse=return_lse)
         return launch_decode(q, k_cache, v_cache, self._indptr, self._indices, self.bufs.arrays(), self.config,

@@ -75,6 +75,7 @@ class KernelConfigOut(BaseModel):
     schedule: Literal["grid", "persistent"]
     num_programs: int
     prefetch: bool = False
+    heads_per_tile: int = 1
 
 
 class MadeFor(BaseModel):

@@ -72,19 +72,21 @@ PER_CONFIG_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "slots", "tile_fixed_s", "i
                      "lone_bw", "fixed_overlap", "tail_sm_bw")
 """Constants a calibration may hold per kernel config (:attr:`Calibration.per_config`)."""
 
-_KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)p?")
+_KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)p?(?:h\d+)?")
 
 
 def config_key(config: KernelConfig) -> str:
-    """``"n{block_n}w{num_warps}s{num_stages}"`` (``...p`` with the ``prefetch`` knob): the key of
-    :attr:`Calibration.per_config`."""
-    return f"n{config.block_n}w{config.num_warps}s{config.num_stages}" + ("p" if config.prefetch else "")
+    """``"n{block_n}w{num_warps}s{num_stages}"`` (``...p`` with the ``prefetch`` knob, ``...h{k}`` with
+    ``heads_per_tile`` k > 1): the key of :attr:`Calibration.per_config`."""
+    return (f"n{config.block_n}w{config.num_warps}s{config.num_stages}" + ("p" if config.prefetch else "")
+            + (f"h{config.heads_per_tile}" if config.heads_per_tile != 1 else ""))
 
 
 def resident_slots(device: DeviceSpec, config: KernelConfig, *, head_dim: int = 128, dtype: str = "bfloat16") -> int:
     """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`)."""
     return int(resident_ctas_per_sm(device, head_dim, dtype, DTYPES[dtype], config.block_n, config.num_warps,
-                                    config.num_stages, prefetch=config.prefetch))
+                                    config.num_stages, prefetch=config.prefetch,
+                                    heads_per_tile=config.heads_per_tile))
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,8 @@ class Calibration:
         out = {}
         for key, over in pc.items():
             if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
-                raise ValueError(f"Calibration.per_config: keys are like 'n64w4s2' or 'n128w4s3p' (prefetch), got {key!r}")
+                raise ValueError(f"Calibration.per_config: keys are like 'n64w4s2', 'n128w4s3p' (prefetch) or "
+                                 f"'n64w4s2h2' (heads_per_tile), got {key!r}")
             if not isinstance(over, Mapping):
                 raise ValueError(f"Calibration.per_config[{key!r}]: expected an object, got {type(over).__name__}")
             bad = sorted(set(over) - set(PER_CONFIG_PARAMS))
@@ -213,13 +216,17 @@ class Calibration:
     def for_config(self, config: KernelConfig | str) -> "Calibration":
         """The constants that apply to plans of ``config`` (its :attr:`per_config`
         overrides applied, ``per_config`` empty). A prefetching config without its own
-        entry (``n128w4s3p``) takes its tile's (``n128w4s3``). Cached per key."""
+        entry (``n128w4s3p``) takes its tile's (``n128w4s3``), a config of several KV heads per tile without
+        its own (``n64w4s2h2``) its one-head tile's. Cached per key."""
         key = config if isinstance(config, str) else config_key(config)
         got = self._resolved.get(key)  # type: ignore[attr-defined]
         if got is None:
             over = self.per_config.get(key)
-            if over is None and key.endswith("p"):
-                over = self.per_config.get(key[:-1])
+            base = re.sub(r"h\d+$", "", key)
+            if over is None and base != key:
+                over = self.per_config.get(base)
+            if over is None and base.endswith("p"):
+                over = self.per_config.get(base[:-1])
             got = dataclasses.replace(self, per_config={}, **over) if over else (
                 self if not self.per_config else dataclasses.replace(self, per_config={}))
             self._resolved[key] = got  # type: ignore[attr-defined]
@@ -309,13 +316,14 @@ class _Tiles:
 
 def _prepare(plan: Plan, device: DeviceSpec) -> _Tiles:
     H = plan.num_kv_heads
+    h = plan.config.heads_per_tile  # KV heads per work tile: H / h tiles per CTA, each reading h heads' bytes
     length = (plan.work_kv_end - plan.work_kv_start).astype(np.float64)
     ci = plan.cta_indptr
     cta_tokens = np.add.reduceat(length, ci[:-1]) if length.shape[0] else np.zeros(0)
     cta_items = np.diff(ci).astype(np.int64)
     bpt = plan.head_dim * 2 * DTYPES[plan.dtype]
-    tile_bytes = np.repeat(cta_tokens * bpt, H)
-    tile_items = np.repeat(cta_items, H)
+    tile_bytes = np.repeat(cta_tokens * (bpt * h), H // h)
+    tile_items = np.repeat(cta_items, H // h)
     persistent = plan.config.schedule == "persistent"
     return _Tiles(
         tile_bytes=tile_bytes,

@@ -258,3 +258,42 @@ def test_whole_wave_plans_of_the_shipped_table(lens):
     assert not torch.isnan(o).any()
     assert _rel_err(o, ref) < 2e-2
     assert float((lse - ref_lse).abs().max()) < 2e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hq, hkv, heads", [(32, 4, 2), (32, 8, 2), (32, 8, 4), (16, 4, 4), (4, 4, 2)])
+@pytest.mark.parametrize("policy, params", [
+    ("balanced", {"block_n": 64, "ctas_per_sm": 3}),
+    ("stream_k", {"block_n": 32, "num_stages": 3, "prefetch": True, "ctas_per_sm": 6}),
+    ("fixed", {"num_splits": 5, "block_n": 16, "schedule": "persistent", "num_programs": 300}),
+    ("stream_k", {"block_n": 32, "pack_tokens": 0, "order": "heavy_first", "ctas_per_sm": 2}),
+])
+def test_heads_per_tile(dtype, hq, hkv, heads, policy, params):
+    """heads_per_tile > 1 (several KV heads' GQA groups in one 16-row tile) against the fp32 reference, and
+    replayed from a CUDA graph on the hot path (out, workspace, validate=False)."""
+    from kvsplit.kernels.decode import make_workspace
+
+    name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    case = make_case(LENS, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, page_size=16, dtype=dtype, device="cuda",
+                     seed=heads)
+    plan = make_plan(LENS, num_kv_heads=hkv, device="NVIDIA H200", policy=policy,
+                     params={**params, "heads_per_tile": heads}, head_dim=128, page_size=16, dtype=name)
+    assert plan.num_work_tiles == plan.num_ctas * hkv // heads
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    o, lse = decode_attention(**case, plan=plan, return_lse=True)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any() and _rel_err(o, ref) < 2e-2
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert float((lse[finite] - ref_lse[finite]).abs().max()) < 2e-2
+    out = torch.empty_like(case["q"])
+    ws = make_workspace(hq, 128, max_partials=plan.num_partials, max_batch=len(LENS), device="cuda")
+    plan.to("cuda")
+    decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, o)

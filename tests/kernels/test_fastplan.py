@@ -185,3 +185,21 @@ def test_reference_switch_and_peer_policies():
     assert fastplan.make_plan(L, num_kv_heads=4, device=H200, policy="fa3") is None
     assert make_plan(L, num_kv_heads=4, device=H200, policy="fa3") == make_plan_reference(
         L, num_kv_heads=4, device=H200, policy="fa3")
+
+
+@pytest.mark.parametrize("policy,params", [
+    ("balanced", {"heads_per_tile": 2, "block_n": 64}),
+    ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 6, "block_n": 32, "num_stages": 3, "prefetch": True}),
+    ("tuned", {"heads_per_tile": 4, "ctas_per_sm": 2.5, "block_n": 32, "max_splits": 9}),
+    ("tuned", {"heads_per_tile": 2, "partition": "stream_k", "ctas_per_sm": 3, "block_n": 64}),
+    ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 3, "block_n": 64, "whole_wave": 0.05}),
+])
+@pytest.mark.parametrize("hkv", [4, 8])
+def test_same_plans_as_reference_with_heads_per_tile(policy, params, hkv):
+    """heads_per_tile changes how many tiles a work item makes (H_kv / heads_per_tile): the compiled planner
+    counts them as the reference does."""
+    for seed in range(2):
+        for L in _batches(seed * 17 + hkv):
+            kw = dict(num_kv_heads=hkv, device=H200, policy=policy, params=params)
+            ref = make_plan_reference(L, **kw)
+            assert fastplan.make_plan(L, **kw) == ref, (policy, params, hkv, L.tolist()[:20])

@@ -43,7 +43,10 @@ def _mixed() -> PolicyTable:
     rng = np.random.default_rng(3)
     specs = [([0, 0, 0], "balanced", {}, "gpu"), ([4096] * 60 + [64] * 4, "stream_k", {"ctas_per_sm": 3}, "gpu"),
              ([100] * 300, "flashinfer", {}, "gpu"), ([2**20, 5], "tuned", {"partition": "stream_k"}, "sim"),
-             ([7000] * 16, "fa3", {}, "sim"), ([300] * 1000, "tuned", {"pack_tokens": 512}, "gpu")]
+             ([7000] * 16, "fa3", {}, "sim"), ([300] * 1000, "tuned", {"pack_tokens": 512}, "gpu"),
+             ([20000] * 24 + [30] * 50, "stream_k", {"ctas_per_sm": 6, "block_n": 32, "num_stages": 3,
+                                                    "prefetch": True, "heads_per_tile": 2}, "gpu"),
+             ([9000] * 40, "balanced", {"ctas_per_sm": 3, "block_n": 64, "heads_per_tile": 2}, "gpu")]
     specs += [(rng.integers(1, 2**int(rng.integers(4, 18)), int(rng.integers(1, 900))), "balanced",
                {"ctas_per_sm": float(1 + i % 5)}, "gpu" if i % 3 else "sim") for i in range(40)]
     pols = [{"id": i + 1, "version": 1, "bucket": key(L), "gpu": "NVIDIA H200", "num_kv_heads": 4, "head_dim": 128,
@@ -51,8 +54,8 @@ def _mixed() -> PolicyTable:
             for i, (L, name, params, b) in enumerate(specs)]
     table = PolicyTable.from_json(PolicyTable.document(pols, version=2, distance_limit=1.25))
     # the entries' own batches, and jittered ones: every source and policy kind is served
-    table.test_batches = [np.asarray(L) for L, *_ in specs[:12]]
-    table.test_batches += [(np.asarray(L) * rng.uniform(0.8, 1.2, len(L))).astype(np.int64) for L, *_ in specs[:12]]
+    table.test_batches = [np.asarray(L) for L, *_ in specs[:14]]
+    table.test_batches += [(np.asarray(L) * rng.uniform(0.8, 1.2, len(L))).astype(np.int64) for L, *_ in specs[:14]]
     return table
 
 
@@ -71,11 +74,12 @@ def _batches(seed: int):
 def test_table_plan_matches_reference(table_fn):
     table = table_fn()
     shape = Shape.of(device="NVIDIA H200", num_qo_heads=32, num_kv_heads=4)
-    sources = set()
+    sources, heads = set(), set()
     for L in [*_batches(11), *getattr(table, "test_batches", [])]:
         with fastplan.reference():
             ref = table.plan(L.astype(np.int64), **SHAPE)
         sources.add((ref[2]["source"], ref[2]["name"]))
+        heads.add(ref[0].config.heads_per_tile)
         key = bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200")
         assert ref[1]["key"] == str(key)
         for arr in (L.astype(np.int32), L.astype(np.int64), L.tolist(), tuple(L.tolist())):
@@ -86,6 +90,7 @@ def test_table_plan_matches_reference(table_fn):
     if table_fn is _mixed:
         assert {"simulated"} <= {src for src, _ in sources}
         assert {"flashinfer", "fa3", "tuned", "balanced"} <= {name for _, name in sources}
+        assert heads == {1, 2}  # entries of two KV heads per work tile are served through the compiled pass too
 
 
 def test_table_plan_other_families_and_devices():

@@ -140,3 +140,17 @@ def test_graph_mode_leaves_the_whole_wave_rule_out():
                       num_programs=3, max_work_items=256)
     assert w.planner == "device" and "whole_wave" not in w._graph_policy[1]
     _loop(w, [64] * 8, steps=2)
+
+
+def test_eager_and_graph_mode_with_heads_per_tile():
+    # eager mode runs the plan's two KV heads per work tile (H_q 4 / H_kv 2: G = 2); graph mode keeps one head per
+    # tile, as the device planner counts them, and still plans on the device
+    params = {"ctas_per_sm": 0.25, "heads_per_tile": 2}
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
+                      policy="stream_k", params=params)
+    _loop(w, [0, 5, 300, 1000, 33], steps=2)
+    assert w._plan.config.heads_per_tile == 2 and w._plan.num_work_tiles == w._plan.num_ctas
+    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
+                      policy="stream_k", params=params, use_cuda_graph=True, num_programs=3, max_work_items=256)
+    assert g.planner == "device" and g.config.heads_per_tile == 1 and "heads_per_tile" not in g._graph_policy[1]
+    _loop(g, [0, 5, 300, 1000, 33], steps=2)
