@@ -36,6 +36,7 @@ JSON line per (case, plan) in OUT/stream_ab.jsonl; a table is printed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -164,7 +165,7 @@ def main() -> None:
     sbuf = torch.randn(max(t.kv_bytes(family_kv_lens(f, n, T)) for T, f, n in CASES) // 2, dtype=torch.bfloat16,
                        device="cuda")
     variants = ("decode", "s1", "pf", "seq_pages", "gather", "stream", *PAGED_CONFIGS, "paged_seq", *ONE_CTA_CONFIGS,
-                "swap")
+                "h2")
     if args.variants:
         variants = tuple(v for v in variants if v in args.variants.split(","))
     print(f"{'case':24s} {'plan':26s} " + " ".join(f"{v:>11s}" for v in variants), flush=True)
@@ -183,7 +184,7 @@ def main() -> None:
                              policy=pol, params=params)
             arr = plan.to("cuda")
             cfg = plan.config
-            sizes = dict(num_tiles=plan.num_ctas * hkv, num_merge=int(plan.merge_layout()[1].shape[0]),
+            sizes = dict(num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
                          max_splits=int(plan.num_splits.max()))
             base = (b["q"], t.k_cache, t.v_cache, b["kv_indptr"])
 
@@ -196,8 +197,12 @@ def main() -> None:
                 "s1": launch(num_merge=0),
                 "pf": launch(prefetch=not cfg.prefetch),
                 "seq_pages": launch(indices=seq_indices[:n_pages]),
-                "swap": launch(swap_ab=True),
             }
+            if cfg.heads_per_tile == 1 and hkv % 2 == 0:
+                # the same work list with two KV heads per work tile (KernelConfig.heads_per_tile): half the tiles
+                cfg2 = dataclasses.replace(cfg, heads_per_tile=2)
+                fns["h2"] = lambda: dec.launch_decode(*base, b["kv_indices"], arr, cfg2, out=out, workspace=ws,
+                                                      **{**sizes, "num_tiles": plan.num_work_tiles // 2})
             gout = torch.empty(plan.num_ctas * hkv, dtype=torch.float32, device="cuda")
             fns["gather"] = lambda: _gather_read_kernel[(plan.num_ctas * hkv,)](
                 t.k_cache, t.v_cache, gout, b["kv_indptr"], b["kv_indices"], arr["work_request"],
@@ -226,15 +231,15 @@ def main() -> None:
                     t.k_cache.stride(0), t.v_cache.stride(0), PAGE_ELEMS=16 * hkv * d, UNROLL=unroll, num_warps=w)
             fns = {v: fn for v, fn in fns.items() if v in variants}
             times, errs = {}, {}
-            if "swap" in fns and "decode" in fns:  # the variant's output against the shipped kernel's
+            if "h2" in fns and "decode" in fns:  # the variant's output against the shipped kernel's
                 try:
                     fns["decode"]()
                     ref_out = out.float().clone()
                     out.fill_(float("nan"))
-                    fns["swap"]()
-                    errs["swap"] = float((out.float() - ref_out).abs().max())
+                    fns["h2"]()
+                    errs["h2"] = float((out.float() - ref_out).abs().max())
                 except Exception as exc:  # noqa: BLE001
-                    errs["swap"] = repr(exc)[:200]
+                    errs["h2"] = repr(exc)[:200]
             for v, fn in fns.items():
                 try:
                     g = graph_of(fn)
