@@ -1,6 +1,6 @@
 """Where the decode kernel's time above the read floor goes, and A/B of its K/V load path (H200; issue 12).
 
-    python bench/stream_ab.py --out $OUT [--budget-s 300] [--rep-ms 10]
+    python bench/stream_ab.py --out $OUT [--budget-s 300] [--rep-ms 10] [--plans P1,P2] [--variants decode,h2]
 
 For each case (Qwen3-30B-A3B's shape: H_q 32, H_kv 4, D 128, bf16, page 16) and plan, timed back to back in
 one process, CUDA-graph replays under ``triton.testing.do_bench`` (median), the hot path:
@@ -23,7 +23,13 @@ one process, CUDA-graph replays under ``triton.testing.do_bench`` (median), the 
   of them is the floor): what any kernel over this paged cache pays before the attention
   math, the split and the merge; ``paged_seq`` the same on consecutive pages; ``pg1cta_u{U}w{W}`` the same
   read by one program per SM (a grid-stride loop, U pages' loads issued together, W warps): what one CTA
-  per SM can stream from this cache.
+  per SM can stream from this cache;
+- ``h2``: the plan's own work list with ``KernelConfig.heads_per_tile = 2`` (two KV heads per work tile,
+  half the tiles; its output is compared with ``decode``'s). Round 8's run (docs/data/h200_r8/heads2_ab.*)
+  passed the knob through a temporary launcher keyword into the same kernel code.
+
+Round 8 also timed a ``swap`` variant, both products transposed so that ``tl.dot`` compiles to wgmma
+(docs/data/h200_r8/swap_ab.patch, swap_ab.log): 0.8-5.5 % slower per case, removed.
 
 Round 6's run (docs/data/h200_r6/stream_ab.jsonl) also timed an ``evict_first`` variant (the K/V loads with
 that L2 hint, through a ``launch_decode`` keyword added for the run): within 0.4 % of ``decode`` everywhere, so

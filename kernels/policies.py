@@ -235,7 +235,8 @@ def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
 
     ``target = wave_target(ctas_per_sm)`` (``floor(ctas_per_sm * num_SMs)``, cut to a
     whole number of resident waves), ``chunk = wave_aware_chunk(kv_lens, H_kv,
-    block_n, target)``, ``num_splits[b] = max(1, ceil(kv_len[b] / chunk))``.
+    block_n, target)`` (H_kv / heads_per_tile tiles per item: :func:`tile_heads`),
+    ``num_splits[b] = max(1, ceil(kv_len[b] / chunk))``.
     Aiming at 4 CTAs per SM was the best untuned rule on a Triton decode kernel
     (docs/data/anchors/policy_on_triton_kernel.md; DESIGN.md §7); counting the
     rounded tiles against the target removes the partial second wave that
@@ -367,8 +368,9 @@ def _policy_stream_k(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any])
     """Even partition of the concatenated KV stream (:func:`stream_k_work`).
 
     ``ctas_per_sm`` (default 2) sets the CTAs: ``floor(ctas_per_sm * num_SMs) //
-    H_kv`` per KV head, so the work tiles never exceed that many per SM and
-    need one resident wave when the config fits ``ctas_per_sm`` CTAs per SM.
+    (H_kv / heads_per_tile)`` (:func:`tile_heads`) for each group of ``heads_per_tile``
+    KV heads, so the work tiles never exceed that many per SM and need one
+    resident wave when the config fits ``ctas_per_sm`` CTAs per SM.
     ``item_cost_blocks`` (default 1) is the fixed cost of a request's piece in
     ``block_n`` blocks; ``min_piece_blocks`` (default 1) keeps short requests
     whole. ``pack_tokens`` does not apply (the partition packs by itself).

@@ -29,8 +29,8 @@ import math
 
 from .device import DeviceSpec
 
-__all__ = ["MEASURED", "MEASURED_PREFETCH", "COMPILED", "COMPILED_HEADS", "MEASURED_GROUP", "REGISTER_CAPS", "register_cap", "occupancy",
-           "estimate", "resident_ctas_per_sm"]
+__all__ = ["MEASURED", "MEASURED_PREFETCH", "COMPILED", "COMPILED_HEADS", "MEASURED_GROUP", "REGISTER_CAPS",
+           "register_cap", "occupancy", "estimate", "resident_ctas_per_sm"]
 
 MEASURED_GROUP = 8
 """The GQA group G = H_q / H_kv the tables below were read at (Qwen3-30B-A3B's 32/4)."""

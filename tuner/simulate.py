@@ -3,9 +3,10 @@
 :func:`predict` places the plan's work tiles on SM slots and costs them:
 
 1. **Tiles.** A plan's work tile is (CTA, kv_head) with launch order
-   ``pid = cta * H_kv + kv_head``; a CTA processes the work items
+   ``pid = cta * H_kv + kv_head`` (with ``heads_per_tile = k`` > 1, (CTA, group of
+   k KV heads): ``H_kv / k`` tiles per CTA, each reading k heads' bytes); a CTA processes the work items
    ``cta_indptr[c]:cta_indptr[c+1]``. A tile reads ``tokens * D * 2 * dtype_bytes``
-   bytes of K and V and pays ``tile_fixed_s`` (start-up, q load, output or
+   bytes of K and V per KV head and pays ``tile_fixed_s`` (start-up, q load, output or
    partial write) plus ``item_fixed_s`` for each item beyond its first (packed
    CTAs) plus ``persistent_tile_s`` per tile under the persistent schedule
    (fetching the next tile from the counter).
