@@ -314,9 +314,13 @@ def check_heads_per_tile(heads_per_tile: int, num_qo_heads: int, num_kv_heads: i
     """Raise ``ValueError`` naming ``plan.config.heads_per_tile`` unless it divides H_kv and the GQA groups of
     that many KV heads fit the 16 query rows of one ``tl.dot`` (``heads_per_tile * H_q / H_kv <= 16``)."""
     G = num_qo_heads // num_kv_heads
-    if num_kv_heads % heads_per_tile or heads_per_tile * G > 16:
-        raise ValueError(f"plan.config.heads_per_tile: {heads_per_tile} KV heads per work tile need a divisor of "
-                         f"H_kv={num_kv_heads} with heads_per_tile * G <= 16 (GQA group G={G})")
+    if num_kv_heads % heads_per_tile:
+        raise ValueError(f"plan.config.heads_per_tile: expected a divisor of H_kv={num_kv_heads}, got "
+                         f"{heads_per_tile}")
+    if heads_per_tile * G > 16:
+        raise ValueError(f"plan.config.heads_per_tile: {heads_per_tile} KV heads of GQA group G={G} (H_q="
+                         f"{num_qo_heads} / H_kv={num_kv_heads}) are {heads_per_tile * G} query rows, above the 16 "
+                         f"of one work tile: use heads_per_tile <= {max(1, 16 // G)}")
 
 
 def check_interpreter_dtype(name: str, dtype: torch.dtype) -> None:

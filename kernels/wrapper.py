@@ -62,6 +62,7 @@ Errors are ``ValueError``s naming the argument.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -186,6 +187,10 @@ class DecodeWrapper:
                        "schedule": "persistent", "num_programs": int(num_programs)}
         if "prefetch" in self.params:  # the load-path knob of the given params holds for every step too
             self._knobs["prefetch"] = self.params["prefetch"]
+        if self.params.get("heads_per_tile", 1) != 1:
+            warnings.warn(f"params.heads_per_tile={self.params['heads_per_tile']}: the CUDA-graph mode runs one KV "
+                          "head per work tile (the device planner counts them so); use_cuda_graph=False runs it",
+                          UserWarning, stacklevel=2)
         if max_work_items is None:
             max_work_items = max_batch_size + 32 * self.gpu.num_sms
         self.max_work_items = int(max_work_items)

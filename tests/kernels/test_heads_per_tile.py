@@ -101,7 +101,8 @@ def test_heads_per_tile_is_checked():
     case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=64, page_size=16, dtype=torch.float16)
     p = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="balanced",
                   params={"heads_per_tile": 4, "block_n": 16}, head_dim=64, dtype="float16")
-    with pytest.raises(ValueError, match=r"plan.config.heads_per_tile: 4 KV heads per work tile .* G=8"):
+    with pytest.raises(ValueError, match=r"plan.config.heads_per_tile: 4 KV heads of GQA group G=8 .* are 32 query "
+                                         r"rows, above the 16 of one work tile: use heads_per_tile <= 2"):
         decode_attention(**case, plan=p)
     # the JSON form keeps the knob, and a document whose knob does not divide H_kv is refused
     d = p.to_dict()

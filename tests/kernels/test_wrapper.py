@@ -150,7 +150,8 @@ def test_eager_and_graph_mode_with_heads_per_tile():
                       policy="stream_k", params=params)
     _loop(w, [0, 5, 300, 1000, 33], steps=2)
     assert w._plan.config.heads_per_tile == 2 and w._plan.num_work_tiles == w._plan.num_ctas
-    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
-                      policy="stream_k", params=params, use_cuda_graph=True, num_programs=3, max_work_items=256)
+    with pytest.warns(UserWarning, match="params.heads_per_tile=2: the CUDA-graph mode runs one KV head"):
+        g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
+                          policy="stream_k", params=params, use_cuda_graph=True, num_programs=3, max_work_items=256)
     assert g.planner == "device" and g.config.heads_per_tile == 1 and "heads_per_tile" not in g._graph_policy[1]
     _loop(g, [0, 5, 300, 1000, 33], steps=2)
