@@ -1,8 +1,32 @@
-"""Random paged-KV decode batches for kernel tests (NaN in every slot no request owns)."""
+"""Random paged-KV decode batches for kernel tests (NaN in every slot no request owns), and the check of a plan's
+output against the fp32 reference on one."""
 
 from __future__ import annotations
 
 import torch
+
+TOL = {torch.float32: 2e-5, torch.float16: 5e-3}
+"""Max |o - reference| of the CPU interpreter's kernel per dtype."""
+
+
+def check_decode(case, plan, dtype):
+    """Run ``plan`` on ``case`` (:func:`make_case`) with the LSE and compare with the fp32 reference: dtype and
+    shape, no NaN, max |o - ref| below :data:`TOL`, the same infinite LSEs (-inf), finite ones within 1e-3.
+    Returns the output."""
+    from kvsplit.kernels.decode import decode_attention, reference_decode_attention
+
+    o, lse = decode_attention(**case, plan=plan, return_lse=True)
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    assert o.dtype == dtype and o.shape == case["q"].shape
+    assert not torch.isnan(o).any(), "NaN reached the output"
+    err = (o.float() - ref.float()).abs().max().item()
+    assert err < TOL[dtype], f"max |o - ref| = {err}"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert torch.all(lse[~finite] == float("-inf"))
+    if finite.any():
+        assert (lse[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+    return o
 
 
 def make_case(lens, *, num_qo_heads, num_kv_heads, head_dim, page_size, dtype, device="cpu", seed=0,

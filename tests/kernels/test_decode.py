@@ -17,31 +17,16 @@ from kvsplit.kernels.decode import decode_attention, make_workspace, reference_d
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
 
-from .paged_case import make_case
+from .paged_case import TOL, make_case
+from .paged_case import check_decode as _check
 
 H_Q, H_KV, D = 4, 2, 64
-TOL = {torch.float32: 2e-5, torch.float16: 5e-3}
 NAMES = {torch.float32: "float32", torch.float16: "float16"}
 
 
 def _plan(lens, dtype, page_size, policy="fixed", device="NVIDIA H200", **params):
     return make_plan(lens, num_kv_heads=H_KV, device=device, policy=policy, params=params, head_dim=D,
                      page_size=page_size, dtype=NAMES[dtype])
-
-
-def _check(case, plan, dtype):
-    o, lse = decode_attention(**case, plan=plan, return_lse=True)
-    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
-    assert o.dtype == dtype and o.shape == case["q"].shape
-    assert not torch.isnan(o).any(), "NaN reached the output"
-    err = (o.float() - ref.float()).abs().max().item()
-    assert err < TOL[dtype], f"max |o - ref| = {err}"
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, torch.isfinite(lse))
-    assert torch.all(lse[~finite] == float("-inf"))
-    if finite.any():
-        assert (lse[finite] - ref_lse[finite]).abs().max().item() < 1e-3
-    return o
 
 
 def _lens(block_n, page_size, rng, B):

@@ -17,24 +17,10 @@ from kvsplit.kernels.device import resolve_device
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.residency import COMPILED_HEADS, occupancy, resident_ctas_per_sm
 
+from .paged_case import check_decode as _check
 from .paged_case import make_case
 
 H200 = resolve_device("NVIDIA H200")
-NAMES = {torch.float32: "float32", torch.float16: "float16"}
-TOL = {torch.float32: 2e-5, torch.float16: 5e-3}
-
-
-def _check(case, plan, dtype):
-    o, lse = decode_attention(**case, plan=plan, return_lse=True)
-    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
-    assert not torch.isnan(o).any(), "NaN reached the output"
-    err = (o.float() - ref.float()).abs().max().item()
-    assert err < TOL[dtype], f"max |o - ref| = {err}"
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, torch.isfinite(lse))
-    assert torch.all(lse[~finite] == float("-inf"))
-    assert (lse[finite] - ref_lse[finite]).abs().max().item() < 1e-3
-    return o
 
 
 # (H_q, H_kv, heads_per_tile): G * heads = 16, 8 (rows padded) and 2 (G = 1)
