@@ -26,7 +26,6 @@ starts from the calibration with ``fixed_overlap`` and ``tail_sm_bw`` removed).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -36,12 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from kvsplit.kernels.device import resolve_device
-from kvsplit.tuner.simfit import _loss, by_config, error_table, predict_samples, sweep_samples
+from kvsplit.tuner.simfit import _loss, by_config, sweep_samples
 from kvsplit.tuner.simulate import Calibration, _simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from fit_lone_bw import HELDOUT, TRAIN, _row, write_outputs  # noqa: E402
+from fit_lone_bw import (HELDOUT, TRAIN, before_after_tables, fit_arguments, without_terms,  # noqa: E402
+                         write_outputs)
 
 TRAIN_R6 = ["docs/data/h200_r6/train6.jsonl", "docs/data/h200_r6/train6_r1tiles.jsonl"]
 RETIME = "docs/data/h200_r6/retime9.jsonl"
@@ -99,19 +99,14 @@ def fit_new_terms(cal: Calibration, samples, dev, *, tail: bool = False, min_sam
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calibration", default="service/data/h200_calibration.json", help="the calibration to start from")
+    ap = fit_arguments(__doc__)
     ap.add_argument("--no-tail", action="store_true", help="fit fixed_overlap alone (tail_sm_bw left at 0)")
-    ap.add_argument("--out", default=None, help="write the new calibration document here")
-    ap.add_argument("--report", default=None, help="write the per-config fit and the error tables (JSON) here")
     args = ap.parse_args()
     t0 = time.time()
     dev = resolve_device("NVIDIA H200")
     doc = json.loads(Path(args.calibration).read_text())
-    # the starting point without the round-7 terms, so a re-run starts from the same constants ("before")
-    cal0 = Calibration.from_dict(doc["constants"])
-    cal0 = dataclasses.replace(cal0, fixed_overlap=0.0, tail_sm_bw=0.0, per_config={
-        k: {n: v for n, v in o.items() if n not in NEW} for k, o in cal0.per_config.items()})
+    # the starting point without the round-7 terms
+    cal0 = without_terms(Calibration.from_dict(doc["constants"]), NEW)
     train = []
     for files in (TRAIN, *([f] for f in TRAIN_R6)):
         got, _ = sweep_samples(files, "bench/data/train_cases.json")
@@ -120,11 +115,7 @@ def main() -> None:
     cal, per_config = fit_new_terms(cal0, train, dev, tail=not args.no_tail)
     held, _ = sweep_samples(HELDOUT, "bench/data/sweep_cases.json")
     r9, _ = sweep_samples([RETIME], "bench/data/sweep_cases.json")
-    tabs = {}
-    for label, c in (("before", cal0), ("after", cal)):
-        for role, ss in (("heldout", held), ("retime9", r9), ("train", train)):
-            tabs[f"{label}_{role}"] = error_table(ss, predict_samples(ss, c, dev))
-            print(f"{label:6s} {role:8s} {_row(tabs[f'{label}_{role}'])}", flush=True)
+    tabs = before_after_tables(cal0, cal, {"heldout": held, "retime9": r9, "train": train}, dev)
     write_outputs(args.out, args.report, doc, cal, tabs,
                   {"train": TRAIN + TRAIN_R6, "heldout": HELDOUT + [RETIME], "tail": not args.no_tail,
                    "per_config": per_config}, "fit_drain.py",

@@ -76,29 +76,48 @@ def _row(tab: dict) -> str:
         f"{p} {100 * st['median']:.1f}/{100 * st['worst']:.1f}" for p, st in sorted(tab["per_policy"].items())))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def fit_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The options every fit script takes: ``--calibration`` (the document to start from), ``--out`` (write the
+    new calibration document there) and ``--report`` (write the per-config fit and the error tables there)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calibration", default="service/data/h200_calibration.json", help="the calibration to start from")
     ap.add_argument("--out", default=None, help="write the new calibration document here")
     ap.add_argument("--report", default=None, help="write the per-config fit and the error tables (JSON) here")
-    args = ap.parse_args()
+    return ap
+
+
+def without_terms(cal: Calibration, names: tuple[str, ...]) -> Calibration:
+    """``cal`` with the constants ``names`` at 0 (off) and dropped from every ``per_config`` entry: the starting
+    point of a fit of those terms, so a re-run starts from the same constants ("before")."""
+    return dataclasses.replace(cal, **{n: 0.0 for n in names}, per_config={
+        k: {n: v for n, v in o.items() if n not in names} for k, o in cal.per_config.items()})
+
+
+def before_after_tables(cal0: Calibration, cal: Calibration, roles: dict[str, list], dev) -> dict:
+    """The error table (:func:`kvsplit.tuner.simfit.error_table`) of every sample set of ``roles`` (role name ->
+    samples) under the calibration before (``cal0``) and after (``cal``) the fit, keyed ``"{before|after}_{role}"``,
+    each printed as one row."""
+    tabs = {}
+    for label, c in (("before", cal0), ("after", cal)):
+        for role, ss in roles.items():
+            tabs[f"{label}_{role}"] = error_table(ss, predict_samples(ss, c, dev))
+            print(f"{label:6s} {role:8s} {_row(tabs[f'{label}_{role}'])}", flush=True)
+    return tabs
+
+
+def main() -> None:
+    args = fit_arguments(__doc__).parse_args()
     t0 = time.time()
     dev = resolve_device("NVIDIA H200")
     doc = json.loads(Path(args.calibration).read_text())
-    # the starting point without any lone-CTA rate, so a re-run starts from the same constants ("before")
-    cal0 = Calibration.from_dict(doc["constants"])
-    cal0 = dataclasses.replace(cal0, lone_bw=0.0, per_config={
-        k: {n: v for n, v in o.items() if n != "lone_bw"} for k, o in cal0.per_config.items()})
+    # the starting point without any lone-CTA rate
+    cal0 = without_terms(Calibration.from_dict(doc["constants"]), ("lone_bw",))
     train, _ = sweep_samples(TRAIN, "bench/data/train_cases.json")
     print(f"{len(train)} training plans [{time.time() - t0:.0f}s]", flush=True)
     cal, per_config = fit_lone(cal0, train, dev)
     held, _ = sweep_samples(HELDOUT, "bench/data/sweep_cases.json")
     r8, _ = sweep_samples(["docs/data/h200_r5/retime8.jsonl"], "bench/data/sweep_cases.json")
-    tabs = {}
-    for label, c in (("before", cal0), ("after", cal)):
-        for role, ss in (("heldout", held), ("retime8", r8), ("train", train)):
-            tabs[f"{label}_{role}"] = error_table(ss, predict_samples(ss, c, dev))
-            print(f"{label:6s} {role:8s} {_row(tabs[f'{label}_{role}'])}", flush=True)
+    tabs = before_after_tables(cal0, cal, {"heldout": held, "retime8": r8, "train": train}, dev)
     write_outputs(args.out, args.report, doc, cal, tabs,
                   {"train": TRAIN, "heldout": HELDOUT, "per_config": per_config}, "fit_lone_bw.py",
                   "; lone_bw per config fitted on the same training batches by scripts/fit_lone_bw.py "

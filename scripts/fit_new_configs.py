@@ -18,7 +18,6 @@ and round 6's re-timing of the final table, retime9, with today's kernel) and wr
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -27,13 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from kvsplit.kernels.device import resolve_device
-from kvsplit.tuner.simfit import (CONFIG_FIT_PARAMS, _coord_search, _loss, _prep, by_config, error_table,
-                                  predict_samples, sweep_samples)
+from kvsplit.tuner.simfit import CONFIG_FIT_PARAMS, _coord_search, _loss, _prep, by_config, sweep_samples
 from kvsplit.tuner.simulate import Calibration, _simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from fit_lone_bw import HELDOUT, _row, fit_lone, write_outputs  # noqa: E402
+from fit_lone_bw import HELDOUT, before_after_tables, fit_arguments, fit_lone, write_outputs  # noqa: E402
 
 TRAIN = ["docs/data/h200_r6/train6_r1tiles.jsonl"]
 RETIME = "docs/data/h200_r6/retime9.jsonl"
@@ -60,11 +58,8 @@ def fit_new(cal: Calibration, samples, dev, min_samples: int = 20) -> tuple[Cali
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calibration", default="service/data/h200_calibration.json", help="the calibration to start from")
+    ap = fit_arguments(__doc__)
     ap.add_argument("--train", nargs="+", default=TRAIN)
-    ap.add_argument("--out", default=None, help="write the new calibration document here")
-    ap.add_argument("--report", default=None, help="write the per-config fit and the error tables (JSON) here")
     args = ap.parse_args()
     t0 = time.time()
     dev = resolve_device("NVIDIA H200")
@@ -80,11 +75,7 @@ def main() -> None:
         per_config[k]["lone"] = v
     held, _ = sweep_samples(HELDOUT, "bench/data/sweep_cases.json")
     r9, _ = sweep_samples([RETIME], "bench/data/sweep_cases.json")
-    tabs = {}
-    for label, c in (("before", cal0), ("after", cal)):
-        for role, ss in (("heldout", held), ("retime9", r9), ("train", train)):
-            tabs[f"{label}_{role}"] = error_table(ss, predict_samples(ss, c, dev))
-            print(f"{label:6s} {role:8s} {_row(tabs[f'{label}_{role}'])}", flush=True)
+    tabs = before_after_tables(cal0, cal, {"heldout": held, "retime9": r9, "train": train}, dev)
     write_outputs(args.out, args.report, doc, cal, tabs,
                   {"train": args.train, "heldout": HELDOUT + [RETIME], "per_config": per_config}, "fit_new_configs.py",
                   "; per-config constants of the configs without any, (64, 2, 3) and (64, 4, 4), fitted "
