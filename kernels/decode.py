@@ -444,8 +444,6 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
             raise ValueError(f"plan: made for {what}={want}, got {what}={got}")
     if _TORCH_DTYPES[q.dtype] != plan.dtype:
         raise ValueError(f"plan: made for dtype {plan.dtype}, got q of dtype {_TORCH_DTYPES[q.dtype]}")
-    if plan.config.heads_per_tile != 1:
-        check_heads_per_tile(plan.config.heads_per_tile, H_q, H_kv)
     if out is not None:
         _check_tensor("out", out, ndim=3, device=dev)
         if tuple(out.shape) != (B, H_q, D) or out.dtype != q.dtype:
@@ -605,7 +603,9 @@ def launch_decode(
     merge_dsplit: int | None = None,
     maxnreg: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The one launcher of stage 1 + merge, from a plan's device arrays (no checks, no allocation).
+    """The one launcher of stage 1 + merge, from a plan's device arrays (no allocation; the only checks are the
+    ones a plan cannot make, before any launch: ``config.heads_per_tile`` against H_q, the persistent schedule of
+    a device-resident plan).
 
     ``arrays``: int32 device tensors ``work_request``, ``work_kv_start``,
     ``work_kv_end``, ``work_slot``, ``cta_indptr``, ``merge_request``,
