@@ -321,7 +321,7 @@ def main() -> None:
             for name in dict.fromkeys(want[c["id"]]):
                 if name in BASELINES:
                     plans.append((name, BASELINES[name]))
-                elif name in ("served", "served_r1"):
+                elif name in ("served", "served_r1", "served_prev"):
                     plans.append((name, (c[name]["policy"], c[name]["params"])))
                 else:
                     plans.append(named(name))
@@ -371,16 +371,22 @@ def main() -> None:
             # the first plan timed after a batch change ran up to 15 % slow in the final run
             # (docs/results.md, "Method"): time the served plan once and throw that figure away
             time_case({**c, "id": -1 - c["id"]}, [served])
-            plans = [served] + [named(n) for n in c.get("oracle_names", [])]
+            plans = [served]
+            # the plan the table before the last rebuild served (make_sweep_cases.py's served_prev), back to back
+            plans += [("served_prev", (c["served_prev"]["policy"], c["served_prev"]["params"]))] \
+                if "served_prev" in c else []
+            plans += [named(n) for n in c.get("oracle_names", [])]
             plans += list(BASELINES.items())
             plans += [("served_r1", (c["served_r1"]["policy"], c["served_r1"]["params"]))] if "served_r1" in c else []
             res, floor = time_case(c, plans, fis[(c["num_qo_heads"], c["num_kv_heads"])])
             ok = {k: v for k, v in res.items() if v}
             best = min(v for k, v in ok.items() if k not in ("flashinfer_kernel",))
             fi = ok.get("flashinfer_kernel")
+            prev = ok.get("served_prev")
             print(f"R {c['set']:7s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} served "
                   f"{ok['served'] / floor:.3f}x oracle {best / floor:.3f} s/o {ok['served'] / best:.3f} "
-                  f"fi {(fi or 0) / floor:.3f} fi/s {(fi or 0) / ok['served']:.3f}  [{time.time() - t0:.0f}s]",
+                  + (f"s/prev {ok['served'] / prev:.3f} " if prev else "")
+                  + f"fi {(fi or 0) / floor:.3f} fi/s {(fi or 0) / ok['served']:.3f}  [{time.time() - t0:.0f}s]",
                   flush=True)
         return
 

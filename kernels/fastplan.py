@@ -720,9 +720,10 @@ def _range_error(arr: np.ndarray, i: int) -> ValueError:
 
 
 @_jit
-def _whole_wave_pick(L, H, eps, slots, max_waves):
-    """:func:`kvsplit.kernels.policies.whole_wave_config` on the tiles' resident slots ``slots`` (int64, in the
-    tiles' order): the index of the chosen tile, or -1 (the same float64 operations and tie rule)."""
+def _whole_wave_pick(L, Ht, eps, slots, max_waves):
+    """:func:`kvsplit.kernels.policies.whole_wave_config` on the tiles' resident slots ``slots`` and work tiles
+    per request ``Ht`` (H_kv / heads_per_tile; int64, in the tiles' order): the index of the chosen tile, or -1
+    (the same float64 operations and tie rule)."""
     total = 0
     lmax = 0
     for i in range(L.shape[0]):
@@ -732,15 +733,15 @@ def _whole_wave_pick(L, H, eps, slots, max_waves):
             lmax = x
     if eps <= 0.0 or total <= 0:
         return -1
-    n = H * L.shape[0]
     best = -1
     best_e = 0.0
     for j in range(slots.shape[0]):
         sl = slots[j]
+        n = Ht[j] * L.shape[0]
         k = (n + sl - 1) // sl
         if k > max_waves:
             continue
-        e = float(k * lmax * sl) / float(H * total)
+        e = float(k * lmax * sl) / float(Ht[j] * total)
         if e <= 1.0 + eps and (best < 0 or e < best_e):
             best = j
             best_e = e
@@ -757,7 +758,7 @@ class _Spec:
 
     __slots__ = ("kind", "rule", "arg", "min_chunk", "max_splits", "heavy", "pack", "C", "o", "mp", "cfg",
                  "policy", "params", "H", "Ht", "head_dim", "page_size", "dtype", "gpu", "device", "kernel", "args",
-                 "fields", "ww", "ww_slots", "ww_specs", "ww_waves")
+                 "fields", "ww", "ww_slots", "ww_ht", "ww_specs", "ww_waves")
 
 
 _SPECS: dict[tuple, _Spec] = {}
@@ -852,19 +853,23 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
                  "page_size": page_size, "dtype": dtype, "gpu": dev.name}
     # the whole-wave rule (policies.whole_wave_config): the tiles it may pick, their slots, and for each the
     # spec of one work item per request on that tile under this policy's name and params
-    sp.ww, sp.ww_slots, sp.ww_specs, sp.ww_waves = 0.0, None, (), P.WHOLE_WAVE_MAX_WAVES
+    sp.ww, sp.ww_slots, sp.ww_ht, sp.ww_specs, sp.ww_waves = 0.0, None, None, (), P.WHOLE_WAVE_MAX_WAVES
     if policy in ("balanced", "stream_k", "tuned") and params.get("whole_wave"):
         sp.ww = float(params["whole_wave"])
-        slots, alts = [], []
-        for bn, nw, ns in P.WHOLE_WAVE_TILES:
-            alt_cfg = KernelConfig(bn, nw, ns)
+        heads = P.whole_wave_heads(params)
+        slots, hts, alts = [], [], []
+        cands = [KernelConfig(bn, nw, ns) for bn, nw, ns in P.WHOLE_WAVE_TILES]
+        cands += [c for c in P.WHOLE_WAVE_HEADS_TILES
+                  if c.heads_per_tile <= heads and num_kv_heads % c.heads_per_tile == 0]
+        for alt_cfg in cands:  # whole_wave_config's tiles, in its order
             try:
                 _check_config(alt_cfg, head_dim, dtype)
             except ValueError:
                 continue
             slots.append(P.resident_slots(ctx, alt_cfg))
+            hts.append(P.tile_heads(ctx, alt_cfg))
             alts.append(_whole_request_spec(sp, alt_cfg))
-        sp.ww_slots, sp.ww_specs = np.array(slots, dtype=np.int64), tuple(alts)
+        sp.ww_slots, sp.ww_ht, sp.ww_specs = np.array(slots, dtype=np.int64), np.array(hts, np.int64), tuple(alts)
     return sp
 
 
@@ -881,7 +886,7 @@ def _whole_request_spec(sp: _Spec, cfg: Any) -> _Spec:
     alt.Ht = sp.H // cfg.heads_per_tile
     alt.kernel, alt.args = _even_chunks, (alt.Ht, cfg.block_n, _CONST, 1, 1, 1 << 62, False, 0, MAX_WORK_ITEMS)
     alt.fields = dict(sp.fields, config=cfg)
-    alt.ww, alt.ww_slots, alt.ww_specs = 0.0, None, ()
+    alt.ww, alt.ww_slots, alt.ww_ht, alt.ww_specs = 0.0, None, None, ()
     return alt
 
 
@@ -890,7 +895,7 @@ def whole_wave_spec(arr: np.ndarray, sp: _Spec) -> _Spec:
     whole-wave rule picks (:func:`kvsplit.kernels.policies.whole_wave_config`)."""
     if not sp.ww_specs:
         return sp
-    j = _whole_wave_pick(arr, sp.H, sp.ww, sp.ww_slots, sp.ww_waves)
+    j = _whole_wave_pick(arr, sp.ww_ht, sp.ww, sp.ww_slots, sp.ww_waves)
     return sp if j < 0 else sp.ww_specs[j]
 
 
@@ -1065,7 +1070,8 @@ def warmup() -> None:
         bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=dev)
     as_kv_lens([3, 1, 2])
     for dt in (np.int32, np.int64):
-        _whole_wave_pick(np.array([2048, 2048], dtype=dt), 4, 0.05, np.array([528, 396], np.int64), 2)
+        _whole_wave_pick(np.array([2048, 2048], dtype=dt), np.array([4, 4], np.int64), 0.05,
+                         np.array([528, 396], np.int64), 2)
     z = np.zeros((1, NUM_BINS), np.int64)
     _nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
     sv = np.zeros((2, SV_LEN), np.int64)

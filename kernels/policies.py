@@ -160,21 +160,71 @@ WHOLE_WAVE_TILES: tuple[tuple[int, int, int], ...] = ((64, 4, 2), (128, 4, 2))
 """(block_n, num_warps, num_stages) tiles the whole-wave rule (:func:`whole_wave_config`) may run: the two
 multi-resident tiles that stream fastest on the H200 (4 and 3 CTAs per SM at D = 128, 16-bit K/V; the best
 single plans of docs/perf.md's round-6 table, 1.064-1.079x the read floor at T = 1,048,576)."""
+WHOLE_WAVE_HEADS_TILES: tuple[KernelConfig, ...] = (
+    KernelConfig(64, 4, 3, prefetch=True, heads_per_tile=2),)
+"""Tiles of several KV heads the whole-wave rule also considers when the policy's ``whole_wave_heads`` allows
+their ``heads_per_tile`` (after :data:`WHOLE_WAVE_TILES`, so ties keep the one-head tiles): (64, 4, 3) with the
+page-id prefetch and two heads per tile, one resident CTA per SM (218 registers, 134 KB of shared memory at
+D = 128, :data:`.residency.COMPILED_HEADS`). Measured on the H200 (docs/perf.md, round 9): on every batch where
+the rule takes it (near-even B = 64 at H_kv = 4 and B = 32 at H_kv = 8: 128 work tiles on 132 SMs), its one tile
+per request was the fastest of the 20 timed plans -- 7 of 7 training batches (train9_h2), 3 of 3 evaluation
+batches (eval9_h2: exact-uniform B = 64 at T = 262,144 1.170x the read floor against 1.251x for the plan the
+table served)."""
 WHOLE_WAVE_MAX_WAVES = 2
 """The whole-wave rule considers at most this many resident waves of whole requests: more waves of near-even
 batches lost 1-5 % to the even partition on the training batches (docs/perf.md, round 7)."""
 
 
+TILE_QUERY_ROWS = 16
+"""Query rows of one work tile's ``tl.dot`` (the GQA groups of its KV heads share them:
+``heads_per_tile * H_q / H_kv <= 16``, :func:`kvsplit.kernels.decode.check_heads_per_tile`)."""
+
+
+def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_heads: int) -> Mapping[str, Any]:
+    """``params`` with ``heads_per_tile`` and ``whole_wave_heads`` lowered to the largest divisor of H_kv whose
+    GQA groups fit one work tile's query rows (``h * H_q / H_kv <= TILE_QUERY_ROWS``), or ``params`` itself when
+    both fit.
+
+    A policy table keys its buckets by H_kv, not H_q (DESIGN.md §8), so a policy tuned at one GQA group
+    (Qwen3-30B-A3B's 32/4, G = 8: two KV heads per tile) also serves models of a larger group (Qwen3-235B-A22B's
+    64/4, G = 16), where the launch would refuse it (:func:`kvsplit.kernels.decode.check_heads_per_tile`):
+    :class:`kvsplit.kernels.policy_table.PolicyTable` plans its policies through this. An explicit
+    ``heads_per_tile`` given to :func:`make_plan` is not refitted (the launch names it instead).
+
+    Parameters
+    ----------
+    params : Mapping
+        A policy's parameters (validated by the planner afterwards; a non-integer ``heads_per_tile`` is
+        returned unchanged for it to name).
+    num_qo_heads, num_kv_heads : int
+        H_q and H_kv (H_q a multiple of H_kv).
+    """
+    G = max(1, num_qo_heads // max(1, num_kv_heads))
+    out = params
+    for name in ("heads_per_tile", "whole_wave_heads"):
+        h = params.get(name, 1)
+        if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h <= 1:
+            continue
+        fit = int(h)
+        while fit > 1 and (num_kv_heads % fit or fit * G > TILE_QUERY_ROWS):
+            fit -= 1
+        if fit != h:
+            out = {**out, name: fit}
+    return out
+
+
 def whole_wave_config(L: np.ndarray, ctx: PlanContext, eps: float,
-                      tiles: tuple[tuple[int, int, int], ...] = WHOLE_WAVE_TILES) -> KernelConfig | None:
+                      tiles: tuple[tuple[int, int, int], ...] = WHOLE_WAVE_TILES,
+                      heads: int = 1) -> KernelConfig | None:
     """The tile on which one work tile per request (no split-KV) fills whole resident waves, or None.
 
-    For each tile ``(block_n, num_warps, num_stages)`` of ``tiles`` with ``slots = resident_slots(ctx, cfg)``
-    (resident CTAs per SM x SMs, :mod:`.residency`) and ``n = H_kv * B`` work tiles of whole requests, the
-    plan needs ``k = ceil(n / slots)`` waves, each as long as the longest request, so its makespan against an
-    even share of the same slots is
+    The tiles are ``(block_n, num_warps, num_stages)`` of ``tiles`` (one KV head per work tile), then those of
+    :data:`WHOLE_WAVE_HEADS_TILES` whose ``heads_per_tile`` h is at most ``heads`` and divides H_kv. For each,
+    with ``slots = resident_slots(ctx, cfg)`` (resident CTAs per SM x SMs, :mod:`.residency`) and
+    ``n = (H_kv / h) * B`` work tiles of whole requests, the plan needs ``k = ceil(n / slots)`` waves, each as
+    long as the longest request, so its makespan against an even share of the same slots is
 
-        ``excess = k * max(kv_len) * slots / (H_kv * sum(kv_len))``   (1 for equal lengths filling k waves).
+        ``excess = k * max(kv_len) * slots / ((H_kv / h) * sum(kv_len))``   (1 for equal lengths filling k waves).
 
     The tile with the smallest ``excess`` is returned when ``k <= WHOLE_WAVE_MAX_WAVES`` and
     ``excess <= 1 + eps``: then no request is split, there is no merge launch and no per-piece fixed cost,
@@ -193,43 +243,60 @@ def whole_wave_config(L: np.ndarray, ctx: PlanContext, eps: float,
     ctx : PlanContext
     eps : float
         Allowed excess, >= 0; 0 disables the rule (returns None).
+    heads : int
+        The most KV heads per work tile the rule may run (a policy's ``whole_wave_heads``, default 1: the
+        one-head tiles only). The caller vouches that ``heads`` GQA groups fit one tile's query rows
+        (:func:`fit_heads_per_tile`; the launch checks it again).
 
     Returns
     -------
     KernelConfig or None
-        ``KernelConfig(block_n, num_warps, num_stages)`` (grid schedule, no prefetch) of the chosen tile.
+        The chosen tile: ``KernelConfig(block_n, num_warps, num_stages)`` (grid schedule, no prefetch) of
+        ``tiles``, or a :data:`WHOLE_WAVE_HEADS_TILES` config.
     """
     total = int(L.sum())
     if eps <= 0 or total <= 0:
         return None
-    n = ctx.num_kv_heads * int(L.shape[0])
     lmax = int(L.max())
     best, best_cfg = None, None
-    for bn, nw, ns in tiles:
-        cfg = KernelConfig(bn, nw, ns)
+    cands = [KernelConfig(bn, nw, ns) for bn, nw, ns in tiles]
+    cands += [c for c in WHOLE_WAVE_HEADS_TILES
+              if c.heads_per_tile <= heads and ctx.num_kv_heads % c.heads_per_tile == 0]
+    for cfg in cands:
         try:
             _check_config(cfg, ctx.head_dim, ctx.dtype)
         except ValueError:
             continue
         slots = resident_slots(ctx, cfg)
-        k = -(-n // slots)
+        ht = tile_heads(ctx, cfg)
+        k = -(-(ht * int(L.shape[0])) // slots)
         if k > WHOLE_WAVE_MAX_WAVES:
             continue
         # the same float64 operations as the compiled core (kernels/fastplan.py), so both pick alike
-        excess = float(k * lmax * slots) / float(ctx.num_kv_heads * total)
+        excess = float(k * lmax * slots) / float(ht * total)
         if excess <= 1.0 + eps and (best is None or excess < best):
             best, best_cfg = excess, cfg
     return best_cfg
 
 
 def _whole_wave(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]) -> KernelConfig | None:
-    """``params.whole_wave`` checked (a number in [0, 1], default 0: off) and :func:`whole_wave_config`."""
+    """``params.whole_wave`` checked (a number in [0, 1], default 0: off), ``params.whole_wave_heads`` (an
+    integer in [1, 16], default 1) and :func:`whole_wave_config`."""
+    heads = whole_wave_heads(params)
     if "whole_wave" not in params:
         return None
-    return whole_wave_config(L, ctx, _num("whole_wave", params["whole_wave"], 0.0, 1.0))
+    return whole_wave_config(L, ctx, _num("whole_wave", params["whole_wave"], 0.0, 1.0), heads=heads)
 
 
-@_register("balanced", ("ctas_per_sm", "whole_wave"))
+def whole_wave_heads(params: Mapping[str, Any]) -> int:
+    """``params.whole_wave_heads`` (default 1), checked: an integer in [1, 16]; raises ValueError naming it."""
+    h = params.get("whole_wave_heads", 1)
+    if isinstance(h, (bool, np.bool_)) or not isinstance(h, (int, np.integer)) or not 1 <= h <= TILE_QUERY_ROWS:
+        raise ValueError(f"params.whole_wave_heads: expected an integer in [1, {TILE_QUERY_ROWS}], got {h!r}")
+    return int(h)
+
+
+@_register("balanced", ("ctas_per_sm", "whole_wave", "whole_wave_heads"))
 def _policy_balanced(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     """Even chunks aimed at ``ctas_per_sm`` work tiles per SM (default 4), wave-aware.
 
@@ -363,7 +430,7 @@ def _stream_k_params(params: Mapping[str, Any], space: Mapping[str, Any] | None 
     return target, o, mp
 
 
-@_register("stream_k", ("ctas_per_sm", "item_cost_blocks", "min_piece_blocks", "whole_wave"))
+@_register("stream_k", ("ctas_per_sm", "item_cost_blocks", "min_piece_blocks", "whole_wave", "whole_wave_heads"))
 def _policy_stream_k(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     """Even partition of the concatenated KV stream (:func:`stream_k_work`).
 
@@ -458,6 +525,12 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
                "within this excess (whole_wave_config); 0 = off. Set per bucket from GPU timings "
                "(scripts/enable_whole_wave.py), not searched",
     },
+    "whole_wave_heads": {
+        "kind": "int", "low": 1, "high": 16, "log": False, "default": 1, "search": False,
+        "doc": "the most KV heads per work tile the whole-wave rule may run (WHOLE_WAVE_HEADS_TILES); 1 = the "
+               "one-head tiles only. Set with whole_wave (scripts/enable_whole_wave.py), refitted to the GQA group "
+               "by the policy table (fit_heads_per_tile), not searched",
+    },
     "item_cost_blocks": {
         "kind": "int", "low": 0, "high": 64, "log": False, "default": 1, "search": True,
         "condition": {"partition": "stream_k"},
@@ -481,7 +554,7 @@ defaults ``tuned`` gives the same plan as ``balanced``.
 """
 
 _TUNED_RULE_PARAMS = ("ctas_per_sm", "min_chunk_tokens", "max_splits", "programs_per_sm", "partition", "wave_aware",
-                      "item_cost_blocks", "min_piece_blocks", "whole_wave")
+                      "item_cost_blocks", "min_piece_blocks", "whole_wave", "whole_wave_heads")
 
 
 

@@ -60,7 +60,7 @@ from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, Bucket
 from .device import DeviceSpec
 from .limits import _as_kv_lens
 from .plan import POLICIES, Plan, make_plan
-from .policies import plan_batch
+from .policies import fit_heads_per_tile, plan_batch
 from .shape import Shape, gpu_slug, shape_family
 from . import fastplan as _fastplan
 
@@ -365,7 +365,9 @@ class PolicyTable:
             return (plan, {"key": str(key), "matched": None, "distance": None},
                     {"id": None, "version": None, "name": self.fallback_name,
                      "params": dict(self.fallback_params), "source": "fallback"})
-        plan = plan_with(entry.name, entry.params)
+        # a bucket's policy may run more KV heads per tile than this shape's GQA group fits (buckets are keyed
+        # by H_kv, not H_q): refitted, as the compiled path does (_ShapeCtx._parse)
+        plan = plan_with(entry.name, fit_heads_per_tile(entry.params, shape.num_qo_heads, ctx.num_kv_heads))
         return plan, {"key": str(key), "matched": entry.bucket, "distance": d}, entry.info()
 
     def plan_buffers(self, kv_lens: Any, shape: Shape) -> tuple | None:
@@ -443,6 +445,7 @@ class _ShapeCtx:
         else:
             name, params = table.fallback_name, table.fallback_params
         c = self.ctx
+        params = fit_heads_per_tile(params, self.shape.num_qo_heads, c.num_kv_heads)
         sp = _fastplan.spec(name, params, c.num_kv_heads, c.device, c.head_dim, c.page_size, c.dtype)
         _fastplan.spec_vector(sp, self.spec_rows[i])
         sp = self.specs[i] = sp if sp is not None else False
@@ -491,7 +494,8 @@ class _ShapeCtx:
         elif entry is None:  # a policy the compiled core does not plan (flashinfer, fa3)
             plan = plan_batch(_as_kv_lens(L), self.ctx, table.fallback_name, table.fallback_params)
         else:
-            plan = plan_batch(_as_kv_lens(L), self.ctx, entry.name, entry.params)
+            plan = plan_batch(_as_kv_lens(L), self.ctx, entry.name,
+                              fit_heads_per_tile(entry.params, self.shape.num_qo_heads, self.ctx.num_kv_heads))
         if entry is None:
             return (plan, {"key": key, "matched": None, "distance": None},
                     {"id": None, "version": None, "name": table.fallback_name,

@@ -208,7 +208,8 @@ class DecodeWrapper:
     # ------------------------------------------------------------------ helpers
     def _graph_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         # the graph's tile is fixed, so the whole-wave rule (which picks a tile per batch) does not apply here
-        p = {k: v for k, v in params.items() if k not in _FIXED_KNOBS and k not in ("programs_per_sm", "whole_wave")}
+        p = {k: v for k, v in params.items()
+             if k not in _FIXED_KNOBS and k not in ("programs_per_sm", "whole_wave", "whole_wave_heads")}
         p.update(self._knobs)
         return p
 

@@ -45,6 +45,10 @@ DEFAULT = "stream_k|c3|n128w4s2"
 SERVED_POOL = (
     "stream_k|c3|n128w4s2", "stream_k|c3|n64w4s3", "stream_k|c2|n128w4s3", "stream_k|c3|n128w4s2|o2m4",
     "balanced|c3|n128w4s2", "balanced|c4|n128w4s2", "balanced|c4|n64w4s2",
+    # two KV heads per work tile (KernelConfig.heads_per_tile, round 8): the seven candidates of round 9's
+    # training run (docs/data/h200_r9/train9_h2.log) whose worst training batch is within 1.36x of its best
+    "balanced|c3|n32w4s3|pf|h2", "balanced|c3|n64w4s2|h2", "stream_k|c2|n32w4s4|pf|h2", "stream_k|c2|n64w8s2|h2",
+    "stream_k|c3|n32w4s3|pf|h2", "stream_k|c3|n64w4s2|h2", "stream_k|c4|n32w4s2|h2",
 )
 # Not in the pool (round 4, measured): four stage-3 tiles with the prefetch knob, each faster than the pool above by
 # more than 2 % on some training batches (69 of 280, docs/data/h200_r4/train_pf.log): "stream_k|c3|n64w4s3|pf",

@@ -1,8 +1,9 @@
 """Turn the whole-wave rule on per shipped policy where the H200 training timings say it wins (CPU; issue 9).
 
     python scripts/enable_whole_wave.py [--timings docs/data/h200_r6/train6.jsonl] [--eps 0.05] [--write]
+        [--on-kv-heads 4]
 
-(round 7: docs/data/h200_r7/enable_whole_wave.log)
+(round 7: docs/data/h200_r7/enable_whole_wave.log; round 9: docs/data/h200_r9/enable_whole_wave.log)
 
 The rule (``params.whole_wave``, :func:`kvsplit.kernels.policies.whole_wave_config`) plans one work tile per
 request on the (64, 4, 2) or (128, 4, 2) tile when those tiles fill at most two resident waves within an excess
@@ -24,7 +25,8 @@ near-even batches of the Qwen3-30B-A3B shape gain up to 3.6 %, the Llama-3.1-8B 
    tokens reach another key than 128 of exactly 2,048), so a per-policy switch would leave most of them out.
 
 Without ``--write`` it prints the decision per family with the evidence per policy; with it, rewrites the
-shipped policies file (each enabled policy's params gain ``"whole_wave": eps``; nothing else changes).
+shipped policies file (each enabled policy's params gain ``"whole_wave": eps``, and ``"whole_wave_heads"`` with
+``--heads`` above 1; nothing else changes).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import numpy as np
 from kvsplit.kernels.buckets import bucket_key
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
-from kvsplit.kernels.policies import whole_wave_config
+from kvsplit.kernels.policies import fit_heads_per_tile, whole_wave_config
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.kernels.registry import PlanContext
 from kvsplit.tuner.simfit import candidate_policy
@@ -56,7 +58,7 @@ WORST = 1.01
 slower than its own plan (ten-repetition timings vary by < 1 %, docs/perf.md round 3)."""
 
 
-def decide(doc: dict, cases: list[dict], timings: Path, eps: float) -> dict[int, dict]:
+def decide(doc: dict, cases: list[dict], timings: Path, eps: float, heads: int = 1) -> dict[int, dict]:
     """Per published policy id: the batches the rule acts on and their whole-request / own-plan time ratios."""
     dev = DeviceSpec.known(GPU)
     table = PolicyTable.from_export(doc)
@@ -75,7 +77,9 @@ def decide(doc: dict, cases: list[dict], timings: Path, eps: float) -> dict[int,
             continue
         rec = out[entry.id]
         rec["batches"] += 1
-        tile = whole_wave_config(L, PlanContext(dev, hkv, 128, 16, "bfloat16"), eps)
+        # the rule's tiles of up to ``heads`` KV heads, as the table refits them to the batch's GQA group
+        h = fit_heads_per_tile({"whole_wave_heads": heads}, c["num_qo_heads"], hkv)["whole_wave_heads"]
+        tile = whole_wave_config(L, PlanContext(dev, hkv, 128, 16, "bfloat16"), eps, heads=h)
         if tile is None:
             continue
         t = r["times"]
@@ -92,7 +96,8 @@ def decide(doc: dict, cases: list[dict], timings: Path, eps: float) -> dict[int,
         if own is None or whole is None:
             rec["missing"].append(label)
         else:
-            rec["ratios"].append((label, (tile.block_n, tile.num_warps, tile.num_stages), whole / own))
+            rec["ratios"].append((label, (tile.block_n, tile.num_warps, tile.num_stages)
+                                  + ((f"pf h{tile.heads_per_tile}",) if tile.heads_per_tile > 1 else ()), whole / own))
     return out
 
 
@@ -102,11 +107,17 @@ def main() -> None:
     ap.add_argument("--cases", default="bench/data/train_cases.json")
     ap.add_argument("--policies", default="service/data/h200_policies.json")
     ap.add_argument("--eps", type=float, default=0.05)
+    ap.add_argument("--heads", type=int, default=1,
+                    help="whole_wave_heads of the enabled policies: the rule may also run WHOLE_WAVE_HEADS_TILES "
+                         "tiles of up to this many KV heads (round 9: 2)")
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--on-kv-heads", default="",
+                    help="comma-separated H_kv whose family gets the rule whatever these timings decide (a decision "
+                         "made on other evidence: round 9 keeps round 7's for H_kv 4, docs/perf.md)")
     args = ap.parse_args()
     doc = json.loads((ROOT / args.policies).read_text())
     cases = json.loads((ROOT / args.cases).read_text())["cases"]
-    dec = decide(doc, cases, ROOT / args.timings, args.eps)
+    dec = decide(doc, cases, ROOT / args.timings, args.eps, args.heads)
     family_of = {p["id"]: tuple(p["bucket"][k] for k in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size"))
                  for p in doc["policies"]}
     per_family: dict[tuple, dict] = defaultdict(lambda: {"ratios": [], "missing": []})
@@ -129,7 +140,10 @@ def main() -> None:
         ok = bool(rs) and not rec["missing"] and geo < 1.0 and max(rs) <= WORST
         print(f"family {fam}: {len(rs)} batches taken, geomean {geo:.4f}, worst {max(rs) if rs else float('nan'):.4f}, "
               f"{len(rec['missing'])} untimed -> {'ON' if ok else 'off'}")
-        if ok:
+        forced = str(fam[1]) in [x.strip() for x in args.on_kv_heads.split(",") if x.strip()]
+        if forced and not ok:
+            print(f"    -> ON by --on-kv-heads {fam[1]}")
+        if ok or forced:
             on.add(fam)
     enabled = [p["id"] for p in doc["policies"] if family_of[p["id"]] in on]
     print(f"{len(enabled)} policies get whole_wave = {args.eps} (families {sorted(on)})")
@@ -137,6 +151,8 @@ def main() -> None:
         for p in doc["policies"]:
             if p["id"] in enabled:
                 p["params"] = {**p["params"], "whole_wave": args.eps}
+                if args.heads > 1:
+                    p["params"]["whole_wave_heads"] = args.heads
         (ROOT / args.policies).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.policies}")
 

@@ -113,8 +113,8 @@ def main() -> None:
         train += got
     print(f"{len(train)} training plans [{time.time() - t0:.0f}s]", flush=True)
     cal, per_config = fit_new_terms(cal0, train, dev, tail=not args.no_tail)
-    held, _ = sweep_samples(HELDOUT, "bench/data/sweep_cases.json")
-    r9, _ = sweep_samples([RETIME], "bench/data/sweep_cases.json")
+    held, _ = sweep_samples(HELDOUT, "bench/data/sweep_cases_r8.json")
+    r9, _ = sweep_samples([RETIME], "bench/data/sweep_cases_r8.json")
     tabs = before_after_tables(cal0, cal, {"heldout": held, "retime9": r9, "train": train}, dev)
     write_outputs(args.out, args.report, doc, cal, tabs,
                   {"train": TRAIN + TRAIN_R6, "heldout": HELDOUT + [RETIME], "tail": not args.no_tail,

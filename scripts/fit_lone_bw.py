@@ -115,8 +115,8 @@ def main() -> None:
     train, _ = sweep_samples(TRAIN, "bench/data/train_cases.json")
     print(f"{len(train)} training plans [{time.time() - t0:.0f}s]", flush=True)
     cal, per_config = fit_lone(cal0, train, dev)
-    held, _ = sweep_samples(HELDOUT, "bench/data/sweep_cases.json")
-    r8, _ = sweep_samples(["docs/data/h200_r5/retime8.jsonl"], "bench/data/sweep_cases.json")
+    held, _ = sweep_samples(HELDOUT, "bench/data/sweep_cases_r8.json")
+    r8, _ = sweep_samples(["docs/data/h200_r5/retime8.jsonl"], "bench/data/sweep_cases_r8.json")
     tabs = before_after_tables(cal0, cal, {"heldout": held, "retime8": r8, "train": train}, dev)
     write_outputs(args.out, args.report, doc, cal, tabs,
                   {"train": TRAIN, "heldout": HELDOUT, "per_config": per_config}, "fit_lone_bw.py",
@@ -135,7 +135,7 @@ def write_outputs(out: str | None, report: str | None, doc: dict, cal: Calibrati
     if out:
         doc["constants"] = cal.to_dict()
         doc["error"].update(error_summary(tabs["after_train"], tabs["after_heldout"]))
-        if script not in doc["source"]:
+        if note not in doc["source"]:
             doc["source"] += note
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -60,6 +60,9 @@ def fit_new(cal: Calibration, samples, dev, min_samples: int = 20) -> tuple[Cali
 def main() -> None:
     ap = fit_arguments(__doc__)
     ap.add_argument("--train", nargs="+", default=TRAIN)
+    ap.add_argument("--eval", nargs="*", default=[],
+                    help="runs over the evaluation batches of bench/data/sweep_cases.json (round 9 on: its served "
+                         "plans are today's table's), tabulated before and after as held-out sets too")
     args = ap.parse_args()
     t0 = time.time()
     dev = resolve_device("NVIDIA H200")
@@ -73,14 +76,23 @@ def main() -> None:
     cal, lone = fit_lone(cal, fitted, dev)
     for k, v in lone.items():
         per_config[k]["lone"] = v
-    held, _ = sweep_samples(HELDOUT, "bench/data/sweep_cases.json")
-    r9, _ = sweep_samples([RETIME], "bench/data/sweep_cases.json")
-    tabs = before_after_tables(cal0, cal, {"heldout": held, "retime9": r9, "train": train}, dev)
+    held, _ = sweep_samples(HELDOUT, "bench/data/sweep_cases_r8.json")
+    r9, _ = sweep_samples([RETIME], "bench/data/sweep_cases_r8.json")
+    roles = {"heldout": held, "retime9": r9, "train": train}
+    for run in args.eval:
+        roles[Path(run).stem], _ = sweep_samples([run], "bench/data/sweep_cases.json")
+    tabs = before_after_tables(cal0, cal, roles, dev)
+    if args.train == TRAIN:
+        note = ("; per-config constants of the configs without any, (64, 2, 3) and (64, 4, 4), fitted "
+                "on their training plans (docs/data/h200_r6/train6_r1tiles.jsonl) by "
+                "scripts/fit_new_configs.py (round 6), every other constant kept")
+    else:
+        note = (f"; per-config constants of the configs without any ({', '.join(sorted(per_config))}) fitted on "
+                f"their training plans ({', '.join(args.train)}) by scripts/fit_new_configs.py, every other "
+                "constant kept")
     write_outputs(args.out, args.report, doc, cal, tabs,
-                  {"train": args.train, "heldout": HELDOUT + [RETIME], "per_config": per_config}, "fit_new_configs.py",
-                  "; per-config constants of the configs without any, (64, 2, 3) and (64, 4, 4), fitted "
-                  "on their training plans (docs/data/h200_r6/train6_r1tiles.jsonl) by "
-                  "scripts/fit_new_configs.py (round 6), every other constant kept")
+                  {"train": args.train, "heldout": HELDOUT + [RETIME] + list(args.eval), "per_config": per_config},
+                  "fit_new_configs.py", note)
     print(f"done [{time.time() - t0:.0f}s]")
 
 

@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--heldout", nargs="+", default=["docs/data/h200_r2/final.jsonl",
                                                      "docs/data/h200_r4/rebalanced_eval.jsonl"],
                     help="sweep files of the evaluation batches, merged as --train")
-    ap.add_argument("--heldout-cases", default="bench/data/sweep_cases.json")
+    ap.add_argument("--heldout-cases", default="bench/data/sweep_cases_r8.json")
     ap.add_argument("--retime", default="docs/data/h200_r2/retime.jsonl",
                     help="a repeat run of the held-out cases: also tabulate the held-out errors against the best "
                          "of the repeated timings of each plan ('' to skip)")

@@ -78,8 +78,9 @@ def train_cases() -> list[dict]:
 
 
 def add_oracle_names(path: str, grid_run: str, top: int = 3) -> None:
-    """Write each case's ``top`` fastest plans of a final-mode run (the oracle's winners) into the case file,
-    for ``bench/gpu_sweep.py --mode retime``."""
+    """Add each case's ``top`` fastest plans of a run (the oracle's winners) to the case file's
+    ``oracle_names``, after those already there (from an earlier ``--oracle-from``), for
+    ``bench/gpu_sweep.py --mode retime``."""
     doc = json.load(open(path))
     for line in open(grid_run):
         r = json.loads(line)
@@ -87,7 +88,8 @@ def add_oracle_names(path: str, grid_run: str, top: int = 3) -> None:
             continue
         t = {k: v for k, v in r["times"].items() if v and k not in ("flashinfer_kernel", "served", "served_r1")
              and "|" in k}
-        doc["cases"][r["case"]]["oracle_names"] = sorted(t, key=t.get)[:top]
+        have = doc["cases"][r["case"]].get("oracle_names", [])
+        doc["cases"][r["case"]]["oracle_names"] = have + [k for k in sorted(t, key=t.get)[:top] if k not in have]
     json.dump(doc, open(path, "w"))
     print(f"oracle winners of {grid_run} -> {path}")
 
@@ -165,6 +167,16 @@ def main(path: str) -> None:
                                      num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
         c["served"] = {"policy": p.policy, "params": p.params, "source": info["source"],
                        "distance": bucket["distance"], "matched": bucket["matched"]}
+    # what the table before this rebuild served: the existing case file's served plans, kept as "served_prev"
+    # (timed back to back with "served" by bench/gpu_sweep.py --mode retime) for batches that did not change
+    try:
+        before = {c["id"]: c for c in json.load(open(path))["cases"]}
+    except (OSError, ValueError, KeyError):
+        before = {}
+    for c in cases:
+        old = before.get(c["id"])
+        if old and "served" in old and old["kv_lens"] == c["kv_lens"] and old["num_kv_heads"] == c["num_kv_heads"]:
+            c["served_prev"] = old["served"]
     json.dump({"cases": cases}, open(path, "w"))
     print(f"{len(cases)} cases -> {path}")
 

@@ -1,6 +1,7 @@
 """Score a policy table offline: the plan it serves each evaluation batch, timed in a full-grid GPU run (CPU).
 
     python scripts/score_table_offline.py                          # the shipped table (service/data)
+    python scripts/score_table_offline.py --policies r8.json       # another export
     python scripts/score_table_offline.py --sweeps docs/data/h200_r6/train6.jsonl \
         [--pool 'stream_k|c3|n128w4s2,...']                        # a table rebuilt from these training sweeps
 
@@ -60,6 +61,9 @@ def main() -> None:
     ap.add_argument("--sweeps", default=None, help="comma-separated training sweeps to build the table from")
     ap.add_argument("--pool", default=None, help="comma-separated candidate names (default: SERVED_POOL)")
     ap.add_argument("--grid", default="docs/data/h200_r2/final.jsonl")
+    ap.add_argument("--policies", default=None,
+                    help="a policies export to score instead of the shipped one (e.g. an earlier round's: "
+                         "git show 1eb581a:service/data/h200_policies.json > r8.json)")
     ap.add_argument("--cases", default="bench/data/sweep_cases.json")
     args = ap.parse_args()
     cases = json.load(open(args.cases))["cases"]
@@ -69,7 +73,7 @@ def main() -> None:
             bsp.main(args.sweeps.split(","), "bench/data/train_cases.json", data_dir=Path(d), pool=pool)
             doc = json.loads((Path(d) / "h200_policies.json").read_text())
     else:
-        doc = json.loads((ROOT / "service/data/h200_policies.json").read_text())
+        doc = json.loads(Path(args.policies or ROOT / "service/data/h200_policies.json").read_text())
     names = served_names(doc, cases)
     grid = {}
     for line in open(args.grid):

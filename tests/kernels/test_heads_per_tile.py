@@ -158,3 +158,51 @@ def test_device_planner_refuses_heads_per_tile():
     with pytest.raises(NotImplementedError, match="one KV head per work tile"):
         device_rule("stream_k", {"heads_per_tile": 2}, num_kv_heads=4, device="NVIDIA H200")
     assert device_rule("stream_k", {}, num_kv_heads=4, device="NVIDIA H200").config.heads_per_tile == 1
+
+
+def test_fit_heads_per_tile():
+    from kvsplit.kernels.policies import fit_heads_per_tile
+
+    p = {"ctas_per_sm": 3.0, "heads_per_tile": 2}
+    assert fit_heads_per_tile(p, 32, 4) is p                                   # G = 8: 16 rows, fits
+    assert fit_heads_per_tile(p, 64, 4) == {"ctas_per_sm": 3.0, "heads_per_tile": 1}  # G = 16: 32 rows
+    assert p["heads_per_tile"] == 2                                            # the table's params untouched
+    assert fit_heads_per_tile({"heads_per_tile": 4}, 32, 8) == {"heads_per_tile": 4}    # G = 4
+    assert fit_heads_per_tile({"heads_per_tile": 4}, 64, 8) == {"heads_per_tile": 2}    # G = 8
+    assert fit_heads_per_tile({"heads_per_tile": 4}, 6, 6) == {"heads_per_tile": 3}     # G = 1, 3 divides 6
+    q = {"block_n": 64}
+    assert fit_heads_per_tile(q, 128, 4) is q
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_table_refits_heads_per_tile_to_the_gqa_group(reference):
+    """Buckets are keyed by H_kv, not H_q: the shipped H200 table's two-heads-per-tile policies (tuned at
+    Qwen3-30B-A3B's G = 8) serve a G = 16 model (64/4) with one KV head per tile, through the compiled pass and
+    the reference alike (the launch would refuse two heads of 16 query rows each)."""
+    import contextlib
+    import json
+    from pathlib import Path
+
+    from kvsplit.kernels import fastplan
+    from kvsplit.kernels.policies import fit_heads_per_tile
+    from kvsplit.kernels.policy_table import PolicyTable
+
+    raw = json.loads((Path(__file__).resolve().parents[2] / "service/data/h200_policies.json").read_text())
+    table = PolicyTable.from_export(raw)
+    lens = np.array([30000, 100, 2000, 800] * 4)
+    shape = dict(gpu="NVIDIA H200", num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+    with fastplan.reference() if reference else contextlib.nullcontext():
+        p8, _, pol8 = table.plan(lens, num_qo_heads=32, **shape)
+        p16, _, pol16 = table.plan(lens, num_qo_heads=64, **shape)
+    assert pol8 == pol16 and pol8["params"].get("heads_per_tile") == 2  # one bucket, a two-heads policy
+    assert p8.config.heads_per_tile == 2 and p16.config.heads_per_tile == 1
+    want = make_plan(lens, num_kv_heads=4, device=H200, policy=pol16["name"],
+                     params=fit_heads_per_tile(pol16["params"], 64, 4))
+    assert p16 == want
+    assert p16.num_work_tiles == p16.num_ctas * 4 and p8.num_work_tiles == p8.num_ctas * 2
+    # what the launch checks before any kernel runs: the refitted plan passes, the unrefitted one is refused
+    from kvsplit.kernels.decode import check_heads_per_tile
+
+    check_heads_per_tile(p16.config.heads_per_tile, 64, 4)
+    with pytest.raises(ValueError, match="heads_per_tile"):
+        check_heads_per_tile(p8.config.heads_per_tile, 64, 4)

@@ -9,6 +9,8 @@ with the NumPy reference.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -191,3 +193,68 @@ def test_whole_wave_property_tiles_against_slots(B, base, spread, hkv, eps, seed
         assert p.config == own.config
         for f in ("num_splits", "work_request", "work_kv_start", "work_kv_end", "cta_indptr"):
             np.testing.assert_array_equal(getattr(p, f), getattr(own, f))
+
+
+def test_whole_wave_heads_tile_hand_computed():
+    """``whole_wave_heads = 2`` adds (64, 4, 3, prefetch, 2 heads per tile), one resident CTA per SM (132 slots)."""
+    from kvsplit.kernels.policies import WHOLE_WAVE_HEADS_TILES, resident_slots
+    h2 = KernelConfig(64, 4, 3, prefetch=True, heads_per_tile=2)
+    assert WHOLE_WAVE_HEADS_TILES == (h2,) and resident_slots(_ctx(), h2) == 132
+    L = np.full(64, 4096, dtype=np.int64)
+    # 64 x 4 = 256 one-head tiles: (64, 4, 2) 528 * 4096 / (4 * 262144) = 2.06, (128, 4, 2) 1.55; the two-head
+    # tile: 64 x 2 = 128 tiles, 132 * 4096 / (2 * 262144) = 1.03125
+    assert whole_wave_config(L, _ctx(), 0.05) is None
+    assert whole_wave_config(L, _ctx(), 0.05, heads=2) == h2
+    assert whole_wave_config(L, _ctx(), 0.03, heads=2) is None
+    # a tie (B = 128: 1.03125 on (64, 4, 2) and on two waves of the two-head tile) keeps the one-head tile
+    assert whole_wave_config(np.full(128, 2048, np.int64), _ctx(), 0.05, heads=2) == KernelConfig(64, 4, 2)
+    # H_kv = 1: no pair of heads; H_kv = 8, B = 32: 128 tiles of two heads
+    assert whole_wave_config(np.full(130, 4096, np.int64), _ctx(1), 0.05, heads=2) in (None, KernelConfig(64, 4, 2),
+                                                                                      KernelConfig(128, 4, 2))
+    assert whole_wave_config(np.full(32, 4096, np.int64), _ctx(8), 0.05, heads=2) == h2
+    for ref in (True, False):
+        p = _plan(L, params={**SK, "whole_wave": 0.05, "whole_wave_heads": 2}, ref=ref)
+        assert p.config == h2 and p.num_splits.max() == 1 and p.num_work_tiles == 128
+        assert _plan(L, params={**SK, "whole_wave": 0.05}, ref=ref).config == KernelConfig(*[128, 4, 2])
+
+
+@pytest.mark.parametrize("bad", [0, 17, 1.5, True, "2", None])
+@pytest.mark.parametrize("policy", ["stream_k", "balanced", "tuned"])
+def test_bad_whole_wave_heads_names_the_parameter(bad, policy):
+    for fn in (make_plan, make_plan_reference):
+        with pytest.raises(ValueError, match="params.whole_wave_heads"):
+            fn([4096] * 64, num_kv_heads=4, device=H200, policy=policy,
+               params={"whole_wave": 0.05, "whole_wave_heads": bad})
+
+
+def test_table_refits_whole_wave_heads_to_the_gqa_group():
+    """A policy with ``whole_wave_heads = 2`` (tuned at G = 8) serves a G = 16 model with the one-head tiles only."""
+    from kvsplit.kernels import fastplan
+    L = [4096] * 64
+    doc = PolicyTable.document([{"id": 1, "version": 1, "name": "stream_k", "backend": "gpu",
+                                 "params": {**SK, "whole_wave": 0.05, "whole_wave_heads": 2},
+                                 "bucket": str(bucket_key(np.asarray(L), num_kv_heads=4, head_dim=128,
+                                                          dtype="bfloat16", device=H200)),
+                                 "gpu": "NVIDIA H200", "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16",
+                                 "page_size": 16}], version=1)
+    table = PolicyTable.from_json(doc)
+    for ref in (True, False):
+        with fastplan.reference() if ref else contextlib.nullcontext():
+            p8 = table.plan(L, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16",
+                            page_size=16)[0]
+            p16 = table.plan(L, gpu="NVIDIA H200", num_qo_heads=64, num_kv_heads=4, head_dim=128,
+                             dtype="bfloat16", page_size=16)[0]
+        assert p8.config.heads_per_tile == 2 and p8.num_splits.max() == 1
+        assert p16.config == KernelConfig(128, 4, 2) and p16.num_splits.max() > 1  # the policy's own plan
+        assert p16 == _plan(L, params={**SK, "whole_wave": 0.05, "whole_wave_heads": 1}, ref=False)
+
+
+@given(B=st.integers(1, 300), base=st.integers(1, 40000), spread=st.sampled_from([0.0, 0.004, 0.03]),
+       hkv=st.sampled_from([1, 2, 4, 8]), seed=st.integers(0, 2**16))
+@settings(max_examples=100, deadline=None)
+def test_whole_wave_heads_compiled_equals_reference(B, base, spread, hkv, seed):
+    rng = np.random.default_rng(seed)
+    L = np.maximum(np.rint(base * rng.uniform(1 - spread, 1 + spread, B)), 1).astype(np.int64)
+    for pol, prm in (("stream_k", SK), ("balanced", {"ctas_per_sm": 3.0}), ("tuned", {"ctas_per_sm": 4.0})):
+        prm = {**prm, "whole_wave": 0.05, "whole_wave_heads": 2}
+        assert _plan(L, pol, prm, hkv=hkv, ref=False) == _plan(L, pol, prm, hkv=hkv, ref=True)

@@ -401,7 +401,7 @@ def test_shipped_calibration_heldout_error_on_committed_measurements():
     doc = json.loads((root / "service/data/h200_calibration.json").read_text())
     cal = Calibration.from_dict(doc["constants"])
     assert cal.slots is None and cal.per_config  # residency per config, constants per config
-    samples, bw = sweep_samples(root / "tests/data/h200_final_subset.jsonl", root / "bench/data/sweep_cases.json")
+    samples, bw = sweep_samples(root / "tests/data/h200_final_subset.jsonl", root / "bench/data/sweep_cases_r8.json")
     assert bw is not None and abs(bw / cal.hbm_bw - 1) < 0.03  # the held-out run's read bandwidth
     assert all(s.case % 7 == 1 for s in samples) and len(samples) >= 3500
     assert {s.set for s in samples} == {"ref", "jitter", "untuned", "llama8b", "trace"}
@@ -435,7 +435,7 @@ def test_shipped_calibration_on_todays_kernel_retime():
     root = Path(__file__).resolve().parents[2]
     cal = Calibration.from_dict(json.loads((root / "service/data/h200_calibration.json").read_text())["constants"])
     assert {"n64w2s3", "n64w4s4"} <= set(cal.per_config)
-    samples, _ = sweep_samples(root / "docs/data/h200_r6/retime9.jsonl", root / "bench/data/sweep_cases.json")
+    samples, _ = sweep_samples(root / "docs/data/h200_r6/retime9.jsonl", root / "bench/data/sweep_cases_r8.json")
     assert len(samples) == 1638
     tab = error_table(samples, predict_samples(samples, cal, H200))
     for pol, st in tab["per_policy"].items():
