@@ -320,7 +320,8 @@ def check_heads_per_tile(heads_per_tile: int, num_qo_heads: int, num_kv_heads: i
     if heads_per_tile * G > 16:
         raise ValueError(f"plan.config.heads_per_tile: {heads_per_tile} KV heads of GQA group G={G} (H_q="
                          f"{num_qo_heads} / H_kv={num_kv_heads}) are {heads_per_tile * G} query rows, above the 16 "
-                         f"of one work tile: use heads_per_tile <= {max(1, 16 // G)}")
+                         f"of one work tile: use heads_per_tile <= {max(1, 16 // G)} (params.heads_per_tile, or "
+                         f"params.whole_wave_heads for a whole-wave plan; a PolicyTable refits both to H_q)")
 
 
 def check_interpreter_dtype(name: str, dtype: torch.dtype) -> None:
