@@ -34,6 +34,8 @@ from final_table import geo, load  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from gpu_sweep import plan_cand_name  # noqa: E402
 
+from kvsplit.kernels.plan import make_plan  # noqa: E402
+
 COLS = [("served", "served"), ("oracle", "oracle"), ("flashinfer_kernel", "FlashInfer kernel"),
         ("balanced", "balanced"), ("fa3", "fa3 rule"), ("fi_rule_tc", "FlashInfer rule (tc)"),
         ("fi_rule_notc", "FlashInfer rule (notc)"), ("served_r1", "round-1 served")]
@@ -156,7 +158,9 @@ def main() -> None:
     served_names = [plan_cand_name(c["served"]["policy"], c["served"]["params"])
                     for c in json.load(open(cases))["cases"]]
     n_default = sum(n == "stream_k|c3|n128w4s2" for n in served_names)
-    n_heads = sum(n.endswith("|h2") for n in served_names)
+    n_heads = sum(make_plan(c["kv_lens"], num_kv_heads=c["num_kv_heads"], device="NVIDIA H200",
+                            policy=c["served"]["policy"], params=c["served"]["params"]).config.heads_per_tile > 1
+                  for c in json.load(open(cases))["cases"])  # the plan's tile (the whole-wave rule may pick it)
     (ROOT / "docs" / "results").mkdir(exist_ok=True)
     for T in (262144, 1048576):
         plot(best, T, ROOT / "docs" / "results" / f"r2_T{T}.png")
