@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 from .device import DeviceSpec
 from .limits import MAX_WORK_ITEMS, BLOCK_N_CHOICES, DTYPES, NUM_WARPS_CHOICES, NUM_STAGES_CHOICES, ORDERS, \
-    SCHEDULES, MAX_NUM_PROGRAMS, KernelConfig, _check_config, _pos_int, cdiv, check_batch_shape
+    SCHEDULES, MAX_NUM_PROGRAMS, HEADS_PER_TILE_CHOICES, KernelConfig, _check_config, _pos_int, cdiv, \
+    check_batch_shape
 from .registry import _POLICY_PARAMS, POLICIES, PlanContext, _knobs, _num, _register
 from .residency import resident_ctas_per_sm
 from .workplan import Plan, _jsonable, build_work_list, pack_ctas
@@ -181,9 +182,9 @@ TILE_QUERY_ROWS = 16
 
 
 def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_heads: int) -> Mapping[str, Any]:
-    """``params`` with ``heads_per_tile`` and ``whole_wave_heads`` lowered to the largest divisor of H_kv whose
-    GQA groups fit one work tile's query rows (``h * H_q / H_kv <= TILE_QUERY_ROWS``), or ``params`` itself when
-    both fit.
+    """``params`` with ``heads_per_tile`` lowered to the largest of the kernel's choices (1, 2, 4, 8) that divides
+    H_kv and whose GQA groups fit one work tile's query rows (``h * H_q / H_kv <= TILE_QUERY_ROWS``), and
+    ``whole_wave_heads`` to at most ``TILE_QUERY_ROWS / G``; ``params`` itself when both fit.
 
     A policy table keys its buckets by H_kv, not H_q (DESIGN.md §8), so a policy tuned at one GQA group
     (Qwen3-30B-A3B's 32/4, G = 8: two KV heads per tile) also serves models of a larger group (Qwen3-235B-A22B's
@@ -205,9 +206,11 @@ def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_head
         h = params.get(name, 1)
         if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h <= 1:
             continue
-        fit = int(h)
-        while fit > 1 and (num_kv_heads % fit or fit * G > TILE_QUERY_ROWS):
-            fit -= 1
+        if name == "heads_per_tile":  # one of the kernel's choices that divides H_kv
+            fit = max(c for c in HEADS_PER_TILE_CHOICES
+                      if c == 1 or (c <= h and num_kv_heads % c == 0 and c * G <= TILE_QUERY_ROWS))
+        else:  # a bound: whole_wave_config skips the tiles whose heads do not divide H_kv itself
+            fit = max(1, min(int(h), TILE_QUERY_ROWS // G))
         if fit != h:
             out = {**out, name: fit}
     return out

@@ -169,7 +169,19 @@ def test_fit_heads_per_tile():
     assert p["heads_per_tile"] == 2                                            # the table's params untouched
     assert fit_heads_per_tile({"heads_per_tile": 4}, 32, 8) == {"heads_per_tile": 4}    # G = 4
     assert fit_heads_per_tile({"heads_per_tile": 4}, 64, 8) == {"heads_per_tile": 2}    # G = 8
-    assert fit_heads_per_tile({"heads_per_tile": 4}, 6, 6) == {"heads_per_tile": 3}     # G = 1, 3 divides 6
+    assert fit_heads_per_tile({"heads_per_tile": 4}, 6, 6) == {"heads_per_tile": 2}     # G = 1: 4 does not divide 6
+    assert fit_heads_per_tile({"heads_per_tile": 8}, 128, 8) == {"heads_per_tile": 1}   # G = 16
+    assert fit_heads_per_tile({"whole_wave_heads": 2}, 64, 4) == {"whole_wave_heads": 1}
+    assert fit_heads_per_tile({"whole_wave_heads": 16}, 32, 4) == {"whole_wave_heads": 2}
+    # every refit is a plan the planner makes and the launch accepts, for every shape and request
+    from kvsplit.kernels.decode import check_heads_per_tile
+    for hkv in (1, 2, 3, 4, 6, 8):
+        for G in (1, 2, 3, 4, 8, 16):
+            for h in (1, 2, 4, 8):
+                got = fit_heads_per_tile({"heads_per_tile": h, "block_n": 16}, G * hkv, hkv)
+                plan = make_plan([40, 7], num_kv_heads=hkv, device=H200, policy="balanced", params=got)
+                check_heads_per_tile(plan.config.heads_per_tile, G * hkv, hkv)
+                assert plan.config.heads_per_tile <= h
     q = {"block_n": 64}
     assert fit_heads_per_tile(q, 128, 4) is q
 
