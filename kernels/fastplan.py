@@ -49,8 +49,7 @@ import numpy as np
 
 from .buckets import HIST_UNITS, NUM_BINS, BucketKey, gpu_slug
 from .device import DeviceSpec, resolve_device
-from .limits import (MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, KernelConfig, _as_kv_lens, _check_config,
-                     check_batch_shape, default_config)
+from .limits import MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, _as_kv_lens, check_batch_shape, default_config
 from .workplan import Plan
 
 try:  # pragma: no branch
@@ -856,16 +855,8 @@ def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: 
     sp.ww, sp.ww_slots, sp.ww_ht, sp.ww_specs, sp.ww_waves = 0.0, None, None, (), P.WHOLE_WAVE_MAX_WAVES
     if policy in ("balanced", "stream_k", "tuned") and params.get("whole_wave"):
         sp.ww = float(params["whole_wave"])
-        heads = P.whole_wave_heads(params)
         slots, hts, alts = [], [], []
-        cands = [KernelConfig(bn, nw, ns) for bn, nw, ns in P.WHOLE_WAVE_TILES]
-        cands += [c for c in P.WHOLE_WAVE_HEADS_TILES
-                  if c.heads_per_tile <= heads and num_kv_heads % c.heads_per_tile == 0]
-        for alt_cfg in cands:  # whole_wave_config's tiles, in its order
-            try:
-                _check_config(alt_cfg, head_dim, dtype)
-            except ValueError:
-                continue
+        for alt_cfg in P.whole_wave_tiles(ctx, P.whole_wave_heads(params)):  # whole_wave_config's, in its order
             slots.append(P.resident_slots(ctx, alt_cfg))
             hts.append(P.tile_heads(ctx, alt_cfg))
             alts.append(_whole_request_spec(sp, alt_cfg))

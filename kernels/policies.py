@@ -216,6 +216,25 @@ def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_head
     return out
 
 
+def whole_wave_tiles(ctx: PlanContext, heads: int = 1,
+                     tiles: tuple[tuple[int, int, int], ...] = WHOLE_WAVE_TILES) -> list[KernelConfig]:
+    """The tiles :func:`whole_wave_config` considers, in its order: ``(block_n, num_warps, num_stages)`` of
+    ``tiles``, then the :data:`WHOLE_WAVE_HEADS_TILES` configs of at most ``heads`` KV heads that divide H_kv;
+    those the kernel refuses for ``ctx``'s head_dim and dtype left out. The compiled planner
+    (kernels/fastplan.py) takes the same list."""
+    cands = [KernelConfig(bn, nw, ns) for bn, nw, ns in tiles]
+    cands += [c for c in WHOLE_WAVE_HEADS_TILES
+              if c.heads_per_tile <= heads and ctx.num_kv_heads % c.heads_per_tile == 0]
+    out = []
+    for cfg in cands:
+        try:
+            _check_config(cfg, ctx.head_dim, ctx.dtype)
+        except ValueError:
+            continue
+        out.append(cfg)
+    return out
+
+
 def whole_wave_config(L: np.ndarray, ctx: PlanContext, eps: float,
                       tiles: tuple[tuple[int, int, int], ...] = WHOLE_WAVE_TILES,
                       heads: int = 1) -> KernelConfig | None:
@@ -262,14 +281,7 @@ def whole_wave_config(L: np.ndarray, ctx: PlanContext, eps: float,
         return None
     lmax = int(L.max())
     best, best_cfg = None, None
-    cands = [KernelConfig(bn, nw, ns) for bn, nw, ns in tiles]
-    cands += [c for c in WHOLE_WAVE_HEADS_TILES
-              if c.heads_per_tile <= heads and ctx.num_kv_heads % c.heads_per_tile == 0]
-    for cfg in cands:
-        try:
-            _check_config(cfg, ctx.head_dim, ctx.dtype)
-        except ValueError:
-            continue
+    for cfg in whole_wave_tiles(ctx, heads, tiles):
         slots = resident_slots(ctx, cfg)
         ht = tile_heads(ctx, cfg)
         k = -(-(ht * int(L.shape[0])) // slots)

@@ -134,13 +134,14 @@ def main() -> None:
         for label in rec["missing"]:
             print(f"      {label:40s} no timing of one of the two plans")
     on = set()
+    forced_kv = {int(x) for x in args.on_kv_heads.split(",") if x.strip()}
     for fam, rec in sorted(per_family.items()):
         rs = rec["ratios"]
         geo = math.exp(sum(math.log(x) for x in rs) / len(rs)) if rs else float("nan")
         ok = bool(rs) and not rec["missing"] and geo < 1.0 and max(rs) <= WORST
         print(f"family {fam}: {len(rs)} batches taken, geomean {geo:.4f}, worst {max(rs) if rs else float('nan'):.4f}, "
               f"{len(rec['missing'])} untimed -> {'ON' if ok else 'off'}")
-        forced = str(fam[1]) in [x.strip() for x in args.on_kv_heads.split(",") if x.strip()]
+        forced = fam[1] in forced_kv
         if forced and not ok:
             print(f"    -> ON by --on-kv-heads {fam[1]}")
         if ok or forced:

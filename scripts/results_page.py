@@ -155,12 +155,12 @@ def main() -> None:
     # round 2's in-process run timed the case file of its round (kept as bench/data/sweep_cases_r8.json)
     inproc = load(str(data / "retime.jsonl"), str(ROOT / "bench" / "data" / "sweep_cases_r8.json"))
     bw = next(json.loads(x)["bytes_per_s"] for x in open(data3 / "retime14.jsonl") if '"bandwidth"' in x)
-    served_names = [plan_cand_name(c["served"]["policy"], c["served"]["params"])
-                    for c in json.load(open(cases))["cases"]]
-    n_default = sum(n == "stream_k|c3|n128w4s2" for n in served_names)
+    case_list = json.load(open(cases))["cases"]
+    n_default = sum(plan_cand_name(c["served"]["policy"], c["served"]["params"]) == "stream_k|c3|n128w4s2"
+                    for c in case_list)
     n_heads = sum(make_plan(c["kv_lens"], num_kv_heads=c["num_kv_heads"], device="NVIDIA H200",
                             policy=c["served"]["policy"], params=c["served"]["params"]).config.heads_per_tile > 1
-                  for c in json.load(open(cases))["cases"])  # the plan's tile (the whole-wave rule may pick it)
+                  for c in case_list)  # the plan's tile (the whole-wave rule may pick it)
     (ROOT / "docs" / "results").mkdir(exist_ok=True)
     for T in (262144, 1048576):
         plot(best, T, ROOT / "docs" / "results" / f"r2_T{T}.png")
@@ -316,7 +316,7 @@ def main() -> None:
            "tile (64, 4, 2)) against today's wave-aware `balanced` (tile (128, 4, 2)), same run, time / floor:", "",
            "| set | cases | round-1 balanced: geomean | worst | wave-aware balanced: geomean | worst |",
            "|---|---:|---:|---:|---:|---:|"]
-    cs = json.load(open(cases))["cases"]
+    cs = case_list
     for name, f in SETS[:-1]:
         g = [r for r in best if f(r) and cs[r["case"]]["served_r1"]["source"] == "fallback" and r["served_r1"]]
         if not g:
