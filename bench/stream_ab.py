@@ -1,6 +1,7 @@
 """Where the decode kernel's time above the read floor goes, and A/B of its K/V load path (H200; issue 12).
 
     python bench/stream_ab.py --out $OUT [--budget-s 300] [--rep-ms 10] [--plans P1,P2] [--variants decode,h2]
+        [--cases T:family:B,...]
 
 For each case (Qwen3-30B-A3B's shape: H_q 32, H_kv 4, D 128, bf16, page 16) and plan, timed back to back in
 one process, CUDA-graph replays under ``triton.testing.do_bench`` (median), the hot path:
@@ -27,6 +28,9 @@ one process, CUDA-graph replays under ``triton.testing.do_bench`` (median), the 
 - ``h2``: the plan's own work list with ``KernelConfig.heads_per_tile = 2`` (two KV heads per work tile,
   half the tiles; its output is compared with ``decode``'s). Round 8's run (docs/data/h200_r8/heads2_ab.*)
   passed the knob through a temporary launcher keyword into the same kernel code.
+
+Round 10 timed ``flat`` and ``flat3`` variants (one pipelined loop over every block of a tile's items,
+docs/data/h200_r10/flat_items.patch, flat_ab.log, flat3_ab.log): lost, removed.
 
 Round 8 also timed a ``swap`` variant, both products transposed so that ``tl.dot`` compiles to wgmma
 (docs/data/h200_r8/swap_ab.patch, swap_ab.log): 0.8-5.5 % slower per case, removed.
@@ -150,7 +154,9 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=10.0)
     ap.add_argument("--plans", default=",".join(PLANS))
     ap.add_argument("--variants", default=None, help="comma-separated subset of the variants (default: all)")
+    ap.add_argument("--cases", default=None, help="comma-separated T:family:B (default: CASES)")
     args = ap.parse_args()
+    cases = CASES if not args.cases else [(int(T), f, int(B)) for T, f, B in (c.split(":") for c in args.cases.split(","))]
     t0 = time.time()
     log = open(os.path.join(args.out, "stream_ab.jsonl"), "a")
 
@@ -168,14 +174,14 @@ def main() -> None:
     ws = dec.make_workspace(hq, d, max_partials=1 << 16, max_batch=1024, device="cuda")
     seq_indices = torch.arange(t.num_pages, dtype=torch.int32, device="cuda")
     # contiguous bytes for the streaming read (as many as the largest case's K + V)
-    sbuf = torch.randn(max(t.kv_bytes(family_kv_lens(f, n, T)) for T, f, n in CASES) // 2, dtype=torch.bfloat16,
+    sbuf = torch.randn(max(t.kv_bytes(family_kv_lens(f, n, T)) for T, f, n in cases) // 2, dtype=torch.bfloat16,
                        device="cuda")
     variants = ("decode", "s1", "pf", "seq_pages", "gather", "stream", *PAGED_CONFIGS, "paged_seq", *ONE_CTA_CONFIGS,
                 "h2")
     if args.variants:
         variants = tuple(v for v in variants if v in args.variants.split(","))
     print(f"{'case':24s} {'plan':26s} " + " ".join(f"{v:>11s}" for v in variants), flush=True)
-    for T, fam, B in CASES:
+    for T, fam, B in cases:
         lens = family_kv_lens(fam, B, T)
         b = t.batch(lens)
         out = torch.empty((B, hq, d), dtype=torch.bfloat16, device="cuda")

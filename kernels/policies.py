@@ -500,6 +500,18 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
         "kind": "int", "low": min(NUM_STAGES_CHOICES), "high": max(NUM_STAGES_CHOICES), "log": False,
         "default": None, "search": True, "doc": "pipeline stages; None -> default_config",
     },
+    "prefetch": {
+        "kind": "categorical", "choices": [False, True], "default": False, "search": True,
+        "condition": {"num_stages": [n for n in NUM_STAGES_CHOICES if n >= 3]},
+        "doc": "load the next tile's page ids one iteration ahead so the pipeliner keeps num_stages - 1 K/V tiles in "
+               "flight (KernelConfig.prefetch; needs num_stages >= 3)",
+    },
+    "heads_per_tile": {
+        "kind": "categorical", "choices": list(HEADS_PER_TILE_CHOICES), "default": 1, "search": True,
+        "doc": "KV heads per work tile (KernelConfig.heads_per_tile), at most: the tuner plans a choice through "
+               "fit_heads_per_tile for its task's H_q / H_kv (the largest choice that divides H_kv and whose GQA "
+               "groups fit the 16 query rows), as the policy table does at serving",
+    },
     "order": {
         "kind": "categorical", "choices": list(ORDERS), "default": "natural", "search": True,
         "doc": "launch order of requests: batch order or kv_len descending",
@@ -563,10 +575,23 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
 Each entry: ``kind`` (``"float"``, ``"int"`` or ``"categorical"``), ``low``/``high``/``log``
 or ``choices``, ``default`` (``None``: from :func:`default_config`), ``search`` (whether
 a tuner should search it), optional ``condition`` (only meaningful when the named
-parameters have these values) and ``doc``. :func:`make_plan` accepts every value in
+parameters have these values; a list names the values allowed: :func:`condition_holds`) and ``doc``. :func:`make_plan` accepts every value in
 these ranges (and raises ``ValueError`` naming the parameter outside them); with all
 defaults ``tuned`` gives the same plan as ``balanced``.
 """
+
+def condition_holds(condition: Mapping[str, Any] | None, params: Mapping[str, Any]) -> bool:
+    """Whether ``params`` meet a :data:`TUNED_PARAM_SPACE` entry's ``condition``: every named parameter has the
+    value given, or one of the values of a list (``{"num_stages": [3, 4]}``)."""
+    for k, want in (condition or {}).items():
+        got = params.get(k)
+        if isinstance(want, (list, tuple)):
+            if got not in want:
+                return False
+        elif got != want:
+            return False
+    return True
+
 
 _TUNED_RULE_PARAMS = ("ctas_per_sm", "min_chunk_tokens", "max_splits", "programs_per_sm", "partition", "wave_aware",
                       "item_cost_blocks", "min_piece_blocks", "whole_wave", "whole_wave_heads")

@@ -85,7 +85,7 @@ from .tasks import (
     family_task,
     trace_tasks,
 )
-from .worker import Stop, WorkerJob, objective_value, run_worker, run_workers
+from .worker import Stop, WorkerJob, objective_value, run_worker, run_workers, task_params
 
 __all__ = [
     "TuneTask",
@@ -295,6 +295,13 @@ def _open_study(run: _Run):
     return study
 
 
+def _best_of(run: _Run, study) -> tuple[float | None, dict[str, Any] | None]:
+    """The study's best value and parameters, refitted to the task's shape as its trials were planned
+    (:func:`kvsplit.tuner.worker.task_params`): what is verified, stored and served."""
+    value, params = _best(study)
+    return value, (task_params(run.task, params) if params is not None else None)
+
+
 def _finished(study) -> int:
     c = study_counts(study)
     return c["COMPLETE"] + c["PRUNED"]
@@ -322,7 +329,7 @@ def _search(run: _Run, study, stop: Stop) -> None:
             run_workers([replace(job, index=i) for i in range(cfg.workers)], study, cfg.n_trials, bar, stop)
     except BaseException as exc:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        best_value, best_params = _best(study)
+        best_value, best_params = _best_of(run, study)
         with store.session_scope(run.url, write=True) as s:
             store.finish_run(s, run.run_id, status=status, n_finished=_finished(study), best_value=best_value,
                              best_params=best_params, message=f"{type(exc).__name__}: {exc}"[:2000])
@@ -336,7 +343,7 @@ def _search(run: _Run, study, stop: Stop) -> None:
 def _result(run: _Run, study, stop: Stop) -> TuneResult:
     """Step 4: the study's best and how the search ended (finished, interrupted, timed out)."""
     finished = _finished(study)
-    best_value, best_params = _best(study)
+    best_value, best_params = _best_of(run, study)
     status, message = "finished", ""
     if stop.is_set():
         status, message = "interrupted", "stopped by signal after the current trial"

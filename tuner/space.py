@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from ..kernels.device import resolve_device
 from ..kernels.plan import TUNED_PARAM_SPACE, default_config, fa3_static_num_splits
+from ..kernels.policies import condition_holds
 from .tasks import TuneTask
 
 
@@ -24,12 +25,15 @@ def suggest_params(trial: Any) -> dict[str, Any]:
 
     Float and int entries use ``low``/``high``/``log``; categorical ones their
     ``choices``; an entry with a ``condition`` is suggested only when the
-    parameters it names have those values. Returns ``make_plan`` params.
+    parameters it names have those values (:func:`kvsplit.kernels.policies.condition_holds`).
+    The choices are the same for every task, as Optuna requires of a study (a bucket key holds H_kv, not
+    H_q, so tasks of several GQA groups can share a study): a ``heads_per_tile`` the task's shape cannot
+    run is refused by :func:`kvsplit.tuner.worker.objective_value` and the trial pruned.
+    Returns ``make_plan`` params.
     """
     params: dict[str, Any] = {}
     for name, spec in _searched():
-        cond = spec.get("condition") or {}
-        if any(params.get(k) != v for k, v in cond.items()):
+        if not condition_holds(spec.get("condition"), params):
             continue
         kind = spec["kind"]
         if kind == "float":
@@ -50,9 +54,7 @@ def _complete_defaults(task: TuneTask, params: Mapping[str, Any]) -> dict[str, A
     knob_default = {"block_n": cfg.block_n, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     out: dict[str, Any] = {}
     for name, spec in _searched():
-        cond = spec.get("condition") or {}
-        merged = {**out, **params}
-        if any(merged.get(k) != v for k, v in cond.items()):
+        if not condition_holds(spec.get("condition"), {**out, **params}):
             continue
         if name in params:
             out[name] = params[name]

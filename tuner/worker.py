@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..db import store
 from ..kernels.plan import make_plan
+from ..kernels.policies import fit_heads_per_tile
 from .backends import TimingBackend
 from .space import suggest_params
 from .study import (
@@ -69,18 +70,29 @@ def _geomean(xs: Sequence[float]) -> float:
     return float(math.exp(sum(math.log(x) for x in xs) / len(xs)))
 
 
+def task_params(task: TuneTask, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's parameters as the task's shape runs them: ``heads_per_tile`` (and ``whole_wave_heads``) lowered
+    by :func:`kvsplit.kernels.policies.fit_heads_per_tile` to what its H_q / H_kv allows. Optuna keeps one set
+    of choices per study and a bucket key holds H_kv, not H_q, so the space offers every choice and the trial's
+    plan refits it, as :class:`kvsplit.kernels.policy_table.PolicyTable` does when it serves the policy."""
+    return dict(fit_heads_per_tile(params, task.num_qo_heads, task.num_kv_heads))
+
+
 def objective_value(task: TuneTask, params: Mapping[str, Any], backend: TimingBackend) -> tuple[float, float]:
     """Geomean kernel time (s) and geomean time / HBM floor of ``params`` over the training batches.
+
+    ``params`` are planned as :func:`task_params` refits them to the task's GQA group.
 
     Raises
     ------
     ValueError
         From ``make_plan`` when the parameter set is infeasible.
     """
+    params = task_params(task, params)
     times, ratios = [], []
     for lens in task.train:
         plan = make_plan(list(lens), num_kv_heads=task.num_kv_heads, device=task.gpu, policy="tuned",
-                         params=dict(params), head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype)
+                         params=params, head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype)
         t = backend.time_plan(plan)
         times.append(t)
         ratios.append(t / backend.hbm_floor_s(lens))
@@ -127,7 +139,7 @@ def _evaluate(study, trial, job: WorkerJob, backend: TimingBackend, stop: Stop):
         twins = [t for t in study.get_trials(deepcopy=False)
                  if t.number != trial.number and t.state in (TrialState.COMPLETE, TrialState.PRUNED,
                                                              TrialState.RUNNING)
-                 and _same_params(t.params, params)]
+                 and _same_params(task_params(job.task, t.params), task_params(job.task, params))]
         done = [t for t in twins if t.state != TrialState.RUNNING]
         if done:
             src = done[0]

@@ -6,6 +6,7 @@ import math
 import threading
 import socket
 import time
+import types
 
 import numpy as np
 import optuna
@@ -14,6 +15,8 @@ from optuna.trial import TrialState
 
 from kvsplit.db import store
 from kvsplit.kernels.plan import TUNED_PARAM_SPACE, make_plan
+from kvsplit.kernels.decode import check_heads_per_tile
+from kvsplit.kernels.policies import condition_holds
 from kvsplit.tuner import search, verify
 from kvsplit.tuner import study as study_mod
 from kvsplit.tuner.backends import SimBackend, make_backend
@@ -113,8 +116,7 @@ def test_baseline_equivalents_plan_like_the_baselines():
     # every equivalent is complete over the searched parameters (respecting conditions)
     searched = {k for k, v in TUNED_PARAM_SPACE.items() if v.get("search")}
     for params in eq.values():
-        need = {k for k in searched if all(params.get(c) == v
-                                           for c, v in (TUNED_PARAM_SPACE[k].get("condition") or {}).items())}
+        need = {k for k in searched if condition_holds(TUNED_PARAM_SPACE[k].get("condition"), params)}
         assert set(params) == need
 
 
@@ -141,6 +143,57 @@ def test_suggest_params_respects_space_and_conditions():
         seen_grid |= p["schedule"] == "grid"
         study.tell(tr, 1.0)
     assert seen_persistent and seen_grid
+
+
+def test_condition_holds_takes_a_value_or_a_list():
+    assert condition_holds(None, {}) and condition_holds({}, {"a": 1})
+    assert condition_holds({"schedule": "persistent"}, {"schedule": "persistent"})
+    assert not condition_holds({"schedule": "persistent"}, {"schedule": "grid"})
+    assert not condition_holds({"schedule": "persistent"}, {})
+    assert condition_holds({"num_stages": [3, 4]}, {"num_stages": 4})
+    assert not condition_holds({"num_stages": [3, 4]}, {"num_stages": 2})
+
+
+def test_suggest_params_searches_prefetch_and_heads_per_tile():
+    t = _task()  # H_q 32, H_kv 4: G = 8, the kernel runs 1 or 2 KV heads per tile
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    seen = set()
+    for _ in range(120):
+        tr = study.ask()
+        p = search.suggest_params(tr)
+        assert ("prefetch" in p) == (p["num_stages"] >= 3), p
+        assert p["heads_per_tile"] in (1, 2, 4, 8)
+        # what the objective plans: 4 or 8 heads of G = 8 (32 or 64 query rows) run as 2, the most that fit 16
+        fit = search.task_params(t, p)
+        assert fit["heads_per_tile"] == min(p["heads_per_tile"], 2)
+        assert {k: v for k, v in fit.items() if k != "heads_per_tile"} == \
+            {k: v for k, v in p.items() if k != "heads_per_tile"}
+        try:
+            plans = _plans(t, "tuned", fit)
+        except ValueError as exc:  # an infeasible tile (shared memory, registers): pruned, naming the parameter
+            assert str(exc).startswith("params"), exc
+        else:
+            for pl in plans:
+                check_heads_per_tile(pl.config.heads_per_tile, 32, 4)  # the launch accepts it
+                assert pl.config.prefetch == p.get("prefetch", False)
+            seen.add((p.get("prefetch", False), fit["heads_per_tile"]))
+        study.tell(tr, 1.0)
+    assert seen == {(False, 1), (False, 2), (True, 1), (True, 2)}
+
+
+def test_the_tuned_best_is_stored_as_the_shape_runs_it():
+    # a study whose best trial asked for 4 KV heads per tile at G = 8: the result (verified, stored, served)
+    # holds the 2 its plans ran
+    t = _task()
+    study = optuna.create_study()
+    base = search.baseline_equivalents(t)["balanced"]
+    for h, value in ((1, 2.0), (4, 1.0)):
+        study.enqueue_trial({**base, "heads_per_tile": h})
+        tr = study.ask()
+        assert search.suggest_params(tr)["heads_per_tile"] == h
+        study.tell(tr, value)
+    value, params = search._best_of(types.SimpleNamespace(task=t), study)
+    assert value == 1.0 and params == {**base, "heads_per_tile": 2}
 
 
 def test_storage_spec_rules(tmp_path):
@@ -278,12 +331,13 @@ def test_dead_and_stale_trials_are_failed_and_retried(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-# A bucket where the seeded 12-trial search beats every baseline on the simulator by a small margin
-# (between the 0.5 % lowered default and the shipped calibration's 4.1 % error). Since the default
-# D=128 tile is (128, 4, 2) with 3 resident CTAs/SM and balanced is wave-aware, balanced is already
-# the best the 12 trials find at skewed80 B = 16, 32, 64 and 128 (gain 0); at B = 256 the search
-# finds a BLOCK_N 64 even-chunk split at 1.085 x the floor vs balanced's 1.116 x: gain
-# 1.1163 / 1.0851 - 1 = 2.9 % (held-out geomeans; the test recomputes the gain from the stored rows).
+# A bucket where the seeded 12-trial search beats every baseline on the simulator by a small margin. Since the
+# default D=128 tile is (128, 4, 2) with 3 resident CTAs/SM and balanced is wave-aware, balanced is already
+# the best the 12 trials find at skewed80 B = 16, 32, 64 and 128 (gain 0). At B = 256, with the space of
+# rounds 1-9, the search found a BLOCK_N 64 even-chunk split at 1.085 x the floor vs balanced's 1.116 x
+# (gain 2.9 %, below the shipped calibration's 4.1 % error); with prefetch and heads_per_tile searched
+# (round 10) it finds 5.9 %. The test recomputes the gain from the stored rows and checks the margin
+# rule on both sides of it.
 GAIN_TASK = dict(family="skewed80", B=256, n_train=3, n_heldout=4)
 
 
@@ -360,7 +414,7 @@ def test_simulated_gain_must_exceed_the_simulator_error(url):
     rows = verify.measure_heldout(t, r.best_params, be)
     by = {n: _gm([x["time_s"] / x["floor_s"] for x in rows if x["policy"] == n]) for n in ("tuned", *verify.BASELINES)}
     gain = min(v for n, v in by.items() if n != "tuned") / by["tuned"] - 1
-    assert 0 < gain < 0.05  # a small simulated gain, as in the issue (0.2 % there)
+    assert 0 < gain < 0.10  # a small simulated gain, as in the issue (0.2 % there)
 
     def check(err_median, published):
         if err_median is not None:
@@ -380,8 +434,9 @@ def test_simulated_gain_must_exceed_the_simulator_error(url):
                 with pytest.raises(store.PublishRefused, match="failed verification"):
                     store.publish(s, out.policy_id)
 
-    check(None, False)  # no calibration: the documented default, 5 %
-    check(0.041, False)  # the shipped H200 calibration's held-out median error
+    check(None, gain > verify.SIM_DEFAULT_MARGIN)  # no calibration: the documented default, 5 %
+    check(0.041, gain > 0.041)  # the shipped H200 calibration's held-out median error
+    check(gain * 1.5, False)  # an error above the gain
     check(gain / 2, True)  # an error well under the gain
     # GPU results keep margin 0: a tie with the best baseline passes even with a calibration stored
 
