@@ -5,7 +5,7 @@
 For each task (a family bucket of Qwen3-30B-A3B's shape: H_q 32, H_kv 4, D 128, bf16, page 16; 3 training and 3
 held-out draws, seed 0), ``kvsplit.tuner.search.tune_task`` runs on the GPU backend twice, each in its own SQLite
 store: once with the space of rounds 1-9 (``prefetch`` and ``heads_per_tile`` not searched) and once with the
-space as shipped. Then the held-out batches are timed, back to back in this process: each study's best
+space as shipped (``--spaces``: either or both). Then the held-out batches are timed, back to back in this process: each study's best
 parameters, the plan the shipped table (service/data/h200_policies.json) serves, and ``balanced``. Time / read
 floor per batch and the geomean per method are printed; one JSON line per task in OUT/tune_space_ab.jsonl.
 """
@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--tasks", default="skewed80:64:1048576,uniform:128:262144")
     ap.add_argument("--backend", default="gpu", help="gpu, or sim for a dry run of the script")
+    ap.add_argument("--spaces", default="r9,r10", help="r9: prefetch and heads_per_tile not searched; r10: as shipped")
     args = ap.parse_args()
     t0 = time.time()
     log = open(os.path.join(args.out, "tune_space_ab.jsonl"), "a")
@@ -61,7 +62,7 @@ def main() -> None:
         fam, B, T = spec.split(":")
         task = search.family_task(fam, int(B), int(T), **SHAPE, num_train=3, num_heldout=3, seed=0)
         best = {}
-        for space in ("r9", "r10"):
+        for space in args.spaces.split(","):
             for k in NEW_KNOBS:
                 TUNED_PARAM_SPACE[k]["search"] = searched[k] if space == "r10" else False
             url = f"sqlite:///{args.out}/tune_{space}.db"
@@ -73,7 +74,7 @@ def main() -> None:
                   f"[{time.time() - t0:.0f}s]", flush=True)
         for k in NEW_KNOBS:
             TUNED_PARAM_SPACE[k]["search"] = searched[k]
-        rows = {"tuned_r9": [], "tuned_r10": [], "served": [], "balanced": []}
+        rows = {**{f"tuned_{sp}": [] for sp in best}, "served": [], "balanced": []}
         served = []
         for lens in task.heldout:
             L = np.asarray(lens)

@@ -479,12 +479,20 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
         "kind": "float", "low": 0.25, "high": 64.0, "log": True, "default": 4.0, "search": True,
         "doc": "target work tiles per SM: chunk = ceil(H_kv * sum(kv_len) / (ctas_per_sm * num_SMs))",
     },
+    "partition": {
+        "kind": "categorical", "choices": ["even_chunks", "stream_k"], "default": "even_chunks", "search": True,
+        "doc": "even_chunks: per-request splits of one chunk size (min_chunk_tokens, max_splits apply); "
+               "stream_k: even partition of the concatenated KV stream (stream_k_work; item_cost_blocks, "
+               "min_piece_blocks apply)",
+    },
     "min_chunk_tokens": {
         "kind": "int", "low": 16, "high": 65536, "log": True, "default": 16, "search": True,
+        "condition": {"partition": "even_chunks"},
         "doc": "smallest chunk in tokens (before rounding up to block_n)",
     },
     "max_splits": {
         "kind": "int", "low": 1, "high": 1024, "log": True, "default": 1024, "search": True,
+        "condition": {"partition": "even_chunks"},
         "doc": "cap on splits per request",
     },
     "block_n": {
@@ -532,14 +540,9 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
     },
     "pack_tokens": {
         "kind": "categorical", "choices": [0, 128, 256, 512, 1024, 2048, 4096, 8192], "default": 0, "search": True,
+        "condition": {"partition": "even_chunks"},
         "doc": "group consecutive items shorter than this into one CTA (cta_indptr); 0 = one item per CTA. "
                "Any integer in [0, 2^20] is accepted; the choices are the search grid",
-    },
-    "partition": {
-        "kind": "categorical", "choices": ["even_chunks", "stream_k"], "default": "even_chunks", "search": True,
-        "doc": "even_chunks: per-request splits of one chunk size (min_chunk_tokens, max_splits apply); "
-               "stream_k: even partition of the concatenated KV stream (stream_k_work; item_cost_blocks, "
-               "min_piece_blocks apply)",
     },
     "wave_aware": {
         "kind": "categorical", "choices": [True, False], "default": True, "search": False,

@@ -281,7 +281,7 @@ class PolicyTable:
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         dtype: str | None = None,
-        page_size: int | None = None,
+        page_size: int = 16,
         device: DeviceSpec | None = None,
     ) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
         """Pick the policy of a batch's bucket and plan the batch with it.
@@ -303,7 +303,8 @@ class PolicyTable:
         dtype : str
             ``"float16"``, ``"bfloat16"`` or ``"float32"``.
         page_size : int
-            Tokens per KV page.
+            Tokens per KV page (default 16, as :func:`kvsplit.kernels.plan.make_plan` and ``kvsplit plan``; the
+            launch refuses a plan made for another page size than its cache's).
         device : DeviceSpec, optional
             Numbers of a GPU not in :mod:`kvsplit.kernels.device`'s table.
 

@@ -58,7 +58,7 @@ from typing import Any, Sequence
 from ..db import store
 from ..kernels.device import resolve_device
 from .backends import BACKEND_NAMES, TimingBackend
-from .space import baseline_equivalents, suggest_params
+from .space import WARM_START, WARM_START_MIN_TRIALS, baseline_equivalents, suggest_params, warm_start_equivalents
 from .study import (
     _ATTR_ENQUEUED,
     _ATTR_TASK,
@@ -100,6 +100,9 @@ __all__ = [
     "default_library",
     "backend_for_task",
     "baseline_equivalents",
+    "warm_start_equivalents",
+    "WARM_START",
+    "WARM_START_MIN_TRIALS",
     "suggest_params",
     "objective_value",
     "run_worker",
@@ -121,10 +124,14 @@ __all__ = [
 ]
 
 
-def _enqueue_baselines(study, task: TuneTask) -> None:
+def _enqueue_baselines(study, task: TuneTask, n_trials: int | None = None) -> None:
+    # the baselines' equivalents first, then (with room for them) the campaigns' plans (WARM_START)
     if study.user_attrs.get(_ATTR_ENQUEUED):
         return
-    for _, params in baseline_equivalents(task).items():
+    starts = dict(baseline_equivalents(task))
+    if n_trials is not None and n_trials >= WARM_START_MIN_TRIALS:
+        starts.update(warm_start_equivalents(task))
+    for _, params in starts.items():
         study.enqueue_trial(params, skip_if_exists=True)
     study.set_user_attr(_ATTR_ENQUEUED, True)
 
@@ -290,7 +297,7 @@ def _open_study(run: _Run):
     study = _load_study(run.spec, run.study, run.cfg.seed, run.cfg.n_trials, storage=open_storage(run.spec))
     study.set_user_attr(_ATTR_TASK, {"key": run.task.key, "source": run.task.source,
                                      "num_qo_heads": run.task.num_qo_heads})
-    _enqueue_baselines(study, run.task)
+    _enqueue_baselines(study, run.task, run.cfg.n_trials)
     _fail_stale(study)
     return study
 

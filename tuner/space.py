@@ -3,7 +3,9 @@
 :func:`suggest_params` asks an Optuna trial for the parameters of
 :data:`kvsplit.kernels.plan.TUNED_PARAM_SPACE` marked ``search`` (with their
 conditions); :func:`baseline_equivalents` gives the tuned-family parameters
-that reproduce each baseline on a task, enqueued as the first trials.
+that reproduce each baseline on a task, enqueued as the first trials;
+:func:`warm_start_equivalents` the plans the shipped H200 table serves most,
+enqueued next when the study has room for them (:data:`WARM_START_MIN_TRIALS`).
 """
 
 from __future__ import annotations
@@ -98,4 +100,44 @@ def baseline_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
             task, {"max_splits": 1} if B * task.num_kv_heads >= 2 * S else {"ctas_per_sm": 2.0,
                                                                              "min_chunk_tokens": 128}),
     }
+    return out
+
+
+WARM_START = {
+    # name (bench/gpu_sweep.py's naming) -> make_plan params of the policy it names; the shipped H200 table's
+    # default plan, and the plans it serves or that win the reference cases most often
+    # (scripts/build_shipped_policies.py's SERVED_POOL, docs/perf.md round 9)
+    "stream_k|c3|n128w4s2": ("stream_k", {"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2}),
+    "stream_k|c3|n32w4s3|pf|h2": ("stream_k", {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3,
+                                               "prefetch": True, "heads_per_tile": 2}),
+    "balanced|c3|n32w4s3|pf|h2": ("balanced", {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3,
+                                               "prefetch": True, "heads_per_tile": 2}),
+    "stream_k|c1|n64w8s3|pf|h2": ("stream_k", {"ctas_per_sm": 1.0, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                                               "prefetch": True, "heads_per_tile": 2}),
+    "stream_k|c2|n32w4s4|pf|h2": ("stream_k", {"ctas_per_sm": 2.0, "block_n": 32, "num_warps": 4, "num_stages": 4,
+                                               "prefetch": True, "heads_per_tile": 2}),
+    "balanced|c4|n64w4s2": ("balanced", {"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4, "num_stages": 2}),
+}
+"""Plans of the H200 campaigns that :func:`warm_start_equivalents` restates in the tuned family. A 30-trial GPU
+study from the baselines alone kept ``balanced`` on skewed80 B = 64, T = 1,048,576 (1.160x the floor on its
+held-out batches) where the shipped table serves 1.076x (docs/perf.md, round 10)."""
+
+WARM_START_MIN_TRIALS = 20
+"""A study enqueues :data:`WARM_START` only when it runs at least this many trials, so the sampler keeps at least
+half of a budget to search."""
+
+
+def warm_start_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
+    """:data:`WARM_START` restated as ``tuned`` parameter sets, complete over the searched parameters.
+
+    ``stream_k`` is ``partition="stream_k"`` with its defaults (``item_cost_blocks`` 1, ``min_piece_blocks`` 1);
+    ``balanced`` the tuned family's defaults (wave-aware even chunks) at its ``ctas_per_sm``. ``heads_per_tile``
+    is refitted to the task's GQA group when its trial is planned (:func:`kvsplit.tuner.worker.task_params`).
+    A set the task's shape cannot run (e.g. the shared memory of a tile at head_dim 256) is pruned like any
+    infeasible trial.
+    """
+    out = {}
+    for name, (policy, params) in WARM_START.items():
+        extra = {"partition": "stream_k"} if policy == "stream_k" else {}
+        out[name] = _complete_defaults(task, {**params, **extra})
     return out

@@ -55,6 +55,12 @@ def test_gpu_tuned_preferred_over_closer_simulated_and_plan():
                              params={"ctas_per_sm": 2.0})
     with pytest.raises(ValueError, match="num_qo_heads"):
         table.plan(base, gpu="h200", num_qo_heads=30, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+    # page_size defaults to 16, as make_plan's and the CLI's
+    p16, _, _ = table.plan(base, gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    assert p16 == plan and p16.page_size == 16
+    p32, _, _ = table.plan(base, gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16",
+                           page_size=32)
+    assert p32.page_size == 32
 
 
 def test_from_json_rejects_bad_documents():

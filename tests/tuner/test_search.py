@@ -196,6 +196,61 @@ def test_the_tuned_best_is_stored_as_the_shape_runs_it():
     assert value == 1.0 and params == {**base, "heads_per_tile": 2}
 
 
+def test_stream_k_partition_suggestions_plan():
+    # round 10 found every partition="stream_k" trial of the GPU studies pruned ("params.min_chunk_tokens: not
+    # used with partition='stream_k'"): the even-chunk parameters are now suggested only with even chunks
+    t = _task()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    planned = 0
+    for _ in range(80):
+        tr = study.ask()
+        p = search.suggest_params(tr)
+        if p["partition"] == "stream_k":
+            assert not {"min_chunk_tokens", "max_splits", "pack_tokens"} & set(p), p
+            assert {"item_cost_blocks", "min_piece_blocks"} <= set(p)
+            try:
+                plans = _plans(t, "tuned", search.task_params(t, p))
+            except ValueError as exc:  # only a tile the shape cannot run (shared memory, registers)
+                assert str(exc).startswith("params:"), exc
+            else:
+                planned += 1
+                assert all(pl.num_work_tiles >= 1 for pl in plans)
+        else:
+            assert {"min_chunk_tokens", "max_splits", "pack_tokens"} <= set(p)
+        study.tell(tr, 1.0)
+    assert planned >= 10
+
+
+def test_warm_starts_plan_like_the_policies_they_name():
+    t = _task(B=64)
+    eq = search.warm_start_equivalents(t)
+    assert set(eq) == set(search.WARM_START)
+    searched = {k for k, v in TUNED_PARAM_SPACE.items() if v.get("search")}
+    for name, params in eq.items():
+        policy, want_params = search.WARM_START[name]
+        assert set(params) == {k for k in searched if condition_holds(TUNED_PARAM_SPACE[k].get("condition"), params)}
+        got = _plans(t, "tuned", search.task_params(t, params))
+        want = _plans(t, policy, want_params)
+        for g, w in zip(got, want):
+            assert np.array_equal(g.num_splits, w.num_splits), name
+            assert np.array_equal(g.work_request, w.work_request) and np.array_equal(g.cta_indptr, w.cta_indptr)
+            assert g.config == w.config, name
+
+
+@pytest.mark.parametrize("n_trials,starts", [(12, 4), (19, 4), (20, 4 + 6)])
+def test_warm_starts_are_enqueued_when_the_study_has_room(tmp_path, n_trials, starts):
+    t = _task()
+    spec = search.StorageSpec("journal", str(tmp_path / "j.log"), heartbeat_interval=1, grace_period=3)
+    study = search._load_study(spec, "st", 0, n_trials)
+    search._enqueue_baselines(study, t, n_trials)
+    waiting = [x for x in study.get_trials() if x.state == TrialState.WAITING]
+    assert len(waiting) == starts
+    want = list(search.baseline_equivalents(t).values())
+    if starts > 4:
+        want += list(search.warm_start_equivalents(t).values())
+    assert [dict(w.system_attrs["fixed_params"]) for w in waiting] == want
+
+
 def test_storage_spec_rules(tmp_path):
     with pytest.raises(ValueError, match="--journal PATH"):
         search.storage_spec("sqlite:///x.db", workers=2)
@@ -331,19 +386,17 @@ def test_dead_and_stale_trials_are_failed_and_retried(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-# A bucket where the seeded 12-trial search beats every baseline on the simulator by a small margin. Since the
-# default D=128 tile is (128, 4, 2) with 3 resident CTAs/SM and balanced is wave-aware, balanced is already
-# the best the 12 trials find at skewed80 B = 16, 32, 64 and 128 (gain 0). At B = 256, with the space of
-# rounds 1-9, the search found a BLOCK_N 64 even-chunk split at 1.085 x the floor vs balanced's 1.116 x
-# (gain 2.9 %, below the shipped calibration's 4.1 % error); with prefetch and heads_per_tile searched
-# (round 10) it finds 5.9 %. The test recomputes the gain from the stored rows and checks the margin
-# rule on both sides of it.
-GAIN_TASK = dict(family="skewed80", B=256, n_train=3, n_heldout=4)
+# A bucket where the seeded 12-trial search (the 4 baselines' equivalents, then 8 sampled trials) beats every
+# baseline on the (uncalibrated) simulator. Rounds 1-9 used skewed80 B = 256 (a 2.9 % gain); since round 10
+# suggests the even-chunk parameters only with partition="even_chunks" (a stream_k trial was always pruned
+# before), the seeded trials differ: a scan of skewed80/skewed40/2x40/uniform at B = 16..512 finds a gain at
+# uniform B = 128 (15 %) and skewed40 B = 128 (0.06 %) only. The tests recompute the gain from the stored rows
+# and check the margin rule on both sides of it.
+GAIN_TASK = dict(family="uniform", B=128, n_train=3, n_heldout=4)
 
 
 def test_tune_task_verifies_stores_and_publishes(url, monkeypatch):
-    # no calibration stored: the default margin applies; this 12-trial search gains 2.9 % on the
-    # (uncalibrated) simulator, so lower the default to see the publish path
+    # no calibration stored: the default margin applies, lowered to 0.5 % (the search's gain is above it)
     monkeypatch.setattr(verify, "SIM_DEFAULT_MARGIN", 0.005)
     t = _task(**GAIN_TASK)
     cfg = search.TuneConfig(database_url=url, n_trials=12, progress=False)
@@ -414,7 +467,7 @@ def test_simulated_gain_must_exceed_the_simulator_error(url):
     rows = verify.measure_heldout(t, r.best_params, be)
     by = {n: _gm([x["time_s"] / x["floor_s"] for x in rows if x["policy"] == n]) for n in ("tuned", *verify.BASELINES)}
     gain = min(v for n, v in by.items() if n != "tuned") / by["tuned"] - 1
-    assert 0 < gain < 0.10  # a small simulated gain, as in the issue (0.2 % there)
+    assert 0 < gain < 0.5
 
     def check(err_median, published):
         if err_median is not None:
