@@ -578,8 +578,8 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
 Each entry: ``kind`` (``"float"``, ``"int"`` or ``"categorical"``), ``low``/``high``/``log``
 or ``choices``, ``default`` (``None``: from :func:`default_config`), ``search`` (whether
 a tuner should search it), optional ``condition`` (only meaningful when the named
-parameters have these values; a list names the values allowed: :func:`condition_holds`) and ``doc``. :func:`make_plan` accepts every value in
-these ranges (and raises ``ValueError`` naming the parameter outside them); with all
+parameters have these values; a list names the values allowed: :func:`condition_holds`) and
+``doc``. :func:`make_plan` accepts every value in these ranges (and raises ``ValueError`` naming the parameter outside them); with all
 defaults ``tuned`` gives the same plan as ``balanced``.
 """
 

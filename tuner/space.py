@@ -29,8 +29,8 @@ def suggest_params(trial: Any) -> dict[str, Any]:
     ``choices``; an entry with a ``condition`` is suggested only when the
     parameters it names have those values (:func:`kvsplit.kernels.policies.condition_holds`).
     The choices are the same for every task, as Optuna requires of a study (a bucket key holds H_kv, not
-    H_q, so tasks of several GQA groups can share a study): a ``heads_per_tile`` the task's shape cannot
-    run is refused by :func:`kvsplit.tuner.worker.objective_value` and the trial pruned.
+    H_q, so tasks of several GQA groups can share a study): a ``heads_per_tile`` above what the task's GQA
+    group runs is lowered when the trial is planned (:func:`kvsplit.tuner.worker.task_params`).
     Returns ``make_plan`` params.
     """
     params: dict[str, Any] = {}
@@ -118,9 +118,10 @@ WARM_START = {
                                                "prefetch": True, "heads_per_tile": 2}),
     "balanced|c4|n64w4s2": ("balanced", {"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4, "num_stages": 2}),
 }
-"""Plans of the H200 campaigns that :func:`warm_start_equivalents` restates in the tuned family. A 30-trial GPU
-study from the baselines alone kept ``balanced`` on skewed80 B = 64, T = 1,048,576 (1.160x the floor on its
-held-out batches) where the shipped table serves 1.076x (docs/perf.md, round 10)."""
+"""Plans of the H200 campaigns that :func:`warm_start_equivalents` restates in the tuned family. Round 10's
+30-trial GPU study of skewed80 B = 64, T = 1,048,576 kept ``balanced`` (1.160x the floor on its held-out
+batches; the shipped table serves 1.076x) and reached 1.064x with these and the stream-K fix of the same round
+(docs/tuning.md, round 10; the two were not measured apart)."""
 
 WARM_START_MIN_TRIALS = 20
 """A study enqueues :data:`WARM_START` only when it runs at least this many trials, so the sampler keeps at least
