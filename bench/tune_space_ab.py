@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import tempfile
 import time
 
 import numpy as np
@@ -26,7 +25,6 @@ from kvsplit.kernels.plan import TUNED_PARAM_SPACE, make_plan
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.tuner import search
 from kvsplit.tuner.backends import make_backend
-from kvsplit.tuner.published import load_table_doc
 
 SHAPE = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
 NEW_KNOBS = ("prefetch", "heads_per_tile")
@@ -34,15 +32,6 @@ NEW_KNOBS = ("prefetch", "heads_per_tile")
 
 def _gm(xs) -> float:
     return float(math.exp(np.mean(np.log(xs))))
-
-
-def shipped_table() -> PolicyTable:
-    with tempfile.TemporaryDirectory() as d:
-        url = f"sqlite:///{d}/s.db"
-        store.upgrade(url)
-        with store.session_scope(url, write=True) as s:
-            store.import_policies(s, json.load(open("service/data/h200_policies.json")))
-        return PolicyTable.from_json(load_table_doc(url))
 
 
 def main() -> None:
@@ -56,7 +45,7 @@ def main() -> None:
     t0 = time.time()
     log = open(os.path.join(args.out, "tune_space_ab.jsonl"), "a")
     backend = make_backend(args.backend, **SHAPE, max_tokens=(1 << 20) + 65536, max_batch=1024)
-    table = shipped_table()
+    table = PolicyTable.from_export(json.load(open("service/data/h200_policies.json")))
     searched = {k: TUNED_PARAM_SPACE[k]["search"] for k in NEW_KNOBS}
     for spec in args.tasks.split(","):
         fam, B, T = spec.split(":")

@@ -133,13 +133,14 @@ def _evaluate(study, trial, job: WorkerJob, backend: TimingBackend, stop: Stop):
     from optuna.trial import TrialState
 
     params = suggest_params(trial)
+    planned = task_params(job.task, params)  # what this trial runs, compared with what earlier trials ran
     # a parameter set already measured in this study is not measured again
     waited = 0.0
     while True:
         twins = [t for t in study.get_trials(deepcopy=False)
                  if t.number != trial.number and t.state in (TrialState.COMPLETE, TrialState.PRUNED,
                                                              TrialState.RUNNING)
-                 and _same_params(task_params(job.task, t.params), task_params(job.task, params))]
+                 and _same_params(task_params(job.task, t.params), planned)]
         done = [t for t in twins if t.state != TrialState.RUNNING]
         if done:
             src = done[0]
