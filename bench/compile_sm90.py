@@ -19,8 +19,8 @@ depth of its waits. ``--ttgir DIR`` also writes each kernel's TTGIR there.
 register cap: ``none`` (uncapped), ``auto`` (what ``launch_decode`` applies:
 :func:`kvsplit.kernels.residency.register_cap`) or a number; the resident CTAs per SM of each compile are
 printed beside the residency kernels/residency.py counts for the config (``--json`` writes one JSON line per
-compile). Variants: ``plain`` and ``prefetch`` (``KernelConfig.prefetch``); round 4's TMA load path was removed
-from the kernel.
+compile). Variants: ``plain``, ``prefetch`` (``KernelConfig.prefetch``) and ``next_item`` (``prefetch`` with
+``KernelConfig.next_item``); round 4's TMA load path was removed from the kernel.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def main() -> None:
     for c in args.configs:
         bn, w, s = map(int, c.split(","))
         for variant in args.variants.split(","):
-            pf = variant == "prefetch"
+            pf = variant in ("prefetch", "next_item")  # next_item: prefetch + KernelConfig.next_item
             for g, heads in [(g, h) for g in map(int, args.groups.split(",")) for h in map(int, args.heads.split(","))
                              if h == 1 or h * g <= 16]:
                 for capname in args.maxnreg.split(","):
@@ -186,7 +186,7 @@ def main() -> None:
                     try:
                         cfg = KernelConfig(block_n=bn, num_warps=w, num_stages=s, **extra)
                         a, kw = record_stage1(cfg, dtype=dtype, hq=4 * g, hkv=4, page_size=args.page_size,
-                                              maxnreg=0)
+                                              maxnreg=0, next_item=variant == "next_item")
                         if cap:
                             kw = {**kw, "maxnreg": cap}
                         k = compile_sm90(dec._decode_stage1_kernel, a, kw)
@@ -197,7 +197,7 @@ def main() -> None:
                     r, t = resources(k), ttgir_summary(k.asm["ttgir"])
                     res = occupancy(dev, w, r["regs"], r["shared"])
                     table = resident_ctas_per_sm(dev, 128, args.dtype, dtype.itemsize, bn, w, s, prefetch=pf,
-                                                 heads_per_tile=heads)
+                                                 heads_per_tile=heads, next_item=variant == "next_item")
                     if args.ttgir:
                         os.makedirs(args.ttgir, exist_ok=True)
                         with open(os.path.join(args.ttgir, f"{variant}_{bn}_{w}_{s}_g{g}_h{heads}.ttgir"), "w") as f:

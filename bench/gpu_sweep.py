@@ -58,12 +58,12 @@ BASELINES = {
 
 
 def cand_name(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None,
-              prefetch: bool = False, heads_per_tile: int = 1) -> str:
-    """Record name of a grid candidate, e.g. ``stream_k|c3|n128w4s3|o2m4|pf|h2`` (parsed back by
+              prefetch: bool = False, heads_per_tile: int = 1, next_item: bool = False) -> str:
+    """Record name of a grid candidate, e.g. ``stream_k|c3|n128w4s3|o2m4|pf|h2|nx`` (parsed back by
     :func:`kvsplit.tuner.simfit.candidate_policy`)."""
     name = f"{pol}|c{cps:g}|n{cfg[0]}w{cfg[1]}s{cfg[2]}"
     return (name + (f"|o{extra[0]}m{extra[1]}" if extra else "") + ("|pf" if prefetch else "")
-            + (f"|h{heads_per_tile}" if heads_per_tile != 1 else ""))
+            + (f"|h{heads_per_tile}" if heads_per_tile != 1 else "") + ("|nx" if next_item else ""))
 
 
 def plan_cand_name(policy: str, params: dict) -> str:
@@ -72,7 +72,8 @@ def plan_cand_name(policy: str, params: dict) -> str:
     extra = (params["item_cost_blocks"], params["min_piece_blocks"]) if "item_cost_blocks" in params else None
     return cand_name(policy, params.get("ctas_per_sm", 0), (params["block_n"], params["num_warps"],
                                                             params["num_stages"]), extra,
-                     bool(params.get("prefetch", False)), int(params.get("heads_per_tile", 1)))
+                     bool(params.get("prefetch", False)), int(params.get("heads_per_tile", 1)),
+                     bool(params.get("next_item", False)))
 
 
 def cand_params(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None,

@@ -29,6 +29,14 @@ one process, CUDA-graph replays under ``triton.testing.do_bench`` (median), the 
   half the tiles; its output is compared with ``decode``'s). Round 8's run (docs/data/h200_r8/heads2_ab.*)
   passed the knob through a temporary launcher keyword into the same kernel code.
 
+- ``nx`` (plans with ``prefetch``): the same plan with ``KernelConfig.next_item`` toggled (the look-ahead over a
+  CTA's work items: the next items' work entries, page-table offsets, q and first page ids loaded while the
+  current item streams); output compared with ``decode``'s. Round 11's runs passed it as ``launch_decode``'s
+  ``next_item`` keyword: ``nx2`` of docs/data/h200_r11/nx2_ab.log is this knob. Two earlier variants of that run
+  (docs/data/h200_r11/nx_ab.log: ``nx1`` carried the entries only, its ``nx2`` also prefetched the next item's
+  first K/V tiles into L2 with PTX ``prefetch.global.L2``) lost and were removed;
+- ``decode_b``: ``decode`` again, timed after the other variants (the noise of a back-to-back pair).
+
 Round 10 timed ``flat`` and ``flat3`` variants (one pipelined loop over every block of a tile's items,
 docs/data/h200_r10/flat_items.patch, flat_ab.log, flat3_ab.log): lost, removed.
 
@@ -177,7 +185,7 @@ def main() -> None:
     sbuf = torch.randn(max(t.kv_bytes(family_kv_lens(f, n, T)) for T, f, n in cases) // 2, dtype=torch.bfloat16,
                        device="cuda")
     variants = ("decode", "s1", "pf", "seq_pages", "gather", "stream", *PAGED_CONFIGS, "paged_seq", *ONE_CTA_CONFIGS,
-                "h2")
+                "h2", "nx", "decode_b")
     if args.variants:
         variants = tuple(v for v in variants if v in args.variants.split(","))
     print(f"{'case':24s} {'plan':26s} " + " ".join(f"{v:>11s}" for v in variants), flush=True)
@@ -215,6 +223,9 @@ def main() -> None:
                 cfg2 = dataclasses.replace(cfg, heads_per_tile=2)
                 fns["h2"] = lambda: dec.launch_decode(*base, b["kv_indices"], arr, cfg2, out=out, workspace=ws,
                                                       **{**sizes, "num_tiles": plan.num_work_tiles // 2})
+            if cfg.prefetch and cfg.heads_per_tile <= 2:  # the same plan with the look-ahead over items toggled
+                fns["nx"] = launch(next_item=not cfg.next_item)
+            fns["decode_b"] = launch()  # decode again, timed last: the run-to-run noise of one pair
             gout = torch.empty(plan.num_ctas * hkv, dtype=torch.float32, device="cuda")
             fns["gather"] = lambda: _gather_read_kernel[(plan.num_ctas * hkv,)](
                 t.k_cache, t.v_cache, gout, b["kv_indptr"], b["kv_indices"], arr["work_request"],
@@ -243,15 +254,17 @@ def main() -> None:
                     t.k_cache.stride(0), t.v_cache.stride(0), PAGE_ELEMS=16 * hkv * d, UNROLL=unroll, num_warps=w)
             fns = {v: fn for v, fn in fns.items() if v in variants}
             times, errs = {}, {}
-            if "h2" in fns and "decode" in fns:  # the variant's output against the shipped kernel's
+            for cmp in ("h2", "nx"):  # the variant's output against the shipped kernel's
+                if cmp not in fns or "decode" not in fns:
+                    continue
                 try:
                     fns["decode"]()
                     ref_out = out.float().clone()
                     out.fill_(float("nan"))
-                    fns["h2"]()
-                    errs["h2"] = float((out.float() - ref_out).abs().max())
+                    fns[cmp]()
+                    errs[cmp] = float((out.float() - ref_out).abs().max())
                 except Exception as exc:  # noqa: BLE001
-                    errs["h2"] = repr(exc)[:200]
+                    errs[cmp] = repr(exc)[:200]
             for v, fn in fns.items():
                 try:
                     g = graph_of(fn)

@@ -22,7 +22,11 @@ Two launches, both driven by a :class:`~kvsplit.kernels.plan.Plan`:
    the page ids of the next tile are loaded one iteration ahead, so the K/V
    loads of a tile no longer depend on a load of their own iteration and
    Triton's software pipeliner keeps ``num_stages - 1`` K/V tiles in flight
-   (without it the pipeliner single-buffers K/V whatever ``num_stages``). Items of requests with a
+   (without it the pipeliner single-buffers K/V whatever ``num_stages``). With
+   ``config.next_item`` (on top of the prefetch) a CTA also loads its next items'
+   work entries, page-table offsets, q and first page ids while the current item
+   streams, so an item's first K/V copies do not wait on a chain of dependent
+   loads (docs/perf.md, round 11). Items of requests with a
    single split write the final output (and LSE); the others write a partial
    output (fp32, normalized) and its LSE into the workspace. With
    ``schedule="persistent"``, ``num_programs`` CTAs take work tiles in plan order
@@ -115,6 +119,7 @@ def _stage1_tile(
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
+    NEXT: tl.constexpr = False,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
@@ -130,18 +135,64 @@ def _stage1_tile(
     q_head = h * GROUP + offs_h
     row_head = offs_h // GROUP
 
-    for it in range(item_lo, item_hi):
-        req = tl.load(WORK_REQ + it).to(tl.int64)
-        start = tl.load(WORK_START + it)
-        end = tl.load(WORK_END + it)
-        slot = tl.load(WORK_SLOT + it)
-        page_base = tl.load(KV_INDPTR + req)
+    if NEXT:
+        # Look-ahead over the tile's items (config.next_item): items it and it + 1 are carried in registers with
+        # their page-table offset, item it + 2 without it; item it's q and the page ids of its first tile are
+        # loaded during item it - 1. So at an item's start no load waits on another load of that item, and its
+        # first K/V copies are issued at once (docs/perf.md, round 11).
+        has = item_lo < item_hi
+        req0 = tl.load(WORK_REQ + item_lo, mask=has, other=0).to(tl.int64)
+        st0 = tl.load(WORK_START + item_lo, mask=has, other=0)
+        en0 = tl.load(WORK_END + item_lo, mask=has, other=0)
+        sl0 = tl.load(WORK_SLOT + item_lo, mask=has, other=0)
+        base0 = tl.load(KV_INDPTR + req0)
+        has = item_lo + 1 < item_hi
+        req1 = tl.load(WORK_REQ + item_lo + 1, mask=has, other=0).to(tl.int64)
+        st1 = tl.load(WORK_START + item_lo + 1, mask=has, other=0)
+        en1 = tl.load(WORK_END + item_lo + 1, mask=has, other=0)
+        sl1 = tl.load(WORK_SLOT + item_lo + 1, mask=has, other=0)
+        base1 = tl.load(KV_INDPTR + req1)
+        has = item_lo + 2 < item_hi
+        req2 = tl.load(WORK_REQ + item_lo + 2, mask=has, other=0).to(tl.int64)
+        st2 = tl.load(WORK_START + item_lo + 2, mask=has, other=0)
+        en2 = tl.load(WORK_END + item_lo + 2, mask=has, other=0)
+        sl2 = tl.load(WORK_SLOT + item_lo + 2, mask=has, other=0)
+        q_nx = tl.load(Q + req0 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
+                       mask=mask_h[:, None], other=0.0)
+        t = st0 + offs_n
+        pg_nx = tl.load(KV_INDICES + base0 + t // PAGE_SIZE, mask=t < en0, other=0)
 
-        q = tl.load(
-            Q + req * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
-            mask=mask_h[:, None],
-            other=0.0,
-        )
+    for it in range(item_lo, item_hi):
+        if NEXT:
+            req = req0
+            start = st0
+            end = en0
+            slot = sl0
+            page_base = base0
+            q = q_nx
+            page_nx = pg_nx
+            # loaded now, used one or two items later (masked past the tile's last item)
+            base2 = tl.load(KV_INDPTR + req2)
+            has = it + 3 < item_hi
+            req3 = tl.load(WORK_REQ + it + 3, mask=has, other=0).to(tl.int64)
+            st3 = tl.load(WORK_START + it + 3, mask=has, other=0)
+            en3 = tl.load(WORK_END + it + 3, mask=has, other=0)
+            sl3 = tl.load(WORK_SLOT + it + 3, mask=has, other=0)
+            q_nx = tl.load(Q + req1 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
+                           mask=mask_h[:, None], other=0.0)
+            t = st1 + offs_n
+            pg_nx = tl.load(KV_INDICES + base1 + t // PAGE_SIZE, mask=t < en1, other=0)
+        else:
+            req = tl.load(WORK_REQ + it).to(tl.int64)
+            start = tl.load(WORK_START + it)
+            end = tl.load(WORK_END + it)
+            slot = tl.load(WORK_SLOT + it)
+            page_base = tl.load(KV_INDPTR + req)
+            q = tl.load(
+                Q + req * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None],
+                other=0.0,
+            )
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
@@ -151,8 +202,9 @@ def _stage1_tile(
             # depends on a load of its own iteration: Triton's software pipeliner then multi-buffers K/V
             # (num_stages - 1 tiles in flight) instead of issuing each tile's loads after the previous
             # tile's math.
-            t = start + offs_n
-            page_nx = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=t < end, other=0)
+            if not NEXT:  # (the look-ahead loaded them during the previous item)
+                t = start + offs_n
+                page_nx = tl.load(KV_INDICES + page_base + t // PAGE_SIZE, mask=t < end, other=0)
             for n0 in range(start, end, BLOCK_N):
                 page = page_nx.to(tl.int64)
                 t = n0 + offs_n
@@ -204,6 +256,10 @@ def _stage1_tile(
             base = slot.to(tl.int64) * H_Q
             tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
             tl.store(PART_LSE + base + q_head, lse2, mask=mask_h)
+        if NEXT:
+            req0, st0, en0, sl0, base0 = req1, st1, en1, sl1, base1
+            req1, st1, en1, sl1, base1 = req2, st2, en2, sl2, base2
+            req2, st2, en2, sl2 = req3, st3, en3, sl3
 
 
 @triton.jit
@@ -219,7 +275,7 @@ def _decode_stage1_kernel(
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
-    PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
+    PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1, NEXT: tl.constexpr = False,
 ):
     if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
         num_tiles = tl.load(COUNTS + 2)
@@ -231,7 +287,7 @@ def _decode_stage1_kernel(
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                PREFETCH, HEADS,
+                PREFETCH, HEADS, NEXT,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -240,7 +296,7 @@ def _decode_stage1_kernel(
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            PREFETCH, HEADS,
+            PREFETCH, HEADS, NEXT,
         )
 
 
@@ -603,6 +659,7 @@ def launch_decode(
     prefetch: bool | None = None,
     merge_dsplit: int | None = None,
     maxnreg: int | None = None,
+    next_item: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no allocation; the only checks are the
     ones a plan cannot make, before any launch: ``config.heads_per_tile`` against H_q, the persistent schedule of
@@ -624,7 +681,9 @@ def launch_decode(
     :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
 
     ``prefetch`` overrides ``config.prefetch`` (the stage-1 loop that loads the
-    next tile's page ids one iteration ahead; for A/B benchmarks).
+    next tile's page ids one iteration ahead; for A/B benchmarks), ``next_item``
+    ``config.next_item`` (the look-ahead over a tile's work items; needs the
+    prefetching loop, else ``ValueError``).
 
     ``maxnreg``: register cap of the stage-1 launch (Triton's ``maxnreg``). Default
     (``None``): :func:`kvsplit.kernels.residency.register_cap`, which keeps the
@@ -671,6 +730,10 @@ def launch_decode(
         maxnreg = None if _INTERPRETED or heads != 1 else register_cap(D, G, cfg.block_n, cfg.num_warps,
                                                                        cfg.num_stages, prefetch, k_cache.element_size())
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if next_item is None:
+        next_item = bool(getattr(cfg, "next_item", False))
+    if next_item and not prefetch:
+        raise ValueError("config.next_item: needs the prefetching loop (config.prefetch)")
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
         kv_indptr, kv_indices,
@@ -683,7 +746,7 @@ def launch_decode(
         out.stride(0), out.stride(1),
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        PREFETCH=bool(prefetch), HEADS=heads, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     merge_grid = (max_merge if device_counts else num_merge) or 0

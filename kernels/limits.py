@@ -76,6 +76,18 @@ class KernelConfig:
         ``heads_per_tile`` times the K/V shared memory of its tile, which
         :func:`kvsplit.kernels.residency.resident_ctas_per_sm` counts
         (docs/perf.md, round 8).
+    next_item : bool
+        Look-ahead over a CTA's work items (needs ``prefetch``): the next items'
+        work entries, page-table offsets, q and first page ids are loaded while
+        the current item streams, so an item's first K/V copies are issued as
+        soon as it starts instead of after a chain of dependent loads (work entry
+        -> page-table offset -> page ids). Pays where nothing hides an item
+        boundary: one resident CTA per SM with several items per CTA (stream-K
+        at ``ctas_per_sm`` 1). Costs registers (e.g. (32, 4, 3) with two heads
+        per tile: 120 -> 191, 3 -> 2 CTAs per SM), which
+        :func:`kvsplit.kernels.residency.resident_ctas_per_sm` counts
+        (docs/perf.md, round 11). Not with ``heads_per_tile`` above 2 (the
+        pipeliner single-buffers that loop).
     """
 
     block_n: int = 64
@@ -85,6 +97,7 @@ class KernelConfig:
     num_programs: int = 0
     prefetch: bool = False
     heads_per_tile: int = 1
+    next_item: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,6 +231,15 @@ def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
     if cfg.prefetch and cfg.num_stages < 3:
         raise ValueError(f"params.prefetch: needs num_stages >= 3 (with {cfg.num_stages} the pipeliner keeps one K/V "
                          "buffer and there is nothing to prefetch into)")
+    if not isinstance(cfg.next_item, bool):
+        raise ValueError(f"params.next_item: expected true or false, got {cfg.next_item!r}")
+    if cfg.next_item and not cfg.prefetch:
+        raise ValueError("params.next_item: needs prefetch=true (the look-ahead loads the next item's first page ids "
+                         "into the prefetching loop's carried page ids)")
+    if cfg.next_item and cfg.heads_per_tile > 2:
+        raise ValueError(f"params.next_item: not with heads_per_tile={cfg.heads_per_tile} (above 2, Triton 3.6's "
+                         "pipeliner keeps a single K/V buffer for the look-ahead loop: sm_90 compile, docs/perf.md "
+                         "round 11)")
     if isinstance(cfg.heads_per_tile, bool) or cfg.heads_per_tile not in HEADS_PER_TILE_CHOICES:
         raise ValueError(f"params.heads_per_tile: expected one of {HEADS_PER_TILE_CHOICES}, got {cfg.heads_per_tile!r}")
     elt = DTYPES[dtype]

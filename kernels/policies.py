@@ -66,7 +66,8 @@ def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
     """Work tiles of one resident wave: ``resident_ctas_per_sm(cfg) * num_SMs``
     (:mod:`.residency`; measured data where known)."""
     r = resident_ctas_per_sm(ctx.device, ctx.head_dim, ctx.dtype, DTYPES[ctx.dtype], cfg.block_n, cfg.num_warps,
-                             cfg.num_stages, prefetch=cfg.prefetch, heads_per_tile=cfg.heads_per_tile)
+                             cfg.num_stages, prefetch=cfg.prefetch, heads_per_tile=cfg.heads_per_tile,
+                             next_item=cfg.next_item)
     return r * ctx.device.num_sms
 
 
@@ -513,6 +514,12 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
         "condition": {"num_stages": [n for n in NUM_STAGES_CHOICES if n >= 3]},
         "doc": "load the next tile's page ids one iteration ahead so the pipeliner keeps num_stages - 1 K/V tiles in "
                "flight (KernelConfig.prefetch; needs num_stages >= 3)",
+    },
+    "next_item": {
+        "kind": "categorical", "choices": [False, True], "default": False, "search": True,
+        "condition": {"prefetch": True},
+        "doc": "look-ahead over a CTA's work items: the next items' entries, q and first page ids loaded while the "
+               "current one streams (KernelConfig.next_item; needs prefetch)",
     },
     "heads_per_tile": {
         "kind": "categorical", "choices": list(HEADS_PER_TILE_CHOICES), "default": 1, "search": True,

@@ -27,7 +27,7 @@ class PlanContext:
 
 
 KNOB_PARAMS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "order", "pack_tokens", "prefetch",
-               "heads_per_tile")
+               "heads_per_tile", "next_item")
 """Parameters every policy accepts (kernel knobs, launch order, CTA packing)."""
 
 
@@ -59,11 +59,16 @@ def _knobs(params: Mapping[str, Any], ctx: PlanContext, default_order: str, defa
         prefetch = bool(prefetch)
     if not isinstance(prefetch, bool):
         raise ValueError(f"params.prefetch: expected true or false, got {prefetch!r}")
+    next_item = params.get("next_item", False)
+    if isinstance(next_item, np.bool_):
+        next_item = bool(next_item)
+    if not isinstance(next_item, bool):
+        raise ValueError(f"params.next_item: expected true or false, got {next_item!r}")
     heads = params.get("heads_per_tile", 1)
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)):
         raise ValueError(f"params.heads_per_tile: expected an integer, got {heads!r}")
     cfg = KernelConfig(int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs), prefetch,
-                       int(heads))
+                       int(heads), next_item)
     _check_config(cfg, ctx.head_dim, ctx.dtype)
     if ctx.num_kv_heads % cfg.heads_per_tile:
         raise ValueError(f"params.heads_per_tile: expected a divisor of num_kv_heads={ctx.num_kv_heads}, "

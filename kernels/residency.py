@@ -29,7 +29,8 @@ import math
 
 from .device import DeviceSpec
 
-__all__ = ["MEASURED", "MEASURED_PREFETCH", "COMPILED", "COMPILED_HEADS", "MEASURED_GROUP", "REGISTER_CAPS",
+__all__ = ["MEASURED", "MEASURED_PREFETCH", "COMPILED", "COMPILED_HEADS", "COMPILED_NEXT", "NEXT_ITEM_EXTRA_REGS",
+           "MEASURED_GROUP", "REGISTER_CAPS",
            "register_cap", "occupancy", "estimate", "resident_ctas_per_sm"]
 
 MEASURED_GROUP = 8
@@ -183,6 +184,58 @@ COMPILED_HEADS: dict[tuple[str, int, str, int, int, int, bool, int], tuple[int, 
 for (_gpu, _d, _dt, _bn, _w, _s, _pf, _h), _v in list(COMPILED_HEADS.items()):
     COMPILED_HEADS[(_gpu, _d, "float16", _bn, _w, _s, _pf, _h)] = _v
 
+# The look-ahead over a CTA's work items (KernelConfig.next_item, round 11; always with the prefetch), compiled for
+# sm_90 the same way (`python bench/compile_sm90.py --variants next_item --heads 1,2 --groups 8 --configs ...` and
+# `--heads 4 --groups 4`, docs/data/h200_r11/compile_next_item.log). Key: (gpu, head_dim, dtype, block_n, num_warps,
+# num_stages, heads_per_tile).
+COMPILED_NEXT: dict[tuple[str, int, str, int, int, int, int], tuple[int, int]] = {
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 3, 1): (186, 20992),  # 5
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 3, 2): (250, 37376),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 4, 1): (186, 29184),  # 5
+    ("NVIDIA H200", 128, "bfloat16", 16, 2, 4, 2): (250, 53760),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 3, 1): (96, 20992),  # 5 (4 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 3, 2): (128, 37376),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 4, 1): (96, 29184),  # 5 (4 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 16, 4, 4, 2): (128, 53760),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 3, 1): (102, 20992),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 3, 2): (98, 37376),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 4, 1): (102, 29184),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 16, 8, 4, 2): (98, 53760),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 3, 1): (236, 37888),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 3, 2): (255, 70656),  # 3 (72 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 4, 1): (255, 54272),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 2, 4, 2): (255, 103424),  # 2 (72 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, 1): (144, 37888),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, 2): (191, 70656),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, 1): (144, 54272),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, 2): (191, 103424),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 3, 1): (121, 37888),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 3, 2): (128, 70656),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 4, 1): (121, 54272),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 8, 4, 2): (128, 103424),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 3, 1): (255, 71680),  # 3 (72 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 3, 2): (255, 137216),  # 1 (284 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 4, 1): (255, 104448),  # 2 (72 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 2, 4, 2): (255, 202752),  # 1 (284 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, 1): (202, 71680),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, 2): (225, 137216),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4, 1): (202, 104448),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4, 2): (225, 202752),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, 1): (146, 71680),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, 2): (193, 137216),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 4, 1): (146, 104448),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 4, 2): (193, 202752),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, 1): (214, 139264),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 3, 1): (204, 139264),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 4, 1): (204, 204800),  # 1
+}
+for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
+    COMPILED_NEXT[(_gpu, _d, "float16", _bn, _w, _s, _h)] = _v
+
+NEXT_ITEM_EXTRA_REGS = 80
+"""Registers the look-ahead is assumed to add to a config :data:`COMPILED_NEXT` lacks (the compiles above add
+up to 76)."""
+
 # Registers of the stage-1 kernel depend on the GQA group for some tiles: compiled for sm_90 at G = 1..8 and 16
 # (docs/data/h200_r5/residency_by_group.jsonl), every config of MEASURED keeps its residency for G <= 8 except
 # (64, 4, 2), which takes 154-166 registers (3 CTAs per SM) at G != 8 against 118 (4) at G = 8. Its launch is
@@ -236,22 +289,42 @@ def estimate(device: DeviceSpec, head_dim: int, dtype_bytes: int, block_n: int, 
     """Residency of an unmeasured config: shared memory of ``max(num_stages - 1, 1)``
     K+V tile buffers (Triton's software pipeline) per KV head of the tile and 128 registers per thread
     (the register budget Triton's 4-warp decode tiles reach; a guess, see MEASURED)."""
-    smem = max(num_stages - 1, 1) * 2 * block_n * head_dim * dtype_bytes * heads_per_tile
-    return occupancy(device, num_warps, 128, smem)
+    return occupancy(device, num_warps, 128, _estimate_smem(head_dim, dtype_bytes, block_n, num_stages, heads_per_tile))
+
+
+def _estimate_smem(head_dim: int, dtype_bytes: int, block_n: int, num_stages: int, heads_per_tile: int) -> int:
+    return max(num_stages - 1, 1) * 2 * block_n * head_dim * dtype_bytes * heads_per_tile
 
 
 def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_bytes: int, block_n: int,
-                         num_warps: int, num_stages: int, *, prefetch: bool = False, heads_per_tile: int = 1) -> int:
+                         num_warps: int, num_stages: int, *, prefetch: bool = False, heads_per_tile: int = 1,
+                         next_item: bool = False) -> int:
     """Measured residency of a config on ``device`` if known (:data:`MEASURED`, then the sm_90 compiles of
     :data:`COMPILED`), else :func:`estimate` (which assumes ``num_stages - 1`` K/V buffers, as the prefetching
     loop has). ``prefetch``: the config with ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`);
-    ``heads_per_tile`` > 1: :data:`COMPILED_HEADS`."""
+    ``heads_per_tile`` > 1: :data:`COMPILED_HEADS`; ``next_item`` (with the prefetch): :data:`COMPILED_NEXT`,
+    else the config without it at :data:`NEXT_ITEM_EXTRA_REGS` more registers (at most 255)."""
+    if next_item:
+        m = COMPILED_NEXT.get((device.name, head_dim, dtype, block_n, num_warps, num_stages, heads_per_tile))
+        if m is not None:
+            return occupancy(device, num_warps, m[0], m[1])
+        base = _table(device, head_dim, dtype, block_n, num_warps, num_stages, True, heads_per_tile)
+        regs, smem = base if base is not None else (128, _estimate_smem(head_dim, dtype_bytes, block_n, num_stages,
+                                                                        heads_per_tile))
+        return occupancy(device, num_warps, min(regs + NEXT_ITEM_EXTRA_REGS, 255), smem)
+    m = _table(device, head_dim, dtype, block_n, num_warps, num_stages, prefetch, heads_per_tile)
+    if m is not None:
+        return occupancy(device, num_warps, m[0], m[1])
+    return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages, heads_per_tile)
+
+
+def _table(device: DeviceSpec, head_dim: int, dtype: str, block_n: int, num_warps: int, num_stages: int,
+           prefetch: bool, heads_per_tile: int) -> tuple[int, int] | None:
+    """(registers, shared bytes) of a config in the tables above, or None."""
     if heads_per_tile != 1:
         m = COMPILED_HEADS.get((device.name, head_dim, dtype, block_n, num_warps, num_stages, bool(prefetch),
                                 heads_per_tile))
     else:
         key = (device.name, head_dim, dtype, block_n, num_warps, num_stages)
         m = MEASURED_PREFETCH.get(key) if prefetch else (MEASURED.get(key) or COMPILED.get(key))
-    if m is not None:
-        return occupancy(device, num_warps, m[0], m[1])
-    return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages, heads_per_tile)
+    return m

@@ -79,7 +79,8 @@ from .plan import Plan, make_plan
 __all__ = ["DecodeWrapper"]
 
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
-_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "prefetch", "heads_per_tile")
+_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "prefetch", "heads_per_tile",
+                "next_item")
 
 
 class DecodeWrapper:
@@ -185,8 +186,9 @@ class DecodeWrapper:
         self._knobs = {"block_n": knobs.get("block_n", base.block_n), "num_warps": knobs.get("num_warps",
                        base.num_warps), "num_stages": knobs.get("num_stages", base.num_stages),
                        "schedule": "persistent", "num_programs": int(num_programs)}
-        if "prefetch" in self.params:  # the load-path knob of the given params holds for every step too
-            self._knobs["prefetch"] = self.params["prefetch"]
+        for k in ("prefetch", "next_item"):  # the load-path knobs of the given params hold for every step too
+            if k in self.params:
+                self._knobs[k] = self.params[k]
         if self.params.get("heads_per_tile", 1) != 1:
             warnings.warn(f"params.heads_per_tile={self.params['heads_per_tile']}: the CUDA-graph mode runs one KV "
                           "head per work tile (the device planner counts them so); use_cuda_graph=False runs it",

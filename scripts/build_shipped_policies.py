@@ -49,6 +49,10 @@ SERVED_POOL = (
     # training run (docs/data/h200_r9/train9_h2.log) whose worst training batch is within 1.36x of its best
     "balanced|c3|n32w4s3|pf|h2", "balanced|c3|n64w4s2|h2", "stream_k|c2|n32w4s4|pf|h2", "stream_k|c2|n64w8s2|h2",
     "stream_k|c3|n32w4s3|pf|h2", "stream_k|c3|n64w4s2|h2", "stream_k|c4|n32w4s2|h2",
+    # the look-ahead over a CTA's work items (KernelConfig.next_item, round 11): the two one-CTA-per-SM stream-K
+    # plans with it, whose worst training batch in round 11's run (docs/data/h200_r11/train11_nx.log) is 1.302x and
+    # 1.339x its best (without it, round 9: 1.44-1.58x, so they stayed out); balanced|c1|n64w4s3|pf|h2|nx: 1.576x
+    "stream_k|c1|n64w8s3|pf|h2|nx", "stream_k|c1|n64w4s3|pf|h2|nx",
 )
 # Not in the pool (round 4, measured): four stage-3 tiles with the prefetch knob, each faster than the pool above by
 # more than 2 % on some training batches (69 of 280, docs/data/h200_r4/train_pf.log): "stream_k|c3|n64w4s3|pf",

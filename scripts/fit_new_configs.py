@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--eval", nargs="*", default=[],
                     help="runs over the evaluation batches of bench/data/sweep_cases.json (round 9 on: its served "
                          "plans are today's table's), tabulated before and after as held-out sets too")
+    ap.add_argument("--eval-cases", default="bench/data/sweep_cases.json",
+                    help="the case file the --eval runs timed (round 9's runs: bench/data/sweep_cases_r9.json)")
     args = ap.parse_args()
     t0 = time.time()
     dev = resolve_device("NVIDIA H200")
@@ -80,7 +82,7 @@ def main() -> None:
     r9, _ = sweep_samples([RETIME], "bench/data/sweep_cases_r8.json")
     roles = {"heldout": held, "retime9": r9, "train": train}
     for run in args.eval:
-        roles[Path(run).stem], _ = sweep_samples([run], "bench/data/sweep_cases.json")
+        roles[Path(run).stem], _ = sweep_samples([run], args.eval_cases)
     tabs = before_after_tables(cal0, cal, roles, dev)
     if args.train == TRAIN:
         note = ("; per-config constants of the configs without any, (64, 2, 3) and (64, 4, 4), fitted "

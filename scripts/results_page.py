@@ -149,7 +149,7 @@ def plot(rows, T, path):
 def main() -> None:
     data = ROOT / "docs" / "data" / "h200_r2"
     data3 = ROOT / "docs" / "data" / "h200_r9"
-    cases = ROOT / "bench" / "data" / "sweep_cases.json"  # the case file round 9's runs timed
+    cases = ROOT / "bench" / "data" / "sweep_cases_r9.json"  # the case file round 9's runs timed (kept: round 11 rebuilt the table)
     merge_flashinfer(data3, "retime14")
     best = load(str(data3 / "retime14_merged.jsonl"), str(cases))  # strict: one timing of the served plan
     # round 2's in-process run timed the case file of its round (kept as bench/data/sweep_cases_r8.json)

@@ -76,6 +76,7 @@ class KernelConfigOut(BaseModel):
     num_programs: int
     prefetch: bool = False
     heads_per_tile: int = 1
+    next_item: bool = False
 
 
 class MadeFor(BaseModel):

@@ -15,8 +15,8 @@ document that service/data/h200_calibration.json ships.
 Record names of a ``case`` record's ``times``: ``balanced|c4|n64w4s2`` is policy
 balanced with ``{"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4,
 "num_stages": 2}`` (likewise ``stream_k|...``; a suffix ``|o2m4`` adds
-``item_cost_blocks`` 2, ``min_piece_blocks`` 4, a suffix ``|pf`` the ``prefetch`` knob, a last suffix ``|h2``
-``heads_per_tile`` 2);
+``item_cost_blocks`` 2, ``min_piece_blocks`` 4, a suffix ``|pf`` the ``prefetch`` knob, a suffix ``|h2``
+``heads_per_tile`` 2, a last suffix ``|nx`` the ``next_item`` knob);
 ``balanced`` its defaults; ``fa3``;
 ``fi_rule_tc`` / ``fi_rule_notc`` FlashInfer's rule (``tensor_cores`` True /
 False) on our kernel; ``served`` / ``served_r1`` / ``served_prev`` the case's ``served`` /
@@ -52,7 +52,7 @@ CONFIG_FIT_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "tile_fixed_s", "item_fixed
 HELDOUT_SETS = ("untuned", "llama8b", "trace")
 """Sets of sweep_cases.json held out of the fit by default (trained on ``ref`` and ``jitter``)."""
 
-_NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)(?:\|o(\d+)m(\d+))?(\|pf)?(?:\|h(\d+))?")
+_NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)(?:\|o(\d+)m(\d+))?(\|pf)?(?:\|h(\d+))?(\|nx)?")
 _LOSS_CAP = math.log(1.5)  # squared log error capped at 50 %: a few pathological times do not steer the fit
 
 
@@ -86,6 +86,8 @@ def candidate_policy(name: str) -> tuple[str, dict[str, Any]] | None:
         params["prefetch"] = True
     if m[9] is not None:
         params["heads_per_tile"] = int(m[9])
+    if m[10]:
+        params["next_item"] = True
     return m[1], params
 
 

@@ -73,21 +73,22 @@ PER_CONFIG_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "slots", "tile_fixed_s", "i
                      "lone_bw", "fixed_overlap", "tail_sm_bw")
 """Constants a calibration may hold per kernel config (:attr:`Calibration.per_config`)."""
 
-_KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)p?(?:h\d+)?")
+_KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)p?(?:h\d+)?x?")
 
 
 def config_key(config: KernelConfig) -> str:
     """``"n{block_n}w{num_warps}s{num_stages}"`` (``...p`` with the ``prefetch`` knob, ``...h{k}`` with
-    ``heads_per_tile`` k > 1): the key of :attr:`Calibration.per_config`."""
+    ``heads_per_tile`` k > 1, a last ``x`` with ``next_item``): the key of :attr:`Calibration.per_config`."""
     return (f"n{config.block_n}w{config.num_warps}s{config.num_stages}" + ("p" if config.prefetch else "")
-            + (f"h{config.heads_per_tile}" if config.heads_per_tile != 1 else ""))
+            + (f"h{config.heads_per_tile}" if config.heads_per_tile != 1 else "")
+            + ("x" if getattr(config, "next_item", False) else ""))
 
 
 def resident_slots(device: DeviceSpec, config: KernelConfig, *, head_dim: int = 128, dtype: str = "bfloat16") -> int:
     """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`)."""
     return int(resident_ctas_per_sm(device, head_dim, dtype, DTYPES[dtype], config.block_n, config.num_warps,
                                     config.num_stages, prefetch=config.prefetch,
-                                    heads_per_tile=config.heads_per_tile))
+                                    heads_per_tile=config.heads_per_tile, next_item=config.next_item))
 
 
 @dataclass(frozen=True)
@@ -200,8 +201,8 @@ class Calibration:
         out = {}
         for key, over in pc.items():
             if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
-                raise ValueError(f"Calibration.per_config: keys are like 'n64w4s2', 'n128w4s3p' (prefetch) or "
-                                 f"'n64w4s2h2' (heads_per_tile), got {key!r}")
+                raise ValueError(f"Calibration.per_config: keys are like 'n64w4s2', 'n128w4s3p' (prefetch), "
+                                 f"'n64w4s2h2' (heads_per_tile) or 'n64w8s3ph2x' (next_item), got {key!r}")
             if not isinstance(over, Mapping):
                 raise ValueError(f"Calibration.per_config[{key!r}]: expected an object, got {type(over).__name__}")
             bad = sorted(set(over) - set(PER_CONFIG_PARAMS))
@@ -218,13 +219,18 @@ class Calibration:
         """The constants that apply to plans of ``config`` (its :attr:`per_config`
         overrides applied, ``per_config`` empty). A prefetching config without its own
         entry (``n128w4s3p``) takes its tile's (``n128w4s3``), a config of several KV heads per tile without
-        its own (``n64w4s2h2``) its one-head tile's. Cached per key."""
+        its own (``n64w4s2h2``) its one-head tile's, a look-ahead config without its own (``n64w8s3ph2x``) the
+        config's without the look-ahead (``n64w8s3ph2``). Cached per key."""
         key = config if isinstance(config, str) else config_key(config)
         got = self._resolved.get(key)  # type: ignore[attr-defined]
         if got is None:
             over = self.per_config.get(key)
-            base = re.sub(r"h\d+$", "", key)
-            if over is None and base != key:
+            look = key
+            if over is None and key.endswith("x"):
+                look = key[:-1]
+                over = self.per_config.get(look)
+            base = re.sub(r"h\d+$", "", look)
+            if over is None and base != look:
                 over = self.per_config.get(base)
             if over is None and base.endswith("p"):
                 over = self.per_config.get(base[:-1])

@@ -298,3 +298,53 @@ def test_heads_per_tile(dtype, hq, hkv, heads, policy, params):
     g.replay()
     torch.cuda.synchronize()
     assert not torch.isnan(out).any() and _rel_err(out, ref) < 2e-2
+
+
+# ----------------------------------------------------------------------------- issue 12: the look-ahead over items
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("policy, params", [
+    ("stream_k", {"ctas_per_sm": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "heads_per_tile": 2}),
+    ("stream_k", {"ctas_per_sm": 1, "block_n": 64, "num_warps": 4, "num_stages": 3}),
+    ("fixed", {"num_splits": 3, "block_n": 32, "num_stages": 4, "pack_tokens": 4096}),
+    ("fixed", {"num_splits": 1, "block_n": 16, "num_stages": 3, "pack_tokens": 8192, "schedule": "persistent",
+               "num_programs": 5, "heads_per_tile": 2}),
+])
+def test_next_item(dtype, policy, params):
+    """params.next_item (the look-ahead over a CTA's items) on CTAs of many items, split and packed, against the
+    fp32 reference; its output equals the same plan's without the look-ahead bit for bit (same math, same order),
+    also replayed from a CUDA graph on the hot path."""
+    from kvsplit.kernels.decode import make_workspace
+
+    lens = LENS + [70000, 3, 0, 900]
+    name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda",
+                     seed=11)
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    outs = []
+    for nx in (True, False):
+        plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy,
+                         params={**params, "prefetch": True, "next_item": nx}, dtype=name)
+        assert plan.config.next_item is nx
+        assert int((plan.cta_indptr[1:] - plan.cta_indptr[:-1]).max()) >= 3  # CTAs of several items
+        o, lse = decode_attention(**case, plan=plan, return_lse=True)
+        torch.cuda.synchronize()
+        assert not torch.isnan(o).any() and _rel_err(o, ref) < 2e-2
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(finite, torch.isfinite(lse))
+        assert float((lse[finite] - ref_lse[finite]).abs().max()) < 2e-2
+        outs.append(o)
+    assert torch.equal(outs[0], outs[1])
+    out = torch.empty_like(case["q"])
+    ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
+    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy,
+                     params={**params, "prefetch": True, "next_item": True}, dtype=name)
+    plan.to("cuda")
+    decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, outs[0])
