@@ -142,7 +142,7 @@ class PlanClient:
                 self.fetched_at = time.monotonic()  # keep serving the current table; retry next interval
 
     def plan_with_info(self, kv_lens: Any, *, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                       dtype: str, page_size: int,
+                       dtype: str, page_size: int = 16,
                        device: DeviceSpec | None = None) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
         """Like :meth:`plan`, also returning the answer's ``bucket`` and ``policy`` objects."""
         self._maybe_refresh()
@@ -150,7 +150,7 @@ class PlanClient:
                                head_dim=head_dim, dtype=dtype, page_size=page_size, device=device)
 
     def plan(self, kv_lens: Any, *, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
-             page_size: int, device: DeviceSpec | None = None) -> Plan:
+             page_size: int = 16, device: DeviceSpec | None = None) -> Plan:
         """Plan one decode batch locally (no HTTP unless a timed refresh is due).
 
         Parameters
@@ -158,7 +158,8 @@ class PlanClient:
         kv_lens : array-like of int, ``[B]``
             Tokens in each request's KV cache.
         gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, device
-            As the fields of ``POST /v1/plan``.
+            As the fields of ``POST /v1/plan``; ``page_size`` defaults to 16 here, as in
+            :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` and ``make_plan`` (the HTTP body needs it).
 
         Returns
         -------

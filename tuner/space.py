@@ -112,13 +112,16 @@ WARM_START = {
                                                "prefetch": True, "heads_per_tile": 2}),
     "balanced|c3|n32w4s3|pf|h2": ("balanced", {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3,
                                                "prefetch": True, "heads_per_tile": 2}),
-    "stream_k|c1|n64w8s3|pf|h2": ("stream_k", {"ctas_per_sm": 1.0, "block_n": 64, "num_warps": 8, "num_stages": 3,
-                                               "prefetch": True, "heads_per_tile": 2}),
+    "stream_k|c1|n64w8s3|pf|h2|nx": ("stream_k", {"ctas_per_sm": 1.0, "block_n": 64, "num_warps": 8,
+                                                  "num_stages": 3, "prefetch": True, "heads_per_tile": 2,
+                                                  "next_item": True}),
     "stream_k|c2|n32w4s4|pf|h2": ("stream_k", {"ctas_per_sm": 2.0, "block_n": 32, "num_warps": 4, "num_stages": 4,
                                                "prefetch": True, "heads_per_tile": 2}),
     "balanced|c4|n64w4s2": ("balanced", {"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4, "num_stages": 2}),
 }
-"""Plans of the H200 campaigns that :func:`warm_start_equivalents` restates in the tuned family. Round 10's
+"""Plans of the H200 campaigns that :func:`warm_start_equivalents` restates in the tuned family (round 11: the
+one-CTA-per-SM stream-K plan with the look-ahead over items, ``next_item``, which round 11's table serves most,
+in place of the same plan without it; docs/perf.md round 11). Round 10's
 30-trial GPU study of skewed80 B = 64, T = 1,048,576 kept ``balanced`` (1.160x the floor on its held-out
 batches; the shipped table serves 1.076x) and reached 1.064x with these and the stream-K fix of the same round
 (docs/tuning.md, round 10; the two were not measured apart)."""

@@ -86,6 +86,10 @@ def test_client_plans_equal_http_answers(server):
     lens = [1] * 4000
     assert client.plan_with_info(lens, **SHAPE)[2]["source"] == "simulated"
     assert client.plan(lens, **SHAPE) == plan_from_response(post(srv.url, "/v1/plan", dict(SHAPE, kv_lens=lens))[1])
+    # page_size defaults to 16 in-process (as PolicyTable.plan and make_plan); the HTTP body names it
+    assert SHAPE["page_size"] == 16
+    no_ps = {k: v for k, v in SHAPE.items() if k != "page_size"}
+    assert client.plan(lens, **no_ps) == client.plan(lens, **SHAPE)
 
 
 def test_client_refresh_by_etag_and_errors(server):
