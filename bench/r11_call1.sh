@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# Not runnable on today's tree: the two variants this call timed (nx1: entries only; nx2: with an L2 prefetch) were
+# removed from the kernel after the run (docs/perf.md, round 11). To repeat it: check out 9b22536, apply
+# docs/data/h200_r11/next_item_call1.patch (kernels/decode.py as timed, reconstructed after the run without its
+# comments) and give bench/stream_ab.py the variants nx1 = launch(next_item=1), nx2 = launch(next_item=2).
 # Round 11, device call 1 (H200): the look-ahead over a work tile's items (launch_decode(next_item=1|2)) against
 # the item loop as shipped, the same plans back to back in one process (bench/stream_ab.py, variants decode, nx1,
 # nx2; each variant's output is compared with decode's). The cases and plans of round 10's call 1 (plans of >= 3
