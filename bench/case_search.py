@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--seed-from", default=None,
                     help="a case_search.jsonl of an earlier run: every case's best params are enqueued in every study")
     args = ap.parse_args()
-    cases = CASES if not args.cases else [(int(T), f, int(B)) for T, f, B in (c.split(":") for c in args.cases.split(","))]
+    cases = CASES if not args.cases else [(int(T), f, int(B))
+                                          for T, f, B in (c.split(":") for c in args.cases.split(","))]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.time()
     log = open(os.path.join(args.out, "case_search.jsonl"), "a")

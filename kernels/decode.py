@@ -746,7 +746,8 @@ def launch_decode(
         out.stride(0), out.stride(1),
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     merge_grid = (max_merge if device_counts else num_merge) or 0

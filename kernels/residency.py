@@ -185,9 +185,10 @@ for (_gpu, _d, _dt, _bn, _w, _s, _pf, _h), _v in list(COMPILED_HEADS.items()):
     COMPILED_HEADS[(_gpu, _d, "float16", _bn, _w, _s, _pf, _h)] = _v
 
 # The look-ahead over a CTA's work items (KernelConfig.next_item, round 11; always with the prefetch), compiled for
-# sm_90 the same way (`python bench/compile_sm90.py --variants next_item --heads 1,2 --groups 8 --configs ...` and
-# `--heads 4 --groups 4`, docs/data/h200_r11/compile_next_item.log). Key: (gpu, head_dim, dtype, block_n, num_warps,
-# num_stages, heads_per_tile).
+# sm_90 the same way (`python bench/compile_sm90.py --variants next_item --heads 1,2 --groups 8 --configs ...`,
+# docs/data/h200_r11/compile_next_item.log; with four heads per tile, `--heads 4 --groups 4`, the pipeliner keeps one
+# K/V buffer, so the planner refuses next_item there). Key: (gpu, head_dim, dtype, block_n, num_warps, num_stages,
+# heads_per_tile).
 COMPILED_NEXT: dict[tuple[str, int, str, int, int, int, int], tuple[int, int]] = {
     ("NVIDIA H200", 128, "bfloat16", 16, 2, 3, 1): (186, 20992),  # 5
     ("NVIDIA H200", 128, "bfloat16", 16, 2, 3, 2): (250, 37376),  # 4
