@@ -31,6 +31,17 @@ KNOB_PARAMS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs",
 """Parameters every policy accepts (kernel knobs, launch order, CTA packing)."""
 
 
+def _flag(params: Mapping[str, Any], name: str) -> bool:
+    """The boolean knob ``params[name]`` (default false; a NumPy bool is taken as a bool). Raises ValueError
+    naming ``params.<name>`` for anything else."""
+    v = params.get(name, False)
+    if isinstance(v, np.bool_):
+        v = bool(v)
+    if not isinstance(v, bool):
+        raise ValueError(f"params.{name}: expected true or false, got {v!r}")
+    return v
+
+
 def _knobs(params: Mapping[str, Any], ctx: PlanContext, default_order: str, default_schedule: str | None = None,
            default_programs: int | None = None) -> tuple[KernelConfig, str, int]:
     base = default_config(ctx.head_dim, ctx.dtype)
@@ -54,16 +65,7 @@ def _knobs(params: Mapping[str, Any], ctx: PlanContext, default_order: str, defa
     if order not in ORDERS:
         raise ValueError(f"params.order: expected one of {ORDERS}, got {order!r}")
     pack = _pos_int("params.pack_tokens", params.get("pack_tokens", 0), 0, MAX_PACK_TOKENS)
-    prefetch = params.get("prefetch", False)
-    if isinstance(prefetch, np.bool_):
-        prefetch = bool(prefetch)
-    if not isinstance(prefetch, bool):
-        raise ValueError(f"params.prefetch: expected true or false, got {prefetch!r}")
-    next_item = params.get("next_item", False)
-    if isinstance(next_item, np.bool_):
-        next_item = bool(next_item)
-    if not isinstance(next_item, bool):
-        raise ValueError(f"params.next_item: expected true or false, got {next_item!r}")
+    prefetch, next_item = _flag(params, "prefetch"), _flag(params, "next_item")
     heads = params.get("heads_per_tile", 1)
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)):
         raise ValueError(f"params.heads_per_tile: expected an integer, got {heads!r}")

@@ -307,16 +307,16 @@ def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_by
     else the config without it at :data:`NEXT_ITEM_EXTRA_REGS` more registers (at most 255)."""
     if next_item:
         m = COMPILED_NEXT.get((device.name, head_dim, dtype, block_n, num_warps, num_stages, heads_per_tile))
-        if m is not None:
-            return occupancy(device, num_warps, m[0], m[1])
-        base = _table(device, head_dim, dtype, block_n, num_warps, num_stages, True, heads_per_tile)
-        regs, smem = base if base is not None else (128, _estimate_smem(head_dim, dtype_bytes, block_n, num_stages,
-                                                                        heads_per_tile))
-        return occupancy(device, num_warps, min(regs + NEXT_ITEM_EXTRA_REGS, 255), smem)
-    m = _table(device, head_dim, dtype, block_n, num_warps, num_stages, prefetch, heads_per_tile)
-    if m is not None:
-        return occupancy(device, num_warps, m[0], m[1])
-    return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages, heads_per_tile)
+        if m is None:
+            base = _table(device, head_dim, dtype, block_n, num_warps, num_stages, True, heads_per_tile)
+            regs, smem = base if base is not None else (128, _estimate_smem(head_dim, dtype_bytes, block_n,
+                                                                            num_stages, heads_per_tile))
+            m = (min(regs + NEXT_ITEM_EXTRA_REGS, 255), smem)
+    else:
+        m = _table(device, head_dim, dtype, block_n, num_warps, num_stages, prefetch, heads_per_tile)
+        if m is None:
+            return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages, heads_per_tile)
+    return occupancy(device, num_warps, m[0], m[1])
 
 
 def _table(device: DeviceSpec, head_dim: int, dtype: str, block_n: int, num_warps: int, num_stages: int,

@@ -31,6 +31,25 @@ def _rel_err(o, ref):
     return float((o.float() - ref.float()).abs().max() / ref.float().abs().max())
 
 
+def _graph_replayed(case, plan):
+    """``plan``'s output on ``case`` replayed from a CUDA graph on the hot path (``out``, a workspace,
+    ``validate=False``, the plan uploaded), the output buffer filled with NaN before the replay."""
+    from kvsplit.kernels.decode import make_workspace
+
+    B, hq, d = case["q"].shape
+    out = torch.empty_like(case["q"])
+    ws = make_workspace(hq, d, max_partials=plan.num_partials, max_batch=B, device="cuda")
+    plan.to("cuda")
+    decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("knobs", KNOBS, ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()))
 def test_knobs(dtype, knobs):
@@ -272,8 +291,6 @@ def test_whole_wave_plans_of_the_shipped_table(lens):
 def test_heads_per_tile(dtype, hq, hkv, heads, policy, params):
     """heads_per_tile > 1 (several KV heads' GQA groups in one 16-row tile) against the fp32 reference, and
     replayed from a CUDA graph on the hot path (out, workspace, validate=False)."""
-    from kvsplit.kernels.decode import make_workspace
-
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
     case = make_case(LENS, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, page_size=16, dtype=dtype, device="cuda",
                      seed=heads)
@@ -287,16 +304,7 @@ def test_heads_per_tile(dtype, hq, hkv, heads, policy, params):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(finite, torch.isfinite(lse))
     assert float((lse[finite] - ref_lse[finite]).abs().max()) < 2e-2
-    out = torch.empty_like(case["q"])
-    ws = make_workspace(hq, 128, max_partials=plan.num_partials, max_batch=len(LENS), device="cuda")
-    plan.to("cuda")
-    decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
+    out = _graph_replayed(case, plan)
     assert not torch.isnan(out).any() and _rel_err(out, ref) < 2e-2
 
 
@@ -314,14 +322,12 @@ def test_next_item(dtype, policy, params):
     """params.next_item (the look-ahead over a CTA's items) on CTAs of many items, split and packed, against the
     fp32 reference; its output equals the same plan's without the look-ahead bit for bit (same math, same order),
     also replayed from a CUDA graph on the hot path."""
-    from kvsplit.kernels.decode import make_workspace
-
     lens = LENS + [70000, 3, 0, 900]
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
     case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda",
                      seed=11)
     ref, ref_lse = reference_decode_attention(**case, return_lse=True)
-    outs = []
+    outs, plans = [], []
     for nx in (True, False):
         plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy,
                          params={**params, "prefetch": True, "next_item": nx}, dtype=name)
@@ -334,17 +340,6 @@ def test_next_item(dtype, policy, params):
         assert torch.equal(finite, torch.isfinite(lse))
         assert float((lse[finite] - ref_lse[finite]).abs().max()) < 2e-2
         outs.append(o)
+        plans.append(plan)
     assert torch.equal(outs[0], outs[1])
-    out = torch.empty_like(case["q"])
-    ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
-    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy,
-                     params={**params, "prefetch": True, "next_item": True}, dtype=name)
-    plan.to("cuda")
-    decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        decode_attention(**case, plan=plan, out=out, workspace=ws, validate=False)
-    out.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, outs[0])
+    assert torch.equal(_graph_replayed(case, plans[0]), outs[0])  # the next_item plan
