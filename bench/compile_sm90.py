@@ -13,7 +13,8 @@ launcher does (16-byte divisibility of pointers and integers, ints == 1 as const
 same procedure reproduces the registers and shared memory read on the H200 in round 2 exactly), bytes of
 spill stores from ``ptxas -v`` on its PTX,
 and from the TTGIR: the K/V loads (cp.async or TMA), the buffers the pipeliner allocates for them and the
-depth of its waits. ``--ttgir DIR`` also writes each kernel's TTGIR there.
+depth of its waits; a SHA-256 of the SASS (``cuobjdump -sass``), so that a source refactor can be shown to
+compile to the same machine code. ``--ttgir DIR`` also writes each kernel's TTGIR there.
 
 ``--groups`` compiles each config at several GQA groups G (H_q = 4 G, H_kv = 4) and ``--maxnreg`` with a
 register cap: ``none`` (uncapped), ``auto`` (what ``launch_decode`` applies:
@@ -26,6 +27,7 @@ compile). Variants: ``plain``, ``prefetch`` (``KernelConfig.prefetch``) and ``ne
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -123,11 +125,16 @@ def resources(kernel) -> dict:
                              check=True).stdout
         info = subprocess.run([PTXAS, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(d, "v.cubin")],
                               capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
     regs, stack, shared, local = map(int, m.groups())
     spill = re.search(r"(\d+) bytes spill stores", info)
+    # the machine code without cuobjdump's header (file names): equal hashes = the same instructions, so a
+    # source refactor that keeps them needs no GPU re-timing
+    body = "\n".join(line for line in sass.splitlines() if line.lstrip().startswith(("/*", ".", "Function")))
     return {"regs": regs, "stack": stack, "local": local, "shared_static": shared,
-            "shared": int(kernel.metadata.shared), "spill_stores": int(spill.group(1)) if spill else -1}
+            "shared": int(kernel.metadata.shared), "spill_stores": int(spill.group(1)) if spill else -1,
+            "sass_sha256": hashlib.sha256(body.encode()).hexdigest()}
 
 
 def ttgir_summary(ttgir: str) -> dict:
@@ -205,7 +212,8 @@ def main() -> None:
                     waits = ",".join(map(str, t["async_wait_nums"])) if t["cp_async"] else f"mbar {t['mbarrier_waits']}"
                     print(f"{variant:9s} {str((bn, w, s)):12s} {g:2d} {heads:2d} {cap or '-':>4} {r['regs']:4d} "
                           f"{r['spill_stores']:5d} {r['shared']:7d} {res:6d} {table:5d}  {t['cp_async']:8d} "
-                          f"{waits:>8s}  {' '.join(f'{n} x {k}' for k, n in t['rings'].items())}", flush=True)
+                          f"{waits:>8s}  {' '.join(f'{n} x {k}' for k, n in t['rings'].items())}  "
+                          f"sass {r['sass_sha256'][:12]}", flush=True)
                     if sink:
                         sink.write(json.dumps({"variant": variant, "cfg": [bn, w, s], "G": g, "heads_per_tile": heads,
                                                "maxnreg": cap, **r,

@@ -376,6 +376,9 @@ def main() -> None:
             # the plan the table before the last rebuild served (make_sweep_cases.py's served_prev), back to back
             plans += [("served_prev", (c["served_prev"]["policy"], c["served_prev"]["params"]))] \
                 if "served_prev" in c else []
+            # a second candidate table's plan (scripts/make_sweep_cases.py --alt-policies), back to back too
+            plans += [("served_alt", (c["served_alt"]["policy"], c["served_alt"]["params"]))] \
+                if "served_alt" in c else []
             plans += [named(n) for n in c.get("oracle_names", [])]
             plans += list(BASELINES.items())
             plans += [("served_r1", (c["served_r1"]["policy"], c["served_r1"]["params"]))] if "served_r1" in c else []
@@ -387,6 +390,7 @@ def main() -> None:
             print(f"R {c['set']:7s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} served "
                   f"{ok['served'] / floor:.3f}x oracle {best / floor:.3f} s/o {ok['served'] / best:.3f} "
                   + (f"s/prev {ok['served'] / prev:.3f} " if prev else "")
+                  + (f"alt/prev {ok['served_alt'] / prev:.3f} " if prev and ok.get("served_alt") else "")
                   + f"fi {(fi or 0) / floor:.3f} fi/s {(fi or 0) / ok['served']:.3f}  [{time.time() - t0:.0f}s]",
                   flush=True)
         return

@@ -5,16 +5,18 @@
 Variants:
 
 - ``A``: the kernel before issue 12 (bench/kernel_a.py, a frozen copy of kernels/decode.py at 66babf4);
-- ``B``: the current kernel with ``prefetch=False`` (the default of ``KernelConfig.prefetch``: what every
-  shipped plan runs);
+- ``B``: the current kernel, running the plan's own config (``prefetch``, ``heads_per_tile``, ``next_item``);
 - ``B_pf``: the current kernel with the page ids of the next tile loaded one iteration ahead
-  (``prefetch=True``), which lets Triton's pipeliner multi-buffer K/V.
+  (``prefetch=True``), which lets Triton's pipeliner multi-buffer K/V (the one-tile section only).
 
-Each case (the served plan and the case's oracle winners from the cases file, written by
-scripts/make_sweep_cases.py, plus STAGE3) is timed under A and B, and every plan with >= 3 stages also
-under B_pf (the same plan with and without the prefetch). Before that: one work tile per SM (an even
+Each case is timed on the plans variant A can run (one KV head per tile, no ``prefetch``, no ``next_item``:
+A_PLANS, round 9's one-head pool of the shipped table, and STAGE3) under A and B, and on B's own plans (the
+served plan of the cases file, round 9's served plan, and B_PLANS, the plans with two heads per tile, the
+prefetch and the look-ahead that won cases in rounds 9-11) under B only. Issue 12's "<= 1.02x today's kernel"
+is the best B plan's time over the best A plan's, per case. Before that: one work tile per SM (an even
 partition with num_SMs tiles: ``stream_k`` at ctas_per_sm = 1 with H_kv = 4, T = 1,048,576, uniform
-B = 8) under every config of ONE_TILE_CONFIGS, as a fraction of the read bandwidth.
+B = 8) under every config of ONE_TILE_CONFIGS, as a fraction of the read bandwidth, under A, B and B_pf
+(B with ``prefetch=True``: the page ids of the next tile loaded one iteration ahead).
 
 Method (DESIGN.md §7): the hot path (``out``, a preallocated workspace, plan uploaded, no validation)
 captured in a CUDA graph, replays timed with ``triton.testing.do_bench`` (median); random bf16 KV on
@@ -51,6 +53,19 @@ ONE_TILE_CONFIGS = [(256, 8, 2), (128, 8, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3)
 # 2 -> 1; registers and shared memory of the sm_90 compile)
 STAGE3 = [("stream_k", 3, (64, 4, 3)), ("stream_k", 2, (64, 8, 3)), ("stream_k", 4, (32, 4, 3)),
           ("balanced", 3, (64, 4, 3)), ("stream_k", 1, (128, 8, 3))]
+# the one-head plans of round 9's served pool (bench/r11_call4.sh's POOL): variant A runs these
+A_PLANS = ["stream_k|c3|n128w4s2", "stream_k|c3|n64w4s3", "stream_k|c2|n128w4s3", "stream_k|c3|n128w4s2|o2m4",
+           "balanced|c3|n128w4s2", "balanced|c4|n128w4s2", "balanced|c4|n64w4s2"]
+# plans only B runs: the winners of the reference cases in round 11's call 4 (docs/data/h200_r11/eval11_nx.log) and
+# balanced|c4|n32w4s2|h2, the unsplit two-head tile round 11's Optuna search per case found for uniform B >= 256
+B_PLANS = ["stream_k|c1|n64w4s3|pf|h2|nx", "stream_k|c1|n64w8s3|pf|h2|nx", "balanced|c1|n64w4s3|pf|h2|nx",
+           "stream_k|c1|n64w8s3|pf|h2", "balanced|c3|n32w4s3|pf|h2", "balanced|c3|n64w4s2|h2",
+           "stream_k|c3|n32w4s3|pf|h2", "balanced|c4|n32w4s2|h2"]
+
+
+def runs_on_a(config) -> bool:
+    """Whether variant A (66babf4) can run a plan of this KernelConfig: it has none of issue 12's knobs."""
+    return config.heads_per_tile == 1 and not config.prefetch and not config.next_item
 
 
 def parse_name(name: str) -> tuple[str, dict]:
@@ -87,7 +102,7 @@ class AB:
                                                          validate=False)
             return lambda: dec.launch_decode(*args, arrays, plan.config, out=out, workspace=self.ws_b,
                                              num_tiles=plan.num_work_tiles, num_merge=n_merge,
-                                             max_splits=max_splits, prefetch=(v == "B_pf"))
+                                             max_splits=max_splits, prefetch=True if v == "B_pf" else None)
 
         return {v: self._graph_time(run(v)) for v in variants}
 
@@ -150,31 +165,30 @@ def main() -> None:
               "  ".join(f"{k} {floor / v * 100:.1f}% of bw" for k, v in times.items()) +
               f"  [{time.time() - t0:.0f}s]", flush=True)
 
-    # every case: served plan + oracle winners under A and B; every plan with >= 3 stages (and STAGE3, the
-    # stage-3 tiles at their residency) also under B_pf -- the same plan with and without the prefetch
+    # every case: A's plans under A and B, B's own plans (served, round 9's served, B_PLANS) under B
     for c in cases:
         if time.time() - t0 > args.budget_s:
             print("budget reached; stopping", flush=True)
             break
         L = np.asarray(c["kv_lens"], dtype=np.int64)
         floor = ab.t.hbm_floor_s(L)
-        names = [("served", (c["served"]["policy"], c["served"]["params"]))]
-        names += [(n, parse_name(n)) for n in c["oracle_names"]]
+        names = [(n, parse_name(n)) for n in A_PLANS]
         names += [(f"{pol}|c{cps}|n{cfg[0]}w{cfg[1]}s{cfg[2]}", (pol, {"ctas_per_sm": float(cps), "block_n": cfg[0],
                    "num_warps": cfg[1], "num_stages": cfg[2]})) for pol, cps, cfg in STAGE3]
+        names += [(k, (c[k]["policy"], c[k]["params"])) for k in ("served", "served_prev") if k in c]
+        names += [(n, parse_name(n)) for n in B_PLANS]
         res = {}
         for name, (pol, prm) in names:
             p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
-            vs = ["A", "B"] + (["B_pf"] if p.config.num_stages >= 3 else [])
-            res[name] = ab.time_variants(p, vs)
+            res[name] = ab.time_variants(p, ["A", "B"] if runs_on_a(p.config) else ["B"])
         emit({"kind": "case", "case": c["id"], "set": c["set"], "family": c["family"], "B": c["B"], "T": c["T"],
               "floor_s": floor, "times": res})
-        best_a = min(r["A"] for r in res.values())
-        best_b = min(min(r["B"], r.get("B_pf", 9.0)) for r in res.values())
-        pf = {k: r["B"] / r["B_pf"] for k, r in res.items() if "B_pf" in r}
-        print(f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best A {best_a / floor:.3f}x  best B {best_b / floor:.3f}x "
-              f"B/A {best_b / best_a:.3f}  off/on: " + " ".join(f"{k.split('|', 1)[1]}={v:.3f}" for k, v in pf.items())
-              + f"  [{time.time() - t0:.0f}s]", flush=True)
+        best_a = min((r["A"], k) for k, r in res.items() if "A" in r)
+        best_b = min((r["B"], k) for k, r in res.items())
+        same = [r["B"] / r["A"] for r in res.values() if "A" in r]
+        print(f"{c['family']:10s} B={c['B']:4d} T={c['T']:8d} best A {best_a[0] / floor:.3f}x ({best_a[1]})  "
+              f"best B {best_b[0] / floor:.3f}x ({best_b[1]})  B/A {best_b[0] / best_a[0]:.3f}  same plan B/A "
+              f"{min(same):.3f}-{max(same):.3f}  [{time.time() - t0:.0f}s]", flush=True)
 
 
 if __name__ == "__main__":

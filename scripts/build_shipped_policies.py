@@ -28,8 +28,8 @@ measurements of the training batch) and exported with ``scripts/export_shipped.p
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -53,6 +53,11 @@ SERVED_POOL = (
     # plans with it, whose worst training batch in round 11's run (docs/data/h200_r11/train11_nx.log) is 1.302x and
     # 1.339x its best (without it, round 9: 1.44-1.58x, so they stayed out); balanced|c1|n64w4s3|pf|h2|nx: 1.576x
     "stream_k|c1|n64w8s3|pf|h2|nx", "stream_k|c1|n64w4s3|pf|h2|nx",
+    # round 12: two CTAs per SM with the look-ahead (the other CTA keeps loads in flight at an item boundary) and
+    # the unsplit (32, 4, 2) tile with two heads per tile that Optuna found for uniform B >= 256 at T = 1M
+    # (docs/data/h200_r11/case_search2.log); worst training batch 1.282x, 1.118x and 1.270x its best in round 12's
+    # run (docs/data/h200_r12/train12.log)
+    "balanced|c2|n32w4s3|pf|h2|nx", "stream_k|c2|n32w4s3|pf|h2|nx", "balanced|c4|n32w4s2|h2",
 )
 # Not in the pool (round 4, measured): four stage-3 tiles with the prefetch knob, each faster than the pool above by
 # more than 2 % on some training batches (69 of 280, docs/data/h200_r4/train_pf.log): "stream_k|c3|n64w4s3|pf",
@@ -76,22 +81,55 @@ def policy_of(name: str) -> tuple[str, dict]:
     return got
 
 
-def choose(batches: list[dict[str, float | None]], pool: tuple[str, ...] = SERVED_POOL) -> str:
+def choose(batches: list[dict[str, float | None]], pool: tuple[str, ...] = SERVED_POOL,
+           previous: str | None = None) -> str:
     """The ``pool`` member with the least geomean time over a bucket's training batches (those timed on every
-    batch of it), unless it beats :data:`DEFAULT` by less than :data:`MARGIN`. Times are comparable across the
-    batches of one bucket only as ratios, so each batch's times are divided by its fastest pool time first."""
+    batch of it), unless it beats ``previous`` (the candidate the table being replaced published for this key) or
+    else :data:`DEFAULT` by less than :data:`MARGIN`. Times are comparable across the batches of one bucket only as
+    ratios, so each batch's times are divided by its fastest pool time first.
+
+    Keeping ``previous`` within the margin is a hysteresis: a bucket changes its plan only for a win larger than
+    the run-to-run noise, so a rebuild does not trade a plan for one that is as fast on the training batches and
+    slower on the batches the key serves (round 11: skewed80 B = 128, T = 262,144 went from
+    ``balanced|c3|n32w4s3|pf|h2`` to a plan 0.4 % faster on its training batch and 2.4 % slower on the evaluation
+    batch, docs/perf.md)."""
     names = [k for k in pool if all(t.get(k) for t in batches)]
     score = {k: float(np.exp(np.mean([np.log(t[k] / min(t[n] for n in names)) for t in batches]))) for k in names}
     best = min(score, key=score.get)
-    if DEFAULT in score and score[best] >= (1.0 - MARGIN) * score[DEFAULT]:
-        return DEFAULT
+    for keep in (previous, DEFAULT):
+        if keep in score and score[best] >= (1.0 - MARGIN) * score[keep]:
+            return keep
     return best
 
 
+def previous_picks(path: str | Path, pool: tuple[str, ...] = SERVED_POOL) -> dict[str, str]:
+    """Bucket key -> the pool candidate that the policies export at ``path`` (``service/data/h200_policies.json``
+    of the table being replaced) publishes for it. A policy whose params are not exactly a pool candidate's
+    (the whole-wave rule's ``whole_wave`` / ``whole_wave_heads`` aside, which scripts/enable_whole_wave.py adds
+    after the build) is left out. Raises ValueError when the file is not a policies export."""
+    doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get("policies"), list):
+        raise ValueError(f"--previous: {path} is not a policies export (no 'policies' list)")
+    by_plan = {}
+    for cand in pool:
+        pol, prm = policy_of(cand)
+        by_plan[(pol, json.dumps(prm, sort_keys=True))] = cand
+    out = {}
+    for p in doc["policies"]:
+        prm = {k: v for k, v in p["params"].items() if k not in ("whole_wave", "whole_wave_heads")}
+        cand = by_plan.get((p["name"], json.dumps(prm, sort_keys=True)))
+        if cand is not None:
+            out[p["bucket"]["key"]] = cand
+    return out
+
+
 def main(sweeps: list[str], cases_path: str, *, data_dir: Path | None = None,
-         pool: tuple[str, ...] = SERVED_POOL) -> None:
+         pool: tuple[str, ...] = SERVED_POOL, previous: str | Path | None = None) -> None:
     """Build the table from ``sweeps`` and write ``h200_policies.json`` / ``h200_measurements.json`` into
-    ``data_dir`` (default: service/data, the shipped export); ``pool``: the candidates a bucket may publish."""
+    ``data_dir`` (default: service/data, the shipped export); ``pool``: the candidates a bucket may publish;
+    ``previous``: the policies export being replaced, whose picks a bucket keeps within :data:`MARGIN`
+    (:func:`choose`)."""
+    prev = previous_picks(previous, pool) if previous else {}
     recs, bw = merged_case_records(sweeps)
     cases = json.load(open(cases_path))["cases"]
     versions = next(json.loads(line) for line in open(sweeps[0]) if '"versions"' in line)
@@ -100,6 +138,7 @@ def main(sweeps: list[str], cases_path: str, *, data_dir: Path | None = None,
         url = f"sqlite:///{d}/campaign.db"
         store.upgrade(url)
         rows = []
+        kept = 0
         with store.session_scope(url, write=True) as s:
             dev = store.get_or_create_device(s, name=GPU, num_sms=132, hbm_bandwidth_gbps=4800.0, software=software,
                                              read_bandwidth_gbps=bw / 1e9)
@@ -118,7 +157,8 @@ def main(sweeps: list[str], cases_path: str, *, data_dir: Path | None = None,
                 lens = np.asarray(c["kv_lens"], dtype=np.int64)
                 near = [g for k2, g2 in groups.items() if k2 != key and distance(key, k2) <= NEIGHBOUR_DISTANCE
                         for g in g2]
-                pick = choose([g["times"] for g in group + near], pool)
+                pick = choose([g["times"] for g in group + near], pool, prev.get(key))
+                kept += pick == prev.get(key)
                 name, params = policy_of(pick)
                 b = store.get_or_create_bucket(
                     s, key=key, gpu=GPU, num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16,
@@ -164,10 +204,17 @@ def main(sweeps: list[str], cases_path: str, *, data_dir: Path | None = None,
          "measurements": rows}) + "\n")
     picks = [p["params"] for p in doc["policies"]]
     print(f"{len(doc['policies'])} policies ({sum(1 for p in doc['policies'] if p['name'] == 'stream_k')} stream_k), "
-          f"{len(rows)} measurements; {len(picks)} buckets")
+          f"{len(rows)} measurements; {len(picks)} buckets" +
+          (f"; {kept} keep the previous table's plan ({len(prev)} of its policies are pool candidates)" if prev else ""))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit("usage: build_shipped_policies.py SWEEP.jsonl [SWEEP.jsonl ...] CASES.json")
-    main(sys.argv[1:-1], sys.argv[-1])
+    ap = argparse.ArgumentParser(description="Build the shipped H200 table from training sweeps (CPU).")
+    ap.add_argument("sweeps", nargs="+", help="bench/gpu_sweep.py --mode train runs (.jsonl), then the cases file")
+    ap.add_argument("--previous", default=None,
+                    help="the policies export being replaced (e.g. service/data/h200_policies.json before the "
+                         "rebuild): a bucket keeps its plan unless the new pick wins by MARGIN")
+    a = ap.parse_args()
+    if len(a.sweeps) < 2:
+        ap.error("give at least one SWEEP.jsonl and the CASES.json")
+    main(a.sweeps[:-1], a.sweeps[-1], previous=a.previous)

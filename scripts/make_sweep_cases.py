@@ -11,6 +11,8 @@ Sets (DESIGN.md §6; issue 9's targets):
 Usage: python scripts/make_sweep_cases.py bench/data/sweep_cases.json           (evaluation sets above)
        python scripts/make_sweep_cases.py --oracle-from docs/data/h200_r2/final.jsonl bench/data/sweep_cases.json
        python scripts/make_sweep_cases.py --train bench/data/train_cases.json    (training draws only)
+       python scripts/make_sweep_cases.py --alt-policies OTHER_POLICIES.json bench/data/sweep_cases.json
+           (adds ``served_alt``: what another candidate table serves each case)
 
 ``--train`` writes the tuning set instead: jittered *training* draws
 (``family_batches(role="train")``, never the reference batches themselves) of every family at
@@ -94,9 +96,28 @@ def add_oracle_names(path: str, grid_run: str, top: int = 3) -> None:
     print(f"oracle winners of {grid_run} -> {path}")
 
 
+def add_alt(path: str, policies_path: str) -> None:
+    """Add ``served_alt`` to every case of the case file at ``path``: the plan that the policies export at
+    ``policies_path`` (a candidate table, e.g. another build of scripts/build_shipped_policies.py) serves it, as
+    ``served`` is for the shipped one. bench/gpu_sweep.py --mode retime times it back to back with ``served``
+    and ``served_prev``, so two candidate tables are compared in one run."""
+    table = PolicyTable.from_export(json.load(open(policies_path)))
+    doc = json.load(open(path))
+    for c in doc["cases"]:
+        p, bucket, info = table.plan(np.asarray(c["kv_lens"]), gpu="NVIDIA H200", num_qo_heads=c["num_qo_heads"],
+                                     num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
+        c["served_alt"] = {"policy": p.policy, "params": p.params, "source": info["source"],
+                           "distance": bucket["distance"], "matched": bucket["matched"], "policies": policies_path}
+    json.dump(doc, open(path, "w"))
+    print(f"{len(doc['cases'])} cases: served_alt from {policies_path} -> {path}")
+
+
 def main(path: str) -> None:
     if path == "--oracle-from":
         add_oracle_names(sys.argv[3], sys.argv[2])
+        return
+    if path == "--alt-policies":
+        add_alt(sys.argv[3], sys.argv[2])
         return
     if path == "--train":
         out = sys.argv[2]

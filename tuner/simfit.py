@@ -19,8 +19,8 @@ balanced with ``{"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4,
 ``heads_per_tile`` 2, a last suffix ``|nx`` the ``next_item`` knob);
 ``balanced`` its defaults; ``fa3``;
 ``fi_rule_tc`` / ``fi_rule_notc`` FlashInfer's rule (``tensor_cores`` True /
-False) on our kernel; ``served`` / ``served_r1`` / ``served_prev`` the case's ``served`` /
-``served_r1`` / ``served_prev`` policy in bench/data/sweep_cases.json; ``flashinfer_kernel`` is
+False) on our kernel; ``served`` / ``served_r1`` / ``served_prev`` / ``served_alt`` the case's ``served`` /
+``served_r1`` / ``served_prev`` / ``served_alt`` policy in bench/data/sweep_cases.json; ``flashinfer_kernel`` is
 FlashInfer's own kernel (not ours: skipped). A time of ``None`` is a rejected plan
 (skipped); records with a negative ``case`` id are discarded warm-ups (skipped).
 """
@@ -98,7 +98,7 @@ def _policy_of(name: str, case: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
         return "flashinfer", {"tensor_cores": True}
     if name == "fi_rule_notc":
         return "flashinfer", {"tensor_cores": False}
-    if name in ("served", "served_r1", "served_prev"):
+    if name in ("served", "served_r1", "served_prev", "served_alt"):
         return case[name]["policy"], dict(case[name]["params"])
     return candidate_policy(name) or (name, {})
 

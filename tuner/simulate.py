@@ -219,25 +219,32 @@ class Calibration:
         """The constants that apply to plans of ``config`` (its :attr:`per_config`
         overrides applied, ``per_config`` empty). A prefetching config without its own
         entry (``n128w4s3p``) takes its tile's (``n128w4s3``), a config of several KV heads per tile without
-        its own (``n64w4s2h2``) its one-head tile's, a look-ahead config without its own (``n64w8s3ph2x``) the
-        config's without the look-ahead (``n64w8s3ph2``). Cached per key."""
+        its own (``n64w4s2h2``) its one-head tile's. A look-ahead config (``n64w8s3ph2x``) takes the constants
+        of the config without the look-ahead (``n64w8s3ph2``, resolved as above), overlaid by its own entry
+        where it has one: a look-ahead entry holds only what was fitted for it (round 11 and 12: its lone-CTA
+        rate), not a full set. Cached per key."""
         key = config if isinstance(config, str) else config_key(config)
         got = self._resolved.get(key)  # type: ignore[attr-defined]
         if got is None:
-            over = self.per_config.get(key)
-            look = key
-            if over is None and key.endswith("x"):
-                look = key[:-1]
-                over = self.per_config.get(look)
-            base = re.sub(r"h\d+$", "", look)
-            if over is None and base != look:
-                over = self.per_config.get(base)
-            if over is None and base.endswith("p"):
-                over = self.per_config.get(base[:-1])
+            if key.endswith("x"):
+                over = {**(self._entry(key[:-1]) or {}), **(self.per_config.get(key) or {})} or None
+            else:
+                over = self._entry(key)
             got = dataclasses.replace(self, per_config={}, **over) if over else (
                 self if not self.per_config else dataclasses.replace(self, per_config={}))
             self._resolved[key] = got  # type: ignore[attr-defined]
         return got
+
+    def _entry(self, key: str) -> Mapping[str, float] | None:
+        """The :attr:`per_config` entry of a config key without the look-ahead suffix: its own, else its one-head
+        tile's (``h<k>`` dropped), else, for a prefetching config, its tile's (``p`` dropped)."""
+        over = self.per_config.get(key)
+        base = re.sub(r"h\d+$", "", key)
+        if over is None and base != key:
+            over = self.per_config.get(base)
+        if over is None and base.endswith("p"):
+            over = self.per_config.get(base[:-1])
+        return over
 
     @staticmethod
     def default(

@@ -59,6 +59,24 @@ def test_sweep_samples_rebuild_prefetch_plans(tmp_path):
     assert pf.plan.config.prefetch and config_key(pf.plan.config) == "n64w4s3p"
 
 
+def test_look_ahead_entry_overlays_the_config_without_it():
+    """A look-ahead key's own entry (a lone-CTA rate, as fitted in rounds 11 and 12) overlays the constants of its
+    config without the look-ahead instead of replacing them: before, ``n64w8s3ph2x`` with only ``lone_bw`` ran
+    on the global ``cta_bw`` / ``item_fixed_s`` and not ``n64w8s3ph2``'s."""
+    base = Calibration(hbm_bw=4e12, sm_bw=1e12, cta_bw=0.8e12, item_fixed_s=1e-6)
+    cal = Calibration(**{**base.to_dict(), "per_config": {
+        "n64w8s3ph2": {"cta_bw": 0.5e12, "item_fixed_s": 3e-6},
+        "n64w8s3ph2x": {"lone_bw": 0.03e12},
+        "n32w4s3": {"cta_bw": 0.2e12}}})
+    x = cal.for_config(KernelConfig(64, 8, 3, prefetch=True, heads_per_tile=2, next_item=True))
+    assert (x.cta_bw, x.item_fixed_s, x.lone_bw) == (0.5e12, 3e-6, 0.03e12)
+    plain = cal.for_config("n64w8s3ph2")
+    assert (plain.cta_bw, plain.lone_bw) == (0.5e12, base.lone_bw)
+    # a look-ahead key without an entry: the chain of its config without it (h2 dropped, then p dropped)
+    assert cal.for_config("n32w4s3ph2x").cta_bw == 0.2e12
+    assert cal.for_config("n16w4s3ph2x").cta_bw == 0.8e12 and cal.for_config("n16w4s3ph2x").per_config == {}
+
+
 def test_prefetch_config_key_falls_back_to_its_tile():
     base = Calibration(hbm_bw=4e12, sm_bw=1e12, cta_bw=0.8e12)
     cal = Calibration(**{**base.to_dict(), "per_config": {"n128w4s3": {"cta_bw": 0.5e12},
