@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Round 12, device call 5 (H200), run with docs/data/h200_r12/item_helpers.patch applied (removed after: it lost):
 # the stage-1 kernel's per-item loads folded into three helpers (_item_entry, _item_q, _first_page_ids), which
-# changes the SASS of the look-ahead configs and of (32, 4, 3) with the prefetch and two heads (bench/compile_sm90.py's hashes): the shipped look-ahead plans and a prefetching two-head plan under
+# changes the SASS of the look-ahead configs and of (32, 4, 3) with the prefetch and two heads (bench/compile_sm90.py's
+# hashes): the shipped look-ahead plans and a prefetching two-head plan under
 # the version before (496fc37, bench/_decode_before.py, carried) and after, back to back on the 96 reference
 # batches (bench/source_ab.py), then the GPU tests of the look-ahead and the prefetching loop.
 # Run from the repo root on the device machine; .peers/ (the Triton cache) and bench/_decode_before.py carried.
