@@ -373,12 +373,9 @@ def main() -> None:
             # (docs/results.md, "Method"): time the served plan once and throw that figure away
             time_case({**c, "id": -1 - c["id"]}, [served])
             plans = [served]
-            # the plan the table before the last rebuild served (make_sweep_cases.py's served_prev), back to back
-            plans += [("served_prev", (c["served_prev"]["policy"], c["served_prev"]["params"]))] \
-                if "served_prev" in c else []
-            # a second candidate table's plan (scripts/make_sweep_cases.py --alt-policies), back to back too
-            plans += [("served_alt", (c["served_alt"]["policy"], c["served_alt"]["params"]))] \
-                if "served_alt" in c else []
+            # back to back: the plan the table before the last rebuild served (make_sweep_cases.py's served_prev)
+            # and a second candidate table's plan (make_sweep_cases.py --alt-policies' served_alt)
+            plans += [(k, (c[k]["policy"], c[k]["params"])) for k in ("served_prev", "served_alt") if k in c]
             plans += [named(n) for n in c.get("oracle_names", [])]
             plans += list(BASELINES.items())
             plans += [("served_r1", (c["served_r1"]["policy"], c["served_r1"]["params"]))] if "served_r1" in c else []

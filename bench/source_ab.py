@@ -10,7 +10,7 @@ both versions' Triton kernels are compiled and cached side by side. Per referenc
 set ``ref``) and plan: ``before``, ``after`` (the installed kvsplit.kernels.decode) and ``before`` again
 (``before_b``, the noise of one pair), each the median of CUDA-graph replays on the hot path timed with
 ``triton.testing.do_bench`` (random bf16 KV on shuffled pages, above the 60 MB L2), back to back. The two
-versions' outputs are compared bit for bit first (a refactor keeps the math and its order). One JSON line per
+versions' outputs of those replays are compared bit for bit (a refactor keeps the math and its order). One JSON line per
 case in OUT/source_ab.jsonl; the summary prints after / before per plan (geomean, range) beside before_b / before.
 """
 

@@ -96,6 +96,15 @@ def add_oracle_names(path: str, grid_run: str, top: int = 3) -> None:
     print(f"oracle winners of {grid_run} -> {path}")
 
 
+def served_by(table: PolicyTable, case: dict) -> dict:
+    """What ``table`` serves the case's batch (the reference shape's head_dim 128, bf16, page 16): the policy,
+    its params, the table's source and the bucket it matched at which distance."""
+    p, bucket, info = table.plan(np.asarray(case["kv_lens"]), gpu="NVIDIA H200", num_qo_heads=case["num_qo_heads"],
+                                 num_kv_heads=case["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
+    return {"policy": p.policy, "params": p.params, "source": info["source"], "distance": bucket["distance"],
+            "matched": bucket["matched"]}
+
+
 def add_alt(path: str, policies_path: str) -> None:
     """Add ``served_alt`` to every case of the case file at ``path``: the plan that the policies export at
     ``policies_path`` (a candidate table, e.g. another build of scripts/build_shipped_policies.py) serves it, as
@@ -104,10 +113,7 @@ def add_alt(path: str, policies_path: str) -> None:
     table = PolicyTable.from_export(json.load(open(policies_path)))
     doc = json.load(open(path))
     for c in doc["cases"]:
-        p, bucket, info = table.plan(np.asarray(c["kv_lens"]), gpu="NVIDIA H200", num_qo_heads=c["num_qo_heads"],
-                                     num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
-        c["served_alt"] = {"policy": p.policy, "params": p.params, "source": info["source"],
-                           "distance": bucket["distance"], "matched": bucket["matched"], "policies": policies_path}
+        c["served_alt"] = {**served_by(table, c), "policies": policies_path}
     json.dump(doc, open(path, "w"))
     print(f"{len(doc['cases'])} cases: served_alt from {policies_path} -> {path}")
 
@@ -184,10 +190,7 @@ def main(path: str) -> None:
             store.import_policies(s, json.load(open("service/data/h200_policies.json")))
         table = PolicyTable.from_json(load_table_doc(url))
     for c in cases:
-        p, bucket, info = table.plan(np.asarray(c["kv_lens"]), gpu="NVIDIA H200", num_qo_heads=c["num_qo_heads"],
-                                     num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
-        c["served"] = {"policy": p.policy, "params": p.params, "source": info["source"],
-                       "distance": bucket["distance"], "matched": bucket["matched"]}
+        c["served"] = served_by(table, c)
     # what the table before this rebuild served: the existing case file's served plans, kept as "served_prev"
     # (timed back to back with "served" by bench/gpu_sweep.py --mode retime) for batches that did not change
     try:
