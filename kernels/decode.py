@@ -46,6 +46,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -119,10 +120,13 @@ def _stage1_tile(
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
-    NEXT: tl.constexpr = False,
+    NEXT: tl.constexpr = False, TL=None, TL_STRIDE=0, TIMELINE: tl.constexpr = False,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
+    if TIMELINE:  # launch_decode(timeline=...): the tile's start (ns, %globaltimer) and its SM
+        tl.store(TL + tile * TL_STRIDE, tl.extra.cuda.globaltimer())
+        tl.store(TL + tile * TL_STRIDE + 1, tl.extra.cuda.smid().to(tl.int64))
     c = tile // (H_KV // HEADS)
     h = (tile % (H_KV // HEADS)) * HEADS
     item_lo = tl.load(CTA_INDPTR + c)
@@ -256,6 +260,9 @@ def _stage1_tile(
             base = slot.to(tl.int64) * H_Q
             tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
             tl.store(PART_LSE + base + q_head, lse2, mask=mask_h)
+        if TIMELINE:  # the time its k-th item's output was issued, for the first TL_STRIDE - 2 items
+            k_item = it - item_lo
+            tl.store(TL + tile * TL_STRIDE + 2 + k_item, tl.extra.cuda.globaltimer(), mask=k_item < TL_STRIDE - 2)
         if NEXT:
             req0, st0, en0, sl0, base0 = req1, st1, en1, sl1, base1
             req1, st1, en1, sl1, base1 = req2, st2, en2, sl2, base2
@@ -271,11 +278,11 @@ def _decode_stage1_kernel(
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
-    stride_ob, stride_oh,
+    stride_ob, stride_oh, TL, TL_STRIDE,
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
-    PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1, NEXT: tl.constexpr = False,
+    PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1, NEXT: tl.constexpr = False, TIMELINE: tl.constexpr = False,
 ):
     if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
         num_tiles = tl.load(COUNTS + 2)
@@ -287,7 +294,7 @@ def _decode_stage1_kernel(
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                PREFETCH, HEADS, NEXT,
+                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -296,7 +303,7 @@ def _decode_stage1_kernel(
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            PREFETCH, HEADS, NEXT,
+            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE,
         )
 
 
@@ -345,6 +352,93 @@ def _decode_merge_kernel(
     if RETURN_LSE:
         lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
         tl.store(LSE + req * H_Q + hq, lse_out, mask=active & (d0 == 0))
+
+
+@triton.jit
+def _decode_merge_table_kernel(
+    PART_O, PART_LSE, O, LSE,
+    P_REQ, P_SLOT, P_NUM, P_D0,
+    stride_ob, stride_oh,
+    H_Q: tl.constexpr, HEAD_DIM: tl.constexpr, S_SMALL: tl.constexpr, BS_BIG: tl.constexpr,
+    BD_BIG: tl.constexpr, RETURN_LSE: tl.constexpr,
+):
+    # One program per (merge-table entry, query head). An entry of a request with at most S_SMALL splits covers the
+    # whole head dim, its partials loaded at once ([S_SMALL, HEAD_DIM]); a request with more splits has one entry per
+    # BD_BIG-wide chunk of the head dim, folding BS_BIG splits at a time with a running max (merge_table()).
+    p = tl.program_id(0)
+    hq = tl.program_id(1)
+    req = tl.load(P_REQ + p).to(tl.int64)
+    slot0 = tl.load(P_SLOT + p).to(tl.int64)
+    n = tl.load(P_NUM + p)
+    d0 = tl.load(P_D0 + p)
+    if n <= S_SMALL:
+        offs_s = tl.arange(0, S_SMALL)
+        offs_d = tl.arange(0, HEAD_DIM)
+        mask_s = offs_s < n
+        row = (slot0 + offs_s) * H_Q + hq
+        lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
+        o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
+        m = tl.max(lse, axis=0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.math.exp2(lse - m_safe)
+        l_sum = tl.sum(w, axis=0)
+        acc = tl.sum(w[:, None] * o, axis=0)
+        nonempty = l_sum > 0.0
+        out = acc / tl.where(nonempty, l_sum, 1.0)
+        tl.store(O + req * stride_ob + hq * stride_oh + offs_d, out.to(O.dtype.element_ty))
+        if RETURN_LSE:
+            lse_out = tl.where(nonempty, (m_safe + tl.math.log2(tl.where(nonempty, l_sum, 1.0)))
+                               * 0.6931471805599453, float("-inf"))
+            tl.store(LSE + req * H_Q + hq, lse_out)
+    else:
+        offs_s = tl.arange(0, BS_BIG)
+        offs_d = d0 + tl.arange(0, BD_BIG)
+        m_run = float("-inf")
+        l_run = 0.0
+        acc = tl.zeros([BD_BIG], dtype=tl.float32)
+        for s0 in range(0, n, BS_BIG):
+            mask_s = (s0 + offs_s) < n
+            row = (slot0 + s0 + offs_s) * H_Q + hq
+            lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
+            o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
+            m_new = tl.maximum(m_run, tl.max(lse, axis=0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_run - m_safe)
+            w = tl.math.exp2(lse - m_safe)
+            acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+            l_run = l_run * alpha + tl.sum(w, axis=0)
+            m_run = m_new
+        nonempty = l_run > 0.0
+        l_safe = tl.where(nonempty, l_run, 1.0)
+        tl.store(O + req * stride_ob + hq * stride_oh + offs_d, (acc / l_safe).to(O.dtype.element_ty))
+        if RETURN_LSE:
+            lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+            tl.store(LSE + req * H_Q + hq, lse_out, mask=d0 == 0)
+
+
+def merge_table(merge_request: np.ndarray, merge_slot_start: np.ndarray, merge_num: np.ndarray, head_dim: int,
+                s_small: int = 8, bd_big: int = 32) -> dict[str, np.ndarray]:
+    """The program table of the table-driven merge (``launch_decode(merge_table=...)``), from
+    :meth:`Plan.merge_layout`'s arrays (int32 ``[M]`` each).
+
+    A merged request with at most ``s_small`` splits gets one entry (the whole head dim); one with more gets
+    ``head_dim / bd_big`` entries, one per ``bd_big``-wide chunk of the head dim (``d0`` = its first element).
+    Those come first, so the programs that fold the most splits start first. Returns int32 arrays ``req``,
+    ``slot``, ``num``, ``d0`` of one length P; the launch runs P x H_q programs. Raises ``ValueError`` unless
+    ``bd_big`` divides ``head_dim``.
+    """
+    if head_dim % bd_big:
+        raise ValueError(f"bd_big: expected a divisor of head_dim={head_dim}, got {bd_big}")
+    n = np.asarray(merge_num, dtype=np.int64)
+    big = n > s_small
+    chunks = head_dim // bd_big
+    bi = np.repeat(np.flatnonzero(big), chunks)
+    si = np.flatnonzero(~big)
+    idx = np.concatenate([bi, si])
+    d0 = np.concatenate([np.tile(np.arange(chunks, dtype=np.int64) * bd_big, int(big.sum())),
+                         np.zeros(si.shape[0], dtype=np.int64)])
+    return {"req": np.asarray(merge_request, dtype=np.int32)[idx], "slot": np.asarray(merge_slot_start,
+            dtype=np.int32)[idx], "num": n[idx].astype(np.int32), "d0": d0.astype(np.int32)}
 
 
 try:  # Triton's interpreter (TRITON_INTERPRET=1, read when the kernels above were decorated)
@@ -660,6 +754,10 @@ def launch_decode(
     merge_dsplit: int | None = None,
     maxnreg: int | None = None,
     next_item: bool | None = None,
+    timeline: torch.Tensor | None = None,
+    merge_warps: int = 4,
+    merge_table: dict[str, torch.Tensor] | None = None,
+    merge_table_shape: tuple[int, int, int] = (8, 32, 32),
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no allocation; the only checks are the
     ones a plan cannot make, before any launch: ``config.heads_per_tile`` against H_q, the persistent schedule of
@@ -694,7 +792,13 @@ def launch_decode(
     when the host knows the sizes, at most 1024 (merged request, query head)
     pairs are merged, ``max_splits`` exceeds the splits one full-D program folds
     at once (``4096 / D``) and D is a multiple of 64; else 1 (docs/perf.md,
-    round 5).
+    round 5). ``merge_warps``: warps of each merge program (A/B benchmarks).
+
+    ``timeline``: a profiling buffer, int64 ``[num_tiles, 2 + K]`` on q's device (CUDA only: it reads the
+    ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
+    reading (ns) when its program starts the tile, the SM it runs on, and the reading after each of its first
+    K work items issued its output stores; the slots of items the tile does not have are left as they are.
+    ``None`` (default) compiles the kernel without any of it. ``bench/timeline.py`` reads it.
     """
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
@@ -734,6 +838,15 @@ def launch_decode(
         next_item = bool(getattr(cfg, "next_item", False))
     if next_item and not prefetch:
         raise ValueError("config.next_item: needs the prefetching loop (config.prefetch)")
+    if timeline is not None:
+        if _INTERPRETED or q.device.type != "cuda":
+            raise ValueError("timeline: needs a CUDA device (it reads %globaltimer and %smid)")
+        if device_counts:
+            raise ValueError("timeline: needs the host-known tile count (num_tiles), not a device-resident plan")
+        if (timeline.dtype != torch.int64 or timeline.dim() != 2 or timeline.device != q.device
+                or not timeline.is_contiguous() or timeline.shape[0] < num_tiles or timeline.shape[1] < 3):
+            raise ValueError(f"timeline: expected a contiguous int64 tensor [>= num_tiles={num_tiles}, >= 3] on "
+                             f"{q.device}, got {timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
         kv_indptr, kv_indices,
@@ -744,14 +857,26 @@ def launch_decode(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
+        workspace.counter if timeline is None else timeline, 0 if timeline is None else timeline.shape[1],
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), num_warps=cfg.num_warps,
+        PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), TIMELINE=timeline is not None,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     merge_grid = (max_merge if device_counts else num_merge) or 0
-    if merge_grid:
+    if merge_grid and merge_table is not None:
+        s_small, bs_big, bd_big = merge_table_shape
+        P = int(merge_table["req"].shape[0])
+        _decode_merge_table_kernel[(P, H_q)](
+            workspace.part_o, workspace.part_lse, out, lse,
+            merge_table["req"], merge_table["slot"], merge_table["num"], merge_table["d0"],
+            out.stride(0), out.stride(1),
+            H_Q=H_q, HEAD_DIM=D, S_SMALL=s_small, BS_BIG=bs_big, BD_BIG=bd_big, RETURN_LSE=return_lse,
+            num_warps=merge_warps,
+        )
+    elif merge_grid:
         splits = max_splits if max_splits is not None else 4096
         if merge_dsplit is None:
             # the merge is latency-bound when few programs each fold many splits: a program folds
@@ -769,7 +894,7 @@ def launch_decode(
             arrays["merge_request"], arrays["merge_slot_start"], arrays["merge_num"], counts_arg,
             out.stride(0), out.stride(1),
             H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, BLOCK_D=block_d, RETURN_LSE=return_lse,
-            DEVICE_COUNTS=device_counts, num_warps=4,
+            DEVICE_COUNTS=device_counts, num_warps=merge_warps,
         )
     if return_lse:
         return out, lse

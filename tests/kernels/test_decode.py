@@ -498,3 +498,64 @@ def test_compiled_residency_table_matches_an_sm90_compile(tmp_path):
         assert key not in MEASURED and COMPILED[key] == (r["regs"], r["shared"])
         assert resident_ctas_per_sm(h200, 128, "bfloat16", 2, bn, w, st) == occupancy(h200, w, r["regs"], r["shared"])
     assert {tuple(r["cfg"]): r["resident"] for r in rows} == {(64, 2, 3): 4, (64, 4, 4): 3}
+
+
+def test_timeline_needs_a_cuda_device():
+    """launch_decode(timeline=...) reads %globaltimer and %smid: on the CPU (the interpreter) it is refused,
+    naming the argument, before any launch."""
+    from kvsplit.kernels.decode import launch_decode
+
+    lens = [40, 7]
+    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=16,
+                     dtype="float16")
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=1)
+    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+    out = torch.full_like(case["q"], float("nan"))
+    with pytest.raises(ValueError, match="^timeline: needs a CUDA device"):
+        launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                      plan.to("cpu"), plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
+                      num_merge=0, max_splits=1, timeline=torch.zeros((plan.num_work_tiles, 4), dtype=torch.int64))
+    assert torch.isnan(out).all()  # nothing launched
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 16), (8, 32, 32), (4, 2, 8)])
+def test_table_merge_matches_reference_fp16(shape):
+    """The table-driven merge (merge_table() + launch_decode(merge_table=...)): requests of 1 split (no merge),
+    at most S_SMALL splits (one program over the whole head dim) and more (one per BD_BIG chunk, BS_BIG splits
+    folded at a time, so the running max crosses chunks), and empty splits past a short request's end, against
+    the fp32 reference, with the LSE."""
+    from kvsplit.kernels.decode import launch_decode, merge_table
+
+    lens = [700, 0, 5, 333, 2, 64, 1, 129, 3]
+    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 9, "block_n": 16}, head_dim=D, page_size=16, dtype="float16")
+    _, mr, ms, mn = plan.merge_layout()
+    assert sorted(set(mn.tolist())) == [2, 3, 5, 9]
+    s_small, bs_big, bd_big = shape
+    if D % bd_big:
+        pytest.skip("bd_big must divide D")
+    table = merge_table(mr, ms, mn, D, s_small=s_small, bd_big=bd_big)
+    big = int((mn > s_small).sum())
+    assert table["req"].shape[0] == big * (D // bd_big) + (len(mn) - big) and big and len(mn) - big
+    assert (table["num"][: big * (D // bd_big)] > s_small).all()  # the entries of many splits come first
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
+                     seed=sum(shape))
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+    out = torch.full_like(case["q"], float("nan"))
+    o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                           plan.to("cpu"), plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
+                           num_merge=len(mr), max_splits=int(mn.max()), return_lse=True,
+                           merge_table={k: torch.from_numpy(v) for k, v in table.items()},
+                           merge_table_shape=shape, merge_warps=1)
+    assert not torch.isnan(o).any()
+    assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+
+
+def test_merge_table_refuses_a_chunk_that_does_not_divide_the_head_dim():
+    from kvsplit.kernels.decode import merge_table
+
+    with pytest.raises(ValueError, match="^bd_big: expected a divisor of head_dim=64"):
+        merge_table(np.array([0], np.int32), np.array([0], np.int32), np.array([40], np.int32), 64, bd_big=48)

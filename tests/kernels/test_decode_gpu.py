@@ -347,3 +347,46 @@ def test_next_item(dtype, policy, params):
         plans.append(plan)
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(_graph_replayed(case, plans[0]), outs[0])  # the next_item plan
+
+
+# ----------------------------------------------------------------------------- the stage-1 timeline (bench/timeline.py)
+
+@pytest.mark.parametrize("policy, params", [
+    ("stream_k", {"ctas_per_sm": 1, "block_n": 64, "num_warps": 4, "num_stages": 3, "heads_per_tile": 2,
+                  "prefetch": True, "next_item": True}),
+    ("fixed", {"num_splits": 3, "block_n": 32, "num_stages": 2, "pack_tokens": 4096}),
+])
+def test_timeline(policy, params):
+    """launch_decode(timeline=...): the same output bit for bit as without it; per tile a start time, an SM id
+    in [0, num_SMs), then one non-decreasing reading per work item of the tile (and nothing past its items)."""
+    from kvsplit.kernels.decode import launch_decode, make_workspace
+
+    lens = LENS + [70000, 3, 900]
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
+                     device="cuda", seed=5)
+    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params)
+    arrays = plan.to("cuda")
+    kw = dict(num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
+              max_splits=int(plan.num_splits.max()))
+    ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
+    args = (case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"], arrays, plan.config)
+    plain = launch_decode(*args, out=torch.empty_like(case["q"]), workspace=ws, **kw)
+    K = 8
+    tl_buf = torch.full((plan.num_work_tiles, 2 + K), -1, dtype=torch.int64, device="cuda")
+    timed = launch_decode(*args, out=torch.empty_like(case["q"]), workspace=ws, timeline=tl_buf, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(plain, timed)
+    rows = tl_buf.cpu()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    per_cta = 4 // plan.config.heads_per_tile
+    for tile in range(plan.num_work_tiles):
+        c = tile // per_cta
+        n = int(plan.cta_indptr[c + 1] - plan.cta_indptr[c])
+        r = rows[tile]
+        assert 0 <= int(r[1]) < sms
+        seq = [int(r[0])] + [int(x) for x in r[2:2 + min(n, K)]]
+        assert seq[0] > 0 and all(b >= a for a, b in zip(seq, seq[1:])), (tile, seq)
+        assert all(int(x) == -1 for x in r[2 + min(n, K):])  # slots past the tile's items untouched
+    with pytest.raises(ValueError, match="timeline"):
+        launch_decode(*args, out=torch.empty_like(case["q"]), workspace=ws,
+                      timeline=tl_buf.to(torch.int32), **kw)

@@ -1,0 +1,151 @@
+"""What the merge launch costs, and its variants, on the H200 (issue 12).
+
+    python bench/merge_ab.py --out $OUT [--T 1048576] [--families ...] [--B 1,64,512] [--plans NAME,...]
+                             [--variants s1,auto,d1,d4,d16]
+
+Per reference case (bench/data/sweep_cases.json, set ``ref``) and plan, in one process and back to back: the
+plan's CUDA-graph replay on the hot path (random bf16 KV on shuffled pages, above the 60 MB L2), timed with
+``triton.testing.do_bench`` (median), under each variant of the merge:
+
+- ``s1``: stage 1 alone (``num_merge=0``: no merge launch; its time only, not a correct output);
+- ``auto``: ``launch_decode``'s default (``merge_dsplit`` by its rule);
+- ``dN``: ``merge_dsplit=N`` programs per (merged request, query head), each over ``D / N`` of the head dim;
+- ``wN``: the default with the merge launched on ``N`` warps;
+- ``tS_BS_BD_wW``: the table-driven merge (``kvsplit.kernels.decode.merge_table``): requests of at most ``S``
+  splits merged by one program per query head over the whole head dim, the others by one per ``BD``-wide chunk
+  folding ``BS`` splits at a time, on ``W`` warps.
+
+Every variant other than ``s1`` is checked against ``auto``'s output (the same merge math: equal to 1e-2).
+One JSON line per (case, plan) in OUT/merge_ab.jsonl; stdout gives variant - s1 in us (the merge's cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_sweep import named  # noqa: E402  (the candidate names of the sweeps)
+from l2_state import graph_of  # noqa: E402  (one warm-up launch, capture, one replay)
+
+from kvsplit.kernels import decode as dec  # noqa: E402
+from kvsplit.kernels.plan import make_plan  # noqa: E402
+from kvsplit.tuner.gpu import GpuTimer, software_versions  # noqa: E402
+
+GPU = "NVIDIA H200"
+PLANS = ["stream_k|c1|n64w8s3|pf|h2|nx", "stream_k|c2|n32w4s3|pf|h2|nx", "balanced|c2|n32w4s3|pf|h2|nx"]
+
+
+def variant_kwargs(v: str, plan) -> dict:
+    """launch_decode keywords of variant ``v`` (module doc)."""
+    if v == "s1":
+        return {"num_merge": 0}
+    if v == "auto":
+        return {}
+    if v[0] == "d":
+        return {"merge_dsplit": int(v[1:])}
+    if v[0] == "w":
+        return {"merge_warps": int(v[1:])}
+    if v[0] == "t":  # tS_BS_BD_wW: the table-driven merge, shape (S_SMALL, BS_BIG, BD_BIG), W warps
+        shape, warps = v[1:].split("_w")
+        s_small, bs_big, bd_big = (int(x) for x in shape.split("_"))
+        _, mr, ms, mn = plan.merge_layout()
+        table = dec.merge_table(mr, ms, mn, plan.head_dim, s_small=s_small, bd_big=bd_big)
+        return {"merge_table": {k: torch.from_numpy(a).to("cuda") for k, a in table.items()},
+                "merge_table_shape": (s_small, bs_big, bd_big), "merge_warps": int(warps)}
+    raise ValueError(f"--variants: unknown variant {v!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="bench/data/sweep_cases.json")
+    ap.add_argument("--T", default="1048576", help="comma-separated total tokens to keep")
+    ap.add_argument("--families", default="uniform,skewed40,skewed60,skewed80,2x40")
+    ap.add_argument("--B", default="", help="batch sizes to keep (comma-separated); default all")
+    ap.add_argument("--plans", default=",".join(PLANS))
+    ap.add_argument("--variants", default="s1,auto,d1,d2,d4,d8,d16")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=200.0)
+    ap.add_argument("--rep-ms", type=float, default=10.0)
+    args = ap.parse_args()
+    t0 = time.time()
+    fams = args.families.split(",")
+    Ts = {int(t) for t in args.T.split(",")}
+    Bs = {int(b) for b in args.B.split(",") if b}
+    cases = [c for c in json.load(open(args.cases))["cases"] if c["set"] == "ref" and c["T"] in Ts
+             and c["family"] in fams and (not Bs or c["B"] in Bs)]
+    variants = args.variants.split(",")
+    log = open(os.path.join(args.out, "merge_ab.jsonl"), "a")
+    log.write(json.dumps({"kind": "versions", **software_versions()}) + "\n")
+    timer = GpuTimer(num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16,
+                     max_tokens=max(sum(c["kv_lens"]) for c in cases) + 4096,
+                     max_batch=max(len(c["kv_lens"]) for c in cases))
+    bw = timer.read_bandwidth()
+    log.write(json.dumps({"kind": "bandwidth", "bytes_per_s": bw}) + "\n")
+    print(f"read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
+    ws = dec.make_workspace(32, 128, max_partials=1 << 16, max_batch=timer.max_batch, device="cuda")
+    cost: dict[str, list[float]] = {v: [] for v in variants if v != "s1"}
+    print(f"{'case':26s} {'plan':30s} {'merged':>6s} {'max n':>5s} {'s1/fl':>6s} "
+          + " ".join(f"{v:>7s}" for v in variants if v != "s1") + "   (variant - s1, us)", flush=True)
+    for c in cases:
+        if time.time() - t0 > args.budget_s:
+            print("budget reached; stopping", flush=True)
+            break
+        L = np.asarray(c["kv_lens"], dtype=np.int64)
+        b = timer.batch(L)
+        floor = timer.hbm_floor_s(L)
+        for name in args.plans.split(","):
+            pol, prm = named(name)[1]
+            p = make_plan(L, num_kv_heads=4, device=GPU, policy=pol, params=prm)
+            arrays = p.to("cuda")
+            merged = int(p.merge_layout()[1].shape[0])
+            base = dict(num_tiles=p.num_work_tiles, num_merge=merged, max_splits=int(p.num_splits.max()))
+            times, outs, diff = {}, {}, {}
+            for v in variants:
+                out = torch.empty((p.batch_size, 32, 128), dtype=torch.bfloat16, device="cuda")
+                kw = {**base, **variant_kwargs(v, p)}
+                g = graph_of(lambda: dec.launch_decode(b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"],
+                                                       b["kv_indices"], arrays, p.config, out=out, workspace=ws,
+                                                       **kw))
+                times[v] = triton.testing.do_bench(g.replay, warmup=2, rep=args.rep_ms, return_mode="median") * 1e-3
+                del g
+                outs[v] = out
+            for v in variants:
+                if v not in ("s1", "auto") and "auto" in outs and merged:
+                    diff[v] = float((outs[v].float() - outs["auto"].float()).abs().max())
+                    if diff[v] > 1e-2:
+                        print(f"  {v}: output differs from auto by {diff[v]:.3g}", flush=True)
+            rec = {"kind": "merge_ab", "case": c["id"], "family": c["family"], "B": c["B"], "T": c["T"],
+                   "plan": name, "floor_s": floor, "merged": merged, "max_splits": int(p.num_splits.max()),
+                   "times": times, "max_abs_diff_vs_auto": diff}
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            s1 = times.get("s1")
+            cells = []
+            for v in variants:
+                if v == "s1":
+                    continue
+                d = (times[v] - s1) * 1e6 if s1 is not None else times[v] / floor
+                cells.append(f"{d:7.2f}")
+                if s1 is not None and merged:
+                    cost[v].append(times[v] / s1)
+            print(f"{c['family'] + ' B=' + str(c['B']) + ' T=' + str(c['T']):26s} {name:30s} {merged:6d} "
+                  f"{int(p.num_splits.max()):5d} {s1 / floor if s1 else float('nan'):6.3f} " + " ".join(cells)
+                  + f"  [{time.time() - t0:.0f}s]", flush=True)
+    g = lambda x: math.exp(sum(map(math.log, x)) / len(x)) if x else float("nan")  # noqa: E731
+    for v, x in cost.items():
+        if x:
+            print(f"{v:8s} time / s1 over the cases with a merge: geomean {g(x):.4f} range {min(x):.4f}-{max(x):.4f} "
+                  f"n={len(x)}")
+
+
+if __name__ == "__main__":
+    main()
