@@ -355,6 +355,59 @@ def _decode_merge_kernel(
 
 
 @triton.jit
+def _merge_whole(PART_O, PART_LSE, O, LSE, req, slot0, n, hq, stride_ob, stride_oh, H_Q: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, S_SMALL: tl.constexpr, RETURN_LSE: tl.constexpr):
+    # the n <= S_SMALL partials of one (request, query head) over the whole head dim, loaded at once
+    offs_s = tl.arange(0, S_SMALL)
+    offs_d = tl.arange(0, HEAD_DIM)
+    mask_s = offs_s < n
+    row = (slot0 + offs_s) * H_Q + hq
+    lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
+    o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
+    m = tl.max(lse, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse - m_safe)
+    l_sum = tl.sum(w, axis=0)
+    nonempty = l_sum > 0.0
+    l_safe = tl.where(nonempty, l_sum, 1.0)
+    out = tl.sum(w[:, None] * o, axis=0) / l_safe
+    tl.store(O + req * stride_ob + hq * stride_oh + offs_d, out.to(O.dtype.element_ty))
+    if RETURN_LSE:
+        lse_out = tl.where(nonempty, (m_safe + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + req * H_Q + hq, lse_out)
+
+
+@triton.jit
+def _merge_chunk(PART_O, PART_LSE, O, LSE, req, slot0, n, hq, d0, stride_ob, stride_oh, H_Q: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BS_BIG: tl.constexpr, BD_BIG: tl.constexpr, RETURN_LSE: tl.constexpr):
+    # the n partials of one (request, query head) over head-dim elements [d0, d0 + BD_BIG), BS_BIG at a time
+    # with a running max
+    offs_s = tl.arange(0, BS_BIG)
+    offs_d = d0 + tl.arange(0, BD_BIG)
+    m_run = float("-inf")
+    l_run = 0.0
+    acc = tl.zeros([BD_BIG], dtype=tl.float32)
+    for s0 in range(0, n, BS_BIG):
+        mask_s = (s0 + offs_s) < n
+        row = (slot0 + s0 + offs_s) * H_Q + hq
+        lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
+        o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(lse, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_run - m_safe)
+        w = tl.math.exp2(lse - m_safe)
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        l_run = l_run * alpha + tl.sum(w, axis=0)
+        m_run = m_new
+    nonempty = l_run > 0.0
+    l_safe = tl.where(nonempty, l_run, 1.0)
+    tl.store(O + req * stride_ob + hq * stride_oh + offs_d, (acc / l_safe).to(O.dtype.element_ty))
+    if RETURN_LSE:
+        lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + req * H_Q + hq, lse_out, mask=d0 == 0)
+
+
+@triton.jit
 def _decode_merge_table_kernel(
     PART_O, PART_LSE, O, LSE,
     P_REQ, P_SLOT, P_NUM, P_D0,
@@ -362,9 +415,8 @@ def _decode_merge_table_kernel(
     H_Q: tl.constexpr, HEAD_DIM: tl.constexpr, S_SMALL: tl.constexpr, BS_BIG: tl.constexpr,
     BD_BIG: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
-    # One program per (merge-table entry, query head). An entry of a request with at most S_SMALL splits covers the
-    # whole head dim, its partials loaded at once ([S_SMALL, HEAD_DIM]); a request with more splits has one entry per
-    # BD_BIG-wide chunk of the head dim, folding BS_BIG splits at a time with a running max (merge_table()).
+    # One program per (merge-table entry, query head): an entry of a request with at most S_SMALL splits covers the
+    # whole head dim, a request with more splits has one entry per BD_BIG-wide chunk of the head dim (merge_table()).
     p = tl.program_id(0)
     hq = tl.program_id(1)
     req = tl.load(P_REQ + p).to(tl.int64)
@@ -372,48 +424,11 @@ def _decode_merge_table_kernel(
     n = tl.load(P_NUM + p)
     d0 = tl.load(P_D0 + p)
     if n <= S_SMALL:
-        offs_s = tl.arange(0, S_SMALL)
-        offs_d = tl.arange(0, HEAD_DIM)
-        mask_s = offs_s < n
-        row = (slot0 + offs_s) * H_Q + hq
-        lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
-        o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
-        m = tl.max(lse, axis=0)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        w = tl.math.exp2(lse - m_safe)
-        l_sum = tl.sum(w, axis=0)
-        acc = tl.sum(w[:, None] * o, axis=0)
-        nonempty = l_sum > 0.0
-        out = acc / tl.where(nonempty, l_sum, 1.0)
-        tl.store(O + req * stride_ob + hq * stride_oh + offs_d, out.to(O.dtype.element_ty))
-        if RETURN_LSE:
-            lse_out = tl.where(nonempty, (m_safe + tl.math.log2(tl.where(nonempty, l_sum, 1.0)))
-                               * 0.6931471805599453, float("-inf"))
-            tl.store(LSE + req * H_Q + hq, lse_out)
+        _merge_whole(PART_O, PART_LSE, O, LSE, req, slot0, n, hq, stride_ob, stride_oh, H_Q, HEAD_DIM, S_SMALL,
+                     RETURN_LSE)
     else:
-        offs_s = tl.arange(0, BS_BIG)
-        offs_d = d0 + tl.arange(0, BD_BIG)
-        m_run = float("-inf")
-        l_run = 0.0
-        acc = tl.zeros([BD_BIG], dtype=tl.float32)
-        for s0 in range(0, n, BS_BIG):
-            mask_s = (s0 + offs_s) < n
-            row = (slot0 + s0 + offs_s) * H_Q + hq
-            lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
-            o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
-            m_new = tl.maximum(m_run, tl.max(lse, axis=0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_run - m_safe)
-            w = tl.math.exp2(lse - m_safe)
-            acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
-            l_run = l_run * alpha + tl.sum(w, axis=0)
-            m_run = m_new
-        nonempty = l_run > 0.0
-        l_safe = tl.where(nonempty, l_run, 1.0)
-        tl.store(O + req * stride_ob + hq * stride_oh + offs_d, (acc / l_safe).to(O.dtype.element_ty))
-        if RETURN_LSE:
-            lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-            tl.store(LSE + req * H_Q + hq, lse_out, mask=d0 == 0)
+        _merge_chunk(PART_O, PART_LSE, O, LSE, req, slot0, n, hq, d0, stride_ob, stride_oh, H_Q, HEAD_DIM, BS_BIG,
+                     BD_BIG, RETURN_LSE)
 
 
 def merge_table(merge_request: np.ndarray, merge_slot_start: np.ndarray, merge_num: np.ndarray, head_dim: int,
