@@ -8,12 +8,9 @@ plan's CUDA-graph replay on the hot path (random bf16 KV on shuffled pages, abov
 ``triton.testing.do_bench`` (median), under each variant of the merge:
 
 - ``s1``: stage 1 alone (``num_merge=0``: no merge launch; its time only, not a correct output);
-- ``auto``: ``launch_decode``'s default (``merge_dsplit`` by its rule);
+- ``auto``: ``launch_decode``'s default (``merge_dsplit`` and ``merge_warps`` by its rules; ``w4`` is round 12's default);
 - ``dN``: ``merge_dsplit=N`` programs per (merged request, query head), each over ``D / N`` of the head dim;
-- ``wN``: the default with the merge launched on ``N`` warps;
-- ``tS_BS_BD_wW``: the table-driven merge (``kvsplit.kernels.decode.merge_table``): requests of at most ``S``
-  splits merged by one program per query head over the whole head dim, the others by one per ``BD``-wide chunk
-  folding ``BS`` splits at a time, on ``W`` warps.
+- ``wN``: the default with the merge launched on ``N`` warps (``merge_warps``).
 
 Every variant other than ``s1`` is checked against ``auto``'s output (the same merge math: equal to 1e-2).
 One JSON line per (case, plan) in OUT/merge_ab.jsonl; stdout gives variant - s1 in us (the merge's cost).
@@ -54,13 +51,6 @@ def variant_kwargs(v: str, plan) -> dict:
         return {"merge_dsplit": int(v[1:])}
     if v[0] == "w":
         return {"merge_warps": int(v[1:])}
-    if v[0] == "t":  # tS_BS_BD_wW: the table-driven merge, shape (S_SMALL, BS_BIG, BD_BIG), W warps
-        shape, warps = v[1:].split("_w")
-        s_small, bs_big, bd_big = (int(x) for x in shape.split("_"))
-        _, mr, ms, mn = plan.merge_layout()
-        table = dec.merge_table(mr, ms, mn, plan.head_dim, s_small=s_small, bd_big=bd_big)
-        return {"merge_table": {k: torch.from_numpy(a).to("cuda") for k, a in table.items()},
-                "merge_table_shape": (s_small, bs_big, bd_big), "merge_warps": int(warps)}
     raise ValueError(f"--variants: unknown variant {v!r}")
 
 

@@ -46,7 +46,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -352,108 +351,6 @@ def _decode_merge_kernel(
     if RETURN_LSE:
         lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
         tl.store(LSE + req * H_Q + hq, lse_out, mask=active & (d0 == 0))
-
-
-@triton.jit
-def _merge_whole(PART_O, PART_LSE, O, LSE, req, slot0, n, hq, stride_ob, stride_oh, H_Q: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, S_SMALL: tl.constexpr, RETURN_LSE: tl.constexpr):
-    # the n <= S_SMALL partials of one (request, query head) over the whole head dim, loaded at once
-    offs_s = tl.arange(0, S_SMALL)
-    offs_d = tl.arange(0, HEAD_DIM)
-    mask_s = offs_s < n
-    row = (slot0 + offs_s) * H_Q + hq
-    lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
-    o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
-    m = tl.max(lse, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2(lse - m_safe)
-    l_sum = tl.sum(w, axis=0)
-    nonempty = l_sum > 0.0
-    l_safe = tl.where(nonempty, l_sum, 1.0)
-    out = tl.sum(w[:, None] * o, axis=0) / l_safe
-    tl.store(O + req * stride_ob + hq * stride_oh + offs_d, out.to(O.dtype.element_ty))
-    if RETURN_LSE:
-        lse_out = tl.where(nonempty, (m_safe + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + req * H_Q + hq, lse_out)
-
-
-@triton.jit
-def _merge_chunk(PART_O, PART_LSE, O, LSE, req, slot0, n, hq, d0, stride_ob, stride_oh, H_Q: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BS_BIG: tl.constexpr, BD_BIG: tl.constexpr, RETURN_LSE: tl.constexpr):
-    # the n partials of one (request, query head) over head-dim elements [d0, d0 + BD_BIG), BS_BIG at a time
-    # with a running max
-    offs_s = tl.arange(0, BS_BIG)
-    offs_d = d0 + tl.arange(0, BD_BIG)
-    m_run = float("-inf")
-    l_run = 0.0
-    acc = tl.zeros([BD_BIG], dtype=tl.float32)
-    for s0 in range(0, n, BS_BIG):
-        mask_s = (s0 + offs_s) < n
-        row = (slot0 + s0 + offs_s) * H_Q + hq
-        lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
-        o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
-        m_new = tl.maximum(m_run, tl.max(lse, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_run - m_safe)
-        w = tl.math.exp2(lse - m_safe)
-        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
-        l_run = l_run * alpha + tl.sum(w, axis=0)
-        m_run = m_new
-    nonempty = l_run > 0.0
-    l_safe = tl.where(nonempty, l_run, 1.0)
-    tl.store(O + req * stride_ob + hq * stride_oh + offs_d, (acc / l_safe).to(O.dtype.element_ty))
-    if RETURN_LSE:
-        lse_out = tl.where(nonempty, (m_run + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + req * H_Q + hq, lse_out, mask=d0 == 0)
-
-
-@triton.jit
-def _decode_merge_table_kernel(
-    PART_O, PART_LSE, O, LSE,
-    P_REQ, P_SLOT, P_NUM, P_D0,
-    stride_ob, stride_oh,
-    H_Q: tl.constexpr, HEAD_DIM: tl.constexpr, S_SMALL: tl.constexpr, BS_BIG: tl.constexpr,
-    BD_BIG: tl.constexpr, RETURN_LSE: tl.constexpr,
-):
-    # One program per (merge-table entry, query head): an entry of a request with at most S_SMALL splits covers the
-    # whole head dim, a request with more splits has one entry per BD_BIG-wide chunk of the head dim (merge_table()).
-    p = tl.program_id(0)
-    hq = tl.program_id(1)
-    req = tl.load(P_REQ + p).to(tl.int64)
-    slot0 = tl.load(P_SLOT + p).to(tl.int64)
-    n = tl.load(P_NUM + p)
-    d0 = tl.load(P_D0 + p)
-    if n <= S_SMALL:
-        _merge_whole(PART_O, PART_LSE, O, LSE, req, slot0, n, hq, stride_ob, stride_oh, H_Q, HEAD_DIM, S_SMALL,
-                     RETURN_LSE)
-    else:
-        _merge_chunk(PART_O, PART_LSE, O, LSE, req, slot0, n, hq, d0, stride_ob, stride_oh, H_Q, HEAD_DIM, BS_BIG,
-                     BD_BIG, RETURN_LSE)
-
-
-def merge_table(merge_request: np.ndarray, merge_slot_start: np.ndarray, merge_num: np.ndarray, head_dim: int,
-                s_small: int = 8, bd_big: int = 32) -> dict[str, np.ndarray]:
-    """The program table of the table-driven merge (``launch_decode(merge_table=...)``), from
-    :meth:`Plan.merge_layout`'s arrays (int32 ``[M]`` each).
-
-    A merged request with at most ``s_small`` splits gets one entry (the whole head dim); one with more gets
-    ``head_dim / bd_big`` entries, one per ``bd_big``-wide chunk of the head dim (``d0`` = its first element).
-    Those come first, so the programs that fold the most splits start first. Returns int32 arrays ``req``,
-    ``slot``, ``num``, ``d0`` of one length P; the launch runs P x H_q programs. Raises ``ValueError`` unless
-    ``bd_big`` divides ``head_dim``.
-    """
-    if head_dim % bd_big:
-        raise ValueError(f"bd_big: expected a divisor of head_dim={head_dim}, got {bd_big}")
-    n = np.asarray(merge_num, dtype=np.int64)
-    big = n > s_small
-    chunks = head_dim // bd_big
-    bi = np.repeat(np.flatnonzero(big), chunks)
-    si = np.flatnonzero(~big)
-    idx = np.concatenate([bi, si])
-    d0 = np.concatenate([np.tile(np.arange(chunks, dtype=np.int64) * bd_big, int(big.sum())),
-                         np.zeros(si.shape[0], dtype=np.int64)])
-    return {"req": np.asarray(merge_request, dtype=np.int32)[idx], "slot": np.asarray(merge_slot_start,
-            dtype=np.int32)[idx], "num": n[idx].astype(np.int32), "d0": d0.astype(np.int32)}
 
 
 try:  # Triton's interpreter (TRITON_INTERPRET=1, read when the kernels above were decorated)
@@ -770,9 +667,7 @@ def launch_decode(
     maxnreg: int | None = None,
     next_item: bool | None = None,
     timeline: torch.Tensor | None = None,
-    merge_warps: int = 4,
-    merge_table: dict[str, torch.Tensor] | None = None,
-    merge_table_shape: tuple[int, int, int] = (8, 32, 32),
+    merge_warps: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no allocation; the only checks are the
     ones a plan cannot make, before any launch: ``config.heads_per_tile`` against H_q, the persistent schedule of
@@ -807,7 +702,9 @@ def launch_decode(
     when the host knows the sizes, at most 1024 (merged request, query head)
     pairs are merged, ``max_splits`` exceeds the splits one full-D program folds
     at once (``4096 / D``) and D is a multiple of 64; else 1 (docs/perf.md,
-    round 5). ``merge_warps``: warps of each merge program (A/B benchmarks).
+    round 5). ``merge_warps``: warps of each merge program. Default (``None``): 1
+    when the host knows the sizes and ``num_merge * H_q >= 256``, else 4
+    (docs/perf.md, round 13).
 
     ``timeline``: a profiling buffer, int64 ``[num_tiles, 2 + K]`` on q's device (CUDA only: it reads the
     ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
@@ -881,17 +778,7 @@ def launch_decode(
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     merge_grid = (max_merge if device_counts else num_merge) or 0
-    if merge_grid and merge_table is not None:
-        s_small, bs_big, bd_big = merge_table_shape
-        P = int(merge_table["req"].shape[0])
-        _decode_merge_table_kernel[(P, H_q)](
-            workspace.part_o, workspace.part_lse, out, lse,
-            merge_table["req"], merge_table["slot"], merge_table["num"], merge_table["d0"],
-            out.stride(0), out.stride(1),
-            H_Q=H_q, HEAD_DIM=D, S_SMALL=s_small, BS_BIG=bs_big, BD_BIG=bd_big, RETURN_LSE=return_lse,
-            num_warps=merge_warps,
-        )
-    elif merge_grid:
+    if merge_grid:
         splits = max_splits if max_splits is not None else 4096
         if merge_dsplit is None:
             # the merge is latency-bound when few programs each fold many splits: a program folds
@@ -902,6 +789,13 @@ def launch_decode(
             # not known here: its grid of max_batch programs, most of them idle, keeps one per (request, head).
             few = max_splits is not None and num_merge is not None and num_merge * H_q <= 1024
             merge_dsplit = 4 if few and splits > 4096 // D and D % 64 == 0 else 1
+        if merge_warps is None:
+            # one warp per merge program once at least 256 (merged request, query head) pairs are merged: measured
+            # on the H200 (docs/perf.md, round 13) the merge then costs a median 3.8 us over stage 1 instead of
+            # 4.5 (p90 5.6 against 9.6, worst 7.9 against 14.4); with fewer pairs (one or a few requests of many
+            # splits) four warps stay ahead. A device-resident plan's sizes are not known here: four warps.
+            many = not device_counts and num_merge is not None and num_merge * H_q >= 256
+            merge_warps = 1 if many else 4
         block_d = D // merge_dsplit
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
         _decode_merge_kernel[(merge_grid, H_q, merge_dsplit)](

@@ -439,21 +439,24 @@ def test_register_cap_table():
     assert occupancy(h200, 4, 166, smem) == 3  # the uncapped G = 4 compile
 
 
-@pytest.mark.parametrize("lens, max_splits, dsplit", [
-    ([5000] * 2, 40, 4),        # 2 x 32 (request, head) pairs, 40 splits > 4096 / 128: 4 programs each
-    ([5000] * 2, 32, 1),        # a single full-D fold holds 32 splits
-    ([5000] * 33, 40, 1),       # 33 x 32 = 1056 pairs > 1024: one program per pair
+@pytest.mark.parametrize("lens, max_splits, dsplit, warps", [
+    ([5000] * 2, 40, 4, 4),     # 2 x 32 (request, head) pairs, 40 splits > 4096 / 128: 4 programs each
+    ([5000] * 2, 32, 1, 4),     # a single full-D fold holds 32 splits
+    ([5000] * 7, 40, 4, 4),     # 7 x 32 = 224 pairs < 256: four warps
+    ([5000] * 8, 40, 4, 1),     # 8 x 32 = 256 pairs: one warp per program
+    ([5000] * 33, 40, 1, 1),    # 33 x 32 = 1056 pairs > 1024: one program per pair
 ])
-def test_merge_dsplit_default_rule(lens, max_splits, dsplit, monkeypatch):
+def test_merge_default_rules(lens, max_splits, dsplit, warps, monkeypatch):
     """launch_decode's default merge grid: (merged requests, H_q, 4) only when few (request, head) pairs fold
-    many splits (docs/perf.md round 5), else (merged requests, H_q, 1); a device-resident plan keeps 1."""
+    many splits (docs/perf.md round 5), else (merged requests, H_q, 1); one warp per merge program from 256
+    merged (request, head) pairs on, else four (round 13)."""
     from kvsplit.kernels import decode as dec
 
     grids = []
 
     class Rec:  # records the launch grid instead of running the kernel
         def __getitem__(self, grid):
-            return lambda *a, **k: grids.append((grid, k.get("BLOCK_D")))
+            return lambda *a, **k: grids.append((grid, k.get("BLOCK_D"), k.get("num_warps")))
 
     monkeypatch.setattr(dec, "_decode_stage1_kernel", Rec())
     monkeypatch.setattr(dec, "_decode_merge_kernel", Rec())
@@ -467,8 +470,8 @@ def test_merge_dsplit_default_rule(lens, max_splits, dsplit, monkeypatch):
     dec.launch_decode(q, k, k, torch.zeros(len(lens) + 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
                       plan.to("cpu"), plan.config, out=torch.empty_like(q), workspace=ws, num_tiles=plan.num_work_tiles,
                       num_merge=nm, max_splits=int(plan.num_splits.max()))
-    (_, _), (merge_grid, block_d) = grids
-    assert merge_grid == (nm, hq, dsplit) and block_d == d // dsplit
+    (_, _, _), (merge_grid, block_d, num_warps) = grids
+    assert merge_grid == (nm, hq, dsplit) and block_d == d // dsplit and num_warps == warps
 
 
 def test_compiled_residency_table_matches_an_sm90_compile(tmp_path):
@@ -516,46 +519,3 @@ def test_timeline_needs_a_cuda_device():
                       plan.to("cpu"), plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
                       num_merge=0, max_splits=1, timeline=torch.zeros((plan.num_work_tiles, 4), dtype=torch.int64))
     assert torch.isnan(out).all()  # nothing launched
-
-
-@pytest.mark.parametrize("shape", [(2, 4, 16), (8, 32, 32), (4, 2, 8)])
-def test_table_merge_matches_reference_fp16(shape):
-    """The table-driven merge (merge_table() + launch_decode(merge_table=...)): requests of 1 split (no merge),
-    at most S_SMALL splits (one program over the whole head dim) and more (one per BD_BIG chunk, BS_BIG splits
-    folded at a time, so the running max crosses chunks), and empty splits past a short request's end, against
-    the fp32 reference, with the LSE."""
-    from kvsplit.kernels.decode import launch_decode, merge_table
-
-    lens = [700, 0, 5, 333, 2, 64, 1, 129, 3]
-    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed",
-                     params={"num_splits": 9, "block_n": 16}, head_dim=D, page_size=16, dtype="float16")
-    _, mr, ms, mn = plan.merge_layout()
-    assert sorted(set(mn.tolist())) == [2, 3, 5, 9]
-    s_small, bs_big, bd_big = shape
-    if D % bd_big:
-        pytest.skip("bd_big must divide D")
-    table = merge_table(mr, ms, mn, D, s_small=s_small, bd_big=bd_big)
-    big = int((mn > s_small).sum())
-    assert table["req"].shape[0] == big * (D // bd_big) + (len(mn) - big) and big and len(mn) - big
-    assert (table["num"][: big * (D // bd_big)] > s_small).all()  # the entries of many splits come first
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
-                     seed=sum(shape))
-    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
-    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
-    out = torch.full_like(case["q"], float("nan"))
-    o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                           plan.to("cpu"), plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
-                           num_merge=len(mr), max_splits=int(mn.max()), return_lse=True,
-                           merge_table={k: torch.from_numpy(v) for k, v in table.items()},
-                           merge_table_shape=shape, merge_warps=1)
-    assert not torch.isnan(o).any()
-    assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
-    fin = torch.isfinite(ref_lse)
-    assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
-
-
-def test_merge_table_refuses_a_chunk_that_does_not_divide_the_head_dim():
-    from kvsplit.kernels.decode import merge_table
-
-    with pytest.raises(ValueError, match="^bd_big: expected a divisor of head_dim=64"):
-        merge_table(np.array([0], np.int32), np.array([0], np.int32), np.array([40], np.int32), 64, bd_big=48)
