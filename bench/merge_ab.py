@@ -8,7 +8,8 @@ plan's CUDA-graph replay on the hot path (random bf16 KV on shuffled pages, abov
 ``triton.testing.do_bench`` (median), under each variant of the merge:
 
 - ``s1``: stage 1 alone (``num_merge=0``: no merge launch; its time only, not a correct output);
-- ``auto``: ``launch_decode``'s default (``merge_dsplit`` and ``merge_warps`` by its rules; ``w4`` is round 12's default);
+- ``auto``: ``launch_decode``'s default (``merge_dsplit`` and ``merge_warps`` by its rules; ``w4`` is round 12's
+  default);
 - ``dN``: ``merge_dsplit=N`` programs per (merged request, query head), each over ``D / N`` of the head dim;
 - ``wN``: the default with the merge launched on ``N`` warps (``merge_warps``).
 

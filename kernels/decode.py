@@ -750,6 +750,8 @@ def launch_decode(
         next_item = bool(getattr(cfg, "next_item", False))
     if next_item and not prefetch:
         raise ValueError("config.next_item: needs the prefetching loop (config.prefetch)")
+    if merge_warps is not None and merge_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"merge_warps: expected 1, 2, 4, 8 or 16 warps, got {merge_warps!r}")
     if timeline is not None:
         if _INTERPRETED or q.device.type != "cuda":
             raise ValueError("timeline: needs a CUDA device (it reads %globaltimer and %smid)")

@@ -519,3 +519,21 @@ def test_timeline_needs_a_cuda_device():
                       plan.to("cpu"), plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
                       num_merge=0, max_splits=1, timeline=torch.zeros((plan.num_work_tiles, 4), dtype=torch.int64))
     assert torch.isnan(out).all()  # nothing launched
+
+
+def test_merge_warps_must_be_a_power_of_two():
+    """launch_decode(merge_warps=3) is refused, naming the argument, before any launch."""
+    from kvsplit.kernels.decode import launch_decode
+
+    lens = [300, 90]
+    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed", params={"num_splits": 3},
+                     head_dim=D, page_size=16, dtype="float16")
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=2)
+    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+    out = torch.full_like(case["q"], float("nan"))
+    with pytest.raises(ValueError, match="^merge_warps: expected 1, 2, 4, 8 or 16 warps, got 3"):
+        launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                      plan.to("cpu"), plan.config, out=out, workspace=ws,
+                      num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=3,
+                      merge_warps=3)
+    assert torch.isnan(out).all()  # nothing launched

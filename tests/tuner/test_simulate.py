@@ -353,8 +353,9 @@ R6_PREDICTIONS = [
 
 def test_calibration_without_drain_terms_predicts_as_before():
     """The shipped calibration with round 7's fields removed (and round 13's merge constants put back as they
-    were before scripts/fit_merge.py) is round 6's (scripts/fit_drain.py keeps every other constant) and predicts exactly what the simulator before round 7 did; with them, the drain plans
-    fi_rule_tc and stream_k plans are predicted lower (measured 18-22 % below round 6)."""
+    were before scripts/fit_merge.py) is round 6's (scripts/fit_drain.py keeps every other constant) and
+    predicts exactly what the simulator before round 7 did; with them, the drain plans fi_rule_tc and stream_k
+    plans are predicted lower (measured 18-22 % below round 6)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
