@@ -15,7 +15,9 @@ read back. From it (all times in us, relative to the first tile's start):
   fraction of ``span``;
 - ``fixed``: the per-item fixed cost a of the least-squares fit ``item time = a + b * tokens`` over items that
   are not a tile's first (their time is from the previous item's output; first items include the tile's
-  dispatch), and ``fixed_share`` = a * items / (SM slots * span), the share of the SM slots' time it takes;
+  dispatch), and ``fixed_share`` = a * items / (SM slots * span), the share of the SM slots' time it takes.
+  Items overlap with the other resident CTAs' items, so the fit is only meaningful at one CTA per SM (round 13's
+  run gave -8..+7 us: docs/perf.md);
 - ``rest``: do_bench time - span, i.e. launch latency, the merge launch and the L2 write-backs of the flush.
 
 One JSON line per (case, plan) in OUT/timeline.jsonl (with the raw per-tile rows), a table on stdout.
