@@ -77,8 +77,7 @@ def record_stage1(cfg: KernelConfig, *, dtype=torch.bfloat16, hq=32, hkv=4, d=12
     dec._decode_stage1_kernel, dec._decode_merge_kernel = rec, rec_m
     try:
         dec.launch_decode(q, k, k.clone(), indptr, indices, plan.to("cpu"), plan.config, out=torch.empty_like(q),
-                          workspace=ws, num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
-                          max_splits=int(plan.num_splits.max()), **launch_kw)
+                          workspace=ws, **plan.launch_sizes(), **launch_kw)
     finally:
         dec._decode_stage1_kernel, dec._decode_merge_kernel = saved, saved_m
     (_, args, kwargs), = rec.calls

@@ -86,6 +86,23 @@ def cand_params(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[in
     return pol, p
 
 
+def add_ref_case_args(ap: argparse.ArgumentParser) -> None:
+    """``--cases``, ``--T``, ``--families``, ``--B``: which reference cases (set ``ref``) a kernel A/B times."""
+    ap.add_argument("--cases", default="bench/data/sweep_cases.json")
+    ap.add_argument("--T", default="1048576", help="comma-separated total tokens to keep")
+    ap.add_argument("--families", default="uniform,skewed40,skewed60,skewed80,2x40")
+    ap.add_argument("--B", default="", help="batch sizes to keep (comma-separated); default all")
+
+
+def ref_cases(args: argparse.Namespace) -> list[dict]:
+    """The reference cases of ``args.cases`` selected by :func:`add_ref_case_args`'s options."""
+    Ts = {int(t) for t in args.T.split(",")}
+    fams = set(args.families.split(","))
+    Bs = {int(b) for b in args.B.split(",") if b}
+    return [c for c in json.load(open(args.cases))["cases"] if c["set"] == "ref" and c["T"] in Ts
+            and c["family"] in fams and (not Bs or c["B"] in Bs)]
+
+
 def named(name: str) -> tuple[str, tuple[str, dict]]:
     """``(name, (policy, params))`` of a candidate name."""
     got = candidate_policy(name)

@@ -110,9 +110,7 @@ class AB:
         b = self.t.batch(plan.kv_lens)
         out = torch.full((plan.batch_size, self.hq, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
         dec.launch_decode(b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"], plan.to("cuda"),
-                          plan.config, out=out, workspace=self.ws_b, num_tiles=plan.num_work_tiles,
-                          num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=int(plan.num_splits.max()),
-                          prefetch=prefetch)
+                          plan.config, out=out, workspace=self.ws_b, **plan.launch_sizes(), prefetch=prefetch)
         ref = dec.reference_decode_attention(b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"],
                                              b["kv_lens"])
         return float((out.float() - ref.float()).abs().max() / ref.float().abs().max())

@@ -99,8 +99,7 @@ def main() -> None:
         for pname, (pol, prm) in plans:
             plan = make_plan(lens, num_kv_heads=hkv, device=GPU, policy=pol, params=prm)
             arr = plan.to("cuda")
-            sizes = dict(num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
-                         max_splits=int(plan.num_splits.max()))
+            sizes = plan.launch_sizes()
             names = ["base"] + [v for v, _ in variants]
             kws = {"base": {}, **dict(variants)}
             order = names[i % len(names):] + names[: i % len(names)]

@@ -31,12 +31,12 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_sweep import named  # noqa: E402  (the candidate names of the sweeps)
+from gpu_sweep import Bench, add_ref_case_args, named, ref_cases  # noqa: E402  (the sweeps' bench and names)
 from l2_state import graph_of  # noqa: E402  (one warm-up launch, capture, one replay)
 
 from kvsplit.kernels import decode as dec  # noqa: E402
 from kvsplit.kernels.plan import make_plan  # noqa: E402
-from kvsplit.tuner.gpu import GpuTimer, software_versions  # noqa: E402
+from kvsplit.tuner.gpu import software_versions  # noqa: E402
 
 GPU = "NVIDIA H200"
 PLANS = ["stream_k|c1|n64w8s3|pf|h2|nx", "stream_k|c2|n32w4s3|pf|h2|nx", "balanced|c2|n32w4s3|pf|h2|nx"]
@@ -57,10 +57,7 @@ def variant_kwargs(v: str, plan) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default="bench/data/sweep_cases.json")
-    ap.add_argument("--T", default="1048576", help="comma-separated total tokens to keep")
-    ap.add_argument("--families", default="uniform,skewed40,skewed60,skewed80,2x40")
-    ap.add_argument("--B", default="", help="batch sizes to keep (comma-separated); default all")
+    add_ref_case_args(ap)
     ap.add_argument("--plans", default=",".join(PLANS))
     ap.add_argument("--variants", default="s1,auto,d1,d2,d4,d8,d16")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -68,21 +65,16 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=10.0)
     args = ap.parse_args()
     t0 = time.time()
-    fams = args.families.split(",")
-    Ts = {int(t) for t in args.T.split(",")}
-    Bs = {int(b) for b in args.B.split(",") if b}
-    cases = [c for c in json.load(open(args.cases))["cases"] if c["set"] == "ref" and c["T"] in Ts
-             and c["family"] in fams and (not Bs or c["B"] in Bs)]
+    cases = ref_cases(args)
     variants = args.variants.split(",")
     log = open(os.path.join(args.out, "merge_ab.jsonl"), "a")
     log.write(json.dumps({"kind": "versions", **software_versions()}) + "\n")
-    timer = GpuTimer(num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16,
-                     max_tokens=max(sum(c["kv_lens"]) for c in cases) + 4096,
-                     max_batch=max(len(c["kv_lens"]) for c in cases))
+    bench = Bench(32, 4, max_tokens=max(sum(c["kv_lens"]) for c in cases) + 4096,
+                  max_batch=max(len(c["kv_lens"]) for c in cases))
+    timer, ws = bench.t, bench.ws
     bw = timer.read_bandwidth()
     log.write(json.dumps({"kind": "bandwidth", "bytes_per_s": bw}) + "\n")
     print(f"read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
-    ws = dec.make_workspace(32, 128, max_partials=1 << 16, max_batch=timer.max_batch, device="cuda")
     cost: dict[str, list[float]] = {v: [] for v in variants if v != "s1"}
     print(f"{'case':26s} {'plan':30s} {'merged':>6s} {'max n':>5s} {'s1/fl':>6s} "
           + " ".join(f"{v:>7s}" for v in variants if v != "s1") + "   (variant - s1, us)", flush=True)
@@ -97,8 +89,8 @@ def main() -> None:
             pol, prm = named(name)[1]
             p = make_plan(L, num_kv_heads=4, device=GPU, policy=pol, params=prm)
             arrays = p.to("cuda")
-            merged = int(p.merge_layout()[1].shape[0])
-            base = dict(num_tiles=p.num_work_tiles, num_merge=merged, max_splits=int(p.num_splits.max()))
+            base = p.launch_sizes()
+            merged = base["num_merge"]
             times, outs, diff = {}, {}, {}
             for v in variants:
                 out = torch.empty((p.batch_size, 32, 128), dtype=torch.bfloat16, device="cuda")

@@ -95,8 +95,7 @@ def main() -> None:
             pol, prm = named(name)[1]
             p = make_plan(L, num_kv_heads=4, device=GPU, policy=pol, params=prm)
             arrays = p.to("cuda")
-            kw = dict(num_tiles=p.num_work_tiles, num_merge=int(p.merge_layout()[1].shape[0]),
-                      max_splits=int(p.num_splits.max()))
+            kw = p.launch_sizes()
             outs = {m: torch.empty((p.batch_size, 32, 128), dtype=torch.bfloat16, device="cuda") for m in ws}
 
             def run(m):

@@ -204,8 +204,7 @@ def main() -> None:
                              policy=pol, params=params)
             arr = plan.to("cuda")
             cfg = plan.config
-            sizes = dict(num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
-                         max_splits=int(plan.num_splits.max()))
+            sizes = plan.launch_sizes()
             base = (b["q"], t.k_cache, t.v_cache, b["kv_indptr"])
 
             def launch(indices=b["kv_indices"], **kw):

@@ -36,14 +36,14 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_sweep import named  # noqa: E402  (the candidate names of the sweeps)
+from gpu_sweep import Bench, add_ref_case_args, named, ref_cases  # noqa: E402  (the sweeps' bench and names)
 from l2_state import graph_of  # noqa: E402  (one warm-up launch, capture, one replay)
 
 from kvsplit.kernels import decode as dec  # noqa: E402
 from kvsplit.kernels.plan import make_plan  # noqa: E402
 from kvsplit.kernels.device import DeviceSpec  # noqa: E402
 from kvsplit.kernels.residency import resident_ctas_per_sm  # noqa: E402
-from kvsplit.tuner.gpu import GpuTimer, software_versions  # noqa: E402
+from kvsplit.tuner.gpu import software_versions  # noqa: E402
 
 GPU = "NVIDIA H200"
 PLANS = ["stream_k|c1|n64w8s3|pf|h2|nx", "stream_k|c1|n64w4s3|pf|h2|nx", "stream_k|c2|n32w4s3|pf|h2|nx",
@@ -93,10 +93,7 @@ def analyse(tl_rows: np.ndarray, plan, heads: int, slots: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default="bench/data/sweep_cases.json")
-    ap.add_argument("--T", type=int, default=1048576)
-    ap.add_argument("--families", default="uniform,skewed40,skewed60,skewed80,2x40")
-    ap.add_argument("--B", default="", help="batch sizes to keep (comma-separated); default all")
+    add_ref_case_args(ap)
     ap.add_argument("--plans", default=",".join(PLANS))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=200.0)
@@ -104,19 +101,15 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=64, help="items recorded per tile (K)")
     args = ap.parse_args()
     t0 = time.time()
-    fams = args.families.split(",")
-    Bs = {int(b) for b in args.B.split(",") if b}
-    cases = [c for c in json.load(open(args.cases))["cases"] if c["set"] == "ref" and c["T"] == args.T
-             and c["family"] in fams and (not Bs or c["B"] in Bs)]
+    cases = ref_cases(args)
     log = open(os.path.join(args.out, "timeline.jsonl"), "a")
     log.write(json.dumps({"kind": "versions", **software_versions()}) + "\n")
-    timer = GpuTimer(num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16,
-                     max_tokens=max(sum(c["kv_lens"]) for c in cases) + 4096,
-                     max_batch=max(len(c["kv_lens"]) for c in cases))
+    bench = Bench(32, 4, max_tokens=max(sum(c["kv_lens"]) for c in cases) + 4096,
+                  max_batch=max(len(c["kv_lens"]) for c in cases))
+    timer, ws = bench.t, bench.ws
     bw = timer.read_bandwidth()
     log.write(json.dumps({"kind": "bandwidth", "bytes_per_s": bw}) + "\n")
     print(f"read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
-    ws = dec.make_workspace(32, 128, max_partials=1 << 16, max_batch=timer.max_batch, device="cuda")
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")  # do_bench's L2 flush (Triton 3.6)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     spec = DeviceSpec.known(GPU)
@@ -133,8 +126,7 @@ def main() -> None:
             pol, prm = named(name)[1]
             p = make_plan(L, num_kv_heads=4, device=GPU, policy=pol, params=prm)
             arrays = p.to("cuda")
-            kw = dict(num_tiles=p.num_work_tiles, num_merge=int(p.merge_layout()[1].shape[0]),
-                      max_splits=int(p.num_splits.max()))
+            kw = p.launch_sizes()
             out = torch.empty((p.batch_size, 32, 128), dtype=torch.bfloat16, device="cuda")
             tl_buf = torch.zeros((p.num_work_tiles, 2 + args.items), dtype=torch.int64, device="cuda")
 

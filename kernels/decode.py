@@ -639,8 +639,7 @@ def decode_attention(
         workspace = make_workspace(H_q, D, max_partials=plan.num_partials, max_batch=B, device=dev)
     return launch_decode(
         q, k_cache, v_cache, kv_indptr, kv_indices, plan.to(dev), plan.config, out=out, workspace=workspace,
-        num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
-        max_splits=int(plan.num_splits.max()), sm_scale=sm_scale, return_lse=return_lse,
+        **plan.launch_sizes(), sm_scale=sm_scale, return_lse=return_lse,
     )
 
 

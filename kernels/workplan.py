@@ -168,6 +168,17 @@ class Plan:
         self._cache["merge_layout"] = out
         return out
 
+    def launch_sizes(self) -> dict[str, int]:
+        """The sizes :func:`kvsplit.kernels.decode.launch_decode` takes from a host plan, as its keywords:
+        ``num_tiles`` (:attr:`num_work_tiles`), ``num_merge`` (requests with more than one split) and
+        ``max_splits`` (the most splits of any request). Computed once and cached on the plan."""
+        cached = self._cache.get("launch_sizes")
+        if cached is None:
+            cached = self._cache["launch_sizes"] = {"num_tiles": self.num_work_tiles,
+                                                    "num_merge": int(self.merge_layout()[1].shape[0]),
+                                                    "max_splits": int(self.num_splits.max())}
+        return dict(cached)
+
     @property
     def num_partials(self) -> int:
         """Partial-output slots the workspace needs (items of split requests)."""

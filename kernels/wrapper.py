@@ -416,9 +416,8 @@ class DecodeWrapper:
         if not self.use_cuda_graph:
             p = self._plan
             return launch_decode(q, k_cache, v_cache, self._indptr, self._indices, self._arrays, p.config,
-                                 out=out, workspace=self.workspace, num_tiles=p.num_work_tiles,
-                                 num_merge=int(p.merge_layout()[1].shape[0]), max_splits=int(p.num_splits.max()),
-                                 sm_scale=self.sm_scale, return_lse=return_lse)
+                                 out=out, workspace=self.workspace, **p.launch_sizes(), sm_scale=self.sm_scale,
+                                 return_lse=return_lse)
         return launch_decode(q, k_cache, v_cache, self._indptr, self._indices, self.bufs.arrays(), self.config,
                              out=out, workspace=self.workspace, counts=self.bufs.counts,
                              max_merge=self.max_batch_size, sm_scale=self.sm_scale, return_lse=return_lse)

@@ -325,8 +325,7 @@ def test_prefetching_loop_matches_reference_fp16(block_n, page_size, policy):
         ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
         o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
                                plan.to("cpu"), plan.config, out=torch.empty_like(case["q"]), workspace=ws,
-                               num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
-                               max_splits=int(plan.num_splits.max()), return_lse=True, prefetch=prefetch)
+                               **plan.launch_sizes(), return_lse=True, prefetch=prefetch)
         assert not torch.isnan(o).any()
         assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
         fin = torch.isfinite(ref_lse)

@@ -366,8 +366,7 @@ def test_timeline(policy, params):
                      device="cuda", seed=5)
     plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params)
     arrays = plan.to("cuda")
-    kw = dict(num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
-              max_splits=int(plan.num_splits.max()))
+    kw = plan.launch_sizes()
     ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
     args = (case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"], arrays, plan.config)
     plain = launch_decode(*args, out=torch.empty_like(case["q"]), workspace=ws, **kw)

@@ -72,8 +72,7 @@ def test_next_item_is_checked():
     with pytest.raises(ValueError, match="config.next_item: needs the prefetching loop"):
         dec.launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
                           plan.to("cpu"), plan.config, out=torch.empty_like(case["q"]), workspace=ws,
-                          num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]),
-                          max_splits=int(plan.num_splits.max()), next_item=True)
+                          **plan.launch_sizes(), next_item=True)
 
 
 def test_next_item_residency():

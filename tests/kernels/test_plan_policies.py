@@ -717,3 +717,19 @@ def test_tuned_defaults_equal_balanced_where_residency_is_below_4():
                 a = make_plan(L, num_kv_heads=4, device=dev, policy="balanced", head_dim=head_dim, dtype=dtype)
                 b = make_plan(L, num_kv_heads=4, device=dev, policy="tuned", head_dim=head_dim, dtype=dtype)
                 assert a.num_splits.tolist() == b.num_splits.tolist(), (dev, head_dim, dtype)
+
+
+def test_launch_sizes():
+    """Plan.launch_sizes: the stage-1 tile count, the requests with more than one split and the most splits of
+    any request, counted here from the plan's work list; a caller's change to the dict does not reach the plan."""
+    lens = [700, 0, 5, 333, 64]
+    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 3, "block_n": 16, "heads_per_tile": 2}, head_dim=128, page_size=16,
+                     dtype="float16")
+    per_req = np.bincount(plan.work_request, minlength=len(lens))
+    sizes = plan.launch_sizes()
+    assert sizes == {"num_tiles": (len(plan.cta_indptr) - 1) * 2, "num_merge": int((per_req > 1).sum()),
+                     "max_splits": int(per_req.max())}
+    assert sizes["num_merge"] == 4 and sizes["max_splits"] == 3
+    sizes["num_merge"] = 0
+    assert plan.launch_sizes()["num_merge"] == 4
