@@ -81,6 +81,7 @@ def record_stage1(cfg: KernelConfig, *, dtype=torch.bfloat16, hq=32, hkv=4, d=12
     finally:
         dec._decode_stage1_kernel, dec._decode_merge_kernel = saved, saved_m
     (_, args, kwargs), = rec.calls
+    record_stage1.merge_calls = rec_m.calls  # the merge launch(es) of the same call, for --merge
     return args, kwargs
 
 
@@ -88,7 +89,7 @@ def compile_sm90(fn, args, kwargs):
     """``triton.compile`` of the JITFunction ``fn`` for sm_90 with the specialization of ``fn[grid](*args,
     **kwargs)``."""
     kwargs = dict(kwargs)
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg", "launch_pdl") if k in kwargs}
     bound = dict(zip(fn.arg_names, args))
     bound.update(kwargs)
     signature, constexprs, attrs = {}, {}, {}
@@ -172,6 +173,10 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--ttgir", default=None, help="write each kernel's TTGIR into this folder")
     ap.add_argument("--json", default=None, help="append one JSON line per compile to this file")
+    ap.add_argument("--overlap", action="store_true", help="launch_decode(merge_overlap=True): stage 1 with the "
+                                                          "arrival counters (and the PDL trigger)")
+    ap.add_argument("--merge", action="store_true", help="also compile the call's merge kernel and print its "
+                                                        "resources")
     args = ap.parse_args()
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
     dev = resolve_device("NVIDIA H200")
@@ -192,7 +197,10 @@ def main() -> None:
                     try:
                         cfg = KernelConfig(block_n=bn, num_warps=w, num_stages=s, **extra)
                         a, kw = record_stage1(cfg, dtype=dtype, hq=4 * g, hkv=4, page_size=args.page_size,
-                                              maxnreg=0, next_item=variant == "next_item")
+                                              maxnreg=0, next_item=variant == "next_item",
+                                              **({"merge_overlap": True} if args.overlap else {}))
+                        if args.overlap:  # the recorder ran on the CPU: the PDL trigger is what a GPU launch sets
+                            kw = {**kw, "PDL": True}
                         if cap:
                             kw = {**kw, "maxnreg": cap}
                         k = compile_sm90(dec._decode_stage1_kernel, a, kw)
@@ -213,6 +221,14 @@ def main() -> None:
                           f"{r['spill_stores']:5d} {r['shared']:7d} {res:6d} {table:5d}  {t['cp_async']:8d} "
                           f"{waits:>8s}  {' '.join(f'{n} x {k}' for k, n in t['rings'].items())}  "
                           f"sass {r['sass_sha256'][:12]}", flush=True)
+                    if args.merge:
+                        for grid, ma, mkw in record_stage1.merge_calls:
+                            if args.overlap:
+                                mkw = {**mkw, "launch_pdl": True}
+                            mk = compile_sm90(dec._decode_merge_kernel, ma, mkw)
+                            mr = resources(mk)
+                            print(f"  merge grid {grid} warps {mkw.get('num_warps')}: regs {mr['regs']} smem "
+                                  f"{mr['shared']} sass {mr['sass_sha256'][:12]}", flush=True)
                     if sink:
                         sink.write(json.dumps({"variant": variant, "cfg": [bn, w, s], "G": g, "heads_per_tile": heads,
                                                "maxnreg": cap, **r,

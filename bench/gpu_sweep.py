@@ -92,15 +92,18 @@ def add_ref_case_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--T", default="1048576", help="comma-separated total tokens to keep")
     ap.add_argument("--families", default="uniform,skewed40,skewed60,skewed80,2x40")
     ap.add_argument("--B", default="", help="batch sizes to keep (comma-separated); default all")
+    ap.add_argument("--sets", default="ref", help="case sets to keep (comma-separated: ref, jitter, trace, ...); "
+                                                  "--T and --families select among the ref set only")
 
 
 def ref_cases(args: argparse.Namespace) -> list[dict]:
-    """The reference cases of ``args.cases`` selected by :func:`add_ref_case_args`'s options."""
+    """The cases of ``args.cases`` selected by :func:`add_ref_case_args`'s options."""
     Ts = {int(t) for t in args.T.split(",")}
     fams = set(args.families.split(","))
     Bs = {int(b) for b in args.B.split(",") if b}
-    return [c for c in json.load(open(args.cases))["cases"] if c["set"] == "ref" and c["T"] in Ts
-            and c["family"] in fams and (not Bs or c["B"] in Bs)]
+    sets = set(getattr(args, "sets", "ref").split(","))
+    return [c for c in json.load(open(args.cases))["cases"] if c["set"] in sets
+            and (c["set"] != "ref" or (c["T"] in Ts and c["family"] in fams)) and (not Bs or c["B"] in Bs)]
 
 
 def named(name: str) -> tuple[str, tuple[str, dict]]:

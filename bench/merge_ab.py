@@ -1,7 +1,7 @@
 """What the merge launch costs, and its variants, on the H200 (issue 12).
 
-    python bench/merge_ab.py --out $OUT [--T 1048576] [--families ...] [--B 1,64,512] [--plans NAME,...]
-                             [--variants s1,auto,d1,d4,d16]
+    python bench/merge_ab.py --out $OUT [--T 1048576] [--families ...] [--B 1,64,512] [--plans NAME,...|served]
+                             [--variants s1,auto,d1,d4,d16,ov] [--sets ref,trace]
 
 Per reference case (bench/data/sweep_cases.json, set ``ref``) and plan, in one process and back to back: the
 plan's CUDA-graph replay on the hot path (random bf16 KV on shuffled pages, above the 60 MB L2), timed with
@@ -11,9 +11,13 @@ plan's CUDA-graph replay on the hot path (random bf16 KV on shuffled pages, abov
 - ``auto``: ``launch_decode``'s default (``merge_dsplit`` and ``merge_warps`` by its rules; ``w4`` is round 12's
   default);
 - ``dN``: ``merge_dsplit=N`` programs per (merged request, query head), each over ``D / N`` of the head dim;
-- ``wN``: the default with the merge launched on ``N`` warps (``merge_warps``).
+- ``wN``: the default with the merge launched on ``N`` warps (``merge_warps``);
+- ``ov``: the overlapped merge (``merge_overlap=True``: launched with PDL beside stage 1, each program waiting
+  on its (request, query head, chunk) arrival counter);
+- ``A+B``: both variants' keywords (e.g. ``ov+w4``).
 
-Every variant other than ``s1`` is checked against ``auto``'s output (the same merge math: equal to 1e-2).
+Every variant other than ``s1`` is checked against ``auto``'s output (the same merge math: equal to 1e-2), and
+after each variant's replays the overlapped merge's counters must be back at zero.
 One JSON line per (case, plan) in OUT/merge_ab.jsonl; stdout gives variant - s1 in us (the merge's cost).
 """
 
@@ -44,6 +48,13 @@ PLANS = ["stream_k|c1|n64w8s3|pf|h2|nx", "stream_k|c2|n32w4s3|pf|h2|nx", "balanc
 
 def variant_kwargs(v: str, plan) -> dict:
     """launch_decode keywords of variant ``v`` (module doc)."""
+    if "+" in v:
+        kw = {}
+        for part in v.split("+"):
+            kw.update(variant_kwargs(part, plan))
+        return kw
+    if v == "ov":
+        return {"merge_overlap": True}
     if v == "s1":
         return {"num_merge": 0}
     if v == "auto":
@@ -86,7 +97,10 @@ def main() -> None:
         b = timer.batch(L)
         floor = timer.hbm_floor_s(L)
         for name in args.plans.split(","):
-            pol, prm = named(name)[1]
+            if c.get("num_kv_heads", 4) != 4:
+                continue
+            # "served": the plan the shipped table serves the case (bench/data/sweep_cases.json)
+            pol, prm = (c["served"]["policy"], c["served"]["params"]) if name == "served" else named(name)[1]
             p = make_plan(L, num_kv_heads=4, device=GPU, policy=pol, params=prm)
             arrays = p.to("cuda")
             base = p.launch_sizes()
@@ -100,6 +114,10 @@ def main() -> None:
                                                        **kw))
                 times[v] = triton.testing.do_bench(g.replay, warmup=2, rep=args.rep_ms, return_mode="median") * 1e-3
                 del g
+                left = int(ws.sync.abs().sum())
+                if left:
+                    print(f"  {v}: {left} arrivals left in workspace.sync after the replays", flush=True)
+                    ws.sync.zero_()
                 outs[v] = out
             for v in variants:
                 if v not in ("s1", "auto") and "auto" in outs and merged:
@@ -107,7 +125,7 @@ def main() -> None:
                     if diff[v] > 1e-2:
                         print(f"  {v}: output differs from auto by {diff[v]:.3g}", flush=True)
             rec = {"kind": "merge_ab", "case": c["id"], "family": c["family"], "B": c["B"], "T": c["T"],
-                   "plan": name, "floor_s": floor, "merged": merged, "max_splits": int(p.num_splits.max()),
+                   "plan": name, "policy": pol, "params": prm, "floor_s": floor, "merged": merged, "max_splits": int(p.num_splits.max()),
                    "times": times, "max_abs_diff_vs_auto": diff}
             log.write(json.dumps(rec) + "\n")
             log.flush()

@@ -59,6 +59,9 @@ __all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "D
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
+# head-dim chunks per (request, query head) that the overlapped merge supports (merge_dsplit <= this)
+MERGE_SYNC_CHUNKS = 4
+
 _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
@@ -120,6 +123,7 @@ def _stage1_tile(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
     NEXT: tl.constexpr = False, TL=None, TL_STRIDE=0, TIMELINE: tl.constexpr = False,
+    SYNC=None, SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
@@ -259,6 +263,15 @@ def _stage1_tile(
             base = slot.to(tl.int64) * H_Q
             tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
             tl.store(PART_LSE + base + q_head, lse2, mask=mask_h)
+            if SIGNAL:
+                # launch_decode(merge_overlap=True): publish this split to the merge programs of its (request,
+                # query head, head-dim chunk), which may already be running (PDL). All threads' partial stores,
+                # then a CTA barrier, then a release add at GPU scope (cumulative over what the barrier ordered:
+                # the semaphore pattern of CUTLASS's GenericBarrier, PTX ISA "memory consistency model").
+                tl.debug_barrier()
+                offs_c = tl.arange(0, MERGE_DS)
+                sync_idx = (req * H_Q + q_head[:, None]) * MERGE_DS + offs_c[None, :]
+                tl.atomic_add(SYNC + sync_idx, 1, mask=mask_h[:, None], sem="release", scope="gpu")
         if TIMELINE:  # the time its k-th item's output was issued, for the first TL_STRIDE - 2 items
             k_item = it - item_lo
             tl.store(TL + tile * TL_STRIDE + 2 + k_item, tl.extra.cuda.globaltimer(), mask=k_item < TL_STRIDE - 2)
@@ -277,12 +290,17 @@ def _decode_stage1_kernel(
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
-    stride_ob, stride_oh, TL, TL_STRIDE,
+    stride_ob, stride_oh, TL, TL_STRIDE, SYNC,
     H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
     PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1, NEXT: tl.constexpr = False, TIMELINE: tl.constexpr = False,
+    SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        # programmatic dependent launch: the merge grid may start once every stage-1 CTA has started (so a
+        # spinning merge program never holds an SM that a stage-1 CTA still waits for); it waits on SYNC
+        tl.extra.cuda.gdc_launch_dependents()
     if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
         num_tiles = tl.load(COUNTS + 2)
     if PERSISTENT:
@@ -293,7 +311,7 @@ def _decode_stage1_kernel(
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE,
+                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -302,7 +320,7 @@ def _decode_stage1_kernel(
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE,
+            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS,
         )
 
 
@@ -310,9 +328,9 @@ def _decode_stage1_kernel(
 def _decode_merge_kernel(
     PART_O, PART_LSE, O, LSE,
     MERGE_REQ, MERGE_SLOT, MERGE_NUM, COUNTS,
-    stride_ob, stride_oh,
+    stride_ob, stride_oh, SYNC,
     H_Q: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    RETURN_LSE: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
+    RETURN_LSE: tl.constexpr, DEVICE_COUNTS: tl.constexpr, WAIT: tl.constexpr = False,
 ):
     # One program per (merged request, query head, BLOCK_D chunk of the head dim): the partials of up to BLOCK_S
     # splits are loaded at once (independent loads in flight), chunks of BLOCK_S
@@ -320,7 +338,7 @@ def _decode_merge_kernel(
     mid = tl.program_id(0)
     hq = tl.program_id(1)
     d0 = tl.program_id(2) * BLOCK_D  # the head dimension is cut into HEAD_DIM // BLOCK_D chunks
-    active = True
+    active = mid >= 0
     if DEVICE_COUNTS:  # grid sized by max_batch; programs past COUNTS[3] merged requests do nothing
         active = mid < tl.load(COUNTS + 3)
     req = tl.load(MERGE_REQ + mid, mask=active, other=0).to(tl.int64)
@@ -328,6 +346,16 @@ def _decode_merge_kernel(
     n = tl.load(MERGE_NUM + mid, mask=active, other=0)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = d0 + tl.arange(0, BLOCK_D)
+    if WAIT:
+        # launch_decode(merge_overlap=True): this grid may run beside stage 1 (PDL). Wait until the n splits of
+        # (request, query head) have published their partials (one release add each on this program's counter),
+        # polling with acquire reads; then reset the counter for the next call: this program is its only reader.
+        sync_ptr = SYNC + (req * H_Q + hq) * tl.num_programs(2) + tl.program_id(2)
+        seen = tl.atomic_add(sync_ptr, 0, mask=active, sem="acquire", scope="gpu")
+        seen = tl.where(active, seen, n)
+        while seen < n:
+            seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+        tl.store(sync_ptr, 0, mask=active)
 
     m_run = float("-inf")
     l_run = 0.0
@@ -335,8 +363,13 @@ def _decode_merge_kernel(
     for s0 in range(0, n, BLOCK_S):
         mask_s = (s0 + offs_s) < n
         row = (slot0 + s0 + offs_s) * H_Q + hq
-        lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
-        o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
+        if WAIT:  # past L1 (written by other SMs during this grid)
+            lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"), cache_modifier=".cg")
+            o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0,
+                        cache_modifier=".cg")
+        else:
+            lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
+            o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
         m_new = tl.maximum(m_run, tl.max(lse, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_run - m_safe)
@@ -415,12 +448,17 @@ class DecodeWorkspace:
         LSE output buffer (natural log) used when ``return_lse=True``.
     counter : torch.Tensor, int32 ``[1]``
         Work counter of the persistent schedule (reset by every call).
+    sync : torch.Tensor, int32 ``[max_batch * H_q * MERGE_SYNC_CHUNKS]`` or None
+        Arrival counters of the overlapped merge (``launch_decode(merge_overlap=True)``), one per (request,
+        query head, head-dim chunk of the merge); zero between calls (each merge program resets its own).
+        ``None``: the overlapped merge is refused.
     """
 
     part_o: torch.Tensor
     part_lse: torch.Tensor
     lse: torch.Tensor
     counter: torch.Tensor
+    sync: torch.Tensor | None = None
 
     @property
     def max_partials(self) -> int:
@@ -447,6 +485,7 @@ def make_workspace(
         part_lse=torch.empty((max(max_partials, 1), num_qo_heads), dtype=torch.float32, device=dev),
         lse=torch.empty((max(max_batch, 1), num_qo_heads), dtype=torch.float32, device=dev),
         counter=torch.zeros((1,), dtype=torch.int32, device=dev),
+        sync=torch.zeros((max(max_batch, 1) * num_qo_heads * MERGE_SYNC_CHUNKS,), dtype=torch.int32, device=dev),
     )
 
 
@@ -667,6 +706,7 @@ def launch_decode(
     next_item: bool | None = None,
     timeline: torch.Tensor | None = None,
     merge_warps: int | None = None,
+    merge_overlap: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no allocation; the only checks are the
     ones a plan cannot make, before any launch: ``config.heads_per_tile`` against H_q, the persistent schedule of
@@ -704,6 +744,15 @@ def launch_decode(
     round 5). ``merge_warps``: warps of each merge program. Default (``None``): 1
     when the host knows the sizes and ``num_merge * H_q >= 256``, else 4
     (docs/perf.md, round 13).
+
+    ``merge_overlap``: the overlapped merge. Each split work item, after storing its partial, adds one (a
+    release at GPU scope) to the counter of every (request, query head, head-dim chunk) it feeds
+    (``workspace.sync``); the merge is launched with programmatic dependent launch (sm_90+: it starts once
+    every stage-1 CTA has started, beside stage 1) and each merge program waits on its counter (acquire),
+    merges as soon as its request's splits are done, and resets the counter for the next call. CUDA-graph
+    replays stay correct: the counters are zero after every complete call. Needs ``merge_dsplit <=
+    MERGE_SYNC_CHUNKS`` and a workspace from :func:`make_workspace`; else ``ValueError`` before any launch.
+    Default (``None``): off.
 
     ``timeline``: a profiling buffer, int64 ``[num_tiles, 2 + K]`` on q's device (CUDA only: it reads the
     ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
@@ -751,6 +800,8 @@ def launch_decode(
         raise ValueError("config.next_item: needs the prefetching loop (config.prefetch)")
     if merge_warps is not None and merge_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"merge_warps: expected 1, 2, 4, 8 or 16 warps, got {merge_warps!r}")
+    if merge_overlap is not None and not isinstance(merge_overlap, bool):
+        raise ValueError(f"merge_overlap: expected a bool or None, got {merge_overlap!r}")
     if timeline is not None:
         if _INTERPRETED or q.device.type != "cuda":
             raise ValueError("timeline: needs a CUDA device (it reads %globaltimer and %smid)")
@@ -760,25 +811,11 @@ def launch_decode(
                 or not timeline.is_contiguous() or timeline.shape[0] < num_tiles or timeline.shape[1] < 3):
             raise ValueError(f"timeline: expected a contiguous int64 tensor [>= num_tiles={num_tiles}, >= 3] on "
                              f"{q.device}, got {timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
-    _decode_stage1_kernel[grid](
-        q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
-        kv_indptr, kv_indices,
-        arrays["work_request"], arrays["work_kv_start"], arrays["work_kv_end"], arrays["work_slot"],
-        arrays["cta_indptr"], workspace.counter, counts_arg,
-        sm_scale * _LOG2E, page_size, num_tiles,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1),
-        workspace.counter if timeline is None else timeline, 0 if timeline is None else timeline.shape[1],
-        H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
-        RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), TIMELINE=timeline is not None,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **({"maxnreg": maxnreg} if maxnreg else {}),
-    )
     merge_grid = (max_merge if device_counts else num_merge) or 0
+    if merge_overlap is None:
+        merge_overlap = False
+    # the merge's launch parameters, all checked before stage 1 is launched (with the overlapped merge, stage 1
+    # counts arrivals that only the merge resets: a call must launch both or neither)
     if merge_grid:
         splits = max_splits if max_splits is not None else 4096
         if merge_dsplit is None:
@@ -790,6 +827,10 @@ def launch_decode(
             # not known here: its grid of max_batch programs, most of them idle, keeps one per (request, head).
             few = max_splits is not None and num_merge is not None and num_merge * H_q <= 1024
             merge_dsplit = 4 if few and splits > 4096 // D and D % 64 == 0 else 1
+        elif (isinstance(merge_dsplit, bool) or not isinstance(merge_dsplit, int) or merge_dsplit < 1
+              or D % merge_dsplit or (D // merge_dsplit) & (D // merge_dsplit - 1)):
+            raise ValueError(f"merge_dsplit: expected a divisor of head_dim={D} leaving a power-of-two chunk, "
+                             f"got {merge_dsplit!r}")
         if merge_warps is None:
             # one warp per merge program once at least 256 (merged request, query head) pairs are merged: measured
             # on the H200 (docs/perf.md, round 13) the merge then costs a median 3.8 us over stage 1 instead of
@@ -799,12 +840,51 @@ def launch_decode(
             merge_warps = 1 if many else 4
         block_d = D // merge_dsplit
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
+        if merge_overlap:
+            sync = workspace.sync
+            need = (max_merge if device_counts else B) * H_q * MERGE_SYNC_CHUNKS
+            if merge_dsplit > MERGE_SYNC_CHUNKS:
+                raise ValueError(f"merge_overlap: needs merge_dsplit <= {MERGE_SYNC_CHUNKS}, got {merge_dsplit}")
+            if (sync is None or sync.dtype != torch.int32 or sync.device != q.device or not sync.is_contiguous()
+                    or sync.dim() != 1 or sync.shape[0] < need):
+                raise ValueError(f"workspace.sync: the overlapped merge needs a contiguous int32 tensor of >= {need} "
+                                 f"zeros on {q.device} (make_workspace allocates it), got "
+                                 f"{None if sync is None else (sync.dtype, tuple(sync.shape), str(sync.device))}")
+    else:
+        merge_overlap = False
+    # PDL (programmatic dependent launch, sm_90+): the merge grid starts while stage 1 runs; elsewhere (the CPU
+    # interpreter, older GPUs) the same protocol runs with the merge after stage 1
+    pdl = bool(merge_overlap) and not _INTERPRETED and q.device.type == "cuda" and \
+        torch.cuda.get_device_capability(q.device)[0] >= 9
+    sync_arg = workspace.sync if merge_overlap else workspace.counter
+    _decode_stage1_kernel[grid](
+        q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
+        kv_indptr, kv_indices,
+        arrays["work_request"], arrays["work_kv_start"], arrays["work_kv_end"], arrays["work_slot"],
+        arrays["cta_indptr"], workspace.counter, counts_arg,
+        sm_scale * _LOG2E, page_size, num_tiles,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        workspace.counter if timeline is None else timeline, 0 if timeline is None else timeline.shape[1],
+        sync_arg,
+        H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
+        RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
+        PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), TIMELINE=timeline is not None,
+        SIGNAL=bool(merge_overlap), MERGE_DS=merge_dsplit if merge_overlap else 1, PDL=pdl,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
+    )
+    if merge_grid:
         _decode_merge_kernel[(merge_grid, H_q, merge_dsplit)](
             workspace.part_o, workspace.part_lse, out, lse,
             arrays["merge_request"], arrays["merge_slot_start"], arrays["merge_num"], counts_arg,
-            out.stride(0), out.stride(1),
+            out.stride(0), out.stride(1), sync_arg,
             H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, BLOCK_D=block_d, RETURN_LSE=return_lse,
-            DEVICE_COUNTS=device_counts, num_warps=merge_warps,
+            DEVICE_COUNTS=device_counts, WAIT=bool(merge_overlap), num_warps=merge_warps,
+            **({"launch_pdl": True} if pdl else {}),
         )
     if return_lse:
         return out, lse

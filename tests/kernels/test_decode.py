@@ -536,3 +536,67 @@ def test_merge_warps_must_be_a_power_of_two():
                       num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=3,
                       merge_warps=3)
     assert torch.isnan(out).all()  # nothing launched
+
+
+@pytest.mark.parametrize("merge_dsplit,heads,schedule", [(1, 1, "grid"), (2, 2, "grid"), (4, 1, "persistent"),
+                                                         (1, 2, "persistent")])
+def test_overlapped_merge_matches_reference_and_leaves_counters_zero_fp16(merge_dsplit, heads, schedule):
+    """``launch_decode(merge_overlap=True)``: stage 1 counts each split's arrival per (request, query head,
+    head-dim chunk) in ``workspace.sync`` and each merge program waits for its count, then resets it. Under the
+    interpreter the merge runs after stage 1, so this checks the protocol's bookkeeping: the same output and LSE
+    as the fp32 reference, every counter back at zero after each call, and a second call on the same
+    workspace (what a CUDA-graph replay does) giving the same result."""
+    from kvsplit.kernels.decode import MERGE_SYNC_CHUNKS, launch_decode
+
+    lens = [700, 0, 5, 333, 64]
+    extra = {"schedule": "persistent", "num_programs": 3} if schedule == "persistent" else {}
+    hq = H_Q * heads  # heads_per_tile 2 needs 2 * G <= 16 and H_kv divisible: H_kv 2, G 4
+    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 7, "block_n": 16, "heads_per_tile": heads, **extra}, head_dim=D,
+                     page_size=16, dtype="float16")
+    case = make_case(lens, num_qo_heads=hq, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
+                     seed=11 + merge_dsplit)
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    ws = make_workspace(hq, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+    assert ws.sync.shape == (len(lens) * hq * MERGE_SYNC_CHUNKS,) and int(ws.sync.abs().sum()) == 0
+    arrays = plan.to("cpu")
+    for call in range(2):
+        out = torch.full_like(case["q"], float("nan"))
+        o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                               arrays, plan.config, out=out, workspace=ws, **plan.launch_sizes(), return_lse=True,
+                               merge_dsplit=merge_dsplit, merge_overlap=True)
+        assert not torch.isnan(o).any()
+        assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16], call
+        fin = torch.isfinite(ref_lse)
+        assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+        assert int(ws.sync.abs().sum()) == 0, f"call {call}: counters left at {ws.sync.nonzero().flatten()}"
+
+
+def test_overlapped_merge_refusals():
+    """The overlapped merge is refused before any launch (so no counter is left behind) when the workspace has
+    no counters or too few, or merge_dsplit exceeds the chunks they hold; a non-bool merge_overlap too."""
+    from kvsplit.kernels.decode import launch_decode
+
+    lens = [300, 40]
+    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed",
+                     params={"num_splits": 3, "block_n": 16}, head_dim=D, page_size=16, dtype="float16")
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
+                     seed=3)
+    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+    out = torch.zeros_like(case["q"])
+
+    def run(workspace, **kw):
+        return launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                             plan.to("cpu"), plan.config, out=out, workspace=workspace, **plan.launch_sizes(), **kw)
+
+    with pytest.raises(ValueError, match="merge_overlap: needs merge_dsplit <= 4"):
+        run(ws, merge_overlap=True, merge_dsplit=8)
+    with pytest.raises(ValueError, match="workspace.sync: the overlapped merge needs"):
+        run(dataclasses.replace(ws, sync=None), merge_overlap=True)
+    with pytest.raises(ValueError, match="workspace.sync: the overlapped merge needs"):
+        run(dataclasses.replace(ws, sync=ws.sync[:3]), merge_overlap=True)
+    with pytest.raises(ValueError, match="merge_overlap: expected a bool"):
+        run(ws, merge_overlap=1)
+    with pytest.raises(ValueError, match="merge_dsplit: expected a divisor"):
+        run(ws, merge_dsplit=3)
+    assert int(out.abs().sum()) == 0 and int(ws.sync.abs().sum()) == 0  # nothing ran
