@@ -200,7 +200,8 @@ def main() -> None:
                                               maxnreg=0, next_item=variant == "next_item",
                                               **({"merge_overlap": True} if args.overlap else {}))
                         if args.overlap:  # the recorder ran on the CPU: the PDL trigger is what a GPU launch sets
-                            kw = {**kw, "PDL": True}
+                            kw = {**kw, **({"PDL": True} if dec._OVERLAP["trigger"] == "start" else
+                                           {"PDL_LAST": True})}
                         if cap:
                             kw = {**kw, "maxnreg": cap}
                         k = compile_sm90(dec._decode_stage1_kernel, a, kw)
@@ -224,7 +225,7 @@ def main() -> None:
                     if args.merge:
                         for grid, ma, mkw in record_stage1.merge_calls:
                             if args.overlap:
-                                mkw = {**mkw, "launch_pdl": True}
+                                mkw = {**mkw, "launch_pdl": True, "POLL_NS": dec._OVERLAP["poll_ns"]}
                             mk = compile_sm90(dec._decode_merge_kernel, ma, mkw)
                             mr = resources(mk)
                             print(f"  merge grid {grid} warps {mkw.get('num_warps')}: regs {mr['regs']} smem "

@@ -14,7 +14,10 @@ plan's CUDA-graph replay on the hot path (random bf16 KV on shuffled pages, abov
 - ``wN``: the default with the merge launched on ``N`` warps (``merge_warps``);
 - ``ov``: the overlapped merge (``merge_overlap=True``: launched with PDL beside stage 1, each program waiting
   on its (request, query head, chunk) arrival counter);
-- ``A+B``: both variants' keywords (e.g. ``ov+w4``).
+- ``np``, ``t0``, ``t1``, ``pN`` (with ``ov``): how the overlapped merge launches (``kernels/decode.py``
+  ``_OVERLAP``): no PDL (the merge after stage 1, the protocol's cost alone); the PDL trigger at each stage-1
+  CTA's start or at its tile's last item; N ns of back-off between the merge's polls;
+- ``A+B``: both variants' keywords (e.g. ``ov+w4``, ``ov+t0+p0``).
 
 Every variant other than ``s1`` is checked against ``auto``'s output (the same merge math: equal to 1e-2), and
 after each variant's replays the overlapped merge's counters must be back at zero.
@@ -43,18 +46,29 @@ from kvsplit.kernels.plan import make_plan  # noqa: E402
 from kvsplit.tuner.gpu import software_versions  # noqa: E402
 
 GPU = "NVIDIA H200"
+OVERLAP_DEFAULT = dict(dec._OVERLAP)
 PLANS = ["stream_k|c1|n64w8s3|pf|h2|nx", "stream_k|c2|n32w4s3|pf|h2|nx", "balanced|c2|n32w4s3|pf|h2|nx"]
 
 
 def variant_kwargs(v: str, plan) -> dict:
     """launch_decode keywords of variant ``v`` (module doc)."""
     if "+" in v:
-        kw = {}
+        kw: dict = {}
         for part in v.split("+"):
-            kw.update(variant_kwargs(part, plan))
+            got = variant_kwargs(part, plan)
+            kw["_overlap"] = {**kw.get("_overlap", {}), **got.pop("_overlap", {})}
+            kw.update(got)
         return kw
     if v == "ov":
         return {"merge_overlap": True}
+    # how the overlapped merge launches (kernels/decode.py _OVERLAP): np = no PDL (the merge after stage 1),
+    # t0 / t1 = trigger at each stage-1 CTA's start / at its tile's last item, pN = N ns between polls
+    if v == "np":
+        return {"_overlap": {"pdl": False}}
+    if v in ("t0", "t1"):
+        return {"_overlap": {"trigger": "start" if v == "t0" else "last_item"}}
+    if v[0] == "p" and v[1:].isdigit():
+        return {"_overlap": {"poll_ns": int(v[1:])}}
     if v == "s1":
         return {"num_merge": 0}
     if v == "auto":
@@ -109,6 +123,7 @@ def main() -> None:
             for v in variants:
                 out = torch.empty((p.batch_size, 32, 128), dtype=torch.bfloat16, device="cuda")
                 kw = {**base, **variant_kwargs(v, p)}
+                dec._OVERLAP = {**OVERLAP_DEFAULT, **kw.pop("_overlap", {})}  # read at launch (graph capture)
                 g = graph_of(lambda: dec.launch_decode(b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"],
                                                        b["kv_indices"], arrays, p.config, out=out, workspace=ws,
                                                        **kw))

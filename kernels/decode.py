@@ -61,6 +61,10 @@ _LN2 = 0.6931471805599453
 
 # head-dim chunks per (request, query head) that the overlapped merge supports (merge_dsplit <= this)
 MERGE_SYNC_CHUNKS = 4
+# how launch_decode(merge_overlap=True) launches (for A/B benchmarks, bench/merge_ab.py): "pdl" (else the merge
+# runs after stage 1), "trigger" ("start": every stage-1 CTA triggers the merge grid at its start; "last_item": at
+# the start of its tile's last item), "poll_ns" (the merge's back-off between polls, ns; 0: none)
+_OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500}
 
 _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -123,7 +127,7 @@ def _stage1_tile(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
     NEXT: tl.constexpr = False, TL=None, TL_STRIDE=0, TIMELINE: tl.constexpr = False,
-    SYNC=None, SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1,
+    SYNC=None, SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL_LAST: tl.constexpr = False,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
@@ -170,6 +174,10 @@ def _stage1_tile(
         pg_nx = tl.load(KV_INDICES + base0 + t // PAGE_SIZE, mask=t < en0, other=0)
 
     for it in range(item_lo, item_hi):
+        if PDL_LAST:
+            # the merge grid may be scheduled once every stage-1 CTA has reached its last item (or exited)
+            if it == item_hi - 1:
+                tl.extra.cuda.gdc_launch_dependents()
         if NEXT:
             req = req0
             start = st0
@@ -296,10 +304,12 @@ def _decode_stage1_kernel(
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
     PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1, NEXT: tl.constexpr = False, TIMELINE: tl.constexpr = False,
     SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL: tl.constexpr = False,
+    PDL_LAST: tl.constexpr = False,
 ):
     if PDL:
         # programmatic dependent launch: the merge grid may start once every stage-1 CTA has started (so a
-        # spinning merge program never holds an SM that a stage-1 CTA still waits for); it waits on SYNC
+        # spinning merge program never holds an SM that a stage-1 CTA still waits for); it waits on SYNC.
+        # PDL_LAST: the trigger is at the start of each tile's last item instead.
         tl.extra.cuda.gdc_launch_dependents()
     if DEVICE_COUNTS:  # a device-resident plan (kernels/device_plan.py): its tile count is COUNTS[2]
         num_tiles = tl.load(COUNTS + 2)
@@ -311,7 +321,7 @@ def _decode_stage1_kernel(
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS,
+                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -320,7 +330,7 @@ def _decode_stage1_kernel(
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS,
+            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST,
         )
 
 
@@ -330,7 +340,7 @@ def _decode_merge_kernel(
     MERGE_REQ, MERGE_SLOT, MERGE_NUM, COUNTS,
     stride_ob, stride_oh, SYNC,
     H_Q: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    RETURN_LSE: tl.constexpr, DEVICE_COUNTS: tl.constexpr, WAIT: tl.constexpr = False,
+    RETURN_LSE: tl.constexpr, DEVICE_COUNTS: tl.constexpr, WAIT: tl.constexpr = False, POLL_NS: tl.constexpr = 0,
 ):
     # One program per (merged request, query head, BLOCK_D chunk of the head dim): the partials of up to BLOCK_S
     # splits are loaded at once (independent loads in flight), chunks of BLOCK_S
@@ -354,6 +364,9 @@ def _decode_merge_kernel(
         seen = tl.atomic_add(sync_ptr, 0, mask=active, sem="acquire", scope="gpu")
         seen = tl.where(active, seen, n)
         while seen < n:
+            if POLL_NS > 0:  # back off between polls (PTX nanosleep; CUDA only), sparing L2 and issue slots
+                seen = tl.inline_asm_elementwise(f"nanosleep.u32 {POLL_NS}; mov.b32 $0, $1;", "=r,r", [seen],
+                                                 dtype=tl.int32, is_pure=False, pack=1)
             seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
         tl.store(sync_ptr, 0, mask=active)
 
@@ -854,8 +867,9 @@ def launch_decode(
         merge_overlap = False
     # PDL (programmatic dependent launch, sm_90+): the merge grid starts while stage 1 runs; elsewhere (the CPU
     # interpreter, older GPUs) the same protocol runs with the merge after stage 1
-    pdl = bool(merge_overlap) and not _INTERPRETED and q.device.type == "cuda" and \
+    pdl = bool(merge_overlap) and _OVERLAP["pdl"] and not _INTERPRETED and q.device.type == "cuda" and \
         torch.cuda.get_device_capability(q.device)[0] >= 9
+    pdl_last = pdl and _OVERLAP["trigger"] == "last_item" and not persistent
     sync_arg = workspace.sync if merge_overlap else workspace.counter
     _decode_stage1_kernel[grid](
         q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
@@ -872,7 +886,8 @@ def launch_decode(
         H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
         PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), TIMELINE=timeline is not None,
-        SIGNAL=bool(merge_overlap), MERGE_DS=merge_dsplit if merge_overlap else 1, PDL=pdl,
+        SIGNAL=bool(merge_overlap), MERGE_DS=merge_dsplit if merge_overlap else 1, PDL=pdl and not pdl_last,
+        PDL_LAST=pdl_last,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
@@ -883,7 +898,8 @@ def launch_decode(
             arrays["merge_request"], arrays["merge_slot_start"], arrays["merge_num"], counts_arg,
             out.stride(0), out.stride(1), sync_arg,
             H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, BLOCK_D=block_d, RETURN_LSE=return_lse,
-            DEVICE_COUNTS=device_counts, WAIT=bool(merge_overlap), num_warps=merge_warps,
+            DEVICE_COUNTS=device_counts, WAIT=bool(merge_overlap), POLL_NS=_OVERLAP["poll_ns"] if pdl else 0,
+            num_warps=merge_warps,
             **({"launch_pdl": True} if pdl else {}),
         )
     if return_lse:
