@@ -225,7 +225,8 @@ def main() -> None:
                     if args.merge:
                         for grid, ma, mkw in record_stage1.merge_calls:
                             if args.overlap:
-                                mkw = {**mkw, "launch_pdl": True, "POLL_NS": dec._OVERLAP["poll_ns"]}
+                                mkw = {**mkw, "launch_pdl": True, "POLL_NS": dec._OVERLAP["poll_ns"],
+                                       "POLL_RELAXED": dec._OVERLAP["poll"] == "relaxed"}
                             mk = compile_sm90(dec._decode_merge_kernel, ma, mkw)
                             mr = resources(mk)
                             print(f"  merge grid {grid} warps {mkw.get('num_warps')}: regs {mr['regs']} smem "

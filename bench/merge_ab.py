@@ -16,7 +16,8 @@ plan's CUDA-graph replay on the hot path (random bf16 KV on shuffled pages, abov
   on its (request, query head, chunk) arrival counter);
 - ``np``, ``t0``, ``t1``, ``pN`` (with ``ov``): how the overlapped merge launches (``kernels/decode.py``
   ``_OVERLAP``): no PDL (the merge after stage 1, the protocol's cost alone); the PDL trigger at each stage-1
-  CTA's start or at its tile's last item; N ns of back-off between the merge's polls;
+  CTA's start or at its tile's last item; N ns of back-off between the merge's polls; ``rl`` / ``aq``: volatile
+  polls and one acquire read after them, or an acquire read at every poll;
 - ``A+B``: both variants' keywords (e.g. ``ov+w4``, ``ov+t0+p0``).
 
 Every variant other than ``s1`` is checked against ``auto``'s output (the same merge math: equal to 1e-2), and
@@ -65,6 +66,8 @@ def variant_kwargs(v: str, plan) -> dict:
     # t0 / t1 = trigger at each stage-1 CTA's start / at its tile's last item, pN = N ns between polls
     if v == "np":
         return {"_overlap": {"pdl": False}}
+    if v in ("rl", "aq"):  # volatile polls then one acquire read / every poll an acquire read
+        return {"_overlap": {"poll": "relaxed" if v == "rl" else "acquire"}}
     if v in ("t0", "t1"):
         return {"_overlap": {"trigger": "start" if v == "t0" else "last_item"}}
     if v[0] == "p" and v[1:].isdigit():

@@ -64,7 +64,8 @@ MERGE_SYNC_CHUNKS = 4
 # how launch_decode(merge_overlap=True) launches (for A/B benchmarks, bench/merge_ab.py): "pdl" (else the merge
 # runs after stage 1), "trigger" ("start": every stage-1 CTA triggers the merge grid at its start; "last_item": at
 # the start of its tile's last item), "poll_ns" (the merge's back-off between polls, ns; 0: none)
-_OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500}
+# "poll" ("acquire": every poll an acquire read; "relaxed": volatile polls, then one acquire read)
+_OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500, "poll": "relaxed"}
 
 _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -341,6 +342,7 @@ def _decode_merge_kernel(
     stride_ob, stride_oh, SYNC,
     H_Q: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     RETURN_LSE: tl.constexpr, DEVICE_COUNTS: tl.constexpr, WAIT: tl.constexpr = False, POLL_NS: tl.constexpr = 0,
+    POLL_RELAXED: tl.constexpr = False,
 ):
     # One program per (merged request, query head, BLOCK_D chunk of the head dim): the partials of up to BLOCK_S
     # splits are loaded at once (independent loads in flight), chunks of BLOCK_S
@@ -363,11 +365,19 @@ def _decode_merge_kernel(
         sync_ptr = SYNC + (req * H_Q + hq) * tl.num_programs(2) + tl.program_id(2)
         seen = tl.atomic_add(sync_ptr, 0, mask=active, sem="acquire", scope="gpu")
         seen = tl.where(active, seen, n)
-        while seen < n:
-            if POLL_NS > 0:  # back off between polls (PTX nanosleep; CUDA only), sparing L2 and issue slots
-                seen = tl.inline_asm_elementwise(f"nanosleep.u32 {POLL_NS}; mov.b32 $0, $1;", "=r,r", [seen],
-                                                 dtype=tl.int32, is_pure=False, pack=1)
-            seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+        if seen < n:
+            while seen < n:
+                if POLL_NS > 0:  # back off between polls (PTX nanosleep; CUDA only), sparing L2 and issue slots
+                    seen = tl.inline_asm_elementwise(f"nanosleep.u32 {POLL_NS}; mov.b32 $0, $1;", "=r,r", [seen],
+                                                     dtype=tl.int32, is_pure=False, pack=1)
+                if POLL_RELAXED:  # volatile polls (L2), then one acquire read once the count is there
+                    seen = tl.load(sync_ptr, volatile=True)
+                else:
+                    seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+            if POLL_RELAXED:
+                seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+                # (used, so that the acquire read is not dropped: Triton turns an add of 0 into a load)
+                n = tl.minimum(n, seen)
         tl.store(sync_ptr, 0, mask=active)
 
     m_run = float("-inf")
@@ -899,6 +909,7 @@ def launch_decode(
             out.stride(0), out.stride(1), sync_arg,
             H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, BLOCK_D=block_d, RETURN_LSE=return_lse,
             DEVICE_COUNTS=device_counts, WAIT=bool(merge_overlap), POLL_NS=_OVERLAP["poll_ns"] if pdl else 0,
+            POLL_RELAXED=bool(merge_overlap) and _OVERLAP["poll"] == "relaxed",
             num_warps=merge_warps,
             **({"launch_pdl": True} if pdl else {}),
         )
