@@ -12,6 +12,7 @@ plan's CUDA-graph replay on the hot path (random bf16 KV on shuffled pages, abov
   default);
 - ``dN``: ``merge_dsplit=N`` programs per (merged request, query head), each over ``D / N`` of the head dim;
 - ``wN``: the default with the merge launched on ``N`` warps (``merge_warps``);
+- ``ovoff``: the default with the overlapped merge off (round 13's default);
 - ``ov``: the overlapped merge (``merge_overlap=True``: launched with PDL beside stage 1, each program waiting
   on its (request, query head, chunk) arrival counter);
 - ``np``, ``t0``, ``t1``, ``pN`` (with ``ov``): how the overlapped merge launches (``kernels/decode.py``
@@ -62,6 +63,8 @@ def variant_kwargs(v: str, plan) -> dict:
         return kw
     if v == "ov":
         return {"merge_overlap": True}
+    if v == "ovoff":
+        return {"merge_overlap": False}
     # how the overlapped merge launches (kernels/decode.py _OVERLAP): np = no PDL (the merge after stage 1),
     # t0 / t1 = trigger at each stage-1 CTA's start / at its tile's last item, pN = N ns between polls
     if v == "np":

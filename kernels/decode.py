@@ -705,6 +705,11 @@ def decode_attention(
     )
 
 
+def _pdl_available(device: torch.device) -> bool:
+    """Whether a launch on ``device`` can use programmatic dependent launch (compiled CUDA, sm_90+)."""
+    return not _INTERPRETED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def launch_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -775,7 +780,9 @@ def launch_decode(
     merges as soon as its request's splits are done, and resets the counter for the next call. CUDA-graph
     replays stay correct: the counters are zero after every complete call. Needs ``merge_dsplit <=
     MERGE_SYNC_CHUNKS`` and a workspace from :func:`make_workspace`; else ``ValueError`` before any launch.
-    Default (``None``): off.
+    Default (``None``): on when the host knows the sizes, ``num_merge * H_q >= 256``, PDL is available (a
+    CUDA device of compute capability 9.0 or later) and the workspace holds the counters; else off
+    (docs/perf.md, round 14).
 
     ``timeline``: a profiling buffer, int64 ``[num_tiles, 2 + K]`` on q's device (CUDA only: it reads the
     ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
@@ -835,8 +842,8 @@ def launch_decode(
             raise ValueError(f"timeline: expected a contiguous int64 tensor [>= num_tiles={num_tiles}, >= 3] on "
                              f"{q.device}, got {timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     merge_grid = (max_merge if device_counts else num_merge) or 0
-    if merge_overlap is None:
-        merge_overlap = False
+    pdl_ok = _pdl_available(q.device)
+    default_overlap = merge_overlap is None
     # the merge's launch parameters, all checked before stage 1 is launched (with the overlapped merge, stage 1
     # counts arrivals that only the merge resets: a call must launch both or neither)
     if merge_grid:
@@ -863,6 +870,16 @@ def launch_decode(
             merge_warps = 1 if many else 4
         block_d = D // merge_dsplit
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
+        if default_overlap:
+            # the overlapped merge from 256 merged (request, query head) pairs on, where PDL runs it beside
+            # stage 1: measured on the H200 (docs/perf.md, round 14) it saves 0.5-1 % on the held-out trace
+            # batches and 1 % at T = 262,144 under stream_k, and with fewer pairs (a few requests of many splits,
+            # merged on four warps) it lost up to 2.7 %. Without PDL the arrivals cost and nothing overlaps.
+            sync = workspace.sync
+            merge_overlap = (pdl_ok and not device_counts and num_merge is not None and num_merge * H_q >= 256
+                             and merge_dsplit <= MERGE_SYNC_CHUNKS and sync is not None
+                             and sync.dtype == torch.int32 and sync.device == q.device and sync.is_contiguous()
+                             and sync.dim() == 1 and sync.shape[0] >= B * H_q * MERGE_SYNC_CHUNKS)
         if merge_overlap:
             sync = workspace.sync
             need = (max_merge if device_counts else B) * H_q * MERGE_SYNC_CHUNKS
@@ -877,8 +894,7 @@ def launch_decode(
         merge_overlap = False
     # PDL (programmatic dependent launch, sm_90+): the merge grid starts while stage 1 runs; elsewhere (the CPU
     # interpreter, older GPUs) the same protocol runs with the merge after stage 1
-    pdl = bool(merge_overlap) and _OVERLAP["pdl"] and not _INTERPRETED and q.device.type == "cuda" and \
-        torch.cuda.get_device_capability(q.device)[0] >= 9
+    pdl = bool(merge_overlap) and _OVERLAP["pdl"] and pdl_ok
     pdl_last = pdl and _OVERLAP["trigger"] == "last_item" and not persistent
     sync_arg = workspace.sync if merge_overlap else workspace.counter
     _decode_stage1_kernel[grid](

@@ -473,6 +473,47 @@ def test_merge_default_rules(lens, max_splits, dsplit, warps, monkeypatch):
     assert merge_grid == (nm, hq, dsplit) and block_d == d // dsplit and num_warps == warps
 
 
+@pytest.mark.parametrize("B, splits, on", [(8, 2, True), (7, 2, False), (2, 64, False), (64, 3, True)])
+def test_overlapped_merge_default_rule(B, splits, on, monkeypatch):
+    """launch_decode's default turns the overlapped merge on from 256 merged (request, query head) pairs on
+    (H_q 32: 8 merged requests) where PDL is available, the workspace holds the counters and merge_dsplit fits
+    them (docs/perf.md round 14); never on the CPU interpreter, for a workspace without counters, or for a
+    device-resident plan."""
+    from kvsplit.kernels import decode as dec
+
+    calls = []
+
+    class Rec:  # records the launch keywords instead of running the kernel
+        def __getitem__(self, grid):
+            return lambda *a, **k: calls.append(k)
+
+    monkeypatch.setattr(dec, "_decode_stage1_kernel", Rec())
+    monkeypatch.setattr(dec, "_decode_merge_kernel", Rec())
+    d, hq, hkv = 128, 32, 4
+    lens = [4096] * B
+    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": splits},
+                     head_dim=d, page_size=16, dtype="float16")
+    q = torch.zeros((B, hq, d), dtype=torch.float16)
+    k = torch.zeros((B * 256 + 1, 16, hkv, d), dtype=torch.float16)
+    ws = make_workspace(hq, d, max_partials=plan.num_partials, max_batch=B, device="cpu")
+
+    def launch(workspace, **kw):
+        calls.clear()
+        dec.launch_decode(q, k, k, torch.zeros(B + 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
+                          plan.to("cpu"), plan.config, out=torch.empty_like(q), workspace=workspace,
+                          **plan.launch_sizes(), **kw)
+        (s1, m) = calls
+        assert s1["SIGNAL"] == m["WAIT"]
+        return m["WAIT"], ("launch_pdl" in m)
+
+    assert launch(ws) == (False, False)  # the interpreter: no PDL, no overlap
+    monkeypatch.setattr(dec, "_pdl_available", lambda device: True)
+    assert launch(ws) == (on, on)
+    assert launch(dataclasses.replace(ws, sync=None)) == (False, False)
+    assert launch(ws, merge_overlap=False) == (False, False)
+    assert launch(ws, merge_overlap=True) == (True, True)
+
+
 def test_compiled_residency_table_matches_an_sm90_compile(tmp_path):
     """kernels/residency.py COMPILED holds registers / shared memory of plain-loop configs from Triton's sm_90
     compile on the CPU: compiling two of them again (bench/compile_sm90.py, a subprocess without the interpreter)
