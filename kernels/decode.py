@@ -360,8 +360,8 @@ def _decode_merge_kernel(
     offs_d = d0 + tl.arange(0, BLOCK_D)
     if WAIT:
         # launch_decode(merge_overlap=True): this grid may run beside stage 1 (PDL). Wait until the n splits of
-        # (request, query head) have published their partials (one release add each on this program's counter),
-        # polling with acquire reads; then reset the counter for the next call: this program is its only reader.
+        # (request, query head) have published their partials (one release add each on this program's counter);
+        # then reset the counter for the next call: this program is its only reader.
         sync_ptr = SYNC + (req * H_Q + hq) * tl.num_programs(2) + tl.program_id(2)
         seen = tl.atomic_add(sync_ptr, 0, mask=active, sem="acquire", scope="gpu")
         seen = tl.where(active, seen, n)
@@ -776,10 +776,12 @@ def launch_decode(
     ``merge_overlap``: the overlapped merge. Each split work item, after storing its partial, adds one (a
     release at GPU scope) to the counter of every (request, query head, head-dim chunk) it feeds
     (``workspace.sync``); the merge is launched with programmatic dependent launch (sm_90+: it starts once
-    every stage-1 CTA has started, beside stage 1) and each merge program waits on its counter (acquire),
-    merges as soon as its request's splits are done, and resets the counter for the next call. CUDA-graph
-    replays stay correct: the counters are zero after every complete call. Needs ``merge_dsplit <=
-    MERGE_SYNC_CHUNKS`` and a workspace from :func:`make_workspace`; else ``ValueError`` before any launch.
+    every stage-1 CTA has reached its tile's last item, beside stage 1) and each merge program polls its
+    counter (volatile reads 500 ns apart, then an acquire read), merges as soon as its request's splits are
+    done, and resets the counter for the next call. CUDA-graph replays stay correct: the counters are zero
+    after every complete call. Needs ``merge_dsplit <= MERGE_SYNC_CHUNKS``, a workspace from
+    :func:`make_workspace` and host-known sizes (not a device-resident plan); else ``ValueError`` before any
+    launch.
     Default (``None``): on when the host knows the sizes, ``num_merge * H_q >= 256``, PDL is available (a
     CUDA device of compute capability 9.0 or later) and the workspace holds the counters; else off
     (docs/perf.md, round 14).
@@ -883,6 +885,8 @@ def launch_decode(
         if merge_overlap:
             sync = workspace.sync
             need = (max_merge if device_counts else B) * H_q * MERGE_SYNC_CHUNKS
+            if device_counts:
+                raise ValueError("merge_overlap: needs the host-known sizes (num_merge), not a device-resident plan")
             if merge_dsplit > MERGE_SYNC_CHUNKS:
                 raise ValueError(f"merge_overlap: needs merge_dsplit <= {MERGE_SYNC_CHUNKS}, got {merge_dsplit}")
             if (sync is None or sync.dtype != torch.int32 or sync.device != q.device or not sync.is_contiguous()
