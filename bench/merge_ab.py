@@ -3,7 +3,7 @@
     python bench/merge_ab.py --out $OUT [--T 1048576] [--families ...] [--B 1,64,512] [--plans NAME,...|served]
                              [--variants s1,auto,d1,d4,d16,ov] [--sets ref,trace]
 
-Per reference case (bench/data/sweep_cases.json, set ``ref``) and plan, in one process and back to back: the
+Per case (bench/data/sweep_cases.json, the sets of ``--sets``, default the reference set ``ref``) and plan, in one process and back to back: the
 plan's CUDA-graph replay on the hot path (random bf16 KV on shuffled pages, above the 60 MB L2), timed with
 ``triton.testing.do_bench`` (median), under each variant of the merge:
 
@@ -146,7 +146,8 @@ def main() -> None:
                     if diff[v] > 1e-2:
                         print(f"  {v}: output differs from auto by {diff[v]:.3g}", flush=True)
             rec = {"kind": "merge_ab", "case": c["id"], "family": c["family"], "B": c["B"], "T": c["T"],
-                   "plan": name, "policy": pol, "params": prm, "floor_s": floor, "merged": merged, "max_splits": int(p.num_splits.max()),
+                   "plan": name, "policy": pol, "params": prm, "floor_s": floor, "merged": merged,
+                   "max_splits": int(p.num_splits.max()),
                    "times": times, "max_abs_diff_vs_auto": diff}
             log.write(json.dumps(rec) + "\n")
             log.flush()
