@@ -872,25 +872,22 @@ def launch_decode(
             merge_warps = 1 if many else 4
         block_d = D // merge_dsplit
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
+        sync, need = workspace.sync, B * H_q * MERGE_SYNC_CHUNKS
+        sync_ok = (sync is not None and sync.dtype == torch.int32 and sync.device == q.device
+                   and sync.is_contiguous() and sync.dim() == 1 and sync.shape[0] >= need)
         if default_overlap:
             # the overlapped merge from 256 merged (request, query head) pairs on, where PDL runs it beside
             # stage 1: measured on the H200 (docs/perf.md, round 14) it saves 0.5-1 % on the held-out trace
             # batches and 1 % at T = 262,144 under stream_k, and with fewer pairs (a few requests of many splits,
             # merged on four warps) it lost up to 2.7 %. Without PDL the arrivals cost and nothing overlaps.
-            sync = workspace.sync
             merge_overlap = (pdl_ok and not device_counts and num_merge is not None and num_merge * H_q >= 256
-                             and merge_dsplit <= MERGE_SYNC_CHUNKS and sync is not None
-                             and sync.dtype == torch.int32 and sync.device == q.device and sync.is_contiguous()
-                             and sync.dim() == 1 and sync.shape[0] >= B * H_q * MERGE_SYNC_CHUNKS)
+                             and merge_dsplit <= MERGE_SYNC_CHUNKS and sync_ok)
         if merge_overlap:
-            sync = workspace.sync
-            need = (max_merge if device_counts else B) * H_q * MERGE_SYNC_CHUNKS
             if device_counts:
                 raise ValueError("merge_overlap: needs the host-known sizes (num_merge), not a device-resident plan")
             if merge_dsplit > MERGE_SYNC_CHUNKS:
                 raise ValueError(f"merge_overlap: needs merge_dsplit <= {MERGE_SYNC_CHUNKS}, got {merge_dsplit}")
-            if (sync is None or sync.dtype != torch.int32 or sync.device != q.device or not sync.is_contiguous()
-                    or sync.dim() != 1 or sync.shape[0] < need):
+            if not sync_ok:
                 raise ValueError(f"workspace.sync: the overlapped merge needs a contiguous int32 tensor of >= {need} "
                                  f"zeros on {q.device} (make_workspace allocates it), got "
                                  f"{None if sync is None else (sync.dtype, tuple(sync.shape), str(sync.device))}")
@@ -898,7 +895,7 @@ def launch_decode(
         merge_overlap = False
     # PDL (programmatic dependent launch, sm_90+): the merge grid starts while stage 1 runs; elsewhere (the CPU
     # interpreter, older GPUs) the same protocol runs with the merge after stage 1
-    pdl = bool(merge_overlap) and _OVERLAP["pdl"] and pdl_ok
+    pdl = merge_overlap and _OVERLAP["pdl"] and pdl_ok
     pdl_last = pdl and _OVERLAP["trigger"] == "last_item" and not persistent
     sync_arg = workspace.sync if merge_overlap else workspace.counter
     _decode_stage1_kernel[grid](
