@@ -779,12 +779,12 @@ def launch_decode(
     every stage-1 CTA has reached its tile's last item, beside stage 1) and each merge program polls its
     counter (volatile reads 500 ns apart, then an acquire read), merges as soon as its request's splits are
     done, and resets the counter for the next call. CUDA-graph replays stay correct: the counters are zero
-    after every complete call. Needs ``merge_dsplit <= MERGE_SYNC_CHUNKS``, a workspace from
-    :func:`make_workspace` and host-known sizes (not a device-resident plan); else ``ValueError`` before any
-    launch.
+    after every complete call. A device-resident plan's idle merge programs (past ``counts[3]``) neither wait
+    nor touch a counter. Needs ``merge_dsplit <= MERGE_SYNC_CHUNKS`` and a workspace from
+    :func:`make_workspace`; else ``ValueError`` before any launch.
     Default (``None``): on when the host knows the sizes, ``num_merge * H_q >= 256``, PDL is available (a
     CUDA device of compute capability 9.0 or later) and the workspace holds the counters; else off
-    (docs/perf.md, round 14).
+    (docs/perf.md, round 14). Device-resident plans: off unless asked for (docs/perf.md, round 15).
 
     ``timeline``: a profiling buffer, int64 ``[num_tiles, 2 + K]`` on q's device (CUDA only: it reads the
     ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
@@ -883,8 +883,6 @@ def launch_decode(
             merge_overlap = (pdl_ok and not device_counts and num_merge is not None and num_merge * H_q >= 256
                              and merge_dsplit <= MERGE_SYNC_CHUNKS and sync_ok)
         if merge_overlap:
-            if device_counts:
-                raise ValueError("merge_overlap: needs the host-known sizes (num_merge), not a device-resident plan")
             if merge_dsplit > MERGE_SYNC_CHUNKS:
                 raise ValueError(f"merge_overlap: needs merge_dsplit <= {MERGE_SYNC_CHUNKS}, got {merge_dsplit}")
             if not sync_ok:

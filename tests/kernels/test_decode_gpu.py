@@ -437,3 +437,46 @@ def test_overlapped_merge(dtype, policy, params):
     torch.cuda.synchronize()
     assert bad == 0, f"{bad} of 40 replays differ from the merge after stage 1"
     assert int(ws.sync.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_overlapped_merge_device_resident(dtype):
+    """The overlapped merge on DecodeWrapper's CUDA-graph buffers (the device planner's work list, a persistent
+    stage 1, a merge grid of max_batch_size programs per query head, idle ones past counts[3]): bit-identical to
+    the merge after stage 1 on 40 replays of one graph, the counters zero afterwards."""
+    import numpy as np
+
+    from kvsplit.kernels.decode import launch_decode
+    from kvsplit.kernels.wrapper import DecodeWrapper
+
+    lens = [60000, 17, 300, 0, 9000] + [1000 + 37 * i for i in range(60)]
+    name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype,
+                     device="cuda", seed=23)
+    w = DecodeWrapper(32, 4, 128, page_size=16, dtype=name, device="cuda", max_batch_size=256, policy="stream_k",
+                      use_cuda_graph=True)
+    w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.asarray(lens))
+    assert w.planner == "device"
+    args = (case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"], w.bufs.arrays(),
+            w.config)
+    kw = dict(workspace=w.workspace, counts=w.bufs.counts, max_merge=w.max_batch_size)
+    base = torch.empty_like(case["q"])
+    launch_decode(*args, out=base, **kw, merge_overlap=False)
+    torch.cuda.synchronize()
+    assert int(w.bufs.counts[3]) > 0
+    assert _rel_err(base, reference_decode_attention(**case)) < 2e-2
+    out = torch.full_like(case["q"], float("nan"))
+    launch_decode(*args, out=out, **kw, merge_overlap=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out, base)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        launch_decode(*args, out=out, **kw, merge_overlap=True)
+    bad = 0
+    for _ in range(40):
+        out.fill_(float("nan"))
+        g.replay()
+        bad += int(not torch.equal(out, base))
+    torch.cuda.synchronize()
+    assert bad == 0, f"{bad} of 40 replays differ from the merge after stage 1"
+    assert int(w.workspace.sync.abs().sum()) == 0

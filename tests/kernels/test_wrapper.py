@@ -155,3 +155,31 @@ def test_eager_and_graph_mode_with_heads_per_tile():
                           policy="stream_k", params=params, use_cuda_graph=True, num_programs=3, max_work_items=256)
     assert g.planner == "device" and g.config.heads_per_tile == 1 and "heads_per_tile" not in g._graph_policy[1]
     _loop(g, [0, 5, 300, 1000, 33], steps=2)
+
+
+def test_graph_mode_plan_with_the_overlapped_merge():
+    """A device-resident plan (the device planner's buffers, a merge grid of max_batch_size programs per query
+    head) run with ``launch_decode(merge_overlap=True)``: the split items count their arrivals in
+    ``workspace.sync``, the merge programs of the merged requests wait for them and reset their counters, and the
+    idle programs past ``counts[3]`` touch none. Under the interpreter the merge runs after stage 1: the output
+    and LSE match the fp32 reference and every counter is zero after each of two calls (a graph replay)."""
+    from kvsplit.kernels.decode import launch_decode
+
+    lens = [0, 900, 5, 300, 1000]
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
+                      policy="stream_k", params={"ctas_per_sm": 0.25}, use_cuda_graph=True, num_programs=3,
+                      max_work_items=256)
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16,
+                     seed=4)
+    w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.array(lens))
+    assert w.planner == "device" and int(w.bufs.counts[3]) >= 2  # two or more requests are split and merged
+    ref, ref_lse = reference_decode_attention(**case, return_lse=True)
+    for call in range(2):
+        out = torch.full_like(case["q"], float("nan"))
+        o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
+                               w.bufs.arrays(), w.config, out=out, workspace=w.workspace, counts=w.bufs.counts,
+                               max_merge=w.max_batch_size, return_lse=True, merge_overlap=True)
+        assert (o.float() - ref.float()).abs().max().item() < 5e-3, call
+        fin = torch.isfinite(ref_lse)
+        assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
+        assert int(w.workspace.sync.abs().sum()) == 0, f"call {call}: counters left at {w.workspace.sync.nonzero()}"

@@ -1,0 +1,151 @@
+"""DecodeWrapper's CUDA-graph path against the served eager plan, and its merge variants, on the H200.
+
+    python bench/graph_ab.py --out $OUT [--sets trace,ref] [--T 1048576,262144] [--B ...]
+                             [--max-batch 1024] [--variants g4,g1,g1ov,b1,b1ov] [--budget-s 200]
+
+An engine that replays one CUDA graph per decode step runs ``DecodeWrapper(use_cuda_graph=True)``: the shipped
+table re-picks the rule's parameters on the host, the device planner computes the work list on the GPU, and the
+graph's launches never depend on the batch. Its stage 1 runs the persistent schedule with one KV head per work
+tile; its merge grid is ``max_batch_size`` programs per query head, those past the step's merged requests exiting
+at once.
+
+Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to back:
+
+- ``served``: the eager hot path of the plan the shipped table serves the batch (``decode_attention``, plan
+  uploaded, ``validate=False``), the figure every other table of docs/perf.md is given in;
+- ``gN``: the graph path as ``DecodeWrapper.run`` launches it (``--max-batch`` merge programs per query head),
+  its merge on N warps (``g4`` is what ``run`` does today);
+- ``bN``: the same with a merge grid of B programs per query head (a wrapper whose ``max_batch_size`` is the
+  batch's own size: the cost of the idle merge programs is ``gN - bN``);
+- suffix ``ov``: the overlapped merge (``merge_overlap=True``) on that launch.
+
+Each is a CUDA-graph replay of the launch alone (the device planner runs once before capture; its cost is
+measured in docs/perf.md's engine decode loop), timed with ``triton.testing.do_bench`` (median) on random bf16
+KV on shuffled pages above the 60 MB L2. Every graph-path variant's output is checked against the served plan's
+(equal to 2e-2: same math, another partition), and the overlapped merge's counters must be zero after replays.
+One JSON line per case in OUT/graph_ab.jsonl; stdout gives each variant's time over the read floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_sweep import Bench, add_ref_case_args, ref_cases  # noqa: E402  (the sweeps' bench and case selection)
+from l2_state import graph_of  # noqa: E402  (one warm-up launch, capture, one replay)
+
+from kvsplit.kernels import decode as dec  # noqa: E402
+from kvsplit.kernels.plan import make_plan  # noqa: E402
+from kvsplit.kernels.policy_table import PolicyTable  # noqa: E402
+from kvsplit.kernels.wrapper import DecodeWrapper  # noqa: E402
+from kvsplit.tuner.gpu import software_versions  # noqa: E402
+
+GPU = "NVIDIA H200"
+
+
+def parse_variant(v: str) -> tuple[bool, int, bool]:
+    """``(full_grid, merge_warps, overlap)`` of a graph variant name (module doc)."""
+    ov = v.endswith("ov")
+    core = v[:-2] if ov else v
+    if len(core) < 2 or core[0] not in "gb" or not core[1:].isdigit() or int(core[1:]) not in (1, 2, 4, 8):
+        raise ValueError(f"--variants: unknown variant {v!r} (expected g1/g2/g4/g8 or b1.., optional suffix ov)")
+    return core[0] == "g", int(core[1:]), ov
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_ref_case_args(ap)
+    ap.add_argument("--variants", default="g4,g1,g1ov,b4,b1,b1ov")
+    ap.add_argument("--max-batch", type=int, default=1024, help="the wrapper's max_batch_size")
+    ap.add_argument("--policies", default="service/data/h200_policies.json")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=200.0)
+    ap.add_argument("--rep-ms", type=float, default=10.0)
+    args = ap.parse_args()
+    t0 = time.time()
+    variants = args.variants.split(",")
+    for v in variants:
+        parse_variant(v)
+    cases = [c for c in ref_cases(args) if c.get("num_kv_heads", 4) == 4 and len(c["kv_lens"]) <= args.max_batch]
+    table = PolicyTable.from_export(json.load(open(args.policies)))
+    log = open(os.path.join(args.out, "graph_ab.jsonl"), "a")
+    log.write(json.dumps({"kind": "versions", **software_versions()}) + "\n")
+    bench = Bench(32, 4, max_tokens=max(sum(c["kv_lens"]) for c in cases) + 4096, max_batch=args.max_batch)
+    timer = bench.t
+    bw = timer.read_bandwidth()
+    log.write(json.dumps({"kind": "bandwidth", "bytes_per_s": bw}) + "\n")
+    print(f"read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
+    max_work = args.max_batch + 64 * 132
+    w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=args.max_batch,
+                      table=table, use_cuda_graph=True, max_work_items=max_work)
+    ratios: dict[str, list[float]] = {v: [] for v in variants}
+    print(f"{'case':34s} {'graph rule':34s} {'served':>7s} " + " ".join(f"{v:>7s}" for v in variants)
+          + "   (time / read floor)", flush=True)
+    for c in cases:
+        if time.time() - t0 > args.budget_s:
+            print("budget reached; stopping", flush=True)
+            break
+        L = np.asarray(c["kv_lens"], dtype=np.int64)
+        B = len(L)
+        b = timer.batch(L)
+        floor = timer.hbm_floor_s(L)
+        pol, prm = c["served"]["policy"], c["served"]["params"]
+        p = make_plan(L, num_kv_heads=4, device=GPU, policy=pol, params=prm)
+        times = {"served": bench.time_plan(p, args.rep_ms)}
+        ref = bench.out[B].clone()
+        try:
+            w.plan(b["kv_indptr"], b["kv_indices"], b["kv_lens"], kv_lens_host=L)
+        except ValueError as exc:  # e.g. a host plan above max_work_items
+            print(f"  {c['id']}: {exc}", flush=True)
+            continue
+        torch.cuda.synchronize()
+        counts = [int(x) for x in w.bufs.counts.tolist()]
+        if counts[0] > max_work:
+            print(f"  {c['id']}: {counts[0]} work items over max_work_items", flush=True)
+            continue
+        diff = {}
+        for v in variants:
+            full, warps, ov = parse_variant(v)
+            out = torch.empty_like(b["q"])
+            g = graph_of(lambda: dec.launch_decode(
+                b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"], w.bufs.arrays(), w.config,
+                out=out, workspace=w.workspace, counts=w.bufs.counts, max_merge=args.max_batch if full else B,
+                merge_warps=warps, merge_overlap=ov))
+            times[v] = triton.testing.do_bench(g.replay, warmup=2, rep=args.rep_ms, return_mode="median") * 1e-3
+            del g
+            left = int(w.workspace.sync.abs().sum())
+            if left:
+                print(f"  {v}: {left} arrivals left in workspace.sync after the replays", flush=True)
+                w.workspace.sync.zero_()
+            diff[v] = float((out.float() - ref.float()).abs().max())
+            if diff[v] > 2e-2:
+                print(f"  {v}: output differs from the served plan's by {diff[v]:.3g}", flush=True)
+        rule = f"{w._graph_policy[0]}|{w.planner}"
+        rec = {"kind": "graph_ab", "case": c["id"], "set": c["set"], "family": c["family"], "B": B, "T": c["T"],
+               "served": [pol, prm], "graph_policy": w._graph_policy[0], "graph_params": w._graph_policy[1],
+               "planner": w.planner, "counts": counts, "max_batch": args.max_batch, "floor_s": floor,
+               "times": times, "max_abs_diff_vs_served": diff}
+        log.write(json.dumps(rec, default=str) + "\n")
+        log.flush()
+        for v in variants:
+            ratios[v].append(times[v] / times["served"])
+        name = f"{c['set']} {c['family']} B={B} T={c['T']}"
+        print(f"{name:34s} {rule:34s} {times['served'] / floor:7.3f} "
+              + " ".join(f"{times[v] / floor:7.3f}" for v in variants) + f"  [{time.time() - t0:.0f}s]", flush=True)
+    g = lambda x: math.exp(sum(map(math.log, x)) / len(x)) if x else float("nan")  # noqa: E731
+    for v, x in ratios.items():
+        if x:
+            print(f"{v:6s} / served: geomean {g(x):.4f} range {min(x):.4f}-{max(x):.4f} n={len(x)}")
+
+
+if __name__ == "__main__":
+    main()
