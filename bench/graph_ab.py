@@ -13,17 +13,21 @@ Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to bac
 
 - ``served``: the eager hot path of the plan the shipped table serves the batch (``decode_attention``, plan
   uploaded, ``validate=False``), the figure every other table of docs/perf.md is given in;
-- ``gN``: the graph path as ``DecodeWrapper.run`` launches it (``--max-batch`` merge programs per query head),
-  its merge on N warps (``g4`` is what ``run`` does today);
-- ``bN``: the same with a merge grid of B programs per query head (a wrapper whose ``max_batch_size`` is the
-  batch's own size: the cost of the idle merge programs is ``gN - bN``);
-- suffix ``ov``: the overlapped merge (``merge_overlap=True``) on that launch.
+- for each graph of ``--graphs`` (``LABEL=SPEC``, SPEC one of ``table`` (the shipped table re-picks the rule's
+  parameters, on the wrapper's default tile: what an engine gets today), ``table+NAME`` (the same on candidate
+  NAME's tile) or a candidate name (that one rule for every batch), each optionally ``@P``: P persistent programs
+  per SM, ``@r`` the tile's residency; default the wrapper's) and each merge variant of ``--variants``:
+  - ``gN``: the graph path as ``DecodeWrapper.run`` launches it (``--max-batch`` merge programs per query head),
+    its merge on N warps (``g4`` is what ``run`` does today);
+  - ``bN``: the same with a merge grid of B programs per query head (a wrapper whose ``max_batch_size`` is the
+    batch's own size: the cost of the idle merge programs is ``gN - bN``);
+  - suffix ``ov``: the overlapped merge (``merge_overlap=True``) on that launch.
 
 Each is a CUDA-graph replay of the launch alone (the device planner runs once before capture; its cost is
 measured in docs/perf.md's engine decode loop), timed with ``triton.testing.do_bench`` (median) on random bf16
-KV on shuffled pages above the 60 MB L2. Every graph-path variant's output is checked against the served plan's
+KV on shuffled pages above the 60 MB L2. Every graph-path output is checked against the served plan's
 (equal to 2e-2: same math, another partition), and the overlapped merge's counters must be zero after replays.
-One JSON line per case in OUT/graph_ab.jsonl; stdout gives each variant's time over the read floor.
+One JSON line per case in OUT/graph_ab.jsonl; stdout gives each time over the read floor.
 """
 
 from __future__ import annotations
@@ -40,12 +44,14 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_sweep import Bench, add_ref_case_args, ref_cases  # noqa: E402  (the sweeps' bench and case selection)
+from gpu_sweep import Bench, add_ref_case_args, named, ref_cases  # noqa: E402  (the sweeps' bench and case selection)
 from l2_state import graph_of  # noqa: E402  (one warm-up launch, capture, one replay)
 
 from kvsplit.kernels import decode as dec  # noqa: E402
 from kvsplit.kernels.plan import make_plan  # noqa: E402
+from kvsplit.kernels.device import resolve_device  # noqa: E402
 from kvsplit.kernels.policy_table import PolicyTable  # noqa: E402
+from kvsplit.kernels.residency import resident_ctas_per_sm  # noqa: E402
 from kvsplit.kernels.wrapper import DecodeWrapper  # noqa: E402
 from kvsplit.tuner.gpu import software_versions  # noqa: E402
 
@@ -61,10 +67,37 @@ def parse_variant(v: str) -> tuple[bool, int, bool]:
     return core[0] == "g", int(core[1:]), ov
 
 
+TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item")
+
+
+def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int) -> DecodeWrapper:
+    """The CUDA-graph DecodeWrapper of a ``--graphs`` SPEC (module doc)."""
+    spec, _, per_sm = spec.partition("@")
+    kw: dict = {"table": None, "policy": "balanced", "params": None}
+    if spec == "table":
+        kw["table"] = table
+    elif spec.startswith("table+"):
+        kw["table"] = table
+        kw["params"] = {k: v for k, v in named(spec[6:])[1][1].items() if k in TILE_KNOBS}
+    else:
+        pol, prm = named(spec)[1]
+        kw["policy"], kw["params"] = pol, {k: v for k, v in prm.items() if k != "heads_per_tile"}
+    w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
+                      use_cuda_graph=True, max_work_items=max_work, **kw)
+    if per_sm:
+        c = w.config
+        P = resident_ctas_per_sm(resolve_device(GPU), 128, "bfloat16", 2, c.block_n, c.num_warps, c.num_stages,
+                                 prefetch=c.prefetch, next_item=c.next_item) if per_sm == "r" else int(per_sm)
+        w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
+                          use_cuda_graph=True, max_work_items=max_work, num_programs=P * 132, **kw)
+    return w
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     add_ref_case_args(ap)
     ap.add_argument("--variants", default="g4,g1,g1ov,b4,b1,b1ov")
+    ap.add_argument("--graphs", default="table=table", help="comma-separated LABEL=SPEC (module doc)")
     ap.add_argument("--max-batch", type=int, default=1024, help="the wrapper's max_batch_size")
     ap.add_argument("--policies", default="service/data/h200_policies.json")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -85,11 +118,17 @@ def main() -> None:
     log.write(json.dumps({"kind": "bandwidth", "bytes_per_s": bw}) + "\n")
     print(f"read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
     max_work = args.max_batch + 64 * 132
-    w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=args.max_batch,
-                      table=table, use_cuda_graph=True, max_work_items=max_work)
-    ratios: dict[str, list[float]] = {v: [] for v in variants}
-    print(f"{'case':34s} {'graph rule':34s} {'served':>7s} " + " ".join(f"{v:>7s}" for v in variants)
-          + "   (time / read floor)", flush=True)
+    graphs = {}
+    for item in args.graphs.split(","):
+        label, _, spec = item.partition("=")
+        graphs[label] = make_wrapper(spec or label, table, args.max_batch, max_work)
+        c = graphs[label].config
+        print(f"graph {label}: {spec} tile ({c.block_n}, {c.num_warps}, {c.num_stages}) prefetch {c.prefetch} "
+              f"next_item {c.next_item}, {c.num_programs} programs", flush=True)
+    cols = [f"{label}:{v}" for label in graphs for v in variants]
+    ratios: dict[str, list[float]] = {k: [] for k in cols}
+    print(f"{'case':34s} {'served':>7s} " + " ".join(f"{k:>12s}" for k in cols) + "   (time / read floor)",
+          flush=True)
     for c in cases:
         if time.time() - t0 > args.budget_s:
             print("budget reached; stopping", flush=True)
@@ -102,49 +141,53 @@ def main() -> None:
         p = make_plan(L, num_kv_heads=4, device=GPU, policy=pol, params=prm)
         times = {"served": bench.time_plan(p, args.rep_ms)}
         ref = bench.out[B].clone()
-        try:
-            w.plan(b["kv_indptr"], b["kv_indices"], b["kv_lens"], kv_lens_host=L)
-        except ValueError as exc:  # e.g. a host plan above max_work_items
-            print(f"  {c['id']}: {exc}", flush=True)
-            continue
-        torch.cuda.synchronize()
-        counts = [int(x) for x in w.bufs.counts.tolist()]
-        if counts[0] > max_work:
-            print(f"  {c['id']}: {counts[0]} work items over max_work_items", flush=True)
-            continue
-        diff = {}
-        for v in variants:
-            full, warps, ov = parse_variant(v)
-            out = torch.empty_like(b["q"])
-            g = graph_of(lambda: dec.launch_decode(
-                b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"], w.bufs.arrays(), w.config,
-                out=out, workspace=w.workspace, counts=w.bufs.counts, max_merge=args.max_batch if full else B,
-                merge_warps=warps, merge_overlap=ov))
-            times[v] = triton.testing.do_bench(g.replay, warmup=2, rep=args.rep_ms, return_mode="median") * 1e-3
-            del g
-            left = int(w.workspace.sync.abs().sum())
-            if left:
-                print(f"  {v}: {left} arrivals left in workspace.sync after the replays", flush=True)
-                w.workspace.sync.zero_()
-            diff[v] = float((out.float() - ref.float()).abs().max())
-            if diff[v] > 2e-2:
-                print(f"  {v}: output differs from the served plan's by {diff[v]:.3g}", flush=True)
-        rule = f"{w._graph_policy[0]}|{w.planner}"
+        diff, rules = {}, {}
+        for label, w in graphs.items():
+            try:
+                w.plan(b["kv_indptr"], b["kv_indices"], b["kv_lens"], kv_lens_host=L)
+            except ValueError as exc:  # e.g. a host plan above max_work_items
+                print(f"  {c['id']} {label}: {exc}", flush=True)
+                continue
+            torch.cuda.synchronize()
+            counts = [int(x) for x in w.bufs.counts.tolist()]
+            rules[label] = {"policy": w._graph_policy[0], "params": w._graph_policy[1], "planner": w.planner,
+                            "counts": counts}
+            if counts[0] > max_work:
+                print(f"  {c['id']} {label}: {counts[0]} work items over max_work_items", flush=True)
+                continue
+            for v in variants:
+                full, warps, ov = parse_variant(v)
+                out = torch.empty_like(b["q"])
+                g = graph_of(lambda: dec.launch_decode(
+                    b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"], w.bufs.arrays(),
+                    w.config, out=out, workspace=w.workspace, counts=w.bufs.counts,
+                    max_merge=args.max_batch if full else B, merge_warps=warps, merge_overlap=ov))
+                k = f"{label}:{v}"
+                times[k] = triton.testing.do_bench(g.replay, warmup=2, rep=args.rep_ms, return_mode="median") * 1e-3
+                del g
+                left = int(w.workspace.sync.abs().sum())
+                if left:
+                    print(f"  {k}: {left} arrivals left in workspace.sync after the replays", flush=True)
+                    w.workspace.sync.zero_()
+                diff[k] = float((out.float() - ref.float()).abs().max())
+                if diff[k] > 2e-2:
+                    print(f"  {k}: output differs from the served plan's by {diff[k]:.3g}", flush=True)
         rec = {"kind": "graph_ab", "case": c["id"], "set": c["set"], "family": c["family"], "B": B, "T": c["T"],
-               "served": [pol, prm], "graph_policy": w._graph_policy[0], "graph_params": w._graph_policy[1],
-               "planner": w.planner, "counts": counts, "max_batch": args.max_batch, "floor_s": floor,
+               "served": [pol, prm], "graphs": rules, "max_batch": args.max_batch, "floor_s": floor,
                "times": times, "max_abs_diff_vs_served": diff}
         log.write(json.dumps(rec, default=str) + "\n")
         log.flush()
-        for v in variants:
-            ratios[v].append(times[v] / times["served"])
+        for k in cols:
+            if k in times:
+                ratios[k].append(times[k] / times["served"])
         name = f"{c['set']} {c['family']} B={B} T={c['T']}"
-        print(f"{name:34s} {rule:34s} {times['served'] / floor:7.3f} "
-              + " ".join(f"{times[v] / floor:7.3f}" for v in variants) + f"  [{time.time() - t0:.0f}s]", flush=True)
+        print(f"{name:34s} {times['served'] / floor:7.3f} "
+              + " ".join(f"{times[k] / floor if k in times else float('nan'):12.3f}" for k in cols)
+              + f"  [{time.time() - t0:.0f}s]", flush=True)
     g = lambda x: math.exp(sum(map(math.log, x)) / len(x)) if x else float("nan")  # noqa: E731
     for v, x in ratios.items():
         if x:
-            print(f"{v:6s} / served: geomean {g(x):.4f} range {min(x):.4f}-{max(x):.4f} n={len(x)}")
+            print(f"{v:16s} / served: geomean {g(x):.4f} range {min(x):.4f}-{max(x):.4f} n={len(x)}")
 
 
 if __name__ == "__main__":
