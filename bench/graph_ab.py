@@ -21,7 +21,10 @@ Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to bac
     its merge on N warps (``g4`` is what ``run`` does today);
   - ``bN``: the same with a merge grid of B programs per query head (a wrapper whose ``max_batch_size`` is the
     batch's own size: the cost of the idle merge programs is ``gN - bN``);
-  - suffix ``ov``: the overlapped merge (``merge_overlap=True``) on that launch.
+  - suffix ``ov``: the overlapped merge (``merge_overlap=True``) on that launch; ``run``: ``DecodeWrapper.run``
+    itself (its default merge). From round 15 on ``launch_decode`` holds a device-resident merge grid to B
+    programs per query head, so ``gN`` and ``bN`` time the same grid; call 2 of round 15 ran before that.
+  SPEC ``tableold``: ``table`` with round 14's re-pick (the entry's ctas_per_sm kept on any tile).
 
 Each is a CUDA-graph replay of the launch alone (the device planner runs once before capture; its cost is
 measured in docs/perf.md's engine decode loop), timed with ``triton.testing.do_bench`` (median) on random bf16
@@ -58,8 +61,10 @@ from kvsplit.tuner.gpu import software_versions  # noqa: E402
 GPU = "NVIDIA H200"
 
 
-def parse_variant(v: str) -> tuple[bool, int, bool]:
-    """``(full_grid, merge_warps, overlap)`` of a graph variant name (module doc)."""
+def parse_variant(v: str) -> tuple[bool, int, bool] | None:
+    """``(full_grid, merge_warps, overlap)`` of a graph variant name (module doc); None for ``run``."""
+    if v == "run":
+        return None
     ov = v.endswith("ov")
     core = v[:-2] if ov else v
     if len(core) < 2 or core[0] not in "gb" or not core[1:].isdigit() or int(core[1:]) not in (1, 2, 4, 8):
@@ -74,7 +79,8 @@ def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int) -
     """The CUDA-graph DecodeWrapper of a ``--graphs`` SPEC (module doc)."""
     spec, _, per_sm = spec.partition("@")
     kw: dict = {"table": None, "policy": "balanced", "params": None}
-    if spec == "table":
+    old = spec == "tableold"
+    if spec in ("table", "tableold"):
         kw["table"] = table
     elif spec.startswith("table+"):
         kw["table"] = table
@@ -90,6 +96,8 @@ def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int) -
                                  prefetch=c.prefetch, next_item=c.next_item) if per_sm == "r" else int(per_sm)
         w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
                           use_cuda_graph=True, max_work_items=max_work, num_programs=P * 132, **kw)
+    if old:  # round 14's re-pick: the entry's ctas_per_sm on the graph's tile, whatever tile it was tuned on
+        w._other_tile = lambda params: False
     return w
 
 
@@ -156,12 +164,16 @@ def main() -> None:
                 print(f"  {c['id']} {label}: {counts[0]} work items over max_work_items", flush=True)
                 continue
             for v in variants:
-                full, warps, ov = parse_variant(v)
+                pv = parse_variant(v)
                 out = torch.empty_like(b["q"])
-                g = graph_of(lambda: dec.launch_decode(
-                    b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"], w.bufs.arrays(),
-                    w.config, out=out, workspace=w.workspace, counts=w.bufs.counts,
-                    max_merge=args.max_batch if full else B, merge_warps=warps, merge_overlap=ov))
+                if pv is None:  # DecodeWrapper.run as it launches by default
+                    g = graph_of(lambda: w.run(b["q"], timer.k_cache, timer.v_cache, out=out))
+                else:
+                    full, warps, ov = pv
+                    g = graph_of(lambda: dec.launch_decode(
+                        b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"], w.bufs.arrays(),
+                        w.config, out=out, workspace=w.workspace, counts=w.bufs.counts,
+                        max_merge=args.max_batch if full else B, merge_warps=warps, merge_overlap=ov))
                 k = f"{label}:{v}"
                 times[k] = triton.testing.do_bench(g.replay, warmup=2, rep=args.rep_ms, return_mode="median") * 1e-3
                 del g

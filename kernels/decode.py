@@ -751,7 +751,8 @@ def launch_decode(
     ``"persistent"`` (``config.num_programs`` programs; idle ones exit) and the
     merge grid is ``max_merge`` (the max batch) programs per query head, those
     past ``counts[3]`` doing nothing, so the launch shapes never depend on the
-    batch and the call can be replayed by a CUDA graph. The caller validated
+    batch and the call can be replayed by a CUDA graph (the merge grid is held to
+    B = q.shape[0] programs per query head when ``max_merge`` is larger). The caller validated
     the inputs (:func:`decode_attention` or
     :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
 
@@ -770,8 +771,8 @@ def launch_decode(
     pairs are merged, ``max_splits`` exceeds the splits one full-D program folds
     at once (``4096 / D``) and D is a multiple of 64; else 1 (docs/perf.md,
     round 5). ``merge_warps``: warps of each merge program. Default (``None``): 1
-    when the host knows the sizes and ``num_merge * H_q >= 256``, else 4
-    (docs/perf.md, round 13).
+    when the host knows the sizes and ``num_merge * H_q >= 256`` or the plan is device-resident, else 4
+    (docs/perf.md, rounds 13 and 15).
 
     ``merge_overlap``: the overlapped merge. Each split work item, after storing its partial, adds one (a
     release at GPU scope) to the counter of every (request, query head, head-dim chunk) it feeds
@@ -784,7 +785,8 @@ def launch_decode(
     :func:`make_workspace`; else ``ValueError`` before any launch.
     Default (``None``): on when the host knows the sizes, ``num_merge * H_q >= 256``, PDL is available (a
     CUDA device of compute capability 9.0 or later) and the workspace holds the counters; else off
-    (docs/perf.md, round 14). Device-resident plans: off unless asked for (docs/perf.md, round 15).
+    (docs/perf.md, round 14). Device-resident plans: on where PDL is available and the workspace holds the
+    counters, with one warp per merge program (docs/perf.md, round 15).
 
     ``timeline``: a profiling buffer, int64 ``[num_tiles, 2 + K]`` on q's device (CUDA only: it reads the
     ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
@@ -843,7 +845,8 @@ def launch_decode(
                 or not timeline.is_contiguous() or timeline.shape[0] < num_tiles or timeline.shape[1] < 3):
             raise ValueError(f"timeline: expected a contiguous int64 tensor [>= num_tiles={num_tiles}, >= 3] on "
                              f"{q.device}, got {timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
-    merge_grid = (max_merge if device_counts else num_merge) or 0
+    # a device-resident plan merges at most B requests (q's batch, fixed for a captured graph): no program past B
+    merge_grid = (min(max_merge or 0, B) if device_counts else num_merge) or 0
     pdl_ok = _pdl_available(q.device)
     default_overlap = merge_overlap is None
     # the merge's launch parameters, all checked before stage 1 is launched (with the overlapped merge, stage 1
@@ -867,8 +870,9 @@ def launch_decode(
             # one warp per merge program once at least 256 (merged request, query head) pairs are merged: measured
             # on the H200 (docs/perf.md, round 13) the merge then costs a median 3.8 us over stage 1 instead of
             # 4.5 (p90 5.6 against 9.6, worst 7.9 against 14.4); with fewer pairs (one or a few requests of many
-            # splits) four warps stay ahead. A device-resident plan's sizes are not known here: four warps.
-            many = not device_counts and num_merge is not None and num_merge * H_q >= 256
+            # splits) four warps stay ahead. A device-resident plan (sizes not known here): one warp, with the
+            # overlapped merge below (docs/perf.md, round 15).
+            many = device_counts or (num_merge is not None and num_merge * H_q >= 256)
             merge_warps = 1 if many else 4
         block_d = D // merge_dsplit
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
@@ -880,8 +884,10 @@ def launch_decode(
             # stage 1: measured on the H200 (docs/perf.md, round 14) it saves 0.5-1 % on the held-out trace
             # batches and 1 % at T = 262,144 under stream_k, and with fewer pairs (a few requests of many splits,
             # merged on four warps) it lost up to 2.7 %. Without PDL the arrivals cost and nothing overlaps.
-            merge_overlap = (pdl_ok and not device_counts and num_merge is not None and num_merge * H_q >= 256
-                             and merge_dsplit <= MERGE_SYNC_CHUNKS and sync_ok)
+            # A device-resident plan (DecodeWrapper's CUDA-graph path): on, with one warp per merge program; measured
+            # on the H200 (docs/perf.md, round 15) 0.935x the merge after stage 1 on four warps, never slower.
+            many = device_counts or (num_merge is not None and num_merge * H_q >= 256)
+            merge_overlap = pdl_ok and many and merge_dsplit <= MERGE_SYNC_CHUNKS and sync_ok
         if merge_overlap:
             if merge_dsplit > MERGE_SYNC_CHUNKS:
                 raise ValueError(f"merge_overlap: needs merge_dsplit <= {MERGE_SYNC_CHUNKS}, got {merge_dsplit}")

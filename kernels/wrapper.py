@@ -74,6 +74,7 @@ from .decode import _TORCH_DTYPES, check_interpreter_dtype, check_kernel_device,
 from .device import DeviceSpec, resolve_device
 from .device_plan import DeviceRule, alloc_device_plan, device_plan, device_rule
 from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config
+from .residency import resident_ctas_per_sm
 from .plan import Plan, make_plan
 
 __all__ = ["DecodeWrapper"]
@@ -213,7 +214,33 @@ class DecodeWrapper:
         p = {k: v for k, v in params.items()
              if k not in _FIXED_KNOBS and k not in ("programs_per_sm", "whole_wave", "whole_wave_heads")}
         p.update(self._knobs)
+        # Parameters tuned on another tile: fewer than 2 CTAs per SM were tuned for the one-CTA-per-SM look-ahead
+        # tiles (KernelConfig.next_item), which stream at full rate alone. The graph's tile needs its resident
+        # CTAs per SM for that (issue 12: one default-tile CTA per SM reads at 46 % of the bandwidth); measured on
+        # the H200 (docs/perf.md, round 15) those parameters ran the graph path at 1.33-1.37x the time that
+        # ctas_per_sm = the tile's residency gives.
+        c = p.get("ctas_per_sm")
+        if c is not None and c < 2 and self._other_tile(params):
+            cfg = self._knobs
+            res = resident_ctas_per_sm(self.gpu, self.head_dim, self.dtype, _NAMES[self.dtype].itemsize,
+                                       cfg["block_n"], cfg["num_warps"], cfg["num_stages"],
+                                       prefetch=bool(cfg.get("prefetch", False)),
+                                       next_item=bool(cfg.get("next_item", False)))
+            p["ctas_per_sm"] = float(max(c, res))
         return p
+
+    def _other_tile(self, params: Mapping[str, Any]) -> bool:
+        """Whether ``params`` name a kernel tile other than the graph's (block_n, warps, stages, load knobs,
+        heads per tile)."""
+        base = default_config(self.head_dim, self.dtype)
+        mine = {"block_n": self._knobs["block_n"], "num_warps": self._knobs["num_warps"],
+                "num_stages": self._knobs["num_stages"], "prefetch": bool(self._knobs.get("prefetch", False)),
+                "next_item": bool(self._knobs.get("next_item", False)), "heads_per_tile": 1}
+        theirs = {"block_n": params.get("block_n", base.block_n), "num_warps": params.get("num_warps", base.num_warps),
+                  "num_stages": params.get("num_stages", base.num_stages),
+                  "prefetch": bool(params.get("prefetch", False)), "next_item": bool(params.get("next_item", False)),
+                  "heads_per_tile": params.get("heads_per_tile", 1)}
+        return mine != theirs
 
     def _pick(self, policy: str, params: Mapping[str, Any]) -> None:
         """Graph mode: set the rule (device) or the host policy for the next steps."""

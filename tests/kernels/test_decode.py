@@ -485,7 +485,7 @@ def test_overlapped_merge_default_rule(B, splits, on, monkeypatch):
 
     class Rec:  # records the launch keywords instead of running the kernel
         def __getitem__(self, grid):
-            return lambda *a, **k: calls.append(k)
+            return lambda *a, **k: calls.append({**k, "grid": grid})
 
     monkeypatch.setattr(dec, "_decode_stage1_kernel", Rec())
     monkeypatch.setattr(dec, "_decode_merge_kernel", Rec())
@@ -512,6 +512,14 @@ def test_overlapped_merge_default_rule(B, splits, on, monkeypatch):
     assert launch(dataclasses.replace(ws, sync=None)) == (False, False)
     assert launch(ws, merge_overlap=False) == (False, False)
     assert launch(ws, merge_overlap=True) == (True, True)
+    # a device-resident plan (DecodeWrapper's CUDA-graph path): overlapped on one warp, its grid held to B
+    calls.clear()
+    dec.launch_decode(q, k, k, torch.zeros(B + 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
+                      plan.to("cpu"), dataclasses.replace(plan.config, schedule="persistent", num_programs=4),
+                      out=torch.empty_like(q), workspace=ws, counts=torch.tensor([1, 1, 1, 1], dtype=torch.int32),
+                      max_merge=4 * B)
+    (s1, m) = calls
+    assert s1["SIGNAL"] and m["WAIT"] and "launch_pdl" in m and m["num_warps"] == 1 and m["grid"][0] == B
 
 
 def test_compiled_residency_table_matches_an_sm90_compile(tmp_path):

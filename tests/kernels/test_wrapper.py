@@ -183,3 +183,38 @@ def test_graph_mode_plan_with_the_overlapped_merge():
         fin = torch.isfinite(ref_lse)
         assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
         assert int(w.workspace.sync.abs().sum()) == 0, f"call {call}: counters left at {w.workspace.sync.nonzero()}"
+
+
+@pytest.mark.parametrize("entry, want", [
+    # a one-CTA-per-SM look-ahead tile's parameters: raised to the graph tile's residency
+    ({"ctas_per_sm": 1.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True, "next_item": True,
+      "heads_per_tile": 2}, "residency"),
+    ({"ctas_per_sm": 2.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True}, 2.0),  # kept
+    ({"ctas_per_sm": 1.0}, 1.0),  # tuned on the graph's own tile: kept
+])
+def test_graph_mode_repick_on_another_tile(entry, want):
+    """Graph mode keeps its tile; a re-picked entry tuned on another tile with fewer than 2 CTAs per SM gets the
+    graph tile's resident CTAs per SM (docs/perf.md, round 15), and other entries keep their ctas_per_sm."""
+    from kvsplit.kernels.device import resolve_device
+    from kvsplit.kernels.limits import default_config
+    from kvsplit.kernels.residency import resident_ctas_per_sm
+
+    lens = [900, 40, 7]
+    key = bucket_key(lens, num_kv_heads=H_KV, head_dim=D, dtype="float16", device="NVIDIA H200", page_size=PS)
+    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": H_KV, "head_dim": D,
+           "dtype": "float16", "page_size": PS, "name": "stream_k", "params": entry, "backend": "gpu"}
+    table = PolicyTable.from_json(PolicyTable.document([pol], version=1))
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
+                      use_cuda_graph=True, num_programs=3, max_work_items=256)
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
+    w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.array(lens))
+    assert w._graph_policy[0] == "stream_k"
+    if want == "residency":
+        cfg = default_config(D, "float16")
+        want = float(resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, cfg.block_n,
+                                          cfg.num_warps, cfg.num_stages))
+        assert want >= 2
+    assert w._graph_policy[1]["ctas_per_sm"] == want
+    ref = reference_decode_attention(**case)
+    out = w.run(case["q"], case["k_cache"], case["v_cache"], out=torch.empty_like(case["q"]))
+    assert (out.float() - ref.float()).abs().max().item() < 5e-3
