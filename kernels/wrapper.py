@@ -217,7 +217,7 @@ class DecodeWrapper:
         # Parameters tuned on another tile: fewer than 2 CTAs per SM were tuned for the one-CTA-per-SM look-ahead
         # tiles (KernelConfig.next_item), which stream at full rate alone. The graph's tile needs its resident
         # CTAs per SM for that (issue 12: one default-tile CTA per SM reads at 46 % of the bandwidth); measured on
-        # the H200 (docs/perf.md, round 15) those parameters ran the graph path at 1.33-1.37x the time that
+        # the H200 (docs/perf.md, round 15) those parameters ran the graph path at 1.13-1.37x the time that
         # ctas_per_sm = the tile's residency gives.
         c = p.get("ctas_per_sm")
         if c is not None and c < 2 and self._other_tile(params):
