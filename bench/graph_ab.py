@@ -5,8 +5,9 @@
 
 An engine that replays one CUDA graph per decode step runs ``DecodeWrapper(use_cuda_graph=True)``: the shipped
 table re-picks the rule's parameters on the host, the device planner computes the work list on the GPU, and the
-graph's launches never depend on the batch. Its stage 1 runs the persistent schedule with one KV head per work
-tile; its merge grid is ``max_batch_size`` programs per query head, those past the step's merged requests exiting
+graph's launches never depend on the batch. Its stage 1 runs the persistent schedule with one tile for every step
+(one KV head per work tile by default; from round 16 a candidate's ``|hN`` packs N KV heads per tile in graph
+mode too); its merge grid is ``max_batch_size`` programs per query head, those past the step's merged requests exiting
 at once.
 
 Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to back:
@@ -72,7 +73,7 @@ def parse_variant(v: str) -> tuple[bool, int, bool] | None:
     return core[0] == "g", int(core[1:]), ov
 
 
-TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item")
+TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item", "heads_per_tile")
 
 
 def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int) -> DecodeWrapper:
@@ -87,7 +88,7 @@ def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int) -
         kw["params"] = {k: v for k, v in named(spec[6:])[1][1].items() if k in TILE_KNOBS}
     else:
         pol, prm = named(spec)[1]
-        kw["policy"], kw["params"] = pol, {k: v for k, v in prm.items() if k != "heads_per_tile"}
+        kw["policy"], kw["params"] = pol, dict(prm)
     w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
                       use_cuda_graph=True, max_work_items=max_work, **kw)
     if per_sm:
@@ -132,7 +133,7 @@ def main() -> None:
         graphs[label] = make_wrapper(spec or label, table, args.max_batch, max_work)
         c = graphs[label].config
         print(f"graph {label}: {spec} tile ({c.block_n}, {c.num_warps}, {c.num_stages}) prefetch {c.prefetch} "
-              f"next_item {c.next_item}, {c.num_programs} programs", flush=True)
+              f"next_item {c.next_item} heads_per_tile {c.heads_per_tile}, {c.num_programs} programs", flush=True)
     cols = [f"{label}:{v}" for label in graphs for v in variants]
     ratios: dict[str, list[float]] = {k: [] for k in cols}
     print(f"{'case':34s} {'served':>7s} " + " ".join(f"{k:>12s}" for k in cols) + "   (time / read floor)",

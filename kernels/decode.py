@@ -805,8 +805,6 @@ def launch_decode(
     heads = int(getattr(cfg, "heads_per_tile", 1))
     if heads != 1:
         check_heads_per_tile(heads, H_q, H_kv)
-        if device_counts:
-            raise ValueError("config.heads_per_tile: a device-resident plan has one KV head per work tile")
     persistent = cfg.schedule == "persistent"
     if device_counts:
         if not persistent:

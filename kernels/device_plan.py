@@ -20,7 +20,10 @@ the wave-aware chunk search (``balanced``, ``tuned`` by default) are host-only:
 uploads the plan into the same buffers. The outputs are exactly the host plan's
 arrays and :meth:`Plan.merge_layout` (tests/kernels/test_device_plan.py), plus a
 ``counts`` vector ``[num_items, num_ctas, num_tiles, num_merge]`` that the
-decode launch reads on the device (no host sync).
+decode launch reads on the device (no host sync). ``config.heads_per_tile`` > 1
+(GQA-packed work tiles of that many adjacent KV heads) is counted as on the
+host: ``num_tiles = num_ctas * H_kv / heads_per_tile``, and the partitions'
+tile counts use H_kv / heads_per_tile (:func:`kvsplit.kernels.policies.tile_heads`).
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ NUM_ITEMS, NUM_CTAS, NUM_TILES, NUM_MERGE = 0, 1, 2, 3
 class DeviceRule:
     """A rule the device planner runs, with its parameters resolved on the host.
 
-    ``stream_k``: ``C`` CTAs per KV head, ``o`` = item_cost_blocks, ``mp`` =
-    min_piece_blocks. Otherwise ``const_splits`` (> 0: that many splits, 0: the
+    ``stream_k``: ``C`` CTAs per group of ``config.heads_per_tile`` KV heads (the
+    work tiles of one CTA are its ``tile_heads`` = H_kv / heads_per_tile head
+    groups), ``o`` = item_cost_blocks, ``mp`` = min_piece_blocks. Otherwise ``const_splits`` (> 0: that many splits, 0: the
     chunk rule with ``ctas_target`` = ``ceil(ctas_per_sm * num_SMs)``,
     ``min_chunk`` and ``max_splits``).
     """
@@ -57,6 +61,7 @@ class DeviceRule:
     num_kv_heads: int
     block_n: int
     config: KernelConfig
+    tile_heads: int = 0  # work tiles per work item, H_kv / heads_per_tile (0: num_kv_heads)
     C: int = 1
     o: int = 0
     mp: int = 1
@@ -91,18 +96,16 @@ def device_rule(policy: str, params: Mapping[str, Any] | None, *, num_kv_heads: 
                                   "one); plan on the host, or leave whole_wave out")
     if sp.heavy:
         raise NotImplementedError("device planning: order='heavy_first' needs a sort; plan on the host")
-    if sp.cfg.heads_per_tile != 1:
-        raise NotImplementedError("device planning: the device planner makes one KV head per work tile "
-                                  "(heads_per_tile 1); plan on the host, or leave heads_per_tile out")
     if sp.pack:
         raise NotImplementedError("device planning: pack_tokens is host-only; plan on the host")
     cfg = sp.cfg
+    Ht = sp.Ht  # work tiles per work item: what the host partitions count (H_kv / heads_per_tile)
     if sp.kind == "stream_k":
-        return DeviceRule(True, num_kv_heads, cfg.block_n, cfg, C=sp.C, o=sp.o, mp=sp.mp)
+        return DeviceRule(True, num_kv_heads, cfg.block_n, cfg, Ht, C=sp.C, o=sp.o, mp=sp.mp)
     if sp.rule == fastplan._CONST:
-        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, const_splits=sp.arg)
+        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, Ht, const_splits=sp.arg)
     if sp.rule == fastplan._FAIR:
-        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, ctas_target=sp.arg, min_chunk=sp.min_chunk,
+        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, Ht, ctas_target=sp.arg, min_chunk=sp.min_chunk,
                           max_splits=min(sp.max_splits, 1 << 30))
     raise NotImplementedError(
         f"device planning: policy {policy!r} uses the wave-aware chunk search (a data-dependent binary search and "
@@ -115,7 +118,7 @@ class DevicePlanBuffers:
 
     ``work_*``, ``work_slot`` ``[max_items]``; ``cta_indptr`` ``[max_items + 1]``;
     ``merge_*`` ``[max_batch]``; ``req_end``, ``req_p`` scratch ``[max_batch]``; ``counts``
-    ``[4]`` = num_items, num_ctas, num_tiles (num_ctas * H_kv), num_merge.
+    ``[4]`` = num_items, num_ctas, num_tiles (num_ctas * H_kv / heads_per_tile), num_merge.
     """
 
     work_request: torch.Tensor
@@ -344,8 +347,8 @@ def device_plan(kv_lens: torch.Tensor, rule: DeviceRule, bufs: DevicePlanBuffers
         kv_lens, B, bufs.req_end, bufs.req_p,
         bufs.work_request, bufs.work_kv_start, bufs.work_kv_end, bufs.work_slot, bufs.cta_indptr,
         bufs.merge_request, bufs.merge_slot_start, bufs.merge_num, bufs.counts, counter,
-        rule.num_kv_heads, rule.block_n, rule.C, rule.o, rule.mp, rule.const_splits, rule.ctas_target,
-        rule.min_chunk, rule.max_splits, bufs.max_items,
+        rule.tile_heads or rule.num_kv_heads, rule.block_n, rule.C, rule.o, rule.mp, rule.const_splits,
+        rule.ctas_target, rule.min_chunk, rule.max_splits, bufs.max_items,
         STREAM_K=rule.stream_k, BLOCK_B=block_b, BLOCK_W=1024 if B > 64 else 256,
         LOG2B=max(1, math.ceil(math.log2(max(bufs.max_batch, 2)))),
         num_warps=4,

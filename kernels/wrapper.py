@@ -46,9 +46,10 @@ Two modes:
   ``num_programs``), which the captured graph baked in; the rule's own
   parameters (``ctas_per_sm``, ``min_piece_blocks``, ...) change freely; the
   whole-wave rule (``whole_wave``, which picks a tile per batch:
-  :func:`kvsplit.kernels.policies.whole_wave_config`) is left out, and so is
-  ``heads_per_tile`` (the graph runs one KV head per work tile, as the device
-  planner counts them). With a
+  :func:`kvsplit.kernels.policies.whole_wave_config`) is left out. The graph's
+  ``heads_per_tile`` (GQA-packed work tiles of that many adjacent KV heads) is
+  the wrapper's too: ``params.heads_per_tile`` at construction (default 1),
+  whatever the re-picked entry says; both planners count the tiles so. With a
   ``table``, ``kv_lens_host`` is required on re-pick steps; without one, only
   with ``planner="host"``.
 
@@ -62,7 +63,6 @@ Errors are ``ValueError``s naming the argument.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,7 +70,8 @@ import numpy as np
 import torch
 
 from . import fastplan
-from .decode import _TORCH_DTYPES, check_interpreter_dtype, check_kernel_device, launch_decode, make_workspace
+from .decode import (_TORCH_DTYPES, check_heads_per_tile, check_interpreter_dtype, check_kernel_device, launch_decode,
+                     make_workspace)
 from .device import DeviceSpec, resolve_device
 from .device_plan import DeviceRule, alloc_device_plan, device_plan, device_rule
 from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config
@@ -190,10 +191,13 @@ class DecodeWrapper:
         for k in ("prefetch", "next_item"):  # the load-path knobs of the given params hold for every step too
             if k in self.params:
                 self._knobs[k] = self.params[k]
-        if self.params.get("heads_per_tile", 1) != 1:
-            warnings.warn(f"params.heads_per_tile={self.params['heads_per_tile']}: the CUDA-graph mode runs one KV "
-                          "head per work tile (the device planner counts them so); use_cuda_graph=False runs it",
-                          UserWarning, stacklevel=2)
+        heads = self.params.get("heads_per_tile", 1)
+        if heads != 1:  # GQA-packed work tiles, for every step too (make_plan checked H_kv; H_q is known here)
+            try:
+                check_heads_per_tile(heads, num_qo_heads, num_kv_heads)
+            except ValueError as e:
+                raise ValueError(str(e).replace("plan.config.heads_per_tile", "params.heads_per_tile", 1)) from None
+            self._knobs["heads_per_tile"] = heads
         if max_work_items is None:
             max_work_items = max_batch_size + 32 * self.gpu.num_sms
         self.max_work_items = int(max_work_items)
@@ -235,7 +239,8 @@ class DecodeWrapper:
         base = default_config(self.head_dim, self.dtype)
         mine = {"block_n": self._knobs["block_n"], "num_warps": self._knobs["num_warps"],
                 "num_stages": self._knobs["num_stages"], "prefetch": bool(self._knobs.get("prefetch", False)),
-                "next_item": bool(self._knobs.get("next_item", False)), "heads_per_tile": 1}
+                "next_item": bool(self._knobs.get("next_item", False)),
+                "heads_per_tile": self._knobs.get("heads_per_tile", 1)}
         theirs = {"block_n": params.get("block_n", base.block_n), "num_warps": params.get("num_warps", base.num_warps),
                   "num_stages": params.get("num_stages", base.num_stages),
                   "prefetch": bool(params.get("prefetch", False)), "next_item": bool(params.get("next_item", False)),
@@ -387,7 +392,7 @@ class DecodeWrapper:
         segs = (("work_request", p.work_request), ("work_kv_start", p.work_kv_start),
                 ("work_kv_end", p.work_kv_end), ("work_slot", ws), ("cta_indptr", p.cta_indptr),
                 ("merge_request", mr), ("merge_slot_start", ms), ("merge_num", mn),
-                ("counts", np.array([W, C, C * self.num_kv_heads, M])))
+                ("counts", np.array([W, C, p.num_work_tiles, M])))
         host = st.numpy()
         off = 0
         for name, a in segs:

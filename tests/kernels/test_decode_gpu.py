@@ -161,7 +161,13 @@ def test_round2_policies(policy, params, dtype):
     assert float((lse[finite] - ref_lse[finite]).abs().max()) < 2e-2
 
 
-@pytest.mark.parametrize("policy, params", [("stream_k", {}), ("tuned", {"wave_aware": False}), ("balanced", {})])
+@pytest.mark.parametrize("policy, params", [
+    ("stream_k", {}), ("tuned", {"wave_aware": False}), ("balanced", {}),
+    # GQA-packed work tiles (two KV heads of G = 8 per tile) on the device planner and on the host planner
+    ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 1.0, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                  "prefetch": True, "next_item": True}),
+    ("balanced", {"heads_per_tile": 2, "block_n": 32, "num_stages": 3, "prefetch": True}),
+])
 def test_wrapper_graph_replays_across_growing_lens(policy, params):
     """DecodeWrapper in CUDA-graph mode: one capture of run(), replayed for 4 steps while kv_lens grow;
     the work list is planned on the device (stream_k, tuned without the wave search) or on the host."""

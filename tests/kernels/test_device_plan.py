@@ -18,6 +18,10 @@ RULES = [
     ("stream_k", {"ctas_per_sm": 0.25, "block_n": 16}),
     ("tuned", {"wave_aware": False, "ctas_per_sm": 3, "min_chunk_tokens": 100, "max_splits": 5}),
     ("tuned", {"partition": "stream_k", "min_piece_blocks": 2, "item_cost_blocks": 0}),
+    # GQA-packed work tiles: the partitions count H_kv / heads_per_tile tiles per work item
+    ("stream_k", {"ctas_per_sm": 1, "heads_per_tile": 2}),
+    ("tuned", {"wave_aware": False, "ctas_per_sm": 2, "block_n": 32, "heads_per_tile": 4}),
+    ("fixed", {"num_splits": 2, "heads_per_tile": 2}),
 ]
 
 
@@ -31,7 +35,8 @@ def _check(L, policy, params, hkv=4, max_batch=64, max_items=2048):
     W, C = p.num_work_items, p.num_ctas
     ws, mr, ms, mn = p.merge_layout()
     M = mr.shape[0]
-    assert bufs.counts.tolist() == [W, C, C * hkv, M]
+    assert p.num_work_tiles == C * hkv // params.get("heads_per_tile", 1)
+    assert bufs.counts.tolist() == [W, C, p.num_work_tiles, M]
     assert bufs.work_request[:W].tolist() == p.work_request.tolist()
     assert bufs.work_kv_start[:W].tolist() == p.work_kv_start.tolist()
     assert bufs.work_kv_end[:W].tolist() == p.work_kv_end.tolist()
@@ -48,7 +53,8 @@ def test_random_batches(policy, params):
     rng = np.random.default_rng(len(policy) + len(params))
     for _ in range(4):
         B = int(rng.integers(1, 64))
-        _check(rng.integers(0, 20000, B).tolist(), policy, params, hkv=int(rng.choice([1, 4, 8])))
+        hkv = int(rng.choice([1, 4, 8] if params.get("heads_per_tile", 1) == 1 else [4, 8]))
+        _check(rng.integers(0, 20000, B).tolist(), policy, params, hkv=hkv)
 
 
 @pytest.mark.parametrize("policy,params", RULES)

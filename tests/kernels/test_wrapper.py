@@ -143,18 +143,39 @@ def test_graph_mode_leaves_the_whole_wave_rule_out():
 
 
 def test_eager_and_graph_mode_with_heads_per_tile():
-    # eager mode runs the plan's two KV heads per work tile (H_q 4 / H_kv 2: G = 2); graph mode keeps one head per
-    # tile, as the device planner counts them, and still plans on the device
+    # eager mode runs the plan's two KV heads per work tile (H_q 4 / H_kv 2: G = 2); so does graph mode, planned on
+    # the device (num_tiles = num_ctas: one tile holds both KV heads) and on the host (uploaded counts)
     params = {"ctas_per_sm": 0.25, "heads_per_tile": 2}
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
                       policy="stream_k", params=params)
     _loop(w, [0, 5, 300, 1000, 33], steps=2)
     assert w._plan.config.heads_per_tile == 2 and w._plan.num_work_tiles == w._plan.num_ctas
-    with pytest.warns(UserWarning, match="params.heads_per_tile=2: the CUDA-graph mode runs one KV head"):
+    for planner in ("device", "host"):
         g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
-                          policy="stream_k", params=params, use_cuda_graph=True, num_programs=3, max_work_items=256)
-    assert g.planner == "device" and g.config.heads_per_tile == 1 and "heads_per_tile" not in g._graph_policy[1]
-    _loop(g, [0, 5, 300, 1000, 33], steps=2)
+                          policy="stream_k", params=params, use_cuda_graph=True, num_programs=3, max_work_items=256,
+                          planner=planner)
+        assert g.planner == planner and g.config.heads_per_tile == 2
+        _loop(g, [0, 5, 300, 1000, 33], steps=2)
+        C = int(g.bufs.counts[1])
+        assert C >= 2 and int(g.bufs.counts[2]) == C  # tiles = CTAs x H_kv / heads_per_tile
+    # a re-picked table entry keeps the wrapper's heads_per_tile, whatever its own
+    lens = [900, 40, 7]
+    key = bucket_key(lens, num_kv_heads=H_KV, head_dim=D, dtype="float16", device="NVIDIA H200", page_size=PS)
+    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": H_KV, "head_dim": D,
+           "dtype": "float16", "page_size": PS, "name": "stream_k", "params": {"ctas_per_sm": 2.0},
+           "backend": "gpu"}
+    table = PolicyTable.from_json(PolicyTable.document([pol], version=1))
+    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
+                      params={"heads_per_tile": 2}, use_cuda_graph=True, num_programs=3, max_work_items=256)
+    _loop(g, lens, steps=1)
+    assert g._graph_policy == ("stream_k", {**g._graph_policy[1], "ctas_per_sm": 2.0, "heads_per_tile": 2})
+
+
+def test_graph_mode_heads_per_tile_beyond_the_gqa_rows_is_refused():
+    # H_q 32 / H_kv 2: G = 16 query rows per KV head, so two heads (32 rows) do not fit one work tile
+    with pytest.raises(ValueError, match="params.heads_per_tile: 2 KV heads of GQA group G=16"):
+        DecodeWrapper(32, 2, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, policy="stream_k",
+                      params={"heads_per_tile": 2}, use_cuda_graph=True)
 
 
 def test_graph_mode_plan_with_the_overlapped_merge():
