@@ -152,12 +152,17 @@ def test_simulator_counts_heads_per_tile():
     assert floor < predict(p2, "NVIDIA H200", calibration=c) < 3 * floor
 
 
-def test_device_planner_refuses_heads_per_tile():
+def test_device_planner_counts_packed_tiles():
+    # since round 16 the device planner runs GQA-packed tiles: H_kv / heads_per_tile tiles per work item, the
+    # host partitions' count (tests/kernels/test_device_plan.py checks its arrays against the host plan's)
     from kvsplit.kernels.device_plan import device_rule
 
-    with pytest.raises(NotImplementedError, match="one KV head per work tile"):
-        device_rule("stream_k", {"heads_per_tile": 2}, num_kv_heads=4, device="NVIDIA H200")
-    assert device_rule("stream_k", {}, num_kv_heads=4, device="NVIDIA H200").config.heads_per_tile == 1
+    r = device_rule("stream_k", {"heads_per_tile": 2}, num_kv_heads=4, device="NVIDIA H200")
+    assert r.config.heads_per_tile == 2 and r.tile_heads == 2 and r.num_kv_heads == 4
+    r = device_rule("stream_k", {}, num_kv_heads=4, device="NVIDIA H200")
+    assert r.config.heads_per_tile == 1 and r.tile_heads == 4
+    with pytest.raises(ValueError, match="heads_per_tile"):
+        device_rule("stream_k", {"heads_per_tile": 3}, num_kv_heads=4, device="NVIDIA H200")
 
 
 def test_fit_heads_per_tile():
