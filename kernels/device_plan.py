@@ -52,8 +52,8 @@ class DeviceRule:
 
     ``stream_k``: ``C`` CTAs per group of ``config.heads_per_tile`` KV heads (the
     work tiles of one CTA are its ``tile_heads`` = H_kv / heads_per_tile head
-    groups), ``o`` = item_cost_blocks, ``mp`` = min_piece_blocks. Otherwise ``const_splits`` (> 0: that many splits, 0: the
-    chunk rule with ``ctas_target`` = ``ceil(ctas_per_sm * num_SMs)``,
+    groups), ``o`` = item_cost_blocks, ``mp`` = min_piece_blocks. Otherwise
+    ``const_splits`` (> 0: that many splits, 0: the chunk rule with ``ctas_target`` = ``ceil(ctas_per_sm * num_SMs)``,
     ``min_chunk`` and ``max_splits``).
     """
 
