@@ -428,15 +428,16 @@ def check_kernel_device(name: str, device: torch.device) -> None:
                          "TRITON_INTERPRET=1 in the environment before importing kvsplit, or use a CUDA device")
 
 
-def check_heads_per_tile(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int) -> None:
-    """Raise ``ValueError`` naming ``plan.config.heads_per_tile`` unless it divides H_kv and the GQA groups of
-    that many KV heads fit the 16 query rows of one ``tl.dot`` (``heads_per_tile * H_q / H_kv <= 16``)."""
+def check_heads_per_tile(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int, *,
+                         name: str = "plan.config.heads_per_tile") -> None:
+    """Raise ``ValueError`` naming ``name`` (the argument that holds ``heads_per_tile``) unless it divides H_kv and
+    the GQA groups of that many KV heads fit the 16 query rows of one ``tl.dot`` (``heads_per_tile * H_q / H_kv
+    <= 16``)."""
     G = num_qo_heads // num_kv_heads
     if num_kv_heads % heads_per_tile:
-        raise ValueError(f"plan.config.heads_per_tile: expected a divisor of H_kv={num_kv_heads}, got "
-                         f"{heads_per_tile}")
+        raise ValueError(f"{name}: expected a divisor of H_kv={num_kv_heads}, got {heads_per_tile}")
     if heads_per_tile * G > 16:
-        raise ValueError(f"plan.config.heads_per_tile: {heads_per_tile} KV heads of GQA group G={G} (H_q="
+        raise ValueError(f"{name}: {heads_per_tile} KV heads of GQA group G={G} (H_q="
                          f"{num_qo_heads} / H_kv={num_kv_heads}) are {heads_per_tile * G} query rows, above the 16 "
                          f"of one work tile: use heads_per_tile <= {max(1, 16 // G)} (params.heads_per_tile, or "
                          f"params.whole_wave_heads for a whole-wave plan; a PolicyTable refits both to H_q)")
@@ -864,13 +865,15 @@ def launch_decode(
               or D % merge_dsplit or (D // merge_dsplit) & (D // merge_dsplit - 1)):
             raise ValueError(f"merge_dsplit: expected a divisor of head_dim={D} leaving a power-of-two chunk, "
                              f"got {merge_dsplit!r}")
+        # at least 256 (merged request, query head) pairs, or a device-resident plan (sizes not known here): the
+        # regime of the one-warp merge and of the overlapped merge below
+        many = device_counts or (num_merge is not None and num_merge * H_q >= 256)
         if merge_warps is None:
             # one warp per merge program once at least 256 (merged request, query head) pairs are merged: measured
             # on the H200 (docs/perf.md, round 13) the merge then costs a median 3.8 us over stage 1 instead of
             # 4.5 (p90 5.6 against 9.6, worst 7.9 against 14.4); with fewer pairs (one or a few requests of many
             # splits) four warps stay ahead. A device-resident plan (sizes not known here): one warp, with the
             # overlapped merge below (docs/perf.md, round 15).
-            many = device_counts or (num_merge is not None and num_merge * H_q >= 256)
             merge_warps = 1 if many else 4
         block_d = D // merge_dsplit
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
@@ -884,7 +887,6 @@ def launch_decode(
             # merged on four warps) it lost up to 2.7 %. Without PDL the arrivals cost and nothing overlaps.
             # A device-resident plan (DecodeWrapper's CUDA-graph path): on, with one warp per merge program; measured
             # on the H200 (docs/perf.md, round 15) 0.935x the merge after stage 1 on four warps, never slower.
-            many = device_counts or (num_merge is not None and num_merge * H_q >= 256)
             merge_overlap = pdl_ok and many and merge_dsplit <= MERGE_SYNC_CHUNKS and sync_ok
         if merge_overlap:
             if merge_dsplit > MERGE_SYNC_CHUNKS:

@@ -51,17 +51,16 @@ class DeviceRule:
     """A rule the device planner runs, with its parameters resolved on the host.
 
     ``stream_k``: ``C`` CTAs per group of ``config.heads_per_tile`` KV heads (the
-    work tiles of one CTA are its ``tile_heads`` = H_kv / heads_per_tile head
-    groups), ``o`` = item_cost_blocks, ``mp`` = min_piece_blocks. Otherwise
-    ``const_splits`` (> 0: that many splits, 0: the chunk rule with ``ctas_target`` = ``ceil(ctas_per_sm * num_SMs)``,
-    ``min_chunk`` and ``max_splits``).
+    work tiles of one CTA are its :attr:`tile_heads` head groups), ``o`` =
+    item_cost_blocks, ``mp`` = min_piece_blocks. Otherwise ``const_splits`` (> 0:
+    that many splits, 0: the chunk rule with ``ctas_target`` = ``ceil(ctas_per_sm
+    * num_SMs)``, ``min_chunk`` and ``max_splits``).
     """
 
     stream_k: bool
     num_kv_heads: int
     block_n: int
     config: KernelConfig
-    tile_heads: int = 0  # work tiles per work item, H_kv / heads_per_tile (0: num_kv_heads)
     C: int = 1
     o: int = 0
     mp: int = 1
@@ -69,6 +68,12 @@ class DeviceRule:
     ctas_target: int = 1
     min_chunk: int = 1
     max_splits: int = 1 << 30
+
+    @property
+    def tile_heads(self) -> int:
+        """Work tiles per work item, H_kv / heads_per_tile: what the host partitions count
+        (:func:`kvsplit.kernels.policies.tile_heads`)."""
+        return self.num_kv_heads // self.config.heads_per_tile
 
 
 def device_rule(policy: str, params: Mapping[str, Any] | None, *, num_kv_heads: int, device: DeviceSpec | str,
@@ -99,13 +104,12 @@ def device_rule(policy: str, params: Mapping[str, Any] | None, *, num_kv_heads: 
     if sp.pack:
         raise NotImplementedError("device planning: pack_tokens is host-only; plan on the host")
     cfg = sp.cfg
-    Ht = sp.Ht  # work tiles per work item: what the host partitions count (H_kv / heads_per_tile)
     if sp.kind == "stream_k":
-        return DeviceRule(True, num_kv_heads, cfg.block_n, cfg, Ht, C=sp.C, o=sp.o, mp=sp.mp)
+        return DeviceRule(True, num_kv_heads, cfg.block_n, cfg, C=sp.C, o=sp.o, mp=sp.mp)
     if sp.rule == fastplan._CONST:
-        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, Ht, const_splits=sp.arg)
+        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, const_splits=sp.arg)
     if sp.rule == fastplan._FAIR:
-        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, Ht, ctas_target=sp.arg, min_chunk=sp.min_chunk,
+        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, ctas_target=sp.arg, min_chunk=sp.min_chunk,
                           max_splits=min(sp.max_splits, 1 << 30))
     raise NotImplementedError(
         f"device planning: policy {policy!r} uses the wave-aware chunk search (a data-dependent binary search and "
@@ -347,7 +351,7 @@ def device_plan(kv_lens: torch.Tensor, rule: DeviceRule, bufs: DevicePlanBuffers
         kv_lens, B, bufs.req_end, bufs.req_p,
         bufs.work_request, bufs.work_kv_start, bufs.work_kv_end, bufs.work_slot, bufs.cta_indptr,
         bufs.merge_request, bufs.merge_slot_start, bufs.merge_num, bufs.counts, counter,
-        rule.tile_heads or rule.num_kv_heads, rule.block_n, rule.C, rule.o, rule.mp, rule.const_splits,
+        rule.tile_heads, rule.block_n, rule.C, rule.o, rule.mp, rule.const_splits,
         rule.ctas_target, rule.min_chunk, rule.max_splits, bufs.max_items,
         STREAM_K=rule.stream_k, BLOCK_B=block_b, BLOCK_W=1024 if B > 64 else 256,
         LOG2B=max(1, math.ceil(math.log2(max(bufs.max_batch, 2)))),

@@ -193,10 +193,7 @@ class DecodeWrapper:
                 self._knobs[k] = self.params[k]
         heads = self.params.get("heads_per_tile", 1)
         if heads != 1:  # GQA-packed work tiles, for every step too (make_plan checked H_kv; H_q is known here)
-            try:
-                check_heads_per_tile(heads, num_qo_heads, num_kv_heads)
-            except ValueError as e:
-                raise ValueError(str(e).replace("plan.config.heads_per_tile", "params.heads_per_tile", 1)) from None
+            check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile")
             self._knobs["heads_per_tile"] = heads
         if max_work_items is None:
             max_work_items = max_batch_size + 32 * self.gpu.num_sms
