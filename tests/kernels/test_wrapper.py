@@ -43,6 +43,14 @@ def _loop(w, lens0, steps=3, grow=(1, 17, 40), seed=0, host=False):
         lens = [n + grow[i % len(grow)] for i, n in enumerate(lens)]
 
 
+def _stream_k_table(lens, params):
+    """A one-entry PolicyTable: stream_k with ``params`` for the bucket of ``lens``."""
+    key = bucket_key(lens, num_kv_heads=H_KV, head_dim=D, dtype="float16", device="NVIDIA H200", page_size=PS)
+    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": H_KV, "head_dim": D,
+           "dtype": "float16", "page_size": PS, "name": "stream_k", "params": params, "backend": "gpu"}
+    return PolicyTable.from_json(PolicyTable.document([pol], version=1))
+
+
 def test_eager_balanced():
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8)
     _loop(w, [0, 5, 300, 1000, 33])
@@ -50,11 +58,7 @@ def test_eager_balanced():
 
 def test_eager_with_table():
     lens = [0, 5, 300, 1000, 33]
-    key = bucket_key(lens, num_kv_heads=H_KV, head_dim=D, dtype="float16", device="NVIDIA H200", page_size=PS)
-    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": H_KV, "head_dim": D,
-           "dtype": "float16", "page_size": PS, "name": "stream_k", "params": {"ctas_per_sm": 0.25},
-           "backend": "gpu"}
-    table = PolicyTable.from_json(PolicyTable.document([pol], version=1))
+    table = _stream_k_table(lens, {"ctas_per_sm": 0.25})
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table)
     _loop(w, lens, steps=2)
     assert w._plan.policy == "stream_k"
@@ -160,11 +164,7 @@ def test_eager_and_graph_mode_with_heads_per_tile():
         assert C >= 2 and int(g.bufs.counts[2]) == C  # tiles = CTAs x H_kv / heads_per_tile
     # a re-picked table entry keeps the wrapper's heads_per_tile, whatever its own
     lens = [900, 40, 7]
-    key = bucket_key(lens, num_kv_heads=H_KV, head_dim=D, dtype="float16", device="NVIDIA H200", page_size=PS)
-    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": H_KV, "head_dim": D,
-           "dtype": "float16", "page_size": PS, "name": "stream_k", "params": {"ctas_per_sm": 2.0},
-           "backend": "gpu"}
-    table = PolicyTable.from_json(PolicyTable.document([pol], version=1))
+    table = _stream_k_table(lens, {"ctas_per_sm": 2.0})
     g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
                       params={"heads_per_tile": 2}, use_cuda_graph=True, num_programs=3, max_work_items=256)
     _loop(g, lens, steps=1)
@@ -221,10 +221,7 @@ def test_graph_mode_repick_on_another_tile(entry, want):
     from kvsplit.kernels.residency import resident_ctas_per_sm
 
     lens = [900, 40, 7]
-    key = bucket_key(lens, num_kv_heads=H_KV, head_dim=D, dtype="float16", device="NVIDIA H200", page_size=PS)
-    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": H_KV, "head_dim": D,
-           "dtype": "float16", "page_size": PS, "name": "stream_k", "params": entry, "backend": "gpu"}
-    table = PolicyTable.from_json(PolicyTable.document([pol], version=1))
+    table = _stream_k_table(lens, entry)
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
                       use_cuda_graph=True, num_programs=3, max_work_items=256)
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
