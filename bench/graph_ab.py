@@ -6,8 +6,8 @@
 An engine that replays one CUDA graph per decode step runs ``DecodeWrapper(use_cuda_graph=True)``: the shipped
 table re-picks the rule's parameters on the host, the device planner computes the work list on the GPU, and the
 graph's launches never depend on the batch. Its stage 1 runs the persistent schedule with one tile for every step
-(one KV head per work tile by default; from round 16 a candidate's ``|hN`` packs N KV heads per tile in graph
-mode too); its merge grid is ``max_batch_size`` programs per query head, those past the step's merged requests exiting
+(from round 17 by default ``limits.graph_default_config``'s, two KV heads per work tile; before, (128, 4, 2) with
+one; from round 16 a candidate's ``|hN`` packs N KV heads per tile in graph mode too); its merge grid is ``max_batch_size`` programs per query head, those past the step's merged requests exiting
 at once.
 
 Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to back:
@@ -15,7 +15,7 @@ Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to bac
 - ``served``: the eager hot path of the plan the shipped table serves the batch (``decode_attention``, plan
   uploaded, ``validate=False``), the figure every other table of docs/perf.md is given in;
 - for each graph of ``--graphs`` (``LABEL=SPEC``, SPEC one of ``table`` (the shipped table re-picks the rule's
-  parameters, on the wrapper's default tile: what an engine gets today), ``table+NAME`` (the same on candidate
+  parameters, on the wrapper's default tile: what an engine gets; ``DecodeWrapper._entry_rule``), ``table+NAME`` (the same on candidate
   NAME's tile) or a candidate name (that one rule for every batch), each optionally ``@P``: P persistent programs
   per SM, ``@r`` the tile's residency; default the wrapper's) and each merge variant of ``--variants``:
   - ``gN``: the graph path as ``DecodeWrapper.run`` launches it (``--max-batch`` merge programs per query head),
@@ -25,7 +25,7 @@ Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to bac
   - suffix ``ov``: the overlapped merge (``merge_overlap=True``) on that launch; ``run``: ``DecodeWrapper.run``
     itself (its default merge). From round 15 on ``launch_decode`` holds a device-resident merge grid to B
     programs per query head, so ``gN`` and ``bN`` time the same grid; call 2 of round 15 ran before that.
-  SPEC ``tableold``: ``table`` with round 14's re-pick (the entry's ctas_per_sm kept on any tile).
+  SPEC ``tableold``: ``table`` with round 14's re-pick (the entry's rule and ctas_per_sm kept on any tile).
 
 Each is a CUDA-graph replay of the launch alone (the device planner runs once before capture; its cost is
 measured in docs/perf.md's engine decode loop), timed with ``triton.testing.do_bench`` (median) on random bf16
@@ -79,7 +79,7 @@ TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item", "he
 def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int) -> DecodeWrapper:
     """The CUDA-graph DecodeWrapper of a ``--graphs`` SPEC (module doc)."""
     spec, _, per_sm = spec.partition("@")
-    kw: dict = {"table": None, "policy": "balanced", "params": None}
+    kw: dict = {"table": None, "policy": None, "params": None}
     old = spec == "tableold"
     if spec in ("table", "tableold"):
         kw["table"] = table

@@ -135,6 +135,29 @@ def default_config(head_dim: int, dtype: str) -> KernelConfig:
     return KernelConfig(block_n=64, num_warps=4, num_stages=2)
 
 
+# The CUDA-graph tile per (head_dim, dtype) (DecodeWrapper(use_cuda_graph=True) with no tile knobs in its params).
+# A captured graph keeps one tile for every batch, so it takes the one-CTA-per-SM look-ahead tile that streams at
+# full rate alone (issue 12) and two KV heads per work tile: measured on the H200 (bf16, H_q 32 / H_kv 4, docs/perf.md
+# round 16, docs/data/h200_r16/graph_ab_r16.log) stream_k at one CTA per SM on (64, 8, 3) with the prefetch, the
+# look-ahead and heads_per_tile 2 ran the graph path at 1.019x the time of the plan the table serves eagerly
+# (geomean of 171 batches, 0.947-1.217x) against 1.251x for (128, 4, 2) with one head per tile. fp16 uses the same.
+_GRAPH_CONFIGS: dict[tuple[int, str], KernelConfig] = {
+    (128, dt): KernelConfig(block_n=64, num_warps=8, num_stages=3, prefetch=True, next_item=True, heads_per_tile=2)
+    for dt in ("bfloat16", "float16")
+}
+
+
+def graph_default_config(head_dim: int, dtype: str) -> KernelConfig:
+    """The default tile of ``DecodeWrapper(use_cuda_graph=True)`` for ``(head_dim, dtype)``.
+
+    head_dim 128 (fp16/bf16): BLOCK_N 64, 8 warps, 3 stages, ``prefetch`` and ``next_item``, two KV heads per work
+    tile (one resident CTA per SM on the H200; docs/perf.md, round 16). The wrapper uses one head per tile where two
+    do not divide H_kv or overflow the 16 query rows of a tile (``2 * H_q / H_kv > 16``). Other shapes are not
+    measured and get :func:`default_config`.
+    """
+    return _GRAPH_CONFIGS.get((head_dim, dtype)) or default_config(head_dim, dtype)
+
+
 
 # ----------------------------------------------------------------------------
 # Validation helpers

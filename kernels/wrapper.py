@@ -41,17 +41,19 @@ Two modes:
   **Re-pick rule** (graph mode): policy parameters are looked up again on the
   host from ``kv_lens_host`` only when the batch size changes or every
   ``repick_every`` steps (default 64) — the bucket of a running batch drifts
-  slowly as its lengths grow. Re-picked parameters keep the wrapper's kernel
-  config (``block_n``, ``num_warps``, ``num_stages``, persistent with
-  ``num_programs``), which the captured graph baked in; the rule's own
-  parameters (``ctas_per_sm``, ``min_piece_blocks``, ...) change freely; the
-  whole-wave rule (``whole_wave``, which picks a tile per batch:
-  :func:`kvsplit.kernels.policies.whole_wave_config`) is left out. The graph's
-  ``heads_per_tile`` (GQA-packed work tiles of that many adjacent KV heads) is
-  the wrapper's too: ``params.heads_per_tile`` at construction (default 1),
-  whatever the re-picked entry says; both planners count the tiles so. With a
-  ``table``, ``kv_lens_host`` is required on re-pick steps; without one, only
-  with ``planner="host"``.
+  slowly as its lengths grow. The captured graph baked in the wrapper's kernel
+  config (its tile: ``block_n``, ``num_warps``, ``num_stages``, ``prefetch``,
+  ``next_item``, ``heads_per_tile``; persistent with ``num_programs``), so a
+  re-picked entry tuned on that tile runs its own rule and parameters, and an
+  entry tuned on another tile runs the graph's own rule instead: ``stream_k``
+  at the tile's resident CTAs per SM (``graph_residency``; measured on the
+  H200 in docs/perf.md, rounds 15-16). The whole-wave rule (``whole_wave``,
+  which picks a tile per batch: :func:`kvsplit.kernels.policies.whole_wave_config`)
+  is left out. By default (no tile knobs in ``params``) the tile is
+  :func:`kvsplit.kernels.limits.graph_default_config`'s: on the H200 its graph
+  path ran at 1.02x the time of the plan the table serves eagerly (geomean
+  of 171 batches, docs/perf.md round 16). With a ``table``, ``kv_lens_host`` is
+  required on re-pick steps; without one, only with ``planner="host"``.
 
   **Page ids are the caller's contract in graph mode**, as in FlashInfer:
   ``plan()`` does not read kv_indptr / kv_indices / kv_lens back (that would
@@ -74,7 +76,7 @@ from .decode import (_TORCH_DTYPES, check_heads_per_tile, check_interpreter_dtyp
                      make_workspace)
 from .device import DeviceSpec, resolve_device
 from .device_plan import DeviceRule, alloc_device_plan, device_plan, device_rule
-from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config
+from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config, graph_default_config
 from .residency import resident_ctas_per_sm
 from .plan import Plan, make_plan
 
@@ -83,6 +85,7 @@ __all__ = ["DecodeWrapper"]
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
 _FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "prefetch", "heads_per_tile",
                 "next_item")
+_TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item")  # with heads_per_tile: a graph's tile
 
 
 class DecodeWrapper:
@@ -105,7 +108,15 @@ class DecodeWrapper:
         Tuned policies looked up by the batch's bucket (its ``.table`` is used
         for a ``PlanClient``); else ``policy``/``params`` for every batch.
     policy, params
-        The policy when there is no table (default ``"balanced"``).
+        The policy when there is no table. Default (None): ``"balanced"`` in
+        eager mode; in graph mode ``stream_k`` with ``ctas_per_sm`` the graph
+        tile's resident CTAs per SM (``params`` may override it). In graph
+        mode, params without tile knobs (``block_n``, ``num_warps``,
+        ``num_stages``, ``prefetch``, ``next_item``) get
+        :func:`kvsplit.kernels.limits.graph_default_config`'s tile, with its
+        two KV heads per work tile where they fit the GQA group
+        (``heads_per_tile`` in params overrides it); given knobs complete
+        with :func:`~kvsplit.kernels.limits.default_config`'s.
     use_cuda_graph : bool
         Graph mode (module doc).
     gpu : DeviceSpec or str, optional
@@ -128,7 +139,7 @@ class DecodeWrapper:
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, *, page_size: int = 16,
                  dtype: str = "bfloat16", device: Any = "cuda", max_batch_size: int = 256, table: Any = None,
-                 policy: str = "balanced", params: Mapping[str, Any] | None = None, use_cuda_graph: bool = False,
+                 policy: str | None = None, params: Mapping[str, Any] | None = None, use_cuda_graph: bool = False,
                  gpu: DeviceSpec | str | None = None, max_work_items: int | None = None, planner: str = "auto",
                  repick_every: int = 64, num_programs: int | None = None, sm_scale: float | None = None) -> None:
         for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
@@ -168,10 +179,12 @@ class DecodeWrapper:
         self.sm_scale = sm_scale
         self._shape = dict(num_kv_heads=num_kv_heads, device=self.gpu, head_dim=head_dim, page_size=page_size,
                            dtype=dtype)
-        make_plan([1], policy=policy, params=params, **self._shape)  # validates policy and params now
+        # policy None: balanced (eager); in graph mode stream_k at the graph tile's residency (set below)
+        make_plan([1], policy=policy or ("stream_k" if self.use_cuda_graph else "balanced"), params=params,
+                  **self._shape)  # validates policy and params now
         if self.device.type == "cpu":
             check_interpreter_dtype("dtype", _NAMES[dtype])
-        self.policy, self.params = policy, dict(params or {})
+        self.policy, self.params = policy or "balanced", dict(params or {})
         self._plan: Plan | None = None
         self._arrays: dict[str, torch.Tensor] | None = None
         self._max_page = -1
@@ -181,20 +194,30 @@ class DecodeWrapper:
         if not self.use_cuda_graph:
             return
         # ---- graph mode: fixed kernel config, preallocated buffers ----------------
-        base = default_config(head_dim, dtype)
-        knobs = {k: self.params[k] for k in ("block_n", "num_warps", "num_stages") if k in self.params}
+        tile = {k: self.params[k] for k in _TILE_KNOBS if k in self.params}
+        # no tile knobs given: the graph default tile (its heads_per_tile where it fits the GQA group); else the
+        # given knobs over the eager default config, one KV head per tile unless params say otherwise
+        base = default_config(head_dim, dtype) if tile else graph_default_config(head_dim, dtype)
         if num_programs is None:
             num_programs = int(self.params.get("num_programs") or 4 * self.gpu.num_sms)
-        self._knobs = {"block_n": knobs.get("block_n", base.block_n), "num_warps": knobs.get("num_warps",
-                       base.num_warps), "num_stages": knobs.get("num_stages", base.num_stages),
-                       "schedule": "persistent", "num_programs": int(num_programs)}
-        for k in ("prefetch", "next_item"):  # the load-path knobs of the given params hold for every step too
-            if k in self.params:
-                self._knobs[k] = self.params[k]
-        heads = self.params.get("heads_per_tile", 1)
-        if heads != 1:  # GQA-packed work tiles, for every step too (make_plan checked H_kv; H_q is known here)
-            check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile")
-            self._knobs["heads_per_tile"] = heads
+        self._knobs = {k: tile.get(k, getattr(base, k)) for k in _TILE_KNOBS}
+        self._knobs.update(schedule="persistent", num_programs=int(num_programs))
+        heads = self.params.get("heads_per_tile", base.heads_per_tile)
+        if "heads_per_tile" not in self.params and (num_kv_heads % heads or heads * (num_qo_heads // num_kv_heads)
+                                                    > 16):
+            heads = 1  # the default's two heads do not fit this GQA group
+        check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile")
+        self._knobs["heads_per_tile"] = heads
+        cfg = self._knobs
+        self.graph_residency = resident_ctas_per_sm(self.gpu, head_dim, dtype, _NAMES[dtype].itemsize,
+                                                    cfg["block_n"], cfg["num_warps"], cfg["num_stages"],
+                                                    prefetch=cfg["prefetch"], next_item=cfg["next_item"],
+                                                    heads_per_tile=heads)
+        # the graph's own rule: for table entries tuned on another tile and for policy=None
+        self._tile_rule = ("stream_k", {"ctas_per_sm": float(max(1, self.graph_residency))})
+        if policy is None:
+            self.policy = self._tile_rule[0]
+            self.params = {**self._tile_rule[1], **self.params}
         if max_work_items is None:
             max_work_items = max_batch_size + 32 * self.gpu.num_sms
         self.max_work_items = int(max_work_items)
@@ -215,34 +238,23 @@ class DecodeWrapper:
         p = {k: v for k, v in params.items()
              if k not in _FIXED_KNOBS and k not in ("programs_per_sm", "whole_wave", "whole_wave_heads")}
         p.update(self._knobs)
-        # Parameters tuned on another tile: fewer than 2 CTAs per SM were tuned for the one-CTA-per-SM look-ahead
-        # tiles (KernelConfig.next_item), which stream at full rate alone. The graph's tile needs its resident
-        # CTAs per SM for that (issue 12: one default-tile CTA per SM reads at 46 % of the bandwidth); measured on
-        # the H200 (docs/perf.md, round 15) those parameters ran the graph path at 1.13-1.37x the time that
-        # ctas_per_sm = the tile's residency gives.
-        c = p.get("ctas_per_sm")
-        if c is not None and c < 2 and self._other_tile(params):
-            cfg = self._knobs
-            res = resident_ctas_per_sm(self.gpu, self.head_dim, self.dtype, _NAMES[self.dtype].itemsize,
-                                       cfg["block_n"], cfg["num_warps"], cfg["num_stages"],
-                                       prefetch=bool(cfg.get("prefetch", False)),
-                                       next_item=bool(cfg.get("next_item", False)))
-            p["ctas_per_sm"] = float(max(c, res))
         return p
 
     def _other_tile(self, params: Mapping[str, Any]) -> bool:
         """Whether ``params`` name a kernel tile other than the graph's (block_n, warps, stages, load knobs,
-        heads per tile)."""
+        heads per tile; knobs left out are :func:`default_config`'s, as in eager planning)."""
         base = default_config(self.head_dim, self.dtype)
-        mine = {"block_n": self._knobs["block_n"], "num_warps": self._knobs["num_warps"],
-                "num_stages": self._knobs["num_stages"], "prefetch": bool(self._knobs.get("prefetch", False)),
-                "next_item": bool(self._knobs.get("next_item", False)),
-                "heads_per_tile": self._knobs.get("heads_per_tile", 1)}
-        theirs = {"block_n": params.get("block_n", base.block_n), "num_warps": params.get("num_warps", base.num_warps),
-                  "num_stages": params.get("num_stages", base.num_stages),
-                  "prefetch": bool(params.get("prefetch", False)), "next_item": bool(params.get("next_item", False)),
-                  "heads_per_tile": params.get("heads_per_tile", 1)}
-        return mine != theirs
+        theirs = {k: params.get(k, getattr(base, k)) for k in _TILE_KNOBS + ("heads_per_tile",)}
+        return any(theirs[k] != self._knobs[k] for k in theirs)
+
+    def _entry_rule(self, policy: str, params: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+        """The rule a re-picked table entry runs in graph mode: its own where it was tuned on the graph's tile,
+        else the graph's own rule (``stream_k`` at the tile's resident CTAs per SM). Parameters tuned on another
+        tile do not carry over: measured on the H200 (docs/perf.md, round 16) the shipped entries' ctas_per_sm
+        (2-4, tuned on (32, 4, 3) tiles) ran the look-ahead graph tile at 1.034x (up to 1.19x) the time of
+        stream_k at its one resident CTA per SM, and round 15 measured the same for entries at one CTA per SM on
+        the (128, 4, 2) tile (1.13-1.37x)."""
+        return (policy, params) if not self._other_tile(params) else self._tile_rule
 
     def _pick(self, policy: str, params: Mapping[str, Any]) -> None:
         """Graph mode: set the rule (device) or the host policy for the next steps."""
@@ -317,7 +329,7 @@ class DecodeWrapper:
                 if kv_lens_host is None:
                     raise ValueError("kv_lens_host: required when the policy is re-picked from a table "
                                      "(batch size changed, or every repick_every steps)")
-                self._pick(*self._lookup(fastplan.as_kv_lens(kv_lens_host)))
+                self._pick(*self._entry_rule(*self._lookup(fastplan.as_kv_lens(kv_lens_host))))
             self._B = B
         self._step += 1
         if self.planner == "device":

@@ -162,6 +162,7 @@ def test_round2_policies(policy, params, dtype):
 
 
 @pytest.mark.parametrize("policy, params", [
+    (None, None),  # the graph default: graph_default_config's packed look-ahead tile, stream_k at its residency
     ("stream_k", {}), ("tuned", {"wave_aware": False}), ("balanced", {}),
     # GQA-packed work tiles (two KV heads of G = 8 per tile) on the device planner and on the host planner
     ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 1.0, "block_n": 64, "num_warps": 8, "num_stages": 3,

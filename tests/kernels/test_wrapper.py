@@ -15,6 +15,8 @@ from kvsplit.kernels.decode import decode_attention, reference_decode_attention
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.kernels.buckets import bucket_key
+from kvsplit.kernels.device import resolve_device
+from kvsplit.kernels.residency import resident_ctas_per_sm
 from kvsplit.kernels.wrapper import DecodeWrapper
 
 from .paged_case import make_case
@@ -22,10 +24,10 @@ from .paged_case import make_case
 H_Q, H_KV, D, PS = 4, 2, 64, 16
 
 
-def _loop(w, lens0, steps=3, grow=(1, 17, 40), seed=0, host=False):
+def _loop(w, lens0, steps=3, grow=(1, 17, 40), seed=0, shape=(H_Q, H_KV, D)):
     lens = list(lens0)
     for step in range(steps):
-        case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS,
+        case = make_case(lens, num_qo_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2], page_size=PS,
                          dtype=torch.float16, seed=seed + step)
         w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"],
                kv_lens_host=np.array(lens, dtype=np.int32))
@@ -43,11 +45,13 @@ def _loop(w, lens0, steps=3, grow=(1, 17, 40), seed=0, host=False):
         lens = [n + grow[i % len(grow)] for i, n in enumerate(lens)]
 
 
-def _stream_k_table(lens, params):
-    """A one-entry PolicyTable: stream_k with ``params`` for the bucket of ``lens``."""
-    key = bucket_key(lens, num_kv_heads=H_KV, head_dim=D, dtype="float16", device="NVIDIA H200", page_size=PS)
-    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": H_KV, "head_dim": D,
-           "dtype": "float16", "page_size": PS, "name": "stream_k", "params": params, "backend": "gpu"}
+def _stream_k_table(lens, params, name="stream_k", num_kv_heads=H_KV, head_dim=D):
+    """A one-entry PolicyTable: policy ``name`` (default stream_k) with ``params`` for the bucket of ``lens``."""
+    key = bucket_key(lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype="float16", device="NVIDIA H200",
+                     page_size=PS)
+    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": num_kv_heads,
+           "head_dim": head_dim, "dtype": "float16", "page_size": PS, "name": name, "params": params,
+           "backend": "gpu"}
     return PolicyTable.from_json(PolicyTable.document([pol], version=1))
 
 
@@ -118,8 +122,8 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="max_batch_size"):
         w.plan(big["kv_indptr"], big["kv_indices"], big["kv_lens"])
     g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", use_cuda_graph=True, max_batch_size=4,
-                      max_work_items=64, num_programs=2)
-    with pytest.raises(ValueError, match="kv_lens_host"):
+                      max_work_items=64, num_programs=2, policy="balanced")  # the host planner needs kv_lens_host
+    with pytest.raises(ValueError, match="kv_lens_host: required by the host planner"):
         g.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
 
 
@@ -162,13 +166,23 @@ def test_eager_and_graph_mode_with_heads_per_tile():
         _loop(g, [0, 5, 300, 1000, 33], steps=2)
         C = int(g.bufs.counts[1])
         assert C >= 2 and int(g.bufs.counts[2]) == C  # tiles = CTAs x H_kv / heads_per_tile
-    # a re-picked table entry keeps the wrapper's heads_per_tile, whatever its own
+    # a re-picked table entry keeps the wrapper's heads_per_tile: one tuned with one head per tile is on another
+    # tile, so it runs the graph's own rule (stream_k at the packed tile's residency, two heads per tile)
     lens = [900, 40, 7]
     table = _stream_k_table(lens, {"ctas_per_sm": 2.0})
     g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
                       params={"heads_per_tile": 2}, use_cuda_graph=True, num_programs=3, max_work_items=256)
     _loop(g, lens, steps=1)
-    assert g._graph_policy == ("stream_k", {**g._graph_policy[1], "ctas_per_sm": 2.0, "heads_per_tile": 2})
+    assert g.graph_residency == resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, 64, 4, 2,
+                                                     heads_per_tile=2)
+    assert g._graph_policy == ("stream_k", {**g._graph_policy[1], "ctas_per_sm": float(g.graph_residency),
+                                            "heads_per_tile": 2})
+    # one tuned on the packed tile itself keeps its own ctas_per_sm
+    table = _stream_k_table(lens, {"ctas_per_sm": 2.0, "heads_per_tile": 2})
+    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
+                      params={"heads_per_tile": 2}, use_cuda_graph=True, num_programs=3, max_work_items=256)
+    _loop(g, lens, steps=1)
+    assert g._graph_policy[1]["ctas_per_sm"] == 2.0 and g._graph_policy[1]["heads_per_tile"] == 2
 
 
 def test_graph_mode_heads_per_tile_beyond_the_gqa_rows_is_refused():
@@ -206,33 +220,76 @@ def test_graph_mode_plan_with_the_overlapped_merge():
         assert int(w.workspace.sync.abs().sum()) == 0, f"call {call}: counters left at {w.workspace.sync.nonzero()}"
 
 
-@pytest.mark.parametrize("entry, want", [
-    # a one-CTA-per-SM look-ahead tile's parameters: raised to the graph tile's residency
-    ({"ctas_per_sm": 1.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True, "next_item": True,
-      "heads_per_tile": 2}, "residency"),
-    ({"ctas_per_sm": 2.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True}, 2.0),  # kept
-    ({"ctas_per_sm": 1.0}, 1.0),  # tuned on the graph's own tile: kept
+@pytest.mark.parametrize("name, entry, want", [
+    # tuned on other tiles: the graph's own rule, stream_k at the graph tile's residency
+    ("stream_k", {"ctas_per_sm": 1.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True,
+                  "next_item": True, "heads_per_tile": 2}, "residency"),
+    ("stream_k", {"ctas_per_sm": 2.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True},
+     "residency"),
+    ("balanced", {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True},
+     "residency"),
+    ("stream_k", {"ctas_per_sm": 1.0}, 1.0),  # tuned on the graph's own tile (the default one): kept
+    ("balanced", {"ctas_per_sm": 3.0}, 3.0),
 ])
-def test_graph_mode_repick_on_another_tile(entry, want):
-    """Graph mode keeps its tile; a re-picked entry tuned on another tile with fewer than 2 CTAs per SM gets the
-    graph tile's resident CTAs per SM (docs/perf.md, round 15), and other entries keep their ctas_per_sm."""
-    from kvsplit.kernels.device import resolve_device
+def test_graph_mode_repick_on_another_tile(name, entry, want):
+    """Graph mode keeps its tile; a re-picked entry tuned on another tile runs the graph's own rule (stream_k at
+    the graph tile's resident CTAs per SM; docs/perf.md, rounds 15-16), one tuned on the graph's tile its own."""
     from kvsplit.kernels.limits import default_config
-    from kvsplit.kernels.residency import resident_ctas_per_sm
 
     lens = [900, 40, 7]
-    table = _stream_k_table(lens, entry)
+    table = _stream_k_table(lens, entry, name=name)
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
                       use_cuda_graph=True, num_programs=3, max_work_items=256)
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
     w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.array(lens))
-    assert w._graph_policy[0] == "stream_k"
+    # head_dim 64 has no graph tile of its own: the eager default config, one head per tile
+    cfg = default_config(D, "float16")
+    assert (w.config.block_n, w.config.num_warps, w.config.num_stages, w.config.heads_per_tile) == \
+        (cfg.block_n, cfg.num_warps, cfg.num_stages, 1)
     if want == "residency":
-        cfg = default_config(D, "float16")
         want = float(resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, cfg.block_n,
                                           cfg.num_warps, cfg.num_stages))
         assert want >= 2
-    assert w._graph_policy[1]["ctas_per_sm"] == want
+        name = "stream_k"
+    assert w._graph_policy[0] == name and w._graph_policy[1]["ctas_per_sm"] == want
+    assert w.planner == ("host" if name == "balanced" else "device")
     ref = reference_decode_attention(**case)
     out = w.run(case["q"], case["k_cache"], case["v_cache"], out=torch.empty_like(case["q"]))
     assert (out.float() - ref.float()).abs().max().item() < 5e-3
+
+
+def test_graph_mode_default_tile_at_head_dim_128():
+    """No policy, no params, head_dim 128: graph mode runs limits.graph_default_config's tile ((64, 8, 3) with the
+    prefetch and the look-ahead) with two KV heads per work tile and stream_k at its residency (one CTA per SM on
+    the H200; docs/perf.md round 16), planned on the device, against the fp32 reference; a table entry tuned on
+    that tile keeps its own parameters, one tuned on (128, 4, 2) gets the graph's rule. Eager mode's default
+    stays balanced."""
+    hq, hk, d = 8, 2, 128
+    w = DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, use_cuda_graph=True,
+                      num_programs=2, max_work_items=64)
+    c = w.config
+    assert (c.block_n, c.num_warps, c.num_stages, c.prefetch, c.next_item, c.heads_per_tile) == \
+        (64, 8, 3, True, True, 2)
+    res = resident_ctas_per_sm(resolve_device("NVIDIA H200"), d, "float16", 2, 64, 8, 3, prefetch=True,
+                               next_item=True, heads_per_tile=2)
+    assert w.graph_residency == res == 1
+    assert w.planner == "device" and w._graph_policy[0] == "stream_k" and w._graph_policy[1]["ctas_per_sm"] == 1.0
+    _loop(w, [70, 3, 400], steps=2, shape=(hq, hk, d))
+    assert int(w.bufs.counts[2]) == int(w.bufs.counts[1])  # tiles = CTAs x H_kv / 2
+    assert DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu").policy == "balanced"
+    lens = [700, 90, 5]
+    tile = {"block_n": 64, "num_warps": 8, "num_stages": 3, "prefetch": True, "next_item": True, "heads_per_tile": 2}
+    for entry, want in (({"ctas_per_sm": 2.0, **tile}, 2.0), ({"ctas_per_sm": 2.0}, 1.0)):
+        t = DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
+                          table=_stream_k_table(lens, entry, num_kv_heads=hk, head_dim=d), use_cuda_graph=True,
+                          num_programs=2, max_work_items=64)
+        _loop(t, lens, steps=1, shape=(hq, hk, d))
+        assert t._graph_policy[1]["ctas_per_sm"] == want and t.config.heads_per_tile == 2
+
+
+@pytest.mark.parametrize("hq, hk", [(32, 2), (8, 1), (6, 3)])
+def test_graph_mode_default_tile_falls_back_to_one_head(hq, hk):
+    # two KV heads per tile need an even H_kv and 2 * G <= 16 query rows: else the default tile has one head
+    w = DecodeWrapper(hq, hk, 128, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
+                      use_cuda_graph=True, num_programs=2, max_work_items=64)
+    assert w.config.heads_per_tile == 1 and (w.config.block_n, w.config.next_item) == (64, True)
