@@ -44,10 +44,11 @@ Two modes:
   slowly as its lengths grow. The captured graph baked in the wrapper's kernel
   config (its tile: ``block_n``, ``num_warps``, ``num_stages``, ``prefetch``,
   ``next_item``, ``heads_per_tile``; persistent with ``num_programs``), so a
-  re-picked entry tuned on that tile runs its own rule and parameters, and an
-  entry tuned on another tile runs the graph's own rule instead: ``stream_k``
-  at the tile's resident CTAs per SM (``graph_residency``; measured on the
-  H200 in docs/perf.md, rounds 15-16). The whole-wave rule (``whole_wave``,
+  re-picked entry tuned on that tile runs its own rule and parameters; one
+  tuned on another tile runs the graph's own rule (``stream_k`` at one CTA
+  per SM) on a tile of one resident CTA per SM (``graph_residency``), else its
+  own rule with ctas_per_sm raised to the residency when below 2
+  (``_entry_rule``; measured on the H200 in docs/perf.md, rounds 15-17). The whole-wave rule (``whole_wave``,
   which picks a tile per batch: :func:`kvsplit.kernels.policies.whole_wave_config`)
   is left out. By default (no tile knobs in ``params``) the tile is
   :func:`kvsplit.kernels.limits.graph_default_config`'s: on the H200 its graph
@@ -248,13 +249,25 @@ class DecodeWrapper:
         return any(theirs[k] != self._knobs[k] for k in theirs)
 
     def _entry_rule(self, policy: str, params: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
-        """The rule a re-picked table entry runs in graph mode: its own where it was tuned on the graph's tile,
-        else the graph's own rule (``stream_k`` at the tile's resident CTAs per SM). Parameters tuned on another
-        tile do not carry over: measured on the H200 (docs/perf.md, round 16) the shipped entries' ctas_per_sm
-        (2-4, tuned on (32, 4, 3) tiles) ran the look-ahead graph tile at 1.034x (up to 1.19x) the time of
-        stream_k at its one resident CTA per SM, and round 15 measured the same for entries at one CTA per SM on
-        the (128, 4, 2) tile (1.13-1.37x)."""
-        return (policy, params) if not self._other_tile(params) else self._tile_rule
+        """The rule a re-picked table entry runs in graph mode.
+
+        Tuned on the graph's tile: its own. Tuned on another tile, measured on the H200 (docs/perf.md, rounds 15-17):
+
+        - a graph tile of one resident CTA per SM (the look-ahead tile of :func:`graph_default_config`): the graph's
+          own rule, ``stream_k`` at that one CTA per SM. The shipped entries' 2-4 CTAs per SM (tuned on (32, 4, 3)
+          tiles) ran it at 1.034x (up to 1.19x) that rule's time (round 16);
+        - a tile of two or more resident CTAs per SM: the entry's rule, its ctas_per_sm raised to the tile's
+          residency when below 2 (entries tuned for a one-CTA-per-SM tile ran (128, 4, 2) at 1.13-1.37x the time
+          with it, round 15); stream_k at the residency for every such entry ran that tile at 1.309x the served
+          eager plan against 1.251x (round 17 and round 16)."""
+        if not self._other_tile(params):
+            return policy, params
+        if self.graph_residency <= 1:
+            return self._tile_rule
+        c = params.get("ctas_per_sm")
+        if c is not None and c < 2:
+            return policy, {**params, "ctas_per_sm": float(max(c, self.graph_residency))}
+        return policy, params
 
     def _pick(self, policy: str, params: Mapping[str, Any]) -> None:
         """Graph mode: set the rule (device) or the host policy for the next steps."""
