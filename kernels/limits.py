@@ -153,7 +153,8 @@ def graph_default_config(head_dim: int, dtype: str) -> KernelConfig:
     head_dim 128 (fp16/bf16): BLOCK_N 64, 8 warps, 3 stages, ``prefetch`` and ``next_item``, two KV heads per work
     tile (one resident CTA per SM on the H200; docs/perf.md, round 16). The wrapper uses one head per tile where two
     do not divide H_kv or overflow the 16 query rows of a tile (``2 * H_q / H_kv > 16``). Other shapes are not
-    measured and get :func:`default_config`.
+    measured and get :func:`default_config`. Measured on the H200 only; other GPUs get the same tile (its
+    residency there is :func:`kvsplit.kernels.residency.resident_ctas_per_sm`'s).
     """
     return _GRAPH_CONFIGS.get((head_dim, dtype)) or default_config(head_dim, dtype)
 
