@@ -7,16 +7,16 @@ An engine that replays one CUDA graph per decode step runs ``DecodeWrapper(use_c
 table re-picks the rule's parameters on the host, the device planner computes the work list on the GPU, and the
 graph's launches never depend on the batch. Its stage 1 runs the persistent schedule with one tile for every step
 (from round 17 by default ``limits.graph_default_config``'s, two KV heads per work tile; before, (128, 4, 2) with
-one; from round 16 a candidate's ``|hN`` packs N KV heads per tile in graph mode too); its merge grid is ``max_batch_size`` programs per query head, those past the step's merged requests exiting
-at once.
+one; from round 16 a candidate's ``|hN`` packs N KV heads per tile in graph mode too); its merge grid is
+``max_batch_size`` programs per query head, those past the step's merged requests exiting at once.
 
 Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to back:
 
 - ``served``: the eager hot path of the plan the shipped table serves the batch (``decode_attention``, plan
   uploaded, ``validate=False``), the figure every other table of docs/perf.md is given in;
 - for each graph of ``--graphs`` (``LABEL=SPEC``, SPEC one of ``table`` (the shipped table re-picks the rule's
-  parameters, on the wrapper's default tile: what an engine gets; ``DecodeWrapper._entry_rule``), ``table+NAME`` (the same on candidate
-  NAME's tile) or a candidate name (that one rule for every batch), each optionally ``@P``: P persistent programs
+  parameters, on the wrapper's default tile: what an engine gets; ``DecodeWrapper._entry_rule``), ``table+NAME``
+  (the same on candidate NAME's tile) or a candidate name (that one rule for every batch), each optionally ``@P``: P persistent programs
   per SM, ``@r`` the tile's residency; default the wrapper's) and each merge variant of ``--variants``:
   - ``gN``: the graph path as ``DecodeWrapper.run`` launches it (``--max-batch`` merge programs per query head),
     its merge on N warps (``g4`` is what ``run`` does today);

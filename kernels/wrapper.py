@@ -48,13 +48,14 @@ Two modes:
   tuned on another tile runs the graph's own rule (``stream_k`` at one CTA
   per SM) on a tile of one resident CTA per SM (``graph_residency``), else its
   own rule with ctas_per_sm raised to the residency when below 2
-  (``_entry_rule``; measured on the H200 in docs/perf.md, rounds 15-17). The whole-wave rule (``whole_wave``,
-  which picks a tile per batch: :func:`kvsplit.kernels.policies.whole_wave_config`)
-  is left out. By default (no tile knobs in ``params``) the tile is
+  (``_entry_rule``; measured on the H200 in docs/perf.md, rounds 15-17). The
+  whole-wave rule (``whole_wave``, which picks a tile per batch:
+  :func:`kvsplit.kernels.policies.whole_wave_config`) is left out. By default
+  (no tile knobs in ``params``) the tile is
   :func:`kvsplit.kernels.limits.graph_default_config`'s: on the H200 its graph
-  path ran at 1.02x the time of the plan the table serves eagerly (geomean
-  of 171 batches, docs/perf.md round 16). With a ``table``, ``kv_lens_host`` is
-  required on re-pick steps; without one, only with ``planner="host"``.
+  path ran at 1.02x the time of the plan the table serves eagerly (geomean of
+  171 batches, docs/perf.md rounds 16-17). With a ``table``, ``kv_lens_host``
+  is required on re-pick steps; without one, only with ``planner="host"``.
 
   **Page ids are the caller's contract in graph mode**, as in FlashInfer:
   ``plan()`` does not read kv_indptr / kv_indices / kv_lens back (that would
@@ -258,8 +259,8 @@ class DecodeWrapper:
           tiles) ran it at 1.034x (up to 1.19x) that rule's time (round 16);
         - a tile of two or more resident CTAs per SM: the entry's rule, its ctas_per_sm raised to the tile's
           residency when below 2 (entries tuned for a one-CTA-per-SM tile ran (128, 4, 2) at 1.13-1.37x the time
-          with it, round 15); stream_k at the residency for every such entry ran that tile at 1.309x the served
-          eager plan against 1.251x (round 17 and round 16)."""
+          with it, round 15); stream_k at the residency for every such entry ran that tile at 1.296x the served
+          eager plan against 1.252x for this rule (round 17, call 2, same run)."""
         if not self._other_tile(params):
             return policy, params
         if self.graph_residency <= 1:
