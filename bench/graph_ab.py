@@ -16,8 +16,9 @@ Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to bac
   uploaded, ``validate=False``), the figure every other table of docs/perf.md is given in;
 - for each graph of ``--graphs`` (``LABEL=SPEC``, SPEC one of ``table`` (the shipped table re-picks the rule's
   parameters, on the wrapper's default tile: what an engine gets; ``DecodeWrapper._entry_rule``), ``table+NAME``
-  (the same on candidate NAME's tile) or a candidate name (that one rule for every batch), each optionally ``@P``: P persistent programs
-  per SM, ``@r`` the tile's residency; default the wrapper's) and each merge variant of ``--variants``:
+  (the same on candidate NAME's tile) or a candidate name (that one rule for every batch), each optionally
+  ``@P``: P persistent programs per SM, ``@r`` the tile's residency; default the wrapper's) and each merge variant
+  of ``--variants``:
   - ``gN``: the graph path as ``DecodeWrapper.run`` launches it (``--max-batch`` merge programs per query head),
     its merge on N warps (``g4`` is what ``run`` does today);
   - ``bN``: the same with a merge grid of B programs per query head (a wrapper whose ``max_batch_size`` is the
