@@ -457,6 +457,45 @@ def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
     assert bucket["measured_on"] == ["gpu"]
 
 
+def test_dashboard_figures_of_a_policy_given_the_whole_wave_rule_after_its_timing(tmp_path):
+    """The shipped H_kv 4 policies got ``whole_wave`` / ``whole_wave_heads`` after their grid search timed them
+    (scripts/enable_whole_wave.py), so their training timings carry params without those keys. Such a timing is
+    the served plan's where the rule leaves the batch alone (a skewed batch: shown), and not where the rule serves
+    another plan (128 requests of 2,048 tokens get one BLOCK_N-64 tile per request: left out)."""
+    from kvsplit.service.queries import dashboard_data
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    store.upgrade(url)
+    tile = {"ctas_per_sm": 1.0, "block_n": 64, "num_warps": 4, "num_stages": 3, "prefetch": True,
+            "heads_per_tile": 2, "next_item": True}
+    served = {**tile, "whole_wave": 0.05, "whole_wave_heads": 2}
+    cases = {"skewed80": family_kv_lens("skewed80", 64, TOTAL), "uniform": np.full(128, 2048)}
+    shape = dict(num_kv_heads=4, device=GPU, head_dim=128, page_size=16, dtype="bfloat16")
+    # the premise, from the planner: the rule replaces the uniform batch's plan only
+    for fam, lens in cases.items():
+        a = make_plan(lens, policy="stream_k", params=served, **shape)
+        b = make_plan(lens, policy="stream_k", params=tile, **shape)
+        assert (a.config == b.config) == (fam == "skewed80"), fam
+    with store.session_scope(url, write=True) as s:
+        for fam, lens in cases.items():
+            bk = store.get_or_create_bucket(s, key=key_of(lens), gpu=GPU, num_kv_heads=4, head_dim=128,
+                                            dtype="bfloat16", page_size=16, source=f"family:{fam}")
+            run = store.start_run(s, bucket_id=bk.id, study_name="grid", backend="gpu", n_trials=2)
+            pol = store.create_policy(s, bucket_id=bk.id, params=served, backend="gpu", score=1.1,
+                                      tuning_run_id=run.id, name="stream_k")
+            store.publish(s, pol.id)
+            for name, params, t in (("tuned", tile, 2.2e-6), ("balanced", {}, 3.3e-6)):
+                store.record_measurement(s, bucket_id=bk.id, policy_name=name, params=params,
+                                         kv_lens=lens.tolist(), time_s=t, floor_s=2.0e-6, role="train",
+                                         batch_index=0, stage="verify", backend="gpu")
+    got = {b["family"]: b for b in dashboard_data(url)["shapes"][0]["buckets"]}
+    assert got["skewed80"]["evidence"] == "training" and got["skewed80"]["n_train"] == 1
+    assert got["skewed80"]["ratios"]["tuned"] == pytest.approx(1.1)  # 2.2 / 2.0
+    assert got["skewed80"]["batch_size"] == 64
+    assert got["uniform"]["n_train"] == 0 and "tuned" not in got["uniform"]["ratios"]
+    assert got["uniform"]["batch_size"] is None
+
+
 def test_unknown_gpu_answer_speaks_http(client):
     r = client.post("/v1/plan", json=body([100, 200], gpu="ACME X9"))
     assert r.status_code == 422
