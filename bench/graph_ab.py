@@ -10,7 +10,7 @@ graph's launches never depend on the batch. Its stage 1 runs the persistent sche
 one; from round 16 a candidate's ``|hN`` packs N KV heads per tile in graph mode too); its merge grid is
 ``max_batch_size`` programs per query head, those past the step's merged requests exiting at once.
 
-Per case (bench/data/sweep_cases.json, H_kv = 4) and in one process, back to back:
+Per case (bench/data/sweep_cases.json, H_kv = ``--num-kv-heads``, default 4) and in one process, back to back:
 
 - ``served``: the eager hot path of the plan the shipped table serves the batch (``decode_attention``, plan
   uploaded, ``validate=False``), the figure every other table of docs/perf.md is given in;
@@ -54,9 +54,7 @@ from l2_state import graph_of  # noqa: E402  (one warm-up launch, capture, one r
 
 from kvsplit.kernels import decode as dec  # noqa: E402
 from kvsplit.kernels.plan import make_plan  # noqa: E402
-from kvsplit.kernels.device import resolve_device  # noqa: E402
 from kvsplit.kernels.policy_table import PolicyTable  # noqa: E402
-from kvsplit.kernels.residency import resident_ctas_per_sm  # noqa: E402
 from kvsplit.kernels.wrapper import DecodeWrapper  # noqa: E402
 from kvsplit.tuner.gpu import software_versions  # noqa: E402
 
@@ -77,7 +75,7 @@ def parse_variant(v: str) -> tuple[bool, int, bool] | None:
 TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item", "heads_per_tile")
 
 
-def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int) -> DecodeWrapper:
+def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int, hkv: int = 4) -> DecodeWrapper:
     """The CUDA-graph DecodeWrapper of a ``--graphs`` SPEC (module doc)."""
     spec, _, per_sm = spec.partition("@")
     kw: dict = {"table": None, "policy": None, "params": None}
@@ -90,13 +88,11 @@ def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int) -
     else:
         pol, prm = named(spec)[1]
         kw["policy"], kw["params"] = pol, dict(prm)
-    w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
+    w = DecodeWrapper(32, hkv, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
                       use_cuda_graph=True, max_work_items=max_work, **kw)
     if per_sm:
-        c = w.config
-        P = resident_ctas_per_sm(resolve_device(GPU), 128, "bfloat16", 2, c.block_n, c.num_warps, c.num_stages,
-                                 prefetch=c.prefetch, next_item=c.next_item) if per_sm == "r" else int(per_sm)
-        w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
+        P = w.graph_residency if per_sm == "r" else int(per_sm)  # the graph tile's resident CTAs per SM
+        w = DecodeWrapper(32, hkv, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
                           use_cuda_graph=True, max_work_items=max_work, num_programs=P * 132, **kw)
     if old:  # round 14's re-pick: the entry's ctas_per_sm on the graph's tile, whatever tile it was tuned on
         w._other_tile = lambda params: False
@@ -109,6 +105,8 @@ def main() -> None:
     ap.add_argument("--variants", default="g4,g1,g1ov,b4,b1,b1ov")
     ap.add_argument("--graphs", default="table=table", help="comma-separated LABEL=SPEC (module doc)")
     ap.add_argument("--max-batch", type=int, default=1024, help="the wrapper's max_batch_size")
+    ap.add_argument("--num-kv-heads", type=int, default=4, help="H_kv of the cases kept (H_q 32): 4, or 8 for "
+                                                                "the llama8b set")
     ap.add_argument("--policies", default="service/data/h200_policies.json")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=200.0)
@@ -118,11 +116,12 @@ def main() -> None:
     variants = args.variants.split(",")
     for v in variants:
         parse_variant(v)
-    cases = [c for c in ref_cases(args) if c.get("num_kv_heads", 4) == 4 and len(c["kv_lens"]) <= args.max_batch]
+    hkv = args.num_kv_heads
+    cases = [c for c in ref_cases(args) if c.get("num_kv_heads", 4) == hkv and len(c["kv_lens"]) <= args.max_batch]
     table = PolicyTable.from_export(json.load(open(args.policies)))
     log = open(os.path.join(args.out, "graph_ab.jsonl"), "a")
     log.write(json.dumps({"kind": "versions", **software_versions()}) + "\n")
-    bench = Bench(32, 4, max_tokens=max(sum(c["kv_lens"]) for c in cases) + 4096, max_batch=args.max_batch)
+    bench = Bench(32, hkv, max_tokens=max(sum(c["kv_lens"]) for c in cases) + 4096, max_batch=args.max_batch)
     timer = bench.t
     bw = timer.read_bandwidth()
     log.write(json.dumps({"kind": "bandwidth", "bytes_per_s": bw}) + "\n")
@@ -131,7 +130,7 @@ def main() -> None:
     graphs = {}
     for item in args.graphs.split(","):
         label, _, spec = item.partition("=")
-        graphs[label] = make_wrapper(spec or label, table, args.max_batch, max_work)
+        graphs[label] = make_wrapper(spec or label, table, args.max_batch, max_work, hkv)
         c = graphs[label].config
         print(f"graph {label}: {spec} tile ({c.block_n}, {c.num_warps}, {c.num_stages}) prefetch {c.prefetch} "
               f"next_item {c.next_item} heads_per_tile {c.heads_per_tile}, {c.num_programs} programs", flush=True)
@@ -148,7 +147,7 @@ def main() -> None:
         b = timer.batch(L)
         floor = timer.hbm_floor_s(L)
         pol, prm = c["served"]["policy"], c["served"]["params"]
-        p = make_plan(L, num_kv_heads=4, device=GPU, policy=pol, params=prm)
+        p = make_plan(L, num_kv_heads=hkv, device=GPU, policy=pol, params=prm)
         times = {"served": bench.time_plan(p, args.rep_ms)}
         ref = bench.out[B].clone()
         diff, rules = {}, {}
