@@ -147,17 +147,22 @@ _GRAPH_CONFIGS: dict[tuple[int, str], KernelConfig] = {
 }
 
 
-def graph_default_config(head_dim: int, dtype: str) -> KernelConfig:
-    """The default tile of ``DecodeWrapper(use_cuda_graph=True)`` for ``(head_dim, dtype)``.
+def graph_default_config(head_dim: int, dtype: str, *, num_qo_heads: int, num_kv_heads: int) -> KernelConfig:
+    """The default tile of ``DecodeWrapper(use_cuda_graph=True)`` for ``(head_dim, dtype)`` and the GQA shape.
 
-    head_dim 128 (fp16/bf16): BLOCK_N 64, 8 warps, 3 stages, ``prefetch`` and ``next_item``, two KV heads per work
-    tile (one resident CTA per SM on the H200; docs/perf.md, round 16). The wrapper uses one head per tile where two
-    do not divide H_kv or overflow the 16 query rows of a tile (``2 * H_q / H_kv > 16``). Other shapes are not
-    measured and get :func:`default_config`. Measured on the H200 only; other GPUs get the same tile (its
-    residency there is :func:`kvsplit.kernels.residency.resident_ctas_per_sm`'s).
+    head_dim 128 (fp16/bf16), where two KV heads per work tile fit (H_kv even and ``2 * H_q / H_kv <= 16``):
+    BLOCK_N 64, 8 warps, 3 stages, ``prefetch`` and ``next_item``, two KV heads per work tile (one resident CTA per
+    SM on the H200; docs/perf.md, rounds 16-17). Elsewhere :func:`default_config`'s tile, one head per tile: the
+    look-ahead tile with one head streams too few bytes per CTA for its one CTA per SM (at H_kv 8 it ran the graph
+    path at 1.441x the served eager plan against 1.309x for (128, 4, 2) and 1.017x with two heads; docs/perf.md
+    round 17). Measured on the H200 only; other GPUs get the same tile (its residency there is
+    :func:`kvsplit.kernels.residency.resident_ctas_per_sm`'s).
     """
-    return _GRAPH_CONFIGS.get((head_dim, dtype)) or default_config(head_dim, dtype)
-
+    cfg = _GRAPH_CONFIGS.get((head_dim, dtype))
+    h = cfg.heads_per_tile if cfg is not None else 1
+    if cfg is None or num_kv_heads % h or h * (num_qo_heads // num_kv_heads) > 16:
+        return default_config(head_dim, dtype)
+    return cfg
 
 
 # ----------------------------------------------------------------------------

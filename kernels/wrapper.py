@@ -115,10 +115,10 @@ class DecodeWrapper:
         tile's resident CTAs per SM (``params`` may override it). In graph
         mode, params without tile knobs (``block_n``, ``num_warps``,
         ``num_stages``, ``prefetch``, ``next_item``) get
-        :func:`kvsplit.kernels.limits.graph_default_config`'s tile, with its
-        two KV heads per work tile where they fit the GQA group
-        (``heads_per_tile`` in params overrides it); given knobs complete
-        with :func:`~kvsplit.kernels.limits.default_config`'s.
+        :func:`kvsplit.kernels.limits.graph_default_config`'s tile for the
+        GQA shape (two KV heads per work tile where they fit;
+        ``heads_per_tile`` in params overrides its heads); given knobs
+        complete with :func:`~kvsplit.kernels.limits.default_config`'s.
     use_cuda_graph : bool
         Graph mode (module doc).
     gpu : DeviceSpec or str, optional
@@ -197,17 +197,15 @@ class DecodeWrapper:
             return
         # ---- graph mode: fixed kernel config, preallocated buffers ----------------
         tile = {k: self.params[k] for k in _TILE_KNOBS if k in self.params}
-        # no tile knobs given: the graph default tile (its heads_per_tile where it fits the GQA group); else the
-        # given knobs over the eager default config, one KV head per tile unless params say otherwise
-        base = default_config(head_dim, dtype) if tile else graph_default_config(head_dim, dtype)
+        # no tile knobs given: the graph default tile for this GQA shape; else the given knobs over the eager
+        # default config, one KV head per tile unless params say otherwise
+        base = default_config(head_dim, dtype) if tile else \
+            graph_default_config(head_dim, dtype, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads)
         if num_programs is None:
             num_programs = int(self.params.get("num_programs") or 4 * self.gpu.num_sms)
         self._knobs = {k: tile.get(k, getattr(base, k)) for k in _TILE_KNOBS}
         self._knobs.update(schedule="persistent", num_programs=int(num_programs))
         heads = self.params.get("heads_per_tile", base.heads_per_tile)
-        if "heads_per_tile" not in self.params and (num_kv_heads % heads or heads * (num_qo_heads // num_kv_heads)
-                                                    > 16):
-            heads = 1  # the default's two heads do not fit this GQA group
         check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile")
         self._knobs["heads_per_tile"] = heads
         cfg = self._knobs

@@ -282,8 +282,16 @@ def test_graph_mode_default_tile_at_head_dim_128():
 
 
 @pytest.mark.parametrize("hq, hk", [(32, 2), (8, 1), (6, 3)])
-def test_graph_mode_default_tile_falls_back_to_one_head(hq, hk):
-    # two KV heads per tile need an even H_kv and 2 * G <= 16 query rows: else the default tile has one head
+def test_graph_mode_default_tile_without_two_heads(hq, hk):
+    # two KV heads per tile need an even H_kv and 2 * G <= 16 query rows; else the graph default is the eager
+    # default tile ((128, 4, 2) at head_dim 128), one head per tile, not the look-ahead tile with one head (which
+    # ran 1.441x the served plan against 1.309x at H_kv 8: docs/perf.md round 17), stream_k at its residency (3)
+    from kvsplit.kernels.limits import default_config
+
     w = DecodeWrapper(hq, hk, 128, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
                       use_cuda_graph=True, num_programs=2, max_work_items=64)
-    assert w.config.heads_per_tile == 1 and (w.config.block_n, w.config.next_item) == (64, True)
+    cfg = default_config(128, "float16")
+    c = w.config
+    assert (c.block_n, c.num_warps, c.num_stages, c.prefetch, c.next_item, c.heads_per_tile) == \
+        (cfg.block_n, cfg.num_warps, cfg.num_stages, False, False, 1) == (128, 4, 2, False, False, 1)
+    assert w._graph_policy[0] == "stream_k" and w._graph_policy[1]["ctas_per_sm"] == float(w.graph_residency) == 3.0
