@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .limits import TILE_QUERY_ROWS
 from .plan import Plan
 from .reference import _check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
 from .residency import register_cap
@@ -436,7 +437,7 @@ def check_heads_per_tile(heads_per_tile: int, num_qo_heads: int, num_kv_heads: i
     G = num_qo_heads // num_kv_heads
     if num_kv_heads % heads_per_tile:
         raise ValueError(f"{name}: expected a divisor of H_kv={num_kv_heads}, got {heads_per_tile}")
-    if heads_per_tile * G > 16:
+    if heads_per_tile * G > TILE_QUERY_ROWS:
         raise ValueError(f"{name}: {heads_per_tile} KV heads of GQA group G={G} (H_q="
                          f"{num_qo_heads} / H_kv={num_kv_heads}) are {heads_per_tile * G} query rows, above the 16 "
                          f"of one work tile: use heads_per_tile <= {max(1, 16 // G)} (params.heads_per_tile, or "

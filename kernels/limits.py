@@ -25,6 +25,9 @@ BLOCK_N_CHOICES = (16, 32, 64, 128, 256)
 NUM_WARPS_CHOICES = (1, 2, 4, 8)
 NUM_STAGES_CHOICES = (1, 2, 3, 4)
 HEADS_PER_TILE_CHOICES = (1, 2, 4, 8)
+TILE_QUERY_ROWS = 16
+"""Query rows of one work tile's ``tl.dot`` (the GQA groups of its KV heads share them:
+``heads_per_tile * H_q / H_kv <= 16``, :func:`kvsplit.kernels.decode.check_heads_per_tile`)."""
 SCHEDULES = ("grid", "persistent")
 ORDERS = ("natural", "heavy_first")
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -159,10 +162,16 @@ def graph_default_config(head_dim: int, dtype: str, *, num_qo_heads: int, num_kv
     :func:`kvsplit.kernels.residency.resident_ctas_per_sm`'s).
     """
     cfg = _GRAPH_CONFIGS.get((head_dim, dtype))
-    h = cfg.heads_per_tile if cfg is not None else 1
-    if cfg is None or num_kv_heads % h or h * (num_qo_heads // num_kv_heads) > 16:
+    if cfg is None or not heads_fit(cfg.heads_per_tile, num_qo_heads, num_kv_heads):
         return default_config(head_dim, dtype)
     return cfg
+
+
+def heads_fit(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int) -> bool:
+    """Whether ``heads_per_tile`` adjacent KV heads make one work tile: a divisor of H_kv whose GQA groups fill at
+    most :data:`TILE_QUERY_ROWS` query rows (``heads_per_tile * H_q / H_kv <= 16``; the launch's
+    :func:`kvsplit.kernels.decode.check_heads_per_tile` raises where this is false)."""
+    return num_kv_heads % heads_per_tile == 0 and heads_per_tile * (num_qo_heads // num_kv_heads) <= TILE_QUERY_ROWS
 
 
 # ----------------------------------------------------------------------------

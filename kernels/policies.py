@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from .device import DeviceSpec
 from .limits import MAX_WORK_ITEMS, BLOCK_N_CHOICES, DTYPES, NUM_WARPS_CHOICES, NUM_STAGES_CHOICES, ORDERS, \
-    SCHEDULES, MAX_NUM_PROGRAMS, HEADS_PER_TILE_CHOICES, KernelConfig, _check_config, _pos_int, cdiv, \
+    SCHEDULES, MAX_NUM_PROGRAMS, HEADS_PER_TILE_CHOICES, TILE_QUERY_ROWS, KernelConfig, _check_config, _pos_int, cdiv, \
     check_batch_shape
 from .registry import _POLICY_PARAMS, POLICIES, PlanContext, _knobs, _num, _register
 from .residency import resident_ctas_per_sm
@@ -175,11 +175,6 @@ table served)."""
 WHOLE_WAVE_MAX_WAVES = 2
 """The whole-wave rule considers at most this many resident waves of whole requests: more waves of near-even
 batches lost 1-5 % to the even partition on the training batches (docs/perf.md, round 7)."""
-
-
-TILE_QUERY_ROWS = 16
-"""Query rows of one work tile's ``tl.dot`` (the GQA groups of its KV heads share them:
-``heads_per_tile * H_q / H_kv <= 16``, :func:`kvsplit.kernels.decode.check_heads_per_tile`)."""
 
 
 def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_heads: int) -> Mapping[str, Any]:

@@ -85,9 +85,8 @@ from .plan import Plan, make_plan
 __all__ = ["DecodeWrapper"]
 
 _NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
-_FIXED_KNOBS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "prefetch", "heads_per_tile",
-                "next_item")
 _TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item")  # with heads_per_tile: a graph's tile
+_FIXED_KNOBS = _TILE_KNOBS + ("heads_per_tile", "schedule", "num_programs")  # what the captured graph bakes in
 
 
 class DecodeWrapper:
