@@ -8,13 +8,15 @@ SM end 3-6 % apart: the SMs of a TPC pair stream at the same rate, but the TPCs'
 ``stream_k|c1|n64w8s3|pf|h2|nx``: 468-496 us for the same bytes), so the idle SM time at the end is 3-5 % of the
 span. A static partition cannot know which SM is slow. Here the concatenated KV stream (stream_k_work's cost
 coordinates) is cut into ``C`` big pieces of ``F`` times the even share, one per persistent program, followed by
-pieces of ``G`` times the share, which the persistent programs claim from the work counter in plan order as they
-finish: the fast SMs take more of the tail.
+pieces of ``G`` times the share, which the SMs take as they finish their big piece: the fast SMs take more of the
+tail.
 
 For each reference case (bench/data/sweep_cases.json, set ``ref``) and base plan, in one process and back to back:
 the base plan (grid launch), the same plan on the persistent schedule (one program per resident CTA slot), and
-every ``F:G`` tail plan on it, with the work counter claimed after a tile (``claim_ahead`` off) and, as
-``...+a``, when the program starts it (``decode._PERSIST``). CUDA-graph replays on the hot path, ``do_bench``
+every ``F:G`` tail plan: as a grid launch (``...g``: the hardware block scheduler hands the small CTAs to the SMs
+as their big CTAs retire) and on the persistent schedule. Round 18's run also timed ``...+a``: persistent programs
+that claim their next tile when they start the current one (docs/data/h200_r18/claim_ahead.patch; lost, not
+kept). CUDA-graph replays on the hot path, ``do_bench``
 median, random bf16 KV on shuffled pages above the 60 MB L2; each output is checked against the base plan's.
 One JSON line per (case, variant) in OUT/tail_ab.jsonl, a table on stdout.
 """
@@ -35,10 +37,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_sweep import Bench, add_ref_case_args, named, ref_cases  # noqa: E402
 
-from kvsplit.kernels import decode as dec  # noqa: E402
 from kvsplit.kernels.device import DeviceSpec  # noqa: E402
 from kvsplit.kernels.plan import Plan, make_plan  # noqa: E402
-from kvsplit.kernels.policies import _stream_k_params, stream_k_work, tile_heads  # noqa: E402
+from kvsplit.kernels.policies import _stream_k_params, tile_heads  # noqa: E402
 from kvsplit.kernels.registry import PlanContext  # noqa: E402
 from kvsplit.kernels.residency import resident_ctas_per_sm  # noqa: E402
 from kvsplit.tuner.gpu import software_versions  # noqa: E402
@@ -112,7 +113,6 @@ def main() -> None:
     add_ref_case_args(ap)
     ap.add_argument("--bases", default=",".join(BASES))
     ap.add_argument("--tails", default=",".join(TAILS), help="F:G pairs: big pieces of F x the share, then G x")
-    ap.add_argument("--ahead", default="0,1", help="claim_ahead values to time on the persistent variants")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--rep-ms", type=float, default=20.0)
@@ -127,7 +127,6 @@ def main() -> None:
     log.write(json.dumps({"kind": "bandwidth", "bytes_per_s": bw}) + "\n")
     print(f"read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
     spec = DeviceSpec.known(GPU)
-    aheads = [bool(int(a)) for a in args.ahead.split(",")]
     for c in cases:
         if time.time() - t0 > args.budget_s:
             print("budget reached; stopping", flush=True)
@@ -143,26 +142,18 @@ def main() -> None:
                                                         cf.num_stages, prefetch=cf.prefetch,
                                                         heads_per_tile=cf.heads_per_tile, next_item=cf.next_item)
             cps, o, _ = _stream_k_params(prm)
-            variants = [("grid", base, False)]
             pers = dataclasses.replace(base, config=dataclasses.replace(cf, schedule="persistent",
                                                                         num_programs=slots))
-            for a in aheads:
-                variants.append(("pers" + ("+a" if a else ""), pers, a))
+            variants = [("grid", base), ("pers", pers)]
             for tail in args.tails.split(","):
                 f, g = (float(x) for x in tail.split(":"))
                 tp = tail_plan(base, L, spec, cps, o, f, g, slots)
                 # the grid launch of the same work list: the hardware block scheduler hands the small CTAs to the
                 # SMs as their big CTAs retire
-                variants.append((f"t{tail}g", dataclasses.replace(tp, config=cf), False))
-                for a in aheads:
-                    variants.append((f"t{tail}" + ("+a" if a else ""), tp, a))
+                variants += [(f"t{tail}g", dataclasses.replace(tp, config=cf)), (f"t{tail}", tp)]
             ref_out = None
-            for vname, p, ahead in variants:
-                dec._PERSIST["claim_ahead"] = ahead
-                try:
-                    t = bench.time_plan(p, args.rep_ms)
-                finally:
-                    dec._PERSIST["claim_ahead"] = False
+            for vname, p in variants:
+                t = bench.time_plan(p, args.rep_ms)
                 out = bench.out[p.batch_size].float().clone()
                 if ref_out is None:
                     ref_out, err = out, 0.0

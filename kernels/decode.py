@@ -67,10 +67,6 @@ MERGE_SYNC_CHUNKS = 4
 # the start of its tile's last item), "poll_ns" (the merge's back-off between polls, ns; 0: none)
 # "poll" ("acquire": every poll an acquire read; "relaxed": volatile polls, then one acquire read)
 _OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500, "poll": "relaxed"}
-# how the persistent schedule claims work tiles (for A/B benchmarks, bench/tail_ab.py): "claim_ahead" (a program
-# claims its next tile from the counter when it starts the current one, so the atomic's round trip is not on
-# the critical path between two tiles; else after it finished the current one)
-_PERSIST = {"claim_ahead": False}
 
 _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -310,7 +306,7 @@ def _decode_stage1_kernel(
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
     PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1, NEXT: tl.constexpr = False, TIMELINE: tl.constexpr = False,
     SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL: tl.constexpr = False,
-    PDL_LAST: tl.constexpr = False, CLAIM_AHEAD: tl.constexpr = False,
+    PDL_LAST: tl.constexpr = False,
 ):
     if PDL:
         # programmatic dependent launch: the merge grid may start once every stage-1 CTA has started (so a
@@ -322,8 +318,6 @@ def _decode_stage1_kernel(
     if PERSISTENT:
         tile = tl.atomic_add(COUNTER, 1)
         while tile < num_tiles:
-            if CLAIM_AHEAD:
-                nxt = tl.atomic_add(COUNTER, 1)
             _stage1_tile(
                 tile, Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
@@ -331,10 +325,7 @@ def _decode_stage1_kernel(
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
                 PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST,
             )
-            if CLAIM_AHEAD:
-                tile = nxt
-            else:
-                tile = tl.atomic_add(COUNTER, 1)
+            tile = tl.atomic_add(COUNTER, 1)
     else:
         _stage1_tile(
             tl.program_id(0), Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
@@ -928,7 +919,7 @@ def launch_decode(
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
         PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), TIMELINE=timeline is not None,
         SIGNAL=bool(merge_overlap), MERGE_DS=merge_dsplit if merge_overlap else 1, PDL=pdl and not pdl_last,
-        PDL_LAST=pdl_last, CLAIM_AHEAD=persistent and _PERSIST["claim_ahead"],
+        PDL_LAST=pdl_last,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
