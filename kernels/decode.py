@@ -68,11 +68,6 @@ MERGE_SYNC_CHUNKS = 4
 # "poll" ("acquire": every poll an acquire read; "relaxed": volatile polls, then one acquire read)
 _OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500, "poll": "relaxed"}
 
-# an L2 prefetch of the K/V rows of the tile L2PF_AHEAD tiles ahead in the prefetching loop (for A/B benchmarks,
-# bench/l2pf_ab.py): "ahead" (0: off, the kernel as before), "policy" ("evict_first": the prefetch allocates the lines
-# with an L2 evict-first policy; "normal": without a cache hint)
-_L2PF = {"ahead": 0, "policy": "evict_first"}
-
 _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
@@ -93,31 +88,6 @@ def _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
-
-
-@triton.jit
-def _l2_prefetch_rows(ptrs, ROW_BYTES: tl.constexpr, EVICT_FIRST: tl.constexpr):
-    # Hopper's bulk prefetch into L2 (cp.async.bulk.prefetch.L2, sm_90, PTX ISA 8.0) of ROW_BYTES at each pointer,
-    # with an L2::evict_first cache policy (createpolicy.fractional, fraction 1.0) or none; a dummy result
-    if EVICT_FIRST:
-        if ROW_BYTES == 256:
-            r = tl.inline_asm_elementwise(
-                "{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0; "
-                "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], 256, pol; mov.u32 $0, 0; }",
-                "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            r = tl.inline_asm_elementwise(
-                "{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0; "
-                "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], 512, pol; mov.u32 $0, 0; }",
-                "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        if ROW_BYTES == 256:
-            r = tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 256; mov.u32 $0, 0;",
-                                          "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            r = tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 512; mov.u32 $0, 0;",
-                                          "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-    return r
 
 
 @triton.jit
@@ -160,7 +130,6 @@ def _stage1_tile(
     DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
     NEXT: tl.constexpr = False, TL=None, TL_STRIDE=0, TIMELINE: tl.constexpr = False,
     SYNC=None, SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL_LAST: tl.constexpr = False,
-    L2PF: tl.constexpr = 0, L2PF_EF: tl.constexpr = True,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
@@ -259,17 +228,6 @@ def _stage1_tile(
                 mask_n = t < end
                 t1 = t + BLOCK_N
                 page_nx = tl.load(KV_INDICES + page_base + t1 // PAGE_SIZE, mask=t1 < end, other=0)
-                if L2PF > 0:
-                    # the K/V rows of the tile L2PF tiles ahead into L2 (before the pipeliner's cp.async copies,
-                    # num_stages - 1 tiles ahead, read them)
-                    tf = n0 + L2PF * BLOCK_N + offs_n
-                    mf = tf < end
-                    pgf = tl.load(KV_INDICES + page_base + tf // PAGE_SIZE, mask=mf, other=0).to(tl.int64)
-                    inf = (tf % PAGE_SIZE).to(tl.int64)
-                    _l2_prefetch_rows(tl.where(mf, K + pgf * stride_kp + inf * stride_ks + h * stride_kh, K),
-                                      HEADS * HEAD_DIM * 2, L2PF_EF)
-                    _l2_prefetch_rows(tl.where(mf, V + pgf * stride_vp + inf * stride_vs + h * stride_vh, V),
-                                      HEADS * HEAD_DIM * 2, L2PF_EF)
                 in_page = (t % PAGE_SIZE).to(tl.int64)
                 if HEADS == 1:
                     k = tl.load(K + (page * stride_kp + in_page * stride_ks + h * stride_kh)[:, None]
@@ -348,7 +306,7 @@ def _decode_stage1_kernel(
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
     PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1, NEXT: tl.constexpr = False, TIMELINE: tl.constexpr = False,
     SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL: tl.constexpr = False,
-    PDL_LAST: tl.constexpr = False, L2PF: tl.constexpr = 0, L2PF_EF: tl.constexpr = True,
+    PDL_LAST: tl.constexpr = False,
 ):
     if PDL:
         # programmatic dependent launch: the merge grid may start once every stage-1 CTA has started (so a
@@ -365,7 +323,7 @@ def _decode_stage1_kernel(
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST, L2PF, L2PF_EF,
+                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -374,7 +332,7 @@ def _decode_stage1_kernel(
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST, L2PF, L2PF_EF,
+            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST,
         )
 
 
@@ -962,8 +920,6 @@ def launch_decode(
         PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), TIMELINE=timeline is not None,
         SIGNAL=bool(merge_overlap), MERGE_DS=merge_dsplit if merge_overlap else 1, PDL=pdl and not pdl_last,
         PDL_LAST=pdl_last,
-        # the A/B switch _L2PF: off on the CPU interpreter (inline PTX) and off the prefetching loop
-        L2PF=_L2PF["ahead"] if prefetch and not _INTERPRETED else 0, L2PF_EF=_L2PF["policy"] == "evict_first",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
