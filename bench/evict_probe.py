@@ -11,8 +11,9 @@ pipeliner makes of the decode kernel's K/V loads (checked on the sm_90 PTX: no c
 ``evict_first`` variant of the decode kernel was therefore the same kernel), so the probe times the read floor's
 own streaming-read kernel (register loads) with and without the policy, and with plain loads of lines that a
 bulk L2 prefetch (``cp.async.bulk.prefetch.L2`` with the evict-first policy) allocated two iterations earlier
-(``prefetch_ef``: would such a prefetch carry the policy onto lines the decode kernel's ``cp.async`` then reads?), over the KV bytes of T = 262,144 and
-1,048,576 (512 MiB, 2 GiB) and 4 GiB, under do_bench and after a clean-L2 flush (``read``: a 256 MB read).
+(``prefetch_ef``: would such a prefetch carry the policy onto lines the decode kernel's ``cp.async`` then
+reads?), over the KV bytes of T = 262,144 and 1,048,576 (512 MiB, 2 GiB) and 4 GiB, under do_bench and after a
+clean-L2 flush (``read``: a 256 MB read). Round 18's figures: docs/perf.md.
 """
 
 from __future__ import annotations

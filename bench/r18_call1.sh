@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Round 18, device call 1 (H200): the stream-K tail balanced at run time (bench/tail_ab.py): big pieces first, then
-# small ones the persistent programs claim (or the block scheduler hands out) as SMs finish, against the grid launch and the plain persistent one,
-# on the 48 reference batches at T = 1,048,576.
+# Round 18, device call 1 (H200): the stream-K tail balanced at run time (bench/tail_ab.py): big pieces first,
+# then small ones the persistent programs claim (or the block scheduler hands out) as SMs finish, against the grid
+# launch and the plain persistent one, on the 48 reference batches at T = 1,048,576. The run also timed a
+# claim-ahead kernel variant (--ahead, since removed with it: docs/data/h200_r18/claim_ahead.patch).
 [ -f .peers/triton_cache.tgz ] && tar xzf .peers/triton_cache.tgz
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv

@@ -16,8 +16,8 @@ the base plan (grid launch), the same plan on the persistent schedule (one progr
 every ``F:G`` tail plan: as a grid launch (``...g``: the hardware block scheduler hands the small CTAs to the SMs
 as their big CTAs retire) and on the persistent schedule. Round 18's run also timed ``...+a``: persistent programs
 that claim their next tile when they start the current one (docs/data/h200_r18/claim_ahead.patch; lost, not
-kept). CUDA-graph replays on the hot path, ``do_bench``
-median, random bf16 KV on shuffled pages above the 60 MB L2; each output is checked against the base plan's.
+kept). CUDA-graph replays on the hot path, ``do_bench`` median, random bf16 KV on shuffled pages above the 60 MB
+L2; each output is checked against the base plan's.
 One JSON line per (case, variant) in OUT/tail_ab.jsonl, a table on stdout.
 """
 
@@ -32,7 +32,6 @@ import sys
 import time
 
 import numpy as np
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_sweep import Bench, add_ref_case_args, named, ref_cases  # noqa: E402
