@@ -7,6 +7,7 @@
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 bench/evict_probe.py --out "$OUT" 2>&1 | tee "$OUT/evict_probe.log"
-python3 bench/l2pf_ab.py --out "$OUT" --T 262144,1048576 --B 1,8,64,128,512 --variants off,ef3,nm3,ef6 --budget-s 300 2>&1 | tee "$OUT/l2pf_ab.log" | tail -n 100
+python3 bench/l2pf_ab.py --out "$OUT" --T 262144,1048576 --B 1,8,64,128,512 --variants off,ef3,nm3,ef6 \
+    --budget-s 300 2>&1 | tee "$OUT/l2pf_ab.log" | tail -n 100
 tar czf "$OUT/triton_cache.tgz" .triton_cache
 ls -la "$OUT"
