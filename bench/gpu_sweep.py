@@ -342,7 +342,7 @@ def main() -> None:
             for name in dict.fromkeys(want[c["id"]]):
                 if name in BASELINES:
                     plans.append((name, BASELINES[name]))
-                elif name in ("served", "served_r1", "served_prev"):
+                elif name in ("served", "served_r1", "served_prev", "served_alt"):
                     plans.append((name, (c[name]["policy"], c[name]["params"])))
                 else:
                     plans.append(named(name))
