@@ -38,7 +38,7 @@ from gpu_sweep import Bench, add_ref_case_args, named, ref_cases  # noqa: E402
 
 from kvsplit.kernels.device import DeviceSpec  # noqa: E402
 from kvsplit.kernels.plan import Plan, make_plan  # noqa: E402
-from kvsplit.kernels.policies import _stream_k_params, tile_heads  # noqa: E402
+from kvsplit.kernels.policies import _stream_k_params, indptr_of_runs, pieces_at_cuts, tile_heads  # noqa: E402
 from kvsplit.kernels.registry import PlanContext  # noqa: E402
 from kvsplit.kernels.residency import resident_ctas_per_sm  # noqa: E402
 from kvsplit.tuner.gpu import software_versions  # noqa: E402
@@ -73,25 +73,9 @@ def bounded_stream_work(L: np.ndarray, heads: int, num_sms: int, block_n: int, c
     creq = np.repeat(np.arange(B), ncut)
     kidx = np.arange(int(ncut.sum())) - np.repeat(np.cumsum(ncut) - ncut, ncut) + first[creq]
     cut = bounds[kidx] - lo[creq]
-    n = (ncut + 1).astype(np.int64)
-    W = int(n.sum())
-    item_first = np.cumsum(n) - n
-    req = np.repeat(np.arange(B), n)
-    j = np.arange(W) - item_first[req]
-    cut_first = np.cumsum(ncut) - ncut
-    start_blk = np.zeros(W, dtype=np.int64)
-    end_blk = nb[req].astype(np.int64)
-    hp = j > 0
-    start_blk[hp] = cut[cut_first[req[hp]] + j[hp] - 1]
-    hn = j < n[req] - 1
-    end_blk[hn] = cut[cut_first[req[hn]] + j[hn]]
-    start = np.minimum(start_blk * block_n, L[req])
-    end = np.minimum(end_blk * block_n, L[req])
+    n, req, _, start_blk, start, end = pieces_at_cuts(L, nb, ncut, cut, block_n)
     cta = np.searchsorted(bounds, lo[req] + start_blk, side="right") - 1
-    boundary = np.ones(W, dtype=bool)
-    boundary[1:] = cta[1:] != cta[:-1]
-    cta_indptr = np.append(np.flatnonzero(boundary), W)
-    return n, req, start, end, cta_indptr
+    return n, req, start, end, indptr_of_runs(cta)
 
 
 def tail_plan(base: Plan, L: np.ndarray, spec: DeviceSpec, ctas_per_sm: float, o: int, big: float, small: float,

@@ -336,6 +336,37 @@ STREAM_K_DEFAULTS = {"ctas_per_sm": 2.0, "item_cost_blocks": 1, "min_piece_block
 """Defaults of ``stream_k``'s rule parameters."""
 
 
+def pieces_at_cuts(L: np.ndarray, nb: np.ndarray, ncut: np.ndarray, cut: np.ndarray, block_n: int):
+    """The work items of requests cut inside at block offsets: request ``b`` (``L[b]`` tokens, ``nb[b]`` blocks of
+    ``block_n``) has ``ncut[b]`` cuts, ``cut`` holds every request's cuts in request order (block offsets within
+    it, increasing, strictly inside ``(0, nb[b])``); cut c of request b ends item (b, c) and starts item (b, c + 1).
+
+    Returns ``(n, req, j, start_blk, start, end)``: items per request ``[B]``; per item ``[W]`` its request, its
+    index within the request, its first block and its token range ``[start, end)`` (clipped to ``L``)."""
+    n = (ncut + 1).astype(np.int64)
+    W = int(n.sum())
+    item_first = np.cumsum(n) - n
+    req = np.repeat(np.arange(L.shape[0]), n)
+    j = np.arange(W) - item_first[req]
+    cut_first = np.cumsum(ncut) - ncut
+    start_blk = np.zeros(W, dtype=np.int64)
+    end_blk = nb[req].astype(np.int64)
+    has_prev = j > 0
+    start_blk[has_prev] = cut[cut_first[req[has_prev]] + j[has_prev] - 1]
+    has_next = j < n[req] - 1
+    end_blk[has_next] = cut[cut_first[req[has_next]] + j[has_next]]
+    Lw = L[req]
+    return n, req, j, start_blk, np.minimum(start_blk * block_n, Lw), np.minimum(end_blk * block_n, Lw)
+
+
+def indptr_of_runs(cta: np.ndarray) -> np.ndarray:
+    """``cta_indptr`` int32 ``[C + 1]`` of a work list whose items' CTAs ``cta`` ``[W]`` come in runs (non-decreasing
+    over the list): CTA c takes the c-th run."""
+    boundary = np.ones(cta.shape[0], dtype=bool)
+    boundary[1:] = cta[1:] != cta[:-1]
+    return np.append(np.flatnonzero(boundary), cta.shape[0]).astype(np.int32)
+
+
 def stream_k_work(L: np.ndarray, num_kv_heads: int, num_sms: int, block_n: int, ctas_per_sm: float,
                   item_cost_blocks: int, min_piece_blocks: int, perm: np.ndarray | None = None) -> WorkList:
     """Even partition of the concatenated KV stream over a fixed number of CTAs.
@@ -399,30 +430,13 @@ def stream_k_work(L: np.ndarray, num_kv_heads: int, num_sms: int, block_n: int, 
         creq = np.repeat(np.arange(B), ncut)
         k = np.arange(int(ncut.sum())) - np.repeat(np.cumsum(ncut) - ncut, ncut) + first_k[creq]
         cut = k * share - lo[creq]
-    n = (ncut + 1).astype(np.int64)
-    W = int(n.sum())
-    item_first = np.cumsum(n) - n
-    req_p = np.repeat(np.arange(B), n)
-    j = np.arange(W) - item_first[req_p]
-    # cut c of request b ends item (b, c) and starts item (b, c + 1)
-    cut_first = np.cumsum(ncut) - ncut
-    start_blk = np.zeros(W, dtype=np.int64)
-    end_blk = nb[req_p].astype(np.int64)
-    has_prev = j > 0
-    start_blk[has_prev] = cut[cut_first[req_p[has_prev]] + j[has_prev] - 1]
-    has_next = j < n[req_p] - 1
-    end_blk[has_next] = cut[cut_first[req_p[has_next]] + j[has_next]]
-    Lw = Lp[req_p]
-    start = np.minimum(start_blk * block_n, Lw)
-    end = np.minimum(end_blk * block_n, Lw)
+    n, req_p, j, start_blk, start, end = pieces_at_cuts(Lp, nb, ncut, cut, block_n)
     # CTA of each item: where its first block falls; a request's first piece whose
     # cut near its start was dropped (the next share boundary within its first
     # min_piece_blocks - 1 blocks) starts in the CTA after that boundary
     push = np.where(j == 0, np.minimum(mp - 1, np.maximum(nb[req_p] - 1, 0)), 0)
     cta = np.minimum((lo[req_p] + start_blk + push) // share, C - 1)
-    boundary = np.ones(W, dtype=bool)
-    boundary[1:] = cta[1:] != cta[:-1]
-    cta_indptr = np.append(np.flatnonzero(boundary), W).astype(np.int32)
+    cta_indptr = indptr_of_runs(cta)
     num_splits = np.empty(B, dtype=np.int64)
     num_splits[order] = n
     return WorkList(num_splits.astype(np.int32), order[req_p].astype(np.int32), start, end, cta_indptr)
