@@ -219,6 +219,9 @@ def main() -> None:
     ap.add_argument("--candidates", default=None,
                     help="train: these comma-separated candidate names (e.g. stream_k|c1|n128w4s3|pf) instead of "
                          "TRAIN_CANDIDATES (balanced, the fallback, is timed too)")
+    ap.add_argument("--query-rows", type=int, default=0,
+                    help="A/B only: let a work tile hold this many query rows (bench/wide_tiles.py), so that names "
+                         "such as stream_k|c3|n16w4s3|pf|h4 plan heads_per_tile * G = 32 at G = 8")
     ap.add_argument("--skip-cases", type=int, default=0, help="start after this many cases (resume a run)")
     ap.add_argument("--flashinfer", choices=("with", "skip", "only"), default="with",
                     help="retime: time FlashInfer's kernel with our plans (with), not at all (skip), or alone "
@@ -226,6 +229,10 @@ def main() -> None:
                          "stream_k plans were up to 14 %% slower (docs/results.md, Repeatability): time it in "
                          "its own process")
     args = ap.parse_args()
+    if args.query_rows:
+        import wide_tiles  # bench/ is on sys.path when this script runs
+
+        wide_tiles.enable(args.query_rows)
     t0 = time.time()
     log = open(os.path.join(args.out, args.out_name), "a")
 
@@ -281,7 +288,10 @@ def main() -> None:
     # correctness of the new partitions (bf16 vs fp32 reference, poisoned output)
     for hkv, pol, prm in [(4, "stream_k", {}), (4, "stream_k", {"min_piece_blocks": 4, "block_n": 128}),
                           (8, "stream_k", {"ctas_per_sm": 1, "block_n": 256, "num_warps": 8}),
-                          (4, "balanced", {}), (4, "tuned", {"partition": "stream_k", "item_cost_blocks": 3})]:
+                          (4, "balanced", {}), (4, "tuned", {"partition": "stream_k", "item_cost_blocks": 3}),
+                          *([(4, "stream_k", {"block_n": 16, "num_stages": 3, "prefetch": True, "heads_per_tile": 4}),
+                             (4, "stream_k", {"block_n": 16, "num_stages": 3, "prefetch": True, "heads_per_tile": 4,
+                                              "next_item": True})] if args.query_rows else [])]:
         if (32, hkv) not in benches:  # a case file without that shape (e.g. a subset)
             continue
         bb = benches[(32, hkv)]
