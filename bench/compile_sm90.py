@@ -171,6 +171,8 @@ def main() -> None:
                                                  "compiled at the groups G with heads * G <= 16")
     ap.add_argument("--query-rows", type=int, default=16, help="query rows one work tile may hold (the launch's "
                     "limit, kernels.limits.TILE_QUERY_ROWS; 32 lets heads * G reach 32 for an A/B)")
+    ap.add_argument("--wide", choices=("sub", "one"), default="sub", help="tiles of more than 16 query rows: "
+                    "sub-tiles of 16 rows (sub) or one tile of 32 (one): kernels.decode._WIDE")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--ttgir", default=None, help="write each kernel's TTGIR into this folder")
@@ -181,6 +183,7 @@ def main() -> None:
                                                         "resources")
     args = ap.parse_args()
     dec.TILE_QUERY_ROWS = args.query_rows
+    dec._WIDE["sub"] = args.wide == "sub"
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
     dev = resolve_device("NVIDIA H200")
     sink = open(args.json, "a") if args.json else None

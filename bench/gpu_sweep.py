@@ -298,10 +298,12 @@ def main() -> None:
         rng = np.random.default_rng(hkv)
         lens = np.concatenate([[int(rng.integers(20000, 60000))], rng.integers(0, 3000, 40)])
         p = make_plan(lens, num_kv_heads=hkv, device=GPU, policy=pol, params=prm)
-        err = bb.t.max_error(p)
-        emit({"kind": "check", "policy": pol, "params": prm, "max_rel_err": err})
-        print(f"check {pol} {prm}: max rel err {err:.2e}", flush=True)
-        assert err < 2e-2
+        for sub in ((False, True) if prm.get("heads_per_tile", 1) * 32 // hkv > 16 else (False,)):
+            dec._WIDE["sub"] = sub
+            err = bb.t.max_error(p)
+            emit({"kind": "check", "policy": pol, "params": prm, "sub": sub, "max_rel_err": err})
+            print(f"check {pol} {prm} sub={sub}: max rel err {err:.2e}", flush=True)
+            assert err < 2e-2
 
     def time_case(c, names_plans, fi=None):
         bb = benches[(c["num_qo_heads"], c["num_kv_heads"])]
@@ -311,6 +313,8 @@ def main() -> None:
         for name, (pol, prm) in names_plans:
             try:
                 p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
+                # --query-rows: a name ending in |sub runs tiles of > 16 query rows as 16-row sub-tiles
+                dec._WIDE["sub"] = name.endswith("|sub")
                 s = bb.time_plan(p, args.rep_ms)
                 res[name] = s
             except ValueError as exc:
@@ -354,6 +358,8 @@ def main() -> None:
                     plans.append((name, BASELINES[name]))
                 elif name in ("served", "served_r1", "served_prev", "served_alt"):
                     plans.append((name, (c[name]["policy"], c[name]["params"])))
+                elif name.endswith("|sub"):
+                    plans.append((name, named(name[:-4])[1]))
                 else:
                     plans.append(named(name))
             res, floor = time_case(c, plans)
