@@ -169,10 +169,6 @@ def main() -> None:
     ap.add_argument("--maxnreg", default="none", help="register caps: none, auto (launch_decode's) or numbers")
     ap.add_argument("--heads", default="1", help="KV heads per work tile (KernelConfig.heads_per_tile); each is "
                                                  "compiled at the groups G with heads * G <= 16")
-    ap.add_argument("--query-rows", type=int, default=16, help="query rows one work tile may hold (the launch's "
-                    "limit, kernels.limits.TILE_QUERY_ROWS; 32 lets heads * G reach 32 for an A/B)")
-    ap.add_argument("--wide", choices=("sub", "one"), default="sub", help="tiles of more than 16 query rows: "
-                    "sub-tiles of 16 rows (sub) or one tile of 32 (one): kernels.decode._WIDE")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--ttgir", default=None, help="write each kernel's TTGIR into this folder")
@@ -182,8 +178,6 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true", help="also compile the call's merge kernel and print its "
                                                         "resources")
     args = ap.parse_args()
-    dec.TILE_QUERY_ROWS = args.query_rows
-    dec._WIDE["sub"] = args.wide == "sub"
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
     dev = resolve_device("NVIDIA H200")
     sink = open(args.json, "a") if args.json else None
@@ -195,7 +189,7 @@ def main() -> None:
         for variant in args.variants.split(","):
             pf = variant in ("prefetch", "next_item")  # next_item: prefetch + KernelConfig.next_item
             for g, heads in [(g, h) for g in map(int, args.groups.split(",")) for h in map(int, args.heads.split(","))
-                             if h == 1 or h * g <= args.query_rows]:
+                             if h == 1 or h * g <= 16]:
                 for capname in args.maxnreg.split(","):
                     cap = (None if capname == "none" else int(capname) if capname != "auto"
                            else register_cap(128, g, bn, w, s, pf, dtype.itemsize))

@@ -219,9 +219,6 @@ def main() -> None:
     ap.add_argument("--candidates", default=None,
                     help="train: these comma-separated candidate names (e.g. stream_k|c1|n128w4s3|pf) instead of "
                          "TRAIN_CANDIDATES (balanced, the fallback, is timed too)")
-    ap.add_argument("--query-rows", type=int, default=0,
-                    help="A/B only: let a work tile hold this many query rows (bench/wide_tiles.py), so that names "
-                         "such as stream_k|c3|n16w4s3|pf|h4 plan heads_per_tile * G = 32 at G = 8")
     ap.add_argument("--skip-cases", type=int, default=0, help="start after this many cases (resume a run)")
     ap.add_argument("--flashinfer", choices=("with", "skip", "only"), default="with",
                     help="retime: time FlashInfer's kernel with our plans (with), not at all (skip), or alone "
@@ -229,10 +226,6 @@ def main() -> None:
                          "stream_k plans were up to 14 %% slower (docs/results.md, Repeatability): time it in "
                          "its own process")
     args = ap.parse_args()
-    if args.query_rows:
-        import wide_tiles  # bench/ is on sys.path when this script runs
-
-        wide_tiles.enable(args.query_rows)
     t0 = time.time()
     log = open(os.path.join(args.out, args.out_name), "a")
 
@@ -288,22 +281,17 @@ def main() -> None:
     # correctness of the new partitions (bf16 vs fp32 reference, poisoned output)
     for hkv, pol, prm in [(4, "stream_k", {}), (4, "stream_k", {"min_piece_blocks": 4, "block_n": 128}),
                           (8, "stream_k", {"ctas_per_sm": 1, "block_n": 256, "num_warps": 8}),
-                          (4, "balanced", {}), (4, "tuned", {"partition": "stream_k", "item_cost_blocks": 3}),
-                          *([(4, "stream_k", {"block_n": 16, "num_stages": 3, "prefetch": True, "heads_per_tile": 4}),
-                             (4, "stream_k", {"block_n": 16, "num_stages": 3, "prefetch": True, "heads_per_tile": 4,
-                                              "next_item": True})] if args.query_rows else [])]:
+                          (4, "balanced", {}), (4, "tuned", {"partition": "stream_k", "item_cost_blocks": 3})]:
         if (32, hkv) not in benches:  # a case file without that shape (e.g. a subset)
             continue
         bb = benches[(32, hkv)]
         rng = np.random.default_rng(hkv)
         lens = np.concatenate([[int(rng.integers(20000, 60000))], rng.integers(0, 3000, 40)])
         p = make_plan(lens, num_kv_heads=hkv, device=GPU, policy=pol, params=prm)
-        for sub in ((False, True) if prm.get("heads_per_tile", 1) * 32 // hkv > 16 else (False,)):
-            dec._WIDE["sub"] = sub
-            err = bb.t.max_error(p)
-            emit({"kind": "check", "policy": pol, "params": prm, "sub": sub, "max_rel_err": err})
-            print(f"check {pol} {prm} sub={sub}: max rel err {err:.2e}", flush=True)
-            assert err < 2e-2
+        err = bb.t.max_error(p)
+        emit({"kind": "check", "policy": pol, "params": prm, "max_rel_err": err})
+        print(f"check {pol} {prm}: max rel err {err:.2e}", flush=True)
+        assert err < 2e-2
 
     def time_case(c, names_plans, fi=None):
         bb = benches[(c["num_qo_heads"], c["num_kv_heads"])]
@@ -313,8 +301,6 @@ def main() -> None:
         for name, (pol, prm) in names_plans:
             try:
                 p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
-                # --query-rows: a name ending in |sub runs tiles of > 16 query rows as 16-row sub-tiles
-                dec._WIDE["sub"] = name.endswith("|sub")
                 s = bb.time_plan(p, args.rep_ms)
                 res[name] = s
             except ValueError as exc:
@@ -358,8 +344,6 @@ def main() -> None:
                     plans.append((name, BASELINES[name]))
                 elif name in ("served", "served_r1", "served_prev", "served_alt"):
                     plans.append((name, (c[name]["policy"], c[name]["params"])))
-                elif name.endswith("|sub"):
-                    plans.append((name, named(name[:-4])[1]))
                 else:
                     plans.append(named(name))
             res, floor = time_case(c, plans)

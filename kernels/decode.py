@@ -67,10 +67,6 @@ MERGE_SYNC_CHUNKS = 4
 # the start of its tile's last item), "poll_ns" (the merge's back-off between polls, ns; 0: none)
 # "poll" ("acquire": every poll an acquire read; "relaxed": volatile polls, then one acquire read)
 _OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500, "poll": "relaxed"}
-# work tiles whose GQA groups hold more than 16 query rows (heads_per_tile * G > 16; only reachable where a bench
-# lifts kernels.limits.TILE_QUERY_ROWS, bench/wide_tiles.py): "sub" True runs them as sub-tiles of 16 rows (a
-# batched [SUB, 16, D] tl.dot), False as one tile of next_power_of_2(rows) rows
-_WIDE = {"sub": True}
 
 _TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -119,34 +115,6 @@ def _online_softmax_step_heads(q, K, V, k_row, v_row, mask_n, row_head, m_i, l_i
 
 
 @triton.jit
-def _online_softmax_step_sub(q, K, V, k_row, v_row, mask_n, row_head, m_i, l_i, acc, qk_scale, offs_d, sub_head,
-                             stride_kh, stride_vh, HPS: tl.constexpr, SUB: tl.constexpr, BLOCK_H: tl.constexpr,
-                             BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # one BLOCK_N tile for SUB sub-tiles of HPS adjacent KV heads each (HEADS = SUB * HPS), the 16 query rows
-    # of sub-tile i holding the GQA groups of KV heads sub_head[i] .. sub_head[i] + HPS - 1: _online_softmax_step_heads
-    # batched over the sub-tiles (a [SUB, 16, D] x [SUB, D, BLOCK_N] tl.dot), so no product has more rows than 16
-    s = tl.zeros([SUB, BLOCK_H, BLOCK_N], dtype=tl.float32)
-    for j in tl.static_range(HPS):
-        kh = (sub_head + j).to(tl.int64) * stride_kh
-        k = tl.load(K + k_row[None, :, None] + kh[:, None, None] + offs_d[None, None, :], mask=mask_n[None, :, None],
-                    other=0.0)
-        s = tl.where((row_head == j)[None, :, None], tl.dot(q, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION),
-                     s)
-    s = tl.where(mask_n[None, None, :], s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=2))
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, :, None])
-    l_i = l_i * alpha + tl.sum(p, axis=2)
-    acc = acc * alpha[:, :, None]
-    for j in tl.static_range(HPS):
-        vh = (sub_head + j).to(tl.int64) * stride_vh
-        v = tl.load(V + v_row[None, :, None] + vh[:, None, None] + offs_d[None, None, :], mask=mask_n[None, :, None],
-                    other=0.0)
-        acc += tl.dot(tl.where((row_head == j)[None, :, None], p, 0.0).to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _stage1_tile(
     tile,
     Q, K, V, O, LSE, PART_O, PART_LSE,
@@ -162,7 +130,6 @@ def _stage1_tile(
     DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
     NEXT: tl.constexpr = False, TL=None, TL_STRIDE=0, TIMELINE: tl.constexpr = False,
     SYNC=None, SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL_LAST: tl.constexpr = False,
-    SUB: tl.constexpr = 1,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
@@ -177,17 +144,9 @@ def _stage1_tile(
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    if SUB == 1:
-        mask_h = offs_h < GROUP * HEADS
-        q_head = h * GROUP + offs_h
-        row_head = offs_h // GROUP
-    else:
-        # SUB sub-tiles of HEADS // SUB KV heads, 16 query rows each: [SUB, BLOCK_H] row tensors
-        offs_s = tl.arange(0, SUB)
-        sub_head = h + offs_s * (HEADS // SUB)
-        q_head = sub_head[:, None] * GROUP + offs_h[None, :]
-        mask_h = (offs_h < GROUP * (HEADS // SUB))[None, :] & (offs_s >= 0)[:, None]
-        row_head = offs_h // GROUP
+    mask_h = offs_h < GROUP * HEADS
+    q_head = h * GROUP + offs_h
+    row_head = offs_h // GROUP
 
     if NEXT:
         # Look-ahead over the tile's items (config.next_item): items it and it + 1 are carried in registers with
@@ -211,12 +170,8 @@ def _stage1_tile(
         st2 = tl.load(WORK_START + item_lo + 2, mask=has, other=0)
         en2 = tl.load(WORK_END + item_lo + 2, mask=has, other=0)
         sl2 = tl.load(WORK_SLOT + item_lo + 2, mask=has, other=0)
-        if SUB == 1:
-            q_nx = tl.load(Q + req0 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
-                           mask=mask_h[:, None], other=0.0)
-        else:
-            q_nx = tl.load(Q + req0 * stride_qb + q_head[:, :, None] * stride_qh + offs_d[None, None, :],
-                           mask=mask_h[:, :, None], other=0.0)
+        q_nx = tl.load(Q + req0 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
+                       mask=mask_h[:, None], other=0.0)
         t = st0 + offs_n
         pg_nx = tl.load(KV_INDICES + base0 + t // PAGE_SIZE, mask=t < en0, other=0)
 
@@ -240,12 +195,8 @@ def _stage1_tile(
             st3 = tl.load(WORK_START + it + 3, mask=has, other=0)
             en3 = tl.load(WORK_END + it + 3, mask=has, other=0)
             sl3 = tl.load(WORK_SLOT + it + 3, mask=has, other=0)
-            if SUB == 1:
-                q_nx = tl.load(Q + req1 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
-                               mask=mask_h[:, None], other=0.0)
-            else:
-                q_nx = tl.load(Q + req1 * stride_qb + q_head[:, :, None] * stride_qh + offs_d[None, None, :],
-                               mask=mask_h[:, :, None], other=0.0)
+            q_nx = tl.load(Q + req1 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
+                           mask=mask_h[:, None], other=0.0)
             t = st1 + offs_n
             pg_nx = tl.load(KV_INDICES + base1 + t // PAGE_SIZE, mask=t < en1, other=0)
         else:
@@ -254,23 +205,14 @@ def _stage1_tile(
             end = tl.load(WORK_END + it)
             slot = tl.load(WORK_SLOT + it)
             page_base = tl.load(KV_INDPTR + req)
-            if SUB == 1:
-                q = tl.load(
-                    Q + req * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
-                    mask=mask_h[:, None],
-                    other=0.0,
-                )
-            else:
-                q = tl.load(Q + req * stride_qb + q_head[:, :, None] * stride_qh + offs_d[None, None, :],
-                            mask=mask_h[:, :, None], other=0.0)
-        if SUB == 1:
-            m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
-        else:
-            m_i = tl.full([SUB, BLOCK_H], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([SUB, BLOCK_H], dtype=tl.float32)
-            acc = tl.zeros([SUB, BLOCK_H, HEAD_DIM], dtype=tl.float32)
+            q = tl.load(
+                Q + req * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None],
+                other=0.0,
+            )
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
 
         if PREFETCH:
             # The page ids of tile i + 1 are loaded during tile i (a loop-carried value), so no K/V address
@@ -293,11 +235,6 @@ def _stage1_tile(
                     v = tl.load(V + (page * stride_vp + in_page * stride_vs + h * stride_vh)[:, None]
                                 + offs_d[None, :], mask=mask_n[:, None], other=0.0)
                     m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
-                elif SUB > 1:
-                    m_i, l_i, acc = _online_softmax_step_sub(
-                        q, K, V, page * stride_kp + in_page * stride_ks, page * stride_vp + in_page * stride_vs,
-                        mask_n, row_head, m_i, l_i, acc, qk_scale, offs_d, sub_head, stride_kh, stride_vh,
-                        HEADS // SUB, SUB, BLOCK_H, BLOCK_N, DOT_PRECISION)
                 else:
                     m_i, l_i, acc = _online_softmax_step_heads(
                         q, K, V, page * stride_kp + in_page * stride_ks, page * stride_vp + in_page * stride_vs,
@@ -325,27 +262,16 @@ def _stage1_tile(
 
         nonempty = l_i > 0.0
         l_safe = tl.where(nonempty, l_i, 1.0)
-        if SUB == 1:
-            out = acc / l_safe[:, None]
-        else:
-            out = acc / l_safe[:, :, None]
+        out = acc / l_safe[:, None]
         lse2 = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
         if slot < 0:
-            if SUB == 1:
-                o_ptr = O + req * stride_ob + q_head[:, None] * stride_oh + offs_d[None, :]
-                tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mask_h[:, None])
-            else:
-                o_ptr = O + req * stride_ob + q_head[:, :, None] * stride_oh + offs_d[None, None, :]
-                tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mask_h[:, :, None])
+            o_ptr = O + req * stride_ob + q_head[:, None] * stride_oh + offs_d[None, :]
+            tl.store(o_ptr, out.to(O.dtype.element_ty), mask=mask_h[:, None])
             if RETURN_LSE:
                 tl.store(LSE + req * H_Q + q_head, lse2 * 0.6931471805599453, mask=mask_h)
         else:
             base = slot.to(tl.int64) * H_Q
-            if SUB == 1:
-                tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
-            else:
-                tl.store(PART_O + (base + q_head[:, :, None]) * HEAD_DIM + offs_d[None, None, :], out,
-                         mask=mask_h[:, :, None])
+            tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
             tl.store(PART_LSE + base + q_head, lse2, mask=mask_h)
             if SIGNAL:
                 # launch_decode(merge_overlap=True): publish this split to the merge programs of its (request,
@@ -354,12 +280,8 @@ def _stage1_tile(
                 # the semaphore pattern of CUTLASS's GenericBarrier, PTX ISA "memory consistency model").
                 tl.debug_barrier()
                 offs_c = tl.arange(0, MERGE_DS)
-                if SUB == 1:
-                    sync_idx = (req * H_Q + q_head[:, None]) * MERGE_DS + offs_c[None, :]
-                    tl.atomic_add(SYNC + sync_idx, 1, mask=mask_h[:, None], sem="release", scope="gpu")
-                else:
-                    sync_idx = (req * H_Q + q_head[:, :, None]) * MERGE_DS + offs_c[None, None, :]
-                    tl.atomic_add(SYNC + sync_idx, 1, mask=mask_h[:, :, None], sem="release", scope="gpu")
+                sync_idx = (req * H_Q + q_head[:, None]) * MERGE_DS + offs_c[None, :]
+                tl.atomic_add(SYNC + sync_idx, 1, mask=mask_h[:, None], sem="release", scope="gpu")
         if TIMELINE:  # the time its k-th item's output was issued, for the first TL_STRIDE - 2 items
             k_item = it - item_lo
             tl.store(TL + tile * TL_STRIDE + 2 + k_item, tl.extra.cuda.globaltimer(), mask=k_item < TL_STRIDE - 2)
@@ -384,7 +306,7 @@ def _decode_stage1_kernel(
     DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
     PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1, NEXT: tl.constexpr = False, TIMELINE: tl.constexpr = False,
     SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL: tl.constexpr = False,
-    PDL_LAST: tl.constexpr = False, SUB: tl.constexpr = 1,
+    PDL_LAST: tl.constexpr = False,
 ):
     if PDL:
         # programmatic dependent launch: the merge grid may start once every stage-1 CTA has started (so a
@@ -401,7 +323,7 @@ def _decode_stage1_kernel(
                 WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST, SUB,
+                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -410,7 +332,7 @@ def _decode_stage1_kernel(
             WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST, SUB,
+            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST,
         )
 
 
@@ -901,12 +823,6 @@ def launch_decode(
     block_h = max(16, triton.next_power_of_2(G * heads))
     if prefetch is None:
         prefetch = bool(getattr(cfg, "prefetch", False))
-    sub = 1
-    if G * heads > 16 and _WIDE["sub"]:  # sub-tiles of 16 query rows (bench/wide_tiles.py only)
-        if not prefetch or 16 % G or (G * heads // 16) & (G * heads // 16 - 1):
-            raise ValueError("config: work tiles of more than 16 query rows run as sub-tiles of 16 rows in the "
-                             f"prefetching loop only, with G dividing 16 (G={G}, heads_per_tile={heads})")
-        sub, block_h = G * heads // 16, 16
     if maxnreg is None:
         # the caps of kernels/residency.py were measured on one KV head per tile
         maxnreg = None if _INTERPRETED or heads != 1 else register_cap(D, G, cfg.block_n, cfg.num_warps,
@@ -1003,7 +919,7 @@ def launch_decode(
         RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
         PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), TIMELINE=timeline is not None,
         SIGNAL=bool(merge_overlap), MERGE_DS=merge_dsplit if merge_overlap else 1, PDL=pdl and not pdl_last,
-        PDL_LAST=pdl_last, SUB=sub,
+        PDL_LAST=pdl_last,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
