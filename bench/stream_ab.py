@@ -35,6 +35,10 @@ one process, CUDA-graph replays under ``triton.testing.do_bench`` (median), the 
   ``next_item`` keyword: ``nx2`` of docs/data/h200_r11/nx2_ab.log is this knob. Two earlier variants of that run
   (docs/data/h200_r11/nx_ab.log: ``nx1`` carried the entries only, its ``nx2`` also prefetched the next item's
   first K/V tiles into L2 with PTX ``prefetch.global.L2``) lost and were removed;
+- ``hnd``, ``hnd_s1``, ``gather_hnd``: ``decode``, ``s1`` and ``gather`` over the same K/V values stored HND
+  (``[pages, H_kv, page_size, D]`` in memory, FlashInfer's other layout: one KV head's rows of a page are one
+  contiguous ``page_size * D`` block instead of ``page_size`` rows ``H_kv * D`` apart), passed as the NHD-shaped
+  strided view ``launch_decode`` takes (``hnd``'s output is compared with ``decode``'s: the same values);
 - ``decode_b``: ``decode`` again, timed after the other variants (the noise of a back-to-back pair).
 
 Round 10 timed ``flat`` and ``flat3`` variants (one pipelined loop over every block of a tile's items,
@@ -185,9 +189,14 @@ def main() -> None:
     sbuf = torch.randn(max(t.kv_bytes(family_kv_lens(f, n, T)) for T, f, n in cases) // 2, dtype=torch.bfloat16,
                        device="cuda")
     variants = ("decode", "s1", "pf", "seq_pages", "gather", "stream", *PAGED_CONFIGS, "paged_seq", *ONE_CTA_CONFIGS,
-                "h2", "nx", "decode_b")
+                "h2", "nx", "hnd", "hnd_s1", "gather_hnd", "decode_b")
     if args.variants:
         variants = tuple(v for v in variants if v in args.variants.split(","))
+    if any(v.endswith("hnd") or "hnd_" in v for v in variants):
+        # the same K/V values stored HND ([pages, H_kv, page_size, D] in memory: one KV head's rows of a page are one
+        # contiguous page_size * D block), passed as the NHD-shaped strided view the kernel takes
+        k_hnd = t.k_cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        v_hnd = t.v_cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
     print(f"{'case':24s} {'plan':26s} " + " ".join(f"{v:>11s}" for v in variants), flush=True)
     for T, fam, B in cases:
         lens = family_kv_lens(fam, B, T)
@@ -224,6 +233,11 @@ def main() -> None:
                                                       **{**sizes, "num_tiles": plan.num_work_tiles // 2})
             if cfg.prefetch and cfg.heads_per_tile <= 2:  # the same plan with the look-ahead over items toggled
                 fns["nx"] = launch(next_item=not cfg.next_item)
+            if "hnd" in variants or "hnd_s1" in variants or "gather_hnd" in variants:
+                hbase = (b["q"], k_hnd, v_hnd, b["kv_indptr"], b["kv_indices"])
+                fns["hnd"] = lambda: dec.launch_decode(*hbase, arr, cfg, out=out, workspace=ws, **sizes)
+                fns["hnd_s1"] = lambda: dec.launch_decode(*hbase, arr, cfg, out=out, workspace=ws,
+                                                          **{**sizes, "num_merge": 0})
             fns["decode_b"] = launch()  # decode again, timed last: the run-to-run noise of one pair
             gout = torch.empty(plan.num_ctas * hkv, dtype=torch.float32, device="cuda")
             fns["gather"] = lambda: _gather_read_kernel[(plan.num_ctas * hkv,)](
@@ -233,6 +247,14 @@ def main() -> None:
                 t.v_cache.stride(0), t.v_cache.stride(1), t.v_cache.stride(2),
                 PAGE_SIZE=16, H_KV=hkv, HEAD_DIM=d, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                 num_stages=max(cfg.num_stages, 3))
+            if "gather_hnd" in variants:
+                fns["gather_hnd"] = lambda: _gather_read_kernel[(plan.num_ctas * hkv,)](
+                    k_hnd, v_hnd, gout, b["kv_indptr"], b["kv_indices"], arr["work_request"],
+                    arr["work_kv_start"], arr["work_kv_end"], arr["cta_indptr"],
+                    k_hnd.stride(0), k_hnd.stride(1), k_hnd.stride(2),
+                    v_hnd.stride(0), v_hnd.stride(1), v_hnd.stride(2),
+                    PAGE_SIZE=16, H_KV=hkv, HEAD_DIM=d, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                    num_stages=max(cfg.num_stages, 3))
             n_el = nbytes // 2
             blk, iters = 4096, 8
             sgrid = (triton.cdiv(n_el, blk * iters),)
@@ -253,7 +275,7 @@ def main() -> None:
                     t.k_cache.stride(0), t.v_cache.stride(0), PAGE_ELEMS=16 * hkv * d, UNROLL=unroll, num_warps=w)
             fns = {v: fn for v, fn in fns.items() if v in variants}
             times, errs = {}, {}
-            for cmp in ("h2", "nx"):  # the variant's output against the shipped kernel's
+            for cmp in ("h2", "nx", "hnd"):  # the variant's output against the shipped kernel's
                 if cmp not in fns or "decode" not in fns:
                     continue
                 try:
