@@ -14,7 +14,9 @@ import math
 from collections import defaultdict
 
 
-def load(paths):
+def load(paths) -> tuple[dict[tuple[int, str], float], dict[int, tuple[int, str, int, float]]]:
+    """``({(case id, record name): time s}, {case id: (T, family, B, floor s)})`` of the ``case`` records of
+    ``paths``; a (case, name) timed in several runs gets the geometric mean of its times."""
     times = defaultdict(list)
     meta = {}
     for p in paths:
@@ -27,6 +29,22 @@ def load(paths):
                 if v:
                     times[(r["case"], k)].append(v)
     return {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in times.items()}, meta
+
+
+def best_of(t: dict[tuple[int, str], float], ids, members) -> dict[int, float]:
+    """Per case id of ``ids``: the fastest time among the record names ``members`` timed on it (cases where none
+    was timed are left out)."""
+    out = {}
+    for c in ids:
+        v = [t[(c, n)] for n in members if (c, n) in t]
+        if v:
+            out[c] = min(v)
+    return out
+
+
+def geomean(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
 def main() -> None:
@@ -44,14 +62,9 @@ def main() -> None:
         for n in names:
             r = [t[(c, n)] / meta[c][3] for c in ids if (c, n) in t]
             if r:
-                print(f"  {n:34s} geomean {math.exp(sum(map(math.log, r)) / len(r)):.4f}  min {min(r):.3f} "
+                print(f"  {n:34s} geomean {geomean(r):.4f}  min {min(r):.3f} "
                       f"max {max(r):.3f}  ({len(r)} cases)")
-        best = {}
-        for g, members in groups.items():
-            for c in ids:
-                v = [t[(c, n)] for n in members if (c, n) in t]
-                if v:
-                    best[(g, c)] = min(v)
+        best = {(g, c): v for g, members in groups.items() for c, v in best_of(t, ids, members).items()}
         hdr = " ".join(f"{g:>8s}" for g in groups)
         print(f"  {'family':10s} {'B':>5s} {hdr}")
         for c in ids:
@@ -67,7 +80,7 @@ def main() -> None:
             a, b = vs.split("/")
             r = [best[(a, c)] / best[(b, c)] for c in ids if (a, c) in best and (b, c) in best]
             if r:
-                print(f"  {a}/{b}: geomean {math.exp(sum(map(math.log, r)) / len(r)):.4f} min {min(r):.3f} "
+                print(f"  {a}/{b}: geomean {geomean(r):.4f} min {min(r):.3f} "
                       f"max {max(r):.3f}; faster on {sum(x < 1 for x in r)} of {len(r)}")
 
 
