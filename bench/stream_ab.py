@@ -192,7 +192,8 @@ def main() -> None:
                 "h2", "nx", "hnd", "hnd_s1", "gather_hnd", "decode_b")
     if args.variants:
         variants = tuple(v for v in variants if v in args.variants.split(","))
-    if any(v.endswith("hnd") or "hnd_" in v for v in variants):
+    hnd = bool({"hnd", "hnd_s1", "gather_hnd"} & set(variants))
+    if hnd:
         # the same K/V values stored HND ([pages, H_kv, page_size, D] in memory: one KV head's rows of a page are one
         # contiguous page_size * D block), passed as the NHD-shaped strided view the kernel takes
         k_hnd = t.k_cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
@@ -233,28 +234,25 @@ def main() -> None:
                                                       **{**sizes, "num_tiles": plan.num_work_tiles // 2})
             if cfg.prefetch and cfg.heads_per_tile <= 2:  # the same plan with the look-ahead over items toggled
                 fns["nx"] = launch(next_item=not cfg.next_item)
-            if "hnd" in variants or "hnd_s1" in variants or "gather_hnd" in variants:
+            if hnd:
                 hbase = (b["q"], k_hnd, v_hnd, b["kv_indptr"], b["kv_indices"])
                 fns["hnd"] = lambda: dec.launch_decode(*hbase, arr, cfg, out=out, workspace=ws, **sizes)
                 fns["hnd_s1"] = lambda: dec.launch_decode(*hbase, arr, cfg, out=out, workspace=ws,
                                                           **{**sizes, "num_merge": 0})
             fns["decode_b"] = launch()  # decode again, timed last: the run-to-run noise of one pair
             gout = torch.empty(plan.num_ctas * hkv, dtype=torch.float32, device="cuda")
-            fns["gather"] = lambda: _gather_read_kernel[(plan.num_ctas * hkv,)](
-                t.k_cache, t.v_cache, gout, b["kv_indptr"], b["kv_indices"], arr["work_request"],
-                arr["work_kv_start"], arr["work_kv_end"], arr["cta_indptr"],
-                t.k_cache.stride(0), t.k_cache.stride(1), t.k_cache.stride(2),
-                t.v_cache.stride(0), t.v_cache.stride(1), t.v_cache.stride(2),
-                PAGE_SIZE=16, H_KV=hkv, HEAD_DIM=d, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                num_stages=max(cfg.num_stages, 3))
-            if "gather_hnd" in variants:
-                fns["gather_hnd"] = lambda: _gather_read_kernel[(plan.num_ctas * hkv,)](
-                    k_hnd, v_hnd, gout, b["kv_indptr"], b["kv_indices"], arr["work_request"],
+
+            def gather(kc, vc):  # stage 1's walk over caches kc, vc with a sum for the math
+                return lambda: _gather_read_kernel[(plan.num_ctas * hkv,)](
+                    kc, vc, gout, b["kv_indptr"], b["kv_indices"], arr["work_request"],
                     arr["work_kv_start"], arr["work_kv_end"], arr["cta_indptr"],
-                    k_hnd.stride(0), k_hnd.stride(1), k_hnd.stride(2),
-                    v_hnd.stride(0), v_hnd.stride(1), v_hnd.stride(2),
+                    kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
                     PAGE_SIZE=16, H_KV=hkv, HEAD_DIM=d, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                     num_stages=max(cfg.num_stages, 3))
+
+            fns["gather"] = gather(t.k_cache, t.v_cache)
+            if hnd:
+                fns["gather_hnd"] = gather(k_hnd, v_hnd)
             n_el = nbytes // 2
             blk, iters = 4096, 8
             sgrid = (triton.cdiv(n_el, blk * iters),)
