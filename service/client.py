@@ -33,11 +33,14 @@ Example
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import logging
 import math
+import os
 import random
+import socket
 import threading
 import time
 import urllib.error
@@ -54,11 +57,14 @@ __all__ = ["PlanClient", "plan_from_response", "PlanServiceError"]
 
 log = logging.getLogger(__name__)
 
-_READ_CHUNK = 1 << 16
 
 
 class PlanServiceError(RuntimeError):
     """The plan service could not be reached or answered with an error."""
+
+
+class _Closed(PlanServiceError):
+    """A poll cut short by :meth:`PlanClient.close`."""
 
 
 def plan_from_response(resp: Mapping[str, Any]) -> Plan:
@@ -147,7 +153,9 @@ class PlanClient:
     Notes
     -----
     Use it as a context manager or call :meth:`close` to stop the refresh
-    thread; the thread also ends once the client is garbage-collected.
+    thread; the thread also ends once the client is garbage-collected. A
+    process forked from one holding the client (an engine's worker) starts its
+    own refresh thread.
     """
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, refresh_interval_s: float | None = None,
@@ -176,6 +184,7 @@ class PlanClient:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._outage_since: float | None = None
+        self._poll_in_flight: _Poll | None = None
         self.etag: str | None = None
         self.table: PolicyTable
         self.fetched_at = 0.0
@@ -187,11 +196,16 @@ class PlanClient:
         except PlanServiceError as exc:
             raise PlanServiceError(f"cannot load the policy table: {exc}") from None
         if self.refresh_interval_s is not None:
-            self._thread = threading.Thread(target=_refresh_loop, args=(weakref.ref(self), self._stop),
-                                            name=f"kvsplit-plan-client {self.url}", daemon=True)
-            # a client dropped without close() stops its thread
-            weakref.finalize(self, self._stop.set)
-            self._thread.start()
+            self._start_thread()
+            if hasattr(os, "register_at_fork"):  # a forked child (a worker process) gets its own thread
+                os.register_at_fork(after_in_child=functools.partial(_after_fork_in_child, weakref.ref(self)))
+
+    def _start_thread(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=_refresh_loop, args=(weakref.ref(self), self._stop),
+                                        name=f"kvsplit-plan-client {self.url}", daemon=True)
+        weakref.finalize(self, self._stop.set)  # a client dropped without close() stops its thread
+        self._thread.start()
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -237,6 +251,8 @@ class PlanClient:
             self.refresh_attempts += 1
             try:
                 changed = self._poll()
+            except _Closed:  # no outage: the client was closed during the poll
+                raise
             except PlanServiceError as exc:
                 self._failed(str(exc))
                 raise
@@ -248,16 +264,16 @@ class PlanClient:
         req = urllib.request.Request(self._policies_url, headers={"Accept": "application/json"})
         if self.etag is not None:
             req.add_header("If-None-Match", self.etag)
-        deadline = time.monotonic() + self.timeout_s
+        # socket timeouts bound each operation; the watchdog bounds the whole poll (a server trickling its
+        # status line or body byte by byte) by shutting the socket down, as close() does
+        poll = _Poll()
+        self._poll_in_flight = poll
+        watchdog = threading.Timer(self.timeout_s, poll.abort, args=("deadline",))
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                chunks = []
-                while chunk := resp.read1(_READ_CHUNK):  # one socket read each: a trickle meets the deadline
-                    chunks.append(chunk)
-                    if time.monotonic() > deadline:
-                        raise PlanServiceError(f"{where}: the answer took longer than timeout_s = "
-                                               f"{self.timeout_s:g} s")
-                body = b"".join(chunks)
+            with self._opener_for(poll).open(req, timeout=self.timeout_s) as resp:
+                body = resp.read()
                 etag = resp.headers.get("ETag")
         except urllib.error.HTTPError as exc:
             if exc.code == 304:
@@ -273,10 +289,18 @@ class PlanClient:
             # URLError wraps connect failures; OSError: timeouts and resets mid-answer;
             # HTTPException: a status line or headers that are not HTTP
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            if poll.aborted == "close":
+                raise _Closed(f"{where}: stopped by close()") from None
+            if poll.aborted == "deadline" or isinstance(reason, TimeoutError):
+                raise PlanServiceError(f"{where}: no complete answer within timeout_s = {self.timeout_s:g} s") \
+                    from None
             detail = str(reason)[:200]
             if not detail.isprintable():  # a status line of garbage bytes: keep the log line one line of text
                 detail = ascii(detail)
             raise PlanServiceError(f"{where}: {type(reason).__name__}: {detail}") from None
+        finally:
+            watchdog.cancel()
+            self._poll_in_flight = None
         try:
             table = PolicyTable.from_json(json.loads(body))
         except (ValueError, TypeError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError: ValueError
@@ -286,6 +310,12 @@ class PlanClient:
             self.etag = etag
             self.fetched_at = time.monotonic()
         return True
+
+    @staticmethod
+    def _opener_for(poll: "_Poll") -> urllib.request.OpenerDirector:
+        """urllib's opener (proxies, redirects as usual) whose HTTP(S) connections report their socket to
+        ``poll``."""
+        return urllib.request.build_opener(_TrackedHTTPHandler(poll), _TrackedHTTPSHandler(poll))
 
     def _failed(self, error: str) -> None:
         self.last_error = error
@@ -318,9 +348,12 @@ class PlanClient:
     # -- lifetime ------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the refresh thread (waits for a poll in flight, at most about ``timeout_s``); the client
-        still plans with the table in hand. Idempotent."""
+        """Stop the refresh thread (a poll in flight is cut short); the client still plans with the table
+        in hand. Idempotent."""
         self._stop.set()
+        poll = self._poll_in_flight
+        if poll is not None:
+            poll.abort("close")
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(self.timeout_s + 1.0)
@@ -365,6 +398,81 @@ class PlanClient:
         """
         return self.plan_with_info(kv_lens, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                                    head_dim=head_dim, dtype=dtype, page_size=page_size, device=device)[0]
+
+
+class _Poll:
+    """The sockets of one poll, to shut down at its deadline or on close()."""
+
+    def __init__(self) -> None:
+        self.sockets: list[socket.socket] = []
+        self.aborted: str | None = None
+        self._lock = threading.Lock()
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self.sockets.append(sock)
+            aborted = self.aborted
+        if aborted:
+            self._shutdown(sock)
+
+    def abort(self, why: str) -> None:
+        with self._lock:
+            if self.aborted is None:
+                self.aborted = why
+            socks = list(self.sockets)
+        for sock in socks:
+            self._shutdown(sock)
+
+    @staticmethod
+    def _shutdown(sock: socket.socket) -> None:
+        try:  # the plain socket's shutdown (also under TLS): the blocked read returns at once
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _Tracking:
+    """Mixin of urllib's HTTP(S) handlers: each connection hands its socket to the poll once connected."""
+
+    def __init__(self, poll: _Poll, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._poll = poll
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        poll = self._poll
+
+        def connection(host: str, **kw: Any) -> http.client.HTTPConnection:
+            conn = http_class(host, **kw)
+            connect = conn.connect
+
+            def tracked_connect() -> None:
+                connect()
+                poll.add(conn.sock)
+
+            conn.connect = tracked_connect
+            return conn
+
+        return super().do_open(connection, req, **kwargs)  # type: ignore[misc]
+
+
+class _TrackedHTTPHandler(_Tracking, urllib.request.HTTPHandler):
+    pass
+
+
+class _TrackedHTTPSHandler(_Tracking, urllib.request.HTTPSHandler):
+    pass
+
+
+def _after_fork_in_child(ref: "weakref.ref[PlanClient]") -> None:
+    """In a forked child: fresh locks (the parent's refresh thread may have held one) and, unless the
+    client was closed, a refresh thread of its own (threads do not survive ``fork``)."""
+    client = ref()
+    if client is None:
+        return
+    client._lock = threading.Lock()
+    client._refresh_lock = threading.Lock()
+    if client._thread is not None and not client._stop.is_set():
+        client._start_thread()
 
 
 def _refresh_loop(ref: "weakref.ref[PlanClient]", stop: threading.Event) -> None:
