@@ -11,10 +11,12 @@ Refreshing. :meth:`PlanClient.refresh` re-polls with ``If-None-Match`` (a 304
 costs one small round trip). With ``refresh_interval_s`` set, a daemon thread
 polls every that many seconds, so :meth:`PlanClient.plan` never touches the
 network: it reads the table in hand, whatever the server is doing (stopped,
-hung, answering errors). While polls fail the thread backs off exponentially
-(``backoff_initial_s`` doubling up to ``backoff_max_s``, minus up to
-``backoff_jitter`` of it at random so that many clients do not retry in step)
-and the client keeps serving the last table it loaded.
+hung, answering errors or garbage). Each poll ends within ``timeout_s`` (a
+watchdog shuts its socket down), and :meth:`PlanClient.close` cuts one short.
+While polls fail the thread backs off exponentially (``backoff_initial_s``
+doubling up to ``backoff_max_s``, minus up to ``backoff_jitter`` of it at
+random so that many clients do not retry in step) and the client keeps
+serving the last table it loaded.
 
 Staleness. ``stale``, ``last_error`` and ``table_age_s`` say whether and for how
 long the table in hand has not been confirmed by the server. The first failed
@@ -103,8 +105,9 @@ class PlanClient:
     url : str
         Base URL of the service, e.g. ``"http://127.0.0.1:8000"``.
     timeout_s : float
-        Deadline of each HTTP request, seconds: of each socket operation
-        (connect, each read) and of reading the whole answer.
+        Deadline of each poll, seconds (the first pull included): of each
+        socket operation, and of the whole answer (a watchdog shuts the socket
+        down when a server trickles it).
     refresh_interval_s : float or None
         When set (> 0), a daemon thread polls the table (ETag) every this many
         seconds while the server answers; ``None`` (default) refreshes only on
@@ -222,7 +225,8 @@ class PlanClient:
     @property
     def stale(self) -> bool:
         """True when the table in use may be out of date: the last poll failed, or (with a refresh thread)
-        no poll has succeeded for ``refresh_interval_s + timeout_s`` seconds (a poll that hangs)."""
+        no poll has succeeded for ``refresh_interval_s + timeout_s`` seconds (a poll stuck where the
+        deadline cannot reach it, such as name resolution)."""
         if self.last_error is not None:
             return True
         return self.refresh_interval_s is not None and \
@@ -324,14 +328,14 @@ class PlanClient:
             return
         if self._outage_since is None:
             self._outage_since = time.monotonic()
-            log.warning("plan service unreachable, serving the cached policy table (version %d, confirmed "
-                        "%.1f s ago) until it answers: %s", self.table.version, self.table_age_s, error)
+            log.warning("cannot refresh the policy table; planning with the cached one (version %d, confirmed "
+                        "%.1f s ago) until the service answers: %s", self.table.version, self.table_age_s, error)
         else:
-            log.debug("plan service still unreachable (%d failed polls): %s", self.consecutive_failures, error)
+            log.debug("policy table refresh failed again (%d in a row): %s", self.consecutive_failures, error)
 
     def _succeeded(self) -> None:
         if self._outage_since is not None:
-            log.info("plan service answers again after %.1f s and %d failed polls; policy table version %d",
+            log.info("policy table refreshed again after %.1f s and %d failed polls (version %d)",
                      time.monotonic() - self._outage_since, self.consecutive_failures, self.table.version)
             self._outage_since = None
         self.last_error = None
