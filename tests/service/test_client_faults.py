@@ -11,7 +11,10 @@ import gc
 import http.server
 import logging
 import os
+import shutil
 import signal
+import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -284,11 +287,46 @@ def test_server_answering_errors_and_garbage(store_url, tmp_path, caplog):
         fs.server_close()
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for a test certificate")
+def test_tls_server_trickling_then_answering(store_url, tmp_path, monkeypatch, caplog):
+    """The same deadline over HTTPS (the watchdog shuts down the socket under TLS)."""
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the default context trusts this certificate
+    with serve(store_url, tmp_path) as srv:
+        with urllib.request.urlopen(srv.url + "/v1/policies", timeout=30) as r:
+            table, etag = r.read(), r.headers["ETag"]
+    fs = FaultyServer(table, etag)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    fs.socket = ctx.wrap_socket(fs.socket, server_side=True)
+    fs.url = fs.url.replace("http://", "https://")
+    threading.Thread(target=fs.serve_forever, daemon=True).start()
+    try:
+        with PlanClient(fs.url, refresh_interval_s=0.05, timeout_s=0.3, backoff_initial_s=0.1,
+                        backoff_max_s=0.4) as client:
+            ref = client.plan(LENS, **SHAPE)
+            fs.mode = "trickle-head"
+            ride_outage(client, ref, "TLS trickle-head", failures=3)
+            assert "https://" in client.last_error and "no complete answer within timeout_s" in client.last_error
+            fs.mode = "ok"
+            wait_for(lambda: not client.stale, 10, "recovery over TLS")
+            assert len(records(caplog, logging.WARNING)) == 1 and len(records(caplog, logging.INFO)) == 1
+    finally:
+        fs.shutdown()
+        fs.server_close()
+
+
 def test_first_load_errors_and_lifetime(store_url, tmp_path):
     # a dead server on the first load: a clear error naming the URL and the cause
     with pytest.raises(PlanServiceError, match=r"cannot load the policy table: GET http://127\.0\.0\.1:9/v1/"
                                                r"policies: ConnectionRefusedError"):
         PlanClient("http://127.0.0.1:9/")
+    with pytest.raises(PlanServiceError, match=r"https://127\.0\.0\.1:9/v1/policies: ConnectionRefusedError"):
+        PlanClient("https://127.0.0.1:9")
     # a hung one: the same, within timeout_s
     with serve(store_url, tmp_path) as srv:
         os.kill(srv.proc.pid, signal.SIGSTOP)
@@ -327,6 +365,14 @@ def test_first_load_errors_and_lifetime(store_url, tmp_path):
         gc.collect()
         th.join(5)
         assert not th.is_alive()
+        # a refresh thread that no longer polls (here stopped from outside) turns the client stale once no
+        # poll has succeeded for refresh_interval_s + timeout_s, with no failed poll to report
+        with PlanClient(srv.url, refresh_interval_s=0.05, timeout_s=0.2) as f:
+            f._stop.set()
+            f._thread.join(5)
+            t = time.monotonic()
+            wait_for(lambda: f.stale, 5, "stale by age")
+            assert f.last_error is None and f.table_age_s > 0.25 and time.monotonic() - t < 0.25 + 0.5
         # healthy: one poll every refresh_interval_s
         with PlanClient(srv.url, refresh_interval_s=0.1) as e:
             n0 = e.refresh_attempts
