@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -102,19 +103,30 @@ def test_client_refresh_by_etag_and_errors(server):
     assert client.plan_with_info(lens, **shape8)[2]["source"] == "fallback"
     status, out = post(srv.url, f"/v1/policies/{info.draft_id}/publish", {}, token=TOKEN)
     assert status == 200 and out["policies_version"] == v0 + 1
-    timed = PlanClient(srv.url, refresh_interval_s=0.0)  # refreshes before every plan
+    timed = PlanClient(srv.url, refresh_interval_s=0.05)  # its thread polls every 50 ms
     try:
         assert client.refresh() is True and client.version == v0 + 1
         assert client.plan_with_info(lens, **shape8)[2]["id"] == info.draft_id
-        assert post(srv.url, f"/v1/policies/{info.draft_id}/retire", {}, token=TOKEN)[0] == 200
+        t_end = time.monotonic() + 10
+        while timed.version != v0 + 1:
+            assert time.monotonic() < t_end, "the refresh thread did not load the published table"
+            time.sleep(0.01)
+        assert timed.plan_with_info(lens, **shape8)[2]["id"] == info.draft_id
+        status, out = post(srv.url, f"/v1/policies/{info.draft_id}/retire", {}, token=TOKEN)
+        assert status == 200
+        while timed.version != out["policies_version"]:  # the server reloads within 0.2 s, the thread polls every 50 ms
+            assert time.monotonic() < t_end, "the refresh thread did not load the retired table"
+            time.sleep(0.01)
         assert timed.plan_with_info(lens, **shape8)[2]["source"] == "fallback"
+        assert not timed.stale and timed.last_error is None
     finally:
+        timed.close()
         post(srv.url, f"/v1/policies/{info.draft_id}/retire", {}, token=TOKEN)
     with pytest.raises(ValueError, match="num_qo_heads"):
         client.plan([5], **dict(SHAPE, num_qo_heads=6))
     with pytest.raises(ValueError, match=r"kv_lens\[1\]"):
         client.plan([5, -1], **SHAPE)
-    with pytest.raises(PlanServiceError):
+    with pytest.raises(PlanServiceError, match=r"http://127\.0\.0\.1:9/v1/policies"):
         PlanClient("http://127.0.0.1:9/")
     with pytest.raises(ValueError, match="url"):
         PlanClient("ftp://x")
