@@ -17,6 +17,16 @@ from typing import Any
 # ----------------------------------------------------------------------------
 
 _HEAD_DIMS = (64, 128, 256)
+_ECHO_CHARS = 80
+
+
+def _echo(v: Any) -> str:
+    """A bad value as error messages quote it: ``repr`` up to 80 characters; a list or dict by its size only
+    (its repr could be megabytes, or nest too deeply to print)."""
+    if isinstance(v, (Mapping, list, tuple)):
+        return f"<{type(v).__name__} of {len(v)} items>"
+    r = repr(v)
+    return r if len(r) <= _ECHO_CHARS else r[:_ECHO_CHARS] + "..."
 _DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -30,7 +40,7 @@ def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int
             else:
                 raise TypeError
         except (ImportError, TypeError):
-            raise ValueError(f"{name}: expected an integer, got {v!r}") from None
+            raise ValueError(f"{name}: expected an integer, got {_echo(v)}") from None
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise ValueError(f"{name}: expected an integer in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
     return int(v)
@@ -48,38 +58,91 @@ def _num(name: str, v: Any, *, positive: bool = False, allow_none: bool = False)
             else:
                 raise TypeError
         except (ImportError, TypeError):
-            raise ValueError(f"{name}: expected a finite number, got {v!r}") from None
+            raise ValueError(f"{name}: expected a finite number, got {_echo(v)}") from None
     if positive and not float(v) > 0:
-        raise ValueError(f"{name}: expected a number > 0, got {v!r}")
+        raise ValueError(f"{name}: expected a number > 0, got {_echo(v)}")
     return float(v)
 
 
 def _str(name: str, v: Any, *, max_len: int = 512, choices: Sequence[str] | None = None) -> str:
     if not isinstance(v, str) or not v.strip():
-        raise ValueError(f"{name}: expected a non-empty string, got {v!r}")
+        raise ValueError(f"{name}: expected a non-empty string, got {_echo(v)}")
     if len(v) > max_len:
         raise ValueError(f"{name}: longer than {max_len} characters")
     if choices is not None and v not in choices:
-        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {v!r}")
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {_echo(v)}")
     return v
 
 
-def _json_obj(name: str, v: Any, *, scalars_only: bool = False) -> dict[str, Any]:
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays and objects accepted in a JSON field of the store (the field's own object is
+level 1). The store's own fields nest three levels at most; orjson, which the service answers with, writes at
+most 254, so a stored value within this bound can always be served."""
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def check_json_tree(name: str, v: Any, *, max_depth: int = MAX_JSON_DEPTH, depth_only: bool = False) -> None:
+    """Check that ``v`` is plain JSON data that any reader of the store can serialise again.
+
+    Plain JSON data: dicts with string keys, lists (tuples), strings, booleans, None, finite floats and
+    integers in the int64 range, nested at most ``max_depth`` levels deep (each list or dict is one level,
+    ``v`` itself included). The walk is iterative, so any depth is safe to check, and it stops at the first
+    offence. ``depth_only``: check the nesting alone (the plan service's check of a parsed request body).
+
+    Raises
+    ------
+    ValueError
+        Naming the path of the offending value, e.g. ``policies[0].verification.a[3]: nested deeper than
+        32 levels (arrays and objects)``.
+    """
+    stack = [([v], 0, None, name)]  # (container, its depth, is it a Mapping, its path); the root in a list
+    while stack:
+        x, depth, is_map, path = stack.pop()
+        for k, y in (x.items() if is_map else enumerate(x)):
+            if is_map:
+                if not isinstance(k, str):
+                    raise ValueError(f"{path}: keys must be strings, got {_echo(k)}")
+                where = f"{path}.{k[:64]}"
+            else:
+                where = path if depth == 0 else f"{path}[{k}]"
+            if y is None or isinstance(y, (str, bool)) or (depth_only and not isinstance(y, (Mapping, list, tuple))):
+                continue
+            if isinstance(y, int):
+                if not _INT64[0] <= y <= _INT64[1]:
+                    raise ValueError(f"{where}: integer outside the 64-bit range")
+            elif isinstance(y, float):
+                if not math.isfinite(y):
+                    raise ValueError(f"{where}: expected a finite number, got {_echo(y)}")
+            elif isinstance(y, (Mapping, list, tuple)):
+                if depth + 1 > max_depth:
+                    raise ValueError(f"{where}: nested deeper than {max_depth} levels (arrays and objects)")
+                stack.append((y, depth + 1, isinstance(y, Mapping), where))
+            else:
+                raise ValueError(f"{where}: not JSON data ({type(y).__name__})")
+
+
+def _json_obj(name: str, v: Any, *, scalars_only: bool = False, max_bytes: int | None = None) -> dict[str, Any]:
+    """``v`` as a plain dict after :func:`check_json_tree` (depth, keys, finite numbers); ``max_bytes``: the
+    largest accepted size of its compact JSON text (None: no limit). ValueError naming the field."""
     if not isinstance(v, Mapping):
         raise ValueError(f"{name}: expected a JSON object, got {type(v).__name__}")
     out: dict[str, Any] = {}
     for k, x in v.items():
         if not isinstance(k, str) or not k:
-            raise ValueError(f"{name}: keys must be non-empty strings, got {k!r}")
+            raise ValueError(f"{name}: keys must be non-empty strings, got {_echo(k)}")
         if scalars_only and not (x is None or isinstance(x, (bool, int, float, str))):
             raise ValueError(f"{name}.{k}: expected a number, string, boolean or null, got {type(x).__name__}")
         if isinstance(x, float) and not math.isfinite(x):
-            raise ValueError(f"{name}.{k}: expected a finite number, got {x!r}")
+            raise ValueError(f"{name}.{k}: expected a finite number, got {_echo(x)}")
         out[k] = x
+    check_json_tree(name, out)
     try:
-        json.dumps(out, allow_nan=False)
+        text = json.dumps(out, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name}: not JSON-serialisable ({exc})") from None
+    if max_bytes is not None and len(text) > max_bytes:
+        raise ValueError(f"{name}: {len(text)} characters of JSON, more than the {max_bytes} accepted")
     return out
 
 

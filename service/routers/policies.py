@@ -10,6 +10,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from ...db import store
+from ...db.transfer import parse_export
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
 from ..deps import check_head_dim, AdminDep, HolderDep, ServedDep, SettingsDep
@@ -112,7 +113,10 @@ async def _after_write(holder) -> int:
     dependencies=[AdminDep],
     responses={**_ADMIN_RESPONSES, 413: {"model": ErrorDetail, "description": "body over the size limit"},
                415: {"model": ErrorDetail, "description": "Content-Type is not application/json"},
-               422: {"model": ValidationErrorOut, "description": "invalid file; nothing stored"}},
+               422: {"model": ValidationErrorOut, "description": "invalid file (not JSON, a field nested too "
+                                                                 "deeply or too large, a bad value); nothing stored"},
+               503: {"model": ErrorDetail, "description": "the policy store failed; nothing stored"},
+               507: {"model": ErrorDetail, "description": "the store's disk is full; nothing stored"}},
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
         "type": "object", "description": "the JSON of `kvsplit db export` (format kvsplit.policies, version 1)",
         "required": ["format", "format_version", "policies"],
@@ -127,14 +131,9 @@ async def import_policies(request: Request, settings: SettingsDep, holder: Holde
     if bad_type is not None:
         return Response(bad_type, status_code=415, media_type="application/json")
     body = await request.body()
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        return Response(orjson.dumps({"detail": [{"type": "json_invalid", "loc": ["body", exc.pos],
-                                                  "msg": "JSON decode error", "input": None}]}),
-                        status_code=422, media_type="application/json")
 
     def work() -> list[int]:
+        data = parse_export(body, source="the body")  # the file check of `kvsplit db import` too
         with store.session_scope(settings.database_url, write=True) as s:
             return store.import_policies(s, data, validate_entry=check_policy_entry)
 
