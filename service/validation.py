@@ -83,8 +83,11 @@ class RequestValidationFailed(Exception):
 
 def error(type_: str, loc: tuple | list, msg: str, input_: Any = None, **ctx: Any) -> dict[str, Any]:
     """One error entry in FastAPI's shape; the echoed ``input`` and the keys in ``loc`` bounded by :func:`_short`."""
+    echo = _short(input_)
+    if isinstance(echo, (list, dict)) and len(orjson.dumps(echo)) > _ECHO_BYTES:
+        echo = _short(input_, _ECHO_LEVELS)  # its size only
     e: dict[str, Any] = {"type": type_, "loc": [x[:64] if type(x) is str else x for x in loc], "msg": msg,
-                         "input": _short(input_)}
+                         "input": echo}
     if ctx:
         e["ctx"] = ctx
     return e
@@ -92,12 +95,15 @@ def error(type_: str, loc: tuple | list, msg: str, input_: Any = None, **ctx: An
 
 _ECHO_LEVELS = 2
 """Levels of arrays and objects an error echoes of its input; deeper ones are echoed by their size only."""
+_ECHO_BYTES = 1024
+"""Largest JSON echo of an array or object input in an error; a larger one is echoed by its size only."""
 
 
 def _short(v: Any, level: int = 0) -> Any:
     """Inputs echoed in errors stay small and shallow: at most 8 list items, 16 keys (64 characters each),
     200 characters of a string and :data:`_ECHO_LEVELS` levels of nesting (never the whole kv_lens list, and
-    always within what orjson writes): at most about 30 KB of JSON."""
+    always within what orjson writes); :func:`error` also bounds an array or object echo to
+    :data:`_ECHO_BYTES` of JSON."""
     if isinstance(v, list):
         if len(v) > 8 or level >= _ECHO_LEVELS:
             return f"<list of {len(v)} items>"
