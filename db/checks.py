@@ -17,6 +17,7 @@ from typing import Any
 # ----------------------------------------------------------------------------
 
 _HEAD_DIMS = (64, 128, 256)
+_DTYPES = ("float16", "bfloat16", "float32")
 _ECHO_CHARS = 80
 
 
@@ -27,7 +28,6 @@ def _echo(v: Any) -> str:
         return f"<{type(v).__name__} of {len(v)} items>"
     r = repr(v)
     return r if len(r) <= _ECHO_CHARS else r[:_ECHO_CHARS] + "..."
-_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -106,18 +106,19 @@ def check_json_tree(name: str, v: Any, *, max_depth: int = MAX_JSON_DEPTH, depth
                 where = f"{path}.{k[:64]}"
             else:
                 where = path if depth == 0 else f"{path}[{k}]"
-            if y is None or isinstance(y, (str, bool)) or (depth_only and not isinstance(y, (Mapping, list, tuple))):
+            container = isinstance(y, (Mapping, list, tuple))
+            if y is None or isinstance(y, (str, bool)) or (depth_only and not container):
                 continue
-            if isinstance(y, int):
+            if container:
+                if depth + 1 > max_depth:
+                    raise ValueError(f"{where}: nested deeper than {max_depth} levels (arrays and objects)")
+                stack.append((y, depth + 1, isinstance(y, Mapping), where))
+            elif isinstance(y, int):
                 if not _INT64[0] <= y <= _INT64[1]:
                     raise ValueError(f"{where}: integer outside the 64-bit range")
             elif isinstance(y, float):
                 if not math.isfinite(y):
                     raise ValueError(f"{where}: expected a finite number, got {_echo(y)}")
-            elif isinstance(y, (Mapping, list, tuple)):
-                if depth + 1 > max_depth:
-                    raise ValueError(f"{where}: nested deeper than {max_depth} levels (arrays and objects)")
-                stack.append((y, depth + 1, isinstance(y, Mapping), where))
             else:
                 raise ValueError(f"{where}: not JSON data ({type(y).__name__})")
 

@@ -132,7 +132,8 @@ def validate_export(
             raise ValueError(f"format: expected {EXPORT_FORMAT!r}, got {_echo(data.get('format'))}")
         fv = data.get("format_version")
         if fv != EXPORT_FORMAT_VERSION or isinstance(fv, bool):
-            raise ValueError(f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, got {_echo(fv)}")
+            raise ValueError(f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, "
+                             f"got {_echo(fv)}")
         unknown = set(data) - {"format", "format_version", "exported_at", "policies_version", "policies"}
         if unknown:
             raise ValueError(f"file: unknown fields {sorted(unknown)}")
@@ -170,7 +171,8 @@ def validate_export(
             bucket = {"key": key, "gpu": gpu, "num_kv_heads": hkv, "head_dim": hd, "dtype": dt, "page_size": ps,
                       "signature": signature, "source": b["source"]}
             if "status" in e and e["status"] != "published":
-                raise ValueError(f"{pre}.status: only published policies can be imported, got {_echo(e['status'])}")
+                raise ValueError(f"{pre}.status: only published policies can be imported, "
+                                 f"got {_echo(e['status'])}")
             if "tuning_run_id" in e and e["tuning_run_id"] is not None:
                 _int(f"{pre}.tuning_run_id", e["tuning_run_id"], 1)
             if "id" in e:

@@ -14,6 +14,13 @@ The API docs (Swagger UI) load their JavaScript and CSS from this server
 (``/v1/docs/static/``, the files the ``fastapi-offline`` package ships), so they
 work without internet access; ReDoc is not served.
 
+Errors are JSON (``{"detail": ...}``): 4xx for every bad request (a plan body
+nested deeper than 8 levels is a 422 ``json_too_deep`` before any field is
+checked, :mod:`kvsplit.service.validation`); a store failure is 507 when its
+disk is full, else 503 (:func:`store_failure`); any other unhandled exception
+is a 500 with no detail (the traceback goes to the log). Each is counted under
+its status in ``kvsplit_http_requests_total``.
+
 Start-up (lifespan) loads the published policies from the store (failing
 loudly when the schema is outdated: run ``kvsplit db upgrade``), warns when the
 store has none (every batch would get the fallback) and starts the version
@@ -78,8 +85,9 @@ def store_failure(exc: BaseException) -> tuple[int, str]:
     """The answer to a request whose store access raised ``exc``: ``(status, message)``.
 
     507 when the store's disk is full (anywhere in the exception's chain: SQLite reports SQLITE_FULL and then
-    fails to roll back its savepoint, ``no such savepoint``, which hides the first error), else 503 with the
-    database's first line. Nothing a failed write began is kept (the transaction is rolled back).
+    fails to roll back its savepoint, ``no such savepoint``, which hides the first error), else 503. The
+    database's own message goes to the log only (it may name hosts and users). Nothing a failed write began
+    is kept (the transaction is rolled back).
     """
     seen = []
     e: BaseException | None = exc
@@ -93,13 +101,13 @@ def store_failure(exc: BaseException) -> tuple[int, str]:
         text = str(x).lower()
         if any(m in text for m in _DISK_FULL) or getattr(x, "sqlstate", None) == "53100":
             return 507, "policy store: database or disk is full; nothing was stored"
-    first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
-    return 503, f"policy store unavailable: {first[:300]}"
+    return 503, "policy store unavailable (the service's log has the database's error)"
 
 
 async def _store_error_answer(request: Request, exc: Exception) -> Response:
     status, msg = store_failure(exc)
-    log.error("%s %s: %s (%s)", request.method, request.url.path, msg, str(exc).splitlines()[0][:300])
+    first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+    log.error("%s %s: %s: %s", request.method, request.url.path, msg, first[:500])
     return Response(orjson.dumps({"detail": msg}), status_code=status, media_type="application/json")
 
 
