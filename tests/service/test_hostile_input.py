@@ -238,11 +238,16 @@ def _series(text: str) -> set[tuple[str, str, str]]:
     return set(re.findall(r'kvsplit_http_requests_total\{method="([^"]*)",route="([^"]*)",status="([^"]*)"\}', text))
 
 
-def _raw_request(port: int, method: str, path: str) -> None:
+def _raw_request(port: int, method: str, path: str) -> int:
+    """One request with any method (http.client would refuse some): the answer's status."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
-        while s.recv(65536):
-            pass
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    assert status < 500, (method, path, data[:300])
+    return status
 
 
 def test_any_method_on_any_path_adds_a_bounded_set_of_metric_series(server):
