@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated, Literal, Optional
 
 import orjson
@@ -10,6 +11,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from ...db import store
+from ...db.checks import check_json_tree
 from ...db.transfer import parse_export
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
@@ -18,6 +20,7 @@ from ..validation import unsupported_media_type
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
 
 router = APIRouter(tags=["policies"])
+log = logging.getLogger("kvsplit.service")
 
 PolicyId = Annotated[int, Path(ge=1, le=2**63 - 1, description="policy id")]
 _ADMIN_RESPONSES = {
@@ -97,7 +100,24 @@ def get_policy(policy_id: PolicyId, settings: SettingsDep) -> Response:
     d = queries.policy_detail(settings.database_url, policy_id)
     if d is None:
         raise HTTPException(404, f"policy {policy_id} not found")
-    return Response(orjson.dumps(d), media_type="application/json")
+    try:
+        return Response(orjson.dumps(d), media_type="application/json")
+    except orjson.JSONEncodeError:  # a row written before the store checked its JSON fields
+        return Response(orjson.dumps(_servable(d, policy_id)), media_type="application/json")
+
+
+def _servable(d: dict, policy_id: int) -> dict:
+    """``d`` with each JSON field that orjson cannot write (:func:`kvsplit.db.checks.check_json_tree` says
+    why: nested deeper than its limit, an integer past 64 bits) replaced by ``{"unservable": reason}``."""
+    out = dict(d)
+    for k, v in d.items():
+        if isinstance(v, (dict, list)):
+            try:
+                check_json_tree(k, v)
+            except ValueError as exc:
+                log.warning("policy %d: stored %s cannot be served: %s", policy_id, k, exc)
+                out[k] = {"unservable": f"{str(exc)[:300]} (stored before the store checked JSON fields)"}
+    return out
 
 
 async def _after_write(holder) -> int:

@@ -478,3 +478,28 @@ def test_import_on_a_full_disk_is_a_json_507_and_the_store_stays_readable(tmp_pa
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_deep_row_stored_before_the_check_still_reads_200(tmp_path):
+    """A store written before imports checked JSON fields (the row is set by SQL, past every check): the
+    policy still reads, with the unservable field named and the rest intact."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import update
+
+    from kvsplit.db.models import Policy
+    from kvsplit.service.app import create_app
+    from kvsplit.service.settings import Settings
+
+    url = f"sqlite:///{tmp_path}/k.db"
+    store.upgrade(url)
+    doc = json.loads(SHIPPED.read_text())
+    with store.session_scope(url, write=True) as s:
+        (pid,) = store.import_policies(s, dict(doc, policies=doc["policies"][:1]))
+        s.execute(update(Policy).where(Policy.id == pid).values(verification={"passed": True, "x": _lists(300)}))
+    with TestClient(create_app(Settings(database_url=url))) as c:
+        r = c.get(f"/v1/policies/{pid}")
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["id"] == pid and d["params"] == doc["policies"][0]["params"]
+    assert "verification.x[0]" in d["verification"]["unservable"] and "nested deeper than 32" in \
+        d["verification"]["unservable"]
