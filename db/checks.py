@@ -18,6 +18,16 @@ from typing import Any
 
 _HEAD_DIMS = (64, 128, 256)
 _DTYPES = ("float16", "bfloat16", "float32")
+_ECHO_CHARS = 80
+
+
+def _echo(v: Any) -> str:
+    """A bad value as error messages quote it: ``repr`` up to 80 characters; a list or dict by its size only
+    (its repr could be megabytes, or nest too deeply to print)."""
+    if isinstance(v, (Mapping, list, tuple)):
+        return f"<{type(v).__name__} of {len(v)} items>"
+    r = repr(v)
+    return r if len(r) <= _ECHO_CHARS else r[:_ECHO_CHARS] + "..."
 
 
 def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -30,7 +40,7 @@ def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int
             else:
                 raise TypeError
         except (ImportError, TypeError):
-            raise ValueError(f"{name}: expected an integer, got {v!r}") from None
+            raise ValueError(f"{name}: expected an integer, got {_echo(v)}") from None
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise ValueError(f"{name}: expected an integer in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
     return int(v)
@@ -48,38 +58,108 @@ def _num(name: str, v: Any, *, positive: bool = False, allow_none: bool = False)
             else:
                 raise TypeError
         except (ImportError, TypeError):
-            raise ValueError(f"{name}: expected a finite number, got {v!r}") from None
+            raise ValueError(f"{name}: expected a finite number, got {_echo(v)}") from None
     if positive and not float(v) > 0:
-        raise ValueError(f"{name}: expected a number > 0, got {v!r}")
+        raise ValueError(f"{name}: expected a number > 0, got {_echo(v)}")
     return float(v)
 
 
 def _str(name: str, v: Any, *, max_len: int = 512, choices: Sequence[str] | None = None) -> str:
     if not isinstance(v, str) or not v.strip():
-        raise ValueError(f"{name}: expected a non-empty string, got {v!r}")
+        raise ValueError(f"{name}: expected a non-empty string, got {_echo(v)}")
     if len(v) > max_len:
         raise ValueError(f"{name}: longer than {max_len} characters")
     if choices is not None and v not in choices:
-        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {v!r}")
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {_echo(v)}")
     return v
 
 
-def _json_obj(name: str, v: Any, *, scalars_only: bool = False) -> dict[str, Any]:
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays and objects accepted in a JSON field of the store (the field's own object is
+level 1). The store's own fields nest three levels at most; orjson, which the service answers with, writes at
+most 254, so a stored value within this bound can always be served."""
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def check_json_tree(name: str, v: Any, *, max_depth: int = MAX_JSON_DEPTH, depth_only: bool = False) -> None:
+    """Check that ``v`` is plain JSON data that any reader of the store can serialise again.
+
+    Plain JSON data: dicts with string keys, lists (tuples), strings, booleans, None, finite floats and
+    integers in the int64 range, nested at most ``max_depth`` levels deep (each list or dict is one level,
+    ``v`` itself included). The walk is iterative, so any depth is safe to check, and it stops at the first
+    offence. ``depth_only``: check the nesting alone (the plan service's check of a parsed request body).
+
+    Raises
+    ------
+    ValueError
+        Naming the path of the offending value, e.g. ``policies[0].verification.a[3]: nested deeper than
+        32 levels (arrays and objects)``.
+    """
+    stack = [([v], 0, False, name)]  # (container, its depth, is it a Mapping, its path); the root in a list
+    lo, hi = _INT64
+    while stack:
+        x, depth, is_map, path = stack.pop()
+        if not is_map and depth:  # a list of numbers (kv_lens of sample batches): C-speed scans, no Python loop
+            kinds = set(map(type, x))
+            if not kinds or (kinds <= _NUMBER_TYPES and (int not in kinds or lo <= min(x) and max(x) <= hi)
+                             and (float not in kinds or math.isfinite(sum(y for y in x if type(y) is float)))):
+                continue  # (a finite float sum: no inf or nan among them, and no overflow to inf)
+            if depth_only and not kinds & _CONTAINER_TYPES:
+                continue
+        for k, y in (x.items() if is_map else enumerate(x)):
+            if is_map and not isinstance(k, str):
+                raise ValueError(f"{path}: keys must be strings, got {_echo(k)}")
+            container = isinstance(y, (Mapping, list, tuple))
+            if y is None or isinstance(y, (str, bool)) or (depth_only and not container):
+                continue
+            if container:
+                if depth + 1 > max_depth:
+                    raise ValueError(f"{_path(path, k, is_map, depth)}: nested deeper than {max_depth} levels "
+                                     f"(arrays and objects)")
+                stack.append((y, depth + 1, isinstance(y, Mapping), _path(path, k, is_map, depth)))
+            elif isinstance(y, int):
+                if not lo <= y <= hi:
+                    raise ValueError(f"{_path(path, k, is_map, depth)}: integer outside the 64-bit range")
+            elif isinstance(y, float):
+                if not math.isfinite(y):
+                    raise ValueError(f"{_path(path, k, is_map, depth)}: expected a finite number, got {_echo(y)}")
+            else:
+                raise ValueError(f"{_path(path, k, is_map, depth)}: not JSON data ({type(y).__name__})")
+
+
+_NUMBER_TYPES = frozenset((int, float))
+_CONTAINER_TYPES = frozenset((dict, list, tuple))
+
+
+def _path(path: str, k: Any, is_map: bool, depth: int) -> str:
+    """The path of member ``k`` of the container at ``path`` (``a.b``, ``a[3]``; the root's own name)."""
+    if is_map:
+        return f"{path}.{k[:64]}"
+    return path if depth == 0 else f"{path}[{k}]"
+
+
+def _json_obj(name: str, v: Any, *, scalars_only: bool = False, max_bytes: int | None = None) -> dict[str, Any]:
+    """``v`` as a plain dict after :func:`check_json_tree` (depth, keys, finite numbers); ``max_bytes``: the
+    largest accepted size of its compact JSON text (None: no limit). ValueError naming the field."""
     if not isinstance(v, Mapping):
         raise ValueError(f"{name}: expected a JSON object, got {type(v).__name__}")
     out: dict[str, Any] = {}
     for k, x in v.items():
         if not isinstance(k, str) or not k:
-            raise ValueError(f"{name}: keys must be non-empty strings, got {k!r}")
+            raise ValueError(f"{name}: keys must be non-empty strings, got {_echo(k)}")
         if scalars_only and not (x is None or isinstance(x, (bool, int, float, str))):
             raise ValueError(f"{name}.{k}: expected a number, string, boolean or null, got {type(x).__name__}")
         if isinstance(x, float) and not math.isfinite(x):
-            raise ValueError(f"{name}.{k}: expected a finite number, got {x!r}")
+            raise ValueError(f"{name}.{k}: expected a finite number, got {_echo(x)}")
         out[k] = x
+    check_json_tree(name, out)
     try:
-        json.dumps(out, allow_nan=False)
+        text = json.dumps(out, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name}: not JSON-serialisable ({exc})") from None
+    if max_bytes is not None and len(text) > max_bytes:
+        raise ValueError(f"{name}: {len(text)} characters of JSON, more than the {max_bytes} accepted")
     return out
 
 

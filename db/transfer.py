@@ -1,19 +1,25 @@
 """Export and all-or-nothing import of published policies (part of :mod:`kvsplit.db.store`).
 
 Versioned JSON (``format`` ``"kvsplit.policies"``, ``format_version`` 1). Import
-validates every field of every entry before writing anything.
+validates every field of every entry before writing anything: the free-form
+JSON fields (``verification``, ``params``, ``bucket.signature``,
+``device.software``) nest at most :data:`~kvsplit.db.checks.MAX_JSON_DEPTH`
+levels and hold at most :data:`MAX_IMPORT_FIELD_BYTES` of JSON text each, so
+nothing an import stores can break a later read. The service's import route
+and ``kvsplit db import`` both read the file with :func:`parse_export`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from .checks import _int, _json_obj, _num, _str, software_fingerprint
+from .checks import MAX_JSON_DEPTH, _echo, _int, _json_obj, _num, _str, software_fingerprint
 from .models import (
     BACKENDS,
     Policy,
@@ -37,8 +43,32 @@ EXPORT_FORMAT = "kvsplit.policies"
 EXPORT_FORMAT_VERSION = 1
 
 
+MAX_IMPORT_FIELD_BYTES = 65536
+"""Largest compact JSON text of one free-form field of an imported entry (characters; the shipped
+policies' largest ``verification`` is under 400)."""
+
+
 class ImportValidationError(ValueError):
     """An import file is malformed; nothing was stored."""
+
+
+def parse_export(raw: bytes | str, source: str = "the file") -> Any:
+    """The JSON document of an export file's text (UTF-8 bytes or str), for :func:`import_policies`.
+
+    Raises
+    ------
+    ImportValidationError
+        One line naming ``source`` when the text is not UTF-8 JSON, or nests so deeply that the parser
+        refuses it (Python's recursion limit, about 1,000 levels; an import field nests at most
+        :data:`~kvsplit.db.checks.MAX_JSON_DEPTH`, checked by :func:`validate_export`).
+    """
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ImportValidationError(f"import rejected, nothing stored: {source} nests arrays and objects too "
+                                    f"deeply to read (a field may nest at most {MAX_JSON_DEPTH} levels)") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ImportValidationError(f"import rejected, nothing stored: {source} is not JSON ({exc})") from None
 
 
 _ENTRY_KEYS = {"bucket", "name", "params", "version", "backend", "score", "verification", "created_at",
@@ -77,11 +107,11 @@ def _parse_time(name: str, v: Any) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str):
-        raise ValueError(f"{name}: expected an ISO-8601 string or null, got {v!r}")
+        raise ValueError(f"{name}: expected an ISO-8601 string or null, got {_echo(v)}")
     try:
         _dt.datetime.fromisoformat(v)
     except ValueError:
-        raise ValueError(f"{name}: not an ISO-8601 time: {v!r}") from None
+        raise ValueError(f"{name}: not an ISO-8601 time: {_echo(v)}") from None
     return v
 
 
@@ -99,10 +129,11 @@ def validate_export(
         if not isinstance(data, Mapping):
             raise ValueError(f"file: expected a JSON object, got {type(data).__name__}")
         if data.get("format") != EXPORT_FORMAT:
-            raise ValueError(f"format: expected {EXPORT_FORMAT!r}, got {data.get('format')!r}")
+            raise ValueError(f"format: expected {EXPORT_FORMAT!r}, got {_echo(data.get('format'))}")
         fv = data.get("format_version")
         if fv != EXPORT_FORMAT_VERSION or isinstance(fv, bool):
-            raise ValueError(f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, got {fv!r}")
+            raise ValueError(f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, "
+                             f"got {_echo(fv)}")
         unknown = set(data) - {"format", "format_version", "exported_at", "policies_version", "policies"}
         if unknown:
             raise ValueError(f"file: unknown fields {sorted(unknown)}")
@@ -134,12 +165,14 @@ def validate_export(
             gpu, hkv, hd, dt, ps = _check_bucket_fields(
                 f"{pre}.bucket", b["gpu"], b["num_kv_heads"], b["head_dim"], b["dtype"], b["page_size"]
             )
-            if not isinstance(b["source"], str):
-                raise ValueError(f"{pre}.bucket.source: expected a string")
+            if not isinstance(b["source"], str) or len(b["source"]) > 1024:
+                raise ValueError(f"{pre}.bucket.source: expected a string of at most 1024 characters")
+            signature = _json_obj(f"{pre}.bucket.signature", b["signature"], max_bytes=MAX_IMPORT_FIELD_BYTES)
             bucket = {"key": key, "gpu": gpu, "num_kv_heads": hkv, "head_dim": hd, "dtype": dt, "page_size": ps,
-                      "signature": _json_obj(f"{pre}.bucket.signature", b["signature"]), "source": b["source"]}
+                      "signature": signature, "source": b["source"]}
             if "status" in e and e["status"] != "published":
-                raise ValueError(f"{pre}.status: only published policies can be imported, got {e['status']!r}")
+                raise ValueError(f"{pre}.status: only published policies can be imported, "
+                                 f"got {_echo(e['status'])}")
             if "tuning_run_id" in e and e["tuning_run_id"] is not None:
                 _int(f"{pre}.tuning_run_id", e["tuning_run_id"], 1)
             if "id" in e:
@@ -156,22 +189,25 @@ def validate_export(
                                                positive=True),
                     "read_bandwidth_gbps": _num(f"{pre}.device.read_bandwidth_gbps", dev["read_bandwidth_gbps"],
                                                 positive=True, allow_none=True),
-                    "software": _json_obj(f"{pre}.device.software", dev["software"]),
+                    "software": _json_obj(f"{pre}.device.software", dev["software"],
+                                          max_bytes=MAX_IMPORT_FIELD_BYTES),
                 }
                 fp = software_fingerprint(device["software"])
                 if dev["fingerprint"] != fp:
-                    raise ValueError(f"{pre}.device.fingerprint: {dev['fingerprint']!r} does not match its software "
-                                     f"versions (expected {fp!r})")
+                    raise ValueError(f"{pre}.device.fingerprint: {_echo(dev['fingerprint'])} does not match its "
+                                     f"software versions (expected {fp!r})")
                 if device["name"] != gpu:
                     raise ValueError(f"{pre}.device.name: {device['name']!r} differs from bucket.gpu {gpu!r}")
             entry = {
                 "bucket": bucket,
                 "name": _str(f"{pre}.name", e["name"], max_len=64),
-                "params": _json_obj(f"{pre}.params", e["params"], scalars_only=True),
+                "params": _json_obj(f"{pre}.params", e["params"], scalars_only=True,
+                                    max_bytes=MAX_IMPORT_FIELD_BYTES),
                 "version": _int(f"{pre}.version", e["version"], 1),
                 "backend": _str(f"{pre}.backend", e["backend"], choices=BACKENDS),
                 "score": _num(f"{pre}.score", e["score"], positive=True, allow_none=True),
-                "verification": _json_obj(f"{pre}.verification", e["verification"]),
+                "verification": _json_obj(f"{pre}.verification", e["verification"],
+                                          max_bytes=MAX_IMPORT_FIELD_BYTES),
                 "created_at": _parse_time(f"{pre}.created_at", e["created_at"]),
                 "published_at": _parse_time(f"{pre}.published_at", e["published_at"]),
                 "device": device,
@@ -185,8 +221,9 @@ def validate_export(
         return out
     except ImportValidationError:
         raise
-    except ValueError as exc:
-        raise ImportValidationError(f"import rejected, nothing stored: {exc}") from None
+    except ValueError as exc:  # one line of bounded length (field names and keys come from the file)
+        msg = " ".join(str(exc).split())
+        raise ImportValidationError(f"import rejected, nothing stored: {msg[:600]}") from None
 
 
 def import_policies(

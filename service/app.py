@@ -14,6 +14,13 @@ The API docs (Swagger UI) load their JavaScript and CSS from this server
 (``/v1/docs/static/``, the files the ``fastapi-offline`` package ships), so they
 work without internet access; ReDoc is not served.
 
+Errors are JSON (``{"detail": ...}``): 4xx for every bad request (a plan body
+nested deeper than 8 levels is a 422 ``json_too_deep`` before any field is
+checked, :mod:`kvsplit.service.validation`); a store failure is 507 when its
+disk is full, else 503 (:func:`store_failure`); any other unhandled exception
+is a 500 with no detail (the traceback goes to the log). Each is counted under
+its status in ``kvsplit_http_requests_total``.
+
 Start-up (lifespan) loads the published policies from the store (failing
 loudly when the schema is outdated: run ``kvsplit db upgrade``), warns when the
 store has none (every batch would get the fallback) and starts the version
@@ -29,14 +36,17 @@ import importlib.resources
 import logging
 from typing import Any
 
-from fastapi import FastAPI
+import orjson
+
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi_offline import FastAPIOffline
 from pydantic.json_schema import models_json_schema
+from sqlalchemy.exc import DBAPIError
 
 from . import fastjson, fastparse, queries
-from .middleware import PLAN_ROUTE, GuardMiddleware, PlanFastPath
+from .middleware import INTERNAL_ERROR, PLAN_ROUTE, GuardMiddleware, PlanFastPath
 from .routers import dashboard, data, health, plan, policies
 from .schemas import DeviceIn, make_plan_request_model
 from .settings import Settings
@@ -65,6 +75,45 @@ def _custom_openapi(app: FastAPI, max_kv_len: int) -> Any:
         return schema
 
     return openapi
+
+
+_DISK_FULL = ("database or disk is full", "no space left on device", "could not extend file")
+"""How SQLite (SQLITE_FULL), the OS (ENOSPC) and PostgreSQL (SQLSTATE 53100) say that the store's disk is full."""
+
+
+def store_failure(exc: BaseException) -> tuple[int, str]:
+    """The answer to a request whose store access raised ``exc``: ``(status, message)``.
+
+    507 when the store's disk is full (anywhere in the exception's chain: SQLite reports SQLITE_FULL and then
+    fails to roll back its savepoint, ``no such savepoint``, which hides the first error), else 503. The
+    database's own message goes to the log only (it may name hosts and users). Nothing a failed write began
+    is kept (the transaction is rolled back).
+    """
+    seen = []
+    e: BaseException | None = exc
+    while e is not None and len(seen) < 16:
+        seen.append(e)
+        orig = getattr(e, "orig", None)
+        if isinstance(orig, BaseException):
+            seen.append(orig)
+        e = e.__cause__ or e.__context__
+    for x in seen:
+        text = str(x).lower()
+        if any(m in text for m in _DISK_FULL) or getattr(x, "sqlstate", None) == "53100":
+            return 507, "policy store: database or disk is full; nothing was stored"
+    return 503, "policy store unavailable (the service's log has the database's error)"
+
+
+async def _store_error_answer(request: Request, exc: Exception) -> Response:
+    status, msg = store_failure(exc)
+    first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+    log.error("%s %s: %s: %s", request.method, request.url.path, msg, first[:500])
+    return Response(orjson.dumps({"detail": msg}), status_code=status, media_type="application/json")
+
+
+async def _internal_error_answer(request: Request, exc: Exception) -> Response:
+    """Any other unhandled exception: a JSON 500 (Starlette's error middleware logs the traceback)."""
+    return Response(INTERNAL_ERROR, status_code=500, media_type="application/json")
 
 
 class _PlanServiceApp(FastAPI):
@@ -135,6 +184,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def favicon() -> FileResponse:
         return FileResponse(str(_FAVICON), media_type="image/png")
 
+    app.add_exception_handler(DBAPIError, _store_error_answer)
+    app.add_exception_handler(Exception, _internal_error_answer)
     app.state.settings = settings
     app.state.holder = holder
     for r in (plan.router, policies.router, data.router, health.router, dashboard.router):

@@ -11,6 +11,11 @@ kvsplit_policies_version                   gauge      -
 kvsplit_policy_reloads_total               counter    result (ok, error)
 =========================================  =========  ==========================================
 
+Label values are bounded whatever clients send: ``route`` is the route's path
+template or ``"unmatched"``, ``method`` one of GET, HEAD, POST, PUT, PATCH,
+DELETE, OPTIONS or ``"other"`` (:func:`kvsplit.service.middleware.method_label`),
+``status`` the answer's status, ``"500"`` for an unhandled exception.
+
 Several workers (``kvsplit serve --workers N``): ``kvsplit serve`` sets
 ``PROMETHEUS_MULTIPROC_DIR`` to a fresh directory before the workers start, so
 every worker writes its samples there and ``GET /metrics`` on any worker

@@ -7,8 +7,10 @@ stream per request) that
   parses them: first by ``Content-Length``, then by counting the streamed bytes
   (chunked uploads), and
 * counts every request and its latency by route template (``/v1/policies/{policy_id}``,
-  not the raw path, so label cardinality stays bounded; unmatched paths are
-  ``"unmatched"``).
+  not the raw path) and method, with bounded label values: every unmatched path
+  is ``"unmatched"`` and every method outside :data:`METHODS` is ``"other"``
+  (:func:`method_label`), so no client can add metric series. A request that
+  ends in an unhandled exception is counted with status ``"500"``.
 
 ``POST /v1/plan`` (the hot path) is answered by :class:`PlanFastPath` instead,
 which the app's ``__call__`` runs before anything of FastAPI or Starlette
@@ -27,6 +29,7 @@ Prometheus metrics count them.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -35,7 +38,19 @@ import orjson
 from . import metrics
 from .routers.plan import handle_plan
 
-__all__ = ["GuardMiddleware", "PlanFastPath", "PLAN_ROUTE"]
+__all__ = ["GuardMiddleware", "PlanFastPath", "PLAN_ROUTE", "METHODS", "method_label", "INTERNAL_ERROR"]
+
+log = logging.getLogger("kvsplit.service")
+
+METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+"""The HTTP methods (RFC 9110) counted under their own name in the request metrics."""
+INTERNAL_ERROR = b'{"detail":"internal server error (logged by the service)"}'
+"""The body of a 500 answer (the traceback goes to the service's log, never to the client)."""
+
+
+def method_label(method: str) -> str:
+    """The ``method`` label of a request: the method itself when in :data:`METHODS`, else ``"other"``."""
+    return method if method in METHODS else "other"
 
 _BODY_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 PLAN_ROUTE = "/v1/plan"
@@ -147,8 +162,9 @@ class GuardMiddleware:
         finally:
             route = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
-            metrics.REQUESTS.labels(label, method, str(status[0])).inc()
-            metrics.LATENCY.labels(label, method).observe(time.perf_counter() - t0)
+            m = method_label(method)
+            metrics.REQUESTS.labels(label, m, str(status[0])).inc()
+            metrics.LATENCY.labels(label, m).observe(time.perf_counter() - t0)
 
 
 def _too_large(n: int | None, limit: int) -> dict:
@@ -163,8 +179,9 @@ class PlanFastPath:
     ``Content-Length``, 413 over ``max_body_bytes`` (declared or counted), then
     :func:`~kvsplit.service.routers.plan.handle_plan`'s status and body. A
     success keeps the connection open (no ``Connection`` header); the 400/413
-    answers close it, as the guard's do. An exception propagates to the server
-    (uvicorn answers 500 and logs it) and is counted as 500.
+    answers close it, as the guard's do. An exception of ``handle_plan`` (a bug:
+    every bad body is a 4xx) is logged with its traceback and answered 500 with
+    :data:`INTERNAL_ERROR`, counted as 500.
     """
 
     __slots__ = ("state", "max_body", "_requests", "_observe")
@@ -181,10 +198,15 @@ class PlanFastPath:
         t0 = time.perf_counter()
         status = 500
         try:
-            status, body, content_type = await _read_request(scope, receive, send, self.max_body)
-            if status:
+            code, body, content_type = await _read_request(scope, receive, send, self.max_body)
+            if code:
+                status = code
                 return
-            status, out = handle_plan(body, self.state, content_type)
+            try:
+                status, out = handle_plan(body, self.state, content_type)
+            except Exception:
+                log.exception("POST %s: unhandled error (answered 500)", PLAN_ROUTE)
+                status, out = 500, INTERNAL_ERROR
             await send({"type": _START, "status": status, "headers": [_CT_JSON, (b"content-length", b"%d" % len(out))]})
             await send({"type": _BODY, "body": out})
         finally:

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
+from ..db.checks import check_json_tree
 from ..kernels.device import DeviceSpec, known_devices, resolve_device
 from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
 from ..kernels.shape import DTYPE_ALIASES, MAX_HEADS, MAX_QO_HEADS, Shape
@@ -81,19 +82,36 @@ class RequestValidationFailed(Exception):
 
 
 def error(type_: str, loc: tuple | list, msg: str, input_: Any = None, **ctx: Any) -> dict[str, Any]:
-    """One error entry in FastAPI's shape."""
-    e: dict[str, Any] = {"type": type_, "loc": list(loc), "msg": msg, "input": _short(input_)}
+    """One error entry in FastAPI's shape; the echoed ``input`` and the keys in ``loc`` bounded by :func:`_short`."""
+    echo = _short(input_)
+    if isinstance(echo, (list, dict)) and len(orjson.dumps(echo)) > _ECHO_BYTES:
+        echo = _short(input_, _ECHO_LEVELS)  # its size only
+    e: dict[str, Any] = {"type": type_, "loc": [x[:64] if type(x) is str else x for x in loc], "msg": msg,
+                         "input": echo}
     if ctx:
         e["ctx"] = ctx
     return e
 
 
-def _short(v: Any) -> Any:
-    """Inputs echoed in errors stay small (never the whole kv_lens list)."""
+_ECHO_LEVELS = 2
+"""Levels of arrays and objects an error echoes of its input; deeper ones are echoed by their size only."""
+_ECHO_BYTES = 1024
+"""Largest JSON echo of an array or object input in an error; a larger one is echoed by its size only."""
+
+
+def _short(v: Any, level: int = 0) -> Any:
+    """Inputs echoed in errors stay small and shallow: at most 8 list items, 16 keys (64 characters each),
+    200 characters of a string and :data:`_ECHO_LEVELS` levels of nesting (never the whole kv_lens list, and
+    always within what orjson writes); :func:`error` also bounds an array or object echo to
+    :data:`_ECHO_BYTES` of JSON."""
     if isinstance(v, list):
-        return f"<list of {len(v)} items>" if len(v) > 8 else [_short(x) for x in v]
+        if len(v) > 8 or level >= _ECHO_LEVELS:
+            return f"<list of {len(v)} items>"
+        return [_short(x, level + 1) for x in v]
     if isinstance(v, dict):
-        return f"<object with {len(v)} keys>" if len(v) > 16 else {str(k)[:64]: _short(x) for k, x in v.items()}
+        if len(v) > 16 or level >= _ECHO_LEVELS:
+            return f"<object with {len(v)} keys>"
+        return {str(k)[:64]: _short(x, level + 1) for k, x in v.items()}
     if isinstance(v, str) and len(v) > 200:
         return v[:200] + "..."
     return v
@@ -233,6 +251,29 @@ def _device(errs: list, v: Any, gpu: str | None) -> DeviceSpec | None:
         return None
 
 
+MAX_DEPTH = 8
+"""Deepest nesting of arrays and objects accepted in a plan request (the body's own object is level 1; a valid
+request nests 3: body, ``device``, ``compute_capability``). Deeper bodies get one ``json_too_deep`` error before
+any field is validated, so no error echoes a deep value."""
+
+
+def _too_deep(loc: tuple) -> dict[str, Any]:
+    return error("json_too_deep", loc, f"JSON nested deeper than {MAX_DEPTH} levels (arrays and objects); a plan "
+                 f"request nests at most 3", None, max_depth=MAX_DEPTH)
+
+
+def _check_depth(loc: tuple, v: Any) -> None:
+    """RequestValidationFailed (422, ``json_too_deep`` at ``loc``) when the value ``v`` at ``loc`` nests deeper
+    than :data:`MAX_DEPTH` counted from the body (:func:`kvsplit.db.checks.check_json_tree`, the store's
+    check of JSON fields)."""
+    if not isinstance(v, (list, dict)):
+        return
+    try:
+        check_json_tree("body", v, max_depth=MAX_DEPTH - (len(loc) - 1), depth_only=True)
+    except ValueError:
+        raise RequestValidationFailed([_too_deep(loc)]) from None
+
+
 _HEADERS: dict[tuple, tuple] = {}
 """Headers that passed the checks below, in two forms: (gpu, H_q, H_kv, D, dtype, page_size) of a request
 without ``device`` -> (device, Shape), only exact types reaching it (a bool or float equal to an int is never
@@ -355,18 +396,25 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        why = str(exc.msg if hasattr(exc, "msg") else exc)
+        pos = int(getattr(exc, "pos", 0) or 0)
+        if "depth limit" in why:  # orjson's own limit (1,024 levels), far above ours
+            raise RequestValidationFailed([_too_deep(("body", pos))]) from None
         raise RequestValidationFailed(
-            [error("json_invalid", ("body", int(getattr(exc, "pos", 0) or 0)), "JSON decode error", None,
-                   error=str(exc.msg if hasattr(exc, "msg") else exc))]
-        ) from None
+            [error("json_invalid", ("body", pos), "JSON decode error", None, error=why)]) from None
     if type(doc) is dict:
         fast = _fast_path(doc, body, max_kv_len)
         if fast is not None:
             return fast
     else:
+        if type(doc) is list and body.count(b"[") > MAX_DEPTH:
+            _check_depth(("body",), doc)
         raise RequestValidationFailed(
             [error("model_attributes_type", ("body",), "Input should be a valid dictionary or object to extract "
                    f"fields from, got {_type_name(doc)}", doc)])
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH:  # else no value can nest deeper (C-speed count)
+        for k, v in doc.items():
+            _check_depth(("body", k), v)
     errs: list[dict[str, Any]] = []
     for k in _REQUIRED:
         if k not in doc:

@@ -91,12 +91,13 @@ def import_cmd(
 ) -> None:
     """Validate and import published policies (all or nothing)."""
     from ...db import store
+    from ...db.transfer import parse_export
     from ...kernels.policy_table import check_policy_entry
 
     try:
-        data = json.loads(file.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        fail(f"import rejected, nothing stored: {file} is not JSON ({exc})")
+        data = parse_export(file.read_bytes(), source=str(file))
+    except store.ImportValidationError as exc:
+        fail(str(exc))
     url = existing_store(database_url)
     try:
         with store.session_scope(url, write=True) as s:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated, Literal, Optional
 
 import orjson
@@ -10,6 +11,8 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from ...db import store
+from ...db.checks import check_json_tree
+from ...db.transfer import parse_export
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
 from ..deps import check_head_dim, AdminDep, HolderDep, ServedDep, SettingsDep
@@ -17,6 +20,7 @@ from ..validation import unsupported_media_type
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
 
 router = APIRouter(tags=["policies"])
+log = logging.getLogger("kvsplit.service")
 
 PolicyId = Annotated[int, Path(ge=1, le=2**63 - 1, description="policy id")]
 _ADMIN_RESPONSES = {
@@ -96,7 +100,24 @@ def get_policy(policy_id: PolicyId, settings: SettingsDep) -> Response:
     d = queries.policy_detail(settings.database_url, policy_id)
     if d is None:
         raise HTTPException(404, f"policy {policy_id} not found")
-    return Response(orjson.dumps(d), media_type="application/json")
+    try:
+        return Response(orjson.dumps(d), media_type="application/json")
+    except orjson.JSONEncodeError:  # a row written before the store checked its JSON fields
+        return Response(orjson.dumps(_servable(d, policy_id)), media_type="application/json")
+
+
+def _servable(d: dict, policy_id: int) -> dict:
+    """``d`` with each JSON field that orjson cannot write (:func:`kvsplit.db.checks.check_json_tree` says
+    why: nested deeper than its limit, an integer past 64 bits) replaced by ``{"unservable": reason}``."""
+    out = dict(d)
+    for k, v in d.items():
+        if isinstance(v, (dict, list)):
+            try:
+                check_json_tree(k, v)
+            except ValueError as exc:
+                log.warning("policy %d: stored %s cannot be served: %s", policy_id, k, exc)
+                out[k] = {"unservable": f"{str(exc)[:300]} (stored before the store checked JSON fields)"}
+    return out
 
 
 async def _after_write(holder) -> int:
@@ -112,7 +133,10 @@ async def _after_write(holder) -> int:
     dependencies=[AdminDep],
     responses={**_ADMIN_RESPONSES, 413: {"model": ErrorDetail, "description": "body over the size limit"},
                415: {"model": ErrorDetail, "description": "Content-Type is not application/json"},
-               422: {"model": ValidationErrorOut, "description": "invalid file; nothing stored"}},
+               422: {"model": ValidationErrorOut, "description": "invalid file (not JSON, a field nested too "
+                                                                 "deeply or too large, a bad value); nothing stored"},
+               503: {"model": ErrorDetail, "description": "the policy store failed; nothing stored"},
+               507: {"model": ErrorDetail, "description": "the store's disk is full; nothing stored"}},
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
         "type": "object", "description": "the JSON of `kvsplit db export` (format kvsplit.policies, version 1)",
         "required": ["format", "format_version", "policies"],
@@ -127,14 +151,9 @@ async def import_policies(request: Request, settings: SettingsDep, holder: Holde
     if bad_type is not None:
         return Response(bad_type, status_code=415, media_type="application/json")
     body = await request.body()
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        return Response(orjson.dumps({"detail": [{"type": "json_invalid", "loc": ["body", exc.pos],
-                                                  "msg": "JSON decode error", "input": None}]}),
-                        status_code=422, media_type="application/json")
 
     def work() -> list[int]:
+        data = parse_export(body, source="the body")  # the file check of `kvsplit db import` too
         with store.session_scope(settings.database_url, write=True) as s:
             return store.import_policies(s, data, validate_entry=check_policy_entry)
 
