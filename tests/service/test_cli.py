@@ -16,13 +16,11 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from service_support import GPU, TOTAL, fill_store  # noqa: E402
+from tests.service_support import GPU, TOTAL, fill_store
 
 from kvsplit.db import store  # noqa: E402
 from kvsplit.service.cli import app  # noqa: E402
