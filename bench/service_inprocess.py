@@ -97,7 +97,7 @@ def main() -> None:
         from kvsplit.service.routers.plan import _LOOKUPS
     except ImportError:
         fastparse, _LOOKUPS = None, {}
-    try:  # the compiled answer path (round 4)
+    try:  # the compiled answer path
         from kvsplit.service import fastjson
         from kvsplit.service.routers.plan import _KV_OPEN, _fragments
         from kvsplit.service.validation import scan_request

@@ -8,7 +8,7 @@ the same process, the same way: ``plan()`` once per batch, ``run(..., out=)`` ca
 graph and its replays timed with ``triton.testing.do_bench`` (median).
 
 FlashInfer is an optional dependency (``pip install flashinfer-python``; on a machine without
-internet, the team tool ``flashinfer_for_device.sh`` packs it; scripts/device_two_gpu.sh shows the use). :func:`load` returns ``None``
+internet, the team tool ``flashinfer_for_device.sh`` packs it; bench/device_env.sh installs the pack). :func:`load` returns ``None``
 with the reason when it does not import, and callers print that the baseline is missing: no
 figure is ever made up.
 """
@@ -51,7 +51,8 @@ class FlashInferDecode:
             A kv_len of 0 (FlashInfer's paged layout needs one page per request).
         """
         import torch
-        import triton
+
+        from .gpu import graph_median_s
 
         lens = np.asarray(kv_lens, dtype=np.int64)
         if (lens < 1).any():
@@ -65,15 +66,7 @@ class FlashInferDecode:
                            t.num_kv_heads, t.head_dim, ps, q_data_type=b["q"].dtype, kv_data_type=t.k_cache.dtype)
         out = torch.empty_like(b["q"])
         kv = (t.k_cache, t.v_cache)
-        self._wrapper.run(b["q"], kv, out=out)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._wrapper.run(b["q"], kv, out=out)
-        graph.replay()
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-        return ms * 1e-3
+        return graph_median_s(lambda: self._wrapper.run(b["q"], kv, out=out), warmup_ms=warmup_ms, rep_ms=rep_ms)
 
 
 def load(timer: Any) -> tuple[FlashInferDecode | None, str]:
