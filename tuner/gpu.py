@@ -258,14 +258,14 @@ class GpuTimer:
             raise ValueError("plan: made for another shape/dtype than this GpuTimer")
         b = self.batch(plan.kv_lens)
         out = torch.empty_like(b["q"])
-        ws = self._workspace(plan)
+        ws = self.workspace_for(plan)
         plan.to(self.device)
         args = (b["q"], self.k_cache, self.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
         decode_attention(*args, out=out, workspace=ws, validate=True)  # compile + checks
         return graph_median_s(lambda: decode_attention(*args, out=out, workspace=ws, validate=False),
                               warmup_ms=warmup_ms, rep_ms=rep_ms)
 
-    def _workspace(self, plan: Plan):
+    def workspace_for(self, plan: Plan):
         """The decode workspace, reallocated only when ``plan`` needs more partials or a larger batch."""
         have_parts, have_batch = self._ws_capacity
         if self._ws is None or plan.num_partials > have_parts or plan.batch_size > have_batch:
