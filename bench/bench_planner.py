@@ -115,14 +115,15 @@ def main() -> None:
     for B in (256, 4096):
         L = _lens(B)
         for pol, params in POLICIES:
-            med, p90 = _time(lambda: make_plan(L, num_kv_heads=4, device=H200, policy=pol, params=params), 300)
+            med, p90 = _time(lambda L=L, pol=pol, params=params: make_plan(L, num_kv_heads=4, device=H200, policy=pol,
+                                                                             params=params), 300)
             name = f"make_plan {pol}" + ("(notc)" if params.get("tensor_cores") is False else "")
             print(f"{name:<34}{B:>6}{med * 1e6:>12.1f}{p90 * 1e6:>10.1f}")
-        med, p90 = _time(lambda: bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200), 300)
+        med, p90 = _time(lambda L=L: bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200), 300)
         print(f"{'bucket_key':<34}{B:>6}{med * 1e6:>12.1f}{p90 * 1e6:>10.1f}")
         for pol in ("balanced", "no_split"):
             p = make_plan(L, num_kv_heads=4, device=H200, policy=pol)
-            med, p90 = _time(lambda: predict(p, H200), 30)
+            med, p90 = _time(lambda p=p: predict(p, H200), 30)
             print(f"{'predict ' + pol + f' ({p.num_work_tiles} tiles)':<34}{B:>6}{med * 1e6:>12.1f}{p90 * 1e6:>10.1f}")
     _hot_table()
 

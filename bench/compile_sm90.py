@@ -143,7 +143,7 @@ def ttgir_summary(ttgir: str) -> dict:
     load) and the async_wait depths (cp.async) or barrier waits (TMA)."""
     allocs = re.findall(r"ttg\.local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x(\d+)x(\d+)x(bf16|f16|f32)", ttgir)
     rings: dict[str, int] = {}
-    for depth, r, c, ty in allocs:
+    for depth, r, c, _dtype in allocs:
         key = f"{depth}x[{r}x{c}]"
         rings[key] = rings.get(key, 0) + 1
     return {

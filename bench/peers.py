@@ -45,9 +45,9 @@ import json
 import math
 import sys
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 

@@ -19,7 +19,8 @@ for any callable, :class:`GpuTimer` for kvsplit's plans and the shared cache.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -16,7 +16,7 @@ tokens for every family.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -219,7 +219,7 @@ def _check_trace_name(name: str) -> TraceSpec:
     return TRACES[name]
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_trace(name: str, *, verify: bool = False) -> Trace:
     """Read a shipped trace (cached). ``verify=True`` checks the file's sha256 first.
 
@@ -252,7 +252,7 @@ def load_trace(name: str, *, verify: bool = False) -> Trace:
             elif spec.time_kind == "datetime":
                 stamp = row[spec.time_col]
                 head, _, frac = stamp.partition(".")
-                t = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc)
+                t = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
                 times.append(t.timestamp() + (float("0." + frac) if frac else 0.0))
     arr = None
     if times:

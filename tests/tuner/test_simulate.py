@@ -185,8 +185,8 @@ W8 = {"block_n": 64, "num_warps": 8, "num_stages": 2}  # measured on the H200: 9
 
 
 def test_residency_per_config_from_kernels_residency():
-    from kvsplit.kernels.residency import MEASURED, resident_ctas_per_sm
     from kvsplit.kernels.plan import KernelConfig
+    from kvsplit.kernels.residency import MEASURED, resident_ctas_per_sm
     from kvsplit.tuner.simulate import _prepare, resident_slots
 
     seen = set()
