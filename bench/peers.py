@@ -58,6 +58,7 @@ SHAPE = {"num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloa
 
 # ----------------------------------------------------------------------------- cases (CPU)
 
+
 def build_cases(kind: str) -> list[dict[str, Any]]:
     """The cases of ``--cases``: dicts with ``set`` (``T262144`` / ``T1048576`` for the reference grid, ``trace``),
     ``family`` (a length family or a trace's name), ``B``, ``total_tokens`` and ``kv_lens`` (int64 ``[B]``).
@@ -70,15 +71,27 @@ def build_cases(kind: str) -> list[dict[str, Any]]:
     from kvsplit.tuner.workloads import REFERENCE_TOTALS, family_kv_lens, peer_reference_cases, trace_cases
 
     if kind == "reference":
-        return [{"set": f"T{T}", "family": fam, "B": B, "total_tokens": T, "kv_lens": family_kv_lens(fam, B, T)}
-                for T in REFERENCE_TOTALS for fam, B in peer_reference_cases(T)]
+        return [
+            {"set": f"T{T}", "family": fam, "B": B, "total_tokens": T, "kv_lens": family_kv_lens(fam, B, T)}
+            for T in REFERENCE_TOTALS
+            for fam, B in peer_reference_cases(T)
+        ]
     if kind == "traces":
-        return [{"set": "trace", "family": c["family"], "B": c["B"], "total_tokens": c["T"],
-                 "kv_lens": np.asarray(c["kv_lens"], dtype=np.int64)} for c in trace_cases()]
+        return [
+            {
+                "set": "trace",
+                "family": c["family"],
+                "B": c["B"],
+                "total_tokens": c["T"],
+                "kv_lens": np.asarray(c["kv_lens"], dtype=np.int64),
+            }
+            for c in trace_cases()
+        ]
     raise ValueError(f"--cases: expected 'reference' or 'traces', got {kind!r}")
 
 
 # ----------------------------------------------------------------------------- CSV and summary (CPU)
+
 
 def write_csv(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
     """Write rows with the :data:`COLUMNS` (time in us to 2 decimals, the ratio to 4)."""
@@ -86,8 +99,17 @@ def write_csv(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
         w = csv.writer(f)
         w.writerow(COLUMNS)
         for r in rows:
-            w.writerow([r["implementation"], r["set"], r["family"], int(r["B"]), int(r["total_tokens"]),
-                        f"{r['time_us']:.2f}", f"{r['ratio_to_read_floor']:.4f}"])
+            w.writerow(
+                [
+                    r["implementation"],
+                    r["set"],
+                    r["family"],
+                    int(r["B"]),
+                    int(r["total_tokens"]),
+                    f"{r['time_us']:.2f}",
+                    f"{r['ratio_to_read_floor']:.4f}",
+                ]
+            )
 
 
 def read_csvs(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
@@ -107,10 +129,17 @@ def read_csvs(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}: missing columns {sorted(missing)}")
             for i, r in enumerate(reader, start=2):
                 try:
-                    rows.append({"implementation": r["implementation"], "set": r["set"], "family": r["family"],
-                                 "B": int(r["B"]), "total_tokens": int(r["total_tokens"]),
-                                 "time_us": float(r["time_us"]),
-                                 "ratio_to_read_floor": float(r["ratio_to_read_floor"])})
+                    rows.append(
+                        {
+                            "implementation": r["implementation"],
+                            "set": r["set"],
+                            "family": r["family"],
+                            "B": int(r["B"]),
+                            "total_tokens": int(r["total_tokens"]),
+                            "time_us": float(r["time_us"]),
+                            "ratio_to_read_floor": float(r["ratio_to_read_floor"]),
+                        }
+                    )
                 except ValueError as exc:
                     raise ValueError(f"{path}, line {i}: {exc}") from exc
     return rows
@@ -170,17 +199,26 @@ def summary(rows: Sequence[dict[str, Any]], baseline: str | None = None) -> dict
                     per_case[key][impl] = t / base[key]
             for s, xs in by_set.items():
                 vs[impl][s] = (min(xs), geomean(xs), max(xs), len(xs))
-    return {"impls": impls, "per_set": dict(per_set), "cliff": dict(cliff), "baseline": baseline,
-            "vs_baseline": dict(vs), "per_case": dict(per_case)}
+    return {
+        "impls": impls,
+        "per_set": dict(per_set),
+        "cliff": dict(cliff),
+        "baseline": baseline,
+        "vs_baseline": dict(vs),
+        "per_case": dict(per_case),
+    }
 
 
 def format_summary(s: dict[str, Any]) -> str:
     """Markdown tables of :func:`summary`'s figures."""
     sets = list(dict.fromkeys(k for d in s["per_set"].values() for k in d))
     cliff_sets = [st for st in sets if any(st in d for d in s["cliff"].values())]
-    out = ["time / read floor: worst / geomean (cases); cliff: max over B of skewed80 or 2x40 time / uniform time",
-           "", "| implementation | " + " | ".join(sets + [f"cliff {st}" for st in cliff_sets]) + " |",
-           "|---|" + "---|" * (len(sets) + len(cliff_sets))]
+    out = [
+        "time / read floor: worst / geomean (cases); cliff: max over B of skewed80 or 2x40 time / uniform time",
+        "",
+        "| implementation | " + " | ".join(sets + [f"cliff {st}" for st in cliff_sets]) + " |",
+        "|---|" + "---|" * (len(sets) + len(cliff_sets)),
+    ]
     for impl in s["impls"]:
         cells = []
         for st in sets:
@@ -191,20 +229,31 @@ def format_summary(s: dict[str, Any]) -> str:
     if s["baseline"] is None or not s["vs_baseline"]:
         return "\n".join(out)
     b = s["baseline"]
-    out += ["", f"time / {b}'s time per case: min / geomean / max (cases); above 1: {b} is faster", "",
-            "| implementation | " + " | ".join(sets) + " |", "|---|" + "---|" * len(sets)]
+    out += [
+        "",
+        f"time / {b}'s time per case: min / geomean / max (cases); above 1: {b} is faster",
+        "",
+        "| implementation | " + " | ".join(sets) + " |",
+        "|---|" + "---|" * len(sets),
+    ]
     for impl, d in s["vs_baseline"].items():
         cells = [f"{d[st][0]:.3f} / {d[st][1]:.3f} / {d[st][2]:.3f} ({d[st][3]})" if st in d else "-" for st in sets]
         out.append(f"| {impl} | " + " | ".join(cells) + " |")
     others = list(s["vs_baseline"])
-    out += ["", f"per case, time / {b}'s time", "", "| set | family | B | " + " | ".join(others) + " |",
-            "|---|---|---:|" + "---:|" * len(others)]
+    out += [
+        "",
+        f"per case, time / {b}'s time",
+        "",
+        "| set | family | B | " + " | ".join(others) + " |",
+        "|---|---|---:|" + "---:|" * len(others),
+    ]
     for (st, fam, B, _T), d in s["per_case"].items():
         out.append(f"| {st} | {fam} | {B} | " + " | ".join(f"{d[i]:.3f}" if i in d else "-" for i in others) + " |")
     return "\n".join(out)
 
 
 # ----------------------------------------------------------------------------- runners (GPU)
+
 
 def _import_peer(impl: str) -> tuple[Any, str]:
     """The peer's module, or ``(None, why)`` when it does not import (checked before any CUDA work)."""
@@ -217,7 +266,11 @@ def _import_peer(impl: str) -> tuple[Any, str]:
             import kvsplit.kernels.decode as mod
     except Exception as exc:  # noqa: BLE001 - any import failure means the peer is missing here
         return None, f"{type(exc).__name__}: {exc}"
-    return mod, getattr(mod, "__version__", "")
+    if impl == "kvsplit":
+        from importlib.metadata import version
+
+        return mod, f"kvsplit {version('kvsplit')}"
+    return mod, f"{mod.__name__} {getattr(mod, '__version__', '?')}"
 
 
 def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple[Callable[[], Any], Callable[[], Any]]]:
@@ -264,10 +317,11 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
         pages = np.diff(indptr)
         pt = np.zeros((len(lens), int(pages.max())), dtype=np.int32)
         for i in range(len(lens)):
-            pt[i, : pages[i]] = indices[indptr[i]: indptr[i + 1]]
+            pt[i, : pages[i]] = indices[indptr[i] : indptr[i + 1]]
         return torch.from_numpy(pt).to(t.device)
 
     if impl == "fa3":
+
         def prepare(lens):
             b = t.batch(lens)
             B = len(lens)
@@ -276,8 +330,16 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
             res: dict[str, Any] = {}
 
             def launch():
-                o = mod.flash_attn_with_kvcache(q4, t.k_cache, t.v_cache, cache_seqlens=b["kv_lens"], page_table=pt,
-                                                softmax_scale=scale, causal=True, num_splits=0)
+                o = mod.flash_attn_with_kvcache(
+                    q4,
+                    t.k_cache,
+                    t.v_cache,
+                    cache_seqlens=b["kv_lens"],
+                    page_table=pt,
+                    softmax_scale=scale,
+                    causal=True,
+                    num_splits=0,
+                )
                 res["out"] = o[0] if isinstance(o, tuple) else o
 
             return launch, (lambda: res["out"].view(B, t.num_qo_heads, t.head_dim))
@@ -293,9 +355,21 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
             b = t.batch(lens)
             B = len(lens)
             qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=t.device)
-            wrapper.plan(qo_indptr, b["kv_indptr"], b["kv_indices"], b["kv_lens"], t.num_qo_heads, t.num_kv_heads,
-                         t.head_dim, t.head_dim, t.page_size, causal=True, sm_scale=scale,
-                         q_data_type=b["q"].dtype, kv_data_type=t.k_cache.dtype)
+            wrapper.plan(
+                qo_indptr,
+                b["kv_indptr"],
+                b["kv_indices"],
+                b["kv_lens"],
+                t.num_qo_heads,
+                t.num_kv_heads,
+                t.head_dim,
+                t.head_dim,
+                t.page_size,
+                causal=True,
+                sm_scale=scale,
+                q_data_type=b["q"].dtype,
+                kv_data_type=t.k_cache.dtype,
+            )
             out = torch.empty_like(b["q"])
             lse = torch.empty((B, t.num_qo_heads), dtype=torch.float32, device=t.device)
             kv = (t.k_cache, t.v_cache)
@@ -328,37 +402,74 @@ def run(impl: str, kind: str, out: Path, *, rep_ms: float, check_tokens: int) ->
     from kvsplit.tuner.gpu import GpuTimer, graph_median_s, software_versions
 
     cases = build_cases(kind)
-    timer = GpuTimer(num_qo_heads=SHAPE["num_qo_heads"], num_kv_heads=SHAPE["num_kv_heads"],
-                     head_dim=SHAPE["head_dim"], dtype=SHAPE["dtype"], page_size=SHAPE["page_size"],
-                     max_tokens=max(c["total_tokens"] for c in cases), max_batch=max(c["B"] for c in cases))
+    timer = GpuTimer(
+        num_qo_heads=SHAPE["num_qo_heads"],
+        num_kv_heads=SHAPE["num_kv_heads"],
+        head_dim=SHAPE["head_dim"],
+        dtype=SHAPE["dtype"],
+        page_size=SHAPE["page_size"],
+        max_tokens=max(c["total_tokens"] for c in cases),
+        max_batch=max(c["B"] for c in cases),
+    )
     bw = timer.read_bandwidth()
-    meta = {**software_versions(), "implementation": impl, "label": LABELS[impl], "peer_version": note,
-            "read_bandwidth_bytes_per_s": bw, "cases": kind, "shape": SHAPE,
-            "kv_cache_bytes": 2 * timer.k_cache.numel() * timer.k_cache.element_size()}
+    meta = {
+        **software_versions(),
+        "implementation": impl,
+        "label": LABELS[impl],
+        "peer_version": note,
+        "read_bandwidth_bytes_per_s": bw,
+        "cases": kind,
+        "shape": SHAPE,
+        "kv_cache_bytes": 2 * timer.k_cache.numel() * timer.k_cache.element_size(),
+    }
     print(json.dumps(meta), flush=True)
     prepare = make_runner(impl, mod, timer)
     rows = []
     for c in cases:
         lens = c["kv_lens"]
-        launch, output = prepare(lens)
-        if int(lens.sum()) <= check_tokens:
+        try:
+            launch, output = prepare(lens)
             launch()
             torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a peer's own error: say which call failed, record nothing
+            print(
+                f"{impl}: failed on {c['set']} {c['family']} B={c['B']} ({type(exc).__name__}: {exc}); "
+                "stopping, no figure recorded",
+                file=sys.stderr,
+            )
+            return 1
+        if int(lens.sum()) <= check_tokens:
             b = timer.batch(lens)
-            ref = reference_decode_attention(b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"],
-                                             b["kv_lens"]).float()
+            ref = reference_decode_attention(
+                b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"]
+            ).float()
             err = float((output().float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
             if not err < 2e-2:
-                print(f"{impl}: output differs from the fp32 reference on {c['set']} {c['family']} B={c['B']} "
-                      f"(max relative error {err:.3g}); stopping, no figure recorded", file=sys.stderr)
+                print(
+                    f"{impl}: output differs from the fp32 reference on {c['set']} {c['family']} B={c['B']} "
+                    f"(max relative error {err:.3g}); stopping, no figure recorded",
+                    file=sys.stderr,
+                )
                 return 1
         sec = graph_median_s(launch, warmup_ms=10.0, rep_ms=rep_ms)
         ratio = sec / timer.hbm_floor_s(lens)
-        rows.append({"implementation": impl, "set": c["set"], "family": c["family"], "B": c["B"],
-                     "total_tokens": c["total_tokens"], "time_us": sec * 1e6, "ratio_to_read_floor": ratio})
+        rows.append(
+            {
+                "implementation": impl,
+                "set": c["set"],
+                "family": c["family"],
+                "B": c["B"],
+                "total_tokens": c["total_tokens"],
+                "time_us": sec * 1e6,
+                "ratio_to_read_floor": ratio,
+            }
+        )
         src = getattr(prepare, "last_source", "")
-        print(f"{impl} {c['set']} {c['family']:>10} B={c['B']:<4} {sec * 1e6:9.2f} us  {ratio:.4f}x floor"
-              + (f"  ({src})" if src else ""), flush=True)
+        print(
+            f"{impl} {c['set']} {c['family']:>10} B={c['B']:<4} {sec * 1e6:9.2f} us  {ratio:.4f}x floor"
+            + (f"  ({src})" if src else ""),
+            flush=True,
+        )
     write_csv(out, rows)
     Path(str(out) + ".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"{len(rows)} rows -> {out}")
@@ -371,8 +482,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cases", choices=("reference", "traces"), default="reference")
     ap.add_argument("--out", type=Path, help="the CSV to write (default: <impl>.csv)")
     ap.add_argument("--rep-ms", type=float, default=40.0, help="do_bench's repetition time per case (ms)")
-    ap.add_argument("--check-tokens", type=int, default=262_144,
-                    help="check the output against the fp32 reference on batches of at most this many tokens")
+    ap.add_argument(
+        "--check-tokens",
+        type=int,
+        default=262_144,
+        help="check the output against the fp32 reference on batches of at most this many tokens",
+    )
     ap.add_argument("--summary", nargs="+", metavar="CSV", help="print the comparison of these CSVs (no GPU)")
     ap.add_argument("--baseline", default=None, help="--summary: the implementation the others are divided by")
     args = ap.parse_args(argv)
@@ -385,8 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.impl is None:
         ap.error("--impl is required unless --summary is given")
-    return run(args.impl, args.cases, args.out or Path(f"{args.impl}.csv"), rep_ms=args.rep_ms,
-               check_tokens=args.check_tokens)
+    return run(
+        args.impl, args.cases, args.out or Path(f"{args.impl}.csv"), rep_ms=args.rep_ms, check_tokens=args.check_tokens
+    )
 
 
 if __name__ == "__main__":

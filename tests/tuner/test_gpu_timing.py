@@ -62,5 +62,6 @@ def test_read_floors_bound_the_decode_time():
         assert t >= 0.95 * paged, (fam, B, t, paged)
         assert timer.max_error(plan) < 2e-2
     with pytest.raises(ValueError, match="power of two"):
-        GpuTimer(num_qo_heads=24, num_kv_heads=3, head_dim=128, max_tokens=4096, max_batch=4) \
-            .paged_read_floor_s(np.array([100, 200]))
+        GpuTimer(num_qo_heads=24, num_kv_heads=3, head_dim=128, max_tokens=4096, max_batch=4).paged_read_floor_s(
+            np.array([100, 200])
+        )

@@ -41,22 +41,50 @@ def test_trace_cases_and_bad_kind():
 
 def _rows(impl, times, ratio_per_us=0.01):
     """Rows of one implementation: times[(family, B)] in us at T = 1000 (set T1000)."""
-    return [{"implementation": impl, "set": "T1000", "family": f, "B": B, "total_tokens": 1000, "time_us": t,
-             "ratio_to_read_floor": t * ratio_per_us} for (f, B), t in times.items()]
+    return [
+        {
+            "implementation": impl,
+            "set": "T1000",
+            "family": f,
+            "B": B,
+            "total_tokens": 1000,
+            "time_us": t,
+            "ratio_to_read_floor": t * ratio_per_us,
+        }
+        for (f, B), t in times.items()
+    ]
 
 
 def test_csv_round_trip_and_summary_by_hand(tmp_path):
-    base = {("uniform", 4): 100.0, ("skewed80", 4): 110.0, ("2x40", 4): 105.0, ("uniform", 8): 120.0,
-            ("skewed80", 8): 120.0}
-    peer = {("uniform", 4): 150.0, ("skewed80", 4): 440.0, ("2x40", 4): 105.0, ("uniform", 8): 60.0,
-            ("skewed80", 8): 600.0, ("uniform", 16): 10.0}  # uniform B=16: no baseline figure
+    base = {
+        ("uniform", 4): 100.0,
+        ("skewed80", 4): 110.0,
+        ("2x40", 4): 105.0,
+        ("uniform", 8): 120.0,
+        ("skewed80", 8): 120.0,
+    }
+    peer = {
+        ("uniform", 4): 150.0,
+        ("skewed80", 4): 440.0,
+        ("2x40", 4): 105.0,
+        ("uniform", 8): 60.0,
+        ("skewed80", 8): 600.0,
+        ("uniform", 16): 10.0,
+    }  # uniform B=16: no baseline figure
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     peers.write_csv(a, _rows("kvsplit", base))
     peers.write_csv(b, _rows("peer", peer))
     assert a.read_text().splitlines()[0] == ",".join(peers.COLUMNS)
     rows = peers.read_csvs([a, b])
-    assert len(rows) == 11 and rows[0] == {"implementation": "kvsplit", "set": "T1000", "family": "uniform", "B": 4,
-                                           "total_tokens": 1000, "time_us": 100.0, "ratio_to_read_floor": 1.0}
+    assert len(rows) == 11 and rows[0] == {
+        "implementation": "kvsplit",
+        "set": "T1000",
+        "family": "uniform",
+        "B": 4,
+        "total_tokens": 1000,
+        "time_us": 100.0,
+        "ratio_to_read_floor": 1.0,
+    }
     s = peers.summary(rows)
     assert s["baseline"] == "kvsplit"
     worst, gm, n = s["per_set"]["kvsplit"]["T1000"]
@@ -82,9 +110,11 @@ def test_csv_round_trip_and_summary_by_hand(tmp_path):
 def test_summary_of_the_recorded_h200_format(tmp_path):
     """A CSV in the recorded H200 peer format (long implementation names) reads; the baseline is the kvsplit one."""
     p = tmp_path / "h200.csv"
-    p.write_text("implementation,set,family,B,total_tokens,time_us,ratio_to_read_floor\n"
-                 '"kvsplit_served (shipped table, hot path)",T262144,uniform,1,262144,141.41,1.1677\n'
-                 "fa3_flash_attn_with_kvcache_num_splits0,T262144,uniform,1,262144,150.00,1.2386\n")
+    p.write_text(
+        "implementation,set,family,B,total_tokens,time_us,ratio_to_read_floor\n"
+        '"kvsplit_served (shipped table, hot path)",T262144,uniform,1,262144,141.41,1.1677\n'
+        "fa3_flash_attn_with_kvcache_num_splits0,T262144,uniform,1,262144,150.00,1.2386\n"
+    )
     s = peers.summary(peers.read_csvs([p]))
     assert s["baseline"] == "kvsplit_served (shipped table, hot path)"
     assert s["vs_baseline"]["fa3_flash_attn_with_kvcache_num_splits0"]["T262144"][1] == pytest.approx(150 / 141.41)
@@ -98,14 +128,19 @@ def test_bad_csv_names_file_and_line(tmp_path):
     p.write_text(",".join(peers.COLUMNS) + "\nkvsplit,T1,uniform,four,1,1.0,1.0\n")
     with pytest.raises(ValueError, match="bad.csv, line 2"):
         peers.read_csvs([p])
-    out = subprocess.run([sys.executable, str(ROOT / "bench/peers.py"), "--summary", str(p)], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench/peers.py"), "--summary", str(p)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 2 and "bad.csv, line 2" in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn_interface") is not None, reason="FA3 is installed here")
 def test_missing_peer_prints_why_and_writes_nothing(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "bench/peers.py"), "--impl", "fa3", "--out",
-                          str(tmp_path / "fa3.csv")], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench/peers.py"), "--impl", "fa3", "--out", str(tmp_path / "fa3.csv")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "fa3: not importable here" in out.stdout and "no figure" in out.stdout
     assert not (tmp_path / "fa3.csv").exists()
