@@ -20,11 +20,10 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+from kvsplit.db import store
+from kvsplit.service.cli import app
+from kvsplit.tuner.workloads import family_kv_lens
 from tests.service_support import GPU, TOTAL, fill_store
-
-from kvsplit.db import store  # noqa: E402
-from kvsplit.service.cli import app  # noqa: E402
-from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
 
 SHAPE_ARGS = ["--gpu", GPU, "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128",
               "--dtype", "bfloat16", "--page-size", "16"]

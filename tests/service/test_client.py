@@ -13,10 +13,9 @@ import urllib.request
 import numpy as np
 import pytest
 
+from kvsplit.service.client import PlanClient, PlanServiceError, plan_from_response
+from kvsplit.tuner.workloads import FAMILIES, family_kv_lens
 from tests.service_support import GPU, SHAPE, TOTAL, LiveServer, fill_store
-
-from kvsplit.service.client import PlanClient, PlanServiceError, plan_from_response  # noqa: E402
-from kvsplit.tuner.workloads import FAMILIES, family_kv_lens  # noqa: E402
 
 TOKEN = "tok-123"
 

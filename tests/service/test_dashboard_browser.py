@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from kvsplit.db import store
+from kvsplit.tuner.workloads import family_kv_lens
 from tests.service_support import BATCH_SIZES, FAMILIES, GPU, TOTAL, LiveServer, fill_store, key_of
-
-from kvsplit.db import store  # noqa: E402
-from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
 
 CHROMIUM = os.environ.get("KVSPLIT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]

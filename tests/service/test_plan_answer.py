@@ -276,10 +276,9 @@ def test_metric_shortcuts_count_like_the_client():
 def test_requests_through_the_app_are_counted(tmp_path):
     from fastapi.testclient import TestClient
 
-    from tests.service_support import SHAPE, fill_store
-
     from kvsplit.service.app import create_app
     from kvsplit.service.settings import Settings
+    from tests.service_support import SHAPE, fill_store
 
     info = fill_store(f"sqlite:///{tmp_path}/store.db")
     app = create_app(Settings(database_url=info.url, admin_token=None, reload_interval_s=0))

@@ -15,14 +15,13 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from tests.service_support import GPU, SHAPE, fill_store
-
 from kvsplit.kernels.plan import make_plan  # noqa: E402
 from kvsplit.service import validation  # noqa: E402
 from kvsplit.service.app import create_app  # noqa: E402
 from kvsplit.service.client import plan_from_response  # noqa: E402
 from kvsplit.service.settings import Settings  # noqa: E402
 from kvsplit.service.validation import RequestValidationFailed, parse_plan_request  # noqa: E402
+from tests.service_support import GPU, SHAPE, fill_store
 
 
 @pytest.fixture(scope="module")
