@@ -87,26 +87,6 @@ def cand_params(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[in
     return pol, p
 
 
-def add_ref_case_args(ap: argparse.ArgumentParser) -> None:
-    """``--cases``, ``--T``, ``--families``, ``--B``: which reference cases (set ``ref``) a kernel A/B times."""
-    ap.add_argument("--cases", default="bench/data/sweep_cases.json")
-    ap.add_argument("--T", default="1048576", help="comma-separated total tokens to keep")
-    ap.add_argument("--families", default="uniform,skewed40,skewed60,skewed80,2x40")
-    ap.add_argument("--B", default="", help="batch sizes to keep (comma-separated); default all")
-    ap.add_argument("--sets", default="ref", help="case sets to keep (comma-separated: ref, jitter, trace, ...); "
-                                                  "--T and --families select among the ref set only")
-
-
-def ref_cases(args: argparse.Namespace) -> list[dict]:
-    """The cases of ``args.cases`` selected by :func:`add_ref_case_args`'s options."""
-    Ts = {int(t) for t in args.T.split(",")}
-    fams = set(args.families.split(","))
-    Bs = {int(b) for b in args.B.split(",") if b}
-    sets = set(getattr(args, "sets", "ref").split(","))
-    return [c for c in json.load(open(args.cases))["cases"] if c["set"] in sets
-            and (c["set"] != "ref" or (c["T"] in Ts and c["family"] in fams)) and (not Bs or c["B"] in Bs)]
-
-
 def named(name: str) -> tuple[str, tuple[str, dict]]:
     """``(name, (policy, params))`` of a candidate name."""
     got = candidate_policy(name)
@@ -389,8 +369,8 @@ def main() -> None:
             # (docs/results.md, "Method"): time the served plan once and throw that figure away
             time_case({**c, "id": -1 - c["id"]}, [served])
             plans = [served]
-            # back to back: the plan the table before the last rebuild served (make_sweep_cases.py's served_prev)
-            # and a second candidate table's plan (make_sweep_cases.py --alt-policies' served_alt)
+            # back to back: the plan the table before the last rebuild served (--prev-policies: served_prev)
+            # and a second candidate table's plan (--alt-policies: served_alt)
             plans += [(k, (c[k]["policy"], c[k]["params"])) for k in ("served_prev", "served_alt") if k in c]
             plans += [named(n) for n in c.get("oracle_names", [])]
             plans += list(BASELINES.items())
