@@ -1,13 +1,16 @@
 # kvsplit: the two commands of the README.
-#   make test   create/update .venv, install kvsplit with all extras and test deps, run the whole suite
-#   make run    create/update .venv and run the main job
+#   make test       create/update .venv, install kvsplit with all extras and test deps, ruff (lint + format
+#                   check), then the whole suite
+#   make run        create/update .venv and run the main job
+#   make test-fast  the planner and plan-service tests only (no interpreter kernels, browser, PostgreSQL or
+#                   server subprocesses): seconds, for the edit-test loop
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvsplit-installed
 
-.PHONY: test run venv
+.PHONY: test test-fast lint run venv
 
 venv: $(STAMP)
 
@@ -19,8 +22,23 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[all,test]"
 	@touch $(STAMP)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: lint
 	$(PY) -m pytest -q
+
+# planner tests (tests/kernels without the Triton-interpreter kernel tests) and plan-service tests (tests/service
+# without the browser, schemathesis and the tests that start servers or CLI processes)
+FAST_IGNORE := tests/kernels/test_decode.py tests/kernels/test_decode_gpu.py tests/kernels/test_device_plan.py \
+	tests/kernels/test_heads_per_tile.py tests/kernels/test_next_item.py tests/kernels/test_wrapper.py \
+	tests/service/test_client.py tests/service/test_dashboard_browser.py tests/service/test_main_job.py \
+	tests/service/test_schemathesis.py tests/service/test_settings_env.py
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not gpu and not browser and not postgres" tests/kernels tests/service \
+		$(addprefix --ignore=,$(FAST_IGNORE))
 
 run: $(STAMP)
 	$(VENV)/bin/kvsplit run

@@ -1,15 +1,15 @@
 """Speed of the host-side planner pieces (printed figures, never asserted).
 
     .venv/bin/python bench/bench_planner.py            # script: prints both tables
-    .venv/bin/python bench/bench_planner.py --hot      # only the hot-path table (issue 11)
+    .venv/bin/python bench/bench_planner.py --hot      # only the hot-path table
     KVSPLIT_NUMBA=0 .venv/bin/python bench/bench_planner.py --hot   # the NumPy reference, for comparison
     .venv/bin/python -m pytest bench/bench_planner.py --benchmark-only   # pytest-benchmark
 
-Targets (DESIGN.md / issue 3): make_plan for B=256 in tens of microseconds and
+Targets (DESIGN.md): make_plan for B=256 in tens of microseconds and
 for B=4096 under a millisecond; bucket_key likewise; simulator predict in a few
 ms for thousands of tiles.
 
-Hot-path table (issue 11: make_plan <= 20 µs at B = 256, <= 300 µs at B = 4096;
+Hot-path table (targets: make_plan <= 20 µs at B = 256, <= 300 µs at B = 4096;
 PolicyTable.plan <= 30 µs at B = 256): every call gets a NEW random batch
 (pre-generated, lengths 1..8192), nothing about a batch is cached; p50 and p99
 over the calls, per entry point, B and input form (NumPy int32 array or Python
@@ -94,7 +94,7 @@ def _hot_table() -> None:
         for name, fn, target in cases:
             row(name, fn, B, target, arrays)
     # near-even batches (U(0.995, 1.005) around 2,048 and 1,024 tokens) that reach a shipped policy with the
-    # whole-wave rule on: the rule's check and the second compiled plan pass it takes (round 7)
+    # whole-wave rule on: the rule's check and the second compiled plan pass it takes
     for B, mean in ((128, 2048), (256, 1024)):
         arrays = [np.rint(mean * rng.uniform(0.995, 1.005, B)).astype(np.int32) for _ in range(2000)]
         p, _, info = table_plan(arrays[0])
@@ -103,9 +103,11 @@ def _hot_table() -> None:
 
 
 def main() -> None:
-    import sys
+    import argparse
 
-    if "--hot" in sys.argv:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hot", action="store_true", help="only the hot-path table")
+    if ap.parse_args().hot:
         _hot_table()
         return
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.processor() or platform.machine()}")
@@ -113,14 +115,15 @@ def main() -> None:
     for B in (256, 4096):
         L = _lens(B)
         for pol, params in POLICIES:
-            med, p90 = _time(lambda: make_plan(L, num_kv_heads=4, device=H200, policy=pol, params=params), 300)
+            med, p90 = _time(lambda L=L, pol=pol, params=params: make_plan(L, num_kv_heads=4, device=H200, policy=pol,
+                                                                             params=params), 300)
             name = f"make_plan {pol}" + ("(notc)" if params.get("tensor_cores") is False else "")
             print(f"{name:<34}{B:>6}{med * 1e6:>12.1f}{p90 * 1e6:>10.1f}")
-        med, p90 = _time(lambda: bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200), 300)
+        med, p90 = _time(lambda L=L: bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200), 300)
         print(f"{'bucket_key':<34}{B:>6}{med * 1e6:>12.1f}{p90 * 1e6:>10.1f}")
         for pol in ("balanced", "no_split"):
             p = make_plan(L, num_kv_heads=4, device=H200, policy=pol)
-            med, p90 = _time(lambda: predict(p, H200), 30)
+            med, p90 = _time(lambda p=p: predict(p, H200), 30)
             print(f"{'predict ' + pol + f' ({p.num_work_tiles} tiles)':<34}{B:>6}{med * 1e6:>12.1f}{p90 * 1e6:>10.1f}")
     _hot_table()
 

@@ -10,7 +10,7 @@ passes for a case of the reference shape (H_q 32, H_kv 4, D 128, bf16, page 16, 
 launcher does (16-byte divisibility of pointers and integers, ints == 1 as constants, a host
 ``TensorDescriptor`` as ``tensordesc<...>``), compiled with ``triton.compile`` for ``GPUTarget("cuda", 90,
 32)`` and read back: registers and shared memory from ``cuobjdump --dump-resource-usage`` on the cubin (the
-same procedure reproduces the registers and shared memory read on the H200 in round 2 exactly), bytes of
+same procedure reproduces the registers and shared memory read on the H200 exactly), bytes of
 spill stores from ``ptxas -v`` on its PTX,
 and from the TTGIR: the K/V loads (cp.async or TMA), the buffers the pipeliner allocates for them and the
 depth of its waits; a SHA-256 of the SASS (``cuobjdump -sass``), so that a source refactor can be shown to
@@ -21,7 +21,7 @@ register cap: ``none`` (uncapped), ``auto`` (what ``launch_decode`` applies:
 :func:`kvsplit.kernels.residency.register_cap`) or a number; the resident CTAs per SM of each compile are
 printed beside the residency kernels/residency.py counts for the config (``--json`` writes one JSON line per
 compile). Variants: ``plain``, ``prefetch`` (``KernelConfig.prefetch``) and ``next_item`` (``prefetch`` with
-``KernelConfig.next_item``); round 4's TMA load path was removed from the kernel.
+``KernelConfig.next_item``).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def ttgir_summary(ttgir: str) -> dict:
     load) and the async_wait depths (cp.async) or barrier waits (TMA)."""
     allocs = re.findall(r"ttg\.local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x(\d+)x(\d+)x(bf16|f16|f32)", ttgir)
     rings: dict[str, int] = {}
-    for depth, r, c, ty in allocs:
+    for depth, r, c, _dtype in allocs:
         key = f"{depth}x[{r}x{c}]"
         rings[key] = rings.get(key, 0) + 1
     return {

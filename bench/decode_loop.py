@@ -1,4 +1,4 @@
-"""Decode loop under CUDA graphs: kvsplit (device plan, host plan) vs FlashInfer (issue 11, item 4).
+"""Decode loop under CUDA graphs: kvsplit (device plan, host plan) vs FlashInfer.
 
 A random-weight model with Qwen3-30B-A3B's attention shape (32 q heads, 4 KV
 heads, head_dim 128, bf16, page 16, hidden 2048; per layer a qkv projection,
@@ -256,8 +256,8 @@ def main(argv=None) -> int:
     rows, ok = [], True
     t_start = time.perf_counter()
     dev_wrapper = None
-    # the wrapper's graph default (round 17: limits.graph_default_config's tile, stream_k at its residency) planned
-    # on the device and the same rule on the host (the device planner's graph must run as fast), and round 16's
+    # the wrapper's graph default (limits.graph_default_config's tile, stream_k at its residency) planned
+    # on the device and the same rule on the host (the device planner's graph must run as fast), and the earlier
     # default tile (128, 4, 2) under stream_k's own default (2 CTAs per SM), as this bench ran it before
     r16 = {"block_n": 128, "num_warps": 4, "num_stages": 2}
     for name, planner, policy, params in (("kvsplit device plan (default)", "device", None, None),

@@ -1,11 +1,13 @@
-"""H200 oracle sweep: every candidate plan of issue 9's search space on every case, plus the
+"""H200 oracle sweep: every candidate plan of the tuning search space on every case, plus the
 baselines and FlashInfer's own decode kernel, in one process (one read-bandwidth figure).
 
 Usage (on a CUDA machine, from the repo root)::
 
-    python bench/gpu_sweep.py --cases bench/data/sweep_cases.json --out $OUT [--budget-s 480]
+    python bench/gpu_sweep.py --cases eval --out $OUT [--budget-s 480]
+    python bench/gpu_sweep.py --cases train --mode train --out $OUT      # the timings the shipped table is built from
 
-Cases come from ``scripts/make_sweep_cases.py`` (CPU). Steps:
+Cases (``--cases``, :func:`load_cases`): the evaluation or training batches of
+``kvsplit.tuner.workloads``, each with the plan the shipped table serves it. Steps:
 
 1. read bandwidth (streaming-read kernel over 4 GB), software versions;
 2. residency: each kernel config is compiled once; its registers/thread and shared
@@ -15,14 +17,14 @@ Cases come from ``scripts/make_sweep_cases.py`` (CPU). Steps:
 4. phase 1: the full grid -- ``balanced`` and ``stream_k`` x ctas_per_sm {1,2,3,4,6,8,16}
    x BLOCK_N {64,128,256} x warps {4,8} x stages {2,3} -- on a subset of the reference
    cases; the candidates within 3 % of a case's best form the pool of phase 2;
-5. phase 2: every case x (pool + baselines: balanced (wave-aware), round-1 balanced,
-   round-1 served plan, fa3, FlashInfer's rules) and FlashInfer 0.7.2's own
+5. phase 2: every case x (pool + baselines: balanced (wave-aware), fa3, FlashInfer's rules)
+   and FlashInfer 0.7.2's own
    ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True, backend="fa2")`` when
    importable (else recorded as missing, never faked).
 
-Timing (DESIGN.md §7): each plan is captured in a CUDA graph on the hot path
-(``out``, a preallocated workspace, ``validate=False``, plan uploaded) and its replays are
-timed with ``triton.testing.do_bench`` (median). The KV cache is random bf16 on shuffled
+Timing (DESIGN.md §7, ``kvsplit.tuner.gpu.GpuTimer.time_plan``): each plan is captured in a
+CUDA graph on the hot path (``out``, a preallocated workspace, ``validate=False``, plan
+uploaded) and its replays are timed with ``triton.testing.do_bench`` (median). The KV cache is random bf16 on shuffled
 pages, several GB (far above the 60 MB L2). Every record is one JSON line in
 OUT/sweep.jsonl; times are also given as ratios to the read floor.
 """
@@ -36,13 +38,12 @@ import time
 import traceback
 
 import numpy as np
-import torch
-import triton
 
 from kvsplit.kernels import decode as dec
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.residency import occupancy
+from kvsplit.tuner.flashinfer_kernel import load as load_flashinfer
 from kvsplit.tuner.gpu import GpuTimer, software_versions
 from kvsplit.tuner.simfit import candidate_policy
 
@@ -86,26 +87,6 @@ def cand_params(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[in
     return pol, p
 
 
-def add_ref_case_args(ap: argparse.ArgumentParser) -> None:
-    """``--cases``, ``--T``, ``--families``, ``--B``: which reference cases (set ``ref``) a kernel A/B times."""
-    ap.add_argument("--cases", default="bench/data/sweep_cases.json")
-    ap.add_argument("--T", default="1048576", help="comma-separated total tokens to keep")
-    ap.add_argument("--families", default="uniform,skewed40,skewed60,skewed80,2x40")
-    ap.add_argument("--B", default="", help="batch sizes to keep (comma-separated); default all")
-    ap.add_argument("--sets", default="ref", help="case sets to keep (comma-separated: ref, jitter, trace, ...); "
-                                                  "--T and --families select among the ref set only")
-
-
-def ref_cases(args: argparse.Namespace) -> list[dict]:
-    """The cases of ``args.cases`` selected by :func:`add_ref_case_args`'s options."""
-    Ts = {int(t) for t in args.T.split(",")}
-    fams = set(args.families.split(","))
-    Bs = {int(b) for b in args.B.split(",") if b}
-    sets = set(getattr(args, "sets", "ref").split(","))
-    return [c for c in json.load(open(args.cases))["cases"] if c["set"] in sets
-            and (c["set"] != "ref" or (c["T"] in Ts and c["family"] in fams)) and (not Bs or c["B"] in Bs)]
-
-
 def named(name: str) -> tuple[str, tuple[str, dict]]:
     """``(name, (policy, params))`` of a candidate name."""
     got = candidate_policy(name)
@@ -127,79 +108,72 @@ TRAIN_CANDIDATES = [
 ]
 
 
-class Bench:
-    def __init__(self, hq: int, hkv: int, max_tokens: int, max_batch: int):
-        self.t = GpuTimer(num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, dtype="bfloat16", page_size=16,
-                          max_tokens=max_tokens, max_batch=max_batch)
-        self.hq, self.hkv = hq, hkv
-        self.ws = dec.make_workspace(hq, 128, max_partials=1 << 16, max_batch=max_batch, device="cuda")
-        self.out = {}
+def load_cases(spec: str, *, prev_policies: str | None = None, alt_policies: str | None = None,
+               oracle_from: str | None = None) -> list[dict]:
+    """The cases of ``--cases``: ``eval`` (``kvsplit.tuner.workloads.evaluation_cases``, the 182 evaluation
+    batches), ``train`` (``training_cases``, the 280 training batches) or a JSON case file (``{"cases": [...]}``,
+    the same dict form). Each case gets ``served``, the plan the shipped table (service/data/h200_policies.json)
+    serves it, unless the file already records one; ``served_prev`` / ``served_alt`` the plan of another policy
+    export (the table a rebuild replaces / a second candidate table), timed back to back with ``served`` by
+    ``--mode retime``; ``oracle_names`` the three fastest named plans per case of an earlier run."""
+    from kvsplit.kernels.policy_table import PolicyTable
+    from kvsplit.tuner.workloads import evaluation_cases, training_cases
 
-    def time_plan(self, plan, rep_ms: float) -> float:
-        b = self.t.batch(plan.kv_lens)
-        B = plan.batch_size
-        out = self.out.get(B)
-        if out is None:
-            out = self.out[B] = torch.empty((B, self.hq, 128), dtype=torch.bfloat16, device="cuda")
-        if plan.num_partials > self.ws.max_partials:
-            raise ValueError(f"plan needs {plan.num_partials} partials")
-        plan.to("cuda")
-        args = (b["q"], self.t.k_cache, self.t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
-        dec.decode_attention(*args, out=out, workspace=self.ws, validate=False)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            dec.decode_attention(*args, out=out, workspace=self.ws, validate=False)
-        g.replay()
-        ms = triton.testing.do_bench(g.replay, warmup=2, rep=rep_ms, return_mode="median")
-        del g
-        return ms * 1e-3
+    if spec == "eval":
+        cases = evaluation_cases()
+    elif spec == "train":
+        cases = training_cases()
+    else:
+        cases = json.load(open(spec))["cases"]
+
+    def table(path: str) -> PolicyTable:
+        raw = json.load(open(path))
+        return PolicyTable.from_export(raw, version=raw.get("policies_version"))
+
+    def served_by(tab: PolicyTable, c: dict) -> dict:
+        p, bucket, info = tab.plan(np.asarray(c["kv_lens"]), gpu=GPU, num_qo_heads=c["num_qo_heads"],
+                                   num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
+        return {"policy": p.policy, "params": p.params, "source": info["source"], "distance": bucket["distance"],
+                "matched": bucket["matched"]}
+
+    for key, path in (("served", "service/data/h200_policies.json"), ("served_prev", prev_policies),
+                      ("served_alt", alt_policies)):
+        if path is None:
+            continue
+        tab = table(path)
+        for c in cases:
+            if key != "served" or "served" not in c:
+                c[key] = served_by(tab, c)
+    if oracle_from:
+        by_id = {c["id"]: c for c in cases}
+        for line in open(oracle_from):
+            r = json.loads(line)
+            if r.get("kind") != "case" or r["case"] not in by_id:
+                continue
+            t = {k: v for k, v in r["times"].items() if v and "|" in k}
+            have = by_id[r["case"]].get("oracle_names", [])
+            by_id[r["case"]]["oracle_names"] = have + [k for k in sorted(t, key=t.get)[:3] if k not in have]
+    return cases
 
 
-def fi_timer(bench: Bench):
-    """FlashInfer's own kernel on the same cache and batches, or None when not importable."""
-    try:
-        import flashinfer  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        print(f"flashinfer_kernel: missing ({exc!r}); no figure recorded", flush=True)
+def fi_timer(timer: GpuTimer):
+    """FlashInfer's own tensor-core decode on the timer's cache (``kvsplit.tuner.flashinfer_kernel``) as
+    ``run(kv_lens, rep_ms) -> seconds``, or None (printed) when FlashInfer does not import."""
+    fi, note = load_flashinfer(timer)
+    if fi is None:
+        print(f"flashinfer_kernel: {note}; no figure recorded", flush=True)
         return None
-    import flashinfer
-
-    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True, backend="fa2")
-
-    def run(lens: np.ndarray, rep_ms: float) -> float:
-        b = bench.t.batch(lens)
-        pages = np.maximum(-(-lens // 16), 1)
-        last = lens - (pages - 1) * 16
-        wrapper.plan(b["kv_indptr"], b["kv_indices"], torch.from_numpy(last.astype(np.int32)).cuda(),
-                     bench.hq, bench.hkv, 128, 16, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        out = torch.empty_like(b["q"])
-        kv = (bench.t.k_cache, bench.t.v_cache)
-        wrapper.run(b["q"], kv, out=out)
-        torch.cuda.synchronize()
-        try:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                wrapper.run(b["q"], kv, out=out)
-            fn = g.replay
-        except Exception:  # noqa: BLE001  (capture refused: time plain launches)
-            torch.cuda.synchronize()
-            fn = lambda: wrapper.run(b["q"], kv, out=out)  # noqa: E731
-        fn()
-        ms = triton.testing.do_bench(fn, warmup=2, rep=rep_ms, return_mode="median")
-        ref = dec.reference_decode_attention(b["q"], bench.t.k_cache, bench.t.v_cache, b["kv_indptr"],
-                                             b["kv_indices"], b["kv_lens"]) if len(lens) <= 64 else None
-        if ref is not None:
-            err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
-            assert err < 2e-2, f"flashinfer error {err}"
-        return ms * 1e-3
-
-    return run
+    return lambda lens, rep_ms: fi.time(lens, warmup_ms=2.0, rep_ms=rep_ms)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default="bench/data/sweep_cases.json")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="eval", help="eval (the 182 evaluation batches), train (the 280 training "
+                                                    "batches) or a JSON case file")
+    ap.add_argument("--prev-policies", default=None, help="a policy export: its plan per case as served_prev")
+    ap.add_argument("--alt-policies", default=None, help="a policy export: its plan per case as served_alt")
+    ap.add_argument("--oracle-from", default=None, help="an earlier run's JSONL: its 3 fastest plans per case "
+                                                        "become the case's oracle_names (--mode retime)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--phase1-cases", type=int, default=24)
@@ -233,7 +207,8 @@ def main() -> None:
         log.write(json.dumps(rec) + "\n")
         log.flush()
 
-    all_cases = json.load(open(args.cases))["cases"]
+    all_cases = load_cases(args.cases, prev_policies=args.prev_policies, alt_policies=args.alt_policies,
+                           oracle_from=args.oracle_from)
     cases = all_cases[args.skip_cases:]
     info = software_versions()
     emit({"kind": "versions", **info})
@@ -242,11 +217,12 @@ def main() -> None:
     benches = {}
     for hq, hkv in shapes:
         mine = [c for c in all_cases if (c["num_qo_heads"], c["num_kv_heads"]) == (hq, hkv)]
-        benches[(hq, hkv)] = Bench(hq, hkv, max(sum(c["kv_lens"]) for c in mine) + 4096,
-                                   max(len(c["kv_lens"]) for c in mine))
-    bw = benches[shapes[0]].t.read_bandwidth()
+        benches[(hq, hkv)] = GpuTimer(num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, dtype="bfloat16",
+                                      page_size=16, max_tokens=max(sum(c["kv_lens"]) for c in mine) + 4096,
+                                      max_batch=max(len(c["kv_lens"]) for c in mine))
+    bw = benches[shapes[0]].read_bandwidth()
     for b in benches.values():
-        b.t._bw = bw
+        b._bw = bw
     emit({"kind": "bandwidth", "bytes_per_s": bw})
     print(f"{info} read bandwidth {bw / 1e12:.3f} TB/s  [{time.time() - t0:.0f}s]", flush=True)
 
@@ -265,7 +241,7 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001  (Triton-internal cache layout)
             print(f"residency: cannot read Triton's kernel cache ({exc!r})", flush=True)
             before = None
-        qb.time_plan(p, 1.0)
+        qb.time_plan(p, warmup_ms=1.0, rep_ms=1.0)
         if before is None:
             continue
         new = [k for cache in dec._decode_stage1_kernel.device_caches.values() for k in cache[0].values()
@@ -288,7 +264,7 @@ def main() -> None:
         rng = np.random.default_rng(hkv)
         lens = np.concatenate([[int(rng.integers(20000, 60000))], rng.integers(0, 3000, 40)])
         p = make_plan(lens, num_kv_heads=hkv, device=GPU, policy=pol, params=prm)
-        err = bb.t.max_error(p)
+        err = bb.max_error(p)
         emit({"kind": "check", "policy": pol, "params": prm, "max_rel_err": err})
         print(f"check {pol} {prm}: max rel err {err:.2e}", flush=True)
         assert err < 2e-2
@@ -296,12 +272,12 @@ def main() -> None:
     def time_case(c, names_plans, fi=None):
         bb = benches[(c["num_qo_heads"], c["num_kv_heads"])]
         L = np.asarray(c["kv_lens"], dtype=np.int64)
-        floor = bb.t.hbm_floor_s(L)
+        floor = bb.hbm_floor_s(L)
         res = {}
         for name, (pol, prm) in names_plans:
             try:
                 p = make_plan(L, num_kv_heads=c["num_kv_heads"], device=GPU, policy=pol, params=prm)
-                s = bb.time_plan(p, args.rep_ms)
+                s = bb.time_plan(p, warmup_ms=2.0, rep_ms=args.rep_ms)
                 res[name] = s
             except ValueError as exc:
                 res[name] = None
@@ -393,8 +369,8 @@ def main() -> None:
             # (docs/results.md, "Method"): time the served plan once and throw that figure away
             time_case({**c, "id": -1 - c["id"]}, [served])
             plans = [served]
-            # back to back: the plan the table before the last rebuild served (make_sweep_cases.py's served_prev)
-            # and a second candidate table's plan (make_sweep_cases.py --alt-policies' served_alt)
+            # back to back: the plan the table before the last rebuild served (--prev-policies: served_prev)
+            # and a second candidate table's plan (--alt-policies: served_alt)
             plans += [(k, (c[k]["policy"], c[k]["params"])) for k in ("served_prev", "served_alt") if k in c]
             plans += [named(n) for n in c.get("oracle_names", [])]
             plans += list(BASELINES.items())
@@ -453,7 +429,7 @@ def main() -> None:
     emit({"kind": "pool", "pool": sorted(pool)})
     print(f"pool ({len(pool)}): {sorted(pool)}", flush=True)
 
-    # phase 2: every case x (pool + baselines + round-1 served + FlashInfer's kernel)
+    # phase 2: every case x (pool + baselines + FlashInfer's kernel)
     pool_plans = [named(n) for n in sorted(pool)]
     fis = {k: fi_timer(b) for k, b in benches.items()}
     order = [c for c in cases if c not in pick] + pick
@@ -462,7 +438,7 @@ def main() -> None:
             print("budget reached; stopping", flush=True)
             break
         plans = list(pool_plans) + list(BASELINES.items())
-        plans.append(("served_r1", (c["served_r1"]["policy"], c["served_r1"]["params"])))
+        plans += [("served_r1", (c["served_r1"]["policy"], c["served_r1"]["params"]))] if "served_r1" in c else []
         res, floor = time_case(c, plans, fis[(c["num_qo_heads"], c["num_kv_heads"])])
         ok = {k: v for k, v in res.items() if v}
         best = min(v for k, v in ok.items() if k != "flashinfer_kernel")

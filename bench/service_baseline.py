@@ -1,4 +1,4 @@
-"""The plain FastAPI baseline of the plan-service benchmark (docs/perf.md, "Plan service").
+"""The plain FastAPI baselines of the plan-service benchmark (bench/service_bench.py).
 
 What a straightforward service would do: FastAPI parses the ``POST /v1/plan``
 body into a pydantic model with ``kv_lens: list[int]`` and returns it (no

@@ -149,7 +149,7 @@ def main() -> None:
             pids[name] = procs[-1].pid
         for name, u in servers.items():
             wait_up(u + {"kvsplit serve": "/healthz", "raw ASGI hello (floor)": "/"}.get(name, "/openapi.json"))
-        for name, u in servers.items():
+        for u in servers.values():
             wrk(u, 3, args.connections, args.batch, args.bodies)  # warm-up
         rss0 = {name: rss_mb([pids[name]]) for name in servers}
         rounds: dict[str, list] = {name: [] for name in servers}

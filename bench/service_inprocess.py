@@ -11,7 +11,7 @@ Builds the service on a temporary SQLite store with the shipped H200 policy tabl
 * the whole ASGI call (scope in, both response messages out) of ``kvsplit serve``'s app, of the plain
   FastAPI ``async def`` echo of ``bench/service_baseline.py`` and of its raw ASGI hello-world.
 
-    .venv/bin/python bench/service_inprocess.py [--reps 7]
+    .venv/bin/python -m bench.service_inprocess [--reps 7]      # from the repository root
 """
 
 from __future__ import annotations
@@ -20,27 +20,20 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from kvsplit.tuner.workloads import plan_request_mix
 
 
 def make_bodies(n: int = 400, batch: int = 256, seed: int = 12345) -> list[bytes]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        lens = np.floor(2 ** (rng.random(batch) * 15)).astype(int).tolist()
-        out.append(('{"gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,'
-                    '"dtype":"bfloat16","page_size":16,"kv_lens":[' + ",".join(map(str, lens)) + "]}").encode())
-    return out
+    """``n`` POST /v1/plan bodies of the reference shape, kv_lens from :func:`plan_request_mix`."""
+    return [('{"gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,'
+             '"dtype":"bfloat16","page_size":16,"kv_lens":[' + ",".join(map(str, lens.tolist())) + "]}").encode()
+            for lens in plan_request_mix(n, batch, seed=seed)]
 
 
 def scope_of(body: bytes) -> dict:
@@ -87,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
-    from service_bench import fill_store
+    from bench.service_bench import fill_store
 
     tmp = tempfile.mkdtemp(prefix="kvsplit-inproc-")
     url = f"sqlite:///{tmp}/bench.db"
@@ -104,7 +97,7 @@ def main() -> None:
         from kvsplit.service.routers.plan import _LOOKUPS
     except ImportError:
         fastparse, _LOOKUPS = None, {}
-    try:  # the compiled answer path (round 4)
+    try:  # the compiled answer path
         from kvsplit.service import fastjson
         from kvsplit.service.routers.plan import _KV_OPEN, _fragments
         from kvsplit.service.validation import scan_request
@@ -112,7 +105,7 @@ def main() -> None:
     except ImportError:
         compiled = False
 
-    import service_baseline
+    from bench import service_baseline
 
     bodies = make_bodies()
     app = create_app()

@@ -34,7 +34,7 @@ def pytest_sessionstart(session):
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device: see docs/perf.md)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run the suite on a GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)

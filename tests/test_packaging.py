@@ -34,3 +34,7 @@ def test_wheel_has_every_module_and_data_file(tmp_path):
     missing = sorted(expected - names)
     assert not missing, f"not in the wheel: {missing}"
     assert not any(n.startswith(("kernels/", "db/", "service/", "tuner/")) for n in names)  # no top-level modules
+    # the license pyproject declares travels with the wheel, word for word
+    (lic,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    assert zipfile.ZipFile(wheel).read(lic).decode() == (ROOT / "LICENSE").read_text()
+    assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]

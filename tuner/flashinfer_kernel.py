@@ -8,9 +8,9 @@ the same process, the same way: ``plan()`` once per batch, ``run(..., out=)`` ca
 graph and its replays timed with ``triton.testing.do_bench`` (median).
 
 FlashInfer is an optional dependency (``pip install flashinfer-python``; on a machine without
-internet, the team tool ``flashinfer_for_device.sh`` packs it; scripts/device_two_gpu.sh shows the use). :func:`load` returns ``None``
-with the reason when it does not import, and callers print that the baseline is missing: no
-figure is ever made up.
+internet, the team tool ``flashinfer_for_device.sh`` packs it and bench/device_env.sh installs the
+pack). :func:`load` returns ``None`` with the reason when it does not import, and callers print
+that the baseline is missing: no figure is ever made up.
 """
 
 from __future__ import annotations
@@ -42,8 +42,11 @@ class FlashInferDecode:
         self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._ws, "NHD", use_tensor_cores=True,
                                                                       backend="fa2")
 
-    def time(self, kv_lens: Any, *, warmup_ms: float = 10.0, rep_ms: float = 40.0) -> float:
-        """Median time in seconds of FlashInfer's decode of the batch ``kv_lens`` (int ``[B]``, every kv_len >= 1).
+    def prepare(self, kv_lens: Any) -> tuple[Any, Any]:
+        """Plan FlashInfer's decode of the batch ``kv_lens`` (int ``[B]``, every kv_len >= 1) on the timer's cache.
+
+        Returns ``(launch, out)``: ``launch()`` runs the decode into ``out`` (``[B, H_q, D]``, q's dtype) and is
+        CUDA-graph capturable.
 
         Raises
         ------
@@ -51,7 +54,6 @@ class FlashInferDecode:
             A kv_len of 0 (FlashInfer's paged layout needs one page per request).
         """
         import torch
-        import triton
 
         lens = np.asarray(kv_lens, dtype=np.int64)
         if (lens < 1).any():
@@ -65,15 +67,15 @@ class FlashInferDecode:
                            t.num_kv_heads, t.head_dim, ps, q_data_type=b["q"].dtype, kv_data_type=t.k_cache.dtype)
         out = torch.empty_like(b["q"])
         kv = (t.k_cache, t.v_cache)
-        self._wrapper.run(b["q"], kv, out=out)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._wrapper.run(b["q"], kv, out=out)
-        graph.replay()
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-        return ms * 1e-3
+        return (lambda: self._wrapper.run(b["q"], kv, out=out)), out
+
+    def time(self, kv_lens: Any, *, warmup_ms: float = 10.0, rep_ms: float = 40.0) -> float:
+        """Median time in seconds of FlashInfer's decode of the batch ``kv_lens`` (:meth:`prepare`; CUDA-graph
+        replays, do_bench median). Raises ValueError as :meth:`prepare`."""
+        from .gpu import graph_median_s
+
+        launch, _ = self.prepare(kv_lens)
+        return graph_median_s(launch, warmup_ms=warmup_ms, rep_ms=rep_ms)
 
 
 def load(timer: Any) -> tuple[FlashInferDecode | None, str]:

@@ -7,13 +7,20 @@ normal data (never zeros), spans at least ``max_tokens`` tokens over shuffled
 pages, and is larger than the L2 for the reference workload. The read bandwidth
 of the same GPU is measured in the same process with a streaming-read Triton
 kernel over a multi-GB buffer; times are reported against the **HBM floor**
-``sum(kv_len) * H_kv * D * 2 * dtype_bytes / read_bandwidth``.
+``sum(kv_len) * H_kv * D * 2 * dtype_bytes / read_bandwidth``. The **paged read
+floor** (:meth:`GpuTimer.paged_read_floor_s`) is what reading the batch's pages
+whole, in the shuffled page table's order, costs without any attention math.
+
+Every GPU benchmark of the repository (bench/gpu_sweep.py, bench/peers.py) and
+``kvsplit bench --backend gpu`` time through this module: :func:`graph_median_s`
+for any callable, :class:`GpuTimer` for kvsplit's plans and the shared cache.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +30,7 @@ import triton.language as tl
 from ..kernels.decode import decode_attention, make_workspace, reference_decode_attention
 from ..kernels.plan import DTYPES, Plan
 
-__all__ = ["GpuTimer", "measure_read_bandwidth", "software_versions"]
+__all__ = ["GpuTimer", "graph_median_s", "measure_read_bandwidth", "software_versions"]
 
 _TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -38,6 +45,62 @@ def _stream_read_kernel(X, OUT, n_elements, BLOCK: tl.constexpr, ITERS: tl.const
         x = tl.load(X + offs, mask=offs < n_elements, other=0.0)
         acc += x.to(tl.float32)
     tl.store(OUT + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _paged_read_kernel(K, V, OUT, KV_INDICES, n_pages, stride_kp, stride_vp,
+                       PAGE_ELEMS: tl.constexpr, PAGES_PER_PROG: tl.constexpr):
+    # whole pages (all KV heads of a page: K and V each one contiguous box), page ids loaded independently
+    pid = tl.program_id(0)
+    offs = tl.arange(0, PAGE_ELEMS).to(tl.int64)
+    acc = tl.zeros([PAGE_ELEMS], dtype=tl.float32)
+    for i in tl.static_range(PAGES_PER_PROG):
+        j = pid * PAGES_PER_PROG + i
+        ok = j < n_pages
+        page = tl.load(KV_INDICES + j, mask=ok, other=0).to(tl.int64)
+        k = tl.load(K + page * stride_kp + offs, mask=ok & (offs >= 0), other=0.0)
+        v = tl.load(V + page * stride_vp + offs, mask=ok & (offs >= 0), other=0.0)
+        acc += k.to(tl.float32) + v.to(tl.float32)
+    tl.store(OUT + pid, tl.sum(acc, axis=0))
+
+
+PAGED_READ_CONFIGS = ((4, 8), (8, 8), (2, 4))
+"""(pages per program, warps) of the paged read floor's kernel; the floor is the fastest of them."""
+
+
+def graph_median_s(fn: Any, *, warmup_ms: float = 10.0, rep_ms: float = 40.0) -> float:
+    """Median time in seconds of ``fn()`` (launches only, no host synchronization inside) replayed from a CUDA graph.
+
+    ``fn`` runs twice on a side stream (allocator and compile warm-up), is captured once in a
+    ``torch.cuda.CUDAGraph``, and the graph's replays are timed with ``triton.testing.do_bench``
+    (event-timed, the 256 MB L2 flush between repetitions, ``return_mode="median"``), the method of
+    DESIGN.md §7. ``fn`` must be capturable (fixed pointers, no host sync).
+
+    Raises
+    ------
+    RuntimeError
+        CUDA is not available, or ``fn`` cannot be captured (torch's capture error, chained).
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("graph_median_s: CUDA is not available")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # torch raises several types for a refused capture
+        raise RuntimeError(f"graph_median_s: capture failed ({type(exc).__name__}: {exc})") from exc
+    graph.replay()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+    del graph
+    return ms * 1e-3
 
 
 def measure_read_bandwidth(nbytes: int = 4 << 30, device: Any = "cuda") -> float:
@@ -121,6 +184,8 @@ class GpuTimer:
         self._perm = torch.randperm(self.num_pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
         self._batches: dict[bytes, dict[str, torch.Tensor]] = {}
         self._bw: float | None = None
+        self._ws = None
+        self._ws_capacity = (0, 0)
         self._gen = g
 
     # -- reference figures ----------------------------------------------------
@@ -194,26 +259,54 @@ class GpuTimer:
             raise ValueError("plan: made for another shape/dtype than this GpuTimer")
         b = self.batch(plan.kv_lens)
         out = torch.empty_like(b["q"])
-        ws = make_workspace(self.num_qo_heads, self.head_dim, max_partials=plan.num_partials,
-                            max_batch=plan.batch_size, device=self.device)
+        ws = self.workspace_for(plan)
         plan.to(self.device)
         args = (b["q"], self.k_cache, self.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
         decode_attention(*args, out=out, workspace=ws, validate=True)  # compile + checks
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                decode_attention(*args, out=out, workspace=ws, validate=False)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            decode_attention(*args, out=out, workspace=ws, validate=False)
-        graph.replay()
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-        del graph
-        return ms * 1e-3
+        return graph_median_s(lambda: decode_attention(*args, out=out, workspace=ws, validate=False),
+                              warmup_ms=warmup_ms, rep_ms=rep_ms)
+
+    def workspace_for(self, plan: Plan):
+        """The decode workspace, reallocated only when ``plan`` needs more partials or a larger batch."""
+        have_parts, have_batch = self._ws_capacity
+        if self._ws is None or plan.num_partials > have_parts or plan.batch_size > have_batch:
+            parts, batch = max(plan.num_partials, have_parts, 1 << 12), max(plan.batch_size, have_batch)
+            self._ws = None  # free the old one first
+            self._ws = make_workspace(self.num_qo_heads, self.head_dim, max_partials=parts, max_batch=batch,
+                                      device=self.device)
+            self._ws_capacity = (parts, batch)
+        return self._ws
+
+    def paged_read_floor_s(self, kv_lens: Sequence[int] | np.ndarray, *, warmup_ms: float = 10.0,
+                           rep_ms: float = 40.0) -> float:
+        """The paged read floor of a batch in seconds: the fastest of :data:`PAGED_READ_CONFIGS` of a read-only
+        kernel that reads every page of the batch whole (K and V of all KV heads), in the page table's order,
+        and sums them (CUDA-graph replays, do_bench median). What any kernel over this paged cache pays before
+        the attention math, the split and the merge; partial last pages are read whole.
+
+        Raises
+        ------
+        ValueError
+            ``page_size * num_kv_heads * head_dim`` is not a power of two (the kernel reads a page as one box).
+        """
+        elems = self.page_size * self.num_kv_heads * self.head_dim
+        if elems & (elems - 1):
+            raise ValueError(f"paged read floor: page_size * num_kv_heads * head_dim = {elems} is not a power of two")
+        b = self.batch(np.asarray(kv_lens, dtype=np.int64))
+        idx = b["kv_indices"]
+        n_pages = int(idx.shape[0])
+        out = torch.empty(n_pages, dtype=torch.float32, device=self.device)
+        best = math.inf
+        for ppp, warps in PAGED_READ_CONFIGS:
+            grid = (triton.cdiv(n_pages, ppp),)
+
+            def run(ppp=ppp, warps=warps, grid=grid) -> None:
+                _paged_read_kernel[grid](self.k_cache, self.v_cache, out, idx, n_pages, self.k_cache.stride(0),
+                                         self.v_cache.stride(0), PAGE_ELEMS=elems, PAGES_PER_PROG=ppp,
+                                         num_warps=warps)
+
+            best = min(best, graph_median_s(run, warmup_ms=warmup_ms, rep_ms=rep_ms))
+        return best
 
     def ratio_to_floor(self, plan: Plan, seconds: float) -> float:
         floor = self.hbm_floor_s(plan.kv_lens)

@@ -16,7 +16,7 @@ tokens for every family.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -219,7 +219,7 @@ def _check_trace_name(name: str) -> TraceSpec:
     return TRACES[name]
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_trace(name: str, *, verify: bool = False) -> Trace:
     """Read a shipped trace (cached). ``verify=True`` checks the file's sha256 first.
 
@@ -252,7 +252,7 @@ def load_trace(name: str, *, verify: bool = False) -> Trace:
             elif spec.time_kind == "datetime":
                 stamp = row[spec.time_col]
                 head, _, frac = stamp.partition(".")
-                t = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc)
+                t = dt.datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
                 times.append(t.timestamp() + (float("0." + frac) if frac else 0.0))
     arr = None
     if times:
@@ -525,3 +525,140 @@ def _replay_cached(name: str, max_batch_size: int, rate_scale: float | None, tok
                    max_kv_len: int | None) -> Replay:
     return replay_trace(name, max_batch_size=max_batch_size, rate_scale=rate_scale, token_budget=token_budget,
                         max_kv_len=max_kv_len)
+
+
+# ----------------------------------------------------------------------------
+# Case sets: the batches the GPU benchmarks time (bench/gpu_sweep.py, bench/peers.py)
+# ----------------------------------------------------------------------------
+
+REFERENCE_SHAPE = {"num_qo_heads": 32, "num_kv_heads": 4}
+"""H_q / H_kv of the reference workload (Qwen3-30B-A3B's attention; head_dim 128, bf16, page 16)."""
+
+TRACE_EVAL_BATCH_SIZES = (8, 32, 128, 512, 1024)
+"""Nominal B of the held-out trace batches of :func:`evaluation_cases` and :func:`trace_cases`."""
+
+
+def _case(cases: list[dict], set_name: str, family: str, batch_size: int, total: int, kv_lens: np.ndarray,
+          num_qo_heads: int = 32, num_kv_heads: int = 4) -> None:
+    lens = [int(x) for x in kv_lens]
+    cases.append({"id": len(cases), "set": set_name, "family": family, "B": len(lens), "B_nominal": int(batch_size),
+                  "T": int(total), "num_qo_heads": int(num_qo_heads), "num_kv_heads": int(num_kv_heads),
+                  "kv_lens": lens})
+
+
+def peer_reference_cases(total_tokens: int) -> list[tuple[str, int]]:
+    """The 49 (family, B) cases per total of the peer comparison: :func:`reference_cases` plus ``2x40`` at
+    B = 1 (one request of T tokens, the same batch as every family's B = 1), in the order of the H200 peer
+    measurements (family by family, B ascending)."""
+    cases = []
+    for fam in FAMILIES:
+        for B in REFERENCE_BATCH_SIZES:
+            if fam == "2x40" and 1 < B < 4:
+                continue
+            cases.append((fam, B))
+    return cases
+
+
+def trace_cases(batch_sizes: tuple[int, ...] = TRACE_EVAL_BATCH_SIZES, *, seed: int = 0) -> list[dict]:
+    """One held-out batch of every shipped trace at every nominal B of ``batch_sizes`` (``trace_batches(name, B,
+    num_train=1, num_heldout=1, seed)``'s held-out batch), as case dicts of set ``trace`` (``T`` is the batch's
+    own total). A (trace, B) for which the trace has no full-batch step is left out."""
+    cases: list[dict] = []
+    for name in TRACES:
+        for B in batch_sizes:
+            try:
+                _, held = trace_batches(name, B, num_train=1, num_heldout=1, seed=seed)
+            except ValueError:
+                continue
+            _case(cases, "trace", name, B, int(held[0].sum()), held[0])
+    return cases
+
+
+def evaluation_cases() -> list[dict]:
+    """The 182 evaluation batches (never tuned on), in this order, ids 0..181:
+
+    - ``ref`` (96): every (family, B) of :func:`reference_cases` at T = 262,144 and 1,048,576, H_q 32 / H_kv 4;
+    - ``jitter`` (30): one held-out jittered draw (``family_batches(seed=7, role="heldout")``) per family at
+      B 4 / 32 / 256 and both totals;
+    - ``untuned`` (20): every family at B 24 / 96 / 384 / 1024, T = 524,288 (batch sizes and a total no
+      training batch has);
+    - ``llama8b`` (11): Llama-3.1-8B's H_kv 8 (H_q 32) on uniform / skewed80 / 2x40 at B 4 / 32 / 256, T =
+      262,144, and uniform / skewed80 at B 16, T = 1,048,576;
+    - ``trace`` (25): :func:`trace_cases`.
+
+    Each case is a dict: ``id``, ``set``, ``family`` (or the trace's name), ``B`` (requests), ``B_nominal``,
+    ``T`` (total tokens), ``num_qo_heads``, ``num_kv_heads``, ``kv_lens`` (list of int). Deterministic.
+    """
+    cases: list[dict] = []
+    for T in REFERENCE_TOTALS:
+        for fam, B in reference_cases(T):
+            _case(cases, "ref", fam, B, T, family_kv_lens(fam, B, T))
+    for T in REFERENCE_TOTALS:
+        for fam in FAMILIES:
+            for B in (4, 32, 256):
+                _case(cases, "jitter", fam, B, T, family_batches(fam, B, T, num_batches=1, seed=7, role="heldout")[0])
+    for fam in FAMILIES:
+        for B in (24, 96, 384, 1024):
+            _case(cases, "untuned", fam, B, 524_288, family_kv_lens(fam, B, 524_288))
+    for fam in ("uniform", "skewed80", "2x40"):
+        for B in (4, 32, 256):
+            _case(cases, "llama8b", fam, B, 262_144, family_kv_lens(fam, B, 262_144), num_kv_heads=8)
+    for fam in ("uniform", "skewed80"):
+        _case(cases, "llama8b", fam, 16, 1_048_576, family_kv_lens(fam, 16, 1_048_576), num_kv_heads=8)
+    for c in trace_cases():
+        _case(cases, c["set"], c["family"], c["B_nominal"], c["T"], np.asarray(c["kv_lens"]))
+    return cases
+
+
+def training_cases() -> list[dict]:
+    """The 280 training batches the shipped table is tuned on (no evaluation batch among them), ids 0..279:
+
+    - ``train`` (100): one jittered *training* draw (``family_batches(seed=11, role="train")``) per family at
+      B 2..1024 (uniform from B 1; ``2x40`` from B 4) and T = 262,144 / 1,048,576, H_q 32 / H_kv 4;
+    - ``train_trace`` (40): one training batch of every shipped trace at B 8..1024;
+    - ``train_32_8`` / ``train_8_1`` (26 each): H_q 32 / H_kv 8 and 8 / 1 (Llama-3.1-8B; Llama-3.1-70B at
+      tensor parallelism 8) on uniform / skewed80 / 2x40 draws at B 1..256, both totals;
+    - ``train_even`` (88): near-equal lengths, ``round(T / B * U(0.995, 1.005))`` (at least 1), B 16..1024,
+      a total drawn log-uniformly within +-0.45 octave of 2^17 .. 2^20 (seeded), H_kv 4 and 8: requests
+      that started together with one prompt length decode in lockstep, which the +-10 % draws never show.
+
+    Same dict form as :func:`evaluation_cases`. Deterministic.
+    """
+    cases: list[dict] = []
+    for T in REFERENCE_TOTALS:
+        for fam in FAMILIES:
+            for B in REFERENCE_BATCH_SIZES + (1024,):
+                if (fam == "2x40" and B < 3) or (B == 1 and fam != "uniform"):
+                    continue
+                _case(cases, "train", fam, B, T, family_batches(fam, B, T, num_batches=1, seed=11, role="train")[0])
+    for name in TRACES:
+        for B in (8, 16, 32, 64, 128, 256, 512, 1024):
+            try:
+                train, _ = trace_batches(name, B, num_train=1, num_heldout=1, seed=0)
+            except ValueError:
+                continue
+            _case(cases, "train_trace", name, B, int(train[0].sum()), train[0])
+    for hq, hkv, batch_sizes in ((32, 8, (1, 4, 16, 64, 256)), (8, 1, (1, 4, 16, 64, 256))):
+        for T in REFERENCE_TOTALS:
+            for fam in ("uniform", "skewed80", "2x40"):
+                for B in batch_sizes:
+                    if (fam == "2x40" and B < 3) or (B == 1 and fam != "uniform"):
+                        continue
+                    lens = family_batches(fam, B, T, num_batches=1, seed=11, role="train")[0]
+                    _case(cases, f"train_{hq}_{hkv}", fam, B, T, lens, num_qo_heads=hq, num_kv_heads=hkv)
+    rng = np.random.default_rng(20261201)
+    for hq, hkv in ((32, 4), (32, 8)):
+        for B in (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024):
+            for e in (17, 18, 19, 20):
+                T = int(round(2 ** (e + rng.uniform(-0.45, 0.45))))
+                lens = np.maximum(np.rint(T / B * rng.uniform(0.995, 1.005, size=B)).astype(np.int64), 1)
+                _case(cases, "train_even", "uniform", B, int(lens.sum()), lens, num_qo_heads=hq, num_kv_heads=hkv)
+    return cases
+
+
+def plan_request_mix(num_requests: int = 400, batch_size: int = 256, *, seed: int = 12345) -> list[np.ndarray]:
+    """kv_lens of the plan-service benchmark's requests: ``num_requests`` batches of ``batch_size`` lengths
+    ``floor(2 ** U(0, 15))`` (log-uniform over 1..32,767 tokens), seeded; the mix bench/plan_post.lua sends
+    (its own Lua RNG, the same distribution). Returns int64 arrays."""
+    rng = np.random.default_rng(seed)
+    return [np.floor(2 ** (rng.random(batch_size) * 15)).astype(np.int64) for _ in range(num_requests)]

@@ -16,17 +16,14 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from service_support import GPU, TOTAL, fill_store  # noqa: E402
-
-from kvsplit.db import store  # noqa: E402
-from kvsplit.service.cli import app  # noqa: E402
-from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
+from kvsplit.db import store
+from kvsplit.service.cli import app
+from kvsplit.tuner.workloads import family_kv_lens
+from tests.service_support import GPU, TOTAL, fill_store
 
 SHAPE_ARGS = ["--gpu", GPU, "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128",
               "--dtype", "bfloat16", "--page-size", "16"]

@@ -10,16 +10,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from service_support import GPU, SHAPE, TOTAL, LiveServer, fill_store  # noqa: E402
-
-from kvsplit.service.client import PlanClient, PlanServiceError, plan_from_response  # noqa: E402
-from kvsplit.tuner.workloads import FAMILIES, family_kv_lens  # noqa: E402
+from kvsplit.service.client import PlanClient, PlanServiceError, plan_from_response
+from kvsplit.tuner.workloads import FAMILIES, family_kv_lens
+from tests.service_support import GPU, SHAPE, TOTAL, LiveServer, fill_store
 
 TOKEN = "tok-123"
 

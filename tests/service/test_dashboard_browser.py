@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from service_support import BATCH_SIZES, FAMILIES, GPU, TOTAL, LiveServer, fill_store, key_of  # noqa: E402
-
-from kvsplit.db import store  # noqa: E402
-from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
+from kvsplit.db import store
+from kvsplit.tuner.workloads import family_kv_lens
+from tests.service_support import BATCH_SIZES, FAMILIES, GPU, TOTAL, LiveServer, fill_store, key_of
 
 CHROMIUM = os.environ.get("KVSPLIT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]

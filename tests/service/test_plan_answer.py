@@ -17,7 +17,6 @@ plan (flashinfer, fa3), GPU-tuned and simulated entries and the fallback, and th
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -183,15 +182,14 @@ def test_every_source_and_policy_of_the_mixed_table(monkeypatch):
 
 def test_shipped_h200_table(monkeypatch):
     """The table ``make run`` serves (stream_k and balanced policies), bodies as bench/plan_post.lua sends."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from service_inprocess import make_bodies  # noqa: E402
+    from kvsplit.tuner.workloads import plan_request_mix
 
     raw = json.loads((ROOT / "service" / "data" / "h200_policies.json").read_text())
     table = PolicyTable.from_export(raw, version=raw["policies_version"])
     shape = _shape(hq=32)
     validation._HEADERS.clear()
-    for body in make_bodies(n=60, seed=4):
-        lens = np.array(json.loads(body)["kv_lens"], np.int64)
+    for lens in plan_request_mix(60, seed=4):
+        body = orjson.dumps(dict(shape, kv_lens=lens.tolist()))
         handle_plan(body, _state(table), JSON)
         _check(table, shape, lens, body, True, 1 << 24, monkeypatch)
     # near-even batches whose matched policies have the whole-wave rule on: the answer's config is the rule's
@@ -278,11 +276,9 @@ def test_metric_shortcuts_count_like_the_client():
 def test_requests_through_the_app_are_counted(tmp_path):
     from fastapi.testclient import TestClient
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from service_support import SHAPE, fill_store  # noqa: E402
-
     from kvsplit.service.app import create_app
     from kvsplit.service.settings import Settings
+    from tests.service_support import SHAPE, fill_store
 
     info = fill_store(f"sqlite:///{tmp_path}/store.db")
     app = create_app(Settings(database_url=info.url, admin_token=None, reload_interval_s=0))

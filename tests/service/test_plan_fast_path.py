@@ -7,8 +7,6 @@ first request of a header takes them) or with ``make_plan`` directly.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import orjson
@@ -17,15 +15,13 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from service_support import GPU, SHAPE, fill_store  # noqa: E402
-
 from kvsplit.kernels.plan import make_plan  # noqa: E402
 from kvsplit.service import validation  # noqa: E402
 from kvsplit.service.app import create_app  # noqa: E402
 from kvsplit.service.client import plan_from_response  # noqa: E402
 from kvsplit.service.settings import Settings  # noqa: E402
 from kvsplit.service.validation import RequestValidationFailed, parse_plan_request  # noqa: E402
+from tests.service_support import GPU, SHAPE, fill_store
 
 
 @pytest.fixture(scope="module")

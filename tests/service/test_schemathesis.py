@@ -26,8 +26,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("schemathesis")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from service_support import LiveServer, fill_store  # noqa: E402
+from tests.service_support import LiveServer, fill_store
 
 TOKEN = "schemathesis-token"
 ST = shutil.which("st", path=str(Path(sys.executable).parent)) or shutil.which("st")

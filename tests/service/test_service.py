@@ -6,9 +6,7 @@ import datetime
 import json
 import logging
 import re
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,15 +14,13 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from service_support import GPU, SHAPE, TOTAL, fill_store, key_of  # noqa: E402
-
 from kvsplit.db import store  # noqa: E402
 from kvsplit.kernels.plan import make_plan  # noqa: E402
 from kvsplit.service.app import create_app  # noqa: E402
 from kvsplit.service.client import plan_from_response  # noqa: E402
 from kvsplit.service.settings import Settings  # noqa: E402
 from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
+from tests.service_support import GPU, SHAPE, TOTAL, fill_store, key_of
 
 TOKEN = "s3cret-token"
 

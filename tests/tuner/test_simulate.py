@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from kvsplit.kernels.plan import make_plan
 from kvsplit.tuner.simulate import Calibration, fit_calibration, hbm_floor_s, predict
 from kvsplit.tuner.workloads import family_kv_lens
 
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
 H200 = DeviceSpec.known("NVIDIA H200")
 BPT = 128 * 2 * 2  # bytes per token per kv head, D=128 bf16
 
@@ -182,8 +185,8 @@ W8 = {"block_n": 64, "num_warps": 8, "num_stages": 2}  # measured on the H200: 9
 
 
 def test_residency_per_config_from_kernels_residency():
-    from kvsplit.kernels.residency import MEASURED, resident_ctas_per_sm
     from kvsplit.kernels.plan import KernelConfig
+    from kvsplit.kernels.residency import MEASURED, resident_ctas_per_sm
     from kvsplit.tuner.simulate import _prepare, resident_slots
 
     seen = set()
@@ -286,7 +289,7 @@ def test_per_config_constants_and_formats():
 
 
 def test_drain_terms_hand_worked():
-    """Round 7's drain terms (docs/simulator.md, "Round 7"): ``tail_sm_bw`` (the per-SM rate with n > 1 CTAs left
+    """The drain terms (docs/simulator.md): ``tail_sm_bw`` (the per-SM rate with n > 1 CTAs left
     in the drain) and ``fixed_overlap`` (the share of an SM's drain fixed cost its other residents hide)."""
     base = Calibration(hbm_bw=4e12, sm_bw=1e12, cta_bw=1e12, slots=2, tile_fixed_s=0.0, launch_s=0.0,
                        merge_launch_s=0.0, merge_partial_s=0.0, item_fixed_s=0.0, persistent_tile_s=0.0)
@@ -338,10 +341,11 @@ def test_drain_terms_hand_worked():
         dataclasses.replace(base, tail_sm_bw=-1.0)
 
 
-# predictions of round 6's calibration (service/data/h200_calibration.json before round 7) under the simulator
-# before round 7, H200, 4 kv heads: fi_rule_tc skewed80 B = 32 T = 1M (264 tiles), the served-like stream_k|c3
-# skewed80 B = 512 T = 262,144, balanced|c1|n64w4s3 uniform B = 24, balanced defaults skewed40 B = 256
-R6_PREDICTIONS = [
+# predictions of the calibration before the drain terms (``tail_sm_bw``, ``fixed_overlap``) and the merge refit,
+# under the simulator of that time, H200, 4 kv heads: fi_rule_tc skewed80 B = 32 T = 1M (264 tiles), the
+# served-like stream_k|c3 skewed80 B = 512 T = 262,144, balanced|c1|n64w4s3 uniform B = 24, balanced defaults
+# skewed40 B = 256
+PRE_DRAIN_PREDICTIONS = [
     (("skewed80", 32, 1048576, "flashinfer", {"tensor_cores": True}), 0.000868300660581164),
     (("skewed80", 512, 262144, "stream_k", {"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2}),
      0.00018927047140211608),
@@ -349,14 +353,16 @@ R6_PREDICTIONS = [
      0.0004207174904227638),
     (("skewed40", 256, 262144, "balanced", {}), 0.0001563364926703516),
 ]
+# the three merge constants before their refit on the merge-heavy timings (the refit kept every other constant)
+PRE_REFIT_MERGE = {"merge_launch_s": 3.3257801454953053e-06, "merge_partial_s": 3.0068133077121098e-09,
+                   "merge_split_s": 6.65156029099061e-08}
 
 
 def test_calibration_without_drain_terms_predicts_as_before():
-    """The shipped calibration with round 7's fields removed (and round 13's merge constants put back as they
-    were before scripts/fit_merge.py) is round 6's (scripts/fit_drain.py keeps every other constant) and
-    predicts exactly what the simulator before round 7 did; with them, the drain plans fi_rule_tc and stream_k
-    plans are predicted lower (measured 18-22 % below round 6)."""
-    from pathlib import Path
+    """The shipped calibration with the drain terms removed and the merge constants put back as they were before
+    their refit is the calibration before both (the drain fit keeps every other constant) and predicts exactly
+    what the simulator predicted then; with them, the drain plans fi_rule_tc and stream_k plans are predicted
+    lower (measured 18-22 % below the predictions without them)."""
 
     root = Path(__file__).resolve().parents[2]
     d = json.loads((root / "service/data/h200_calibration.json").read_text())["constants"]
@@ -366,46 +372,51 @@ def test_calibration_without_drain_terms_predicts_as_before():
     old["per_config"] = {k: {n: v for n, v in o.items() if n not in ("fixed_overlap", "tail_sm_bw")}
                          for k, o in d["per_config"].items()}
     old = {**old, "per_config": {k: o for k, o in old["per_config"].items() if o}}
-    # round 13 refitted the three merge constants (scripts/fit_merge.py); its report holds the values before
-    fit13 = json.loads((root / "docs/data/h200_r13/sim_fit_merge.json").read_text())["merge"]
-    old.update({n: v["before"] for n, v in fit13.items()})
+    old.update(PRE_REFIT_MERGE)
     c6 = Calibration.from_dict(old)
-    for (fam, B, T, pol, params), want in R6_PREDICTIONS:
+    for (fam, B, T, pol, params), want in PRE_DRAIN_PREDICTIONS:
         p = make_plan(family_kv_lens(fam, B, T), num_kv_heads=4, device=H200, policy=pol, params=params)
         assert predict(p, H200, calibration=c6) == want, (fam, B, pol)
-        if pol == "flashinfer":  # measured 712 us: round 6 predicted 868, round 7 below 800
+        if pol == "flashinfer":  # measured 712 us: 868 predicted without the drain terms, below 800 with them
             assert predict(p, H200, calibration=new) < 0.8e-3, (fam, B, pol)
-        if pol == "stream_k":  # measured 157 us: round 6 predicted 189, round 7 below 182
+        if pol == "stream_k":  # measured 157 us: 189 predicted without, below 182 with them
             assert predict(p, H200, calibration=new) < 1.82e-4, (fam, B, pol)
 
-# held-out error bounds on the committed subset of final.jsonl (with the balanced plans round 4's rule changed
-# re-timed: rebalanced_eval.jsonl), measured there with the shipped calibration (round 4's scripts/fit_simulator.py
-# plus round 5's lone-CTA rate, scripts/fit_lone_bw.py): all 2.5 % median, 24.1 % worst; per policy <= 5.3 %
-# median (FlashInfer's tensor-core rule on our kernel: 8.3 % before the lone-CTA rate, 5.3 % with it); served
-# worst 16.4 %, served_r1 21.8 %, fa3 9.9 %, fi_rule_tc 19.4 %, fi_rule_notc 14.0 %; the grid's balanced /
-# stream_k 22-24 %.
+
+# held-out error bounds on the committed subset of the evaluation run (tests/data/h200_final_subset.jsonl),
+# measured there with the shipped calibration: all 2.5 % median, 24.1 % worst; per policy <= 5.3 % median
+# (FlashInfer's tensor-core rule on our kernel: 8.3 % before the lone-CTA rate, 5.3 % with it); served worst
+# 16.4 %, served_r1 21.8 %, fa3 9.9 %, fi_rule_tc 19.4 %, fi_rule_notc 14.0 %; the grid's balanced / stream_k 22-24 %.
 MEDIAN_ALL = 0.05
 MEDIAN_POLICY = 0.08  # issue 9's median target, every policy incl. the served one
-MEDIAN_MISSED: dict[str, float] = {}  # round 4 excepted fi_rule_tc (8.3 %); the lone-CTA rate brought it to 5.3 %
-WORST_BASELINE = 0.22  # the served policy, round 1's, fa3, FlashInfer's rules
+WORST_BASELINE = 0.22  # the served policy, the first shipped table's, fa3, FlashInfer's rules
 WORST_GRID = 0.30  # every plan of the oracle grid (balanced / stream_k at every config)
 
 
-def test_shipped_calibration_heldout_error_on_committed_measurements():
-    """The shipped H200 calibration against GPU times it was not fitted on: the evaluation batches of
-    docs/data/h200_r2/final.jsonl (bench/data/sweep_cases.json) with id % 7 == 1, every plan timed there
-    (the grid, served, served_r1, balanced, fa3, FlashInfer's rule on our kernel). The fit saw only the
-    training batches (docs/data/h200_r2/train.jsonl and round 4's docs/data/h200_r4/train4.jsonl, train_even.jsonl,
-    rebalanced_train.jsonl; scripts/fit_simulator.py); every set is among them."""
-    from pathlib import Path
+def _eval_cases_file(tmp_path) -> Path:
+    """The evaluation batches (kvsplit.tuner.workloads.evaluation_cases) with the ``served`` / ``served_r1``
+    plans the recorded runs timed (tests/data/h200_eval_served_plans.json), as the case file
+    :func:`kvsplit.tuner.simfit.sweep_samples` reads."""
+    from kvsplit.tuner.workloads import evaluation_cases
 
+    plans = json.loads((DATA / "h200_eval_served_plans.json").read_text())["plans"]
+    cases = [{**c, **plans[str(c["id"])]} for c in evaluation_cases()]
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps({"cases": cases}))
+    return path
+
+
+def test_shipped_calibration_heldout_error_on_committed_measurements(tmp_path):
+    """The shipped H200 calibration against GPU times it was not fitted on: the evaluation batches with
+    id % 7 == 1 of an H200 run of every plan of the oracle grid, served, served_r1, balanced, fa3 and
+    FlashInfer's rules on our kernel (tests/data/h200_final_subset.jsonl). The fit saw only training batches
+    (kvsplit.tuner.workloads.training_cases); every evaluation set is among them."""
     from kvsplit.tuner.simfit import error_table, predict_samples, sweep_samples
 
-    root = Path(__file__).resolve().parents[2]
-    doc = json.loads((root / "service/data/h200_calibration.json").read_text())
+    doc = json.loads((ROOT / "service/data/h200_calibration.json").read_text())
     cal = Calibration.from_dict(doc["constants"])
     assert cal.slots is None and cal.per_config  # residency per config, constants per config
-    samples, bw = sweep_samples(root / "tests/data/h200_final_subset.jsonl", root / "bench/data/sweep_cases_r8.json")
+    samples, bw = sweep_samples(DATA / "h200_final_subset.jsonl", _eval_cases_file(tmp_path))
     assert bw is not None and abs(bw / cal.hbm_bw - 1) < 0.03  # the held-out run's read bandwidth
     assert all(s.case % 7 == 1 for s in samples) and len(samples) >= 3500
     assert {s.set for s in samples} == {"ref", "jitter", "untuned", "llama8b", "trace"}
@@ -415,7 +426,7 @@ def test_shipped_calibration_heldout_error_on_committed_measurements():
     assert tab["all"]["median"] <= MEDIAN_ALL, tab["all"]
     assert tab["all"]["worst"] <= WORST_GRID, tab["all"]
     for pol, st in tab["per_policy"].items():
-        assert st["median"] <= MEDIAN_MISSED.get(pol, MEDIAN_POLICY), (pol, st)
+        assert st["median"] <= MEDIAN_POLICY, (pol, st)
     for pol in ("served", "served_r1", "fa3", "fi_rule_tc", "fi_rule_notc"):
         assert tab["per_policy"][pol]["worst"] <= WORST_BASELINE, (pol, tab["per_policy"][pol])
     assert tab["per_policy"]["served"]["worst"] <= 0.20, tab["per_policy"]["served"]  # issue 9's worst target
@@ -426,20 +437,17 @@ def test_shipped_calibration_heldout_error_on_committed_measurements():
     assert error_table(samples, predict_samples(samples, old, H200))["all"]["median"] > tab["all"]["median"]
 
 
-def test_shipped_calibration_on_todays_kernel_retime():
-    """The shipped calibration against round 6's re-timing of the final table with today's kernel
-    (docs/data/h200_r6/retime9.jsonl: the served plan, the oracle's winners, balanced, fa3, FlashInfer's rules on
-    our kernel and round 1's served plan on all 182 evaluation batches, none of them a training batch). Round 1's
-    served plans run the (64, 2, 3) and (64, 4, 4) tiles, which had no per-config constants and an estimated
-    residency before round 6 (worst error 29 %; scripts/fit_new_configs.py, kernels/residency.py COMPILED)."""
-    from pathlib import Path
-
+def test_shipped_calibration_on_todays_kernel_retime(tmp_path):
+    """The shipped calibration against an H200 re-timing (tests/data/h200_retime_eval.jsonl) of the served plan,
+    the oracle's winners, balanced, fa3, FlashInfer's rules on our kernel and the first shipped table's plan on
+    all 182 evaluation batches, none of them a training batch. The first table's plans run the (64, 2, 3) and
+    (64, 4, 4) tiles, which need their own per-config constants and compiled residency (worst error 29 %
+    without them)."""
     from kvsplit.tuner.simfit import error_table, predict_samples, sweep_samples
 
-    root = Path(__file__).resolve().parents[2]
-    cal = Calibration.from_dict(json.loads((root / "service/data/h200_calibration.json").read_text())["constants"])
+    cal = Calibration.from_dict(json.loads((ROOT / "service/data/h200_calibration.json").read_text())["constants"])
     assert {"n64w2s3", "n64w4s4"} <= set(cal.per_config)
-    samples, _ = sweep_samples(root / "docs/data/h200_r6/retime9.jsonl", root / "bench/data/sweep_cases_r8.json")
+    samples, _ = sweep_samples(DATA / "h200_retime_eval.jsonl", _eval_cases_file(tmp_path))
     assert len(samples) == 1638
     tab = error_table(samples, predict_samples(samples, cal, H200))
     for pol, st in tab["per_policy"].items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import re
 from pathlib import Path
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 
 from kvsplit.tuner import workloads as w
-
 
 # ---------------------------------------------------------------------------
 # family draws
@@ -182,3 +182,92 @@ def test_replay_rejects_bad_options():
         w.replay_trace("azure_code", max_batch_size=4, token_budget=0)
     with pytest.raises(ValueError, match="no arrival times"):
         w.replay_trace("sharegpt", max_batch_size=4)
+
+
+# ---------------------------------------------------------------------------
+# case sets of the GPU benchmarks
+# ---------------------------------------------------------------------------
+
+# sha256 of json.dumps([[H_q, H_kv, kv_lens], ...]) of the case files the recorded H200 timings were taken on
+# (tests/data/h200_*.jsonl; bench/data/sweep_cases.json and train_cases.json before the sets moved here): a
+# change of any batch would make those timings describe other batches
+EVAL_SHA256 = "93df4621af5422ed98776a7e4562cdb09db9e85b96de148f02ce3d7dd3b38831"
+TRAIN_SHA256 = "a23fa97c306946afcc86958dee27848dabd09b2b0f7d372a84d2b8fb5a1b09ed"
+
+
+def _digest(cases):
+    import json
+
+    return hashlib.sha256(json.dumps([[c["num_qo_heads"], c["num_kv_heads"], c["kv_lens"]] for c in cases])
+                          .encode()).hexdigest()
+
+
+def test_peer_reference_cases_grid():
+    for T in w.REFERENCE_TOTALS:
+        cases = w.peer_reference_cases(T)
+        assert len(cases) == 49 and len(set(cases)) == 49
+        assert set(cases) - set(w.reference_cases(T)) == {("2x40", 1)}
+        for fam in w.FAMILIES:
+            bs = [B for f, B in cases if f == fam]
+            assert bs == sorted(bs) and set(bs) <= set(w.REFERENCE_BATCH_SIZES)
+            assert len(bs) == (9 if fam == "2x40" else 10)  # 2x40: B = 1, then 4..512
+        for fam, B in cases:
+            L = w.family_kv_lens(fam, B, T)
+            assert L.shape == (B,) and int(L.sum()) == T and L.min() >= 1
+
+
+def test_evaluation_cases_sets_sizes_totals_and_recorded_batches():
+    cases = w.evaluation_cases()
+    assert [c["id"] for c in cases] == list(range(182))
+    assert collections.Counter(c["set"] for c in cases) == {"ref": 96, "jitter": 30, "untuned": 20, "llama8b": 11,
+                                                            "trace": 25}
+    for c in cases:
+        assert c["B"] == len(c["kv_lens"]) and min(c["kv_lens"]) >= 1
+        if c["set"] in ("ref", "untuned", "llama8b", "trace"):  # exact totals (a trace case's T is its own sum)
+            assert sum(c["kv_lens"]) == c["T"], c["id"]
+        if c["set"] == "jitter":  # each length within U(0.9, 1.1) of the family batch's
+            base = w.family_kv_lens(c["family"], c["B"], c["T"])
+            assert np.all(np.asarray(c["kv_lens"]) <= np.ceil(1.1 * base)), c["id"]
+            assert np.all(np.asarray(c["kv_lens"]) >= np.floor(0.9 * base)), c["id"]
+        assert (c["num_qo_heads"], c["num_kv_heads"]) == ((32, 8) if c["set"] == "llama8b" else (32, 4))
+    ref = [c for c in cases if c["set"] == "ref"]
+    assert [(c["family"], c["B"]) for c in ref[:48]] == w.reference_cases(262_144)
+    assert {c["T"] for c in ref[48:]} == {1_048_576}
+    assert {c["family"] for c in cases if c["set"] == "trace"} == set(w.TRACES)
+    assert _digest(cases) == EVAL_SHA256
+    assert w.evaluation_cases() == cases  # deterministic
+
+
+def test_training_cases_sets_and_recorded_batches():
+    cases = w.training_cases()
+    assert [c["id"] for c in cases] == list(range(280))
+    assert collections.Counter(c["set"] for c in cases) == {"train": 100, "train_even": 88, "train_trace": 40,
+                                                            "train_32_8": 26, "train_8_1": 26}
+    ev = {tuple(c["kv_lens"]) for c in w.evaluation_cases()}
+    assert not ev & {tuple(c["kv_lens"]) for c in cases}  # no evaluation batch is trained on
+    for c in cases:
+        assert c["B"] == len(c["kv_lens"]) and min(c["kv_lens"]) >= 1
+        if c["set"] == "train_even":
+            L = np.asarray(c["kv_lens"])
+            assert sum(c["kv_lens"]) == c["T"] and L.max() <= np.ceil(L.mean() * 1.005 / 0.995) + 1
+    assert _digest(cases) == TRAIN_SHA256
+
+
+def test_trace_cases_are_the_evaluation_trace_set():
+    tc = w.trace_cases()
+    ev = [c for c in w.evaluation_cases() if c["set"] == "trace"]
+    assert [(c["family"], c["B_nominal"], c["kv_lens"]) for c in tc] == \
+        [(c["family"], c["B_nominal"], c["kv_lens"]) for c in ev]
+    assert all(c["T"] == sum(c["kv_lens"]) for c in tc)
+
+
+def test_plan_request_mix_distribution():
+    mix = w.plan_request_mix(50, 256, seed=3)
+    assert len(mix) == 50 and all(m.shape == (256,) and m.dtype == np.int64 for m in mix)
+    allv = np.concatenate(mix)
+    assert allv.min() >= 1 and allv.max() <= 32_767
+    # log2 of the lengths is U(0, 15) floored: about a fifteenth of them in each octave
+    counts = np.bincount(np.floor(np.log2(allv)).astype(int), minlength=15)
+    assert counts.shape == (15,) and np.all(np.abs(counts / allv.size - 1 / 15) < 0.02)
+    assert [m.tolist() for m in w.plan_request_mix(50, 256, seed=3)] == [m.tolist() for m in mix]
+    assert w.plan_request_mix(2, 4, seed=4)[0].tolist() != mix[0][:4].tolist()

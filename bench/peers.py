@@ -1,0 +1,509 @@
+"""kvsplit against the strongest peer decode kernels on the same GPU, one implementation per process.
+
+    python bench/peers.py --impl kvsplit --out kvsplit.csv                  # the reference workload, 98 cases
+    python bench/peers.py --impl fa3 --out fa3.csv
+    python bench/peers.py --impl flashinfer_batch_attention --out fi_ba.csv
+    python bench/peers.py --impl flashinfer_decode --out fi_dec.csv
+    python bench/peers.py --impl kvsplit --cases traces --out kvsplit_traces.csv   # held-out trace batches
+    python bench/peers.py --summary kvsplit.csv fa3.csv fi_ba.csv fi_dec.csv       # CPU: the comparison table
+
+Implementations (``--impl``):
+
+- ``kvsplit``: the plan the shipped table (service/data/h200_policies.json) serves each batch, on the hot path
+  (``decode_attention(..., out=, workspace=, validate=False)``, plan uploaded);
+- ``fa3``: FlashAttention-3 ``flash_attn_interface.flash_attn_with_kvcache(q [B, 1, H_q, D], k_cache, v_cache,
+  cache_seqlens=, page_table=, causal=True, num_splits=0)``: its own split heuristic, SGLang's Hopper default
+  (build: ../shared/tools/fa3_for_device);
+- ``flashinfer_batch_attention``: FlashInfer's persistent ``BatchAttention`` (``plan`` with qo_indptr = 0..B,
+  one query token per request, then ``run``);
+- ``flashinfer_decode``: FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True, backend="fa2")``
+  (``kvsplit.tuner.flashinfer_kernel``).
+
+Each runs in its own process (a peer's JIT modules and allocator state do not touch the others' timings). The
+workload is Qwen3-30B-A3B's attention: H_q 32, H_kv 4, head_dim 128, bf16, page 16, one query token per request.
+``--cases reference`` (default) is the reference grid of ``kvsplit.tuner.workloads.peer_reference_cases``: five
+length families (uniform; skewed40/60/80: one request holds that share of T; 2x40: two hold 40 % each) x B 1..512
+x T 262,144 and 1,048,576, 49 cases per T; ``--cases traces`` the held-out trace batches of
+``kvsplit.tuner.workloads.trace_cases``. The KV cache is random normal bf16 over shuffled pages, above the L2
+(``kvsplit.tuner.gpu.GpuTimer``); every figure is the median of CUDA-graph replays under ``triton.testing.do_bench``
+(``kvsplit.tuner.gpu.graph_median_s``). ``ratio_to_read_floor`` = time / (KV bytes / streaming-read bandwidth
+measured in the same process). Every output is checked against the fp32 reference on batches of at most
+``--check-tokens`` tokens (a mismatch stops the run: no figure is written for a wrong kernel).
+
+Output: a CSV with the columns of :data:`COLUMNS`, one row per case, and ``<out>.json`` with the software versions,
+GPU and bandwidth. A peer that does not import prints why and writes nothing (exit status 0: no figure is not an
+error). ``--summary`` reads any number of such CSVs and prints, per implementation and set, the worst and
+geometric-mean ratio to the read floor, then each implementation's time over the baseline's (``--baseline``,
+default the implementation named ``kvsplit...``) per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+IMPLS = ("kvsplit", "fa3", "flashinfer_batch_attention", "flashinfer_decode")
+COLUMNS = ("implementation", "set", "family", "B", "total_tokens", "time_us", "ratio_to_read_floor")
+SHAPE = {"num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16}
+
+
+# ----------------------------------------------------------------------------- cases (CPU)
+
+
+def build_cases(kind: str) -> list[dict[str, Any]]:
+    """The cases of ``--cases``: dicts with ``set`` (``T262144`` / ``T1048576`` for the reference grid, ``trace``),
+    ``family`` (a length family or a trace's name), ``B``, ``total_tokens`` and ``kv_lens`` (int64 ``[B]``).
+
+    Raises
+    ------
+    ValueError
+        ``kind`` is neither ``reference`` nor ``traces``.
+    """
+    from kvsplit.tuner.workloads import REFERENCE_TOTALS, family_kv_lens, peer_reference_cases, trace_cases
+
+    if kind == "reference":
+        return [
+            {"set": f"T{T}", "family": fam, "B": B, "total_tokens": T, "kv_lens": family_kv_lens(fam, B, T)}
+            for T in REFERENCE_TOTALS
+            for fam, B in peer_reference_cases(T)
+        ]
+    if kind == "traces":
+        return [
+            {
+                "set": "trace",
+                "family": c["family"],
+                "B": c["B"],
+                "total_tokens": c["T"],
+                "kv_lens": np.asarray(c["kv_lens"], dtype=np.int64),
+            }
+            for c in trace_cases()
+        ]
+    raise ValueError(f"--cases: expected 'reference' or 'traces', got {kind!r}")
+
+
+# ----------------------------------------------------------------------------- CSV and summary (CPU)
+
+
+def write_csv(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Write rows with the :data:`COLUMNS` (time in us to 2 decimals, the ratio to 4)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow(
+                [
+                    r["implementation"],
+                    r["set"],
+                    r["family"],
+                    int(r["B"]),
+                    int(r["total_tokens"]),
+                    f"{r['time_us']:.2f}",
+                    f"{r['ratio_to_read_floor']:.4f}",
+                ]
+            )
+
+
+def read_csvs(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """The rows of one or more peer CSVs (numbers parsed).
+
+    Raises
+    ------
+    ValueError
+        A file lacks one of :data:`COLUMNS`, or a number does not parse (the file and row are named).
+    """
+    rows = []
+    for path in paths:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            missing = set(COLUMNS) - set(reader.fieldnames or ())
+            if missing:
+                raise ValueError(f"{path}: missing columns {sorted(missing)}")
+            for i, r in enumerate(reader, start=2):
+                try:
+                    rows.append(
+                        {
+                            "implementation": r["implementation"],
+                            "set": r["set"],
+                            "family": r["family"],
+                            "B": int(r["B"]),
+                            "total_tokens": int(r["total_tokens"]),
+                            "time_us": float(r["time_us"]),
+                            "ratio_to_read_floor": float(r["ratio_to_read_floor"]),
+                        }
+                    )
+                except ValueError as exc:
+                    raise ValueError(f"{path}, line {i}: {exc}") from exc
+    return rows
+
+
+def geomean(xs: Sequence[float]) -> float:
+    """Geometric mean of positive numbers (nan for none)."""
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def summary(rows: Sequence[dict[str, Any]], baseline: str | None = None) -> dict[str, Any]:
+    """The figures ``--summary`` prints.
+
+    Returns a dict: ``per_set[impl][set] = (worst, geomean, n)`` of ``ratio_to_read_floor``; ``cliff[impl][set]``,
+    the largest time of a skewed80 or 2x40 batch over the uniform batch of the same B and T (the split-KV cliff:
+    1.0 for a kernel whose time depends on the total only; sets without uniform batches have none); ``baseline`` (the
+    implementation compared against: ``baseline``, else the first whose name starts with ``kvsplit``, else None);
+    ``vs_baseline[impl][set] = (min, geomean, max, n)`` of ``time / baseline time`` over the cases both timed
+    (keyed by set, family, B, total_tokens); ``per_case[(set, family, B, total_tokens)][impl] = time / baseline
+    time``.
+
+    Raises
+    ------
+    ValueError
+        ``baseline`` names no implementation of the rows.
+    """
+    impls = list(dict.fromkeys(r["implementation"] for r in rows))
+    if baseline is not None and baseline not in impls:
+        raise ValueError(f"--baseline: {baseline!r} is none of the implementations {impls}")
+    if baseline is None:
+        baseline = next((i for i in impls if i.startswith("kvsplit")), None)
+    per_set: dict[str, dict[str, tuple[float, float, int]]] = defaultdict(dict)
+    by_impl_set: dict[tuple[str, str], list[float]] = defaultdict(list)
+    times: dict[str, dict[tuple, float]] = defaultdict(dict)
+    for r in rows:
+        by_impl_set[(r["implementation"], r["set"])].append(r["ratio_to_read_floor"])
+        times[r["implementation"]][(r["set"], r["family"], r["B"], r["total_tokens"])] = r["time_us"]
+    for (impl, s), xs in by_impl_set.items():
+        per_set[impl][s] = (max(xs), geomean(xs), len(xs))
+    cliff: dict[str, dict[str, float]] = defaultdict(dict)
+    for impl, tm in times.items():
+        for (s, fam, B, T), t in tm.items():
+            u = tm.get((s, "uniform", B, T))
+            if fam in ("skewed80", "2x40") and u:
+                cliff[impl][s] = max(cliff[impl].get(s, 0.0), t / u)
+    vs: dict[str, dict[str, tuple[float, float, float, int]]] = defaultdict(dict)
+    per_case: dict[tuple, dict[str, float]] = defaultdict(dict)
+    if baseline is not None:
+        base = times[baseline]
+        for impl in impls:
+            if impl == baseline:
+                continue
+            by_set: dict[str, list[float]] = defaultdict(list)
+            for key, t in times[impl].items():
+                if key in base:
+                    by_set[key[0]].append(t / base[key])
+                    per_case[key][impl] = t / base[key]
+            for s, xs in by_set.items():
+                vs[impl][s] = (min(xs), geomean(xs), max(xs), len(xs))
+    return {
+        "impls": impls,
+        "per_set": dict(per_set),
+        "cliff": dict(cliff),
+        "baseline": baseline,
+        "vs_baseline": dict(vs),
+        "per_case": dict(per_case),
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """Markdown tables of :func:`summary`'s figures."""
+    sets = list(dict.fromkeys(k for d in s["per_set"].values() for k in d))
+    cliff_sets = [st for st in sets if any(st in d for d in s["cliff"].values())]
+    out = [
+        "time / read floor: worst / geomean (cases); cliff: max over B of skewed80 or 2x40 time / uniform time",
+        "",
+        "| implementation | " + " | ".join(sets + [f"cliff {st}" for st in cliff_sets]) + " |",
+        "|---|" + "---|" * (len(sets) + len(cliff_sets)),
+    ]
+    for impl in s["impls"]:
+        cells = []
+        for st in sets:
+            v = s["per_set"].get(impl, {}).get(st)
+            cells.append(f"{v[0]:.3f} / {v[1]:.3f} ({v[2]})" if v else "-")
+        cells += [f"{s['cliff'][impl][st]:.2f}" if st in s["cliff"].get(impl, {}) else "-" for st in cliff_sets]
+        out.append(f"| {impl} | " + " | ".join(cells) + " |")
+    if s["baseline"] is None or not s["vs_baseline"]:
+        return "\n".join(out)
+    b = s["baseline"]
+    out += [
+        "",
+        f"time / {b}'s time per case: min / geomean / max (cases); above 1: {b} is faster",
+        "",
+        "| implementation | " + " | ".join(sets) + " |",
+        "|---|" + "---|" * len(sets),
+    ]
+    for impl, d in s["vs_baseline"].items():
+        cells = [f"{d[st][0]:.3f} / {d[st][1]:.3f} / {d[st][2]:.3f} ({d[st][3]})" if st in d else "-" for st in sets]
+        out.append(f"| {impl} | " + " | ".join(cells) + " |")
+    others = list(s["vs_baseline"])
+    out += [
+        "",
+        f"per case, time / {b}'s time",
+        "",
+        "| set | family | B | " + " | ".join(others) + " |",
+        "|---|---|---:|" + "---:|" * len(others),
+    ]
+    for (st, fam, B, _T), d in s["per_case"].items():
+        out.append(f"| {st} | {fam} | {B} | " + " | ".join(f"{d[i]:.3f}" if i in d else "-" for i in others) + " |")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- runners (GPU)
+
+
+def _import_peer(impl: str) -> tuple[Any, str]:
+    """The peer's module, or ``(None, why)`` when it does not import (checked before any CUDA work)."""
+    try:
+        if impl == "fa3":
+            import flash_attn_interface as mod
+        elif impl.startswith("flashinfer"):
+            import flashinfer as mod
+        else:
+            import kvsplit.kernels.decode as mod
+    except Exception as exc:  # noqa: BLE001 - any import failure means the peer is missing here
+        return None, f"{type(exc).__name__}: {exc}"
+    if impl == "kvsplit":
+        from importlib.metadata import version
+
+        return mod, f"kvsplit {version('kvsplit')}"
+    return mod, f"{mod.__name__} {getattr(mod, '__version__', '?')}"
+
+
+def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple[Callable[[], Any], Callable[[], Any]]]:
+    """``prepare(kv_lens) -> (launch, output)`` for one implementation on ``timer``'s cache and batches:
+    ``launch()`` runs the decode (CUDA-graph capturable), ``output()`` returns its last output ``[B, H_q, D]``."""
+    import torch
+
+    t = timer
+    scale = 1.0 / math.sqrt(t.head_dim)
+    if impl == "kvsplit":
+        from kvsplit.kernels.decode import decode_attention
+        from kvsplit.kernels.policy_table import PolicyTable
+
+        raw = json.loads((Path(__file__).resolve().parents[1] / "service/data/h200_policies.json").read_text())
+        table = PolicyTable.from_export(raw, version=raw.get("policies_version"))
+        gpu = torch.cuda.get_device_name()
+
+        def prepare(lens):
+            plan, _, info = table.plan(lens, gpu=gpu, **SHAPE)
+            b = t.batch(lens)
+            out = torch.empty_like(b["q"])
+            ws = t.workspace_for(plan)
+            plan.to(t.device)
+            args = (b["q"], t.k_cache, t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
+            decode_attention(*args, out=out, workspace=ws, validate=True)
+            prepare.last_source = info["source"]
+            return (lambda: decode_attention(*args, out=out, workspace=ws, validate=False)), (lambda: out)
+
+        return prepare
+    if impl == "flashinfer_decode":
+        from kvsplit.tuner.flashinfer_kernel import FlashInferDecode
+
+        fi = FlashInferDecode(t, mod)
+
+        def prepare(lens):
+            launch, out = fi.prepare(lens)
+            return launch, (lambda: out)
+
+        return prepare
+
+    def page_table(b, lens):
+        indptr = b["kv_indptr"].cpu().numpy()
+        indices = b["kv_indices"].cpu().numpy()
+        pages = np.diff(indptr)
+        pt = np.zeros((len(lens), int(pages.max())), dtype=np.int32)
+        for i in range(len(lens)):
+            pt[i, : pages[i]] = indices[indptr[i] : indptr[i + 1]]
+        return torch.from_numpy(pt).to(t.device)
+
+    if impl == "fa3":
+
+        def prepare(lens):
+            b = t.batch(lens)
+            B = len(lens)
+            q4 = b["q"].view(B, 1, t.num_qo_heads, t.head_dim)
+            pt = page_table(b, lens)
+            res: dict[str, Any] = {}
+
+            def launch():
+                o = mod.flash_attn_with_kvcache(
+                    q4,
+                    t.k_cache,
+                    t.v_cache,
+                    cache_seqlens=b["kv_lens"],
+                    page_table=pt,
+                    softmax_scale=scale,
+                    causal=True,
+                    num_splits=0,
+                )
+                res["out"] = o[0] if isinstance(o, tuple) else o
+
+            return launch, (lambda: res["out"].view(B, t.num_qo_heads, t.head_dim))
+
+        return prepare
+    if impl == "flashinfer_batch_attention":
+        import inspect
+
+        wrapper = mod.BatchAttention(kv_layout="NHD", device=str(t.device))
+        soft_cap = {"logits_soft_cap": 0.0} if "logits_soft_cap" in inspect.signature(wrapper.run).parameters else {}
+
+        def prepare(lens):
+            b = t.batch(lens)
+            B = len(lens)
+            qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=t.device)
+            wrapper.plan(
+                qo_indptr,
+                b["kv_indptr"],
+                b["kv_indices"],
+                b["kv_lens"],
+                t.num_qo_heads,
+                t.num_kv_heads,
+                t.head_dim,
+                t.head_dim,
+                t.page_size,
+                causal=True,
+                sm_scale=scale,
+                q_data_type=b["q"].dtype,
+                kv_data_type=t.k_cache.dtype,
+            )
+            out = torch.empty_like(b["q"])
+            lse = torch.empty((B, t.num_qo_heads), dtype=torch.float32, device=t.device)
+            kv = (t.k_cache, t.v_cache)
+            return (lambda: wrapper.run(b["q"], kv, out=out, lse=lse, **soft_cap)), (lambda: out)
+
+        return prepare
+    raise ValueError(f"--impl: expected one of {IMPLS}, got {impl!r}")
+
+
+LABELS = {
+    "kvsplit": "kvsplit (served plan of the shipped table, hot path)",
+    "fa3": "FlashAttention-3 flash_attn_with_kvcache(num_splits=0)",
+    "flashinfer_batch_attention": "FlashInfer BatchAttention",
+    "flashinfer_decode": "FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)",
+}
+
+
+def run(impl: str, kind: str, out: Path, *, rep_ms: float, check_tokens: int) -> int:
+    """Time ``impl`` on the cases of ``kind`` and write the CSV; the exit status."""
+    mod, note = _import_peer(impl)
+    if mod is None:
+        print(f"{impl}: not importable here ({note}); no figure recorded")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{impl}: needs a CUDA GPU (torch.cuda.is_available() is False); no figure recorded", file=sys.stderr)
+        return 1
+    from kvsplit.kernels.decode import reference_decode_attention
+    from kvsplit.tuner.gpu import GpuTimer, graph_median_s, software_versions
+
+    cases = build_cases(kind)
+    timer = GpuTimer(
+        num_qo_heads=SHAPE["num_qo_heads"],
+        num_kv_heads=SHAPE["num_kv_heads"],
+        head_dim=SHAPE["head_dim"],
+        dtype=SHAPE["dtype"],
+        page_size=SHAPE["page_size"],
+        max_tokens=max(c["total_tokens"] for c in cases),
+        max_batch=max(c["B"] for c in cases),
+    )
+    bw = timer.read_bandwidth()
+    meta = {
+        **software_versions(),
+        "implementation": impl,
+        "label": LABELS[impl],
+        "peer_version": note,
+        "read_bandwidth_bytes_per_s": bw,
+        "cases": kind,
+        "shape": SHAPE,
+        "kv_cache_bytes": 2 * timer.k_cache.numel() * timer.k_cache.element_size(),
+    }
+    print(json.dumps(meta), flush=True)
+    prepare = make_runner(impl, mod, timer)
+    rows = []
+    for c in cases:
+        lens = c["kv_lens"]
+        try:
+            launch, output = prepare(lens)
+            launch()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a peer's own error: say which call failed, record nothing
+            print(
+                f"{impl}: failed on {c['set']} {c['family']} B={c['B']} ({type(exc).__name__}: {exc}); "
+                "stopping, no figure recorded",
+                file=sys.stderr,
+            )
+            return 1
+        if int(lens.sum()) <= check_tokens:
+            b = timer.batch(lens)
+            ref = reference_decode_attention(
+                b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"]
+            ).float()
+            err = float((output().float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+            if not err < 2e-2:
+                print(
+                    f"{impl}: output differs from the fp32 reference on {c['set']} {c['family']} B={c['B']} "
+                    f"(max relative error {err:.3g}); stopping, no figure recorded",
+                    file=sys.stderr,
+                )
+                return 1
+        sec = graph_median_s(launch, warmup_ms=10.0, rep_ms=rep_ms)
+        ratio = sec / timer.hbm_floor_s(lens)
+        rows.append(
+            {
+                "implementation": impl,
+                "set": c["set"],
+                "family": c["family"],
+                "B": c["B"],
+                "total_tokens": c["total_tokens"],
+                "time_us": sec * 1e6,
+                "ratio_to_read_floor": ratio,
+            }
+        )
+        src = getattr(prepare, "last_source", "")
+        print(
+            f"{impl} {c['set']} {c['family']:>10} B={c['B']:<4} {sec * 1e6:9.2f} us  {ratio:.4f}x floor"
+            + (f"  ({src})" if src else ""),
+            flush=True,
+        )
+    write_csv(out, rows)
+    Path(str(out) + ".json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"{len(rows)} rows -> {out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--impl", choices=IMPLS, help="the implementation this process times")
+    ap.add_argument("--cases", choices=("reference", "traces"), default="reference")
+    ap.add_argument("--out", type=Path, help="the CSV to write (default: <impl>.csv)")
+    ap.add_argument("--rep-ms", type=float, default=40.0, help="do_bench's repetition time per case (ms)")
+    ap.add_argument(
+        "--check-tokens",
+        type=int,
+        default=262_144,
+        help="check the output against the fp32 reference on batches of at most this many tokens",
+    )
+    ap.add_argument("--summary", nargs="+", metavar="CSV", help="print the comparison of these CSVs (no GPU)")
+    ap.add_argument("--baseline", default=None, help="--summary: the implementation the others are divided by")
+    args = ap.parse_args(argv)
+    if args.summary:
+        try:
+            text = format_summary(summary(read_csvs(args.summary), args.baseline))
+        except (OSError, ValueError) as exc:
+            ap.error(str(exc))
+        print(text)
+        return 0
+    if args.impl is None:
+        ap.error("--impl is required unless --summary is given")
+    return run(
+        args.impl, args.cases, args.out or Path(f"{args.impl}.csv"), rep_ms=args.rep_ms, check_tokens=args.check_tokens
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
