@@ -63,7 +63,7 @@ def existing_store(database_url: str | None) -> str:
     except ValueError as exc:
         fail(f"--database-url: {exc}")
     except Exception as exc:  # noqa: BLE001 - sqlalchemy.exc.OperationalError etc.: server down, bad credentials
-        fail(f"cannot open the policy store at {store.safe_url(url)}: {first_line(exc)}", code=1)
+        fail(store.describe_error(exc, url), code=1)
     return url
 
 
