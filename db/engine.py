@@ -90,7 +90,10 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
-    return text.splitlines()[0].strip() if text else type(e).__name__
+    line = text.splitlines()[0].strip() if text else type(e).__name__
+    if line.startswith("(") and ") " in line:  # SQLAlchemy's "(sqlite3.OperationalError) ..." prefix
+        line = line.split(") ", 1)[1]
+    return line
 
 
 def _low_space(path: str | None) -> bool:
@@ -140,9 +143,8 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
     texts = [_first_line(e) for e in chain]
     low = [t.lower() for t in texts]
     errnos = {getattr(e, "errno", None) for e in chain}
-    for e, t in zip(chain, low):
-        if isinstance(e, RecursionError):
-            return f"{where}: a value is nested too deeply to store ({texts[chain.index(e)]})"
+    if any(isinstance(e, RecursionError) for e in chain):
+        return f"{where}: a value is nested too deeply to store or read ({texts[0]})"
     if errno.ENOSPC in errnos or any("disk is full" in t or "no space left" in t for t in low) \
             or (any("disk i/o error" in t for t in low) and _low_space(path)):
         cause = next((texts[i] for i, t in enumerate(low) if "full" in t or "no space" in t or "i/o" in t), texts[0])

@@ -315,8 +315,9 @@ def run_heartbeat(url: str, run_id: int, interval_s: float) -> Iterator[None]:
     except BaseException as exc:
         done.set()
         t.join()
-        text = str(exc).strip().splitlines()
-        why = f"{type(exc).__name__}: {text[0] if text else ''}"
+        from .engine import describe_error
+
+        why = f"{type(exc).__name__}: {describe_error(exc, url)}"
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         with contextlib.suppress(Exception):
             with session_scope(url, write=True) as s:

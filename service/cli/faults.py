@@ -23,34 +23,63 @@ import typer
 
 from .options import fail
 
-__all__ = ["store_errors", "store_failure", "load_settings", "settings_error", "hold_tuning_lock"]
+__all__ = ["store_errors", "store_failure", "is_store_failure", "load_settings", "settings_error", "hold_tuning_lock"]
+
+
+def is_store_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception in its chain) is a failure of the database or the file system."""
+    import sqlalchemy.exc
+
+    from ...db import store
+    from ...tuner.study import StorageBusy
+
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    todo = [exc]
+    while todo and len(seen) < 32:
+        e = todo.pop()
+        if e is None or any(e is x for x in seen):
+            continue
+        seen.append(e)
+        if isinstance(e, (sqlalchemy.exc.SQLAlchemyError, OSError, store.SchemaError, StorageBusy)):
+            return True
+        if type(e).__module__.split(".")[0] in ("sqlite3", "psycopg", "psycopg2"):
+            return True
+        todo += [e.__cause__, e.__context__]
+    return False
 
 
 def store_failure(exc: BaseException, url: str | None) -> NoReturn:
-    """Exit with one line for a failure of the store at ``url``."""
+    """Exit with one line for a failure of the store at ``url``: the cause as
+    :func:`kvsplit.db.store.describe_error` names it (exit 1), or a bad URL (exit 2)."""
+    from pydantic import ValidationError
+
     from ...db import store
+    from ...tuner.study import StorageBusy
 
-    if isinstance(exc, store.SchemaError):
+    if isinstance(exc, ValidationError):  # a bad KVSPLIT_* value read on the way (get_settings)
+        fail(settings_error(exc))
+    if isinstance(exc, (store.SchemaError, StorageBusy)):
         fail(str(exc), code=1)
-    if isinstance(exc, ValueError) and not _is_db_error(exc):
-        fail(f"--database-url: {exc}")
+    if isinstance(exc, ValueError) and not is_store_failure(exc):
+        text = str(exc)
+        if text.startswith("database_url: "):  # resolve_url / get_engine: a bad URL or a missing folder
+            fail("--" + text.replace("_", "-", 1))
+        fail(text, code=1)
     fail(store.describe_error(exc, url), code=1)
-
-
-def _is_db_error(exc: BaseException) -> bool:
-    import sqlalchemy.exc
-
-    return isinstance(exc, sqlalchemy.exc.SQLAlchemyError)
 
 
 @contextlib.contextmanager
 def store_errors(url: str | None) -> Iterator[None]:
-    """Run the block; any exception but ``typer.Exit`` (and Ctrl-C) ends the command with one line."""
+    """Run the block; a store failure (database, file system, bad URL, schema, tuning lock) ends the
+    command with one line (:func:`store_failure`). Other exceptions propagate: they are bugs to see."""
     try:
         yield
-    except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+    except (ValueError, RecursionError) as exc:
+        store_failure(exc, url)
+    except Exception as exc:
+        if not is_store_failure(exc):
+            raise
         store_failure(exc, url)
 
 

@@ -35,7 +35,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .faults import hold_tuning_lock, store_errors, store_failure
+from .faults import hold_tuning_lock, is_store_failure, store_errors, store_failure
 from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, store_url
 
 __all__ = ["tune_cmd"]
@@ -152,7 +152,9 @@ def tune_cmd(
             search.check_task_batches(t, cfg.database_url)
         except ValueError as exc:
             fail(str(exc))
-        except Exception as exc:  # noqa: BLE001 - the store failed: one line naming the cause
+        except Exception as exc:
+            if not is_store_failure(exc):
+                raise
             store_failure(exc, cfg.database_url)
     typer.echo(f"tuning {len(tasks)} bucket(s), {trials} trials each, backend {backend}, "
                f"{workers} worker(s), studies in "
@@ -168,8 +170,10 @@ def tune_cmd(
                 results.append(search.tune_task(t, cfg, stop=stop))
             except (ValueError, RuntimeError) as exc:
                 fail(f"{t.source}: {exc}", code=1)
-            except Exception as exc:  # noqa: BLE001 - the store failed: disk full, unreachable, ...
-                store_failure(exc, cfg.database_url)
+            except Exception as exc:
+                if not is_store_failure(exc):
+                    raise
+                store_failure(exc, cfg.database_url)  # one line naming the cause: disk full, unreachable, ...
     finally:
         stop.restore()
     if json_out:
