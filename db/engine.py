@@ -131,8 +131,16 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
     Looks through the exception chain (an error raised while rolling back, such
     as SQLite's ``no such savepoint`` after ``database or disk is full``, hides
     the first one) and at the SQLite file's file system (free space, read-only
-    mount). ``url`` (password hidden) is named in the line.
+    mount). ``url`` (password hidden) is named in the line. A cause it does not
+    recognise gives ``cannot use the policy store at URL: <first line>``.
     """
+    return error_cause(exc, url) or f"cannot use the policy store at {safe_url(url) if url else 'the policy store'}: " \
+        f"{_first_line(_chain(exc)[0])}"
+
+
+def error_cause(exc: BaseException, url: str | None = None) -> str | None:
+    """The line of :func:`describe_error` for a recognised cause (disk full, read-only, missing folder,
+    permissions, unreachable server, credentials, missing database, nesting too deep), else None."""
     where = safe_url(url) if url else "the policy store"
     path = None
     if url:
@@ -170,7 +178,7 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
             detail = next((texts[j] for j, x in enumerate(low) if "refused" in x or "translate" in x
                            or "timeout" in x or "not known" in x or "route" in x or "unreachable" in x), texts[i])
             return f"cannot reach the database server of {where}: {detail}"
-    return f"cannot use the policy store at {where}: {texts[0]}"
+    return None
 
 
 def check_exists(url: str | None = None) -> None:

@@ -315,9 +315,9 @@ def run_heartbeat(url: str, run_id: int, interval_s: float) -> Iterator[None]:
     except BaseException as exc:
         done.set()
         t.join()
-        from .engine import describe_error
+        from .engine import _first_line, error_cause
 
-        why = f"{type(exc).__name__}: {describe_error(exc, url)}"
+        why = f"{type(exc).__name__}: {error_cause(exc, url) or _first_line(exc)}"
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         with contextlib.suppress(Exception):
             with session_scope(url, write=True) as s:
