@@ -398,16 +398,24 @@ def upgrade(url: str | None = None, revision: str = "head") -> str:
     the migration runs in one ``BEGIN IMMEDIATE`` transaction; PostgreSQL:
     :func:`schema_lock`).
     """
+    return upgrade_from(url, revision)[1]
+
+
+def upgrade_from(url: str | None = None, revision: str = "head") -> tuple[str | None, str]:
+    """:func:`upgrade`, returning (the revision found under the lock, None for an empty database; the
+    revision now stamped): equal when another process had migrated first."""
     from alembic import command
+    from alembic.runtime.migration import MigrationContext
 
     url = resolve_url(url)
     eng = get_engine(url)
     cfg = _alembic_config(url)
     with schema_lock(url), eng.connect().execution_options(kvsplit_write=True) as conn:
+        before = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
         conn.commit()
     _checked.discard(url)
     rev = current_revision(eng)
     assert rev is not None
-    return rev
+    return before, rev

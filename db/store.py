@@ -89,6 +89,7 @@ from .engine import (
     schema_lock,
     session_scope,
     upgrade,
+    upgrade_from,
 )
 from .policies import (
     PublishRefused,
@@ -150,6 +151,7 @@ __all__ = [
     "dispose_engines",
     "session_scope",
     "upgrade",
+    "upgrade_from",
     "schema_lock",
     "check_schema",
     "current_revision",

@@ -39,8 +39,7 @@ def upgrade_cmd(database_url: DatabaseUrl = None) -> None:
 
     url = store_url(database_url)
     try:
-        before = store.current_revision(store.get_engine(url))
-        rev = store.upgrade(url)
+        before, rev = store.upgrade_from(url)  # before: as found under the schema lock
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
         _store_error(exc, url)
     safe = store.safe_url(url)

@@ -143,8 +143,7 @@ def tune_cmd(
     hold_tuning_lock(ctx, spec)  # a SQLite store: one tuner at a time (help text), refused before anything is stored
     with store_errors(cfg.database_url):  # one line naming the cause: disk full, read-only, unreachable, ...
         eng = store.get_engine(cfg.database_url)
-        if store.current_revision(eng) is None:
-            store.upgrade(cfg.database_url)
+        if store.current_revision(eng) is None and store.upgrade_from(cfg.database_url)[0] is None:
             typer.echo(f"created the kvsplit store at {store.safe_url(cfg.database_url)}", err=True)
         store.check_schema(eng)
     for t in tasks:  # before any work: a bucket tuned before on other batches is refused (module doc)

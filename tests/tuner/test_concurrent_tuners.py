@@ -1,6 +1,6 @@
 """Several ``kvsplit tune`` processes on one store, and tuners killed with ``kill -9`` (sim backend, real processes).
 
-- SQLite: three tuners started together on a fresh store, several rounds. One
+- SQLite: three tuners started together on a fresh store, ten rounds (a minute on 2 cores). One
   tunes; the others stop at once with one line naming it (PID, host); no
   traceback, exact trial counts, no ``running`` row left.
 - PostgreSQL: three tuners started together on a fresh schema, three rounds.
@@ -42,7 +42,7 @@ KVSPLIT = [sys.executable, "-m", "kvsplit.service.cli"]
 TRIALS = 8
 TUNE = ["tune", "--family", "uniform", "--batch-size", "8", "--total-tokens", "8192", "--trials", str(TRIALS),
         "--num-train", "2", "--num-heldout", "2", "--no-progress", "--json"]
-SQLITE_ROUNDS = int(os.environ.get("KVSPLIT_TEST_TUNER_ROUNDS", "3"))
+SQLITE_ROUNDS = int(os.environ.get("KVSPLIT_TEST_TUNER_ROUNDS", "10"))
 BUSY = re.compile(r"^error: another kvsplit tune \(PID (\d+) on (\S+), since [0-9:]+ UTC\) is tuning with the "
                   r"SQLite store ")
 
