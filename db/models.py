@@ -180,7 +180,7 @@ class TuningRun(Base):
     # a running row whose process is gone or silent is marked failed by kvsplit.db.store.reap_runs
     host: Mapped[Optional[str]] = mapped_column(String(255), nullable=True)
     pid: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
-    proc_start: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
+    proc_start: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)  # "<start ticks>@<PID ns>"
     heartbeat_at: Mapped[Optional[_dt.datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
     stale_after_s: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
 

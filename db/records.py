@@ -155,20 +155,33 @@ def _proc_start(pid: int) -> str:
         return ""
 
 
+def _pid_namespace() -> str:
+    """The PID namespace of this process (``/proc/self/ns/pid`` inode), '' if unknown: containers that share
+    a host name but not their PIDs differ here."""
+    try:
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return ""
+
+
 def process_identity() -> dict[str, Any]:
-    """This process as ``{"host": hostname, "pid": PID, "start": start time in clock ticks}``."""
+    """This process as ``{"host": hostname, "pid": PID, "start": start time in clock ticks, "pidns": PID
+    namespace}``."""
     pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "start": _proc_start(pid)}
+    return {"host": socket.gethostname(), "pid": pid, "start": _proc_start(pid), "pidns": _pid_namespace()}
 
 
 def process_alive(owner: Mapping[str, Any]) -> bool | None:
     """Whether the process ``owner`` (a :func:`process_identity`) still runs.
 
-    True or False for a process of this host (a PID now held by a process
-    started at another time counts as gone); None for another host, where only
-    a heartbeat can tell.
+    True or False for a process of this host and PID namespace (a PID now
+    held by a process started at another time counts as gone); None for
+    another host or PID namespace, where only a heartbeat can tell.
     """
     if owner.get("host") != socket.gethostname():
+        return None
+    ns = owner.get("pidns")
+    if ns and ns != _pid_namespace():
         return None
     try:
         pid = int(owner.get("pid", -1))
@@ -216,7 +229,7 @@ def start_run(
                                                                                     choices=BACKENDS),
         n_trials=_int("n_trials", n_trials, 1), workers=_int("workers", workers, 1),
         storage_kind=_str("storage_kind", storage_kind, max_len=32), device_id=device_id, status="running",
-        host=me["host"][:255], pid=me["pid"], proc_start=me["start"] or None, heartbeat_at=utcnow(),
+        host=me["host"][:255], pid=me["pid"], proc_start=f"{me['start']}@{me['pidns']}"[:32], heartbeat_at=utcnow(),
         stale_after_s=_int("stale_after_s", stale_after_s, 1),
     )
     session.add(run)
@@ -241,7 +254,8 @@ def run_abandoned(run: TuningRun, now: _dt.datetime | None = None) -> str | None
     if run.status != "running":
         return None
     if run.host and run.pid:
-        alive = process_alive({"host": run.host, "pid": run.pid, "start": run.proc_start or ""})
+        start, _, ns = (run.proc_start or "").partition("@")  # "<start ticks>@<PID namespace>"
+        alive = process_alive({"host": run.host, "pid": run.pid, "start": start, "pidns": ns})
         if alive is False:
             return (f"abandoned: its process (PID {run.pid} on {run.host}) is gone, killed or crashed "
                     f"before it recorded the end of the run")

@@ -92,13 +92,10 @@ def tune_cmd(
 ) -> None:
     """Tune the `tuned` policy of one or more buckets, verify it against the baselines, publish it.
 
-    Several tuners at once: tuners that share a PostgreSQL --database-url (or a --journal PATH) cooperate on
-    each bucket's study, trials claimed atomically, and the study ends with exactly --trials finished trials.
-    A SQLite store holds the studies of one tuner at a time: a second `kvsplit tune` on the same SQLite file
-    (without --journal) stops at once with one line naming the tuner that holds it (PID, host).
-    A run whose process died (kill -9, crash) is marked failed ("abandoned: ...") at the next tune start
-    and in GET /v1/runs.
-    """
+    Several tuners at once: tuners sharing a PostgreSQL --database-url (or a --journal PATH) cooperate on each bucket's study (trials claimed atomically; exactly --trials finished trials). A SQLite store holds the studies of one tuner at a time: another `kvsplit tune` on the same file (without --journal) stops at once with one line naming the tuner that holds it (PID, host).
+
+    A run whose process died (kill -9, crash) is marked failed ("abandoned: ...") at the next tune start and in GET /v1/runs.
+    """  # noqa: E501 - one line per paragraph: the help text reflows it
     from ...db import store
     from ...tuner import search
 

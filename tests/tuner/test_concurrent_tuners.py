@@ -202,16 +202,22 @@ def test_silent_run_of_another_host_is_abandoned_after_its_stale_limit(tmp_path)
         mine = store.start_run(s, bucket_id=b.id, study_name="st", backend="sim", n_trials=4, stale_after_s=30)
         other = store.start_run(s, bucket_id=b.id, study_name="st", backend="sim", n_trials=4, stale_after_s=30)
         other.host, other.pid = "another-host.example", 1
-        ids = mine.id, other.id
+        # this host name, another PID namespace (a container sharing the host's name): PID 1 there is not ours
+        boxed = store.start_run(s, bucket_id=b.id, study_name="st", backend="sim", n_trials=4, stale_after_s=30)
+        boxed.pid, boxed.proc_start = 1, "42@1"
+        ids = mine.id, other.id, boxed.id
     now = utcnow()
     with store.session_scope(url) as s:
-        a, o = (s.get(TuningRun, i) for i in ids)
+        a, o, x = (s.get(TuningRun, i) for i in ids)
         assert store.run_abandoned(a, now + dt.timedelta(hours=1)) is None  # this process lives
+        assert store.run_abandoned(x, now + dt.timedelta(seconds=20)) is None
+        assert store.run_abandoned(x, now + dt.timedelta(seconds=31)).startswith("abandoned: no heartbeat")
         assert store.run_abandoned(o, now + dt.timedelta(seconds=20)) is None  # heartbeat 20 s old: alive
         why = store.run_abandoned(o, now + dt.timedelta(seconds=31))
         assert why is not None and why.startswith("abandoned: no heartbeat from its process (PID 1 on "
                                                   "another-host.example)") and "more than 30 s" in why
     with store.session_scope(url, write=True) as s:
         store.beat_run(s, ids[1])
-        assert store.reap_runs(s) == []  # fresh heartbeat, just now
+        store.beat_run(s, ids[2])
+        assert store.reap_runs(s) == []  # fresh heartbeats, just now
     store.dispose_engines()
