@@ -17,8 +17,8 @@ for several hosts. Re-running the same command resumes and stops at exactly
 journal cooperate; a SQLite store is tuned by one process at a time (a lock
 file ``<store>.tune-lock`` beside it): a second tuner stops at once with one
 line naming the first (PID, host). Dead tuners' ``running`` rows are marked
-``failed`` at the next start (:func:`kvsplit.db.store.reap_runs`). Ctrl-C stops after the current trial
-(twice: at once).
+``failed`` at the next start (:func:`kvsplit.db.store.reap_runs`). Ctrl-C
+stops after the current trial (twice: at once).
 
 A bucket keeps the training and held-out batches it was first tuned on; a
 later ``tune`` into the same bucket whose flags (``--seed``,
