@@ -8,7 +8,10 @@ migrations with their own version table ``kvsplit_alembic_version``.
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,6 +73,112 @@ def safe_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - not a URL: shown as given
         return url
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, the DBAPI errors it wraps, and the exceptions it was raised from or during, in that order."""
+    out: list[BaseException] = []
+    todo = [exc]
+    while todo and len(out) < 32:
+        e = todo.pop(0)
+        if e is None or any(e is x for x in out):
+            continue
+        out.append(e)
+        todo += [getattr(e, "orig", None), e.__cause__, e.__context__]
+    return out
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    line = text.splitlines()[0].strip() if text else type(e).__name__
+    if line.startswith("(") and ") " in line:  # SQLAlchemy's "(sqlite3.OperationalError) ..." prefix
+        line = line.split(") ", 1)[1]
+    return line
+
+
+def _low_space(path: str | None) -> bool:
+    if not path:
+        return False
+    p = Path(path).expanduser().resolve()
+    for q in (p, *p.parents):
+        if q.exists():
+            try:
+                st = os.statvfs(q)
+            except OSError:
+                return False
+            return st.f_bavail * st.f_frsize < 1 << 20
+    return False
+
+
+def _read_only(path: str | None) -> bool:
+    if not path:
+        return False
+    p = Path(path).expanduser().resolve()
+    for q in (p, *p.parents):
+        if q.exists():
+            try:
+                if os.statvfs(q).f_flag & os.ST_RDONLY:
+                    return True
+            except OSError:
+                return False
+            return not os.access(q if q.is_dir() else q.parent, os.W_OK) or (q.is_file() and not os.access(q, os.W_OK))
+    return False
+
+
+def describe_error(exc: BaseException, url: str | None = None) -> str:
+    """One line naming the real cause of a store failure: disk full, read-only, unreachable server, bad value.
+
+    Looks through the exception chain (an error raised while rolling back, such
+    as SQLite's ``no such savepoint`` after ``database or disk is full``, hides
+    the first one) and at the SQLite file's file system (free space, read-only
+    mount). ``url`` (password hidden) is named in the line. A cause it does not
+    recognise gives ``cannot use the policy store at URL: <first line>``.
+    """
+    return error_cause(exc, url) or f"cannot use the policy store at {safe_url(url) if url else 'the policy store'}: " \
+        f"{_first_line(_chain(exc)[0])}"
+
+
+def error_cause(exc: BaseException, url: str | None = None) -> str | None:
+    """The line of :func:`describe_error` for a recognised cause (disk full, read-only, missing folder,
+    permissions, unreachable server, credentials, missing database, nesting too deep), else None."""
+    where = safe_url(url) if url else "the policy store"
+    path = None
+    if url:
+        with contextlib.suppress(Exception):
+            if _is_sqlite(url):
+                path = _sqlite_file(url)
+    chain = _chain(exc)
+    texts = [_first_line(e) for e in chain]
+    low = [t.lower() for t in texts]
+    errnos = {getattr(e, "errno", None) for e in chain}
+    if any(isinstance(e, RecursionError) for e in chain):
+        return f"{where}: a value is nested too deeply to store or read ({texts[0]})"
+    if errno.ENOSPC in errnos or any("disk is full" in t or "no space left" in t for t in low) \
+            or (any("disk i/o error" in t for t in low) and _low_space(path)):
+        cause = next((texts[i] for i, t in enumerate(low) if "full" in t or "no space" in t or "i/o" in t), texts[0])
+        return f"the disk is full: cannot write the store at {where} ({cause})"
+    if errno.EROFS in errnos or any("readonly" in t or "read-only" in t for t in low) \
+            or (path is not None and _read_only(path) and any("unable to open" in t for t in low)):
+        cause = next((texts[i] for i, t in enumerate(low) if "read" in t and "only" in t), texts[0])
+        return f"the store at {where} is read-only: its file or folder cannot be written ({cause})"
+    if errno.EACCES in errnos or errno.EPERM in errnos:
+        return f"permission denied on the store at {where} ({texts[0]})"
+    if path is not None and any("unable to open" in t for t in low):
+        parent = Path(path).expanduser().resolve().parent
+        if not parent.is_dir():
+            return f"the folder {str(parent)!r} of the SQLite store {where} does not exist"
+    for i, t in enumerate(low):
+        if "password authentication failed" in t or "authentication failed" in t:
+            return f"the database server of {where} refused the credentials ({texts[i]})"
+        if "does not exist" in t and "database" in t:
+            return f"{where}: {texts[i]}"
+        if ("connection refused" in t or "could not translate host name" in t or "timeout expired" in t
+                or "name or service not known" in t or "no route to host" in t or "connection failed" in t
+                or "could not connect" in t or "network is unreachable" in t):
+            detail = next((texts[j] for j, x in enumerate(low) if "refused" in x or "translate" in x
+                           or "timeout" in x or "not known" in x or "route" in x or "unreachable" in x), texts[i])
+            return f"cannot reach the database server of {where}: {detail}"
+    return None
 
 
 def check_exists(url: str | None = None) -> None:
@@ -193,6 +302,35 @@ def session_scope(url: str | None = None, *, write: bool = False, check: bool = 
 # Migrations
 # ----------------------------------------------------------------------------
 
+_SCHEMA_LOCK_KEY = zlib.crc32(b"kvsplit schema lock")  # a PostgreSQL advisory lock key (bigint)
+
+
+@contextlib.contextmanager
+def schema_lock(url: str | None = None) -> Iterator[None]:
+    """Hold the store's schema lock for the block: one process at a time creates or migrates tables.
+
+    PostgreSQL: the session-level advisory lock ``pg_advisory_lock`` (a
+    constant key) on a connection of its own; other processes wait for it.
+    Other backends: nothing (:func:`upgrade` runs SQLite migrations in one
+    ``BEGIN IMMEDIATE`` transaction, which serialises them already).
+    Used around :func:`upgrade` and the creation of Optuna's tables
+    (:func:`kvsplit.tuner.study.open_storage`), which race otherwise
+    (``relation ... already exists``).
+    """
+    url = resolve_url(url)
+    if make_url(url).get_backend_name() != "postgresql":
+        yield
+        return
+    with get_engine(url).connect() as conn:
+        conn.exec_driver_sql(f"SELECT pg_advisory_lock({_SCHEMA_LOCK_KEY})")
+        conn.commit()
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):  # a lost connection releases the lock itself
+                conn.exec_driver_sql(f"SELECT pg_advisory_unlock({_SCHEMA_LOCK_KEY})")
+                conn.commit()
+
 
 def _alembic_config(url: str):
     from alembic.config import Config
@@ -255,18 +393,29 @@ def upgrade(url: str | None = None, revision: str = "head") -> str:
     """Run the migrations up to ``revision``; returns the revision now stamped.
 
     Safe to run on an up-to-date database (does nothing) and on an empty one
-    (creates every table and the ``store_state`` row).
+    (creates every table and the ``store_state`` row), and from several
+    processes at once: one migrates, the others wait and find it done (SQLite:
+    the migration runs in one ``BEGIN IMMEDIATE`` transaction; PostgreSQL:
+    :func:`schema_lock`).
     """
+    return upgrade_from(url, revision)[1]
+
+
+def upgrade_from(url: str | None = None, revision: str = "head") -> tuple[str | None, str]:
+    """:func:`upgrade`, returning (the revision found under the lock, None for an empty database; the
+    revision now stamped): equal when another process had migrated first."""
     from alembic import command
+    from alembic.runtime.migration import MigrationContext
 
     url = resolve_url(url)
     eng = get_engine(url)
     cfg = _alembic_config(url)
-    with eng.connect() as conn:
+    with schema_lock(url), eng.connect().execution_options(kvsplit_write=True) as conn:
+        before = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
         conn.commit()
     _checked.discard(url)
     rev = current_revision(eng)
     assert rev is not None
-    return rev
+    return before, rev

@@ -24,7 +24,10 @@ never by ``create_all`` outside tests):
 ``tuning_runs``
     One ``kvsplit tune`` invocation for one bucket: Optuna study name, storage
     kind, backend, requested / finished trials, best value and params, status,
-    started / finished times.
+    started / finished times, and the owner process (host, PID, process start
+    time) with its heartbeat: a ``running`` row whose process is gone (same
+    host) or whose heartbeat is older than ``stale_after_s`` seconds is marked
+    ``failed`` with an ``abandoned: ...`` message.
 ``measurements``
     One timed (policy, batch): policy or baseline name and params, bucket,
     batch (kv_lens), role (train / heldout), time in seconds, HBM floor in
@@ -173,6 +176,13 @@ class TuningRun(Base):
     message: Mapped[str] = mapped_column(String(2048), default="")
     started_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[Optional[_dt.datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
+    # the process that owns the run (kvsplit.db.store.process_identity) and its liveness signal:
+    # a running row whose process is gone or silent is marked failed by kvsplit.db.store.reap_runs
+    host: Mapped[Optional[str]] = mapped_column(String(255), nullable=True)
+    pid: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    proc_start: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)  # "<start ticks>@<PID ns>"
+    heartbeat_at: Mapped[Optional[_dt.datetime]] = mapped_column(DateTime(timezone=True), nullable=True)
+    stale_after_s: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
 
     bucket: Mapped[Bucket] = relationship()
 

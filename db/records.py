@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime as _dt
 import json
-from collections.abc import Mapping, Sequence
+import os
+import socket
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, select
@@ -137,6 +142,67 @@ def latest_calibration(session: Session, *, gpu: str, config_key: str | None = N
 # ----------------------------------------------------------------------------
 
 
+# Owner processes of runs (and of Optuna trials, kvsplit.tuner.study): host, PID and the
+# process start time, so that a PID reused by another process is not taken for the owner.
+
+
+def _proc_start(pid: int) -> str:
+    """Start time of process ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), '' if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _pid_namespace() -> str:
+    """The PID namespace of this process (``/proc/self/ns/pid`` inode), '' if unknown: containers that share
+    a host name but not their PIDs differ here."""
+    try:
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return ""
+
+
+def process_identity() -> dict[str, Any]:
+    """This process as ``{"host": hostname, "pid": PID, "start": start time in clock ticks, "pidns": PID
+    namespace}``."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start": _proc_start(pid), "pidns": _pid_namespace()}
+
+
+def process_alive(owner: Mapping[str, Any]) -> bool | None:
+    """Whether the process ``owner`` (a :func:`process_identity`) still runs.
+
+    True or False for a process of this host and PID namespace (a PID now
+    held by a process started at another time counts as gone); None for
+    another host or PID namespace, where only a heartbeat can tell.
+    """
+    if owner.get("host") != socket.gethostname():
+        return None
+    ns = owner.get("pidns")
+    if ns and ns != _pid_namespace():
+        return None
+    try:
+        pid = int(owner.get("pid", -1))
+    except (TypeError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    start = owner.get("start")
+    return not start or _proc_start(pid) == start
+
+
+DEFAULT_STALE_AFTER_S = 600
+"""Heartbeat silence (s) after which a running row without its own ``stale_after_s`` is abandoned."""
+
+
 def start_run(
     session: Session,
     *,
@@ -147,17 +213,135 @@ def start_run(
     workers: int = 1,
     storage_kind: str = "rdb",
     device_id: int | None = None,
+    stale_after_s: int = DEFAULT_STALE_AFTER_S,
 ) -> TuningRun:
-    """Record the start of a tuning run (status ``running``)."""
+    """Record the start of a tuning run (status ``running``) owned by this process.
+
+    Runs abandoned by dead processes are marked failed first (:func:`reap_runs`).
+    The row records this process (:func:`process_identity`) and a heartbeat
+    (:func:`run_heartbeat` keeps it fresh); ``stale_after_s`` (seconds) is the
+    heartbeat silence after which another host takes the run for abandoned.
+    """
+    reap_runs(session)
+    me = process_identity()
     run = TuningRun(
         bucket_id=bucket_id, study_name=_str("study_name", study_name), backend=_str("backend", backend,
                                                                                     choices=BACKENDS),
         n_trials=_int("n_trials", n_trials, 1), workers=_int("workers", workers, 1),
         storage_kind=_str("storage_kind", storage_kind, max_len=32), device_id=device_id, status="running",
+        host=me["host"][:255], pid=me["pid"], proc_start=f"{me['start']}@{me['pidns']}"[:32], heartbeat_at=utcnow(),
+        stale_after_s=_int("stale_after_s", stale_after_s, 1),
     )
     session.add(run)
     session.flush()
     return run
+
+
+def _aware(t: _dt.datetime | None) -> _dt.datetime | None:
+    # SQLite hands back naive datetimes; every time the store writes is UTC
+    if t is None or t.tzinfo is not None:
+        return t
+    return t.replace(tzinfo=_dt.timezone.utc)
+
+
+def run_abandoned(run: TuningRun, now: _dt.datetime | None = None) -> str | None:
+    """Why the ``running`` row ``run`` is abandoned, or None while its process may still run it.
+
+    Abandoned: its owner process on this host is gone (PID and start time), or
+    its newest heartbeat (its start, for rows without one) is older than its
+    ``stale_after_s`` (default :data:`DEFAULT_STALE_AFTER_S`).
+    """
+    if run.status != "running":
+        return None
+    if run.host and run.pid:
+        start, _, ns = (run.proc_start or "").partition("@")  # "<start ticks>@<PID namespace>"
+        alive = process_alive({"host": run.host, "pid": run.pid, "start": start, "pidns": ns})
+        if alive is False:
+            return (f"abandoned: its process (PID {run.pid} on {run.host}) is gone, killed or crashed "
+                    f"before it recorded the end of the run")
+        if alive:
+            return None
+    now = now or utcnow()
+    last = _aware(run.heartbeat_at) or _aware(run.started_at)
+    limit = run.stale_after_s or DEFAULT_STALE_AFTER_S
+    if last is not None and (now - last).total_seconds() > limit:
+        who = f"PID {run.pid} on {run.host}" if run.host else "an unrecorded process"
+        return (f"abandoned: no heartbeat from its process ({who}) since {last.isoformat(timespec='seconds')}, "
+                f"more than {limit} s")
+    return None
+
+
+def reap_runs(session: Session) -> list[TuningRun]:
+    """Mark every abandoned ``running`` row (:func:`run_abandoned`) ``failed``, with the reason as its message.
+
+    Returns the rows marked. Call it in a write session.
+    """
+    now = utcnow()
+    marked = []
+    for run in session.scalars(select(TuningRun).where(TuningRun.status == "running")):
+        why = run_abandoned(run, now)
+        if why is None:
+            continue
+        run.status = "failed"
+        run.message = (why + (f"; {run.message}" if run.message else ""))[:2048]
+        run.finished_at = now
+        marked.append(run)
+    if marked:
+        session.flush()
+    return marked
+
+
+def beat_run(session: Session, run_id: int) -> bool:
+    """Refresh the heartbeat of run ``run_id``; False when the row is gone or no longer ``running``."""
+    run = session.get(TuningRun, run_id)
+    if run is None or run.status != "running":
+        return False
+    run.heartbeat_at = utcnow()
+    session.flush()
+    return True
+
+
+@contextlib.contextmanager
+def run_heartbeat(url: str, run_id: int, interval_s: float) -> Iterator[None]:
+    """Beat run ``run_id``'s heartbeat every ``interval_s`` seconds in a daemon thread while the block runs.
+
+    An exception leaving the block marks the row ``failed`` with the
+    exception's first line, when it is still ``running`` (a failure to write
+    that, e.g. on a full disk, is left to :func:`reap_runs`).
+    """
+    from .engine import session_scope
+
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(interval_s):
+            try:
+                with session_scope(url, write=True) as s:
+                    if not beat_run(s, run_id):
+                        return
+            except Exception:  # noqa: BLE001 - a busy or full store: the next beat tries again
+                continue
+
+    t = threading.Thread(target=beat, name=f"kvsplit-run-{run_id}-heartbeat", daemon=True)
+    t.start()
+    try:
+        yield
+    except BaseException as exc:
+        done.set()
+        t.join()
+        from .engine import _first_line, error_cause
+
+        why = f"{type(exc).__name__}: {error_cause(exc, url) or _first_line(exc)}"
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        with contextlib.suppress(Exception):
+            with session_scope(url, write=True) as s:
+                run = s.get(TuningRun, run_id)
+                if run is not None and run.status == "running":
+                    run.status, run.message, run.finished_at = status, why[:2048], utcnow()
+        raise
+    finally:
+        done.set()
+        t.join()
 
 
 def finish_run(
@@ -187,7 +371,7 @@ def finish_run(
 def list_runs(
     session: Session, *, bucket_key: str | None = None, status: str | None = None, limit: int | None = 100
 ) -> list[TuningRun]:
-    """Tuning runs, newest first (bucket loaded)."""
+    """Tuning runs, newest first (bucket loaded). Abandoned rows are marked by :func:`reap_runs`, not here."""
     q = select(TuningRun).options(selectinload(TuningRun.bucket))
     if bucket_key is not None:
         q = q.join(Bucket).where(Bucket.key == bucket_key)

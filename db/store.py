@@ -54,6 +54,9 @@ Devices, calibrations, runs, measurements
 ``get_or_create_device(session, *, name, num_sms, hbm_bandwidth_gbps, software=None, read_bandwidth_gbps=None)``,
 ``record_calibration(...)`` / ``latest_calibration(session, *, gpu, config_key=None)``,
 ``start_run(...)`` / ``finish_run(...)`` / ``list_runs(...)``,
+``run_heartbeat(url, run_id, interval_s)`` / ``reap_runs(session)`` (a ``running`` row whose owner
+process is gone, or whose heartbeat is older than its ``stale_after_s``, becomes ``failed`` with an
+``abandoned: ...`` message; ``start_run`` and ``GET /v1/runs`` call it),
 ``record_measurement(...)`` / ``list_measurements(...)``.
 
 Examples
@@ -77,13 +80,16 @@ from .engine import (
     check_exists,
     check_schema,
     current_revision,
+    describe_error,
     dispose_engines,
     get_engine,
     head_revision,
     resolve_url,
     safe_url,
+    schema_lock,
     session_scope,
     upgrade,
+    upgrade_from,
 )
 from .policies import (
     PublishRefused,
@@ -101,6 +107,8 @@ from .policies import (
     retire,
 )
 from .records import (
+    DEFAULT_STALE_AFTER_S,
+    beat_run,
     finish_run,
     get_device,
     get_or_create_device,
@@ -108,8 +116,13 @@ from .records import (
     list_measurements,
     list_runs,
     measured_read_bandwidth,
+    process_alive,
+    process_identity,
+    reap_runs,
     record_calibration,
     record_measurement,
+    run_abandoned,
+    run_heartbeat,
     set_device_bandwidth,
     start_run,
 )
@@ -132,11 +145,14 @@ __all__ = [
     "ImportValidationError",
     "resolve_url",
     "safe_url",
+    "describe_error",
     "check_exists",
     "get_engine",
     "dispose_engines",
     "session_scope",
     "upgrade",
+    "upgrade_from",
+    "schema_lock",
     "check_schema",
     "current_revision",
     "head_revision",
@@ -166,6 +182,13 @@ __all__ = [
     "start_run",
     "finish_run",
     "list_runs",
+    "reap_runs",
+    "run_abandoned",
+    "run_heartbeat",
+    "beat_run",
+    "process_identity",
+    "process_alive",
+    "DEFAULT_STALE_AFTER_S",
     "record_measurement",
     "list_measurements",
 ]

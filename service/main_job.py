@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import threading
@@ -27,7 +26,7 @@ import urllib.request
 from importlib import resources
 from typing import Any
 
-__all__ = ["run", "DEMO_BUCKETS", "SAMPLE_REQUEST"]
+__all__ = ["run", "prepare", "serve", "DEMO_BUCKETS", "SAMPLE_REQUEST"]
 
 GPU = "NVIDIA H200"
 SHAPES = {
@@ -68,11 +67,12 @@ def _import_shipped(url: str) -> None:
     from ..db import store
 
     doc = _data("h200_policies.json")
+    said: list[str] = []  # said once the transaction has committed (a full disk fails at the commit)
     with store.session_scope(url, write=True) as s:
         have = {b.key for b in store.list_buckets(s)}
         want = {p["bucket"]["key"] for p in doc["policies"]}
         if want <= have:  # imported before (policies an operator retired since stay retired)
-            _say(f"shipped policies already in the store ({len(want)} H200 buckets)")
+            said.append(f"shipped policies already in the store ({len(want)} H200 buckets)")
         else:
             ids = store.import_policies(s, doc)
             meas = _data("h200_measurements.json")["measurements"]
@@ -84,8 +84,8 @@ def _import_shipped(url: str) -> None:
                                          backend=m["backend"], software=m["software"], stage="verify")
             roles = {m["role"] for m in meas}  # the shipped set: the training batch of each bucket
             what = "training " if roles == {"train"} else "held-out " if roles == {"heldout"} else ""
-            _say(f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/build_shipped_policies.py) "
-                 f"and their {len(meas)} {what}measurements")
+            said.append(f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/build_shipped_policies.py) "
+                        f"and their {len(meas)} {what}measurements")
         cal = _data("h200_calibration.json")
         if store.latest_calibration(s, gpu=cal["gpu"]) is None:
             dev = store.get_or_create_device(s, name=cal["gpu"], num_sms=132, hbm_bandwidth_gbps=4800.0,
@@ -93,8 +93,10 @@ def _import_shipped(url: str) -> None:
                                              read_bandwidth_gbps=cal["read_bandwidth_gbps"])
             store.record_calibration(s, device_id=dev.id, constants=cal["constants"], error=cal["error"],
                                      kernel_config=cal["kernel_config"], num_samples=cal["num_samples"])
-            _say(f"stored the H200 simulator calibration (held-out error median "
-                 f"{cal['error']['heldout']['median']:.1%}, worst {cal['error']['heldout']['worst']:.1%})")
+            said.append(f"stored the H200 simulator calibration (held-out error median "
+                        f"{cal['error']['heldout']['median']:.1%}, worst {cal['error']['heldout']['worst']:.1%})")
+    for line in said:
+        _say(line)
 
 
 def _backend_name() -> str:
@@ -217,22 +219,25 @@ def _show_sample(base: str, server: Any) -> None:
     _say("serving until Ctrl-C")
 
 
-def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True, database_url: str | None = None) -> None:
-    """Run the main job (see the module doc); blocks until Ctrl-C. ``database_url``: the store (default
-    KVSPLIT_DATABASE_URL from the environment or ./.env, else ./kvsplit.db)."""
-    import uvicorn
-
+def prepare(url: str, *, tune: bool = True) -> None:
+    """Steps 1-3 of the module doc on the store at ``url``: create or migrate it, import the shipped
+    policies, tune the demo buckets (``tune``). Store failures propagate (``kvsplit run`` prints one line)."""
     from ..db import store
-    from .app import create_app
-    from .settings import Settings
 
-    settings = Settings(**({"database_url": database_url} if database_url is not None else {}))
-    url = store.resolve_url(settings.database_url)
-    _say(f"store {url} ready (schema revision {store.upgrade(url)})")
+    _say(f"store {store.safe_url(url)} ready (schema revision {store.upgrade(url)})")
     _import_shipped(url)
     if tune:
         _tune_demo(url, _backend_name())
-    wanted = int(os.environ.get("KVSPLIT_PORT", port or 8000))
+
+
+def serve(settings: Any, *, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Step 4: serve the store of ``settings`` on ``host:port`` (another free port if taken, said so) until
+    Ctrl-C, with the dashboard URL and a sample request printed once it is up."""
+    import uvicorn
+
+    from .app import create_app
+
+    wanted = port
     port = _free_port(host, wanted)
     if wanted and port != wanted:
         _say(f"port {wanted} is busy on {host}: serving on port {port} instead")
@@ -245,6 +250,32 @@ def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True, 
     except KeyboardInterrupt:  # uvicorn re-raises the captured Ctrl-C after its clean shutdown
         pass
     _say("stopped")
+
+
+def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True, database_url: str | None = None) -> None:
+    """Run the main job (see the module doc); blocks until Ctrl-C. ``database_url``: the store (default
+    KVSPLIT_DATABASE_URL from the environment or ./.env, else ./kvsplit.db); ``port``: default KVSPLIT_PORT,
+    else 8000.
+
+    Raises
+    ------
+    pydantic.ValidationError
+        A bad ``KVSPLIT_*`` setting.
+    sqlalchemy.exc.SQLAlchemyError, OSError
+        The store cannot be created or written (``kvsplit run`` prints them as one line).
+    """
+    from ..db import store
+    from .settings import Settings
+
+    over: dict[str, Any] = {}
+    if database_url is not None:
+        over["database_url"] = database_url
+    if port is not None:
+        over["port"] = port
+    settings = Settings(**over)
+    url = store.resolve_url(settings.database_url)
+    prepare(url, tune=tune)
+    serve(settings, host=host, port=settings.port)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -99,18 +99,41 @@ def _run_dict(r: Any) -> dict[str, Any]:
     dur = None
     if r.finished_at is not None and r.started_at is not None:
         dur = (r.finished_at - r.started_at).total_seconds()
+    status, message = r.status, r.message
+    abandoned = store.run_abandoned(r)  # only when reap_runs could not write it
+    if abandoned is not None:
+        status, message = "failed", abandoned
     return {
         "id": r.id, "bucket": r.bucket.key if r.bucket is not None else None, "study_name": r.study_name,
-        "storage_kind": r.storage_kind, "backend": r.backend, "status": r.status, "n_trials": r.n_trials,
+        "storage_kind": r.storage_kind, "backend": r.backend, "status": status, "n_trials": r.n_trials,
         "n_finished": r.n_finished, "workers": r.workers, "best_value": r.best_value,
-        "best_params": r.best_params, "message": r.message, "started_at": _iso(r.started_at),
-        "finished_at": _iso(r.finished_at), "duration_s": dur,
+        "best_params": r.best_params, "message": message, "started_at": _iso(r.started_at),
+        "finished_at": _iso(r.finished_at), "duration_s": dur, "host": r.host, "pid": r.pid,
+        "heartbeat_at": _iso(r.heartbeat_at),
     }
+
+
+def reap_runs(url: str) -> int:
+    """Mark the store's abandoned ``running`` rows ``failed`` (:func:`kvsplit.db.store.reap_runs`); the number marked.
+
+    Reads first and writes only when a row is abandoned; a store that cannot
+    be written (read-only, busy, full) is left as it is, and the rows are
+    reported failed anyway (:func:`_run_dict`).
+    """
+    with store.session_scope(url) as s:
+        if not any(store.run_abandoned(r) for r in store.list_runs(s, status="running", limit=None)):
+            return 0
+    try:
+        with store.session_scope(url, write=True) as s:
+            return len(store.reap_runs(s))
+    except Exception:  # noqa: BLE001 - sqlalchemy OperationalError: a read-only, busy or full store
+        return 0
 
 
 def list_runs(url: str, *, bucket: str | None = None, status: str | None = None,
               limit: int = 100) -> list[dict[str, Any]]:
-    """Tuning runs, newest first."""
+    """Tuning runs, newest first; abandoned ``running`` rows are marked ``failed`` first (:func:`reap_runs`)."""
+    reap_runs(url)
     with store.session_scope(url) as s:
         return [_run_dict(r) for r in store.list_runs(s, bucket_key=bucket, status=status, limit=limit)]
 
@@ -198,6 +221,7 @@ def dashboard_data(url: str) -> dict[str, Any]:
     from buckets with a published policy (a tuning that was not published is
     not what the service serves).
     """
+    reap_runs(url)
     with store.session_scope(url) as s:
         version = store.policies_version(s)
         buckets = store.list_buckets(s)

@@ -16,7 +16,13 @@ KVSPLIT_RELOAD_INTERVAL_S  seconds between polls of the store's        2.0
                            policies version (0 disables polling)
 KVSPLIT_MAX_BODY_BYTES     largest request body (bytes), refused with  2097152 (2 MiB)
                            413 before parsing
+KVSPLIT_PORT               TCP port of ``kvsplit run`` and ``kvsplit   8000
+                           serve`` when ``--port`` is not given
+                           (0..65535)
 =========================  ==========================================  ====================
+
+A bad value stops every command with one line naming the variable
+(:func:`kvsplit.service.cli.faults.load_settings`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class Settings(StoreSettings):
     max_kv_len: int = Field(default=1 << 24, ge=0, le=MAX_KV_LEN)
     reload_interval_s: float = Field(default=2.0, ge=0.0, le=3600.0)
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    port: int = Field(default=8000, ge=0, le=65535)
 
     @field_validator("admin_token")
     @classmethod

@@ -46,7 +46,10 @@ Flow of :func:`tune_task` (one bucket; DESIGN.md §2 offline path):
 Storage (:func:`storage_spec`): the database URL itself for one worker;
 ``--journal PATH`` (``JournalFileBackend``) for several processes on one host;
 a PostgreSQL (any non-SQLite) URL for several hosts. One SQLite file is never
-shared by parallel workers (ValueError).
+shared by parallel workers (ValueError), nor by two tuning processes: the
+first holds :func:`exclusive_storage` and a later one raises
+:class:`StorageBusy` naming it. Tuners sharing a PostgreSQL URL or a journal
+cooperate on each study (trials claimed atomically, exact trial counts).
 """
 
 from __future__ import annotations
@@ -63,10 +66,12 @@ from .study import (
     _ATTR_ENQUEUED,
     _ATTR_TASK,
     HeartbeatJournalStorage,
+    StorageBusy,
     StorageSpec,
     _best,
     _fail_stale,
     _load_study,
+    exclusive_storage,
     fail_dead_trials,
     open_storage,
     storage_spec,
@@ -92,6 +97,8 @@ __all__ = [
     "TuneConfig",
     "TuneResult",
     "StorageSpec",
+    "StorageBusy",
+    "exclusive_storage",
     "storage_spec",
     "open_storage",
     "study_name",
@@ -287,7 +294,7 @@ def _start(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) -> _R
         dev_row = _device_row(s, task, run.backend, cfg.backend)
         row = store.start_run(s, bucket_id=run.bucket_id, study_name=run.study, backend=cfg.backend,
                               n_trials=cfg.n_trials, workers=cfg.workers, storage_kind=spec.kind,
-                              device_id=dev_row.id)
+                              device_id=dev_row.id, stale_after_s=cfg.grace_period)
         run.run_id, run.device_id = row.id, dev_row.id
     return run
 
@@ -413,12 +420,16 @@ def tune_task(task: TuneTask, cfg: TuneConfig, *, stop: Stop | None = None,
     module doc.
     """
     stop = stop or Stop()
-    run = _start(task, cfg, backend)
-    study = _open_study(run)
-    _search(run, study, stop)
-    result = _result(run, study, stop)
-    _verify(run, result)
-    _record(run, result)
+    # one process at a time on a SQLite study storage (StorageBusy otherwise); the run row's heartbeat, and
+    # an exception marks the row failed (a killed process's row: store.reap_runs)
+    with exclusive_storage(storage_spec(cfg.database_url, journal=cfg.journal, workers=cfg.workers)):
+        run = _start(task, cfg, backend)
+        with store.run_heartbeat(run.url, run.run_id, cfg.heartbeat_interval):
+            study = _open_study(run)
+            _search(run, study, stop)
+            result = _result(run, study, stop)
+            _verify(run, result)
+            _record(run, result)
     return result
 
 

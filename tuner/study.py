@@ -12,9 +12,9 @@ before Optuna 4.9).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
-import socket
 import time
 import warnings
 from collections import Counter
@@ -86,6 +86,100 @@ def storage_spec(database_url: str, *, journal: str | os.PathLike | None = None,
             "pass --journal PATH (several processes on this host) or a PostgreSQL --database-url (several hosts)"
         )
     return StorageSpec("rdb", url, heartbeat_interval, grace_period)
+
+
+class StorageBusy(RuntimeError):
+    """Another process holds the tuning lock of this SQLite study storage (:func:`exclusive_storage`)."""
+
+
+_held: dict[str, list[int]] = {}  # lock file -> [fd, depth] of the locks this process holds
+
+
+def _lock_path(spec: StorageSpec) -> Path | None:
+    from sqlalchemy.engine import make_url
+
+    if spec.kind != "rdb":
+        return None
+    u = make_url(spec.location)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:" \
+            or u.database.startswith("file::memory:"):
+        return None
+    db = Path(u.database).expanduser().resolve()
+    return db.with_name(db.name + ".tune-lock")
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock file ``fd`` (what it wrote there), in words."""
+    info: dict[str, Any] = {}
+    for _ in range(20):  # the holder writes its identity just after taking the lock
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        if info:
+            break
+        time.sleep(0.025)
+    if not info:
+        return "another process"
+    since = time.strftime("%H:%M:%S UTC", time.gmtime(info.get("since", 0)))
+    return f"PID {info.get('pid')} on {info.get('host')}, since {since}"
+
+
+@contextlib.contextmanager
+def exclusive_storage(spec: StorageSpec):
+    """Hold the tuning lock of a SQLite study storage for the block; refuse at once if another process has it.
+
+    One SQLite file cannot hold an Optuna study that several processes tune:
+    Optuna's RDB storage claims a waiting trial with ``SELECT ... FOR UPDATE``,
+    which SQLite ignores, so two processes can run the same trial
+    (``UpdateFinishedTrialError``), and both may create Optuna's tables at
+    once (``table studies already exists``). So the first ``kvsplit tune`` on a
+    SQLite store takes an exclusive ``flock`` on ``<store file>.tune-lock``
+    (beside the store; it holds the owner's PID and host) until it ends, and
+    another one stops before touching the store. The kernel drops the lock
+    when the process dies, ``kill -9`` included. Re-entrant within a process.
+    PostgreSQL and journal storages need no lock: their tuners cooperate.
+
+    Raises
+    ------
+    StorageBusy
+        Another process holds the lock; the message names it (PID, host, since).
+    OSError
+        The lock file cannot be created (read-only or missing folder).
+    """
+    import fcntl
+
+    path = _lock_path(spec)
+    if path is None:
+        yield
+        return
+    key = str(path)
+    if key in _held:
+        _held[key][1] += 1
+        try:
+            yield
+        finally:
+            _held[key][1] -= 1
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StorageBusy(
+                f"another kvsplit tune ({_holder(fd)}) is tuning with the SQLite store {spec.describe()}; "
+                "one SQLite file cannot share Optuna studies between processes: wait for it to end, or give "
+                "every tuner the same PostgreSQL --database-url or --journal PATH") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({**store.process_identity(), "since": time.time()}).encode(), 0)
+        _held[key] = [fd, 1]
+        try:
+            yield
+        finally:
+            del _held[key]
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _journal_heartbeat_cls():
@@ -194,9 +288,10 @@ def open_storage(spec: StorageSpec):
         kwargs["connect_args"] = {"timeout": 60}
     else:
         kwargs["pool_pre_ping"] = True
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=spec.heartbeat_interval,
-                                      grace_period=spec.grace_period,
-                                      heartbeat_stale_trial_callback=_retry_callback)
+    with store.schema_lock(url):  # tuners starting together on a fresh PostgreSQL: one creates Optuna's tables
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=spec.heartbeat_interval,
+                                          grace_period=spec.grace_period,
+                                          heartbeat_stale_trial_callback=_retry_callback)
 
 
 def study_name(task: TuneTask, backend: str) -> str:
@@ -250,31 +345,12 @@ def _best(study) -> tuple[float | None, dict[str, Any] | None]:
 # ----------------------------------------------------------------------------
 
 
-def _proc_start(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 def _me() -> dict[str, Any]:
-    pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "start": _proc_start(pid)}
+    return store.process_identity()
 
 
 def _alive(owner: Mapping[str, Any]) -> bool:
-    if owner.get("host") != socket.gethostname():
-        return True  # another host: only its heartbeat can tell
-    pid = int(owner.get("pid", -1))
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    start = owner.get("start")
-    return not start or _proc_start(pid) == start
+    return store.process_alive(owner) is not False  # another host: only its heartbeat can tell
 
 
 def fail_dead_trials(study) -> int:

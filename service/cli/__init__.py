@@ -27,6 +27,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _settings_first() -> None:
+    """kvsplit: auto-tuned split-KV policies for LLM decode attention."""
+    # a bad KVSPLIT_* store setting (environment or ./.env) is one line naming it, before any command runs
+    from ...db.settings import Settings
+    from .faults import load_settings
+
+    load_settings(Settings)
+
+
 app.command("tune")(tune_cmd)
 app.command("bench")(bench_cmd)
 app.command("calibrate")(calibrate_cmd)

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from .faults import store_errors, store_failure
 from .options import DatabaseUrl, Dtype, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, store_url
 
 __all__ = ["calibrate_cmd"]
@@ -48,10 +49,18 @@ def calibrate_cmd(
     except ValueError as exc:
         fail(str(exc))
     url = store_url(database_url)
-    store.upgrade(url)
+    with store_errors(url):  # one line naming the cause: disk full, read-only, unreachable, ...
+        store.upgrade(url)
     backend = make_backend("gpu", shape=shape, max_tokens=300_000, max_batch=512)
-    rep = calibrate(backend, gpu=name, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.dtype,
-                    page_size=shape.page_size, seed=seed, database_url=url, progress=True)
+    try:
+        rep = calibrate(backend, gpu=name, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                        dtype=shape.dtype, page_size=shape.page_size, seed=seed, database_url=url, progress=True)
+    except Exception as exc:  # noqa: BLE001 - a store failure while storing the constants: one line
+        import sqlalchemy.exc
+
+        if not isinstance(exc, (sqlalchemy.exc.SQLAlchemyError, OSError)):
+            raise
+        store_failure(exc, url)
     if out is not None:
         out.write_text(json.dumps(rep, indent=1))
     typer.echo(f"calibration {rep.get('calibration_id')} for {rep['gpu']}: held-out error median "

@@ -20,7 +20,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .options import DatabaseUrl, existing_store, fail, first_line, store_url
+from .faults import store_failure
+from .options import DatabaseUrl, existing_store, fail, store_url
 
 __all__ = ["db_app"]
 
@@ -28,13 +29,7 @@ db_app = typer.Typer(name="db", help="The policy store: migrations, export, impo
 
 
 def _store_error(exc: Exception, url: str) -> None:
-    from ...db import store
-
-    if isinstance(exc, store.SchemaError):
-        fail(str(exc), code=1)
-    if isinstance(exc, ValueError):
-        fail(f"--database-url: {exc}")
-    fail(f"cannot open the policy store at {store.safe_url(url)}: {first_line(exc)}", code=1)
+    store_failure(exc, url)  # one line naming the cause: disk full, read-only, unreachable, ...
 
 
 @db_app.command("upgrade")
@@ -44,8 +39,7 @@ def upgrade_cmd(database_url: DatabaseUrl = None) -> None:
 
     url = store_url(database_url)
     try:
-        before = store.current_revision(store.get_engine(url))
-        rev = store.upgrade(url)
+        before, rev = store.upgrade_from(url)  # before: as found under the schema lock
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
         _store_error(exc, url)
     safe = store.safe_url(url)

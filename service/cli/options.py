@@ -38,10 +38,16 @@ def fail(msg: str, code: int = 2) -> NoReturn:
 
 def store_url(database_url: str | None) -> str:
     """``--database-url`` (or the settings' URL) as a SQLAlchemy URL; a bad one is a one-line error."""
+    from pydantic import ValidationError
+
     from ...db import store
 
     try:
         return store.resolve_url(database_url)
+    except ValidationError as exc:  # a bad KVSPLIT_* value in the environment or ./.env
+        from .faults import settings_error
+
+        fail(settings_error(exc))
     except ValueError as exc:
         fail(f"--database-url: {exc}")
 
@@ -58,12 +64,10 @@ def existing_store(database_url: str | None) -> str:
     try:
         store.check_exists(url)
         store.check_schema(store.get_engine(url))
-    except store.SchemaError as exc:
-        fail(str(exc), code=1)
-    except ValueError as exc:
-        fail(f"--database-url: {exc}")
-    except Exception as exc:  # noqa: BLE001 - sqlalchemy.exc.OperationalError etc.: server down, bad credentials
-        fail(f"cannot open the policy store at {store.safe_url(url)}: {first_line(exc)}", code=1)
+    except Exception as exc:  # noqa: BLE001 - server down, bad credentials, read-only, bad setting: one line
+        from .faults import store_failure
+
+        store_failure(exc, url)
     return url
 
 

@@ -32,12 +32,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from .faults import load_settings, store_errors
 from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, existing_store, fail, store_url
 
 __all__ = ["serve_cmd", "plan_cmd", "run_cmd", "port_in_use", "parse_kv_lens_text"]
 
 Host = Annotated[str, typer.Option("--host", metavar="HOST", help="interface to bind")]
-Port = Annotated[int, typer.Option("--port", metavar="PORT", min=0, max=65535, help="TCP port")]
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -56,7 +56,8 @@ def port_in_use(host: str, port: int) -> bool:
 def serve_cmd(
     database_url: DatabaseUrl = None,
     host: Host = "127.0.0.1",
-    port: Port = 8000,
+    port: Annotated[Optional[int], typer.Option("--port", metavar="PORT", min=0, max=65535,
+                                                help="TCP port (default KVSPLIT_PORT, else 8000)")] = None,
     workers: Annotated[int, typer.Option("--workers", metavar="N", min=1, max=256, help="worker processes")] = 1,
     reload_interval: Annotated[Optional[float], typer.Option(
         "--reload-interval", metavar="SECONDS", min=0.0,
@@ -66,16 +67,12 @@ def serve_cmd(
                                              help="log every request")] = False,
 ) -> None:
     """Run the plan service (HTTP API, dashboard at /, metrics at /metrics)."""
-    from ..settings import Settings
-
-    if database_url is not None:
-        os.environ["KVSPLIT_DATABASE_URL"] = database_url
-    if reload_interval is not None:
+    settings = load_settings(flags={"database_url": ("--database-url", database_url),
+                                    "reload_interval_s": ("--reload-interval", reload_interval),
+                                    "port": ("--port", port)})
+    port = settings.port
+    if reload_interval is not None:  # the workers build their settings from the environment
         os.environ["KVSPLIT_RELOAD_INTERVAL_S"] = str(reload_interval)
-    try:
-        settings = Settings()
-    except Exception as exc:  # pydantic ValidationError: a bad KVSPLIT_* value
-        fail(f"invalid settings: {exc}")
     url = existing_store(settings.database_url)
     # the workers read KVSPLIT_DATABASE_URL: give them the URL as resolved here (a plain path made a SQLite URL)
     os.environ["KVSPLIT_DATABASE_URL"] = url
@@ -188,7 +185,6 @@ def plan_cmd(
     from ...kernels.shape import canonical_dtype
     from ...tuner.published import load_table_doc
     from ..routers.plan import plan_answer
-    from ..settings import Settings
     from ..state import ServedTable
     from ..validation import RequestValidationFailed, parse_plan_request
 
@@ -203,10 +199,7 @@ def plan_cmd(
         dtype = canonical_dtype(dtype)
     except ValueError as exc:
         fail(f"--{exc}")
-    try:
-        settings = Settings(**({"database_url": database_url} if database_url is not None else {}))
-    except Exception as exc:  # pydantic ValidationError: a bad KVSPLIT_* value
-        fail(f"invalid settings: {exc}")
+    settings = load_settings(flags={"database_url": ("--database-url", database_url)})
     body = orjson.dumps({"gpu": gpu, "num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads,
                          "head_dim": head_dim, "dtype": dtype, "page_size": page_size, "kv_lens": lens})
     try:
@@ -220,7 +213,8 @@ def plan_cmd(
             typer.echo(f"error: {name}{where}: {msg}", err=True)
         raise typer.Exit(2) from None
     url = existing_store(settings.database_url)
-    served = ServedTable.from_doc(load_table_doc(url))
+    with store_errors(url):
+        served = ServedTable.from_doc(load_table_doc(url))
     try:
         p, bucket, policy = served.table.plan(req.kv_lens, req.shape)
     except ValueError as exc:
@@ -236,14 +230,18 @@ def plan_cmd(
 
 def run_cmd(
     host: Host = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", metavar="PORT", min=0, max=65535,
-                                      help="port (another free one if taken, said so; KVSPLIT_PORT)")] = 8000,
+    port: Annotated[Optional[int], typer.Option(
+        "--port", metavar="PORT", min=0, max=65535,
+        help="port (default KVSPLIT_PORT, else 8000; another free one if taken, said so)")] = None,
     tune: Annotated[bool, typer.Option("--tune/--no-tune", metavar="",
                                        help="tune the demo buckets before serving")] = True,
     database_url: DatabaseUrl = None,
 ) -> None:
     """The main job (make run): store, shipped H200 policies, demo tuning, plan service until Ctrl-C."""
-    from ..main_job import run
+    from ..main_job import prepare, serve
 
-    url = store_url(database_url) if database_url is not None else None  # a plain path means that SQLite file
-    run(host=host, port=port, tune=tune, database_url=url)
+    settings = load_settings(flags={"database_url": ("--database-url", database_url), "port": ("--port", port)})
+    url = store_url(settings.database_url)  # a plain path means that SQLite file
+    with store_errors(url):  # one line naming the cause: disk full, read-only, unreachable, another tuner, ...
+        prepare(url, tune=tune)
+    serve(settings, host=host, port=settings.port)

@@ -13,8 +13,12 @@ One of three workload selections:
 Storage of the Optuna studies: the ``--database-url`` for one worker;
 ``--journal PATH`` for ``--workers K`` processes on one host; a PostgreSQL URL
 for several hosts. Re-running the same command resumes and stops at exactly
-``--trials`` finished trials per bucket. Ctrl-C stops after the current trial
-(twice: at once).
+``--trials`` finished trials per bucket. Tuners sharing a PostgreSQL URL or a
+journal cooperate; a SQLite store is tuned by one process at a time (a lock
+file ``<store>.tune-lock`` beside it): a second tuner stops at once with one
+line naming the first (PID, host). Dead tuners' ``running`` rows are marked
+``failed`` at the next start (:func:`kvsplit.db.store.reap_runs`). Ctrl-C
+stops after the current trial (twice: at once).
 
 A bucket keeps the training and held-out batches it was first tuned on; a
 later ``tune`` into the same bucket whose flags (``--seed``,
@@ -31,12 +35,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, first_line, store_url
+from .faults import hold_tuning_lock, is_store_failure, store_errors, store_failure
+from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, store_url
 
 __all__ = ["tune_cmd"]
 
 
 def tune_cmd(
+    ctx: typer.Context,
     gpu: Gpu = "NVIDIA H200",
     num_qo_heads: NumQoHeads = 32,
     num_kv_heads: NumKvHeads = 4,
@@ -84,7 +90,12 @@ def tune_cmd(
                                            help="tqdm progress bar (drawn only when stderr is a terminal)")] = True,
     json_out: Annotated[bool, typer.Option("--json", metavar="", help="print the results as JSON")] = False,
 ) -> None:
-    """Tune the `tuned` policy of one or more buckets, verify it against the baselines, publish it."""
+    """Tune the `tuned` policy of one or more buckets, verify it against the baselines, publish it.
+
+    Several tuners at once: tuners sharing a PostgreSQL --database-url (or a --journal PATH) cooperate on each bucket's study (trials claimed atomically; exactly --trials finished trials). A SQLite store holds the studies of one tuner at a time: another `kvsplit tune` on the same file (without --journal) stops at once with one line naming the tuner that holds it (PID, host).
+
+    A run whose process died (kill -9, crash) is marked failed ("abandoned: ...") at the next tune start and in GET /v1/runs.
+    """  # noqa: E501 - one line per paragraph: the help text reflows it
     from ...db import store
     from ...tuner import search
 
@@ -101,8 +112,8 @@ def tune_cmd(
             progress=progress and sys.stderr.isatty(),  # no carriage-return redraws in a piped log
             heartbeat_interval=heartbeat_interval, grace_period=grace_period, publish=publish,
         )
-        search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers,
-                            heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+        spec = search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers,
+                                   heartbeat_interval=heartbeat_interval, grace_period=grace_period)
         if family is not None:
             if batch_size is None:
                 fail("--family needs --batch-size")
@@ -126,23 +137,21 @@ def tune_cmd(
             has_cuda = False
         if not has_cuda:
             fail("--backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; use --backend sim")
-    try:
+    hold_tuning_lock(ctx, spec)  # a SQLite store: one tuner at a time (help text), refused before anything is stored
+    with store_errors(cfg.database_url):  # one line naming the cause: disk full, read-only, unreachable, ...
         eng = store.get_engine(cfg.database_url)
-        if store.current_revision(eng) is None:
-            store.upgrade(cfg.database_url)
+        if store.current_revision(eng) is None and store.upgrade_from(cfg.database_url)[0] is None:
             typer.echo(f"created the kvsplit store at {store.safe_url(cfg.database_url)}", err=True)
         store.check_schema(eng)
-    except store.SchemaError as exc:
-        fail(str(exc), code=1)
-    except ValueError as exc:
-        fail(f"--database-url: {exc}")
-    except Exception as exc:  # noqa: BLE001 - sqlalchemy OperationalError etc.: server down, bad credentials
-        fail(f"cannot open the policy store at {store.safe_url(cfg.database_url)}: {first_line(exc)}", code=1)
     for t in tasks:  # before any work: a bucket tuned before on other batches is refused (module doc)
         try:
             search.check_task_batches(t, cfg.database_url)
         except ValueError as exc:
             fail(str(exc))
+        except Exception as exc:
+            if not is_store_failure(exc):
+                raise
+            store_failure(exc, cfg.database_url)
     typer.echo(f"tuning {len(tasks)} bucket(s), {trials} trials each, backend {backend}, "
                f"{workers} worker(s), studies in "
                f"{search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers).describe()}",
@@ -157,6 +166,10 @@ def tune_cmd(
                 results.append(search.tune_task(t, cfg, stop=stop))
             except (ValueError, RuntimeError) as exc:
                 fail(f"{t.source}: {exc}", code=1)
+            except Exception as exc:
+                if not is_store_failure(exc):
+                    raise
+                store_failure(exc, cfg.database_url)  # one line naming the cause: disk full, unreachable, ...
     finally:
         stop.restore()
     if json_out:

@@ -80,7 +80,7 @@ def test_outdated_database_says_how_to_upgrade(url, monkeypatch):
     # the code now expects a newer revision than the one stamped in the file
     monkeypatch.setattr("kvsplit.db.engine.head_revision", lambda: "0099")
     store._checked.clear()
-    with pytest.raises(store.SchemaError, match=r"at revision 0001, older than 0099: run `kvsplit db upgrade"):
+    with pytest.raises(store.SchemaError, match=r"at revision 0002, older than 0099: run `kvsplit db upgrade"):
         with store.session_scope(url):
             pass
 
@@ -101,9 +101,46 @@ def test_cli_outdated_message(tmp_path):
     assert "`kvsplit db upgrade --database-url" in r.output and "`kvsplit run --no-tune --database-url" in r.output
     assert not (tmp_path / "x.db").exists()  # a read-only command creates no empty store
     r = CliRunner().invoke(app, ["db", "upgrade", "--database-url", u])
-    assert r.exit_code == 0 and "upgraded empty -> 0001" in r.output
+    assert r.exit_code == 0 and "upgraded empty -> 0002" in r.output
     r = CliRunner().invoke(app, ["db", "upgrade", "--database-url", u])
-    assert "already at revision 0001" in r.output
+    assert "already at revision 0002" in r.output
+    store.dispose_engines()
+
+
+def test_upgrade_0001_to_0002_keeps_runs_and_ages_ownerless_running_rows(tmp_path):
+    """A store of revision 0001 with a ``running`` row (no owner): 0002 keeps it and its start time ages it."""
+    u = f"sqlite:///{tmp_path / 'old.db'}"
+    assert store.upgrade(u, "0001") == "0001"
+    eng = store.get_engine(u)
+    with eng.begin() as c:
+        c.execute(text("INSERT INTO buckets (key, gpu, num_kv_heads, head_dim, dtype, page_size, signature, source, "
+                       "sample_batches, created_at) VALUES ('b', 'NVIDIA H200', 4, 128, 'bfloat16', 16, '{}', '', "
+                       "'{}', '2026-01-01 00:00:00')"))
+        c.execute(text("INSERT INTO tuning_runs (bucket_id, study_name, storage_kind, backend, n_trials, n_finished, "
+                       "workers, status, message, started_at) VALUES (1, 'st', 'rdb', 'sim', 4, 2, 1, 'running', '', "
+                       ":t)"), {"t": "2026-01-01 00:00:00"})
+    assert store.upgrade(u) == "0002"
+    with store.session_scope(u, write=True) as s:
+        (marked,) = store.reap_runs(s)
+        assert marked.study_name == "st" and marked.n_finished == 2 and marked.status == "failed"
+        assert marked.message.startswith("abandoned: no heartbeat from its process (an unrecorded process) since "
+                                         "2026-01-01T00:00:00+00:00, more than 600 s")
+    store.dispose_engines()
+
+
+def test_concurrent_upgrades_of_an_empty_store_all_succeed(tmp_path):
+    """Four processes upgrading one new SQLite store at once: one migrates, the others find it done."""
+    import subprocess
+    import sys
+
+    u = f"sqlite:///{tmp_path / 'race.db'}"
+    procs = [subprocess.Popen([sys.executable, "-m", "kvsplit.service.cli", "db", "upgrade", "--database-url", u],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [(p, *p.communicate(timeout=120)) for p in procs]
+    assert all(p.returncode == 0 for p, _, _ in outs), [e for _, _, e in outs]
+    said = sorted(o.split(": ", 1)[1].strip() for _, o, _ in outs)
+    assert said == ["already at revision 0002"] * 3 + ["upgraded empty -> 0002"], said
+    assert store.current_revision(store.get_engine(u)) == "0002"
     store.dispose_engines()
 
 

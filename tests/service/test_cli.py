@@ -259,7 +259,8 @@ def test_unreachable_server_is_one_error_line(cmd):
     res = _invoke(*cmd, "--database-url", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none")
     assert res.exit_code == 1
     line = _one_error_line(res)
-    assert line.startswith("error: cannot open the policy store at postgresql+psycopg://nobody:***@127.0.0.1:1/none: ")
+    assert line.startswith("error: cannot reach the database server of postgresql+psycopg://nobody:***@127.0.0.1:1/none: ")
+    assert "Connection refused" in line
     assert "secret" not in line
 
 
