@@ -252,6 +252,53 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def plot_summary(rows: Sequence[dict[str, Any]], out_dir: str | Path, families: Sequence[str] = ("uniform", "skewed80")) -> list[Path]:
+    """One PNG per reference set (``<out_dir>/peers_<set>.png``): time / read floor against B, one line per
+    (implementation, family), log2 B axis. Sets without the given families (trace batches) are not drawn.
+
+    Returns the paths written.
+
+    Raises
+    ------
+    ValueError
+        ``rows`` hold no case of ``families``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sets = list(dict.fromkeys(r["set"] for r in rows if r["family"] in families))
+    if not sets:
+        raise ValueError(f"--plot: no case of the families {list(families)} in the CSVs")
+    impls = list(dict.fromkeys(r["implementation"] for r in rows))
+    written = []
+    for st in sets:
+        fig, ax = plt.subplots(figsize=(7.5, 4.2))
+        for i, impl in enumerate(impls):
+            for fam, style in zip(families, ("-", "--"), strict=False):
+                pts = sorted((r["B"], r["ratio_to_read_floor"]) for r in rows
+                             if r["set"] == st and r["implementation"] == impl and r["family"] == fam)
+                if pts:
+                    ax.plot([b for b, _ in pts], [y for _, y in pts], style, marker="o", ms=3, color=f"C{i}",
+                            label=f"{impl} ({fam})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("B (requests)")
+        ax.set_ylabel("time / read floor")
+        ax.set_title(f"{st}: time / HBM read floor (lower is better)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = out_dir / f"peers_{st}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 # ----------------------------------------------------------------------------- runners (GPU)
 
 
@@ -490,13 +537,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--summary", nargs="+", metavar="CSV", help="print the comparison of these CSVs (no GPU)")
     ap.add_argument("--baseline", default=None, help="--summary: the implementation the others are divided by")
+    ap.add_argument("--plot", type=Path, metavar="DIR", help="--summary: also draw peers_<set>.png into DIR")
     args = ap.parse_args(argv)
     if args.summary:
         try:
-            text = format_summary(summary(read_csvs(args.summary), args.baseline))
+            rows = read_csvs(args.summary)
+            text = format_summary(summary(rows, args.baseline))
+            drawn = plot_summary(rows, args.plot) if args.plot else []
         except (OSError, ValueError) as exc:
             ap.error(str(exc))
         print(text)
+        for path in drawn:
+            print(f"wrote {path}")
         return 0
     if args.impl is None:
         ap.error("--impl is required unless --summary is given")
