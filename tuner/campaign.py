@@ -471,39 +471,52 @@ class _Campaign:
             return SIM_SECONDS_PER_TIMING
         return self.spent / n
 
-    def search_phase(self) -> bool:
-        from .search import TuneConfig, tune_task
+    def _prepared_study(self, key: str):
+        """The bucket's study with the campaign's warm starts enqueued (once)."""
         from .space import _complete_defaults
         from .study import _load_study, open_storage, study_name
 
-        alloc, starts = self.state.get("alloc"), self.state.get("starts")
-        previous = self.state.get("previous") or {}
+        task, n = self.by_key[key], int(self.state.get("alloc")[key])
+        starts, previous = self.state.get("starts"), self.state.get("previous") or {}
+        study = _load_study(self.spec, study_name(task, self.cfg.backend), self.cfg.seed, n,
+                            storage=open_storage(self.spec))
+        if not study.user_attrs.get("kvsplit:campaign_starts"):
+            warm = {"pool": _complete_defaults(task, tuned_equivalent(starts[key][0]))}
+            if key in previous:
+                warm["previous"] = previous[key]
+            for i, cand in enumerate(starts[key][1:]):
+                warm[f"pool{i + 2}"] = _complete_defaults(task, tuned_equivalent(cand))
+            for params in warm.values():
+                study.enqueue_trial(params, skip_if_exists=True)
+            study.set_user_attr("kvsplit:campaign_starts", warm)
+        return study
+
+    def _tune_config(self, n: int):
+        from .search import TuneConfig
+
+        return TuneConfig(database_url=self.url, n_trials=n, backend=self.cfg.backend, workers=self.cfg.workers,
+                          journal=self.cfg.journal, seed=self.cfg.seed, progress=False, verify=False, publish=False)
+
+    def search_phase(self) -> bool:
+        """Each bucket's Optuna study to its allocated trials: in this process with one worker; else with
+        ``workers`` processes, each going through every bucket in the same order (one per GPU of the host)."""
+        alloc = self.state.get("alloc")
         searched = list(self.state.get("searched", []))
         keys = [t.key for t in self.tasks if t.key in alloc]
         self.bar.phase("search", len(keys), len(searched))
-        for key in keys:
-            if key in searched:
-                continue
+        todo = [k for k in keys if k not in searched]
+        if self.cfg.workers > 1:
+            return self._search_parallel(todo, searched)
+        from .search import tune_task
+
+        for key in todo:
             if self.out_of_slice():
                 return False
             task, n = self.by_key[key], int(alloc[key])
-            name = study_name(task, self.cfg.backend)
-            study = _load_study(self.spec, name, self.cfg.seed, n, storage=open_storage(self.spec))
-            if not study.user_attrs.get("kvsplit:campaign_starts"):
-                warm = {"pool": _complete_defaults(task, tuned_equivalent(starts[key][0]))}
-                if key in previous:
-                    warm["previous"] = previous[key]
-                for i, cand in enumerate(starts[key][1:]):
-                    warm[f"pool{i + 2}"] = _complete_defaults(task, tuned_equivalent(cand))
-                for params in warm.values():
-                    study.enqueue_trial(params, skip_if_exists=True)
-                study.set_user_attr("kvsplit:campaign_starts", warm)
+            study = self._prepared_study(key)
             before = _measured_trials(study)
             t0 = time.time()
-            tcfg = TuneConfig(database_url=self.url, n_trials=n, backend=self.cfg.backend, workers=self.cfg.workers,
-                              journal=self.cfg.journal, seed=self.cfg.seed, progress=False, verify=False,
-                              publish=False)
-            res = tune_task(task, tcfg, stop=self.stop, backend=self.backend if self.cfg.workers == 1 else None)
+            res = tune_task(task, self._tune_config(n), stop=self.stop, backend=self.backend)
             self.charge((_measured_trials(study) - before) * len(task.train), time.time() - t0)
             if res.status != "finished" or res.n_finished < n:
                 self.result.status = "interrupted" if res.status == "interrupted" else "paused"
@@ -512,6 +525,68 @@ class _Campaign:
             self.state.set("searched", searched)
             self.bar.step()
         return True
+
+    def _search_parallel(self, todo: list[str], searched: list[str]) -> bool:
+        import multiprocessing as mp
+
+        from .search import Stop, _open_study, _record, _result, _start
+        from .worker import WorkerJob
+
+        if not todo:
+            return True
+        if self.out_of_slice():
+            return False
+        alloc = self.state.get("alloc")
+        deadline = self.t0 + self.cfg.max_minutes * 60.0 if self.cfg.max_minutes is not None else None
+        runs, before = [], 0
+        for key in todo:
+            study = self._prepared_study(key)
+            before += _measured_trials(study)
+            run = _start(self.by_key[key], self._tune_config(int(alloc[key])), None)
+            runs.append((run, _open_study(run)))
+        jobs = [[WorkerJob(task=run.task, storage=run.spec, study=run.study, n_trials=int(alloc[run.task.key]),
+                           backend=self.cfg.backend, seed=self.cfg.seed, index=i, deadline=deadline,
+                           calibration=run.calibration, read_bandwidth_gbps=run.read_bandwidth_gbps)
+                 for run, _ in runs] for i in range(self.cfg.workers)]
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_campaign_worker, args=(j, self.max_tokens, self.max_batch),
+                             name=f"kvsplit-campaign-{i}") for i, j in enumerate(jobs)]
+        store.dispose_engines()
+        t0 = time.time()
+        for p in procs:
+            p.start()
+        stop = self.stop or Stop()
+        try:
+            while any(p.is_alive() for p in procs):
+                done = sum(1 for run, st in runs if _finished(st) >= int(alloc[run.task.key]))
+                self.bar.set(len(searched) + done)
+                if stop.is_set():
+                    for p in procs:
+                        if p.is_alive() and p.pid:
+                            p.terminate()
+                procs[0].join(timeout=0.25)
+        finally:
+            for p in procs:
+                p.join()
+        wall = time.time() - t0
+        after = sum(_measured_trials(st) for _, st in runs)
+        # K GPUs busy for the wall time: K x wall GPU seconds
+        self.charge((after - before) * self.cfg.num_train, wall * self.cfg.workers)
+        ok = True
+        for run, st in runs:
+            res = _result(run, st, stop)
+            _record(run, res)
+            if res.status == "finished" and res.n_finished >= int(alloc[run.task.key]):
+                searched.append(run.task.key)
+            else:
+                ok = False
+        self.state.set("searched", searched)
+        bad = [p.exitcode for p in procs if p.exitcode not in (0, 130)]
+        if bad and not stop.is_set():
+            raise RuntimeError(f"campaign workers exited with codes {bad}")
+        if not ok:
+            self.result.status = "interrupted" if stop.is_set() else "paused"
+        return ok
 
     def choose_phase(self) -> None:
         """Each bucket's published params (before the whole-wave rule): the study's best against the replaced
@@ -641,6 +716,32 @@ class _Campaign:
             r.lines.append(f"choice per bucket: " + ", ".join(f"{k} {v}" for k, v in sorted(labels.items())))
 
 
+def _campaign_worker(jobs, max_tokens: int, max_batch: int) -> None:  # pragma: no cover - spawned process
+    """One worker process of :meth:`_Campaign._search_parallel`: every bucket's study in turn, one timing backend
+    (GPU ``index % device_count``) sized for the campaign's largest batch."""
+    import sys
+
+    from .search import Stop
+    from .worker import run_worker
+
+    stop = Stop().install()
+    first = jobs[0]
+    backend = make_backend(first.backend, shape=first.task.shape, max_tokens=max_tokens, max_batch=max_batch,
+                           calibration=first.calibration, read_bandwidth_gbps=first.read_bandwidth_gbps,
+                           gpu_index=first.index)
+    try:
+        for job in jobs:
+            if stop.is_set() or (job.deadline is not None and time.time() >= job.deadline):
+                break
+            run_worker(job, stop=stop, backend=backend)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _finished(study) -> int:
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED"))
+
+
 def _measured_trials(study) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False)
                if t.state.name == "COMPLETE" and "cached_from" not in t.user_attrs)
@@ -681,6 +782,7 @@ class _NoBar:
     def advance_overall(self, x: float) -> None: ...
     def phase(self, name: str, total: int, done: int) -> None: ...
     def step(self) -> None: ...
+    def set(self, done: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -714,6 +816,10 @@ class _RichBar:
     def step(self) -> None:
         if self.cur is not None:
             self.p.advance(self.cur, 1)
+
+    def set(self, done: int) -> None:
+        if self.cur is not None:
+            self.p.update(self.cur, completed=done)
 
     def close(self) -> None:
         self.p.stop()
