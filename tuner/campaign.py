@@ -407,6 +407,13 @@ class _Campaign:
                 done.add((m.bucket_id, m.batch_index))
         todo = [(t, i) for t in self.tasks for i in range(len(t.train)) if (self.bucket_ids[t.key], i) not in done]
         total = sum(len(t.train) for t in self.tasks)
+        est = len(todo) * len(self.cfg.pool) * self._seconds_per_timing()
+        if todo and self.spent + est > self.budget_s:
+            msg = (f"the pool step alone needs about {est / 60:.1f} of the {self.cfg.budget_minutes:g} budget minutes "
+                   f"({len(todo)} batches x {len(self.cfg.pool)} plans): the campaign will overrun its budget; "
+                   "give more --budget-minutes or fewer --batch-sizes/--totals/--traces")
+            self.say(msg)
+            self.result.lines.append(msg)
         self.bar.phase("pool", total, total - len(todo))
         sw = self.backend.software()
         for t, i in todo:
@@ -465,6 +472,12 @@ class _Campaign:
         self.say(f"pool picks for {len(picks)} buckets; {sum(alloc.values())} Optuna trials allocated "
                  f"({left / 60:.1f} min left for the search at {self._seconds_per_timing() * 1e3:.0f} ms per timing)")
 
+    def _rest_estimate(self) -> float:
+        """Estimated seconds of the whole-wave and verification steps still to run."""
+        n = sum(len(t.train) * 2 * len(WHOLE_WAVE_VARIANTS) + len(t.heldout) * 5 for t in self.tasks
+                if t.key not in (self.state.get("verified") or {}))
+        return n * self._seconds_per_timing()
+
     def _seconds_per_timing(self) -> float:
         n = int(self.state.get("timings_total", 0))
         if self.cfg.backend != "gpu" or n == 0:
@@ -514,13 +527,25 @@ class _Campaign:
                 return False
             task, n = self.by_key[key], int(alloc[key])
             study = self._prepared_study(key)
+            timeout = None
+            if self.cfg.backend == "gpu":
+                # measured time: the allocation was an estimate, so the budget left bounds each study too
+                room = self.budget_s - self.spent - self._rest_estimate()
+                timeout = max(room, 1.0)
             before = _measured_trials(study)
             t0 = time.time()
-            res = tune_task(task, self._tune_config(n), stop=self.stop, backend=self.backend)
+            res = tune_task(task, dataclasses.replace(self._tune_config(n), timeout=timeout), stop=self.stop,
+                            backend=self.backend)
             self.charge((_measured_trials(study) - before) * len(task.train), time.time() - t0)
-            if res.status != "finished" or res.n_finished < n:
-                self.result.status = "interrupted" if res.status == "interrupted" else "paused"
+            if res.status != "finished":
+                self.result.status = "interrupted"
                 return False
+            if res.n_finished < n:
+                if timeout is None or self.out_of_slice():
+                    self.result.status = "paused" if self.result.status == "finished" else self.result.status
+                    return False
+                alloc = dict(alloc, **{key: res.n_finished})  # out of budget: the bucket keeps what it ran
+                self.state.set("alloc", alloc)
             searched.append(key)
             self.state.set("searched", searched)
             self.bar.step()
@@ -603,7 +628,10 @@ class _Campaign:
                                 storage=open_storage(self.spec))
             warm = study.user_attrs.get("kvsplit:campaign_starts") or {}
             done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
-            if not done:
+            if not done:  # no trial finished within the budget: the pool pick, as the pool timed it
+                name = (self.state.get("starts") or {}).get(key, [None])[0]
+                if name is not None and "pool" in warm:
+                    choice[key] = {"params": task_params(task, warm["pool"]), "label": "pool", "value": None}
                 continue
             scores: dict[str, float] = {}
             params_of: dict[str, dict[str, Any]] = {}
