@@ -8,7 +8,10 @@ One of three workload selections:
   replay of Azure code/conv and Mooncake, i.i.d. draws of ShareGPT/arXiv) at
   ``--batch-size`` (default 16, 64 and 256), with ``--rate-scale``,
   ``--token-budget``, ``--max-batch-size``, ``--max-kv-len``;
-- ``--all``: the default library (:func:`kvsplit.tuner.search.default_library`).
+- ``--all``: the default library (:func:`kvsplit.tuner.search.default_library`);
+- ``--campaign``: a GPU's whole table for one model shape, resumable, within
+  ``--budget-minutes`` (:mod:`kvsplit.tuner.campaign`, :mod:`.campaign`;
+  docs/guides/tuning.md).
 
 Storage of the Optuna studies: the ``--database-url`` for one worker;
 ``--journal PATH`` for ``--workers K`` processes on one host; a PostgreSQL URL
