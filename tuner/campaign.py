@@ -43,7 +43,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 
 from ..db import store
 from ..kernels.buckets import distance
@@ -741,7 +740,7 @@ class _Campaign:
         for c in choice.values():
             labels[c["label"]] = labels.get(c["label"], 0) + 1
         if choice:
-            r.lines.append(f"choice per bucket: " + ", ".join(f"{k} {v}" for k, v in sorted(labels.items())))
+            r.lines.append("choice per bucket: " + ", ".join(f"{k} {v}" for k, v in sorted(labels.items())))
 
 
 def _campaign_worker(jobs, max_tokens: int, max_batch: int) -> None:  # pragma: no cover - spawned process
