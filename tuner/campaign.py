@@ -356,6 +356,7 @@ class _Campaign:
             self.backend = make_backend("sim", shape=shape, calibration=cal, read_bandwidth_gbps=bw)
         # the simulator that prunes (on the simulator backend: the backend itself)
         self.sim = make_backend("sim", shape=shape, calibration=cal, read_bandwidth_gbps=bw)
+        self.sim_calibration = (cal, bw)
         self.result.calibration = ("stored calibration of " + resolve_device(cfg.gpu).name if cal is not None else
                                    f"none stored: the simulator's defaults from the DeviceSpec of "
                                    f"{resolve_device(cfg.gpu).name}" + (f" scaled to {bw:.0f} GB/s" if bw else ""))
@@ -399,11 +400,13 @@ class _Campaign:
         return out
 
     def pool_phase(self) -> bool:
-        """Time the pool on every training batch not yet timed. Returns False when the slice ended first."""
+        """Time the pool on every training batch not yet timed (with ``workers`` processes, batch j on worker
+        ``j % workers``). Returns False when the slice ended first."""
         done: set[tuple[int, int]] = set()
         with store.session_scope(self.url) as s:
             for m in store.list_measurements(s, stage="pool"):
-                done.add((m.bucket_id, m.batch_index))
+                if m.backend == self.cfg.backend:
+                    done.add((m.bucket_id, m.batch_index))
         todo = [(t, i) for t in self.tasks for i in range(len(t.train)) if (self.bucket_ids[t.key], i) not in done]
         total = sum(len(t.train) for t in self.tasks)
         est = len(todo) * len(self.cfg.pool) * self._seconds_per_timing()
@@ -414,20 +417,67 @@ class _Campaign:
             self.say(msg)
             self.result.lines.append(msg)
         self.bar.phase("pool", total, total - len(todo))
+        if self.cfg.workers > 1 and len(todo) > 1:
+            return self._pool_parallel(todo, total - len(todo))
         sw = self.backend.software()
         for t, i in todo:
             if self.out_of_slice():
                 return False
             t0 = time.time()
             rows = _time_pool_batch(t, t.train[i], self.cfg.pool, self.backend, self.sim)
-            with store.session_scope(self.url, write=True) as s:
-                for name, params, secs, floor in rows:
-                    store.record_measurement(s, bucket_id=self.bucket_ids[t.key], policy_name=name, params=params,
-                                             kv_lens=list(t.train[i]), time_s=secs, floor_s=floor,
-                                             backend=self.cfg.backend, role="train", batch_index=i, stage="pool",
-                                             device_id=self.device_id, software=sw)
+            _record_pool(self.url, self.bucket_ids[t.key], t.train[i], i, rows, self.cfg.backend, self.device_id, sw)
             self.charge(len(rows), time.time() - t0)
             self.bar.step()
+        return True
+
+    def _pool_parallel(self, todo: list, done0: int) -> bool:
+        import multiprocessing as mp
+
+        from .search import Stop
+
+        if self.out_of_slice():
+            return False
+        deadline = self.t0 + self.cfg.max_minutes * 60.0 if self.cfg.max_minutes is not None else None
+        cal, bw = self.sim_calibration
+        with store.session_scope(self.url) as s:
+            last = max((m.id for m in store.list_measurements(s, stage="pool")), default=0)
+        items = [(t, i, self.bucket_ids[t.key]) for t, i in todo]
+        K = self.cfg.workers
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_pool_worker, name=f"kvsplit-pool-{k}",
+                             args=(items[k::K], k, self.url, self.cfg.backend, tuple(self.cfg.pool), cal, bw,
+                                   self.device_id, self.max_tokens, self.max_batch, deadline))
+                 for k in range(K)]
+        store.dispose_engines()
+        t0 = time.time()
+        for p in procs:
+            p.start()
+        stop = self.stop or Stop()
+        try:
+            while any(p.is_alive() for p in procs):
+                if stop.is_set():
+                    for p in procs:
+                        if p.is_alive():
+                            p.terminate()
+                procs[0].join(timeout=0.25)
+        finally:
+            for p in procs:
+                p.join()
+        wall = time.time() - t0
+        with store.session_scope(self.url) as s:
+            ids = {b for _, _, b in items}
+            new = [m for m in store.list_measurements(s, stage="pool") if m.id > last and m.bucket_id in ids
+                   and m.backend == self.cfg.backend]
+            left = {(m.bucket_id, m.batch_index) for m in new}
+        self.charge(len(new), wall * K)  # K GPUs busy for the wall time
+        finished = sum(1 for _, i, b in items if (b, i) in left)
+        self.bar.set(done0 + finished)
+        if finished < len(items):
+            bad = [p.exitcode for p in procs if p.exitcode not in (0, 130)]
+            if bad and not stop.is_set():
+                raise RuntimeError(f"campaign pool workers exited with codes {bad}")
+            self.result.status = "interrupted" if stop.is_set() else "paused"
+            return False
         return True
 
     def pool_timings(self) -> dict[str, list[dict[str, float]]]:
@@ -761,6 +811,39 @@ def _campaign_worker(jobs, max_tokens: int, max_batch: int) -> None:  # pragma: 
             if stop.is_set() or (job.deadline is not None and time.time() >= job.deadline):
                 break
             run_worker(job, stop=stop, backend=backend)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _record_pool(url: str, bucket_id: int, lens: Sequence[int], batch_index: int, rows, backend: str,
+                 device_id: int, software: Mapping[str, Any]) -> None:
+    """Store one batch's pool timings in one transaction (a batch is timed whole or not at all)."""
+    with store.session_scope(url, write=True) as s:
+        for name, params, secs, floor in rows:
+            store.record_measurement(s, bucket_id=bucket_id, policy_name=name, params=params, kv_lens=list(lens),
+                                     time_s=secs, floor_s=floor, backend=backend, role="train",
+                                     batch_index=batch_index, stage="pool", device_id=device_id, software=software)
+
+
+def _pool_worker(items, index: int, url: str, backend_name: str, pool: tuple[str, ...], calibration, read_bw,
+                 device_id: int, max_tokens: int, max_batch: int, deadline) -> None:  # pragma: no cover - spawned
+    """One pool worker process of :meth:`_Campaign._pool_parallel` (GPU ``index % device_count``)."""
+    import sys
+
+    from .search import Stop
+
+    stop = Stop().install()
+    shape = items[0][0].shape
+    backend = make_backend(backend_name, shape=shape, max_tokens=max_tokens, max_batch=max_batch,
+                           calibration=calibration, read_bandwidth_gbps=read_bw, gpu_index=index)
+    sim = make_backend("sim", shape=shape, calibration=calibration, read_bandwidth_gbps=read_bw)
+    sw = backend.software()
+    try:
+        for task, i, bucket_id in items:
+            if stop.is_set() or (deadline is not None and time.time() >= deadline):
+                break
+            rows = _time_pool_batch(task, task.train[i], pool, backend, sim)
+            _record_pool(url, bucket_id, task.train[i], i, rows, backend_name, device_id, sw)
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -146,3 +146,7 @@ def test_two_workers_on_one_journal_tune_each_bucket_once_with_exact_trials(tmp_
             per_bucket[run.bucket.key] = per_bucket.get(run.bucket.key, 0) + 1
         assert per_bucket == {k: 1 for k in alloc}  # each bucket tuned by one run
         assert {run.status for run in runs} == {"finished"}
+        # the pool step, split over the two workers: every batch timed, none twice
+        pool = store.list_measurements(s, stage="pool")
+        seen = [(m.bucket_id, m.batch_index, m.policy_name) for m in pool]
+        assert len(seen) == len(set(seen)) and len({m.bucket_id for m in pool}) == len(alloc)
