@@ -583,8 +583,9 @@ class _Campaign:
                 timeout = max(room, 1.0)
             before = _measured_trials(study)
             t0 = time.time()
+            self.bar.bucket(task.source, n, _finished(study))
             res = tune_task(task, dataclasses.replace(self._tune_config(n), timeout=timeout), stop=self.stop,
-                            backend=self.backend)
+                            backend=self.backend, on_trial=lambda k: self.bar.bucket(task.source, n, k))
             self.charge((_measured_trials(study) - before) * len(task.train), time.time() - t0)
             if res.status != "finished":
                 self.result.status = "interrupted"
@@ -632,8 +633,12 @@ class _Campaign:
         stop = self.stop or Stop()
         try:
             while any(p.is_alive() for p in procs):
-                done = sum(1 for run, st in runs if _finished(st) >= int(alloc[run.task.key]))
+                counts = [(run, _finished(st), int(alloc[run.task.key])) for run, st in runs]
+                done = sum(1 for _, k, n in counts if k >= n)
                 self.bar.set(len(searched) + done)
+                cur = next(((run, k, n) for run, k, n in counts if k < n), None)
+                if cur is not None:
+                    self.bar.bucket(cur[0].task.source, cur[2], cur[1])
                 if stop.is_set():
                     for p in procs:
                         if p.is_alive() and p.pid:
@@ -893,12 +898,14 @@ class _NoBar:
     def phase(self, name: str, total: int, done: int) -> None: ...
     def step(self) -> None: ...
     def set(self, done: int) -> None: ...
+    def bucket(self, label: str, total: int, done: int) -> None: ...
     def close(self) -> None: ...
 
 
 class _RichBar:
-    """Two rich progress rows: the campaign against its budget (seconds of GPU or modelled GPU time, with ETA)
-    and the current step (pool batches, buckets searched, buckets verified)."""
+    """Rich progress rows, each with its ETA: the campaign against its budget (seconds of GPU or modelled GPU
+    time), the current step (pool batches, buckets searched, buckets verified) and, while searching, the current
+    bucket's trials."""
 
     def __init__(self, label: str) -> None:
         from rich.console import Console
@@ -910,6 +917,7 @@ class _RichBar:
         self.label = label
         self.overall = None
         self.cur = None
+        self.bkt, self.bkt_label = None, ""
 
     def start_overall(self, total: float, done: float) -> None:
         self.overall = self.p.add_task(f"{self.label} budget (s)", total=round(total), completed=round(done))
@@ -919,9 +927,20 @@ class _RichBar:
             self.p.advance(self.overall, x)
 
     def phase(self, name: str, total: int, done: int) -> None:
-        if self.cur is not None:
-            self.p.remove_task(self.cur)
+        for t in (self.cur, self.bkt):
+            if t is not None:
+                self.p.remove_task(t)
+        self.bkt = None
         self.cur = self.p.add_task(name, total=total, completed=done)
+
+    def bucket(self, label: str, total: int, done: int) -> None:
+        """The current bucket's study: ``done`` of ``total`` trials (its own ETA)."""
+        if self.bkt is None or self.bkt_label != label:
+            if self.bkt is not None:
+                self.p.remove_task(self.bkt)
+            self.bkt, self.bkt_label = self.p.add_task(f"  {label} trials", total=total, completed=done), label
+        else:
+            self.p.update(self.bkt, total=total, completed=done)
 
     def step(self) -> None:
         if self.cur is not None:
