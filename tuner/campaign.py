@@ -806,6 +806,7 @@ def _campaign_worker(jobs, max_tokens: int, max_batch: int) -> None:  # pragma: 
     from .search import Stop
     from .worker import run_worker
 
+    _die_with_parent()
     stop = Stop().install()
     first = jobs[0]
     backend = make_backend(first.backend, shape=first.task.shape, max_tokens=max_tokens, max_batch=max_batch,
@@ -818,6 +819,26 @@ def _campaign_worker(jobs, max_tokens: int, max_batch: int) -> None:  # pragma: 
             run_worker(job, stop=stop, backend=backend)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send this worker SIGTERM (stop after the current unit) when the coordinator dies, even by
+    ``kill -9``, so a resumed campaign does not run beside orphaned workers. A no-op elsewhere."""
+    import ctypes
+    import signal
+    import sys
+
+    import multiprocessing as mp
+    import os
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        except OSError:
+            return
+        parent = mp.parent_process()
+        if parent is not None and os.getppid() != parent.pid:  # it died before the request: stop now
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _record_pool(url: str, bucket_id: int, lens: Sequence[int], batch_index: int, rows, backend: str,
@@ -837,6 +858,7 @@ def _pool_worker(items, index: int, url: str, backend_name: str, pool: tuple[str
 
     from .search import Stop
 
+    _die_with_parent()
     stop = Stop().install()
     shape = items[0][0].shape
     backend = make_backend(backend_name, shape=shape, max_tokens=max_tokens, max_batch=max_batch,
