@@ -500,6 +500,7 @@ class _Campaign:
             prev_names = previous_picks(self.cfg.previous, self.cfg.pool)
         picks = pick_per_key(timings, pool=self.cfg.pool, previous=prev_names)
         weights, starts = {}, {}
+        timings = {k: v for k, v in timings.items() if k in picks}
         for key, ts in timings.items():
             names = [k for k in self.cfg.pool if all(t.get(k) for t in ts)]
             best_of = [min(t[n] for n in names) for t in ts]

@@ -165,7 +165,9 @@ def pick_per_key(timings: Mapping[str, Sequence[Mapping[str, float | None]]], *,
                  neighbour_distance: float = NEIGHBOUR_DISTANCE) -> dict[str, str]:
     """Bucket key -> its pool pick: :func:`choose` over the key's training batches and those of every other key
     within ``neighbour_distance``, keeping ``previous[key]`` within the margin. ``timings``: bucket key (a
-    :class:`~kvsplit.kernels.buckets.BucketKey` string) -> its training batches' ``{candidate: seconds}``."""
+    :class:`~kvsplit.kernels.buckets.BucketKey` string) -> its training batches' ``{candidate: seconds}``.
+    When no candidate was timed on every one of those batches, the key's own batches decide; a key with no
+    candidate timed on all of its own batches (every plan infeasible for the shape) is left out."""
     from ..kernels.buckets import distance
 
     previous = previous or {}
@@ -173,7 +175,12 @@ def pick_per_key(timings: Mapping[str, Sequence[Mapping[str, float | None]]], *,
     out = {}
     for key in keys:
         near = [t for k2 in keys if k2 != key and distance(key, k2) <= neighbour_distance for t in timings[k2]]
-        out[key] = choose(list(timings[key]) + near, pool, previous.get(key), default, margin)
+        for batches in (list(timings[key]) + near, list(timings[key])):
+            try:
+                out[key] = choose(batches, pool, previous.get(key), default, margin)
+                break
+            except ValueError:
+                continue
     return out
 
 

@@ -132,6 +132,12 @@ def test_pick_per_key_judges_a_key_on_its_neighbours_batches():
     # the neighbours change at least one pick from what the key's own batches alone would choose
     alone = {k: P.choose(timings[k]) for k in keys}
     assert any(alone[k] != got[k] for a, b in near for k in (a, b))
+    # no candidate common to a key's and its neighbour's batches: the key's own batches decide; a key with no
+    # candidate timed on its own batches is left out
+    a, b = near[0]
+    other = P.SERVED_POOL[4]
+    assert P.pick_per_key({a: [{other: 1.0}], b: [{P.DEFAULT: 1.0}]}) == {a: other, b: P.DEFAULT}
+    assert P.pick_per_key({a: [{other: None}], b: [{P.DEFAULT: 1.0}]}) == {b: P.DEFAULT}
     # hysteresis: a previous pick within the margin over the key's and neighbours' batches stays
     k0 = keys[0]
     batches = timings[k0] + [t for k2 in keys if k2 != k0 and distance(k0, k2) <= 0.5 for t in timings[k2]]
