@@ -1,6 +1,7 @@
 """``kvsplit tune --campaign`` end to end, in real processes on the simulator backend: from a fresh store to a
 table ``kvsplit plan`` serves; resume after ``kill -9`` at a random point gives the uninterrupted run's table;
-``--max-minutes`` slices; two worker processes on one journal tune each bucket once with exact trial counts."""
+``--max-minutes`` slices; two worker processes on one journal (or one PostgreSQL store) tune each bucket once with
+exact trial counts."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 from kvsplit.db import store
 
@@ -108,20 +110,29 @@ def test_resume_after_kill_9_gives_the_uninterrupted_table(tmp_path):
 
 
 def test_two_workers_on_one_journal_tune_each_bucket_once_with_exact_trials(tmp_path):
+    journal = tmp_path / "studies.journal"
+    _two_workers(f"sqlite:///{tmp_path}/w2.db", journal)
+
+
+@pytest.mark.postgres
+def test_two_workers_on_one_postgresql_store(pg_url):
+    # the store and every Optuna study in PostgreSQL, as several hosts would share them
+    _two_workers(pg_url, None)
+
+
+def _two_workers(url, journal):
     import optuna
 
     from kvsplit.tuner.study import open_storage, storage_spec
 
-    url = f"sqlite:///{tmp_path}/w2.db"
-    journal = tmp_path / "studies.journal"
     args = ["tune", "--campaign", "--backend", "sim", "--model-shape", "llama-3.1-8b", "--budget-minutes", "0.3",
             "--batch-sizes", "64", "--totals", "262144", "--traces", "none", "--trials", "6",
-            "--workers", "2", "--journal", str(journal), "--database-url", url, "--json"]
+            "--workers", "2", "--database-url", url, "--json"] + (["--journal", str(journal)] if journal else [])
     r = _run(args)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["status"] == "finished"
-    storage = open_storage(storage_spec(url, journal=str(journal), workers=2))
+    storage = open_storage(storage_spec(url, journal=str(journal) if journal else None, workers=2))
     state = optuna.load_study(study_name=res["name"], storage=storage).user_attrs
     alloc = state["alloc"]
     assert len(alloc) == res["buckets"] >= 4 and sorted(state["searched"]) == sorted(alloc)
