@@ -161,3 +161,21 @@ def _two_workers(url, journal):
         pool = store.list_measurements(s, stage="pool")
         seen = [(m.bucket_id, m.batch_index, m.policy_name) for m in pool]
         assert len(seen) == len(set(seen)) and len({m.bucket_id for m in pool}) == len(alloc)
+
+
+def test_the_budget_bounds_the_search(tmp_path):
+    # 5 buckets; the budget, not --trials, bounds the Optuna trials; the time spent stays within 10 % of it
+    import optuna
+
+    from kvsplit.tuner.campaign import CampaignConfig, run_campaign
+    from kvsplit.tuner.study import open_storage, storage_spec
+
+    url = f"sqlite:///{tmp_path}/budget.db"
+    store.upgrade(url)
+    cfg = CampaignConfig(database_url=url, budget_minutes=0.2, batch_sizes=(64,), totals=(262_144,), traces=(),
+                         max_trials=40, seed=1)
+    res = run_campaign(cfg)
+    assert res.status == "finished" and res.buckets == 5
+    alloc = optuna.load_study(study_name=res.name, storage=open_storage(storage_spec(url))).user_attrs["alloc"]
+    assert sum(alloc.values()) < 5 * 40 and max(alloc.values()) > 1
+    assert 0.7 * 12.0 <= res.spent_s <= 1.1 * 12.0
