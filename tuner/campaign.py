@@ -17,8 +17,10 @@ in flight, and the same command resumes):
    trials per bucket from the budget left, weighted towards buckets whose best pool plan is far from the pool's
    default or whose neighbours pick another plan (:func:`allocate_trials`). Stored in the campaign's state.
 4. **search**: per bucket, the bucket's Optuna study (:func:`kvsplit.tuner.search.tune_task`, TPE, exactly the
-   allocated trials, ``--workers`` processes sharing it), warm-started (``enqueue_trial``) with the pool pick,
-   the replaced table's plan and the next two pool plans, restated in the ``tuned`` family.
+   allocated trials, ``--workers`` processes sharing it), warm-started with the pool pick and the next two pool
+   plans restated in the ``tuned`` family (``add_trial`` with the pool's own timings when the restated plan is
+   the candidate's on every training batch: not timed again; else ``enqueue_trial``) and the replaced table's
+   plan (``enqueue_trial``).
 5. **choice**: the study's best, unless it beats the replaced plan, else the pool pick, by less than
    :data:`~kvsplit.tuner.pool.MARGIN` (:func:`~kvsplit.tuner.pool.choose_scores`).
 6. **whole-wave**: the whole-wave rule (``params.whole_wave``) is timed on the training batches it changes and
@@ -549,10 +551,63 @@ class _Campaign:
                 warm["previous"] = previous[key]
             for i, cand in enumerate(starts[key][1:]):
                 warm[f"pool{i + 2}"] = _complete_defaults(task, tuned_equivalent(cand))
-            for params in warm.values():
-                study.enqueue_trial(params, skip_if_exists=True)
+            names = dict(zip(("pool", "pool2", "pool3"), starts[key]))
+            seeded = {t.user_attrs.get("kvsplit:from_pool") for t in study.get_trials(deepcopy=False)}
+            for label, params in warm.items():
+                if names.get(label) in seeded:
+                    continue
+                trial = self._pool_trial(task, names.get(label), params)
+                if trial is not None:  # the pool timed this very plan on every training batch: not timed again
+                    study.add_trial(trial)
+                else:
+                    study.enqueue_trial(params, skip_if_exists=True)
             study.set_user_attr("kvsplit:campaign_starts", warm)
         return study
+
+    def _pool_trial(self, task: TuneTask, name: str | None, params: Mapping[str, Any]):
+        """A finished Optuna trial of ``params`` whose value is the pool's timings of candidate ``name`` on the
+        task's training batches (the objective of :func:`kvsplit.tuner.worker.objective_value`), or None when the
+        pool did not time it on every batch or its tuned-family plan differs from the candidate's on one."""
+        import optuna
+
+        from .worker import task_params
+
+        if name is None:
+            return None
+        if not hasattr(self, "_pool_rows"):
+            self._pool_rows = self._pool_measurements()
+        rows = self._pool_rows.get(task.key, {})
+        times, ratios = [], []
+        policy, cparams = parse_candidate(name)
+        for i, lens in enumerate(task.train):
+            got = rows.get((i, name))
+            if got is None:
+                return None
+            try:
+                a = make_plan(list(lens), num_kv_heads=task.num_kv_heads, device=task.gpu, policy=policy,
+                              params=cparams, head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype)
+                b = self._plan(task, lens, task_params(task, params))
+            except ValueError:
+                return None
+            if _plan_sig(a) != _plan_sig(b):
+                return None
+            times.append(got[0])
+            ratios.append(got[0] / got[1])
+        value = math.exp(sum(map(math.log, times)) / len(times))
+        return optuna.trial.create_trial(
+            params=dict(params), distributions=_distributions(params), value=value,
+            user_attrs={"geomean_ratio": math.exp(sum(map(math.log, ratios)) / len(ratios)),
+                        "kvsplit:from_pool": name})
+
+    def _pool_measurements(self) -> dict[str, dict[tuple[int, str], tuple[float, float]]]:
+        by_id = {v: k for k, v in self.bucket_ids.items()}
+        out: dict[str, dict[tuple[int, str], tuple[float, float]]] = {}
+        with store.session_scope(self.url) as s:
+            for m in store.list_measurements(s, stage="pool"):
+                key = by_id.get(m.bucket_id)
+                if key is not None and m.backend == self.cfg.backend and m.floor_s:
+                    out.setdefault(key, {})[(m.batch_index, m.policy_name)] = (float(m.time_s), float(m.floor_s))
+        return out
 
     def _tune_config(self, n: int):
         from .search import TuneConfig
@@ -820,6 +875,24 @@ def _campaign_worker(jobs, max_tokens: int, max_batch: int) -> None:  # pragma: 
             run_worker(job, stop=stop, backend=backend)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _distributions(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The Optuna distributions :func:`kvsplit.tuner.space.suggest_params` asks ``params``' keys from."""
+    import optuna.distributions as od
+
+    from ..kernels.plan import TUNED_PARAM_SPACE
+
+    out = {}
+    for name in params:
+        spec = TUNED_PARAM_SPACE[name]
+        if spec["kind"] == "float":
+            out[name] = od.FloatDistribution(float(spec["low"]), float(spec["high"]), log=bool(spec.get("log")))
+        elif spec["kind"] == "int":
+            out[name] = od.IntDistribution(int(spec["low"]), int(spec["high"]), log=bool(spec.get("log")))
+        else:
+            out[name] = od.CategoricalDistribution(list(spec["choices"]))
+    return out
 
 
 def _die_with_parent() -> None:
