@@ -338,8 +338,9 @@ class _Campaign:
                     sample_batches={"train": [list(x) for x in t.train], "heldout": [list(x) for x in t.heldout]})
                 _check_same_batches(t, b)
                 self.bucket_ids[t.key] = b.id
-        self.max_tokens = max(t.max_tokens for t in self.tasks)
-        self.max_batch = max(t.max_batch for t in self.tasks)
+        # room for the campaign's batches and for the calibration sample (kvsplit calibrate's sizes)
+        self.max_tokens = max(max(t.max_tokens for t in self.tasks), 300_000)
+        self.max_batch = max(max(t.max_batch for t in self.tasks), 512)
         shape = self.tasks[0].shape
         if cfg.backend == "gpu":
             self.backend = make_backend("gpu", shape=shape, max_tokens=self.max_tokens, max_batch=self.max_batch)
