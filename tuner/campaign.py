@@ -66,7 +66,7 @@ from .pool import (
     whole_wave_decision,
 )
 from .tasks import LIBRARY_TRACES, TuneTask, family_task, trace_tasks
-from .workloads import FAMILIES
+from .workloads import FAMILIES, family_kv_lens
 
 __all__ = [
     "MODEL_SHAPES", "parse_model_shape", "CampaignConfig", "CampaignResult", "campaign_tasks", "campaign_name",
@@ -185,13 +185,17 @@ def campaign_name(cfg: CampaignConfig) -> str:
 
 def campaign_tasks(cfg: CampaignConfig) -> list[TuneTask]:
     """The campaign's buckets (one :class:`TuneTask` per key, the first source of a key wins): families x
-    ``batch_sizes`` x ``totals``, then the traces' buckets at ``trace_batch_sizes``; ``num_train`` /
+    ``batch_sizes`` x ``totals`` (the combinations a family can form), then the traces' buckets at ``trace_batch_sizes``; ``num_train`` /
     ``num_heldout`` jittered draws each (held-out draws are never trained on)."""
     shape = dict(cfg.shape, num_train=cfg.num_train, num_heldout=cfg.num_heldout, seed=cfg.seed)
     tasks: dict[str, TuneTask] = {}
     for T in cfg.totals:
         for fam in cfg.families:
             for B in cfg.batch_sizes:
+                try:
+                    family_kv_lens(fam, int(B), int(T))
+                except ValueError:  # a family this B cannot form (2x40 at B = 2): no such batch
+                    continue
                 t = family_task(fam, int(B), int(T), **shape)
                 tasks.setdefault(t.key, t)
     for tr in cfg.traces:

@@ -195,3 +195,29 @@ def test_model_shapes():
     for bad in ("32/5/128", "qwen", "32/4", "0/0/128"):
         with pytest.raises(ValueError, match="--model-shape"):
             parse_model_shape(bad)
+
+
+def test_campaign_tasks_cover_the_default_workloads():
+    from kvsplit.tuner.campaign import FAMILY_BATCH_SIZES, TOTALS, CampaignConfig, campaign_tasks
+    from kvsplit.tuner.workloads import FAMILIES, TRACES
+
+    tasks = campaign_tasks(CampaignConfig(database_url="sqlite:///unused.db"))
+    assert len({t.key for t in tasks}) == len(tasks)
+    sources = {t.source for t in tasks}
+    # every family at every B it can form (2x40 needs B >= 3 or B == 1) has its bucket (the first source of a
+    # key is kept)
+    keys = {t.key for t in tasks}
+    shape = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16,
+                 num_train=1, num_heldout=1)
+    for f in FAMILIES:
+        for B in FAMILY_BATCH_SIZES:
+            for T in TOTALS:
+                if f == "2x40" and B == 2:
+                    with pytest.raises(ValueError, match="batch_size"):
+                        family_task(f, B, T, **shape)
+                    continue
+                assert family_task(f, B, T, **shape).key in keys, (f, B, T)
+    assert not any(s.startswith("family:2x40:B2:") for s in sources)
+    assert {s.split(":")[1] for s in sources if s.startswith("trace:")} == set(TRACES)
+    for t in tasks:
+        assert t.train and t.heldout and not set(t.train) & set(t.heldout)
