@@ -321,7 +321,7 @@ def _finished(study) -> int:
     return c["COMPLETE"] + c["PRUNED"]
 
 
-def _search(run: _Run, study, stop: Stop) -> None:
+def _search(run: _Run, study, stop: Stop, on_trial=None) -> None:
     """Step 3: run the workers until the study has ``n_trials`` finished trials (or stop / timeout).
 
     A failure or Ctrl-C records the run as failed / interrupted and re-raises.
@@ -337,6 +337,8 @@ def _search(run: _Run, study, stop: Stop) -> None:
             def tick() -> None:
                 bar.n = min(cfg.n_trials, _finished(study))
                 bar.refresh()
+                if on_trial is not None:
+                    on_trial(bar.n)
 
             run_worker(job, stop=stop, backend=run.backend, on_trial=tick)
         else:
@@ -411,13 +413,13 @@ def _record(run: _Run, result: TuneResult) -> None:
 
 
 def tune_task(task: TuneTask, cfg: TuneConfig, *, stop: Stop | None = None,
-              backend: TimingBackend | None = None) -> TuneResult:
+              backend: TimingBackend | None = None, on_trial=None) -> TuneResult:
     """Tune, verify and (if it passes) publish the ``tuned`` policy of one bucket.
 
     Re-running with the same arguments resumes the study: it ends with exactly
     ``cfg.n_trials`` finished trials in total. Returns a :class:`TuneResult`;
     ``status`` is ``interrupted`` after Ctrl-C (no verification then). Steps:
-    module doc.
+    module doc. ``on_trial(finished)``: called after each trial of a one-worker search (progress display).
     """
     stop = stop or Stop()
     # one process at a time on a SQLite study storage (StorageBusy otherwise); the run row's heartbeat, and
@@ -426,7 +428,7 @@ def tune_task(task: TuneTask, cfg: TuneConfig, *, stop: Stop | None = None,
         run = _start(task, cfg, backend)
         with store.run_heartbeat(run.url, run.run_id, cfg.heartbeat_interval):
             study = _open_study(run)
-            _search(run, study, stop)
+            _search(run, study, stop, on_trial)
             result = _result(run, study, stop)
             _verify(run, result)
             _record(run, result)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -39,6 +38,7 @@ import numpy as np
 
 from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import Plan, make_plan
+from .pool import candidate_policy
 from .simulate import Calibration, _prepare, _simulate, _Tiles, config_key
 
 __all__ = ["SweepSample", "sweep_samples", "best_of", "fit_per_config", "error_table", "error_summary", "predict_samples",
@@ -52,7 +52,6 @@ CONFIG_FIT_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "tile_fixed_s", "item_fixed
 HELDOUT_SETS = ("untuned", "llama8b", "trace")
 """Sets of sweep_cases.json held out of the fit by default (trained on ``ref`` and ``jitter``)."""
 
-_NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)(?:\|o(\d+)m(\d+))?(\|pf)?(?:\|h(\d+))?(\|nx)?")
 _LOSS_CAP = math.log(1.5)  # squared log error capped at 50 %: a few pathological times do not steer the fit
 
 
@@ -70,25 +69,6 @@ class SweepSample:
     time_s: float
     floor_s: float
     plan: Plan
-
-
-def candidate_policy(name: str) -> tuple[str, dict[str, Any]] | None:
-    """``(policy, params)`` of a grid candidate name such as ``stream_k|c3|n128w4s3|o2m4|pf``, or None when
-    ``name`` is not one (a baseline's or the served plan's record name)."""
-    m = _NAME_RE.fullmatch(name)
-    if not m:
-        return None
-    params: dict[str, Any] = {"ctas_per_sm": float(m[2]), "block_n": int(m[3]), "num_warps": int(m[4]),
-                              "num_stages": int(m[5])}
-    if m[6] is not None:
-        params["item_cost_blocks"], params["min_piece_blocks"] = int(m[6]), int(m[7])
-    if m[8]:
-        params["prefetch"] = True
-    if m[9] is not None:
-        params["heads_per_tile"] = int(m[9])
-    if m[10]:
-        params["next_item"] = True
-    return m[1], params
 
 
 def _policy_of(name: str, case: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from ..kernels.device import resolve_device
 from ..kernels.plan import TUNED_PARAM_SPACE, default_config, fa3_static_num_splits
 from ..kernels.policies import condition_holds
+from .pool import parse_candidate, tuned_equivalent
 from .tasks import TuneTask
 
 
@@ -103,28 +104,15 @@ def baseline_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
     return out
 
 
-WARM_START = {
-    # name (bench/gpu_sweep.py's naming) -> make_plan params of the policy it names; the shipped H200 table's
-    # default plan, and the plans it serves or that win the reference cases most often
-    # (scripts/build_shipped_policies.py's SERVED_POOL, docs/perf.md round 9)
-    "stream_k|c3|n128w4s2": ("stream_k", {"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2}),
-    "stream_k|c3|n32w4s3|pf|h2": ("stream_k", {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3,
-                                               "prefetch": True, "heads_per_tile": 2}),
-    "balanced|c3|n32w4s3|pf|h2": ("balanced", {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3,
-                                               "prefetch": True, "heads_per_tile": 2}),
-    "stream_k|c1|n64w8s3|pf|h2|nx": ("stream_k", {"ctas_per_sm": 1.0, "block_n": 64, "num_warps": 8,
-                                                  "num_stages": 3, "prefetch": True, "heads_per_tile": 2,
-                                                  "next_item": True}),
-    "stream_k|c2|n32w4s4|pf|h2": ("stream_k", {"ctas_per_sm": 2.0, "block_n": 32, "num_warps": 4, "num_stages": 4,
-                                               "prefetch": True, "heads_per_tile": 2}),
-    "balanced|c4|n64w4s2": ("balanced", {"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4, "num_stages": 2}),
-}
-"""Plans of the H200 campaigns that :func:`warm_start_equivalents` restates in the tuned family (round 11: the
-one-CTA-per-SM stream-K plan with the look-ahead over items, ``next_item``, which round 11's table serves most,
-in place of the same plan without it; docs/perf.md round 11). Round 10's
-30-trial GPU study of skewed80 B = 64, T = 1,048,576 kept ``balanced`` (1.160x the floor on its held-out
-batches; the shipped table serves 1.076x) and reached 1.064x with these and the stream-K fix of the same round
-(docs/tuning.md, round 10; the two were not measured apart)."""
+WARM_START = {name: parse_candidate(name) for name in (
+    # the shipped H200 table's default plan, and the plans it serves or that win the reference cases most often
+    # (candidates of kvsplit.tuner.pool.SERVED_POOL)
+    "stream_k|c3|n128w4s2", "stream_k|c3|n32w4s3|pf|h2", "balanced|c3|n32w4s3|pf|h2", "stream_k|c1|n64w8s3|pf|h2|nx",
+    "stream_k|c2|n32w4s4|pf|h2", "balanced|c4|n64w4s2",
+)}
+"""Plans of the H200 table that :func:`warm_start_equivalents` restates in the tuned family: a 30-trial GPU
+study of skewed80 B = 64, T = 1,048,576 without them kept ``balanced`` (1.160x the floor on its held-out batches)
+and reached 1.064x with them (docs/perf.md)."""
 
 WARM_START_MIN_TRIALS = 20
 """A study enqueues :data:`WARM_START` only when it runs at least this many trials, so the sampler keeps at least
@@ -140,8 +128,4 @@ def warm_start_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
     A set the task's shape cannot run (e.g. the shared memory of a tile at head_dim 256) is pruned like any
     infeasible trial.
     """
-    out = {}
-    for name, (policy, params) in WARM_START.items():
-        extra = {"partition": "stream_k"} if policy == "stream_k" else {}
-        out[name] = _complete_defaults(task, {**params, **extra})
-    return out
+    return {name: _complete_defaults(task, tuned_equivalent(name)) for name in WARM_START}

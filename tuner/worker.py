@@ -30,6 +30,7 @@ from .study import (
     StorageSpec,
     _fail_stale,
     _load_study,
+    _sampler,
     claim_trial,
     frozen_trial,
     open_storage,
@@ -203,6 +204,10 @@ def run_worker(job: WorkerJob, *, stop: Stop | None = None, backend: TimingBacke
         if finished + c["RUNNING"] >= n:
             time.sleep(0.1 + 0.2 * rng.random())
             continue
+        # the sampler's random state follows from the seed and the number of finished trials, so a study resumed
+        # after a crash (kill -9) suggests what an uninterrupted one would have (one worker; TPE is deterministic
+        # given its seed and the finished trials)
+        study.sampler = _sampler(job.seed * 1009 + job.index + 7919 * finished, n)
         trial = study.ask()
         # admission: at most n trials may be finished or running, whatever the interleaving
         others = sum(1 for t in study.get_trials(deepcopy=False)

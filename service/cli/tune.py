@@ -8,7 +8,10 @@ One of three workload selections:
   replay of Azure code/conv and Mooncake, i.i.d. draws of ShareGPT/arXiv) at
   ``--batch-size`` (default 16, 64 and 256), with ``--rate-scale``,
   ``--token-budget``, ``--max-batch-size``, ``--max-kv-len``;
-- ``--all``: the default library (:func:`kvsplit.tuner.search.default_library`).
+- ``--all``: the default library (:func:`kvsplit.tuner.search.default_library`);
+- ``--campaign``: a GPU's whole table for one model shape, resumable, within
+  ``--budget-minutes`` (:mod:`kvsplit.tuner.campaign`, :mod:`.campaign`;
+  docs/guides/tuning.md).
 
 Storage of the Optuna studies: the ``--database-url`` for one worker;
 ``--journal PATH`` for ``--workers K`` processes on one host; a PostgreSQL URL
@@ -57,8 +60,9 @@ def tune_cmd(
     trace: Annotated[Optional[str], typer.Option("--trace", metavar="NAME",
                                          help="azure_code, azure_conv, mooncake, sharegpt, arxiv")] = None,
     all_: Annotated[bool, typer.Option("--all", metavar="", help="tune the default bucket library")] = False,
-    trials: Annotated[int, typer.Option("--trials", metavar="N", min=1,
-                                help="finished (complete + pruned) trials per bucket")] = 40,
+    trials_given: Annotated[Optional[int], typer.Option("--trials", metavar="N", min=1,
+                                help="finished (complete + pruned) trials per bucket (default 40; with "
+                                     "--campaign: the most per bucket, default 48)")] = None,
     backend: Annotated[str, typer.Option("--backend", metavar="NAME",
                                  help="sim (calibrated simulator) or gpu (the kernel)")] = "sim",
     database_url: DatabaseUrl = None,
@@ -68,8 +72,10 @@ def tune_cmd(
     journal: Annotated[Optional[Path], typer.Option("--journal", metavar="PATH",
                                             help="Optuna JournalFileBackend file (multi-process)")] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", min=0, help="seed of the batches and the TPE sampler")] = 0,
-    num_train: Annotated[int, typer.Option("--num-train", metavar="N", min=1, help="training batches per bucket")] = 8,
-    num_heldout: Annotated[int, typer.Option("--num-heldout", metavar="N", min=1, help="held-out batches per bucket")] = 8,
+    num_train_given: Annotated[Optional[int], typer.Option("--num-train", metavar="N", min=1,
+                                                   help="training batches per bucket (default 8; campaign 1)")] = None,
+    num_heldout_given: Annotated[Optional[int], typer.Option("--num-heldout", metavar="N", min=1,
+                                                     help="held-out batches per bucket (default 8; campaign 1)")] = None,
     rate_scale: Annotated[Optional[float], typer.Option("--rate-scale", metavar="X",
                                                 help="trace arrival-rate multiplier (auto)")] = None,
     token_budget: Annotated[Optional[int], typer.Option("--token-budget", metavar="TOKENS", min=1,
@@ -89,6 +95,28 @@ def tune_cmd(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", metavar="",
                                            help="tqdm progress bar (drawn only when stderr is a terminal)")] = True,
     json_out: Annotated[bool, typer.Option("--json", metavar="", help="print the results as JSON")] = False,
+    campaign: Annotated[bool, typer.Option("--campaign", metavar="",
+                                           help="build the GPU's whole table for a model shape (resumable; "
+                                                "docs/guides/tuning.md)")] = False,
+    model_shape: Annotated[Optional[str], typer.Option(
+        "--model-shape", metavar="NAME|HQ/HKV/D",
+        help="campaign shape: qwen3-30b-a3b, llama-3.1-8b, llama-3.1-70b-tp8 or H_q/H_kv/head_dim "
+             "(default: --num-qo-heads/--num-kv-heads/--head-dim)")] = None,
+    budget_minutes: Annotated[float, typer.Option("--budget-minutes", metavar="MIN",
+                                                  help="campaign: GPU minutes in all (simulated minutes with "
+                                                       "--backend sim)")] = 15.0,
+    max_minutes: Annotated[Optional[float], typer.Option(
+        "--max-minutes", metavar="MIN",
+        help="campaign: stop after this many wall minutes of this invocation (exit 75); rerun to resume")] = None,
+    previous: Annotated[Optional[Path], typer.Option(
+        "--previous", metavar="PATH",
+        help="campaign: the policies export being replaced (hysteresis); default: the store's published table")] = None,
+    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", metavar="LIST",
+                                                       help="campaign: family B values (default 1,2,4,...,1024)")] = None,
+    totals: Annotated[Optional[str], typer.Option("--totals", metavar="LIST",
+                                                  help="campaign: family T values (default 262144,1048576)")] = None,
+    traces: Annotated[Optional[str], typer.Option("--traces", metavar="LIST",
+                                                  help="campaign: traces ('none' for none; default all shipped)")] = None,
 ) -> None:
     """Tune the `tuned` policy of one or more buckets, verify it against the baselines, publish it.
 
@@ -99,9 +127,24 @@ def tune_cmd(
     from ...db import store
     from ...tuner import search
 
+    if campaign:
+        from .campaign import campaign_cmd
+
+        if family is not None or trace is not None or all_:
+            fail("--campaign builds every bucket: give none of --family, --trace, --all")
+        campaign_cmd(gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                     page_size=page_size, model_shape=model_shape, backend=backend, database_url=database_url,
+                     budget_minutes=budget_minutes, max_minutes=max_minutes, seed=seed, workers=workers,
+                     journal=journal, previous=previous, batch_sizes=batch_sizes, totals=totals, traces=traces,
+                     trials=trials_given, num_train=num_train_given, num_heldout=num_heldout_given,
+                     publish=publish, progress=progress and sys.stderr.isatty(), json_out=json_out)
+        return
+    trials = trials_given or 40
+    num_train = num_train_given or search.DEFAULT_TRAIN
+    num_heldout = num_heldout_given or search.DEFAULT_HELDOUT
     chosen = [x for x in (family is not None, trace is not None, all_) if x]
     if len(chosen) != 1:
-        fail("choose exactly one of --family, --trace, --all")
+        fail("choose exactly one of --family, --trace, --all, --campaign")
     url = store_url(database_url)
     shape = dict(gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                  dtype=dtype, page_size=page_size)

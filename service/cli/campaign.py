@@ -1,0 +1,138 @@
+"""``kvsplit tune --campaign``: build a GPU's policy table for one model shape (:mod:`kvsplit.tuner.campaign`).
+
+Exit status: 0 finished (a rerun does nothing), 75 stopped at ``--max-minutes`` with work left (run the same
+command again), 130 interrupted (Ctrl-C; run it again), 2 bad input, 1 the store or a run failed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .options import fail, first_line, store_url
+
+__all__ = ["campaign_cmd"]
+
+
+def _ints(flag: str, text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    if text is None:
+        return default
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        fail(f"{flag}: expected comma-separated integers, got {text!r}")
+    if not out or min(out) < 1:
+        fail(f"{flag}: expected integers >= 1, got {text!r}")
+    return out
+
+
+def campaign_cmd(*, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str, page_size: int,
+                 model_shape: str | None, backend: str, database_url: str | None, budget_minutes: float,
+                 max_minutes: float | None, seed: int, workers: int, journal: Path | None, previous: Path | None,
+                 batch_sizes: str | None, totals: str | None, traces: str | None, trials: int | None,
+                 num_train: int | None, num_heldout: int | None, publish: bool, progress: bool,
+                 json_out: bool) -> None:
+    from ...db import store
+    from ...kernels.device import resolve_device
+    from ...kernels.shape import Shape
+    from ...tuner import campaign as cp
+    from ...tuner.search import Stop, storage_spec
+    from ...tuner.workloads import TRACES
+
+    url = store_url(database_url)
+    try:
+        if model_shape is not None:
+            num_qo_heads, num_kv_heads, head_dim = cp.parse_model_shape(model_shape)
+        dev = resolve_device(gpu)
+        Shape.of(device=dev.name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                 dtype=dtype, page_size=page_size)
+    except ValueError as exc:
+        msg = str(exc)
+        fail(msg if msg.startswith("--") else f"--gpu/--model-shape/--dtype/--page-size: {msg}")
+    if traces is None:
+        trace_names = cp.LIBRARY_TRACES
+    elif traces.strip().lower() == "none":
+        trace_names = ()
+    else:
+        trace_names = tuple(x.strip() for x in traces.split(",") if x.strip())
+        bad = [t for t in trace_names if t not in TRACES]
+        if bad:
+            fail(f"--traces: unknown trace(s) {bad}; known: {sorted(TRACES)} or 'none'")
+    prev_doc = None
+    if previous is not None:
+        try:
+            prev_doc = json.loads(Path(previous).read_text())
+            if not isinstance(prev_doc, dict) or not isinstance(prev_doc.get("policies"), list):
+                raise ValueError("not a policies export (no 'policies' list)")
+        except (OSError, ValueError) as exc:
+            fail(f"--previous: {previous}: {first_line(exc)}")
+    if backend == "gpu":
+        try:
+            import torch
+
+            has_cuda = torch.cuda.is_available()
+        except ImportError:
+            has_cuda = False
+        if not has_cuda:
+            fail("--backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; use --backend sim")
+    try:
+        cfg = cp.CampaignConfig(
+            database_url=url, gpu=dev.name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            dtype=dtype, page_size=page_size, backend=backend, budget_minutes=budget_minutes, max_minutes=max_minutes,
+            seed=seed, workers=workers, journal=str(journal) if journal else None,
+            batch_sizes=_ints("--batch-sizes", batch_sizes, cp.FAMILY_BATCH_SIZES),
+            totals=_ints("--totals", totals, cp.TOTALS), traces=trace_names,
+            num_train=num_train or 1, num_heldout=num_heldout or 1, max_trials=trials or 48,
+            previous=prev_doc, publish=publish, progress=progress)
+        storage_spec(url, journal=cfg.journal, workers=workers)
+    except ValueError as exc:
+        msg = str(exc)
+        fail(msg if msg.startswith("--") else f"--journal/--workers: {msg}")
+    try:
+        eng = store.get_engine(url)
+        if store.current_revision(eng) is None:
+            store.upgrade(url)
+            typer.echo(f"created the kvsplit store at {store.safe_url(url)}", err=True)
+        store.check_schema(eng)
+    except store.SchemaError as exc:
+        fail(str(exc), code=1)
+    except Exception as exc:  # noqa: BLE001 - server down, bad credentials
+        fail(f"cannot open the policy store at {store.safe_url(url)}: {first_line(exc)}", code=1)
+    typer.echo(f"campaign {cp.campaign_name(cfg)}: {dev.name} {num_qo_heads}/{num_kv_heads}/{head_dim} {dtype} "
+               f"page {page_size}, backend {backend}, budget {budget_minutes:g} min, {workers} worker(s)", err=True)
+    stop = Stop().install()
+    try:
+        res = cp.run_campaign(cfg, stop=stop, say=lambda s: typer.echo(s, err=True))
+    except ValueError as exc:
+        fail(str(exc))
+    except RuntimeError as exc:
+        fail(str(exc), code=1)
+    finally:
+        stop.restore()
+    _report(res, json_out)
+    if res.status == "paused":
+        typer.echo(f"paused after --max-minutes {max_minutes:g}: run the same command again to continue", err=True)
+        raise typer.Exit(code=cp.EXIT_PAUSED)
+    if res.status == "interrupted":
+        typer.echo("interrupted: run the same command again to resume", err=True)
+        raise typer.Exit(code=130)
+
+
+def _report(res: Any, json_out: bool) -> None:
+    if json_out:
+        typer.echo(json.dumps(res.to_dict(), indent=2))
+        return
+    kind = "GPU time" if res.time_kind == "gpu" else "simulated GPU time (60 ms per timed plan)"
+    typer.echo(f"{res.status}: {res.buckets} buckets, {res.published} published; {kind} spent "
+               f"{res.spent_s / 60:.2f} min in all; this run timed {res.timings} plans in {res.wall_s:.1f} s wall")
+    if res.calibration:
+        typer.echo(f"calibration: {res.calibration}")
+    ww = res.whole_wave or {}
+    if ww:
+        typer.echo("whole-wave rule: " + (f"on {ww.get('params')} (geomean {ww['geomean']:.4f}, worst "
+                                          f"{ww['worst']:.4f} over {ww['batches']} batches)" if ww.get("on") else "off"))
+    for line in res.lines:
+        typer.echo(line)

@@ -1,0 +1,181 @@
+"""``kvsplit tune --campaign`` end to end, in real processes on the simulator backend: from a fresh store to a
+table ``kvsplit plan`` serves; resume after ``kill -9`` at a random point gives the uninterrupted run's table;
+``--max-minutes`` slices; two worker processes on one journal (or one PostgreSQL store) tune each bucket once with
+exact trial counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvsplit.db import store
+
+CLI = [sys.executable, "-m", "kvsplit.service.cli"]
+# a small campaign: the five families at B = 4 and 64, T = 262,144, no trace; at most 5 trials per bucket
+SMALL = ["tune", "--campaign", "--backend", "sim", "--model-shape", "qwen3-30b-a3b", "--budget-minutes", "0.3",
+         "--batch-sizes", "4,64", "--totals", "262144", "--traces", "none", "--trials", "5", "--seed", "3"]
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("KVSPLIT_DATABASE_URL", None)
+    return env
+
+
+def _run(args, timeout=300):
+    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _table(url):
+    with store.session_scope(url) as s:
+        doc = store.export_published(s)
+    return {p["bucket"]["key"]: (p["name"], json.dumps(p["params"], sort_keys=True), p["source"]
+                                 if "source" in p else p.get("backend")) for p in doc["policies"]}
+
+
+def test_campaign_from_a_fresh_store_publishes_a_table_that_plan_serves(tmp_path):
+    # a GPU listed in kernels/device.py and not present: the simulator's table, labelled simulated
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    r = _run(SMALL + ["--gpu", "h100", "--database-url", url, "--json"])
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["status"] == "finished" and res["time_kind"] == "simulated"
+    assert res["buckets"] >= 8 and 1 <= res["published"] <= res["buckets"]
+    assert "DeviceSpec of NVIDIA H100" in res["calibration"]  # no calibration stored: labelled as the spec's figures
+    # the budget: at most 10 % over (simulated GPU time)
+    assert 0 < res["spent_s"] <= 1.1 * 0.3 * 60
+    with store.session_scope(url) as s:
+        pub = store.list_published(s)
+        assert len(pub) == res["published"]
+        bucket = pub[0].bucket
+        held = bucket.sample_batches["heldout"][0]
+        params = dict(pub[0].params)
+        assert all(p.backend == "sim" for p in pub)
+    # the plan of a held-out batch of a published bucket: served from the campaign's table
+    p = _run(["plan", "--gpu", "h100", "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128",
+              "--dtype", "bf16", "--kv-lens", ",".join(map(str, held)), "--database-url", url, "--compact"])
+    assert p.returncode == 0, p.stderr
+    ans = json.loads(p.stdout)
+    assert ans["policy"]["source"] == "simulated"
+    assert ans["bucket"]["matched"] == bucket.key and ans["policy"]["params"] == params
+    # a rerun of the finished campaign times nothing
+    t0 = time.time()
+    r2 = _run(SMALL + ["--gpu", "h100", "--database-url", url, "--json"])
+    assert r2.returncode == 0, r2.stderr
+    again = json.loads(r2.stdout)
+    assert again["timings"] == 0 and "already finished" in again["lines"][0]
+    assert again["spent_s"] == res["spent_s"] and time.time() - t0 < 30
+
+
+def test_resume_after_kill_9_gives_the_uninterrupted_table(tmp_path):
+    ref_url = f"sqlite:///{tmp_path}/ref.db"
+    t0 = time.time()
+    r = _run(SMALL + ["--database-url", ref_url])
+    assert r.returncode == 0, r.stderr
+    wall = time.time() - t0
+    ref = _table(ref_url)
+    assert ref
+    seed = int(os.environ.get("KVSPLIT_TEST_KILL_SEED", random.randrange(1 << 30)))
+    at = random.Random(seed).uniform(0.3 * wall, 0.9 * wall)  # start-up (imports) is the first ~20 %
+    url = f"sqlite:///{tmp_path}/killed.db"
+    proc = subprocess.Popen(CLI + SMALL + ["--database-url", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env())
+    time.sleep(at)
+    assert proc.poll() is None, "the campaign ended before the kill"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # resume in slices of about a second (exit 75 while work is left), then to the end
+    codes, timed = [], 0
+    for _ in range(3):
+        s = _run(SMALL + ["--database-url", url, "--max-minutes", "0.02", "--json"])
+        codes.append(s.returncode)
+        assert s.returncode in (0, 75), s.stderr
+        timed += json.loads(s.stdout)["timings"]
+        if s.returncode == 0:
+            break
+    if codes[-1] == 75:
+        s = _run(SMALL + ["--database-url", url, "--json"])
+        assert s.returncode == 0, s.stderr
+        timed += json.loads(s.stdout)["timings"]
+    where = f"kill -9 after {at:.2f} s of {wall:.2f} s, {timed} plans timed after it (KVSPLIT_TEST_KILL_SEED={seed})"
+    print(where)
+    assert _table(url) == ref, where
+
+
+def test_two_workers_on_one_journal_tune_each_bucket_once_with_exact_trials(tmp_path):
+    journal = tmp_path / "studies.journal"
+    _two_workers(f"sqlite:///{tmp_path}/w2.db", journal)
+
+
+@pytest.mark.postgres
+def test_two_workers_on_one_postgresql_store(pg_url):
+    # the store and every Optuna study in PostgreSQL, as several hosts would share them
+    _two_workers(pg_url, None)
+
+
+def _two_workers(url, journal):
+    import optuna
+
+    from kvsplit.tuner.study import open_storage, storage_spec
+
+    args = ["tune", "--campaign", "--backend", "sim", "--model-shape", "llama-3.1-8b", "--budget-minutes", "0.3",
+            "--batch-sizes", "64", "--totals", "262144", "--traces", "none", "--trials", "6",
+            "--workers", "2", "--database-url", url, "--json"] + (["--journal", str(journal)] if journal else [])
+    r = _run(args)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["status"] == "finished"
+    storage = open_storage(storage_spec(url, journal=str(journal) if journal else None, workers=2))
+    state = optuna.load_study(study_name=res["name"], storage=storage).user_attrs
+    alloc = state["alloc"]
+    assert len(alloc) == res["buckets"] >= 4 and sorted(state["searched"]) == sorted(alloc)
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    pids = set()
+    for key, n in alloc.items():
+        study_names = [x for x in names if x.endswith(key)]
+        assert study_names == [f"kvsplit-sim-{key}"]  # one study per bucket
+        trials = optuna.load_study(study_name=study_names[0], storage=storage).get_trials(deepcopy=False)
+        finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+        assert len(finished) == n  # exactly the allocated trials
+        assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+        measured = [json.dumps(t.params, sort_keys=True) for t in finished
+                    if t.state.name == "COMPLETE" and "cached_from" not in t.user_attrs]
+        assert len(measured) == len(set(measured))  # no parameter set measured twice
+        pids |= {t.system_attrs["kvsplit:proc"]["pid"] for t in finished if "kvsplit:proc" in t.system_attrs}
+    assert len(pids) == 2  # both workers took trials
+    with store.session_scope(url) as s:
+        runs = store.list_runs(s, limit=None)
+        per_bucket = {}
+        for run in runs:
+            per_bucket[run.bucket.key] = per_bucket.get(run.bucket.key, 0) + 1
+        assert per_bucket == {k: 1 for k in alloc}  # each bucket tuned by one run
+        assert {run.status for run in runs} == {"finished"}
+        # the pool step, split over the two workers: every batch timed, none twice
+        pool = store.list_measurements(s, stage="pool")
+        seen = [(m.bucket_id, m.batch_index, m.policy_name) for m in pool]
+        assert len(seen) == len(set(seen)) and len({m.bucket_id for m in pool}) == len(alloc)
+
+
+def test_the_budget_bounds_the_search(tmp_path):
+    # 5 buckets; the budget, not --trials, bounds the Optuna trials; the time spent stays within 10 % of it
+    import optuna
+
+    from kvsplit.tuner.campaign import CampaignConfig, run_campaign
+    from kvsplit.tuner.study import open_storage, storage_spec
+
+    url = f"sqlite:///{tmp_path}/budget.db"
+    store.upgrade(url)
+    cfg = CampaignConfig(database_url=url, budget_minutes=0.2, batch_sizes=(64,), totals=(262_144,), traces=(),
+                         max_trials=40, seed=1)
+    res = run_campaign(cfg)
+    assert res.status == "finished" and res.buckets == 5
+    alloc = optuna.load_study(study_name=res.name, storage=open_storage(storage_spec(url))).user_attrs["alloc"]
+    assert sum(alloc.values()) < 5 * 40 and max(alloc.values()) > 1
+    assert 0.7 * 12.0 <= res.spent_s <= 1.1 * 12.0

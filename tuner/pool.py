@@ -1,0 +1,230 @@
+"""The candidate pool of a tuning campaign and the rules that decide what a bucket publishes.
+
+One source for:
+
+- the candidate-name grammar (:func:`candidate_name`, :func:`candidate_policy`): ``stream_k|c3|n128w4s2`` is
+  policy ``stream_k`` with ``{"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2}``; optional
+  suffixes, in this order: ``|o<item_cost_blocks>m<min_piece_blocks>``, ``|pf`` (``prefetch``),
+  ``|h<heads_per_tile>``, ``|nx`` (``next_item``);
+- the pool (:data:`SERVED_POOL`) and its default (:data:`DEFAULT`): the plans the H200 table was built from
+  (each one's worst training batch within 1.36x of that batch's best; docs/perf.md);
+- :data:`MARGIN` and the hysteresis of :func:`choose`, the pick per bucket over the training batches of keys
+  within :data:`NEIGHBOUR_DISTANCE` (:func:`pick_per_key`), and the table being replaced
+  (:func:`previous_picks`);
+- the whole-wave decision per shape family (:func:`whole_wave_decision`).
+
+Every figure here is a ratio of kernel times measured (or simulated) on the same batch; nothing reads a file
+of the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "candidate_name", "candidate_policy", "parse_candidate", "tuned_equivalent",
+    "SERVED_POOL", "DEFAULT", "MARGIN", "NEIGHBOUR_DISTANCE", "WHOLE_WAVE_EPS", "WHOLE_WAVE_WORST",
+    "choose", "choose_scores", "pick_per_key", "previous_picks", "whole_wave_decision",
+]
+
+_NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)(?:\|o(\d+)m(\d+))?(\|pf)?(?:\|h(\d+))?(\|nx)?")
+_NAME_KEYS = ("ctas_per_sm", "block_n", "num_warps", "num_stages", "item_cost_blocks", "min_piece_blocks",
+              "prefetch", "heads_per_tile", "next_item")
+
+
+def candidate_policy(name: str) -> tuple[str, dict[str, Any]] | None:
+    """``(policy, make_plan params)`` of a candidate name such as ``stream_k|c3|n128w4s3|o2m4|pf``, or None when
+    ``name`` is not one (a baseline's record name such as ``fa3`` or ``balanced``)."""
+    m = _NAME_RE.fullmatch(name)
+    if not m:
+        return None
+    params: dict[str, Any] = {"ctas_per_sm": float(m[2]), "block_n": int(m[3]), "num_warps": int(m[4]),
+                              "num_stages": int(m[5])}
+    if m[6] is not None:
+        params["item_cost_blocks"], params["min_piece_blocks"] = int(m[6]), int(m[7])
+    if m[8]:
+        params["prefetch"] = True
+    if m[9] is not None:
+        params["heads_per_tile"] = int(m[9])
+    if m[10]:
+        params["next_item"] = True
+    return m[1], params
+
+
+def parse_candidate(name: str) -> tuple[str, dict[str, Any]]:
+    """:func:`candidate_policy`, raising ``ValueError`` naming ``name`` when it is not a candidate name."""
+    got = candidate_policy(name)
+    if got is None:
+        raise ValueError(f"candidate: {name!r} is not a candidate name (e.g. 'stream_k|c3|n128w4s2')")
+    return got
+
+
+def candidate_name(policy: str, params: Mapping[str, Any]) -> str | None:
+    """The name of ``(policy, params)`` (inverse of :func:`candidate_policy`), or None when the params are not
+    those of a candidate: a tile (``block_n``, ``num_warps``, ``num_stages``) and ``ctas_per_sm`` are needed, and
+    every other key must be one the grammar names (``whole_wave`` / ``whole_wave_heads``, added after the pick
+    by :func:`whole_wave_decision`, are ignored). Defaults are not named: ``prefetch`` False, ``heads_per_tile``
+    1 and ``next_item`` False give the same name as their absence."""
+    p = {k: v for k, v in params.items() if k not in ("whole_wave", "whole_wave_heads")}
+    if any(k not in _NAME_KEYS for k in p) or any(k not in p for k in _NAME_KEYS[:4]):
+        return None
+    if ("item_cost_blocks" in p) != ("min_piece_blocks" in p):
+        return None
+    name = f"{policy}|c{float(p['ctas_per_sm']):g}|n{int(p['block_n'])}w{int(p['num_warps'])}s{int(p['num_stages'])}"
+    if "item_cost_blocks" in p:
+        name += f"|o{int(p['item_cost_blocks'])}m{int(p['min_piece_blocks'])}"
+    name += "|pf" if p.get("prefetch") else ""
+    name += f"|h{int(p['heads_per_tile'])}" if int(p.get("heads_per_tile", 1)) != 1 else ""
+    name += "|nx" if p.get("next_item") else ""
+    return name
+
+
+def tuned_equivalent(name: str) -> dict[str, Any]:
+    """The candidate ``name`` restated in the ``tuned`` family's parameters (the Optuna search space): a
+    ``stream_k`` candidate is ``partition="stream_k"``, a ``balanced`` one the family's defaults (even chunks,
+    wave-aware) at its ``ctas_per_sm`` and tile. Not completed with the space's defaults (the caller does, per
+    task). Raises ValueError for a name of another policy."""
+    policy, params = parse_candidate(name)
+    if policy == "stream_k":
+        return {**params, "partition": "stream_k"}
+    if policy == "balanced":
+        return dict(params)
+    raise ValueError(f"candidate: {name!r}: only stream_k and balanced candidates have a tuned equivalent")
+
+
+DEFAULT = "stream_k|c3|n128w4s2"
+"""The pool's default: the best single plan over the H200 training set (geomean 1.013x the per-batch best);
+a bucket publishes another pool member only when it wins by more than :data:`MARGIN`."""
+
+SERVED_POOL = (
+    "stream_k|c3|n128w4s2", "stream_k|c3|n64w4s3", "stream_k|c2|n128w4s3", "stream_k|c3|n128w4s2|o2m4",
+    "balanced|c3|n128w4s2", "balanced|c4|n128w4s2", "balanced|c4|n64w4s2",
+    # two KV heads per work tile: the candidates whose worst H200 training batch is within 1.36x of its best
+    "balanced|c3|n32w4s3|pf|h2", "balanced|c3|n64w4s2|h2", "stream_k|c2|n32w4s4|pf|h2", "stream_k|c2|n64w8s2|h2",
+    "stream_k|c3|n32w4s3|pf|h2", "stream_k|c3|n64w4s2|h2", "stream_k|c4|n32w4s2|h2",
+    # the look-ahead over a CTA's work items (next_item) at one and two CTAs per SM
+    "stream_k|c1|n64w8s3|pf|h2|nx", "stream_k|c1|n64w4s3|pf|h2|nx",
+    "balanced|c2|n32w4s3|pf|h2|nx", "stream_k|c2|n32w4s3|pf|h2|nx", "balanced|c4|n32w4s2|h2",
+)
+"""The 19 candidates a campaign times on every training batch (docs/perf.md gives each one's evidence). The
+default tile of the balanced rule (``balanced|c4|n64w4s2``: one tile per request on large batches of even
+lengths) is in it and is picked only where it wins by the margin."""
+
+MARGIN = 0.01
+"""A pick must beat the plan it would replace by more than this fraction (geomean over the bucket's training
+batches): ten-repetition kernel timings vary by < 1 % run to run (docs/perf.md)."""
+
+NEIGHBOUR_DISTANCE = 0.5
+"""A bucket's pick is judged on its own training batches and on those of keys within this
+:func:`kvsplit.kernels.buckets.distance` (one half-octave length bin apart, same batch and token classes): the
+lookup serves those batches from it too, and a plan that wins on one batch but loses on its neighbours is not
+published (a 1.2 % win on a B = 128 batch of near-even lengths ran 1.085x the best plan on the B = 96 batch the
+same key served, docs/perf.md)."""
+
+
+def choose_scores(scores: Mapping[str, float], keep: Sequence[str | None] = (), margin: float = MARGIN) -> str:
+    """The name of least score, unless it beats a name of ``keep`` (tried in order) by less than ``margin``:
+    then that one. ``scores`` are comparable positive figures (geomean time over the same batches); a ``keep``
+    entry that is None or not scored is skipped. Raises ValueError on an empty or non-positive ``scores``."""
+    if not scores:
+        raise ValueError("scores: no candidate was timed on every batch")
+    if any(not (v > 0 and math.isfinite(v)) for v in scores.values()):
+        raise ValueError(f"scores: expected positive finite figures, got {dict(scores)}")
+    best = min(scores, key=lambda k: (scores[k], k))
+    for k in keep:
+        if k is not None and k in scores and scores[best] >= (1.0 - margin) * scores[k]:
+            return k
+    return best
+
+
+def choose(batches: Sequence[Mapping[str, float | None]], pool: Sequence[str] = SERVED_POOL,
+           previous: str | None = None, default: str = DEFAULT, margin: float = MARGIN) -> str:
+    """The ``pool`` member with the least geomean time over ``batches`` (one ``{name: seconds or None}`` per
+    training batch; only members timed on every batch compete), unless it beats ``previous`` (what the table
+    being replaced publishes for this key) or else ``default`` by less than ``margin``.
+
+    Each batch's times are divided by its fastest competing time first (times of different batches are
+    comparable only as ratios). Keeping ``previous`` within the margin is a hysteresis: a rebuild does not trade
+    a plan for one that is as fast on the training batches and slower on the batches the key serves.
+    Raises ValueError when no member was timed on every batch."""
+    names = [k for k in pool if batches and all(t.get(k) for t in batches)]
+    if not names:
+        raise ValueError("batches: no pool candidate was timed on every training batch of the bucket")
+    best_of = [min(float(t[n]) for n in names) for t in batches]
+    scores = {k: math.exp(sum(math.log(float(t[k]) / b) for t, b in zip(batches, best_of)) / len(batches))
+              for k in names}
+    return choose_scores(scores, (previous, default), margin)
+
+
+def pick_per_key(timings: Mapping[str, Sequence[Mapping[str, float | None]]], *, pool: Sequence[str] = SERVED_POOL,
+                 previous: Mapping[str, str] | None = None, default: str = DEFAULT, margin: float = MARGIN,
+                 neighbour_distance: float = NEIGHBOUR_DISTANCE) -> dict[str, str]:
+    """Bucket key -> its pool pick: :func:`choose` over the key's training batches and those of every other key
+    within ``neighbour_distance``, keeping ``previous[key]`` within the margin. ``timings``: bucket key (a
+    :class:`~kvsplit.kernels.buckets.BucketKey` string) -> its training batches' ``{candidate: seconds}``.
+    When no candidate was timed on every one of those batches, the key's own batches decide; a key with no
+    candidate timed on all of its own batches (every plan infeasible for the shape) is left out."""
+    from ..kernels.buckets import distance
+
+    previous = previous or {}
+    keys = list(timings)
+    out = {}
+    for key in keys:
+        near = [t for k2 in keys if k2 != key and distance(key, k2) <= neighbour_distance for t in timings[k2]]
+        for batches in (list(timings[key]) + near, list(timings[key])):
+            try:
+                out[key] = choose(batches, pool, previous.get(key), default, margin)
+                break
+            except ValueError:
+                continue
+    return out
+
+
+def previous_picks(doc: Mapping[str, Any] | str | Path, pool: Sequence[str] = SERVED_POOL) -> dict[str, str]:
+    """Bucket key -> the pool candidate a policies export (``kvsplit db export``'s format, e.g.
+    ``service/data/h200_policies.json``) publishes for it. A policy whose params are not exactly a candidate's
+    of ``pool`` (``whole_wave`` / ``whole_wave_heads`` aside) is left out; a ``tuned`` policy is matched through
+    :func:`tuned_equivalent` completed with nothing else (a tuned policy that names more is not a candidate).
+    ``doc`` is the parsed export or its path. Raises ValueError when it is not a policies export."""
+    if not isinstance(doc, Mapping):
+        try:
+            doc = json.loads(Path(doc).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--previous: cannot read a policies export from {doc}: {exc}") from None
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("policies"), list):
+        raise ValueError("--previous: not a policies export (no 'policies' list)")
+    pool = set(pool)
+    out = {}
+    for p in doc["policies"]:
+        name = candidate_name(p.get("name", ""), p.get("params") or {})
+        if name in pool:
+            out[p["bucket"]["key"]] = name
+    return out
+
+
+WHOLE_WAVE_EPS = 0.05
+"""The whole-wave rule's excess (``params.whole_wave``): one work tile per request when the tiles fill at most
+two resident waves within 5 %."""
+WHOLE_WAVE_WORST = 1.01
+"""A family keeps the whole-wave rule off when any training batch it acts on runs more than this much slower
+with it (ten-repetition timings vary by < 1 %)."""
+
+
+def whole_wave_decision(ratios: Iterable[float], untimed: int = 0, worst: float = WHOLE_WAVE_WORST) -> dict[str, Any]:
+    """Whether a shape family (GPU, H_kv, head_dim, dtype, page size) gets the whole-wave rule.
+
+    ``ratios``: for each training batch the rule acts on (its plan differs with the rule), the time with the
+    rule / the time of the family's published plan without it; ``untimed``: such batches without both
+    timings. On when at least one ratio exists, none is untimed, their geomean is below 1 and none exceeds
+    ``worst``. The decision is per family, not per bucket: the rule's outcome is a property of the tiles'
+    residency and streaming rate at the shape's GQA group, and near-even batches straddle the keys' length
+    bins. Returns ``{"on", "batches", "geomean", "worst"}``."""
+    rs = [float(x) for x in ratios]
+    geo = math.exp(sum(math.log(x) for x in rs) / len(rs)) if rs else float("nan")
+    top = max(rs) if rs else float("nan")
+    on = bool(rs) and untimed == 0 and geo < 1.0 and top <= worst
+    return {"on": on, "batches": len(rs), "untimed": int(untimed), "geomean": geo, "worst": top}
