@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 
 from .device import DeviceSpec
-from .limits import _pos_int, check_batch_shape
-from .registry import PlanContext
+from .limits import check_int, check_batch_shape
+from .rulespec import PlanContext
 from .shape import gpu_slug, shape_family
 
 __all__ = [
@@ -123,9 +123,9 @@ class BucketKey:
         if self.dtype not in _DTYPE_SHORT:
             raise ValueError(f"BucketKey.dtype: expected one of {sorted(_DTYPE_SHORT)}, got {self.dtype!r}")
         for name in ("num_kv_heads", "head_dim", "page_size"):
-            _pos_int(f"BucketKey.{name}", getattr(self, name), 1)
-        _pos_int("BucketKey.batch_class", self.batch_class, 0, 16)
-        _pos_int("BucketKey.tokens_class", self.tokens_class, -1, 62)
+            check_int(f"BucketKey.{name}", getattr(self, name), 1)
+        check_int("BucketKey.batch_class", self.batch_class, 0, 16)
+        check_int("BucketKey.tokens_class", self.tokens_class, -1, 62)
         hist = tuple((int(b), int(u)) for b, u in self.hist)
         object.__setattr__(self, "hist", hist)
         bins = [b for b, _ in hist]
@@ -143,7 +143,7 @@ class BucketKey:
         return shape_family(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
 
     @classmethod
-    def _trusted(cls, gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int, batch_class: int,
+    def from_trusted(cls, gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int, batch_class: int,
                  tokens_class: int, hist: tuple[tuple[int, int], ...]) -> "BucketKey":
         """A key from fields the planner computed itself (valid by construction:
         ``gpu`` a slug, ``hist`` a tuple of ``(int, int)`` pairs as the module doc
@@ -207,7 +207,7 @@ def _length_bins(L: np.ndarray) -> np.ndarray:
     return 2 * k + half
 
 
-def _log2_class(x: int) -> int:
+def log2_class(x: int) -> int:
     """``round(log2(x))`` exactly for an integer ``x >= 1`` (halves round up):
     ``floor(log2 x) + [x >= 2^(floor(log2 x) + 1/2)]``."""
     k = int(x).bit_length() - 1
@@ -281,7 +281,7 @@ def key_of(L: np.ndarray, ctx: PlanContext) -> BucketKey:
         q = _quantize(w, HIST_UNITS)
         idx = np.flatnonzero(q)
         hist = tuple(zip(idx.tolist(), q[idx].tolist()))
-        tokens_class = _log2_class(total)
+        tokens_class = log2_class(total)
     else:
         hist = ()
         tokens_class = -1
@@ -291,7 +291,7 @@ def key_of(L: np.ndarray, ctx: PlanContext) -> BucketKey:
         head_dim=ctx.head_dim,
         dtype=ctx.dtype,
         page_size=ctx.page_size,
-        batch_class=_log2_class(B),
+        batch_class=log2_class(B),
         tokens_class=tokens_class,
         hist=hist,  # type: ignore[arg-type]
     )

@@ -52,7 +52,7 @@ import triton.language as tl
 
 from .limits import TILE_QUERY_ROWS
 from .plan import Plan
-from .reference import _check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
+from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
 from .residency import register_cap
 
 __all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
@@ -68,7 +68,7 @@ MERGE_SYNC_CHUNKS = 4
 # "poll" ("acquire": every poll an acquire read; "relaxed": volatile polls, then one acquire read)
 _OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500, "poll": "relaxed"}
 
-_TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
 # ----------------------------------------------------------------------------
@@ -520,14 +520,14 @@ def make_workspace(
 
 
 def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate):
-    q = _check_tensor("q", q, ndim=3)
+    q = check_tensor("q", q, ndim=3)
     dev = q.device
     check_kernel_device("q", dev)
-    if q.dtype not in _TORCH_DTYPES:
+    if q.dtype not in TORCH_DTYPES:
         raise ValueError(f"q: expected dtype float16, bfloat16 or float32, got {q.dtype}")
     check_interpreter_dtype("q", q.dtype)
-    k_cache = _check_tensor("k_cache", k_cache, ndim=4, device=dev)
-    v_cache = _check_tensor("v_cache", v_cache, ndim=4, device=dev)
+    k_cache = check_tensor("k_cache", k_cache, ndim=4, device=dev)
+    v_cache = check_tensor("v_cache", v_cache, ndim=4, device=dev)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: expected dtype {q.dtype} (q's), got {t.dtype}")
@@ -548,12 +548,12 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
     if q.stride(-1) != 1:
         raise ValueError("q: the last (head_dim) dimension must be contiguous")
     for name, t, n in (("kv_indptr", kv_indptr, B + 1), ("kv_lens", kv_lens, B)):
-        _check_tensor(name, t, ndim=1, device=dev)
+        check_tensor(name, t, ndim=1, device=dev)
         if t.dtype != torch.int32:
             raise ValueError(f"{name}: expected dtype torch.int32, got {t.dtype}")
         if t.shape[0] != n:
             raise ValueError(f"{name}: expected shape ({n},), got {tuple(t.shape)}")
-    _check_tensor("kv_indices", kv_indices, ndim=1, device=dev)
+    check_tensor("kv_indices", kv_indices, ndim=1, device=dev)
     if kv_indices.dtype != torch.int32:
         raise ValueError(f"kv_indices: expected dtype torch.int32, got {kv_indices.dtype}")
     if not kv_indptr.is_contiguous() or not kv_indices.is_contiguous() or not kv_lens.is_contiguous():
@@ -569,10 +569,10 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
     ):
         if got != want:
             raise ValueError(f"plan: made for {what}={want}, got {what}={got}")
-    if _TORCH_DTYPES[q.dtype] != plan.dtype:
-        raise ValueError(f"plan: made for dtype {plan.dtype}, got q of dtype {_TORCH_DTYPES[q.dtype]}")
+    if TORCH_DTYPES[q.dtype] != plan.dtype:
+        raise ValueError(f"plan: made for dtype {plan.dtype}, got q of dtype {TORCH_DTYPES[q.dtype]}")
     if out is not None:
-        _check_tensor("out", out, ndim=3, device=dev)
+        check_tensor("out", out, ndim=3, device=dev)
         if tuple(out.shape) != (B, H_q, D) or out.dtype != q.dtype:
             raise ValueError(f"out: expected shape {(B, H_q, D)} dtype {q.dtype}, got {tuple(out.shape)} {out.dtype}")
         if out.stride(-1) != 1:

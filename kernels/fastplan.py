@@ -22,13 +22,13 @@ planning stays in the tens of microseconds:
   (machine code cached on disk next to this file, or under ``NUMBA_CACHE_DIR``);
   ``flashinfer`` and ``fa3`` keep the NumPy code.
 - :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one compiled call
-  (:func:`_key_plan`) for the bucket key, the nearest published bucket
+  (:func:`key_plan`) for the bucket key, the nearest published bucket
   (:func:`_key_nearest`, over the table's cumulative histograms stored as one
   contiguous array per shape family) and the plan with that bucket's parsed
   policy (an int64 row per candidate, :func:`spec_vector`; the plan pass skips
   the range check the key pass made): the lengths are validated once per call;
 - the loops divide by per-call constants with a multiply and an exact
-  correction (:func:`_div`) or a shift (``block_n`` is a power of two), not a
+  correction (:func:`div`) or a shift (``block_n`` is a power of two), not a
   64-bit integer division per element.
 
 Without numba (it is a dependency, but the planner must not need more than
@@ -48,8 +48,10 @@ from typing import Any
 import numpy as np
 
 from .buckets import HIST_UNITS, NUM_BINS, BucketKey, gpu_slug
+from .buckets import log2_class as py_log2_class
 from .device import DeviceSpec, resolve_device
-from .limits import MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, _as_kv_lens, check_batch_shape, default_config
+from .limits import MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, check_kv_lens, check_batch_shape, default_config
+from .rulespec import RULE_CONST, RULE_FAIR, RULE_WAVE, RULE_WAVE1, WHOLE_WAVE_MAX_WAVES, RuleSpec, resolve
 from .workplan import Plan
 
 try:  # pragma: no branch
@@ -109,8 +111,8 @@ _MAX_ITEMS = np.int64(MAX_WORK_ITEMS)
 _UNITS = HIST_UNITS
 _NBINS = NUM_BINS
 
-# rule codes of _even_chunks
-_CONST, _WAVE, _FAIR, _WAVE1 = 0, 1, 2, 3  # _WAVE1: wave-aware with one block of fixed cost per tile
+# rule codes of _even_chunks (RuleSpec.chunk_rule)
+_CONST, _WAVE, _FAIR, _WAVE1 = RULE_CONST, RULE_WAVE, RULE_FAIR, RULE_WAVE1
 
 
 @_jit
@@ -142,7 +144,7 @@ def _min_value(L):
 
 
 @_jit_inline
-def _div(a, d, inv):
+def div(a, d, inv):
     """``a // d`` for ``0 <= a < 2^51``, ``d >= 1``, ``inv = 1.0 / d``: a multiply
     and an exact correction instead of a 64-bit integer division (the planner's
     loops divide by a per-call constant; the division dominated their time)."""
@@ -155,7 +157,7 @@ def _div(a, d, inv):
 
 
 @_jit
-def _log2_exact(d):
+def log2_exact(d):
     """``k`` with ``2^k == d``, or -1 when ``d`` is not a power of two."""
     k = 0
     while (np.int64(1) << k) < d and k < 62:
@@ -164,11 +166,11 @@ def _log2_exact(d):
 
 
 @_jit_inline
-def _blocks(x, block_n, sh, inv):
-    """``ceil(x / block_n)``: a shift when block_n is ``2^sh`` (every BLOCK_N_CHOICES), else :func:`_div`."""
+def blocks(x, block_n, sh, inv):
+    """``ceil(x / block_n)``: a shift when block_n is ``2^sh`` (every BLOCK_N_CHOICES), else :func:`div`."""
     if sh >= 0:
         return (x + block_n - 1) >> sh
-    return _div(x + block_n - 1, block_n, inv)
+    return div(x + block_n - 1, block_n, inv)
 
 
 @_jit
@@ -176,7 +178,7 @@ def _tiles(L, chunk):
     s = 0
     inv = 1.0 / chunk
     for i in range(L.shape[0]):
-        t = _div(L[i] + chunk - 1, chunk, inv)
+        t = div(L[i] + chunk - 1, chunk, inv)
         s += t if t > 1 else 1
     return s
 
@@ -254,7 +256,7 @@ def _pack(start, end, pack, out):
     for i in range(W):
         length = end[i] - start[i]
         short = length < pack
-        bucket = _div(cum, pack, inv)
+        bucket = div(cum, pack, inv)
         if i == 0 or not short or not prev_short or bucket != prev_bucket:
             out[c] = i
             c += 1
@@ -295,7 +297,7 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
         if rule == _CONST:
             s = arg
         else:
-            s = _div(L[i] + chunk - 1, chunk, inv)
+            s = div(L[i] + chunk - 1, chunk, inv)
             if s < 1:
                 s = 1
             if s > max_splits:
@@ -319,12 +321,12 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
     perm = _heavy_first(L) if heavy_first else np.arange(B)
     k = 0
     inv_bn = 1.0 / block_n
-    sh = _log2_exact(block_n)
+    sh = log2_exact(block_n)
     for ii in range(B):
         b = perm[ii]
         Lb = L[b]
         nb = n[b]
-        tiles = _blocks(Lb, block_n, sh, inv_bn)
+        tiles = blocks(Lb, block_n, sh, inv_bn)
         aligned = tiles >= nb
         # item j covers [floor(j * x / nb), floor((j + 1) * x / nb)) of x = tiles
         # (times block_n, clipped to Lb) or x = Lb: the floors are walked with
@@ -362,7 +364,7 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
     (same return as _even_chunks).
 
     A request's kept cuts are the multiples of ``share`` in ``[lo + m0, hi - m0]``
-    (``m0 = max(min_piece_blocks, 1)``), so they are listed with a few :func:`_div`
+    (``m0 = max(min_piece_blocks, 1)``), so they are listed with a few :func:`div`
     per request, no search. One pass: the buffers are sized for the most items
     there can be (every cut is a multiple of share below the total cost, so at
     most C - 1 of them, and at most one per block) and compacted at the end.
@@ -373,10 +375,10 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
         return 1, bad, 0, 0, L, np.empty(0, np.int32)
     order = _heavy_first(L) if heavy_first else np.arange(B)
     inv_bn = 1.0 / block_n
-    sh = _log2_exact(block_n)
+    sh = log2_exact(block_n)
     sum_nb = 0
     for i in range(B):
-        sum_nb += _blocks(L[i], block_n, sh, inv_bn)
+        sum_nb += blocks(L[i], block_n, sh, inv_bn)
     total_cost = sum_nb + o * B
     share = (total_cost + C - 1) // C
     if share < 1:
@@ -399,11 +401,11 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
     for i in range(B):
         b = order[i]
         Lb = L[b]
-        nb = _blocks(Lb, block_n, sh, inv_bn)
+        nb = blocks(Lb, block_n, sh, inv_bn)
         lo = P + o
         hi = lo + nb
         # the first kept cut (a multiple of share at or after lo + m0) and the last allowed position
-        m = (_div(lo + m0 - 1, share, inv) + 1) * share
+        m = (div(lo + m0 - 1, share, inv) + 1) * share
         m_end = hi - m0
         prev = 0
         j = 0
@@ -424,7 +426,7 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
                 if mp - 1 < push:
                     push = mp - 1
                 pos += push
-            c = _div(pos, share, inv)
+            c = div(pos, share, inv)
             if c > C - 1:
                 c = C - 1
             # a new CTA starts here when c changes: the slot is written either way
@@ -495,14 +497,14 @@ def _hist_units(L_in):
 
 
 # smallest x with x * x >= 2^(2k + 1), k = 0..62: round(log2 x) without squaring x
-_HALF_UP = np.array([math.isqrt((1 << (2 * k + 1)) - 1) + 1 for k in range(63)], dtype=np.int64)
+HALF_UP = np.array([math.isqrt((1 << (2 * k + 1)) - 1) + 1 for k in range(63)], dtype=np.int64)
 
 
 @_jit
-def _log2_class(x):
-    """buckets._log2_class, ``round(log2 x)`` (halves up) for ``1 <= x < 2^53``."""
+def log2_class(x):
+    """buckets.log2_class, ``round(log2 x)`` (halves up) for ``1 <= x < 2^53``."""
     k = math.frexp(float(x))[1] - 1  # floor(log2 x), exact below 2^53
-    return k + (1 if x >= _HALF_UP[k] else 0)
+    return k + (1 if x >= HALF_UP[k] else 0)
 
 
 @_jit
@@ -558,9 +560,9 @@ def _key_nearest(L_in, cum, cls, empty, n_first, class_units, lim):
     w = np.empty(6 * _UNITS, np.uint8)
     if bad >= 0:
         return bad, 0, 0, w[:0], -1, 0
-    bc = _log2_class(B)
+    bc = log2_class(B)
     key_empty = total == 0
-    tc = -1 if key_empty else _log2_class(total)
+    tc = -1 if key_empty else log2_class(total)
     key_cum = np.empty(_NBINS, np.int64)
     acc = 0
     n = 0
@@ -582,7 +584,7 @@ def _key_nearest(L_in, cum, cls, empty, n_first, class_units, lim):
     return -1, bc, tc, w[:n], row, d
 
 
-# a parsed spec as one int64 row for _key_plan: state (0 not parsed yet, 1 compiled, 2 a policy the
+# a parsed spec as one int64 row for key_plan: state (0 not parsed yet, 1 compiled, 2 a policy the
 # compiled core does not plan), kind (0 _even_chunks, 1 _stream_k), then the rule's arguments
 SV_STATE, SV_KIND, SV_H, SV_BLOCK_N, SV_RULE, SV_ARG, SV_MIN_CHUNK, SV_MAX_SPLITS, SV_HEAVY, SV_PACK, SV_C, \
     SV_O, SV_MP = range(13)
@@ -614,7 +616,7 @@ def _key_text(prefix, bc, tc, w):
 
 
 @_jit
-def _key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix):
+def key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix):
     """:func:`_key_nearest` then the plan with the matched row's spec (``specs[row]``, the last row
     for the fallback), one compiled call (PolicyTable.plan's core).
 
@@ -679,26 +681,26 @@ def as_kv_lens(kv_lens: Any) -> np.ndarray:
     if t is np.ndarray:
         arr = kv_lens
         if arr.dtype.kind != "i" or arr.dtype.itemsize not in (4, 8):
-            return _as_kv_lens(arr)
+            return check_kv_lens(arr)
     elif t is list or t is tuple:
         try:
             arr = np.array(kv_lens)
         except (OverflowError, ValueError, TypeError):
-            return _as_kv_lens(kv_lens)
+            return check_kv_lens(kv_lens)
         # int64 exactly when every element is an int, NumPy integer or bool (the
         # dtype singleton; anything else goes to the reference, which names the element)
         if arr.dtype is not _I64 or arr.ndim != 1 or not 0 < arr.shape[0] <= MAX_BATCH:
-            return _as_kv_lens(kv_lens)
+            return check_kv_lens(kv_lens)
         # a bool (Python's or NumPy's) among ints converts to 0/1: only then look
         # at the types of the elements that are 0 or 1
         if _min_value(arr) <= 1:
             for i in np.flatnonzero(arr <= 1).tolist():
                 v = kv_lens[i]
                 if type(v) is not int and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
-                    return _as_kv_lens(kv_lens)
+                    return check_kv_lens(kv_lens)
         return arr  # a new 1-D C-contiguous array
     else:
-        return _as_kv_lens(kv_lens)
+        return check_kv_lens(kv_lens)
     if arr.ndim != 1:
         raise ValueError(f"kv_lens: expected a 1-D array, got shape {arr.shape}")
     B = arr.shape[0]
@@ -714,7 +716,7 @@ def as_kv_lens(kv_lens: Any) -> np.ndarray:
 _I64 = np.dtype(np.int64)
 
 
-def _range_error(arr: np.ndarray, i: int) -> ValueError:
+def range_error(arr: np.ndarray, i: int) -> ValueError:
     return ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {int(arr[i])}")
 
 
@@ -752,169 +754,31 @@ def _whole_wave_pick(L, Ht, eps, slots, max_waves):
 # ----------------------------------------------------------------------------
 
 
-class _Spec:
-    """What a (policy, params, shape, device) combination plans with (batch independent)."""
-
-    __slots__ = ("kind", "rule", "arg", "min_chunk", "max_splits", "heavy", "pack", "C", "o", "mp", "cfg",
-                 "policy", "params", "H", "Ht", "head_dim", "page_size", "dtype", "gpu", "device", "kernel", "args",
-                 "fields", "ww", "ww_slots", "ww_ht", "ww_specs", "ww_waves")
-
-
-_SPECS: dict[tuple, _Spec] = {}
 _SHAPES: dict[tuple, tuple] = {}
 _MEMO_MAX = 512
-
-
-def _params_key(params: Mapping[str, Any] | None) -> tuple | None:
-    if not params:
-        return ()
-    try:
-        key = tuple((k, type(v), v) for k, v in sorted(params.items()))
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def _device_key(device: Any) -> Any:
     return device if type(device) is str else id(device)
 
 
-def _wave_rule(ctx: Any, cfg: Any, target: float) -> tuple[int, int]:
-    """(rule, target tiles) of the wave-aware chunk: :func:`policies.wave_target`, and ``_WAVE1`` (one block of
-    fixed cost per tile) where :func:`policies.wave_tile_cost` charges it."""
-    from . import policies as P
-    tt = P.wave_target(ctx, cfg, target)
-    return (_WAVE1 if P.wave_tile_cost(ctx, cfg, tt) else _WAVE), tt
-
-
-def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: DeviceSpec, head_dim: int,
-                page_size: int, dtype: str) -> _Spec:
-    from . import policies as P  # the reference's own helpers parse the parameters
-    from .registry import PlanContext, _knobs, _num
-    from .workplan import _jsonable
-
-    # validate everything exactly as the reference does (same errors), on a probe batch
-    P.make_plan_reference([1], num_kv_heads=num_kv_heads, device=dev, policy=policy, params=params,
-                          head_dim=head_dim, page_size=page_size, dtype=dtype)
-    ctx = PlanContext(dev, num_kv_heads, head_dim, page_size, dtype)
-    S = dev.num_sms
-    sp = _Spec()
-    sp.kind, sp.rule, sp.arg, sp.min_chunk, sp.max_splits, sp.pack = "even", _CONST, 1, 1, 1 << 62, 0
-    sp.C, sp.o, sp.mp = 1, 0, 1
-    if policy == "no_split":
-        cfg, order, pack = _knobs(params, ctx, "natural")
-    elif policy == "fixed":
-        cfg, order, pack = _knobs(params, ctx, "natural")
-        sp.arg = int(params["num_splits"])
-    elif policy == "balanced":
-        target = P._ctas_per_sm(params, 4.0)
-        cfg, order, pack = _knobs(params, ctx, "natural")
-        sp.rule, sp.arg = _wave_rule(ctx, cfg, target)
-    elif policy == "stream_k":
-        target, sp.o, sp.mp = P._stream_k_params(params)
-        cfg, order, pack = _knobs(params, ctx, "natural")
-        sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // P.tile_heads(ctx, cfg))
-    elif policy == "tuned":
-        space = P.TUNED_PARAM_SPACE
-        target = _num("ctas_per_sm", params.get("ctas_per_sm", space["ctas_per_sm"]["default"]),
-                      space["ctas_per_sm"]["low"], space["ctas_per_sm"]["high"])
-        pps = int(params.get("programs_per_sm", space["programs_per_sm"]["default"]))
-        cfg, order, pack = _knobs(params, ctx, space["order"]["default"], default_programs=pps * S)
-        if params.get("partition", space["partition"]["default"]) == "stream_k":
-            _, sp.o, sp.mp = P._stream_k_params(params, P.TUNED_PARAM_SPACE)
-            sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // P.tile_heads(ctx, cfg))
-        else:
-            sp.min_chunk = int(params.get("min_chunk_tokens", space["min_chunk_tokens"]["default"]))
-            sp.max_splits = int(params.get("max_splits", space["max_splits"]["default"]))
-            if params.get("wave_aware", space["wave_aware"]["default"]):
-                sp.rule, sp.arg = _wave_rule(ctx, cfg, target)
-            else:
-                sp.rule, sp.arg = _FAIR, max(1, int(math.ceil(target * S)))
-    else:  # pragma: no cover - callers check FAST_POLICIES
-        raise AssertionError(policy)
-    sp.heavy = order == "heavy_first"
-    sp.pack = int(pack)
-    sp.cfg = cfg
-    sp.policy = policy
-    sp.params = _jsonable(dict(params))
-    sp.H, sp.head_dim, sp.page_size, sp.dtype = num_kv_heads, head_dim, page_size, dtype
-    sp.Ht = P.tile_heads(ctx, cfg)  # work tiles per work item: what the partitions count (H_kv for one head per tile)
-    sp.gpu = dev.name
-    sp.device = dev
-    # what plan_with_spec passes: the compiled rule and its arguments, the Plan's batch-independent fields
-    if sp.kind == "stream_k":
-        sp.kernel, sp.args = _stream_k, (sp.Ht, sp.C, cfg.block_n, sp.o, sp.mp, sp.heavy)
-    else:
-        sp.kernel, sp.args = _even_chunks, (sp.Ht, cfg.block_n, sp.rule, sp.arg, sp.min_chunk, sp.max_splits,
-                                            sp.heavy, sp.pack, MAX_WORK_ITEMS)
-    sp.fields = {"config": cfg, "policy": policy, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
-                 "page_size": page_size, "dtype": dtype, "gpu": dev.name}
-    # the whole-wave rule (policies.whole_wave_config): the tiles it may pick, their slots, and for each the
-    # spec of one work item per request on that tile under this policy's name and params
-    sp.ww, sp.ww_slots, sp.ww_ht, sp.ww_specs, sp.ww_waves = 0.0, None, None, (), P.WHOLE_WAVE_MAX_WAVES
-    if policy in ("balanced", "stream_k", "tuned") and params.get("whole_wave"):
-        sp.ww = float(params["whole_wave"])
-        slots, hts, alts = [], [], []
-        for alt_cfg in P.whole_wave_tiles(ctx, P.whole_wave_heads(params)):  # whole_wave_config's, in its order
-            slots.append(P.resident_slots(ctx, alt_cfg))
-            hts.append(P.tile_heads(ctx, alt_cfg))
-            alts.append(_whole_request_spec(sp, alt_cfg))
-        sp.ww_slots, sp.ww_ht, sp.ww_specs = np.array(slots, dtype=np.int64), np.array(hts, np.int64), tuple(alts)
-    return sp
-
-
-def _whole_request_spec(sp: _Spec, cfg: Any) -> _Spec:
-    """A copy of ``sp`` that plans one work item per request (no split, batch order, no packing) on ``cfg``:
-    what ``sp``'s policy plans when the whole-wave rule takes a batch (same policy name and params)."""
-    alt = _Spec()
-    for name in _Spec.__slots__:
-        setattr(alt, name, getattr(sp, name))
-    alt.kind, alt.rule, alt.arg, alt.min_chunk, alt.max_splits, alt.heavy, alt.pack = (
-        "even", _CONST, 1, 1, 1 << 62, False, 0)
-    alt.C, alt.o, alt.mp = 1, 0, 1
-    alt.cfg = cfg
-    alt.Ht = sp.H // cfg.heads_per_tile
-    alt.kernel, alt.args = _even_chunks, (alt.Ht, cfg.block_n, _CONST, 1, 1, 1 << 62, False, 0, MAX_WORK_ITEMS)
-    alt.fields = dict(sp.fields, config=cfg)
-    alt.ww, alt.ww_slots, alt.ww_ht, alt.ww_specs = 0.0, None, None, ()
-    return alt
-
-
-def whole_wave_spec(arr: np.ndarray, sp: _Spec) -> _Spec:
+def whole_wave_spec(arr: np.ndarray, sp: RuleSpec) -> RuleSpec:
     """The spec that plans ``arr`` under ``sp``: ``sp`` itself, or the whole-request spec of the tile the
-    whole-wave rule picks (:func:`kvsplit.kernels.policies.whole_wave_config`)."""
-    if not sp.ww_specs:
+    whole-wave rule picks."""
+    if not sp.whole_wave_specs:
         return sp
-    j = _whole_wave_pick(arr, sp.ww_ht, sp.ww, sp.ww_slots, sp.ww_waves)
-    return sp if j < 0 else sp.ww_specs[j]
+    j = _whole_wave_pick(arr, sp.whole_wave_tile_heads, sp.whole_wave, sp.whole_wave_slots, WHOLE_WAVE_MAX_WAVES)
+    return sp if j < 0 else sp.whole_wave_specs[j]
 
 
 def spec(policy: str, params: Mapping[str, Any] | None, num_kv_heads: int, device: DeviceSpec | str,
-         head_dim: int, page_size: int, dtype: str) -> _Spec | None:
-    """The parsed form of a (policy, params, shape) combination for :func:`plan_with_spec`,
-    or ``None`` for a policy the compiled core does not plan. Raises the reference's
-    ``ValueError`` on bad parameters."""
+         head_dim: int, page_size: int, dtype: str) -> RuleSpec | None:
+    """The resolved spec (:func:`kvsplit.kernels.rulespec.resolve`) of a policy the compiled core plans, or
+    ``None`` for one it does not (``flashinfer``, ``fa3``). Raises ``resolve``'s ValueError."""
     if type(policy) is not str or policy not in FAST_POLICIES:
         return None
-    return _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype)
-
-
-def _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype) -> _Spec:
-    pk = _params_key(params)
-    key = None
-    if pk is not None and type(num_kv_heads) is int and type(head_dim) is int and type(page_size) is int:
-        key = (policy, pk, num_kv_heads, head_dim, page_size, dtype, _device_key(device))
-        sp = _SPECS.get(key)
-        if sp is not None and (type(device) is str or sp.device is device):
-            return sp
-    _, num_kv_heads, page_size, dev = check_batch_shape([1], num_kv_heads, head_dim, page_size, dtype, device)
-    sp = _build_spec(policy, dict(params or {}), num_kv_heads, dev, int(head_dim), page_size, dtype)
-    if key is not None:
-        if len(_SPECS) >= _MEMO_MAX:
-            _SPECS.clear()
-        _SPECS[key] = sp
-    return sp
+    return resolve(policy, params, num_kv_heads=num_kv_heads, device=device, head_dim=head_dim,
+                   page_size=page_size, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -931,46 +795,53 @@ def make_plan(kv_lens: Any, *, num_kv_heads: int, device: DeviceSpec | str, poli
     it does not apply (numba off, or a policy outside :data:`FAST_POLICIES`)."""
     if not ENABLED or type(policy) is not str or policy not in FAST_POLICIES:
         return None
-    sp = _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype)
+    sp = resolve(policy, params, num_kv_heads=num_kv_heads, device=device, head_dim=head_dim,
+                 page_size=page_size, dtype=dtype)
     return plan_with_spec(as_kv_lens(kv_lens), sp, True)
 
 
-def spec_vector(sp: _Spec | None, out: np.ndarray) -> None:
-    """Write a parsed spec into its :func:`_key_plan` row ``out`` (int64 [SV_LEN]); None: a policy the
+def spec_vector(sp: RuleSpec | None, out: np.ndarray) -> None:
+    """Write a parsed spec into its :func:`key_plan` row ``out`` (int64 [SV_LEN]); None: a policy the
     compiled core does not plan."""
     out[:] = 0
     if sp is None:
         out[SV_STATE] = 2
         return
-    out[SV_H], out[SV_BLOCK_N], out[SV_HEAVY] = sp.Ht, sp.cfg.block_n, int(sp.heavy)
-    if sp.kind == "stream_k":
-        out[SV_KIND], out[SV_C], out[SV_O], out[SV_MP] = 1, sp.C, sp.o, sp.mp
+    out[SV_H], out[SV_BLOCK_N], out[SV_HEAVY] = sp.tile_heads, sp.config.block_n, int(sp.heavy_first)
+    if sp.partition == "stream_k":
+        out[SV_KIND], out[SV_C], out[SV_O], out[SV_MP] = 1, sp.ctas, sp.item_cost_blocks, sp.min_piece_blocks
     else:
         out[SV_RULE], out[SV_ARG], out[SV_MIN_CHUNK], out[SV_MAX_SPLITS], out[SV_PACK] = (
-            sp.rule, sp.arg, sp.min_chunk, sp.max_splits, sp.pack)
+            sp.chunk_rule, sp.chunk_arg, sp.min_chunk, sp.max_splits, sp.pack_tokens)
     out[SV_STATE] = 1  # last: a row is used only once complete
 
 
-def _too_many_items(n: int) -> ValueError:
+def too_many_items(n: int) -> ValueError:
     return ValueError(f"params: the plan would have {n} work items, above the limit of {MAX_WORK_ITEMS} "
                       f"(fewer splits per request)")
 
 
-def run_spec(arr: np.ndarray, sp: _Spec, check: bool) -> tuple[int, int, np.ndarray, np.ndarray]:
+def run_spec(arr: np.ndarray, sp: RuleSpec, check: bool) -> tuple[int, int, np.ndarray, np.ndarray]:
     """The compiled plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`) as
     ``(W, nc, b64, b32)``: ``b64 = [kv_lens (B) | work_kv_start (W) | work_kv_end (W)]`` (int64),
     ``b32 = [num_splits (B) | work_request (W) | cta_indptr (nc) | ...]`` (int32), the arrays of
     :func:`plan_with_spec`'s Plan. ``check=False`` skips the range check of lengths an earlier compiled
     pass checked. Raises the reference's ValueError (a length out of range, too many work items)."""
-    status, info, W, nc, b64, b32 = sp.kernel(arr, *sp.args, check)
+    if sp.partition == "stream_k":
+        status, info, W, nc, b64, b32 = _stream_k(arr, sp.tile_heads, sp.ctas, sp.config.block_n,
+                                                  sp.item_cost_blocks, sp.min_piece_blocks, sp.heavy_first, check)
+    else:
+        status, info, W, nc, b64, b32 = _even_chunks(arr, sp.tile_heads, sp.config.block_n, sp.chunk_rule,
+                                                     sp.chunk_arg, sp.min_chunk, sp.max_splits, sp.heavy_first,
+                                                     sp.pack_tokens, _MAX_ITEMS, check)
     if status:
         if status == 1:
-            raise _range_error(arr, info)
-        raise _too_many_items(info)
+            raise range_error(arr, info)
+        raise too_many_items(info)
     return W, nc, b64, b32
 
 
-def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
+def plan_with_spec(arr: np.ndarray, sp: RuleSpec, check: bool) -> Plan:
     """The plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`);
     ``check=False`` skips the range check of lengths an earlier compiled pass checked."""
     sp = whole_wave_spec(arr, sp)
@@ -978,7 +849,7 @@ def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
     return plan_of_buffers(arr.shape[0], W, nc, b64, b32, sp)
 
 
-def plan_of_buffers(B: int, W: int, nc: int, b64: np.ndarray, b32: np.ndarray, sp: _Spec) -> Plan:
+def plan_of_buffers(B: int, W: int, nc: int, b64: np.ndarray, b32: np.ndarray, sp: RuleSpec) -> Plan:
     """The Plan of the compiled planner's buffers (:func:`run_spec`) for the spec ``sp`` (read-only views)."""
     b64.setflags(write=False)  # (cheaper than .flags.writeable = False)
     b32.setflags(write=False)
@@ -1008,11 +879,6 @@ def _shape(num_kv_heads, head_dim, dtype, device, page_size) -> tuple:
     return out
 
 
-def _py_log2_class(x: int) -> int:
-    k = int(x).bit_length() - 1
-    return k + (int(x) * int(x) >= 1 << (2 * k + 1))
-
-
 def bucket_key(kv_lens: Any, *, num_kv_heads: int, head_dim: int, dtype: str,
                device: DeviceSpec | str | Mapping[str, Any], page_size: int = 16) -> BucketKey:
     """:func:`kvsplit.kernels.buckets.bucket_key` on the compiled core (the
@@ -1028,16 +894,16 @@ def bucket_key(kv_lens: Any, *, num_kv_heads: int, head_dim: int, dtype: str,
     arr = as_kv_lens(kv_lens)
     bad, B, total, q = _hist_units(arr)
     if bad >= 0:
-        raise _range_error(arr, bad)
+        raise range_error(arr, bad)
     if total:
         idx = np.flatnonzero(q)
         hist = tuple(zip(idx.tolist(), q[idx].tolist()))
-        tokens_class = _py_log2_class(total)
+        tokens_class = py_log2_class(total)
     else:
         hist = ()
         tokens_class = -1
     # the fields are made here, valid by construction (BucketKey.__post_init__ would re-check them)
-    return BucketKey._trusted(slug, H, D, dtype, ps, _py_log2_class(B), tokens_class, hist)
+    return BucketKey.from_trusted(slug, H, D, dtype, ps, py_log2_class(B), tokens_class, hist)
 
 
 def nearest_scaled(cum: np.ndarray, cls: np.ndarray, empty: np.ndarray, key_cum: np.ndarray, key_b: int,
@@ -1069,7 +935,7 @@ def warmup() -> None:
     for dt in (np.int32, np.int64):
         _key_nearest(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
                      80.0)
-        _key_plan(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
+        key_plan(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
                   80.0, sv, np.frombuffer(b"gpu.kv1", np.uint8).copy())
 
 

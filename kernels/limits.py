@@ -179,7 +179,7 @@ def heads_fit(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int) -> bool
 # ----------------------------------------------------------------------------
 
 
-def _as_kv_lens(kv_lens: Any) -> np.ndarray:
+def check_kv_lens(kv_lens: Any) -> np.ndarray:
     """Validate and convert kv_lens to int64 ``[B]``."""
     if hasattr(kv_lens, "detach") and hasattr(kv_lens, "cpu"):  # torch tensor
         if getattr(kv_lens, "is_cuda", False):
@@ -230,17 +230,25 @@ def check_batch_shape(
     Returns ``(kv_lens int64 [B], num_kv_heads, page_size, DeviceSpec)``;
     raises ValueError naming the first invalid argument.
     """
-    L = _as_kv_lens(kv_lens)
-    num_kv_heads = _pos_int("num_kv_heads", num_kv_heads, 1, 1024)
+    L = check_kv_lens(kv_lens)
+    num_kv_heads, _, page_size, dev = check_shape(num_kv_heads, head_dim, page_size, dtype, device)
+    return L, num_kv_heads, page_size, dev
+
+
+def check_shape(num_kv_heads: Any, head_dim: Any, page_size: Any, dtype: Any, device: Any
+                ) -> tuple[int, int, int, DeviceSpec]:
+    """Validate a plan's shape arguments: ``(num_kv_heads, head_dim, page_size, DeviceSpec)``; raises ValueError
+    naming the first invalid argument."""
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1, 1024)
     if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
-    page_size = _pos_int("page_size", page_size, 1, MAX_PAGE_SIZE)
+    page_size = check_int("page_size", page_size, 1, MAX_PAGE_SIZE)
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
-    return L, num_kv_heads, page_size, resolve_device(device)
+    return num_kv_heads, int(head_dim), page_size, resolve_device(device)
 
 
-def _pos_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
+def check_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise ValueError(f"{name}: expected an integer, got {v!r}")
     v = int(v)
@@ -250,7 +258,7 @@ def _pos_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
     return v
 
 
-def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
+def check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
     """Reject knob combinations the kernel cannot run well or at all."""
     if cfg.block_n not in BLOCK_N_CHOICES:
         raise ValueError(f"params.block_n: expected one of {BLOCK_N_CHOICES}, got {cfg.block_n!r}")
@@ -261,7 +269,7 @@ def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
     if cfg.schedule not in SCHEDULES:
         raise ValueError(f"params.schedule: expected one of {SCHEDULES}, got {cfg.schedule!r}")
     if cfg.schedule == "persistent":
-        _pos_int("params.num_programs", cfg.num_programs, 1, MAX_NUM_PROGRAMS)
+        check_int("params.num_programs", cfg.num_programs, 1, MAX_NUM_PROGRAMS)
     elif cfg.num_programs != 0:
         raise ValueError("params.num_programs: only meaningful with schedule='persistent'")
     if not isinstance(cfg.prefetch, bool):

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 
 from .device import DeviceSpec
-from .limits import DTYPES, _pos_int, cdiv
-from .registry import PlanContext, _knobs, _register
+from .limits import DTYPES, check_int, cdiv
 
 # ---------------------------------------------------------------------------
 # FlashInfer
@@ -120,8 +119,8 @@ def _smallest_chunk(pages: np.ndarray, lo: int, hi: int, limit: int) -> int:
     return low
 
 
-@_register("flashinfer", ("tensor_cores", "resident_ctas_per_sm", "group_size"))
-def _policy_flashinfer(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
+def flashinfer_num_splits(L: np.ndarray, page_size: int, num_kv_heads: int, tensor_cores: bool,
+                          max_grid: int) -> np.ndarray:
     """FlashInfer's batch-decode split rule (its SM80 paths), batch order.
 
     Restates docs/policies.md §1a/§1b (flashinfer-ai/flashinfer @ fb28d724):
@@ -155,36 +154,22 @@ def _policy_flashinfer(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any
         G = H_q / H_kv, used only for that default (a plan never depends on H_q
         otherwise; 8 is the reference shape, Qwen3-30B-A3B's 32/4).
     """
-    tc = params.get("tensor_cores", True)
-    if not isinstance(tc, (bool, np.bool_)):
-        raise ValueError(f"params.tensor_cores: expected a boolean, got {tc!r}")
-    group_size = _pos_int("params.group_size", params.get("group_size", 8), 1, 128)
-    cfg, order, pack = _knobs(params, ctx, "natural")
-    S, H = ctx.device.num_sms, ctx.num_kv_heads
-    pages = -(-L // ctx.page_size)
+    pages = -(-L // page_size)
     max_pages = int(pages.max())
-    lo = max(128 // ctx.page_size, 1)
-    if tc:
-        if "resident_ctas_per_sm" in params:
-            raise ValueError("params.resident_ctas_per_sm: only used with tensor_cores=False")
-        max_batch = (2 * S) // H
-        c = _smallest_chunk(pages, lo, max_pages, max_batch)
+    lo = max(128 // page_size, 1)
+    H = num_kv_heads
+    if tensor_cores:
+        c = _smallest_chunk(pages, lo, max_pages, max_grid // H)
         split = c < max_pages
+    elif L.shape[0] * H >= max_grid:
+        split = False
+        c = max_pages
     else:
-        if "resident_ctas_per_sm" in params:
-            resident = _pos_int("params.resident_ctas_per_sm", params["resident_ctas_per_sm"], 1, 64)
-        else:
-            resident = flashinfer_decode_occupancy(ctx.head_dim, ctx.dtype, group_size, ctx.device)
-        max_grid = resident * S
-        if L.shape[0] * H >= max_grid:
-            split = False
-            c = max_pages
-        else:
-            c = _smallest_chunk(pages, lo, max_pages, max_grid // H)
-            split = int((-(-np.maximum(pages, 1) // c)).sum()) != L.shape[0]
+        c = _smallest_chunk(pages, lo, max_pages, max_grid // H)
+        split = int((-(-np.maximum(pages, 1) // c)).sum()) != L.shape[0]
     if not split:
-        return np.ones_like(L), cfg, order, pack
-    return -(-np.maximum(pages, 1) // c), cfg, order, pack
+        return np.ones_like(L)
+    return -(-np.maximum(pages, 1) // c)
 
 
 # ---------------------------------------------------------------------------
@@ -228,8 +213,8 @@ def fa3_static_num_splits(num_kv_heads: int, num_n_blocks: int, num_sms: int) ->
     return int(np.argmax(ok)) + 1
 
 
-@_register("fa3", ("num_splits_static",))
-def _policy_fa3(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
+def fa3_num_splits(L: np.ndarray, num_kv_heads: int, num_sms: int, static_splits: int,
+                   heavy_first: bool) -> tuple[np.ndarray, np.ndarray | None]:
     """FlashAttention-3's Hopper varlen split rule, heaviest first, persistent.
 
     Restates ``hopper/flash_prepare_scheduler.cu::prepare_varlen_num_blocks_kernel``
@@ -248,14 +233,10 @@ def _policy_fa3(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
     Example (H_kv = 8, S = 132, lens = [65536] + 15 x [2048]):
     blocks_per_sm = 51, num_splits = [11] + 15 x [1].
     """
-    S, H = ctx.device.num_sms, ctx.num_kv_heads
-    cfg, order, pack = _knobs(params, ctx, "heavy_first", default_schedule="persistent", default_programs=S)
+    S, H = num_sms, num_kv_heads
     n_b = -(-L // FA3_BLOCK_N)
     B = L.shape[0]
-    if "num_splits_static" in params:
-        static = _pos_int("params.num_splits_static", params["num_splits_static"], 1, 255)
-    else:
-        static = fa3_static_num_splits(H, int(n_b.max()), S)
+    static = static_splits if static_splits else fa3_static_num_splits(H, int(n_b.max()), S)
     if B > FA3_PREPARE_CTA_REQUESTS or static == 1:
         splits = np.ones_like(L)
     else:
@@ -263,14 +244,10 @@ def _policy_fa3(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
         # ceil(total * 1.1 * H / S) in exact integer arithmetic
         blocks_per_sm = max(1, cdiv(total * 11 * H, 10 * S))
         splits = np.clip(-(-n_b // blocks_per_sm), 1, static)
-    if order == "heavy_first":
-        key = -(-np.maximum(n_b, 0) // splits)
-        if B <= FA3_PREPARE_CTA_REQUESTS:
-            perm = np.argsort(-key, kind="stable")
-        else:
-            chunk_id = np.arange(B) // FA3_PREPARE_CTA_REQUESTS
-            perm = np.lexsort((np.arange(B), -key, chunk_id))
-        return splits, cfg, perm, pack
-    return splits, cfg, order, pack
-
-
+    if not heavy_first:
+        return splits, None
+    key = -(-np.maximum(n_b, 0) // splits)
+    if B <= FA3_PREPARE_CTA_REQUESTS:
+        return splits, np.argsort(-key, kind="stable")
+    chunk_id = np.arange(B) // FA3_PREPARE_CTA_REQUESTS
+    return splits, np.lexsort((np.arange(B), -key, chunk_id))

@@ -21,20 +21,24 @@ from __future__ import annotations
 
 from .limits import (  # noqa: F401
     BLOCK_N_CHOICES, DTYPES, HEAD_DIMS, MAX_BATCH, MAX_KV_LEN, MAX_NUM_PROGRAMS, MAX_PACK_TOKENS, MAX_PAGE_SIZE,
-    MAX_WORK_ITEMS, NUM_STAGES_CHOICES, NUM_WARPS_CHOICES, ORDERS, SCHEDULES, KernelConfig, _as_kv_lens,
-    _check_config, _pos_int, cdiv, check_batch_shape, default_config,
+    MAX_WORK_ITEMS, NUM_STAGES_CHOICES, NUM_WARPS_CHOICES, ORDERS, SCHEDULES, KernelConfig, check_kv_lens,
+    check_config, check_int, cdiv, check_batch_shape, default_config,
 )
-from .workplan import Plan, _check_plan_invariants, build_work_list, pack_ctas  # noqa: F401
-from .registry import KNOB_PARAMS, POLICIES, PlanContext, policy_params  # noqa: F401
+from .workplan import Plan, check_plan_invariants, build_work_list, pack_ctas  # noqa: F401
 from .peer_policies import (  # noqa: F401
     FA3_BLOCK_N, FLASHINFER_REGS_PER_THREAD, fa3_static_num_splits, flashinfer_decode_occupancy,
 )
-from .policies import TUNED_PARAM_SPACE, make_plan  # noqa: F401
+from .rulespec import (  # noqa: F401
+    KNOB_PARAMS, POLICIES, TUNED_PARAM_SPACE, PlanContext, RuleSpec, policy_params, resolve,
+)
+from .policies import make_plan  # noqa: F401
 
 __all__ = [
     "KernelConfig",
     "Plan",
     "PlanContext",
+    "RuleSpec",
+    "resolve",
     "make_plan",
     "default_config",
     "POLICIES",

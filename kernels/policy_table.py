@@ -24,7 +24,7 @@ contiguous arrays, the key's string prefix and each entry's parsed policy: a
 cache of argument checks, never of a batch's key, match or plan), the lengths
 are converted once, and one compiled call computes the key, the nearest
 candidate (the same integer distances and tie rule) and the plan
-(:func:`kvsplit.kernels.fastplan._key_plan`). :meth:`PolicyTable.plan_buffers`
+(:func:`kvsplit.kernels.fastplan.key_plan`). :meth:`PolicyTable.plan_buffers`
 is the same call without the Plan object (the plan service writes its answer
 from the planner's buffers).
 
@@ -58,9 +58,10 @@ import numpy as np
 
 from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, BucketKey, key_of, key_prefix
 from .device import DeviceSpec
-from .limits import _as_kv_lens
+from .limits import check_kv_lens
 from .plan import POLICIES, Plan, make_plan
-from .policies import fit_heads_per_tile, plan_batch
+from .policies import plan_batch
+from .rulespec import fit_heads_per_tile, resolve
 from .shape import Shape, gpu_slug, shape_family
 from . import fastplan as _fastplan
 
@@ -355,7 +356,7 @@ class PolicyTable:
                 return make_plan(L, num_kv_heads=ctx.num_kv_heads, device=ctx.device, policy=name, params=params,
                                  head_dim=ctx.head_dim, page_size=ctx.page_size, dtype=ctx.dtype)
         else:
-            L = _as_kv_lens(kv_lens)  # the one check of the lengths; the shape was validated when it was made
+            L = check_kv_lens(kv_lens)  # the one check of the lengths; the shape was validated when it was made
             key = key_of(L, ctx)
 
             def plan_with(name: str, params: Mapping[str, Any]) -> Plan:
@@ -460,14 +461,14 @@ class _ShapeCtx:
         L = _fastplan.as_kv_lens(kv_lens)
         r = self.rows
         while True:
-            status, info, key, i, scaled, W, nc, b64, b32 = _fastplan._key_plan(
+            status, info, key, i, scaled, W, nc, b64, b32 = _fastplan.key_plan(
                 L, r.cum, r.cls, r.empty, r.n_tuned, _CLASS_UNITS, self.lim, self.spec_rows, self.prefix_bytes)
             if status == 0:
                 break
             if status == 1:
-                raise _fastplan._range_error(L, info)
+                raise _fastplan.range_error(L, info)
             if status == 2:
-                raise _fastplan._too_many_items(info)
+                raise _fastplan.too_many_items(info)
             j = i if i >= 0 else len(r.entries)  # status 3: the row's policy is parsed on first use
             sp = self.specs[j]
             if sp is None:
@@ -476,7 +477,7 @@ class _ShapeCtx:
                 W = -1
                 break
         sp = self.specs[i if i >= 0 else -1]
-        if sp is not False and sp.ww_specs:  # the whole-wave rule of the matched policy (policies.whole_wave_config)
+        if sp is not False and sp.whole_wave_specs:  # the whole-wave rule of the matched policy
             alt = _fastplan.whole_wave_spec(L, sp)
             if alt is not sp:
                 sp = alt
@@ -493,9 +494,9 @@ class _ShapeCtx:
         if sp is not False:
             plan = _fastplan.plan_of_buffers(L.shape[0], W, nc, b64, b32, sp)
         elif entry is None:  # a policy the compiled core does not plan (flashinfer, fa3)
-            plan = plan_batch(_as_kv_lens(L), self.ctx, table.fallback_name, table.fallback_params)
+            plan = plan_batch(check_kv_lens(L), self.ctx, table.fallback_name, table.fallback_params)
         else:
-            plan = plan_batch(_as_kv_lens(L), self.ctx, entry.name,
+            plan = plan_batch(check_kv_lens(L), self.ctx, entry.name,
                               fit_heads_per_tile(entry.params, self.shape.num_qo_heads, self.ctx.num_kv_heads))
         if entry is None:
             return (plan, {"key": key, "matched": None, "distance": None},
@@ -564,7 +565,7 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
     ``bucket`` the key string, the shape fields beside it).
 
     Checks that the policy name is known, that its params make a plan for its
-    bucket's shape (two probe batches), and that the bucket key parses
+    bucket's shape (:func:`~kvsplit.kernels.rulespec.resolve`), and that the bucket key parses
     (``BucketKey.parse``) and agrees with the bucket fields. Used by
     ``kvsplit db import``, ``POST /v1/policies/import`` and the service's table
     loader, so an entry that could not be served never reaches a table.
@@ -583,12 +584,11 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
             raise ValueError(f"bucket.gpu: unknown GPU {b['gpu']!r} and no device numbers in the entry") from None
         device = DeviceSpec(name=d["name"], num_sms=d["num_sms"], hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
                             l2_bytes=50 * 2**20, smem_per_sm_bytes=228 * 1024, smem_per_block_bytes=227 * 1024)
-    for lens in ([4096, 17, 9000, 1], [131072] + [512] * 63):
-        try:
-            make_plan(lens, num_kv_heads=b["num_kv_heads"], device=device, policy=entry["name"],
-                      params=entry["params"], head_dim=b["head_dim"], page_size=b["page_size"], dtype=b["dtype"])
-        except ValueError as exc:
-            raise ValueError(f"params do not make a plan: {exc}") from None
+    try:
+        resolve(entry["name"], entry["params"], num_kv_heads=b["num_kv_heads"], device=device,
+                head_dim=b["head_dim"], page_size=b["page_size"], dtype=b["dtype"])
+    except ValueError as exc:
+        raise ValueError(f"params do not make a plan: {exc}") from None
     try:
         key = BucketKey.parse(b["key"])
     except ValueError as exc:

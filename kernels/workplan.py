@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .limits import DTYPES, MAX_KV_LEN, KernelConfig, _check_config
+from .limits import DTYPES, MAX_KV_LEN, KernelConfig, check_config
 
 # ----------------------------------------------------------------------------
 # The Plan
@@ -98,10 +98,10 @@ class Plan:
                 raise ValueError(f"Plan.{name}: expected a 1-D array, got shape {arr.shape}")
             object.__setattr__(self, name, _ro(arr.astype(dt, copy=False)))
         object.__setattr__(self, "params", dict(self.params))
-        _check_plan_invariants(self)
+        check_plan_invariants(self)
 
     @classmethod
-    def _trusted(cls, **fields: Any) -> "Plan":
+    def from_trusted(cls, **fields: Any) -> "Plan":
         """Build a Plan from arrays already known to satisfy the invariants
         (make_plan's own output); skips the validation of ``__init__``."""
         self = object.__new__(cls)
@@ -230,7 +230,7 @@ class Plan:
             "cta_indptr": self.cta_indptr.tolist(),
             "config": self.config.to_dict(),
             "policy": self.policy,
-            "params": _jsonable(self.params),
+            "params": jsonable(self.params),
             "made_for": {
                 "num_kv_heads": self.num_kv_heads,
                 "head_dim": self.head_dim,
@@ -278,7 +278,7 @@ class Plan:
             arrays[k] = a.astype(np.int64)
         try:
             config = KernelConfig(**cfg)
-            _check_config(config, int(mf["head_dim"]), str(mf["dtype"]))
+            check_config(config, int(mf["head_dim"]), str(mf["dtype"]))
             return Plan(
                 **arrays,
                 config=config,
@@ -306,20 +306,20 @@ class Plan:
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
     """``v`` with NumPy scalars turned into Python ones and tuples into lists (JSON-able)."""
     if type(v) is dict and all(type(x) in _SCALARS for x in v.values()) and all(type(k) is str for k in v):
         return dict(v)  # the usual flat params dict: nothing to convert
     if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if isinstance(v, np.generic):
         return v.item()
     return v
 
 
-def _check_plan_invariants(p: Plan) -> None:
+def check_plan_invariants(p: Plan) -> None:
     B = p.kv_lens.shape[0]
     W = p.work_request.shape[0]
     if B < 1:

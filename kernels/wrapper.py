@@ -74,17 +74,19 @@ import numpy as np
 import torch
 
 from . import fastplan
-from .decode import (_TORCH_DTYPES, check_heads_per_tile, check_interpreter_dtype, check_kernel_device, launch_decode,
+from .decode import (TORCH_DTYPES, check_heads_per_tile, check_interpreter_dtype, check_kernel_device, launch_decode,
                      make_workspace)
 from .device import DeviceSpec, resolve_device
-from .device_plan import DeviceRule, alloc_device_plan, device_plan, device_rule
+from .device_plan import alloc_device_plan, check_device_rule, device_plan
 from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config, graph_default_config
 from .residency import resident_ctas_per_sm
-from .plan import Plan, make_plan
+from .plan import Plan
+from .policies import plan_with
+from .rulespec import RuleSpec, resolve
 
 __all__ = ["DecodeWrapper"]
 
-_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item")  # with heads_per_tile: a graph's tile
 _FIXED_KNOBS = _TILE_KNOBS + ("heads_per_tile", "schedule", "num_programs")  # what the captured graph bakes in
 
@@ -181,8 +183,9 @@ class DecodeWrapper:
         self._shape = dict(num_kv_heads=num_kv_heads, device=self.gpu, head_dim=head_dim, page_size=page_size,
                            dtype=dtype)
         # policy None: balanced (eager); in graph mode stream_k at the graph tile's residency (set below)
-        make_plan([1], policy=policy or ("stream_k" if self.use_cuda_graph else "balanced"), params=params,
-                  **self._shape)  # validates policy and params now
+        # validates policy and params now; the eager planner plans every batch with this spec
+        self.spec: RuleSpec = resolve(policy or ("stream_k" if self.use_cuda_graph else "balanced"), params,
+                                      **self._shape)
         if self.device.type == "cpu":
             check_interpreter_dtype("dtype", _NAMES[dtype])
         self.policy, self.params = policy or "balanced", dict(params or {})
@@ -228,7 +231,7 @@ class DecodeWrapper:
         n = 5 * self.max_work_items + 4 * max_batch_size + 8
         self._staging = [torch.zeros(n, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self._staging_done: list[Any] = [None, None]
-        self._rule: DeviceRule | None = None
+        self._device_rule = False
         self._pick(self.policy, self.params)
 
     # ------------------------------------------------------------------ helpers
@@ -269,17 +272,17 @@ class DecodeWrapper:
 
     def _pick(self, policy: str, params: Mapping[str, Any]) -> None:
         """Graph mode: set the rule (device) or the host policy for the next steps."""
-        gp = self._graph_params(params)
-        self._graph_policy = (policy, gp)
-        self._rule = None
+        self.spec = resolve(policy, self._graph_params(params), **self._shape)
+        self._device_rule = False
         if self.planner_requested in ("auto", "device"):
             try:
-                self._rule = device_rule(policy, gp, **self._shape)
+                check_device_rule(self.spec)
+                self._device_rule = True
             except NotImplementedError:
                 if self.planner_requested == "device":
                     raise
-        self.planner = "device" if self._rule is not None else "host"
-        self.config = make_plan([1], policy=policy, params=gp, **self._shape).config
+        self.planner = "device" if self._device_rule else "host"
+        self.config = self.spec.config
 
     def _lookup(self, kv_lens_host: np.ndarray) -> tuple[str, dict[str, Any]]:
         if self.table is None:
@@ -344,14 +347,13 @@ class DecodeWrapper:
             self._B = B
         self._step += 1
         if self.planner == "device":
-            device_plan(kv_lens, self._rule, self.bufs, self.workspace.counter)
+            device_plan(kv_lens, self.spec, self.bufs, self.workspace.counter)
             self._plan = None
             return None
         if kv_lens_host is None:
             raise ValueError("kv_lens_host: required by the host planner in graph mode (policy "
-                             f"{self._graph_policy[0]!r} is not run on the device)")
-        policy, gp = self._graph_policy
-        p = make_plan(kv_lens_host, policy=policy, params=gp, **self._shape)
+                             f"{self.spec.policy!r} is not run on the device)")
+        p = plan_with(kv_lens_host, self.spec)
         if p.batch_size != B:
             raise ValueError(f"kv_lens_host: expected {B} entries (kv_lens'), got {p.batch_size}")
         self._upload(p)
@@ -388,7 +390,7 @@ class DecodeWrapper:
                                       num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
                                       page_size=self.page_size, device=self.gpu)
         else:
-            p = make_plan(lens, policy=self.policy, params=self.params, **self._shape)
+            p = plan_with(lens, self.spec)
         self._plan = p
         self._arrays = p.to(self.device)
         if self.workspace is None or self.workspace.max_partials < p.num_partials or \

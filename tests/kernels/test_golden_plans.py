@@ -96,12 +96,14 @@ def test_named_policy_plans(core):
 def test_device_planner_work_lists():
     """The device planner (Triton interpreter) writes the recorded buffers for the rules it runs."""
     torch = pytest.importorskip("torch")
-    from kvsplit.kernels.device_plan import alloc_device_plan, device_plan, device_rule
+    from kvsplit.kernels.device_plan import alloc_device_plan, check_device_rule, device_plan
+    from kvsplit.kernels.rulespec import resolve
 
     for c in CASES:
         L = c["kv_lens"]
         for (name, params), want in zip(GOLDEN["device_policies"], c["device"]):
-            rule = device_rule(name, params, num_kv_heads=c["num_kv_heads"], device=GOLDEN["gpu"])
+            rule = resolve(name, params, num_kv_heads=c["num_kv_heads"], device=GOLDEN["gpu"])
+            check_device_rule(rule)
             bufs = alloc_device_plan(len(L), 8 * len(L) + 4096, "cpu")
             device_plan(torch.tensor(L, dtype=torch.int32), rule, bufs, torch.ones(1, dtype=torch.int32))
             W, C, T, M = bufs.counts.tolist()

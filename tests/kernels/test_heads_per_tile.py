@@ -153,9 +153,15 @@ def test_simulator_counts_heads_per_tile():
 
 
 def test_device_planner_counts_packed_tiles():
-    # since round 16 the device planner runs GQA-packed tiles: H_kv / heads_per_tile tiles per work item, the
-    # host partitions' count (tests/kernels/test_device_plan.py checks its arrays against the host plan's)
-    from kvsplit.kernels.device_plan import device_rule
+    # the device planner runs GQA-packed tiles: H_kv / heads_per_tile tiles per work item, the host partitions'
+    # count (tests/kernels/test_device_plan.py checks its arrays against the host plan's)
+    from kvsplit.kernels.device_plan import check_device_rule
+    from kvsplit.kernels.rulespec import resolve
+
+    def device_rule(policy, params, **kw):
+        r = resolve(policy, params, **kw)
+        check_device_rule(r)
+        return r
 
     r = device_rule("stream_k", {"heads_per_tile": 2}, num_kv_heads=4, device="NVIDIA H200")
     assert r.config.heads_per_tile == 2 and r.tile_heads == 2 and r.num_kv_heads == 4

@@ -4,7 +4,7 @@
   key-and-lookup pass, one compiled plan pass, a cached per-shape context)
   returns the same plan, bucket and policy answer as the NumPy reference
   (``fastplan.reference()``), for int32, int64 and list input;
-- ``BucketKey._trusted`` makes the key the checked constructor makes;
+- ``BucketKey.from_trusted`` makes the key the checked constructor makes;
 - the compiled ``round(log2 x)`` equals the Python one;
 - bad input still raises a ValueError naming the argument, on every path.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kvsplit.kernels import fastplan
-from kvsplit.kernels.buckets import BucketKey, _log2_class, bucket_key, key_prefix
+from kvsplit.kernels.buckets import BucketKey, log2_class, bucket_key, key_prefix
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policies import make_plan_reference
@@ -176,7 +176,7 @@ def test_trusted_bucket_key_equals_checked():
         fields = dict(gpu=ref.gpu, num_kv_heads=ref.num_kv_heads, head_dim=ref.head_dim, dtype=ref.dtype,
                       page_size=ref.page_size, batch_class=ref.batch_class, tokens_class=ref.tokens_class,
                       hist=ref.hist)
-        t = BucketKey._trusted(**fields)
+        t = BucketKey.from_trusted(**fields)
         assert t == ref == BucketKey(**fields) and hash(t) == hash(ref) and str(t) == str(ref)
         assert t.family == ref.family and BucketKey.parse(str(t)) == t
         assert str(t).startswith(key_prefix(ref.gpu, ref.num_kv_heads, ref.head_dim, ref.dtype, ref.page_size) + ".b")
@@ -185,10 +185,10 @@ def test_trusted_bucket_key_equals_checked():
 def test_compiled_log2_class_matches_python():
     xs = {1, 2, 3, 5, 6, 7, 2**47 + 12345, 65536 * (2**31 - 1)}
     for k in range(1, 52):
-        t = fastplan._HALF_UP[k]
+        t = fastplan.HALF_UP[k]
         xs |= {2**k - 1, 2**k, 2**k + 1, int(t) - 1, int(t), int(t) + 1}
     for x in sorted(xs):
-        assert fastplan._log2_class(x) == _log2_class(x), x
+        assert fastplan.log2_class(x) == log2_class(x), x
 
 
 def test_compiled_division_helpers():
@@ -196,8 +196,8 @@ def test_compiled_division_helpers():
     for d in (1, 3, 7, 16, 32, 100, 128, 257, 4096, 2**20 + 1, 2**31 - 1):
         xs = [0, 1, d - 1, d, d + 1, 2**31 - 1, 2**47 + 3, 2**50 - 1] + rng.integers(0, 2**50, 40).tolist()
         for x in xs:
-            assert fastplan._div(x, d, 1.0 / d) == x // d, (x, d)
-            sh = fastplan._log2_exact(d)
+            assert fastplan.div(x, d, 1.0 / d) == x // d, (x, d)
+            sh = fastplan.log2_exact(d)
             assert sh == (d.bit_length() - 1 if d & (d - 1) == 0 else -1)
             if x < 2**40:
-                assert fastplan._blocks(x, d, sh, 1.0 / d) == -(-x // d), (x, d)
+                assert fastplan.blocks(x, d, sh, 1.0 / d) == -(-x // d), (x, d)

@@ -18,12 +18,13 @@ from hypothesis import strategies as st
 
 from kvsplit.kernels import fastplan
 from kvsplit.kernels.device import DeviceSpec
-from kvsplit.kernels.device_plan import device_rule
+from kvsplit.kernels.device_plan import check_device_rule
+from kvsplit.kernels.rulespec import resolve
 from kvsplit.kernels.limits import KernelConfig
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policies import WHOLE_WAVE_MAX_WAVES, make_plan_reference, whole_wave_config
 from kvsplit.kernels.policy_table import PolicyTable
-from kvsplit.kernels.registry import PlanContext
+from kvsplit.kernels.rulespec import PlanContext
 from kvsplit.kernels.buckets import bucket_key
 
 H200 = DeviceSpec.known("NVIDIA H200")
@@ -160,8 +161,8 @@ def test_policy_table_applies_the_matched_entry_rule():
 
 def test_device_planner_refuses_the_rule():
     with pytest.raises(NotImplementedError, match="whole_wave"):
-        device_rule("stream_k", {**SK, "whole_wave": 0.05}, num_kv_heads=4, device=H200)
-    device_rule("stream_k", SK, num_kv_heads=4, device=H200)
+        check_device_rule(resolve("stream_k", {**SK, "whole_wave": 0.05}, num_kv_heads=4, device=H200))
+    check_device_rule(resolve("stream_k", SK, num_kv_heads=4, device=H200))
 
 
 @given(B=st.integers(1, 700), base=st.integers(1, 40000), spread=st.sampled_from([0.0, 0.004, 0.03, 0.2]),
