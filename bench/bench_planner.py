@@ -88,7 +88,7 @@ def _hot_table() -> None:
         arrays = [rng.integers(1, 8193, B).astype(np.int32) for _ in range(reps)]
         cases = [(f"make_plan {pol}", lambda L, pol=pol: make_plan(L, num_kv_heads=4, device=H200, policy=pol),
                   20 if B == 256 else 300) for pol in ("balanced", "stream_k", "tuned")]
-        cases.append(("bucket_key", lambda L: fastplan.bucket_key(L, num_kv_heads=4, head_dim=128,
+        cases.append(("bucket_key", lambda L: bucket_key(L, num_kv_heads=4, head_dim=128,
                                                                   dtype="bfloat16", device=H200), None))
         cases.append(("PolicyTable.plan", table_plan, 30 if B == 256 else None))
         for name, fn, target in cases:

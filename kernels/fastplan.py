@@ -1,40 +1,32 @@
-"""Compiled host planner: the rules of :mod:`.policies` as numba loops (issue 11).
+"""The host planner: every split rule written once, as plain loops, compiled by numba when it is present and
+run as plain Python otherwise (docs/decisions/compiled-planner.md).
 
-The NumPy planner (:func:`kvsplit.kernels.policies.make_plan`'s own code,
-:func:`~kvsplit.kernels.workplan.build_work_list`, :func:`~kvsplit.kernels.workplan.pack_ctas`,
-:func:`~kvsplit.kernels.policies.stream_k_work`, :func:`~kvsplit.kernels.policies.wave_aware_chunk`,
-:func:`kvsplit.kernels.buckets.bucket_key`) is the tested reference; this module
-computes the same plans and bucket keys (tests/kernels/test_fastplan.py compares them
-on random batches) in one compiled pass per call, so a decode step's host
-planning stays in the tens of microseconds:
+The rules: the work list of per-request split counts (:func:`_lay_out`), the wave-aware chunk
+(:func:`_wave_aware_chunk`), CTA packing (:func:`_pack`), the stream-K partition (:func:`_stream_k`), the
+whole-wave pick (:func:`_whole_wave_pick`), FlashInfer's and FA3's split counts (:func:`_flashinfer_splits`,
+:func:`_fa3_splits`), the bucket key's histogram and round(log2) classes (:func:`_hist_units`,
+:func:`log2_class`) and the bucket distance scan (:func:`_nearest_within`). They take the arguments of a
+:class:`~kvsplit.kernels.rulespec.RuleSpec` (policy parameters are parsed once, by
+:func:`~kvsplit.kernels.rulespec.resolve`); nothing about a batch, its plan or its bucket is cached.
+tests/kernels/oracle.py restates each rule with NumPy whole-array operations, and
+tests/kernels/test_planner_contract.py holds this planner (compiled and plain Python) and the device planner
+to it.
 
-- the batch is converted once (a list becomes an int64 array in one
-  ``np.array`` call, whose inferred dtype is the type check; only elements equal
-  to 0 or 1 are looked at again, for bools; an int32 or int64 array is used as
-  is) and its range check is fused into the compiled pass that reads it
-  (``kv_lens[i]`` out of range raises the reference's ``ValueError``);
-- the policy parameters are parsed and validated by the reference code (one probe
-  plan) the first time a (policy, params, shape, device) combination is seen, and
-  the parsed form is memoized: it depends on the parameters and the shape, never
-  on the batch (nothing about a batch, its plan or its bucket is cached);
-- the rules ``no_split``, ``fixed``, ``balanced`` (wave-aware chunk), ``stream_k``
-  and ``tuned`` (both partitions) run as numba ``@njit(cache=True)`` functions
-  (machine code cached on disk next to this file, or under ``NUMBA_CACHE_DIR``);
-  ``flashinfer`` and ``fa3`` keep the NumPy code.
-- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one compiled call
-  (:func:`key_plan`) for the bucket key, the nearest published bucket
-  (:func:`_key_nearest`, over the table's cumulative histograms stored as one
-  contiguous array per shape family) and the plan with that bucket's parsed
-  policy (an int64 row per candidate, :func:`spec_vector`; the plan pass skips
-  the range check the key pass made): the lengths are validated once per call;
-- the loops divide by per-call constants with a multiply and an exact
-  correction (:func:`div`) or a shift (``block_n`` is a power of two), not a
-  64-bit integer division per element.
+- The batch is converted once (:func:`as_kv_lens`: a list becomes an int64 array in one ``np.array`` call, whose
+  inferred dtype is the type check; only elements equal to 0 or 1 are looked at again, for bools; an int32 or
+  int64 array is used as is) and its range check is fused into the pass that reads it (``kv_lens[i]`` out of
+  range raises ``ValueError`` naming it).
+- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one call (:func:`key_plan`) for the bucket key,
+  the nearest published bucket (over the table's cumulative histograms, one contiguous array per shape family)
+  and the plan with that bucket's spec (an int64 row per candidate, :func:`spec_vector`; the plan pass skips the
+  range check the key pass made).
+- The loops divide by per-call constants with a multiply and an exact correction (:func:`div`) or a shift
+  (``block_n`` is a power of two), not a 64-bit integer division per element.
 
-Without numba (it is a dependency, but the planner must not need more than
-NumPy), or with ``KVSPLIT_NUMBA=0`` in the environment, :data:`ENABLED` is false
-and every entry point uses the NumPy reference. :func:`reference` is a context
-manager that switches to the reference temporarily (tests, benchmarks).
+numba is a dependency, but the planner needs only NumPy: without numba, or with ``KVSPLIT_NUMBA=0`` in the
+environment, :data:`ENABLED` is false and the same functions run as Python. :func:`python` switches to the
+plain-Python form inside a ``with`` block (tests). Compiled machine code is cached on disk next to this file,
+or under ``NUMBA_CACHE_DIR``.
 """
 
 from __future__ import annotations
@@ -42,15 +34,14 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from .buckets import HIST_UNITS, NUM_BINS, BucketKey, gpu_slug
-from .buckets import log2_class as py_log2_class
-from .device import DeviceSpec, resolve_device
-from .limits import MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, check_kv_lens, check_batch_shape, default_config
+from .limits import HIST_UNITS, MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, NUM_BINS, check_kv_lens
+from .peer_policies import FA3_BLOCK_N, FA3_MAX_SPLITS, FA3_PREPARE_CTA_REQUESTS
 from .rulespec import RULE_CONST, RULE_FAIR, RULE_WAVE, RULE_WAVE1, WHOLE_WAVE_MAX_WAVES, RuleSpec, resolve
 from .workplan import Plan
 
@@ -80,25 +71,11 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
     _jit_inline = _jit
 
 ENABLED = HAVE_NUMBA
-"""Whether :func:`kvsplit.kernels.plan.make_plan` and the bucket key use the compiled core."""
+"""Whether the rules run compiled (numba present and not disabled by ``KVSPLIT_NUMBA=0``)."""
 
-FAST_POLICIES = ("no_split", "fixed", "balanced", "stream_k", "tuned")
-"""Policies the compiled core plans; the others use the NumPy code."""
 
-__all__ = ["ENABLED", "HAVE_NUMBA", "FAST_POLICIES", "reference", "as_kv_lens", "make_plan", "bucket_key",
+__all__ = ["ENABLED", "HAVE_NUMBA", "python", "as_kv_lens", "plan_with_spec", "hist_units", "key_plan",
            "warmup"]
-
-
-@contextlib.contextmanager
-def reference() -> Iterator[None]:
-    """Use the NumPy reference planner inside the ``with`` block."""
-    global ENABLED
-    old = ENABLED
-    ENABLED = False
-    try:
-        yield
-    finally:
-        ENABLED = old
 
 
 # ----------------------------------------------------------------------------
@@ -312,13 +289,25 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
         W += s
     if W > max_items:
         return 2, W, 0, 0, L, np.empty(0, np.int32)
+    perm = _heavy_first(L) if heavy_first else np.arange(B)
+    nc, b64, b32 = _lay_out(L, n, W, perm, block_n, pack)
+    return 0, 0, W, nc, b64, b32
+
+
+@_jit
+def _lay_out(L, n, W, perm, block_n, pack):
+    """The work list of per-request split counts ``n`` (clamped, summing to ``W``) in the order ``perm``:
+    each request's items spread evenly, on ``block_n`` boundaries where it has at least as many blocks as
+    splits (``start_j = block_n * floor(j * blocks / n)``, as FlashAttention-3's ``get_n_block_min_max``
+    spreads blocks), else on token boundaries ``floor(j * kv_len / n)``; then the CTA packing.
+    Returns (NC, b64, b32) as :func:`_even_chunks`."""
+    B = L.shape[0]
     b64 = np.empty(B + 2 * W, np.int64)
     b32 = np.empty(B + 2 * W + 1, np.int32)
     b64[:B] = L
     start = b64[B: B + W]
     end = b64[B + W:]
     req = b32[B: B + W]
-    perm = _heavy_first(L) if heavy_first else np.arange(B)
     k = 0
     inv_bn = 1.0 / block_n
     sh = log2_exact(block_n)
@@ -355,6 +344,167 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
     for i in range(B):
         b32[i] = n[i]
     nc = _pack(start, end, pack, b32[B + W:])
+    return nc, b64, b32
+
+
+@_jit
+def _chunk_count(pages, c):
+    """``sum_b cdiv(max(pages_b, 1), c)``."""
+    s = 0
+    for i in range(pages.shape[0]):
+        p = pages[i] if pages[i] > 1 else 1
+        s += (p + c - 1) // c
+    return s
+
+
+@_jit
+def _smallest_chunk(pages, total, lo, hi, limit):
+    """Smallest ``c`` in ``[lo, hi]`` with ``sum_b cdiv(max(pages_b, 1), c) <= limit`` (``total`` the sum of
+    ``max(pages_b, 1)``): FlashInfer's binary search (``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``,
+    ``PrefillBinarySearchKVChunkSize``), ``hi`` when no chunk fits, ``lo`` when ``lo >= hi``. The bracket is
+    first narrowed with exact bounds on the count (``total / c <= count(c) <= total / c + B``), which does not
+    change the result."""
+    low = lo
+    high = hi
+    if low >= high:
+        return low
+    if limit < 1:
+        return hi
+    B = pages.shape[0]
+    c0 = (total + limit - 1) // limit  # any c below total / limit has more chunks than limit
+    low = max(low, min(high, c0))
+    if limit > B:
+        high = min(high, max(low, (total + limit - B - 1) // (limit - B)))
+    while low < high:
+        mid = (low + high) // 2
+        if _chunk_count(pages, mid) > limit:
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
+@_jit
+def _flashinfer_splits(L, page_size, H, tensor_cores, max_grid):
+    """FlashInfer's split counts (:func:`kvsplit.kernels.peer_policies.flashinfer_decode_occupancy` gives the
+    CUDA-core path's grid bound): the chunk ``c`` in pages is the smallest in ``[max(128 / page_size, 1),
+    max_pages]`` with ``sum_b cdiv(max(pages_b, 1), c) <= max_grid / H_kv``; split-KV is on iff ``c <
+    max_pages`` (tensor cores) or iff that makes more chunks than requests (CUDA cores, and only when ``B * H_kv
+    < max_grid``). With split-KV on ``num_splits[b] = cdiv(max(pages_b, 1), c)``, else 1. Restates
+    ``scheduler.cuh::PrefillPlanImpl`` and ``BatchDecodeWithPagedKVCacheWorkEstimationDispatched`` (docs/policies.md
+    §1a/§1b)."""
+    B = L.shape[0]
+    pages = np.empty(B, np.int64)
+    max_pages = 0
+    total = 0
+    for i in range(B):
+        p = (L[i] + page_size - 1) // page_size
+        pages[i] = p
+        if p > max_pages:
+            max_pages = p
+        total += p if p > 1 else 1
+    lo = max(128 // page_size, 1)
+    n = np.ones(B, np.int64)
+    if tensor_cores:
+        c = _smallest_chunk(pages, total, lo, max_pages, max_grid // H)
+        split = c < max_pages
+    elif B * H >= max_grid:
+        return n
+    else:
+        c = _smallest_chunk(pages, total, lo, max_pages, max_grid // H)
+        split = _chunk_count(pages, c) != B
+    if split:
+        for i in range(B):
+            p = pages[i] if pages[i] > 1 else 1
+            n[i] = (p + c - 1) // c
+    return n
+
+
+@_jit
+def _fa3_static(H, num_n_blocks, S):
+    """FA3's static split cap (:func:`kvsplit.kernels.peer_policies.fa3_static_num_splits`'s rule): 1 when
+    ``H_kv >= 0.8 * S`` or ``num_n_blocks <= 4``; else the smallest ``s <= min(128, S, num_n_blocks)`` whose
+    wave efficiency ``w / ceil(w)`` (``w = H_kv * s / S``) is at least 0.85 times the best."""
+    if H >= 0.8 * S or num_n_blocks <= 4:
+        return 1
+    max_s = min(FA3_MAX_SPLITS, S, num_n_blocks)
+    best = 0.0
+    for s in range(1, max_s + 1):
+        w = H * float(s) / S
+        e = w / math.ceil(w)
+        if e > best:
+            best = e
+    for s in range(1, max_s + 1):
+        w = H * float(s) / S
+        if w / math.ceil(w) >= 0.85 * best:
+            return s
+    return max_s
+
+
+@_jit
+def _fa3_splits(L, H, S, static_splits, heavy_first):
+    """FA3's varlen split counts and launch order (``prepare_varlen_num_blocks_kernel``, docs/policies.md §2b):
+    ``n_b = cdiv(kv_len, 128)``, ``blocks_per_sm = cdiv(11 * H_kv * sum(n_b), 10 * S)``, ``num_splits =
+    clamp(cdiv(n_b, blocks_per_sm), 1, static)`` (1 above 992 requests or with a static cap of 1); heaviest
+    ``cdiv(n_b, num_splits)`` first, stably, within each group of 992 requests."""
+    B = L.shape[0]
+    nb = np.empty(B, np.int64)
+    total = 0
+    nmax = 0
+    for i in range(B):
+        x = (L[i] + FA3_BLOCK_N - 1) // FA3_BLOCK_N
+        nb[i] = x
+        total += x
+        if x > nmax:
+            nmax = x
+    static = static_splits if static_splits > 0 else _fa3_static(H, nmax, S)
+    n = np.ones(B, np.int64)
+    if B <= FA3_PREPARE_CTA_REQUESTS and static != 1:
+        bps = max(1, (total * 11 * H + 10 * S - 1) // (10 * S))
+        for i in range(B):
+            s = (nb[i] + bps - 1) // bps
+            n[i] = min(max(s, 1), static)
+    if not heavy_first:
+        return n, np.arange(B)
+    key = np.empty(B, np.int64)
+    for i in range(B):
+        key[i] = -((nb[i] + n[i] - 1) // n[i])
+    perm = np.empty(B, np.int64)
+    for c0 in range(0, B, FA3_PREPARE_CTA_REQUESTS):
+        c1 = min(B, c0 + FA3_PREPARE_CTA_REQUESTS)
+        part = np.argsort(key[c0:c1], kind="mergesort")
+        for i in range(c1 - c0):
+            perm[c0 + i] = c0 + part[i]
+    return n, perm
+
+
+@_jit
+def _peer_chunks(L_in, H, block_n, kind, page_size, tensor_cores, max_grid, S, static_splits, heavy_first, pack,
+                 max_items, check):
+    """Validate (``check``), the peers' split counts (kind 0: FlashInfer, 1: FA3), the work list and the CTA
+    packing (same return as :func:`_even_chunks`)."""
+    L, bad, total, lmax = _check_lens(L_in, check)
+    B = L.shape[0]
+    if bad >= 0:
+        return 1, bad, 0, 0, L, np.empty(0, np.int32)
+    if kind == 0:
+        n = _flashinfer_splits(L, page_size, H, tensor_cores, max_grid)
+        perm = _heavy_first(L) if heavy_first else np.arange(B)
+    else:
+        n, perm = _fa3_splits(L, H, S, static_splits, heavy_first)
+    W = 0
+    for i in range(B):
+        s = n[i]
+        cap = L[i] if L[i] > 1 else 1
+        if s > cap:
+            s = cap
+        if s < 1:
+            s = 1
+        n[i] = s
+        W += s
+    if W > max_items:
+        return 2, W, 0, 0, L, np.empty(0, np.int32)
+    nc, b64, b32 = _lay_out(L, n, W, perm, block_n, pack)
     return 0, 0, W, nc, b64, b32
 
 
@@ -587,8 +737,8 @@ def _key_nearest(L_in, cum, cls, empty, n_first, class_units, lim):
 # a parsed spec as one int64 row for key_plan: state (0 not parsed yet, 1 compiled, 2 a policy the
 # compiled core does not plan), kind (0 _even_chunks, 1 _stream_k), then the rule's arguments
 SV_STATE, SV_KIND, SV_H, SV_BLOCK_N, SV_RULE, SV_ARG, SV_MIN_CHUNK, SV_MAX_SPLITS, SV_HEAVY, SV_PACK, SV_C, \
-    SV_O, SV_MP = range(13)
-SV_LEN = 13
+    SV_O, SV_MP, SV_PEER, SV_PAGE, SV_TC, SV_GRID, SV_S, SV_STATIC = range(19)
+SV_LEN = 19
 
 
 @_jit
@@ -616,7 +766,7 @@ def _key_text(prefix, bc, tc, w):
 
 
 @_jit
-def key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix):
+def _key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix):
     """:func:`_key_nearest` then the plan with the matched row's spec (``specs[row]``, the last row
     for the fallback), one compiled call (PolicyTable.plan's core).
 
@@ -636,30 +786,15 @@ def key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix):
     if sv[SV_KIND] == 1:
         status, info, W, nc, b64, b32 = _stream_k(L_in, sv[SV_H], sv[SV_C], sv[SV_BLOCK_N], sv[SV_O], sv[SV_MP],
                                                   sv[SV_HEAVY] != 0, False)
+    elif sv[SV_KIND] == 2:
+        status, info, W, nc, b64, b32 = _peer_chunks(L_in, sv[SV_H], sv[SV_BLOCK_N], sv[SV_PEER], sv[SV_PAGE],
+                                                     sv[SV_TC] != 0, sv[SV_GRID], sv[SV_S], sv[SV_STATIC],
+                                                     sv[SV_HEAVY] != 0, sv[SV_PACK], _MAX_ITEMS, False)
     else:
         status, info, W, nc, b64, b32 = _even_chunks(L_in, sv[SV_H], sv[SV_BLOCK_N], sv[SV_RULE], sv[SV_ARG],
                                                      sv[SV_MIN_CHUNK], sv[SV_MAX_SPLITS], sv[SV_HEAVY] != 0,
                                                      sv[SV_PACK], _MAX_ITEMS, False)
     return status, info, key, row, d, W, nc, b64, b32
-
-
-@_jit
-def _nearest_scaled(cum, cls, empty, key_cum, key_b, key_t, key_empty, class_units):
-    """policy_table._Candidates.nearest's scaled distances: (index of the first
-    minimum, its scaled distance, or -1 when every candidate is infinitely far)."""
-    best = -1
-    best_d = 0
-    for i in range(cum.shape[0]):
-        if empty[i] != key_empty:
-            continue
-        d = class_units * (abs(cls[i, 0] - key_b) + abs(cls[i, 1] - key_t))
-        if not key_empty:
-            for j in range(cum.shape[1]):
-                d += abs(cum[i, j] - key_cum[j])
-        if best < 0 or d < best_d:
-            best = i
-            best_d = d
-    return best, best_d
 
 
 # ----------------------------------------------------------------------------
@@ -750,6 +885,77 @@ def _whole_wave_pick(L, Ht, eps, slots, max_waves):
 
 
 # ----------------------------------------------------------------------------
+# The core in use: compiled (numba present and KVSPLIT_NUMBA not 0) or the same loops as plain Python
+# ----------------------------------------------------------------------------
+
+_ENTRY = {"even_chunks": "_even_chunks", "stream_k": "_stream_k", "peer_chunks": "_peer_chunks",
+          "whole_wave_pick": "_whole_wave_pick", "hist_units": "_hist_units", "key_plan": "_key_plan",
+          "nearest_within": "_nearest_within", "fa3_static": "_fa3_static"}
+
+
+def _entries(ns: Mapping[str, Any]) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**{k: ns[v] for k, v in _ENTRY.items()})
+
+
+def _plain_namespace() -> dict[str, Any]:
+    """This module's globals with every compiled function replaced by its plain-Python body, the bodies
+    calling one another in the new namespace (numba's ``py_func``; the module's own functions without numba)."""
+    ns = dict(globals())
+    for name, v in list(ns.items()):
+        fn = getattr(v, "py_func", None)
+        if fn is not None:
+            ns[name] = types.FunctionType(fn.__code__, ns, name, fn.__defaults__, fn.__closure__)
+    ns["leading_zeros"] = _py_leading_zeros
+    return ns
+
+
+def _py_leading_zeros(x: Any) -> int:
+    return 64 - int(x).bit_length()
+
+
+_COMPILED_CORE = _entries(globals())
+_PLAIN_CORE = _entries(_plain_namespace()) if HAVE_NUMBA else _COMPILED_CORE
+_CORE = _COMPILED_CORE if ENABLED else _PLAIN_CORE
+
+
+@contextlib.contextmanager
+def python() -> Iterator[None]:
+    """Run the loop-form rules as plain Python inside the ``with`` block (the same code numba compiles)."""
+    global _CORE
+    old = _CORE
+    _CORE = _PLAIN_CORE
+    try:
+        yield
+    finally:
+        _CORE = old
+
+
+def fa3_static_num_splits(num_kv_heads: int, num_n_blocks: int, num_sms: int) -> int:
+    """FA3's static split heuristic for a varlen / paged decode batch.
+
+    Restates ``hopper/heuristics.h::num_splits_heuristic`` as called by
+    ``hopper/flash_api.cpp::get_num_splits`` (docs/policies.md §2a), with the batch
+    treated as 1 (varlen), one m-block (decode with PackGQA) and
+    ``num_n_blocks = cdiv(max kv_len, 128)`` (FA3 uses the page table's
+    capacity; the live maximum is what a planner knows):
+    ``total_mblocks = H_kv``; if ``total_mblocks >= 0.8 * S`` -> 1; if
+    ``num_n_blocks <= 4`` -> 1; else with ``max_s = min(128, S, num_n_blocks)``,
+    ``eff(s) = w / ceil(w)``, ``w = total_mblocks * s / S``, the smallest ``s`` with
+    ``eff(s) >= 0.85 * max eff``. (The L2-motivated branch needs ``num_m_blocks >=
+    2 S``, never true for decode.) Examples for S = 132: H_kv 1/2/4/8/16/32 ->
+    109/57/29/15/8/4.
+    """
+    return int(_CORE.fa3_static(int(num_kv_heads), int(num_n_blocks), int(num_sms)))
+
+
+def key_plan(L_in: np.ndarray, cum: np.ndarray, cls: np.ndarray, empty: np.ndarray, n_first: int, class_units: int,
+             lim: float, specs: np.ndarray, prefix: np.ndarray) -> tuple:
+    """:meth:`PolicyTable.plan`'s core in one call: the bucket key, the nearest candidate and the plan with the
+    matched row's spec (:func:`_key_plan`)."""
+    return _CORE.key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix)
+
+
+# ----------------------------------------------------------------------------
 # Parsed policy parameters (memoized per policy, params, shape and device)
 # ----------------------------------------------------------------------------
 
@@ -767,18 +973,8 @@ def whole_wave_spec(arr: np.ndarray, sp: RuleSpec) -> RuleSpec:
     whole-wave rule picks."""
     if not sp.whole_wave_specs:
         return sp
-    j = _whole_wave_pick(arr, sp.whole_wave_tile_heads, sp.whole_wave, sp.whole_wave_slots, WHOLE_WAVE_MAX_WAVES)
+    j = _CORE.whole_wave_pick(arr, sp.whole_wave_tile_heads, sp.whole_wave, sp.whole_wave_slots, WHOLE_WAVE_MAX_WAVES)
     return sp if j < 0 else sp.whole_wave_specs[j]
-
-
-def spec(policy: str, params: Mapping[str, Any] | None, num_kv_heads: int, device: DeviceSpec | str,
-         head_dim: int, page_size: int, dtype: str) -> RuleSpec | None:
-    """The resolved spec (:func:`kvsplit.kernels.rulespec.resolve`) of a policy the compiled core plans, or
-    ``None`` for one it does not (``flashinfer``, ``fa3``). Raises ``resolve``'s ValueError."""
-    if type(policy) is not str or policy not in FAST_POLICIES:
-        return None
-    return resolve(policy, params, num_kv_heads=num_kv_heads, device=device, head_dim=head_dim,
-                   page_size=page_size, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -788,28 +984,18 @@ def spec(policy: str, params: Mapping[str, Any] | None, num_kv_heads: int, devic
 _new = object.__new__
 
 
-def make_plan(kv_lens: Any, *, num_kv_heads: int, device: DeviceSpec | str, policy: str = "balanced",
-              params: Mapping[str, Any] | None = None, head_dim: int = 128, page_size: int = 16,
-              dtype: str = "bfloat16") -> Plan | None:
-    """:func:`kvsplit.kernels.plan.make_plan` on the compiled core; ``None`` when
-    it does not apply (numba off, or a policy outside :data:`FAST_POLICIES`)."""
-    if not ENABLED or type(policy) is not str or policy not in FAST_POLICIES:
-        return None
-    sp = resolve(policy, params, num_kv_heads=num_kv_heads, device=device, head_dim=head_dim,
-                 page_size=page_size, dtype=dtype)
-    return plan_with_spec(as_kv_lens(kv_lens), sp, True)
-
-
-def spec_vector(sp: RuleSpec | None, out: np.ndarray) -> None:
+def spec_vector(sp: RuleSpec, out: np.ndarray) -> None:
     """Write a parsed spec into its :func:`key_plan` row ``out`` (int64 [SV_LEN]); None: a policy the
     compiled core does not plan."""
     out[:] = 0
-    if sp is None:
-        out[SV_STATE] = 2
-        return
     out[SV_H], out[SV_BLOCK_N], out[SV_HEAVY] = sp.tile_heads, sp.config.block_n, int(sp.heavy_first)
     if sp.partition == "stream_k":
         out[SV_KIND], out[SV_C], out[SV_O], out[SV_MP] = 1, sp.ctas, sp.item_cost_blocks, sp.min_piece_blocks
+    elif sp.partition != "even_chunks":
+        out[SV_KIND], out[SV_H], out[SV_PACK] = 2, sp.num_kv_heads, sp.pack_tokens
+        out[SV_PEER], out[SV_PAGE], out[SV_TC], out[SV_GRID], out[SV_S], out[SV_STATIC] = (
+            0 if sp.partition == "flashinfer" else 1, sp.page_size, int(sp.tensor_cores), sp.max_grid,
+            sp.device.num_sms, sp.static_splits)
     else:
         out[SV_RULE], out[SV_ARG], out[SV_MIN_CHUNK], out[SV_MAX_SPLITS], out[SV_PACK] = (
             sp.chunk_rule, sp.chunk_arg, sp.min_chunk, sp.max_splits, sp.pack_tokens)
@@ -827,13 +1013,20 @@ def run_spec(arr: np.ndarray, sp: RuleSpec, check: bool) -> tuple[int, int, np.n
     ``b32 = [num_splits (B) | work_request (W) | cta_indptr (nc) | ...]`` (int32), the arrays of
     :func:`plan_with_spec`'s Plan. ``check=False`` skips the range check of lengths an earlier compiled
     pass checked. Raises the reference's ValueError (a length out of range, too many work items)."""
-    if sp.partition == "stream_k":
-        status, info, W, nc, b64, b32 = _stream_k(arr, sp.tile_heads, sp.ctas, sp.config.block_n,
-                                                  sp.item_cost_blocks, sp.min_piece_blocks, sp.heavy_first, check)
+    part = sp.partition
+    if part == "stream_k":
+        status, info, W, nc, b64, b32 = _CORE.stream_k(arr, sp.tile_heads, sp.ctas, sp.config.block_n,
+                                                       sp.item_cost_blocks, sp.min_piece_blocks, sp.heavy_first,
+                                                       check)
+    elif part != "even_chunks":
+        status, info, W, nc, b64, b32 = _CORE.peer_chunks(
+            arr, sp.num_kv_heads, sp.config.block_n, 0 if part == "flashinfer" else 1, sp.page_size,
+            sp.tensor_cores, sp.max_grid, sp.device.num_sms, sp.static_splits, sp.heavy_first, sp.pack_tokens,
+            _MAX_ITEMS, check)
     else:
-        status, info, W, nc, b64, b32 = _even_chunks(arr, sp.tile_heads, sp.config.block_n, sp.chunk_rule,
-                                                     sp.chunk_arg, sp.min_chunk, sp.max_splits, sp.heavy_first,
-                                                     sp.pack_tokens, _MAX_ITEMS, check)
+        status, info, W, nc, b64, b32 = _CORE.even_chunks(arr, sp.tile_heads, sp.config.block_n, sp.chunk_rule,
+                                                          sp.chunk_arg, sp.min_chunk, sp.max_splits, sp.heavy_first,
+                                                          sp.pack_tokens, _MAX_ITEMS, check)
     if status:
         if status == 1:
             raise range_error(arr, info)
@@ -863,54 +1056,19 @@ def plan_of_buffers(B: int, W: int, nc: int, b64: np.ndarray, b32: np.ndarray, s
     return plan
 
 
-def _shape(num_kv_heads, head_dim, dtype, device, page_size) -> tuple:
-    key = None
-    if type(num_kv_heads) is int and type(head_dim) is int and type(page_size) is int:
-        key = (num_kv_heads, head_dim, dtype, _device_key(device), page_size)
-        hit = _SHAPES.get(key)
-        if hit is not None and (type(device) is str or hit[-1] is device):
-            return hit
-    _, num_kv_heads, page_size, dev = check_batch_shape([1], num_kv_heads, head_dim, page_size, dtype, device)
-    out = (gpu_slug(dev.name), num_kv_heads, int(head_dim), page_size, device)
-    if key is not None:
-        if len(_SHAPES) >= _MEMO_MAX:
-            _SHAPES.clear()
-        _SHAPES[key] = out
-    return out
-
-
-def bucket_key(kv_lens: Any, *, num_kv_heads: int, head_dim: int, dtype: str,
-               device: DeviceSpec | str | Mapping[str, Any], page_size: int = 16) -> BucketKey:
-    """:func:`kvsplit.kernels.buckets.bucket_key` on the compiled core (the
-    reference when :data:`ENABLED` is false)."""
-    if not ENABLED:
-        from .buckets import bucket_key as ref
-
-        return ref(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device,
-                   page_size=page_size)
-    if not isinstance(device, (str, DeviceSpec)):
-        device = resolve_device(device)
-    slug, H, D, ps, _ = _shape(num_kv_heads, head_dim, dtype, device, page_size)
-    arr = as_kv_lens(kv_lens)
-    bad, B, total, q = _hist_units(arr)
-    if bad >= 0:
-        raise range_error(arr, bad)
-    if total:
-        idx = np.flatnonzero(q)
-        hist = tuple(zip(idx.tolist(), q[idx].tolist()))
-        tokens_class = py_log2_class(total)
-    else:
-        hist = ()
-        tokens_class = -1
-    # the fields are made here, valid by construction (BucketKey.__post_init__ would re-check them)
-    return BucketKey.from_trusted(slug, H, D, dtype, ps, py_log2_class(B), tokens_class, hist)
+def hist_units(arr: np.ndarray) -> tuple:
+    """The bucket key's histogram of ``arr`` (from :func:`as_kv_lens`): ``(bad, B, total, q)``, ``bad`` the
+    first out-of-range index or -1, ``q`` int64 ``[NUM_BINS]`` (:func:`_hist_units`)."""
+    return _CORE.hist_units(arr)
 
 
 def nearest_scaled(cum: np.ndarray, cls: np.ndarray, empty: np.ndarray, key_cum: np.ndarray, key_b: int,
                    key_t: int, key_empty: bool, class_units: int) -> tuple[int, int]:
-    """Index and scaled distance of the nearest candidate (-1 if none is finite);
-    see ``policy_table._Candidates``."""
-    return _nearest_scaled(cum, cls, empty, key_cum, key_b, key_t, key_empty, class_units)
+    """Index of the first candidate row at the smallest scaled distance from the key and that distance
+    (``distance * HIST_UNITS * BINS_PER_OCTAVE``, an integer; :func:`kvsplit.kernels.buckets.distance`), or
+    ``(-1, 0)`` when every candidate is infinitely far (exactly one of the two histograms empty)."""
+    return _CORE.nearest_within(cum, cls, empty, 0, cum.shape[0], key_cum, key_b, key_t, key_empty, class_units,
+                                np.inf)
 
 
 def warmup() -> None:
@@ -921,24 +1079,19 @@ def warmup() -> None:
     for dt in (np.int32, np.int64):
         L = np.array([5, 0, 4096, 17], dtype=dt)
         for pol, params in (("balanced", {}), ("stream_k", {}), ("tuned", {"order": "heavy_first",
-                                                                            "pack_tokens": 256})):
-            with contextlib.suppress(ValueError):
-                make_plan(L, num_kv_heads=4, device=dev, policy=pol, params=params)
-        bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=dev)
+                                                                            "pack_tokens": 256}),
+                            ("flashinfer", {}), ("fa3", {})):
+            plan_with_spec(L, resolve(pol, params, num_kv_heads=4, device=dev), True)
+        hist_units(L)
     as_kv_lens([3, 1, 2])
     for dt in (np.int32, np.int64):
         _whole_wave_pick(np.array([2048, 2048], dtype=dt), np.array([4, 4], np.int64), 0.05,
                          np.array([528, 396], np.int64), 2)
     z = np.zeros((1, NUM_BINS), np.int64)
-    _nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
+    nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
     sv = np.zeros((2, SV_LEN), np.int64)
     for dt in (np.int32, np.int64):
         _key_nearest(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
                      80.0)
-        key_plan(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
+        _key_plan(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
                   80.0, sv, np.frombuffer(b"gpu.kv1", np.uint8).copy())
-
-
-def default_block_n(head_dim: int, dtype: str) -> int:
-    """BLOCK_N of the default kernel config (device planner helper)."""
-    return default_config(head_dim, dtype).block_n

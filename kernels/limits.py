@@ -35,6 +35,16 @@ HEAD_DIMS = (64, 128, 256)
 MAX_NUM_PROGRAMS = 1 << 20
 MAX_PACK_TOKENS = 1 << 20
 
+# The bucket key's histogram (kvsplit.kernels.buckets)
+BINS_PER_OCTAVE = 2
+"""Histogram bins per doubling of kv_len."""
+NUM_BINS = 62
+"""Bins 0..61 cover kv_len 1 .. 2^31-1."""
+HIST_UNITS = 16
+"""The histogram's weights are integers summing to this."""
+CLASS_WEIGHT = 0.5
+"""Distance added per step of batch-size class and of total-token class."""
+
 # Shared-memory budget a CTA may ask for (bytes); the Hopper/Ampere per-block
 # opt-in limits are 227/163 KB, Triton keeps some for its own use.
 _SMEM_BUDGET = 200 * 1024

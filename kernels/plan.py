@@ -24,10 +24,9 @@ from .limits import (  # noqa: F401
     MAX_WORK_ITEMS, NUM_STAGES_CHOICES, NUM_WARPS_CHOICES, ORDERS, SCHEDULES, KernelConfig, check_kv_lens,
     check_config, check_int, cdiv, check_batch_shape, default_config,
 )
-from .workplan import Plan, check_plan_invariants, build_work_list, pack_ctas  # noqa: F401
-from .peer_policies import (  # noqa: F401
-    FA3_BLOCK_N, FLASHINFER_REGS_PER_THREAD, fa3_static_num_splits, flashinfer_decode_occupancy,
-)
+from .workplan import Plan, check_plan_invariants  # noqa: F401
+from .peer_policies import FA3_BLOCK_N, FLASHINFER_REGS_PER_THREAD, flashinfer_decode_occupancy  # noqa: F401
+from .fastplan import fa3_static_num_splits  # noqa: F401
 from .rulespec import (  # noqa: F401
     KNOB_PARAMS, POLICIES, TUNED_PARAM_SPACE, PlanContext, RuleSpec, policy_params, resolve,
 )
@@ -44,8 +43,6 @@ __all__ = [
     "POLICIES",
     "TUNED_PARAM_SPACE",
     "policy_params",
-    "build_work_list",
-    "pack_ctas",
     "flashinfer_decode_occupancy",
     "fa3_static_num_splits",
     "KNOB_PARAMS",

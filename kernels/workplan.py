@@ -1,5 +1,4 @@
-"""The :class:`Plan` value (one decode batch's work list) and how a work list is
-built from per-request split counts (:func:`build_work_list`, :func:`pack_ctas`).
+"""The :class:`Plan` value: one decode batch's work list (made by :func:`kvsplit.kernels.plan.make_plan`).
 
 Terms: a *work item* is one contiguous KV range ``[kv_start, kv_end)`` of one
 request; a *work tile* is (CTA, kv_head); a CTA processes the work items
@@ -375,76 +374,3 @@ def check_plan_invariants(p: Plan) -> None:
         raise ValueError(f"Plan.dtype: expected one of {sorted(DTYPES)}, got {p.dtype!r}")
     if not isinstance(p.config, KernelConfig):
         raise ValueError("Plan.config: expected a KernelConfig")
-
-
-
-# ----------------------------------------------------------------------------
-# Work list construction
-# ----------------------------------------------------------------------------
-
-
-def build_work_list(
-    kv_lens: np.ndarray, num_splits: np.ndarray, block_n: int, order: str, *, perm: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Cut each request into ``num_splits`` contiguous chunks and lay them out.
-
-    Chunk boundaries fall on multiples of ``block_n`` when the request has at
-    least as many KV tiles as splits (``start_j = block_n * floor(j * n_tiles /
-    n)``, as FlashAttention-3's ``BlockMN::get_n_block_min_max`` spreads blocks),
-    otherwise on token boundaries ``floor(j * kv_len / n)``. ``num_splits`` is
-    clamped to ``max(kv_len, 1)`` so no chunk is empty.
-
-    Returns ``(num_splits, work_request, work_kv_start, work_kv_end)``; the
-    requests appear in ``order`` (``natural``: batch order; ``heavy_first``:
-    kv_len descending, stable), or in the order of ``perm`` (a permutation of
-    ``range(B)``, used by policies with their own sort key, e.g. ``fa3``).
-    """
-    L = kv_lens
-    n = np.minimum(np.maximum(num_splits.astype(np.int64), 1), np.maximum(L, 1))
-    if perm is not None:
-        perm = np.asarray(perm, dtype=np.int64)
-    elif order == "heavy_first":
-        perm = np.argsort(-L, kind="stable")
-    else:
-        perm = np.arange(L.shape[0])
-    n_perm = n[perm]
-    W = int(n_perm.sum())
-    req = np.repeat(perm, n_perm)
-    item_first = np.repeat(np.cumsum(n_perm) - n_perm, n_perm)
-    j = np.arange(W, dtype=np.int64) - item_first
-    Lw = L[req]
-    nw = n[req]
-    tiles = -(-Lw // block_n)
-    aligned = tiles >= nw
-    start_a = block_n * ((j * tiles) // nw)
-    end_a = np.minimum(block_n * (((j + 1) * tiles) // nw), Lw)
-    start_t = (j * Lw) // nw
-    end_t = ((j + 1) * Lw) // nw
-    start = np.where(aligned, start_a, start_t)
-    end = np.where(aligned, end_a, end_t)
-    return n.astype(np.int32), req.astype(np.int32), start, end
-
-
-def pack_ctas(work_kv_start: np.ndarray, work_kv_end: np.ndarray, pack_tokens: int) -> np.ndarray:
-    """Group consecutive short work items into CTAs; return ``cta_indptr``.
-
-    An item of fewer than ``pack_tokens`` tokens shares its CTA with its short
-    neighbours in launch order until their running token count crosses a
-    multiple of ``pack_tokens``; longer items get a CTA each. ``pack_tokens=0``
-    gives one item per CTA. (The lever of DESIGN.md §7: thousands of tiny tiles
-    each pay a fixed per-CTA cost.)
-    """
-    W = work_kv_start.shape[0]
-    if pack_tokens <= 0 or W <= 1:
-        return np.arange(W + 1, dtype=np.int32)
-    length = work_kv_end - work_kv_start
-    short = length < pack_tokens
-    # running token count of short items; a long item resets nothing but breaks runs
-    cum_before = np.cumsum(np.where(short, length, 0)) - np.where(short, length, 0)
-    bucket = cum_before // pack_tokens
-    boundary = np.ones(W, dtype=bool)
-    boundary[1:] = ~short[1:] | ~short[:-1] | (bucket[1:] != bucket[:-1])
-    starts = np.flatnonzero(boundary)
-    return np.append(starts, W).astype(np.int32)
-
-

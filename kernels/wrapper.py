@@ -74,6 +74,7 @@ import numpy as np
 import torch
 
 from . import fastplan
+from .buckets import bucket_key
 from .decode import (TORCH_DTYPES, check_heads_per_tile, check_interpreter_dtype, check_kernel_device, launch_decode,
                      make_workspace)
 from .device import DeviceSpec, resolve_device
@@ -287,7 +288,7 @@ class DecodeWrapper:
     def _lookup(self, kv_lens_host: np.ndarray) -> tuple[str, dict[str, Any]]:
         if self.table is None:
             return self.policy, self.params
-        key = fastplan.bucket_key(kv_lens_host, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+        key = bucket_key(kv_lens_host, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                                   dtype=self.dtype, device=self.gpu, page_size=self.page_size)
         entry, _ = self.table.lookup(key)
         if entry is None:

@@ -364,7 +364,7 @@ def test_prefetch_knob_is_checked_and_counted_in_residency():
     # (64, 4, 4) prefetching: 104,448 B -> 233,472 // 105,472 = 2
     assert res(64, 4, 4, True) == 2
     # wave-aware balanced counts those slots: 132 SMs x 1 for (128, 4, 3) with prefetch
-    from kvsplit.kernels.policies import resident_slots
+    from kvsplit.kernels.rulespec import resident_slots
     from kvsplit.kernels.rulespec import PlanContext
 
     ctx = PlanContext(device=h200, num_kv_heads=4, head_dim=128, page_size=16, dtype="bfloat16")

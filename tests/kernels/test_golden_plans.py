@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from kvsplit.kernels.plan import make_plan
-from kvsplit.kernels.policies import fit_heads_per_tile
+from kvsplit.kernels.rulespec import fit_heads_per_tile
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.kernels.shape import Shape
 from kvsplit.kernels import fastplan
@@ -57,7 +57,7 @@ def test_file_covers_the_evaluation_sets():
 def test_served_plans(core):
     """``PolicyTable.plan`` (int32 array and list input) and ``plan_buffers`` serve the recorded plans."""
     table = _table()
-    ctx = fastplan.reference() if core == "python" else contextlib.nullcontext()
+    ctx = fastplan.python() if core == "python" else contextlib.nullcontext()
     with ctx:
         for c in CASES:
             kw = _shape(c)
@@ -82,7 +82,7 @@ def test_served_plans(core):
 @pytest.mark.parametrize("core", ["compiled", "python"])
 def test_named_policy_plans(core):
     """``make_plan`` with every recorded (policy, params) gives the recorded plan on every batch."""
-    ctx = fastplan.reference() if core == "python" else contextlib.nullcontext()
+    ctx = fastplan.python() if core == "python" else contextlib.nullcontext()
     with ctx:
         for c in CASES:
             hq, hkv = c["num_qo_heads"], c["num_kv_heads"]

@@ -574,7 +574,7 @@ H200_DEFAULT_RESIDENCY = 4
 
 def test_resident_slots_and_wave_target_hand_computed():
     from kvsplit.kernels.plan import default_config as dc
-    from kvsplit.kernels.policies import resident_slots, wave_target
+    from kvsplit.kernels.rulespec import resident_slots, wave_target
     from kvsplit.kernels.rulespec import PlanContext
 
     ctx = PlanContext(H200, 4, 128, 16, "bfloat16")

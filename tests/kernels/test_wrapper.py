@@ -146,7 +146,7 @@ def test_graph_mode_leaves_the_whole_wave_rule_out():
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
                       policy="stream_k", params={"ctas_per_sm": 0.25, "whole_wave": 1.0}, use_cuda_graph=True,
                       num_programs=3, max_work_items=256)
-    assert w.planner == "device" and "whole_wave" not in w._graph_policy[1]
+    assert w.planner == "device" and "whole_wave" not in w.spec.params and not w.spec.whole_wave_specs
     _loop(w, [64] * 8, steps=2)
 
 
@@ -175,7 +175,7 @@ def test_eager_and_graph_mode_with_heads_per_tile():
     _loop(g, lens, steps=1)
     assert g.graph_residency == resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, 64, 4, 2,
                                                      heads_per_tile=2) >= 2
-    assert g._graph_policy == ("stream_k", {**g._graph_policy[1], "ctas_per_sm": 2.0, "heads_per_tile": 2})
+    assert (g.spec.policy, g.spec.params) == ("stream_k", {**g.spec.params, "ctas_per_sm": 2.0, "heads_per_tile": 2})
 
 
 def test_graph_mode_heads_per_tile_beyond_the_gqa_rows_is_refused():
@@ -243,7 +243,7 @@ def test_graph_mode_repick_on_another_tile(name, entry, want):
         want = float(resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, cfg.block_n,
                                           cfg.num_warps, cfg.num_stages))
         assert want >= 2 and want == w.graph_residency
-    assert w._graph_policy[0] == name and w._graph_policy[1]["ctas_per_sm"] == want
+    assert w.spec.policy == name and w.spec.params["ctas_per_sm"] == want
     assert w.planner == ("host" if name == "balanced" else "device")
     ref = reference_decode_attention(**case)
     out = w.run(case["q"], case["k_cache"], case["v_cache"], out=torch.empty_like(case["q"]))
@@ -265,7 +265,7 @@ def test_graph_mode_default_tile_at_head_dim_128():
     res = resident_ctas_per_sm(resolve_device("NVIDIA H200"), d, "float16", 2, 64, 8, 3, prefetch=True,
                                next_item=True, heads_per_tile=2)
     assert w.graph_residency == res == 1
-    assert w.planner == "device" and w._graph_policy[0] == "stream_k" and w._graph_policy[1]["ctas_per_sm"] == 1.0
+    assert w.planner == "device" and w.spec.policy == "stream_k" and w.spec.params["ctas_per_sm"] == 1.0
     _loop(w, [70, 3, 400], steps=2, shape=(hq, hk, d))
     assert int(w.bufs.counts[2]) == int(w.bufs.counts[1])  # tiles = CTAs x H_kv / 2
     assert DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu").policy == "balanced"
@@ -278,7 +278,7 @@ def test_graph_mode_default_tile_at_head_dim_128():
                           table=_stream_k_table(lens, entry, name=name, num_kv_heads=hk, head_dim=d),
                           use_cuda_graph=True, num_programs=2, max_work_items=64)
         _loop(t, lens, steps=1, shape=(hq, hk, d))
-        assert (t._graph_policy[0], t._graph_policy[1]["ctas_per_sm"]) == want and t.config.heads_per_tile == 2
+        assert (t.spec.policy, t.spec.params["ctas_per_sm"]) == want and t.config.heads_per_tile == 2
 
 
 @pytest.mark.parametrize("hq, hk", [(32, 2), (8, 1), (6, 3)])
@@ -294,4 +294,4 @@ def test_graph_mode_default_tile_without_two_heads(hq, hk):
     c = w.config
     assert (c.block_n, c.num_warps, c.num_stages, c.prefetch, c.next_item, c.heads_per_tile) == \
         (cfg.block_n, cfg.num_warps, cfg.num_stages, False, False, 1) == (128, 4, 2, False, False, 1)
-    assert w._graph_policy[0] == "stream_k" and w._graph_policy[1]["ctas_per_sm"] == float(w.graph_residency) == 3.0
+    assert w.spec.policy == "stream_k" and w.spec.params["ctas_per_sm"] == float(w.graph_residency) == 3.0
