@@ -59,7 +59,7 @@ def _hot_table() -> None:
     fastplan.warmup()
     core = "numba " + __import__("numba").__version__ if fastplan.ENABLED else "NumPy reference (numba off)"
     print(f"\nhot path, a new random batch per call, planner core: {core}")
-    table = PolicyTable.from_export(json.loads((Path(__file__).resolve().parents[1] / "service/data/h200_policies.json")
+    table = PolicyTable.from_export(json.loads((Path(__file__).resolve().parents[1] / "kernels/data/h200_policies.json")
                                                .read_text()))
     print(f"(PolicyTable: the shipped H200 table, {len(table)} policies)")
     print(f"{'entry point':<34}{'input':>8}{'B':>6}{'p50 µs':>10}{'p99 µs':>10}{'target':>9}")

@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=1024, help="the wrapper's max_batch_size")
     ap.add_argument("--num-kv-heads", type=int, default=4, help="H_kv of the cases kept (H_q 32): 4, or 8 for "
                                                                 "the llama8b set")
-    ap.add_argument("--policies", default="service/data/h200_policies.json")
+    ap.add_argument("--policies", default="kernels/data/h200_policies.json")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--rep-ms", type=float, default=10.0)

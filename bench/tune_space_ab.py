@@ -6,7 +6,7 @@ For each task (a family bucket of Qwen3-30B-A3B's shape: H_q 32, H_kv 4, D 128, 
 held-out draws, seed 0), ``kvsplit.tuner.search.tune_task`` runs on the GPU backend twice, each in its own SQLite
 store: once with the space of rounds 1-9 (``prefetch`` and ``heads_per_tile`` not searched) and once with the
 space as shipped (``--spaces``: either or both). Then the held-out batches are timed, back to back in this process: each study's best
-parameters, the plan the shipped table (service/data/h200_policies.json) serves, and ``balanced``. Time / read
+parameters, the plan the shipped table (kernels/data/h200_policies.json) serves, and ``balanced``. Time / read
 floor per batch and the geomean per method are printed; one JSON line per task in OUT/tune_space_ab.jsonl.
 """
 
@@ -45,7 +45,7 @@ def main() -> None:
     t0 = time.time()
     log = open(os.path.join(args.out, "tune_space_ab.jsonl"), "a")
     backend = make_backend(args.backend, **SHAPE, max_tokens=(1 << 20) + 65536, max_batch=1024)
-    table = PolicyTable.from_export(json.load(open("service/data/h200_policies.json")))
+    table = PolicyTable.from_export(json.load(open("kernels/data/h200_policies.json")))
     searched = {k: TUNED_PARAM_SPACE[k]["search"] for k in NEW_KNOBS}
     for spec in args.tasks.split(","):
         fam, B, T = spec.split(":")

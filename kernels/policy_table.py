@@ -49,8 +49,10 @@ summary) are carried for display and ignored by the lookup.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from importlib import resources
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -63,7 +65,7 @@ from .workplan import Plan
 from .shape import Shape, gpu_slug, shape_family
 from . import fastplan as _fastplan
 
-__all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "SERVE_DISTANCE_LIMIT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
+__all__ = ["PolicyTable", "PolicyEntry", "load_shipped_table", "shipped_policies", "SHIPPED_POLICIES", "TABLE_FORMAT", "SERVE_DISTANCE_LIMIT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
 
 TABLE_FORMAT = "kvsplit.policy_table/2"
 _LIST_KEY = {TABLE_FORMAT: "data", "kvsplit.policy_table/1": "policies"}
@@ -216,7 +218,7 @@ class PolicyTable:
     def from_export(cls, export: Mapping[str, Any], *, version: int = 1) -> "PolicyTable":
         """The table a store filled from a ``kvsplit db export`` document would serve (format
         ``kvsplit.policies``: ``{"policies": [{"id", "bucket": {"key", "gpu", ...}, "name", "params",
-        "backend", ...}]}``, e.g. ``service/data/h200_policies.json``), without a store: every entry is
+        "backend", ...}]}``, e.g. ``kernels/data/h200_policies.json``, :func:`load_shipped_table`), without a store: every entry is
         published, ``version`` defaults to 1 and ``backend`` to ``"gpu"``.
 
         Raises
@@ -514,3 +516,27 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
     for f, v in expect.items():
         if getattr(key, f) != v:
             raise ValueError(f"bucket.key: its {f} {getattr(key, f)!r} differs from the entry's {v!r}")
+
+
+SHIPPED_POLICIES = "data/h200_policies.json"
+"""The policies the project ships, inside this package: the GPU-tuned H200 table (format ``kvsplit.policies``,
+a ``kvsplit db export`` document: 263 published policies for H_kv 1, 4 and 8 at head_dim 128, bf16, page 16)."""
+
+
+def shipped_policies() -> dict[str, Any]:
+    """The shipped policy export (:data:`SHIPPED_POLICIES`) as its JSON document (what ``kvsplit db import`` and
+    the service's first start import)."""
+    return json.loads(resources.files(__package__).joinpath(SHIPPED_POLICIES).read_text())
+
+
+def load_shipped_table() -> PolicyTable:
+    """The table the shipped policies serve, in-process (no store, no server): :meth:`PolicyTable.from_export` of
+    :func:`shipped_policies`, every entry published at version 1, the fallback ``balanced``.
+
+    Example::
+
+        from kvsplit.kernels import load_shipped_table
+        plan, bucket, policy = load_shipped_table().plan(kv_lens, gpu="NVIDIA H200", num_qo_heads=32,
+                                                          num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    """
+    return PolicyTable.from_export(shipped_policies())

@@ -5,7 +5,7 @@ the Llama-3.1-8B shape and trace batches) were measured on these plans; a change
 one of them changes what was measured. The file holds each batch's kv_lens and shape and, per batch, the
 sha256 (first 16 hex digits) of the canonical JSON (sorted keys, no spaces) of ``Plan.to_dict()`` for:
 
-- ``served``: the plan the shipped table (service/data/h200_policies.json) serves (``PolicyTable.plan``), and
+- ``served``: the plan the shipped table (kernels/data/h200_policies.json) serves (``PolicyTable.plan``), and
   ``served_answer`` its ``{bucket, policy}`` objects;
 - ``named``: ``make_plan`` with each entry of ``policies`` (kvsplit's and the peers' baselines, and every
   distinct (policy, params) of the shipped table), params fitted to the GQA group as the table fits them;
@@ -39,7 +39,7 @@ def digest(obj) -> str:
 
 
 def _table() -> PolicyTable:
-    return PolicyTable.from_export(json.loads((ROOT / "service/data/h200_policies.json").read_text()))
+    return PolicyTable.from_export(json.loads((ROOT / "kernels/data/h200_policies.json").read_text()))
 
 
 def _shape(case) -> dict:

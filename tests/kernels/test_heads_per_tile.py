@@ -210,7 +210,7 @@ def test_table_refits_heads_per_tile_to_the_gqa_group(reference):
     from kvsplit.kernels.rulespec import fit_heads_per_tile
     from kvsplit.kernels.policy_table import PolicyTable
 
-    raw = json.loads((Path(__file__).resolve().parents[2] / "service/data/h200_policies.json").read_text())
+    raw = json.loads((Path(__file__).resolve().parents[2] / "kernels/data/h200_policies.json").read_text())
     table = PolicyTable.from_export(raw)
     lens = np.array([30000, 100, 2000, 800] * 4)
     shape = dict(gpu="NVIDIA H200", num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)

@@ -32,7 +32,7 @@ SHAPE = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, d
 
 
 def _shipped() -> PolicyTable:
-    return PolicyTable.from_export(json.loads((ROOT / "service/data/h200_policies.json").read_text()))
+    return PolicyTable.from_export(json.loads((ROOT / "kernels/data/h200_policies.json").read_text()))
 
 
 def _mixed() -> PolicyTable:

@@ -185,7 +185,7 @@ def test_shipped_h200_table(monkeypatch):
     sys.path.insert(0, str(ROOT / "bench"))
     from service_inprocess import make_bodies  # noqa: E402
 
-    raw = json.loads((ROOT / "service" / "data" / "h200_policies.json").read_text())
+    raw = json.loads((ROOT / "kernels" / "data" / "h200_policies.json").read_text())
     table = PolicyTable.from_export(raw, version=raw["policies_version"])
     shape = _shape(hq=32)
     validation._HEADERS.clear()
