@@ -55,7 +55,7 @@ from l2_state import graph_of  # noqa: E402  (one warm-up launch, capture, one r
 from kvsplit.kernels import decode as dec  # noqa: E402
 from kvsplit.kernels.plan import make_plan  # noqa: E402
 from kvsplit.kernels.policy_table import PolicyTable  # noqa: E402
-from kvsplit.kernels.wrapper import DecodeWrapper  # noqa: E402
+from kvsplit.kernels.wrapper import DecodeWrapper, GraphOptions  # noqa: E402
 from kvsplit.tuner.gpu import software_versions  # noqa: E402
 
 GPU = "NVIDIA H200"
@@ -89,11 +89,12 @@ def make_wrapper(spec: str, table: PolicyTable, max_batch: int, max_work: int, h
         pol, prm = named(spec)[1]
         kw["policy"], kw["params"] = pol, dict(prm)
     w = DecodeWrapper(32, hkv, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
-                      use_cuda_graph=True, max_work_items=max_work, **kw)
+                      use_cuda_graph=True, graph=GraphOptions(max_work_items=max_work), **kw)
     if per_sm:
         P = w.graph_residency if per_sm == "r" else int(per_sm)  # the graph tile's resident CTAs per SM
         w = DecodeWrapper(32, hkv, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=max_batch,
-                          use_cuda_graph=True, max_work_items=max_work, num_programs=P * 132, **kw)
+                          use_cuda_graph=True, graph=GraphOptions(max_work_items=max_work, num_programs=P * 132),
+                          **kw)
     if old:  # round 14's re-pick: the entry's ctas_per_sm on the graph's tile, whatever tile it was tuned on
         w._other_tile = lambda params: False
     return w

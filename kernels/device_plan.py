@@ -1,5 +1,5 @@
 """Device-side planning: the work list of a rule computed by a Triton kernel from
-kv_lens on the GPU, into preallocated buffers (issue 11; DESIGN.md §3 "Engine hot path").
+kv_lens on the GPU, into preallocated buffers (DESIGN.md §3 "Engine hot path").
 
 The rules were written as prefix sums plus per-item arithmetic, so one program
 computes them with ``tl.cumsum`` (blocks of requests and of work items, with the
@@ -7,15 +7,15 @@ running sums carried between blocks):
 
 - ``stream_k`` (and ``tuned`` with ``partition="stream_k"``): request ``b``'s
   cost ``n_b + o``, its prefix ``P_b``, the kept cuts ``k * share - lo_b`` as a
-  closed-form range of ``k``, each piece's CTA (:func:`kvsplit.kernels.policies.stream_k_work`);
+  closed-form range of ``k``, each piece's CTA (the host planner's ``_stream_k``, kernels/fastplan.py);
 - ``no_split``, ``fixed`` and ``tuned`` with ``wave_aware=False``: per-request
   ``num_splits`` from one chunk (``cdiv(H_kv * sum(kv_len), ceil(ctas_per_sm *
   num_SMs))`` rounded up to ``block_n``), then
-  :func:`kvsplit.kernels.workplan.build_work_list`'s chunk boundaries.
+  the host work list's chunk boundaries (``_lay_out``, kernels/fastplan.py).
 
 Launch order is the batch order; ``order="heavy_first"``, ``pack_tokens`` and
 the wave-aware chunk search (``balanced``, ``tuned`` by default) are host-only:
-:func:`device_rule` raises ``NotImplementedError`` for them, and
+:func:`check_device_rule` raises ``NotImplementedError`` for them, and
 :class:`kvsplit.kernels.wrapper.DecodeWrapper` then plans on the host and
 uploads the plan into the same buffers. The outputs are exactly the host plan's
 arrays and :meth:`Plan.merge_layout` (tests/kernels/test_device_plan.py), plus a
@@ -23,7 +23,8 @@ arrays and :meth:`Plan.merge_layout` (tests/kernels/test_device_plan.py), plus a
 decode launch reads on the device (no host sync). ``config.heads_per_tile`` > 1
 (GQA-packed work tiles of that many adjacent KV heads) is counted as on the
 host: ``num_tiles = num_ctas * H_kv / heads_per_tile``, and the partitions'
-tile counts use H_kv / heads_per_tile (:func:`kvsplit.kernels.policies.tile_heads`).
+tile counts use H_kv / heads_per_tile (:func:`kvsplit.kernels.rulespec.tile_heads`). Both planners take the same
+:class:`~kvsplit.kernels.rulespec.RuleSpec`.
 """
 
 from __future__ import annotations

@@ -162,7 +162,29 @@ def _tiles(L, chunk):
 
 @_jit
 def _wave_aware_chunk(L, total, lmax, H, block_n, target, min_chunk, tile_cost):
-    """policies.wave_aware_chunk."""
+    """The chunk (tokens, a multiple of ``block_n``) of an even-chunk split for ``target`` work tiles
+    (``total``, ``lmax``: the batch's sum and maximum; ``H``: work tiles per work item).
+
+    Starts from ``chunk0 = roundup(max(min_chunk, block_n, ceil(H_kv * sum(kv_len) / target_tiles)), block_n)``.
+    Rounding splits up per request (``num_splits[b] = ceil(kv_len[b] / chunk)``)
+    can give more than ``target_tiles`` tiles (``H_kv * sum(num_splits)``), e.g.
+    17 x 8 x 4 = 544 tiles for 528 slots: a second wave of 16 tiles. When one
+    tile per request fits (``H_kv * B <= target_tiles``), ``chunk_fit``, the
+    smallest multiple of ``block_n`` whose tile count fits, is found by binary
+    search (as FlashInfer's ``PrefillBinarySearchKVChunkSize`` searches its
+    chunk), and replaces ``chunk0`` when one wave of ``chunk_fit`` is shorter
+    than ``chunk0``'s estimated makespan (one wave plus overflow tiles placed on
+    the slots that free first; ``chunk0`` stays above two waves). Both estimates
+    are in tokens and charge every tile ``tile_cost`` tokens of fixed cost
+    (:func:`kvsplit.kernels.rulespec.wave_tile_cost`: one ``block_n`` block, its q load and output or
+    partial write, as ``stream_k``'s ``item_cost_blocks`` default, when the target
+    is one resident wave), so a tie goes to fewer tiles: one tile per request of
+    a near-even batch, not two waves of halves and a merge (measured on the
+    H200, B = 128 of ~2,572 tokens, H_kv 4, BLOCK_N 64: 1.248x the floor split in
+    two; docs/decisions/flat-work-list.md).
+    (Growing the chunk is wrong when few tiles are left for the long requests,
+    e.g. B = 128 at H_kv = 4 leaves 16 of 528 tiles: measured 6-11x the floor.)
+    """
     tot = total * H
     c = (tot + target - 1) // target
     c = max(c, block_n, min_chunk)
@@ -219,7 +241,15 @@ def _heavy_first(L):
 
 @_jit
 def _pack(start, end, pack, out):
-    """workplan.pack_ctas into ``out`` (>= W + 1 entries); returns the entries written."""
+    """``cta_indptr`` of the work list ``[start, end)`` into ``out`` (>= W + 1 entries); returns the entries
+    written.
+
+    An item of fewer than ``pack_tokens`` tokens shares its CTA with its short
+    neighbours in launch order until their running token count crosses a
+    multiple of ``pack_tokens``; longer items get a CTA each. ``pack_tokens=0``
+    gives one item per CTA. (The lever of DESIGN.md §7: thousands of tiny tiles
+    each pay a fixed per-CTA cost.)
+    """
     W = start.shape[0]
     if pack <= 0 or W <= 1:
         for i in range(W + 1):
@@ -247,7 +277,7 @@ def _pack(start, end, pack, out):
 
 @_jit
 def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first, pack, max_items, check):
-    """Validate (``check``), split (rule), build_work_list, pack_ctas.
+    """Validate (``check``), split (rule), lay out the work list (:func:`_lay_out`) and pack CTAs.
 
     rule _CONST: num_splits = arg; _WAVE / _WAVE1: chunk = wave_aware_chunk(target=arg,
     min_chunk, tile_cost 0 / block_n); _FAIR: chunk = roundup(max(cdiv(H*sum, arg), min_chunk, 1), block_n).
@@ -279,7 +309,7 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
                 s = 1
             if s > max_splits:
                 s = max_splits
-        # build_work_list's clamp: 1 <= n <= max(kv_len, 1)
+        # the work list's clamp: 1 <= n <= max(kv_len, 1), so no item is empty
         cap = L[i] if L[i] > 1 else 1
         if s > cap:
             s = cap
@@ -510,8 +540,31 @@ def _peer_chunks(L_in, H, block_n, kind, page_size, tensor_cores, max_grid, S, s
 
 @_jit
 def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
-    """Validate (``check``), then policies.stream_k_work with C CTAs per KV head
-    (same return as _even_chunks).
+    """Validate (``check``), then the stream-K partition over ``C`` CTAs per group of KV heads (same return as
+    :func:`_even_chunks`).
+
+    Units are blocks of ``block_n`` tokens; request ``b`` costs
+    ``n_b + o`` (``n_b = ceil(kv_len[b] / block_n)``, ``o = item_cost_blocks``,
+    the fixed cost of starting a request: q load, output or partial write). The
+    stream of all requests (in launch order) is cut into ``C = max(1,
+    floor(ctas_per_sm * num_SMs) // H_kv)`` CTAs per KV head of ``share =
+    ceil(sum_b (n_b + o) / C)`` cost units each; CTA ``c`` walks its consecutive
+    pieces, which cross request boundaries. A cut falls at ``k * share`` inside
+    request ``b``'s blocks ``[P_b + o, P_b + o + n_b)`` (``P_b`` its prefix cost),
+    so every piece starts on a ``block_n`` boundary and shares differ by less
+    than one block; a cut closer than ``min_piece_blocks`` to either end of its
+    request is dropped (that CTA runs a little over), so requests of fewer than
+    ``2 * min_piece_blocks`` blocks are never split. Everything is prefix sums
+    and per-item arithmetic, so a GPU planner can compute it.
+
+    Sources: FlashMLA's ``get_mla_metadata`` (``csrc/.../get_mla_metadata.cu``:
+    ``payload = cdiv(total_blocks + B * fixed_overhead, num_sm_parts) +
+    fixed_overhead`` with ``fixed_overhead_num_blocks = 5``, consecutive blocks
+    per SM part crossing request boundaries); FlashInfer's SM90 persistent
+    scheduler (``scheduler.cuh::PrefillSM90Plan``, work balanced over CTAs by
+    cost); CUTLASS stream-K (Osama et al. 2023, "Stream-K: Work-centric
+    Parallel Decomposition for Dense Matrix-Matrix Multiplication on the GPU");
+    Lean Attention (Sanovar et al. 2024) applies stream-K to decode attention.
 
     A request's kept cuts are the multiples of ``share`` in ``[lo + m0, hi - m0]``
     (``m0 = max(min_piece_blocks, 1)``), so they are listed with a few :func:`div`
@@ -857,7 +910,7 @@ def range_error(arr: np.ndarray, i: int) -> ValueError:
 
 @_jit
 def _whole_wave_pick(L, Ht, eps, slots, max_waves):
-    """:func:`kvsplit.kernels.policies.whole_wave_config` on the tiles' resident slots ``slots`` and work tiles
+    """The whole-wave rule (docs/decisions/whole-wave-rule.md) on the tiles' resident slots ``slots`` and work tiles
     per request ``Ht`` (H_kv / heads_per_tile; int64, in the tiles' order): the index of the chosen tile, or -1
     (the same float64 operations and tie rule)."""
     total = 0

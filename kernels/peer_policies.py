@@ -19,7 +19,7 @@ register count, which a NumPy planner cannot know. 64 registers per thread
 gives 8 resident CTAs per SM for the reference shape (G = 8, D = 128, bf16),
 i.e. a capacity of 1,056 CTAs on an H200; that places the CUDA-core path's
 threshold between B = 256 and B = 512 at H_kv = 4, where the H200 measurement
-(docs/data/anchors/h200_peers.csv, ``flashinfer_decode_notc``) puts it.
+(FlashInfer's CUDA-core decode timed on the H200) puts it.
 """
 
 
