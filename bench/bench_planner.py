@@ -1,15 +1,15 @@
 """Speed of the host-side planner pieces (printed figures, never asserted).
 
     .venv/bin/python bench/bench_planner.py            # script: prints both tables
-    .venv/bin/python bench/bench_planner.py --hot      # only the hot-path table (issue 11)
-    KVSPLIT_NUMBA=0 .venv/bin/python bench/bench_planner.py --hot   # the NumPy reference, for comparison
+    .venv/bin/python bench/bench_planner.py --hot      # only the hot-path table
+    KVSPLIT_NUMBA=0 .venv/bin/python bench/bench_planner.py --hot   # the same rules run as plain Python
     .venv/bin/python -m pytest bench/bench_planner.py --benchmark-only   # pytest-benchmark
 
-Targets (DESIGN.md / issue 3): make_plan for B=256 in tens of microseconds and
+Targets (DESIGN.md): make_plan for B=256 in tens of microseconds and
 for B=4096 under a millisecond; bucket_key likewise; simulator predict in a few
 ms for thousands of tiles.
 
-Hot-path table (issue 11: make_plan <= 20 µs at B = 256, <= 300 µs at B = 4096;
+Hot-path table (make_plan <= 20 µs at B = 256, <= 300 µs at B = 4096;
 PolicyTable.plan <= 30 µs at B = 256): every call gets a NEW random batch
 (pre-generated, lengths 1..8192), nothing about a batch is cached; p50 and p99
 over the calls, per entry point, B and input form (NumPy int32 array or Python
@@ -50,17 +50,13 @@ def _time(fn, reps: int) -> tuple[float, float]:
 
 
 def _hot_table() -> None:
-    import json
-    from pathlib import Path
-
     from kvsplit.kernels import fastplan
-    from kvsplit.kernels.policy_table import PolicyTable
+    from kvsplit.kernels.policy_table import load_shipped_table
 
     fastplan.warmup()
-    core = "numba " + __import__("numba").__version__ if fastplan.ENABLED else "NumPy reference (numba off)"
+    core = "numba " + __import__("numba").__version__ if fastplan.ENABLED else "plain Python (numba off)"
     print(f"\nhot path, a new random batch per call, planner core: {core}")
-    table = PolicyTable.from_export(json.loads((Path(__file__).resolve().parents[1] / "kernels/data/h200_policies.json")
-                                               .read_text()))
+    table = load_shipped_table()
     print(f"(PolicyTable: the shipped H200 table, {len(table)} policies)")
     print(f"{'entry point':<34}{'input':>8}{'B':>6}{'p50 µs':>10}{'p99 µs':>10}{'target':>9}")
     rng = np.random.default_rng(11)
@@ -94,7 +90,7 @@ def _hot_table() -> None:
         for name, fn, target in cases:
             row(name, fn, B, target, arrays)
     # near-even batches (U(0.995, 1.005) around 2,048 and 1,024 tokens) that reach a shipped policy with the
-    # whole-wave rule on: the rule's check and the second compiled plan pass it takes (round 7)
+    # whole-wave rule on: the rule's check and the second compiled plan pass it takes
     for B, mean in ((128, 2048), (256, 1024)):
         arrays = [np.rint(mean * rng.uniform(0.995, 1.005, B)).astype(np.int32) for _ in range(2000)]
         p, _, info = table_plan(arrays[0])
