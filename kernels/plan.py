@@ -1,4 +1,4 @@
-"""Split-KV plans for GQA decode attention, made on the host with NumPy only.
+"""Split-KV plans for GQA decode attention, made on the host without torch.
 
 A :class:`Plan` says, for one decode batch, how many contiguous KV chunks
 (``num_splits``) each request is cut into, the flat work list of those chunks in
@@ -11,10 +11,10 @@ request; a *work tile* is (CTA, kv_head); a CTA processes the work items
 ``cta_indptr[c]:cta_indptr[c+1]`` one after the other for one KV head.
 
 This module is the public entry point (DESIGN.md §3); the code lives in
-:mod:`.limits` (limits, KernelConfig, argument checks), :mod:`.workplan` (Plan,
-work lists), :mod:`.registry` (policy registry, knobs), :mod:`.policies`
-(kvsplit's policies, TUNED_PARAM_SPACE, make_plan) and :mod:`.peer_policies`
-(FlashInfer's and FA3's restated rules).
+:mod:`.limits` (limits, KernelConfig, argument checks), :mod:`.workplan` (Plan),
+:mod:`.rulespec` (the policies and their parameters, :func:`resolve` to a :class:`RuleSpec`,
+TUNED_PARAM_SPACE), :mod:`.fastplan` (every rule in loop form, compiled by numba or plain Python),
+:mod:`.policies` (make_plan) and :mod:`.peer_policies` (FlashInfer's and FA3's constants and occupancy).
 """
 
 from __future__ import annotations
