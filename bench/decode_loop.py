@@ -35,7 +35,7 @@ import torch
 
 from kvsplit.kernels.decode import reference_decode_attention
 from kvsplit.kernels.device_plan import device_plan
-from kvsplit.kernels.wrapper import DecodeWrapper
+from kvsplit.kernels.wrapper import DecodeWrapper, GraphOptions
 
 
 class Model:
@@ -96,8 +96,8 @@ class Model:
 def kvsplit_backend(m, args, device, planner, policy=None, params=None):
     """policy None: the wrapper's graph default (stream_k at the graph tile's residency)."""
     w = DecodeWrapper(m.Hq, m.Hkv, m.D, page_size=m.ps, dtype=args.dtype, device=device, max_batch_size=m.B,
-                      policy=policy, params=params, use_cuda_graph=True, planner=planner,
-                      num_programs=args.num_programs)
+                      policy=policy, params=params, use_cuda_graph=True,
+                      graph=GraphOptions(planner=planner, num_programs=args.num_programs))
     assert w.planner == planner, (w.planner, planner)
 
     def plan(lens_host):

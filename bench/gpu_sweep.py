@@ -112,7 +112,7 @@ def load_cases(spec: str, *, prev_policies: str | None = None, alt_policies: str
                oracle_from: str | None = None) -> list[dict]:
     """The cases of ``--cases``: ``eval`` (``kvsplit.tuner.workloads.evaluation_cases``, the 182 evaluation
     batches), ``train`` (``training_cases``, the 280 training batches) or a JSON case file (``{"cases": [...]}``,
-    the same dict form). Each case gets ``served``, the plan the shipped table (service/data/h200_policies.json)
+    the same dict form). Each case gets ``served``, the plan the shipped table (kernels/data/h200_policies.json)
     serves it, unless the file already records one; ``served_prev`` / ``served_alt`` the plan of another policy
     export (the table a rebuild replaces / a second candidate table), timed back to back with ``served`` by
     ``--mode retime``; ``oracle_names`` the three fastest named plans per case of an earlier run."""
@@ -136,7 +136,7 @@ def load_cases(spec: str, *, prev_policies: str | None = None, alt_policies: str
         return {"policy": p.policy, "params": p.params, "source": info["source"], "distance": bucket["distance"],
                 "matched": bucket["matched"]}
 
-    for key, path in (("served", "service/data/h200_policies.json"), ("served_prev", prev_policies),
+    for key, path in (("served", "kernels/data/h200_policies.json"), ("served_prev", prev_policies),
                       ("served_alt", alt_policies)):
         if path is None:
             continue

@@ -9,7 +9,7 @@
 
 Implementations (``--impl``):
 
-- ``kvsplit``: the plan the shipped table (service/data/h200_policies.json) serves each batch, on the hot path
+- ``kvsplit``: the plan the shipped table (kernels/data/h200_policies.json) serves each batch, on the hot path
   (``decode_attention(..., out=, workspace=, validate=False)``, plan uploaded);
 - ``fa3``: FlashAttention-3 ``flash_attn_interface.flash_attn_with_kvcache(q [B, 1, H_q, D], k_cache, v_cache,
   cache_seqlens=, page_table=, causal=True, num_splits=0)``: its own split heuristic, SGLang's Hopper default
@@ -331,7 +331,7 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
         from kvsplit.kernels.decode import decode_attention
         from kvsplit.kernels.policy_table import PolicyTable
 
-        raw = json.loads((Path(__file__).resolve().parents[1] / "service/data/h200_policies.json").read_text())
+        raw = json.loads((Path(__file__).resolve().parents[1] / "kernels/data/h200_policies.json").read_text())
         table = PolicyTable.from_export(raw, version=raw.get("policies_version"))
         gpu = torch.cuda.get_device_name()
 

@@ -1,7 +1,7 @@
 """Plan-service speed benchmark (not a test): wrk against ``kvsplit serve`` and the plain baselines.
 
 Starts, on loopback, ``kvsplit serve`` (``--workers`` uvicorn workers, uvloop + httptools) on a
-temporary SQLite store holding the shipped H200 policy table (service/data/h200_policies.json), and
+temporary SQLite store holding the shipped H200 policy table (kernels/data/h200_policies.json), and
 the plain FastAPI baselines of ``bench/service_baseline.py`` (``async def`` and ``def`` endpoints:
 a pydantic model of the plan request's fields, returned as is) with as many workers on the same
 server stack; runs wrk with ``bench/plan_post.lua`` (B = 256 kv_lens per request, 400 distinct
@@ -65,7 +65,7 @@ def fill_store(url: str) -> None:
 
     store.upgrade(url)
     with store.session_scope(url, write=True) as s:
-        store.import_policies(s, json.loads((ROOT / "service" / "data" / "h200_policies.json").read_text()))
+        store.import_policies(s, json.loads((ROOT / "kernels" / "data" / "h200_policies.json").read_text()))
 
 
 def rss_mb(pids: list[int]) -> float:

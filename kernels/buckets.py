@@ -49,10 +49,16 @@ from typing import Any
 
 import numpy as np
 
-from .device import DeviceSpec
-from .limits import _pos_int, check_batch_shape
-from .registry import PlanContext
+from .device import DeviceSpec, resolve_device
+from .limits import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, check_int, check_shape
+from .rulespec import PlanContext
 from .shape import gpu_slug, shape_family
+from . import fastplan
+
+SCALE = HIST_UNITS * BINS_PER_OCTAVE
+"""``distance * SCALE`` is an integer: ``sum |cum_a - cum_b| + SCALED_CLASS_UNITS * class steps``."""
+SCALED_CLASS_UNITS = int(SCALE * CLASS_WEIGHT)
+assert SCALED_CLASS_UNITS == SCALE * CLASS_WEIGHT, "bucket distance constants no longer give integer scaled distances"
 
 __all__ = [
     "BucketKey",
@@ -68,14 +74,6 @@ __all__ = [
     "NUM_BINS",
 ]
 
-BINS_PER_OCTAVE = 2
-"""Histogram bins per doubling of kv_len."""
-NUM_BINS = 62
-"""Bins 0..61 cover kv_len 1 .. 2^31-1."""
-HIST_UNITS = 16
-"""The histogram's weights are integers summing to this."""
-CLASS_WEIGHT = 0.5
-"""Distance added per step of batch-size class and of total-token class."""
 DISTANCE_LIMIT = 1.0
 """Largest :func:`distance` at which a tuned bucket is used for a batch."""
 
@@ -123,9 +121,9 @@ class BucketKey:
         if self.dtype not in _DTYPE_SHORT:
             raise ValueError(f"BucketKey.dtype: expected one of {sorted(_DTYPE_SHORT)}, got {self.dtype!r}")
         for name in ("num_kv_heads", "head_dim", "page_size"):
-            _pos_int(f"BucketKey.{name}", getattr(self, name), 1)
-        _pos_int("BucketKey.batch_class", self.batch_class, 0, 16)
-        _pos_int("BucketKey.tokens_class", self.tokens_class, -1, 62)
+            check_int(f"BucketKey.{name}", getattr(self, name), 1)
+        check_int("BucketKey.batch_class", self.batch_class, 0, 16)
+        check_int("BucketKey.tokens_class", self.tokens_class, -1, 62)
         hist = tuple((int(b), int(u)) for b, u in self.hist)
         object.__setattr__(self, "hist", hist)
         bins = [b for b, _ in hist]
@@ -143,7 +141,7 @@ class BucketKey:
         return shape_family(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
 
     @classmethod
-    def _trusted(cls, gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int, batch_class: int,
+    def from_trusted(cls, gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int, batch_class: int,
                  tokens_class: int, hist: tuple[tuple[int, int], ...]) -> "BucketKey":
         """A key from fields the planner computed itself (valid by construction:
         ``gpu`` a slug, ``hist`` a tuple of ``(int, int)`` pairs as the module doc
@@ -200,32 +198,10 @@ def key_prefix(gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size
     return f"{gpu}.kv{num_kv_heads}.d{head_dim}.{_DTYPE_SHORT[dtype]}.p{page_size}"
 
 
-def _length_bins(L: np.ndarray) -> np.ndarray:
-    """``floor(2 * log2(L))`` exactly, for int64 ``L >= 1``."""
-    k = np.frexp(L.astype(np.float64))[1].astype(np.int64) - 1  # floor(log2 L), exact below 2^53
-    half = (L * L) >= np.left_shift(np.int64(1), 2 * k + 1)
-    return 2 * k + half
-
-
-def _log2_class(x: int) -> int:
-    """``round(log2(x))`` exactly for an integer ``x >= 1`` (halves round up):
-    ``floor(log2 x) + [x >= 2^(floor(log2 x) + 1/2)]``."""
-    k = int(x).bit_length() - 1
-    return k + (int(x) * int(x) >= 1 << (2 * k + 1))
-
-
-def _quantize(weights: np.ndarray, units: int) -> np.ndarray:
-    """Largest-remainder rounding of ``weights`` (summing to > 0) to integers summing to ``units``."""
-    total = weights.sum()
-    exact = weights * (units / total)
-    q = np.floor(exact).astype(np.int64)
-    short = units - int(q.sum())
-    if short > 0:
-        rem = exact - q
-        # larger remainder first, lower bin first among equals (stable sort)
-        order = np.argsort(-rem, kind="stable")
-        q[order[:short]] += 1
-    return q
+def log2_class(x: int) -> int:
+    """``round(log2(x))`` exactly for an integer ``1 <= x < 2^53`` (halves round up):
+    ``floor(log2 x) + [x >= 2^(floor(log2 x) + 1/2)]`` (the loop-form rule of :mod:`.fastplan`)."""
+    return int(fastplan.log2_class(x))
 
 
 def bucket_key(
@@ -263,8 +239,45 @@ def bucket_key(
     ValueError
         Naming the invalid argument.
     """
-    L, num_kv_heads, page_size, dev = check_batch_shape(kv_lens, num_kv_heads, head_dim, page_size, dtype, device)
-    return key_of(L, PlanContext(dev, num_kv_heads, int(head_dim), page_size, dtype))
+    if not isinstance(device, (str, DeviceSpec)):
+        device = resolve_device(device)
+    slug, H, D, ps = _shape(num_kv_heads, head_dim, dtype, device, page_size)
+    return _key(fastplan.as_kv_lens(kv_lens), slug, H, D, dtype, ps)
+
+
+_SHAPES: dict[tuple, tuple] = {}
+
+
+def _shape(num_kv_heads: Any, head_dim: Any, dtype: Any, device: Any, page_size: Any) -> tuple:
+    """``(gpu slug, H_kv, head_dim, page_size)`` of validated shape arguments (memoized by value)."""
+    key = None
+    if type(num_kv_heads) is int and type(head_dim) is int and type(page_size) is int:
+        key = (num_kv_heads, head_dim, dtype, device if type(device) is str else id(device), page_size)
+        hit = _SHAPES.get(key)
+        if hit is not None and (type(device) is str or hit[-1] is device):
+            return hit[:-1]
+    num_kv_heads, head_dim, page_size, dev = check_shape(num_kv_heads, head_dim, page_size, dtype, device)
+    out = (gpu_slug(dev.name), num_kv_heads, head_dim, page_size, device)
+    if key is not None:
+        if len(_SHAPES) >= 512:
+            _SHAPES.clear()
+        _SHAPES[key] = out
+    return out[:-1]
+
+
+def _key(arr: np.ndarray, slug: str, H: int, D: int, dtype: str, ps: int) -> BucketKey:
+    bad, B, total, q = fastplan.hist_units(arr)
+    if bad >= 0:
+        raise fastplan.range_error(arr, bad)
+    if total:
+        idx = np.flatnonzero(q)
+        hist = tuple(zip(idx.tolist(), q[idx].tolist()))
+        tokens_class = log2_class(total)
+    else:
+        hist = ()
+        tokens_class = -1
+    # the fields are made here, valid by construction (BucketKey.__post_init__ would re-check them)
+    return BucketKey.from_trusted(slug, H, D, dtype, ps, log2_class(B), tokens_class, hist)
 
 
 def key_of(L: np.ndarray, ctx: PlanContext) -> BucketKey:
@@ -273,28 +286,7 @@ def key_of(L: np.ndarray, ctx: PlanContext) -> BucketKey:
     ``L`` is int64 ``[B]`` as :func:`kvsplit.kernels.limits.check_batch_shape`
     returns it, ``ctx`` a validated shape (:meth:`kvsplit.kernels.shape.Shape.plan_context`).
     """
-    B = L.shape[0]
-    total = int(L.sum())
-    nz = L[L > 0]
-    if nz.shape[0]:
-        w = np.bincount(_length_bins(nz), weights=nz.astype(np.float64), minlength=NUM_BINS)
-        q = _quantize(w, HIST_UNITS)
-        idx = np.flatnonzero(q)
-        hist = tuple(zip(idx.tolist(), q[idx].tolist()))
-        tokens_class = _log2_class(total)
-    else:
-        hist = ()
-        tokens_class = -1
-    return BucketKey(
-        gpu=gpu_slug(ctx.device.name),
-        num_kv_heads=ctx.num_kv_heads,
-        head_dim=ctx.head_dim,
-        dtype=ctx.dtype,
-        page_size=ctx.page_size,
-        batch_class=_log2_class(B),
-        tokens_class=tokens_class,
-        hist=hist,  # type: ignore[arg-type]
-    )
+    return _key(L, gpu_slug(ctx.device.name), ctx.num_kv_heads, ctx.head_dim, ctx.dtype, ctx.page_size)
 
 
 def _as_key(k: BucketKey | str, name: str) -> BucketKey:
@@ -315,20 +307,16 @@ def distance(a: BucketKey | str, b: BucketKey | str) -> float:
     b = _as_key(b, "b")
     if a.family != b.family:
         return math.inf
-    classes = CLASS_WEIGHT * (abs(a.batch_class - b.batch_class) + abs(a.tokens_class - b.tokens_class))
-    if not a.hist or not b.hist:
-        return classes if (not a.hist and not b.hist) else math.inf
-    diff = [0] * NUM_BINS
+    cum = np.zeros((1, NUM_BINS), np.int64)
     for bin_, u in a.hist:
-        diff[bin_] += u
+        cum[0, bin_] = u
+    kc = np.zeros(NUM_BINS, np.int64)
     for bin_, u in b.hist:
-        diff[bin_] -= u
-    cum = 0
-    l1 = 0
-    for d in diff:
-        cum += d
-        l1 += abs(cum)
-    return l1 / HIST_UNITS / BINS_PER_OCTAVE + classes
+        kc[bin_] = u
+    i, scaled = fastplan.nearest_scaled(np.cumsum(cum, axis=1), np.array([[a.batch_class, a.tokens_class]], np.int64),
+                                        np.array([not a.hist]), np.cumsum(kc), b.batch_class, b.tokens_class,
+                                        not b.hist, SCALED_CLASS_UNITS)
+    return math.inf if i < 0 else int(scaled) / SCALE
 
 
 def nearest(

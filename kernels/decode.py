@@ -26,7 +26,7 @@ Two launches, both driven by a :class:`~kvsplit.kernels.plan.Plan`:
    ``config.next_item`` (on top of the prefetch) a CTA also loads its next items'
    work entries, page-table offsets, q and first page ids while the current item
    streams, so an item's first K/V copies do not wait on a chain of dependent
-   loads (docs/perf.md, round 11). Items of requests with a
+   loads (docs/decisions/look-ahead.md). Items of requests with a
    single split write the final output (and LSE); the others write a partial
    output (fp32, normalized) and its LSE into the workspace. With
    ``schedule="persistent"``, ``num_programs`` CTAs take work tiles in plan order
@@ -52,7 +52,7 @@ import triton.language as tl
 
 from .limits import TILE_QUERY_ROWS
 from .plan import Plan
-from .reference import _check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
+from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
 from .residency import register_cap
 
 __all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
@@ -68,7 +68,7 @@ MERGE_SYNC_CHUNKS = 4
 # "poll" ("acquire": every poll an acquire read; "relaxed": volatile polls, then one acquire read)
 _OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500, "poll": "relaxed"}
 
-_TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
 # ----------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def _stage1_tile(
         # Look-ahead over the tile's items (config.next_item): items it and it + 1 are carried in registers with
         # their page-table offset, item it + 2 without it; item it's q and the page ids of its first tile are
         # loaded during item it - 1. So at an item's start no load waits on another load of that item, and its
-        # first K/V copies are issued at once (docs/perf.md, round 11).
+        # first K/V copies are issued at once (docs/decisions/look-ahead.md).
         has = item_lo < item_hi
         req0 = tl.load(WORK_REQ + item_lo, mask=has, other=0).to(tl.int64)
         st0 = tl.load(WORK_START + item_lo, mask=has, other=0)
@@ -520,14 +520,14 @@ def make_workspace(
 
 
 def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate):
-    q = _check_tensor("q", q, ndim=3)
+    q = check_tensor("q", q, ndim=3)
     dev = q.device
     check_kernel_device("q", dev)
-    if q.dtype not in _TORCH_DTYPES:
+    if q.dtype not in TORCH_DTYPES:
         raise ValueError(f"q: expected dtype float16, bfloat16 or float32, got {q.dtype}")
     check_interpreter_dtype("q", q.dtype)
-    k_cache = _check_tensor("k_cache", k_cache, ndim=4, device=dev)
-    v_cache = _check_tensor("v_cache", v_cache, ndim=4, device=dev)
+    k_cache = check_tensor("k_cache", k_cache, ndim=4, device=dev)
+    v_cache = check_tensor("v_cache", v_cache, ndim=4, device=dev)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: expected dtype {q.dtype} (q's), got {t.dtype}")
@@ -548,12 +548,12 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
     if q.stride(-1) != 1:
         raise ValueError("q: the last (head_dim) dimension must be contiguous")
     for name, t, n in (("kv_indptr", kv_indptr, B + 1), ("kv_lens", kv_lens, B)):
-        _check_tensor(name, t, ndim=1, device=dev)
+        check_tensor(name, t, ndim=1, device=dev)
         if t.dtype != torch.int32:
             raise ValueError(f"{name}: expected dtype torch.int32, got {t.dtype}")
         if t.shape[0] != n:
             raise ValueError(f"{name}: expected shape ({n},), got {tuple(t.shape)}")
-    _check_tensor("kv_indices", kv_indices, ndim=1, device=dev)
+    check_tensor("kv_indices", kv_indices, ndim=1, device=dev)
     if kv_indices.dtype != torch.int32:
         raise ValueError(f"kv_indices: expected dtype torch.int32, got {kv_indices.dtype}")
     if not kv_indptr.is_contiguous() or not kv_indices.is_contiguous() or not kv_lens.is_contiguous():
@@ -569,10 +569,10 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
     ):
         if got != want:
             raise ValueError(f"plan: made for {what}={want}, got {what}={got}")
-    if _TORCH_DTYPES[q.dtype] != plan.dtype:
-        raise ValueError(f"plan: made for dtype {plan.dtype}, got q of dtype {_TORCH_DTYPES[q.dtype]}")
+    if TORCH_DTYPES[q.dtype] != plan.dtype:
+        raise ValueError(f"plan: made for dtype {plan.dtype}, got q of dtype {TORCH_DTYPES[q.dtype]}")
     if out is not None:
-        _check_tensor("out", out, ndim=3, device=dev)
+        check_tensor("out", out, ndim=3, device=dev)
         if tuple(out.shape) != (B, H_q, D) or out.dtype != q.dtype:
             raise ValueError(f"out: expected shape {(B, H_q, D)} dtype {q.dtype}, got {tuple(out.shape)} {out.dtype}")
         if out.stride(-1) != 1:
@@ -771,10 +771,9 @@ def launch_decode(
     ``D / merge_dsplit`` of the head dim (a divisor of D). Default (``None``): 4
     when the host knows the sizes, at most 1024 (merged request, query head)
     pairs are merged, ``max_splits`` exceeds the splits one full-D program folds
-    at once (``4096 / D``) and D is a multiple of 64; else 1 (docs/perf.md,
-    round 5). ``merge_warps``: warps of each merge program. Default (``None``): 1
+    at once (``4096 / D``) and D is a multiple of 64; else 1 (docs/decisions/overlapped-merge.md). ``merge_warps``: warps of each merge program. Default (``None``): 1
     when the host knows the sizes and ``num_merge * H_q >= 256`` or the plan is device-resident, else 4
-    (docs/perf.md, rounds 13 and 15).
+    (docs/decisions/overlapped-merge.md).
 
     ``merge_overlap``: the overlapped merge. Each split work item, after storing its partial, adds one (a
     release at GPU scope) to the counter of every (request, query head, head-dim chunk) it feeds
@@ -787,8 +786,8 @@ def launch_decode(
     :func:`make_workspace`; else ``ValueError`` before any launch.
     Default (``None``): on when the host knows the sizes, ``num_merge * H_q >= 256``, PDL is available (a
     CUDA device of compute capability 9.0 or later) and the workspace holds the counters; else off
-    (docs/perf.md, round 14). Device-resident plans: on where PDL is available and the workspace holds the
-    counters, with one warp per merge program (docs/perf.md, round 15).
+    (docs/decisions/overlapped-merge.md). Device-resident plans: on where PDL is available and the workspace holds the
+    counters, with one warp per merge program (docs/decisions/overlapped-merge.md).
 
     ``timeline``: a profiling buffer, int64 ``[num_tiles, 2 + K]`` on q's device (CUDA only: it reads the
     ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
@@ -858,7 +857,7 @@ def launch_decode(
             # ceil(splits / BLOCK_S) chunks one after another (BLOCK_S * BLOCK_D is held to 4096 fp32 values).
             # Cutting D into 4 chunks gives 4x the programs with a quarter of the serial chunks: measured on the
             # H200 it wins with at most 1024 (request, query head) programs and loses 1-2 % with more (many short
-            # split requests, e.g. skewed B >= 64: docs/perf.md, round 5). A device-resident plan's sizes are
+            # split requests, e.g. skewed B >= 64: docs/decisions/overlapped-merge.md). A device-resident plan's sizes are
             # not known here: its grid of max_batch programs, most of them idle, keeps one per (request, head).
             few = max_splits is not None and num_merge is not None and num_merge * H_q <= 1024
             merge_dsplit = 4 if few and splits > 4096 // D and D % 64 == 0 else 1
@@ -871,10 +870,10 @@ def launch_decode(
         many = device_counts or (num_merge is not None and num_merge * H_q >= 256)
         if merge_warps is None:
             # one warp per merge program once at least 256 (merged request, query head) pairs are merged: measured
-            # on the H200 (docs/perf.md, round 13) the merge then costs a median 3.8 us over stage 1 instead of
+            # on the H200 (docs/decisions/overlapped-merge.md) the merge then costs a median 3.8 us over stage 1 instead of
             # 4.5 (p90 5.6 against 9.6, worst 7.9 against 14.4); with fewer pairs (one or a few requests of many
             # splits) four warps stay ahead. A device-resident plan (sizes not known here): one warp, with the
-            # overlapped merge below (docs/perf.md, round 15).
+            # overlapped merge below (docs/decisions/overlapped-merge.md).
             merge_warps = 1 if many else 4
         block_d = D // merge_dsplit
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
@@ -883,11 +882,11 @@ def launch_decode(
                    and sync.is_contiguous() and sync.dim() == 1 and sync.shape[0] >= need)
         if default_overlap:
             # the overlapped merge from 256 merged (request, query head) pairs on, where PDL runs it beside
-            # stage 1: measured on the H200 (docs/perf.md, round 14) it saves 0.5-1 % on the held-out trace
+            # stage 1: measured on the H200 (docs/decisions/overlapped-merge.md) it saves 0.5-1 % on the held-out trace
             # batches and 1 % at T = 262,144 under stream_k, and with fewer pairs (a few requests of many splits,
             # merged on four warps) it lost up to 2.7 %. Without PDL the arrivals cost and nothing overlaps.
             # A device-resident plan (DecodeWrapper's CUDA-graph path): on, with one warp per merge program; measured
-            # on the H200 (docs/perf.md, round 15) 0.935x the merge after stage 1 on four warps, never slower.
+            # on the H200 (docs/decisions/overlapped-merge.md) 0.935x the merge after stage 1 on four warps, never slower.
             merge_overlap = pdl_ok and many and merge_dsplit <= MERGE_SYNC_CHUNKS and sync_ok
         if merge_overlap:
             if merge_dsplit > MERGE_SYNC_CHUNKS:

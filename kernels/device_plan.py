@@ -1,5 +1,5 @@
 """Device-side planning: the work list of a rule computed by a Triton kernel from
-kv_lens on the GPU, into preallocated buffers (issue 11; DESIGN.md §3 "Engine hot path").
+kv_lens on the GPU, into preallocated buffers (DESIGN.md §3 "Engine hot path").
 
 The rules were written as prefix sums plus per-item arithmetic, so one program
 computes them with ``tl.cumsum`` (blocks of requests and of work items, with the
@@ -7,15 +7,15 @@ running sums carried between blocks):
 
 - ``stream_k`` (and ``tuned`` with ``partition="stream_k"``): request ``b``'s
   cost ``n_b + o``, its prefix ``P_b``, the kept cuts ``k * share - lo_b`` as a
-  closed-form range of ``k``, each piece's CTA (:func:`kvsplit.kernels.policies.stream_k_work`);
+  closed-form range of ``k``, each piece's CTA (the host planner's ``_stream_k``, kernels/fastplan.py);
 - ``no_split``, ``fixed`` and ``tuned`` with ``wave_aware=False``: per-request
   ``num_splits`` from one chunk (``cdiv(H_kv * sum(kv_len), ceil(ctas_per_sm *
   num_SMs))`` rounded up to ``block_n``), then
-  :func:`kvsplit.kernels.workplan.build_work_list`'s chunk boundaries.
+  the host work list's chunk boundaries (``_lay_out``, kernels/fastplan.py).
 
 Launch order is the batch order; ``order="heavy_first"``, ``pack_tokens`` and
 the wave-aware chunk search (``balanced``, ``tuned`` by default) are host-only:
-:func:`device_rule` raises ``NotImplementedError`` for them, and
+:func:`check_device_rule` raises ``NotImplementedError`` for them, and
 :class:`kvsplit.kernels.wrapper.DecodeWrapper` then plans on the host and
 uploads the plan into the same buffers. The outputs are exactly the host plan's
 arrays and :meth:`Plan.merge_layout` (tests/kernels/test_device_plan.py), plus a
@@ -23,7 +23,8 @@ arrays and :meth:`Plan.merge_layout` (tests/kernels/test_device_plan.py), plus a
 decode launch reads on the device (no host sync). ``config.heads_per_tile`` > 1
 (GQA-packed work tiles of that many adjacent KV heads) is counted as on the
 host: ``num_tiles = num_ctas * H_kv / heads_per_tile``, and the partitions'
-tile counts use H_kv / heads_per_tile (:func:`kvsplit.kernels.policies.tile_heads`).
+tile counts use H_kv / heads_per_tile (:func:`kvsplit.kernels.rulespec.tile_heads`). Both planners take the same
+:class:`~kvsplit.kernels.rulespec.RuleSpec`.
 """
 
 from __future__ import annotations
@@ -37,83 +38,32 @@ import torch
 import triton
 import triton.language as tl
 
-from .device import DeviceSpec, resolve_device
-from .limits import MAX_BATCH, KernelConfig
+from .limits import MAX_BATCH
+from .rulespec import RULE_CONST, RULE_FAIR, RuleSpec
 
-__all__ = ["DeviceRule", "DevicePlanBuffers", "device_rule", "alloc_device_plan", "device_plan"]
+__all__ = ["DevicePlanBuffers", "check_device_rule", "alloc_device_plan", "device_plan"]
 
 # counts[] slots
 NUM_ITEMS, NUM_CTAS, NUM_TILES, NUM_MERGE = 0, 1, 2, 3
 
 
-@dataclass(frozen=True)
-class DeviceRule:
-    """A rule the device planner runs, with its parameters resolved on the host.
-
-    ``stream_k``: ``C`` CTAs per group of ``config.heads_per_tile`` KV heads (the
-    work tiles of one CTA are its :attr:`tile_heads` head groups), ``o`` =
-    item_cost_blocks, ``mp`` = min_piece_blocks. Otherwise ``const_splits`` (> 0:
-    that many splits, 0: the chunk rule with ``ctas_target`` = ``ceil(ctas_per_sm
-    * num_SMs)``, ``min_chunk`` and ``max_splits``).
-    """
-
-    stream_k: bool
-    num_kv_heads: int
-    block_n: int
-    config: KernelConfig
-    C: int = 1
-    o: int = 0
-    mp: int = 1
-    const_splits: int = 0
-    ctas_target: int = 1
-    min_chunk: int = 1
-    max_splits: int = 1 << 30
-
-    @property
-    def tile_heads(self) -> int:
-        """Work tiles per work item, H_kv / heads_per_tile: what the host partitions count
-        (:func:`kvsplit.kernels.policies.tile_heads`)."""
-        return self.num_kv_heads // self.config.heads_per_tile
-
-
-def device_rule(policy: str, params: Mapping[str, Any] | None, *, num_kv_heads: int, device: DeviceSpec | str,
-                head_dim: int = 128, page_size: int = 16, dtype: str = "bfloat16") -> DeviceRule:
-    """Resolve ``policy`` + ``params`` into a :class:`DeviceRule` (validated as
-    :func:`make_plan` validates them).
-
-    Raises
-    ------
-    ValueError
-        Invalid parameters (the planner's messages).
-    NotImplementedError
-        A rule or knob the device planner does not run (see the module doc).
-    """
-    from . import fastplan
-    from .policies import make_plan_reference
-
-    params = dict(params or {})
-    dev = resolve_device(device)
-    make_plan_reference([1], num_kv_heads=num_kv_heads, device=dev, policy=policy, params=params,
-                        head_dim=head_dim, page_size=page_size, dtype=dtype)  # validates, same errors
-    sp = fastplan._build_spec(policy, params, num_kv_heads, dev, head_dim, page_size, dtype)
-    if sp.ww_specs:
+def check_device_rule(spec: RuleSpec) -> None:
+    """Raise ``NotImplementedError`` naming what the device planner does not run in ``spec`` (module doc):
+    the whole-wave rule, ``order="heavy_first"``, ``pack_tokens``, the wave-aware chunk and the peers' rules."""
+    if spec.whole_wave_specs:
         raise NotImplementedError("device planning: whole_wave picks the kernel tile per batch (a CUDA graph keeps "
                                   "one); plan on the host, or leave whole_wave out")
-    if sp.heavy:
+    if spec.heavy_first:
         raise NotImplementedError("device planning: order='heavy_first' needs a sort; plan on the host")
-    if sp.pack:
+    if spec.pack_tokens:
         raise NotImplementedError("device planning: pack_tokens is host-only; plan on the host")
-    cfg = sp.cfg
-    if sp.kind == "stream_k":
-        return DeviceRule(True, num_kv_heads, cfg.block_n, cfg, C=sp.C, o=sp.o, mp=sp.mp)
-    if sp.rule == fastplan._CONST:
-        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, const_splits=sp.arg)
-    if sp.rule == fastplan._FAIR:
-        return DeviceRule(False, num_kv_heads, cfg.block_n, cfg, ctas_target=sp.arg, min_chunk=sp.min_chunk,
-                          max_splits=min(sp.max_splits, 1 << 30))
+    if spec.partition == "stream_k" or (spec.partition == "even_chunks"
+                                        and spec.chunk_rule in (RULE_CONST, RULE_FAIR)):
+        return
     raise NotImplementedError(
-        f"device planning: policy {policy!r} uses the wave-aware chunk search (a data-dependent binary search and "
-        "a sort); use stream_k, fixed, no_split or tuned with wave_aware=False, or plan on the host")
+        f"device planning: policy {spec.policy!r} uses the wave-aware chunk search or a peer's rule (a "
+        "data-dependent binary search and a sort); use stream_k, fixed, no_split or tuned with wave_aware=False, "
+        "or plan on the host")
 
 
 @dataclass
@@ -335,8 +285,8 @@ def _device_plan_kernel(
     tl.store(COUNTER, 0)
 
 
-def device_plan(kv_lens: torch.Tensor, rule: DeviceRule, bufs: DevicePlanBuffers, counter: torch.Tensor) -> None:
-    """Compute ``rule``'s work list for ``kv_lens`` (int32 ``[B]``, on the device)
+def device_plan(kv_lens: torch.Tensor, spec: RuleSpec, bufs: DevicePlanBuffers, counter: torch.Tensor) -> None:
+    """Compute the work list of ``spec`` (a rule :func:`check_device_rule` accepts) for ``kv_lens`` (int32 ``[B]``, on the device)
     into ``bufs`` (one launch, no allocation, no sync: CUDA-graph safe). Also
     resets the persistent schedule's work ``counter``. The kv_lens are the
     caller's contract here (0 <= kv_len <= 2^31-1, as FlashInfer's plan
@@ -347,13 +297,16 @@ def device_plan(kv_lens: torch.Tensor, rule: DeviceRule, bufs: DevicePlanBuffers
     if B > bufs.max_batch:
         raise ValueError(f"kv_lens: batch of {B} requests above max_batch_size={bufs.max_batch}")
     block_b = min(max(triton.next_power_of_2(B), 16), 1024)
+    sk = spec.partition == "stream_k"
+    const = 0 if sk or spec.chunk_rule != RULE_CONST else spec.chunk_arg
+    fair = not sk and spec.chunk_rule == RULE_FAIR
     _device_plan_kernel[(1,)](
         kv_lens, B, bufs.req_end, bufs.req_p,
         bufs.work_request, bufs.work_kv_start, bufs.work_kv_end, bufs.work_slot, bufs.cta_indptr,
         bufs.merge_request, bufs.merge_slot_start, bufs.merge_num, bufs.counts, counter,
-        rule.tile_heads, rule.block_n, rule.C, rule.o, rule.mp, rule.const_splits,
-        rule.ctas_target, rule.min_chunk, rule.max_splits, bufs.max_items,
-        STREAM_K=rule.stream_k, BLOCK_B=block_b, BLOCK_W=1024 if B > 64 else 256,
+        spec.tile_heads, spec.config.block_n, spec.ctas, spec.item_cost_blocks, spec.min_piece_blocks, const,
+        spec.chunk_arg if fair else 1, spec.min_chunk if fair else 1, min(spec.max_splits, 1 << 30) if fair else 1 << 30,
+        bufs.max_items, STREAM_K=sk, BLOCK_B=block_b, BLOCK_W=1024 if B > 64 else 256,
         LOG2B=max(1, math.ceil(math.log2(max(bufs.max_batch, 2)))),
         num_warps=4,
     )

@@ -1,40 +1,32 @@
-"""Compiled host planner: the rules of :mod:`.policies` as numba loops (issue 11).
+"""The host planner: every split rule written once, as plain loops, compiled by numba when it is present and
+run as plain Python otherwise (docs/decisions/compiled-planner.md).
 
-The NumPy planner (:func:`kvsplit.kernels.policies.make_plan`'s own code,
-:func:`~kvsplit.kernels.workplan.build_work_list`, :func:`~kvsplit.kernels.workplan.pack_ctas`,
-:func:`~kvsplit.kernels.policies.stream_k_work`, :func:`~kvsplit.kernels.policies.wave_aware_chunk`,
-:func:`kvsplit.kernels.buckets.bucket_key`) is the tested reference; this module
-computes the same plans and bucket keys (tests/kernels/test_fastplan.py compares them
-on random batches) in one compiled pass per call, so a decode step's host
-planning stays in the tens of microseconds:
+The rules: the work list of per-request split counts (:func:`_lay_out`), the wave-aware chunk
+(:func:`_wave_aware_chunk`), CTA packing (:func:`_pack`), the stream-K partition (:func:`_stream_k`), the
+whole-wave pick (:func:`_whole_wave_pick`), FlashInfer's and FA3's split counts (:func:`_flashinfer_splits`,
+:func:`_fa3_splits`), the bucket key's histogram and round(log2) classes (:func:`_hist_units`,
+:func:`log2_class`) and the bucket distance scan (:func:`_nearest_within`). They take the arguments of a
+:class:`~kvsplit.kernels.rulespec.RuleSpec` (policy parameters are parsed once, by
+:func:`~kvsplit.kernels.rulespec.resolve`); nothing about a batch, its plan or its bucket is cached.
+tests/kernels/oracle.py restates each rule with NumPy whole-array operations, and
+tests/kernels/test_planner_contract.py holds this planner (compiled and plain Python) and the device planner
+to it.
 
-- the batch is converted once (a list becomes an int64 array in one
-  ``np.array`` call, whose inferred dtype is the type check; only elements equal
-  to 0 or 1 are looked at again, for bools; an int32 or int64 array is used as
-  is) and its range check is fused into the compiled pass that reads it
-  (``kv_lens[i]`` out of range raises the reference's ``ValueError``);
-- the policy parameters are parsed and validated by the reference code (one probe
-  plan) the first time a (policy, params, shape, device) combination is seen, and
-  the parsed form is memoized: it depends on the parameters and the shape, never
-  on the batch (nothing about a batch, its plan or its bucket is cached);
-- the rules ``no_split``, ``fixed``, ``balanced`` (wave-aware chunk), ``stream_k``
-  and ``tuned`` (both partitions) run as numba ``@njit(cache=True)`` functions
-  (machine code cached on disk next to this file, or under ``NUMBA_CACHE_DIR``);
-  ``flashinfer`` and ``fa3`` keep the NumPy code.
-- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one compiled call
-  (:func:`_key_plan`) for the bucket key, the nearest published bucket
-  (:func:`_key_nearest`, over the table's cumulative histograms stored as one
-  contiguous array per shape family) and the plan with that bucket's parsed
-  policy (an int64 row per candidate, :func:`spec_vector`; the plan pass skips
-  the range check the key pass made): the lengths are validated once per call;
-- the loops divide by per-call constants with a multiply and an exact
-  correction (:func:`_div`) or a shift (``block_n`` is a power of two), not a
-  64-bit integer division per element.
+- The batch is converted once (:func:`as_kv_lens`: a list becomes an int64 array in one ``np.array`` call, whose
+  inferred dtype is the type check; only elements equal to 0 or 1 are looked at again, for bools; an int32 or
+  int64 array is used as is) and its range check is fused into the pass that reads it (``kv_lens[i]`` out of
+  range raises ``ValueError`` naming it).
+- :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` takes one call (:func:`key_plan`) for the bucket key,
+  the nearest published bucket (over the table's cumulative histograms, one contiguous array per shape family)
+  and the plan with that bucket's spec (an int64 row per candidate, :func:`spec_vector`; the plan pass skips the
+  range check the key pass made).
+- The loops divide by per-call constants with a multiply and an exact correction (:func:`div`) or a shift
+  (``block_n`` is a power of two), not a 64-bit integer division per element.
 
-Without numba (it is a dependency, but the planner must not need more than
-NumPy), or with ``KVSPLIT_NUMBA=0`` in the environment, :data:`ENABLED` is false
-and every entry point uses the NumPy reference. :func:`reference` is a context
-manager that switches to the reference temporarily (tests, benchmarks).
+numba is a dependency, but the planner needs only NumPy: without numba, or with ``KVSPLIT_NUMBA=0`` in the
+environment, :data:`ENABLED` is false and the same functions run as Python. :func:`python` switches to the
+plain-Python form inside a ``with`` block (tests). Compiled machine code is cached on disk next to this file,
+or under ``NUMBA_CACHE_DIR``.
 """
 
 from __future__ import annotations
@@ -42,14 +34,15 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from .buckets import HIST_UNITS, NUM_BINS, BucketKey, gpu_slug
-from .device import DeviceSpec, resolve_device
-from .limits import MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, _as_kv_lens, check_batch_shape, default_config
+from .limits import HIST_UNITS, MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, NUM_BINS, check_kv_lens
+from .peer_policies import FA3_BLOCK_N, FA3_MAX_SPLITS, FA3_PREPARE_CTA_REQUESTS
+from .rulespec import RULE_CONST, RULE_FAIR, RULE_WAVE, RULE_WAVE1, WHOLE_WAVE_MAX_WAVES, RuleSpec, resolve
 from .workplan import Plan
 
 try:  # pragma: no branch
@@ -78,25 +71,11 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
     _jit_inline = _jit
 
 ENABLED = HAVE_NUMBA
-"""Whether :func:`kvsplit.kernels.plan.make_plan` and the bucket key use the compiled core."""
+"""Whether the rules run compiled (numba present and not disabled by ``KVSPLIT_NUMBA=0``)."""
 
-FAST_POLICIES = ("no_split", "fixed", "balanced", "stream_k", "tuned")
-"""Policies the compiled core plans; the others use the NumPy code."""
 
-__all__ = ["ENABLED", "HAVE_NUMBA", "FAST_POLICIES", "reference", "as_kv_lens", "make_plan", "bucket_key",
+__all__ = ["ENABLED", "HAVE_NUMBA", "python", "as_kv_lens", "plan_with_spec", "hist_units", "key_plan",
            "warmup"]
-
-
-@contextlib.contextmanager
-def reference() -> Iterator[None]:
-    """Use the NumPy reference planner inside the ``with`` block."""
-    global ENABLED
-    old = ENABLED
-    ENABLED = False
-    try:
-        yield
-    finally:
-        ENABLED = old
 
 
 # ----------------------------------------------------------------------------
@@ -109,8 +88,8 @@ _MAX_ITEMS = np.int64(MAX_WORK_ITEMS)
 _UNITS = HIST_UNITS
 _NBINS = NUM_BINS
 
-# rule codes of _even_chunks
-_CONST, _WAVE, _FAIR, _WAVE1 = 0, 1, 2, 3  # _WAVE1: wave-aware with one block of fixed cost per tile
+# rule codes of _even_chunks (RuleSpec.chunk_rule)
+_CONST, _WAVE, _FAIR, _WAVE1 = RULE_CONST, RULE_WAVE, RULE_FAIR, RULE_WAVE1
 
 
 @_jit
@@ -142,7 +121,7 @@ def _min_value(L):
 
 
 @_jit_inline
-def _div(a, d, inv):
+def div(a, d, inv):
     """``a // d`` for ``0 <= a < 2^51``, ``d >= 1``, ``inv = 1.0 / d``: a multiply
     and an exact correction instead of a 64-bit integer division (the planner's
     loops divide by a per-call constant; the division dominated their time)."""
@@ -155,7 +134,7 @@ def _div(a, d, inv):
 
 
 @_jit
-def _log2_exact(d):
+def log2_exact(d):
     """``k`` with ``2^k == d``, or -1 when ``d`` is not a power of two."""
     k = 0
     while (np.int64(1) << k) < d and k < 62:
@@ -164,11 +143,11 @@ def _log2_exact(d):
 
 
 @_jit_inline
-def _blocks(x, block_n, sh, inv):
-    """``ceil(x / block_n)``: a shift when block_n is ``2^sh`` (every BLOCK_N_CHOICES), else :func:`_div`."""
+def blocks(x, block_n, sh, inv):
+    """``ceil(x / block_n)``: a shift when block_n is ``2^sh`` (every BLOCK_N_CHOICES), else :func:`div`."""
     if sh >= 0:
         return (x + block_n - 1) >> sh
-    return _div(x + block_n - 1, block_n, inv)
+    return div(x + block_n - 1, block_n, inv)
 
 
 @_jit
@@ -176,14 +155,36 @@ def _tiles(L, chunk):
     s = 0
     inv = 1.0 / chunk
     for i in range(L.shape[0]):
-        t = _div(L[i] + chunk - 1, chunk, inv)
+        t = div(L[i] + chunk - 1, chunk, inv)
         s += t if t > 1 else 1
     return s
 
 
 @_jit
 def _wave_aware_chunk(L, total, lmax, H, block_n, target, min_chunk, tile_cost):
-    """policies.wave_aware_chunk."""
+    """The chunk (tokens, a multiple of ``block_n``) of an even-chunk split for ``target`` work tiles
+    (``total``, ``lmax``: the batch's sum and maximum; ``H``: work tiles per work item).
+
+    Starts from ``chunk0 = roundup(max(min_chunk, block_n, ceil(H_kv * sum(kv_len) / target_tiles)), block_n)``.
+    Rounding splits up per request (``num_splits[b] = ceil(kv_len[b] / chunk)``)
+    can give more than ``target_tiles`` tiles (``H_kv * sum(num_splits)``), e.g.
+    17 x 8 x 4 = 544 tiles for 528 slots: a second wave of 16 tiles. When one
+    tile per request fits (``H_kv * B <= target_tiles``), ``chunk_fit``, the
+    smallest multiple of ``block_n`` whose tile count fits, is found by binary
+    search (as FlashInfer's ``PrefillBinarySearchKVChunkSize`` searches its
+    chunk), and replaces ``chunk0`` when one wave of ``chunk_fit`` is shorter
+    than ``chunk0``'s estimated makespan (one wave plus overflow tiles placed on
+    the slots that free first; ``chunk0`` stays above two waves). Both estimates
+    are in tokens and charge every tile ``tile_cost`` tokens of fixed cost
+    (:func:`kvsplit.kernels.rulespec.wave_tile_cost`: one ``block_n`` block, its q load and output or
+    partial write, as ``stream_k``'s ``item_cost_blocks`` default, when the target
+    is one resident wave), so a tie goes to fewer tiles: one tile per request of
+    a near-even batch, not two waves of halves and a merge (measured on the
+    H200, B = 128 of ~2,572 tokens, H_kv 4, BLOCK_N 64: 1.248x the floor split in
+    two; docs/decisions/flat-work-list.md).
+    (Growing the chunk is wrong when few tiles are left for the long requests,
+    e.g. B = 128 at H_kv = 4 leaves 16 of 528 tiles: measured 6-11x the floor.)
+    """
     tot = total * H
     c = (tot + target - 1) // target
     c = max(c, block_n, min_chunk)
@@ -240,7 +241,15 @@ def _heavy_first(L):
 
 @_jit
 def _pack(start, end, pack, out):
-    """workplan.pack_ctas into ``out`` (>= W + 1 entries); returns the entries written."""
+    """``cta_indptr`` of the work list ``[start, end)`` into ``out`` (>= W + 1 entries); returns the entries
+    written.
+
+    An item of fewer than ``pack_tokens`` tokens shares its CTA with its short
+    neighbours in launch order until their running token count crosses a
+    multiple of ``pack_tokens``; longer items get a CTA each. ``pack_tokens=0``
+    gives one item per CTA. (The lever of DESIGN.md §7: thousands of tiny tiles
+    each pay a fixed per-CTA cost.)
+    """
     W = start.shape[0]
     if pack <= 0 or W <= 1:
         for i in range(W + 1):
@@ -254,7 +263,7 @@ def _pack(start, end, pack, out):
     for i in range(W):
         length = end[i] - start[i]
         short = length < pack
-        bucket = _div(cum, pack, inv)
+        bucket = div(cum, pack, inv)
         if i == 0 or not short or not prev_short or bucket != prev_bucket:
             out[c] = i
             c += 1
@@ -268,7 +277,7 @@ def _pack(start, end, pack, out):
 
 @_jit
 def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first, pack, max_items, check):
-    """Validate (``check``), split (rule), build_work_list, pack_ctas.
+    """Validate (``check``), split (rule), lay out the work list (:func:`_lay_out`) and pack CTAs.
 
     rule _CONST: num_splits = arg; _WAVE / _WAVE1: chunk = wave_aware_chunk(target=arg,
     min_chunk, tile_cost 0 / block_n); _FAIR: chunk = roundup(max(cdiv(H*sum, arg), min_chunk, 1), block_n).
@@ -295,12 +304,12 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
         if rule == _CONST:
             s = arg
         else:
-            s = _div(L[i] + chunk - 1, chunk, inv)
+            s = div(L[i] + chunk - 1, chunk, inv)
             if s < 1:
                 s = 1
             if s > max_splits:
                 s = max_splits
-        # build_work_list's clamp: 1 <= n <= max(kv_len, 1)
+        # the work list's clamp: 1 <= n <= max(kv_len, 1), so no item is empty
         cap = L[i] if L[i] > 1 else 1
         if s > cap:
             s = cap
@@ -310,21 +319,33 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
         W += s
     if W > max_items:
         return 2, W, 0, 0, L, np.empty(0, np.int32)
+    perm = _heavy_first(L) if heavy_first else np.arange(B)
+    nc, b64, b32 = _lay_out(L, n, W, perm, block_n, pack)
+    return 0, 0, W, nc, b64, b32
+
+
+@_jit
+def _lay_out(L, n, W, perm, block_n, pack):
+    """The work list of per-request split counts ``n`` (clamped, summing to ``W``) in the order ``perm``:
+    each request's items spread evenly, on ``block_n`` boundaries where it has at least as many blocks as
+    splits (``start_j = block_n * floor(j * blocks / n)``, as FlashAttention-3's ``get_n_block_min_max``
+    spreads blocks), else on token boundaries ``floor(j * kv_len / n)``; then the CTA packing.
+    Returns (NC, b64, b32) as :func:`_even_chunks`."""
+    B = L.shape[0]
     b64 = np.empty(B + 2 * W, np.int64)
     b32 = np.empty(B + 2 * W + 1, np.int32)
     b64[:B] = L
     start = b64[B: B + W]
     end = b64[B + W:]
     req = b32[B: B + W]
-    perm = _heavy_first(L) if heavy_first else np.arange(B)
     k = 0
     inv_bn = 1.0 / block_n
-    sh = _log2_exact(block_n)
+    sh = log2_exact(block_n)
     for ii in range(B):
         b = perm[ii]
         Lb = L[b]
         nb = n[b]
-        tiles = _blocks(Lb, block_n, sh, inv_bn)
+        tiles = blocks(Lb, block_n, sh, inv_bn)
         aligned = tiles >= nb
         # item j covers [floor(j * x / nb), floor((j + 1) * x / nb)) of x = tiles
         # (times block_n, clipped to Lb) or x = Lb: the floors are walked with
@@ -353,16 +374,200 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
     for i in range(B):
         b32[i] = n[i]
     nc = _pack(start, end, pack, b32[B + W:])
+    return nc, b64, b32
+
+
+@_jit
+def _chunk_count(pages, c):
+    """``sum_b cdiv(max(pages_b, 1), c)``."""
+    s = 0
+    for i in range(pages.shape[0]):
+        p = pages[i] if pages[i] > 1 else 1
+        s += (p + c - 1) // c
+    return s
+
+
+@_jit
+def _smallest_chunk(pages, total, lo, hi, limit):
+    """Smallest ``c`` in ``[lo, hi]`` with ``sum_b cdiv(max(pages_b, 1), c) <= limit`` (``total`` the sum of
+    ``max(pages_b, 1)``): FlashInfer's binary search (``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``,
+    ``PrefillBinarySearchKVChunkSize``), ``hi`` when no chunk fits, ``lo`` when ``lo >= hi``. The bracket is
+    first narrowed with exact bounds on the count (``total / c <= count(c) <= total / c + B``), which does not
+    change the result."""
+    low = lo
+    high = hi
+    if low >= high:
+        return low
+    if limit < 1:
+        return hi
+    B = pages.shape[0]
+    c0 = (total + limit - 1) // limit  # any c below total / limit has more chunks than limit
+    low = max(low, min(high, c0))
+    if limit > B:
+        high = min(high, max(low, (total + limit - B - 1) // (limit - B)))
+    while low < high:
+        mid = (low + high) // 2
+        if _chunk_count(pages, mid) > limit:
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
+@_jit
+def _flashinfer_splits(L, page_size, H, tensor_cores, max_grid):
+    """FlashInfer's split counts (:func:`kvsplit.kernels.peer_policies.flashinfer_decode_occupancy` gives the
+    CUDA-core path's grid bound): the chunk ``c`` in pages is the smallest in ``[max(128 / page_size, 1),
+    max_pages]`` with ``sum_b cdiv(max(pages_b, 1), c) <= max_grid / H_kv``; split-KV is on iff ``c <
+    max_pages`` (tensor cores) or iff that makes more chunks than requests (CUDA cores, and only when ``B * H_kv
+    < max_grid``). With split-KV on ``num_splits[b] = cdiv(max(pages_b, 1), c)``, else 1. Restates
+    ``scheduler.cuh::PrefillPlanImpl`` and ``BatchDecodeWithPagedKVCacheWorkEstimationDispatched`` (docs/policies.md
+    §1a/§1b)."""
+    B = L.shape[0]
+    pages = np.empty(B, np.int64)
+    max_pages = 0
+    total = 0
+    for i in range(B):
+        p = (L[i] + page_size - 1) // page_size
+        pages[i] = p
+        if p > max_pages:
+            max_pages = p
+        total += p if p > 1 else 1
+    lo = max(128 // page_size, 1)
+    n = np.ones(B, np.int64)
+    if tensor_cores:
+        c = _smallest_chunk(pages, total, lo, max_pages, max_grid // H)
+        split = c < max_pages
+    elif B * H >= max_grid:
+        return n
+    else:
+        c = _smallest_chunk(pages, total, lo, max_pages, max_grid // H)
+        split = _chunk_count(pages, c) != B
+    if split:
+        for i in range(B):
+            p = pages[i] if pages[i] > 1 else 1
+            n[i] = (p + c - 1) // c
+    return n
+
+
+@_jit
+def _fa3_static(H, num_n_blocks, S):
+    """FA3's static split cap (:func:`kvsplit.kernels.peer_policies.fa3_static_num_splits`'s rule): 1 when
+    ``H_kv >= 0.8 * S`` or ``num_n_blocks <= 4``; else the smallest ``s <= min(128, S, num_n_blocks)`` whose
+    wave efficiency ``w / ceil(w)`` (``w = H_kv * s / S``) is at least 0.85 times the best."""
+    if H >= 0.8 * S or num_n_blocks <= 4:
+        return 1
+    max_s = min(FA3_MAX_SPLITS, S, num_n_blocks)
+    best = 0.0
+    for s in range(1, max_s + 1):
+        w = H * float(s) / S
+        e = w / math.ceil(w)
+        if e > best:
+            best = e
+    for s in range(1, max_s + 1):
+        w = H * float(s) / S
+        if w / math.ceil(w) >= 0.85 * best:
+            return s
+    return max_s
+
+
+@_jit
+def _fa3_splits(L, H, S, static_splits, heavy_first):
+    """FA3's varlen split counts and launch order (``prepare_varlen_num_blocks_kernel``, docs/policies.md §2b):
+    ``n_b = cdiv(kv_len, 128)``, ``blocks_per_sm = cdiv(11 * H_kv * sum(n_b), 10 * S)``, ``num_splits =
+    clamp(cdiv(n_b, blocks_per_sm), 1, static)`` (1 above 992 requests or with a static cap of 1); heaviest
+    ``cdiv(n_b, num_splits)`` first, stably, within each group of 992 requests."""
+    B = L.shape[0]
+    nb = np.empty(B, np.int64)
+    total = 0
+    nmax = 0
+    for i in range(B):
+        x = (L[i] + FA3_BLOCK_N - 1) // FA3_BLOCK_N
+        nb[i] = x
+        total += x
+        if x > nmax:
+            nmax = x
+    static = static_splits if static_splits > 0 else _fa3_static(H, nmax, S)
+    n = np.ones(B, np.int64)
+    if B <= FA3_PREPARE_CTA_REQUESTS and static != 1:
+        bps = max(1, (total * 11 * H + 10 * S - 1) // (10 * S))
+        for i in range(B):
+            s = (nb[i] + bps - 1) // bps
+            n[i] = min(max(s, 1), static)
+    if not heavy_first:
+        return n, np.arange(B)
+    key = np.empty(B, np.int64)
+    for i in range(B):
+        key[i] = -((nb[i] + n[i] - 1) // n[i])
+    perm = np.empty(B, np.int64)
+    for c0 in range(0, B, FA3_PREPARE_CTA_REQUESTS):
+        c1 = min(B, c0 + FA3_PREPARE_CTA_REQUESTS)
+        part = np.argsort(key[c0:c1], kind="mergesort")
+        for i in range(c1 - c0):
+            perm[c0 + i] = c0 + part[i]
+    return n, perm
+
+
+@_jit
+def _peer_chunks(L_in, H, block_n, kind, page_size, tensor_cores, max_grid, S, static_splits, heavy_first, pack,
+                 max_items, check):
+    """Validate (``check``), the peers' split counts (kind 0: FlashInfer, 1: FA3), the work list and the CTA
+    packing (same return as :func:`_even_chunks`)."""
+    L, bad, total, lmax = _check_lens(L_in, check)
+    B = L.shape[0]
+    if bad >= 0:
+        return 1, bad, 0, 0, L, np.empty(0, np.int32)
+    if kind == 0:
+        n = _flashinfer_splits(L, page_size, H, tensor_cores, max_grid)
+        perm = _heavy_first(L) if heavy_first else np.arange(B)
+    else:
+        n, perm = _fa3_splits(L, H, S, static_splits, heavy_first)
+    W = 0
+    for i in range(B):
+        s = n[i]
+        cap = L[i] if L[i] > 1 else 1
+        if s > cap:
+            s = cap
+        if s < 1:
+            s = 1
+        n[i] = s
+        W += s
+    if W > max_items:
+        return 2, W, 0, 0, L, np.empty(0, np.int32)
+    nc, b64, b32 = _lay_out(L, n, W, perm, block_n, pack)
     return 0, 0, W, nc, b64, b32
 
 
 @_jit
 def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
-    """Validate (``check``), then policies.stream_k_work with C CTAs per KV head
-    (same return as _even_chunks).
+    """Validate (``check``), then the stream-K partition over ``C`` CTAs per group of KV heads (same return as
+    :func:`_even_chunks`).
+
+    Units are blocks of ``block_n`` tokens; request ``b`` costs
+    ``n_b + o`` (``n_b = ceil(kv_len[b] / block_n)``, ``o = item_cost_blocks``,
+    the fixed cost of starting a request: q load, output or partial write). The
+    stream of all requests (in launch order) is cut into ``C = max(1,
+    floor(ctas_per_sm * num_SMs) // H_kv)`` CTAs per KV head of ``share =
+    ceil(sum_b (n_b + o) / C)`` cost units each; CTA ``c`` walks its consecutive
+    pieces, which cross request boundaries. A cut falls at ``k * share`` inside
+    request ``b``'s blocks ``[P_b + o, P_b + o + n_b)`` (``P_b`` its prefix cost),
+    so every piece starts on a ``block_n`` boundary and shares differ by less
+    than one block; a cut closer than ``min_piece_blocks`` to either end of its
+    request is dropped (that CTA runs a little over), so requests of fewer than
+    ``2 * min_piece_blocks`` blocks are never split. Everything is prefix sums
+    and per-item arithmetic, so a GPU planner can compute it.
+
+    Sources: FlashMLA's ``get_mla_metadata`` (``csrc/.../get_mla_metadata.cu``:
+    ``payload = cdiv(total_blocks + B * fixed_overhead, num_sm_parts) +
+    fixed_overhead`` with ``fixed_overhead_num_blocks = 5``, consecutive blocks
+    per SM part crossing request boundaries); FlashInfer's SM90 persistent
+    scheduler (``scheduler.cuh::PrefillSM90Plan``, work balanced over CTAs by
+    cost); CUTLASS stream-K (Osama et al. 2023, "Stream-K: Work-centric
+    Parallel Decomposition for Dense Matrix-Matrix Multiplication on the GPU");
+    Lean Attention (Sanovar et al. 2024) applies stream-K to decode attention.
 
     A request's kept cuts are the multiples of ``share`` in ``[lo + m0, hi - m0]``
-    (``m0 = max(min_piece_blocks, 1)``), so they are listed with a few :func:`_div`
+    (``m0 = max(min_piece_blocks, 1)``), so they are listed with a few :func:`div`
     per request, no search. One pass: the buffers are sized for the most items
     there can be (every cut is a multiple of share below the total cost, so at
     most C - 1 of them, and at most one per block) and compacted at the end.
@@ -373,10 +578,10 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
         return 1, bad, 0, 0, L, np.empty(0, np.int32)
     order = _heavy_first(L) if heavy_first else np.arange(B)
     inv_bn = 1.0 / block_n
-    sh = _log2_exact(block_n)
+    sh = log2_exact(block_n)
     sum_nb = 0
     for i in range(B):
-        sum_nb += _blocks(L[i], block_n, sh, inv_bn)
+        sum_nb += blocks(L[i], block_n, sh, inv_bn)
     total_cost = sum_nb + o * B
     share = (total_cost + C - 1) // C
     if share < 1:
@@ -399,11 +604,11 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
     for i in range(B):
         b = order[i]
         Lb = L[b]
-        nb = _blocks(Lb, block_n, sh, inv_bn)
+        nb = blocks(Lb, block_n, sh, inv_bn)
         lo = P + o
         hi = lo + nb
         # the first kept cut (a multiple of share at or after lo + m0) and the last allowed position
-        m = (_div(lo + m0 - 1, share, inv) + 1) * share
+        m = (div(lo + m0 - 1, share, inv) + 1) * share
         m_end = hi - m0
         prev = 0
         j = 0
@@ -424,7 +629,7 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
                 if mp - 1 < push:
                     push = mp - 1
                 pos += push
-            c = _div(pos, share, inv)
+            c = div(pos, share, inv)
             if c > C - 1:
                 c = C - 1
             # a new CTA starts here when c changes: the slot is written either way
@@ -495,14 +700,14 @@ def _hist_units(L_in):
 
 
 # smallest x with x * x >= 2^(2k + 1), k = 0..62: round(log2 x) without squaring x
-_HALF_UP = np.array([math.isqrt((1 << (2 * k + 1)) - 1) + 1 for k in range(63)], dtype=np.int64)
+HALF_UP = np.array([math.isqrt((1 << (2 * k + 1)) - 1) + 1 for k in range(63)], dtype=np.int64)
 
 
 @_jit
-def _log2_class(x):
-    """buckets._log2_class, ``round(log2 x)`` (halves up) for ``1 <= x < 2^53``."""
+def log2_class(x):
+    """buckets.log2_class, ``round(log2 x)`` (halves up) for ``1 <= x < 2^53``."""
     k = math.frexp(float(x))[1] - 1  # floor(log2 x), exact below 2^53
-    return k + (1 if x >= _HALF_UP[k] else 0)
+    return k + (1 if x >= HALF_UP[k] else 0)
 
 
 @_jit
@@ -558,9 +763,9 @@ def _key_nearest(L_in, cum, cls, empty, n_first, class_units, lim):
     w = np.empty(6 * _UNITS, np.uint8)
     if bad >= 0:
         return bad, 0, 0, w[:0], -1, 0
-    bc = _log2_class(B)
+    bc = log2_class(B)
     key_empty = total == 0
-    tc = -1 if key_empty else _log2_class(total)
+    tc = -1 if key_empty else log2_class(total)
     key_cum = np.empty(_NBINS, np.int64)
     acc = 0
     n = 0
@@ -582,11 +787,11 @@ def _key_nearest(L_in, cum, cls, empty, n_first, class_units, lim):
     return -1, bc, tc, w[:n], row, d
 
 
-# a parsed spec as one int64 row for _key_plan: state (0 not parsed yet, 1 compiled, 2 a policy the
+# a parsed spec as one int64 row for key_plan: state (0 not parsed yet, 1 compiled, 2 a policy the
 # compiled core does not plan), kind (0 _even_chunks, 1 _stream_k), then the rule's arguments
 SV_STATE, SV_KIND, SV_H, SV_BLOCK_N, SV_RULE, SV_ARG, SV_MIN_CHUNK, SV_MAX_SPLITS, SV_HEAVY, SV_PACK, SV_C, \
-    SV_O, SV_MP = range(13)
-SV_LEN = 13
+    SV_O, SV_MP, SV_PEER, SV_PAGE, SV_TC, SV_GRID, SV_S, SV_STATIC = range(19)
+SV_LEN = 19
 
 
 @_jit
@@ -634,30 +839,15 @@ def _key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix):
     if sv[SV_KIND] == 1:
         status, info, W, nc, b64, b32 = _stream_k(L_in, sv[SV_H], sv[SV_C], sv[SV_BLOCK_N], sv[SV_O], sv[SV_MP],
                                                   sv[SV_HEAVY] != 0, False)
+    elif sv[SV_KIND] == 2:
+        status, info, W, nc, b64, b32 = _peer_chunks(L_in, sv[SV_H], sv[SV_BLOCK_N], sv[SV_PEER], sv[SV_PAGE],
+                                                     sv[SV_TC] != 0, sv[SV_GRID], sv[SV_S], sv[SV_STATIC],
+                                                     sv[SV_HEAVY] != 0, sv[SV_PACK], _MAX_ITEMS, False)
     else:
         status, info, W, nc, b64, b32 = _even_chunks(L_in, sv[SV_H], sv[SV_BLOCK_N], sv[SV_RULE], sv[SV_ARG],
                                                      sv[SV_MIN_CHUNK], sv[SV_MAX_SPLITS], sv[SV_HEAVY] != 0,
                                                      sv[SV_PACK], _MAX_ITEMS, False)
     return status, info, key, row, d, W, nc, b64, b32
-
-
-@_jit
-def _nearest_scaled(cum, cls, empty, key_cum, key_b, key_t, key_empty, class_units):
-    """policy_table._Candidates.nearest's scaled distances: (index of the first
-    minimum, its scaled distance, or -1 when every candidate is infinitely far)."""
-    best = -1
-    best_d = 0
-    for i in range(cum.shape[0]):
-        if empty[i] != key_empty:
-            continue
-        d = class_units * (abs(cls[i, 0] - key_b) + abs(cls[i, 1] - key_t))
-        if not key_empty:
-            for j in range(cum.shape[1]):
-                d += abs(cum[i, j] - key_cum[j])
-        if best < 0 or d < best_d:
-            best = i
-            best_d = d
-    return best, best_d
 
 
 # ----------------------------------------------------------------------------
@@ -679,26 +869,26 @@ def as_kv_lens(kv_lens: Any) -> np.ndarray:
     if t is np.ndarray:
         arr = kv_lens
         if arr.dtype.kind != "i" or arr.dtype.itemsize not in (4, 8):
-            return _as_kv_lens(arr)
+            return check_kv_lens(arr)
     elif t is list or t is tuple:
         try:
             arr = np.array(kv_lens)
         except (OverflowError, ValueError, TypeError):
-            return _as_kv_lens(kv_lens)
+            return check_kv_lens(kv_lens)
         # int64 exactly when every element is an int, NumPy integer or bool (the
         # dtype singleton; anything else goes to the reference, which names the element)
         if arr.dtype is not _I64 or arr.ndim != 1 or not 0 < arr.shape[0] <= MAX_BATCH:
-            return _as_kv_lens(kv_lens)
+            return check_kv_lens(kv_lens)
         # a bool (Python's or NumPy's) among ints converts to 0/1: only then look
         # at the types of the elements that are 0 or 1
         if _min_value(arr) <= 1:
             for i in np.flatnonzero(arr <= 1).tolist():
                 v = kv_lens[i]
                 if type(v) is not int and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
-                    return _as_kv_lens(kv_lens)
+                    return check_kv_lens(kv_lens)
         return arr  # a new 1-D C-contiguous array
     else:
-        return _as_kv_lens(kv_lens)
+        return check_kv_lens(kv_lens)
     if arr.ndim != 1:
         raise ValueError(f"kv_lens: expected a 1-D array, got shape {arr.shape}")
     B = arr.shape[0]
@@ -714,13 +904,13 @@ def as_kv_lens(kv_lens: Any) -> np.ndarray:
 _I64 = np.dtype(np.int64)
 
 
-def _range_error(arr: np.ndarray, i: int) -> ValueError:
+def range_error(arr: np.ndarray, i: int) -> ValueError:
     return ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {int(arr[i])}")
 
 
 @_jit
 def _whole_wave_pick(L, Ht, eps, slots, max_waves):
-    """:func:`kvsplit.kernels.policies.whole_wave_config` on the tiles' resident slots ``slots`` and work tiles
+    """The whole-wave rule (docs/decisions/whole-wave-rule.md) on the tiles' resident slots ``slots`` and work tiles
     per request ``Ht`` (H_kv / heads_per_tile; int64, in the tiles' order): the index of the chosen tile, or -1
     (the same float64 operations and tie rule)."""
     total = 0
@@ -748,173 +938,96 @@ def _whole_wave_pick(L, Ht, eps, slots, max_waves):
 
 
 # ----------------------------------------------------------------------------
+# The core in use: compiled (numba present and KVSPLIT_NUMBA not 0) or the same loops as plain Python
+# ----------------------------------------------------------------------------
+
+_ENTRY = {"even_chunks": "_even_chunks", "stream_k": "_stream_k", "peer_chunks": "_peer_chunks",
+          "whole_wave_pick": "_whole_wave_pick", "hist_units": "_hist_units", "key_plan": "_key_plan",
+          "nearest_within": "_nearest_within", "fa3_static": "_fa3_static"}
+
+
+def _entries(ns: Mapping[str, Any]) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**{k: ns[v] for k, v in _ENTRY.items()})
+
+
+def _plain_namespace() -> dict[str, Any]:
+    """This module's globals with every compiled function replaced by its plain-Python body, the bodies
+    calling one another in the new namespace (numba's ``py_func``; the module's own functions without numba)."""
+    ns = dict(globals())
+    for name, v in list(ns.items()):
+        fn = getattr(v, "py_func", None)
+        if fn is not None:
+            ns[name] = types.FunctionType(fn.__code__, ns, name, fn.__defaults__, fn.__closure__)
+    ns["leading_zeros"] = _py_leading_zeros
+    return ns
+
+
+def _py_leading_zeros(x: Any) -> int:
+    return 64 - int(x).bit_length()
+
+
+_COMPILED_CORE = _entries(globals())
+_PLAIN_CORE = _entries(_plain_namespace()) if HAVE_NUMBA else _COMPILED_CORE
+_CORE = _COMPILED_CORE if ENABLED else _PLAIN_CORE
+
+
+@contextlib.contextmanager
+def python() -> Iterator[None]:
+    """Run the loop-form rules as plain Python inside the ``with`` block (the same code numba compiles)."""
+    global _CORE
+    old = _CORE
+    _CORE = _PLAIN_CORE
+    try:
+        yield
+    finally:
+        _CORE = old
+
+
+def fa3_static_num_splits(num_kv_heads: int, num_n_blocks: int, num_sms: int) -> int:
+    """FA3's static split heuristic for a varlen / paged decode batch.
+
+    Restates ``hopper/heuristics.h::num_splits_heuristic`` as called by
+    ``hopper/flash_api.cpp::get_num_splits`` (docs/policies.md §2a), with the batch
+    treated as 1 (varlen), one m-block (decode with PackGQA) and
+    ``num_n_blocks = cdiv(max kv_len, 128)`` (FA3 uses the page table's
+    capacity; the live maximum is what a planner knows):
+    ``total_mblocks = H_kv``; if ``total_mblocks >= 0.8 * S`` -> 1; if
+    ``num_n_blocks <= 4`` -> 1; else with ``max_s = min(128, S, num_n_blocks)``,
+    ``eff(s) = w / ceil(w)``, ``w = total_mblocks * s / S``, the smallest ``s`` with
+    ``eff(s) >= 0.85 * max eff``. (The L2-motivated branch needs ``num_m_blocks >=
+    2 S``, never true for decode.) Examples for S = 132: H_kv 1/2/4/8/16/32 ->
+    109/57/29/15/8/4.
+    """
+    return int(_CORE.fa3_static(int(num_kv_heads), int(num_n_blocks), int(num_sms)))
+
+
+def key_plan(L_in: np.ndarray, cum: np.ndarray, cls: np.ndarray, empty: np.ndarray, n_first: int, class_units: int,
+             lim: float, specs: np.ndarray, prefix: np.ndarray) -> tuple:
+    """:meth:`PolicyTable.plan`'s core in one call: the bucket key, the nearest candidate and the plan with the
+    matched row's spec (:func:`_key_plan`)."""
+    return _CORE.key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix)
+
+
+# ----------------------------------------------------------------------------
 # Parsed policy parameters (memoized per policy, params, shape and device)
 # ----------------------------------------------------------------------------
 
 
-class _Spec:
-    """What a (policy, params, shape, device) combination plans with (batch independent)."""
-
-    __slots__ = ("kind", "rule", "arg", "min_chunk", "max_splits", "heavy", "pack", "C", "o", "mp", "cfg",
-                 "policy", "params", "H", "Ht", "head_dim", "page_size", "dtype", "gpu", "device", "kernel", "args",
-                 "fields", "ww", "ww_slots", "ww_ht", "ww_specs", "ww_waves")
-
-
-_SPECS: dict[tuple, _Spec] = {}
 _SHAPES: dict[tuple, tuple] = {}
 _MEMO_MAX = 512
-
-
-def _params_key(params: Mapping[str, Any] | None) -> tuple | None:
-    if not params:
-        return ()
-    try:
-        key = tuple((k, type(v), v) for k, v in sorted(params.items()))
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def _device_key(device: Any) -> Any:
     return device if type(device) is str else id(device)
 
 
-def _wave_rule(ctx: Any, cfg: Any, target: float) -> tuple[int, int]:
-    """(rule, target tiles) of the wave-aware chunk: :func:`policies.wave_target`, and ``_WAVE1`` (one block of
-    fixed cost per tile) where :func:`policies.wave_tile_cost` charges it."""
-    from . import policies as P
-    tt = P.wave_target(ctx, cfg, target)
-    return (_WAVE1 if P.wave_tile_cost(ctx, cfg, tt) else _WAVE), tt
-
-
-def _build_spec(policy: str, params: Mapping[str, Any], num_kv_heads: int, dev: DeviceSpec, head_dim: int,
-                page_size: int, dtype: str) -> _Spec:
-    from . import policies as P  # the reference's own helpers parse the parameters
-    from .registry import PlanContext, _knobs, _num
-    from .workplan import _jsonable
-
-    # validate everything exactly as the reference does (same errors), on a probe batch
-    P.make_plan_reference([1], num_kv_heads=num_kv_heads, device=dev, policy=policy, params=params,
-                          head_dim=head_dim, page_size=page_size, dtype=dtype)
-    ctx = PlanContext(dev, num_kv_heads, head_dim, page_size, dtype)
-    S = dev.num_sms
-    sp = _Spec()
-    sp.kind, sp.rule, sp.arg, sp.min_chunk, sp.max_splits, sp.pack = "even", _CONST, 1, 1, 1 << 62, 0
-    sp.C, sp.o, sp.mp = 1, 0, 1
-    if policy == "no_split":
-        cfg, order, pack = _knobs(params, ctx, "natural")
-    elif policy == "fixed":
-        cfg, order, pack = _knobs(params, ctx, "natural")
-        sp.arg = int(params["num_splits"])
-    elif policy == "balanced":
-        target = P._ctas_per_sm(params, 4.0)
-        cfg, order, pack = _knobs(params, ctx, "natural")
-        sp.rule, sp.arg = _wave_rule(ctx, cfg, target)
-    elif policy == "stream_k":
-        target, sp.o, sp.mp = P._stream_k_params(params)
-        cfg, order, pack = _knobs(params, ctx, "natural")
-        sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // P.tile_heads(ctx, cfg))
-    elif policy == "tuned":
-        space = P.TUNED_PARAM_SPACE
-        target = _num("ctas_per_sm", params.get("ctas_per_sm", space["ctas_per_sm"]["default"]),
-                      space["ctas_per_sm"]["low"], space["ctas_per_sm"]["high"])
-        pps = int(params.get("programs_per_sm", space["programs_per_sm"]["default"]))
-        cfg, order, pack = _knobs(params, ctx, space["order"]["default"], default_programs=pps * S)
-        if params.get("partition", space["partition"]["default"]) == "stream_k":
-            _, sp.o, sp.mp = P._stream_k_params(params, P.TUNED_PARAM_SPACE)
-            sp.kind, sp.C = "stream_k", max(1, int(math.floor(target * S)) // P.tile_heads(ctx, cfg))
-        else:
-            sp.min_chunk = int(params.get("min_chunk_tokens", space["min_chunk_tokens"]["default"]))
-            sp.max_splits = int(params.get("max_splits", space["max_splits"]["default"]))
-            if params.get("wave_aware", space["wave_aware"]["default"]):
-                sp.rule, sp.arg = _wave_rule(ctx, cfg, target)
-            else:
-                sp.rule, sp.arg = _FAIR, max(1, int(math.ceil(target * S)))
-    else:  # pragma: no cover - callers check FAST_POLICIES
-        raise AssertionError(policy)
-    sp.heavy = order == "heavy_first"
-    sp.pack = int(pack)
-    sp.cfg = cfg
-    sp.policy = policy
-    sp.params = _jsonable(dict(params))
-    sp.H, sp.head_dim, sp.page_size, sp.dtype = num_kv_heads, head_dim, page_size, dtype
-    sp.Ht = P.tile_heads(ctx, cfg)  # work tiles per work item: what the partitions count (H_kv for one head per tile)
-    sp.gpu = dev.name
-    sp.device = dev
-    # what plan_with_spec passes: the compiled rule and its arguments, the Plan's batch-independent fields
-    if sp.kind == "stream_k":
-        sp.kernel, sp.args = _stream_k, (sp.Ht, sp.C, cfg.block_n, sp.o, sp.mp, sp.heavy)
-    else:
-        sp.kernel, sp.args = _even_chunks, (sp.Ht, cfg.block_n, sp.rule, sp.arg, sp.min_chunk, sp.max_splits,
-                                            sp.heavy, sp.pack, MAX_WORK_ITEMS)
-    sp.fields = {"config": cfg, "policy": policy, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
-                 "page_size": page_size, "dtype": dtype, "gpu": dev.name}
-    # the whole-wave rule (policies.whole_wave_config): the tiles it may pick, their slots, and for each the
-    # spec of one work item per request on that tile under this policy's name and params
-    sp.ww, sp.ww_slots, sp.ww_ht, sp.ww_specs, sp.ww_waves = 0.0, None, None, (), P.WHOLE_WAVE_MAX_WAVES
-    if policy in ("balanced", "stream_k", "tuned") and params.get("whole_wave"):
-        sp.ww = float(params["whole_wave"])
-        slots, hts, alts = [], [], []
-        for alt_cfg in P.whole_wave_tiles(ctx, P.whole_wave_heads(params)):  # whole_wave_config's, in its order
-            slots.append(P.resident_slots(ctx, alt_cfg))
-            hts.append(P.tile_heads(ctx, alt_cfg))
-            alts.append(_whole_request_spec(sp, alt_cfg))
-        sp.ww_slots, sp.ww_ht, sp.ww_specs = np.array(slots, dtype=np.int64), np.array(hts, np.int64), tuple(alts)
-    return sp
-
-
-def _whole_request_spec(sp: _Spec, cfg: Any) -> _Spec:
-    """A copy of ``sp`` that plans one work item per request (no split, batch order, no packing) on ``cfg``:
-    what ``sp``'s policy plans when the whole-wave rule takes a batch (same policy name and params)."""
-    alt = _Spec()
-    for name in _Spec.__slots__:
-        setattr(alt, name, getattr(sp, name))
-    alt.kind, alt.rule, alt.arg, alt.min_chunk, alt.max_splits, alt.heavy, alt.pack = (
-        "even", _CONST, 1, 1, 1 << 62, False, 0)
-    alt.C, alt.o, alt.mp = 1, 0, 1
-    alt.cfg = cfg
-    alt.Ht = sp.H // cfg.heads_per_tile
-    alt.kernel, alt.args = _even_chunks, (alt.Ht, cfg.block_n, _CONST, 1, 1, 1 << 62, False, 0, MAX_WORK_ITEMS)
-    alt.fields = dict(sp.fields, config=cfg)
-    alt.ww, alt.ww_slots, alt.ww_ht, alt.ww_specs = 0.0, None, None, ()
-    return alt
-
-
-def whole_wave_spec(arr: np.ndarray, sp: _Spec) -> _Spec:
+def whole_wave_spec(arr: np.ndarray, sp: RuleSpec) -> RuleSpec:
     """The spec that plans ``arr`` under ``sp``: ``sp`` itself, or the whole-request spec of the tile the
-    whole-wave rule picks (:func:`kvsplit.kernels.policies.whole_wave_config`)."""
-    if not sp.ww_specs:
+    whole-wave rule picks."""
+    if not sp.whole_wave_specs:
         return sp
-    j = _whole_wave_pick(arr, sp.ww_ht, sp.ww, sp.ww_slots, sp.ww_waves)
-    return sp if j < 0 else sp.ww_specs[j]
-
-
-def spec(policy: str, params: Mapping[str, Any] | None, num_kv_heads: int, device: DeviceSpec | str,
-         head_dim: int, page_size: int, dtype: str) -> _Spec | None:
-    """The parsed form of a (policy, params, shape) combination for :func:`plan_with_spec`,
-    or ``None`` for a policy the compiled core does not plan. Raises the reference's
-    ``ValueError`` on bad parameters."""
-    if type(policy) is not str or policy not in FAST_POLICIES:
-        return None
-    return _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype)
-
-
-def _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype) -> _Spec:
-    pk = _params_key(params)
-    key = None
-    if pk is not None and type(num_kv_heads) is int and type(head_dim) is int and type(page_size) is int:
-        key = (policy, pk, num_kv_heads, head_dim, page_size, dtype, _device_key(device))
-        sp = _SPECS.get(key)
-        if sp is not None and (type(device) is str or sp.device is device):
-            return sp
-    _, num_kv_heads, page_size, dev = check_batch_shape([1], num_kv_heads, head_dim, page_size, dtype, device)
-    sp = _build_spec(policy, dict(params or {}), num_kv_heads, dev, int(head_dim), page_size, dtype)
-    if key is not None:
-        if len(_SPECS) >= _MEMO_MAX:
-            _SPECS.clear()
-        _SPECS[key] = sp
-    return sp
+    j = _CORE.whole_wave_pick(arr, sp.whole_wave_tile_heads, sp.whole_wave, sp.whole_wave_slots, WHOLE_WAVE_MAX_WAVES)
+    return sp if j < 0 else sp.whole_wave_specs[j]
 
 
 # ----------------------------------------------------------------------------
@@ -924,53 +1037,57 @@ def _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype) -> _
 _new = object.__new__
 
 
-def make_plan(kv_lens: Any, *, num_kv_heads: int, device: DeviceSpec | str, policy: str = "balanced",
-              params: Mapping[str, Any] | None = None, head_dim: int = 128, page_size: int = 16,
-              dtype: str = "bfloat16") -> Plan | None:
-    """:func:`kvsplit.kernels.plan.make_plan` on the compiled core; ``None`` when
-    it does not apply (numba off, or a policy outside :data:`FAST_POLICIES`)."""
-    if not ENABLED or type(policy) is not str or policy not in FAST_POLICIES:
-        return None
-    sp = _spec(policy, params, num_kv_heads, device, head_dim, page_size, dtype)
-    return plan_with_spec(as_kv_lens(kv_lens), sp, True)
-
-
-def spec_vector(sp: _Spec | None, out: np.ndarray) -> None:
-    """Write a parsed spec into its :func:`_key_plan` row ``out`` (int64 [SV_LEN]); None: a policy the
+def spec_vector(sp: RuleSpec, out: np.ndarray) -> None:
+    """Write a parsed spec into its :func:`key_plan` row ``out`` (int64 [SV_LEN]); None: a policy the
     compiled core does not plan."""
     out[:] = 0
-    if sp is None:
-        out[SV_STATE] = 2
-        return
-    out[SV_H], out[SV_BLOCK_N], out[SV_HEAVY] = sp.Ht, sp.cfg.block_n, int(sp.heavy)
-    if sp.kind == "stream_k":
-        out[SV_KIND], out[SV_C], out[SV_O], out[SV_MP] = 1, sp.C, sp.o, sp.mp
+    out[SV_H], out[SV_BLOCK_N], out[SV_HEAVY] = sp.tile_heads, sp.config.block_n, int(sp.heavy_first)
+    if sp.partition == "stream_k":
+        out[SV_KIND], out[SV_C], out[SV_O], out[SV_MP] = 1, sp.ctas, sp.item_cost_blocks, sp.min_piece_blocks
+    elif sp.partition != "even_chunks":
+        out[SV_KIND], out[SV_H], out[SV_PACK] = 2, sp.num_kv_heads, sp.pack_tokens
+        out[SV_PEER], out[SV_PAGE], out[SV_TC], out[SV_GRID], out[SV_S], out[SV_STATIC] = (
+            0 if sp.partition == "flashinfer" else 1, sp.page_size, int(sp.tensor_cores), sp.max_grid,
+            sp.device.num_sms, sp.static_splits)
     else:
         out[SV_RULE], out[SV_ARG], out[SV_MIN_CHUNK], out[SV_MAX_SPLITS], out[SV_PACK] = (
-            sp.rule, sp.arg, sp.min_chunk, sp.max_splits, sp.pack)
+            sp.chunk_rule, sp.chunk_arg, sp.min_chunk, sp.max_splits, sp.pack_tokens)
     out[SV_STATE] = 1  # last: a row is used only once complete
 
 
-def _too_many_items(n: int) -> ValueError:
+def too_many_items(n: int) -> ValueError:
     return ValueError(f"params: the plan would have {n} work items, above the limit of {MAX_WORK_ITEMS} "
                       f"(fewer splits per request)")
 
 
-def run_spec(arr: np.ndarray, sp: _Spec, check: bool) -> tuple[int, int, np.ndarray, np.ndarray]:
+def run_spec(arr: np.ndarray, sp: RuleSpec, check: bool) -> tuple[int, int, np.ndarray, np.ndarray]:
     """The compiled plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`) as
     ``(W, nc, b64, b32)``: ``b64 = [kv_lens (B) | work_kv_start (W) | work_kv_end (W)]`` (int64),
     ``b32 = [num_splits (B) | work_request (W) | cta_indptr (nc) | ...]`` (int32), the arrays of
     :func:`plan_with_spec`'s Plan. ``check=False`` skips the range check of lengths an earlier compiled
     pass checked. Raises the reference's ValueError (a length out of range, too many work items)."""
-    status, info, W, nc, b64, b32 = sp.kernel(arr, *sp.args, check)
+    part = sp.partition
+    if part == "stream_k":
+        status, info, W, nc, b64, b32 = _CORE.stream_k(arr, sp.tile_heads, sp.ctas, sp.config.block_n,
+                                                       sp.item_cost_blocks, sp.min_piece_blocks, sp.heavy_first,
+                                                       check)
+    elif part != "even_chunks":
+        status, info, W, nc, b64, b32 = _CORE.peer_chunks(
+            arr, sp.num_kv_heads, sp.config.block_n, 0 if part == "flashinfer" else 1, sp.page_size,
+            sp.tensor_cores, sp.max_grid, sp.device.num_sms, sp.static_splits, sp.heavy_first, sp.pack_tokens,
+            _MAX_ITEMS, check)
+    else:
+        status, info, W, nc, b64, b32 = _CORE.even_chunks(arr, sp.tile_heads, sp.config.block_n, sp.chunk_rule,
+                                                          sp.chunk_arg, sp.min_chunk, sp.max_splits, sp.heavy_first,
+                                                          sp.pack_tokens, _MAX_ITEMS, check)
     if status:
         if status == 1:
-            raise _range_error(arr, info)
-        raise _too_many_items(info)
+            raise range_error(arr, info)
+        raise too_many_items(info)
     return W, nc, b64, b32
 
 
-def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
+def plan_with_spec(arr: np.ndarray, sp: RuleSpec, check: bool) -> Plan:
     """The plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`);
     ``check=False`` skips the range check of lengths an earlier compiled pass checked."""
     sp = whole_wave_spec(arr, sp)
@@ -978,7 +1095,7 @@ def plan_with_spec(arr: np.ndarray, sp: _Spec, check: bool) -> Plan:
     return plan_of_buffers(arr.shape[0], W, nc, b64, b32, sp)
 
 
-def plan_of_buffers(B: int, W: int, nc: int, b64: np.ndarray, b32: np.ndarray, sp: _Spec) -> Plan:
+def plan_of_buffers(B: int, W: int, nc: int, b64: np.ndarray, b32: np.ndarray, sp: RuleSpec) -> Plan:
     """The Plan of the compiled planner's buffers (:func:`run_spec`) for the spec ``sp`` (read-only views)."""
     b64.setflags(write=False)  # (cheaper than .flags.writeable = False)
     b32.setflags(write=False)
@@ -992,59 +1109,19 @@ def plan_of_buffers(B: int, W: int, nc: int, b64: np.ndarray, b32: np.ndarray, s
     return plan
 
 
-def _shape(num_kv_heads, head_dim, dtype, device, page_size) -> tuple:
-    key = None
-    if type(num_kv_heads) is int and type(head_dim) is int and type(page_size) is int:
-        key = (num_kv_heads, head_dim, dtype, _device_key(device), page_size)
-        hit = _SHAPES.get(key)
-        if hit is not None and (type(device) is str or hit[-1] is device):
-            return hit
-    _, num_kv_heads, page_size, dev = check_batch_shape([1], num_kv_heads, head_dim, page_size, dtype, device)
-    out = (gpu_slug(dev.name), num_kv_heads, int(head_dim), page_size, device)
-    if key is not None:
-        if len(_SHAPES) >= _MEMO_MAX:
-            _SHAPES.clear()
-        _SHAPES[key] = out
-    return out
-
-
-def _py_log2_class(x: int) -> int:
-    k = int(x).bit_length() - 1
-    return k + (int(x) * int(x) >= 1 << (2 * k + 1))
-
-
-def bucket_key(kv_lens: Any, *, num_kv_heads: int, head_dim: int, dtype: str,
-               device: DeviceSpec | str | Mapping[str, Any], page_size: int = 16) -> BucketKey:
-    """:func:`kvsplit.kernels.buckets.bucket_key` on the compiled core (the
-    reference when :data:`ENABLED` is false)."""
-    if not ENABLED:
-        from .buckets import bucket_key as ref
-
-        return ref(kv_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device,
-                   page_size=page_size)
-    if not isinstance(device, (str, DeviceSpec)):
-        device = resolve_device(device)
-    slug, H, D, ps, _ = _shape(num_kv_heads, head_dim, dtype, device, page_size)
-    arr = as_kv_lens(kv_lens)
-    bad, B, total, q = _hist_units(arr)
-    if bad >= 0:
-        raise _range_error(arr, bad)
-    if total:
-        idx = np.flatnonzero(q)
-        hist = tuple(zip(idx.tolist(), q[idx].tolist()))
-        tokens_class = _py_log2_class(total)
-    else:
-        hist = ()
-        tokens_class = -1
-    # the fields are made here, valid by construction (BucketKey.__post_init__ would re-check them)
-    return BucketKey._trusted(slug, H, D, dtype, ps, _py_log2_class(B), tokens_class, hist)
+def hist_units(arr: np.ndarray) -> tuple:
+    """The bucket key's histogram of ``arr`` (from :func:`as_kv_lens`): ``(bad, B, total, q)``, ``bad`` the
+    first out-of-range index or -1, ``q`` int64 ``[NUM_BINS]`` (:func:`_hist_units`)."""
+    return _CORE.hist_units(arr)
 
 
 def nearest_scaled(cum: np.ndarray, cls: np.ndarray, empty: np.ndarray, key_cum: np.ndarray, key_b: int,
                    key_t: int, key_empty: bool, class_units: int) -> tuple[int, int]:
-    """Index and scaled distance of the nearest candidate (-1 if none is finite);
-    see ``policy_table._Candidates``."""
-    return _nearest_scaled(cum, cls, empty, key_cum, key_b, key_t, key_empty, class_units)
+    """Index of the first candidate row at the smallest scaled distance from the key and that distance
+    (``distance * HIST_UNITS * BINS_PER_OCTAVE``, an integer; :func:`kvsplit.kernels.buckets.distance`), or
+    ``(-1, 0)`` when every candidate is infinitely far (exactly one of the two histograms empty)."""
+    return _CORE.nearest_within(cum, cls, empty, 0, cum.shape[0], key_cum, key_b, key_t, key_empty, class_units,
+                                np.inf)
 
 
 def warmup() -> None:
@@ -1055,24 +1132,19 @@ def warmup() -> None:
     for dt in (np.int32, np.int64):
         L = np.array([5, 0, 4096, 17], dtype=dt)
         for pol, params in (("balanced", {}), ("stream_k", {}), ("tuned", {"order": "heavy_first",
-                                                                            "pack_tokens": 256})):
-            with contextlib.suppress(ValueError):
-                make_plan(L, num_kv_heads=4, device=dev, policy=pol, params=params)
-        bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=dev)
+                                                                            "pack_tokens": 256}),
+                            ("flashinfer", {}), ("fa3", {})):
+            plan_with_spec(L, resolve(pol, params, num_kv_heads=4, device=dev), True)
+        hist_units(L)
     as_kv_lens([3, 1, 2])
     for dt in (np.int32, np.int64):
         _whole_wave_pick(np.array([2048, 2048], dtype=dt), np.array([4, 4], np.int64), 0.05,
                          np.array([528, 396], np.int64), 2)
     z = np.zeros((1, NUM_BINS), np.int64)
-    _nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
+    nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
     sv = np.zeros((2, SV_LEN), np.int64)
     for dt in (np.int32, np.int64):
         _key_nearest(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
                      80.0)
         _key_plan(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
                   80.0, sv, np.frombuffer(b"gpu.kv1", np.uint8).copy())
-
-
-def default_block_n(head_dim: int, dtype: str) -> int:
-    """BLOCK_N of the default kernel config (device planner helper)."""
-    return default_config(head_dim, dtype).block_n

@@ -35,6 +35,16 @@ HEAD_DIMS = (64, 128, 256)
 MAX_NUM_PROGRAMS = 1 << 20
 MAX_PACK_TOKENS = 1 << 20
 
+# The bucket key's histogram (kvsplit.kernels.buckets)
+BINS_PER_OCTAVE = 2
+"""Histogram bins per doubling of kv_len."""
+NUM_BINS = 62
+"""Bins 0..61 cover kv_len 1 .. 2^31-1."""
+HIST_UNITS = 16
+"""The histogram's weights are integers summing to this."""
+CLASS_WEIGHT = 0.5
+"""Distance added per step of batch-size class and of total-token class."""
+
 # Shared-memory budget a CTA may ask for (bytes); the Hopper/Ampere per-block
 # opt-in limits are 227/163 KB, Triton keeps some for its own use.
 _SMEM_BUDGET = 200 * 1024
@@ -68,7 +78,7 @@ class KernelConfig:
         addresses of its own iteration). Needs ``num_stages >= 3``; costs
         ``num_stages - 1`` K/V buffers of shared memory, which
         :func:`kvsplit.kernels.residency.resident_ctas_per_sm` counts
-        (docs/perf.md, round 3).
+        (docs/decisions/look-ahead.md).
     heads_per_tile : int
         KV heads per work tile, one of 1, 2, 4, 8 (a divisor of H_kv, with
         ``heads_per_tile * G <= 16`` for the GQA group G = H_q / H_kv, checked at
@@ -78,7 +88,7 @@ class KernelConfig:
         ``heads_per_tile`` times longer (adjacent in the NHD page). Costs
         ``heads_per_tile`` times the K/V shared memory of its tile, which
         :func:`kvsplit.kernels.residency.resident_ctas_per_sm` counts
-        (docs/perf.md, round 8).
+        (docs/decisions/two-heads-per-tile.md).
     next_item : bool
         Look-ahead over a CTA's work items (needs ``prefetch``): the next items'
         work entries, page-table offsets, q and first page ids are loaded while
@@ -89,7 +99,7 @@ class KernelConfig:
         at ``ctas_per_sm`` 1). Costs registers (e.g. (32, 4, 3) with two heads
         per tile: 120 -> 191, 3 -> 2 CTAs per SM), which
         :func:`kvsplit.kernels.residency.resident_ctas_per_sm` counts
-        (docs/perf.md, round 11). Not with ``heads_per_tile`` above 2 (the
+        (docs/decisions/look-ahead.md). Not with ``heads_per_tile`` above 2 (the
         pipeliner single-buffers that loop).
     """
 
@@ -107,12 +117,12 @@ class KernelConfig:
 
 
 # Default kernel config per (head_dim, dtype). Chosen from the H200 sweep in
-# docs/perf.md ("Default kernel config"); the untuned policies all use it.
+# docs/decisions/default-kernel-config.md; the untuned policies all use it.
 _DEFAULT_CONFIGS: dict[tuple[int, str], KernelConfig] = {
-    # Measured on the H200 (docs/perf.md, "Default kernel config", round 2): over the
-    # 192 training batches of docs/data/h200_r2/train.log (B 1..1024, T 2^18..2^20, traces,
+    # Measured on the H200 (docs/decisions/default-kernel-config.md): over the
+    # 192 training batches (B 1..1024, T 2^18..2^20, traces,
     # H_kv 1/4/8), wave-aware balanced plans with (128, 4 warps, 2 stages) run at geomean
-    # 1.047x the per-batch best plan against 1.090x with round 1's (64, 4, 2); stream_k's
+    # 1.047x the per-batch best plan against 1.090x with (64, 4, 2); stream_k's
     # best single config is the same tile. fp16 uses the same tiles.
     (128, "bfloat16"): KernelConfig(block_n=128, num_warps=4, num_stages=2),
     (128, "float16"): KernelConfig(block_n=128, num_warps=4, num_stages=2),
@@ -123,7 +133,7 @@ def default_config(head_dim: int, dtype: str) -> KernelConfig:
     """The documented default :class:`KernelConfig` for ``(head_dim, dtype)``.
 
     head_dim 128 (fp16/bf16): BLOCK_N 128, 4 warps, 2 stages (3 resident CTAs
-    per SM), measured best on the H200 (docs/perf.md, round 2). Other shapes are not measured yet and use the same
+    per SM), measured best on the H200 (docs/decisions/default-kernel-config.md). Other shapes are not measured yet and use the same
     BLOCK_N-64 tile scaled to keep K/V tile elements per thread constant:
     head_dim 64 -> (64, 4, 2); head_dim 256 -> (32, 4, 2); float32 (CPU tests)
     -> (32, 4, 2).
@@ -140,8 +150,8 @@ def default_config(head_dim: int, dtype: str) -> KernelConfig:
 
 # The CUDA-graph tile per (head_dim, dtype) (DecodeWrapper(use_cuda_graph=True) with no tile knobs in its params).
 # A captured graph keeps one tile for every batch, so it takes the one-CTA-per-SM look-ahead tile that streams at
-# full rate alone (issue 12) and two KV heads per work tile: measured on the H200 (bf16, H_q 32 / H_kv 4, docs/perf.md
-# round 16, docs/data/h200_r16/graph_ab_r16.log) stream_k at one CTA per SM on (64, 8, 3) with the prefetch, the
+# full rate alone and two KV heads per work tile: measured on the H200 (bf16, H_q 32 / H_kv 4,
+# docs/decisions/graph-default.md) stream_k at one CTA per SM on (64, 8, 3) with the prefetch, the
 # look-ahead and heads_per_tile 2 ran the graph path at 1.019x the time of the plan the table serves eagerly
 # (geomean of 171 batches, 0.947-1.217x) against 1.251x for (128, 4, 2) with one head per tile. fp16 uses the same.
 _GRAPH_CONFIGS: dict[tuple[int, str], KernelConfig] = {
@@ -155,10 +165,9 @@ def graph_default_config(head_dim: int, dtype: str, *, num_qo_heads: int, num_kv
 
     head_dim 128 (fp16/bf16), where two KV heads per work tile fit (H_kv even and ``2 * H_q / H_kv <= 16``):
     BLOCK_N 64, 8 warps, 3 stages, ``prefetch`` and ``next_item``, two KV heads per work tile (one resident CTA per
-    SM on the H200; docs/perf.md, rounds 16-17). Elsewhere :func:`default_config`'s tile, one head per tile: the
+    SM on the H200; docs/decisions/graph-default.md). Elsewhere :func:`default_config`'s tile, one head per tile: the
     look-ahead tile with one head streams too few bytes per CTA for its one CTA per SM (at H_kv 8 it ran the graph
-    path at 1.441x the served eager plan against 1.309x for (128, 4, 2) and 1.017x with two heads; docs/perf.md
-    round 17). Measured on the H200 only; other GPUs get the same tile (its residency there is
+    path at 1.441x the served eager plan against 1.309x for (128, 4, 2) and 1.017x with two heads; docs/decisions/graph-default.md). Measured on the H200 only; other GPUs get the same tile (its residency there is
     :func:`kvsplit.kernels.residency.resident_ctas_per_sm`'s).
     """
     cfg = _GRAPH_CONFIGS.get((head_dim, dtype))
@@ -179,7 +188,7 @@ def heads_fit(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int) -> bool
 # ----------------------------------------------------------------------------
 
 
-def _as_kv_lens(kv_lens: Any) -> np.ndarray:
+def check_kv_lens(kv_lens: Any) -> np.ndarray:
     """Validate and convert kv_lens to int64 ``[B]``."""
     if hasattr(kv_lens, "detach") and hasattr(kv_lens, "cpu"):  # torch tensor
         if getattr(kv_lens, "is_cuda", False):
@@ -230,17 +239,25 @@ def check_batch_shape(
     Returns ``(kv_lens int64 [B], num_kv_heads, page_size, DeviceSpec)``;
     raises ValueError naming the first invalid argument.
     """
-    L = _as_kv_lens(kv_lens)
-    num_kv_heads = _pos_int("num_kv_heads", num_kv_heads, 1, 1024)
+    L = check_kv_lens(kv_lens)
+    num_kv_heads, _, page_size, dev = check_shape(num_kv_heads, head_dim, page_size, dtype, device)
+    return L, num_kv_heads, page_size, dev
+
+
+def check_shape(num_kv_heads: Any, head_dim: Any, page_size: Any, dtype: Any, device: Any
+                ) -> tuple[int, int, int, DeviceSpec]:
+    """Validate a plan's shape arguments: ``(num_kv_heads, head_dim, page_size, DeviceSpec)``; raises ValueError
+    naming the first invalid argument."""
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1, 1024)
     if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
-    page_size = _pos_int("page_size", page_size, 1, MAX_PAGE_SIZE)
+    page_size = check_int("page_size", page_size, 1, MAX_PAGE_SIZE)
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
-    return L, num_kv_heads, page_size, resolve_device(device)
+    return num_kv_heads, int(head_dim), page_size, resolve_device(device)
 
 
-def _pos_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
+def check_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise ValueError(f"{name}: expected an integer, got {v!r}")
     v = int(v)
@@ -250,7 +267,7 @@ def _pos_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
     return v
 
 
-def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
+def check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
     """Reject knob combinations the kernel cannot run well or at all."""
     if cfg.block_n not in BLOCK_N_CHOICES:
         raise ValueError(f"params.block_n: expected one of {BLOCK_N_CHOICES}, got {cfg.block_n!r}")
@@ -261,7 +278,7 @@ def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
     if cfg.schedule not in SCHEDULES:
         raise ValueError(f"params.schedule: expected one of {SCHEDULES}, got {cfg.schedule!r}")
     if cfg.schedule == "persistent":
-        _pos_int("params.num_programs", cfg.num_programs, 1, MAX_NUM_PROGRAMS)
+        check_int("params.num_programs", cfg.num_programs, 1, MAX_NUM_PROGRAMS)
     elif cfg.num_programs != 0:
         raise ValueError("params.num_programs: only meaningful with schedule='persistent'")
     if not isinstance(cfg.prefetch, bool):
@@ -276,8 +293,8 @@ def _check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
                          "into the prefetching loop's carried page ids)")
     if cfg.next_item and cfg.heads_per_tile > 2:
         raise ValueError(f"params.next_item: not with heads_per_tile={cfg.heads_per_tile} (above 2, Triton 3.6's "
-                         "pipeliner keeps a single K/V buffer for the look-ahead loop: sm_90 compile, docs/perf.md "
-                         "round 11)")
+                         "pipeliner keeps a single K/V buffer for the look-ahead loop: sm_90 compile, "
+                         "docs/decisions/look-ahead.md)")
     if isinstance(cfg.heads_per_tile, bool) or cfg.heads_per_tile not in HEADS_PER_TILE_CHOICES:
         raise ValueError(f"params.heads_per_tile: expected one of {HEADS_PER_TILE_CHOICES}, got {cfg.heads_per_tile!r}")
     elt = DTYPES[dtype]

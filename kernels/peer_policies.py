@@ -4,14 +4,8 @@ the source file it restates (docs/policies.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
-
 from .device import DeviceSpec
-from .limits import DTYPES, _pos_int, cdiv
-from .registry import PlanContext, _knobs, _register
+from .limits import DTYPES
 
 # ---------------------------------------------------------------------------
 # FlashInfer
@@ -25,7 +19,7 @@ register count, which a NumPy planner cannot know. 64 registers per thread
 gives 8 resident CTAs per SM for the reference shape (G = 8, D = 128, bf16),
 i.e. a capacity of 1,056 CTAs on an H200; that places the CUDA-core path's
 threshold between B = 256 and B = 512 at H_kv = 4, where the H200 measurement
-(docs/data/anchors/h200_peers.csv, ``flashinfer_decode_notc``) puts it.
+(FlashInfer's CUDA-core decode timed on the H200) puts it.
 """
 
 
@@ -87,106 +81,6 @@ def flashinfer_decode_occupancy(
     return max(1, min(by_threads, by_smem, by_regs, 32))
 
 
-def _smallest_chunk(pages: np.ndarray, lo: int, hi: int, limit: int) -> int:
-    """Smallest ``c`` in ``[lo, hi]`` with ``sum(cdiv(max(pages, 1), c)) <= limit``.
-
-    FlashInfer's binary search (``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``,
-    ``PrefillBinarySearchKVChunkSize``): ``low = lo, high = hi``; while
-    ``low < high``: ``mid = (low + high) // 2``; too many chunks -> ``low = mid + 1``
-    else ``high = mid``. It returns ``hi`` when no chunk fits, and ``lo`` when
-    ``lo >= hi``. The bracket is first narrowed with exact bounds on the count
-    (``sum(p) / c <= count(c) <= sum(p) / c + B``), which does not change the result.
-    """
-    p = np.maximum(pages, 1)
-    low, high = lo, hi
-    if low >= high:
-        return low
-    total = int(p.sum())
-    B = int(p.shape[0])
-    if limit >= 1:
-        # any c < total / limit has count > limit
-        low = max(low, min(high, cdiv(total, limit)))
-        if limit > B:
-            # count(c) <= total / c + B <= limit for c >= total / (limit - B)
-            high = min(high, max(low, cdiv(total, limit - B)))
-    else:
-        return hi
-    while low < high:
-        mid = (low + high) // 2
-        if int((-(-p // mid)).sum()) > limit:
-            low = mid + 1
-        else:
-            high = mid
-    return low
-
-
-@_register("flashinfer", ("tensor_cores", "resident_ctas_per_sm", "group_size"))
-def _policy_flashinfer(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
-    """FlashInfer's batch-decode split rule (its SM80 paths), batch order.
-
-    Restates docs/policies.md §1a/§1b (flashinfer-ai/flashinfer @ fb28d724):
-
-    - ``tensor_cores=True`` (default; ``scheduler.cuh::PrefillPlanImpl`` with
-      ``PrefillBinarySearchKVChunkSize``): ``max_grid = 2 * num_SMs``,
-      ``max_batch = max_grid // H_kv``; the chunk ``c`` (pages) is the smallest in
-      ``[max(128 // page_size, 1), max_pages]`` with
-      ``sum_b cdiv(max(pages_b, 1), c) <= max_batch`` (one q tile per request:
-      ``cta_tile_q = 16 >= G`` for G <= 16, ``64``/``128`` above, so one tile for
-      G <= 128), else ``max_pages``; split-KV is on iff ``c < max_pages``.
-    - ``tensor_cores=False`` (``BatchDecodeWithPagedKVCacheWorkEstimationDispatched``,
-      ``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``):
-      ``max_grid = resident_ctas_per_sm * num_SMs``; if ``B * H_kv >= max_grid``
-      split-KV is off; else the smallest ``c`` with
-      ``H_kv * sum_b cdiv(max(pages_b, 1), c) <= max_grid``, and split-KV is on iff
-      that gives more chunks than requests.
-
-    With split-KV on, ``num_splits[b] = cdiv(max(pages_b, 1), c)``; off, 1.
-    Constants: minimum chunk 128 tokens (``128 / page_size`` pages), 2 CTAs per SM
-    on the tensor-core path. ``pages_b = cdiv(kv_len[b], page_size)``.
-    Chunk boundaries are then spread evenly by :func:`build_work_list` (FlashInfer
-    cuts whole ``c``-page chunks, the last one shorter); the counts are FlashInfer's.
-
-    Parameters (``params``)
-    -----------------------
-    tensor_cores : bool, default True
-    resident_ctas_per_sm : int in [1, 64], CUDA-core path only
-        Default :func:`flashinfer_decode_occupancy` for ``group_size``.
-    group_size : int in [1, 128], default 8
-        G = H_q / H_kv, used only for that default (a plan never depends on H_q
-        otherwise; 8 is the reference shape, Qwen3-30B-A3B's 32/4).
-    """
-    tc = params.get("tensor_cores", True)
-    if not isinstance(tc, (bool, np.bool_)):
-        raise ValueError(f"params.tensor_cores: expected a boolean, got {tc!r}")
-    group_size = _pos_int("params.group_size", params.get("group_size", 8), 1, 128)
-    cfg, order, pack = _knobs(params, ctx, "natural")
-    S, H = ctx.device.num_sms, ctx.num_kv_heads
-    pages = -(-L // ctx.page_size)
-    max_pages = int(pages.max())
-    lo = max(128 // ctx.page_size, 1)
-    if tc:
-        if "resident_ctas_per_sm" in params:
-            raise ValueError("params.resident_ctas_per_sm: only used with tensor_cores=False")
-        max_batch = (2 * S) // H
-        c = _smallest_chunk(pages, lo, max_pages, max_batch)
-        split = c < max_pages
-    else:
-        if "resident_ctas_per_sm" in params:
-            resident = _pos_int("params.resident_ctas_per_sm", params["resident_ctas_per_sm"], 1, 64)
-        else:
-            resident = flashinfer_decode_occupancy(ctx.head_dim, ctx.dtype, group_size, ctx.device)
-        max_grid = resident * S
-        if L.shape[0] * H >= max_grid:
-            split = False
-            c = max_pages
-        else:
-            c = _smallest_chunk(pages, lo, max_pages, max_grid // H)
-            split = int((-(-np.maximum(pages, 1) // c)).sum()) != L.shape[0]
-    if not split:
-        return np.ones_like(L), cfg, order, pack
-    return -(-np.maximum(pages, 1) // c), cfg, order, pack
-
-
 # ---------------------------------------------------------------------------
 # FlashAttention-3
 # ---------------------------------------------------------------------------
@@ -199,78 +93,3 @@ FA3_BLOCK_M = 128
 FA3_PREPARE_CTA_REQUESTS = 992
 """Requests one prepare CTA handles (31 per warp x 32 warps); above it no split."""
 FA3_MAX_SPLITS = 128
-
-
-def fa3_static_num_splits(num_kv_heads: int, num_n_blocks: int, num_sms: int) -> int:
-    """FA3's static split heuristic for a varlen / paged decode batch.
-
-    Restates ``hopper/heuristics.h::num_splits_heuristic`` as called by
-    ``hopper/flash_api.cpp::get_num_splits`` (policies.md §2a), with the batch
-    treated as 1 (varlen), one m-block (decode with PackGQA) and
-    ``num_n_blocks = cdiv(max kv_len, 128)`` (FA3 uses the page table's
-    capacity; the live maximum is what a planner knows):
-    ``total_mblocks = H_kv``; if ``total_mblocks >= 0.8 * S`` -> 1; if
-    ``num_n_blocks <= 4`` -> 1; else with ``max_s = min(128, S, num_n_blocks)``,
-    ``eff(s) = w / ceil(w)``, ``w = total_mblocks * s / S``, the smallest ``s`` with
-    ``eff(s) >= 0.85 * max eff``. (The L2-motivated branch needs ``num_m_blocks >=
-    2 S``, never true for decode.) Examples for S = 132: H_kv 1/2/4/8/16/32 ->
-    109/57/29/15/8/4.
-    """
-    S = num_sms
-    total_mblocks = num_kv_heads
-    if total_mblocks >= 0.8 * S or num_n_blocks <= 4:
-        return 1
-    max_s = min(FA3_MAX_SPLITS, S, num_n_blocks)
-    s = np.arange(1, max_s + 1, dtype=np.float64)
-    w = total_mblocks * s / S
-    eff = w / np.ceil(w)
-    ok = eff >= 0.85 * eff.max()
-    return int(np.argmax(ok)) + 1
-
-
-@_register("fa3", ("num_splits_static",))
-def _policy_fa3(L: np.ndarray, ctx: PlanContext, params: Mapping[str, Any]):
-    """FlashAttention-3's Hopper varlen split rule, heaviest first, persistent.
-
-    Restates ``hopper/flash_prepare_scheduler.cu::prepare_varlen_num_blocks_kernel``
-    (Dao-AILab/flash-attention @ 0251105a, docs/policies.md §2b):
-    ``n_b = cdiv(kv_len[b], kBlockN)`` with kBlockN = 128 (:data:`FA3_BLOCK_N`),
-    ``blocks_per_sm = ceil(1.1 * H_kv * sum_b n_b / num_SMs)`` (PackGQA: one
-    m-block per request), ``num_splits[b] = clamp(cdiv(n_b, blocks_per_sm), 1,
-    num_splits_static)`` with the static cap of :func:`fa3_static_num_splits`
-    (or the ``num_splits_static`` param, as FA3's ``num_splits`` argument);
-    above 992 requests (more than one prepare CTA) every request gets 1 split.
-    Order (``order="heavy_first"``, the default): requests sorted by
-    ``cdiv(n_b, num_splits[b])`` descending within each chunk of 992 (stable),
-    as the prepare kernel sorts its 992 items. Schedule: persistent with
-    ``num_programs = num_SMs`` (``hopper/tile_scheduler.hpp::
-    VarlenDynamicPersistentTileScheduler``, grid = S) unless given.
-    Example (H_kv = 8, S = 132, lens = [65536] + 15 x [2048]):
-    blocks_per_sm = 51, num_splits = [11] + 15 x [1].
-    """
-    S, H = ctx.device.num_sms, ctx.num_kv_heads
-    cfg, order, pack = _knobs(params, ctx, "heavy_first", default_schedule="persistent", default_programs=S)
-    n_b = -(-L // FA3_BLOCK_N)
-    B = L.shape[0]
-    if "num_splits_static" in params:
-        static = _pos_int("params.num_splits_static", params["num_splits_static"], 1, 255)
-    else:
-        static = fa3_static_num_splits(H, int(n_b.max()), S)
-    if B > FA3_PREPARE_CTA_REQUESTS or static == 1:
-        splits = np.ones_like(L)
-    else:
-        total = int(n_b.sum())
-        # ceil(total * 1.1 * H / S) in exact integer arithmetic
-        blocks_per_sm = max(1, cdiv(total * 11 * H, 10 * S))
-        splits = np.clip(-(-n_b // blocks_per_sm), 1, static)
-    if order == "heavy_first":
-        key = -(-np.maximum(n_b, 0) // splits)
-        if B <= FA3_PREPARE_CTA_REQUESTS:
-            perm = np.argsort(-key, kind="stable")
-        else:
-            chunk_id = np.arange(B) // FA3_PREPARE_CTA_REQUESTS
-            perm = np.lexsort((np.arange(B), -key, chunk_id))
-        return splits, cfg, perm, pack
-    return splits, cfg, order, pack
-
-

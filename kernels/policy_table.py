@@ -14,8 +14,8 @@ GPU-tuned one (backend ``gpu``, source ``tuned``) within the distance limit; if
 there is none, the nearest simulator-tuned one (backend ``sim``, source
 ``simulated``); else plan with the fallback policy (``balanced``, source
 ``fallback``). Distances are :func:`kvsplit.kernels.buckets.distance`, computed
-here for all candidates of a family at once with NumPy (bit-identical: integer
-sums divided by powers of two); ties go to the smaller bucket key string, then
+by the loop-form core over a family's candidates as integers scaled by a power of two
+(bit-identical after the one division); ties go to the smaller bucket key string, then
 the smaller policy id, as :func:`kvsplit.kernels.buckets.nearest` breaks them.
 
 :meth:`PolicyTable.plan` on the compiled core (:mod:`.fastplan`): the call's
@@ -24,7 +24,7 @@ contiguous arrays, the key's string prefix and each entry's parsed policy: a
 cache of argument checks, never of a batch's key, match or plan), the lengths
 are converted once, and one compiled call computes the key, the nearest
 candidate (the same integer distances and tie rule) and the plan
-(:func:`kvsplit.kernels.fastplan._key_plan`). :meth:`PolicyTable.plan_buffers`
+(:func:`kvsplit.kernels.fastplan.key_plan`). :meth:`PolicyTable.plan_buffers`
 is the same call without the Plan object (the plan service writes its answer
 from the planner's buffers).
 
@@ -49,22 +49,23 @@ summary) are carried for display and ignored by the lookup.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from importlib import resources
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, BucketKey, key_of, key_prefix
+from .buckets import NUM_BINS, SCALE, SCALED_CLASS_UNITS, BucketKey, key_prefix
 from .device import DeviceSpec
-from .limits import _as_kv_lens
-from .plan import POLICIES, Plan, make_plan
-from .policies import fit_heads_per_tile, plan_batch
+from .rulespec import POLICIES, fit_heads_per_tile, resolve
+from .workplan import Plan
 from .shape import Shape, gpu_slug, shape_family
 from . import fastplan as _fastplan
 
-__all__ = ["PolicyTable", "PolicyEntry", "TABLE_FORMAT", "SERVE_DISTANCE_LIMIT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
+__all__ = ["PolicyTable", "PolicyEntry", "load_shipped_table", "shipped_policies", "SHIPPED_POLICIES", "TABLE_FORMAT", "SERVE_DISTANCE_LIMIT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
 
 TABLE_FORMAT = "kvsplit.policy_table/2"
 _LIST_KEY = {TABLE_FORMAT: "data", "kvsplit.policy_table/1": "policies"}
@@ -143,8 +144,6 @@ class PolicyTable:
         groups: dict[tuple, dict[str, list[PolicyEntry]]] = {}
         for e in sorted(self.entries, key=lambda e: (e.bucket, e.id)):
             groups.setdefault(e.shape, {"tuned": [], "simulated": []})[e.source].append(e)
-        self._by_shape = {shape: {src: _Candidates(es) for src, es in g.items() if es}
-                          for shape, g in groups.items()}
         # per family, every candidate as one contiguous array set, tuned rows first (the compiled lookup)
         self._rows: dict[tuple, _Rows] = {shape: _Rows(g.get("tuned", ()), g.get("simulated", ()))
                                           for shape, g in groups.items()}
@@ -219,7 +218,7 @@ class PolicyTable:
     def from_export(cls, export: Mapping[str, Any], *, version: int = 1) -> "PolicyTable":
         """The table a store filled from a ``kvsplit db export`` document would serve (format
         ``kvsplit.policies``: ``{"policies": [{"id", "bucket": {"key", "gpu", ...}, "name", "params",
-        "backend", ...}]}``, e.g. ``service/data/h200_policies.json``), without a store: every entry is
+        "backend", ...}]}``, e.g. ``kernels/data/h200_policies.json``, :func:`load_shipped_table`), without a store: every entry is
         published, ``version`` defaults to 1 and ``backend`` to ``"gpu"``.
 
         Raises
@@ -259,16 +258,17 @@ class PolicyTable:
 
     def lookup(self, key: BucketKey) -> tuple[PolicyEntry | None, float | None]:
         """Nearest usable policy for ``key`` and its distance (module doc rule), or (None, None)."""
-        groups = self._by_shape.get(key.family)
-        if groups is None:
+        r = self._rows.get(key.family)
+        if r is None:
             return None, None
-        for source in ("tuned", "simulated"):
-            cands = groups.get(source)
-            if cands is None:
+        kc = _cum_hist(key)
+        for lo, hi in ((0, r.n_tuned), (r.n_tuned, len(r.entries))):
+            if lo == hi:
                 continue
-            hit = cands.nearest(key, self.distance_limit)
-            if hit is not None:
-                return hit
+            i, scaled = _fastplan.nearest_scaled(r.cum[lo:hi], r.cls[lo:hi], r.empty[lo:hi], kc, key.batch_class,
+                                                 key.tokens_class, not key.hist, _CLASS_UNITS)
+            if i >= 0 and int(scaled) / _SCALE <= self.distance_limit:
+                return r.entries[lo + i], int(scaled) / _SCALE
         return None, None
 
     def plan(
@@ -337,61 +337,32 @@ class PolicyTable:
             else:
                 shape = Shape.of(device=device if device is not None else gpu, num_qo_heads=num_qo_heads,
                                  num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
+                sc = _ShapeCtx(shape, self._rows.get(shape.family), self.distance_limit, None)
         else:
+            if not isinstance(shape, Shape):
+                raise ValueError(f"shape: expected a kvsplit.kernels.shape.Shape, got {type(shape).__name__}")
             sc = self._shapes.get(id(shape))
             if sc is None or sc.shape is not shape:
-                sc = self._shape_ctx(id(shape), shape, shape) if isinstance(shape, Shape) else None
-        if sc is not None:
-            if _fastplan.ENABLED:
-                return sc.plan(self, kv_lens)
-            shape = sc.shape
-        ctx = shape.plan_context()
-        if _fastplan.ENABLED:  # converted once; the compiled passes of bucket_key and make_plan check the range
-            L = _fastplan.as_kv_lens(kv_lens)
-            key = _fastplan.bucket_key(L, num_kv_heads=ctx.num_kv_heads, head_dim=ctx.head_dim, dtype=ctx.dtype,
-                                       device=ctx.device, page_size=ctx.page_size)
-
-            def plan_with(name: str, params: Mapping[str, Any]) -> Plan:
-                return make_plan(L, num_kv_heads=ctx.num_kv_heads, device=ctx.device, policy=name, params=params,
-                                 head_dim=ctx.head_dim, page_size=ctx.page_size, dtype=ctx.dtype)
-        else:
-            L = _as_kv_lens(kv_lens)  # the one check of the lengths; the shape was validated when it was made
-            key = key_of(L, ctx)
-
-            def plan_with(name: str, params: Mapping[str, Any]) -> Plan:
-                return plan_batch(L, ctx, name, params)
-        entry, d = self.lookup(key)
-        if entry is None:
-            plan = plan_with(self.fallback_name, self.fallback_params)
-            return (plan, {"key": str(key), "matched": None, "distance": None},
-                    {"id": None, "version": None, "name": self.fallback_name,
-                     "params": dict(self.fallback_params), "source": "fallback"})
-        # a bucket's policy may run more KV heads per tile than this shape's GQA group fits (buckets are keyed
-        # by H_kv, not H_q): refitted, as the compiled path does (_ShapeCtx._parse)
-        plan = plan_with(entry.name, fit_heads_per_tile(entry.params, shape.num_qo_heads, ctx.num_kv_heads))
-        return plan, {"key": str(key), "matched": entry.bucket, "distance": d}, entry.info()
+                sc = self._shape_ctx(id(shape), shape, shape)
+        return sc.plan(self, kv_lens)
 
     def plan_buffers(self, kv_lens: Any, shape: Shape) -> tuple | None:
         """:meth:`plan` without the Plan object and the answer dicts, for a writer of the answer (the plan service).
 
         Returns ``(B, W, nc, b64, b32, spec, key, entry, distance)``: the compiled planner's buffers
-        (:func:`kvsplit.kernels.fastplan.run_spec`), the parsed policy (``spec.fields`` and ``spec.params``
-        are the Plan's other fields), the bucket key's text (ASCII letters, digits, ``.``, ``-``: uint8),
-        the matched :class:`PolicyEntry` (None: the fallback) and its distance (None on fallback) -- the same plan, key, match and distance as
-        :meth:`plan`. None when the compiled core does not apply (numba off, ``shape`` not a
-        :class:`Shape`, a policy the core does not plan): call :meth:`plan`. Raises :meth:`plan`'s ValueError.
+        (:func:`kvsplit.kernels.fastplan.run_spec`), the resolved policy (:class:`~kvsplit.kernels.rulespec.RuleSpec`:
+        ``spec.fields`` and ``spec.params`` are the Plan's other fields), the bucket key's text (ASCII letters,
+        digits, ``.``, ``-``: uint8), the matched :class:`PolicyEntry` (None: the fallback) and its distance (None on
+        fallback) -- the same plan, key, match and distance as :meth:`plan`. None when ``shape`` is not a
+        :class:`Shape`. Raises :meth:`plan`'s ValueError.
         """
-        if not _fastplan.ENABLED:
-            return None
         sc = self._shapes.get(id(shape))
         if sc is None or sc.shape is not shape:
             if not isinstance(shape, Shape):
                 return None
             sc = self._shape_ctx(id(shape), shape, shape)
         L, key, entry, scaled, sp, W, nc, b64, b32 = sc.run(self, kv_lens)
-        if sp is False:
-            return None
-        return L.shape[0], W, nc, b64, b32, sp, key, entry, None if entry is None else scaled / _SCALE
+        return L.shape[0], W, nc, b64, b32, sp, key, entry, None if entry is None else int(scaled) / _SCALE
 
     def _shape_ctx(self, cache_key: Any, shape: Shape, owner: Any) -> "_ShapeCtx":
         if len(self._shapes) >= 64:
@@ -404,7 +375,8 @@ class PolicyTable:
 
 class _Rows:
     """One family's candidates for the compiled lookup: tuned rows then simulated
-    rows, each part sorted by (bucket string, id) as :class:`_Candidates`."""
+    rows, each part sorted by (bucket string, id): the first minimum of the distance is
+    :func:`kvsplit.kernels.buckets.nearest`'s tie-break."""
 
     def __init__(self, tuned: Sequence[PolicyEntry], simulated: Sequence[PolicyEntry]) -> None:
         self.entries = list(tuned) + list(simulated)
@@ -436,7 +408,7 @@ class _ShapeCtx:
         self.prefix_bytes = np.frombuffer(self.prefix.encode("ascii"), np.uint8).copy()
         self.lim = float(limit) * _SCALE  # d <= limit  <=>  scaled <= limit * 2^k (exact)
         n = len(self.rows.entries)
-        self.specs: list[Any] = [None] * (n + 1)  # parsed policy of each row, the fallback's last
+        self.specs: list[Any] = [None] * (n + 1)  # resolved policy of each row, the fallback's last
         self.spec_rows = np.zeros((n + 1, _fastplan.SV_LEN), np.int64)  # the same for the compiled pass
 
     def _parse(self, table: PolicyTable, i: int) -> Any:
@@ -447,9 +419,10 @@ class _ShapeCtx:
             name, params = table.fallback_name, table.fallback_params
         c = self.ctx
         params = fit_heads_per_tile(params, self.shape.num_qo_heads, c.num_kv_heads)
-        sp = _fastplan.spec(name, params, c.num_kv_heads, c.device, c.head_dim, c.page_size, c.dtype)
+        sp = resolve(name, params, num_kv_heads=c.num_kv_heads, device=c.device, head_dim=c.head_dim,
+                     page_size=c.page_size, dtype=c.dtype)
         _fastplan.spec_vector(sp, self.spec_rows[i])
-        sp = self.specs[i] = sp if sp is not None else False
+        self.specs[i] = sp
         return sp
 
     def run(self, table: PolicyTable, kv_lens: Any) -> tuple:
@@ -460,23 +433,18 @@ class _ShapeCtx:
         L = _fastplan.as_kv_lens(kv_lens)
         r = self.rows
         while True:
-            status, info, key, i, scaled, W, nc, b64, b32 = _fastplan._key_plan(
+            status, info, key, i, scaled, W, nc, b64, b32 = _fastplan.key_plan(
                 L, r.cum, r.cls, r.empty, r.n_tuned, _CLASS_UNITS, self.lim, self.spec_rows, self.prefix_bytes)
             if status == 0:
                 break
             if status == 1:
-                raise _fastplan._range_error(L, info)
+                raise _fastplan.range_error(L, info)
             if status == 2:
-                raise _fastplan._too_many_items(info)
-            j = i if i >= 0 else len(r.entries)  # status 3: the row's policy is parsed on first use
-            sp = self.specs[j]
-            if sp is None:
-                sp = self._parse(table, j)
-            if sp is False:
-                W = -1
-                break
+                raise _fastplan.too_many_items(info)
+            j = i if i >= 0 else len(r.entries)  # status 3: the row's policy is resolved on first use
+            self._parse(table, j)
         sp = self.specs[i if i >= 0 else -1]
-        if sp is not False and sp.ww_specs:  # the whole-wave rule of the matched policy (policies.whole_wave_config)
+        if sp.whole_wave_specs:  # the whole-wave rule of the matched policy
             alt = _fastplan.whole_wave_spec(L, sp)
             if alt is not sp:
                 sp = alt
@@ -490,18 +458,12 @@ class _ShapeCtx:
         key, lookup and plan pass (:meth:`run`)."""
         L, key, entry, scaled, sp, W, nc, b64, b32 = self.run(table, kv_lens)
         key = key.tobytes().decode()
-        if sp is not False:
-            plan = _fastplan.plan_of_buffers(L.shape[0], W, nc, b64, b32, sp)
-        elif entry is None:  # a policy the compiled core does not plan (flashinfer, fa3)
-            plan = plan_batch(_as_kv_lens(L), self.ctx, table.fallback_name, table.fallback_params)
-        else:
-            plan = plan_batch(_as_kv_lens(L), self.ctx, entry.name,
-                              fit_heads_per_tile(entry.params, self.shape.num_qo_heads, self.ctx.num_kv_heads))
+        plan = _fastplan.plan_of_buffers(L.shape[0], W, nc, b64, b32, sp)
         if entry is None:
             return (plan, {"key": key, "matched": None, "distance": None},
                     {"id": None, "version": None, "name": table.fallback_name,
                      "params": dict(table.fallback_params), "source": "fallback"})
-        return plan, {"key": key, "matched": entry.bucket, "distance": scaled / _SCALE}, entry.info()
+        return plan, {"key": key, "matched": entry.bucket, "distance": int(scaled) / _SCALE}, entry.info()
 
 
 def _cum_hist(key: BucketKey) -> np.ndarray:
@@ -511,49 +473,7 @@ def _cum_hist(key: BucketKey) -> np.ndarray:
     return np.cumsum(h)
 
 
-# distance * 2 * HIST_UNITS is an integer: sum|cum_a - cum_b| + (2 * HIST_UNITS * CLASS_WEIGHT) * class steps
-_SCALE = HIST_UNITS * BINS_PER_OCTAVE
-_CLASS_UNITS = _SCALE * CLASS_WEIGHT
-assert float(_CLASS_UNITS).is_integer(), "bucket distance constants no longer give integer scaled distances"
-_CLASS_UNITS = int(_CLASS_UNITS)
-
-
-class _Candidates:
-    """Keys of one family and source as arrays, for vectorized distances.
-
-    ``distance(a, b) = sum|cum_a - cum_b| / HIST_UNITS / BINS_PER_OCTAVE +
-    CLASS_WEIGHT * (|db| + |dt|)`` (kvsplit.kernels.buckets.distance), inf when
-    exactly one histogram is empty. Scaled by ``HIST_UNITS * BINS_PER_OCTAVE``
-    it is an integer, computed exactly here, and the one division by a power of
-    two gives the same float as ``distance``. Entries are sorted by (bucket
-    string, id), so the first minimum is the tie-break of ``nearest``.
-    """
-
-    def __init__(self, entries: Sequence[PolicyEntry]) -> None:
-        self.entries = list(entries)
-        self.cum = np.stack([_cum_hist(e.key) for e in self.entries])
-        self.cls = np.array([(e.key.batch_class, e.key.tokens_class) for e in self.entries], dtype=np.int64)
-        self.empty = np.array([not e.key.hist for e in self.entries])
-        self.any_empty = bool(self.empty.any())
-
-    def nearest(self, key: BucketKey, limit: float) -> tuple[PolicyEntry, float] | None:
-        if _fastplan.ENABLED:  # the same integer distances, one compiled loop
-            i, scaled = _fastplan.nearest_scaled(self.cum, self.cls, self.empty, _cum_hist(key), key.batch_class,
-                                                 key.tokens_class, not key.hist, _CLASS_UNITS)
-            if i < 0 or not scaled / _SCALE <= limit:
-                return None
-            return self.entries[i], scaled / _SCALE
-        scaled = np.abs(self.cum - _cum_hist(key)).sum(axis=1)
-        scaled += _CLASS_UNITS * np.abs(self.cls - (key.batch_class, key.tokens_class)).sum(axis=1)
-        if self.any_empty or not key.hist:
-            classes = _CLASS_UNITS * np.abs(self.cls - (key.batch_class, key.tokens_class)).sum(axis=1)
-            d = np.where(self.empty == (not key.hist), np.where(self.empty, classes, scaled), np.inf) / _SCALE
-        else:
-            d = scaled / _SCALE
-        i = int(np.argmin(d))
-        if not d[i] <= limit:
-            return None
-        return self.entries[i], float(d[i])
+_SCALE, _CLASS_UNITS = SCALE, SCALED_CLASS_UNITS
 
 
 def check_policy_entry(entry: Mapping[str, Any]) -> None:
@@ -564,7 +484,7 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
     ``bucket`` the key string, the shape fields beside it).
 
     Checks that the policy name is known, that its params make a plan for its
-    bucket's shape (two probe batches), and that the bucket key parses
+    bucket's shape (:func:`~kvsplit.kernels.rulespec.resolve`), and that the bucket key parses
     (``BucketKey.parse``) and agrees with the bucket fields. Used by
     ``kvsplit db import``, ``POST /v1/policies/import`` and the service's table
     loader, so an entry that could not be served never reaches a table.
@@ -583,12 +503,11 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
             raise ValueError(f"bucket.gpu: unknown GPU {b['gpu']!r} and no device numbers in the entry") from None
         device = DeviceSpec(name=d["name"], num_sms=d["num_sms"], hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
                             l2_bytes=50 * 2**20, smem_per_sm_bytes=228 * 1024, smem_per_block_bytes=227 * 1024)
-    for lens in ([4096, 17, 9000, 1], [131072] + [512] * 63):
-        try:
-            make_plan(lens, num_kv_heads=b["num_kv_heads"], device=device, policy=entry["name"],
-                      params=entry["params"], head_dim=b["head_dim"], page_size=b["page_size"], dtype=b["dtype"])
-        except ValueError as exc:
-            raise ValueError(f"params do not make a plan: {exc}") from None
+    try:
+        resolve(entry["name"], entry["params"], num_kv_heads=b["num_kv_heads"], device=device,
+                head_dim=b["head_dim"], page_size=b["page_size"], dtype=b["dtype"])
+    except ValueError as exc:
+        raise ValueError(f"params do not make a plan: {exc}") from None
     try:
         key = BucketKey.parse(b["key"])
     except ValueError as exc:
@@ -597,3 +516,27 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
     for f, v in expect.items():
         if getattr(key, f) != v:
             raise ValueError(f"bucket.key: its {f} {getattr(key, f)!r} differs from the entry's {v!r}")
+
+
+SHIPPED_POLICIES = "data/h200_policies.json"
+"""The policies the project ships, inside this package: the GPU-tuned H200 table (format ``kvsplit.policies``,
+a ``kvsplit db export`` document: 263 published policies for H_kv 1, 4 and 8 at head_dim 128, bf16, page 16)."""
+
+
+def shipped_policies() -> dict[str, Any]:
+    """The shipped policy export (:data:`SHIPPED_POLICIES`) as its JSON document (what ``kvsplit db import`` and
+    the service's first start import)."""
+    return json.loads(resources.files(__package__).joinpath(SHIPPED_POLICIES).read_text())
+
+
+def load_shipped_table() -> PolicyTable:
+    """The table the shipped policies serve, in-process (no store, no server): :meth:`PolicyTable.from_export` of
+    :func:`shipped_policies`, every entry published at version 1, the fallback ``balanced``.
+
+    Example::
+
+        from kvsplit.kernels import load_shipped_table
+        plan, bucket, policy = load_shipped_table().plan(kv_lens, gpu="NVIDIA H200", num_qo_heads=32,
+                                                          num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    """
+    return PolicyTable.from_export(shipped_policies())

@@ -14,7 +14,7 @@ import torch
 __all__ = ["reference_decode_attention"]
 
 
-def _check_tensor(name: str, t: Any, *, ndim: int, device: torch.device | None = None) -> torch.Tensor:
+def check_tensor(name: str, t: Any, *, ndim: int, device: torch.device | None = None) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
@@ -52,9 +52,9 @@ def reference_decode_attention(
         lengths that disagree with ``q``, a request with fewer pages than its
         kv_len needs.
     """
-    q = _check_tensor("q", q, ndim=3)
-    k_cache = _check_tensor("k_cache", k_cache, ndim=4)
-    v_cache = _check_tensor("v_cache", v_cache, ndim=4)
+    q = check_tensor("q", q, ndim=3)
+    k_cache = check_tensor("k_cache", k_cache, ndim=4)
+    v_cache = check_tensor("v_cache", v_cache, ndim=4)
     if tuple(k_cache.shape) != tuple(v_cache.shape):
         raise ValueError(f"v_cache: expected shape {tuple(k_cache.shape)} (k_cache's), got {tuple(v_cache.shape)}")
     B, H_q, D = q.shape
@@ -64,9 +64,9 @@ def reference_decode_attention(
     if H_kv < 1 or H_q % H_kv != 0:
         raise ValueError(f"q: H_q={H_q} must be a multiple of the cache's H_kv={H_kv}")
     for name, t, n in (("kv_indptr", kv_indptr, B + 1), ("kv_lens", kv_lens, B)):
-        if tuple(_check_tensor(name, t, ndim=1).shape) != (n,):
+        if tuple(check_tensor(name, t, ndim=1).shape) != (n,):
             raise ValueError(f"{name}: expected shape ({n},) for B={B}, got {tuple(t.shape)}")
-    _check_tensor("kv_indices", kv_indices, ndim=1)
+    check_tensor("kv_indices", kv_indices, ndim=1)
     pages_of = (kv_indptr[1:] - kv_indptr[:-1]).to("cpu", torch.int64)
     short = kv_lens.to("cpu", torch.int64) > pages_of * page_size
     if bool(short.any()):

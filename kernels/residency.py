@@ -8,8 +8,8 @@ NumPy planner cannot query, so it is data:
 
 - :data:`MEASURED` holds occupancy figures read off the compiled Triton kernel
   on a GPU (``n_regs`` and ``metadata.shared`` of the CompiledKernel, then the
-  CUDA occupancy limits below), written by ``bench/gpu_sweep.py`` and recorded
-  in docs/perf.md.
+  CUDA occupancy limits below), recorded in
+  docs/decisions/register-cap-residency.md.
 - :data:`MEASURED_PREFETCH` and :data:`COMPILED` hold the same figures from
   the sm_90 compile on a CPU (Triton's ptxas; it reproduces MEASURED exactly)
   for the prefetching loop and for plain-loop configs MEASURED lacks.
@@ -37,8 +37,8 @@ MEASURED_GROUP = 8
 """The GQA group G = H_q / H_kv the tables below were read at (Qwen3-30B-A3B's 32/4)."""
 
 # (gpu, head_dim, dtype, block_n, num_warps, num_stages) -> (n_regs, shared bytes), read off the compiled
-# stage-1 kernel (G = 8, page_size 16, grid schedule; Triton 3.6, CUDA 13) on the H200 by bench/gpu_sweep.py
-# (docs/data/h200_r2/sweep1.log). fp16 is assumed to compile to the same use (not measured).
+# stage-1 kernel (G = 8, page_size 16, grid schedule; Triton 3.6, CUDA 13) on the H200
+# (docs/decisions/register-cap-residency.md). fp16 is assumed to compile to the same use (not measured).
 MEASURED: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = {
     ("NVIDIA H200", 128, "bfloat16", 64, 4, 2): (118, 38912),  # 4 CTAs/SM, 0 spills
     ("NVIDIA H200", 128, "bfloat16", 64, 4, 3): (156, 39168),  # 3 CTAs/SM, 0 spills
@@ -70,9 +70,9 @@ MEASURED_PREFETCH: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = 
 for (_gpu, _d, _dt, _bn, _w, _s), _v in list(MEASURED_PREFETCH.items()):
     MEASURED_PREFETCH[(_gpu, _d, "float16", _bn, _w, _s)] = _v
 
-# The plain loop's configs that MEASURED lacks, compiled for sm_90 the same way (round 6:
-# `python bench/compile_sm90.py --configs 32,2,2 ... 128,8,4 --variants plain`, docs/data/h200_r6/compile_sm90.log).
-# Before them the estimate below counted (64, 2, 3) at 3 CTAs per SM (compiled: 4) and (64, 4, 4) at 2 (3): round 1's
+# The plain loop's configs that MEASURED lacks, compiled for sm_90 the same way (Triton 3.6,
+# docs/decisions/register-cap-residency.md).
+# Before them the estimate below counted (64, 2, 3) at 3 CTAs per SM (compiled: 4) and (64, 4, 4) at 2 (3): the first
 # served plans use those tiles, and the simulator's worst held-out errors were on them.
 COMPILED: dict[tuple[str, int, str, int, int, int], tuple[int, int]] = {
     ("NVIDIA H200", 128, "bfloat16", 32, 2, 2): (168, 21504),  # 6 CTAs/SM (8 bytes of spill stores)
@@ -96,8 +96,8 @@ for (_gpu, _d, _dt, _bn, _w, _s), _v in list(COMPILED.items()):
     COMPILED[(_gpu, _d, "float16", _bn, _w, _s)] = _v
 
 
-# Work tiles of several KV heads (KernelConfig.heads_per_tile, round 8), compiled for sm_90 the same way
-# (`python bench/compile_sm90.py --heads 2,4 ...`, docs/data/h200_r8/compile_heads.log): heads_per_tile 2 at G = 8
+# Work tiles of several KV heads (KernelConfig.heads_per_tile), compiled for sm_90 the same way
+# (docs/decisions/two-heads-per-tile.md): heads_per_tile 2 at G = 8
 # (H_q 32, H_kv 4: 16 query rows), 4 at G = 4 (H_q 16, H_kv 4: 16 rows). Shared memory grows with the heads' K/V
 # buffers, registers with the per-head loads. Key: (gpu, head_dim, dtype, block_n, num_warps, num_stages, prefetch,
 # heads_per_tile).
@@ -184,9 +184,8 @@ COMPILED_HEADS: dict[tuple[str, int, str, int, int, int, bool, int], tuple[int, 
 for (_gpu, _d, _dt, _bn, _w, _s, _pf, _h), _v in list(COMPILED_HEADS.items()):
     COMPILED_HEADS[(_gpu, _d, "float16", _bn, _w, _s, _pf, _h)] = _v
 
-# The look-ahead over a CTA's work items (KernelConfig.next_item, round 11; always with the prefetch), compiled for
-# sm_90 the same way (`python bench/compile_sm90.py --variants next_item --heads 1,2 --groups 8 --configs ...`,
-# docs/data/h200_r11/compile_next_item.log; with four heads per tile, `--heads 4 --groups 4`, the pipeliner keeps one
+# The look-ahead over a CTA's work items (KernelConfig.next_item; always with the prefetch), compiled for
+# sm_90 the same way (docs/decisions/look-ahead.md; with four heads per tile at G = 4 the pipeliner keeps one
 # K/V buffer, so the planner refuses next_item there). Key: (gpu, head_dim, dtype, block_n, num_warps, num_stages,
 # heads_per_tile).
 COMPILED_NEXT: dict[tuple[str, int, str, int, int, int, int], tuple[int, int]] = {
@@ -238,12 +237,12 @@ NEXT_ITEM_EXTRA_REGS = 80
 up to 76)."""
 
 # Registers of the stage-1 kernel depend on the GQA group for some tiles: compiled for sm_90 at G = 1..8 and 16
-# (docs/data/h200_r5/residency_by_group.jsonl), every config of MEASURED keeps its residency for G <= 8 except
+# (docs/decisions/register-cap-residency.md), every config of MEASURED keeps its residency for G <= 8 except
 # (64, 4, 2), which takes 154-166 registers (3 CTAs per SM) at G != 8 against 118 (4) at G = 8. Its launch is
 # capped at 128 registers (Triton's ``maxnreg``; 44 bytes of spill stores), which restores 4 CTAs per SM for every
 # G: on the H200 the capped kernel ran G = 4 plans on that tile 1.31x (stream_k) and 1.24x (balanced) faster,
 # geomean over 12 batches of 262,144 and 1,048,576 tokens, and G = 16 plans 1.32x / 1.25x; at G = 8 the cap cost
-# 0.5-0.7 % (geomean) and is not applied (docs/perf.md, round 5). A cap at 168 for (128, 4, 2) (3 CTAs per SM at
+# 0.5-0.7 % (geomean) and is not applied (docs/decisions/register-cap-residency.md). A cap at 168 for (128, 4, 2) (3 CTAs per SM at
 # G = 16) made it 1.05x slower at G = 16 and 1.28-1.35x at G = 4 and 8 (180 bytes of spills): not applied, so
 # G = 16 runs that tile at 2 CTAs per SM where the tables say 3.
 # (head_dim, block_n, num_warps, num_stages, prefetch) -> maxnreg for G != MEASURED_GROUP, G <= 16 (the 16-row

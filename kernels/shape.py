@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceSpec, resolve_device
-from .limits import DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, _pos_int
-from .registry import PlanContext
+from .limits import DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, check_int
+from .rulespec import PlanContext
 
 __all__ = ["Shape", "canonical_dtype", "DTYPE_ALIASES", "MAX_HEADS", "MAX_QO_HEADS", "shape_family", "gpu_slug"]
 
@@ -104,14 +104,14 @@ class Shape:
         ``device`` is what :func:`~kvsplit.kernels.device.resolve_device` takes
         (a spec, a name or alias, or a mapping of numbers).
         """
-        hkv = _pos_int("num_kv_heads", num_kv_heads, 1, MAX_HEADS)
-        hq = _pos_int("num_qo_heads", num_qo_heads, 1, MAX_QO_HEADS)
+        hkv = check_int("num_kv_heads", num_kv_heads, 1, MAX_HEADS)
+        hq = check_int("num_qo_heads", num_qo_heads, 1, MAX_QO_HEADS)
         if hq % hkv:
             raise ValueError(f"num_qo_heads: expected a multiple of num_kv_heads ({hkv}), got {hq}")
         if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
         dt = canonical_dtype(dtype)
-        ps = _pos_int("page_size", page_size, 1, MAX_PAGE_SIZE)
+        ps = check_int("page_size", page_size, 1, MAX_PAGE_SIZE)
         return cls(resolve_device(device), hq, hkv, int(head_dim), dt, ps)
 
     @property

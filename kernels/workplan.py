@@ -1,5 +1,4 @@
-"""The :class:`Plan` value (one decode batch's work list) and how a work list is
-built from per-request split counts (:func:`build_work_list`, :func:`pack_ctas`).
+"""The :class:`Plan` value: one decode batch's work list (made by :func:`kvsplit.kernels.plan.make_plan`).
 
 Terms: a *work item* is one contiguous KV range ``[kv_start, kv_end)`` of one
 request; a *work tile* is (CTA, kv_head); a CTA processes the work items
@@ -15,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .limits import DTYPES, MAX_KV_LEN, KernelConfig, _check_config
+from .limits import DTYPES, MAX_KV_LEN, KernelConfig, check_config
 
 # ----------------------------------------------------------------------------
 # The Plan
@@ -98,10 +97,10 @@ class Plan:
                 raise ValueError(f"Plan.{name}: expected a 1-D array, got shape {arr.shape}")
             object.__setattr__(self, name, _ro(arr.astype(dt, copy=False)))
         object.__setattr__(self, "params", dict(self.params))
-        _check_plan_invariants(self)
+        check_plan_invariants(self)
 
     @classmethod
-    def _trusted(cls, **fields: Any) -> "Plan":
+    def from_trusted(cls, **fields: Any) -> "Plan":
         """Build a Plan from arrays already known to satisfy the invariants
         (make_plan's own output); skips the validation of ``__init__``."""
         self = object.__new__(cls)
@@ -230,7 +229,7 @@ class Plan:
             "cta_indptr": self.cta_indptr.tolist(),
             "config": self.config.to_dict(),
             "policy": self.policy,
-            "params": _jsonable(self.params),
+            "params": jsonable(self.params),
             "made_for": {
                 "num_kv_heads": self.num_kv_heads,
                 "head_dim": self.head_dim,
@@ -278,7 +277,7 @@ class Plan:
             arrays[k] = a.astype(np.int64)
         try:
             config = KernelConfig(**cfg)
-            _check_config(config, int(mf["head_dim"]), str(mf["dtype"]))
+            check_config(config, int(mf["head_dim"]), str(mf["dtype"]))
             return Plan(
                 **arrays,
                 config=config,
@@ -306,20 +305,20 @@ class Plan:
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
     """``v`` with NumPy scalars turned into Python ones and tuples into lists (JSON-able)."""
     if type(v) is dict and all(type(x) in _SCALARS for x in v.values()) and all(type(k) is str for k in v):
         return dict(v)  # the usual flat params dict: nothing to convert
     if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if isinstance(v, np.generic):
         return v.item()
     return v
 
 
-def _check_plan_invariants(p: Plan) -> None:
+def check_plan_invariants(p: Plan) -> None:
     B = p.kv_lens.shape[0]
     W = p.work_request.shape[0]
     if B < 1:
@@ -375,76 +374,3 @@ def _check_plan_invariants(p: Plan) -> None:
         raise ValueError(f"Plan.dtype: expected one of {sorted(DTYPES)}, got {p.dtype!r}")
     if not isinstance(p.config, KernelConfig):
         raise ValueError("Plan.config: expected a KernelConfig")
-
-
-
-# ----------------------------------------------------------------------------
-# Work list construction
-# ----------------------------------------------------------------------------
-
-
-def build_work_list(
-    kv_lens: np.ndarray, num_splits: np.ndarray, block_n: int, order: str, *, perm: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Cut each request into ``num_splits`` contiguous chunks and lay them out.
-
-    Chunk boundaries fall on multiples of ``block_n`` when the request has at
-    least as many KV tiles as splits (``start_j = block_n * floor(j * n_tiles /
-    n)``, as FlashAttention-3's ``BlockMN::get_n_block_min_max`` spreads blocks),
-    otherwise on token boundaries ``floor(j * kv_len / n)``. ``num_splits`` is
-    clamped to ``max(kv_len, 1)`` so no chunk is empty.
-
-    Returns ``(num_splits, work_request, work_kv_start, work_kv_end)``; the
-    requests appear in ``order`` (``natural``: batch order; ``heavy_first``:
-    kv_len descending, stable), or in the order of ``perm`` (a permutation of
-    ``range(B)``, used by policies with their own sort key, e.g. ``fa3``).
-    """
-    L = kv_lens
-    n = np.minimum(np.maximum(num_splits.astype(np.int64), 1), np.maximum(L, 1))
-    if perm is not None:
-        perm = np.asarray(perm, dtype=np.int64)
-    elif order == "heavy_first":
-        perm = np.argsort(-L, kind="stable")
-    else:
-        perm = np.arange(L.shape[0])
-    n_perm = n[perm]
-    W = int(n_perm.sum())
-    req = np.repeat(perm, n_perm)
-    item_first = np.repeat(np.cumsum(n_perm) - n_perm, n_perm)
-    j = np.arange(W, dtype=np.int64) - item_first
-    Lw = L[req]
-    nw = n[req]
-    tiles = -(-Lw // block_n)
-    aligned = tiles >= nw
-    start_a = block_n * ((j * tiles) // nw)
-    end_a = np.minimum(block_n * (((j + 1) * tiles) // nw), Lw)
-    start_t = (j * Lw) // nw
-    end_t = ((j + 1) * Lw) // nw
-    start = np.where(aligned, start_a, start_t)
-    end = np.where(aligned, end_a, end_t)
-    return n.astype(np.int32), req.astype(np.int32), start, end
-
-
-def pack_ctas(work_kv_start: np.ndarray, work_kv_end: np.ndarray, pack_tokens: int) -> np.ndarray:
-    """Group consecutive short work items into CTAs; return ``cta_indptr``.
-
-    An item of fewer than ``pack_tokens`` tokens shares its CTA with its short
-    neighbours in launch order until their running token count crosses a
-    multiple of ``pack_tokens``; longer items get a CTA each. ``pack_tokens=0``
-    gives one item per CTA. (The lever of DESIGN.md §7: thousands of tiny tiles
-    each pay a fixed per-CTA cost.)
-    """
-    W = work_kv_start.shape[0]
-    if pack_tokens <= 0 or W <= 1:
-        return np.arange(W + 1, dtype=np.int32)
-    length = work_kv_end - work_kv_start
-    short = length < pack_tokens
-    # running token count of short items; a long item resets nothing but breaks runs
-    cum_before = np.cumsum(np.where(short, length, 0)) - np.where(short, length, 0)
-    bucket = cum_before // pack_tokens
-    boundary = np.ones(W, dtype=bool)
-    boundary[1:] = ~short[1:] | ~short[:-1] | (bucket[1:] != bucket[:-1])
-    starts = np.flatnonzero(boundary)
-    return np.append(starts, W).astype(np.int32)
-
-

@@ -48,13 +48,13 @@ Two modes:
   tuned on another tile runs the graph's own rule (``stream_k`` at one CTA
   per SM) on a tile of one resident CTA per SM (``graph_residency``), else its
   own rule with ctas_per_sm raised to the residency when below 2
-  (``_entry_rule``; measured on the H200 in docs/perf.md, rounds 15-17). The
+  (``_entry_rule``; measured on the H200: docs/decisions/graph-default.md). The
   whole-wave rule (``whole_wave``, which picks a tile per batch:
-  :func:`kvsplit.kernels.policies.whole_wave_config`) is left out. By default
+  docs/decisions/whole-wave-rule.md) is left out. By default
   (no tile knobs in ``params``) the tile is
   :func:`kvsplit.kernels.limits.graph_default_config`'s: on the H200 its graph
   path ran at 1.02x the time of the plan the table serves eagerly (geomean of
-  171 batches, docs/perf.md rounds 16-17). With a ``table``, ``kv_lens_host``
+  171 batches, docs/decisions/graph-default.md). With a ``table``, ``kv_lens_host``
   is required on re-pick steps; without one, only with ``planner="host"``.
 
   **Page ids are the caller's contract in graph mode**, as in FlashInfer:
@@ -68,25 +68,67 @@ Errors are ``ValueError``s naming the argument.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from . import fastplan
-from .decode import (_TORCH_DTYPES, check_heads_per_tile, check_interpreter_dtype, check_kernel_device, launch_decode,
-                     make_workspace)
+from .buckets import bucket_key
+from .decode import (TORCH_DTYPES, DecodeWorkspace, check_heads_per_tile, check_interpreter_dtype, check_kernel_device,
+                     launch_decode, make_workspace)
 from .device import DeviceSpec, resolve_device
-from .device_plan import DeviceRule, alloc_device_plan, device_plan, device_rule
+from .device_plan import alloc_device_plan, check_device_rule, device_plan
 from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config, graph_default_config
 from .residency import resident_ctas_per_sm
-from .plan import Plan, make_plan
+from .plan import Plan
+from .policies import plan_with
+from .rulespec import RuleSpec, resolve
 
-__all__ = ["DecodeWrapper"]
+__all__ = ["DecodeWrapper", "GraphOptions"]
 
-_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item")  # with heads_per_tile: a graph's tile
 _FIXED_KNOBS = _TILE_KNOBS + ("heads_per_tile", "schedule", "num_programs")  # what the captured graph bakes in
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """The options of :class:`DecodeWrapper`'s CUDA-graph mode, as one value (module doc).
+
+    Parameters
+    ----------
+    max_work_items : int, optional
+        Most work items of a plan (default ``max_batch_size + 4 * num_SMs * 8``, enough for stream_k at up to 8
+        CTAs per SM).
+    planner : str
+        ``"auto"`` (default: the device planner where the rule allows it), ``"device"`` or ``"host"``.
+    repick_every : int
+        Re-pick the policy parameters every this many steps (and whenever the batch size changes); default 64.
+    num_programs : int, optional
+        Persistent programs of stage 1 (default from the policy's ``num_programs``, else 4 per SM).
+
+    Raises
+    ------
+    ValueError
+        On an invalid field, naming it (``graph.planner`` ...).
+    """
+
+    max_work_items: int | None = None
+    planner: str = "auto"
+    repick_every: int = 64
+    num_programs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.planner not in ("auto", "device", "host"):
+            raise ValueError(f"graph.planner: expected 'auto', 'device' or 'host', got {self.planner!r}")
+        for name in ("repick_every", "max_work_items", "num_programs"):
+            v = getattr(self, name)
+            if v is None and name != "repick_every":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"graph.{name}: expected an integer >= 1, got {v!r}")
 
 
 class DecodeWrapper:
@@ -120,29 +162,25 @@ class DecodeWrapper:
         complete with :func:`~kvsplit.kernels.limits.default_config`'s.
     use_cuda_graph : bool
         Graph mode (module doc).
+    graph : GraphOptions, optional
+        The graph mode's options (default ``GraphOptions()``); only with ``use_cuda_graph``.
     gpu : DeviceSpec or str, optional
         The GPU the plans are for; default ``torch.cuda.get_device_name(device)``
         on CUDA, ``"NVIDIA H200"`` on the CPU.
-    max_work_items : int, optional
-        Graph mode: most work items of a plan (default ``max_batch_size + 4 *
-        num_SMs * 8``, enough for stream_k at up to 8 CTAs per SM).
-    planner : str
-        Graph mode: ``"auto"`` (default), ``"device"`` or ``"host"``.
-    repick_every : int
-        Graph mode: re-pick the policy parameters every this many steps (and
-        whenever the batch size changes).
-    num_programs : int, optional
-        Graph mode: persistent programs of stage 1 (default from the policy's
-        config, else 4 per SM).
     sm_scale : float, optional
         Softmax scale (default ``1/sqrt(head_dim)``).
+    workspace : DecodeWorkspace, optional
+        The caller's own workspace (:func:`kvsplit.kernels.decode.make_workspace`), as FlashInfer's wrappers take
+        a float workspace buffer: used as it is, never reallocated (a plan that needs more partial slots or
+        requests than it holds raises ``ValueError`` naming ``workspace``). Default: the wrapper allocates one
+        (graph mode: for ``max_work_items`` partials; eager mode: grown as plans need).
     """
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, *, page_size: int = 16,
                  dtype: str = "bfloat16", device: Any = "cuda", max_batch_size: int = 256, table: Any = None,
                  policy: str | None = None, params: Mapping[str, Any] | None = None, use_cuda_graph: bool = False,
-                 gpu: DeviceSpec | str | None = None, max_work_items: int | None = None, planner: str = "auto",
-                 repick_every: int = 64, num_programs: int | None = None, sm_scale: float | None = None) -> None:
+                 graph: GraphOptions | None = None, gpu: DeviceSpec | str | None = None,
+                 sm_scale: float | None = None, workspace: DecodeWorkspace | None = None) -> None:
         for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
@@ -157,10 +195,17 @@ class DecodeWrapper:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or \
                 not 1 <= max_batch_size <= MAX_BATCH:
             raise ValueError(f"max_batch_size: expected an integer in [1, {MAX_BATCH}], got {max_batch_size!r}")
-        if planner not in ("auto", "device", "host"):
-            raise ValueError(f"planner: expected 'auto', 'device' or 'host', got {planner!r}")
-        if isinstance(repick_every, bool) or not isinstance(repick_every, int) or repick_every < 1:
-            raise ValueError(f"repick_every: expected an integer >= 1, got {repick_every!r}")
+        if graph is not None and not use_cuda_graph:
+            raise ValueError("graph: the CUDA-graph mode's options; pass use_cuda_graph=True with them")
+        if graph is None:
+            graph = GraphOptions()
+        elif not isinstance(graph, GraphOptions):
+            raise ValueError(f"graph: expected a GraphOptions, got {type(graph).__name__}")
+        if workspace is not None and not isinstance(workspace, DecodeWorkspace):
+            raise ValueError(f"workspace: expected a DecodeWorkspace (make_workspace), got {type(workspace).__name__}")
+        self.graph_options = graph
+        max_work_items, planner, repick_every, num_programs = (graph.max_work_items, graph.planner,
+                                                               graph.repick_every, graph.num_programs)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.dtype = page_size, dtype
         self.device = torch.device(device)
@@ -181,8 +226,9 @@ class DecodeWrapper:
         self._shape = dict(num_kv_heads=num_kv_heads, device=self.gpu, head_dim=head_dim, page_size=page_size,
                            dtype=dtype)
         # policy None: balanced (eager); in graph mode stream_k at the graph tile's residency (set below)
-        make_plan([1], policy=policy or ("stream_k" if self.use_cuda_graph else "balanced"), params=params,
-                  **self._shape)  # validates policy and params now
+        # validates policy and params now; the eager planner plans every batch with this spec
+        self.spec: RuleSpec = resolve(policy or ("stream_k" if self.use_cuda_graph else "balanced"), params,
+                                      **self._shape)
         if self.device.type == "cpu":
             check_interpreter_dtype("dtype", _NAMES[dtype])
         self.policy, self.params = policy or "balanced", dict(params or {})
@@ -191,7 +237,8 @@ class DecodeWrapper:
         self._max_page = -1
         self._B = -1
         self._step = 0
-        self.workspace = None
+        self.workspace = workspace
+        self._own_workspace = workspace is None
         if not self.use_cuda_graph:
             return
         # ---- graph mode: fixed kernel config, preallocated buffers ----------------
@@ -221,14 +268,19 @@ class DecodeWrapper:
             max_work_items = max_batch_size + 32 * self.gpu.num_sms
         self.max_work_items = int(max_work_items)
         self.bufs = alloc_device_plan(max_batch_size, self.max_work_items, self.device)
-        self.workspace = make_workspace(num_qo_heads, head_dim, max_partials=self.max_work_items,
-                                        max_batch=max_batch_size, device=self.device)
+        if workspace is None:
+            self.workspace = make_workspace(num_qo_heads, head_dim, max_partials=self.max_work_items,
+                                            max_batch=max_batch_size, device=self.device)
+        elif workspace.max_partials < self.max_work_items or workspace.max_batch < max_batch_size:
+            raise ValueError(f"workspace: holds {workspace.max_partials} partials and {workspace.max_batch} requests; "
+                             f"graph mode needs max_work_items={self.max_work_items} and "
+                             f"max_batch_size={max_batch_size}")
         self.planner_requested = planner
         pin = self.device.type == "cuda"
         n = 5 * self.max_work_items + 4 * max_batch_size + 8
         self._staging = [torch.zeros(n, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self._staging_done: list[Any] = [None, None]
-        self._rule: DeviceRule | None = None
+        self._device_rule = False
         self._pick(self.policy, self.params)
 
     # ------------------------------------------------------------------ helpers
@@ -249,15 +301,15 @@ class DecodeWrapper:
     def _entry_rule(self, policy: str, params: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
         """The rule a re-picked table entry runs in graph mode.
 
-        Tuned on the graph's tile: its own. Tuned on another tile, measured on the H200 (docs/perf.md, rounds 15-17):
+        Tuned on the graph's tile: its own. Tuned on another tile, measured on the H200 (docs/decisions/graph-default.md):
 
         - a graph tile of one resident CTA per SM (the look-ahead tile of :func:`graph_default_config`): the graph's
           own rule, ``stream_k`` at that one CTA per SM. The shipped entries' 2-4 CTAs per SM (tuned on (32, 4, 3)
-          tiles) ran it at 1.034x (up to 1.19x) that rule's time (round 16);
+          tiles) ran it at 1.034x (up to 1.19x) that rule's time;
         - a tile of two or more resident CTAs per SM: the entry's rule, its ctas_per_sm raised to the tile's
           residency when below 2 (entries tuned for a one-CTA-per-SM tile ran (128, 4, 2) at 1.13-1.37x the time
-          with it, round 15); stream_k at the residency for every such entry ran that tile at 1.296x the served
-          eager plan against 1.252x for this rule (round 17, call 2, same run)."""
+          with it); stream_k at the residency for every such entry ran that tile at 1.296x the served
+          eager plan against 1.252x for this rule (same run)."""
         if not self._other_tile(params):
             return policy, params
         if self.graph_residency <= 1:
@@ -269,22 +321,22 @@ class DecodeWrapper:
 
     def _pick(self, policy: str, params: Mapping[str, Any]) -> None:
         """Graph mode: set the rule (device) or the host policy for the next steps."""
-        gp = self._graph_params(params)
-        self._graph_policy = (policy, gp)
-        self._rule = None
+        self.spec = resolve(policy, self._graph_params(params), **self._shape)
+        self._device_rule = False
         if self.planner_requested in ("auto", "device"):
             try:
-                self._rule = device_rule(policy, gp, **self._shape)
+                check_device_rule(self.spec)
+                self._device_rule = True
             except NotImplementedError:
                 if self.planner_requested == "device":
                     raise
-        self.planner = "device" if self._rule is not None else "host"
-        self.config = make_plan([1], policy=policy, params=gp, **self._shape).config
+        self.planner = "device" if self._device_rule else "host"
+        self.config = self.spec.config
 
     def _lookup(self, kv_lens_host: np.ndarray) -> tuple[str, dict[str, Any]]:
         if self.table is None:
             return self.policy, self.params
-        key = fastplan.bucket_key(kv_lens_host, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+        key = bucket_key(kv_lens_host, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                                   dtype=self.dtype, device=self.gpu, page_size=self.page_size)
         entry, _ = self.table.lookup(key)
         if entry is None:
@@ -309,6 +361,11 @@ class DecodeWrapper:
             raise ValueError(f"kv_indptr: expected shape ({B + 1},), got {tuple(kv_indptr.shape)}")
         return B
 
+    @property
+    def last_plan(self) -> Plan | None:
+        """The host plan of the last :meth:`plan` step (None before the first, or when it was made on the device)."""
+        return self._plan
+
     # ------------------------------------------------------------------ plan
     def plan(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor, *,
              kv_lens_host: Any = None) -> Plan | None:
@@ -328,8 +385,9 @@ class DecodeWrapper:
         Returns
         -------
         Plan or None
-            The host plan (eager mode, or graph mode with the host planner);
-            None when the work list was computed on the device.
+            In both modes: the host plan of the step when one was made on the host (eager mode, graph mode with
+            the host planner), None when the work list was computed on the device (it stays there; no sync).
+            :attr:`last_plan` keeps the same value until the next step.
         """
         B = self._check_index(kv_indptr, kv_indices, kv_lens)
         self._indptr, self._indices = kv_indptr, kv_indices
@@ -344,14 +402,13 @@ class DecodeWrapper:
             self._B = B
         self._step += 1
         if self.planner == "device":
-            device_plan(kv_lens, self._rule, self.bufs, self.workspace.counter)
+            device_plan(kv_lens, self.spec, self.bufs, self.workspace.counter)
             self._plan = None
             return None
         if kv_lens_host is None:
             raise ValueError("kv_lens_host: required by the host planner in graph mode (policy "
-                             f"{self._graph_policy[0]!r} is not run on the device)")
-        policy, gp = self._graph_policy
-        p = make_plan(kv_lens_host, policy=policy, params=gp, **self._shape)
+                             f"{self.spec.policy!r} is not run on the device)")
+        p = plan_with(kv_lens_host, self.spec)
         if p.batch_size != B:
             raise ValueError(f"kv_lens_host: expected {B} entries (kv_lens'), got {p.batch_size}")
         self._upload(p)
@@ -388,9 +445,13 @@ class DecodeWrapper:
                                       num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
                                       page_size=self.page_size, device=self.gpu)
         else:
-            p = make_plan(lens, policy=self.policy, params=self.params, **self._shape)
+            p = plan_with(lens, self.spec)
         self._plan = p
         self._arrays = p.to(self.device)
+        if not self._own_workspace and (self.workspace.max_partials < p.num_partials or
+                                        self.workspace.max_batch < B):
+            raise ValueError(f"workspace: holds {self.workspace.max_partials} partials and {self.workspace.max_batch} "
+                             f"requests; this step's plan needs {p.num_partials} and {B}")
         if self.workspace is None or self.workspace.max_partials < p.num_partials or \
                 self.workspace.max_batch < B:
             grow = max(p.num_partials, 2 * (self.workspace.max_partials if self.workspace else 0))

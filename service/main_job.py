@@ -2,7 +2,7 @@
 
 1. Create or migrate the policy store (``KVSPLIT_DATABASE_URL``, default
    ``sqlite:///./kvsplit.db``).
-2. Import the policies the project ships (``service/data/h200_policies.json``:
+2. Import the policies the project ships (``kernels/data/h200_policies.json``:
    tuned on an H200 with the GPU backend, scripts/build_shipped_policies.py) and the H200
    simulator calibration fitted in the same run — once; a second run finds them.
 3. Tune a small demo set of buckets, one per model shape of issue 6
@@ -25,6 +25,8 @@ import time
 import urllib.request
 from importlib import resources
 from typing import Any
+
+from ..kernels.policy_table import shipped_policies
 
 __all__ = ["run", "prepare", "serve", "DEMO_BUCKETS", "SAMPLE_REQUEST"]
 
@@ -66,7 +68,7 @@ def _data(name: str) -> dict[str, Any]:
 def _import_shipped(url: str) -> None:
     from ..db import store
 
-    doc = _data("h200_policies.json")
+    doc = shipped_policies()
     said: list[str] = []  # said once the transaction has committed (a full disk fails at the commit)
     with store.session_scope(url, write=True) as s:
         have = {b.key for b in store.list_buckets(s)}

@@ -186,7 +186,7 @@ def pick_per_key(timings: Mapping[str, Sequence[Mapping[str, float | None]]], *,
 
 def previous_picks(doc: Mapping[str, Any] | str | Path, pool: Sequence[str] = SERVED_POOL) -> dict[str, str]:
     """Bucket key -> the pool candidate a policies export (``kvsplit db export``'s format, e.g.
-    ``service/data/h200_policies.json``) publishes for it. A policy whose params are not exactly a candidate's
+    ``kernels/data/h200_policies.json``) publishes for it. A policy whose params are not exactly a candidate's
     of ``pool`` (``whole_wave`` / ``whole_wave_heads`` aside) is left out; a ``tuned`` policy is matched through
     :func:`tuned_equivalent` completed with nothing else (a tuned policy that names more is not a candidate).
     ``doc`` is the parsed export or its path. Raises ValueError when it is not a policies export."""

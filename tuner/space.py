@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from ..kernels.device import resolve_device
 from ..kernels.plan import TUNED_PARAM_SPACE, default_config, fa3_static_num_splits
-from ..kernels.policies import condition_holds
+from ..kernels.rulespec import condition_holds
 from .pool import parse_candidate, tuned_equivalent
 from .tasks import TuneTask
 

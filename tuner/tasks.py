@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..kernels.buckets import BucketKey, key_of
-from ..kernels.limits import _as_kv_lens
+from ..kernels.limits import check_kv_lens
 from ..kernels.shape import Shape
 from .backends import TimingBackend, make_backend
 from .workloads import FAMILIES, TRACES, family_batches, family_kv_lens, trace_batches
@@ -62,7 +62,7 @@ def _shape(gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype:
 
 
 def _key_of(kv_lens: Sequence[int], shape: Shape) -> BucketKey:
-    return key_of(_as_kv_lens(kv_lens), shape.plan_context())
+    return key_of(check_kv_lens(kv_lens), shape.plan_context())
 
 
 def _shape_fields(shape: Shape) -> dict[str, Any]:

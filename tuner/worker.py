@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..db import store
 from ..kernels.plan import make_plan
-from ..kernels.policies import fit_heads_per_tile
+from ..kernels.rulespec import fit_heads_per_tile
 from .backends import TimingBackend
 from .space import suggest_params
 from .study import (

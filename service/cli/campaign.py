@@ -47,8 +47,8 @@ def campaign_cmd(*, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: in
         if model_shape is not None:
             num_qo_heads, num_kv_heads, head_dim = cp.parse_model_shape(model_shape)
         dev = resolve_device(gpu)
-        Shape.of(device=dev.name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                 dtype=dtype, page_size=page_size)
+        dtype = Shape.of(device=dev.name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         dtype=dtype, page_size=page_size).dtype  # an alias such as bf16 becomes torch's name
     except ValueError as exc:
         msg = str(exc)
         fail(msg if msg.startswith("--") else f"--gpu/--model-shape/--dtype/--page-size: {msg}")

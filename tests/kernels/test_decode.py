@@ -364,8 +364,8 @@ def test_prefetch_knob_is_checked_and_counted_in_residency():
     # (64, 4, 4) prefetching: 104,448 B -> 233,472 // 105,472 = 2
     assert res(64, 4, 4, True) == 2
     # wave-aware balanced counts those slots: 132 SMs x 1 for (128, 4, 3) with prefetch
-    from kvsplit.kernels.policies import resident_slots
-    from kvsplit.kernels.registry import PlanContext
+    from kvsplit.kernels.rulespec import resident_slots
+    from kvsplit.kernels.rulespec import PlanContext
 
     ctx = PlanContext(device=h200, num_kv_heads=4, head_dim=128, page_size=16, dtype="bfloat16")
     assert resident_slots(ctx, p.config.__class__(block_n=128, num_warps=4, num_stages=3, prefetch=True)) == 132

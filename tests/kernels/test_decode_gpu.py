@@ -272,7 +272,7 @@ def test_whole_wave_plans_of_the_shipped_table(lens):
 
     from kvsplit.kernels.policy_table import PolicyTable
 
-    raw = json.loads((Path(__file__).resolve().parents[2] / "service/data/h200_policies.json").read_text())
+    raw = json.loads((Path(__file__).resolve().parents[2] / "kernels/data/h200_policies.json").read_text())
     table = PolicyTable.from_export(raw)
     plan, _, policy = table.plan(lens, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
                                  dtype="bfloat16", page_size=16)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvsplit.kernels.device_plan import alloc_device_plan, device_plan, device_rule
+from kvsplit.kernels.device_plan import alloc_device_plan, check_device_rule, device_plan
+from kvsplit.kernels.rulespec import resolve
 from kvsplit.kernels.plan import make_plan
 
 H200 = "NVIDIA H200"
@@ -26,7 +27,8 @@ RULES = [
 
 
 def _check(L, policy, params, hkv=4, max_batch=64, max_items=2048):
-    rule = device_rule(policy, params, num_kv_heads=hkv, device=H200)
+    rule = resolve(policy, params, num_kv_heads=hkv, device=H200)
+    check_device_rule(rule)
     bufs = alloc_device_plan(max_batch, max_items, "cpu")
     counter = torch.ones(1, dtype=torch.int32)
     bufs.work_slot.fill_(-7)
@@ -70,8 +72,8 @@ def test_edge_cases(policy, params):
 
 def test_host_only_rules_say_so():
     with pytest.raises(NotImplementedError, match="wave-aware"):
-        device_rule("balanced", {}, num_kv_heads=4, device=H200)
+        check_device_rule(resolve("balanced", {}, num_kv_heads=4, device=H200))
     with pytest.raises(NotImplementedError, match="heavy_first"):
-        device_rule("stream_k", {"order": "heavy_first"}, num_kv_heads=4, device=H200)
+        check_device_rule(resolve("stream_k", {"order": "heavy_first"}, num_kv_heads=4, device=H200))
     with pytest.raises(ValueError, match="params.ctas_per_sm"):
-        device_rule("stream_k", {"ctas_per_sm": 0}, num_kv_heads=4, device=H200)
+        check_device_rule(resolve("stream_k", {"ctas_per_sm": 0}, num_kv_heads=4, device=H200))

@@ -153,9 +153,15 @@ def test_simulator_counts_heads_per_tile():
 
 
 def test_device_planner_counts_packed_tiles():
-    # since round 16 the device planner runs GQA-packed tiles: H_kv / heads_per_tile tiles per work item, the
-    # host partitions' count (tests/kernels/test_device_plan.py checks its arrays against the host plan's)
-    from kvsplit.kernels.device_plan import device_rule
+    # the device planner runs GQA-packed tiles: H_kv / heads_per_tile tiles per work item, the host partitions'
+    # count (tests/kernels/test_device_plan.py checks its arrays against the host plan's)
+    from kvsplit.kernels.device_plan import check_device_rule
+    from kvsplit.kernels.rulespec import resolve
+
+    def device_rule(policy, params, **kw):
+        r = resolve(policy, params, **kw)
+        check_device_rule(r)
+        return r
 
     r = device_rule("stream_k", {"heads_per_tile": 2}, num_kv_heads=4, device="NVIDIA H200")
     assert r.config.heads_per_tile == 2 and r.tile_heads == 2 and r.num_kv_heads == 4
@@ -166,7 +172,7 @@ def test_device_planner_counts_packed_tiles():
 
 
 def test_fit_heads_per_tile():
-    from kvsplit.kernels.policies import fit_heads_per_tile
+    from kvsplit.kernels.rulespec import fit_heads_per_tile
 
     p = {"ctas_per_sm": 3.0, "heads_per_tile": 2}
     assert fit_heads_per_tile(p, 32, 4) is p                                   # G = 8: 16 rows, fits
@@ -201,14 +207,14 @@ def test_table_refits_heads_per_tile_to_the_gqa_group(reference):
     from pathlib import Path
 
     from kvsplit.kernels import fastplan
-    from kvsplit.kernels.policies import fit_heads_per_tile
+    from kvsplit.kernels.rulespec import fit_heads_per_tile
     from kvsplit.kernels.policy_table import PolicyTable
 
-    raw = json.loads((Path(__file__).resolve().parents[2] / "service/data/h200_policies.json").read_text())
+    raw = json.loads((Path(__file__).resolve().parents[2] / "kernels/data/h200_policies.json").read_text())
     table = PolicyTable.from_export(raw)
     lens = np.array([30000, 100, 2000, 800] * 4)
     shape = dict(gpu="NVIDIA H200", num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
-    with fastplan.reference() if reference else contextlib.nullcontext():
+    with fastplan.python() if reference else contextlib.nullcontext():
         p8, _, pol8 = table.plan(lens, num_qo_heads=32, **shape)
         p16, _, pol16 = table.plan(lens, num_qo_heads=64, **shape)
     assert pol8 == pol16 and pol8["params"].get("heads_per_tile") == 2  # one bucket, a two-heads policy

@@ -17,7 +17,7 @@ from kvsplit.kernels.plan import (
     POLICIES,
     TUNED_PARAM_SPACE,
     Plan,
-    _check_plan_invariants,
+    check_plan_invariants,
     default_config,
     fa3_static_num_splits,
     flashinfer_decode_occupancy,
@@ -80,7 +80,7 @@ def check_invariants(plan: Plan) -> None:
             assert (s[1:] == e[:-1]).all(), "contiguous, in order"
     ci = plan.cta_indptr
     assert ci[0] == 0 and ci[-1] == plan.num_work_items and (np.diff(ci) >= 1).all()
-    _check_plan_invariants(plan)  # the Plan's own check agrees
+    check_plan_invariants(plan)  # the Plan's own check agrees
 
 
 kv_lens_st = st.lists(
@@ -574,8 +574,8 @@ H200_DEFAULT_RESIDENCY = 4
 
 def test_resident_slots_and_wave_target_hand_computed():
     from kvsplit.kernels.plan import default_config as dc
-    from kvsplit.kernels.policies import resident_slots, wave_target
-    from kvsplit.kernels.registry import PlanContext
+    from kvsplit.kernels.rulespec import resident_slots, wave_target
+    from kvsplit.kernels.rulespec import PlanContext
 
     ctx = PlanContext(H200, 4, 128, 16, "bfloat16")
     assert resident_slots(ctx, dc(128, "bfloat16")) == 396  # default tile (128, 4, 2): 3 CTAs/SM, measured

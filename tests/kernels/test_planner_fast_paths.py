@@ -3,8 +3,8 @@
 - ``PolicyTable.plan`` on the compiled core (one conversion, one compiled
   key-and-lookup pass, one compiled plan pass, a cached per-shape context)
   returns the same plan, bucket and policy answer as the NumPy reference
-  (``fastplan.reference()``), for int32, int64 and list input;
-- ``BucketKey._trusted`` makes the key the checked constructor makes;
+  (``fastplan.python()``), for int32, int64 and list input;
+- ``BucketKey.from_trusted`` makes the key the checked constructor makes;
 - the compiled ``round(log2 x)`` equals the Python one;
 - bad input still raises a ValueError naming the argument, on every path.
 """
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from kvsplit.kernels import fastplan
-from kvsplit.kernels.buckets import BucketKey, _log2_class, bucket_key, key_prefix
+from kvsplit.kernels.buckets import BucketKey, bucket_key, key_prefix
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
-from kvsplit.kernels.policies import make_plan_reference
+from .oracle import log2_class, make_plan as oracle_plan
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.kernels.shape import Shape
 
@@ -32,7 +32,7 @@ SHAPE = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, d
 
 
 def _shipped() -> PolicyTable:
-    return PolicyTable.from_export(json.loads((ROOT / "service/data/h200_policies.json").read_text()))
+    return PolicyTable.from_export(json.loads((ROOT / "kernels/data/h200_policies.json").read_text()))
 
 
 def _mixed() -> PolicyTable:
@@ -76,7 +76,7 @@ def test_table_plan_matches_reference(table_fn):
     shape = Shape.of(device="NVIDIA H200", num_qo_heads=32, num_kv_heads=4)
     sources, heads = set(), set()
     for L in [*_batches(11), *getattr(table, "test_batches", [])]:
-        with fastplan.reference():
+        with fastplan.python():
             ref = table.plan(L.astype(np.int64), **SHAPE)
         sources.add((ref[2]["source"], ref[2]["name"]))
         heads.add(ref[0].config.heads_per_tile)
@@ -103,7 +103,7 @@ def test_table_plan_other_families_and_devices():
                dict(SHAPE, device=dev)):                        # a caller's own device numbers
         for _ in range(5):
             L = rng.integers(1, 9000, int(rng.integers(1, 600)))
-            with fastplan.reference():
+            with fastplan.python():
                 ref = table.plan(L, **kw)
             for _ in range(2):  # the second call uses the cached shape
                 got = table.plan(L.tolist(), **kw)
@@ -118,7 +118,7 @@ def test_table_plan_device_mapping_is_read_each_call():
     plans = []
     for sms in (132, 40):
         dev["num_sms"] = sms
-        with fastplan.reference():
+        with fastplan.python():
             ref = table.plan(L, **kw)
         got = table.plan(L, **kw)
         assert got[0] == ref[0] and got[1] == ref[1] and got[2] == ref[2]
@@ -131,7 +131,7 @@ def test_table_plan_errors():
     for bad, field in (([5, -1, 3], "kv_lens[1]"), ([1, True, 3], "kv_lens[1]"), ([1, np.True_], "kv_lens[1]"),
                        ([1, 2.5], "kv_lens[1]"), ([], "kv_lens"), (np.array([5, 2**31], np.int64), "kv_lens[1]"),
                        (np.array([1.0]), "kv_lens"), (["3"], "kv_lens[0]"), ([2**70], "kv_lens[0]")):
-        with fastplan.reference(), pytest.raises(ValueError) as ref:
+        with fastplan.python(), pytest.raises(ValueError) as ref:
             table.plan(bad, **SHAPE)
         with pytest.raises(ValueError) as got:
             table.plan(bad, **SHAPE)
@@ -146,13 +146,13 @@ def test_table_plan_errors():
 
 def test_make_plan_rejects_numpy_bool_in_list():
     with pytest.raises(ValueError) as ref:
-        make_plan_reference([5, np.False_], num_kv_heads=4, device="NVIDIA H200")
+        oracle_plan([5, np.False_], num_kv_heads=4, device="NVIDIA H200")
     with pytest.raises(ValueError) as got:
         make_plan([5, np.False_], num_kv_heads=4, device="NVIDIA H200")
     assert str(got.value) == str(ref.value) and str(got.value).startswith("kv_lens[1]")
     # integers of any kind at 0/1 are fine
     p = make_plan([np.int32(1), 0, 7], num_kv_heads=4, device="NVIDIA H200")
-    assert p == make_plan_reference([1, 0, 7], num_kv_heads=4, device="NVIDIA H200")
+    assert p == oracle_plan([1, 0, 7], num_kv_heads=4, device="NVIDIA H200")
 
 
 def test_list_and_int32_give_identical_plans_and_keys():
@@ -164,7 +164,7 @@ def test_list_and_int32_give_identical_plans_and_keys():
             b = make_plan(L.tolist(), num_kv_heads=4, device="NVIDIA H200", policy=pol)
             assert a == b
         kw = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200")
-        assert fastplan.bucket_key(L, **kw) == fastplan.bucket_key(L.tolist(), **kw)
+        assert bucket_key(L, **kw) == bucket_key(L.tolist(), **kw)
 
 
 def test_trusted_bucket_key_equals_checked():
@@ -176,7 +176,7 @@ def test_trusted_bucket_key_equals_checked():
         fields = dict(gpu=ref.gpu, num_kv_heads=ref.num_kv_heads, head_dim=ref.head_dim, dtype=ref.dtype,
                       page_size=ref.page_size, batch_class=ref.batch_class, tokens_class=ref.tokens_class,
                       hist=ref.hist)
-        t = BucketKey._trusted(**fields)
+        t = BucketKey.from_trusted(**fields)
         assert t == ref == BucketKey(**fields) and hash(t) == hash(ref) and str(t) == str(ref)
         assert t.family == ref.family and BucketKey.parse(str(t)) == t
         assert str(t).startswith(key_prefix(ref.gpu, ref.num_kv_heads, ref.head_dim, ref.dtype, ref.page_size) + ".b")
@@ -185,10 +185,10 @@ def test_trusted_bucket_key_equals_checked():
 def test_compiled_log2_class_matches_python():
     xs = {1, 2, 3, 5, 6, 7, 2**47 + 12345, 65536 * (2**31 - 1)}
     for k in range(1, 52):
-        t = fastplan._HALF_UP[k]
+        t = fastplan.HALF_UP[k]
         xs |= {2**k - 1, 2**k, 2**k + 1, int(t) - 1, int(t), int(t) + 1}
     for x in sorted(xs):
-        assert fastplan._log2_class(x) == _log2_class(x), x
+        assert fastplan.log2_class(x) == log2_class(x), x
 
 
 def test_compiled_division_helpers():
@@ -196,8 +196,8 @@ def test_compiled_division_helpers():
     for d in (1, 3, 7, 16, 32, 100, 128, 257, 4096, 2**20 + 1, 2**31 - 1):
         xs = [0, 1, d - 1, d, d + 1, 2**31 - 1, 2**47 + 3, 2**50 - 1] + rng.integers(0, 2**50, 40).tolist()
         for x in xs:
-            assert fastplan._div(x, d, 1.0 / d) == x // d, (x, d)
-            sh = fastplan._log2_exact(d)
+            assert fastplan.div(x, d, 1.0 / d) == x // d, (x, d)
+            sh = fastplan.log2_exact(d)
             assert sh == (d.bit_length() - 1 if d & (d - 1) == 0 else -1)
             if x < 2**40:
-                assert fastplan._blocks(x, d, sh, 1.0 / d) == -(-x // d), (x, d)
+                assert fastplan.blocks(x, d, sh, 1.0 / d) == -(-x // d), (x, d)

@@ -8,7 +8,7 @@ import pytest
 from kvsplit.kernels.buckets import bucket_key, key_of
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
-from kvsplit.kernels.policies import plan_batch
+from .oracle import make_plan as oracle_plan
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.kernels.shape import Shape, canonical_dtype, shape_family
 
@@ -54,7 +54,7 @@ def test_family_is_the_bucket_keys_family_and_inner_calls_match_the_wrappers():
     assert k == key_of(L, s.plan_context())
     assert k.family == s.family == shape_family("nvidia-h100-80gb-hbm3", 1, 64, "float16", 32)
     p = make_plan(L, num_kv_heads=1, device=s.device, policy="fa3", head_dim=64, page_size=32, dtype="float16")
-    q = plan_batch(L, s.plan_context(), "fa3")
+    q = oracle_plan(L, policy="fa3", **s.plan_kwargs())
     assert p.to_dict() == q.to_dict()
 
 

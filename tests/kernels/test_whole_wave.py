@@ -18,12 +18,15 @@ from hypothesis import strategies as st
 
 from kvsplit.kernels import fastplan
 from kvsplit.kernels.device import DeviceSpec
-from kvsplit.kernels.device_plan import device_rule
+from kvsplit.kernels.device_plan import check_device_rule
+from kvsplit.kernels.rulespec import resolve
 from kvsplit.kernels.limits import KernelConfig
 from kvsplit.kernels.plan import make_plan
-from kvsplit.kernels.policies import WHOLE_WAVE_MAX_WAVES, make_plan_reference, whole_wave_config
+from kvsplit.kernels.rulespec import WHOLE_WAVE_MAX_WAVES
+
+from .oracle import make_plan as oracle_plan, whole_wave_config
 from kvsplit.kernels.policy_table import PolicyTable
-from kvsplit.kernels.registry import PlanContext
+from kvsplit.kernels.rulespec import PlanContext
 from kvsplit.kernels.buckets import bucket_key
 
 H200 = DeviceSpec.known("NVIDIA H200")
@@ -35,12 +38,12 @@ def _ctx(hkv=4):
 
 
 def _plan(lens, policy="stream_k", params=None, hkv=4, ref=True):
-    fn = make_plan_reference if ref else make_plan
+    fn = oracle_plan if ref else make_plan
     return fn(lens, num_kv_heads=hkv, device=H200, policy=policy, params=params if params is not None else SK)
 
 
 def test_residency_the_hand_computations_assume():
-    from kvsplit.kernels.policies import resident_slots
+    from kvsplit.kernels.rulespec import resident_slots
     assert resident_slots(_ctx(), KernelConfig(64, 4, 2)) == 4 * 132
     assert resident_slots(_ctx(), KernelConfig(128, 4, 2)) == 3 * 132
 
@@ -104,7 +107,7 @@ def test_batches_the_rule_leaves_get_the_policy_own_plan(lens):
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "0.05", True, float("nan"), None])
 @pytest.mark.parametrize("policy", ["stream_k", "balanced", "tuned"])
 def test_bad_whole_wave_names_the_parameter(bad, policy):
-    for fn in (make_plan_reference, make_plan):
+    for fn in (oracle_plan, make_plan):
         with pytest.raises(ValueError, match="params.whole_wave"):
             fn([2048] * 128, num_kv_heads=4, device=H200, policy=policy, params={"whole_wave": bad})
 
@@ -143,7 +146,7 @@ def test_policy_table_applies_the_matched_entry_rule():
     shape = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
     for lens, tile, entry_id in (([2048] * 128, (64, 4, 2), 1), ([4096] * 64, (128, 4, 2), 2),
                                  ([4096] * 128, (128, 4, 2), None)):
-        with fastplan.reference():
+        with fastplan.python():
             ref = table.plan(np.asarray(lens), **shape)
         got = table.plan(np.asarray(lens, dtype=np.int32), **shape)
         assert got[0] == ref[0] and got[1] == ref[1] and got[2] == ref[2]
@@ -160,8 +163,8 @@ def test_policy_table_applies_the_matched_entry_rule():
 
 def test_device_planner_refuses_the_rule():
     with pytest.raises(NotImplementedError, match="whole_wave"):
-        device_rule("stream_k", {**SK, "whole_wave": 0.05}, num_kv_heads=4, device=H200)
-    device_rule("stream_k", SK, num_kv_heads=4, device=H200)
+        check_device_rule(resolve("stream_k", {**SK, "whole_wave": 0.05}, num_kv_heads=4, device=H200))
+    check_device_rule(resolve("stream_k", SK, num_kv_heads=4, device=H200))
 
 
 @given(B=st.integers(1, 700), base=st.integers(1, 40000), spread=st.sampled_from([0.0, 0.004, 0.03, 0.2]),
@@ -172,7 +175,7 @@ def test_whole_wave_property_tiles_against_slots(B, base, spread, hkv, eps, seed
     WHOLE_WAVE_MAX_WAVES resident waves within 1 + eps (computed here from the residency table, in exact
     rationals), and then the plan is one non-empty item per request on that tile."""
     from fractions import Fraction
-    from kvsplit.kernels.policies import WHOLE_WAVE_TILES, resident_slots
+    from kvsplit.kernels.rulespec import WHOLE_WAVE_TILES, resident_slots
     rng = np.random.default_rng(seed)
     L = np.maximum(np.rint(base * rng.uniform(1 - spread, 1 + spread, B)), 1).astype(np.int64)
     ok = []
@@ -197,7 +200,7 @@ def test_whole_wave_property_tiles_against_slots(B, base, spread, hkv, eps, seed
 
 def test_whole_wave_heads_tile_hand_computed():
     """``whole_wave_heads = 2`` adds (64, 4, 3, prefetch, 2 heads per tile), one resident CTA per SM (132 slots)."""
-    from kvsplit.kernels.policies import WHOLE_WAVE_HEADS_TILES, resident_slots
+    from kvsplit.kernels.rulespec import WHOLE_WAVE_HEADS_TILES, resident_slots
     h2 = KernelConfig(64, 4, 3, prefetch=True, heads_per_tile=2)
     assert WHOLE_WAVE_HEADS_TILES == (h2,) and resident_slots(_ctx(), h2) == 132
     L = np.full(64, 4096, dtype=np.int64)
@@ -221,7 +224,7 @@ def test_whole_wave_heads_tile_hand_computed():
 @pytest.mark.parametrize("bad", [0, 17, 1.5, True, "2", None])
 @pytest.mark.parametrize("policy", ["stream_k", "balanced", "tuned"])
 def test_bad_whole_wave_heads_names_the_parameter(bad, policy):
-    for fn in (make_plan, make_plan_reference):
+    for fn in (make_plan, oracle_plan):
         with pytest.raises(ValueError, match="params.whole_wave_heads"):
             fn([4096] * 64, num_kv_heads=4, device=H200, policy=policy,
                params={"whole_wave": 0.05, "whole_wave_heads": bad})
@@ -239,7 +242,7 @@ def test_table_refits_whole_wave_heads_to_the_gqa_group():
                                  "page_size": 16}], version=1)
     table = PolicyTable.from_json(doc)
     for ref in (True, False):
-        with fastplan.reference() if ref else contextlib.nullcontext():
+        with fastplan.python() if ref else contextlib.nullcontext():
             p8 = table.plan(L, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16",
                             page_size=16)[0]
             p16 = table.plan(L, gpu="NVIDIA H200", num_qo_heads=64, num_kv_heads=4, head_dim=128,

@@ -17,7 +17,7 @@ from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.kernels.buckets import bucket_key
 from kvsplit.kernels.device import resolve_device
 from kvsplit.kernels.residency import resident_ctas_per_sm
-from kvsplit.kernels.wrapper import DecodeWrapper
+from kvsplit.kernels.wrapper import DecodeWrapper, GraphOptions
 
 from .paged_case import make_case
 
@@ -75,7 +75,7 @@ def test_eager_with_table():
 ])
 def test_graph_mode_buffers(policy, params, planner):
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, policy=policy,
-                      params=params, use_cuda_graph=True, num_programs=3, max_work_items=256, repick_every=2)
+                      params=params, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256, repick_every=2))
     assert w.planner == planner
     _loop(w, [0, 5, 300, 1000, 33], steps=3)
     _loop(w, [7, 2000, 1], steps=2, seed=9)   # the batch size changes: re-pick
@@ -85,15 +85,14 @@ def test_graph_mode_keeps_the_prefetch_knob():
     # graph mode fixes the kernel config at construction: the given params.prefetch is part of it (it was
     # dropped before round 4, so the graph ran the plain loop)
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
-                      policy="stream_k", params={"num_stages": 3, "prefetch": True}, use_cuda_graph=True,
-                      num_programs=2, max_work_items=64)
+                      policy="stream_k", params={"num_stages": 3, "prefetch": True}, use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
     _loop(w, [50, 700, 64], steps=2)
     assert w.config.prefetch and w.config.num_stages == 3
 
 
 def test_graph_mode_batch_at_max_and_one():
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=6,
-                      policy="stream_k", use_cuda_graph=True, num_programs=2, max_work_items=64)
+                      policy="stream_k", use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
     _loop(w, [50, 1, 0, 700, 64, 65], steps=2)
     _loop(w, [123], steps=2)
 
@@ -121,8 +120,7 @@ def test_errors_name_the_argument():
     big = make_case([1] * 5, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
     with pytest.raises(ValueError, match="max_batch_size"):
         w.plan(big["kv_indptr"], big["kv_indices"], big["kv_lens"])
-    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", use_cuda_graph=True, max_batch_size=4,
-                      max_work_items=64, num_programs=2, policy="balanced")  # the host planner needs kv_lens_host
+    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", use_cuda_graph=True, max_batch_size=4, policy="balanced", graph=GraphOptions(num_programs=2, max_work_items=64))  # the host planner needs kv_lens_host
     with pytest.raises(ValueError, match="kv_lens_host: required by the host planner"):
         g.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
 
@@ -144,9 +142,8 @@ def test_graph_mode_leaves_the_whole_wave_rule_out():
     # the whole-wave rule picks a tile per batch; a captured graph keeps one, so graph mode plans with the
     # policy's own rule (on the device) and the wrapper's tile, whatever whole_wave says
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
-                      policy="stream_k", params={"ctas_per_sm": 0.25, "whole_wave": 1.0}, use_cuda_graph=True,
-                      num_programs=3, max_work_items=256)
-    assert w.planner == "device" and "whole_wave" not in w._graph_policy[1]
+                      policy="stream_k", params={"ctas_per_sm": 0.25, "whole_wave": 1.0}, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256))
+    assert w.planner == "device" and "whole_wave" not in w.spec.params and not w.spec.whole_wave_specs
     _loop(w, [64] * 8, steps=2)
 
 
@@ -160,8 +157,7 @@ def test_eager_and_graph_mode_with_heads_per_tile():
     assert w._plan.config.heads_per_tile == 2 and w._plan.num_work_tiles == w._plan.num_ctas
     for planner in ("device", "host"):
         g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
-                          policy="stream_k", params=params, use_cuda_graph=True, num_programs=3, max_work_items=256,
-                          planner=planner)
+                          policy="stream_k", params=params, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256, planner=planner))
         assert g.planner == planner and g.config.heads_per_tile == 2
         _loop(g, [0, 5, 300, 1000, 33], steps=2)
         C = int(g.bufs.counts[1])
@@ -171,11 +167,11 @@ def test_eager_and_graph_mode_with_heads_per_tile():
     lens = [900, 40, 7]
     table = _stream_k_table(lens, {"ctas_per_sm": 2.0})
     g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
-                      params={"heads_per_tile": 2}, use_cuda_graph=True, num_programs=3, max_work_items=256)
+                      params={"heads_per_tile": 2}, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256))
     _loop(g, lens, steps=1)
     assert g.graph_residency == resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, 64, 4, 2,
                                                      heads_per_tile=2) >= 2
-    assert g._graph_policy == ("stream_k", {**g._graph_policy[1], "ctas_per_sm": 2.0, "heads_per_tile": 2})
+    assert (g.spec.policy, g.spec.params) == ("stream_k", {**g.spec.params, "ctas_per_sm": 2.0, "heads_per_tile": 2})
 
 
 def test_graph_mode_heads_per_tile_beyond_the_gqa_rows_is_refused():
@@ -195,8 +191,7 @@ def test_graph_mode_plan_with_the_overlapped_merge():
 
     lens = [0, 900, 5, 300, 1000]
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
-                      policy="stream_k", params={"ctas_per_sm": 0.25}, use_cuda_graph=True, num_programs=3,
-                      max_work_items=256)
+                      policy="stream_k", params={"ctas_per_sm": 0.25}, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256))
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16,
                      seed=4)
     w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.array(lens))
@@ -232,7 +227,7 @@ def test_graph_mode_repick_on_another_tile(name, entry, want):
     lens = [900, 40, 7]
     table = _stream_k_table(lens, entry, name=name)
     w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
-                      use_cuda_graph=True, num_programs=3, max_work_items=256)
+                      use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256))
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
     w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.array(lens))
     # head_dim 64 has no graph tile of its own: the eager default config, one head per tile
@@ -243,7 +238,7 @@ def test_graph_mode_repick_on_another_tile(name, entry, want):
         want = float(resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, cfg.block_n,
                                           cfg.num_warps, cfg.num_stages))
         assert want >= 2 and want == w.graph_residency
-    assert w._graph_policy[0] == name and w._graph_policy[1]["ctas_per_sm"] == want
+    assert w.spec.policy == name and w.spec.params["ctas_per_sm"] == want
     assert w.planner == ("host" if name == "balanced" else "device")
     ref = reference_decode_attention(**case)
     out = w.run(case["q"], case["k_cache"], case["v_cache"], out=torch.empty_like(case["q"]))
@@ -257,15 +252,14 @@ def test_graph_mode_default_tile_at_head_dim_128():
     that tile keeps its own parameters, one tuned on (128, 4, 2) gets the graph's rule (docs/perf.md round 16).
     Eager mode's default stays balanced."""
     hq, hk, d = 8, 2, 128
-    w = DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, use_cuda_graph=True,
-                      num_programs=2, max_work_items=64)
+    w = DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
     c = w.config
     assert (c.block_n, c.num_warps, c.num_stages, c.prefetch, c.next_item, c.heads_per_tile) == \
         (64, 8, 3, True, True, 2)
     res = resident_ctas_per_sm(resolve_device("NVIDIA H200"), d, "float16", 2, 64, 8, 3, prefetch=True,
                                next_item=True, heads_per_tile=2)
     assert w.graph_residency == res == 1
-    assert w.planner == "device" and w._graph_policy[0] == "stream_k" and w._graph_policy[1]["ctas_per_sm"] == 1.0
+    assert w.planner == "device" and w.spec.policy == "stream_k" and w.spec.params["ctas_per_sm"] == 1.0
     _loop(w, [70, 3, 400], steps=2, shape=(hq, hk, d))
     assert int(w.bufs.counts[2]) == int(w.bufs.counts[1])  # tiles = CTAs x H_kv / 2
     assert DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu").policy == "balanced"
@@ -276,9 +270,9 @@ def test_graph_mode_default_tile_at_head_dim_128():
                               ("balanced", {"ctas_per_sm": 3.0}, ("stream_k", 1.0))):
         t = DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
                           table=_stream_k_table(lens, entry, name=name, num_kv_heads=hk, head_dim=d),
-                          use_cuda_graph=True, num_programs=2, max_work_items=64)
+                          use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
         _loop(t, lens, steps=1, shape=(hq, hk, d))
-        assert (t._graph_policy[0], t._graph_policy[1]["ctas_per_sm"]) == want and t.config.heads_per_tile == 2
+        assert (t.spec.policy, t.spec.params["ctas_per_sm"]) == want and t.config.heads_per_tile == 2
 
 
 @pytest.mark.parametrize("hq, hk", [(32, 2), (8, 1), (6, 3)])
@@ -289,9 +283,44 @@ def test_graph_mode_default_tile_without_two_heads(hq, hk):
     from kvsplit.kernels.limits import default_config
 
     w = DecodeWrapper(hq, hk, 128, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
-                      use_cuda_graph=True, num_programs=2, max_work_items=64)
+                      use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
     cfg = default_config(128, "float16")
     c = w.config
     assert (c.block_n, c.num_warps, c.num_stages, c.prefetch, c.next_item, c.heads_per_tile) == \
         (cfg.block_n, cfg.num_warps, cfg.num_stages, False, False, 1) == (128, 4, 2, False, False, 1)
-    assert w._graph_policy[0] == "stream_k" and w._graph_policy[1]["ctas_per_sm"] == float(w.graph_residency) == 3.0
+    assert w.spec.policy == "stream_k" and w.spec.params["ctas_per_sm"] == float(w.graph_residency) == 3.0
+
+
+def test_graph_options_and_a_callers_workspace():
+    with pytest.raises(ValueError, match="graph.planner"):
+        GraphOptions(planner="gpu")
+    with pytest.raises(ValueError, match="graph.repick_every"):
+        GraphOptions(repick_every=0)
+    with pytest.raises(ValueError, match="graph"):
+        DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", graph=GraphOptions())
+    from kvsplit.kernels.decode import make_workspace
+
+    # eager mode: the caller's workspace is used as it is, and one too small for a step's plan is named
+    ws = make_workspace(H_Q, D, max_partials=256, max_batch=8, device="cpu")
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, workspace=ws,
+                      policy="fixed", params={"num_splits": 3})
+    _loop(w, [40, 300, 7], steps=1)
+    assert w.workspace is ws and w.last_plan is not None and w.last_plan.num_partials == 9  # 3 requests x 3 splits
+    small = make_workspace(H_Q, D, max_partials=2, max_batch=8, device="cpu")
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, workspace=small,
+                      policy="fixed", params={"num_splits": 3})
+    case = make_case([40, 300, 7], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS,
+                     dtype=torch.float16, seed=1)
+    with pytest.raises(ValueError, match="workspace"):
+        w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
+    # graph mode: it must hold max_work_items partials; the device planner's steps answer None, as last_plan
+    with pytest.raises(ValueError, match="workspace"):
+        DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, policy="stream_k",
+                      use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64), workspace=small)
+    big = make_workspace(H_Q, D, max_partials=64, max_batch=4, device="cpu")
+    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, policy="stream_k",
+                      use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64), workspace=big)
+    assert g.workspace is big and g.planner == "device"
+    case = make_case([40, 300], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
+    assert g.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=[40, 300]) is None
+    assert g.last_plan is None

@@ -6,7 +6,8 @@ import numpy as np
 import orjson
 import pytest
 
-from kvsplit.kernels.fastplan import run_spec, spec, as_kv_lens
+from kvsplit.kernels.fastplan import run_spec, as_kv_lens
+from kvsplit.kernels.rulespec import resolve
 from kvsplit.kernels.plan import make_plan
 from kvsplit.service import fastjson
 
@@ -74,7 +75,7 @@ def test_planner_buffers_equal_the_plan(policy, params):
     """buffers_json on run_spec's two buffers == the Plan's arrays through orjson; with_kv=False leaves
     exactly ``{"kv_lens":[...]`` out."""
     rng = np.random.default_rng(3)
-    sp = spec(policy, params, 4, "NVIDIA H200", 128, 16, "bfloat16")
+    sp = resolve(policy, params, num_kv_heads=4, device="NVIDIA H200")
     for _ in range(60):
         lens = np.floor(2 ** (rng.random(int(rng.integers(1, 400))) * rng.uniform(1, 24))).astype(np.int64)
         if rng.random() < 0.2:

@@ -14,7 +14,7 @@ from kvsplit.service.app import create_app
 from kvsplit.service.queries import load_table_doc
 from kvsplit.service.settings import Settings
 
-SHIPPED = Path(__file__).resolve().parents[2] / "service" / "data" / "h200_policies.json"
+SHIPPED = Path(__file__).resolve().parents[2] / "kernels" / "data" / "h200_policies.json"
 
 
 def _store(tmp_path):

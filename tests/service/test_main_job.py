@@ -58,7 +58,7 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
     out = "".join(lines)
     base = f"http://127.0.0.1:{port}"
     try:
-        # service/data/h200_policies.json: one GPU-tuned bucket per bucket key of the H200 sweep's 280
+        # kernels/data/h200_policies.json: one GPU-tuned bucket per bucket key of the H200 sweep's 280
         # training batches, 263 of them (139 + 38 for 32/4/128, 56 + 4 for 32/8/128, 25 + 1 for 8/1/128,
         # stream_k + balanced), each with 2 training measurements (its published plan and balanced): 526
         assert "imported 263 shipped H200 policies" in out and "their 526 training measurements" in out

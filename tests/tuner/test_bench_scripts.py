@@ -44,7 +44,7 @@ def test_gpu_sweep_cases_carry_the_shipped_tables_plans(tmp_path):
     from kvsplit.kernels.policy_table import PolicyTable
     from kvsplit.tuner.workloads import evaluation_cases
 
-    raw = json.loads((ROOT / "service/data/h200_policies.json").read_text())
+    raw = json.loads((ROOT / "kernels/data/h200_policies.json").read_text())
     table = PolicyTable.from_export(raw, version=raw["policies_version"])
     # an earlier run's records: the three fastest named plans of a case become its oracle_names
     run = tmp_path / "run.jsonl"
@@ -70,7 +70,7 @@ def test_gpu_sweep_cases_carry_the_shipped_tables_plans(tmp_path):
         + "\n"
     )
     cases = gpu_sweep.load_cases(
-        "eval", prev_policies=str(ROOT / "service/data/h200_policies.json"), oracle_from=str(run)
+        "eval", prev_policies=str(ROOT / "kernels/data/h200_policies.json"), oracle_from=str(run)
     )
     assert [c["kv_lens"] for c in cases] == [c["kv_lens"] for c in evaluation_cases()]
     for c in cases[::17]:

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 from kvsplit.db import store
 from kvsplit.kernels.plan import TUNED_PARAM_SPACE, make_plan
 from kvsplit.kernels.decode import check_heads_per_tile
-from kvsplit.kernels.policies import condition_holds
+from kvsplit.kernels.rulespec import condition_holds
 from kvsplit.tuner import search, verify
 from kvsplit.tuner import study as study_mod
 from kvsplit.tuner.backends import SimBackend, make_backend

@@ -1,22 +1,26 @@
-"""The compiled planner (kernels/fastplan.py) gives the NumPy reference's plans and bucket keys.
+"""The contract every planner meets: the plans of the NumPy oracle (tests/kernels/oracle.py).
 
-Random batches of several length families, every fast policy with a spread of
-parameters, int32/int64 arrays and lists; plus errors (same messages) and the
-one-conversion contract.
+Planners (parametrized, as Optuna's storage tests run every storage): ``jit``, the loop-form rules compiled by
+numba (kernels/fastplan.py); ``python``, the same loops run as plain Python (``fastplan.python()``); ``device``,
+the Triton device planner (kernels/device_plan.py) on the interpreter, for the rules it runs. Random batches of
+several length families, every policy with a spread of parameters, int32/int64 arrays and lists; plus errors
+(same messages) and the one-conversion contract.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
 
 from kvsplit.kernels import fastplan
-from kvsplit.kernels.buckets import bucket_key as bucket_key_ref
+from kvsplit.kernels.buckets import bucket_key
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
-from kvsplit.kernels.policies import make_plan_reference
+from .oracle import bucket_key as bucket_key_ref, make_plan as oracle_plan
 
-pytestmark = pytest.mark.skipif(not fastplan.HAVE_NUMBA, reason="numba is not installed")
+PLANNERS = ["jit", "python", "device"]
 
 H200 = DeviceSpec.known("NVIDIA H200")
 CASES = [
@@ -38,6 +42,11 @@ CASES = [
     ("stream_k", {"ctas_per_sm": 3, "block_n": 128, "whole_wave": 0.05}),
     ("balanced", {"whole_wave": 0.2, "order": "heavy_first"}),
     ("tuned", {"partition": "stream_k", "whole_wave": 0.05, "schedule": "persistent", "num_programs": 77}),
+    ("flashinfer", {}),
+    ("flashinfer", {"tensor_cores": False, "order": "heavy_first", "pack_tokens": 256}),
+    ("flashinfer", {"tensor_cores": False, "resident_ctas_per_sm": 2}),
+    ("fa3", {}),
+    ("fa3", {"num_splits_static": 4, "order": "natural"}),
 ]
 
 
@@ -58,21 +67,65 @@ def _batches(seed: int):
     yield (rng.pareto(1.2, B) * 500).astype(np.int64).clip(0, 2**20)
 
 
+def _device_plan(L, num_kv_heads, device, policy, params, **shape):
+    """The device planner's buffers for ``L`` as a dict of the Plan's arrays (and its merge layout)."""
+    torch = pytest.importorskip("torch")
+    from kvsplit.kernels.device_plan import alloc_device_plan, check_device_rule, device_plan
+    from kvsplit.kernels.rulespec import resolve
+
+    spec = resolve(policy, params, num_kv_heads=num_kv_heads, device=device, **shape)
+    try:
+        check_device_rule(spec)
+    except NotImplementedError:
+        return None
+    L = np.asarray(L, dtype=np.int64)
+    B = L.shape[0]
+    bufs = alloc_device_plan(max(B, 1), 8 * B + 4096, "cpu")
+    device_plan(torch.tensor(L, dtype=torch.int32), spec, bufs, torch.ones(1, dtype=torch.int32))
+    W, C, T, M = bufs.counts.tolist()
+    return {"work_request": bufs.work_request[:W].tolist(), "work_kv_start": bufs.work_kv_start[:W].tolist(),
+            "work_kv_end": bufs.work_kv_end[:W].tolist(), "cta_indptr": bufs.cta_indptr[:C + 1].tolist(),
+            "work_slot": bufs.work_slot[:W].tolist(), "merge_request": bufs.merge_request[:M].tolist(),
+            "merge_slot_start": bufs.merge_slot_start[:M].tolist(), "merge_num": bufs.merge_num[:M].tolist(),
+            "num_tiles": T}
+
+
+def _device_view(p):
+    ws, mr, ms, mn = p.merge_layout()
+    return {"work_request": p.work_request.tolist(), "work_kv_start": p.work_kv_start.tolist(),
+            "work_kv_end": p.work_kv_end.tolist(), "cta_indptr": p.cta_indptr.tolist(), "work_slot": ws.tolist(),
+            "merge_request": mr.tolist(), "merge_slot_start": ms.tolist(), "merge_num": mn.tolist(),
+            "num_tiles": p.num_work_tiles}
+
+
+def check_planner(planner, L, forms=True, **kw):
+    """``planner``'s plan of ``L`` equals the oracle's (for the host planners, for each input form)."""
+    ref = oracle_plan(L, **kw)
+    if planner == "device":
+        got = _device_plan(L, **kw)
+        if got is not None:
+            assert got == _device_view(ref), (kw, np.asarray(L).tolist()[:20])
+        return
+    if planner == "jit" and not fastplan.HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    arrs = (np.asarray(L).astype(np.int64), np.asarray(L).astype(np.int32), np.asarray(L).tolist()) if forms \
+        else (L,)
+    with fastplan.python() if planner == "python" else contextlib.nullcontext():
+        for arr in arrs:
+            got = make_plan(arr, **kw)
+            assert got == ref, (planner, kw, np.asarray(L).tolist()[:20])
+            for name in ("kv_lens", "num_splits", "work_request", "work_kv_start", "work_kv_end", "cta_indptr"):
+                a, b = getattr(got, name), getattr(ref, name)
+                assert a.dtype == b.dtype and not a.flags.writeable, name
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
 @pytest.mark.parametrize("policy,params", CASES)
 @pytest.mark.parametrize("hkv", [1, 4, 8])
-def test_same_plans_as_reference(policy, params, hkv):
-    for seed in range(3):
+def test_same_plans_as_oracle(planner, policy, params, hkv):
+    for seed in range(1 if planner == "device" else 3):
         for L in _batches(seed * 31 + hkv):
-            for arr in (L.astype(np.int64), L.astype(np.int32), L.tolist()):
-                kw = dict(num_kv_heads=hkv, device=H200, policy=policy, params=params)
-                ref = make_plan_reference(arr, **kw)
-                fast = fastplan.make_plan(arr, **kw)
-                assert fast is not None
-                assert fast == ref, (policy, params, hkv, L.tolist()[:20])
-                assert make_plan(arr, **kw) == ref
-                for name in ("kv_lens", "num_splits", "work_request", "work_kv_start", "work_kv_end", "cta_indptr"):
-                    a, b = getattr(fast, name), getattr(ref, name)
-                    assert a.dtype == b.dtype and not a.flags.writeable, name
+            check_planner(planner, L, num_kv_heads=hkv, device=H200, policy=policy, params=params)
 
 
 def test_plan_arrays_do_not_alias_the_input():
@@ -82,27 +135,31 @@ def test_plan_arrays_do_not_alias_the_input():
     assert p.kv_lens[0] == 100 and L.flags.writeable
 
 
-def test_other_devices_and_shapes():
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_other_devices_and_shapes(planner):
     rng = np.random.default_rng(5)
     for dev in ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"):
         for hd, dt in ((64, "float16"), (256, "bfloat16"), (128, "float32")):
             for _ in range(3):
                 L = rng.integers(0, 30000, int(rng.integers(1, 300)))
                 kw = dict(num_kv_heads=2, device=dev, head_dim=hd, dtype=dt, page_size=8)
-                for pol in ("balanced", "stream_k", "tuned"):
-                    assert fastplan.make_plan(L, policy=pol, **kw) == make_plan_reference(L, policy=pol, **kw)
+                for pol, params in (("balanced", {}), ("stream_k", {}), ("tuned", {"wave_aware": False}),
+                                    ("flashinfer", {}), ("fa3", {})):
+                    check_planner(planner, L, forms=False, policy=pol, params=params, **kw)
 
 
-def test_same_bucket_keys_as_reference():
+@pytest.mark.parametrize("planner", ["jit", "python"])
+def test_same_bucket_keys_as_oracle(planner):
     rng = np.random.default_rng(7)
     batches = list(_batches(1)) + [np.zeros(5, np.int64), np.array([2**31 - 1, 1, 2, 3]),
                                    rng.integers(0, 2**31 - 1, 4096)]
-    for L in batches:
-        for arr in (L.astype(np.int64), L.tolist()):
-            kw = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200, page_size=16)
-            ref = bucket_key_ref(arr, **kw)
-            got = fastplan.bucket_key(arr, **kw)
-            assert got == ref and str(got) == str(ref) and hash(got) == hash(ref)
+    with fastplan.python() if planner == "python" else contextlib.nullcontext():
+        for L in batches:
+            for arr in (L.astype(np.int64), L.tolist()):
+                kw = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200, page_size=16)
+                ref = bucket_key_ref(arr, **kw)
+                got = bucket_key(arr, **kw)
+                assert got == ref and str(got) == str(ref) and hash(got) == hash(ref)
 
 
 def test_same_bucket_keys_as_reference_on_rounding_ties():
@@ -116,7 +173,7 @@ def test_same_bucket_keys_as_reference_on_rounding_ties():
         L = np.concatenate([np.full(1 << (m - int(e)), 1 << int(e), np.int64) for e in exps])
         rng.shuffle(L)
         ref = bucket_key_ref(L, **kw)
-        assert fastplan.bucket_key(L, **kw) == ref and str(fastplan.bucket_key(L, **kw)) == str(ref)
+        assert bucket_key(L, **kw) == ref and str(bucket_key(L, **kw)) == str(ref)
 
 
 @pytest.mark.parametrize("bad,field", [
@@ -132,12 +189,12 @@ def test_same_bucket_keys_as_reference_on_rounding_ties():
 ])
 def test_errors_match_reference(bad, field):
     with pytest.raises(ValueError) as ref:
-        make_plan_reference(bad, num_kv_heads=4, device=H200)
+        oracle_plan(bad, num_kv_heads=4, device=H200)
     with pytest.raises(ValueError) as got:
         make_plan(bad, num_kv_heads=4, device=H200)
     assert str(got.value) == str(ref.value) and str(got.value).startswith(field)
     with pytest.raises(ValueError) as got:
-        fastplan.bucket_key(bad, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200)
+        bucket_key(bad, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200)
     assert str(got.value).startswith(field)
 
 
@@ -154,7 +211,7 @@ def test_param_errors_match_reference(kwargs, field):
     if kw.get("policy") == "tuned" and kw["params"].get("wave_aware") == 1:
         make_plan([5], **(kw | {"params": {"wave_aware": True}}))  # memoized True must not admit 1
     with pytest.raises(ValueError) as ref:
-        make_plan_reference([5, 6], **kw)
+        oracle_plan([5, 6], **kw)
     with pytest.raises(ValueError) as got:
         make_plan([5, 6], **kw)
     assert str(got.value) == str(ref.value) and str(got.value).startswith(field)
@@ -170,21 +227,10 @@ def test_work_item_limit_matches_reference(monkeypatch):
     kw = dict(num_kv_heads=1, device=H200, policy="fixed", params={"num_splits": 65536})
     L = np.full(300, 2**20)
     with pytest.raises(ValueError) as ref:
-        make_plan_reference(L, **kw)
+        oracle_plan(L, **kw)
     with pytest.raises(ValueError) as got:
         make_plan(L, **kw)
     assert str(got.value) == str(ref.value)
-
-
-def test_reference_switch_and_peer_policies():
-    L = [4096, 17, 9000]
-    with fastplan.reference():
-        assert fastplan.make_plan(L, num_kv_heads=4, device=H200) is None
-        p = make_plan(L, num_kv_heads=4, device=H200)
-    assert p == make_plan(L, num_kv_heads=4, device=H200)
-    assert fastplan.make_plan(L, num_kv_heads=4, device=H200, policy="fa3") is None
-    assert make_plan(L, num_kv_heads=4, device=H200, policy="fa3") == make_plan_reference(
-        L, num_kv_heads=4, device=H200, policy="fa3")
 
 
 @pytest.mark.parametrize("policy,params", [
@@ -195,11 +241,25 @@ def test_reference_switch_and_peer_policies():
     ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 3, "block_n": 64, "whole_wave": 0.05}),
 ])
 @pytest.mark.parametrize("hkv", [4, 8])
-def test_same_plans_as_reference_with_heads_per_tile(policy, params, hkv):
-    """heads_per_tile changes how many tiles a work item makes (H_kv / heads_per_tile): the compiled planner
-    counts them as the reference does."""
-    for seed in range(2):
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_same_plans_as_oracle_with_heads_per_tile(planner, policy, params, hkv):
+    """heads_per_tile changes how many tiles a work item makes (H_kv / heads_per_tile): every planner counts
+    them as the oracle does."""
+    for seed in range(1 if planner == "device" else 2):
         for L in _batches(seed * 17 + hkv):
-            kw = dict(num_kv_heads=hkv, device=H200, policy=policy, params=params)
-            ref = make_plan_reference(L, **kw)
-            assert fastplan.make_plan(L, **kw) == ref, (policy, params, hkv, L.tolist()[:20])
+            check_planner(planner, L, forms=False, num_kv_heads=hkv, device=H200, policy=policy, params=params)
+
+
+@pytest.mark.parametrize("planner", ["jit", "python"])
+def test_same_distances_as_oracle(planner):
+    """``buckets.distance`` (the loop-form scan the policy table runs) equals the oracle's formula, bit for bit."""
+    from kvsplit.kernels.buckets import distance
+
+    from .oracle import distance as oracle_distance
+
+    keys = [bucket_key_ref(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200)
+            for seed in range(2) for L in _batches(seed)]
+    with fastplan.python() if planner == "python" else contextlib.nullcontext():
+        for a in keys:
+            for b in keys:
+                assert distance(a, b) == oracle_distance(a, b), (str(a), str(b))
