@@ -1,0 +1,415 @@
+"""kvsplit as the decode attention of Hugging Face transformers' continuous batching.
+
+One call, before ``generate_batch`` / ``init_continuous_batching`` / ``transformers serve``::
+
+    from kvsplit.kernels.integrations import transformers as kvsplit_tf
+    handle = kvsplit_tf.install()                 # or install(table=PolicyTable.from_export(...))
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="sdpa", dtype=torch.bfloat16)
+    out = model.generate_batch(prompts, generation_config=gc,
+                               continuous_batching_config=ContinuousBatchingConfig(auto_switch_to_flash=False,
+                                                                                  use_async_batching=False))
+    handle.uninstall()                            # restores transformers' own functions
+
+Tested with transformers ``TESTED_TRANSFORMERS`` (5.17-5.25; the ``kvsplit[transformers]`` extra pins it).
+
+What runs where, per forward pass (a "step") of continuous batching:
+
+- **decode rows** (requests with one query token in the step) run through one
+  :class:`~kvsplit.kernels.wrapper.DecodeWrapper` per attention shape, planned once per step (at the first layer,
+  the plan kept for the step's other layers) and run per layer straight on transformers' paged cache;
+- **prefill and chunked-prefill rows** of the same step run through transformers' own ``sdpa`` function on the
+  keys and values its cache read back, with its mask, so mixed steps work;
+- calls outside continuous batching (a plain ``generate``) go to transformers' own ``sdpa`` unchanged.
+
+The hooks (transformers has no public one that hands an attention function the paged cache, see the guide
+docs/guides/engine-integration-transformers.md):
+
+1. ``AttentionInterface.register("sdpa", ...)``: continuous batching accepts only ``paged|eager``, ``sdpa`` or a
+   flash implementation and refuses a new name, but honours a function registered under the existing ``sdpa``
+   key. It receives q as ``[1, H_q, total_q_tokens, D]`` with ``cu_seq_lens_q`` etc. in its keyword arguments.
+2. ``ContinuousBatchingIOs.prepare_batch_tensors`` is wrapped: after transformers' own code ran, the step's host
+   metadata is taken from the host objects the scheduler already has (each request's query length and
+   ``position_offset``, and its block ids from the full-attention allocator's ``block_table``): the kv_lens,
+   kv_indptr and page ids of the decode rows cost no device-to-host copy.
+3. ``PagedAttentionCache.update`` is wrapped: in a step made only of decode rows the keys and values are written to
+   the cache as before, but not read back (transformers' own write-only path, an empty ``read_index``): kvsplit
+   reads the pages itself, so the step does not copy the whole KV of every request per layer.
+
+Paged cache layout (transformers 5.17-5.25, ``FullAttentionCacheAllocator``): one uint8 tensor viewed per layer as
+pages of ``page_size`` tokens, ``[num_pages, page_size, H_kv, D]`` (NHD), keys and values of a layer in two views
+of the same storage (``get_cache_for_block_table``). A request's block ``b`` is page ``b * pages_stride`` of its
+layer's views, with ``pages_stride = block_physical_stride // page_size`` (as transformers' own
+``fill_block_table`` computes it for flash). The views are contiguous with the NHD strides, so DecodeWrapper runs
+on them with no copy.
+
+Limits: full-attention layers only (a model with sliding-window, MLA, attention sinks or logit soft-capping runs
+transformers' own ``sdpa`` everywhere); synchronous batching only (``use_async_batching=False``; asynchronous
+batching prepares step N+1 while step N runs, and is refused with a ``RuntimeError`` at its first step); eager
+mode only (no CUDA-graph capture of the decode path: transformers builds its block-table fast path for flash
+only); q_len 1 decode rows (speculative rows of 2-8 tokens run through ``sdpa``); ``head_dim`` 64, 128 or 256,
+``page_size`` <= 256, float16 / bfloat16 (float32 for CPU tests). ``DecodeWrapper.plan`` validates its inputs
+with one device-to-host copy per step in eager mode (its own contract).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..limits import HEAD_DIMS, MAX_PAGE_SIZE
+from ..wrapper import DecodeWrapper
+
+__all__ = ["TESTED_TRANSFORMERS", "KvsplitAttention", "import_transformers", "install", "installed"]
+
+TESTED_TRANSFORMERS = ">=5.17,<5.26"
+_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+_lock = threading.Lock()
+_handle: "KvsplitAttention | None" = None
+
+
+def import_transformers():
+    """Import ``transformers`` (and the hub ``kernels`` package it requires) even from a kvsplit source checkout.
+
+    transformers 5.x imports a distribution named ``kernels``; a source checkout of kvsplit has a top-level
+    ``kernels/`` folder (installed as ``kvsplit.kernels``), which shadows it when the checkout's root is on
+    ``sys.path`` (``python`` started there, or pytest's rootdir insertion). The checkout's root is left out of
+    ``sys.path`` while transformers and ``kernels`` are first imported, then put back.
+
+    Raises
+    ------
+    ImportError
+        transformers is not installed (install ``kvsplit[transformers]``).
+    """
+    import importlib
+    import os
+    import sys
+
+    if "transformers" in sys.modules and "kernels" in sys.modules:
+        return sys.modules["transformers"]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder above kernels/
+    saved = list(sys.path)
+    shadow = [p for p in sys.path if os.path.abspath(p or os.getcwd()) == root]
+    try:
+        if shadow:
+            sys.path[:] = [p for p in sys.path if p not in shadow]
+            stale = sys.modules.get("kernels")
+            if stale is not None and os.path.dirname(os.path.abspath(getattr(stale, "__file__", "") or "")) == \
+                    os.path.join(root, "kernels"):
+                del sys.modules["kernels"]
+        try:
+            importlib.import_module("kernels")
+        except ImportError:
+            pass  # transformers runs without hub kernels
+        transformers = importlib.import_module("transformers")
+        importlib.import_module("transformers.integrations.hub_kernels")
+    except ImportError as e:
+        raise ImportError(f"kvsplit's transformers integration needs transformers{TESTED_TRANSFORMERS} "
+                          f"(pip install 'kvsplit[transformers]'): {e}") from e
+    finally:
+        sys.path[:] = saved
+    return transformers
+
+
+def _tf():
+    """transformers' modules this adapter touches (imported here only)."""
+    import_transformers()
+    from transformers import AttentionInterface
+    from transformers.generation.continuous_batching import cache as cb_cache
+    from transformers.generation.continuous_batching import input_outputs as cb_io
+    from transformers.generation.continuous_batching.cache_allocators import FullAttentionCacheAllocator
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    return AttentionInterface, cb_cache, cb_io, FullAttentionCacheAllocator, sdpa_attention_forward
+
+
+@dataclass
+class _Step:
+    """Host metadata of one continuous-batching forward pass, taken when transformers prepared it."""
+
+    serial: int
+    cu_q_ptr: int                  # data_ptr of the IO's cu_seq_lens_q storage: the step's identity in the forward
+    cache: Any                     # transformers' PagedAttentionCache
+    total_q: int                   # query tokens of the real requests (the forward may pad beyond)
+    dec_tok: np.ndarray            # int64 [B]: token row in q of each decode row
+    other_tok: np.ndarray          # int64 [T - B]: token rows of the prefill / chunked-prefill requests
+    kv_indptr: np.ndarray          # int32 [B + 1] page offsets of the decode rows
+    kv_indices: np.ndarray         # int32 [kv_indptr[-1]] page ids in the layer's NHD page views
+    kv_lens: np.ndarray            # int32 [B] tokens in cache (the step's new token included)
+    max_requests: int              # the engine's max_requests_per_batch
+    device_arrays: dict = field(default_factory=dict)
+    planned: set = field(default_factory=set)
+
+    @property
+    def num_decode(self) -> int:
+        return int(self.dec_tok.shape[0])
+
+    @property
+    def all_decode(self) -> bool:
+        return self.num_decode > 0 and self.other_tok.shape[0] == 0
+
+
+class KvsplitAttention:
+    """The installed integration (see the module doc): the DecodeWrappers and the patched functions.
+
+    Parameters
+    ----------
+    table : PolicyTable or PlanClient, optional
+        Tuned policies for DecodeWrapper (its ``table=``); None: DecodeWrapper's own default policy.
+    max_batch_size : int, optional
+        DecodeWrapper's ``max_batch_size``; default: the continuous-batching ``max_requests_per_batch``.
+
+    Attributes
+    ----------
+    stats : dict[str, int]
+        ``steps`` (forward passes with decode rows), ``plans`` (DecodeWrapper.plan calls), ``decode_layers``
+        (DecodeWrapper.run calls), ``decode_rows`` (rows run by kvsplit, summed over layers), ``sdpa_layers``
+        (layer calls that ran transformers' sdpa on prefill rows or everything).
+    """
+
+    def __init__(self, table: Any = None, max_batch_size: int | None = None) -> None:
+        if max_batch_size is not None and (isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
+                                           or max_batch_size < 1):
+            raise ValueError(f"max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
+        self._ai, self._cb_cache, self._cb_io, self._full_alloc, self._sdpa = _tf()
+        self.table = table
+        self.max_batch_size = max_batch_size
+        self.wrappers: dict[tuple, DecodeWrapper] = {}
+        self.stats = dict(steps=0, plans=0, decode_layers=0, decode_rows=0, sdpa_layers=0)
+        self._serial = itertools.count(1)
+        self._step: _Step | None = None
+        self._eligible: "weakref.WeakKeyDictionary[Any, str | None]" = weakref.WeakKeyDictionary()
+        self._saved: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ install / uninstall
+    def _patch(self) -> None:
+        io_cls, cache_cls = self._cb_io.ContinuousBatchingIOs, self._cb_cache.PagedAttentionCache
+        self._saved = dict(sdpa=self._ai()["sdpa"], prepare=io_cls.prepare_batch_tensors,
+                           update=cache_cls.update)
+        orig_prepare, orig_update = self._saved["prepare"], self._saved["update"]
+        me = self
+
+        def prepare_batch_tensors(io, requests_in_batch, *args, **kwargs):
+            out = orig_prepare(io, requests_in_batch, *args, **kwargs)
+            me._record_step(io)
+            return out
+
+        def update(cache, key_states, value_states, layer_idx, kwargs):
+            step = me._current(kwargs, cache)
+            if step is not None and step.all_decode and me._layer_ok(cache, layer_idx) \
+                    and kwargs.get("block_table") is None:
+                # write the step's new keys/values as transformers does, skip the read-back: kvsplit reads the pages
+                kwargs["read_index"] = [r[:0] for r in kwargs["read_index"]]
+            return orig_update(cache, key_states, value_states, layer_idx, kwargs)
+
+        update.__wrapped__ = orig_update
+        prepare_batch_tensors.__wrapped__ = orig_prepare
+        io_cls.prepare_batch_tensors = prepare_batch_tensors
+        cache_cls.update = update
+        self._ai.register("sdpa", self.attention)
+
+    def uninstall(self) -> None:
+        """Restore transformers' own ``sdpa`` function, ``prepare_batch_tensors`` and ``update``."""
+        global _handle
+        with _lock:
+            if not self._saved:
+                return
+            self._cb_io.ContinuousBatchingIOs.prepare_batch_tensors = self._saved["prepare"]
+            self._cb_cache.PagedAttentionCache.update = self._saved["update"]
+            self._ai.register("sdpa", self._saved["sdpa"])
+            self._saved = {}
+            if _handle is self:
+                _handle = None
+
+    # ------------------------------------------------------------------ step metadata (host)
+    def _cache_reason(self, cache: Any) -> str | None:
+        """Why this cache's model cannot run kvsplit's decode (None: it can). Checked once per cache."""
+        if cache in self._eligible:
+            return self._eligible[cache]
+        cfg = cache.config
+        full = [a for a in cache.cache_allocators.values() if type(a) is self._full_alloc]
+        reason = None
+        if not full:
+            reason = "no full-attention layer"
+        elif full[0].head_dim not in HEAD_DIMS:
+            reason = f"head_dim {full[0].head_dim} not in {HEAD_DIMS}"
+        elif cache.dtype not in _DTYPES:
+            reason = f"cache dtype {cache.dtype} not float16/bfloat16/float32"
+        elif getattr(cfg, "attn_logit_softcapping", None) is not None:
+            reason = "attention logit soft-capping"
+        elif full[0].tokens_per_page > MAX_PAGE_SIZE:
+            reason = f"page_size {full[0].tokens_per_page} above {MAX_PAGE_SIZE}"
+        self._eligible[cache] = reason
+        return reason
+
+    def _layer_ok(self, cache: Any, layer_idx: int) -> bool:
+        return self._cache_reason(cache) is None and type(cache.layer_to_allocator[layer_idx]) is self._full_alloc
+
+    def _record_step(self, io: Any) -> None:
+        """After transformers prepared a step: the decode rows' kv_lens and page ids from its host state."""
+        if isinstance(io, self._cb_io.ContinuousBatchingAsyncIOs):  # pragma: no cover - guarded by _current
+            return
+        cache = io.cache
+        if self._cache_reason(cache) is not None:
+            self._step = None
+            return
+        full = [a for a in cache.cache_allocators.values() if type(a) is self._full_alloc][0]
+        ps = full.tokens_per_page
+        pages_stride = full.block_physical_stride // ps
+        dec_tok, other_tok, lens, indptr, pages = [], [], [], [0], []
+        row = 0
+        for fs in io.requests_in_batch:
+            q_len = fs.query_length
+            if q_len == 1:
+                kv_len = fs.state.position_offset  # past + this step's token (prepare_batch_tensors advanced it)
+                n = -(-kv_len // ps)
+                blocks = full.block_table[fs.state.request_id][:n]
+                dec_tok.append(row)
+                lens.append(kv_len)
+                pages.extend(b * pages_stride for b in blocks)
+                indptr.append(len(pages))
+            else:
+                other_tok.extend(range(row, row + q_len))
+            row += q_len
+        self._step = _Step(
+            serial=next(self._serial), cu_q_ptr=io.cumulative_seqlens_q.data_ptr(), cache=cache, total_q=row,
+            dec_tok=np.asarray(dec_tok, np.int64), other_tok=np.asarray(other_tok, np.int64),
+            kv_indptr=np.asarray(indptr, np.int32), kv_indices=np.asarray(pages, np.int32),
+            kv_lens=np.asarray(lens, np.int32), max_requests=int(io.max_requests_per_batch or 1))
+
+    def _current(self, kwargs: dict, cache: Any = None) -> _Step | None:
+        """The step these forward kwargs belong to, or None (not a paged call, or a model kvsplit does not run)."""
+        step = self._step
+        cu_q = kwargs.get("cu_seq_lens_q")
+        if step is None or cu_q is None or "read_index" not in kwargs:
+            return None
+        if cu_q.data_ptr() != step.cu_q_ptr or (cache is not None and cache is not step.cache):
+            raise RuntimeError("kvsplit's transformers integration: this forward pass is not the step transformers "
+                               "prepared last (asynchronous batching?); run continuous batching with "
+                               "ContinuousBatchingConfig(use_async_batching=False)")
+        return step
+
+    # ------------------------------------------------------------------ the attention function
+    def _wrapper(self, h_q: int, h_kv: int, d: int, ps: int, dtype: torch.dtype, device: torch.device,
+                 max_batch: int) -> DecodeWrapper:
+        key = (h_q, h_kv, d, ps, dtype, device)
+        w = self.wrappers.get(key)
+        if w is None:
+            w = DecodeWrapper(h_q, h_kv, d, page_size=ps, dtype=_DTYPES[dtype], device=device,
+                              max_batch_size=max_batch, table=self.table)
+            self.wrappers[key] = w
+        return w
+
+    def _device_arrays(self, step: _Step, device: torch.device) -> dict[str, torch.Tensor]:
+        arrs = step.device_arrays.get(device)
+        if arrs is None:  # host -> device uploads, once per step (no device -> host copy)
+            arrs = {name: torch.from_numpy(getattr(step, name)).to(device, non_blocking=True)
+                    for name in ("kv_indptr", "kv_indices", "kv_lens", "dec_tok", "other_tok")}
+            step.device_arrays[device] = arrs
+        return arrs
+
+    def attention(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any):
+        """transformers' attention-function signature (registered as ``sdpa``).
+
+        Parameters
+        ----------
+        module : the attention module (``layer_idx``, ``num_key_value_groups``)
+        query : torch.Tensor ``[1, H_q, T, D]``; key, value : ``[1, H_kv, N, D]`` (what the cache read back)
+        attention_mask : transformers' additive mask ``[1, 1, T, N]`` (used for the prefill rows only)
+        scaling : softmax scale (default ``1/sqrt(D)``)
+
+        Returns
+        -------
+        (torch.Tensor ``[1, T, H_q, D]``, None), as transformers' sdpa function.
+        """
+        step = self._current(kwargs)
+        layer_idx = getattr(module, "layer_idx", None)
+        if step is None or step.num_decode == 0 or layer_idx is None or not self._layer_ok(step.cache, layer_idx):
+            self.stats["sdpa_layers"] += step is not None
+            return self._sdpa(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        if hasattr(module, "sinks") or kwargs.get("softcap") is not None or kwargs.get("sliding_window") \
+                or kwargs.get("dropout", 0.0):
+            raise RuntimeError(f"kvsplit's transformers integration: layer {layer_idx} asks for attention sinks, "
+                               "soft-capping, a sliding window or dropout, which its decode path does not run")
+        if query.dim() != 4 or query.shape[0] != 1 or query.shape[2] < step.total_q:
+            raise RuntimeError(f"query: expected [1, H_q, >= {step.total_q}, D] for this step, got "
+                               f"{tuple(query.shape)}")
+        _, h_q, t, d = query.shape
+        k_pages, v_pages = step.cache.layer_to_allocator[layer_idx].get_cache_for_block_table(layer_idx)
+        ps, h_kv = k_pages.shape[1], k_pages.shape[2]
+        dev = query.device
+        arrs = self._device_arrays(step, dev)
+        w = self._wrapper(h_q, h_kv, d, ps, k_pages.dtype, dev,
+                          self.max_batch_size or max(step.num_decode, step.max_requests))
+        wkey = id(w)
+        if wkey not in step.planned:  # once per step and wrapper: every layer of the step reuses the plan
+            if not step.planned:
+                self.stats["steps"] += 1
+            w.plan(arrs["kv_indptr"], arrs["kv_indices"], arrs["kv_lens"])
+            step.planned.add(wkey)
+            self.stats["plans"] += 1
+        # decode rows' queries [B, H_q, D]; a scale other than DecodeWrapper's 1/sqrt(D) is folded into q
+        q_dec = query[0].index_select(1, arrs["dec_tok"]).transpose(0, 1)
+        if scaling is not None and not math.isclose(scaling, d ** -0.5, rel_tol=1e-12):
+            q_dec = q_dec * (scaling * math.sqrt(d))
+        q_dec = q_dec.to(k_pages.dtype).contiguous()
+        o_dec = w.run(q_dec, k_pages, v_pages)
+        self.stats["decode_layers"] += 1
+        self.stats["decode_rows"] += step.num_decode
+        if step.all_decode and t == step.num_decode:
+            return o_dec.to(query.dtype).unsqueeze(0), None
+        out = query.new_zeros((1, t, h_q, d))  # rows of padding tokens (static shapes) stay zero
+        out[0].index_copy_(0, arrs["dec_tok"], o_dec.to(query.dtype))
+        if not step.all_decode:  # the prefill rows: transformers' own sdpa over the keys/values it read back
+            rows = arrs["other_tok"]
+            mask = attention_mask.index_select(2, rows) if attention_mask is not None else None
+            o_pre, _ = self._sdpa(module, query.index_select(2, rows), key, value, mask, scaling=scaling, **kwargs)
+            out[0].index_copy_(0, rows, o_pre[0])
+            self.stats["sdpa_layers"] += 1
+        return out, None
+
+
+def install(table: Any = None, *, max_batch_size: int | None = None) -> KvsplitAttention:
+    """Make kvsplit the decode attention of transformers' continuous batching (module doc).
+
+    Parameters
+    ----------
+    table : PolicyTable or PlanClient, optional
+        Passed to every :class:`~kvsplit.kernels.wrapper.DecodeWrapper` (``table=``): the tuned policy for each
+        step's bucket. None: DecodeWrapper's default policy.
+    max_batch_size : int, optional
+        DecodeWrapper's ``max_batch_size`` (default: the engine's ``max_requests_per_batch``).
+
+    Returns
+    -------
+    KvsplitAttention
+        The handle: ``uninstall()``, ``stats``, ``wrappers``. A second ``install()`` first uninstalls the previous
+        handle.
+
+    Raises
+    ------
+    ImportError
+        transformers is not installed.
+    ValueError
+        ``max_batch_size`` is not an integer >= 1.
+    """
+    global _handle
+    handle = KvsplitAttention(table=table, max_batch_size=max_batch_size)
+    if _handle is not None:
+        _handle.uninstall()
+    with _lock:
+        handle._patch()
+        _handle = handle
+    return handle
+
+
+def installed() -> KvsplitAttention | None:
+    """The installed handle, or None."""
+    return _handle
