@@ -164,6 +164,12 @@ class KvsplitAttention:
         Tuned policies for DecodeWrapper (its ``table=``); None: DecodeWrapper's own default policy.
     max_batch_size : int, optional
         DecodeWrapper's ``max_batch_size``; default: the continuous-batching ``max_requests_per_batch``.
+    decoder : callable, optional
+        ``decoder(num_qo_heads, num_kv_heads, head_dim, page_size, dtype, device, max_batch_size)`` returning an
+        object with ``plan(kv_indptr, kv_indices, kv_lens)`` and ``run(q, k_cache, v_cache)`` shaped as
+        DecodeWrapper's (int32 device tensors; q ``[B, H_q, D]``, caches ``[num_pages, page_size, H_kv, D]``).
+        Default: a :class:`DecodeWrapper` with ``table``. Another decode kernel (FlashInfer's, in
+        bench/engine_decode.py) plugs in the same hooks for a like-for-like comparison.
 
     Attributes
     ----------
@@ -173,14 +179,17 @@ class KvsplitAttention:
         (layer calls that ran transformers' sdpa on prefill rows or everything).
     """
 
-    def __init__(self, table: Any = None, max_batch_size: int | None = None) -> None:
+    def __init__(self, table: Any = None, max_batch_size: int | None = None, decoder: Any = None) -> None:
         if max_batch_size is not None and (isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
                                            or max_batch_size < 1):
             raise ValueError(f"max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
         self._ai, self._cb_cache, self._cb_io, self._full_alloc, self._sdpa = _tf()
+        if decoder is not None and not callable(decoder):
+            raise ValueError(f"decoder: expected a callable, got {type(decoder).__name__}")
         self.table = table
         self.max_batch_size = max_batch_size
-        self.wrappers: dict[tuple, DecodeWrapper] = {}
+        self.decoder = decoder
+        self.wrappers: dict[tuple, Any] = {}
         self.stats = dict(steps=0, plans=0, decode_layers=0, decode_rows=0, sdpa_layers=0)
         self._serial = itertools.count(1)
         self._step: _Step | None = None
@@ -297,12 +306,15 @@ class KvsplitAttention:
 
     # ------------------------------------------------------------------ the attention function
     def _wrapper(self, h_q: int, h_kv: int, d: int, ps: int, dtype: torch.dtype, device: torch.device,
-                 max_batch: int) -> DecodeWrapper:
+                 max_batch: int) -> Any:
         key = (h_q, h_kv, d, ps, dtype, device)
         w = self.wrappers.get(key)
         if w is None:
-            w = DecodeWrapper(h_q, h_kv, d, page_size=ps, dtype=_DTYPES[dtype], device=device,
-                              max_batch_size=max_batch, table=self.table)
+            if self.decoder is not None:
+                w = self.decoder(h_q, h_kv, d, ps, dtype, device, max_batch)
+            else:
+                w = DecodeWrapper(h_q, h_kv, d, page_size=ps, dtype=_DTYPES[dtype], device=device,
+                                  max_batch_size=max_batch, table=self.table)
             self.wrappers[key] = w
         return w
 
@@ -376,7 +388,7 @@ class KvsplitAttention:
         return out, None
 
 
-def install(table: Any = None, *, max_batch_size: int | None = None) -> KvsplitAttention:
+def install(table: Any = None, *, max_batch_size: int | None = None, decoder: Any = None) -> KvsplitAttention:
     """Make kvsplit the decode attention of transformers' continuous batching (module doc).
 
     Parameters
@@ -386,6 +398,8 @@ def install(table: Any = None, *, max_batch_size: int | None = None) -> KvsplitA
         step's bucket. None: DecodeWrapper's default policy.
     max_batch_size : int, optional
         DecodeWrapper's ``max_batch_size`` (default: the engine's ``max_requests_per_batch``).
+    decoder : callable, optional
+        Another decode kernel behind the same hooks (:class:`KvsplitAttention`); default DecodeWrapper.
 
     Returns
     -------
@@ -398,10 +412,10 @@ def install(table: Any = None, *, max_batch_size: int | None = None) -> KvsplitA
     ImportError
         transformers is not installed.
     ValueError
-        ``max_batch_size`` is not an integer >= 1.
+        ``max_batch_size`` is not an integer >= 1; ``decoder`` is not callable.
     """
     global _handle
-    handle = KvsplitAttention(table=table, max_batch_size=max_batch_size)
+    handle = KvsplitAttention(table=table, max_batch_size=max_batch_size, decoder=decoder)
     if _handle is not None:
         _handle.uninstall()
     with _lock:
