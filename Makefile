@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	@# CPU torch unless a torch is already there (a GPU machine brings its own CUDA build).
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[all,test]"
+	@# compile the numba planner and plan-service parsers into numba's disk cache now (minutes on a fresh
+	@# install), so `make run` and the tests load them in seconds; it prints each step
+	$(PY) -m kvsplit.service.warmup
 	@touch $(STAMP)
 
 test: $(STAMP)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -228,10 +229,16 @@ def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True, 
 
     settings = Settings(**({"database_url": database_url} if database_url is not None else {}))
     url = store.resolve_url(settings.database_url)
+    _say(f"opening the policy store {url} (creating or migrating its schema)")
     _say(f"store {url} ready (schema revision {store.upgrade(url)})")
     _import_shipped(url)
-    if tune:
-        _tune_demo(url, _backend_name())
+    from .warmup import heartbeat, warmup
+
+    # loads what `make` compiled into numba's disk cache (seconds); compiles it, saying so, where it is cold
+    warmup(_say)
+    if tune:  # a terminal shows tqdm's live bar; logs get a line every 5 s
+        with contextlib.nullcontext() if sys.stderr.isatty() else heartbeat(_say, "tuning the demo buckets"):
+            _tune_demo(url, _backend_name())
     wanted = int(os.environ.get("KVSPLIT_PORT", port or 8000))
     port = _free_port(host, wanted)
     if wanted and port != wanted:
@@ -239,6 +246,7 @@ def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True, 
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
+    _say(f"starting the plan service on http://{host}:{port} (then a sample plan request)")
     threading.Thread(target=_show_sample, args=(f"http://{host}:{port}", server), daemon=True).start()
     try:
         server.run()
