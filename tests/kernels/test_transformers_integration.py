@@ -69,6 +69,9 @@ def test_generate_batch_same_tokens_as_paged_sdpa():
 def test_install_bad_argument_and_plain_generate_untouched():
     with pytest.raises(ValueError, match="max_batch_size"):
         ktf.install(max_batch_size=0)
+    with pytest.raises(ValueError, match="decoder"):
+        ktf.install(decoder="flashinfer")
+    assert ktf.installed() is None
     model = _model()
     ids = torch.tensor([PROMPTS[3]])
     ref = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
