@@ -262,8 +262,6 @@ class KvsplitAttention:
 
     def _record_step(self, io: Any) -> None:
         """After transformers prepared a step: the decode rows' kv_lens and page ids from its host state."""
-        if isinstance(io, self._cb_io.ContinuousBatchingAsyncIOs):  # pragma: no cover - guarded by _current
-            return
         cache = io.cache
         if self._cache_reason(cache) is not None:
             self._step = None

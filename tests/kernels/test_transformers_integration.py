@@ -2,7 +2,8 @@
 
 A tiny randomly initialised Qwen3 model built from a local config (no download): 2 layers, 8 query heads over 2 KV
 heads (GQA group 4), head_dim 64, fp32. ``generate_batch`` on 12 prompts of different lengths, 24 new tokens each,
-greedy, must give the same tokens as transformers' own paged ``sdpa`` implementation. ``max_batch_tokens`` 64 makes
+greedy, must give the same tokens as transformers' own paged ``sdpa`` implementation (``paged|sdpa``, which
+transformers 5.x names ``sdpa``). ``max_batch_tokens`` 64 makes
 the engine chunk the longer prompts, so steps mix decode rows (kvsplit) with prefill rows (transformers' sdpa).
 The decode kernel runs under the Triton interpreter on the CPU (TRITON_INTERPRET=1, tests/conftest.py).
 """
