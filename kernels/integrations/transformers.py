@@ -176,7 +176,8 @@ class KvsplitAttention:
     stats : dict[str, int]
         ``steps`` (forward passes with decode rows), ``plans`` (DecodeWrapper.plan calls), ``decode_layers``
         (DecodeWrapper.run calls), ``decode_rows`` (rows run by kvsplit, summed over layers), ``sdpa_layers``
-        (layer calls that ran transformers' sdpa on prefill rows or everything).
+        (layer calls that ran transformers' sdpa on prefill rows or everything), ``reads_skipped`` (layer calls of
+        decode-only steps whose cache read-back was skipped).
     """
 
     def __init__(self, table: Any = None, max_batch_size: int | None = None, decoder: Any = None) -> None:
@@ -190,7 +191,7 @@ class KvsplitAttention:
         self.max_batch_size = max_batch_size
         self.decoder = decoder
         self.wrappers: dict[tuple, Any] = {}
-        self.stats = dict(steps=0, plans=0, decode_layers=0, decode_rows=0, sdpa_layers=0)
+        self.stats = dict(steps=0, plans=0, decode_layers=0, decode_rows=0, sdpa_layers=0, reads_skipped=0)
         self._serial = itertools.count(1)
         self._step: _Step | None = None
         self._eligible: "weakref.WeakKeyDictionary[Any, str | None]" = weakref.WeakKeyDictionary()
@@ -215,6 +216,7 @@ class KvsplitAttention:
                     and kwargs.get("block_table") is None:
                 # write the step's new keys/values as transformers does, skip the read-back: kvsplit reads the pages
                 kwargs["read_index"] = [r[:0] for r in kwargs["read_index"]]
+                me.stats["reads_skipped"] += 1
             return orig_update(cache, key_states, value_states, layer_idx, kwargs)
 
         update.__wrapped__ = orig_update

@@ -65,6 +65,8 @@ def test_generate_batch_same_tokens_as_paged_sdpa():
     assert s["decode_layers"] == 2 * s["steps"]  # both layers of each step with decode rows
     assert s["plans"] == s["steps"]  # one DecodeWrapper.plan per step, not per layer
     assert s["sdpa_layers"] > 0  # prefill rows, some in steps mixed with decode rows
+    # decode-only steps (both layers) wrote the new keys/values without reading the cache back
+    assert 0 < s["reads_skipped"] < s["decode_layers"] and s["reads_skipped"] % 2 == 0
 
 
 def test_install_bad_argument_and_plain_generate_untouched():
