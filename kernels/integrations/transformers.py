@@ -66,7 +66,8 @@ import torch
 from ..limits import HEAD_DIMS, MAX_PAGE_SIZE
 from ..wrapper import DecodeWrapper
 
-__all__ = ["TESTED_TRANSFORMERS", "KvsplitAttention", "import_transformers", "install", "installed"]
+__all__ = ["TESTED_TRANSFORMERS", "KvsplitAttention", "continuous_batching_config", "import_transformers", "install",
+           "installed"]
 
 TESTED_TRANSFORMERS = ">=5.17,<5.26"
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -118,15 +119,94 @@ def import_transformers():
     return transformers
 
 
+class _Allocators:
+    """transformers 5.2x: one ``FullAttentionCacheAllocator`` per attention type, pages of a uint8 cache tensor
+    viewed per layer (``get_cache_for_block_table``); ``PagedAttentionCache.update(k, v, layer_idx, kwargs)`` is
+    called by the model before the attention function (registered as ``sdpa``)."""
+
+    attn_key = "sdpa"
+
+    def __init__(self) -> None:
+        from transformers.generation.continuous_batching.cache_allocators import FullAttentionCacheAllocator
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        self.full, self.own = FullAttentionCacheAllocator, sdpa_attention_forward
+
+    def full_allocs(self, cache):
+        return [a for a in cache.cache_allocators.values() if type(a) is self.full]
+
+    def layer_full(self, cache, layer_idx):
+        return type(cache.layer_to_allocator[layer_idx]) is self.full
+
+    def head_dim(self, cache, full):
+        return full.head_dim
+
+    def page_size(self, full):
+        return full.tokens_per_page
+
+    def pages_stride(self, full):  # as transformers' fill_block_table for flash
+        return full.block_physical_stride // full.tokens_per_page
+
+    def page_views(self, cache, layer_idx):
+        return cache.layer_to_allocator[layer_idx].get_cache_for_block_table(layer_idx)
+
+
+class _Managers:
+    """transformers 5.17: ``group_cache_managers`` with one key and one value tensor per layer of a group,
+    ``[(num_blocks + 2) * block_size, H_kv, D]``; the paged attention function (registered as ``paged|sdpa``) gets
+    the cache in its keyword arguments and calls ``update(k, v, layer_idx, read_index, write_index)`` itself."""
+
+    attn_key = "paged|sdpa"
+
+    def __init__(self) -> None:
+        from transformers.generation.continuous_batching.cache_manager import FullAttentionCacheAllocator
+        from transformers.integrations.sdpa_paged import sdpa_attention_paged_forward
+
+        self.full, self.own = FullAttentionCacheAllocator, sdpa_attention_paged_forward
+
+    def full_allocs(self, cache):
+        return [a for a in cache.group_cache_managers if type(a) is self.full]
+
+    def layer_full(self, cache, layer_idx):
+        g, _ = cache.layer_index_to_group_indices[layer_idx]
+        return cache.sliding_windows.get(layer_idx, 1) == 1 and type(cache.group_cache_managers[g]) is self.full
+
+    def head_dim(self, cache, full):
+        return cache.head_dim
+
+    def page_size(self, full):
+        return full.block_size
+
+    def pages_stride(self, full):
+        return 1
+
+    def page_views(self, cache, layer_idx):
+        _, i = cache.layer_index_to_group_indices[layer_idx]
+        shape = (-1, cache.block_size, cache.num_key_value_heads, cache.head_dim)
+        return cache.key_cache[i].view(shape), cache.value_cache[i].view(shape)
+
+
 def _tf():
-    """transformers' modules this adapter touches (imported here only)."""
+    """transformers' modules this adapter touches (imported here only), and its cache layout."""
+    import inspect
+
     import_transformers()
     from transformers import AttentionInterface
     from transformers.generation.continuous_batching import cache as cb_cache
     from transformers.generation.continuous_batching import input_outputs as cb_io
-    from transformers.generation.continuous_batching.cache_allocators import FullAttentionCacheAllocator
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    return AttentionInterface, cb_cache, cb_io, FullAttentionCacheAllocator, sdpa_attention_forward
+
+    params = inspect.signature(cb_cache.PagedAttentionCache.update).parameters
+    if "kwargs" in params:
+        layout = _Allocators()
+    elif "read_index" in params:
+        layout = _Managers()
+    else:  # pragma: no cover - depends on the install
+        import transformers
+
+        raise ImportError(f"transformers {transformers.__version__}: its continuous-batching cache is neither of the "
+                          f"layouts kvsplit knows (tested: transformers{TESTED_TRANSFORMERS})")
+    return AttentionInterface, cb_cache, cb_io, layout, sdpa_attention_forward
 
 
 @dataclass
@@ -184,7 +264,7 @@ class KvsplitAttention:
         if max_batch_size is not None and (isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
                                            or max_batch_size < 1):
             raise ValueError(f"max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
-        self._ai, self._cb_cache, self._cb_io, self._full_alloc, self._sdpa = _tf()
+        self._ai, self._cb_cache, self._cb_io, self._layout, self._sdpa = _tf()
         if decoder is not None and not callable(decoder):
             raise ValueError(f"decoder: expected a callable, got {type(decoder).__name__}")
         self.table = table
@@ -197,11 +277,15 @@ class KvsplitAttention:
         self._eligible: "weakref.WeakKeyDictionary[Any, str | None]" = weakref.WeakKeyDictionary()
         self._saved: dict[str, Any] = {}
 
+    @property
+    def attn_key(self) -> str:
+        """The AttentionInterface key the integration takes over: ``sdpa`` (5.2x) or ``paged|sdpa`` (5.17)."""
+        return self._layout.attn_key
+
     # ------------------------------------------------------------------ install / uninstall
     def _patch(self) -> None:
-        io_cls, cache_cls = self._cb_io.ContinuousBatchingIOs, self._cb_cache.PagedAttentionCache
-        self._saved = dict(sdpa=self._ai()["sdpa"], prepare=io_cls.prepare_batch_tensors,
-                           update=cache_cls.update)
+        io_cls, cache_cls, lay = self._cb_io.ContinuousBatchingIOs, self._cb_cache.PagedAttentionCache, self._layout
+        self._saved = dict(attn=self._ai()[lay.attn_key], prepare=io_cls.prepare_batch_tensors, update=cache_cls.update)
         orig_prepare, orig_update = self._saved["prepare"], self._saved["update"]
         me = self
 
@@ -210,20 +294,22 @@ class KvsplitAttention:
             me._record_step(io)
             return out
 
-        def update(cache, key_states, value_states, layer_idx, kwargs):
-            step = me._current(kwargs, cache)
-            if step is not None and step.all_decode and me._layer_ok(cache, layer_idx) \
-                    and kwargs.get("block_table") is None:
-                # write the step's new keys/values as transformers does, skip the read-back: kvsplit reads the pages
-                kwargs["read_index"] = [r[:0] for r in kwargs["read_index"]]
-                me.stats["reads_skipped"] += 1
-            return orig_update(cache, key_states, value_states, layer_idx, kwargs)
-
-        update.__wrapped__ = orig_update
         prepare_batch_tensors.__wrapped__ = orig_prepare
         io_cls.prepare_batch_tensors = prepare_batch_tensors
-        cache_cls.update = update
-        self._ai.register("sdpa", self.attention)
+        if isinstance(lay, _Allocators):  # the model calls update() before the attention function
+            def update(cache, key_states, value_states, layer_idx, kwargs):
+                step = me._current(kwargs, cache)
+                if step is not None and step.all_decode and me._layer_ok(cache, layer_idx) \
+                        and kwargs.get("block_table") is None:
+                    # write the step's new keys/values as transformers does, skip the read-back (kvsplit reads
+                    # the pages)
+                    kwargs["read_index"] = [r[:0] for r in kwargs["read_index"]]
+                    me.stats["reads_skipped"] += 1
+                return orig_update(cache, key_states, value_states, layer_idx, kwargs)
+
+            update.__wrapped__ = orig_update
+            cache_cls.update = update
+        self._ai.register(lay.attn_key, self.attention)
 
     def uninstall(self) -> None:
         """Restore transformers' own ``sdpa`` function, ``prepare_batch_tensors`` and ``update``."""
@@ -233,7 +319,7 @@ class KvsplitAttention:
                 return
             self._cb_io.ContinuousBatchingIOs.prepare_batch_tensors = self._saved["prepare"]
             self._cb_cache.PagedAttentionCache.update = self._saved["update"]
-            self._ai.register("sdpa", self._saved["sdpa"])
+            self._ai.register(self._layout.attn_key, self._saved["attn"])
             self._saved = {}
             if _handle is self:
                 _handle = None
@@ -243,24 +329,24 @@ class KvsplitAttention:
         """Why this cache's model cannot run kvsplit's decode (None: it can). Checked once per cache."""
         if cache in self._eligible:
             return self._eligible[cache]
-        cfg = cache.config
-        full = [a for a in cache.cache_allocators.values() if type(a) is self._full_alloc]
+        cfg, lay = cache.config, self._layout
+        full = lay.full_allocs(cache)
         reason = None
         if not full:
             reason = "no full-attention layer"
-        elif full[0].head_dim not in HEAD_DIMS:
-            reason = f"head_dim {full[0].head_dim} not in {HEAD_DIMS}"
+        elif lay.head_dim(cache, full[0]) not in HEAD_DIMS:
+            reason = f"head_dim {lay.head_dim(cache, full[0])} not in {HEAD_DIMS}"
         elif cache.dtype not in _DTYPES:
             reason = f"cache dtype {cache.dtype} not float16/bfloat16/float32"
         elif getattr(cfg, "attn_logit_softcapping", None) is not None:
             reason = "attention logit soft-capping"
-        elif full[0].tokens_per_page > MAX_PAGE_SIZE:
-            reason = f"page_size {full[0].tokens_per_page} above {MAX_PAGE_SIZE}"
+        elif lay.page_size(full[0]) > MAX_PAGE_SIZE:
+            reason = f"page_size {lay.page_size(full[0])} above {MAX_PAGE_SIZE}"
         self._eligible[cache] = reason
         return reason
 
     def _layer_ok(self, cache: Any, layer_idx: int) -> bool:
-        return self._cache_reason(cache) is None and type(cache.layer_to_allocator[layer_idx]) is self._full_alloc
+        return self._cache_reason(cache) is None and self._layout.layer_full(cache, layer_idx)
 
     def _record_step(self, io: Any) -> None:
         """After transformers prepared a step: the decode rows' kv_lens and page ids from its host state."""
@@ -268,9 +354,8 @@ class KvsplitAttention:
         if self._cache_reason(cache) is not None:
             self._step = None
             return
-        full = [a for a in cache.cache_allocators.values() if type(a) is self._full_alloc][0]
-        ps = full.tokens_per_page
-        pages_stride = full.block_physical_stride // ps
+        full = self._layout.full_allocs(cache)[0]
+        ps, pages_stride = self._layout.page_size(full), self._layout.pages_stride(full)
         dec_tok, other_tok, lens, indptr, pages = [], [], [], [0], []
         row = 0
         for fs in io.requests_in_batch:
@@ -328,12 +413,13 @@ class KvsplitAttention:
 
     def attention(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any):
-        """transformers' attention-function signature (registered as ``sdpa``).
+        """transformers' attention-function signature (registered as ``sdpa``; ``paged|sdpa`` on 5.17).
 
         Parameters
         ----------
         module : the attention module (``layer_idx``, ``num_key_value_groups``)
-        query : torch.Tensor ``[1, H_q, T, D]``; key, value : ``[1, H_kv, N, D]`` (what the cache read back)
+        query : torch.Tensor ``[1, H_q, T, D]``; key, value : ``[1, H_kv, N, D]`` (what the cache read back;
+            on 5.17 the step's new keys/values, written to the cache here)
         attention_mask : transformers' additive mask ``[1, 1, T, N]`` (used for the prefill rows only)
         scaling : softmax scale (default ``1/sqrt(D)``)
 
@@ -341,10 +427,15 @@ class KvsplitAttention:
         -------
         (torch.Tensor ``[1, T, H_q, D]``, None), as transformers' sdpa function.
         """
-        step = self._current(kwargs)
+        managers = isinstance(self._layout, _Managers)  # 5.17: the cache comes in kwargs, updated here
+        cache = kwargs.pop("cache", None) if managers else None
+        step = self._current(kwargs, cache)
         layer_idx = getattr(module, "layer_idx", None)
         if step is None or step.num_decode == 0 or layer_idx is None or not self._layer_ok(step.cache, layer_idx):
             self.stats["sdpa_layers"] += step is not None
+            if managers:
+                return self._layout.own(module, query, key, value, attention_mask, scaling=scaling, cache=cache,
+                                        **kwargs)
             return self._sdpa(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         if hasattr(module, "sinks") or kwargs.get("softcap") is not None or kwargs.get("sliding_window") \
                 or kwargs.get("dropout", 0.0):
@@ -354,7 +445,15 @@ class KvsplitAttention:
             raise RuntimeError(f"query: expected [1, H_q, >= {step.total_q}, D] for this step, got "
                                f"{tuple(query.shape)}")
         _, h_q, t, d = query.shape
-        k_pages, v_pages = step.cache.layer_to_allocator[layer_idx].get_cache_for_block_table(layer_idx)
+        if managers:  # write the step's keys/values; read the cache back only for prefill rows
+            read = kwargs["read_index"]
+            if step.all_decode:
+                read = [r[:0] for r in read]
+                self.stats["reads_skipped"] += 1
+            key, value = cache.update(key_states=key, value_states=value, layer_idx=layer_idx, read_index=read,
+                                      write_index=kwargs["write_index"])
+            key, value = (x.transpose(0, 1).unsqueeze(0) for x in (key, value))
+        k_pages, v_pages = self._layout.page_views(step.cache, layer_idx)
         ps, h_kv = k_pages.shape[1], k_pages.shape[2]
         dev = query.device
         arrs = self._device_arrays(step, dev)
@@ -382,7 +481,8 @@ class KvsplitAttention:
         if not step.all_decode:  # the prefill rows: transformers' own sdpa over the keys/values it read back
             rows = arrs["other_tok"]
             mask = attention_mask.index_select(2, rows) if attention_mask is not None else None
-            o_pre, _ = self._sdpa(module, query.index_select(2, rows), key, value, mask, scaling=scaling, **kwargs)
+            o_pre, _ = self._sdpa(module, query.index_select(2, rows), key, value, mask, scaling=scaling,
+                                  **{**kwargs, "is_causal": False})
             out[0].index_copy_(0, rows, o_pre[0])
             self.stats["sdpa_layers"] += 1
         return out, None
@@ -422,6 +522,34 @@ def install(table: Any = None, *, max_batch_size: int | None = None, decoder: An
         handle._patch()
         _handle = handle
     return handle
+
+
+def continuous_batching_config(page_size: int = 16, **kwargs: Any):
+    """A ``ContinuousBatchingConfig`` that runs with kvsplit on the tested transformers versions.
+
+    Synchronous batching, no CUDA graphs, no automatic switch to flash attention (5.2x's
+    ``auto_switch_to_flash``), ``page_size`` tokens per page (``block_size`` on 5.17); ``kwargs`` are passed on
+    (and override these).
+
+    Raises
+    ------
+    ValueError
+        ``page_size`` is not an integer in [1, 256].
+    """
+    import inspect
+
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
+        raise ValueError(f"page_size: expected an integer in [1, {MAX_PAGE_SIZE}], got {page_size!r}")
+    import_transformers()
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    names = inspect.signature(ContinuousBatchingConfig).parameters
+    kw: dict[str, Any] = dict(use_async_batching=False, use_cuda_graph=False)
+    if "auto_switch_to_flash" in names:
+        kw["auto_switch_to_flash"] = False
+    kw["page_size" if "page_size" in names else "block_size"] = page_size
+    kw.update(kwargs)
+    return ContinuousBatchingConfig(**kw)
 
 
 def installed() -> KvsplitAttention | None:

@@ -18,7 +18,6 @@ from kvsplit.kernels.integrations import transformers as ktf  # noqa: E402
 ktf.import_transformers()  # this checkout's kernels/ folder is on sys.path here and shadows transformers' `kernels`
 
 from transformers import AttentionInterface, GenerationConfig, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
-from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402
 
 from kvsplit.kernels.policy_table import PolicyTable  # noqa: E402
 
@@ -32,14 +31,13 @@ def _model():
                       tie_word_embeddings=False)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(torch.float32).eval()
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation("paged|sdpa")  # 5.2x names it sdpa; 5.17 keeps paged|sdpa
     return model
 
 
 def _generate(model):
     gc = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    cb = ContinuousBatchingConfig(page_size=16, num_blocks=64, max_batch_tokens=64, max_requests_per_batch=16,
-                                  use_async_batching=False, use_cuda_graph=False, auto_switch_to_flash=False)
+    cb = ktf.continuous_batching_config(page_size=16, num_blocks=64, max_batch_tokens=64, max_requests_per_batch=16)
     out = model.generate_batch(PROMPTS, generation_config=gc, continuous_batching_config=cb, warmup=False)
     return {k: list(v.generated_tokens) for k, v in out.items()}
 
@@ -49,15 +47,15 @@ def test_generate_batch_same_tokens_as_paged_sdpa():
     model = _model()
     ref = _generate(model)  # transformers' own paged sdpa
     assert len(ref) == len(PROMPTS) and all(len(t) == NEW_TOKENS for t in ref.values())
-    own_sdpa = AttentionInterface()["sdpa"]
+    own = {k: AttentionInterface()[k] for k in ("sdpa", "paged|sdpa") if k in AttentionInterface()}
     # fixed 2 splits for every batch: the split-KV path with its LSE merge, and few programs for the interpreter
     handle = ktf.install(table=PolicyTable([], fallback_name="fixed", fallback_params={"num_splits": 2}))
     try:
-        assert AttentionInterface()["sdpa"] == handle.attention
+        assert AttentionInterface()[handle.attn_key] == handle.attention
         got = _generate(model)
     finally:
         handle.uninstall()
-    assert AttentionInterface()["sdpa"] is own_sdpa and ktf.installed() is None
+    assert {k: AttentionInterface()[k] for k in own} == own and ktf.installed() is None
     assert got == ref
     s = handle.stats
     # every generated token after a request's first came from a kvsplit decode row, in both layers
@@ -76,6 +74,7 @@ def test_install_bad_argument_and_plain_generate_untouched():
         ktf.install(decoder="flashinfer")
     assert ktf.installed() is None
     model = _model()
+    model.set_attn_implementation("sdpa")  # a plain forward (5.17 refuses paged|sdpa outside continuous batching)
     ids = torch.tensor([PROMPTS[3]])
     ref = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
     handle = ktf.install()
