@@ -20,7 +20,8 @@ Implementations, each run separately on the same model and prompts:
 Reported per implementation:
 
 - decode tokens/s: tokens of the forward passes made only of decode rows, over their GPU time (CUDA events
-  around each forward pass: the whole model, the cache write and, for sdpa, the read-back);
+  around each forward pass: the whole model, the cache write and, for sdpa, the read-back; on transformers 5.17
+  the cache update runs inside the attention function, so there "attention" includes it);
 - attention ms per decode step: the time in the attention function (all layers; kvsplit's and FlashInfer's
   per-step ``plan`` included), and its share of the step;
 - end-to-end wall time of ``generate_batch`` (prefill included);
@@ -114,7 +115,7 @@ def _model(a, device, dtype):
                           max_position_embeddings=a.max_prompt + a.new_tokens + 16, rope_theta=1e6)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation("paged|sdpa")  # transformers 5.2x names it sdpa
     return model
 
 
@@ -150,7 +151,8 @@ class Timer:
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         self._attn = []
-        self._cur = (ev, kwargs.get("max_length_q"), int(kwargs["input_ids"].shape[-1]))
+        max_q = kwargs.get("max_length_q", kwargs.get("max_seqlen_q"))  # 5.2x / 5.17
+        self._cur = (ev, max_q, int(kwargs["input_ids"].shape[-1]))
 
     def _post(self, module, args, kwargs, out):
         ev = torch.cuda.Event(enable_timing=True)
@@ -189,13 +191,12 @@ class Timer:
 
 def _run(a, model, prompts, impl, table, device):
     from transformers import AttentionInterface, GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     ps = a.page_size
     num_blocks = sum(-(-(len(p) + a.new_tokens) // ps) for p in prompts) + 2 * len(prompts)
-    cb = ContinuousBatchingConfig(page_size=ps, num_blocks=num_blocks, max_batch_tokens=a.max_batch_tokens,
-                                  max_requests_per_batch=len(prompts), use_async_batching=False,
-                                  use_cuda_graph=False, auto_switch_to_flash=False, allow_block_sharing=False)
+    # synchronous, eager, no switch to flash (ktf.continuous_batching_config), the same for every implementation
+    cb = ktf.continuous_batching_config(page_size=ps, num_blocks=num_blocks, max_batch_tokens=a.max_batch_tokens,
+                                        max_requests_per_batch=len(prompts), allow_block_sharing=False)
     gc = GenerationConfig(max_new_tokens=a.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     handle = None
     if impl == "kvsplit":
@@ -203,14 +204,15 @@ def _run(a, model, prompts, impl, table, device):
     elif impl == "flashinfer":
         handle = ktf.install(decoder=lambda *s: FlashInferDecoder(*s, use_tensor_cores=not a.fi_cuda_cores))
     timer = Timer(model, enabled=device.type == "cuda")
-    own = AttentionInterface()["sdpa"]
-    AttentionInterface.register("sdpa", timer.wrap(own))
+    key = ktf.attention_key()  # sdpa (5.2x) or paged|sdpa (5.17)
+    own = AttentionInterface()[key]
+    AttentionInterface.register(key, timer.wrap(own))
     try:
         t0 = time.perf_counter()
         out = model.generate_batch(prompts, generation_config=gc, continuous_batching_config=cb, warmup=False)
         wall = time.perf_counter() - t0
     finally:
-        AttentionInterface.register("sdpa", own)
+        AttentionInterface.register(key, own)
         if handle is not None:
             handle.uninstall()
         for h in timer.hooks:

@@ -66,8 +66,8 @@ import torch
 from ..limits import HEAD_DIMS, MAX_PAGE_SIZE
 from ..wrapper import DecodeWrapper
 
-__all__ = ["TESTED_TRANSFORMERS", "KvsplitAttention", "continuous_batching_config", "import_transformers", "install",
-           "installed"]
+__all__ = ["TESTED_TRANSFORMERS", "KvsplitAttention", "attention_key", "continuous_batching_config",
+           "import_transformers", "install", "installed"]
 
 TESTED_TRANSFORMERS = ">=5.17,<5.26"
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -550,6 +550,12 @@ def continuous_batching_config(page_size: int = 16, **kwargs: Any):
     kw["page_size" if "page_size" in names else "block_size"] = page_size
     kw.update(kwargs)
     return ContinuousBatchingConfig(**kw)
+
+
+def attention_key() -> str:
+    """The AttentionInterface key continuous batching runs sdpa under on the installed transformers: ``sdpa``
+    (5.2x) or ``paged|sdpa`` (5.17); :func:`install` takes it over."""
+    return _tf()[3].attn_key
 
 
 def installed() -> KvsplitAttention | None:
