@@ -4,13 +4,13 @@ One call, before ``generate_batch`` / ``init_continuous_batching`` / ``transform
 
     from kvsplit.kernels.integrations import transformers as kvsplit_tf
     handle = kvsplit_tf.install()                 # or install(table=PolicyTable.from_export(...))
-    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="sdpa", dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="paged|sdpa", dtype=torch.bfloat16)
     out = model.generate_batch(prompts, generation_config=gc,
-                               continuous_batching_config=ContinuousBatchingConfig(auto_switch_to_flash=False,
-                                                                                  use_async_batching=False))
+                               continuous_batching_config=kvsplit_tf.continuous_batching_config(page_size=16))
     handle.uninstall()                            # restores transformers' own functions
 
-Tested with transformers ``TESTED_TRANSFORMERS`` (5.17-5.25; the ``kvsplit[transformers]`` extra pins it).
+Tested with transformers 5.17.0 and 5.25.0 (``TESTED_TRANSFORMERS``, ``>=5.17,<5.26``, which the
+``kvsplit[transformers]`` extra pins). The two have different paged caches; both are handled (below).
 
 What runs where, per forward pass (a "step") of continuous batching:
 
@@ -21,26 +21,32 @@ What runs where, per forward pass (a "step") of continuous batching:
   keys and values its cache read back, with its mask, so mixed steps work;
 - calls outside continuous batching (a plain ``generate``) go to transformers' own ``sdpa`` unchanged.
 
-The hooks (transformers has no public one that hands an attention function the paged cache, see the guide
+The hooks (transformers has no public one that hands an attention function the paged cache; see
 docs/guides/engine-integration-transformers.md):
 
-1. ``AttentionInterface.register("sdpa", ...)``: continuous batching accepts only ``paged|eager``, ``sdpa`` or a
-   flash implementation and refuses a new name, but honours a function registered under the existing ``sdpa``
-   key. It receives q as ``[1, H_q, total_q_tokens, D]`` with ``cu_seq_lens_q`` etc. in its keyword arguments.
+1. ``AttentionInterface.register(key, ...)`` with the key continuous batching runs sdpa under
+   (:func:`attention_key`): ``sdpa`` on 5.2x (which accepts only ``paged|eager``, ``sdpa`` or a flash
+   implementation and refuses a new name, but honours a function registered under the existing key),
+   ``paged|sdpa`` on 5.17. It receives q as ``[1, H_q, total_q_tokens, D]`` with ``cu_seq_lens_q``,
+   ``read_index`` / ``write_index`` etc. in its keyword arguments.
 2. ``ContinuousBatchingIOs.prepare_batch_tensors`` is wrapped: after transformers' own code ran, the step's host
    metadata is taken from the host objects the scheduler already has (each request's query length and
    ``position_offset``, and its block ids from the full-attention allocator's ``block_table``): the kv_lens,
    kv_indptr and page ids of the decode rows cost no device-to-host copy.
-3. ``PagedAttentionCache.update`` is wrapped: in a step made only of decode rows the keys and values are written to
-   the cache as before, but not read back (transformers' own write-only path, an empty ``read_index``): kvsplit
-   reads the pages itself, so the step does not copy the whole KV of every request per layer.
+3. In a step made only of decode rows the keys and values are written to the cache as before, but not read back
+   (transformers' own write-only path, an empty ``read_index``): kvsplit reads the pages itself, so the step does
+   not copy every request's whole KV per layer. On 5.2x the model calls ``PagedAttentionCache.update`` before the
+   attention function, so ``update`` is wrapped; on 5.17 the paged attention function calls it, here.
 
-Paged cache layout (transformers 5.17-5.25, ``FullAttentionCacheAllocator``): one uint8 tensor viewed per layer as
-pages of ``page_size`` tokens, ``[num_pages, page_size, H_kv, D]`` (NHD), keys and values of a layer in two views
-of the same storage (``get_cache_for_block_table``). A request's block ``b`` is page ``b * pages_stride`` of its
-layer's views, with ``pages_stride = block_physical_stride // page_size`` (as transformers' own
-``fill_block_table`` computes it for flash). The views are contiguous with the NHD strides, so DecodeWrapper runs
-on them with no copy.
+Paged cache layouts, both NHD pages ``[num_pages, page_size, H_kv, D]`` read in place (no copy; contiguous views
+with the NHD strides):
+
+- 5.2x (``cache_allocators.FullAttentionCacheAllocator``): one uint8 tensor viewed per layer as pages of
+  ``page_size`` tokens, keys and values of a layer in two views of the same storage
+  (``get_cache_for_block_table``); a request's block ``b`` is page ``b * pages_stride`` of its layer's views,
+  ``pages_stride = block_physical_stride // page_size`` (as transformers' ``fill_block_table`` computes it);
+- 5.17 (``cache_manager.FullAttentionCacheAllocator``): one key and one value tensor per layer of a group,
+  ``[(num_blocks + 2) * block_size, H_kv, D]``, viewed as pages of ``block_size`` tokens; block ``b`` is page ``b``.
 
 Limits: full-attention layers only (a model with sliding-window, MLA, attention sinks or logit soft-capping runs
 transformers' own ``sdpa`` everywhere); synchronous batching only (``use_async_batching=False``; asynchronous
