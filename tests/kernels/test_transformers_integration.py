@@ -72,6 +72,8 @@ def test_install_bad_argument_and_plain_generate_untouched():
         ktf.install(max_batch_size=0)
     with pytest.raises(ValueError, match="decoder"):
         ktf.install(decoder="flashinfer")
+    with pytest.raises(ValueError, match="page_size"):
+        ktf.continuous_batching_config(page_size=512)
     assert ktf.installed() is None
     model = _model()
     model.set_attn_implementation("sdpa")  # a plain forward (5.17 refuses paged|sdpa outside continuous batching)
