@@ -236,7 +236,7 @@ def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True, 
 
     # loads what `make` compiled into numba's disk cache (seconds); compiles it, saying so, where it is cold
     warmup(_say)
-    if tune:  # a terminal shows tqdm's live bar; logs get a line every 5 s
+    if tune:  # a terminal shows tqdm's live bar; logs get a line every 4 s
         with contextlib.nullcontext() if sys.stderr.isatty() else heartbeat(_say, "tuning the demo buckets"):
             _tune_demo(url, _backend_name())
     wanted = int(os.environ.get("KVSPLIT_PORT", port or 8000))

@@ -10,7 +10,7 @@ sources, or under ``NUMBA_CACHE_DIR``) in seconds. ``make`` runs this module onc
     python -m kvsplit.service.warmup
 
 Each part is announced before it starts and timed when done; while one runs, a line every ``every``
-seconds (default 5) says it is still compiling, so no step is silent for longer.
+seconds (default 4) says it is still compiling, so no step is silent for 5 s.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _parts() -> list[tuple[str, Callable[[], None]]]:
 
 
 @contextmanager
-def heartbeat(say: Callable[[str], None], doing: str, every: float = 5.0):
+def heartbeat(say: Callable[[str], None], doing: str, every: float = 4.0):
     """Say ``... still <doing> (N s)`` every ``every`` seconds until the ``with`` block ends (a daemon thread)."""
     done = threading.Event()
     t0 = time.monotonic()
@@ -51,7 +51,7 @@ def heartbeat(say: Callable[[str], None], doing: str, every: float = 5.0):
         th.join()
 
 
-def warmup(say: Callable[[str], None] = print, *, every: float = 5.0) -> float:
+def warmup(say: Callable[[str], None] = print, *, every: float = 4.0) -> float:
     """Compile (or load from numba's disk cache) every numba function of kvsplit, with progress lines.
 
     Parameters
@@ -59,7 +59,8 @@ def warmup(say: Callable[[str], None] = print, *, every: float = 5.0) -> float:
     say : callable(str)
         Where progress lines go (default ``print``).
     every : float
-        Seconds between "still compiling" lines while one part runs (> 0).
+        Seconds between "still compiling" lines while one part runs (> 0; default 4, so that a line comes
+        within 5 s even when compiling threads delay it).
 
     Returns
     -------
