@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -226,10 +227,16 @@ def prepare(url: str, *, tune: bool = True) -> None:
     policies, tune the demo buckets (``tune``). Store failures propagate (``kvsplit run`` prints one line)."""
     from ..db import store
 
+    _say(f"opening the policy store {store.safe_url(url)} (creating or migrating its schema)")
     _say(f"store {store.safe_url(url)} ready (schema revision {store.upgrade(url)})")
     _import_shipped(url)
-    if tune:
-        _tune_demo(url, _backend_name())
+    from .warmup import heartbeat, warmup
+
+    # loads what `make` compiled into numba's disk cache (seconds); compiles it, saying so, where it is cold
+    warmup(_say)
+    if tune:  # a terminal shows tqdm's live bar; logs get a line every 4 s
+        with contextlib.nullcontext() if sys.stderr.isatty() else heartbeat(_say, "tuning the demo buckets"):
+            _tune_demo(url, _backend_name())
 
 
 def serve(settings: Any, *, host: str = "127.0.0.1", port: int = 8000) -> None:
@@ -246,6 +253,7 @@ def serve(settings: Any, *, host: str = "127.0.0.1", port: int = 8000) -> None:
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
+    _say(f"starting the plan service on http://{host}:{port} (then a sample plan request)")
     threading.Thread(target=_show_sample, args=(f"http://{host}:{port}", server), daemon=True).start()
     try:
         server.run()
