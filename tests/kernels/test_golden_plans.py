@@ -104,8 +104,9 @@ def test_device_planner_work_lists():
         for (name, params), want in zip(GOLDEN["device_policies"], c["device"]):
             rule = resolve(name, params, num_kv_heads=c["num_kv_heads"], device=GOLDEN["gpu"])
             check_device_rule(rule)
-            bufs = alloc_device_plan(len(L), 8 * len(L) + 4096, "cpu")
-            device_plan(torch.tensor(L, dtype=torch.int32), rule, bufs, torch.ones(1, dtype=torch.int32))
+            dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter without a GPU
+            bufs = alloc_device_plan(len(L), 8 * len(L) + 4096, dev)
+            device_plan(torch.tensor(L, dtype=torch.int32, device=dev), rule, bufs, torch.ones(1, dtype=torch.int32, device=dev))
             W, C, T, M = bufs.counts.tolist()
             got = {"counts": [W, C, T, M], "work_request": bufs.work_request[:W].tolist(),
                    "work_kv_start": bufs.work_kv_start[:W].tolist(), "work_kv_end": bufs.work_kv_end[:W].tolist(),

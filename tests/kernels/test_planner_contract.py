@@ -80,8 +80,9 @@ def _device_plan(L, num_kv_heads, device, policy, params, **shape):
         return None
     L = np.asarray(L, dtype=np.int64)
     B = L.shape[0]
-    bufs = alloc_device_plan(max(B, 1), 8 * B + 4096, "cpu")
-    device_plan(torch.tensor(L, dtype=torch.int32), spec, bufs, torch.ones(1, dtype=torch.int32))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter without a GPU
+    bufs = alloc_device_plan(max(B, 1), 8 * B + 4096, dev)
+    device_plan(torch.tensor(L, dtype=torch.int32, device=dev), spec, bufs, torch.ones(1, dtype=torch.int32, device=dev))
     W, C, T, M = bufs.counts.tolist()
     return {"work_request": bufs.work_request[:W].tolist(), "work_kv_start": bufs.work_kv_start[:W].tolist(),
             "work_kv_end": bufs.work_kv_end[:W].tolist(), "cta_indptr": bufs.cta_indptr[:C + 1].tolist(),
