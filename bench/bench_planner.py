@@ -30,8 +30,14 @@ from kvsplit.kernels.plan import make_plan
 from kvsplit.tuner.simulate import predict
 
 H200 = DeviceSpec.known("NVIDIA H200")
-POLICIES = [("no_split", {}), ("balanced", {}), ("flashinfer", {}), ("flashinfer", {"tensor_cores": False}),
-            ("fa3", {}), ("tuned", {"pack_tokens": 1024, "order": "heavy_first"})]
+POLICIES = [
+    ("no_split", {}),
+    ("balanced", {}),
+    ("flashinfer", {}),
+    ("flashinfer", {"tensor_cores": False}),
+    ("fa3", {}),
+    ("tuned", {"pack_tokens": 1024, "order": "heavy_first"}),
+]
 
 
 def _lens(B: int) -> np.ndarray:
@@ -77,15 +83,23 @@ def _hot_table() -> None:
             print(f"{name:<34}{form:>8}{B:>6}{p50:>10.1f}{p99:>10.1f}{tgt:>9}")
 
     def table_plan(L):
-        return table.plan(L, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                          page_size=16)
+        return table.plan(
+            L, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16
+        )
 
     for B, reps in ((256, 2000), (4096, 300)):
         arrays = [rng.integers(1, 8193, B).astype(np.int32) for _ in range(reps)]
-        cases = [(f"make_plan {pol}", lambda L, pol=pol: make_plan(L, num_kv_heads=4, device=H200, policy=pol),
-                  20 if B == 256 else 300) for pol in ("balanced", "stream_k", "tuned")]
-        cases.append(("bucket_key", lambda L: bucket_key(L, num_kv_heads=4, head_dim=128,
-                                                                  dtype="bfloat16", device=H200), None))
+        cases = [
+            (
+                f"make_plan {pol}",
+                lambda L, pol=pol: make_plan(L, num_kv_heads=4, device=H200, policy=pol),
+                20 if B == 256 else 300,
+            )
+            for pol in ("balanced", "stream_k", "tuned")
+        ]
+        cases.append(
+            ("bucket_key", lambda L: bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200), None)
+        )
         cases.append(("PolicyTable.plan", table_plan, 30 if B == 256 else None))
         for name, fn, target in cases:
             row(name, fn, B, target, arrays)
@@ -111,8 +125,12 @@ def main() -> None:
     for B in (256, 4096):
         L = _lens(B)
         for pol, params in POLICIES:
-            med, p90 = _time(lambda L=L, pol=pol, params=params: make_plan(L, num_kv_heads=4, device=H200, policy=pol,
-                                                                             params=params), 300)
+            med, p90 = _time(
+                lambda L=L, pol=pol, params=params: make_plan(
+                    L, num_kv_heads=4, device=H200, policy=pol, params=params
+                ),
+                300,
+            )
             name = f"make_plan {pol}" + ("(notc)" if params.get("tensor_cores") is False else "")
             print(f"{name:<34}{B:>6}{med * 1e6:>12.1f}{p90 * 1e6:>10.1f}")
         med, p90 = _time(lambda L=L: bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200), 300)

@@ -57,15 +57,28 @@ class _Recorder:
         return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
 
-def record_stage1(cfg: KernelConfig, *, dtype=torch.bfloat16, hq=32, hkv=4, d=128, page_size=16,
-                  lens=(4096, 1000, 17), **launch_kw):
+def record_stage1(
+    cfg: KernelConfig, *, dtype=torch.bfloat16, hq=32, hkv=4, d=128, page_size=16, lens=(4096, 1000, 17), **launch_kw
+):
     """The stage-1 launch of ``launch_decode`` for a small case on CPU tensors: (args, kwargs)."""
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
-    plan = make_plan(list(lens), num_kv_heads=hkv, device="NVIDIA H200", policy="fixed",
-                     params={"num_splits": 2, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
-                             "num_stages": cfg.num_stages, "prefetch": cfg.prefetch,
-                             "heads_per_tile": cfg.heads_per_tile},
-                     head_dim=d, page_size=page_size, dtype=name)
+    plan = make_plan(
+        list(lens),
+        num_kv_heads=hkv,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={
+            "num_splits": 2,
+            "block_n": cfg.block_n,
+            "num_warps": cfg.num_warps,
+            "num_stages": cfg.num_stages,
+            "prefetch": cfg.prefetch,
+            "heads_per_tile": cfg.heads_per_tile,
+        },
+        head_dim=d,
+        page_size=page_size,
+        dtype=name,
+    )
     npages = sum(-(-n // page_size) for n in lens) + 8
     k = torch.zeros((npages, page_size, hkv, d), dtype=dtype)
     q = torch.zeros((len(lens), hq, d), dtype=dtype)
@@ -76,11 +89,22 @@ def record_stage1(cfg: KernelConfig, *, dtype=torch.bfloat16, hq=32, hkv=4, d=12
     rec_m, saved_m = _Recorder(dec._decode_merge_kernel), dec._decode_merge_kernel
     dec._decode_stage1_kernel, dec._decode_merge_kernel = rec, rec_m
     try:
-        dec.launch_decode(q, k, k.clone(), indptr, indices, plan.to("cpu"), plan.config, out=torch.empty_like(q),
-                          workspace=ws, **plan.launch_sizes(), **launch_kw)
+        dec.launch_decode(
+            q,
+            k,
+            k.clone(),
+            indptr,
+            indices,
+            plan.to("cpu"),
+            plan.config,
+            out=torch.empty_like(q),
+            workspace=ws,
+            **plan.launch_sizes(),
+            **launch_kw,
+        )
     finally:
         dec._decode_stage1_kernel, dec._decode_merge_kernel = saved, saved_m
-    (_, args, kwargs), = rec.calls
+    ((_, args, kwargs),) = rec.calls
     record_stage1.merge_calls = rec_m.calls  # the merge launch(es) of the same call, for --merge
     return args, kwargs
 
@@ -121,10 +145,15 @@ def resources(kernel) -> dict:
             f.write(kernel.asm["cubin"])
         with open(ptx, "w") as f:
             f.write(kernel.asm["ptx"])
-        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", cubin], capture_output=True, text=True,
-                             check=True).stdout
-        info = subprocess.run([PTXAS, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(d, "v.cubin")],
-                              capture_output=True, text=True, check=True).stderr
+        out = subprocess.run(
+            [CUOBJDUMP, "--dump-resource-usage", cubin], capture_output=True, text=True, check=True
+        ).stdout
+        info = subprocess.run(
+            [PTXAS, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(d, "v.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
         sass = subprocess.run([CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
     regs, stack, shared, local = map(int, m.groups())
@@ -132,9 +161,15 @@ def resources(kernel) -> dict:
     # the machine code without cuobjdump's header (file names): equal hashes = the same instructions, so a
     # source refactor that keeps them needs no GPU re-timing
     body = "\n".join(line for line in sass.splitlines() if line.lstrip().startswith(("/*", ".", "Function")))
-    return {"regs": regs, "stack": stack, "local": local, "shared_static": shared,
-            "shared": int(kernel.metadata.shared), "spill_stores": int(spill.group(1)) if spill else -1,
-            "sass_sha256": hashlib.sha256(body.encode()).hexdigest()}
+    return {
+        "regs": regs,
+        "stack": stack,
+        "local": local,
+        "shared_static": shared,
+        "shared": int(kernel.metadata.shared),
+        "spill_stores": int(spill.group(1)) if spill else -1,
+        "sass_sha256": hashlib.sha256(body.encode()).hexdigest(),
+    }
 
 
 def ttgir_summary(ttgir: str) -> dict:
@@ -162,79 +197,137 @@ def main() -> None:
     from kvsplit.kernels.residency import occupancy, register_cap, resident_ctas_per_sm
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", nargs="*", default=[f"{n},{w},{s}" for n in (64, 128, 256) for w in (4, 8)
-                                                       for s in (2, 3, 4)])
+    ap.add_argument(
+        "--configs", nargs="*", default=[f"{n},{w},{s}" for n in (64, 128, 256) for w in (4, 8) for s in (2, 3, 4)]
+    )
     ap.add_argument("--variants", default="plain,prefetch")
     ap.add_argument("--groups", default="8", help="GQA groups G to compile at (H_q = 4 G, H_kv = 4)")
     ap.add_argument("--maxnreg", default="none", help="register caps: none, auto (launch_decode's) or numbers")
-    ap.add_argument("--heads", default="1", help="KV heads per work tile (KernelConfig.heads_per_tile); each is "
-                                                 "compiled at the groups G with heads * G <= 16")
+    ap.add_argument(
+        "--heads",
+        default="1",
+        help="KV heads per work tile (KernelConfig.heads_per_tile); each is "
+        "compiled at the groups G with heads * G <= 16",
+    )
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--ttgir", default=None, help="write each kernel's TTGIR into this folder")
     ap.add_argument("--json", default=None, help="append one JSON line per compile to this file")
-    ap.add_argument("--overlap", action="store_true", help="launch_decode(merge_overlap=True): stage 1 with the "
-                                                          "arrival counters (and the PDL trigger)")
-    ap.add_argument("--merge", action="store_true", help="also compile the call's merge kernel and print its "
-                                                        "resources")
+    ap.add_argument(
+        "--overlap",
+        action="store_true",
+        help="launch_decode(merge_overlap=True): stage 1 with the arrival counters (and the PDL trigger)",
+    )
+    ap.add_argument("--merge", action="store_true", help="also compile the call's merge kernel and print its resources")
     args = ap.parse_args()
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
     dev = resolve_device("NVIDIA H200")
     sink = open(args.json, "a") if args.json else None
     print(f"triton {triton.__version__}, sm_90, {args.dtype}, H_kv 4 D 128 page {args.page_size}")
-    print(f"{'variant':9s} {'cfg':12s} {'G':>2s} {'h':>2s} {'cap':>4s} {'regs':>4s} {'spill':>5s} {'smem B':>7s} {'CTA/SM':>6s} "
-          f"{'table':>5s}  {'cp.async':>8s} {'waits':>8s}  pipelined K/V buffers (rings x depth x [box])")
+    print(
+        f"{'variant':9s} {'cfg':12s} {'G':>2s} {'h':>2s} {'cap':>4s} {'regs':>4s} {'spill':>5s} {'smem B':>7s} {'CTA/SM':>6s} "
+        f"{'table':>5s}  {'cp.async':>8s} {'waits':>8s}  pipelined K/V buffers (rings x depth x [box])"
+    )
     for c in args.configs:
         bn, w, s = map(int, c.split(","))
         for variant in args.variants.split(","):
             pf = variant in ("prefetch", "next_item")  # next_item: prefetch + KernelConfig.next_item
-            for g, heads in [(g, h) for g in map(int, args.groups.split(",")) for h in map(int, args.heads.split(","))
-                             if h == 1 or h * g <= 16]:
+            for g, heads in [
+                (g, h)
+                for g in map(int, args.groups.split(","))
+                for h in map(int, args.heads.split(","))
+                if h == 1 or h * g <= 16
+            ]:
                 for capname in args.maxnreg.split(","):
-                    cap = (None if capname == "none" else int(capname) if capname != "auto"
-                           else register_cap(128, g, bn, w, s, pf, dtype.itemsize))
+                    cap = (
+                        None
+                        if capname == "none"
+                        else int(capname)
+                        if capname != "auto"
+                        else register_cap(128, g, bn, w, s, pf, dtype.itemsize)
+                    )
                     extra = {"prefetch": pf, "heads_per_tile": heads}
                     try:
                         cfg = KernelConfig(block_n=bn, num_warps=w, num_stages=s, **extra)
-                        a, kw = record_stage1(cfg, dtype=dtype, hq=4 * g, hkv=4, page_size=args.page_size,
-                                              maxnreg=0, next_item=variant == "next_item",
-                                              **({"merge_overlap": True} if args.overlap else {}))
+                        a, kw = record_stage1(
+                            cfg,
+                            dtype=dtype,
+                            hq=4 * g,
+                            hkv=4,
+                            page_size=args.page_size,
+                            maxnreg=0,
+                            next_item=variant == "next_item",
+                            **({"merge_overlap": True} if args.overlap else {}),
+                        )
                         if args.overlap:  # the recorder ran on the CPU: the PDL trigger is what a GPU launch sets
-                            kw = {**kw, **({"PDL": True} if dec._OVERLAP["trigger"] == "start" else
-                                           {"PDL_LAST": True})}
+                            kw = {**kw, **({"PDL": True} if dec._OVERLAP["trigger"] == "start" else {"PDL_LAST": True})}
                         if cap:
                             kw = {**kw, "maxnreg": cap}
                         k = compile_sm90(dec._decode_stage1_kernel, a, kw)
                     except Exception as e:  # a config the planner rejects, or a compile failure: say which
-                        print(f"{variant:9s} {str((bn, w, s)):12s} {g:2d} {heads:2d} -- {type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:120]}")
+                        print(
+                            f"{variant:9s} {str((bn, w, s)):12s} {g:2d} {heads:2d} -- {type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:120]}"
+                        )
                         continue
                     r, t = resources(k), ttgir_summary(k.asm["ttgir"])
                     res = occupancy(dev, w, r["regs"], r["shared"])
-                    table = resident_ctas_per_sm(dev, 128, args.dtype, dtype.itemsize, bn, w, s, prefetch=pf,
-                                                 heads_per_tile=heads, next_item=variant == "next_item")
+                    table = resident_ctas_per_sm(
+                        dev,
+                        128,
+                        args.dtype,
+                        dtype.itemsize,
+                        bn,
+                        w,
+                        s,
+                        prefetch=pf,
+                        heads_per_tile=heads,
+                        next_item=variant == "next_item",
+                    )
                     if args.ttgir:
                         os.makedirs(args.ttgir, exist_ok=True)
                         with open(os.path.join(args.ttgir, f"{variant}_{bn}_{w}_{s}_g{g}_h{heads}.ttgir"), "w") as f:
                             f.write(k.asm["ttgir"])
                     waits = ",".join(map(str, t["async_wait_nums"])) if t["cp_async"] else f"mbar {t['mbarrier_waits']}"
-                    print(f"{variant:9s} {str((bn, w, s)):12s} {g:2d} {heads:2d} {cap or '-':>4} {r['regs']:4d} "
-                          f"{r['spill_stores']:5d} {r['shared']:7d} {res:6d} {table:5d}  {t['cp_async']:8d} "
-                          f"{waits:>8s}  {' '.join(f'{n} x {k}' for k, n in t['rings'].items())}  "
-                          f"sass {r['sass_sha256'][:12]}", flush=True)
+                    print(
+                        f"{variant:9s} {str((bn, w, s)):12s} {g:2d} {heads:2d} {cap or '-':>4} {r['regs']:4d} "
+                        f"{r['spill_stores']:5d} {r['shared']:7d} {res:6d} {table:5d}  {t['cp_async']:8d} "
+                        f"{waits:>8s}  {' '.join(f'{n} x {k}' for k, n in t['rings'].items())}  "
+                        f"sass {r['sass_sha256'][:12]}",
+                        flush=True,
+                    )
                     if args.merge:
                         for grid, ma, mkw in record_stage1.merge_calls:
                             if args.overlap:
-                                mkw = {**mkw, "launch_pdl": True, "POLL_NS": dec._OVERLAP["poll_ns"],
-                                       "POLL_RELAXED": dec._OVERLAP["poll"] == "relaxed"}
+                                mkw = {
+                                    **mkw,
+                                    "launch_pdl": True,
+                                    "POLL_NS": dec._OVERLAP["poll_ns"],
+                                    "POLL_RELAXED": dec._OVERLAP["poll"] == "relaxed",
+                                }
                             mk = compile_sm90(dec._decode_merge_kernel, ma, mkw)
                             mr = resources(mk)
-                            print(f"  merge grid {grid} warps {mkw.get('num_warps')}: regs {mr['regs']} smem "
-                                  f"{mr['shared']} sass {mr['sass_sha256'][:12]}", flush=True)
+                            print(
+                                f"  merge grid {grid} warps {mkw.get('num_warps')}: regs {mr['regs']} smem "
+                                f"{mr['shared']} sass {mr['sass_sha256'][:12]}",
+                                flush=True,
+                            )
                     if sink:
-                        sink.write(json.dumps({"variant": variant, "cfg": [bn, w, s], "G": g, "heads_per_tile": heads,
-                                               "maxnreg": cap, **r,
-                                               "resident": res, "table": table}) + "\n")
+                        sink.write(
+                            json.dumps(
+                                {
+                                    "variant": variant,
+                                    "cfg": [bn, w, s],
+                                    "G": g,
+                                    "heads_per_tile": heads,
+                                    "maxnreg": cap,
+                                    **r,
+                                    "resident": res,
+                                    "table": table,
+                                }
+                            )
+                            + "\n"
+                        )
                         sink.flush()
 
 

@@ -48,8 +48,9 @@ class Model:
         qkv = (self.Hq + 2 * self.Hkv) * self.D
         s = 1.0 / math.sqrt(self.hidden)
         self.wqkv = [(torch.randn(self.hidden, qkv, generator=g) * s).to(device, dtype) for _ in range(self.layers)]
-        self.wo = [(torch.randn(self.Hq * self.D, self.hidden, generator=g) * s).to(device, dtype)
-                   for _ in range(self.layers)]
+        self.wo = [
+            (torch.randn(self.Hq * self.D, self.hidden, generator=g) * s).to(device, dtype) for _ in range(self.layers)
+        ]
         rng = np.random.default_rng(1)
         # skewed batch: a few long requests among short ones
         lens = rng.integers(16, args.max_len // 8, self.B)
@@ -79,8 +80,8 @@ class Model:
         for i in range(self.layers):
             qkv = x @ self.wqkv[i]
             q = qkv[:, : self.Hq * self.D].view(self.B, self.Hq, self.D)
-            k = qkv[:, self.Hq * self.D: (self.Hq + self.Hkv) * self.D].view(self.B, self.Hkv, self.D)
-            v = qkv[:, (self.Hq + self.Hkv) * self.D:].view(self.B, self.Hkv, self.D)
+            k = qkv[:, self.Hq * self.D : (self.Hq + self.Hkv) * self.D].view(self.B, self.Hkv, self.D)
+            v = qkv[:, (self.Hq + self.Hkv) * self.D :].view(self.B, self.Hkv, self.D)
             self.k[i][page, off] = k
             self.v[i][page, off] = v
             if i == 0:
@@ -95,9 +96,19 @@ class Model:
 
 def kvsplit_backend(m, args, device, planner, policy=None, params=None):
     """policy None: the wrapper's graph default (stream_k at the graph tile's residency)."""
-    w = DecodeWrapper(m.Hq, m.Hkv, m.D, page_size=m.ps, dtype=args.dtype, device=device, max_batch_size=m.B,
-                      policy=policy, params=params, use_cuda_graph=True,
-                      graph=GraphOptions(planner=planner, num_programs=args.num_programs))
+    w = DecodeWrapper(
+        m.Hq,
+        m.Hkv,
+        m.D,
+        page_size=m.ps,
+        dtype=args.dtype,
+        device=device,
+        max_batch_size=m.B,
+        policy=policy,
+        params=params,
+        use_cuda_graph=True,
+        graph=GraphOptions(planner=planner, num_programs=args.num_programs),
+    )
     assert w.planner == planner, (w.planner, planner)
 
     def plan(lens_host):
@@ -117,8 +128,15 @@ def flashinfer_backend(m, args, device):
     ws = torch.empty(128 * 2**20, dtype=torch.uint8, device=device)
     last = torch.empty(m.B, dtype=torch.int32, device=device)
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        ws, "NHD", use_cuda_graph=True, use_tensor_cores=True, paged_kv_indptr_buffer=m.kv_indptr.clone(),
-        paged_kv_indices_buffer=m.kv_indices.clone(), paged_kv_last_page_len_buffer=last, backend="fa2")
+        ws,
+        "NHD",
+        use_cuda_graph=True,
+        use_tensor_cores=True,
+        paged_kv_indptr_buffer=m.kv_indptr.clone(),
+        paged_kv_indices_buffer=m.kv_indices.clone(),
+        paged_kv_last_page_len_buffer=last,
+        backend="fa2",
+    )
     dt = getattr(torch, args.dtype)
 
     # FlashInfer derives each request's length from its page count and last-page length, so its page table
@@ -131,11 +149,20 @@ def flashinfer_backend(m, args, device):
     def plan(lens_host):
         lens_host = np.asarray(lens_host, dtype=np.int64)
         pages = -(-lens_host // m.ps)
-        take = np.concatenate([indices_cap[s: s + n] for s, n in zip(indptr_cap[:-1], pages)])
+        take = np.concatenate([indices_cap[s : s + n] for s, n in zip(indptr_cap[:-1], pages)])
         indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
         lp = ((lens_host - 1) % m.ps + 1).astype(np.int32)
-        w.plan(torch.from_numpy(indptr).to(device), torch.from_numpy(take.astype(np.int32)).to(device),
-               torch.from_numpy(lp).to(device), m.Hq, m.Hkv, m.D, m.ps, q_data_type=dt, kv_data_type=dt)
+        w.plan(
+            torch.from_numpy(indptr).to(device),
+            torch.from_numpy(take.astype(np.int32)).to(device),
+            torch.from_numpy(lp).to(device),
+            m.Hq,
+            m.Hkv,
+            m.D,
+            m.ps,
+            q_data_type=dt,
+            kv_data_type=dt,
+        )
 
     def attn(i, q, out):
         return w.run(q, (m.k[i], m.v[i]), out=out)
@@ -251,8 +278,10 @@ def main(argv=None) -> int:
     m = Model(args, device, dtype)
     checks = set(np.linspace(0, args.steps - 1, max(1, args.checks)).astype(int).tolist())
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)"
-    print(f"{gpu}; torch {torch.__version__}; B={m.B}, layers={m.layers}, steps={args.steps}, "
-          f"H_q/H_kv/D={m.Hq}/{m.Hkv}/{m.D}, {args.dtype}, page {m.ps}, initial tokens {int(m.lens0.sum())}")
+    print(
+        f"{gpu}; torch {torch.__version__}; B={m.B}, layers={m.layers}, steps={args.steps}, "
+        f"H_q/H_kv/D={m.Hq}/{m.Hkv}/{m.D}, {args.dtype}, page {m.ps}, initial tokens {int(m.lens0.sum())}"
+    )
     rows, ok = [], True
     t_start = time.perf_counter()
     dev_wrapper = None
@@ -260,9 +289,11 @@ def main(argv=None) -> int:
     # on the device and the same rule on the host (the device planner's graph must run as fast), and the earlier
     # default tile (128, 4, 2) under stream_k's own default (2 CTAs per SM), as this bench ran it before
     r16 = {"block_n": 128, "num_warps": 4, "num_stages": 2}
-    for name, planner, policy, params in (("kvsplit device plan (default)", "device", None, None),
-                                          ("kvsplit host plan (default rule)", "host", None, None),
-                                          ("kvsplit device plan (stream_k, r16 tile)", "device", "stream_k", r16)):
+    for name, planner, policy, params in (
+        ("kvsplit device plan (default)", "device", None, None),
+        ("kvsplit host plan (default rule)", "host", None, None),
+        ("kvsplit device plan (stream_k, r16 tile)", "device", "stream_k", r16),
+    ):
         plan, attn, w = kvsplit_backend(m, args, device, planner, policy, params)
         if dev_wrapper is None and planner == "device":
             dev_wrapper = w
@@ -286,8 +317,10 @@ def main(argv=None) -> int:
         print(f"{name:<44}{gs:>12}{h:>14.1f}{e:>13.2e}  {'ok' if good else 'FAIL'}")
     if use_graph and dev_wrapper is not None:
         both, attn_only, cost = planning_cost(m, args, dev_wrapper, reps=200)
-        print(f"\ndevice planning cost: graph(plan + decode) {both:.1f} µs - graph(decode) {attn_only:.1f} µs "
-              f"= {cost:.1f} µs per step ({m.layers} layers of attention)")
+        print(
+            f"\ndevice planning cost: graph(plan + decode) {both:.1f} µs - graph(decode) {attn_only:.1f} µs "
+            f"= {cost:.1f} µs per step ({m.layers} layers of attention)"
+        )
     print(f"\ntotal {time.perf_counter() - t_start:.1f} s; {'all checks passed' if ok else 'CHECK FAILED'}")
     return 0 if ok else 1
 

@@ -53,28 +53,52 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--trace", default="azure_conv",
-                   help="shipped trace for the prompt lengths (kvsplit.tuner.workloads.TRACES; default azure_conv)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    p.add_argument(
+        "--trace",
+        default="azure_conv",
+        help="shipped trace for the prompt lengths (kvsplit.tuner.workloads.TRACES; default azure_conv)",
+    )
     p.add_argument("--requests", type=int, default=256, help="requests (default 256)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per request (default 128)")
     p.add_argument("--max-prompt", type=int, default=8192, help="cap on a prompt's length (default 8192)")
     p.add_argument("--layers", type=int, default=4, help="decoder layers (Qwen3-30B-A3B has 48; default 4)")
     p.add_argument("--vocab", type=int, default=32768, help="vocabulary (default 32768)")
     p.add_argument("--page-size", type=int, default=16, help="tokens per cache page (default 16)")
-    p.add_argument("--max-batch-tokens", type=int, default=4096,
-                   help="query tokens per forward pass (prefill chunk budget; default 4096)")
-    p.add_argument("--check-steps", type=int, default=16,
-                   help="first generated tokens of each request compared with the reference (default 16)")
-    p.add_argument("--impls", default="sdpa,kvsplit,flashinfer",
-                   help="comma-separated, reference (sdpa) first (default sdpa,kvsplit,flashinfer)")
-    p.add_argument("--table", default=str(ROOT / "kernels/data/h200_policies.json"),
-                   help="policies export for kvsplit's DecodeWrapper (default the shipped H200 table; '' for none)")
-    p.add_argument("--fi-cuda-cores", action="store_true",
-                   help="FlashInfer's CUDA-core decode kernel instead of its tensor-core one")
-    p.add_argument("--smoke", action="store_true",
-                   help="CPU check at tiny sizes (fp32, 2 layers, 12 requests x 8 tokens, 4 checked); no timing")
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=4096,
+        help="query tokens per forward pass (prefill chunk budget; default 4096)",
+    )
+    p.add_argument(
+        "--check-steps",
+        type=int,
+        default=16,
+        help="first generated tokens of each request compared with the reference (default 16)",
+    )
+    p.add_argument(
+        "--impls",
+        default="sdpa,kvsplit,flashinfer",
+        help="comma-separated, reference (sdpa) first (default sdpa,kvsplit,flashinfer)",
+    )
+    p.add_argument(
+        "--table",
+        default=str(ROOT / "kernels/data/h200_policies.json"),
+        help="policies export for kvsplit's DecodeWrapper (default the shipped H200 table; '' for none)",
+    )
+    p.add_argument(
+        "--fi-cuda-cores",
+        action="store_true",
+        help="FlashInfer's CUDA-core decode kernel instead of its tensor-core one",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU check at tiny sizes (fp32, 2 layers, 12 requests x 8 tokens, 4 checked); no timing",
+    )
     p.add_argument("--json", help="write the summary here")
     a = p.parse_args(argv)
     for name in ("requests", "new_tokens", "max_prompt", "layers", "vocab", "page_size", "max_batch_tokens"):
@@ -106,13 +130,30 @@ def _model(a, device, dtype):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     if a.smoke:
-        cfg = Qwen3Config(vocab_size=a.vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=a.layers,
-                          num_attention_heads=8, num_key_value_heads=2, head_dim=64, tie_word_embeddings=False,
-                          max_position_embeddings=4096)
+        cfg = Qwen3Config(
+            vocab_size=a.vocab,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=a.layers,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=64,
+            tie_word_embeddings=False,
+            max_position_embeddings=4096,
+        )
     else:  # Qwen3-30B-A3B's attention; the MLP as wide as its 8 active experts of 768
-        cfg = Qwen3Config(vocab_size=a.vocab, hidden_size=2048, intermediate_size=8 * 768, num_hidden_layers=a.layers,
-                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, tie_word_embeddings=False,
-                          max_position_embeddings=a.max_prompt + a.new_tokens + 16, rope_theta=1e6)
+        cfg = Qwen3Config(
+            vocab_size=a.vocab,
+            hidden_size=2048,
+            intermediate_size=8 * 768,
+            num_hidden_layers=a.layers,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            tie_word_embeddings=False,
+            max_position_embeddings=a.max_prompt + a.new_tokens + 16,
+            rope_theta=1e6,
+        )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
     model.set_attn_implementation("paged|sdpa")  # transformers 5.2x names it sdpa
@@ -131,8 +172,17 @@ class FlashInferDecoder:
 
     def plan(self, kv_indptr, kv_indices, kv_lens):
         last_page_len = torch.where(kv_lens > 0, (kv_lens - 1) % self.ps + 1, kv_lens)
-        self.w.plan(kv_indptr, kv_indices, last_page_len, self.h_q, self.h_kv, self.d, self.ps,
-                    q_data_type=self.dtype, kv_data_type=self.dtype)
+        self.w.plan(
+            kv_indptr,
+            kv_indices,
+            last_page_len,
+            self.h_q,
+            self.h_kv,
+            self.d,
+            self.ps,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
 
     def run(self, q, k_cache, v_cache):
         return self.w.run(q, (k_cache, v_cache))
@@ -144,8 +194,10 @@ class Timer:
     def __init__(self, model, enabled):
         self.enabled, self.steps, self._cur, self._attn, self.hooks = enabled, [], None, [], []
         if enabled:
-            self.hooks = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
-                          model.register_forward_hook(self._post, with_kwargs=True)]
+            self.hooks = [
+                model.register_forward_pre_hook(self._pre, with_kwargs=True),
+                model.register_forward_hook(self._post, with_kwargs=True),
+            ]
 
     def _pre(self, module, args, kwargs):
         ev = torch.cuda.Event(enable_timing=True)
@@ -171,22 +223,32 @@ class Timer:
             e.record()
             self._attn.append((s, e))
             return out
+
         return timed
 
     def summary(self):
         if not self.enabled:
             return {}
         torch.cuda.synchronize()
-        dec = [(s.elapsed_time(e), tok, sum(a.elapsed_time(b) for a, b in attn))
-               for s, e, is_dec, tok, attn in self.steps if is_dec]
+        dec = [
+            (s.elapsed_time(e), tok, sum(a.elapsed_time(b) for a, b in attn))
+            for s, e, is_dec, tok, attn in self.steps
+            if is_dec
+        ]
         if not dec:
             return {}
         ms = np.array([x[0] for x in dec])
         att = np.array([x[2] for x in dec])
         tokens = sum(x[1] for x in dec)
-        return dict(decode_steps=len(dec), decode_tokens=tokens, decode_tok_s=tokens / (ms.sum() / 1e3),
-                    step_ms_p50=float(np.median(ms)), attn_ms_per_step_p50=float(np.median(att)),
-                    attn_ms_per_step_mean=float(att.mean()), attn_share=float(att.sum() / ms.sum()))
+        return dict(
+            decode_steps=len(dec),
+            decode_tokens=tokens,
+            decode_tok_s=tokens / (ms.sum() / 1e3),
+            step_ms_p50=float(np.median(ms)),
+            attn_ms_per_step_p50=float(np.median(att)),
+            attn_ms_per_step_mean=float(att.mean()),
+            attn_share=float(att.sum() / ms.sum()),
+        )
 
 
 def _run(a, model, prompts, impl, table, device):
@@ -195,8 +257,13 @@ def _run(a, model, prompts, impl, table, device):
     ps = a.page_size
     num_blocks = sum(-(-(len(p) + a.new_tokens) // ps) for p in prompts) + 2 * len(prompts)
     # synchronous, eager, no switch to flash (ktf.continuous_batching_config), the same for every implementation
-    cb = ktf.continuous_batching_config(page_size=ps, num_blocks=num_blocks, max_batch_tokens=a.max_batch_tokens,
-                                        max_requests_per_batch=len(prompts), allow_block_sharing=False)
+    cb = ktf.continuous_batching_config(
+        page_size=ps,
+        num_blocks=num_blocks,
+        max_batch_tokens=a.max_batch_tokens,
+        max_requests_per_batch=len(prompts),
+        allow_block_sharing=False,
+    )
     gc = GenerationConfig(max_new_tokens=a.new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     handle = None
     if impl == "kvsplit":
@@ -246,9 +313,12 @@ def main(argv=None) -> int:
             impls.remove("flashinfer")
     prompts = _prompts(a)
     plen = np.array([len(p) for p in prompts])
-    print(f"{len(prompts)} requests from {a.trace}: prompt tokens p50 {int(np.median(plen))}, max {plen.max()}, "
-          f"total {plen.sum()}; {a.new_tokens} new tokens each; {a.layers} layers; page {a.page_size}; "
-          f"{'smoke (CPU, fp32)' if a.smoke else torch.cuda.get_device_name(device) + ', bf16'}", flush=True)
+    print(
+        f"{len(prompts)} requests from {a.trace}: prompt tokens p50 {int(np.median(plen))}, max {plen.max()}, "
+        f"total {plen.sum()}; {a.new_tokens} new tokens each; {a.layers} layers; page {a.page_size}; "
+        f"{'smoke (CPU, fp32)' if a.smoke else torch.cuda.get_device_name(device) + ', bf16'}",
+        flush=True,
+    )
     model = _model(a, device, dtype)
     results, ref, failed = [], None, False
     for impl in impls:
@@ -257,25 +327,43 @@ def main(argv=None) -> int:
         if ref is None:
             ref = toks
         else:
-            bad = [(i, next(j for j in range(a.check_steps) if toks[i][j] != ref[i][j]))
-                   for i in range(len(prompts)) if toks[i][: a.check_steps] != ref[i][: a.check_steps]]
+            bad = [
+                (i, next(j for j in range(a.check_steps) if toks[i][j] != ref[i][j]))
+                for i in range(len(prompts))
+                if toks[i][: a.check_steps] != ref[i][: a.check_steps]
+            ]
             res["check"] = dict(steps=a.check_steps, requests_differing=len(bad), first=bad[:8])
             failed |= bool(bad)
             same_all = sum(toks[i] == ref[i] for i in range(len(prompts)))
             res["check"]["requests_equal_all_tokens"] = same_all
-            print(f"   first {a.check_steps} tokens: {len(prompts) - len(bad)}/{len(prompts)} requests equal to "
-                  f"sdpa{'' if not bad else f'; differing (request, first step): {bad[:8]}'}; "
-                  f"all {a.new_tokens} tokens equal: {same_all}/{len(prompts)}", flush=True)
+            print(
+                f"   first {a.check_steps} tokens: {len(prompts) - len(bad)}/{len(prompts)} requests equal to "
+                f"sdpa{'' if not bad else f'; differing (request, first step): {bad[:8]}'}; "
+                f"all {a.new_tokens} tokens equal: {same_all}/{len(prompts)}",
+                flush=True,
+            )
         if "decode_tok_s" in res:
-            print(f"   decode {res['decode_tok_s']:,.0f} tok/s over {res['decode_steps']} decode steps; step p50 "
-                  f"{res['step_ms_p50']:.2f} ms, attention p50 {res['attn_ms_per_step_p50']:.2f} ms/step "
-                  f"({res['attn_share']:.1%} of decode time); generate_batch {res['wall_s']:.1f} s", flush=True)
+            print(
+                f"   decode {res['decode_tok_s']:,.0f} tok/s over {res['decode_steps']} decode steps; step p50 "
+                f"{res['step_ms_p50']:.2f} ms, attention p50 {res['attn_ms_per_step_p50']:.2f} ms/step "
+                f"({res['attn_share']:.1%} of decode time); generate_batch {res['wall_s']:.1f} s",
+                flush=True,
+            )
         if "stats" in res:
             print(f"   hooks: {res['stats']}", flush=True)
         results.append(res)
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(args=vars(a), results=results, torch=torch.__version__,
-                                                transformers=sys.modules["transformers"].__version__), indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                dict(
+                    args=vars(a),
+                    results=results,
+                    torch=torch.__version__,
+                    transformers=sys.modules["transformers"].__version__,
+                ),
+                indent=1,
+            )
+        )
     print("check: " + ("FAILED" if failed else "ok"), flush=True)
     return 1 if failed else 0
 

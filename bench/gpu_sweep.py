@@ -58,27 +58,45 @@ BASELINES = {
 }
 
 
-def cand_name(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None,
-              prefetch: bool = False, heads_per_tile: int = 1, next_item: bool = False) -> str:
+def cand_name(
+    pol: str,
+    cps: float,
+    cfg: tuple[int, int, int],
+    extra: tuple[int, int] | None = None,
+    prefetch: bool = False,
+    heads_per_tile: int = 1,
+    next_item: bool = False,
+) -> str:
     """Record name of a grid candidate, e.g. ``stream_k|c3|n128w4s3|o2m4|pf|h2|nx`` (parsed back by
     :func:`kvsplit.tuner.simfit.candidate_policy`)."""
     name = f"{pol}|c{cps:g}|n{cfg[0]}w{cfg[1]}s{cfg[2]}"
-    return (name + (f"|o{extra[0]}m{extra[1]}" if extra else "") + ("|pf" if prefetch else "")
-            + (f"|h{heads_per_tile}" if heads_per_tile != 1 else "") + ("|nx" if next_item else ""))
+    return (
+        name
+        + (f"|o{extra[0]}m{extra[1]}" if extra else "")
+        + ("|pf" if prefetch else "")
+        + (f"|h{heads_per_tile}" if heads_per_tile != 1 else "")
+        + ("|nx" if next_item else "")
+    )
 
 
 def plan_cand_name(policy: str, params: dict) -> str:
     """The :func:`cand_name` of a (policy, params) pair whose params hold the tile (``block_n``, ``num_warps``,
     ``num_stages``), as the shipped table's entries do; other keys (``whole_wave``) are not part of the name."""
     extra = (params["item_cost_blocks"], params["min_piece_blocks"]) if "item_cost_blocks" in params else None
-    return cand_name(policy, params.get("ctas_per_sm", 0), (params["block_n"], params["num_warps"],
-                                                            params["num_stages"]), extra,
-                     bool(params.get("prefetch", False)), int(params.get("heads_per_tile", 1)),
-                     bool(params.get("next_item", False)))
+    return cand_name(
+        policy,
+        params.get("ctas_per_sm", 0),
+        (params["block_n"], params["num_warps"], params["num_stages"]),
+        extra,
+        bool(params.get("prefetch", False)),
+        int(params.get("heads_per_tile", 1)),
+        bool(params.get("next_item", False)),
+    )
 
 
-def cand_params(pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None,
-                prefetch: bool = False) -> tuple[str, dict]:
+def cand_params(
+    pol: str, cps: float, cfg: tuple[int, int, int], extra: tuple[int, int] | None = None, prefetch: bool = False
+) -> tuple[str, dict]:
     p = {"ctas_per_sm": float(cps), "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
     if extra:
         p["item_cost_blocks"], p["min_piece_blocks"] = extra
@@ -98,18 +116,31 @@ def named(name: str) -> tuple[str, tuple[str, dict]]:
 # the tuning candidates (--mode train): the phase-2 pool of docs/data/h200_r2/sweep1.log that never lost more
 # than 25 % (stream_k), stream_k's item-cost / minimum-piece variants, and the wave-aware balanced rule
 TRAIN_CANDIDATES = [
-    ("stream_k", 3, (128, 4, 2), None), ("stream_k", 3, (64, 4, 3), None), ("stream_k", 4, (64, 4, 2), None),
-    ("stream_k", 6, (128, 4, 2), None), ("stream_k", 8, (64, 4, 2), None), ("stream_k", 2, (128, 4, 3), None),
-    ("stream_k", 1, (256, 8, 2), None), ("stream_k", 2, (64, 8, 2), None),
-    ("stream_k", 3, (128, 4, 2), (2, 4)), ("stream_k", 3, (128, 4, 2), (4, 16)), ("stream_k", 3, (128, 4, 2), (1, 8)),
-    ("stream_k", 4, (64, 4, 2), (2, 8)), ("stream_k", 6, (128, 4, 2), (2, 8)),
-    ("balanced", 4, (64, 4, 2), None), ("balanced", 3, (128, 4, 2), None), ("balanced", 4, (128, 4, 2), None),
-    ("balanced", 6, (64, 4, 2), None), ("balanced", 8, (64, 4, 2), None), ("balanced", 3, (64, 4, 3), None),
+    ("stream_k", 3, (128, 4, 2), None),
+    ("stream_k", 3, (64, 4, 3), None),
+    ("stream_k", 4, (64, 4, 2), None),
+    ("stream_k", 6, (128, 4, 2), None),
+    ("stream_k", 8, (64, 4, 2), None),
+    ("stream_k", 2, (128, 4, 3), None),
+    ("stream_k", 1, (256, 8, 2), None),
+    ("stream_k", 2, (64, 8, 2), None),
+    ("stream_k", 3, (128, 4, 2), (2, 4)),
+    ("stream_k", 3, (128, 4, 2), (4, 16)),
+    ("stream_k", 3, (128, 4, 2), (1, 8)),
+    ("stream_k", 4, (64, 4, 2), (2, 8)),
+    ("stream_k", 6, (128, 4, 2), (2, 8)),
+    ("balanced", 4, (64, 4, 2), None),
+    ("balanced", 3, (128, 4, 2), None),
+    ("balanced", 4, (128, 4, 2), None),
+    ("balanced", 6, (64, 4, 2), None),
+    ("balanced", 8, (64, 4, 2), None),
+    ("balanced", 3, (64, 4, 3), None),
 ]
 
 
-def load_cases(spec: str, *, prev_policies: str | None = None, alt_policies: str | None = None,
-               oracle_from: str | None = None) -> list[dict]:
+def load_cases(
+    spec: str, *, prev_policies: str | None = None, alt_policies: str | None = None, oracle_from: str | None = None
+) -> list[dict]:
     """The cases of ``--cases``: ``eval`` (``kvsplit.tuner.workloads.evaluation_cases``, the 182 evaluation
     batches), ``train`` (``training_cases``, the 280 training batches) or a JSON case file (``{"cases": [...]}``,
     the same dict form). Each case gets ``served``, the plan the shipped table (kernels/data/h200_policies.json)
@@ -131,13 +162,28 @@ def load_cases(spec: str, *, prev_policies: str | None = None, alt_policies: str
         return PolicyTable.from_export(raw, version=raw.get("policies_version"))
 
     def served_by(tab: PolicyTable, c: dict) -> dict:
-        p, bucket, info = tab.plan(np.asarray(c["kv_lens"]), gpu=GPU, num_qo_heads=c["num_qo_heads"],
-                                   num_kv_heads=c["num_kv_heads"], head_dim=128, dtype="bfloat16", page_size=16)
-        return {"policy": p.policy, "params": p.params, "source": info["source"], "distance": bucket["distance"],
-                "matched": bucket["matched"]}
+        p, bucket, info = tab.plan(
+            np.asarray(c["kv_lens"]),
+            gpu=GPU,
+            num_qo_heads=c["num_qo_heads"],
+            num_kv_heads=c["num_kv_heads"],
+            head_dim=128,
+            dtype="bfloat16",
+            page_size=16,
+        )
+        return {
+            "policy": p.policy,
+            "params": p.params,
+            "source": info["source"],
+            "distance": bucket["distance"],
+            "matched": bucket["matched"],
+        }
 
-    for key, path in (("served", "kernels/data/h200_policies.json"), ("served_prev", prev_policies),
-                      ("served_alt", alt_policies)):
+    for key, path in (
+        ("served", "kernels/data/h200_policies.json"),
+        ("served_prev", prev_policies),
+        ("served_alt", alt_policies),
+    ):
         if path is None:
             continue
         tab = table(path)
@@ -168,37 +214,58 @@ def fi_timer(timer: GpuTimer):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="eval", help="eval (the 182 evaluation batches), train (the 280 training "
-                                                    "batches) or a JSON case file")
+    ap.add_argument(
+        "--cases",
+        default="eval",
+        help="eval (the 182 evaluation batches), train (the 280 training batches) or a JSON case file",
+    )
     ap.add_argument("--prev-policies", default=None, help="a policy export: its plan per case as served_prev")
     ap.add_argument("--alt-policies", default=None, help="a policy export: its plan per case as served_alt")
-    ap.add_argument("--oracle-from", default=None, help="an earlier run's JSONL: its 3 fastest plans per case "
-                                                        "become the case's oracle_names (--mode retime)")
+    ap.add_argument(
+        "--oracle-from",
+        default=None,
+        help="an earlier run's JSONL: its 3 fastest plans per case become the case's oracle_names (--mode retime)",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--phase1-cases", type=int, default=24)
     ap.add_argument("--rep-ms", type=float, default=10.0)
-    ap.add_argument("--mode", choices=("grid", "train", "final", "retime", "pairs"), default="grid",
-                    help="grid: phase 1 + phase 2 (the first run); train: TRAIN_CANDIDATES on every case; "
-                         "final: the served plan, the full grid + TRAIN_CANDIDATES (the oracle), baselines and "
-                         "FlashInfer's kernel on every case; retime: the served plan, the case's oracle winners "
-                         "(oracle_names, from a final run), baselines and FlashInfer's kernel, after one discarded "
-                         "warm-up timing per case; pairs: the (case id, record name) pairs of --pairs (a JSON list), "
-                         "e.g. the plans a planner change rebuilt differently, to re-time them")
+    ap.add_argument(
+        "--mode",
+        choices=("grid", "train", "final", "retime", "pairs"),
+        default="grid",
+        help="grid: phase 1 + phase 2 (the first run); train: TRAIN_CANDIDATES on every case; "
+        "final: the served plan, the full grid + TRAIN_CANDIDATES (the oracle), baselines and "
+        "FlashInfer's kernel on every case; retime: the served plan, the case's oracle winners "
+        "(oracle_names, from a final run), baselines and FlashInfer's kernel, after one discarded "
+        "warm-up timing per case; pairs: the (case id, record name) pairs of --pairs (a JSON list), "
+        "e.g. the plans a planner change rebuilt differently, to re-time them",
+    )
     ap.add_argument("--pairs", default=None, help="pairs: JSON file of [case id, record name] pairs")
     ap.add_argument("--out-name", default="sweep.jsonl")
-    ap.add_argument("--grid-sample", type=int, default=0,
-                    help="train: instead of TRAIN_CANDIDATES, this many plans per batch drawn at random (seeded by "
-                         "the case id) from the full grid and its prefetching stage-3 tiles, plus balanced")
-    ap.add_argument("--candidates", default=None,
-                    help="train: these comma-separated candidate names (e.g. stream_k|c1|n128w4s3|pf) instead of "
-                         "TRAIN_CANDIDATES (balanced, the fallback, is timed too)")
+    ap.add_argument(
+        "--grid-sample",
+        type=int,
+        default=0,
+        help="train: instead of TRAIN_CANDIDATES, this many plans per batch drawn at random (seeded by "
+        "the case id) from the full grid and its prefetching stage-3 tiles, plus balanced",
+    )
+    ap.add_argument(
+        "--candidates",
+        default=None,
+        help="train: these comma-separated candidate names (e.g. stream_k|c1|n128w4s3|pf) instead of "
+        "TRAIN_CANDIDATES (balanced, the fallback, is timed too)",
+    )
     ap.add_argument("--skip-cases", type=int, default=0, help="start after this many cases (resume a run)")
-    ap.add_argument("--flashinfer", choices=("with", "skip", "only"), default="with",
-                    help="retime: time FlashInfer's kernel with our plans (with), not at all (skip), or alone "
-                         "(only). After FlashInfer has run in a process, later CUDA-graph timings of our "
-                         "stream_k plans were up to 14 %% slower (docs/results.md, Repeatability): time it in "
-                         "its own process")
+    ap.add_argument(
+        "--flashinfer",
+        choices=("with", "skip", "only"),
+        default="with",
+        help="retime: time FlashInfer's kernel with our plans (with), not at all (skip), or alone "
+        "(only). After FlashInfer has run in a process, later CUDA-graph timings of our "
+        "stream_k plans were up to 14 %% slower (docs/results.md, Repeatability): time it in "
+        "its own process",
+    )
     args = ap.parse_args()
     t0 = time.time()
     log = open(os.path.join(args.out, args.out_name), "a")
@@ -207,9 +274,10 @@ def main() -> None:
         log.write(json.dumps(rec) + "\n")
         log.flush()
 
-    all_cases = load_cases(args.cases, prev_policies=args.prev_policies, alt_policies=args.alt_policies,
-                           oracle_from=args.oracle_from)
-    cases = all_cases[args.skip_cases:]
+    all_cases = load_cases(
+        args.cases, prev_policies=args.prev_policies, alt_policies=args.alt_policies, oracle_from=args.oracle_from
+    )
+    cases = all_cases[args.skip_cases :]
     info = software_versions()
     emit({"kind": "versions", **info})
     dev = DeviceSpec.known(GPU)
@@ -217,9 +285,15 @@ def main() -> None:
     benches = {}
     for hq, hkv in shapes:
         mine = [c for c in all_cases if (c["num_qo_heads"], c["num_kv_heads"]) == (hq, hkv)]
-        benches[(hq, hkv)] = GpuTimer(num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, dtype="bfloat16",
-                                      page_size=16, max_tokens=max(sum(c["kv_lens"]) for c in mine) + 4096,
-                                      max_batch=max(len(c["kv_lens"]) for c in mine))
+        benches[(hq, hkv)] = GpuTimer(
+            num_qo_heads=hq,
+            num_kv_heads=hkv,
+            head_dim=128,
+            dtype="bfloat16",
+            page_size=16,
+            max_tokens=max(sum(c["kv_lens"]) for c in mine) + 4096,
+            max_batch=max(len(c["kv_lens"]) for c in mine),
+        )
     bw = benches[shapes[0]].read_bandwidth()
     for b in benches.values():
         b._bw = bw
@@ -231,8 +305,13 @@ def main() -> None:
     lens = np.full(8, 4096)
     for cfg in CONFIGS:
         try:
-            p = make_plan(lens, num_kv_heads=4, device=GPU, policy="balanced",
-                          params={"block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]})
+            p = make_plan(
+                lens,
+                num_kv_heads=4,
+                device=GPU,
+                policy="balanced",
+                params={"block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]},
+            )
         except ValueError as exc:
             emit({"kind": "residency", "config": cfg, "rejected": str(exc)})
             continue
@@ -244,20 +323,39 @@ def main() -> None:
         qb.time_plan(p, warmup_ms=1.0, rep_ms=1.0)
         if before is None:
             continue
-        new = [k for cache in dec._decode_stage1_kernel.device_caches.values() for k in cache[0].values()
-               if id(k) not in before]
+        new = [
+            k
+            for cache in dec._decode_stage1_kernel.device_caches.values()
+            for k in cache[0].values()
+            if id(k) not in before
+        ]
         for k in new:
             regs, shared = int(k.n_regs), int(k.metadata.shared)
-            emit({"kind": "residency", "config": cfg, "n_regs": regs, "n_spills": int(k.n_spills), "shared": shared,
-                  "resident_ctas_per_sm": occupancy(dev, cfg[1], regs, shared)})
-            print(f"config {cfg}: regs {regs} spills {k.n_spills} smem {shared} -> "
-                  f"{occupancy(dev, cfg[1], regs, shared)} CTAs/SM", flush=True)
+            emit(
+                {
+                    "kind": "residency",
+                    "config": cfg,
+                    "n_regs": regs,
+                    "n_spills": int(k.n_spills),
+                    "shared": shared,
+                    "resident_ctas_per_sm": occupancy(dev, cfg[1], regs, shared),
+                }
+            )
+            print(
+                f"config {cfg}: regs {regs} spills {k.n_spills} smem {shared} -> "
+                f"{occupancy(dev, cfg[1], regs, shared)} CTAs/SM",
+                flush=True,
+            )
     print(f"compiled [{time.time() - t0:.0f}s]", flush=True)
 
     # correctness of the new partitions (bf16 vs fp32 reference, poisoned output)
-    for hkv, pol, prm in [(4, "stream_k", {}), (4, "stream_k", {"min_piece_blocks": 4, "block_n": 128}),
-                          (8, "stream_k", {"ctas_per_sm": 1, "block_n": 256, "num_warps": 8}),
-                          (4, "balanced", {}), (4, "tuned", {"partition": "stream_k", "item_cost_blocks": 3})]:
+    for hkv, pol, prm in [
+        (4, "stream_k", {}),
+        (4, "stream_k", {"min_piece_blocks": 4, "block_n": 128}),
+        (8, "stream_k", {"ctas_per_sm": 1, "block_n": 256, "num_warps": 8}),
+        (4, "balanced", {}),
+        (4, "tuned", {"partition": "stream_k", "item_cost_blocks": 3}),
+    ]:
         if (32, hkv) not in benches:  # a case file without that shape (e.g. a subset)
             continue
         bb = benches[(32, hkv)]
@@ -287,8 +385,19 @@ def main() -> None:
                 res["flashinfer_kernel"] = fi(L, args.rep_ms)
             except Exception as exc:  # noqa: BLE001
                 emit({"kind": "skip", "case": c["id"], "name": "flashinfer_kernel", "why": repr(exc)})
-        emit({"kind": "case", "case": c["id"], "set": c["set"], "family": c["family"], "B": c["B"], "T": c["T"],
-              "num_kv_heads": c["num_kv_heads"], "floor_s": floor, "times": res})
+        emit(
+            {
+                "kind": "case",
+                "case": c["id"],
+                "set": c["set"],
+                "family": c["family"],
+                "B": c["B"],
+                "T": c["T"],
+                "num_kv_heads": c["num_kv_heads"],
+                "floor_s": floor,
+                "times": res,
+            }
+        )
         return res, floor
 
     train = [(cand_name(*c), cand_params(*c)) for c in TRAIN_CANDIDATES]
@@ -301,12 +410,18 @@ def main() -> None:
                     if pf and cfg[2] < 3:
                         continue
                     try:
-                        make_plan([4096] * 8, num_kv_heads=4, device=GPU, policy=pol,
-                                  params=cand_params(pol, cps, cfg, prefetch=pf)[1])
+                        make_plan(
+                            [4096] * 8,
+                            num_kv_heads=4,
+                            device=GPU,
+                            policy=pol,
+                            params=cand_params(pol, cps, cfg, prefetch=pf)[1],
+                        )
                     except ValueError:
                         continue
-                    (full_pf if pf else full).append((cand_name(pol, cps, cfg, prefetch=pf),
-                                                      cand_params(pol, cps, cfg, prefetch=pf)))
+                    (full_pf if pf else full).append(
+                        (cand_name(pol, cps, cfg, prefetch=pf), cand_params(pol, cps, cfg, prefetch=pf))
+                    )
     if args.mode == "pairs":
         want: dict[int, list[str]] = {}
         for cid, name in json.load(open(args.pairs)):
@@ -323,9 +438,12 @@ def main() -> None:
                 else:
                     plans.append(named(name))
             res, floor = time_case(c, plans)
-            print(f"P {c['set']:11s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} " +
-                  " ".join(f"{k}={v / floor:.3f}" for k, v in res.items() if v) + f"  [{time.time() - t0:.0f}s]",
-                  flush=True)
+            print(
+                f"P {c['set']:11s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} "
+                + " ".join(f"{k}={v / floor:.3f}" for k, v in res.items() if v)
+                + f"  [{time.time() - t0:.0f}s]",
+                flush=True,
+            )
         return
 
     if args.mode == "train":
@@ -346,9 +464,12 @@ def main() -> None:
             res, floor = time_case(c, plans)
             ok = {k: v for k, v in res.items() if v}
             bk = min(ok, key=ok.get)
-            print(f"T {c['set']:11s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} best "
-                  f"{ok[bk] / floor:.3f}x {bk}  sk3 {(ok.get(train[0][0]) or 0) / floor:.3f} "
-                  f"bal {ok.get('balanced', 0) / floor:.3f}  [{time.time() - t0:.0f}s]", flush=True)
+            print(
+                f"T {c['set']:11s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} best "
+                f"{ok[bk] / floor:.3f}x {bk}  sk3 {(ok.get(train[0][0]) or 0) / floor:.3f} "
+                f"bal {ok.get('balanced', 0) / floor:.3f}  [{time.time() - t0:.0f}s]",
+                flush=True,
+            )
         return
 
     if args.mode == "retime":
@@ -357,8 +478,11 @@ def main() -> None:
             for c in cases:
                 res, floor = time_case(c, [], fis[(c["num_qo_heads"], c["num_kv_heads"])])
                 fi = res.get("flashinfer_kernel")
-                print(f"FI {c['set']:7s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} "
-                      f"{(fi or 0) / floor:.3f}x  [{time.time() - t0:.0f}s]", flush=True)
+                print(
+                    f"FI {c['set']:7s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} "
+                    f"{(fi or 0) / floor:.3f}x  [{time.time() - t0:.0f}s]",
+                    flush=True,
+                )
             return
         for c in cases:
             if time.time() - t0 > args.budget_s:
@@ -380,12 +504,14 @@ def main() -> None:
             best = min(v for k, v in ok.items() if k not in ("flashinfer_kernel",))
             fi = ok.get("flashinfer_kernel")
             prev = ok.get("served_prev")
-            print(f"R {c['set']:7s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} served "
-                  f"{ok['served'] / floor:.3f}x oracle {best / floor:.3f} s/o {ok['served'] / best:.3f} "
-                  + (f"s/prev {ok['served'] / prev:.3f} " if prev else "")
-                  + (f"alt/prev {ok['served_alt'] / prev:.3f} " if prev and ok.get("served_alt") else "")
-                  + f"fi {(fi or 0) / floor:.3f} fi/s {(fi or 0) / ok['served']:.3f}  [{time.time() - t0:.0f}s]",
-                  flush=True)
+            print(
+                f"R {c['set']:7s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} served "
+                f"{ok['served'] / floor:.3f}x oracle {best / floor:.3f} s/o {ok['served'] / best:.3f} "
+                + (f"s/prev {ok['served'] / prev:.3f} " if prev else "")
+                + (f"alt/prev {ok['served_alt'] / prev:.3f} " if prev and ok.get("served_alt") else "")
+                + f"fi {(fi or 0) / floor:.3f} fi/s {(fi or 0) / ok['served']:.3f}  [{time.time() - t0:.0f}s]",
+                flush=True,
+            )
         return
 
     if args.mode == "final":
@@ -403,10 +529,12 @@ def main() -> None:
             ok = {k: v for k, v in res.items() if v}
             best = min(v for k, v in ok.items() if k not in ("flashinfer_kernel",))
             fi = ok.get("flashinfer_kernel")
-            print(f"F {c['set']:7s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} served "
-                  f"{ok['served'] / floor:.3f}x oracle {best / floor:.3f} s/o {ok['served'] / best:.3f} "
-                  f"fi {(fi or 0) / floor:.3f} fi/s {(fi or 0) / ok['served']:.3f}  [{time.time() - t0:.0f}s]",
-                  flush=True)
+            print(
+                f"F {c['set']:7s} {c['family']:10s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} served "
+                f"{ok['served'] / floor:.3f}x oracle {best / floor:.3f} s/o {ok['served'] / best:.3f} "
+                f"fi {(fi or 0) / floor:.3f} fi/s {(fi or 0) / ok['served']:.3f}  [{time.time() - t0:.0f}s]",
+                flush=True,
+            )
         return
 
     ref = [c for c in cases if c["set"] == "ref"]
@@ -424,8 +552,12 @@ def main() -> None:
             mine = [(v, k) for k, v in ok.items() if k.startswith(pol + "|")]
             if mine:
                 pool.add(min(mine)[1])
-        print(f"P1 {c['family']:9s} B={c['B']:4d} T={c['T']:8d} best {best / floor:.3f}x  " +
-              " ".join(f"{k}={v / floor:.3f}" for k, v in top) + f"  [{time.time() - t0:.0f}s]", flush=True)
+        print(
+            f"P1 {c['family']:9s} B={c['B']:4d} T={c['T']:8d} best {best / floor:.3f}x  "
+            + " ".join(f"{k}={v / floor:.3f}" for k, v in top)
+            + f"  [{time.time() - t0:.0f}s]",
+            flush=True,
+        )
     emit({"kind": "pool", "pool": sorted(pool)})
     print(f"pool ({len(pool)}): {sorted(pool)}", flush=True)
 
@@ -443,9 +575,12 @@ def main() -> None:
         ok = {k: v for k, v in res.items() if v}
         best = min(v for k, v in ok.items() if k != "flashinfer_kernel")
         fi = ok.get("flashinfer_kernel")
-        print(f"P2 {c['set']:7s} {c['family']:9s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} best "
-              f"{best / floor:.3f}x bal {ok.get('balanced', 0) / floor:.3f} r1 {ok.get('served_r1', 0) / floor:.3f} "
-              f"fi {(fi or 0) / floor:.3f}  [{time.time() - t0:.0f}s]", flush=True)
+        print(
+            f"P2 {c['set']:7s} {c['family']:9s} B={c['B']:4d} T={c['T']:8d} H={c['num_kv_heads']} best "
+            f"{best / floor:.3f}x bal {ok.get('balanced', 0) / floor:.3f} r1 {ok.get('served_r1', 0) / floor:.3f} "
+            f"fi {(fi or 0) / floor:.3f}  [{time.time() - t0:.0f}s]",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

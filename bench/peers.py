@@ -252,7 +252,9 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def plot_summary(rows: Sequence[dict[str, Any]], out_dir: str | Path, families: Sequence[str] = ("uniform", "skewed80")) -> list[Path]:
+def plot_summary(
+    rows: Sequence[dict[str, Any]], out_dir: str | Path, families: Sequence[str] = ("uniform", "skewed80")
+) -> list[Path]:
     """One PNG per reference set (``<out_dir>/peers_<set>.png``): time / read floor against B, one line per
     (implementation, family), log2 B axis. Sets without the given families (trace batches) are not drawn.
 
@@ -279,11 +281,21 @@ def plot_summary(rows: Sequence[dict[str, Any]], out_dir: str | Path, families: 
         fig, ax = plt.subplots(figsize=(7.5, 4.2))
         for i, impl in enumerate(impls):
             for fam, style in zip(families, ("-", "--"), strict=False):
-                pts = sorted((r["B"], r["ratio_to_read_floor"]) for r in rows
-                             if r["set"] == st and r["implementation"] == impl and r["family"] == fam)
+                pts = sorted(
+                    (r["B"], r["ratio_to_read_floor"])
+                    for r in rows
+                    if r["set"] == st and r["implementation"] == impl and r["family"] == fam
+                )
                 if pts:
-                    ax.plot([b for b, _ in pts], [y for _, y in pts], style, marker="o", ms=3, color=f"C{i}",
-                            label=f"{impl} ({fam})")
+                    ax.plot(
+                        [b for b, _ in pts],
+                        [y for _, y in pts],
+                        style,
+                        marker="o",
+                        ms=3,
+                        color=f"C{i}",
+                        label=f"{impl} ({fam})",
+                    )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("B (requests)")

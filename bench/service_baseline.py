@@ -52,6 +52,11 @@ async def hello(scope, receive, send):
     more = True
     while more:
         more = (await receive()).get("more_body", False)
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"11")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"11")],
+        }
+    )
     await send({"type": "http.response.body", "body": b'{"ok":true}'})

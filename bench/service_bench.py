@@ -38,8 +38,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-SHAPE = {"gpu": "NVIDIA H200", "num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16",
-         "page_size": 16}
+SHAPE = {
+    "gpu": "NVIDIA H200",
+    "num_qo_heads": 32,
+    "num_kv_heads": 4,
+    "head_dim": 128,
+    "dtype": "bfloat16",
+    "page_size": 16,
+}
 
 
 def free_port() -> int:
@@ -106,8 +112,13 @@ def cpu_s(pids: list[int]) -> float:
 
 def wrk(url: str, duration: int, connections: int, batch: int, bodies: int = 400) -> dict:
     env = dict(os.environ, KVSPLIT_BENCH_B=str(batch), KVSPLIT_BENCH_BODIES=str(bodies))
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "-s", str(ROOT / "bench/plan_post.lua"),
-                          url], capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "-s", str(ROOT / "bench/plan_post.lua"), url],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
     m = re.search(r"RESULT (.*)", out)
     return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
@@ -133,8 +144,24 @@ def main() -> None:
         port = free_port()
         env = dict(os.environ, KVSPLIT_DATABASE_URL=db)
         w = str(args.workers)
-        procs.append(subprocess.Popen([PY, "-m", "kvsplit.service.cli", "serve", "--port", str(port), "--workers",
-                                       w, "--log-level", "warning"], env=env, cwd=tmp))
+        procs.append(
+            subprocess.Popen(
+                [
+                    PY,
+                    "-m",
+                    "kvsplit.service.cli",
+                    "serve",
+                    "--port",
+                    str(port),
+                    "--workers",
+                    w,
+                    "--log-level",
+                    "warning",
+                ],
+                env=env,
+                cwd=tmp,
+            )
+        )
         servers["kvsplit serve"] = f"http://127.0.0.1:{port}"
         pids = {"kvsplit serve": procs[-1].pid}
         targets = [("plain FastAPI, async def", "app"), ("plain FastAPI, def", "app_sync")]
@@ -142,9 +169,28 @@ def main() -> None:
             targets.append(("raw ASGI hello (floor)", "hello"))
         for name, target in targets:
             p = free_port()
-            procs.append(subprocess.Popen([PY, "-m", "uvicorn", f"bench.service_baseline:{target}", "--port", str(p),
-                                           "--workers", w, "--loop", "uvloop", "--http", "httptools",
-                                           "--no-access-log", "--log-level", "warning"], cwd=ROOT))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        PY,
+                        "-m",
+                        "uvicorn",
+                        f"bench.service_baseline:{target}",
+                        "--port",
+                        str(p),
+                        "--workers",
+                        w,
+                        "--loop",
+                        "uvloop",
+                        "--http",
+                        "httptools",
+                        "--no-access-log",
+                        "--log-level",
+                        "warning",
+                    ],
+                    cwd=ROOT,
+                )
+            )
             servers[name] = f"http://127.0.0.1:{p}"
             pids[name] = procs[-1].pid
         for name, u in servers.items():
@@ -159,20 +205,26 @@ def main() -> None:
                 r = wrk(u, args.duration, args.connections, args.batch, args.bodies)
                 r["cpu_us"] = (cpu_s([pids[name]]) - c0) / max(r["requests"], 1) * 1e6
                 rounds[name].append(r)
-                print(f"round {i + 1} {name}: {r['rps']:,.0f} req/s p99 {r['p99_ms']:.2f} ms "
-                      f"non-2xx {int(r['non2xx'])} socket errors {int(r['sockerr'])} "
-                      f"server CPU {r['cpu_us']:.0f} us/request (load {os.getloadavg()[0]:.1f})", flush=True)
+                print(
+                    f"round {i + 1} {name}: {r['rps']:,.0f} req/s p99 {r['p99_ms']:.2f} ms "
+                    f"non-2xx {int(r['non2xx'])} socket errors {int(r['sockerr'])} "
+                    f"server CPU {r['cpu_us']:.0f} us/request (load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
         rss1 = {name: rss_mb([pids[name]]) for name in servers}
-        results = {name: min(rs, key=lambda r: abs(r["rps"] - statistics.median(x["rps"] for x in rs)))
-                   for name, rs in rounds.items()}  # the median round
+        results = {
+            name: min(rs, key=lambda r: abs(r["rps"] - statistics.median(x["rps"] for x in rs)))
+            for name, rs in rounds.items()
+        }  # the median round
         # a 65,536-entry request, end to end over HTTP
         rng = np.random.default_rng(3)
         big = dict(SHAPE, kv_lens=np.floor(2 ** (rng.random(65536) * 14)).astype(int).tolist())
         body = json.dumps(big).encode()
         lat = []
         for _ in range(12):
-            req = urllib.request.Request(servers["kvsplit serve"] + "/v1/plan", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                servers["kvsplit serve"] + "/v1/plan", data=body, headers={"Content-Type": "application/json"}
+            )
             t0 = time.perf_counter()
             with urllib.request.urlopen(req, timeout=30) as r:
                 r.read()
@@ -201,27 +253,37 @@ def main() -> None:
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
     except Exception:
         pass
-    print(f"\n{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, wrk -t1 -c{args.connections} "
-          f"-d{args.duration}s, B = {args.batch} kv_lens per request, {args.bodies} bodies at random, "
-          f"{args.workers} server worker(s), {args.rounds} interleaved rounds (median round shown), "
-          f"load average at the end {os.getloadavg()[0]:.1f}\n")
-    print("| server | req/s (median round) | all rounds | p50 ms | p90 ms | p99 ms | non-2xx + socket errors | "
-          "RSS MB before -> after | server CPU us/request (median) |")
+    print(
+        f"\n{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, wrk -t1 -c{args.connections} "
+        f"-d{args.duration}s, B = {args.batch} kv_lens per request, {args.bodies} bodies at random, "
+        f"{args.workers} server worker(s), {args.rounds} interleaved rounds (median round shown), "
+        f"load average at the end {os.getloadavg()[0]:.1f}\n"
+    )
+    print(
+        "| server | req/s (median round) | all rounds | p50 ms | p90 ms | p99 ms | non-2xx + socket errors | "
+        "RSS MB before -> after | server CPU us/request (median) |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---|---:|")
     for name, r in results.items():
         allr = ", ".join(f"{x['rps']:,.0f}" for x in rounds[name])
         errs = sum(int(x["non2xx"] + x["sockerr"]) for x in rounds[name])
-        print(f"| {name} | {r['rps']:,.0f} | {allr} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
-              f"{errs} | {rss0[name]:.0f} -> {rss1[name]:.0f} | "
-              f"{statistics.median(x['cpu_us'] for x in rounds[name]):.0f} |")
+        print(
+            f"| {name} | {r['rps']:,.0f} | {allr} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{errs} | {rss0[name]:.0f} -> {rss1[name]:.0f} | "
+            f"{statistics.median(x['cpu_us'] for x in rounds[name]):.0f} |"
+        )
     k = results["kvsplit serve"]["rps"]
     kc = statistics.median(x["cpu_us"] for x in rounds["kvsplit serve"])
     for name in list(results)[1:]:
         oc = statistics.median(x["cpu_us"] for x in rounds[name])
-        print(f"\nkvsplit serve / {name}: {k / results[name]['rps']:.2f}x req/s, "
-              f"{oc / kc:.2f}x less server CPU per request")
-    print(f"\n65,536-entry POST /v1/plan, end to end (urllib client): median {statistics.median(lat) * 1e3:.1f} ms, "
-          f"max {max(lat) * 1e3:.1f} ms over {len(lat)}")
+        print(
+            f"\nkvsplit serve / {name}: {k / results[name]['rps']:.2f}x req/s, "
+            f"{oc / kc:.2f}x less server CPU per request"
+        )
+    print(
+        f"\n65,536-entry POST /v1/plan, end to end (urllib client): median {statistics.median(lat) * 1e3:.1f} ms, "
+        f"max {max(lat) * 1e3:.1f} ms over {len(lat)}"
+    )
     print(f"PlanClient.plan, B = {args.batch}: {client_us:.0f} us per call")
 
 

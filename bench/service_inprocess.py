@@ -31,17 +31,34 @@ from kvsplit.tuner.workloads import plan_request_mix
 
 def make_bodies(n: int = 400, batch: int = 256, seed: int = 12345) -> list[bytes]:
     """``n`` POST /v1/plan bodies of the reference shape, kv_lens from :func:`plan_request_mix`."""
-    return [('{"gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,'
-             '"dtype":"bfloat16","page_size":16,"kv_lens":[' + ",".join(map(str, lens.tolist())) + "]}").encode()
-            for lens in plan_request_mix(n, batch, seed=seed)]
+    return [
+        (
+            '{"gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,'
+            '"dtype":"bfloat16","page_size":16,"kv_lens":[' + ",".join(map(str, lens.tolist())) + "]}"
+        ).encode()
+        for lens in plan_request_mix(n, batch, seed=seed)
+    ]
 
 
 def scope_of(body: bytes) -> dict:
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-            "path": "/v1/plan", "raw_path": b"/v1/plan", "query_string": b"", "root_path": "",
-            "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode())],
-            "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/plan",
+        "raw_path": b"/v1/plan",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
 
 
 async def call(app, body: bytes) -> int:
@@ -101,6 +118,7 @@ def main() -> None:
         from kvsplit.service import fastjson
         from kvsplit.service.routers.plan import _KV_OPEN, _fragments
         from kvsplit.service.validation import scan_request
+
         compiled = fastjson.ENABLED and fastparse.ENABLED
     except ImportError:
         compiled = False
@@ -150,11 +168,14 @@ def main() -> None:
             stages = ("Content-Type", "parse + validation", "PolicyTable.plan", "metrics", "serialization (orjson)")
             acc = {s: [] for s in stages + ("handle_plan total",)}
             per_request(stages, acc, full)
-            print(f"compiled kv_lens scan: {'on' if fastparse and fastparse.ENABLED else 'off'}; compiled answer "
-                  f"path: {'on' if compiled else 'off'}; 400 bodies, B = 256; median of {args.reps} passes "
-                  f"(first pass dropped)\n")
+            print(
+                f"compiled kv_lens scan: {'on' if fastparse and fastparse.ENABLED else 'off'}; compiled answer "
+                f"path: {'on' if compiled else 'off'}; 400 bodies, B = 256; median of {args.reps} passes "
+                f"(first pass dropped)\n"
+            )
             table("full path, stage (in sequence)", acc)
             if compiled:
+
                 def fast(b):
                     t0 = time.perf_counter()
                     ok = ct == b"application/json"
@@ -167,21 +188,30 @@ def main() -> None:
                     count()
                     t4 = time.perf_counter()
                     arrays = fastjson.buffers_json(b64, b32, B, W, nc, not plain)
-                    parts = (_KV_OPEN, b[start:end], arrays, head, key, matched) if plain else (arrays, head, key,
-                                                                                                 matched)
+                    parts = (
+                        (_KV_OPEN, b[start:end], arrays, head, key, matched) if plain else (arrays, head, key, matched)
+                    )
                     b"".join(parts + ((policy,) if entry is None else (orjson.dumps(distance), policy)))
                     t5 = time.perf_counter()
                     assert ok
                     return (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
 
-                stages = ("Content-Type", "scan + header (scan_request)", "key + lookup + plan (plan_buffers)",
-                          "metrics", "answer writer (fastjson + fragments)")
+                stages = (
+                    "Content-Type",
+                    "scan + header (scan_request)",
+                    "key + lookup + plan (plan_buffers)",
+                    "metrics",
+                    "answer writer (fastjson + fragments)",
+                )
                 acc = {s: [] for s in stages + ("handle_plan total",)}
                 per_request(stages, acc, fast)
                 table("compiled path, stage (in sequence)", acc)
             print("| whole ASGI call, in-process | us per request |\n|---|---:|")
-            for name, a in (("kvsplit serve app", app), ("plain FastAPI async def echo", service_baseline.app),
-                            ("raw ASGI hello", service_baseline.hello)):
+            for name, a in (
+                ("kvsplit serve app", app),
+                ("plain FastAPI async def echo", service_baseline.app),
+                ("raw ASGI hello", service_baseline.hello),
+            ):
                 print(f"| {name} | {await asgi_us(a, bodies, args.reps):.1f} |")
             print(f"\nload average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

@@ -102,12 +102,15 @@ def check_json_tree(name: str, v: Any, *, max_depth: int = MAX_JSON_DEPTH, depth
         x, depth, is_map, path = stack.pop()
         if not is_map and depth:  # a list of numbers (kv_lens of sample batches): C-speed scans, no Python loop
             kinds = set(map(type, x))
-            if not kinds or (kinds <= _NUMBER_TYPES and (int not in kinds or lo <= min(x) and max(x) <= hi)
-                             and (float not in kinds or math.isfinite(sum(y for y in x if type(y) is float)))):
+            if not kinds or (
+                kinds <= _NUMBER_TYPES
+                and (int not in kinds or lo <= min(x) and max(x) <= hi)
+                and (float not in kinds or math.isfinite(sum(y for y in x if type(y) is float)))
+            ):
                 continue  # (a finite float sum: no inf or nan among them, and no overflow to inf)
             if depth_only and not kinds & _CONTAINER_TYPES:
                 continue
-        for k, y in (x.items() if is_map else enumerate(x)):
+        for k, y in x.items() if is_map else enumerate(x):
             if is_map and not isinstance(k, str):
                 raise ValueError(f"{path}: keys must be strings, got {_echo(k)}")
             container = isinstance(y, (Mapping, list, tuple))
@@ -115,8 +118,9 @@ def check_json_tree(name: str, v: Any, *, max_depth: int = MAX_JSON_DEPTH, depth
                 continue
             if container:
                 if depth + 1 > max_depth:
-                    raise ValueError(f"{_path(path, k, is_map, depth)}: nested deeper than {max_depth} levels "
-                                     f"(arrays and objects)")
+                    raise ValueError(
+                        f"{_path(path, k, is_map, depth)}: nested deeper than {max_depth} levels (arrays and objects)"
+                    )
                 stack.append((y, depth + 1, isinstance(y, Mapping), _path(path, k, is_map, depth)))
             elif isinstance(y, int):
                 if not lo <= y <= hi:
@@ -174,6 +178,5 @@ def iso_utc(t: _dt.datetime | None) -> str | None:
     if t is None:
         return None
     if t.tzinfo is None:  # SQLite drops the zone; values are stored as UTC
-        t = t.replace(tzinfo=_dt.timezone.utc)
+        t = t.replace(tzinfo=_dt.UTC)
     return t.isoformat()
-

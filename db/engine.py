@@ -134,8 +134,11 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
     mount). ``url`` (password hidden) is named in the line. A cause it does not
     recognise gives ``cannot use the policy store at URL: <first line>``.
     """
-    return error_cause(exc, url) or f"cannot use the policy store at {safe_url(url) if url else 'the policy store'}: " \
+    return (
+        error_cause(exc, url)
+        or f"cannot use the policy store at {safe_url(url) if url else 'the policy store'}: "
         f"{_first_line(_chain(exc)[0])}"
+    )
 
 
 def error_cause(exc: BaseException, url: str | None = None) -> str | None:
@@ -153,12 +156,18 @@ def error_cause(exc: BaseException, url: str | None = None) -> str | None:
     errnos = {getattr(e, "errno", None) for e in chain}
     if any(isinstance(e, RecursionError) for e in chain):
         return f"{where}: a value is nested too deeply to store or read ({texts[0]})"
-    if errno.ENOSPC in errnos or any("disk is full" in t or "no space left" in t for t in low) \
-            or (any("disk i/o error" in t for t in low) and _low_space(path)):
+    if (
+        errno.ENOSPC in errnos
+        or any("disk is full" in t or "no space left" in t for t in low)
+        or (any("disk i/o error" in t for t in low) and _low_space(path))
+    ):
         cause = next((texts[i] for i, t in enumerate(low) if "full" in t or "no space" in t or "i/o" in t), texts[0])
         return f"the disk is full: cannot write the store at {where} ({cause})"
-    if errno.EROFS in errnos or any("readonly" in t or "read-only" in t for t in low) \
-            or (path is not None and _read_only(path) and any("unable to open" in t for t in low)):
+    if (
+        errno.EROFS in errnos
+        or any("readonly" in t or "read-only" in t for t in low)
+        or (path is not None and _read_only(path) and any("unable to open" in t for t in low))
+    ):
         cause = next((texts[i] for i, t in enumerate(low) if "read" in t and "only" in t), texts[0])
         return f"the store at {where} is read-only: its file or folder cannot be written ({cause})"
     if errno.EACCES in errnos or errno.EPERM in errnos:
@@ -172,11 +181,29 @@ def error_cause(exc: BaseException, url: str | None = None) -> str | None:
             return f"the database server of {where} refused the credentials ({texts[i]})"
         if "does not exist" in t and "database" in t:
             return f"{where}: {texts[i]}"
-        if ("connection refused" in t or "could not translate host name" in t or "timeout expired" in t
-                or "name or service not known" in t or "no route to host" in t or "connection failed" in t
-                or "could not connect" in t or "network is unreachable" in t):
-            detail = next((texts[j] for j, x in enumerate(low) if "refused" in x or "translate" in x
-                           or "timeout" in x or "not known" in x or "route" in x or "unreachable" in x), texts[i])
+        if (
+            "connection refused" in t
+            or "could not translate host name" in t
+            or "timeout expired" in t
+            or "name or service not known" in t
+            or "no route to host" in t
+            or "connection failed" in t
+            or "could not connect" in t
+            or "network is unreachable" in t
+        ):
+            detail = next(
+                (
+                    texts[j]
+                    for j, x in enumerate(low)
+                    if "refused" in x
+                    or "translate" in x
+                    or "timeout" in x
+                    or "not known" in x
+                    or "route" in x
+                    or "unreachable" in x
+                ),
+                texts[i],
+            )
             return f"cannot reach the database server of {where}: {detail}"
     return None
 
@@ -191,10 +218,12 @@ def check_exists(url: str | None = None) -> None:
     if _is_sqlite(url):
         path = _sqlite_file(url)
         if path is not None and not Path(path).expanduser().exists():
-            raise SchemaError(f"no kvsplit store at {safe_url(url)} (the file {path} does not exist): "
-                              f"run `kvsplit run --no-tune --database-url {safe_url(url)}` to create it with the "
-                              f"shipped H200 policies and serve it, or `kvsplit db upgrade --database-url "
-                              f"{safe_url(url)}` for an empty one")
+            raise SchemaError(
+                f"no kvsplit store at {safe_url(url)} (the file {path} does not exist): "
+                f"run `kvsplit run --no-tune --database-url {safe_url(url)}` to create it with the "
+                f"shipped H200 policies and serve it, or `kvsplit db upgrade --database-url "
+                f"{safe_url(url)}` for an empty one"
+            )
 
 
 def get_engine(url: str | None = None) -> Engine:

@@ -81,7 +81,7 @@ ROLES = ("train", "heldout")
 
 def utcnow() -> _dt.datetime:
     """Current time, UTC, timezone-aware."""
-    return _dt.datetime.now(_dt.timezone.utc)
+    return _dt.datetime.now(_dt.UTC)
 
 
 class Base(DeclarativeBase):
@@ -144,7 +144,7 @@ class Bucket(Base):
     sample_batches: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
-    policies: Mapped[list["Policy"]] = relationship(back_populates="bucket", order_by="Policy.version")
+    policies: Mapped[list[Policy]] = relationship(back_populates="bucket", order_by="Policy.version")
 
 
 Index("ix_buckets_shape", Bucket.gpu, Bucket.num_kv_heads, Bucket.head_dim, Bucket.dtype, Bucket.page_size)
@@ -156,9 +156,7 @@ class TuningRun(Base):
     __tablename__ = "tuning_runs"
     __table_args__ = (
         CheckConstraint("backend in ('gpu', 'sim')", name="ck_tuning_runs_backend"),
-        CheckConstraint(
-            "status in ('running', 'finished', 'interrupted', 'failed')", name="ck_tuning_runs_status"
-        ),
+        CheckConstraint("status in ('running', 'finished', 'interrupted', 'failed')", name="ck_tuning_runs_status"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -236,7 +234,11 @@ class Measurement(Base):
     __tablename__ = "measurements"
     __table_args__ = (
         UniqueConstraint(
-            "tuning_run_id", "stage", "policy_name", "role", "batch_index",
+            "tuning_run_id",
+            "stage",
+            "policy_name",
+            "role",
+            "batch_index",
             name="uq_measurements_run_stage_policy_batch",
         ),
         CheckConstraint("backend in ('gpu', 'sim')", name="ck_measurements_backend"),

@@ -74,8 +74,17 @@ def get_or_create_bucket(
     batches = _json_obj("bucket.sample_batches", sample_batches or {})
     b = session.scalars(select(Bucket).where(Bucket.key == key)).first()
     if b is None:
-        b = Bucket(key=key, gpu=gpu, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                   page_size=page_size, signature=sig, source=str(source)[:256], sample_batches=batches)
+        b = Bucket(
+            key=key,
+            gpu=gpu,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            signature=sig,
+            source=str(source)[:256],
+            sample_batches=batches,
+        )
         try:
             with session.begin_nested():
                 session.add(b)
@@ -145,9 +154,18 @@ def create_policy(
     _lock_store(session)
     last = session.scalar(select(func.max(Policy.version)).where(Policy.bucket_id == bucket_id))
     pol = Policy(
-        bucket_id=bucket_id, bucket_key=bucket.key, name=_str("name", name, max_len=64), params=p,
-        version=(last or 0) + 1, status="draft", backend=backend, tuning_run_id=tuning_run_id,
-        device_id=device_id, verification=ver, score=sc, note=str(note)[:2048],
+        bucket_id=bucket_id,
+        bucket_key=bucket.key,
+        name=_str("name", name, max_len=64),
+        params=p,
+        version=(last or 0) + 1,
+        status="draft",
+        backend=backend,
+        tuning_run_id=tuning_run_id,
+        device_id=device_id,
+        verification=ver,
+        score=sc,
+        note=str(note)[:2048],
     )
     session.add(pol)
     session.flush()
@@ -180,15 +198,19 @@ def _refusal(new: Policy, cur: Policy | None) -> str | None:
     """Why ``new`` must not replace ``cur`` (None when it may)."""
     ver = new.verification or {}
     if ver.get("passed") is False:
-        return (f"policy {new.id} failed verification (tuned geomean {ver.get('tuned_geomean_ratio')} vs best "
-                f"baseline {ver.get('best_baseline')} {ver.get('best_baseline_geomean_ratio')})")
+        return (
+            f"policy {new.id} failed verification (tuned geomean {ver.get('tuned_geomean_ratio')} vs best "
+            f"baseline {ver.get('best_baseline')} {ver.get('best_baseline_geomean_ratio')})"
+        )
     if cur is None or cur.id == new.id:
         return None
     if cur.backend == "gpu" and new.backend == "sim":
         return f"bucket {cur.bucket_key!r} has a GPU-measured policy ({cur.id}); a simulated one never replaces it"
     if cur.backend == new.backend and cur.score is not None and new.score is not None and new.score > cur.score:
-        return (f"bucket {cur.bucket_key!r}: published policy {cur.id} scores {cur.score:.4f} (time / HBM floor), "
-                f"better than {new.score:.4f} of policy {new.id}")
+        return (
+            f"bucket {cur.bucket_key!r}: published policy {cur.id} scores {cur.score:.4f} (time / HBM floor), "
+            f"better than {new.score:.4f} of policy {new.id}"
+        )
     return None
 
 
@@ -256,7 +278,8 @@ def get_policy(session: Session, policy_id: int) -> Policy | None:
 def get_published(session: Session, bucket_key: str) -> Policy | None:
     """The published policy of ``bucket_key`` or None."""
     return session.scalars(
-        select(Policy).options(selectinload(Policy.bucket))
+        select(Policy)
+        .options(selectinload(Policy.bucket))
         .where(Policy.bucket_key == bucket_key, Policy.status == "published")
     ).first()
 
@@ -282,8 +305,12 @@ def list_published(
         # the GPU name as stored ("NVIDIA H200") or the bucket-key slug ("nvidia-h200")
         slug = re.sub(r"[^a-z0-9]+", "-", str(gpu).lower()).strip("-")
         q = q.where(or_(Bucket.gpu == gpu, Bucket.key.startswith(slug + ".", autoescape=True)))
-    for col, v in ((Bucket.num_kv_heads, num_kv_heads), (Bucket.head_dim, head_dim),
-                   (Bucket.dtype, dtype), (Bucket.page_size, page_size)):
+    for col, v in (
+        (Bucket.num_kv_heads, num_kv_heads),
+        (Bucket.head_dim, head_dim),
+        (Bucket.dtype, dtype),
+        (Bucket.page_size, page_size),
+    ):
         if v is not None:
             q = q.where(col == v)
     return list(session.scalars(q.order_by(Policy.backend, Policy.bucket_key)))
@@ -336,7 +363,9 @@ def policy_to_dict(p: Policy) -> dict[str, Any]:
         "tuning_run_id": p.tuning_run_id,
         "created_at": iso_utc(p.created_at),
         "published_at": iso_utc(p.published_at),
-        "device": None if dev is None else {
+        "device": None
+        if dev is None
+        else {
             "name": dev.name,
             "num_sms": dev.num_sms,
             "hbm_bandwidth_gbps": dev.hbm_bandwidth_gbps,

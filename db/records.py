@@ -54,8 +54,9 @@ def get_or_create_device(
     fp = software_fingerprint(sw)
     dev = session.scalars(select(Device).where(Device.name == name, Device.fingerprint == fp)).first()
     if dev is None:
-        dev = Device(name=name, num_sms=num_sms, hbm_bandwidth_gbps=hbm, software=sw, fingerprint=fp,
-                     read_bandwidth_gbps=rbw)
+        dev = Device(
+            name=name, num_sms=num_sms, hbm_bandwidth_gbps=hbm, software=sw, fingerprint=fp, read_bandwidth_gbps=rbw
+        )
         try:
             with session.begin_nested():
                 session.add(dev)
@@ -134,7 +135,6 @@ def latest_calibration(session: Session, *, gpu: str, config_key: str | None = N
     if config_key is not None:
         q = q.where(Calibration.config_key == config_key)
     return session.scalars(q.order_by(Calibration.created_at.desc(), Calibration.id.desc())).first()
-
 
 
 # ----------------------------------------------------------------------------
@@ -225,11 +225,18 @@ def start_run(
     reap_runs(session)
     me = process_identity()
     run = TuningRun(
-        bucket_id=bucket_id, study_name=_str("study_name", study_name), backend=_str("backend", backend,
-                                                                                    choices=BACKENDS),
-        n_trials=_int("n_trials", n_trials, 1), workers=_int("workers", workers, 1),
-        storage_kind=_str("storage_kind", storage_kind, max_len=32), device_id=device_id, status="running",
-        host=me["host"][:255], pid=me["pid"], proc_start=f"{me['start']}@{me['pidns']}"[:32], heartbeat_at=utcnow(),
+        bucket_id=bucket_id,
+        study_name=_str("study_name", study_name),
+        backend=_str("backend", backend, choices=BACKENDS),
+        n_trials=_int("n_trials", n_trials, 1),
+        workers=_int("workers", workers, 1),
+        storage_kind=_str("storage_kind", storage_kind, max_len=32),
+        device_id=device_id,
+        status="running",
+        host=me["host"][:255],
+        pid=me["pid"],
+        proc_start=f"{me['start']}@{me['pidns']}"[:32],
+        heartbeat_at=utcnow(),
         stale_after_s=_int("stale_after_s", stale_after_s, 1),
     )
     session.add(run)
@@ -241,7 +248,7 @@ def _aware(t: _dt.datetime | None) -> _dt.datetime | None:
     # SQLite hands back naive datetimes; every time the store writes is UTC
     if t is None or t.tzinfo is not None:
         return t
-    return t.replace(tzinfo=_dt.timezone.utc)
+    return t.replace(tzinfo=_dt.UTC)
 
 
 def run_abandoned(run: TuningRun, now: _dt.datetime | None = None) -> str | None:
@@ -257,8 +264,10 @@ def run_abandoned(run: TuningRun, now: _dt.datetime | None = None) -> str | None
         start, _, ns = (run.proc_start or "").partition("@")  # "<start ticks>@<PID namespace>"
         alive = process_alive({"host": run.host, "pid": run.pid, "start": start, "pidns": ns})
         if alive is False:
-            return (f"abandoned: its process (PID {run.pid} on {run.host}) is gone, killed or crashed "
-                    f"before it recorded the end of the run")
+            return (
+                f"abandoned: its process (PID {run.pid} on {run.host}) is gone, killed or crashed "
+                f"before it recorded the end of the run"
+            )
         if alive:
             return None
     now = now or utcnow()
@@ -266,8 +275,10 @@ def run_abandoned(run: TuningRun, now: _dt.datetime | None = None) -> str | None
     limit = run.stale_after_s or DEFAULT_STALE_AFTER_S
     if last is not None and (now - last).total_seconds() > limit:
         who = f"PID {run.pid} on {run.host}" if run.host else "an unrecorded process"
-        return (f"abandoned: no heartbeat from its process ({who}) since {last.isoformat(timespec='seconds')}, "
-                f"more than {limit} s")
+        return (
+            f"abandoned: no heartbeat from its process ({who}) since {last.isoformat(timespec='seconds')}, "
+            f"more than {limit} s"
+        )
     return None
 
 
@@ -418,12 +429,23 @@ def record_measurement(
     t = _num("time_s", time_s, positive=True)
     fl = _num("floor_s", floor_s, positive=True, allow_none=True)
     m = Measurement(
-        bucket_id=bucket_id, tuning_run_id=tuning_run_id, policy_id=policy_id, device_id=device_id,
-        stage=_str("stage", stage, max_len=32), policy_name=_str("policy_name", policy_name, max_len=64),
-        params=_json_obj("params", params or {}), role=_str("role", role, choices=ROLES),
-        batch_index=_int("batch_index", batch_index, 0), kv_lens=lens, batch_size=len(lens),
-        total_tokens=sum(lens), time_s=t, floor_s=fl, ratio=None if fl is None else t / fl,
-        backend=_str("backend", backend, choices=BACKENDS), software=_json_obj("software", software or {}),
+        bucket_id=bucket_id,
+        tuning_run_id=tuning_run_id,
+        policy_id=policy_id,
+        device_id=device_id,
+        stage=_str("stage", stage, max_len=32),
+        policy_name=_str("policy_name", policy_name, max_len=64),
+        params=_json_obj("params", params or {}),
+        role=_str("role", role, choices=ROLES),
+        batch_index=_int("batch_index", batch_index, 0),
+        kv_lens=lens,
+        batch_size=len(lens),
+        total_tokens=sum(lens),
+        time_s=t,
+        floor_s=fl,
+        ratio=None if fl is None else t / fl,
+        backend=_str("backend", backend, choices=BACKENDS),
+        software=_json_obj("software", software or {}),
     )
     session.add(m)
     session.flush()

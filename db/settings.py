@@ -46,7 +46,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="KVSPLIT_", env_file=".env", env_ignore_empty=True, extra="ignore")
 
-    database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy URL or SQLite file path of the policy store")
+    database_url: str = Field(
+        DEFAULT_DATABASE_URL, description="SQLAlchemy URL or SQLite file path of the policy store"
+    )
     db_busy_timeout_ms: int = Field(30_000, ge=0, description="SQLite busy timeout, ms")
 
     @field_validator("database_url")

@@ -135,7 +135,6 @@ from .transfer import (
     validate_export,
 )
 
-
 __all__ = [
     "VERSION_TABLE",
     "EXPORT_FORMAT",

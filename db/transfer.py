@@ -65,14 +65,26 @@ def parse_export(raw: bytes | str, source: str = "the file") -> Any:
     try:
         return json.loads(raw)
     except RecursionError:
-        raise ImportValidationError(f"import rejected, nothing stored: {source} nests arrays and objects too "
-                                    f"deeply to read (a field may nest at most {MAX_JSON_DEPTH} levels)") from None
+        raise ImportValidationError(
+            f"import rejected, nothing stored: {source} nests arrays and objects too "
+            f"deeply to read (a field may nest at most {MAX_JSON_DEPTH} levels)"
+        ) from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise ImportValidationError(f"import rejected, nothing stored: {source} is not JSON ({exc})") from None
 
 
-_ENTRY_KEYS = {"bucket", "name", "params", "version", "backend", "score", "verification", "created_at",
-               "published_at", "device"}
+_ENTRY_KEYS = {
+    "bucket",
+    "name",
+    "params",
+    "version",
+    "backend",
+    "score",
+    "verification",
+    "created_at",
+    "published_at",
+    "device",
+}
 _ENTRY_OPTIONAL = {"id", "status", "tuning_run_id"}
 _BUCKET_KEYS = {"key", "gpu", "num_kv_heads", "head_dim", "dtype", "page_size", "signature", "source"}
 _DEVICE_KEYS = {"name", "num_sms", "hbm_bandwidth_gbps", "read_bandwidth_gbps", "software", "fingerprint"}
@@ -91,8 +103,10 @@ def export_published(session: Session) -> dict[str, Any]:
         fingerprint).
     """
     pols = session.scalars(
-        select(Policy).options(selectinload(Policy.bucket), selectinload(Policy.device))
-        .where(Policy.status == "published").order_by(Policy.bucket_key)
+        select(Policy)
+        .options(selectinload(Policy.bucket), selectinload(Policy.device))
+        .where(Policy.status == "published")
+        .order_by(Policy.bucket_key)
     ).all()
     return {
         "format": EXPORT_FORMAT,
@@ -132,8 +146,7 @@ def validate_export(
             raise ValueError(f"format: expected {EXPORT_FORMAT!r}, got {_echo(data.get('format'))}")
         fv = data.get("format_version")
         if fv != EXPORT_FORMAT_VERSION or isinstance(fv, bool):
-            raise ValueError(f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, "
-                             f"got {_echo(fv)}")
+            raise ValueError(f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, got {_echo(fv)}")
         unknown = set(data) - {"format", "format_version", "exported_at", "policies_version", "policies"}
         if unknown:
             raise ValueError(f"file: unknown fields {sorted(unknown)}")
@@ -168,11 +181,18 @@ def validate_export(
             if not isinstance(b["source"], str) or len(b["source"]) > 1024:
                 raise ValueError(f"{pre}.bucket.source: expected a string of at most 1024 characters")
             signature = _json_obj(f"{pre}.bucket.signature", b["signature"], max_bytes=MAX_IMPORT_FIELD_BYTES)
-            bucket = {"key": key, "gpu": gpu, "num_kv_heads": hkv, "head_dim": hd, "dtype": dt, "page_size": ps,
-                      "signature": signature, "source": b["source"]}
+            bucket = {
+                "key": key,
+                "gpu": gpu,
+                "num_kv_heads": hkv,
+                "head_dim": hd,
+                "dtype": dt,
+                "page_size": ps,
+                "signature": signature,
+                "source": b["source"],
+            }
             if "status" in e and e["status"] != "published":
-                raise ValueError(f"{pre}.status: only published policies can be imported, "
-                                 f"got {_echo(e['status'])}")
+                raise ValueError(f"{pre}.status: only published policies can be imported, got {_echo(e['status'])}")
             if "tuning_run_id" in e and e["tuning_run_id"] is not None:
                 _int(f"{pre}.tuning_run_id", e["tuning_run_id"], 1)
             if "id" in e:
@@ -185,29 +205,30 @@ def validate_export(
                 device = {
                     "name": _str(f"{pre}.device.name", dev["name"], max_len=128),
                     "num_sms": _int(f"{pre}.device.num_sms", dev["num_sms"], 1),
-                    "hbm_bandwidth_gbps": _num(f"{pre}.device.hbm_bandwidth_gbps", dev["hbm_bandwidth_gbps"],
-                                               positive=True),
-                    "read_bandwidth_gbps": _num(f"{pre}.device.read_bandwidth_gbps", dev["read_bandwidth_gbps"],
-                                                positive=True, allow_none=True),
-                    "software": _json_obj(f"{pre}.device.software", dev["software"],
-                                          max_bytes=MAX_IMPORT_FIELD_BYTES),
+                    "hbm_bandwidth_gbps": _num(
+                        f"{pre}.device.hbm_bandwidth_gbps", dev["hbm_bandwidth_gbps"], positive=True
+                    ),
+                    "read_bandwidth_gbps": _num(
+                        f"{pre}.device.read_bandwidth_gbps", dev["read_bandwidth_gbps"], positive=True, allow_none=True
+                    ),
+                    "software": _json_obj(f"{pre}.device.software", dev["software"], max_bytes=MAX_IMPORT_FIELD_BYTES),
                 }
                 fp = software_fingerprint(device["software"])
                 if dev["fingerprint"] != fp:
-                    raise ValueError(f"{pre}.device.fingerprint: {_echo(dev['fingerprint'])} does not match its "
-                                     f"software versions (expected {fp!r})")
+                    raise ValueError(
+                        f"{pre}.device.fingerprint: {_echo(dev['fingerprint'])} does not match its "
+                        f"software versions (expected {fp!r})"
+                    )
                 if device["name"] != gpu:
                     raise ValueError(f"{pre}.device.name: {device['name']!r} differs from bucket.gpu {gpu!r}")
             entry = {
                 "bucket": bucket,
                 "name": _str(f"{pre}.name", e["name"], max_len=64),
-                "params": _json_obj(f"{pre}.params", e["params"], scalars_only=True,
-                                    max_bytes=MAX_IMPORT_FIELD_BYTES),
+                "params": _json_obj(f"{pre}.params", e["params"], scalars_only=True, max_bytes=MAX_IMPORT_FIELD_BYTES),
                 "version": _int(f"{pre}.version", e["version"], 1),
                 "backend": _str(f"{pre}.backend", e["backend"], choices=BACKENDS),
                 "score": _num(f"{pre}.score", e["score"], positive=True, allow_none=True),
-                "verification": _json_obj(f"{pre}.verification", e["verification"],
-                                          max_bytes=MAX_IMPORT_FIELD_BYTES),
+                "verification": _json_obj(f"{pre}.verification", e["verification"], max_bytes=MAX_IMPORT_FIELD_BYTES),
                 "created_at": _parse_time(f"{pre}.created_at", e["created_at"]),
                 "published_at": _parse_time(f"{pre}.published_at", e["published_at"]),
                 "device": device,
@@ -252,25 +273,50 @@ def import_policies(
         st = _lock_store(session)
         for e in entries:
             b = e["bucket"]
-            bucket = get_or_create_bucket(session, key=b["key"], gpu=b["gpu"], num_kv_heads=b["num_kv_heads"],
-                                          head_dim=b["head_dim"], dtype=b["dtype"], page_size=b["page_size"],
-                                          signature=b["signature"], source=b["source"])
+            bucket = get_or_create_bucket(
+                session,
+                key=b["key"],
+                gpu=b["gpu"],
+                num_kv_heads=b["num_kv_heads"],
+                head_dim=b["head_dim"],
+                dtype=b["dtype"],
+                page_size=b["page_size"],
+                signature=b["signature"],
+                source=b["source"],
+            )
             device_id = None
             if e["device"] is not None:
                 d = e["device"]
-                device_id = get_or_create_device(session, name=d["name"], num_sms=d["num_sms"],
-                                                 hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
-                                                 software=d["software"],
-                                                 read_bandwidth_gbps=d["read_bandwidth_gbps"]).id
-            same = [p for p in session.scalars(select(Policy).where(Policy.bucket_id == bucket.id))
-                    if p.params == e["params"] and p.backend == e["backend"] and p.score == e["score"]
-                    and p.name == e["name"]]
+                device_id = get_or_create_device(
+                    session,
+                    name=d["name"],
+                    num_sms=d["num_sms"],
+                    hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
+                    software=d["software"],
+                    read_bandwidth_gbps=d["read_bandwidth_gbps"],
+                ).id
+            same = [
+                p
+                for p in session.scalars(select(Policy).where(Policy.bucket_id == bucket.id))
+                if p.params == e["params"]
+                and p.backend == e["backend"]
+                and p.score == e["score"]
+                and p.name == e["name"]
+            ]
             if same:
                 pol = next((p for p in same if p.status == "published"), same[0])
             else:
-                pol = create_policy(session, bucket_id=bucket.id, params=e["params"], backend=e["backend"],
-                                    score=e["score"], verification=e["verification"], device_id=device_id,
-                                    name=e["name"], note=f"imported (exported version {e['version']})")
+                pol = create_policy(
+                    session,
+                    bucket_id=bucket.id,
+                    params=e["params"],
+                    backend=e["backend"],
+                    score=e["score"],
+                    verification=e["verification"],
+                    device_id=device_id,
+                    name=e["name"],
+                    note=f"imported (exported version {e['version']})",
+                )
                 changed = True
             if pol.status == "retired":
                 # an operator retired this very policy: re-importing the same file (make run does, on

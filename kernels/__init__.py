@@ -16,12 +16,24 @@ import importlib
 from typing import Any
 
 _NAMES = {
-    "make_plan": "policies", "Plan": "workplan", "KernelConfig": "limits", "default_config": "limits",
-    "PolicyTable": "policy_table", "load_shipped_table": "policy_table",
-    "RuleSpec": "rulespec", "resolve": "rulespec", "POLICIES": "rulespec", "TUNED_PARAM_SPACE": "rulespec",
-    "bucket_key": "buckets", "BucketKey": "buckets", "distance": "buckets",
-    "DeviceSpec": "device", "Shape": "shape",
-    "DecodeWrapper": "wrapper", "decode_attention": "decode", "reference_decode_attention": "decode",
+    "make_plan": "policies",
+    "Plan": "workplan",
+    "KernelConfig": "limits",
+    "default_config": "limits",
+    "PolicyTable": "policy_table",
+    "load_shipped_table": "policy_table",
+    "RuleSpec": "rulespec",
+    "resolve": "rulespec",
+    "POLICIES": "rulespec",
+    "TUNED_PARAM_SPACE": "rulespec",
+    "bucket_key": "buckets",
+    "BucketKey": "buckets",
+    "distance": "buckets",
+    "DeviceSpec": "device",
+    "Shape": "shape",
+    "DecodeWrapper": "wrapper",
+    "decode_attention": "decode",
+    "reference_decode_attention": "decode",
 }
 
 __all__ = sorted(_NAMES)

@@ -43,17 +43,17 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import fastplan
 from .device import DeviceSpec, resolve_device
 from .limits import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, check_int, check_shape
 from .rulespec import PlanContext
 from .shape import gpu_slug, shape_family
-from . import fastplan
 
 SCALE = HIST_UNITS * BINS_PER_OCTAVE
 """``distance * SCALE`` is an integer: ``sum |cum_a - cum_b| + SCALED_CLASS_UNITS * class steps``."""
@@ -141,28 +141,47 @@ class BucketKey:
         return shape_family(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
 
     @classmethod
-    def from_trusted(cls, gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int, batch_class: int,
-                 tokens_class: int, hist: tuple[tuple[int, int], ...]) -> "BucketKey":
+    def from_trusted(
+        cls,
+        gpu: str,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str,
+        page_size: int,
+        batch_class: int,
+        tokens_class: int,
+        hist: tuple[tuple[int, int], ...],
+    ) -> BucketKey:
         """A key from fields the planner computed itself (valid by construction:
         ``gpu`` a slug, ``hist`` a tuple of ``(int, int)`` pairs as the module doc
         says), skipping ``__post_init__``'s checks. Equal (``==``, ``hash``,
         ``str``) to the checked key of the same fields; tests compare them."""
         key = object.__new__(cls)
-        key.__dict__.update(gpu=gpu, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size,
-                            batch_class=batch_class, tokens_class=tokens_class, hist=hist)
+        key.__dict__.update(
+            gpu=gpu,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            batch_class=batch_class,
+            tokens_class=tokens_class,
+            hist=hist,
+        )
         return key
 
     def __str__(self) -> str:
         w = "-".join(f"{b}x{u}" for b, u in self.hist)
-        return (f"{key_prefix(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)}"
-                f".b{self.batch_class}.t{self.tokens_class}.w{w}")
+        return (
+            f"{key_prefix(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)}"
+            f".b{self.batch_class}.t{self.tokens_class}.w{w}"
+        )
 
     def to_str(self) -> str:
         """The string form (same as ``str(key)``)."""
         return str(self)
 
     @staticmethod
-    def parse(s: str) -> "BucketKey":
+    def parse(s: str) -> BucketKey:
         """Inverse of ``str(key)``.
 
         Raises
@@ -313,9 +332,16 @@ def distance(a: BucketKey | str, b: BucketKey | str) -> float:
     kc = np.zeros(NUM_BINS, np.int64)
     for bin_, u in b.hist:
         kc[bin_] = u
-    i, scaled = fastplan.nearest_scaled(np.cumsum(cum, axis=1), np.array([[a.batch_class, a.tokens_class]], np.int64),
-                                        np.array([not a.hist]), np.cumsum(kc), b.batch_class, b.tokens_class,
-                                        not b.hist, SCALED_CLASS_UNITS)
+    i, scaled = fastplan.nearest_scaled(
+        np.cumsum(cum, axis=1),
+        np.array([[a.batch_class, a.tokens_class]], np.int64),
+        np.array([not a.hist]),
+        np.cumsum(kc),
+        b.batch_class,
+        b.tokens_class,
+        not b.hist,
+        SCALED_CLASS_UNITS,
+    )
     return math.inf if i < 0 else int(scaled) / SCALE
 
 

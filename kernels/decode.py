@@ -91,9 +91,27 @@ def _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION
 
 
 @triton.jit
-def _online_softmax_step_heads(q, K, V, k_row, v_row, mask_n, row_head, m_i, l_i, acc, qk_scale, offs_d, h0,
-                               stride_kh, stride_vh, HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
-                               BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _online_softmax_step_heads(
+    q,
+    K,
+    V,
+    k_row,
+    v_row,
+    mask_n,
+    row_head,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    offs_d,
+    h0,
+    stride_kh,
+    stride_vh,
+    HEADS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     # one BLOCK_N tile for HEADS adjacent KV heads at once: the query rows of head j are rows
     # j*G .. j*G+G-1 of q (HEADS*G <= BLOCK_H, so the rows that pad one head's G queries to 16 hold the next
     # head's). Each head's K and V are loaded (adjacent 256 B rows of the same pages), its scores are kept
@@ -117,19 +135,50 @@ def _online_softmax_step_heads(q, K, V, k_row, v_row, mask_n, row_head, m_i, l_i
 @triton.jit
 def _stage1_tile(
     tile,
-    Q, K, V, O, LSE, PART_O, PART_LSE,
-    KV_INDPTR, KV_INDICES,
-    WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR,
-    qk_scale, PAGE_SIZE: tl.constexpr,
-    stride_qb, stride_qh,
-    stride_kp, stride_ks, stride_kh,
-    stride_vp, stride_vs, stride_vh,
-    stride_ob, stride_oh,
-    H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1,
-    NEXT: tl.constexpr = False, TL=None, TL_STRIDE=0, TIMELINE: tl.constexpr = False,
-    SYNC=None, SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL_LAST: tl.constexpr = False,
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    PART_O,
+    PART_LSE,
+    KV_INDPTR,
+    KV_INDICES,
+    WORK_REQ,
+    WORK_START,
+    WORK_END,
+    WORK_SLOT,
+    CTA_INDPTR,
+    qk_scale,
+    PAGE_SIZE: tl.constexpr,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    H_Q: tl.constexpr,
+    H_KV: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    HEADS: tl.constexpr = 1,
+    NEXT: tl.constexpr = False,
+    TL=None,
+    TL_STRIDE=0,
+    TIMELINE: tl.constexpr = False,
+    SYNC=None,
+    SIGNAL: tl.constexpr = False,
+    MERGE_DS: tl.constexpr = 1,
+    PDL_LAST: tl.constexpr = False,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
@@ -170,8 +219,9 @@ def _stage1_tile(
         st2 = tl.load(WORK_START + item_lo + 2, mask=has, other=0)
         en2 = tl.load(WORK_END + item_lo + 2, mask=has, other=0)
         sl2 = tl.load(WORK_SLOT + item_lo + 2, mask=has, other=0)
-        q_nx = tl.load(Q + req0 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
-                       mask=mask_h[:, None], other=0.0)
+        q_nx = tl.load(
+            Q + req0 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :], mask=mask_h[:, None], other=0.0
+        )
         t = st0 + offs_n
         pg_nx = tl.load(KV_INDICES + base0 + t // PAGE_SIZE, mask=t < en0, other=0)
 
@@ -195,8 +245,9 @@ def _stage1_tile(
             st3 = tl.load(WORK_START + it + 3, mask=has, other=0)
             en3 = tl.load(WORK_END + it + 3, mask=has, other=0)
             sl3 = tl.load(WORK_SLOT + it + 3, mask=has, other=0)
-            q_nx = tl.load(Q + req1 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :],
-                           mask=mask_h[:, None], other=0.0)
+            q_nx = tl.load(
+                Q + req1 * stride_qb + q_head[:, None] * stride_qh + offs_d[None, :], mask=mask_h[:, None], other=0.0
+            )
             t = st1 + offs_n
             pg_nx = tl.load(KV_INDICES + base1 + t // PAGE_SIZE, mask=t < en1, other=0)
         else:
@@ -230,16 +281,39 @@ def _stage1_tile(
                 page_nx = tl.load(KV_INDICES + page_base + t1 // PAGE_SIZE, mask=t1 < end, other=0)
                 in_page = (t % PAGE_SIZE).to(tl.int64)
                 if HEADS == 1:
-                    k = tl.load(K + (page * stride_kp + in_page * stride_ks + h * stride_kh)[:, None]
-                                + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-                    v = tl.load(V + (page * stride_vp + in_page * stride_vs + h * stride_vh)[:, None]
-                                + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+                    k = tl.load(
+                        K + (page * stride_kp + in_page * stride_ks + h * stride_kh)[:, None] + offs_d[None, :],
+                        mask=mask_n[:, None],
+                        other=0.0,
+                    )
+                    v = tl.load(
+                        V + (page * stride_vp + in_page * stride_vs + h * stride_vh)[:, None] + offs_d[None, :],
+                        mask=mask_n[:, None],
+                        other=0.0,
+                    )
                     m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
                 else:
                     m_i, l_i, acc = _online_softmax_step_heads(
-                        q, K, V, page * stride_kp + in_page * stride_ks, page * stride_vp + in_page * stride_vs,
-                        mask_n, row_head, m_i, l_i, acc, qk_scale, offs_d, h, stride_kh, stride_vh, HEADS, BLOCK_H,
-                        BLOCK_N, DOT_PRECISION)
+                        q,
+                        K,
+                        V,
+                        page * stride_kp + in_page * stride_ks,
+                        page * stride_vp + in_page * stride_vs,
+                        mask_n,
+                        row_head,
+                        m_i,
+                        l_i,
+                        acc,
+                        qk_scale,
+                        offs_d,
+                        h,
+                        stride_kh,
+                        stride_vh,
+                        HEADS,
+                        BLOCK_H,
+                        BLOCK_N,
+                        DOT_PRECISION,
+                    )
         else:
             for n0 in range(start, end, BLOCK_N):
                 t = n0 + offs_n
@@ -256,9 +330,26 @@ def _stage1_tile(
                     m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
                 else:
                     m_i, l_i, acc = _online_softmax_step_heads(
-                        q, K, V, page * stride_kp + in_page * stride_ks, page * stride_vp + in_page * stride_vs,
-                        mask_n, row_head, m_i, l_i, acc, qk_scale, offs_d, h, stride_kh, stride_vh, HEADS, BLOCK_H,
-                        BLOCK_N, DOT_PRECISION)
+                        q,
+                        K,
+                        V,
+                        page * stride_kp + in_page * stride_ks,
+                        page * stride_vp + in_page * stride_vs,
+                        mask_n,
+                        row_head,
+                        m_i,
+                        l_i,
+                        acc,
+                        qk_scale,
+                        offs_d,
+                        h,
+                        stride_kh,
+                        stride_vh,
+                        HEADS,
+                        BLOCK_H,
+                        BLOCK_N,
+                        DOT_PRECISION,
+                    )
 
         nonempty = l_i > 0.0
         l_safe = tl.where(nonempty, l_i, 1.0)
@@ -293,19 +384,55 @@ def _stage1_tile(
 
 @triton.jit
 def _decode_stage1_kernel(
-    Q, K, V, O, LSE, PART_O, PART_LSE,
-    KV_INDPTR, KV_INDICES,
-    WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, COUNTER, COUNTS,
-    qk_scale, PAGE_SIZE: tl.constexpr, num_tiles,
-    stride_qb, stride_qh,
-    stride_kp, stride_ks, stride_kh,
-    stride_vp, stride_vs, stride_vh,
-    stride_ob, stride_oh, TL, TL_STRIDE, SYNC,
-    H_Q: tl.constexpr, H_KV: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, RETURN_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PERSISTENT: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
-    PREFETCH: tl.constexpr, HEADS: tl.constexpr = 1, NEXT: tl.constexpr = False, TIMELINE: tl.constexpr = False,
-    SIGNAL: tl.constexpr = False, MERGE_DS: tl.constexpr = 1, PDL: tl.constexpr = False,
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    PART_O,
+    PART_LSE,
+    KV_INDPTR,
+    KV_INDICES,
+    WORK_REQ,
+    WORK_START,
+    WORK_END,
+    WORK_SLOT,
+    CTA_INDPTR,
+    COUNTER,
+    COUNTS,
+    qk_scale,
+    PAGE_SIZE: tl.constexpr,
+    num_tiles,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    TL,
+    TL_STRIDE,
+    SYNC,
+    H_Q: tl.constexpr,
+    H_KV: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    DEVICE_COUNTS: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    HEADS: tl.constexpr = 1,
+    NEXT: tl.constexpr = False,
+    TIMELINE: tl.constexpr = False,
+    SIGNAL: tl.constexpr = False,
+    MERGE_DS: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
     PDL_LAST: tl.constexpr = False,
 ):
     if PDL:
@@ -319,30 +446,124 @@ def _decode_stage1_kernel(
         tile = tl.atomic_add(COUNTER, 1)
         while tile < num_tiles:
             _stage1_tile(
-                tile, Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
-                WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
-                stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-                PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST,
+                tile,
+                Q,
+                K,
+                V,
+                O,
+                LSE,
+                PART_O,
+                PART_LSE,
+                KV_INDPTR,
+                KV_INDICES,
+                WORK_REQ,
+                WORK_START,
+                WORK_END,
+                WORK_SLOT,
+                CTA_INDPTR,
+                qk_scale,
+                PAGE_SIZE,
+                stride_qb,
+                stride_qh,
+                stride_kp,
+                stride_ks,
+                stride_kh,
+                stride_vp,
+                stride_vs,
+                stride_vh,
+                stride_ob,
+                stride_oh,
+                H_Q,
+                H_KV,
+                GROUP,
+                BLOCK_H,
+                HEAD_DIM,
+                BLOCK_N,
+                RETURN_LSE,
+                DOT_PRECISION,
+                PREFETCH,
+                HEADS,
+                NEXT,
+                TL,
+                TL_STRIDE,
+                TIMELINE,
+                SYNC,
+                SIGNAL,
+                MERGE_DS,
+                PDL_LAST,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
         _stage1_tile(
-            tl.program_id(0), Q, K, V, O, LSE, PART_O, PART_LSE, KV_INDPTR, KV_INDICES,
-            WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR, qk_scale, PAGE_SIZE,
-            stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            stride_ob, stride_oh, H_Q, H_KV, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, RETURN_LSE, DOT_PRECISION,
-            PREFETCH, HEADS, NEXT, TL, TL_STRIDE, TIMELINE, SYNC, SIGNAL, MERGE_DS, PDL_LAST,
+            tl.program_id(0),
+            Q,
+            K,
+            V,
+            O,
+            LSE,
+            PART_O,
+            PART_LSE,
+            KV_INDPTR,
+            KV_INDICES,
+            WORK_REQ,
+            WORK_START,
+            WORK_END,
+            WORK_SLOT,
+            CTA_INDPTR,
+            qk_scale,
+            PAGE_SIZE,
+            stride_qb,
+            stride_qh,
+            stride_kp,
+            stride_ks,
+            stride_kh,
+            stride_vp,
+            stride_vs,
+            stride_vh,
+            stride_ob,
+            stride_oh,
+            H_Q,
+            H_KV,
+            GROUP,
+            BLOCK_H,
+            HEAD_DIM,
+            BLOCK_N,
+            RETURN_LSE,
+            DOT_PRECISION,
+            PREFETCH,
+            HEADS,
+            NEXT,
+            TL,
+            TL_STRIDE,
+            TIMELINE,
+            SYNC,
+            SIGNAL,
+            MERGE_DS,
+            PDL_LAST,
         )
 
 
 @triton.jit
 def _decode_merge_kernel(
-    PART_O, PART_LSE, O, LSE,
-    MERGE_REQ, MERGE_SLOT, MERGE_NUM, COUNTS,
-    stride_ob, stride_oh, SYNC,
-    H_Q: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    RETURN_LSE: tl.constexpr, DEVICE_COUNTS: tl.constexpr, WAIT: tl.constexpr = False, POLL_NS: tl.constexpr = 0,
+    PART_O,
+    PART_LSE,
+    O,
+    LSE,
+    MERGE_REQ,
+    MERGE_SLOT,
+    MERGE_NUM,
+    COUNTS,
+    stride_ob,
+    stride_oh,
+    SYNC,
+    H_Q: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    DEVICE_COUNTS: tl.constexpr,
+    WAIT: tl.constexpr = False,
+    POLL_NS: tl.constexpr = 0,
     POLL_RELAXED: tl.constexpr = False,
 ):
     # One program per (merged request, query head, BLOCK_D chunk of the head dim): the partials of up to BLOCK_S
@@ -369,8 +590,14 @@ def _decode_merge_kernel(
         if seen < n:
             while seen < n:
                 if POLL_NS > 0:  # back off between polls (PTX nanosleep; CUDA only), sparing L2 and issue slots
-                    seen = tl.inline_asm_elementwise(f"nanosleep.u32 {POLL_NS}; mov.b32 $0, $1;", "=r,r", [seen],
-                                                     dtype=tl.int32, is_pure=False, pack=1)
+                    seen = tl.inline_asm_elementwise(
+                        f"nanosleep.u32 {POLL_NS}; mov.b32 $0, $1;",
+                        "=r,r",
+                        [seen],
+                        dtype=tl.int32,
+                        is_pure=False,
+                        pack=1,
+                    )
                 if POLL_RELAXED:  # volatile polls (L2), then one acquire read once the count is there
                     seen = tl.load(sync_ptr, volatile=True)
                 else:
@@ -389,8 +616,12 @@ def _decode_merge_kernel(
         row = (slot0 + s0 + offs_s) * H_Q + hq
         if WAIT:  # past L1 (written by other SMs during this grid)
             lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"), cache_modifier=".cg")
-            o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0,
-                        cache_modifier=".cg")
+            o = tl.load(
+                PART_O + row[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=mask_s[:, None],
+                other=0.0,
+                cache_modifier=".cg",
+            )
         else:
             lse = tl.load(PART_LSE + row, mask=mask_s, other=float("-inf"))
             o = tl.load(PART_O + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
@@ -425,12 +656,15 @@ def check_kernel_device(name: str, device: torch.device) -> None:
     need Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before kvsplit is imported);
     without it Triton fails later with "0 active drivers"."""
     if device.type == "cpu" and not _INTERPRETED:
-        raise ValueError(f"{name}: tensors on the CPU run the Triton kernel only under Triton's interpreter: set "
-                         "TRITON_INTERPRET=1 in the environment before importing kvsplit, or use a CUDA device")
+        raise ValueError(
+            f"{name}: tensors on the CPU run the Triton kernel only under Triton's interpreter: set "
+            "TRITON_INTERPRET=1 in the environment before importing kvsplit, or use a CUDA device"
+        )
 
 
-def check_heads_per_tile(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int, *,
-                         name: str = "plan.config.heads_per_tile") -> None:
+def check_heads_per_tile(
+    heads_per_tile: int, num_qo_heads: int, num_kv_heads: int, *, name: str = "plan.config.heads_per_tile"
+) -> None:
     """Raise ``ValueError`` naming ``name`` (the argument that holds ``heads_per_tile``) unless it divides H_kv and
     the GQA groups of that many KV heads fit the 16 query rows of one ``tl.dot`` (``heads_per_tile * H_q / H_kv
     <= 16``)."""
@@ -438,10 +672,12 @@ def check_heads_per_tile(heads_per_tile: int, num_qo_heads: int, num_kv_heads: i
     if num_kv_heads % heads_per_tile:
         raise ValueError(f"{name}: expected a divisor of H_kv={num_kv_heads}, got {heads_per_tile}")
     if heads_per_tile * G > TILE_QUERY_ROWS:
-        raise ValueError(f"{name}: {heads_per_tile} KV heads of GQA group G={G} (H_q="
-                         f"{num_qo_heads} / H_kv={num_kv_heads}) are {heads_per_tile * G} query rows, above the 16 "
-                         f"of one work tile: use heads_per_tile <= {max(1, 16 // G)} (params.heads_per_tile, or "
-                         f"params.whole_wave_heads for a whole-wave plan; a PolicyTable refits both to H_q)")
+        raise ValueError(
+            f"{name}: {heads_per_tile} KV heads of GQA group G={G} (H_q="
+            f"{num_qo_heads} / H_kv={num_kv_heads}) are {heads_per_tile * G} query rows, above the 16 "
+            f"of one work tile: use heads_per_tile <= {max(1, 16 // G)} (params.heads_per_tile, or "
+            f"params.whole_wave_heads for a whole-wave plan; a PolicyTable refits both to H_q)"
+        )
 
 
 def check_interpreter_dtype(name: str, dtype: torch.dtype) -> None:
@@ -449,9 +685,11 @@ def check_interpreter_dtype(name: str, dtype: torch.dtype) -> None:
     interpreter computes ``tl.dot`` on bfloat16 wrongly (NumPy has no bfloat16; the output is off by
     orders of magnitude, silently), so CPU runs take float16 or float32 and bfloat16 runs on a GPU."""
     if _INTERPRETED and dtype == torch.bfloat16:
-        raise ValueError(f"{name}: bfloat16 under Triton's interpreter (TRITON_INTERPRET=1) gives wrong results "
-                         "(Triton 3.6 computes tl.dot on bfloat16 incorrectly there); use float16 or float32 on "
-                         "the CPU, bfloat16 on a CUDA device")
+        raise ValueError(
+            f"{name}: bfloat16 under Triton's interpreter (TRITON_INTERPRET=1) gives wrong results "
+            "(Triton 3.6 computes tl.dot on bfloat16 incorrectly there); use float16 or float32 on "
+            "the CPU, bfloat16 on a CUDA device"
+        )
 
 
 # ----------------------------------------------------------------------------
@@ -607,8 +845,10 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
         d = indptr[1:] - indptr[:-1]
         if bool((d < 0).any()):
             i = int(torch.nonzero(d < 0)[0, 0])
-            raise ValueError(f"kv_indptr: must be non-decreasing, kv_indptr[{i + 1}]={int(indptr[i + 1])} < "
-                             f"kv_indptr[{i}]={int(indptr[i])}")
+            raise ValueError(
+                f"kv_indptr: must be non-decreasing, kv_indptr[{i + 1}]={int(indptr[i + 1])} < "
+                f"kv_indptr[{i}]={int(indptr[i])}"
+            )
         if int(indptr[-1]) > kv_indices.shape[0]:
             raise ValueError(f"kv_indptr: last entry {int(indptr[-1])} exceeds len(kv_indices)={kv_indices.shape[0]}")
         if kv_indices.numel():
@@ -623,7 +863,9 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
         over = lens > cap
         if bool(over.any()):
             i = int(torch.nonzero(over)[0, 0])
-            raise ValueError(f"kv_lens[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages x page_size {page_size}")
+            raise ValueError(
+                f"kv_lens[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages x page_size {page_size}"
+            )
         plan_lens = torch.tensor(plan.kv_lens, dtype=torch.int64)
         if not torch.equal(lens, plan_lens):
             i = int(torch.nonzero(lens != plan_lens)[0, 0])
@@ -702,8 +944,18 @@ def decode_attention(
     if workspace is None:
         workspace = make_workspace(H_q, D, max_partials=plan.num_partials, max_batch=B, device=dev)
     return launch_decode(
-        q, k_cache, v_cache, kv_indptr, kv_indices, plan.to(dev), plan.config, out=out, workspace=workspace,
-        **plan.launch_sizes(), sm_scale=sm_scale, return_lse=return_lse,
+        q,
+        k_cache,
+        v_cache,
+        kv_indptr,
+        kv_indices,
+        plan.to(dev),
+        plan.config,
+        out=out,
+        workspace=workspace,
+        **plan.launch_sizes(),
+        sm_scale=sm_scale,
+        return_lse=return_lse,
     )
 
 
@@ -824,8 +1076,11 @@ def launch_decode(
         prefetch = bool(getattr(cfg, "prefetch", False))
     if maxnreg is None:
         # the caps of kernels/residency.py were measured on one KV head per tile
-        maxnreg = None if _INTERPRETED or heads != 1 else register_cap(D, G, cfg.block_n, cfg.num_warps,
-                                                                       cfg.num_stages, prefetch, k_cache.element_size())
+        maxnreg = (
+            None
+            if _INTERPRETED or heads != 1
+            else register_cap(D, G, cfg.block_n, cfg.num_warps, cfg.num_stages, prefetch, k_cache.element_size())
+        )
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if next_item is None:
         next_item = bool(getattr(cfg, "next_item", False))
@@ -840,10 +1095,18 @@ def launch_decode(
             raise ValueError("timeline: needs a CUDA device (it reads %globaltimer and %smid)")
         if device_counts:
             raise ValueError("timeline: needs the host-known tile count (num_tiles), not a device-resident plan")
-        if (timeline.dtype != torch.int64 or timeline.dim() != 2 or timeline.device != q.device
-                or not timeline.is_contiguous() or timeline.shape[0] < num_tiles or timeline.shape[1] < 3):
-            raise ValueError(f"timeline: expected a contiguous int64 tensor [>= num_tiles={num_tiles}, >= 3] on "
-                             f"{q.device}, got {timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
+        if (
+            timeline.dtype != torch.int64
+            or timeline.dim() != 2
+            or timeline.device != q.device
+            or not timeline.is_contiguous()
+            or timeline.shape[0] < num_tiles
+            or timeline.shape[1] < 3
+        ):
+            raise ValueError(
+                f"timeline: expected a contiguous int64 tensor [>= num_tiles={num_tiles}, >= 3] on "
+                f"{q.device}, got {timeline.dtype} {tuple(timeline.shape)} on {timeline.device}"
+            )
     # a device-resident plan merges at most B requests (q's batch, fixed for a captured graph): no program past B
     merge_grid = (min(max_merge or 0, B) if device_counts else num_merge) or 0
     pdl_ok = _pdl_available(q.device)
@@ -861,10 +1124,16 @@ def launch_decode(
             # not known here: its grid of max_batch programs, most of them idle, keeps one per (request, head).
             few = max_splits is not None and num_merge is not None and num_merge * H_q <= 1024
             merge_dsplit = 4 if few and splits > 4096 // D and D % 64 == 0 else 1
-        elif (isinstance(merge_dsplit, bool) or not isinstance(merge_dsplit, int) or merge_dsplit < 1
-              or D % merge_dsplit or (D // merge_dsplit) & (D // merge_dsplit - 1)):
-            raise ValueError(f"merge_dsplit: expected a divisor of head_dim={D} leaving a power-of-two chunk, "
-                             f"got {merge_dsplit!r}")
+        elif (
+            isinstance(merge_dsplit, bool)
+            or not isinstance(merge_dsplit, int)
+            or merge_dsplit < 1
+            or D % merge_dsplit
+            or (D // merge_dsplit) & (D // merge_dsplit - 1)
+        ):
+            raise ValueError(
+                f"merge_dsplit: expected a divisor of head_dim={D} leaving a power-of-two chunk, got {merge_dsplit!r}"
+            )
         # at least 256 (merged request, query head) pairs, or a device-resident plan (sizes not known here): the
         # regime of the one-warp merge and of the overlapped merge below
         many = device_counts or (num_merge is not None and num_merge * H_q >= 256)
@@ -878,8 +1147,14 @@ def launch_decode(
         block_d = D // merge_dsplit
         block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
         sync, need = workspace.sync, B * H_q * MERGE_SYNC_CHUNKS
-        sync_ok = (sync is not None and sync.dtype == torch.int32 and sync.device == q.device
-                   and sync.is_contiguous() and sync.dim() == 1 and sync.shape[0] >= need)
+        sync_ok = (
+            sync is not None
+            and sync.dtype == torch.int32
+            and sync.device == q.device
+            and sync.is_contiguous()
+            and sync.dim() == 1
+            and sync.shape[0] >= need
+        )
         if default_overlap:
             # the overlapped merge from 256 merged (request, query head) pairs on, where PDL runs it beside
             # stage 1: measured on the H200 (docs/decisions/overlapped-merge.md) it saves 0.5-1 % on the held-out trace
@@ -892,9 +1167,11 @@ def launch_decode(
             if merge_dsplit > MERGE_SYNC_CHUNKS:
                 raise ValueError(f"merge_overlap: needs merge_dsplit <= {MERGE_SYNC_CHUNKS}, got {merge_dsplit}")
             if not sync_ok:
-                raise ValueError(f"workspace.sync: the overlapped merge needs a contiguous int32 tensor of >= {need} "
-                                 f"zeros on {q.device} (make_workspace allocates it), got "
-                                 f"{None if sync is None else (sync.dtype, tuple(sync.shape), str(sync.device))}")
+                raise ValueError(
+                    f"workspace.sync: the overlapped merge needs a contiguous int32 tensor of >= {need} "
+                    f"zeros on {q.device} (make_workspace allocates it), got "
+                    f"{None if sync is None else (sync.dtype, tuple(sync.shape), str(sync.device))}"
+                )
     else:
         merge_overlap = False
     # PDL (programmatic dependent launch, sm_90+): the merge grid starts while stage 1 runs; elsewhere (the CPU
@@ -903,21 +1180,55 @@ def launch_decode(
     pdl_last = pdl and _OVERLAP["trigger"] == "last_item" and not persistent
     sync_arg = workspace.sync if merge_overlap else workspace.counter
     _decode_stage1_kernel[grid](
-        q, k_cache, v_cache, out, lse, workspace.part_o, workspace.part_lse,
-        kv_indptr, kv_indices,
-        arrays["work_request"], arrays["work_kv_start"], arrays["work_kv_end"], arrays["work_slot"],
-        arrays["cta_indptr"], workspace.counter, counts_arg,
-        sm_scale * _LOG2E, page_size, num_tiles,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1),
-        workspace.counter if timeline is None else timeline, 0 if timeline is None else timeline.shape[1],
+        q,
+        k_cache,
+        v_cache,
+        out,
+        lse,
+        workspace.part_o,
+        workspace.part_lse,
+        kv_indptr,
+        kv_indices,
+        arrays["work_request"],
+        arrays["work_kv_start"],
+        arrays["work_kv_end"],
+        arrays["work_slot"],
+        arrays["cta_indptr"],
+        workspace.counter,
+        counts_arg,
+        sm_scale * _LOG2E,
+        page_size,
+        num_tiles,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        workspace.counter if timeline is None else timeline,
+        0 if timeline is None else timeline.shape[1],
         sync_arg,
-        H_Q=H_q, H_KV=H_kv, GROUP=G, BLOCK_H=block_h, HEAD_DIM=D, BLOCK_N=cfg.block_n,
-        RETURN_LSE=return_lse, DOT_PRECISION=precision, PERSISTENT=persistent, DEVICE_COUNTS=device_counts,
-        PREFETCH=bool(prefetch), HEADS=heads, NEXT=bool(next_item), TIMELINE=timeline is not None,
-        SIGNAL=bool(merge_overlap), MERGE_DS=merge_dsplit if merge_overlap else 1, PDL=pdl and not pdl_last,
+        H_Q=H_q,
+        H_KV=H_kv,
+        GROUP=G,
+        BLOCK_H=block_h,
+        HEAD_DIM=D,
+        BLOCK_N=cfg.block_n,
+        RETURN_LSE=return_lse,
+        DOT_PRECISION=precision,
+        PERSISTENT=persistent,
+        DEVICE_COUNTS=device_counts,
+        PREFETCH=bool(prefetch),
+        HEADS=heads,
+        NEXT=bool(next_item),
+        TIMELINE=timeline is not None,
+        SIGNAL=bool(merge_overlap),
+        MERGE_DS=merge_dsplit if merge_overlap else 1,
+        PDL=pdl and not pdl_last,
         PDL_LAST=pdl_last,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -925,11 +1236,25 @@ def launch_decode(
     )
     if merge_grid:
         _decode_merge_kernel[(merge_grid, H_q, merge_dsplit)](
-            workspace.part_o, workspace.part_lse, out, lse,
-            arrays["merge_request"], arrays["merge_slot_start"], arrays["merge_num"], counts_arg,
-            out.stride(0), out.stride(1), sync_arg,
-            H_Q=H_q, BLOCK_S=block_s, HEAD_DIM=D, BLOCK_D=block_d, RETURN_LSE=return_lse,
-            DEVICE_COUNTS=device_counts, WAIT=bool(merge_overlap), POLL_NS=_OVERLAP["poll_ns"] if pdl else 0,
+            workspace.part_o,
+            workspace.part_lse,
+            out,
+            lse,
+            arrays["merge_request"],
+            arrays["merge_slot_start"],
+            arrays["merge_num"],
+            counts_arg,
+            out.stride(0),
+            out.stride(1),
+            sync_arg,
+            H_Q=H_q,
+            BLOCK_S=block_s,
+            HEAD_DIM=D,
+            BLOCK_D=block_d,
+            RETURN_LSE=return_lse,
+            DEVICE_COUNTS=device_counts,
+            WAIT=bool(merge_overlap),
+            POLL_NS=_OVERLAP["poll_ns"] if pdl else 0,
             POLL_RELAXED=bool(merge_overlap) and _OVERLAP["poll"] == "relaxed",
             num_warps=merge_warps,
             **({"launch_pdl": True} if pdl else {}),
@@ -937,4 +1262,3 @@ def launch_decode(
     if return_lse:
         return out, lse
     return out
-

@@ -9,8 +9,9 @@ or a GPU name as ``torch.cuda.get_device_name()`` reports it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["DeviceSpec", "resolve_device", "known_devices", "device_aliases"]
 
@@ -82,7 +83,7 @@ class DeviceSpec:
             raise ValueError(f"DeviceSpec.compute_capability: expected (major, minor) ints, got {cc!r}")
 
     @staticmethod
-    def known(name: str) -> "DeviceSpec":
+    def known(name: str) -> DeviceSpec:
         """Return the spec of a known GPU by its reported name or an accepted alias.
 
         Raises
@@ -95,13 +96,12 @@ class DeviceSpec:
         if spec is None:
             known = ", ".join(sorted(s.name for s in _KNOWN))
             raise ValueError(
-                f"device: unknown GPU {name!r}; known: {known}. "
-                "Pass a DeviceSpec with its numbers for another GPU."
+                f"device: unknown GPU {name!r}; known: {known}. Pass a DeviceSpec with its numbers for another GPU."
             )
         return spec
 
     @staticmethod
-    def detect(index: int = 0, *, hbm_bandwidth_gbps: float | None = None) -> "DeviceSpec":
+    def detect(index: int = 0, *, hbm_bandwidth_gbps: float | None = None) -> DeviceSpec:
         """Describe CUDA device ``index`` through torch (needs torch with CUDA).
 
         A GPU in the table gets the table's vendor figures, with the SM count,
@@ -166,7 +166,7 @@ class DeviceSpec:
         return d
 
     @staticmethod
-    def from_dict(d: dict) -> "DeviceSpec":
+    def from_dict(d: dict) -> DeviceSpec:
         d = dict(d)
         if "compute_capability" in d and isinstance(d["compute_capability"], list):
             d["compute_capability"] = tuple(d["compute_capability"])
@@ -263,7 +263,7 @@ for _alias, _target in _ALIASES.items():
     _BY_ALIAS[_normalize(_alias)] = _BY_ALIAS[_normalize(_target)]
 
 
-def resolve_device(device: "DeviceSpec | str | Mapping[str, Any]") -> DeviceSpec:
+def resolve_device(device: DeviceSpec | str | Mapping[str, Any]) -> DeviceSpec:
     """Return ``device`` as a :class:`DeviceSpec`.
 
     Parameters
@@ -309,7 +309,9 @@ def resolve_device(device: "DeviceSpec | str | Mapping[str, Any]") -> DeviceSpec
         return DeviceSpec.from_dict(merged)
     if isinstance(device, str):
         return DeviceSpec.known(device)
-    raise ValueError(f"device: expected a DeviceSpec, a GPU name or a mapping of its numbers, got {type(device).__name__}")
+    raise ValueError(
+        f"device: expected a DeviceSpec, a GPU name or a mapping of its numbers, got {type(device).__name__}"
+    )
 
 
 _REQUIRED_NUMBERS = ("num_sms", "hbm_bandwidth_gbps", "l2_bytes", "smem_per_sm_bytes", "smem_per_block_bytes")

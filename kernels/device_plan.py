@@ -30,7 +30,6 @@ tile counts use H_kv / heads_per_tile (:func:`kvsplit.kernels.rulespec.tile_head
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,19 +50,21 @@ def check_device_rule(spec: RuleSpec) -> None:
     """Raise ``NotImplementedError`` naming what the device planner does not run in ``spec`` (module doc):
     the whole-wave rule, ``order="heavy_first"``, ``pack_tokens``, the wave-aware chunk and the peers' rules."""
     if spec.whole_wave_specs:
-        raise NotImplementedError("device planning: whole_wave picks the kernel tile per batch (a CUDA graph keeps "
-                                  "one); plan on the host, or leave whole_wave out")
+        raise NotImplementedError(
+            "device planning: whole_wave picks the kernel tile per batch (a CUDA graph keeps "
+            "one); plan on the host, or leave whole_wave out"
+        )
     if spec.heavy_first:
         raise NotImplementedError("device planning: order='heavy_first' needs a sort; plan on the host")
     if spec.pack_tokens:
         raise NotImplementedError("device planning: pack_tokens is host-only; plan on the host")
-    if spec.partition == "stream_k" or (spec.partition == "even_chunks"
-                                        and spec.chunk_rule in (RULE_CONST, RULE_FAIR)):
+    if spec.partition == "stream_k" or (spec.partition == "even_chunks" and spec.chunk_rule in (RULE_CONST, RULE_FAIR)):
         return
     raise NotImplementedError(
         f"device planning: policy {spec.policy!r} uses the wave-aware chunk search or a peer's rule (a "
         "data-dependent binary search and a sort); use stream_k, fixed, no_split or tuned with wave_aware=False, "
-        "or plan on the host")
+        "or plan on the host"
+    )
 
 
 @dataclass
@@ -97,8 +98,19 @@ class DevicePlanBuffers:
 
     def arrays(self) -> dict[str, torch.Tensor]:
         """The dict :func:`kvsplit.kernels.decode.launch_decode` takes."""
-        return {k: getattr(self, k) for k in ("work_request", "work_kv_start", "work_kv_end", "work_slot",
-                                                "cta_indptr", "merge_request", "merge_slot_start", "merge_num")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "work_request",
+                "work_kv_start",
+                "work_kv_end",
+                "work_slot",
+                "cta_indptr",
+                "merge_request",
+                "merge_slot_start",
+                "merge_num",
+            )
+        }
 
 
 def alloc_device_plan(max_batch: int, max_items: int, device: Any) -> DevicePlanBuffers:
@@ -110,11 +122,17 @@ def alloc_device_plan(max_batch: int, max_items: int, device: Any) -> DevicePlan
         raise ValueError(f"max_work_items: expected >= max_batch_size ({max_batch}), got {max_items}")
     e = dict(dtype=torch.int32, device=device)
     return DevicePlanBuffers(
-        work_request=torch.zeros(max_items, **e), work_kv_start=torch.zeros(max_items, **e),
-        work_kv_end=torch.zeros(max_items, **e), work_slot=torch.zeros(max_items, **e),
-        cta_indptr=torch.zeros(max_items + 1, **e), merge_request=torch.zeros(max_batch, **e),
-        merge_slot_start=torch.zeros(max_batch, **e), merge_num=torch.zeros(max_batch, **e),
-        req_end=torch.zeros(max_batch, **e), req_p=torch.zeros(max_batch, **e), counts=torch.zeros(4, **e),
+        work_request=torch.zeros(max_items, **e),
+        work_kv_start=torch.zeros(max_items, **e),
+        work_kv_end=torch.zeros(max_items, **e),
+        work_slot=torch.zeros(max_items, **e),
+        cta_indptr=torch.zeros(max_items + 1, **e),
+        merge_request=torch.zeros(max_batch, **e),
+        merge_slot_start=torch.zeros(max_batch, **e),
+        merge_num=torch.zeros(max_batch, **e),
+        req_end=torch.zeros(max_batch, **e),
+        req_p=torch.zeros(max_batch, **e),
+        counts=torch.zeros(4, **e),
     )
 
 
@@ -154,11 +172,34 @@ def _sk_request(L, block_n, P, o, share, mp):
 
 @triton.jit
 def _device_plan_kernel(
-    KV_LENS, B, REQ_END, REQ_P,
-    WORK_REQ, WORK_START, WORK_END, WORK_SLOT, CTA_INDPTR,
-    MERGE_REQ, MERGE_SLOT, MERGE_NUM, COUNTS, COUNTER,
-    H, block_n, C, o, mp, const_splits, ctas_target, min_chunk, max_splits, max_items,
-    STREAM_K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, LOG2B: tl.constexpr,
+    KV_LENS,
+    B,
+    REQ_END,
+    REQ_P,
+    WORK_REQ,
+    WORK_START,
+    WORK_END,
+    WORK_SLOT,
+    CTA_INDPTR,
+    MERGE_REQ,
+    MERGE_SLOT,
+    MERGE_NUM,
+    COUNTS,
+    COUNTER,
+    H,
+    block_n,
+    C,
+    o,
+    mp,
+    const_splits,
+    ctas_target,
+    min_chunk,
+    max_splits,
+    max_items,
+    STREAM_K: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    LOG2B: tl.constexpr,
 ):
     offs_b = tl.arange(0, BLOCK_B)
     offs_w = tl.arange(0, BLOCK_W)
@@ -301,13 +342,33 @@ def device_plan(kv_lens: torch.Tensor, spec: RuleSpec, bufs: DevicePlanBuffers, 
     const = 0 if sk or spec.chunk_rule != RULE_CONST else spec.chunk_arg
     fair = not sk and spec.chunk_rule == RULE_FAIR
     _device_plan_kernel[(1,)](
-        kv_lens, B, bufs.req_end, bufs.req_p,
-        bufs.work_request, bufs.work_kv_start, bufs.work_kv_end, bufs.work_slot, bufs.cta_indptr,
-        bufs.merge_request, bufs.merge_slot_start, bufs.merge_num, bufs.counts, counter,
-        spec.tile_heads, spec.config.block_n, spec.ctas, spec.item_cost_blocks, spec.min_piece_blocks, const,
-        spec.chunk_arg if fair else 1, spec.min_chunk if fair else 1, min(spec.max_splits, 1 << 30) if fair else 1 << 30,
-        bufs.max_items, STREAM_K=sk, BLOCK_B=block_b, BLOCK_W=1024 if B > 64 else 256,
+        kv_lens,
+        B,
+        bufs.req_end,
+        bufs.req_p,
+        bufs.work_request,
+        bufs.work_kv_start,
+        bufs.work_kv_end,
+        bufs.work_slot,
+        bufs.cta_indptr,
+        bufs.merge_request,
+        bufs.merge_slot_start,
+        bufs.merge_num,
+        bufs.counts,
+        counter,
+        spec.tile_heads,
+        spec.config.block_n,
+        spec.ctas,
+        spec.item_cost_blocks,
+        spec.min_piece_blocks,
+        const,
+        spec.chunk_arg if fair else 1,
+        spec.min_chunk if fair else 1,
+        min(spec.max_splits, 1 << 30) if fair else 1 << 30,
+        bufs.max_items,
+        STREAM_K=sk,
+        BLOCK_B=block_b,
+        BLOCK_W=1024 if B > 64 else 256,
         LOG2B=max(1, math.ceil(math.log2(max(bufs.max_batch, 2)))),
         num_warps=4,
     )
-

@@ -74,8 +74,7 @@ ENABLED = HAVE_NUMBA
 """Whether the rules run compiled (numba present and not disabled by ``KVSPLIT_NUMBA=0``)."""
 
 
-__all__ = ["ENABLED", "HAVE_NUMBA", "python", "as_kv_lens", "plan_with_spec", "hist_units", "key_plan",
-           "warmup"]
+__all__ = ["ENABLED", "HAVE_NUMBA", "python", "as_kv_lens", "plan_with_spec", "hist_units", "key_plan", "warmup"]
 
 
 # ----------------------------------------------------------------------------
@@ -335,9 +334,9 @@ def _lay_out(L, n, W, perm, block_n, pack):
     b64 = np.empty(B + 2 * W, np.int64)
     b32 = np.empty(B + 2 * W + 1, np.int32)
     b64[:B] = L
-    start = b64[B: B + W]
-    end = b64[B + W:]
-    req = b32[B: B + W]
+    start = b64[B : B + W]
+    end = b64[B + W :]
+    req = b32[B : B + W]
     k = 0
     inv_bn = 1.0 / block_n
     sh = log2_exact(block_n)
@@ -353,9 +352,9 @@ def _lay_out(L, n, W, perm, block_n, pack):
         x = tiles if aligned else Lb
         q = x // nb
         r = x - q * nb
-        f = 0      # floor(j * x / nb)
-        acc = 0    # (j * r) % nb
-        for j in range(nb):
+        f = 0  # floor(j * x / nb)
+        acc = 0  # (j * r) % nb
+        for _j in range(nb):
             f1 = f + q
             acc += r
             if acc >= nb:
@@ -373,7 +372,7 @@ def _lay_out(L, n, W, perm, block_n, pack):
             k += 1
     for i in range(B):
         b32[i] = n[i]
-    nc = _pack(start, end, pack, b32[B + W:])
+    nc = _pack(start, end, pack, b32[B + W :])
     return nc, b64, b32
 
 
@@ -509,8 +508,9 @@ def _fa3_splits(L, H, S, static_splits, heavy_first):
 
 
 @_jit
-def _peer_chunks(L_in, H, block_n, kind, page_size, tensor_cores, max_grid, S, static_splits, heavy_first, pack,
-                 max_items, check):
+def _peer_chunks(
+    L_in, H, block_n, kind, page_size, tensor_cores, max_grid, S, static_splits, heavy_first, pack, max_items, check
+):
     """Validate (``check``), the peers' split counts (kind 0: FlashInfer, 1: FA3), the work list and the CTA
     packing (same return as :func:`_even_chunks`)."""
     L, bad, total, lmax = _check_lens(L_in, check)
@@ -592,11 +592,11 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
     b64 = np.empty(B + 2 * WM, np.int64)
     b32 = np.empty(B + 2 * WM + 1, np.int32)
     b64[:B] = L
-    start = b64[B: B + WM]
-    end = b64[B + WM:]
+    start = b64[B : B + WM]
+    end = b64[B + WM :]
     num_splits = b32[:B]
-    req = b32[B: B + WM]
-    cta_start = b32[B + WM:]
+    req = b32[B : B + WM]
+    cta_start = b32[B + WM :]
     nc = 0
     prev_cta = -1
     w = 0
@@ -647,9 +647,9 @@ def _stream_k(L_in, H, C, block_n, o, mp, heavy_first, check):
     W = w
     cta_start[nc] = W
     if W < WM:  # compact to [kv_lens | start | end] and [num_splits | work_request | cta_indptr]
-        b64[B + W: B + 2 * W] = end[:W]
-        b32[B + W: B + W + nc + 1] = cta_start[:nc + 1]
-        b64 = b64[:B + 2 * W]
+        b64[B + W : B + 2 * W] = end[:W]
+        b32[B + W : B + W + nc + 1] = cta_start[: nc + 1]
+        b64 = b64[: B + 2 * W]
     return 0, 0, W, nc + 1, b64, b32
 
 
@@ -782,15 +782,33 @@ def _key_nearest(L_in, cum, cls, empty, n_first, class_units, lim):
             n = _put_int(w, n + 1, u)
     row, d = _nearest_within(cum, cls, empty, 0, n_first, key_cum, bc, tc, key_empty, class_units, lim)
     if row < 0:
-        row, d = _nearest_within(cum, cls, empty, n_first, cum.shape[0], key_cum, bc, tc, key_empty, class_units,
-                                 lim)
+        row, d = _nearest_within(cum, cls, empty, n_first, cum.shape[0], key_cum, bc, tc, key_empty, class_units, lim)
     return -1, bc, tc, w[:n], row, d
 
 
 # a parsed spec as one int64 row for key_plan: state (0 not parsed yet, 1 compiled, 2 a policy the
 # compiled core does not plan), kind (0 _even_chunks, 1 _stream_k), then the rule's arguments
-SV_STATE, SV_KIND, SV_H, SV_BLOCK_N, SV_RULE, SV_ARG, SV_MIN_CHUNK, SV_MAX_SPLITS, SV_HEAVY, SV_PACK, SV_C, \
-    SV_O, SV_MP, SV_PEER, SV_PAGE, SV_TC, SV_GRID, SV_S, SV_STATIC = range(19)
+(
+    SV_STATE,
+    SV_KIND,
+    SV_H,
+    SV_BLOCK_N,
+    SV_RULE,
+    SV_ARG,
+    SV_MIN_CHUNK,
+    SV_MAX_SPLITS,
+    SV_HEAVY,
+    SV_PACK,
+    SV_C,
+    SV_O,
+    SV_MP,
+    SV_PEER,
+    SV_PAGE,
+    SV_TC,
+    SV_GRID,
+    SV_S,
+    SV_STATIC,
+) = range(19)
 SV_LEN = 19
 
 
@@ -814,8 +832,8 @@ def _key_text(prefix, bc, tc, w):
     out[n] = 46  # ".w"
     out[n + 1] = 119
     n += 2
-    out[n: n + w.shape[0]] = w
-    return out[:n + w.shape[0]]
+    out[n : n + w.shape[0]] = w
+    return out[: n + w.shape[0]]
 
 
 @_jit
@@ -837,16 +855,39 @@ def _key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix):
     if sv[SV_STATE] != 1:
         return 3, 0, key, row, d, 0, 0, np.empty(0, np.int64), np.empty(0, np.int32)
     if sv[SV_KIND] == 1:
-        status, info, W, nc, b64, b32 = _stream_k(L_in, sv[SV_H], sv[SV_C], sv[SV_BLOCK_N], sv[SV_O], sv[SV_MP],
-                                                  sv[SV_HEAVY] != 0, False)
+        status, info, W, nc, b64, b32 = _stream_k(
+            L_in, sv[SV_H], sv[SV_C], sv[SV_BLOCK_N], sv[SV_O], sv[SV_MP], sv[SV_HEAVY] != 0, False
+        )
     elif sv[SV_KIND] == 2:
-        status, info, W, nc, b64, b32 = _peer_chunks(L_in, sv[SV_H], sv[SV_BLOCK_N], sv[SV_PEER], sv[SV_PAGE],
-                                                     sv[SV_TC] != 0, sv[SV_GRID], sv[SV_S], sv[SV_STATIC],
-                                                     sv[SV_HEAVY] != 0, sv[SV_PACK], _MAX_ITEMS, False)
+        status, info, W, nc, b64, b32 = _peer_chunks(
+            L_in,
+            sv[SV_H],
+            sv[SV_BLOCK_N],
+            sv[SV_PEER],
+            sv[SV_PAGE],
+            sv[SV_TC] != 0,
+            sv[SV_GRID],
+            sv[SV_S],
+            sv[SV_STATIC],
+            sv[SV_HEAVY] != 0,
+            sv[SV_PACK],
+            _MAX_ITEMS,
+            False,
+        )
     else:
-        status, info, W, nc, b64, b32 = _even_chunks(L_in, sv[SV_H], sv[SV_BLOCK_N], sv[SV_RULE], sv[SV_ARG],
-                                                     sv[SV_MIN_CHUNK], sv[SV_MAX_SPLITS], sv[SV_HEAVY] != 0,
-                                                     sv[SV_PACK], _MAX_ITEMS, False)
+        status, info, W, nc, b64, b32 = _even_chunks(
+            L_in,
+            sv[SV_H],
+            sv[SV_BLOCK_N],
+            sv[SV_RULE],
+            sv[SV_ARG],
+            sv[SV_MIN_CHUNK],
+            sv[SV_MAX_SPLITS],
+            sv[SV_HEAVY] != 0,
+            sv[SV_PACK],
+            _MAX_ITEMS,
+            False,
+        )
     return status, info, key, row, d, W, nc, b64, b32
 
 
@@ -941,9 +982,16 @@ def _whole_wave_pick(L, Ht, eps, slots, max_waves):
 # The core in use: compiled (numba present and KVSPLIT_NUMBA not 0) or the same loops as plain Python
 # ----------------------------------------------------------------------------
 
-_ENTRY = {"even_chunks": "_even_chunks", "stream_k": "_stream_k", "peer_chunks": "_peer_chunks",
-          "whole_wave_pick": "_whole_wave_pick", "hist_units": "_hist_units", "key_plan": "_key_plan",
-          "nearest_within": "_nearest_within", "fa3_static": "_fa3_static"}
+_ENTRY = {
+    "even_chunks": "_even_chunks",
+    "stream_k": "_stream_k",
+    "peer_chunks": "_peer_chunks",
+    "whole_wave_pick": "_whole_wave_pick",
+    "hist_units": "_hist_units",
+    "key_plan": "_key_plan",
+    "nearest_within": "_nearest_within",
+    "fa3_static": "_fa3_static",
+}
 
 
 def _entries(ns: Mapping[str, Any]) -> types.SimpleNamespace:
@@ -1001,8 +1049,17 @@ def fa3_static_num_splits(num_kv_heads: int, num_n_blocks: int, num_sms: int) ->
     return int(_CORE.fa3_static(int(num_kv_heads), int(num_n_blocks), int(num_sms)))
 
 
-def key_plan(L_in: np.ndarray, cum: np.ndarray, cls: np.ndarray, empty: np.ndarray, n_first: int, class_units: int,
-             lim: float, specs: np.ndarray, prefix: np.ndarray) -> tuple:
+def key_plan(
+    L_in: np.ndarray,
+    cum: np.ndarray,
+    cls: np.ndarray,
+    empty: np.ndarray,
+    n_first: int,
+    class_units: int,
+    lim: float,
+    specs: np.ndarray,
+    prefix: np.ndarray,
+) -> tuple:
     """:meth:`PolicyTable.plan`'s core in one call: the bucket key, the nearest candidate and the plan with the
     matched row's spec (:func:`_key_plan`)."""
     return _CORE.key_plan(L_in, cum, cls, empty, n_first, class_units, lim, specs, prefix)
@@ -1047,17 +1104,28 @@ def spec_vector(sp: RuleSpec, out: np.ndarray) -> None:
     elif sp.partition != "even_chunks":
         out[SV_KIND], out[SV_H], out[SV_PACK] = 2, sp.num_kv_heads, sp.pack_tokens
         out[SV_PEER], out[SV_PAGE], out[SV_TC], out[SV_GRID], out[SV_S], out[SV_STATIC] = (
-            0 if sp.partition == "flashinfer" else 1, sp.page_size, int(sp.tensor_cores), sp.max_grid,
-            sp.device.num_sms, sp.static_splits)
+            0 if sp.partition == "flashinfer" else 1,
+            sp.page_size,
+            int(sp.tensor_cores),
+            sp.max_grid,
+            sp.device.num_sms,
+            sp.static_splits,
+        )
     else:
         out[SV_RULE], out[SV_ARG], out[SV_MIN_CHUNK], out[SV_MAX_SPLITS], out[SV_PACK] = (
-            sp.chunk_rule, sp.chunk_arg, sp.min_chunk, sp.max_splits, sp.pack_tokens)
+            sp.chunk_rule,
+            sp.chunk_arg,
+            sp.min_chunk,
+            sp.max_splits,
+            sp.pack_tokens,
+        )
     out[SV_STATE] = 1  # last: a row is used only once complete
 
 
 def too_many_items(n: int) -> ValueError:
-    return ValueError(f"params: the plan would have {n} work items, above the limit of {MAX_WORK_ITEMS} "
-                      f"(fewer splits per request)")
+    return ValueError(
+        f"params: the plan would have {n} work items, above the limit of {MAX_WORK_ITEMS} (fewer splits per request)"
+    )
 
 
 def run_spec(arr: np.ndarray, sp: RuleSpec, check: bool) -> tuple[int, int, np.ndarray, np.ndarray]:
@@ -1068,18 +1136,46 @@ def run_spec(arr: np.ndarray, sp: RuleSpec, check: bool) -> tuple[int, int, np.n
     pass checked. Raises the reference's ValueError (a length out of range, too many work items)."""
     part = sp.partition
     if part == "stream_k":
-        status, info, W, nc, b64, b32 = _CORE.stream_k(arr, sp.tile_heads, sp.ctas, sp.config.block_n,
-                                                       sp.item_cost_blocks, sp.min_piece_blocks, sp.heavy_first,
-                                                       check)
+        status, info, W, nc, b64, b32 = _CORE.stream_k(
+            arr,
+            sp.tile_heads,
+            sp.ctas,
+            sp.config.block_n,
+            sp.item_cost_blocks,
+            sp.min_piece_blocks,
+            sp.heavy_first,
+            check,
+        )
     elif part != "even_chunks":
         status, info, W, nc, b64, b32 = _CORE.peer_chunks(
-            arr, sp.num_kv_heads, sp.config.block_n, 0 if part == "flashinfer" else 1, sp.page_size,
-            sp.tensor_cores, sp.max_grid, sp.device.num_sms, sp.static_splits, sp.heavy_first, sp.pack_tokens,
-            _MAX_ITEMS, check)
+            arr,
+            sp.num_kv_heads,
+            sp.config.block_n,
+            0 if part == "flashinfer" else 1,
+            sp.page_size,
+            sp.tensor_cores,
+            sp.max_grid,
+            sp.device.num_sms,
+            sp.static_splits,
+            sp.heavy_first,
+            sp.pack_tokens,
+            _MAX_ITEMS,
+            check,
+        )
     else:
-        status, info, W, nc, b64, b32 = _CORE.even_chunks(arr, sp.tile_heads, sp.config.block_n, sp.chunk_rule,
-                                                          sp.chunk_arg, sp.min_chunk, sp.max_splits, sp.heavy_first,
-                                                          sp.pack_tokens, _MAX_ITEMS, check)
+        status, info, W, nc, b64, b32 = _CORE.even_chunks(
+            arr,
+            sp.tile_heads,
+            sp.config.block_n,
+            sp.chunk_rule,
+            sp.chunk_arg,
+            sp.min_chunk,
+            sp.max_splits,
+            sp.heavy_first,
+            sp.pack_tokens,
+            _MAX_ITEMS,
+            check,
+        )
     if status:
         if status == 1:
             raise range_error(arr, info)
@@ -1099,13 +1195,21 @@ def plan_of_buffers(B: int, W: int, nc: int, b64: np.ndarray, b32: np.ndarray, s
     """The Plan of the compiled planner's buffers (:func:`run_spec`) for the spec ``sp`` (read-only views)."""
     b64.setflags(write=False)  # (cheaper than .flags.writeable = False)
     b32.setflags(write=False)
-    L, start, end = b64[:B], b64[B: B + W], b64[B + W:]
-    n, req, cta = b32[:B], b32[B: B + W], b32[B + W: B + W + nc]
+    L, start, end = b64[:B], b64[B : B + W], b64[B + W :]
+    n, req, cta = b32[:B], b32[B : B + W], b32[B + W : B + W + nc]
     plan = _new(Plan)
     d = plan.__dict__
     d.update(sp.fields)
-    d.update(kv_lens=L, num_splits=n, work_request=req, work_kv_start=start, work_kv_end=end, cta_indptr=cta,
-             params=dict(sp.params), _cache={})
+    d.update(
+        kv_lens=L,
+        num_splits=n,
+        work_request=req,
+        work_kv_start=start,
+        work_kv_end=end,
+        cta_indptr=cta,
+        params=dict(sp.params),
+        _cache={},
+    )
     return plan
 
 
@@ -1115,13 +1219,20 @@ def hist_units(arr: np.ndarray) -> tuple:
     return _CORE.hist_units(arr)
 
 
-def nearest_scaled(cum: np.ndarray, cls: np.ndarray, empty: np.ndarray, key_cum: np.ndarray, key_b: int,
-                   key_t: int, key_empty: bool, class_units: int) -> tuple[int, int]:
+def nearest_scaled(
+    cum: np.ndarray,
+    cls: np.ndarray,
+    empty: np.ndarray,
+    key_cum: np.ndarray,
+    key_b: int,
+    key_t: int,
+    key_empty: bool,
+    class_units: int,
+) -> tuple[int, int]:
     """Index of the first candidate row at the smallest scaled distance from the key and that distance
     (``distance * HIST_UNITS * BINS_PER_OCTAVE``, an integer; :func:`kvsplit.kernels.buckets.distance`), or
     ``(-1, 0)`` when every candidate is infinitely far (exactly one of the two histograms empty)."""
-    return _CORE.nearest_within(cum, cls, empty, 0, cum.shape[0], key_cum, key_b, key_t, key_empty, class_units,
-                                np.inf)
+    return _CORE.nearest_within(cum, cls, empty, 0, cum.shape[0], key_cum, key_b, key_t, key_empty, class_units, np.inf)
 
 
 def warmup() -> None:
@@ -1131,20 +1242,35 @@ def warmup() -> None:
     dev = "NVIDIA H200"
     for dt in (np.int32, np.int64):
         L = np.array([5, 0, 4096, 17], dtype=dt)
-        for pol, params in (("balanced", {}), ("stream_k", {}), ("tuned", {"order": "heavy_first",
-                                                                            "pack_tokens": 256}),
-                            ("flashinfer", {}), ("fa3", {})):
+        for pol, params in (
+            ("balanced", {}),
+            ("stream_k", {}),
+            ("tuned", {"order": "heavy_first", "pack_tokens": 256}),
+            ("flashinfer", {}),
+            ("fa3", {}),
+        ):
             plan_with_spec(L, resolve(pol, params, num_kv_heads=4, device=dev), True)
         hist_units(L)
     as_kv_lens([3, 1, 2])
     for dt in (np.int32, np.int64):
-        _whole_wave_pick(np.array([2048, 2048], dtype=dt), np.array([4, 4], np.int64), 0.05,
-                         np.array([528, 396], np.int64), 2)
+        _whole_wave_pick(
+            np.array([2048, 2048], dtype=dt), np.array([4, 4], np.int64), 0.05, np.array([528, 396], np.int64), 2
+        )
     z = np.zeros((1, NUM_BINS), np.int64)
     nearest_scaled(z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), z[0], 0, 0, False, 16)
     sv = np.zeros((2, SV_LEN), np.int64)
     for dt in (np.int32, np.int64):
-        _key_nearest(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
-                     80.0)
-        _key_plan(np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16,
-                  80.0, sv, np.frombuffer(b"gpu.kv1", np.uint8).copy())
+        _key_nearest(
+            np.array([5, 0, 4096], dtype=dt), z, np.zeros((1, 2), np.int64), np.zeros(1, np.bool_), 1, 16, 80.0
+        )
+        _key_plan(
+            np.array([5, 0, 4096], dtype=dt),
+            z,
+            np.zeros((1, 2), np.int64),
+            np.zeros(1, np.bool_),
+            1,
+            16,
+            80.0,
+            sv,
+            np.frombuffer(b"gpu.kv1", np.uint8).copy(),
+        )

@@ -244,8 +244,9 @@ def check_batch_shape(
     return L, num_kv_heads, page_size, dev
 
 
-def check_shape(num_kv_heads: Any, head_dim: Any, page_size: Any, dtype: Any, device: Any
-                ) -> tuple[int, int, int, DeviceSpec]:
+def check_shape(
+    num_kv_heads: Any, head_dim: Any, page_size: Any, dtype: Any, device: Any
+) -> tuple[int, int, int, DeviceSpec]:
     """Validate a plan's shape arguments: ``(num_kv_heads, head_dim, page_size, DeviceSpec)``; raises ValueError
     naming the first invalid argument."""
     num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1, 1024)
@@ -284,17 +285,23 @@ def check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
     if not isinstance(cfg.prefetch, bool):
         raise ValueError(f"params.prefetch: expected true or false, got {cfg.prefetch!r}")
     if cfg.prefetch and cfg.num_stages < 3:
-        raise ValueError(f"params.prefetch: needs num_stages >= 3 (with {cfg.num_stages} the pipeliner keeps one K/V "
-                         "buffer and there is nothing to prefetch into)")
+        raise ValueError(
+            f"params.prefetch: needs num_stages >= 3 (with {cfg.num_stages} the pipeliner keeps one K/V "
+            "buffer and there is nothing to prefetch into)"
+        )
     if not isinstance(cfg.next_item, bool):
         raise ValueError(f"params.next_item: expected true or false, got {cfg.next_item!r}")
     if cfg.next_item and not cfg.prefetch:
-        raise ValueError("params.next_item: needs prefetch=true (the look-ahead loads the next item's first page ids "
-                         "into the prefetching loop's carried page ids)")
+        raise ValueError(
+            "params.next_item: needs prefetch=true (the look-ahead loads the next item's first page ids "
+            "into the prefetching loop's carried page ids)"
+        )
     if cfg.next_item and cfg.heads_per_tile > 2:
-        raise ValueError(f"params.next_item: not with heads_per_tile={cfg.heads_per_tile} (above 2, Triton 3.6's "
-                         "pipeliner keeps a single K/V buffer for the look-ahead loop: sm_90 compile, "
-                         "docs/decisions/look-ahead.md)")
+        raise ValueError(
+            f"params.next_item: not with heads_per_tile={cfg.heads_per_tile} (above 2, Triton 3.6's "
+            "pipeliner keeps a single K/V buffer for the look-ahead loop: sm_90 compile, "
+            "docs/decisions/look-ahead.md)"
+        )
     if isinstance(cfg.heads_per_tile, bool) or cfg.heads_per_tile not in HEADS_PER_TILE_CHOICES:
         raise ValueError(f"params.heads_per_tile: expected one of {HEADS_PER_TILE_CHOICES}, got {cfg.heads_per_tile!r}")
     elt = DTYPES[dtype]
@@ -311,8 +318,6 @@ def check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
             f"params: block_n={cfg.block_n} with num_warps={cfg.num_warps} puts {per_thread} K elements per "
             f"thread for head_dim={head_dim} (max {_MAX_TILE_ELEMS_PER_THREAD}): use more warps or a smaller block_n"
         )
-
-
 
 
 def cdiv(a: int, b: int) -> int:

@@ -19,18 +19,41 @@ TUNED_PARAM_SPACE), :mod:`.fastplan` (every rule in loop form, compiled by numba
 
 from __future__ import annotations
 
+from .fastplan import fa3_static_num_splits  # noqa: F401
 from .limits import (  # noqa: F401
-    BLOCK_N_CHOICES, DTYPES, HEAD_DIMS, MAX_BATCH, MAX_KV_LEN, MAX_NUM_PROGRAMS, MAX_PACK_TOKENS, MAX_PAGE_SIZE,
-    MAX_WORK_ITEMS, NUM_STAGES_CHOICES, NUM_WARPS_CHOICES, ORDERS, SCHEDULES, KernelConfig, check_kv_lens,
-    check_config, check_int, cdiv, check_batch_shape, default_config,
+    BLOCK_N_CHOICES,
+    DTYPES,
+    HEAD_DIMS,
+    MAX_BATCH,
+    MAX_KV_LEN,
+    MAX_NUM_PROGRAMS,
+    MAX_PACK_TOKENS,
+    MAX_PAGE_SIZE,
+    MAX_WORK_ITEMS,
+    NUM_STAGES_CHOICES,
+    NUM_WARPS_CHOICES,
+    ORDERS,
+    SCHEDULES,
+    KernelConfig,
+    cdiv,
+    check_batch_shape,
+    check_config,
+    check_int,
+    check_kv_lens,
+    default_config,
+)
+from .peer_policies import FA3_BLOCK_N, FLASHINFER_REGS_PER_THREAD, flashinfer_decode_occupancy  # noqa: F401
+from .policies import make_plan  # noqa: F401
+from .rulespec import (  # noqa: F401
+    KNOB_PARAMS,
+    POLICIES,
+    TUNED_PARAM_SPACE,
+    PlanContext,
+    RuleSpec,
+    policy_params,
+    resolve,
 )
 from .workplan import Plan, check_plan_invariants  # noqa: F401
-from .peer_policies import FA3_BLOCK_N, FLASHINFER_REGS_PER_THREAD, flashinfer_decode_occupancy  # noqa: F401
-from .fastplan import fa3_static_num_splits  # noqa: F401
-from .rulespec import (  # noqa: F401
-    KNOB_PARAMS, POLICIES, TUNED_PARAM_SPACE, PlanContext, RuleSpec, policy_params, resolve,
-)
-from .policies import make_plan  # noqa: F401
 
 __all__ = [
     "KernelConfig",
@@ -56,4 +79,3 @@ __all__ = [
     "DTYPES",
     "HEAD_DIMS",
 ]
-

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from . import fastplan as _fastplan
 from .device import DeviceSpec
 from .rulespec import RuleSpec, resolve
 from .workplan import Plan
-from . import fastplan as _fastplan
 
 
 def make_plan(
@@ -56,8 +56,18 @@ def make_plan(
     ValueError
         On any invalid argument or parameter, naming it.
     """
-    return plan_with(kv_lens, resolve(policy, params, num_kv_heads=num_kv_heads, device=device,
-                                      head_dim=head_dim, page_size=page_size, dtype=dtype))
+    return plan_with(
+        kv_lens,
+        resolve(
+            policy,
+            params,
+            num_kv_heads=num_kv_heads,
+            device=device,
+            head_dim=head_dim,
+            page_size=page_size,
+            dtype=dtype,
+        ),
+    )
 
 
 def plan_with(kv_lens: Any, spec: RuleSpec) -> Plan:

@@ -51,21 +51,32 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import fastplan as _fastplan
 from .buckets import NUM_BINS, SCALE, SCALED_CLASS_UNITS, BucketKey, key_prefix
 from .device import DeviceSpec
 from .rulespec import POLICIES, fit_heads_per_tile, resolve
-from .workplan import Plan
 from .shape import Shape, gpu_slug, shape_family
-from . import fastplan as _fastplan
+from .workplan import Plan
 
-__all__ = ["PolicyTable", "PolicyEntry", "load_shipped_table", "shipped_policies", "SHIPPED_POLICIES", "TABLE_FORMAT", "SERVE_DISTANCE_LIMIT", "FALLBACK_POLICY", "SOURCE_OF_BACKEND", "check_policy_entry"]
+__all__ = [
+    "PolicyTable",
+    "PolicyEntry",
+    "load_shipped_table",
+    "shipped_policies",
+    "SHIPPED_POLICIES",
+    "TABLE_FORMAT",
+    "SERVE_DISTANCE_LIMIT",
+    "FALLBACK_POLICY",
+    "SOURCE_OF_BACKEND",
+    "check_policy_entry",
+]
 
 TABLE_FORMAT = "kvsplit.policy_table/2"
 _LIST_KEY = {TABLE_FORMAT: "data", "kvsplit.policy_table/1": "policies"}
@@ -105,8 +116,13 @@ class PolicyEntry:
 
     def info(self) -> dict[str, Any]:
         """The ``policy`` object of a plan answer."""
-        return {"id": self.id, "version": self.version, "name": self.name,
-                "params": dict(self.params), "source": self.source}
+        return {
+            "id": self.id,
+            "version": self.version,
+            "name": self.name,
+            "params": dict(self.params),
+            "source": self.source,
+        }
 
 
 def _field(d: Mapping[str, Any], name: str, types: type | tuple, where: str) -> Any:
@@ -127,13 +143,24 @@ class PolicyTable:
     swaps a whole table on reload and in-flight requests keep the old one.
     """
 
-    def __init__(self, entries: Sequence[PolicyEntry], *, version: int = 0,
-                 distance_limit: float = SERVE_DISTANCE_LIMIT, fallback_name: str = FALLBACK_POLICY,
-                 fallback_params: Mapping[str, Any] | None = None, doc: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        entries: Sequence[PolicyEntry],
+        *,
+        version: int = 0,
+        distance_limit: float = SERVE_DISTANCE_LIMIT,
+        fallback_name: str = FALLBACK_POLICY,
+        fallback_params: Mapping[str, Any] | None = None,
+        doc: Mapping[str, Any] | None = None,
+    ) -> None:
         if fallback_name not in POLICIES:
             raise ValueError(f"fallback.name: unknown policy {fallback_name!r}; known: {sorted(POLICIES)}")
-        if not (isinstance(distance_limit, (int, float)) and not isinstance(distance_limit, bool)
-                and distance_limit >= 0 and not math.isnan(distance_limit)):
+        if not (
+            isinstance(distance_limit, (int, float))
+            and not isinstance(distance_limit, bool)
+            and distance_limit >= 0
+            and not math.isnan(distance_limit)
+        ):
             raise ValueError(f"distance_limit: expected a number >= 0, got {distance_limit!r}")
         self.entries = tuple(entries)
         self.version = int(version)
@@ -145,15 +172,16 @@ class PolicyTable:
         for e in sorted(self.entries, key=lambda e: (e.bucket, e.id)):
             groups.setdefault(e.shape, {"tuned": [], "simulated": []})[e.source].append(e)
         # per family, every candidate as one contiguous array set, tuned rows first (the compiled lookup)
-        self._rows: dict[tuple, _Rows] = {shape: _Rows(g.get("tuned", ()), g.get("simulated", ()))
-                                          for shape, g in groups.items()}
+        self._rows: dict[tuple, _Rows] = {
+            shape: _Rows(g.get("tuned", ()), g.get("simulated", ())) for shape, g in groups.items()
+        }
         # validated shapes and what a plan needs besides the lengths, by the call's shape fields
         # (a cache of argument checks, never of a batch's key, lookup or plan)
         self._shapes: dict[tuple, _ShapeCtx] = {}
 
     # -- construction ----------------------------------------------------------
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> "PolicyTable":
+    def from_json(cls, doc: Mapping[str, Any]) -> PolicyTable:
         """Build a table from a ``GET /v1/policies`` document (module doc).
 
         Raises
@@ -198,24 +226,42 @@ class PolicyTable:
             except ValueError as exc:
                 raise ValueError(f"{where}.bucket: {exc}") from None
             declared = (
-                _field(p, "gpu", str, where), _field(p, "num_kv_heads", int, where),
-                _field(p, "head_dim", int, where), _field(p, "dtype", str, where),
+                _field(p, "gpu", str, where),
+                _field(p, "num_kv_heads", int, where),
+                _field(p, "head_dim", int, where),
+                _field(p, "dtype", str, where),
                 _field(p, "page_size", int, where),
             )
             shape = key.family
             if shape_family(*declared) != shape:
-                raise ValueError(f"{where}: gpu/num_kv_heads/head_dim/dtype/page_size {declared} do not match "
-                                 f"bucket {bucket!r}")
-            entries.append(PolicyEntry(
-                id=pid, version=_field(p, "version", int, where), bucket=bucket, key=key, shape=shape,
-                name=name, params=dict(_field(p, "params", Mapping, where)), backend=backend,
-                source=SOURCE_OF_BACKEND[backend], doc=p,
-            ))
-        return cls(entries, version=version, distance_limit=float(limit), fallback_name=fb_name,
-                   fallback_params=fb_params, doc=doc)
+                raise ValueError(
+                    f"{where}: gpu/num_kv_heads/head_dim/dtype/page_size {declared} do not match bucket {bucket!r}"
+                )
+            entries.append(
+                PolicyEntry(
+                    id=pid,
+                    version=_field(p, "version", int, where),
+                    bucket=bucket,
+                    key=key,
+                    shape=shape,
+                    name=name,
+                    params=dict(_field(p, "params", Mapping, where)),
+                    backend=backend,
+                    source=SOURCE_OF_BACKEND[backend],
+                    doc=p,
+                )
+            )
+        return cls(
+            entries,
+            version=version,
+            distance_limit=float(limit),
+            fallback_name=fb_name,
+            fallback_params=fb_params,
+            doc=doc,
+        )
 
     @classmethod
-    def from_export(cls, export: Mapping[str, Any], *, version: int = 1) -> "PolicyTable":
+    def from_export(cls, export: Mapping[str, Any], *, version: int = 1) -> PolicyTable:
         """The table a store filled from a ``kvsplit db export`` document would serve (format
         ``kvsplit.policies``: ``{"policies": [{"id", "bucket": {"key", "gpu", ...}, "name", "params",
         "backend", ...}]}``, e.g. ``kernels/data/h200_policies.json``, :func:`load_shipped_table`), without a store: every entry is
@@ -226,15 +272,24 @@ class PolicyTable:
         ValueError
             As :meth:`from_json`, on a malformed entry.
         """
-        pols = [{"id": p["id"], "version": p.get("version", 1), "bucket": p["bucket"]["key"],
-                 **{k: p["bucket"][k] for k in _SHAPE_FIELDS},
-                 "name": p["name"], "params": p["params"], "backend": p.get("backend", "gpu")}
-                for p in export["policies"]]
+        pols = [
+            {
+                "id": p["id"],
+                "version": p.get("version", 1),
+                "bucket": p["bucket"]["key"],
+                **{k: p["bucket"][k] for k in _SHAPE_FIELDS},
+                "name": p["name"],
+                "params": p["params"],
+                "backend": p.get("backend", "gpu"),
+            }
+            for p in export["policies"]
+        ]
         return cls.from_json(cls.document(pols, version=version))
 
     @staticmethod
-    def document(policies: Sequence[Mapping[str, Any]], *, version: int,
-                 distance_limit: float = SERVE_DISTANCE_LIMIT) -> dict[str, Any]:
+    def document(
+        policies: Sequence[Mapping[str, Any]], *, version: int, distance_limit: float = SERVE_DISTANCE_LIMIT
+    ) -> dict[str, Any]:
         """The canonical table document for ``policies`` (entries as in the module doc)."""
         return {
             "format": TABLE_FORMAT,
@@ -265,8 +320,16 @@ class PolicyTable:
         for lo, hi in ((0, r.n_tuned), (r.n_tuned, len(r.entries))):
             if lo == hi:
                 continue
-            i, scaled = _fastplan.nearest_scaled(r.cum[lo:hi], r.cls[lo:hi], r.empty[lo:hi], kc, key.batch_class,
-                                                 key.tokens_class, not key.hist, _CLASS_UNITS)
+            i, scaled = _fastplan.nearest_scaled(
+                r.cum[lo:hi],
+                r.cls[lo:hi],
+                r.empty[lo:hi],
+                kc,
+                key.batch_class,
+                key.tokens_class,
+                not key.hist,
+                _CLASS_UNITS,
+            )
             if i >= 0 and int(scaled) / _SCALE <= self.distance_limit:
                 return r.entries[lo + i], int(scaled) / _SCALE
         return None, None
@@ -324,19 +387,46 @@ class PolicyTable:
             sc = None
             # exact types only (1 == 1.0 == True would otherwise share a checked entry), and
             # no device or an immutable DeviceSpec (kept by identity; a mapping could change)
-            if (type(num_kv_heads) is int and type(num_qo_heads) is int and type(head_dim) is int
-                    and type(page_size) is int and type(dtype) is str
-                    and (type(gpu) is str if device is None else type(device) is DeviceSpec)):
-                fields = (gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, None if device is None
-                          else id(device))
+            if (
+                type(num_kv_heads) is int
+                and type(num_qo_heads) is int
+                and type(head_dim) is int
+                and type(page_size) is int
+                and type(dtype) is str
+                and (type(gpu) is str if device is None else type(device) is DeviceSpec)
+            ):
+                fields = (
+                    gpu,
+                    num_qo_heads,
+                    num_kv_heads,
+                    head_dim,
+                    dtype,
+                    page_size,
+                    None if device is None else id(device),
+                )
                 sc = self._shapes.get(fields)
                 if sc is None or sc.device is not device:
-                    sc = self._shape_ctx(fields, Shape.of(
-                        device=device if device is not None else gpu, num_qo_heads=num_qo_heads,
-                        num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size), device)
+                    sc = self._shape_ctx(
+                        fields,
+                        Shape.of(
+                            device=device if device is not None else gpu,
+                            num_qo_heads=num_qo_heads,
+                            num_kv_heads=num_kv_heads,
+                            head_dim=head_dim,
+                            dtype=dtype,
+                            page_size=page_size,
+                        ),
+                        device,
+                    )
             else:
-                shape = Shape.of(device=device if device is not None else gpu, num_qo_heads=num_qo_heads,
-                                 num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
+                shape = Shape.of(
+                    device=device if device is not None else gpu,
+                    num_qo_heads=num_qo_heads,
+                    num_kv_heads=num_kv_heads,
+                    head_dim=head_dim,
+                    dtype=dtype,
+                    page_size=page_size,
+                )
                 sc = _ShapeCtx(shape, self._rows.get(shape.family), self.distance_limit, None)
         else:
             if not isinstance(shape, Shape):
@@ -364,11 +454,10 @@ class PolicyTable:
         L, key, entry, scaled, sp, W, nc, b64, b32 = sc.run(self, kv_lens)
         return L.shape[0], W, nc, b64, b32, sp, key, entry, None if entry is None else int(scaled) / _SCALE
 
-    def _shape_ctx(self, cache_key: Any, shape: Shape, owner: Any) -> "_ShapeCtx":
+    def _shape_ctx(self, cache_key: Any, shape: Shape, owner: Any) -> _ShapeCtx:
         if len(self._shapes) >= 64:
             self._shapes.clear()
-        sc = _ShapeCtx(shape, self._rows.get(shape.family), self.distance_limit, owner if owner is not shape
-                       else None)
+        sc = _ShapeCtx(shape, self._rows.get(shape.family), self.distance_limit, owner if owner is not shape else None)
         self._shapes[cache_key] = sc
         return sc
 
@@ -385,8 +474,9 @@ class _Rows:
         self.cum = np.zeros((n, NUM_BINS), dtype=np.int64)
         for i, e in enumerate(self.entries):
             self.cum[i] = _cum_hist(e.key)
-        self.cls = np.array([(e.key.batch_class, e.key.tokens_class) for e in self.entries],
-                            dtype=np.int64).reshape(n, 2)
+        self.cls = np.array([(e.key.batch_class, e.key.tokens_class) for e in self.entries], dtype=np.int64).reshape(
+            n, 2
+        )
         self.empty = np.array([not e.key.hist for e in self.entries], dtype=np.bool_)
 
 
@@ -398,7 +488,7 @@ class _ShapeCtx:
     needs besides the lengths: the family's candidate rows, the key prefix, the
     scaled distance limit, and the parsed policy of each row (made on first use)."""
 
-    def __init__(self, shape: Shape, rows: "_Rows | None", limit: float, device: Any) -> None:
+    def __init__(self, shape: Shape, rows: _Rows | None, limit: float, device: Any) -> None:
         self.shape = shape
         self.device = device  # the ``device`` argument the entry was made for (identity)
         self.ctx = shape.plan_context()
@@ -419,8 +509,15 @@ class _ShapeCtx:
             name, params = table.fallback_name, table.fallback_params
         c = self.ctx
         params = fit_heads_per_tile(params, self.shape.num_qo_heads, c.num_kv_heads)
-        sp = resolve(name, params, num_kv_heads=c.num_kv_heads, device=c.device, head_dim=c.head_dim,
-                     page_size=c.page_size, dtype=c.dtype)
+        sp = resolve(
+            name,
+            params,
+            num_kv_heads=c.num_kv_heads,
+            device=c.device,
+            head_dim=c.head_dim,
+            page_size=c.page_size,
+            dtype=c.dtype,
+        )
         _fastplan.spec_vector(sp, self.spec_rows[i])
         self.specs[i] = sp
         return sp
@@ -434,7 +531,8 @@ class _ShapeCtx:
         r = self.rows
         while True:
             status, info, key, i, scaled, W, nc, b64, b32 = _fastplan.key_plan(
-                L, r.cum, r.cls, r.empty, r.n_tuned, _CLASS_UNITS, self.lim, self.spec_rows, self.prefix_bytes)
+                L, r.cum, r.cls, r.empty, r.n_tuned, _CLASS_UNITS, self.lim, self.spec_rows, self.prefix_bytes
+            )
             if status == 0:
                 break
             if status == 1:
@@ -460,9 +558,17 @@ class _ShapeCtx:
         key = key.tobytes().decode()
         plan = _fastplan.plan_of_buffers(L.shape[0], W, nc, b64, b32, sp)
         if entry is None:
-            return (plan, {"key": key, "matched": None, "distance": None},
-                    {"id": None, "version": None, "name": table.fallback_name,
-                     "params": dict(table.fallback_params), "source": "fallback"})
+            return (
+                plan,
+                {"key": key, "matched": None, "distance": None},
+                {
+                    "id": None,
+                    "version": None,
+                    "name": table.fallback_name,
+                    "params": dict(table.fallback_params),
+                    "source": "fallback",
+                },
+            )
         return plan, {"key": key, "matched": entry.bucket, "distance": int(scaled) / _SCALE}, entry.info()
 
 
@@ -501,11 +607,24 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
         d = entry.get("device")
         if d is None:
             raise ValueError(f"bucket.gpu: unknown GPU {b['gpu']!r} and no device numbers in the entry") from None
-        device = DeviceSpec(name=d["name"], num_sms=d["num_sms"], hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
-                            l2_bytes=50 * 2**20, smem_per_sm_bytes=228 * 1024, smem_per_block_bytes=227 * 1024)
+        device = DeviceSpec(
+            name=d["name"],
+            num_sms=d["num_sms"],
+            hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
+            l2_bytes=50 * 2**20,
+            smem_per_sm_bytes=228 * 1024,
+            smem_per_block_bytes=227 * 1024,
+        )
     try:
-        resolve(entry["name"], entry["params"], num_kv_heads=b["num_kv_heads"], device=device,
-                head_dim=b["head_dim"], page_size=b["page_size"], dtype=b["dtype"])
+        resolve(
+            entry["name"],
+            entry["params"],
+            num_kv_heads=b["num_kv_heads"],
+            device=device,
+            head_dim=b["head_dim"],
+            page_size=b["page_size"],
+            dtype=b["dtype"],
+        )
     except ValueError as exc:
         raise ValueError(f"params do not make a plan: {exc}") from None
     try:

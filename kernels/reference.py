@@ -71,8 +71,10 @@ def reference_decode_attention(
     short = kv_lens.to("cpu", torch.int64) > pages_of * page_size
     if bool(short.any()):
         b = int(torch.nonzero(short)[0, 0])
-        raise ValueError(f"kv_lens: request {b} has kv_len {int(kv_lens[b])} but only {int(pages_of[b])} pages "
-                         f"of {page_size} tokens in kv_indptr")
+        raise ValueError(
+            f"kv_lens: request {b} has kv_len {int(kv_lens[b])} but only {int(pages_of[b])} pages "
+            f"of {page_size} tokens in kv_indptr"
+        )
     G = H_q // H_kv
     scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     indptr = kv_indptr.tolist()

@@ -29,9 +29,20 @@ import math
 
 from .device import DeviceSpec
 
-__all__ = ["MEASURED", "MEASURED_PREFETCH", "COMPILED", "COMPILED_HEADS", "COMPILED_NEXT", "NEXT_ITEM_EXTRA_REGS",
-           "MEASURED_GROUP", "REGISTER_CAPS",
-           "register_cap", "occupancy", "estimate", "resident_ctas_per_sm"]
+__all__ = [
+    "MEASURED",
+    "MEASURED_PREFETCH",
+    "COMPILED",
+    "COMPILED_HEADS",
+    "COMPILED_NEXT",
+    "NEXT_ITEM_EXTRA_REGS",
+    "MEASURED_GROUP",
+    "REGISTER_CAPS",
+    "register_cap",
+    "occupancy",
+    "estimate",
+    "resident_ctas_per_sm",
+]
 
 MEASURED_GROUP = 8
 """The GQA group G = H_q / H_kv the tables below were read at (Qwen3-30B-A3B's 32/4)."""
@@ -252,8 +263,15 @@ REGISTER_CAPS: dict[tuple[int, int, int, int, bool], int] = {
 }
 
 
-def register_cap(head_dim: int, group: int, block_n: int, num_warps: int, num_stages: int,
-                 prefetch: bool = False, dtype_bytes: int = 2) -> int | None:
+def register_cap(
+    head_dim: int,
+    group: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    prefetch: bool = False,
+    dtype_bytes: int = 2,
+) -> int | None:
     """Register cap (``maxnreg``) of the stage-1 launch that keeps a config's measured residency at GQA
     group ``group`` (:data:`REGISTER_CAPS`), or None when the uncapped kernel keeps it or the case was not
     measured (G > 16: a 32- or 64-row query tile; fp32)."""
@@ -284,8 +302,15 @@ def occupancy(device: DeviceSpec, num_warps: int, n_regs: int, shared_bytes: int
     return max(1, min(by_regs, by_smem, by_threads, 32))
 
 
-def estimate(device: DeviceSpec, head_dim: int, dtype_bytes: int, block_n: int, num_warps: int,
-             num_stages: int, heads_per_tile: int = 1) -> int:
+def estimate(
+    device: DeviceSpec,
+    head_dim: int,
+    dtype_bytes: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    heads_per_tile: int = 1,
+) -> int:
     """Residency of an unmeasured config: shared memory of ``max(num_stages - 1, 1)``
     K+V tile buffers (Triton's software pipeline) per KV head of the tile and 128 registers per thread
     (the register budget Triton's 4-warp decode tiles reach; a guess, see MEASURED)."""
@@ -296,9 +321,19 @@ def _estimate_smem(head_dim: int, dtype_bytes: int, block_n: int, num_stages: in
     return max(num_stages - 1, 1) * 2 * block_n * head_dim * dtype_bytes * heads_per_tile
 
 
-def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_bytes: int, block_n: int,
-                         num_warps: int, num_stages: int, *, prefetch: bool = False, heads_per_tile: int = 1,
-                         next_item: bool = False) -> int:
+def resident_ctas_per_sm(
+    device: DeviceSpec,
+    head_dim: int,
+    dtype: str,
+    dtype_bytes: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    *,
+    prefetch: bool = False,
+    heads_per_tile: int = 1,
+    next_item: bool = False,
+) -> int:
     """Measured residency of a config on ``device`` if known (:data:`MEASURED`, then the sm_90 compiles of
     :data:`COMPILED`), else :func:`estimate` (which assumes ``num_stages - 1`` K/V buffers, as the prefetching
     loop has). ``prefetch``: the config with ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`);
@@ -308,8 +343,11 @@ def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_by
         m = COMPILED_NEXT.get((device.name, head_dim, dtype, block_n, num_warps, num_stages, heads_per_tile))
         if m is None:
             base = _table(device, head_dim, dtype, block_n, num_warps, num_stages, True, heads_per_tile)
-            regs, smem = base if base is not None else (128, _estimate_smem(head_dim, dtype_bytes, block_n,
-                                                                            num_stages, heads_per_tile))
+            regs, smem = (
+                base
+                if base is not None
+                else (128, _estimate_smem(head_dim, dtype_bytes, block_n, num_stages, heads_per_tile))
+            )
             m = (min(regs + NEXT_ITEM_EXTRA_REGS, 255), smem)
     else:
         m = _table(device, head_dim, dtype, block_n, num_warps, num_stages, prefetch, heads_per_tile)
@@ -318,12 +356,21 @@ def resident_ctas_per_sm(device: DeviceSpec, head_dim: int, dtype: str, dtype_by
     return occupancy(device, num_warps, m[0], m[1])
 
 
-def _table(device: DeviceSpec, head_dim: int, dtype: str, block_n: int, num_warps: int, num_stages: int,
-           prefetch: bool, heads_per_tile: int) -> tuple[int, int] | None:
+def _table(
+    device: DeviceSpec,
+    head_dim: int,
+    dtype: str,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    prefetch: bool,
+    heads_per_tile: int,
+) -> tuple[int, int] | None:
     """(registers, shared bytes) of a config in the tables above, or None."""
     if heads_per_tile != 1:
-        m = COMPILED_HEADS.get((device.name, head_dim, dtype, block_n, num_warps, num_stages, bool(prefetch),
-                                heads_per_tile))
+        m = COMPILED_HEADS.get(
+            (device.name, head_dim, dtype, block_n, num_warps, num_stages, bool(prefetch), heads_per_tile)
+        )
     else:
         key = (device.name, head_dim, dtype, block_n, num_warps, num_stages)
         m = MEASURED_PREFETCH.get(key) if prefetch else (MEASURED.get(key) or COMPILED.get(key))

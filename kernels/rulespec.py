@@ -30,8 +30,20 @@ import numpy as np
 
 from .device import DeviceSpec
 from .limits import (
-    BLOCK_N_CHOICES, DTYPES, HEADS_PER_TILE_CHOICES, MAX_NUM_PROGRAMS, MAX_PACK_TOKENS, NUM_STAGES_CHOICES,
-    NUM_WARPS_CHOICES, ORDERS, SCHEDULES, TILE_QUERY_ROWS, KernelConfig, check_config, check_int, check_shape,
+    BLOCK_N_CHOICES,
+    DTYPES,
+    HEADS_PER_TILE_CHOICES,
+    MAX_NUM_PROGRAMS,
+    MAX_PACK_TOKENS,
+    NUM_STAGES_CHOICES,
+    NUM_WARPS_CHOICES,
+    ORDERS,
+    SCHEDULES,
+    TILE_QUERY_ROWS,
+    KernelConfig,
+    check_config,
+    check_int,
+    check_shape,
     default_config,
 )
 from .peer_policies import flashinfer_decode_occupancy
@@ -39,10 +51,28 @@ from .residency import resident_ctas_per_sm
 from .workplan import jsonable
 
 __all__ = [
-    "RuleSpec", "resolve", "PlanContext", "POLICIES", "KNOB_PARAMS", "policy_params", "TUNED_PARAM_SPACE",
-    "condition_holds", "STREAM_K_DEFAULTS", "WHOLE_WAVE_TILES", "WHOLE_WAVE_HEADS_TILES", "WHOLE_WAVE_MAX_WAVES",
-    "fit_heads_per_tile", "whole_wave_tiles", "resident_slots", "tile_heads", "wave_target", "wave_tile_cost",
-    "RULE_CONST", "RULE_WAVE", "RULE_FAIR", "RULE_WAVE1",
+    "RuleSpec",
+    "resolve",
+    "PlanContext",
+    "POLICIES",
+    "KNOB_PARAMS",
+    "policy_params",
+    "TUNED_PARAM_SPACE",
+    "condition_holds",
+    "STREAM_K_DEFAULTS",
+    "WHOLE_WAVE_TILES",
+    "WHOLE_WAVE_HEADS_TILES",
+    "WHOLE_WAVE_MAX_WAVES",
+    "fit_heads_per_tile",
+    "whole_wave_tiles",
+    "resident_slots",
+    "tile_heads",
+    "wave_target",
+    "wave_tile_cost",
+    "RULE_CONST",
+    "RULE_WAVE",
+    "RULE_FAIR",
+    "RULE_WAVE1",
 ]
 
 
@@ -61,15 +91,36 @@ class PlanContext:
 # Policies and their parameters (as data)
 # ----------------------------------------------------------------------------
 
-KNOB_PARAMS = ("block_n", "num_warps", "num_stages", "schedule", "num_programs", "order", "pack_tokens", "prefetch",
-               "heads_per_tile", "next_item")
+KNOB_PARAMS = (
+    "block_n",
+    "num_warps",
+    "num_stages",
+    "schedule",
+    "num_programs",
+    "order",
+    "pack_tokens",
+    "prefetch",
+    "heads_per_tile",
+    "next_item",
+)
 """Parameters every policy accepts (kernel knobs, launch order, CTA packing)."""
 
-_TUNED_RULE_PARAMS = ("ctas_per_sm", "min_chunk_tokens", "max_splits", "programs_per_sm", "partition", "wave_aware",
-                      "item_cost_blocks", "min_piece_blocks", "whole_wave", "whole_wave_heads")
+_TUNED_RULE_PARAMS = (
+    "ctas_per_sm",
+    "min_chunk_tokens",
+    "max_splits",
+    "programs_per_sm",
+    "partition",
+    "wave_aware",
+    "item_cost_blocks",
+    "min_piece_blocks",
+    "whole_wave",
+    "whole_wave_heads",
+)
 
 POLICIES: dict[str, tuple[str, ...]] = {
-    name: own + KNOB_PARAMS for name, own in (
+    name: own + KNOB_PARAMS
+    for name, own in (
         ("flashinfer", ("tensor_cores", "resident_ctas_per_sm", "group_size")),
         ("fa3", ("num_splits_static",)),
         ("no_split", ()),
@@ -94,105 +145,185 @@ STREAM_K_DEFAULTS = {"ctas_per_sm": 2.0, "item_cost_blocks": 1, "min_piece_block
 
 TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
     "ctas_per_sm": {
-        "kind": "float", "low": 0.25, "high": 64.0, "log": True, "default": 4.0, "search": True,
+        "kind": "float",
+        "low": 0.25,
+        "high": 64.0,
+        "log": True,
+        "default": 4.0,
+        "search": True,
         "doc": "target work tiles per SM: chunk = ceil(H_kv * sum(kv_len) / (ctas_per_sm * num_SMs))",
     },
     "partition": {
-        "kind": "categorical", "choices": ["even_chunks", "stream_k"], "default": "even_chunks", "search": True,
+        "kind": "categorical",
+        "choices": ["even_chunks", "stream_k"],
+        "default": "even_chunks",
+        "search": True,
         "doc": "even_chunks: per-request splits of one chunk size (min_chunk_tokens, max_splits apply); "
-               "stream_k: even partition of the concatenated KV stream (item_cost_blocks, min_piece_blocks apply)",
+        "stream_k: even partition of the concatenated KV stream (item_cost_blocks, min_piece_blocks apply)",
     },
     "min_chunk_tokens": {
-        "kind": "int", "low": 16, "high": 65536, "log": True, "default": 16, "search": True,
+        "kind": "int",
+        "low": 16,
+        "high": 65536,
+        "log": True,
+        "default": 16,
+        "search": True,
         "condition": {"partition": "even_chunks"},
         "doc": "smallest chunk in tokens (before rounding up to block_n)",
     },
     "max_splits": {
-        "kind": "int", "low": 1, "high": 1024, "log": True, "default": 1024, "search": True,
+        "kind": "int",
+        "low": 1,
+        "high": 1024,
+        "log": True,
+        "default": 1024,
+        "search": True,
         "condition": {"partition": "even_chunks"},
         "doc": "cap on splits per request",
     },
     "block_n": {
-        "kind": "categorical", "choices": list(BLOCK_N_CHOICES), "default": None, "search": True,
+        "kind": "categorical",
+        "choices": list(BLOCK_N_CHOICES),
+        "default": None,
+        "search": True,
         "doc": "KV tokens per inner tile; None -> default_config(head_dim, dtype); some (block_n, "
-               "num_warps, num_stages) combinations are rejected for large head_dim (ValueError)",
+        "num_warps, num_stages) combinations are rejected for large head_dim (ValueError)",
     },
     "num_warps": {
-        "kind": "categorical", "choices": list(NUM_WARPS_CHOICES), "default": None, "search": True,
+        "kind": "categorical",
+        "choices": list(NUM_WARPS_CHOICES),
+        "default": None,
+        "search": True,
         "doc": "warps per CTA; None -> default_config",
     },
     "num_stages": {
-        "kind": "int", "low": min(NUM_STAGES_CHOICES), "high": max(NUM_STAGES_CHOICES), "log": False,
-        "default": None, "search": True, "doc": "pipeline stages; None -> default_config",
+        "kind": "int",
+        "low": min(NUM_STAGES_CHOICES),
+        "high": max(NUM_STAGES_CHOICES),
+        "log": False,
+        "default": None,
+        "search": True,
+        "doc": "pipeline stages; None -> default_config",
     },
     "prefetch": {
-        "kind": "categorical", "choices": [False, True], "default": False, "search": True,
+        "kind": "categorical",
+        "choices": [False, True],
+        "default": False,
+        "search": True,
         "condition": {"num_stages": [n for n in NUM_STAGES_CHOICES if n >= 3]},
         "doc": "load the next tile's page ids one iteration ahead so the pipeliner keeps num_stages - 1 K/V tiles in "
-               "flight (KernelConfig.prefetch; needs num_stages >= 3)",
+        "flight (KernelConfig.prefetch; needs num_stages >= 3)",
     },
     "next_item": {
-        "kind": "categorical", "choices": [False, True], "default": False, "search": True,
+        "kind": "categorical",
+        "choices": [False, True],
+        "default": False,
+        "search": True,
         "condition": {"prefetch": True},
         "doc": "look-ahead over a CTA's work items: the next items' entries, q and first page ids loaded while the "
-               "current one streams (KernelConfig.next_item; needs prefetch)",
+        "current one streams (KernelConfig.next_item; needs prefetch)",
     },
     "heads_per_tile": {
-        "kind": "categorical", "choices": list(HEADS_PER_TILE_CHOICES), "default": 1, "search": True,
+        "kind": "categorical",
+        "choices": list(HEADS_PER_TILE_CHOICES),
+        "default": 1,
+        "search": True,
         "doc": "KV heads per work tile (KernelConfig.heads_per_tile), at most: the tuner plans a choice through "
-               "fit_heads_per_tile for its task's H_q / H_kv (the largest choice that divides H_kv and whose GQA "
-               "groups fit the 16 query rows), as the policy table does at serving",
+        "fit_heads_per_tile for its task's H_q / H_kv (the largest choice that divides H_kv and whose GQA "
+        "groups fit the 16 query rows), as the policy table does at serving",
     },
     "order": {
-        "kind": "categorical", "choices": list(ORDERS), "default": "natural", "search": True,
+        "kind": "categorical",
+        "choices": list(ORDERS),
+        "default": "natural",
+        "search": True,
         "doc": "launch order of requests: batch order or kv_len descending",
     },
     "schedule": {
-        "kind": "categorical", "choices": list(SCHEDULES), "default": "grid", "search": True,
+        "kind": "categorical",
+        "choices": list(SCHEDULES),
+        "default": "grid",
+        "search": True,
         "doc": "grid launch or persistent programs pulling tiles from a counter",
     },
     "programs_per_sm": {
-        "kind": "int", "low": 1, "high": 32, "log": True, "default": 4, "search": True,
+        "kind": "int",
+        "low": 1,
+        "high": 32,
+        "log": True,
+        "default": 4,
+        "search": True,
         "condition": {"schedule": "persistent"},
         "doc": "persistent programs per SM (num_programs = programs_per_sm * num_SMs unless num_programs is given)",
     },
     "num_programs": {
-        "kind": "int", "low": 1, "high": MAX_NUM_PROGRAMS, "log": True, "default": None, "search": False,
+        "kind": "int",
+        "low": 1,
+        "high": MAX_NUM_PROGRAMS,
+        "log": True,
+        "default": None,
+        "search": False,
         "condition": {"schedule": "persistent"},
         "doc": "absolute number of persistent programs (overrides programs_per_sm); not searched",
     },
     "pack_tokens": {
-        "kind": "categorical", "choices": [0, 128, 256, 512, 1024, 2048, 4096, 8192], "default": 0, "search": True,
+        "kind": "categorical",
+        "choices": [0, 128, 256, 512, 1024, 2048, 4096, 8192],
+        "default": 0,
+        "search": True,
         "condition": {"partition": "even_chunks"},
         "doc": "group consecutive items shorter than this into one CTA (cta_indptr); 0 = one item per CTA. "
-               "Any integer in [0, 2^20] is accepted; the choices are the search grid",
+        "Any integer in [0, 2^20] is accepted; the choices are the search grid",
     },
     "wave_aware": {
-        "kind": "categorical", "choices": [True, False], "default": True, "search": False,
+        "kind": "categorical",
+        "choices": [True, False],
+        "default": True,
+        "search": False,
         "doc": "even_chunks: grow the chunk until the rounded tiles fit wave_target(ctas_per_sm) "
-               "(the wave-aware chunk); False is the fair chunk alone",
+        "(the wave-aware chunk); False is the fair chunk alone",
     },
     "whole_wave": {
-        "kind": "float", "low": 0.0, "high": 1.0, "log": False, "default": 0.0, "search": False,
+        "kind": "float",
+        "low": 0.0,
+        "high": 1.0,
+        "log": False,
+        "default": 0.0,
+        "search": False,
         "doc": "one work tile per request on a WHOLE_WAVE_TILES tile when that fills whole resident waves "
-               "within this excess (the whole-wave rule); 0 = off. Set per bucket from GPU timings, not searched",
+        "within this excess (the whole-wave rule); 0 = off. Set per bucket from GPU timings, not searched",
     },
     "whole_wave_heads": {
-        "kind": "int", "low": 1, "high": 16, "log": False, "default": 1, "search": False,
+        "kind": "int",
+        "low": 1,
+        "high": 16,
+        "log": False,
+        "default": 1,
+        "search": False,
         "doc": "the most KV heads per work tile the whole-wave rule may run (WHOLE_WAVE_HEADS_TILES); 1 = the "
-               "one-head tiles only. Set with whole_wave, refitted to the GQA group by the policy table "
-               "(fit_heads_per_tile), not searched",
+        "one-head tiles only. Set with whole_wave, refitted to the GQA group by the policy table "
+        "(fit_heads_per_tile), not searched",
     },
     "item_cost_blocks": {
-        "kind": "int", "low": 0, "high": 64, "log": False, "default": 1, "search": True,
+        "kind": "int",
+        "low": 0,
+        "high": 64,
+        "log": False,
+        "default": 1,
+        "search": True,
         "condition": {"partition": "stream_k"},
         "doc": "stream_k: fixed cost of a request's piece, in block_n blocks",
     },
     "min_piece_blocks": {
-        "kind": "int", "low": 1, "high": 4096, "log": True, "default": 1, "search": True,
+        "kind": "int",
+        "low": 1,
+        "high": 4096,
+        "log": True,
+        "default": 1,
+        "search": True,
         "condition": {"partition": "stream_k"},
         "doc": "stream_k: no cut closer than this many blocks to either end of its request (keeps "
-               "requests of < 2 * min_piece_blocks blocks whole; interior pieces are whole shares)",
+        "requests of < 2 * min_piece_blocks blocks whole; interior pieces are whole shares)",
     },
 }
 """Parameters of the ``tuned`` policy with their ranges, as data.
@@ -227,8 +358,7 @@ WHOLE_WAVE_TILES: tuple[tuple[int, int, int], ...] = ((64, 4, 2), (128, 4, 2))
 """(block_n, num_warps, num_stages) tiles the whole-wave rule may run: the two multi-resident tiles that stream
 fastest on the H200 (4 and 3 CTAs per SM at D = 128, 16-bit K/V; 1.064-1.079x the read floor at T = 1,048,576 as
 single plans; docs/decisions/whole-wave-rule.md)."""
-WHOLE_WAVE_HEADS_TILES: tuple[KernelConfig, ...] = (
-    KernelConfig(64, 4, 3, prefetch=True, heads_per_tile=2),)
+WHOLE_WAVE_HEADS_TILES: tuple[KernelConfig, ...] = (KernelConfig(64, 4, 3, prefetch=True, heads_per_tile=2),)
 """Tiles of several KV heads the whole-wave rule also considers when the policy's ``whole_wave_heads`` allows
 their ``heads_per_tile`` (after :data:`WHOLE_WAVE_TILES`, so ties keep the one-head tiles): (64, 4, 3) with the
 page-id prefetch and two heads per tile, one resident CTA per SM (218 registers, 134 KB of shared memory at
@@ -243,9 +373,18 @@ batches lost 1-5 % to the even partition on the training batches (docs/decisions
 def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
     """Work tiles of one resident wave: ``resident_ctas_per_sm(cfg) * num_SMs``
     (:mod:`.residency`; measured data where known)."""
-    r = resident_ctas_per_sm(ctx.device, ctx.head_dim, ctx.dtype, DTYPES[ctx.dtype], cfg.block_n, cfg.num_warps,
-                             cfg.num_stages, prefetch=cfg.prefetch, heads_per_tile=cfg.heads_per_tile,
-                             next_item=cfg.next_item)
+    r = resident_ctas_per_sm(
+        ctx.device,
+        ctx.head_dim,
+        ctx.dtype,
+        DTYPES[ctx.dtype],
+        cfg.block_n,
+        cfg.num_warps,
+        cfg.num_stages,
+        prefetch=cfg.prefetch,
+        heads_per_tile=cfg.heads_per_tile,
+        next_item=cfg.next_item,
+    )
     return r * ctx.device.num_sms
 
 
@@ -301,8 +440,11 @@ def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_head
         if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h <= 1:
             continue
         if name == "heads_per_tile":  # one of the kernel's choices that divides H_kv
-            fit = max(c for c in HEADS_PER_TILE_CHOICES
-                      if c == 1 or (c <= h and num_kv_heads % c == 0 and c * G <= TILE_QUERY_ROWS))
+            fit = max(
+                c
+                for c in HEADS_PER_TILE_CHOICES
+                if c == 1 or (c <= h and num_kv_heads % c == 0 and c * G <= TILE_QUERY_ROWS)
+            )
         else:  # a bound: the whole-wave rule skips the tiles whose heads do not divide H_kv itself
             fit = max(1, min(int(h), TILE_QUERY_ROWS // G))
         if fit != h:
@@ -310,14 +452,16 @@ def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_head
     return out
 
 
-def whole_wave_tiles(ctx: PlanContext, heads: int = 1,
-                     tiles: tuple[tuple[int, int, int], ...] = WHOLE_WAVE_TILES) -> list[KernelConfig]:
+def whole_wave_tiles(
+    ctx: PlanContext, heads: int = 1, tiles: tuple[tuple[int, int, int], ...] = WHOLE_WAVE_TILES
+) -> list[KernelConfig]:
     """The tiles the whole-wave rule considers, in its order: ``(block_n, num_warps, num_stages)`` of
     ``tiles``, then the :data:`WHOLE_WAVE_HEADS_TILES` configs of at most ``heads`` KV heads that divide H_kv;
     those the kernel refuses for ``ctx``'s head_dim and dtype left out."""
     cands = [KernelConfig(bn, nw, ns) for bn, nw, ns in tiles]
-    cands += [c for c in WHOLE_WAVE_HEADS_TILES
-              if c.heads_per_tile <= heads and ctx.num_kv_heads % c.heads_per_tile == 0]
+    cands += [
+        c for c in WHOLE_WAVE_HEADS_TILES if c.heads_per_tile <= heads and ctx.num_kv_heads % c.heads_per_tile == 0
+    ]
     out = []
     for cfg in cands:
         try:
@@ -404,9 +548,19 @@ class RuleSpec:
     """The Plan's fields that do not depend on the batch (config, policy and what the plan is made for)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fields", {
-            "config": self.config, "policy": self.policy, "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim, "page_size": self.page_size, "dtype": self.dtype, "gpu": self.device.name})
+        object.__setattr__(
+            self,
+            "fields",
+            {
+                "config": self.config,
+                "policy": self.policy,
+                "num_kv_heads": self.num_kv_heads,
+                "head_dim": self.head_dim,
+                "page_size": self.page_size,
+                "dtype": self.dtype,
+                "gpu": self.device.name,
+            },
+        )
 
     @property
     def tile_heads(self) -> int:
@@ -421,18 +575,33 @@ class RuleSpec:
     def context(self) -> PlanContext:
         return PlanContext(self.device, self.num_kv_heads, self.head_dim, self.page_size, self.dtype)
 
-    def whole_request(self, cfg: KernelConfig) -> "RuleSpec":
+    def whole_request(self, cfg: KernelConfig) -> RuleSpec:
         """This spec planning one work item per request (batch order, no packing) on ``cfg``: what the policy
         plans when the whole-wave rule takes a batch (same policy name and params)."""
         return dataclasses.replace(
-            self, config=cfg, partition="even_chunks", chunk_rule=RULE_CONST, chunk_arg=1, min_chunk=1,
-            max_splits=1 << 62, heavy_first=False, pack_tokens=0, ctas=1, item_cost_blocks=0, min_piece_blocks=1,
-            whole_wave=0.0, whole_wave_specs=(), whole_wave_slots=None, whole_wave_tile_heads=None)
+            self,
+            config=cfg,
+            partition="even_chunks",
+            chunk_rule=RULE_CONST,
+            chunk_arg=1,
+            min_chunk=1,
+            max_splits=1 << 62,
+            heavy_first=False,
+            pack_tokens=0,
+            ctas=1,
+            item_cost_blocks=0,
+            min_piece_blocks=1,
+            whole_wave=0.0,
+            whole_wave_specs=(),
+            whole_wave_slots=None,
+            whole_wave_tile_heads=None,
+        )
 
 
 # ----------------------------------------------------------------------------
 # Parsing (the one place params are checked)
 # ----------------------------------------------------------------------------
+
 
 def _flag(params: Mapping[str, Any], name: str) -> bool:
     v = params.get(name, False)
@@ -459,8 +628,13 @@ def _ctas_per_sm(params: Mapping[str, Any], default: float) -> float:
     return float(target)
 
 
-def _knobs(params: Mapping[str, Any], ctx: PlanContext, default_order: str, default_schedule: str | None = None,
-           default_programs: int | None = None) -> tuple[KernelConfig, str, int]:
+def _knobs(
+    params: Mapping[str, Any],
+    ctx: PlanContext,
+    default_order: str,
+    default_schedule: str | None = None,
+    default_programs: int | None = None,
+) -> tuple[KernelConfig, str, int]:
     base = default_config(ctx.head_dim, ctx.dtype)
     block_n = params.get("block_n", base.block_n)
     num_warps = params.get("num_warps", base.num_warps)
@@ -486,12 +660,14 @@ def _knobs(params: Mapping[str, Any], ctx: PlanContext, default_order: str, defa
     heads = params.get("heads_per_tile", 1)
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)):
         raise ValueError(f"params.heads_per_tile: expected an integer, got {heads!r}")
-    cfg = KernelConfig(int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs), prefetch,
-                       int(heads), next_item)
+    cfg = KernelConfig(
+        int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs), prefetch, int(heads), next_item
+    )
     check_config(cfg, ctx.head_dim, ctx.dtype)
     if ctx.num_kv_heads % cfg.heads_per_tile:
-        raise ValueError(f"params.heads_per_tile: expected a divisor of num_kv_heads={ctx.num_kv_heads}, "
-                         f"got {cfg.heads_per_tile}")
+        raise ValueError(
+            f"params.heads_per_tile: expected a divisor of num_kv_heads={ctx.num_kv_heads}, got {cfg.heads_per_tile}"
+        )
     return cfg, order, pack
 
 
@@ -501,10 +677,12 @@ def _stream_k_params(params: Mapping[str, Any], space: Mapping[str, Any] | None 
     o_lo, o_hi = (space["item_cost_blocks"]["low"], space["item_cost_blocks"]["high"]) if space else (0, 1024)
     m_lo, m_hi = (space["min_piece_blocks"]["low"], space["min_piece_blocks"]["high"]) if space else (1, 1 << 20)
     target = _ctas_per_sm(params, STREAM_K_DEFAULTS["ctas_per_sm"])
-    o = check_int("params.item_cost_blocks", params.get("item_cost_blocks", STREAM_K_DEFAULTS["item_cost_blocks"]),
-                  o_lo, o_hi)
-    mp = check_int("params.min_piece_blocks", params.get("min_piece_blocks", STREAM_K_DEFAULTS["min_piece_blocks"]),
-                   m_lo, m_hi)
+    o = check_int(
+        "params.item_cost_blocks", params.get("item_cost_blocks", STREAM_K_DEFAULTS["item_cost_blocks"]), o_lo, o_hi
+    )
+    mp = check_int(
+        "params.min_piece_blocks", params.get("min_piece_blocks", STREAM_K_DEFAULTS["min_piece_blocks"]), m_lo, m_hi
+    )
     return target, o, mp
 
 
@@ -553,19 +731,38 @@ def _parse(policy: str, params: dict, ctx: PlanContext) -> dict[str, Any]:
         target, o, mp = _stream_k_params(params)
         cfg, order, pack = _knobs(params, ctx, "natural")
         ww = _whole_wave(params)
-        rule = {"partition": "stream_k", "ctas": _sk_ctas(ctx, cfg, target), "item_cost_blocks": o,
-                "min_piece_blocks": mp}
+        rule = {
+            "partition": "stream_k",
+            "ctas": _sk_ctas(ctx, cfg, target),
+            "item_cost_blocks": o,
+            "min_piece_blocks": mp,
+        }
     elif policy == "tuned":
         sp = TUNED_PARAM_SPACE
-        target = _num("ctas_per_sm", params.get("ctas_per_sm", sp["ctas_per_sm"]["default"]),
-                      sp["ctas_per_sm"]["low"], sp["ctas_per_sm"]["high"])
-        min_chunk = check_int("params.min_chunk_tokens",
-                              params.get("min_chunk_tokens", sp["min_chunk_tokens"]["default"]),
-                              sp["min_chunk_tokens"]["low"], sp["min_chunk_tokens"]["high"])
-        max_splits = check_int("params.max_splits", params.get("max_splits", sp["max_splits"]["default"]),
-                               sp["max_splits"]["low"], sp["max_splits"]["high"])
-        pps = check_int("params.programs_per_sm", params.get("programs_per_sm", sp["programs_per_sm"]["default"]),
-                        sp["programs_per_sm"]["low"], sp["programs_per_sm"]["high"])
+        target = _num(
+            "ctas_per_sm",
+            params.get("ctas_per_sm", sp["ctas_per_sm"]["default"]),
+            sp["ctas_per_sm"]["low"],
+            sp["ctas_per_sm"]["high"],
+        )
+        min_chunk = check_int(
+            "params.min_chunk_tokens",
+            params.get("min_chunk_tokens", sp["min_chunk_tokens"]["default"]),
+            sp["min_chunk_tokens"]["low"],
+            sp["min_chunk_tokens"]["high"],
+        )
+        max_splits = check_int(
+            "params.max_splits",
+            params.get("max_splits", sp["max_splits"]["default"]),
+            sp["max_splits"]["low"],
+            sp["max_splits"]["high"],
+        )
+        pps = check_int(
+            "params.programs_per_sm",
+            params.get("programs_per_sm", sp["programs_per_sm"]["default"]),
+            sp["programs_per_sm"]["low"],
+            sp["programs_per_sm"]["high"],
+        )
         if "programs_per_sm" in params and params.get("schedule", "grid") != "persistent":
             raise ValueError("params.programs_per_sm: only meaningful with schedule='persistent'")
         partition = params.get("partition", sp["partition"]["default"])
@@ -580,8 +777,12 @@ def _parse(policy: str, params: dict, ctx: PlanContext) -> dict[str, Any]:
                 if params.get(name):
                     raise ValueError(f"params.{name}: not used with partition='stream_k'")
             _, o, mp = _stream_k_params(params, TUNED_PARAM_SPACE)
-            rule = {"partition": "stream_k", "ctas": _sk_ctas(ctx, cfg, target), "item_cost_blocks": o,
-                    "min_piece_blocks": mp}
+            rule = {
+                "partition": "stream_k",
+                "ctas": _sk_ctas(ctx, cfg, target),
+                "item_cost_blocks": o,
+                "min_piece_blocks": mp,
+            }
         else:
             for name in ("item_cost_blocks", "min_piece_blocks"):
                 if name in params:
@@ -636,9 +837,16 @@ def _params_key(params: Mapping[str, Any] | None) -> tuple | None:
     return key
 
 
-def resolve(policy: str = "balanced", params: Mapping[str, Any] | None = None, *, num_kv_heads: int,
-            device: DeviceSpec | str, head_dim: int = 128, page_size: int = 16,
-            dtype: str = "bfloat16") -> RuleSpec:
+def resolve(
+    policy: str = "balanced",
+    params: Mapping[str, Any] | None = None,
+    *,
+    num_kv_heads: int,
+    device: DeviceSpec | str,
+    head_dim: int = 128,
+    page_size: int = 16,
+    dtype: str = "bfloat16",
+) -> RuleSpec:
     """Resolve a named policy and its parameters for one shape (the arguments of
     :func:`kvsplit.kernels.plan.make_plan` other than the lengths).
 
@@ -681,14 +889,24 @@ def resolve(policy: str = "balanced", params: Mapping[str, Any] | None = None, *
     ctx = PlanContext(dev, num_kv_heads, head_dim, page_size, dtype)
     fields = _parse(policy, params, ctx)
     ww_heads = fields.pop("_ww_heads", 1)
-    spec = RuleSpec(policy=policy, params=jsonable(params), num_kv_heads=num_kv_heads, head_dim=head_dim,
-                    page_size=page_size, dtype=dtype, device=dev, **fields)
+    spec = RuleSpec(
+        policy=policy,
+        params=jsonable(params),
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=page_size,
+        dtype=dtype,
+        device=dev,
+        **fields,
+    )
     if spec.whole_wave > 0:
         tiles = whole_wave_tiles(ctx, ww_heads)
         spec = dataclasses.replace(
-            spec, whole_wave_specs=tuple(spec.whole_request(c) for c in tiles),
+            spec,
+            whole_wave_specs=tuple(spec.whole_request(c) for c in tiles),
             whole_wave_slots=np.array([resident_slots(ctx, c) for c in tiles], np.int64),
-            whole_wave_tile_heads=np.array([tile_heads(ctx, c) for c in tiles], np.int64))
+            whole_wave_tile_heads=np.array([tile_heads(ctx, c) for c in tiles], np.int64),
+        )
     if key is not None:
         if len(_SPECS) >= _MEMO_MAX:
             _SPECS.clear()

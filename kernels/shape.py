@@ -30,8 +30,13 @@ MAX_HEADS = 1024
 MAX_QO_HEADS = MAX_HEADS * 64
 """Largest H_q accepted (GQA groups up to 64 per KV head)."""
 
-DTYPE_ALIASES: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "fp32": "float32",
-                                 "f32": "float32"}
+DTYPE_ALIASES: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+    "fp32": "float32",
+    "f32": "float32",
+}
 """Accepted dtype aliases -> torch's names."""
 
 
@@ -41,8 +46,9 @@ def canonical_dtype(dtype: Any) -> str:
         d = DTYPE_ALIASES.get(dtype, dtype)
         if d in DTYPES:
             return d
-    raise ValueError(f"dtype: expected one of {sorted(DTYPES)} (or an alias: {', '.join(DTYPE_ALIASES)}), "
-                     f"got {dtype!r}")
+    raise ValueError(
+        f"dtype: expected one of {sorted(DTYPES)} (or an alias: {', '.join(DTYPE_ALIASES)}), got {dtype!r}"
+    )
 
 
 def gpu_slug(name: str) -> str:
@@ -53,8 +59,9 @@ def gpu_slug(name: str) -> str:
     return slug
 
 
-def shape_family(gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int
-                 ) -> tuple[str, int, int, str, int]:
+def shape_family(
+    gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int
+) -> tuple[str, int, int, str, int]:
     """The family ``(gpu slug, H_kv, head_dim, dtype, page_size)`` of bucket keys: the one definition.
 
     ``gpu`` may be a GPU name or already its slug. Bucket keys, policy-table
@@ -98,7 +105,7 @@ class Shape:
         head_dim: Any = 128,
         dtype: Any = "bfloat16",
         page_size: Any = 16,
-    ) -> "Shape":
+    ) -> Shape:
         """Validate every field (ValueError naming the first bad one) and resolve the GPU.
 
         ``device`` is what :func:`~kvsplit.kernels.device.resolve_device` takes
@@ -135,5 +142,10 @@ class Shape:
 
     def plan_kwargs(self) -> dict[str, Any]:
         """Keywords of :func:`~kvsplit.kernels.plan.make_plan` and ``bucket_key`` for this shape."""
-        return {"num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim, "dtype": self.dtype,
-                "page_size": self.page_size, "device": self.device}
+        return {
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "dtype": self.dtype,
+            "page_size": self.page_size,
+            "device": self.device,
+        }

@@ -8,8 +8,8 @@ request; a *work tile* is (CTA, kv_head); a CTA processes the work items
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -100,7 +100,7 @@ class Plan:
         check_plan_invariants(self)
 
     @classmethod
-    def from_trusted(cls, **fields: Any) -> "Plan":
+    def from_trusted(cls, **fields: Any) -> Plan:
         """Build a Plan from arrays already known to satisfy the invariants
         (make_plan's own output); skips the validation of ``__init__``."""
         self = object.__new__(cls)
@@ -173,9 +173,11 @@ class Plan:
         ``max_splits`` (the most splits of any request). Computed once and cached on the plan."""
         cached = self._cache.get("launch_sizes")
         if cached is None:
-            cached = self._cache["launch_sizes"] = {"num_tiles": self.num_work_tiles,
-                                                    "num_merge": int(self.merge_layout()[1].shape[0]),
-                                                    "max_splits": int(self.num_splits.max())}
+            cached = self._cache["launch_sizes"] = {
+                "num_tiles": self.num_work_tiles,
+                "num_merge": int(self.merge_layout()[1].shape[0]),
+                "max_splits": int(self.num_splits.max()),
+            }
         return dict(cached)
 
     @property
@@ -211,8 +213,7 @@ class Plan:
                 "merge_num": merge_num,
             }
             arrays = {
-                k: torch.from_numpy(np.array(v, dtype=np.int32)).to(dev, non_blocking=False)
-                for k, v in host.items()
+                k: torch.from_numpy(np.array(v, dtype=np.int32)).to(dev, non_blocking=False) for k, v in host.items()
             }
             self._cache[key] = arrays
         return arrays
@@ -240,7 +241,7 @@ class Plan:
         }
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "Plan":
+    def from_dict(d: Mapping[str, Any]) -> Plan:
         """Inverse of :meth:`to_dict`; validates every invariant.
 
         Raises
@@ -251,8 +252,16 @@ class Plan:
         if not isinstance(d, Mapping):
             raise ValueError(f"plan: expected an object, got {type(d).__name__}")
         required = (
-            "kv_lens", "num_splits", "work_request", "work_kv_start", "work_kv_end",
-            "cta_indptr", "config", "policy", "params", "made_for",
+            "kv_lens",
+            "num_splits",
+            "work_request",
+            "work_kv_start",
+            "work_kv_end",
+            "cta_indptr",
+            "config",
+            "policy",
+            "params",
+            "made_for",
         )
         missing = [k for k in required if k not in d]
         if missing:
@@ -330,8 +339,10 @@ def check_plan_invariants(p: Plan) -> None:
     if (p.num_splits < 1).any():
         raise ValueError("Plan.num_splits: every request needs >= 1 split")
     if p.num_kv_heads % p.config.heads_per_tile:
-        raise ValueError(f"Plan.config.heads_per_tile: expected a divisor of num_kv_heads={p.num_kv_heads}, got "
-                         f"{p.config.heads_per_tile}")
+        raise ValueError(
+            f"Plan.config.heads_per_tile: expected a divisor of num_kv_heads={p.num_kv_heads}, got "
+            f"{p.config.heads_per_tile}"
+        )
     if W != int(p.num_splits.sum()):
         raise ValueError(f"Plan.work_request: expected W == sum(num_splits) == {int(p.num_splits.sum())}, got {W}")
     if p.work_kv_start.shape[0] != W or p.work_kv_end.shape[0] != W:

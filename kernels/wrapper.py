@@ -76,14 +76,21 @@ import torch
 
 from . import fastplan
 from .buckets import bucket_key
-from .decode import (TORCH_DTYPES, DecodeWorkspace, check_heads_per_tile, check_interpreter_dtype, check_kernel_device,
-                     launch_decode, make_workspace)
+from .decode import (
+    TORCH_DTYPES,
+    DecodeWorkspace,
+    check_heads_per_tile,
+    check_interpreter_dtype,
+    check_kernel_device,
+    launch_decode,
+    make_workspace,
+)
 from .device import DeviceSpec, resolve_device
 from .device_plan import alloc_device_plan, check_device_rule, device_plan
 from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config, graph_default_config
-from .residency import resident_ctas_per_sm
 from .plan import Plan
 from .policies import plan_with
+from .residency import resident_ctas_per_sm
 from .rulespec import RuleSpec, resolve
 
 __all__ = ["DecodeWrapper", "GraphOptions"]
@@ -176,11 +183,25 @@ class DecodeWrapper:
         (graph mode: for ``max_work_items`` partials; eager mode: grown as plans need).
     """
 
-    def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, *, page_size: int = 16,
-                 dtype: str = "bfloat16", device: Any = "cuda", max_batch_size: int = 256, table: Any = None,
-                 policy: str | None = None, params: Mapping[str, Any] | None = None, use_cuda_graph: bool = False,
-                 graph: GraphOptions | None = None, gpu: DeviceSpec | str | None = None,
-                 sm_scale: float | None = None, workspace: DecodeWorkspace | None = None) -> None:
+    def __init__(
+        self,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        page_size: int = 16,
+        dtype: str = "bfloat16",
+        device: Any = "cuda",
+        max_batch_size: int = 256,
+        table: Any = None,
+        policy: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        use_cuda_graph: bool = False,
+        graph: GraphOptions | None = None,
+        gpu: DeviceSpec | str | None = None,
+        sm_scale: float | None = None,
+        workspace: DecodeWorkspace | None = None,
+    ) -> None:
         for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
@@ -192,8 +213,11 @@ class DecodeWrapper:
             raise ValueError(f"page_size: expected an integer in [1, {MAX_PAGE_SIZE}], got {page_size!r}")
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or \
-                not 1 <= max_batch_size <= MAX_BATCH:
+        if (
+            isinstance(max_batch_size, bool)
+            or not isinstance(max_batch_size, int)
+            or not 1 <= max_batch_size <= MAX_BATCH
+        ):
             raise ValueError(f"max_batch_size: expected an integer in [1, {MAX_BATCH}], got {max_batch_size!r}")
         if graph is not None and not use_cuda_graph:
             raise ValueError("graph: the CUDA-graph mode's options; pass use_cuda_graph=True with them")
@@ -204,14 +228,20 @@ class DecodeWrapper:
         if workspace is not None and not isinstance(workspace, DecodeWorkspace):
             raise ValueError(f"workspace: expected a DecodeWorkspace (make_workspace), got {type(workspace).__name__}")
         self.graph_options = graph
-        max_work_items, planner, repick_every, num_programs = (graph.max_work_items, graph.planner,
-                                                               graph.repick_every, graph.num_programs)
+        max_work_items, planner, repick_every, num_programs = (
+            graph.max_work_items,
+            graph.planner,
+            graph.repick_every,
+            graph.num_programs,
+        )
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.dtype = page_size, dtype
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA device here (CPU-only build or no "
-                             "GPU); on the CPU pass device='cpu' with TRITON_INTERPRET=1 set")
+            raise ValueError(
+                f"device: {device!r} asked for, but torch sees no CUDA device here (CPU-only build or no "
+                "GPU); on the CPU pass device='cpu' with TRITON_INTERPRET=1 set"
+            )
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         check_kernel_device("device", self.device)
@@ -223,12 +253,14 @@ class DecodeWrapper:
         self.use_cuda_graph = bool(use_cuda_graph)
         self.repick_every = repick_every
         self.sm_scale = sm_scale
-        self._shape = dict(num_kv_heads=num_kv_heads, device=self.gpu, head_dim=head_dim, page_size=page_size,
-                           dtype=dtype)
+        self._shape = dict(
+            num_kv_heads=num_kv_heads, device=self.gpu, head_dim=head_dim, page_size=page_size, dtype=dtype
+        )
         # policy None: balanced (eager); in graph mode stream_k at the graph tile's residency (set below)
         # validates policy and params now; the eager planner plans every batch with this spec
-        self.spec: RuleSpec = resolve(policy or ("stream_k" if self.use_cuda_graph else "balanced"), params,
-                                      **self._shape)
+        self.spec: RuleSpec = resolve(
+            policy or ("stream_k" if self.use_cuda_graph else "balanced"), params, **self._shape
+        )
         if self.device.type == "cpu":
             check_interpreter_dtype("dtype", _NAMES[dtype])
         self.policy, self.params = policy or "balanced", dict(params or {})
@@ -245,8 +277,11 @@ class DecodeWrapper:
         tile = {k: self.params[k] for k in _TILE_KNOBS if k in self.params}
         # no tile knobs given: the graph default tile for this GQA shape; else the given knobs over the eager
         # default config, one KV head per tile unless params say otherwise
-        base = default_config(head_dim, dtype) if tile else \
-            graph_default_config(head_dim, dtype, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads)
+        base = (
+            default_config(head_dim, dtype)
+            if tile
+            else graph_default_config(head_dim, dtype, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads)
+        )
         if num_programs is None:
             num_programs = int(self.params.get("num_programs") or 4 * self.gpu.num_sms)
         self._knobs = {k: tile.get(k, getattr(base, k)) for k in _TILE_KNOBS}
@@ -255,10 +290,18 @@ class DecodeWrapper:
         check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile")
         self._knobs["heads_per_tile"] = heads
         cfg = self._knobs
-        self.graph_residency = resident_ctas_per_sm(self.gpu, head_dim, dtype, _NAMES[dtype].itemsize,
-                                                    cfg["block_n"], cfg["num_warps"], cfg["num_stages"],
-                                                    prefetch=cfg["prefetch"], next_item=cfg["next_item"],
-                                                    heads_per_tile=heads)
+        self.graph_residency = resident_ctas_per_sm(
+            self.gpu,
+            head_dim,
+            dtype,
+            _NAMES[dtype].itemsize,
+            cfg["block_n"],
+            cfg["num_warps"],
+            cfg["num_stages"],
+            prefetch=cfg["prefetch"],
+            next_item=cfg["next_item"],
+            heads_per_tile=heads,
+        )
         # the graph's own rule: for table entries tuned on another tile and for policy=None
         self._tile_rule = ("stream_k", {"ctas_per_sm": float(max(1, self.graph_residency))})
         if policy is None:
@@ -269,12 +312,15 @@ class DecodeWrapper:
         self.max_work_items = int(max_work_items)
         self.bufs = alloc_device_plan(max_batch_size, self.max_work_items, self.device)
         if workspace is None:
-            self.workspace = make_workspace(num_qo_heads, head_dim, max_partials=self.max_work_items,
-                                            max_batch=max_batch_size, device=self.device)
+            self.workspace = make_workspace(
+                num_qo_heads, head_dim, max_partials=self.max_work_items, max_batch=max_batch_size, device=self.device
+            )
         elif workspace.max_partials < self.max_work_items or workspace.max_batch < max_batch_size:
-            raise ValueError(f"workspace: holds {workspace.max_partials} partials and {workspace.max_batch} requests; "
-                             f"graph mode needs max_work_items={self.max_work_items} and "
-                             f"max_batch_size={max_batch_size}")
+            raise ValueError(
+                f"workspace: holds {workspace.max_partials} partials and {workspace.max_batch} requests; "
+                f"graph mode needs max_work_items={self.max_work_items} and "
+                f"max_batch_size={max_batch_size}"
+            )
         self.planner_requested = planner
         pin = self.device.type == "cuda"
         n = 5 * self.max_work_items + 4 * max_batch_size + 8
@@ -286,8 +332,11 @@ class DecodeWrapper:
     # ------------------------------------------------------------------ helpers
     def _graph_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         # the graph's tile is fixed, so the whole-wave rule (which picks a tile per batch) does not apply here
-        p = {k: v for k, v in params.items()
-             if k not in _FIXED_KNOBS and k not in ("programs_per_sm", "whole_wave", "whole_wave_heads")}
+        p = {
+            k: v
+            for k, v in params.items()
+            if k not in _FIXED_KNOBS and k not in ("programs_per_sm", "whole_wave", "whole_wave_heads")
+        }
         p.update(self._knobs)
         return p
 
@@ -336,8 +385,14 @@ class DecodeWrapper:
     def _lookup(self, kv_lens_host: np.ndarray) -> tuple[str, dict[str, Any]]:
         if self.table is None:
             return self.policy, self.params
-        key = bucket_key(kv_lens_host, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                                  dtype=self.dtype, device=self.gpu, page_size=self.page_size)
+        key = bucket_key(
+            kv_lens_host,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            device=self.gpu,
+            page_size=self.page_size,
+        )
         entry, _ = self.table.lookup(key)
         if entry is None:
             return self.table.fallback_name, dict(self.table.fallback_params)
@@ -348,8 +403,9 @@ class DecodeWrapper:
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
             if t.dim() != ndim or t.dtype != torch.int32 or not t.is_contiguous():
-                raise ValueError(f"{name}: expected a contiguous 1-D torch.int32 tensor, got shape "
-                                 f"{tuple(t.shape)} dtype {t.dtype}")
+                raise ValueError(
+                    f"{name}: expected a contiguous 1-D torch.int32 tensor, got shape {tuple(t.shape)} dtype {t.dtype}"
+                )
             if t.device != self.device:
                 raise ValueError(f"{name}: expected device {self.device}, got {t.device}")
         B = int(kv_lens.shape[0])
@@ -367,8 +423,9 @@ class DecodeWrapper:
         return self._plan
 
     # ------------------------------------------------------------------ plan
-    def plan(self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor, *,
-             kv_lens_host: Any = None) -> Plan | None:
+    def plan(
+        self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor, *, kv_lens_host: Any = None
+    ) -> Plan | None:
         """Plan one decode step (all layers).
 
         Parameters
@@ -396,8 +453,10 @@ class DecodeWrapper:
         if B != self._B or self._step % self.repick_every == 0:
             if self.table is not None:
                 if kv_lens_host is None:
-                    raise ValueError("kv_lens_host: required when the policy is re-picked from a table "
-                                     "(batch size changed, or every repick_every steps)")
+                    raise ValueError(
+                        "kv_lens_host: required when the policy is re-picked from a table "
+                        "(batch size changed, or every repick_every steps)"
+                    )
                 self._pick(*self._entry_rule(*self._lookup(fastplan.as_kv_lens(kv_lens_host))))
             self._B = B
         self._step += 1
@@ -406,8 +465,10 @@ class DecodeWrapper:
             self._plan = None
             return None
         if kv_lens_host is None:
-            raise ValueError("kv_lens_host: required by the host planner in graph mode (policy "
-                             f"{self.spec.policy!r} is not run on the device)")
+            raise ValueError(
+                "kv_lens_host: required by the host planner in graph mode (policy "
+                f"{self.spec.policy!r} is not run on the device)"
+            )
         p = plan_with(kv_lens_host, self.spec)
         if p.batch_size != B:
             raise ValueError(f"kv_lens_host: expected {B} entries (kv_lens'), got {p.batch_size}")
@@ -425,38 +486,50 @@ class DecodeWrapper:
             i = int(np.flatnonzero(d < 0)[0])
             raise ValueError(f"kv_indptr: must be non-decreasing, kv_indptr[{i + 1}] < kv_indptr[{i}]")
         if indptr[-1] > kv_indices.shape[0]:
-            raise ValueError(f"kv_indptr: last entry {int(indptr[-1])} exceeds len(kv_indices)="
-                             f"{kv_indices.shape[0]}")
+            raise ValueError(f"kv_indptr: last entry {int(indptr[-1])} exceeds len(kv_indices)={kv_indices.shape[0]}")
         if (lens < 0).any():
             i = int(np.flatnonzero(lens < 0)[0])
             raise ValueError(f"kv_lens[{i}]: negative kv_len {int(lens[i])}")
         over = lens > d * self.page_size
         if over.any():
             i = int(np.flatnonzero(over)[0])
-            raise ValueError(f"kv_lens[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages x page_size "
-                             f"{self.page_size}")
+            raise ValueError(
+                f"kv_lens[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages x page_size {self.page_size}"
+            )
         used = kv_indices[: int(indptr[-1])]
         lo = int(used.min()) if used.numel() else 0
         self._max_page = int(used.max()) if used.numel() else -1
         if lo < 0:
             raise ValueError(f"kv_indices: negative page id {lo}")
         if self.table is not None:
-            p, _, _ = self.table.plan(lens, gpu=self.gpu.name, num_qo_heads=self.num_qo_heads,
-                                      num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
-                                      page_size=self.page_size, device=self.gpu)
+            p, _, _ = self.table.plan(
+                lens,
+                gpu=self.gpu.name,
+                num_qo_heads=self.num_qo_heads,
+                num_kv_heads=self.num_kv_heads,
+                head_dim=self.head_dim,
+                dtype=self.dtype,
+                page_size=self.page_size,
+                device=self.gpu,
+            )
         else:
             p = plan_with(lens, self.spec)
         self._plan = p
         self._arrays = p.to(self.device)
-        if not self._own_workspace and (self.workspace.max_partials < p.num_partials or
-                                        self.workspace.max_batch < B):
-            raise ValueError(f"workspace: holds {self.workspace.max_partials} partials and {self.workspace.max_batch} "
-                             f"requests; this step's plan needs {p.num_partials} and {B}")
-        if self.workspace is None or self.workspace.max_partials < p.num_partials or \
-                self.workspace.max_batch < B:
+        if not self._own_workspace and (self.workspace.max_partials < p.num_partials or self.workspace.max_batch < B):
+            raise ValueError(
+                f"workspace: holds {self.workspace.max_partials} partials and {self.workspace.max_batch} "
+                f"requests; this step's plan needs {p.num_partials} and {B}"
+            )
+        if self.workspace is None or self.workspace.max_partials < p.num_partials or self.workspace.max_batch < B:
             grow = max(p.num_partials, 2 * (self.workspace.max_partials if self.workspace else 0))
-            self.workspace = make_workspace(self.num_qo_heads, self.head_dim, max_partials=grow,
-                                            max_batch=max(B, self.max_batch_size), device=self.device)
+            self.workspace = make_workspace(
+                self.num_qo_heads,
+                self.head_dim,
+                max_partials=grow,
+                max_batch=max(B, self.max_batch_size),
+                device=self.device,
+            )
         self._B = B
         return p
 
@@ -470,16 +543,23 @@ class DecodeWrapper:
         st = self._staging[k]
         ws, mr, ms, mn = p.merge_layout()
         C, M = p.num_ctas, mr.shape[0]
-        segs = (("work_request", p.work_request), ("work_kv_start", p.work_kv_start),
-                ("work_kv_end", p.work_kv_end), ("work_slot", ws), ("cta_indptr", p.cta_indptr),
-                ("merge_request", mr), ("merge_slot_start", ms), ("merge_num", mn),
-                ("counts", np.array([W, C, p.num_work_tiles, M])))
+        segs = (
+            ("work_request", p.work_request),
+            ("work_kv_start", p.work_kv_start),
+            ("work_kv_end", p.work_kv_end),
+            ("work_slot", ws),
+            ("cta_indptr", p.cta_indptr),
+            ("merge_request", mr),
+            ("merge_slot_start", ms),
+            ("merge_num", mn),
+            ("counts", np.array([W, C, p.num_work_tiles, M])),
+        )
         host = st.numpy()
         off = 0
         for name, a in segs:
             n = a.shape[0]
-            host[off: off + n] = a
-            getattr(self.bufs, name)[:n].copy_(st[off: off + n], non_blocking=True)
+            host[off : off + n] = a
+            getattr(self.bufs, name)[:n].copy_(st[off : off + n], non_blocking=True)
             off += n
         if self.device.type == "cuda":
             ev = torch.cuda.Event()
@@ -487,8 +567,15 @@ class DecodeWrapper:
             self._staging_done[k] = ev
 
     # ------------------------------------------------------------------ run
-    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, out: torch.Tensor | None = None,
-            return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        *,
+        out: torch.Tensor | None = None,
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Decode attention of one layer for the planned step.
 
         Parameters
@@ -505,32 +592,65 @@ class DecodeWrapper:
             raise ValueError("plan: call plan() before run()")
         B = self._B
         want = _NAMES[self.dtype]
-        for name, t, shape in (("q", q, (B, self.num_qo_heads, self.head_dim)),
-                               ("k_cache", k_cache, None), ("v_cache", v_cache, None)):
+        for name, t, shape in (
+            ("q", q, (B, self.num_qo_heads, self.head_dim)),
+            ("k_cache", k_cache, None),
+            ("v_cache", v_cache, None),
+        ):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
             if t.dtype != want or t.device != self.device or t.stride(-1) != 1:
-                raise ValueError(f"{name}: expected {want} on {self.device} with a contiguous last dimension, "
-                                 f"got {t.dtype} on {t.device}")
+                raise ValueError(
+                    f"{name}: expected {want} on {self.device} with a contiguous last dimension, "
+                    f"got {t.dtype} on {t.device}"
+                )
             if shape is not None and tuple(t.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
         cshape = (self.page_size, self.num_kv_heads, self.head_dim)
         if k_cache.dim() != 4 or tuple(k_cache.shape[1:]) != cshape or tuple(v_cache.shape) != tuple(k_cache.shape):
-            raise ValueError(f"k_cache/v_cache: expected shape (num_pages, {', '.join(map(str, cshape))}), got "
-                             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+            raise ValueError(
+                f"k_cache/v_cache: expected shape (num_pages, {', '.join(map(str, cshape))}), got "
+                f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+            )
         if self._max_page >= k_cache.shape[0]:
-            raise ValueError(f"kv_indices: page id {self._max_page} out of range for a cache of "
-                             f"{k_cache.shape[0]} pages")
+            raise ValueError(
+                f"kv_indices: page id {self._max_page} out of range for a cache of {k_cache.shape[0]} pages"
+            )
         if out is None:
             out = torch.empty_like(q)
         elif tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device:
-            raise ValueError(f"out: expected shape {tuple(q.shape)} {q.dtype} on {q.device}, got "
-                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
+            raise ValueError(
+                f"out: expected shape {tuple(q.shape)} {q.dtype} on {q.device}, got "
+                f"{tuple(out.shape)} {out.dtype} on {out.device}"
+            )
         if not self.use_cuda_graph:
             p = self._plan
-            return launch_decode(q, k_cache, v_cache, self._indptr, self._indices, self._arrays, p.config,
-                                 out=out, workspace=self.workspace, **p.launch_sizes(), sm_scale=self.sm_scale,
-                                 return_lse=return_lse)
-        return launch_decode(q, k_cache, v_cache, self._indptr, self._indices, self.bufs.arrays(), self.config,
-                             out=out, workspace=self.workspace, counts=self.bufs.counts,
-                             max_merge=self.max_batch_size, sm_scale=self.sm_scale, return_lse=return_lse)
+            return launch_decode(
+                q,
+                k_cache,
+                v_cache,
+                self._indptr,
+                self._indices,
+                self._arrays,
+                p.config,
+                out=out,
+                workspace=self.workspace,
+                **p.launch_sizes(),
+                sm_scale=self.sm_scale,
+                return_lse=return_lse,
+            )
+        return launch_decode(
+            q,
+            k_cache,
+            v_cache,
+            self._indptr,
+            self._indices,
+            self.bufs.arrays(),
+            self.config,
+            out=out,
+            workspace=self.workspace,
+            counts=self.bufs.counts,
+            max_merge=self.max_batch_size,
+            sm_scale=self.sm_scale,
+            return_lse=return_lse,
+        )

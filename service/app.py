@@ -37,7 +37,6 @@ import logging
 from typing import Any
 
 import orjson
-
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, Response
@@ -67,8 +66,9 @@ def _custom_openapi(app: FastAPI, max_kv_len: int) -> Any:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         req_model = make_plan_request_model(max_kv_len)
-        _, defs = models_json_schema([(req_model, "validation"), (DeviceIn, "validation")],
-                                     ref_template="#/components/schemas/{model}")
+        _, defs = models_json_schema(
+            [(req_model, "validation"), (DeviceIn, "validation")], ref_template="#/components/schemas/{model}"
+        )
         comps = schema.setdefault("components", {}).setdefault("schemas", {})
         comps.update(defs.get("$defs", {}))
         app.openapi_schema = schema
@@ -153,9 +153,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await asyncio.to_thread(fastparse.warmup)  # compile or load the kv_lens scan before the first request
         await asyncio.to_thread(fastjson.warmup)  # and the answer's writer
         if len(served.table) == 0:
-            log.warning("the store %s has no published policies: every batch gets the %r fallback plan "
-                        "(fill it with `kvsplit run --no-tune`, `kvsplit db import` or `kvsplit tune`)",
-                        url, served.table.fallback_name)
+            log.warning(
+                "the store %s has no published policies: every batch gets the %r fallback plan "
+                "(fill it with `kvsplit run --no-tune`, `kvsplit db import` or `kvsplit tune`)",
+                url,
+                served.table.fallback_name,
+            )
         task = None
         if settings.reload_interval_s > 0:
             task = asyncio.create_task(holder.poll(settings.reload_interval_s))

@@ -49,7 +49,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..kernels.device import DeviceSpec
 from ..kernels.plan import Plan
@@ -58,7 +59,6 @@ from ..kernels.policy_table import PolicyTable
 __all__ = ["PlanClient", "plan_from_response", "PlanServiceError"]
 
 log = logging.getLogger(__name__)
-
 
 
 class PlanServiceError(RuntimeError):
@@ -161,15 +161,24 @@ class PlanClient:
     own refresh thread.
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 10.0, refresh_interval_s: float | None = None,
-                 filters: Mapping[str, Any] | None = None, backoff_initial_s: float = 1.0,
-                 backoff_max_s: float = 60.0, backoff_jitter: float = 0.2) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 10.0,
+        refresh_interval_s: float | None = None,
+        filters: Mapping[str, Any] | None = None,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+        backoff_jitter: float = 0.2,
+    ) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url: expected an http(s) URL, got {url!r}")
         self.url = url.rstrip("/")
         self.timeout_s = _positive("timeout_s", timeout_s)
-        self.refresh_interval_s = None if refresh_interval_s is None else _positive("refresh_interval_s",
-                                                                                    refresh_interval_s)
+        self.refresh_interval_s = (
+            None if refresh_interval_s is None else _positive("refresh_interval_s", refresh_interval_s)
+        )
         self.backoff_initial_s = _positive("backoff_initial_s", backoff_initial_s)
         self.backoff_max_s = _positive("backoff_max_s", backoff_max_s)
         if self.backoff_max_s < self.backoff_initial_s:
@@ -205,8 +214,12 @@ class PlanClient:
 
     def _start_thread(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=_refresh_loop, args=(weakref.ref(self), self._stop),
-                                        name=f"kvsplit-plan-client {self.url}", daemon=True)
+        self._thread = threading.Thread(
+            target=_refresh_loop,
+            args=(weakref.ref(self), self._stop),
+            name=f"kvsplit-plan-client {self.url}",
+            daemon=True,
+        )
         weakref.finalize(self, self._stop.set)  # a client dropped without close() stops its thread
         self._thread.start()
 
@@ -229,8 +242,7 @@ class PlanClient:
         deadline cannot reach it, such as name resolution)."""
         if self.last_error is not None:
             return True
-        return self.refresh_interval_s is not None and \
-            self.table_age_s > self.refresh_interval_s + self.timeout_s
+        return self.refresh_interval_s is not None and self.table_age_s > self.refresh_interval_s + self.timeout_s
 
     @property
     def refreshing(self) -> bool:
@@ -296,8 +308,7 @@ class PlanClient:
             if poll.aborted == "close":
                 raise _Closed(f"{where}: stopped by close()") from None
             if poll.aborted == "deadline" or isinstance(reason, TimeoutError):
-                raise PlanServiceError(f"{where}: no complete answer within timeout_s = {self.timeout_s:g} s") \
-                    from None
+                raise PlanServiceError(f"{where}: no complete answer within timeout_s = {self.timeout_s:g} s") from None
             detail = str(reason)[:200]
             if not detail.isprintable():  # a status line of garbage bytes: keep the log line one line of text
                 detail = ascii(detail)
@@ -316,7 +327,7 @@ class PlanClient:
         return True
 
     @staticmethod
-    def _opener_for(poll: "_Poll") -> urllib.request.OpenerDirector:
+    def _opener_for(poll: _Poll) -> urllib.request.OpenerDirector:
         """urllib's opener (proxies, redirects as usual) whose HTTP(S) connections report their socket to
         ``poll``."""
         return urllib.request.build_opener(_TrackedHTTPHandler(poll), _TrackedHTTPSHandler(poll))
@@ -328,15 +339,24 @@ class PlanClient:
             return
         if self._outage_since is None:
             self._outage_since = time.monotonic()
-            log.warning("cannot refresh the policy table; planning with the cached one (version %d, confirmed "
-                        "%.1f s ago) until the service answers: %s", self.table.version, self.table_age_s, error)
+            log.warning(
+                "cannot refresh the policy table; planning with the cached one (version %d, confirmed "
+                "%.1f s ago) until the service answers: %s",
+                self.table.version,
+                self.table_age_s,
+                error,
+            )
         else:
             log.debug("policy table refresh failed again (%d in a row): %s", self.consecutive_failures, error)
 
     def _succeeded(self) -> None:
         if self._outage_since is not None:
-            log.info("policy table refreshed again after %.1f s and %d failed polls (version %d)",
-                     time.monotonic() - self._outage_since, self.consecutive_failures, self.table.version)
+            log.info(
+                "policy table refreshed again after %.1f s and %d failed polls (version %d)",
+                time.monotonic() - self._outage_since,
+                self.consecutive_failures,
+                self.table.version,
+            )
             self._outage_since = None
         self.last_error = None
         self.consecutive_failures = 0
@@ -362,7 +382,7 @@ class PlanClient:
         if t is not None and t is not threading.current_thread():
             t.join(self.timeout_s + 1.0)
 
-    def __enter__(self) -> "PlanClient":
+    def __enter__(self) -> PlanClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -370,15 +390,42 @@ class PlanClient:
 
     # -- planning ------------------------------------------------------------------------------------
 
-    def plan_with_info(self, kv_lens: Any, *, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                       dtype: str, page_size: int = 16,
-                       device: DeviceSpec | None = None) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
+    def plan_with_info(
+        self,
+        kv_lens: Any,
+        *,
+        gpu: str,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str,
+        page_size: int = 16,
+        device: DeviceSpec | None = None,
+    ) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
         """Like :meth:`plan`, also returning the answer's ``bucket`` and ``policy`` objects."""
-        return self.table.plan(kv_lens, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                               head_dim=head_dim, dtype=dtype, page_size=page_size, device=device)
+        return self.table.plan(
+            kv_lens,
+            gpu=gpu,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            device=device,
+        )
 
-    def plan(self, kv_lens: Any, *, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
-             page_size: int = 16, device: DeviceSpec | None = None) -> Plan:
+    def plan(
+        self,
+        kv_lens: Any,
+        *,
+        gpu: str,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str,
+        page_size: int = 16,
+        device: DeviceSpec | None = None,
+    ) -> Plan:
         """Plan one decode batch locally with the table in hand: no HTTP, no waiting on the refresh thread.
 
         Parameters
@@ -400,8 +447,16 @@ class PlanClient:
         ValueError
             On invalid arguments, naming them.
         """
-        return self.plan_with_info(kv_lens, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                                   head_dim=head_dim, dtype=dtype, page_size=page_size, device=device)[0]
+        return self.plan_with_info(
+            kv_lens,
+            gpu=gpu,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            device=device,
+        )[0]
 
 
 class _Poll:
@@ -467,7 +522,7 @@ class _TrackedHTTPSHandler(_Tracking, urllib.request.HTTPSHandler):
     pass
 
 
-def _after_fork_in_child(ref: "weakref.ref[PlanClient]") -> None:
+def _after_fork_in_child(ref: weakref.ref[PlanClient]) -> None:
     """In a forked child: fresh locks (the parent's refresh thread may have held one) and, unless the
     client was closed, a refresh thread of its own (threads do not survive ``fork``)."""
     client = ref()
@@ -479,7 +534,7 @@ def _after_fork_in_child(ref: "weakref.ref[PlanClient]") -> None:
         client._start_thread()
 
 
-def _refresh_loop(ref: "weakref.ref[PlanClient]", stop: threading.Event) -> None:
+def _refresh_loop(ref: weakref.ref[PlanClient], stop: threading.Event) -> None:
     """The refresh thread: poll, wait (interval or back-off), repeat until ``stop`` or the client is gone.
 
     Holds the client only during a poll, so an unclosed client can still be garbage-collected."""

@@ -12,8 +12,17 @@ from ..kernels.plan import HEAD_DIMS
 from .settings import Settings
 from .state import ServedTable, TableHolder
 
-__all__ = ["get_settings", "get_holder", "get_served", "require_admin", "SettingsDep", "ServedDep", "HolderDep",
-           "AdminDep", "check_head_dim"]
+__all__ = [
+    "get_settings",
+    "get_holder",
+    "get_served",
+    "require_admin",
+    "SettingsDep",
+    "ServedDep",
+    "HolderDep",
+    "AdminDep",
+    "check_head_dim",
+]
 
 
 def get_settings(request: Request) -> Settings:
@@ -46,15 +55,26 @@ def require_admin(request: Request, authorization: Annotated[Optional[str], Head
         if scheme.lower() == "bearer":
             given = value.strip()
     if not given or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode("utf-8")):
-        raise HTTPException(401, "admin route: missing or wrong bearer token (Authorization: Bearer <token>)",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401,
+            "admin route: missing or wrong bearer token (Authorization: Bearer <token>)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 def check_head_dim(head_dim: Optional[int]) -> None:
     """422 (FastAPI's shape) unless the ``head_dim`` query filter is None or 64/128/256."""
     if head_dim is not None and head_dim not in HEAD_DIMS:
-        raise RequestValidationError([{"type": "literal_error", "loc": ("query", "head_dim"),
-                                       "msg": "Input should be 64, 128 or 256", "input": head_dim}])
+        raise RequestValidationError(
+            [
+                {
+                    "type": "literal_error",
+                    "loc": ("query", "head_dim"),
+                    "msg": "Input should be 64, 128 or 256",
+                    "input": head_dim,
+                }
+            ]
+        )
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

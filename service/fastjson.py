@@ -33,11 +33,17 @@ import numpy as np
 
 __all__ = ["ENABLED", "plan_arrays_json", "buffers_json", "warmup", "KEYS"]
 
-KEYS = (b'{"kv_lens":', b',"num_splits":', b',"work_request":', b',"work_kv_start":', b',"work_kv_end":',
-        b',"cta_indptr":')
+KEYS = (
+    b'{"kv_lens":',
+    b',"num_splits":',
+    b',"work_request":',
+    b',"work_kv_start":',
+    b',"work_kv_end":',
+    b',"cta_indptr":',
+)
 """The members the writer opens the answer with, in order (the answer's order)."""
 
-from .fastparse import ENABLED, _jit  # one numba switch (KVSPLIT_NUMBA) for the scan and the writer
+from .fastparse import ENABLED, _jit  # noqa: E402 (after the constants it documents) one numba switch (KVSPLIT_NUMBA) for the scan and the writer
 
 if ENABLED:  # pragma: no branch
     import numba
@@ -86,9 +92,16 @@ def _word8(u):  # pragma: no cover - compiled
 @_inline
 def _put8(out, n, u):  # pragma: no cover - compiled
     """``u < 10^8`` in decimal at ``out[n:]`` (8 bytes stored); returns the end of its digits."""
-    nd = (1 + np.int64(u >= np.uint64(10)) + np.int64(u >= np.uint64(100)) + np.int64(u >= np.uint64(1000))
-          + np.int64(u >= np.uint64(10000)) + np.int64(u >= np.uint64(100000)) + np.int64(u >= np.uint64(1000000))
-          + np.int64(u >= np.uint64(10000000)))
+    nd = (
+        1
+        + np.int64(u >= np.uint64(10))
+        + np.int64(u >= np.uint64(100))
+        + np.int64(u >= np.uint64(1000))
+        + np.int64(u >= np.uint64(10000))
+        + np.int64(u >= np.uint64(100000))
+        + np.int64(u >= np.uint64(1000000))
+        + np.int64(u >= np.uint64(10000000))
+    )
     _store8(out, n, _word8(u) >> np.uint64(8 * (8 - nd)))
     return n + nd
 
@@ -159,7 +172,7 @@ def _write6(kv, a1, a2, a3, a4, a5, with_kv):  # pragma: no cover - compiled
     n = _put_array(out, _put_key(out, n, _K4), a4)
     n = _put_array(out, _put_key(out, n, _K5), a5)
     out[n] = 44  # ','
-    return out[:n + 1]
+    return out[: n + 1]
 
 
 @_jit
@@ -169,15 +182,17 @@ def _plan_arrays(kv, num_splits, work_request, work_kv_start, work_kv_end, cta_i
 
 @_jit
 def _buffers(b64, b32, B, W, nc, with_kv):  # pragma: no cover - compiled
-    return _write6(b64[:B], b32[:B], b32[B:B + W], b64[B:B + W], b64[B + W:B + 2 * W], b32[B + W:B + W + nc],
-                   with_kv)
+    return _write6(
+        b64[:B], b32[:B], b32[B : B + W], b64[B : B + W], b64[B + W : B + 2 * W], b32[B + W : B + W + nc], with_kv
+    )
 
 
 def plan_arrays_json(plan) -> np.ndarray:
     """The answer's opening (module doc) for a :class:`~kvsplit.kernels.workplan.Plan`, as uint8 (a bytes-like
     object: ``b"".join`` takes it). The arrays must be 1-D integer arrays (a Plan's are)."""
-    return _plan_arrays(plan.kv_lens, plan.num_splits, plan.work_request, plan.work_kv_start, plan.work_kv_end,
-                        plan.cta_indptr)
+    return _plan_arrays(
+        plan.kv_lens, plan.num_splits, plan.work_request, plan.work_kv_start, plan.work_kv_end, plan.cta_indptr
+    )
 
 
 def buffers_json(b64: np.ndarray, b32: np.ndarray, B: int, W: int, nc: int, with_kv: bool = True) -> np.ndarray:

@@ -70,6 +70,7 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
     def _jit(fn):
         return fn
 
+
 _ASCII_0 = np.uint64(0x3030303030303030)
 _ADD_118 = np.uint64(0x7676767676767676)
 _HIGH = np.uint64(0x8080808080808080)

@@ -45,6 +45,7 @@ DEMO_BUCKETS = (
 """(shape, kind, args) of the demo buckets ``make run`` tunes."""
 DEMO_TRIALS = 30
 
+
 def _sample_kv_lens() -> list[int]:
     # a skewed80 batch of 64 requests (one holds 80 % of 262,144 tokens), lengths jittered
     # by +-10 % as real batches are: it falls in a bucket the shipped H200 policies cover
@@ -54,7 +55,12 @@ def _sample_kv_lens() -> list[int]:
 
 
 SAMPLE_REQUEST: dict[str, Any] = {
-    "gpu": GPU, "num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16,
+    "gpu": GPU,
+    "num_qo_heads": 32,
+    "num_kv_heads": 4,
+    "head_dim": 128,
+    "dtype": "bfloat16",
+    "page_size": 16,
 }
 
 
@@ -81,23 +87,48 @@ def _import_shipped(url: str) -> None:
             meas = _data("h200_measurements.json")["measurements"]
             bucket_ids = {k: store.get_bucket(s, k).id for k in want}
             for m in meas:
-                store.record_measurement(s, bucket_id=bucket_ids[m["bucket"]], policy_name=m["policy_name"],
-                                         params=m["params"], kv_lens=m["kv_lens"], time_s=m["time_s"],
-                                         floor_s=m["floor_s"], role=m["role"], batch_index=m["batch_index"],
-                                         backend=m["backend"], software=m["software"], stage="verify")
+                store.record_measurement(
+                    s,
+                    bucket_id=bucket_ids[m["bucket"]],
+                    policy_name=m["policy_name"],
+                    params=m["params"],
+                    kv_lens=m["kv_lens"],
+                    time_s=m["time_s"],
+                    floor_s=m["floor_s"],
+                    role=m["role"],
+                    batch_index=m["batch_index"],
+                    backend=m["backend"],
+                    software=m["software"],
+                    stage="verify",
+                )
             roles = {m["role"] for m in meas}  # the shipped set: the training batch of each bucket
             what = "training " if roles == {"train"} else "held-out " if roles == {"heldout"} else ""
-            said.append(f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/build_shipped_policies.py) "
-                        f"and their {len(meas)} {what}measurements")
+            said.append(
+                f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/build_shipped_policies.py) "
+                f"and their {len(meas)} {what}measurements"
+            )
         cal = _data("h200_calibration.json")
         if store.latest_calibration(s, gpu=cal["gpu"]) is None:
-            dev = store.get_or_create_device(s, name=cal["gpu"], num_sms=132, hbm_bandwidth_gbps=4800.0,
-                                             software={"source": cal["source"]},
-                                             read_bandwidth_gbps=cal["read_bandwidth_gbps"])
-            store.record_calibration(s, device_id=dev.id, constants=cal["constants"], error=cal["error"],
-                                     kernel_config=cal["kernel_config"], num_samples=cal["num_samples"])
-            said.append(f"stored the H200 simulator calibration (held-out error median "
-                        f"{cal['error']['heldout']['median']:.1%}, worst {cal['error']['heldout']['worst']:.1%})")
+            dev = store.get_or_create_device(
+                s,
+                name=cal["gpu"],
+                num_sms=132,
+                hbm_bandwidth_gbps=4800.0,
+                software={"source": cal["source"]},
+                read_bandwidth_gbps=cal["read_bandwidth_gbps"],
+            )
+            store.record_calibration(
+                s,
+                device_id=dev.id,
+                constants=cal["constants"],
+                error=cal["error"],
+                kernel_config=cal["kernel_config"],
+                num_samples=cal["num_samples"],
+            )
+            said.append(
+                f"stored the H200 simulator calibration (held-out error median "
+                f"{cal['error']['heldout']['median']:.1%}, worst {cal['error']['heldout']['worst']:.1%})"
+            )
     for line in said:
         _say(line)
 
@@ -124,12 +155,21 @@ def _verified_before(url: str, task: Any, backend: str) -> Any:
 
     name = search.study_name(task, backend)
     with store.session_scope(url) as s:
-        runs = {r.id for r in store.list_runs(s, bucket_key=task.key, status="finished", limit=None)
-                if r.study_name == name and r.n_finished >= DEMO_TRIALS}
+        runs = {
+            r.id
+            for r in store.list_runs(s, bucket_key=task.key, status="finished", limit=None)
+            if r.study_name == name and r.n_finished >= DEMO_TRIALS
+        }
         if not runs:
             return None
-        return next((p for p in store.list_policies(s, bucket_key=task.key)
-                     if p.backend == backend and p.verification and p.tuning_run_id in runs), None)
+        return next(
+            (
+                p
+                for p in store.list_policies(s, bucket_key=task.key)
+                if p.backend == backend and p.verification and p.tuning_run_id in runs
+            ),
+            None,
+        )
 
 
 def _result_line(key: str, state: str, verification: dict | None, published: bool, note: str) -> str:
@@ -164,9 +204,16 @@ def _tune_demo(url: str, backend: str) -> None:
         if done is None:
             todo.append(t)
         else:
-            print(_result_line(t.key, f"tuned before ({backend}), verified as policy {done.id}", done.verification,
-                               done.status == "published", "" if done.status == "published" else
-                               (done.note or f"not published ({done.status})")), flush=True)
+            print(
+                _result_line(
+                    t.key,
+                    f"tuned before ({backend}), verified as policy {done.id}",
+                    done.verification,
+                    done.status == "published",
+                    "" if done.status == "published" else (done.note or f"not published ({done.status})"),
+                ),
+                flush=True,
+            )
     if not todo:
         _say(f"all {len(tasks)} demo buckets were tuned and verified before: nothing to tune")
         return
@@ -175,8 +222,10 @@ def _tune_demo(url: str, backend: str) -> None:
     # a live progress bar on a terminal; one line per bucket in logs
     cfg = search.TuneConfig(database_url=url, n_trials=DEMO_TRIALS, backend=backend, progress=sys.stderr.isatty())
     for r in search.tune(todo, cfg):
-        print(_result_line(r.bucket_key, f"{r.status}, {r.n_finished} trials", r.verification, r.published,
-                           r.message), flush=True)
+        print(
+            _result_line(r.bucket_key, f"{r.status}, {r.n_finished} trials", r.verification, r.published, r.message),
+            flush=True,
+        )
 
 
 def _free_port(host: str, preferred: int) -> int:
@@ -250,8 +299,9 @@ def serve(settings: Any, *, host: str = "127.0.0.1", port: int = 8000) -> None:
     port = _free_port(host, wanted)
     if wanted and port != wanted:
         _say(f"port {wanted} is busy on {host}: serving on port {port} instead")
-    config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        create_app(settings), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
     _say(f"starting the plan service on http://{host}:{port} (then a sample plan request)")
     threading.Thread(target=_show_sample, args=(f"http://{host}:{port}", server), daemon=True).start()
@@ -262,7 +312,9 @@ def serve(settings: Any, *, host: str = "127.0.0.1", port: int = 8000) -> None:
     _say("stopped")
 
 
-def run(*, host: str = "127.0.0.1", port: int | None = None, tune: bool = True, database_url: str | None = None) -> None:
+def run(
+    *, host: str = "127.0.0.1", port: int | None = None, tune: bool = True, database_url: str | None = None
+) -> None:
     """Run the main job (see the module doc); blocks until Ctrl-C. ``database_url``: the store (default
     KVSPLIT_DATABASE_URL from the environment or ./.env, else ./kvsplit.db); ``port``: default KVSPLIT_PORT,
     else 8000.

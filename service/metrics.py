@@ -29,25 +29,37 @@ from __future__ import annotations
 import bisect
 import functools
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["REQUESTS", "LATENCY", "PLAN_LOOKUPS", "POLICIES_LOADED", "POLICIES_VERSION", "RELOADS",
-           "render", "CONTENT_TYPE_LATEST", "MULTIPROCESS", "adder", "observer"]
+__all__ = [
+    "REQUESTS",
+    "LATENCY",
+    "PLAN_LOOKUPS",
+    "POLICIES_LOADED",
+    "POLICIES_VERSION",
+    "RELOADS",
+    "render",
+    "CONTENT_TYPE_LATEST",
+    "MULTIPROCESS",
+    "adder",
+    "observer",
+]
 
 MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 _gauge_kw = {"multiprocess_mode": "mostrecent"} if MULTIPROCESS else {}
 
-REQUESTS = Counter("kvsplit_http_requests", "HTTP requests by route, method and status",
-                   ["route", "method", "status"])
-LATENCY = Histogram("kvsplit_http_request_duration_seconds", "HTTP request latency (s) by route",
-                    ["route", "method"],
-                    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+REQUESTS = Counter("kvsplit_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"])
+LATENCY = Histogram(
+    "kvsplit_http_request_duration_seconds",
+    "HTTP request latency (s) by route",
+    ["route", "method"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
 PLAN_LOOKUPS = Counter("kvsplit_plan_lookups", "Plan lookups by policy source", ["source"])
-POLICIES_LOADED = Gauge("kvsplit_policies_loaded", "Published policies in the served table", ["source"],
-                        **_gauge_kw)
+POLICIES_LOADED = Gauge("kvsplit_policies_loaded", "Published policies in the served table", ["source"], **_gauge_kw)
 POLICIES_VERSION = Gauge("kvsplit_policies_version", "Store policies_version of the served table", **_gauge_kw)
 RELOADS = Counter("kvsplit_policy_reloads", "Policy table reloads", ["result"])
 
@@ -73,9 +85,15 @@ def observer(child: Any) -> Callable[[float], None]:
     total = getattr(child, "_sum", None)
     bounds = getattr(child, "_upper_bounds", None)
     buckets = getattr(child, "_buckets", None)
-    if not (callable(getattr(total, "inc", None)) and isinstance(bounds, list) and isinstance(buckets, list)
-            and len(bounds) == len(buckets) and bounds and bounds[-1] == float("inf")
-            and all(callable(getattr(b, "inc", None)) for b in buckets)):
+    if not (
+        callable(getattr(total, "inc", None))
+        and isinstance(bounds, list)
+        and isinstance(buckets, list)
+        and len(bounds) == len(buckets)
+        and bounds
+        and bounds[-1] == float("inf")
+        and all(callable(getattr(b, "inc", None)) for b in buckets)
+    ):
         return child.observe
     bucket_incs = [b.inc for b in buckets]
     total_inc = total.inc

@@ -52,6 +52,7 @@ def method_label(method: str) -> str:
     """The ``method`` label of a request: the method itself when in :data:`METHODS`, else ``"other"``."""
     return method if method in METHODS else "other"
 
+
 _BODY_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 PLAN_ROUTE = "/v1/plan"
 _START = "http.response.start"
@@ -62,8 +63,11 @@ _CT_JSON = (b"content-type", b"application/json")
 async def _send_json(send: Any, status: int, payload: dict, headers: list | None = None) -> None:
     """An error answer that closes the connection (its body may be unread)."""
     body = orjson.dumps(payload)
-    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close")] + (headers or [])
+    hdrs = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ] + (headers or [])
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": body})
 
@@ -190,8 +194,9 @@ class PlanFastPath:
         self.state = state
         self.max_body = int(max_body_bytes)
         # the children bound once, updated through metrics.adder / observer (the client's own values)
-        self._requests = {s: metrics.adder(metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(s)))
-                          for s in (200, 422, 503)}
+        self._requests = {
+            s: metrics.adder(metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(s))) for s in (200, 422, 503)
+        }
         self._observe = metrics.observer(metrics.LATENCY.labels(PLAN_ROUTE, "POST"))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -216,4 +221,3 @@ class PlanFastPath:
             else:
                 metrics.REQUESTS.labels(PLAN_ROUTE, "POST", str(status)).inc()
             self._observe(time.perf_counter() - t0)
-

@@ -25,8 +25,17 @@ from ..tuner.published import load_table_doc, table_entry
 _log = logging.getLogger("kvsplit.service")
 
 __all__ = [
-    "table_entry", "load_table_doc", "read_version", "policy_detail", "list_buckets", "list_runs",
-    "list_measurements", "canonical_gpu", "family_of", "BASELINES", "SIMULATED_SUFFIX",
+    "table_entry",
+    "load_table_doc",
+    "read_version",
+    "policy_detail",
+    "list_buckets",
+    "list_runs",
+    "list_measurements",
+    "canonical_gpu",
+    "family_of",
+    "BASELINES",
+    "SIMULATED_SUFFIX",
 ]
 
 BASELINES = ("balanced", "fa3", "flashinfer", "no_split")
@@ -66,9 +75,15 @@ def policy_detail(url: str, policy_id: int) -> dict[str, Any] | None:
     return d
 
 
-def list_buckets(url: str, *, gpu: str | None = None, num_kv_heads: int | None = None,
-                 head_dim: int | None = None, dtype: str | None = None,
-                 page_size: int | None = None) -> list[dict[str, Any]]:
+def list_buckets(
+    url: str,
+    *,
+    gpu: str | None = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+    dtype: str | None = None,
+    page_size: int | None = None,
+) -> list[dict[str, Any]]:
     """Buckets with their published policy id, optionally filtered by shape fields."""
     try:
         want_gpu = None if gpu is None else gpu_slug(gpu)
@@ -79,19 +94,31 @@ def list_buckets(url: str, *, gpu: str | None = None, num_kv_heads: int | None =
         published = {p.bucket_id: p for p in store.list_published(s)}
         out = []
         for b in rows:
-            if ((want_gpu is not None and gpu_slug(b.gpu) != want_gpu)
-                    or (num_kv_heads is not None and b.num_kv_heads != num_kv_heads)
-                    or (head_dim is not None and b.head_dim != head_dim)
-                    or (dtype is not None and b.dtype != dtype)
-                    or (page_size is not None and b.page_size != page_size)):
+            if (
+                (want_gpu is not None and gpu_slug(b.gpu) != want_gpu)
+                or (num_kv_heads is not None and b.num_kv_heads != num_kv_heads)
+                or (head_dim is not None and b.head_dim != head_dim)
+                or (dtype is not None and b.dtype != dtype)
+                or (page_size is not None and b.page_size != page_size)
+            ):
                 continue
             p = published.get(b.id)
-            out.append({
-                "id": b.id, "key": b.key, "gpu": b.gpu, "num_kv_heads": b.num_kv_heads, "head_dim": b.head_dim,
-                "dtype": b.dtype, "page_size": b.page_size, "source": b.source, "family": family_of(b),
-                "signature": dict(b.signature or {}), "published_policy_id": None if p is None else p.id,
-                "created_at": _iso(b.created_at),
-            })
+            out.append(
+                {
+                    "id": b.id,
+                    "key": b.key,
+                    "gpu": b.gpu,
+                    "num_kv_heads": b.num_kv_heads,
+                    "head_dim": b.head_dim,
+                    "dtype": b.dtype,
+                    "page_size": b.page_size,
+                    "source": b.source,
+                    "family": family_of(b),
+                    "signature": dict(b.signature or {}),
+                    "published_policy_id": None if p is None else p.id,
+                    "created_at": _iso(b.created_at),
+                }
+            )
     return out
 
 
@@ -104,11 +131,23 @@ def _run_dict(r: Any) -> dict[str, Any]:
     if abandoned is not None:
         status, message = "failed", abandoned
     return {
-        "id": r.id, "bucket": r.bucket.key if r.bucket is not None else None, "study_name": r.study_name,
-        "storage_kind": r.storage_kind, "backend": r.backend, "status": status, "n_trials": r.n_trials,
-        "n_finished": r.n_finished, "workers": r.workers, "best_value": r.best_value,
-        "best_params": r.best_params, "message": message, "started_at": _iso(r.started_at),
-        "finished_at": _iso(r.finished_at), "duration_s": dur, "host": r.host, "pid": r.pid,
+        "id": r.id,
+        "bucket": r.bucket.key if r.bucket is not None else None,
+        "study_name": r.study_name,
+        "storage_kind": r.storage_kind,
+        "backend": r.backend,
+        "status": status,
+        "n_trials": r.n_trials,
+        "n_finished": r.n_finished,
+        "workers": r.workers,
+        "best_value": r.best_value,
+        "best_params": r.best_params,
+        "message": message,
+        "started_at": _iso(r.started_at),
+        "finished_at": _iso(r.finished_at),
+        "duration_s": dur,
+        "host": r.host,
+        "pid": r.pid,
         "heartbeat_at": _iso(r.heartbeat_at),
     }
 
@@ -130,8 +169,9 @@ def reap_runs(url: str) -> int:
         return 0
 
 
-def list_runs(url: str, *, bucket: str | None = None, status: str | None = None,
-              limit: int = 100) -> list[dict[str, Any]]:
+def list_runs(
+    url: str, *, bucket: str | None = None, status: str | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
     """Tuning runs, newest first; abandoned ``running`` rows are marked ``failed`` first (:func:`reap_runs`)."""
     reap_runs(url)
     with store.session_scope(url) as s:
@@ -140,15 +180,28 @@ def list_runs(url: str, *, bucket: str | None = None, status: str | None = None,
 
 def _measurement_dict(m: Any, key: str) -> dict[str, Any]:
     return {
-        "id": m.id, "bucket": key, "tuning_run_id": m.tuning_run_id, "policy_id": m.policy_id, "stage": m.stage,
-        "policy_name": m.policy_name, "params": dict(m.params or {}), "role": m.role, "batch_index": m.batch_index,
-        "batch_size": m.batch_size, "total_tokens": m.total_tokens, "time_s": m.time_s, "floor_s": m.floor_s,
-        "ratio": m.ratio, "backend": m.backend, "created_at": _iso(m.created_at),
+        "id": m.id,
+        "bucket": key,
+        "tuning_run_id": m.tuning_run_id,
+        "policy_id": m.policy_id,
+        "stage": m.stage,
+        "policy_name": m.policy_name,
+        "params": dict(m.params or {}),
+        "role": m.role,
+        "batch_index": m.batch_index,
+        "batch_size": m.batch_size,
+        "total_tokens": m.total_tokens,
+        "time_s": m.time_s,
+        "floor_s": m.floor_s,
+        "ratio": m.ratio,
+        "backend": m.backend,
+        "created_at": _iso(m.created_at),
     }
 
 
-def list_measurements(url: str, *, bucket: str | None = None, policy_name: str | None = None,
-                      stage: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+def list_measurements(
+    url: str, *, bucket: str | None = None, policy_name: str | None = None, stage: str | None = None, limit: int = 1000
+) -> list[dict[str, Any]]:
     """Measurements (oldest first) without their kv_lens arrays."""
     with store.session_scope(url) as s:
         keys = {b.id: b.key for b in store.list_buckets(s)}
@@ -190,15 +243,21 @@ def _times_served_plan(b: Any, p: Any, m: Any) -> bool:
     if {k: v for k, v in pp.items() if k not in _WHOLE_WAVE_KEYS} != mp or not m.kv_lens:
         return False
     try:
-        shape = dict(num_kv_heads=b.num_kv_heads, device=resolve_device(b.gpu), head_dim=b.head_dim,
-                     page_size=b.page_size, dtype=b.dtype)
+        shape = dict(
+            num_kv_heads=b.num_kv_heads,
+            device=resolve_device(b.gpu),
+            head_dim=b.head_dim,
+            page_size=b.page_size,
+            dtype=b.dtype,
+        )
         served = make_plan(m.kv_lens, policy=p.name, params=pp, **shape)
         timed = make_plan(m.kv_lens, policy=p.name, params=mp, **shape)
     except ValueError:  # a GPU or a stored policy the planner refuses: nothing to match
         return False
     return served.config == timed.config and all(
         np.array_equal(getattr(served, f), getattr(timed, f))
-        for f in ("num_splits", "work_request", "work_kv_start", "work_kv_end", "cta_indptr"))
+        for f in ("num_splits", "work_request", "work_kv_start", "work_kv_end", "cta_indptr")
+    )
 
 
 def geomean(xs: list[float]) -> float:
@@ -242,9 +301,18 @@ def dashboard_data(url: str) -> dict[str, Any]:
         shapes: dict[tuple, dict[str, Any]] = {}
         for b in buckets:
             shape = (b.gpu, b.num_kv_heads, b.head_dim, b.dtype, b.page_size)
-            sh = shapes.setdefault(shape, {"gpu": b.gpu, "num_kv_heads": b.num_kv_heads, "head_dim": b.head_dim,
-                                           "dtype": b.dtype, "page_size": b.page_size, "buckets": [],
-                                           "series": defaultdict(lambda: defaultdict(list))})
+            sh = shapes.setdefault(
+                shape,
+                {
+                    "gpu": b.gpu,
+                    "num_kv_heads": b.num_kv_heads,
+                    "head_dim": b.head_dim,
+                    "dtype": b.dtype,
+                    "page_size": b.page_size,
+                    "buckets": [],
+                    "series": defaultdict(lambda: defaultdict(list)),
+                },
+            )
             p = published.get(b.id)
             ms = by_bucket.get(b.id, [])
             evidence = "held-out"
@@ -254,8 +322,11 @@ def dashboard_data(url: str) -> dict[str, Any]:
                 ms = [m for m in ms if p.tuning_run_id is not None and m.tuning_run_id == p.tuning_run_id]
                 if not ms:
                     # the published policy's own training timings (its params) and the baselines beside them
-                    own = [m for m in train_by_bucket.get(b.id, [])
-                           if m.policy_name != "tuned" or _times_served_plan(b, p, m)]
+                    own = [
+                        m
+                        for m in train_by_bucket.get(b.id, [])
+                        if m.policy_name != "tuned" or _times_served_plan(b, p, m)
+                    ]
                     if any(m.policy_name == "tuned" for m in own):
                         ms, evidence = own, "training"
             elif ms:
@@ -271,25 +342,43 @@ def dashboard_data(url: str) -> dict[str, Any]:
             ratios = {name: geomean([m.ratio for m in d.values()]) for name, d in per_policy.items()}
             tuned = per_policy.get("tuned", {})
             speedups = {}
-            for base in sorted(set(per_policy) - {"tuned"}, key=lambda n: (BASELINES.index(n) if n in BASELINES
-                                                                         else 99, n)):
+            for base in sorted(
+                set(per_policy) - {"tuned"}, key=lambda n: (BASELINES.index(n) if n in BASELINES else 99, n)
+            ):
                 pairs = [per_policy[base][i].time_s / tuned[i].time_s for i in tuned if i in per_policy[base]]
                 speedups[base] = geomean(pairs) if pairs else None
             bsz = sorted(m.batch_size for m in ms)
             batch_size = bsz[len(bsz) // 2] if bsz else None
             family = family_of(b)
             measured_on = sorted({m.backend for m in ms})
-            sh["buckets"].append({
-                "id": b.id, "key": b.key, "family": family, "source": b.source, "batch_size": batch_size,
-                "total_tokens": (sorted(m.total_tokens for m in ms)[len(ms) // 2] if ms else None),
-                "policy": None if p is None else {
-                    "id": p.id, "version": p.version, "name": p.name, "params": dict(p.params or {}),
-                    "backend": p.backend, "source": SOURCE_OF_BACKEND[p.backend], "score": p.score,
-                    "published_at": _iso(p.published_at)},
-                "ratios": ratios, "speedups": speedups, "n_heldout": len(tuned) if evidence == "held-out" else 0,
-                "n_train": len(tuned) if evidence == "training" else 0, "evidence": evidence,
-                "measured_on": measured_on,
-            })
+            sh["buckets"].append(
+                {
+                    "id": b.id,
+                    "key": b.key,
+                    "family": family,
+                    "source": b.source,
+                    "batch_size": batch_size,
+                    "total_tokens": (sorted(m.total_tokens for m in ms)[len(ms) // 2] if ms else None),
+                    "policy": None
+                    if p is None
+                    else {
+                        "id": p.id,
+                        "version": p.version,
+                        "name": p.name,
+                        "params": dict(p.params or {}),
+                        "backend": p.backend,
+                        "source": SOURCE_OF_BACKEND[p.backend],
+                        "score": p.score,
+                        "published_at": _iso(p.published_at),
+                    },
+                    "ratios": ratios,
+                    "speedups": speedups,
+                    "n_heldout": len(tuned) if evidence == "held-out" else 0,
+                    "n_train": len(tuned) if evidence == "training" else 0,
+                    "evidence": evidence,
+                    "measured_on": measured_on,
+                }
+            )
             if batch_size is not None:
                 for name, r in ratios.items():
                     if not math.isfinite(r) or (name == "tuned" and p is None):
@@ -300,18 +389,31 @@ def dashboard_data(url: str) -> dict[str, Any]:
         for sh in shapes.values():
             fams = {}
             for fam, pol in sh["series"].items():
+
                 def rank(n: str) -> tuple:
                     base = n.removesuffix(SIMULATED_SUFFIX)
                     return (base != "tuned", BASELINES.index(base) if base in BASELINES else 99, base, n != base)
 
                 order = sorted(pol, key=rank)
                 fams[fam] = [(n, _merge_points(pol[n])) for n in order]
-            sh["families"] = dict(sorted(fams.items(), key=lambda kv: (_FAMILIES + ("trace", "other")).index(kv[0])
-                                         if kv[0] in _FAMILIES + ("trace", "other") else 99))
+            sh["families"] = dict(
+                sorted(
+                    fams.items(),
+                    key=lambda kv: (
+                        (_FAMILIES + ("trace", "other")).index(kv[0]) if kv[0] in _FAMILIES + ("trace", "other") else 99
+                    ),
+                )
+            )
             del sh["series"]
-            sh["buckets"].sort(key=lambda d: ((_FAMILIES + ("trace", "other")).index(d["family"])
-                                              if d["family"] in _FAMILIES + ("trace", "other") else 99,
-                                              d["batch_size"] or 0, d["key"]))
+            sh["buckets"].sort(
+                key=lambda d: (
+                    (_FAMILIES + ("trace", "other")).index(d["family"])
+                    if d["family"] in _FAMILIES + ("trace", "other")
+                    else 99,
+                    d["batch_size"] or 0,
+                    d["key"],
+                )
+            )
             out_shapes.append(sh)
     out_shapes.sort(key=lambda sh: -len(sh["buckets"]))  # the best-covered shape (the main model) first
     return {"version": version, "shapes": out_shapes, "runs": runs}

@@ -15,10 +15,28 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..kernels.plan import MAX_BATCH
 
 __all__ = [
-    "DeviceIn", "PlanRequest", "PlanResponse", "KernelConfigOut", "MadeFor", "BucketMatch", "PolicyUsed",
-    "PolicyTableDoc", "PolicyEntryOut", "PolicyDetail", "BucketOut", "BucketList", "RunOut", "RunList",
-    "MeasurementOut", "MeasurementList", "Health", "ErrorDetail", "ValidationErrorOut", "ImportResult",
-    "PolicyStatusOut", "make_plan_request_model",
+    "DeviceIn",
+    "PlanRequest",
+    "PlanResponse",
+    "KernelConfigOut",
+    "MadeFor",
+    "BucketMatch",
+    "PolicyUsed",
+    "PolicyTableDoc",
+    "PolicyEntryOut",
+    "PolicyDetail",
+    "BucketOut",
+    "BucketList",
+    "RunOut",
+    "RunList",
+    "MeasurementOut",
+    "MeasurementList",
+    "Health",
+    "ErrorDetail",
+    "ValidationErrorOut",
+    "ImportResult",
+    "PolicyStatusOut",
+    "make_plan_request_model",
 ]
 
 _GPU = Field(min_length=1, max_length=200, pattern=r"\S", description="GPU name or alias, e.g. 'NVIDIA H200'")
@@ -28,8 +46,9 @@ class DeviceIn(BaseModel):
     """Numbers of a GPU the service does not know (see kvsplit.kernels.device.DeviceSpec)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: Optional[str] = Field(None, min_length=1, max_length=200, pattern=r"\S",
-                                description="defaults to the request's gpu")
+    name: Optional[str] = Field(
+        None, min_length=1, max_length=200, pattern=r"\S", description="defaults to the request's gpu"
+    )
     num_sms: int = Field(ge=1, le=65536)
     hbm_bandwidth_gbps: float = Field(gt=0, le=1e6, description="GB/s")
     l2_bytes: int = Field(ge=0, le=2**40)
@@ -37,9 +56,12 @@ class DeviceIn(BaseModel):
     smem_per_block_bytes: int = Field(ge=1, le=2**24)
     regs_per_sm: int = Field(65536, ge=1, le=2**24)
     max_threads_per_sm: int = Field(2048, ge=32, le=65536)
-    compute_capability: list[int] = Field([9, 0], min_length=2, max_length=2,
-                                          json_schema_extra={"items": {"type": "integer", "minimum": 0,
-                                                                       "maximum": 100}})
+    compute_capability: list[int] = Field(
+        [9, 0],
+        min_length=2,
+        max_length=2,
+        json_schema_extra={"items": {"type": "integer", "minimum": 0, "maximum": 100}},
+    )
 
 
 def make_plan_request_model(max_kv_len: int) -> type[BaseModel]:
@@ -54,12 +76,15 @@ def make_plan_request_model(max_kv_len: int) -> type[BaseModel]:
         num_kv_heads: int = Field(ge=1, le=1024)
         head_dim: Literal[64, 128, 256]
         dtype: Literal["bfloat16", "float16", "float32", "bf16", "fp16", "f16", "fp32", "f32"] = Field(
-            description="KV dtype: torch's name or an alias (bf16, fp16/f16, fp32/f32)")
+            description="KV dtype: torch's name or an alias (bf16, fp16/f16, fp32/f32)"
+        )
         page_size: int = Field(ge=1, le=256)
-        kv_lens: list[int] = Field(min_length=1, max_length=MAX_BATCH,
-                                   json_schema_extra={"items": {"type": "integer", "minimum": 0,
-                                                                "maximum": max_kv_len}},
-                                   description=f"tokens in each request's KV cache, 0..{max_kv_len}")
+        kv_lens: list[int] = Field(
+            min_length=1,
+            max_length=MAX_BATCH,
+            json_schema_extra={"items": {"type": "integer", "minimum": 0, "maximum": max_kv_len}},
+            description=f"tokens in each request's KV cache, 0..{max_kv_len}",
+        )
         device: Optional[DeviceIn] = None
 
     return PlanRequest

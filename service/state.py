@@ -15,8 +15,9 @@ import asyncio
 import hashlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -54,7 +55,7 @@ class ServedTable:
     _filtered: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_doc(cls, doc: dict[str, Any]) -> "ServedTable":
+    def from_doc(cls, doc: dict[str, Any]) -> ServedTable:
         body = orjson.dumps(doc)
         # Build the table from the bytes a client would receive, so the server
         # plans from exactly what PlanClient plans from.
@@ -69,9 +70,11 @@ class ServedTable:
         if hit is None:
             names = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
             want = (None if flt[0] is None else _slug_or_none(flt[0]),) + tuple(flt[1:])
-            pols = [p for p in self.doc["data"]
-                    if all(v is None or (gpu_slug(p["gpu"]) if n == "gpu" else p.get(n)) == v
-                           for n, v in zip(names, want))]
+            pols = [
+                p
+                for p in self.doc["data"]
+                if all(v is None or (gpu_slug(p["gpu"]) if n == "gpu" else p.get(n)) == v for n, v in zip(names, want))
+            ]
             body = orjson.dumps({**self.doc, "count": len(pols), "data": pols})
             hit = (body, etag_of(body))
             if len(self._filtered) < 256:

@@ -86,8 +86,12 @@ def error(type_: str, loc: tuple | list, msg: str, input_: Any = None, **ctx: An
     echo = _short(input_)
     if isinstance(echo, (list, dict)) and len(orjson.dumps(echo)) > _ECHO_BYTES:
         echo = _short(input_, _ECHO_LEVELS)  # its size only
-    e: dict[str, Any] = {"type": type_, "loc": [x[:64] if type(x) is str else x for x in loc], "msg": msg,
-                         "input": echo}
+    e: dict[str, Any] = {
+        "type": type_,
+        "loc": [x[:64] if type(x) is str else x for x in loc],
+        "msg": msg,
+        "input": echo,
+    }
     if ctx:
         e["ctx"] = ctx
     return e
@@ -137,7 +141,9 @@ def _type_name(v: Any) -> str:
         return "null"
     if isinstance(v, bool):
         return "boolean"
-    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
+    return {int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(v), type(v).__name__
+    )
 
 
 def _check_int(errs: list, loc: tuple, v: Any, lo: int, hi: int) -> int | None:
@@ -169,12 +175,30 @@ def _kv_lens(errs: list, v: Any, max_kv_len: int) -> np.ndarray | None:
         return None
     n = len(v)
     if n < 1:
-        errs.append(error("too_short", loc, "List should have at least 1 item after validation, not 0", v,
-                          field_type="List", min_length=1, actual_length=0))
+        errs.append(
+            error(
+                "too_short",
+                loc,
+                "List should have at least 1 item after validation, not 0",
+                v,
+                field_type="List",
+                min_length=1,
+                actual_length=0,
+            )
+        )
         return None
     if n > MAX_BATCH:
-        errs.append(error("too_long", loc, f"List should have at most {MAX_BATCH} items after validation, not {n}",
-                          v, field_type="List", max_length=MAX_BATCH, actual_length=n))
+        errs.append(
+            error(
+                "too_long",
+                loc,
+                f"List should have at most {MAX_BATCH} items after validation, not {n}",
+                v,
+                field_type="List",
+                max_length=MAX_BATCH,
+                actual_length=n,
+            )
+        )
         return None
     # fast path: every entry a Python int (bool is a subclass of int but not `int` itself)
     types = set(map(type, v))
@@ -213,32 +237,58 @@ def _device(errs: list, v: Any, gpu: str | None) -> DeviceSpec | None:
             return None
         fields["name"] = gpu
     elif type(fields["name"]) is not str or not fields["name"].strip() or len(fields["name"]) > MAX_GPU_NAME:
-        errs.append(error("string_type", loc + ("name",), f"Input should be a non-empty string of at most "
-                          f"{MAX_GPU_NAME} characters", fields["name"]))
+        errs.append(
+            error(
+                "string_type",
+                loc + ("name",),
+                f"Input should be a non-empty string of at most {MAX_GPU_NAME} characters",
+                fields["name"],
+            )
+        )
         return None
-    missing = [k for k in ("num_sms", "hbm_bandwidth_gbps", "l2_bytes", "smem_per_sm_bytes", "smem_per_block_bytes")
-               if k not in fields]
+    missing = [
+        k
+        for k in ("num_sms", "hbm_bandwidth_gbps", "l2_bytes", "smem_per_sm_bytes", "smem_per_block_bytes")
+        if k not in fields
+    ]
     for k in missing:
         errs.append(error("missing", loc + (k,), "Field required", None))
     if missing:
         return None
-    limits = {"num_sms": (1, 1 << 16), "l2_bytes": (0, 1 << 40), "smem_per_sm_bytes": (1, 1 << 24),
-              "smem_per_block_bytes": (1, 1 << 24), "regs_per_sm": (1, 1 << 24), "max_threads_per_sm": (32, 1 << 16)}
+    limits = {
+        "num_sms": (1, 1 << 16),
+        "l2_bytes": (0, 1 << 40),
+        "smem_per_sm_bytes": (1, 1 << 24),
+        "smem_per_block_bytes": (1, 1 << 24),
+        "regs_per_sm": (1, 1 << 24),
+        "max_threads_per_sm": (32, 1 << 16),
+    }
     ok = True
     for k, (lo, hi) in limits.items():
         if k in fields and _check_int(errs, loc + (k,), fields[k], lo, hi) is None:
             ok = False
     bw = fields["hbm_bandwidth_gbps"]
     if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not (0 < bw <= 1e6):
-        errs.append(error("float_type" if not isinstance(bw, (int, float)) or isinstance(bw, bool) else "greater_than",
-                          loc + ("hbm_bandwidth_gbps",), "Input should be a number in (0, 1e6] GB/s", bw))
+        errs.append(
+            error(
+                "float_type" if not isinstance(bw, (int, float)) or isinstance(bw, bool) else "greater_than",
+                loc + ("hbm_bandwidth_gbps",),
+                "Input should be a number in (0, 1e6] GB/s",
+                bw,
+            )
+        )
         ok = False
     if "compute_capability" in fields:
         cc = fields["compute_capability"]
-        if (type(cc) is not list or len(cc) != 2
-                or not all(type(c) is int and 0 <= c <= 100 for c in cc)):
-            errs.append(error("tuple_type", loc + ("compute_capability",),
-                              "Input should be [major, minor], two integers in [0, 100]", cc))
+        if type(cc) is not list or len(cc) != 2 or not all(type(c) is int and 0 <= c <= 100 for c in cc):
+            errs.append(
+                error(
+                    "tuple_type",
+                    loc + ("compute_capability",),
+                    "Input should be [major, minor], two integers in [0, 100]",
+                    cc,
+                )
+            )
             ok = False
         else:
             fields["compute_capability"] = tuple(cc)
@@ -258,8 +308,13 @@ any field is validated, so no error echoes a deep value."""
 
 
 def _too_deep(loc: tuple) -> dict[str, Any]:
-    return error("json_too_deep", loc, f"JSON nested deeper than {MAX_DEPTH} levels (arrays and objects); a plan "
-                 f"request nests at most 3", None, max_depth=MAX_DEPTH)
+    return error(
+        "json_too_deep",
+        loc,
+        f"JSON nested deeper than {MAX_DEPTH} levels (arrays and objects); a plan request nests at most 3",
+        None,
+        max_depth=MAX_DEPTH,
+    )
 
 
 def _check_depth(loc: tuple, v: Any) -> None:
@@ -298,8 +353,14 @@ def _known_header(doc: dict) -> tuple | None:
         v = doc["kv_lens"]
     except KeyError:
         return None
-    if not (type(gpu) is str and type(hq) is int and type(hkv) is int and type(hd) is int and type(dt) is str
-            and type(ps) is int):
+    if not (
+        type(gpu) is str
+        and type(hq) is int
+        and type(hkv) is int
+        and type(hd) is int
+        and type(dt) is str
+        and type(ps) is int
+    ):
         return None
     hit = _HEADERS.get((gpu, hq, hkv, hd, dt, ps))
     if hit is None:
@@ -401,7 +462,8 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
         if "depth limit" in why:  # orjson's own limit (1,024 levels), far above ours
             raise RequestValidationFailed([_too_deep(("body", pos))]) from None
         raise RequestValidationFailed(
-            [error("json_invalid", ("body", pos), "JSON decode error", None, error=why)]) from None
+            [error("json_invalid", ("body", pos), "JSON decode error", None, error=why)]
+        ) from None
     if type(doc) is dict:
         fast = _fast_path(doc, body, max_kv_len)
         if fast is not None:
@@ -410,8 +472,15 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
         if type(doc) is list and body.count(b"[") > MAX_DEPTH:
             _check_depth(("body",), doc)
         raise RequestValidationFailed(
-            [error("model_attributes_type", ("body",), "Input should be a valid dictionary or object to extract "
-                   f"fields from, got {_type_name(doc)}", doc)])
+            [
+                error(
+                    "model_attributes_type",
+                    ("body",),
+                    f"Input should be a valid dictionary or object to extract fields from, got {_type_name(doc)}",
+                    doc,
+                )
+            ]
+        )
     if body.count(b"[") + body.count(b"{") > MAX_DEPTH:  # else no value can nest deeper (C-speed count)
         for k, v in doc.items():
             _check_depth(("body", k), v)
@@ -429,30 +498,57 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
 
     gpu = doc["gpu"]
     if type(gpu) is not str or not gpu.strip() or len(gpu) > MAX_GPU_NAME:
-        errs.append(error("string_type", ("body", "gpu"),
-                          f"Input should be a non-empty string of at most {MAX_GPU_NAME} characters", gpu))
+        errs.append(
+            error(
+                "string_type",
+                ("body", "gpu"),
+                f"Input should be a non-empty string of at most {MAX_GPU_NAME} characters",
+                gpu,
+            )
+        )
         gpu = None
     hq = _check_int(errs, ("body", "num_qo_heads"), doc["num_qo_heads"], 1, MAX_QO_HEADS)
     hkv = _check_int(errs, ("body", "num_kv_heads"), doc["num_kv_heads"], 1, MAX_HEADS)
     hd = doc["head_dim"]
     if type(hd) is not int or hd not in HEAD_DIMS:
-        errs.append(error("literal_error", ("body", "head_dim"),
-                          "Input should be " + " or ".join(str(h) for h in HEAD_DIMS), hd,
-                          expected=", ".join(str(h) for h in HEAD_DIMS)))
+        errs.append(
+            error(
+                "literal_error",
+                ("body", "head_dim"),
+                "Input should be " + " or ".join(str(h) for h in HEAD_DIMS),
+                hd,
+                expected=", ".join(str(h) for h in HEAD_DIMS),
+            )
+        )
         hd = None
     dt_raw = doc["dtype"]
     dt = DTYPE_ALIASES.get(dt_raw, dt_raw) if type(dt_raw) is str else dt_raw  # "bf16" -> "bfloat16", as the CLI
     if type(dt) is not str or dt not in DTYPES:
         names = sorted(DTYPES)
-        errs.append(error("literal_error", ("body", "dtype"),
-                          "Input should be " + ", ".join(repr(n) for n in names) + " (or an alias: "
-                          + ", ".join(repr(a) for a in DTYPE_ALIASES) + ")", dt_raw,
-                          expected=", ".join(names + list(DTYPE_ALIASES))))
+        errs.append(
+            error(
+                "literal_error",
+                ("body", "dtype"),
+                "Input should be "
+                + ", ".join(repr(n) for n in names)
+                + " (or an alias: "
+                + ", ".join(repr(a) for a in DTYPE_ALIASES)
+                + ")",
+                dt_raw,
+                expected=", ".join(names + list(DTYPE_ALIASES)),
+            )
+        )
         dt = None
     ps = _check_int(errs, ("body", "page_size"), doc["page_size"], 1, MAX_PAGE_SIZE)
     if hq is not None and hkv is not None and hq % hkv:
-        errs.append(error("value_error", ("body", "num_qo_heads"),
-                          f"Value error, num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv})", hq))
+        errs.append(
+            error(
+                "value_error",
+                ("body", "num_qo_heads"),
+                f"Value error, num_qo_heads ({hq}) must be a multiple of num_kv_heads ({hkv})",
+                hq,
+            )
+        )
     kv = _kv_lens(errs, doc["kv_lens"], max_kv_len)
     dev: DeviceSpec | None = None
     if "device" in doc and doc["device"] is not None:
@@ -462,9 +558,15 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
             dev = resolve_device(gpu)
         except ValueError:
             known = ", ".join(sorted(d.name for d in known_devices()))
-            errs.append(error("value_error", ("body", "gpu"),
-                              f"Value error, unknown GPU {gpu!r}; known: {known}; for another GPU send a "
-                              f"`device` object with its numbers", gpu))
+            errs.append(
+                error(
+                    "value_error",
+                    ("body", "gpu"),
+                    f"Value error, unknown GPU {gpu!r}; known: {known}; for another GPU send a "
+                    f"`device` object with its numbers",
+                    gpu,
+                )
+            )
     if errs:
         raise RequestValidationFailed(errs)
     assert dev is not None and kv is not None and gpu is not None

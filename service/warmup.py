@@ -27,9 +27,11 @@ def _parts() -> list[tuple[str, Callable[[], None]]]:
     from ..kernels import fastplan
     from . import fastjson, fastparse
 
-    return [("the host planner (kvsplit.kernels.fastplan)", fastplan.warmup),
-            ("the plan request scan (kvsplit.service.fastparse)", fastparse.warmup),
-            ("the plan answer writer (kvsplit.service.fastjson)", fastjson.warmup)]
+    return [
+        ("the host planner (kvsplit.kernels.fastplan)", fastplan.warmup),
+        ("the plan request scan (kvsplit.service.fastparse)", fastparse.warmup),
+        ("the plan answer writer (kvsplit.service.fastjson)", fastjson.warmup),
+    ]
 
 
 @contextmanager
@@ -86,6 +88,7 @@ def warmup(say: Callable[[str], None] = print, *, every: float = 4.0) -> float:
 
 def main() -> None:
     """``python -m kvsplit.service.warmup``: warm the cache, print each step."""
+
     def say(msg: str) -> None:
         print(f"[kvsplit warmup] {msg}", flush=True)
 

@@ -47,8 +47,16 @@ class StoreInfo:
 
 def key_of(lens, **shape) -> str:
     s = dict(SHAPE, **shape)
-    return str(bucket_key(np.asarray(lens), num_kv_heads=s["num_kv_heads"], head_dim=s["head_dim"], dtype=s["dtype"],
-                          device=s["gpu"], page_size=s["page_size"]))
+    return str(
+        bucket_key(
+            np.asarray(lens),
+            num_kv_heads=s["num_kv_heads"],
+            head_dim=s["head_dim"],
+            dtype=s["dtype"],
+            device=s["gpu"],
+            page_size=s["page_size"],
+        )
+    )
 
 
 def fill_store(url: str) -> StoreInfo:
@@ -56,22 +64,45 @@ def fill_store(url: str) -> StoreInfo:
     published = {}
     rng = np.random.default_rng(11)
     with store.session_scope(url, write=True) as s:
-        dev = store.get_or_create_device(s, name=GPU, num_sms=132, hbm_bandwidth_gbps=4800.0,
-                                         software={"torch": "2.11", "triton": "3.6.0"}, read_bandwidth_gbps=4500.0)
+        dev = store.get_or_create_device(
+            s,
+            name=GPU,
+            num_sms=132,
+            hbm_bandwidth_gbps=4800.0,
+            software={"torch": "2.11", "triton": "3.6.0"},
+            read_bandwidth_gbps=4500.0,
+        )
         for fam in FAMILIES:
             for B in BATCH_SIZES:
                 lens = family_kv_lens(fam, B, TOTAL)
                 key = key_of(lens)
-                b = store.get_or_create_bucket(s, key=key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                                               page_size=16, source=f"family:{fam} B={B} T={TOTAL}",
-                                               signature={"family": fam})
+                b = store.get_or_create_bucket(
+                    s,
+                    key=key,
+                    gpu=GPU,
+                    num_kv_heads=4,
+                    head_dim=128,
+                    dtype="bfloat16",
+                    page_size=16,
+                    source=f"family:{fam} B={B} T={TOTAL}",
+                    signature={"family": fam},
+                )
                 run = store.start_run(s, bucket_id=b.id, study_name=f"kvsplit/{key}", backend="gpu", n_trials=40)
-                store.finish_run(s, run.id, status="finished", n_finished=40, best_value=1.1e-4,
-                                 best_params={"ctas_per_sm": 3.0})
+                store.finish_run(
+                    s, run.id, status="finished", n_finished=40, best_value=1.1e-4, best_params={"ctas_per_sm": 3.0}
+                )
                 ctas = {16: 2.0, 64: 3.0, 256: 6.0}[B]
-                pol = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": ctas}, backend="gpu",
-                                          score=1.12, verification={"passed": True}, tuning_run_id=run.id,
-                                          device_id=dev.id, name="balanced")
+                pol = store.create_policy(
+                    s,
+                    bucket_id=b.id,
+                    params={"ctas_per_sm": ctas},
+                    backend="gpu",
+                    score=1.12,
+                    verification={"passed": True},
+                    tuning_run_id=run.id,
+                    device_id=dev.id,
+                    name="balanced",
+                )
                 store.publish(s, pol.id)
                 published[key] = pol.id
                 growth = 1.0 + np.log2(B) / 8
@@ -81,26 +112,54 @@ def fill_store(url: str) -> StoreInfo:
                     for name, r in _BASE_RATIO.items():
                         ratio = r * (growth if name in ("flashinfer", "no_split") and fam != "uniform" else 1.0)
                         ratio *= rng.uniform(0.98, 1.02)
-                        store.record_measurement(s, bucket_id=b.id, policy_name=name, kv_lens=batch.tolist(),
-                                                 time_s=floor * ratio, floor_s=floor, role="heldout",
-                                                 batch_index=i, stage="verify", tuning_run_id=run.id,
-                                                 policy_id=pol.id if name == "tuned" else None, backend="gpu")
+                        store.record_measurement(
+                            s,
+                            bucket_id=b.id,
+                            policy_name=name,
+                            kv_lens=batch.tolist(),
+                            time_s=floor * ratio,
+                            floor_s=floor,
+                            role="heldout",
+                            batch_index=i,
+                            stage="verify",
+                            tuning_run_id=run.id,
+                            policy_id=pol.id if name == "tuned" else None,
+                            backend="gpu",
+                        )
         # a bucket far from every family above, with only a simulated policy
         sim_lens = [1] * 4000
         sim_key = key_of(sim_lens)
-        b = store.get_or_create_bucket(s, key=sim_key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                                       page_size=16, source="synthetic tiny")
+        b = store.get_or_create_bucket(
+            s,
+            key=sim_key,
+            gpu=GPU,
+            num_kv_heads=4,
+            head_dim=128,
+            dtype="bfloat16",
+            page_size=16,
+            source="synthetic tiny",
+        )
         run = store.start_run(s, bucket_id=b.id, study_name=f"kvsplit/{sim_key}", backend="sim", n_trials=20)
-        sim = store.create_policy(s, bucket_id=b.id, params={"num_splits": 1}, backend="sim", score=1.5,
-                                  tuning_run_id=run.id, name="fixed")
+        sim = store.create_policy(
+            s, bucket_id=b.id, params={"num_splits": 1}, backend="sim", score=1.5, tuning_run_id=run.id, name="fixed"
+        )
         store.publish(s, sim.id)
         # a draft for another shape (Llama-3.1-8B: H_kv = 8)
         dlens = family_kv_lens("uniform", 64, TOTAL)
         dkey = key_of(dlens, num_kv_heads=8)
-        b = store.get_or_create_bucket(s, key=dkey, gpu=GPU, num_kv_heads=8, head_dim=128, dtype="bfloat16",
-                                       page_size=16, source="family:uniform B=64")
-        draft = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 5.0}, backend="gpu", score=1.1,
-                                    name="balanced")
+        b = store.get_or_create_bucket(
+            s,
+            key=dkey,
+            gpu=GPU,
+            num_kv_heads=8,
+            head_dim=128,
+            dtype="bfloat16",
+            page_size=16,
+            source="family:uniform B=64",
+        )
+        draft = store.create_policy(
+            s, bucket_id=b.id, params={"ctas_per_sm": 5.0}, backend="gpu", score=1.1, name="balanced"
+        )
     return StoreInfo(url, published, sim_key, sim.id, draft.id, dkey)
 
 
@@ -113,8 +172,15 @@ def free_port() -> int:
 class LiveServer:
     """``kvsplit serve`` as a subprocess on a free loopback port (context manager)."""
 
-    def __init__(self, db_url: str, *, workers: int = 1, admin_token: str | None = None,
-                 reload_interval: float = 0.5, cwd: str | None = None) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        *,
+        workers: int = 1,
+        admin_token: str | None = None,
+        reload_interval: float = 0.5,
+        cwd: str | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
@@ -124,15 +190,30 @@ class LiveServer:
             env["KVSPLIT_ADMIN_TOKEN"] = admin_token
         else:
             env.pop("KVSPLIT_ADMIN_TOKEN", None)
-        self.cmd = [sys.executable, "-m", "kvsplit.service.cli", "serve", "--database-url", db_url, "--host",
-                    "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--log-level", "warning"]
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "kvsplit.service.cli",
+            "serve",
+            "--database-url",
+            db_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ]
         self.env = env
         self.cwd = cwd
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "LiveServer":
-        self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
+    def __enter__(self) -> LiveServer:
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         t0 = time.monotonic()
         while time.monotonic() - t0 < 60:
             if self.proc.poll() is not None:

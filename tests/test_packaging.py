@@ -14,13 +14,30 @@ DATA = ("*.json", "*.csv", "*.html", "*.mako", "README.md")
 
 def test_wheel_has_every_module_and_data_file(tmp_path):
     # -v: pip passes the backend's output (setuptools' warnings) through
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-v",
-                          "-w", str(tmp_path)], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-v",
+            "-w",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     log = out.stdout + out.stderr
     assert "running bdist_wheel" in log  # the backend's output is in the log, so the checks below can fail
     for bad in ("would be ignored", "SetuptoolsDeprecationWarning", "project.license` as a TOML table"):
-        assert bad not in log, f"build output has {bad!r}:\n" + "\n".join(
-            ln for ln in log.splitlines() if "arning" in ln or bad in ln)[:4000]
+        assert bad not in log, (
+            f"build output has {bad!r}:\n"
+            + "\n".join(ln for ln in log.splitlines() if "arning" in ln or bad in ln)[:4000]
+        )
     (wheel,) = tmp_path.glob("kvsplit-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = set()

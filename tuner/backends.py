@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import platform
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -82,8 +83,16 @@ class SimBackend:
 
     name = "sim"
 
-    def __init__(self, device: DeviceSpec | str, *, num_kv_heads: int, head_dim: int, dtype: str,
-                 calibration: Mapping[str, Any] | None = None, read_bandwidth_gbps: float | None = None) -> None:
+    def __init__(
+        self,
+        device: DeviceSpec | str,
+        *,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str,
+        calibration: Mapping[str, Any] | None = None,
+        read_bandwidth_gbps: float | None = None,
+    ) -> None:
         from . import simulate
 
         self._sim = simulate
@@ -103,12 +112,14 @@ class SimBackend:
         key = tuple(sorted(cfg.items()))
         cal = self._cache.get(key)
         if cal is None:
-            base = self._sim.Calibration.default(self.device, head_dim=self.head_dim, dtype=self.dtype,
-                                                 config=plan.config)
+            base = self._sim.Calibration.default(
+                self.device, head_dim=self.head_dim, dtype=self.dtype, config=plan.config
+            )
             if self._fitted is not None:
                 cal = self._fitted
-                if self._fitted_cfg is not None and any(self._fitted_cfg.get(k) != v for k, v in cfg.items()
-                                                        if k in self._fitted_cfg):
+                if self._fitted_cfg is not None and any(
+                    self._fitted_cfg.get(k) != v for k, v in cfg.items() if k in self._fitted_cfg
+                ):
                     cal = dataclasses.replace(cal, slots=base.slots)
             elif self._read_bw is not None:
                 f = self._read_bw / base.hbm_bw
@@ -127,8 +138,11 @@ class SimBackend:
             return self._read_bw
         from ..kernels.plan import default_config
 
-        return float(self._sim.Calibration.default(self.device, head_dim=self.head_dim, dtype=self.dtype,
-                                                   config=default_config(self.head_dim, self.dtype)).hbm_bw)
+        return float(
+            self._sim.Calibration.default(
+                self.device, head_dim=self.head_dim, dtype=self.dtype, config=default_config(self.head_dim, self.dtype)
+            ).hbm_bw
+        )
 
     def time_plan(self, plan: Plan) -> float:
         t = float(self._sim.predict(plan, self.device, calibration=self._cal(plan)))
@@ -140,12 +154,21 @@ class SimBackend:
         return _kv_bytes(kv_lens, self.num_kv_heads, self.head_dim, self.dtype) / self.read_bandwidth
 
     def software(self) -> dict[str, Any]:
-        return {"backend": "sim", "kvsplit": _version("kvsplit"), "numpy": np.__version__,
-                "python": platform.python_version(), "calibrated": self.calibration is not None}
+        return {
+            "backend": "sim",
+            "kvsplit": _version("kvsplit"),
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+            "calibrated": self.calibration is not None,
+        }
 
     def device_info(self) -> dict[str, Any]:
-        return {"name": self.device.name, "num_sms": self.device.num_sms,
-                "hbm_bandwidth_gbps": float(self.device.hbm_bandwidth_gbps), "read_bandwidth_gbps": None}
+        return {
+            "name": self.device.name,
+            "num_sms": self.device.num_sms,
+            "hbm_bandwidth_gbps": float(self.device.hbm_bandwidth_gbps),
+            "read_bandwidth_gbps": None,
+        }
 
 
 class GpuBackend:
@@ -165,8 +188,19 @@ class GpuBackend:
 
     name = "gpu"
 
-    def __init__(self, *, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str, page_size: int,
-                 max_tokens: int, max_batch: int, gpu_index: int = 0, expect_gpu: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str,
+        page_size: int,
+        max_tokens: int,
+        max_batch: int,
+        gpu_index: int = 0,
+        expect_gpu: str | None = None,
+    ) -> None:
         import torch
 
         from .gpu import GpuTimer, software_versions
@@ -178,9 +212,16 @@ class GpuBackend:
         local = torch.cuda.get_device_name(dev)
         if expect_gpu is not None and resolve_device(expect_gpu).name != resolve_device(local).name:
             raise ValueError(f"gpu: the bucket is for {expect_gpu!r} but this machine has {local!r}")
-        self.timer = GpuTimer(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                              page_size=page_size, max_tokens=max_tokens, max_batch=max_batch,
-                              device=f"cuda:{dev}")
+        self.timer = GpuTimer(
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            max_tokens=max_tokens,
+            max_batch=max_batch,
+            device=f"cuda:{dev}",
+        )
         self._software = software_versions()
         self._spec = resolve_device(local)
 
@@ -194,9 +235,12 @@ class GpuBackend:
         return {"backend": "gpu", "kvsplit": _version("kvsplit"), **self._software}
 
     def device_info(self) -> dict[str, Any]:
-        return {"name": self._spec.name, "num_sms": self._spec.num_sms,
-                "hbm_bandwidth_gbps": float(self._spec.hbm_bandwidth_gbps),
-                "read_bandwidth_gbps": self.timer.read_bandwidth() / 1e9}
+        return {
+            "name": self._spec.name,
+            "num_sms": self._spec.num_sms,
+            "hbm_bandwidth_gbps": float(self._spec.hbm_bandwidth_gbps),
+            "read_bandwidth_gbps": self.timer.read_bandwidth() / 1e9,
+        }
 
 
 def make_backend(
@@ -231,11 +275,31 @@ def make_backend(
     if name not in BACKEND_NAMES:
         raise ValueError(f"backend: expected one of {BACKEND_NAMES}, got {name!r}")
     if shape is None:
-        shape = Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                         dtype=dtype, page_size=page_size)
+        shape = Shape.of(
+            device=gpu,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+        )
     if name == "sim":
-        return SimBackend(shape.device, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.dtype,
-                          calibration=calibration, read_bandwidth_gbps=read_bandwidth_gbps)
-    return GpuBackend(num_qo_heads=shape.num_qo_heads, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-                      dtype=shape.dtype, page_size=shape.page_size, max_tokens=max_tokens, max_batch=max_batch,
-                      gpu_index=gpu_index, expect_gpu=shape.gpu)
+        return SimBackend(
+            shape.device,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=shape.dtype,
+            calibration=calibration,
+            read_bandwidth_gbps=read_bandwidth_gbps,
+        )
+    return GpuBackend(
+        num_qo_heads=shape.num_qo_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        dtype=shape.dtype,
+        page_size=shape.page_size,
+        max_tokens=max_tokens,
+        max_batch=max_batch,
+        gpu_index=gpu_index,
+        expect_gpu=shape.gpu,
+    )

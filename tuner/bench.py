@@ -17,8 +17,19 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["BASELINES", "FLASHINFER_KERNEL", "LEGEND", "TRACE_BASELINES", "legend", "run_bench", "format_table",
-           "cliff_comparison", "write_outputs", "run_trace_bench", "format_trace_table"]
+__all__ = [
+    "BASELINES",
+    "FLASHINFER_KERNEL",
+    "LEGEND",
+    "TRACE_BASELINES",
+    "legend",
+    "run_bench",
+    "format_table",
+    "cliff_comparison",
+    "write_outputs",
+    "run_trace_bench",
+    "format_trace_table",
+]
 
 BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
     "no_split": ("no_split", {}),
@@ -35,7 +46,7 @@ FLASHINFER_KERNEL = "flashinfer_kernel"
 
 LEGEND = {
     "published": "time/floor column: the plan the service serves for the batch; source column: where its "
-                 "policy came from (tuned / simulated / fallback)",
+    "policy came from (tuned / simulated / fallback)",
     "no_split": "one work item per request, on kvsplit's kernel",
     "fixed8": "8 splits per request (SGLang/vLLM static count), on kvsplit's kernel",
     "fi_rule_tc": "FlashInfer's split rule, tensor-core path (2 CTAs/SM threshold), on kvsplit's kernel",
@@ -43,7 +54,7 @@ LEGEND = {
     "fa3": "FlashAttention-3's varlen split rule (heavy first, persistent), on kvsplit's kernel",
     "balanced": "kvsplit's wave-aware even-chunk rule (the fallback), on kvsplit's kernel",
     FLASHINFER_KERNEL: "FlashInfer's own BatchDecodeWithPagedKVCacheWrapper (tensor cores, fa2 backend), "
-                       "timed on the same cache and batches (GPU backend, when flashinfer imports)",
+    "timed on the same cache and batches (GPU backend, when flashinfer imports)",
 }
 """What each column of ``kvsplit bench`` is."""
 
@@ -94,8 +105,14 @@ def run_bench(
         raise ValueError(f"policies: unknown labels {unknown}; known: {list(BASELINES) + [FLASHINFER_KERNEL]}")
     if FLASHINFER_KERNEL in policies and backend != "gpu":
         raise ValueError(f"policies: {FLASHINFER_KERNEL} is FlashInfer's kernel, timed on a GPU only (--backend gpu)")
-    shape = Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                     dtype=dtype, page_size=page_size)
+    shape = Shape.of(
+        device=gpu,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+    )
     group = shape.group_size
     dtype = shape.dtype
 
@@ -109,8 +126,15 @@ def run_bench(
             raise ValueError("backend: 'gpu' needs a CUDA device (use --backend sim)")
         from .gpu import GpuTimer  # lazy: imports triton and the kernel
 
-        timer = GpuTimer(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                         page_size=page_size, max_tokens=total_tokens, max_batch=512)
+        timer = GpuTimer(
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            max_tokens=total_tokens,
+            max_batch=512,
+        )
         dev = resolve_device(torch.cuda.get_device_name())
     else:
         dev = shape.device
@@ -129,8 +153,17 @@ def run_bench(
             for family, B in reference_cases(total_tokens):
                 L = family_kv_lens(family, B, total_tokens)
                 t, floor = fi.time(L), timer.hbm_floor_s(L)
-                rows.append({"policy": label, "family": family, "B": B, "time_us": t * 1e6, "floor_us": floor * 1e6,
-                             "ratio": t / floor, "num_work_items": 0})
+                rows.append(
+                    {
+                        "policy": label,
+                        "family": family,
+                        "B": B,
+                        "time_us": t * 1e6,
+                        "floor_us": floor * 1e6,
+                        "ratio": t / floor,
+                        "num_work_items": 0,
+                    }
+                )
             continue
         policy, params = BASELINES[label]
         params = dict(params)
@@ -138,8 +171,16 @@ def run_bench(
             params["group_size"] = group
         for family, B in reference_cases(total_tokens):
             L = family_kv_lens(family, B, total_tokens)
-            plan = make_plan(L, num_kv_heads=num_kv_heads, device=dev, policy=policy, params=params,
-                             head_dim=head_dim, page_size=page_size, dtype=dtype)
+            plan = make_plan(
+                L,
+                num_kv_heads=num_kv_heads,
+                device=dev,
+                policy=policy,
+                params=params,
+                head_dim=head_dim,
+                page_size=page_size,
+                dtype=dtype,
+            )
             if timer is not None:
                 t = timer.time_plan(plan)
                 floor = timer.hbm_floor_s(L)
@@ -147,10 +188,17 @@ def run_bench(
                 cal = cal_fixed or Calibration.default(dev, head_dim=head_dim, dtype=dtype, config=plan.config)
                 t = _simulate(_prepare(plan, dev), cal)
                 floor = hbm_floor_s(plan, cal)
-            rows.append({
-                "policy": label, "family": family, "B": B, "time_us": t * 1e6, "floor_us": floor * 1e6,
-                "ratio": t / floor, "num_work_items": plan.num_work_items,
-            })
+            rows.append(
+                {
+                    "policy": label,
+                    "family": family,
+                    "B": B,
+                    "time_us": t * 1e6,
+                    "floor_us": floor * 1e6,
+                    "ratio": t / floor,
+                    "num_work_items": plan.num_work_items,
+                }
+            )
     return rows
 
 
@@ -180,7 +228,7 @@ def cliff_comparison(rows: list[dict[str, Any]], anchors_csv: Path, total_tokens
             if int(r["T"]) == total_tokens:
                 meas[(r["impl"], r["dist"], int(r["B"]))] = float(r["time_us"])
     sim = {(r["policy"], r["family"], r["B"]): r["time_us"] for r in rows}
-    lines = ["skewed80 / uniform time at the same B (FlashInfer; measured = h200_peers.csv, T=%d)" % total_tokens]
+    lines = [f"skewed80 / uniform time at the same B (FlashInfer; measured = h200_peers.csv, T={total_tokens})"]
     Bs = sorted({r["B"] for r in rows})
     lines.append("  " + f"{'':<26}" + "".join(f"{b:>7}" for b in Bs))
     for label, impl in (("fi_rule_tc", "flashinfer_decode_tc"), ("fi_rule_notc", "flashinfer_decode_notc")):
@@ -270,12 +318,20 @@ def run_trace_bench(
     held_all = [(B, trace_batches(trace, B, num_train=1, num_heldout=batches, seed=seed)[1]) for B in batch_sizes]
     max_tokens = max(int(np.sum(b)) for _, hs in held_all for b in hs)
     max_batch = max(len(b) for _, hs in held_all for b in hs)
-    shape = Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                     dtype=dtype, page_size=page_size)
-    be = make_backend(backend, shape=shape, calibration=cal, read_bandwidth_gbps=bw, max_tokens=max_tokens,
-                      max_batch=max_batch)
-    make_plan_kw = dict(num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, page_size=shape.page_size,
-                        dtype=shape.dtype)
+    shape = Shape.of(
+        device=gpu,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+    )
+    be = make_backend(
+        backend, shape=shape, calibration=cal, read_bandwidth_gbps=bw, max_tokens=max_tokens, max_batch=max_batch
+    )
+    make_plan_kw = dict(
+        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, page_size=shape.page_size, dtype=shape.dtype
+    )
     fi = None
     if backend == "gpu":
         from .flashinfer_kernel import load
@@ -290,18 +346,40 @@ def run_trace_bench(
             plans = [("published", info.get("source", "?"), plan)]
             for label in TRACE_BASELINES:
                 pol, params = BASELINES[label]
-                plans.append((label, "baseline", make_plan(lens, device=shape.device, policy=pol, params=params, **make_plan_kw)))
+                plans.append(
+                    (label, "baseline", make_plan(lens, device=shape.device, policy=pol, params=params, **make_plan_kw))
+                )
             floor = be.hbm_floor_s(lens)
             for label, src, pl in plans:
                 t = be.time_plan(pl)
-                rows.append({"B_target": B, "batch": j, "B": len(lens), "tokens": int(np.sum(lens)),
-                             "policy": label, "source": src, "time_us": t * 1e6, "floor_us": floor * 1e6,
-                             "ratio": t / floor})
+                rows.append(
+                    {
+                        "B_target": B,
+                        "batch": j,
+                        "B": len(lens),
+                        "tokens": int(np.sum(lens)),
+                        "policy": label,
+                        "source": src,
+                        "time_us": t * 1e6,
+                        "floor_us": floor * 1e6,
+                        "ratio": t / floor,
+                    }
+                )
             if fi is not None:
                 t = fi.time(lens)
-                rows.append({"B_target": B, "batch": j, "B": len(lens), "tokens": int(np.sum(lens)),
-                             "policy": FLASHINFER_KERNEL, "source": "baseline", "time_us": t * 1e6,
-                             "floor_us": floor * 1e6, "ratio": t / floor})
+                rows.append(
+                    {
+                        "B_target": B,
+                        "batch": j,
+                        "B": len(lens),
+                        "tokens": int(np.sum(lens)),
+                        "policy": FLASHINFER_KERNEL,
+                        "source": "baseline",
+                        "time_us": t * 1e6,
+                        "floor_us": floor * 1e6,
+                        "ratio": t / floor,
+                    }
+                )
     return rows
 
 
@@ -325,13 +403,16 @@ def format_trace_table(rows: list[dict[str, Any]]) -> str:
     def gm(xs):
         return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
-    lines = [f"{'B':>5} {'batches':>7} {'source':>10} {'time/floor':>10} " + " ".join(f"{'vs ' + l:>19}" for l in labels)]
+    lines = [
+        f"{'B':>5} {'batches':>7} {'source':>10} {'time/floor':>10} " + " ".join(f"{'vs ' + l:>19}" for l in labels)
+    ]
     for B in sorted({k[0] for k in by}):
         ks = [k for k in by if k[0] == B]
         ratio = gm([by[k]["published"]["ratio"] for k in ks])
         sp = [gm([by[k][l]["time_us"] / by[k]["published"]["time_us"] for k in ks]) for l in labels]
-        lines.append(f"{B:>5} {len(ks):>7} {','.join(sorted(src[B])):>10} {ratio:>10.3f} "
-                     + " ".join(f"{x:>18.2f}x" for x in sp))
+        lines.append(
+            f"{B:>5} {len(ks):>7} {','.join(sorted(src[B])):>10} {ratio:>10.3f} " + " ".join(f"{x:>18.2f}x" for x in sp)
+        )
     lines.append("columns: 'vs X' = X's time / the published plan's time (geomean over the batches); the plans:")
     lines.append(legend(("published", *labels)))
     if FLASHINFER_KERNEL not in have:

@@ -11,7 +11,8 @@ store (``calibrations`` table) so the ``sim`` backend uses them.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +33,16 @@ CALIBRATION_POLICIES: tuple[tuple[str, dict[str, Any]], ...] = (
 
 
 def calibration_plans(
-    *, gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int,
-    batch_sizes: Sequence[int] = (4, 16, 64, 256), total_tokens: int = 262_144, role: str = "train", seed: int = 0,
+    *,
+    gpu: str,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    page_size: int,
+    batch_sizes: Sequence[int] = (4, 16, 64, 256),
+    total_tokens: int = 262_144,
+    role: str = "train",
+    seed: int = 0,
 ) -> list[tuple[str, Plan]]:
     """(family, plan) pairs of one calibration set; ``role`` picks independent draws."""
     out = []
@@ -43,8 +52,16 @@ def calibration_plans(
                 continue
             (lens,) = family_batches(fam, B, total_tokens, num_batches=1, seed=seed, role=role)
             for name, params in CALIBRATION_POLICIES:
-                plan = make_plan(lens, num_kv_heads=num_kv_heads, device=gpu, policy=name, params=params,
-                                 head_dim=head_dim, page_size=page_size, dtype=dtype)
+                plan = make_plan(
+                    lens,
+                    num_kv_heads=num_kv_heads,
+                    device=gpu,
+                    policy=name,
+                    params=params,
+                    head_dim=head_dim,
+                    page_size=page_size,
+                    dtype=dtype,
+                )
                 out.append((fam, plan))
     return out
 
@@ -63,8 +80,18 @@ def _errors(pairs: Sequence[tuple[str, Plan]], times: Sequence[float], cal: Any,
     return {"n": int(a.size), "median": float(np.median(a)), "worst": float(a.max()), "per_family": per}
 
 
-def calibrate(backend: Any, *, gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int,
-              seed: int = 0, database_url: str | None = None, progress: bool = False) -> dict[str, Any]:
+def calibrate(
+    backend: Any,
+    *,
+    gpu: str,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    page_size: int,
+    seed: int = 0,
+    database_url: str | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Time the calibration sample with ``backend`` (a GPU timing backend), fit, report, store.
 
     Returns a report: the fitted constants, ``train`` fit errors and ``heldout``
@@ -84,7 +111,7 @@ def calibrate(backend: Any, *, gpu: str, num_kv_heads: int, head_dim: int, dtype
 
         it = tqdm(it, desc="calibrate", unit="plan")
     times = [float(backend.time_plan(p)) for _, p in it]
-    t_train, t_held = times[: len(train)], times[len(train):]
+    t_train, t_held = times[: len(train)], times[len(train) :]
     base = Calibration.default(dev, head_dim=head_dim, dtype=dtype, config=train[0][1].config)
     read_bw = float(backend.device_info().get("read_bandwidth_gbps") or 0) * 1e9
     if read_bw > 0:
@@ -93,33 +120,61 @@ def calibrate(backend: Any, *, gpu: str, num_kv_heads: int, head_dim: int, dtype
 
         base = dataclasses.replace(base, hbm_bw=read_bw, sm_bw=base.sm_bw * f, cta_bw=base.cta_bw * f)
     # hbm_bw stays the measured read bandwidth; the per-SM/per-CTA rates and fixed costs are fitted
-    params = ("sm_bw", "cta_bw", "slots", "tile_fixed_s", "item_fixed_s", "launch_s", "merge_launch_s",
-              "merge_partial_s", "persistent_tile_s")
-    cal, fit = fit_calibration([(p, t) for (_, p), t in zip(train, t_train)], dev, initial=base, params=params,
-                               rounds=10)
+    params = (
+        "sm_bw",
+        "cta_bw",
+        "slots",
+        "tile_fixed_s",
+        "item_fixed_s",
+        "launch_s",
+        "merge_launch_s",
+        "merge_partial_s",
+        "persistent_tile_s",
+    )
+    cal, fit = fit_calibration(
+        [(p, t) for (_, p), t in zip(train, t_train)], dev, initial=base, params=params, rounds=10
+    )
     report = {
-        "gpu": dev.name, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "dtype": dtype, "page_size": page_size,
-        "kernel_config": train[0][1].config.to_dict(), "constants": cal.to_dict(),
+        "gpu": dev.name,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "dtype": dtype,
+        "page_size": page_size,
+        "kernel_config": train[0][1].config.to_dict(),
+        "constants": cal.to_dict(),
         "default_heldout": _errors(held, t_held, base, dev),
-        "train": _errors(train, t_train, cal, dev), "heldout": _errors(held, t_held, cal, dev),
-        "samples": [{"family": f, "B": p.batch_size, "policy": p.policy, "params": dict(p.params), "time_s": t,
-                     "role": role}
-                    for role, pairs, ts in (("train", train, t_train), ("heldout", held, t_held))
-                    for (f, p), t in zip(pairs, ts)],
+        "train": _errors(train, t_train, cal, dev),
+        "heldout": _errors(held, t_held, cal, dev),
+        "samples": [
+            {"family": f, "B": p.batch_size, "policy": p.policy, "params": dict(p.params), "time_s": t, "role": role}
+            for role, pairs, ts in (("train", train, t_train), ("heldout", held, t_held))
+            for (f, p), t in zip(pairs, ts)
+        ],
     }
     if database_url is not None:
         from ..db import store
 
         info, sw = backend.device_info(), backend.software()
         with store.session_scope(database_url, write=True) as s:
-            d = store.get_or_create_device(s, name=info["name"], num_sms=info["num_sms"],
-                                           hbm_bandwidth_gbps=info["hbm_bandwidth_gbps"], software=sw,
-                                           read_bandwidth_gbps=info.get("read_bandwidth_gbps"))
+            d = store.get_or_create_device(
+                s,
+                name=info["name"],
+                num_sms=info["num_sms"],
+                hbm_bandwidth_gbps=info["hbm_bandwidth_gbps"],
+                software=sw,
+                read_bandwidth_gbps=info.get("read_bandwidth_gbps"),
+            )
             row = store.record_calibration(
-                s, device_id=d.id, constants=cal.to_dict(), kernel_config=report["kernel_config"],
-                error={"train": {k: report["train"][k] for k in ("median", "worst")},
-                       "heldout": {k: report["heldout"][k] for k in ("median", "worst")},
-                       "heldout_per_family": report["heldout"]["per_family"]},
-                num_samples=len(train))
+                s,
+                device_id=d.id,
+                constants=cal.to_dict(),
+                kernel_config=report["kernel_config"],
+                error={
+                    "train": {k: report["train"][k] for k in ("median", "worst")},
+                    "heldout": {k: report["heldout"][k] for k in ("median", "worst")},
+                    "heldout_per_family": report["heldout"]["per_family"],
+                },
+                num_samples=len(train),
+            )
             report["calibration_id"] = row.id
     return report

@@ -42,9 +42,9 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
-
+from typing import Any
 
 from ..db import store
 from ..kernels.buckets import distance
@@ -69,9 +69,19 @@ from .tasks import LIBRARY_TRACES, TuneTask, family_task, trace_tasks
 from .workloads import FAMILIES, family_kv_lens
 
 __all__ = [
-    "MODEL_SHAPES", "parse_model_shape", "CampaignConfig", "CampaignResult", "campaign_tasks", "campaign_name",
-    "allocate_trials", "run_campaign", "SIM_SECONDS_PER_TIMING", "SIM_PRUNE_RATIO", "FAMILY_BATCH_SIZES",
-    "TOTALS", "TRACE_BATCH_SIZES",
+    "MODEL_SHAPES",
+    "parse_model_shape",
+    "CampaignConfig",
+    "CampaignResult",
+    "campaign_tasks",
+    "campaign_name",
+    "allocate_trials",
+    "run_campaign",
+    "SIM_SECONDS_PER_TIMING",
+    "SIM_PRUNE_RATIO",
+    "FAMILY_BATCH_SIZES",
+    "TOTALS",
+    "TRACE_BATCH_SIZES",
 ]
 
 MODEL_SHAPES: dict[str, tuple[int, int, int]] = {
@@ -105,8 +115,9 @@ def parse_model_shape(text: str) -> tuple[int, int, int]:
     try:
         hq, hkv, d = (int(x) for x in parts)
     except ValueError:
-        raise ValueError(f"--model-shape: expected one of {sorted(MODEL_SHAPES)} or H_q/H_kv/head_dim "
-                         f"(e.g. 32/4/128), got {text!r}") from None
+        raise ValueError(
+            f"--model-shape: expected one of {sorted(MODEL_SHAPES)} or H_q/H_kv/head_dim (e.g. 32/4/128), got {text!r}"
+        ) from None
     if min(hq, hkv, d) < 1 or hq % hkv:
         raise ValueError(f"--model-shape: H_q must be a positive multiple of H_kv, got {text!r}")
     return hq, hkv, d
@@ -162,19 +173,45 @@ class CampaignConfig:
 
     def identity(self) -> dict[str, Any]:
         """Everything that decides the campaign's result (not where it is stored nor how fast it runs)."""
-        keep = ("gpu", "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "page_size", "backend",
-                "budget_minutes", "seed", "families", "batch_sizes", "totals", "traces", "trace_batch_sizes",
-                "num_train", "num_heldout", "max_trials", "pool")
+        keep = (
+            "gpu",
+            "num_qo_heads",
+            "num_kv_heads",
+            "head_dim",
+            "dtype",
+            "page_size",
+            "backend",
+            "budget_minutes",
+            "seed",
+            "families",
+            "batch_sizes",
+            "totals",
+            "traces",
+            "trace_batch_sizes",
+            "num_train",
+            "num_heldout",
+            "max_trials",
+            "pool",
+        )
         out = {k: getattr(self, k) for k in keep}
         out["gpu"] = resolve_device(self.gpu).name
-        out["previous"] = hashlib.sha256(json.dumps(self.previous, sort_keys=True, default=str).encode()
-                                         ).hexdigest()[:12] if self.previous else None
+        out["previous"] = (
+            hashlib.sha256(json.dumps(self.previous, sort_keys=True, default=str).encode()).hexdigest()[:12]
+            if self.previous
+            else None
+        )
         return json.loads(json.dumps(out))
 
     @property
     def shape(self) -> dict[str, Any]:
-        return dict(gpu=self.gpu, num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
-                    head_dim=self.head_dim, dtype=self.dtype, page_size=self.page_size)
+        return dict(
+            gpu=self.gpu,
+            num_qo_heads=self.num_qo_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            page_size=self.page_size,
+        )
 
 
 def campaign_name(cfg: CampaignConfig) -> str:
@@ -204,8 +241,9 @@ def campaign_tasks(cfg: CampaignConfig) -> list[TuneTask]:
     return list(tasks.values())
 
 
-def allocate_trials(weights: Mapping[str, float], seconds: float, seconds_per_trial: Mapping[str, float], *,
-                    cap: int) -> dict[str, int]:
+def allocate_trials(
+    weights: Mapping[str, float], seconds: float, seconds_per_trial: Mapping[str, float], *, cap: int
+) -> dict[str, int]:
     """Optuna trials per bucket: ``seconds`` shared in proportion to ``weights``, each bucket's share divided by
     its cost per trial, at least 1 (the warm start's pool pick) and at most ``cap``. Buckets capped below their
     share hand the rest to the others (water filling). Returns ``{key: trials}``."""
@@ -267,8 +305,14 @@ class _State:
 
 
 def _plan_sig(plan) -> tuple:
-    return (plan.config, plan.num_splits.tobytes(), plan.work_request.tobytes(), plan.work_kv_start.tobytes(),
-            plan.work_kv_end.tobytes(), plan.cta_indptr.tobytes())
+    return (
+        plan.config,
+        plan.num_splits.tobytes(),
+        plan.work_request.tobytes(),
+        plan.work_kv_start.tobytes(),
+        plan.work_kv_end.tobytes(),
+        plan.cta_indptr.tobytes(),
+    )
 
 
 def _canon(params: Mapping[str, Any]) -> str:
@@ -288,8 +332,7 @@ class _Campaign:
         self.name = campaign_name(cfg)
         self.t0 = time.time()
         self.timings = 0
-        self.result = CampaignResult(self.name, "finished", 0, time_kind="gpu" if cfg.backend == "gpu"
-                                     else "simulated")
+        self.result = CampaignResult(self.name, "finished", 0, time_kind="gpu" if cfg.backend == "gpu" else "simulated")
 
     # time ---------------------------------------------------------------------------------------------------
     def charge(self, n_timings: int, wall_s: float) -> None:
@@ -337,9 +380,17 @@ class _Campaign:
             self.bucket_ids = {}
             for t in self.tasks:
                 b = store.get_or_create_bucket(
-                    s, key=t.key, gpu=t.gpu, num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, dtype=t.dtype,
-                    page_size=t.page_size, signature=dict(t.signature), source=t.source,
-                    sample_batches={"train": [list(x) for x in t.train], "heldout": [list(x) for x in t.heldout]})
+                    s,
+                    key=t.key,
+                    gpu=t.gpu,
+                    num_kv_heads=t.num_kv_heads,
+                    head_dim=t.head_dim,
+                    dtype=t.dtype,
+                    page_size=t.page_size,
+                    signature=dict(t.signature),
+                    source=t.source,
+                    sample_batches={"train": [list(x) for x in t.train], "heldout": [list(x) for x in t.heldout]},
+                )
                 _check_same_batches(t, b)
                 self.bucket_ids[t.key] = b.id
         # room for the campaign's batches and for the calibration sample (kvsplit calibrate's sizes)
@@ -354,8 +405,16 @@ class _Campaign:
 
                 t0 = time.time()
                 self.say(f"calibrating {cfg.gpu} (no calibration stored)")
-                rep = calibrate(self.backend, gpu=cfg.gpu, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                                dtype=cfg.dtype, page_size=cfg.page_size, seed=cfg.seed, database_url=self.url)
+                rep = calibrate(
+                    self.backend,
+                    gpu=cfg.gpu,
+                    num_kv_heads=cfg.num_kv_heads,
+                    head_dim=cfg.head_dim,
+                    dtype=cfg.dtype,
+                    page_size=cfg.page_size,
+                    seed=cfg.seed,
+                    database_url=self.url,
+                )
                 self.charge(len(rep["samples"]), time.time() - t0)
             cal, bw = calibration_for(self.url, cfg.gpu, "sim")
         else:
@@ -364,15 +423,22 @@ class _Campaign:
         # the simulator that prunes (on the simulator backend: the backend itself)
         self.sim = make_backend("sim", shape=shape, calibration=cal, read_bandwidth_gbps=bw)
         self.sim_calibration = (cal, bw)
-        self.result.calibration = ("stored calibration of " + resolve_device(cfg.gpu).name if cal is not None else
-                                   f"none stored: the simulator's defaults from the DeviceSpec of "
-                                   f"{resolve_device(cfg.gpu).name}" + (f" scaled to {bw:.0f} GB/s" if bw else ""))
+        self.result.calibration = (
+            "stored calibration of " + resolve_device(cfg.gpu).name
+            if cal is not None
+            else f"none stored: the simulator's defaults from the DeviceSpec of "
+            f"{resolve_device(cfg.gpu).name}" + (f" scaled to {bw:.0f} GB/s" if bw else "")
+        )
         with store.session_scope(self.url, write=True) as s:
             info = self.backend.device_info()
-            dev = store.get_or_create_device(s, name=info["name"], num_sms=info["num_sms"],
-                                             hbm_bandwidth_gbps=info["hbm_bandwidth_gbps"],
-                                             software=self.backend.software(),
-                                             read_bandwidth_gbps=info.get("read_bandwidth_gbps"))
+            dev = store.get_or_create_device(
+                s,
+                name=info["name"],
+                num_sms=info["num_sms"],
+                hbm_bandwidth_gbps=info["hbm_bandwidth_gbps"],
+                software=self.backend.software(),
+                read_bandwidth_gbps=info.get("read_bandwidth_gbps"),
+            )
             self.device_id = dev.id
         if self.state.get("previous") is None:  # the table being replaced, as the campaign first saw it
             self.state.set("previous", self._previous_params())
@@ -418,9 +484,11 @@ class _Campaign:
         total = sum(len(t.train) for t in self.tasks)
         est = len(todo) * len(self.cfg.pool) * self._seconds_per_timing()
         if todo and self.spent + est > self.budget_s:
-            msg = (f"the pool step alone needs about {est / 60:.1f} of the {self.cfg.budget_minutes:g} budget minutes "
-                   f"({len(todo)} batches x {len(self.cfg.pool)} plans): the campaign will overrun its budget; "
-                   "give more --budget-minutes or fewer --batch-sizes/--totals/--traces")
+            msg = (
+                f"the pool step alone needs about {est / 60:.1f} of the {self.cfg.budget_minutes:g} budget minutes "
+                f"({len(todo)} batches x {len(self.cfg.pool)} plans): the campaign will overrun its budget; "
+                "give more --budget-minutes or fewer --batch-sizes/--totals/--traces"
+            )
             self.say(msg)
             self.result.lines.append(msg)
         self.bar.phase("pool", total, total - len(todo))
@@ -451,10 +519,26 @@ class _Campaign:
         items = [(t, i, self.bucket_ids[t.key]) for t, i in todo]
         K = self.cfg.workers
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_pool_worker, name=f"kvsplit-pool-{k}",
-                             args=(items[k::K], k, self.url, self.cfg.backend, tuple(self.cfg.pool), cal, bw,
-                                   self.device_id, self.max_tokens, self.max_batch, deadline))
-                 for k in range(K)]
+        procs = [
+            ctx.Process(
+                target=_pool_worker,
+                name=f"kvsplit-pool-{k}",
+                args=(
+                    items[k::K],
+                    k,
+                    self.url,
+                    self.cfg.backend,
+                    tuple(self.cfg.pool),
+                    cal,
+                    bw,
+                    self.device_id,
+                    self.max_tokens,
+                    self.max_batch,
+                    deadline,
+                ),
+            )
+            for k in range(K)
+        ]
         store.dispose_engines()
         t0 = time.time()
         for p in procs:
@@ -473,8 +557,11 @@ class _Campaign:
         wall = time.time() - t0
         with store.session_scope(self.url) as s:
             ids = {b for _, _, b in items}
-            new = [m for m in store.list_measurements(s, stage="pool") if m.id > last and m.bucket_id in ids
-                   and m.backend == self.cfg.backend]
+            new = [
+                m
+                for m in store.list_measurements(s, stage="pool")
+                if m.id > last and m.bucket_id in ids and m.backend == self.cfg.backend
+            ]
             left = {(m.bucket_id, m.batch_index) for m in new}
         self.charge(len(new), wall * K)  # K GPUs busy for the wall time
         finished = sum(1 for _, i, b in items if (b, i) in left)
@@ -513,8 +600,9 @@ class _Campaign:
             best_of = [min(t[n] for n in names) for t in ts]
             score = {k: math.exp(sum(math.log(t[k] / b) for t, b in zip(ts, best_of)) / len(ts)) for k in names}
             spread = score.get(DEFAULT, max(score.values())) - 1.0
-            disagree = any(picks[k2] != picks[key] for k2 in picks if k2 != key
-                           and distance(key, k2) <= NEIGHBOUR_DISTANCE)
+            disagree = any(
+                picks[k2] != picks[key] for k2 in picks if k2 != key and distance(key, k2) <= NEIGHBOUR_DISTANCE
+            )
             weights[key] = 1.0 + 20.0 * min(spread, 0.5) + (1.0 if disagree else 0.0)
             ranked = sorted(names, key=lambda k: (score[k], k))
             starts[key] = [picks[key]] + [k for k in ranked if k != picks[key]][:2]
@@ -526,13 +614,18 @@ class _Campaign:
         self.state.set("picks", picks)
         self.state.set("starts", starts)
         self.state.set("alloc", alloc)
-        self.say(f"pool picks for {len(picks)} buckets; {sum(alloc.values())} Optuna trials allocated "
-                 f"({left / 60:.1f} min left for the search at {self._seconds_per_timing() * 1e3:.0f} ms per timing)")
+        self.say(
+            f"pool picks for {len(picks)} buckets; {sum(alloc.values())} Optuna trials allocated "
+            f"({left / 60:.1f} min left for the search at {self._seconds_per_timing() * 1e3:.0f} ms per timing)"
+        )
 
     def _rest_estimate(self) -> float:
         """Estimated seconds of the whole-wave and verification steps still to run."""
-        n = sum(len(t.train) * 2 * len(WHOLE_WAVE_VARIANTS) + len(t.heldout) * 5 for t in self.tasks
-                if t.key not in (self.state.get("verified") or {}))
+        n = sum(
+            len(t.train) * 2 * len(WHOLE_WAVE_VARIANTS) + len(t.heldout) * 5
+            for t in self.tasks
+            if t.key not in (self.state.get("verified") or {})
+        )
         return n * self._seconds_per_timing()
 
     def _seconds_per_timing(self) -> float:
@@ -548,8 +641,9 @@ class _Campaign:
 
         task, n = self.by_key[key], int(self.state.get("alloc")[key])
         starts, previous = self.state.get("starts"), self.state.get("previous") or {}
-        study = _load_study(self.spec, study_name(task, self.cfg.backend), self.cfg.seed, n,
-                            storage=open_storage(self.spec))
+        study = _load_study(
+            self.spec, study_name(task, self.cfg.backend), self.cfg.seed, n, storage=open_storage(self.spec)
+        )
         if not study.user_attrs.get("kvsplit:campaign_starts"):
             warm = {"pool": _complete_defaults(task, tuned_equivalent(starts[key][0]))}
             if key in previous:
@@ -589,8 +683,16 @@ class _Campaign:
             if got is None:
                 return None
             try:
-                a = make_plan(list(lens), num_kv_heads=task.num_kv_heads, device=task.gpu, policy=policy,
-                              params=cparams, head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype)
+                a = make_plan(
+                    list(lens),
+                    num_kv_heads=task.num_kv_heads,
+                    device=task.gpu,
+                    policy=policy,
+                    params=cparams,
+                    head_dim=task.head_dim,
+                    page_size=task.page_size,
+                    dtype=task.dtype,
+                )
                 b = self._plan(task, lens, task_params(task, params))
             except ValueError:
                 return None
@@ -600,9 +702,11 @@ class _Campaign:
             ratios.append(got[0] / got[1])
         value = math.exp(sum(map(math.log, times)) / len(times))
         return optuna.trial.create_trial(
-            params=dict(params), distributions=_distributions(params), value=value,
-            user_attrs={"geomean_ratio": math.exp(sum(map(math.log, ratios)) / len(ratios)),
-                        "kvsplit:from_pool": name})
+            params=dict(params),
+            distributions=_distributions(params),
+            value=value,
+            user_attrs={"geomean_ratio": math.exp(sum(map(math.log, ratios)) / len(ratios)), "kvsplit:from_pool": name},
+        )
 
     def _pool_measurements(self) -> dict[str, dict[tuple[int, str], tuple[float, float]]]:
         by_id = {v: k for k, v in self.bucket_ids.items()}
@@ -617,8 +721,17 @@ class _Campaign:
     def _tune_config(self, n: int):
         from .search import TuneConfig
 
-        return TuneConfig(database_url=self.url, n_trials=n, backend=self.cfg.backend, workers=self.cfg.workers,
-                          journal=self.cfg.journal, seed=self.cfg.seed, progress=False, verify=False, publish=False)
+        return TuneConfig(
+            database_url=self.url,
+            n_trials=n,
+            backend=self.cfg.backend,
+            workers=self.cfg.workers,
+            journal=self.cfg.journal,
+            seed=self.cfg.seed,
+            progress=False,
+            verify=False,
+            publish=False,
+        )
 
     def search_phase(self) -> bool:
         """Each bucket's Optuna study to its allocated trials: in this process with one worker; else with
@@ -645,8 +758,13 @@ class _Campaign:
             before = _measured_trials(study)
             t0 = time.time()
             self.bar.bucket(task.source, n, _finished(study))
-            res = tune_task(task, dataclasses.replace(self._tune_config(n), timeout=timeout), stop=self.stop,
-                            backend=self.backend, on_trial=lambda k: self.bar.bucket(task.source, n, k))
+            res = tune_task(
+                task,
+                dataclasses.replace(self._tune_config(n), timeout=timeout),
+                stop=self.stop,
+                backend=self.backend,
+                on_trial=lambda k, src=task.source, n=n: self.bar.bucket(src, n, k),
+            )
             self.charge((_measured_trials(study) - before) * len(task.train), time.time() - t0)
             if res.status != "finished":
                 self.result.status = "interrupted"
@@ -680,13 +798,31 @@ class _Campaign:
             before += _measured_trials(study)
             run = _start(self.by_key[key], self._tune_config(int(alloc[key])), None)
             runs.append((run, _open_study(run)))
-        jobs = [[WorkerJob(task=run.task, storage=run.spec, study=run.study, n_trials=int(alloc[run.task.key]),
-                           backend=self.cfg.backend, seed=self.cfg.seed, index=i, deadline=deadline,
-                           calibration=run.calibration, read_bandwidth_gbps=run.read_bandwidth_gbps)
-                 for run, _ in runs] for i in range(self.cfg.workers)]
+        jobs = [
+            [
+                WorkerJob(
+                    task=run.task,
+                    storage=run.spec,
+                    study=run.study,
+                    n_trials=int(alloc[run.task.key]),
+                    backend=self.cfg.backend,
+                    seed=self.cfg.seed,
+                    index=i,
+                    deadline=deadline,
+                    calibration=run.calibration,
+                    read_bandwidth_gbps=run.read_bandwidth_gbps,
+                )
+                for run, _ in runs
+            ]
+            for i in range(self.cfg.workers)
+        ]
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_campaign_worker, args=(j, self.max_tokens, self.max_batch),
-                             name=f"kvsplit-campaign-{i}") for i, j in enumerate(jobs)]
+        procs = [
+            ctx.Process(
+                target=_campaign_worker, args=(j, self.max_tokens, self.max_batch), name=f"kvsplit-campaign-{i}"
+            )
+            for i, j in enumerate(jobs)
+        ]
         store.dispose_engines()
         t0 = time.time()
         for p in procs:
@@ -739,8 +875,9 @@ class _Campaign:
         choice = {}
         for key in self.state.get("alloc"):
             task = self.by_key[key]
-            study = _load_study(self.spec, study_name(task, self.cfg.backend), self.cfg.seed, 1,
-                                storage=open_storage(self.spec))
+            study = _load_study(
+                self.spec, study_name(task, self.cfg.backend), self.cfg.seed, 1, storage=open_storage(self.spec)
+            )
             warm = study.user_attrs.get("kvsplit:campaign_starts") or {}
             done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
             if not done:  # no trial finished within the budget: the pool pick, as the pool timed it
@@ -758,8 +895,7 @@ class _Campaign:
                 if hit is not None:
                     scores[label], params_of[label] = float(hit.value), dict(hit.params)
             label = choose_scores(scores, ("previous", "pool"))
-            choice[key] = {"params": task_params(task, params_of[label]), "label": label,
-                           "value": scores[label]}
+            choice[key] = {"params": task_params(task, params_of[label]), "label": label, "value": scores[label]}
         self.state.set("choice", choice)
 
     def whole_wave_phase(self) -> bool:
@@ -807,8 +943,16 @@ class _Campaign:
         return True
 
     def _plan(self, task: TuneTask, lens, params):
-        return make_plan(list(lens), num_kv_heads=task.num_kv_heads, device=task.gpu, policy="tuned",
-                         params=params, head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype)
+        return make_plan(
+            list(lens),
+            num_kv_heads=task.num_kv_heads,
+            device=task.gpu,
+            policy="tuned",
+            params=params,
+            head_dim=task.head_dim,
+            page_size=task.page_size,
+            dtype=task.dtype,
+        )
 
     def verify_phase(self) -> bool:
         from .verify import verify_and_store
@@ -827,16 +971,30 @@ class _Campaign:
             if ww.get("on"):
                 params.update(ww["params"])
             with store.session_scope(self.url) as s:
-                existing = next((p for p in store.list_policies(s, bucket_key=key)
-                                 if p.backend == self.cfg.backend and p.params == params and p.verification), None)
+                existing = next(
+                    (
+                        p
+                        for p in store.list_policies(s, bucket_key=key)
+                        if p.backend == self.cfg.backend and p.params == params and p.verification
+                    ),
+                    None,
+                )
                 if existing is not None:
                     verified[key] = [existing.id, existing.status == "published"]
             if key not in verified:
                 t0 = time.time()
-                out = verify_and_store(task, params, self.backend, database_url=self.url,
-                                       bucket_id=self.bucket_ids[key], run_id=None, device_id=self.device_id,
-                                       train_objective_s=choice[key]["value"], publish=self.cfg.publish,
-                                       tolerance=MARGIN)
+                out = verify_and_store(
+                    task,
+                    params,
+                    self.backend,
+                    database_url=self.url,
+                    bucket_id=self.bucket_ids[key],
+                    run_id=None,
+                    device_id=self.device_id,
+                    train_objective_s=choice[key]["value"],
+                    publish=self.cfg.publish,
+                    tolerance=MARGIN,
+                )
                 self.charge(len(task.heldout) * 5, time.time() - t0)
                 verified[key] = [out.policy_id, out.published]
             self.state.set("verified", verified)
@@ -870,9 +1028,15 @@ def _campaign_worker(jobs, max_tokens: int, max_batch: int) -> None:  # pragma: 
     _die_with_parent()
     stop = Stop().install()
     first = jobs[0]
-    backend = make_backend(first.backend, shape=first.task.shape, max_tokens=max_tokens, max_batch=max_batch,
-                           calibration=first.calibration, read_bandwidth_gbps=first.read_bandwidth_gbps,
-                           gpu_index=first.index)
+    backend = make_backend(
+        first.backend,
+        shape=first.task.shape,
+        max_tokens=max_tokens,
+        max_batch=max_batch,
+        calibration=first.calibration,
+        read_bandwidth_gbps=first.read_bandwidth_gbps,
+        gpu_index=first.index,
+    )
     try:
         for job in jobs:
             if stop.is_set() or (job.deadline is not None and time.time() >= job.deadline):
@@ -904,11 +1068,10 @@ def _die_with_parent() -> None:
     """Ask Linux to send this worker SIGTERM (stop after the current unit) when the coordinator dies, even by
     ``kill -9``, so a resumed campaign does not run beside orphaned workers. A no-op elsewhere."""
     import ctypes
-    import signal
-    import sys
-
     import multiprocessing as mp
     import os
+    import signal
+    import sys
 
     if sys.platform.startswith("linux"):
         try:
@@ -920,18 +1083,49 @@ def _die_with_parent() -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _record_pool(url: str, bucket_id: int, lens: Sequence[int], batch_index: int, rows, backend: str,
-                 device_id: int, software: Mapping[str, Any]) -> None:
+def _record_pool(
+    url: str,
+    bucket_id: int,
+    lens: Sequence[int],
+    batch_index: int,
+    rows,
+    backend: str,
+    device_id: int,
+    software: Mapping[str, Any],
+) -> None:
     """Store one batch's pool timings in one transaction (a batch is timed whole or not at all)."""
     with store.session_scope(url, write=True) as s:
         for name, params, secs, floor in rows:
-            store.record_measurement(s, bucket_id=bucket_id, policy_name=name, params=params, kv_lens=list(lens),
-                                     time_s=secs, floor_s=floor, backend=backend, role="train",
-                                     batch_index=batch_index, stage="pool", device_id=device_id, software=software)
+            store.record_measurement(
+                s,
+                bucket_id=bucket_id,
+                policy_name=name,
+                params=params,
+                kv_lens=list(lens),
+                time_s=secs,
+                floor_s=floor,
+                backend=backend,
+                role="train",
+                batch_index=batch_index,
+                stage="pool",
+                device_id=device_id,
+                software=software,
+            )
 
 
-def _pool_worker(items, index: int, url: str, backend_name: str, pool: tuple[str, ...], calibration, read_bw,
-                 device_id: int, max_tokens: int, max_batch: int, deadline) -> None:  # pragma: no cover - spawned
+def _pool_worker(
+    items,
+    index: int,
+    url: str,
+    backend_name: str,
+    pool: tuple[str, ...],
+    calibration,
+    read_bw,
+    device_id: int,
+    max_tokens: int,
+    max_batch: int,
+    deadline,
+) -> None:  # pragma: no cover - spawned
     """One pool worker process of :meth:`_Campaign._pool_parallel` (GPU ``index % device_count``)."""
     import sys
 
@@ -940,8 +1134,15 @@ def _pool_worker(items, index: int, url: str, backend_name: str, pool: tuple[str
     _die_with_parent()
     stop = Stop().install()
     shape = items[0][0].shape
-    backend = make_backend(backend_name, shape=shape, max_tokens=max_tokens, max_batch=max_batch,
-                           calibration=calibration, read_bandwidth_gbps=read_bw, gpu_index=index)
+    backend = make_backend(
+        backend_name,
+        shape=shape,
+        max_tokens=max_tokens,
+        max_batch=max_batch,
+        calibration=calibration,
+        read_bandwidth_gbps=read_bw,
+        gpu_index=index,
+    )
     sim = make_backend("sim", shape=shape, calibration=calibration, read_bandwidth_gbps=read_bw)
     sw = backend.software()
     try:
@@ -959,21 +1160,33 @@ def _finished(study) -> int:
 
 
 def _measured_trials(study) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.state.name == "COMPLETE" and "cached_from" not in t.user_attrs)
+    return sum(
+        1 for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and "cached_from" not in t.user_attrs
+    )
 
 
-def _time_pool_batch(task: TuneTask, lens: Sequence[int], pool: Sequence[str], backend: TimingBackend,
-                     sim: TimingBackend) -> list[tuple[str, dict[str, Any], float, float]]:
+def _time_pool_batch(
+    task: TuneTask, lens: Sequence[int], pool: Sequence[str], backend: TimingBackend, sim: TimingBackend
+) -> list[tuple[str, dict[str, Any], float, float]]:
     """``(name, params, seconds, floor seconds)`` of every pool candidate the simulator does not prune on one
     batch (an infeasible candidate, ``ValueError`` from ``make_plan``, is left out)."""
     plans = {}
     for name in pool:
         policy, params = parse_candidate(name)
         try:
-            plans[name] = (params, make_plan(list(lens), num_kv_heads=task.num_kv_heads, device=task.gpu,
-                                             policy=policy, params=params, head_dim=task.head_dim,
-                                             page_size=task.page_size, dtype=task.dtype))
+            plans[name] = (
+                params,
+                make_plan(
+                    list(lens),
+                    num_kv_heads=task.num_kv_heads,
+                    device=task.gpu,
+                    policy=policy,
+                    params=params,
+                    head_dim=task.head_dim,
+                    page_size=task.page_size,
+                    dtype=task.dtype,
+                ),
+            )
         except ValueError:
             continue
     if not plans:
@@ -1012,8 +1225,14 @@ class _RichBar:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+        self.p = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
         self.p.start()
         self.label = label
         self.overall = None
@@ -1071,8 +1290,14 @@ def run_campaign(cfg: CampaignConfig, *, stop=None, say: Callable[[str], None] =
             c.result.lines.insert(0, "already finished: nothing timed")
             return c.result
         c.setup()
-        steps = (c.pool_phase, lambda: (c.plan_search(), True)[1], c.search_phase,
-                 lambda: (c.choose_phase(), True)[1], c.whole_wave_phase, c.verify_phase)
+        steps = (
+            c.pool_phase,
+            lambda: (c.plan_search(), True)[1],
+            c.search_phase,
+            lambda: (c.choose_phase(), True)[1],
+            c.whole_wave_phase,
+            c.verify_phase,
+        )
         for step in steps:
             if not step():
                 break

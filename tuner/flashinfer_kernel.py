@@ -39,8 +39,9 @@ class FlashInferDecode:
         self.timer = timer
         self.version = getattr(flashinfer, "__version__", "?")
         self._ws = torch.empty(256 << 20, dtype=torch.uint8, device=timer.device)
-        self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._ws, "NHD", use_tensor_cores=True,
-                                                                      backend="fa2")
+        self._wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self._ws, "NHD", use_tensor_cores=True, backend="fa2"
+        )
 
     def prepare(self, kv_lens: Any) -> tuple[Any, Any]:
         """Plan FlashInfer's decode of the batch ``kv_lens`` (int ``[B]``, every kv_len >= 1) on the timer's cache.
@@ -63,8 +64,17 @@ class FlashInferDecode:
         ps = t.page_size
         # FlashInfer derives a request's length from its page count and last-page length
         last = (lens - (-(-lens // ps) - 1) * ps).astype(np.int32)
-        self._wrapper.plan(b["kv_indptr"], b["kv_indices"], torch.from_numpy(last).to(t.device), t.num_qo_heads,
-                           t.num_kv_heads, t.head_dim, ps, q_data_type=b["q"].dtype, kv_data_type=t.k_cache.dtype)
+        self._wrapper.plan(
+            b["kv_indptr"],
+            b["kv_indices"],
+            torch.from_numpy(last).to(t.device),
+            t.num_qo_heads,
+            t.num_kv_heads,
+            t.head_dim,
+            ps,
+            q_data_type=b["q"].dtype,
+            kv_data_type=t.k_cache.dtype,
+        )
         out = torch.empty_like(b["q"])
         kv = (t.k_cache, t.v_cache)
         return (lambda: self._wrapper.run(b["q"], kv, out=out)), out

@@ -48,8 +48,9 @@ def _stream_read_kernel(X, OUT, n_elements, BLOCK: tl.constexpr, ITERS: tl.const
 
 
 @triton.jit
-def _paged_read_kernel(K, V, OUT, KV_INDICES, n_pages, stride_kp, stride_vp,
-                       PAGE_ELEMS: tl.constexpr, PAGES_PER_PROG: tl.constexpr):
+def _paged_read_kernel(
+    K, V, OUT, KV_INDICES, n_pages, stride_kp, stride_vp, PAGE_ELEMS: tl.constexpr, PAGES_PER_PROG: tl.constexpr
+):
     # whole pages (all KV heads of a page: K and V each one contiguous box), page ids loaded independently
     pid = tl.program_id(0)
     offs = tl.arange(0, PAGE_ELEMS).to(tl.int64)
@@ -197,7 +198,9 @@ class GpuTimer:
 
     def kv_bytes(self, kv_lens: Sequence[int] | np.ndarray) -> int:
         """Bytes of K and V a batch must read: ``sum(kv_len) * H_kv * D * 2 * dtype_bytes``."""
-        return int(np.asarray(kv_lens, dtype=np.int64).sum()) * self.num_kv_heads * self.head_dim * 2 * DTYPES[self.dtype]
+        return (
+            int(np.asarray(kv_lens, dtype=np.int64).sum()) * self.num_kv_heads * self.head_dim * 2 * DTYPES[self.dtype]
+        )
 
     def hbm_floor_s(self, kv_lens: Sequence[int] | np.ndarray) -> float:
         """HBM floor of a batch in seconds (KV bytes / measured read bandwidth)."""
@@ -213,13 +216,16 @@ class GpuTimer:
             return b
         B = kv_lens.shape[0]
         if B > self.max_batch or int(kv_lens.sum()) > self.max_tokens:
-            raise ValueError(f"kv_lens: batch of B={B}, {int(kv_lens.sum())} tokens exceeds the timer's "
-                             f"max_batch={self.max_batch} / max_tokens={self.max_tokens}")
+            raise ValueError(
+                f"kv_lens: batch of B={B}, {int(kv_lens.sum())} tokens exceeds the timer's "
+                f"max_batch={self.max_batch} / max_tokens={self.max_tokens}"
+            )
         pages = np.maximum(-(-kv_lens // self.page_size), 1)
         indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
         indices = self._perm[: int(indptr[-1])]
-        q = torch.randn((B, self.num_qo_heads, self.head_dim), generator=self._gen,
-                        dtype=_TORCH[self.dtype], device=self.device)
+        q = torch.randn(
+            (B, self.num_qo_heads, self.head_dim), generator=self._gen, dtype=_TORCH[self.dtype], device=self.device
+        )
         b = {
             "q": q,
             "kv_indptr": torch.from_numpy(indptr).to(self.device),
@@ -234,15 +240,24 @@ class GpuTimer:
     def run(self, plan: Plan, *, return_lse: bool = False):
         """One validated launch of ``plan`` on its batch (for correctness checks)."""
         b = self.batch(plan.kv_lens)
-        return decode_attention(b["q"], self.k_cache, self.v_cache,
-                                b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan, return_lse=return_lse)
+        return decode_attention(
+            b["q"],
+            self.k_cache,
+            self.v_cache,
+            b["kv_indptr"],
+            b["kv_indices"],
+            b["kv_lens"],
+            plan,
+            return_lse=return_lse,
+        )
 
     def max_error(self, plan: Plan) -> float:
         """Max |o - reference| / max |reference| of ``plan`` on its batch (fp32 reference)."""
         b = self.batch(plan.kv_lens)
         o = self.run(plan)
-        ref = reference_decode_attention(b["q"], self.k_cache, self.v_cache, b["kv_indptr"], b["kv_indices"],
-                                         b["kv_lens"])
+        ref = reference_decode_attention(
+            b["q"], self.k_cache, self.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"]
+        )
         return float((o.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6))
 
     def time_plan(self, plan: Plan, *, warmup_ms: float = 10.0, rep_ms: float = 40.0) -> float:
@@ -254,7 +269,10 @@ class GpuTimer:
             If the plan was made for another shape or dtype than this timer's.
         """
         if (plan.num_kv_heads, plan.head_dim, plan.page_size, plan.dtype) != (
-            self.num_kv_heads, self.head_dim, self.page_size, self.dtype
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            self.dtype,
         ):
             raise ValueError("plan: made for another shape/dtype than this GpuTimer")
         b = self.batch(plan.kv_lens)
@@ -263,8 +281,9 @@ class GpuTimer:
         plan.to(self.device)
         args = (b["q"], self.k_cache, self.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
         decode_attention(*args, out=out, workspace=ws, validate=True)  # compile + checks
-        return graph_median_s(lambda: decode_attention(*args, out=out, workspace=ws, validate=False),
-                              warmup_ms=warmup_ms, rep_ms=rep_ms)
+        return graph_median_s(
+            lambda: decode_attention(*args, out=out, workspace=ws, validate=False), warmup_ms=warmup_ms, rep_ms=rep_ms
+        )
 
     def workspace_for(self, plan: Plan):
         """The decode workspace, reallocated only when ``plan`` needs more partials or a larger batch."""
@@ -272,13 +291,15 @@ class GpuTimer:
         if self._ws is None or plan.num_partials > have_parts or plan.batch_size > have_batch:
             parts, batch = max(plan.num_partials, have_parts, 1 << 12), max(plan.batch_size, have_batch)
             self._ws = None  # free the old one first
-            self._ws = make_workspace(self.num_qo_heads, self.head_dim, max_partials=parts, max_batch=batch,
-                                      device=self.device)
+            self._ws = make_workspace(
+                self.num_qo_heads, self.head_dim, max_partials=parts, max_batch=batch, device=self.device
+            )
             self._ws_capacity = (parts, batch)
         return self._ws
 
-    def paged_read_floor_s(self, kv_lens: Sequence[int] | np.ndarray, *, warmup_ms: float = 10.0,
-                           rep_ms: float = 40.0) -> float:
+    def paged_read_floor_s(
+        self, kv_lens: Sequence[int] | np.ndarray, *, warmup_ms: float = 10.0, rep_ms: float = 40.0
+    ) -> float:
         """The paged read floor of a batch in seconds: the fastest of :data:`PAGED_READ_CONFIGS` of a read-only
         kernel that reads every page of the batch whole (K and V of all KV heads), in the page table's order,
         and sums them (CUDA-graph replays, do_bench median). What any kernel over this paged cache pays before
@@ -301,9 +322,18 @@ class GpuTimer:
             grid = (triton.cdiv(n_pages, ppp),)
 
             def run(ppp=ppp, warps=warps, grid=grid) -> None:
-                _paged_read_kernel[grid](self.k_cache, self.v_cache, out, idx, n_pages, self.k_cache.stride(0),
-                                         self.v_cache.stride(0), PAGE_ELEMS=elems, PAGES_PER_PROG=ppp,
-                                         num_warps=warps)
+                _paged_read_kernel[grid](
+                    self.k_cache,
+                    self.v_cache,
+                    out,
+                    idx,
+                    n_pages,
+                    self.k_cache.stride(0),
+                    self.v_cache.stride(0),
+                    PAGE_ELEMS=elems,
+                    PAGES_PER_PROG=ppp,
+                    num_warps=warps,
+                )
 
             best = min(best, graph_median_s(run, warmup_ms=warmup_ms, rep_ms=rep_ms))
         return best

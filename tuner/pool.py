@@ -22,18 +22,40 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 __all__ = [
-    "candidate_name", "candidate_policy", "parse_candidate", "tuned_equivalent",
-    "SERVED_POOL", "DEFAULT", "MARGIN", "NEIGHBOUR_DISTANCE", "WHOLE_WAVE_EPS", "WHOLE_WAVE_WORST",
-    "choose", "choose_scores", "pick_per_key", "previous_picks", "whole_wave_decision",
+    "candidate_name",
+    "candidate_policy",
+    "parse_candidate",
+    "tuned_equivalent",
+    "SERVED_POOL",
+    "DEFAULT",
+    "MARGIN",
+    "NEIGHBOUR_DISTANCE",
+    "WHOLE_WAVE_EPS",
+    "WHOLE_WAVE_WORST",
+    "choose",
+    "choose_scores",
+    "pick_per_key",
+    "previous_picks",
+    "whole_wave_decision",
 ]
 
 _NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)(?:\|o(\d+)m(\d+))?(\|pf)?(?:\|h(\d+))?(\|nx)?")
-_NAME_KEYS = ("ctas_per_sm", "block_n", "num_warps", "num_stages", "item_cost_blocks", "min_piece_blocks",
-              "prefetch", "heads_per_tile", "next_item")
+_NAME_KEYS = (
+    "ctas_per_sm",
+    "block_n",
+    "num_warps",
+    "num_stages",
+    "item_cost_blocks",
+    "min_piece_blocks",
+    "prefetch",
+    "heads_per_tile",
+    "next_item",
+)
 
 
 def candidate_policy(name: str) -> tuple[str, dict[str, Any]] | None:
@@ -42,8 +64,12 @@ def candidate_policy(name: str) -> tuple[str, dict[str, Any]] | None:
     m = _NAME_RE.fullmatch(name)
     if not m:
         return None
-    params: dict[str, Any] = {"ctas_per_sm": float(m[2]), "block_n": int(m[3]), "num_warps": int(m[4]),
-                              "num_stages": int(m[5])}
+    params: dict[str, Any] = {
+        "ctas_per_sm": float(m[2]),
+        "block_n": int(m[3]),
+        "num_warps": int(m[4]),
+        "num_stages": int(m[5]),
+    }
     if m[6] is not None:
         params["item_cost_blocks"], params["min_piece_blocks"] = int(m[6]), int(m[7])
     if m[8]:
@@ -101,14 +127,27 @@ DEFAULT = "stream_k|c3|n128w4s2"
 a bucket publishes another pool member only when it wins by more than :data:`MARGIN`."""
 
 SERVED_POOL = (
-    "stream_k|c3|n128w4s2", "stream_k|c3|n64w4s3", "stream_k|c2|n128w4s3", "stream_k|c3|n128w4s2|o2m4",
-    "balanced|c3|n128w4s2", "balanced|c4|n128w4s2", "balanced|c4|n64w4s2",
+    "stream_k|c3|n128w4s2",
+    "stream_k|c3|n64w4s3",
+    "stream_k|c2|n128w4s3",
+    "stream_k|c3|n128w4s2|o2m4",
+    "balanced|c3|n128w4s2",
+    "balanced|c4|n128w4s2",
+    "balanced|c4|n64w4s2",
     # two KV heads per work tile: the candidates whose worst H200 training batch is within 1.36x of its best
-    "balanced|c3|n32w4s3|pf|h2", "balanced|c3|n64w4s2|h2", "stream_k|c2|n32w4s4|pf|h2", "stream_k|c2|n64w8s2|h2",
-    "stream_k|c3|n32w4s3|pf|h2", "stream_k|c3|n64w4s2|h2", "stream_k|c4|n32w4s2|h2",
+    "balanced|c3|n32w4s3|pf|h2",
+    "balanced|c3|n64w4s2|h2",
+    "stream_k|c2|n32w4s4|pf|h2",
+    "stream_k|c2|n64w8s2|h2",
+    "stream_k|c3|n32w4s3|pf|h2",
+    "stream_k|c3|n64w4s2|h2",
+    "stream_k|c4|n32w4s2|h2",
     # the look-ahead over a CTA's work items (next_item) at one and two CTAs per SM
-    "stream_k|c1|n64w8s3|pf|h2|nx", "stream_k|c1|n64w4s3|pf|h2|nx",
-    "balanced|c2|n32w4s3|pf|h2|nx", "stream_k|c2|n32w4s3|pf|h2|nx", "balanced|c4|n32w4s2|h2",
+    "stream_k|c1|n64w8s3|pf|h2|nx",
+    "stream_k|c1|n64w4s3|pf|h2|nx",
+    "balanced|c2|n32w4s3|pf|h2|nx",
+    "stream_k|c2|n32w4s3|pf|h2|nx",
+    "balanced|c4|n32w4s2|h2",
 )
 """The 19 candidates a campaign times on every training batch (docs/perf.md gives each one's evidence). The
 default tile of the balanced rule (``balanced|c4|n64w4s2``: one tile per request on large batches of even
@@ -141,8 +180,13 @@ def choose_scores(scores: Mapping[str, float], keep: Sequence[str | None] = (), 
     return best
 
 
-def choose(batches: Sequence[Mapping[str, float | None]], pool: Sequence[str] = SERVED_POOL,
-           previous: str | None = None, default: str = DEFAULT, margin: float = MARGIN) -> str:
+def choose(
+    batches: Sequence[Mapping[str, float | None]],
+    pool: Sequence[str] = SERVED_POOL,
+    previous: str | None = None,
+    default: str = DEFAULT,
+    margin: float = MARGIN,
+) -> str:
     """The ``pool`` member with the least geomean time over ``batches`` (one ``{name: seconds or None}`` per
     training batch; only members timed on every batch compete), unless it beats ``previous`` (what the table
     being replaced publishes for this key) or else ``default`` by less than ``margin``.
@@ -155,14 +199,21 @@ def choose(batches: Sequence[Mapping[str, float | None]], pool: Sequence[str] = 
     if not names:
         raise ValueError("batches: no pool candidate was timed on every training batch of the bucket")
     best_of = [min(float(t[n]) for n in names) for t in batches]
-    scores = {k: math.exp(sum(math.log(float(t[k]) / b) for t, b in zip(batches, best_of)) / len(batches))
-              for k in names}
+    scores = {
+        k: math.exp(sum(math.log(float(t[k]) / b) for t, b in zip(batches, best_of)) / len(batches)) for k in names
+    }
     return choose_scores(scores, (previous, default), margin)
 
 
-def pick_per_key(timings: Mapping[str, Sequence[Mapping[str, float | None]]], *, pool: Sequence[str] = SERVED_POOL,
-                 previous: Mapping[str, str] | None = None, default: str = DEFAULT, margin: float = MARGIN,
-                 neighbour_distance: float = NEIGHBOUR_DISTANCE) -> dict[str, str]:
+def pick_per_key(
+    timings: Mapping[str, Sequence[Mapping[str, float | None]]],
+    *,
+    pool: Sequence[str] = SERVED_POOL,
+    previous: Mapping[str, str] | None = None,
+    default: str = DEFAULT,
+    margin: float = MARGIN,
+    neighbour_distance: float = NEIGHBOUR_DISTANCE,
+) -> dict[str, str]:
     """Bucket key -> its pool pick: :func:`choose` over the key's training batches and those of every other key
     within ``neighbour_distance``, keeping ``previous[key]`` within the margin. ``timings``: bucket key (a
     :class:`~kvsplit.kernels.buckets.BucketKey` string) -> its training batches' ``{candidate: seconds}``.

@@ -23,10 +23,21 @@ def table_entry(p: Any) -> dict[str, Any]:
     """The policy-table entry (kvsplit.kernels.policy_table module doc) of a published Policy row."""
     b = p.bucket
     return {
-        "id": p.id, "version": p.version, "bucket": p.bucket_key, "gpu": b.gpu, "num_kv_heads": b.num_kv_heads,
-        "head_dim": b.head_dim, "dtype": b.dtype, "page_size": b.page_size, "name": p.name,
-        "params": dict(p.params or {}), "backend": p.backend, "source": SOURCE_OF_BACKEND[p.backend],
-        "score": p.score, "tuning_run_id": p.tuning_run_id, "published_at": store.iso_utc(p.published_at),
+        "id": p.id,
+        "version": p.version,
+        "bucket": p.bucket_key,
+        "gpu": b.gpu,
+        "num_kv_heads": b.num_kv_heads,
+        "head_dim": b.head_dim,
+        "dtype": b.dtype,
+        "page_size": b.page_size,
+        "name": p.name,
+        "params": dict(p.params or {}),
+        "backend": p.backend,
+        "source": SOURCE_OF_BACKEND[p.backend],
+        "score": p.score,
+        "tuning_run_id": p.tuning_run_id,
+        "published_at": store.iso_utc(p.published_at),
     }
 
 

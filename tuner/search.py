@@ -55,8 +55,9 @@ cooperate on each study (trials claimed atomically, exact trial counts).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 from ..db import store
 from ..kernels.device import resolve_device
@@ -196,8 +197,9 @@ class TuneResult:
 def _progress_bar(total: int, desc: str, enabled: bool, initial: int):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit="trial", disable=not enabled, leave=True,
-                dynamic_ncols=True)
+    return tqdm(
+        total=total, initial=initial, desc=desc, unit="trial", disable=not enabled, leave=True, dynamic_ncols=True
+    )
 
 
 def _device_row(session, task: TuneTask, backend: TimingBackend | None, backend_name: str):
@@ -205,12 +207,21 @@ def _device_row(session, task: TuneTask, backend: TimingBackend | None, backend_
         info, sw = backend.device_info(), backend.software()
     else:
         dev = resolve_device(task.gpu)
-        info = {"name": dev.name, "num_sms": dev.num_sms, "hbm_bandwidth_gbps": float(dev.hbm_bandwidth_gbps),
-                "read_bandwidth_gbps": None}
+        info = {
+            "name": dev.name,
+            "num_sms": dev.num_sms,
+            "hbm_bandwidth_gbps": float(dev.hbm_bandwidth_gbps),
+            "read_bandwidth_gbps": None,
+        }
         sw = {"backend": backend_name}
-    return store.get_or_create_device(session, name=info["name"], num_sms=info["num_sms"],
-                                      hbm_bandwidth_gbps=info["hbm_bandwidth_gbps"], software=sw,
-                                      read_bandwidth_gbps=info.get("read_bandwidth_gbps"))
+    return store.get_or_create_device(
+        session,
+        name=info["name"],
+        num_sms=info["num_sms"],
+        hbm_bandwidth_gbps=info["hbm_bandwidth_gbps"],
+        software=sw,
+        read_bandwidth_gbps=info.get("read_bandwidth_gbps"),
+    )
 
 
 def calibration_for(url: str, gpu: str, backend: str) -> tuple[dict[str, Any] | None, float | None]:
@@ -234,14 +245,17 @@ def _check_same_batches(task: TuneTask, bucket: Any) -> None:
     sb = bucket.sample_batches or {}
     if not (sb.get("train") and sb.get("heldout")):
         return
-    stored = (tuple(tuple(int(v) for v in x) for x in sb["train"]),
-              tuple(tuple(int(v) for v in x) for x in sb["heldout"]))
+    stored = (
+        tuple(tuple(int(v) for v in x) for x in sb["train"]),
+        tuple(tuple(int(v) for v in x) for x in sb["heldout"]),
+    )
     if stored != (task.train, task.heldout):
         raise ValueError(
             f"bucket {task.key} keeps the batches of its first tune ({bucket.source or 'another task'}); this run "
             f"({task.source}) draws other ones: the bucket's study resumes only on its own batches, so use the "
             "first run's --seed, --total-tokens, --num-train, --num-heldout and trace options, or tune into "
-            "another store (--database-url)")
+            "another store (--database-url)"
+        )
 
 
 def check_task_batches(task: TuneTask, database_url: str) -> None:
@@ -269,21 +283,34 @@ class _Run:
     device_id: int = 0
 
     def make_backend(self) -> TimingBackend:
-        return backend_for_task(self.task, self.cfg.backend, calibration=self.calibration,
-                                read_bandwidth_gbps=self.read_bandwidth_gbps)
+        return backend_for_task(
+            self.task, self.cfg.backend, calibration=self.calibration, read_bandwidth_gbps=self.read_bandwidth_gbps
+        )
 
 
 def _start(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) -> _Run:
     """Step 1: storage, calibration, the bucket row (refusing other batches), the backend, a run row."""
     url = store.resolve_url(cfg.database_url)
-    spec = storage_spec(url, journal=cfg.journal, workers=cfg.workers, heartbeat_interval=cfg.heartbeat_interval,
-                        grace_period=cfg.grace_period)
+    spec = storage_spec(
+        url,
+        journal=cfg.journal,
+        workers=cfg.workers,
+        heartbeat_interval=cfg.heartbeat_interval,
+        grace_period=cfg.grace_period,
+    )
     calibration, bw = calibration_for(url, task.gpu, cfg.backend)
     run = _Run(task, cfg, url, spec, study_name(task, cfg.backend), calibration, bw, backend)
     with store.session_scope(url, write=True) as s:
         b = store.get_or_create_bucket(
-            s, key=task.key, gpu=task.gpu, num_kv_heads=task.num_kv_heads, head_dim=task.head_dim,
-            dtype=task.dtype, page_size=task.page_size, signature=dict(task.signature), source=task.source,
+            s,
+            key=task.key,
+            gpu=task.gpu,
+            num_kv_heads=task.num_kv_heads,
+            head_dim=task.head_dim,
+            dtype=task.dtype,
+            page_size=task.page_size,
+            signature=dict(task.signature),
+            source=task.source,
             sample_batches={"train": [list(x) for x in task.train], "heldout": [list(x) for x in task.heldout]},
         )
         _check_same_batches(task, b)
@@ -292,9 +319,17 @@ def _start(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) -> _R
         run.backend = run.make_backend()
     with store.session_scope(url, write=True) as s:
         dev_row = _device_row(s, task, run.backend, cfg.backend)
-        row = store.start_run(s, bucket_id=run.bucket_id, study_name=run.study, backend=cfg.backend,
-                              n_trials=cfg.n_trials, workers=cfg.workers, storage_kind=spec.kind,
-                              device_id=dev_row.id, stale_after_s=cfg.grace_period)
+        row = store.start_run(
+            s,
+            bucket_id=run.bucket_id,
+            study_name=run.study,
+            backend=cfg.backend,
+            n_trials=cfg.n_trials,
+            workers=cfg.workers,
+            storage_kind=spec.kind,
+            device_id=dev_row.id,
+            stale_after_s=cfg.grace_period,
+        )
         run.run_id, run.device_id = row.id, dev_row.id
     return run
 
@@ -302,8 +337,9 @@ def _start(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) -> _R
 def _open_study(run: _Run):
     """Step 2: create or load the study, enqueue the baselines once, fail stale and dead trials."""
     study = _load_study(run.spec, run.study, run.cfg.seed, run.cfg.n_trials, storage=open_storage(run.spec))
-    study.set_user_attr(_ATTR_TASK, {"key": run.task.key, "source": run.task.source,
-                                     "num_qo_heads": run.task.num_qo_heads})
+    study.set_user_attr(
+        _ATTR_TASK, {"key": run.task.key, "source": run.task.source, "num_qo_heads": run.task.num_qo_heads}
+    )
     _enqueue_baselines(study, run.task, run.cfg.n_trials)
     _fail_stale(study)
     return study
@@ -327,13 +363,23 @@ def _search(run: _Run, study, stop: Stop, on_trial=None) -> None:
     A failure or Ctrl-C records the run as failed / interrupted and re-raises.
     """
     cfg = run.cfg
-    bar = _progress_bar(cfg.n_trials, f"{run.task.source} [{cfg.backend}]", cfg.progress,
-                        min(cfg.n_trials, _finished(study)))
-    job = WorkerJob(task=run.task, storage=run.spec, study=run.study, n_trials=cfg.n_trials, backend=cfg.backend,
-                    seed=cfg.seed, deadline=time.time() + cfg.timeout if cfg.timeout else None,
-                    calibration=run.calibration, read_bandwidth_gbps=run.read_bandwidth_gbps)
+    bar = _progress_bar(
+        cfg.n_trials, f"{run.task.source} [{cfg.backend}]", cfg.progress, min(cfg.n_trials, _finished(study))
+    )
+    job = WorkerJob(
+        task=run.task,
+        storage=run.spec,
+        study=run.study,
+        n_trials=cfg.n_trials,
+        backend=cfg.backend,
+        seed=cfg.seed,
+        deadline=time.time() + cfg.timeout if cfg.timeout else None,
+        calibration=run.calibration,
+        read_bandwidth_gbps=run.read_bandwidth_gbps,
+    )
     try:
         if cfg.workers == 1:
+
             def tick() -> None:
                 bar.n = min(cfg.n_trials, _finished(study))
                 bar.refresh()
@@ -347,8 +393,15 @@ def _search(run: _Run, study, stop: Stop, on_trial=None) -> None:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         best_value, best_params = _best_of(run, study)
         with store.session_scope(run.url, write=True) as s:
-            store.finish_run(s, run.run_id, status=status, n_finished=_finished(study), best_value=best_value,
-                             best_params=best_params, message=f"{type(exc).__name__}: {exc}"[:2000])
+            store.finish_run(
+                s,
+                run.run_id,
+                status=status,
+                n_finished=_finished(study),
+                best_value=best_value,
+                best_params=best_params,
+                message=f"{type(exc).__name__}: {exc}"[:2000],
+            )
         bar.close()
         raise
     bar.n = min(cfg.n_trials, _finished(study))
@@ -365,8 +418,7 @@ def _result(run: _Run, study, stop: Stop) -> TuneResult:
         status, message = "interrupted", "stopped by signal after the current trial"
     elif finished < run.cfg.n_trials:
         message = f"timeout after {finished} of {run.cfg.n_trials} finished trials"
-    return TuneResult(run.task.key, run.study, run.run_id, status, finished, best_value, best_params,
-                      message=message)
+    return TuneResult(run.task.key, run.study, run.run_id, status, finished, best_value, best_params, message=message)
 
 
 def _note(result: TuneResult, text: str) -> None:
@@ -385,9 +437,14 @@ def _verify(run: _Run, result: TuneResult) -> None:
     if not run.cfg.verify:
         return
     with store.session_scope(run.url) as s:
-        existing = next((p for p in store.list_policies(s, bucket_key=run.task.key)
-                         if p.backend == run.cfg.backend and p.params == result.best_params and p.verification),
-                        None)
+        existing = next(
+            (
+                p
+                for p in store.list_policies(s, bucket_key=run.task.key)
+                if p.backend == run.cfg.backend and p.params == result.best_params and p.verification
+            ),
+            None,
+        )
     if existing is not None:  # a resumed, already finished study: its best was verified before
         result.policy_id = existing.id
         result.published = existing.status == "published"
@@ -395,9 +452,16 @@ def _verify(run: _Run, result: TuneResult) -> None:
         _note(result, f"already verified as policy {existing.id} ({existing.status})")
         return
     outcome = _verify_mod.verify_and_store(
-        run.task, result.best_params, run.backend or run.make_backend(), database_url=run.url,
-        bucket_id=run.bucket_id, run_id=run.run_id, device_id=run.device_id, train_objective_s=result.best_value,
-        publish=run.cfg.publish)
+        run.task,
+        result.best_params,
+        run.backend or run.make_backend(),
+        database_url=run.url,
+        bucket_id=run.bucket_id,
+        run_id=run.run_id,
+        device_id=run.device_id,
+        train_objective_s=result.best_value,
+        publish=run.cfg.publish,
+    )
     result.policy_id = outcome.policy_id
     result.published = outcome.published
     result.verification = outcome.summary
@@ -408,12 +472,20 @@ def _verify(run: _Run, result: TuneResult) -> None:
 def _record(run: _Run, result: TuneResult) -> None:
     """Step 6: close the run row."""
     with store.session_scope(run.url, write=True) as s:
-        store.finish_run(s, run.run_id, status=result.status, n_finished=result.n_finished,
-                         best_value=result.best_value, best_params=result.best_params, message=result.message)
+        store.finish_run(
+            s,
+            run.run_id,
+            status=result.status,
+            n_finished=result.n_finished,
+            best_value=result.best_value,
+            best_params=result.best_params,
+            message=result.message,
+        )
 
 
-def tune_task(task: TuneTask, cfg: TuneConfig, *, stop: Stop | None = None,
-              backend: TimingBackend | None = None, on_trial=None) -> TuneResult:
+def tune_task(
+    task: TuneTask, cfg: TuneConfig, *, stop: Stop | None = None, backend: TimingBackend | None = None, on_trial=None
+) -> TuneResult:
     """Tune, verify and (if it passes) publish the ``tuned`` policy of one bucket.
 
     Re-running with the same arguments resumes the study: it ends with exactly
@@ -447,4 +519,3 @@ def tune(tasks: Sequence[TuneTask], cfg: TuneConfig, *, stop: Stop | None = None
             break
         out.append(tune_task(t, cfg, stop=stop))
     return out
-

@@ -30,9 +30,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,9 +42,21 @@ from ..kernels.plan import Plan, make_plan
 from .pool import candidate_policy
 from .simulate import Calibration, _prepare, _simulate, _Tiles, config_key
 
-__all__ = ["SweepSample", "sweep_samples", "best_of", "fit_per_config", "error_table", "error_summary", "predict_samples",
-           "wave_class",
-           "GLOBAL_FIT_PARAMS", "CONFIG_FIT_PARAMS", "HELDOUT_SETS", "candidate_policy", "merged_case_records"]
+__all__ = [
+    "SweepSample",
+    "sweep_samples",
+    "best_of",
+    "fit_per_config",
+    "error_table",
+    "error_summary",
+    "predict_samples",
+    "wave_class",
+    "GLOBAL_FIT_PARAMS",
+    "CONFIG_FIT_PARAMS",
+    "HELDOUT_SETS",
+    "candidate_policy",
+    "merged_case_records",
+]
 
 GLOBAL_FIT_PARAMS = ("launch_s", "merge_launch_s", "merge_partial_s", "merge_split_s", "persistent_tile_s")
 """Constants shared by every kernel config (fitted on all training samples)."""
@@ -110,10 +123,16 @@ def merged_case_records(paths: str | Path | Sequence[str | Path]) -> tuple[list[
     return list(merged.values()), bw
 
 
-def sweep_samples(sweep_path: str | Path | Sequence[str | Path], cases_path: str | Path, *,
-                  device: str = "NVIDIA H200",
-                  head_dim: int = 128, dtype: str = "bfloat16", page_size: int = 16,
-                  case_ids: Iterable[int] | None = None) -> tuple[list[SweepSample], float | None]:
+def sweep_samples(
+    sweep_path: str | Path | Sequence[str | Path],
+    cases_path: str | Path,
+    *,
+    device: str = "NVIDIA H200",
+    head_dim: int = 128,
+    dtype: str = "bfloat16",
+    page_size: int = 16,
+    case_ids: Iterable[int] | None = None,
+) -> tuple[list[SweepSample], float | None]:
     """Rebuild every timed plan of a sweep file (or of several, merged by :func:`merged_case_records`).
 
     Returns the samples and the sweep's measured read bandwidth (bytes/s, its
@@ -132,11 +151,30 @@ def sweep_samples(sweep_path: str | Path | Sequence[str | Path], cases_path: str
             if t is None or name == "flashinfer_kernel":
                 continue
             pol, params = _policy_of(name, c)
-            plan = make_plan(lens, num_kv_heads=c["num_kv_heads"], device=device, policy=pol, params=params,
-                             head_dim=head_dim, dtype=dtype, page_size=page_size)
-            out.append(SweepSample(case=r["case"], set=r["set"], family=r["family"], B=int(r["B"]), T=int(r["T"]),
-                                   name=name, policy=name.split("|")[0], time_s=float(t),
-                                   floor_s=float(r["floor_s"]), plan=plan))
+            plan = make_plan(
+                lens,
+                num_kv_heads=c["num_kv_heads"],
+                device=device,
+                policy=pol,
+                params=params,
+                head_dim=head_dim,
+                dtype=dtype,
+                page_size=page_size,
+            )
+            out.append(
+                SweepSample(
+                    case=r["case"],
+                    set=r["set"],
+                    family=r["family"],
+                    B=int(r["B"]),
+                    T=int(r["T"]),
+                    name=name,
+                    policy=name.split("|")[0],
+                    time_s=float(t),
+                    floor_s=float(r["floor_s"]),
+                    plan=plan,
+                )
+            )
     return out, bw
 
 
@@ -155,8 +193,12 @@ def _prep(samples: Sequence[SweepSample], dev: DeviceSpec) -> list[_Tiles]:
     return [_prepare(s.plan, dev) for s in samples]
 
 
-def predict_samples(samples: Sequence[SweepSample], cal: Calibration, device: DeviceSpec | str = "NVIDIA H200",
-                    tiles: Sequence[_Tiles] | None = None) -> np.ndarray:
+def predict_samples(
+    samples: Sequence[SweepSample],
+    cal: Calibration,
+    device: DeviceSpec | str = "NVIDIA H200",
+    tiles: Sequence[_Tiles] | None = None,
+) -> np.ndarray:
     """Predicted seconds of each sample under ``cal``."""
     tl = tiles if tiles is not None else _prep(samples, resolve_device(device))
     return np.array([_simulate(t, cal) for t in tl])
@@ -167,8 +209,9 @@ def _loss(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.mean(np.minimum(e * e, _LOSS_CAP * _LOSS_CAP)))
 
 
-def _coord_search(cal: Calibration, names: Sequence[str], loss_of, rounds: int, key: str | None = None
-                  ) -> tuple[Calibration, float]:
+def _coord_search(
+    cal: Calibration, names: Sequence[str], loss_of, rounds: int, key: str | None = None
+) -> tuple[Calibration, float]:
     """Coordinate search in log space on ``names`` (of ``cal.per_config[key]`` when ``key`` is given)."""
 
     def get(c: Calibration, n: str) -> float:
@@ -208,9 +251,16 @@ def _coord_search(cal: Calibration, names: Sequence[str], loss_of, rounds: int, 
     return cal, best
 
 
-def fit_per_config(samples: Sequence[SweepSample], *, device: str = "NVIDIA H200", initial: Calibration | None = None,
-                   read_bandwidth: float | None = None, rounds: int = 5, outer: int = 2,
-                   min_samples: int = 20) -> Calibration:
+def fit_per_config(
+    samples: Sequence[SweepSample],
+    *,
+    device: str = "NVIDIA H200",
+    initial: Calibration | None = None,
+    read_bandwidth: float | None = None,
+    rounds: int = 5,
+    outer: int = 2,
+    min_samples: int = 20,
+) -> Calibration:
     """Fit per-config constants (:data:`CONFIG_FIT_PARAMS`) and the shared ones (:data:`GLOBAL_FIT_PARAMS`).
 
     Slots stay the measured residency of each config (``slots=None``);
@@ -222,8 +272,9 @@ def fit_per_config(samples: Sequence[SweepSample], *, device: str = "NVIDIA H200
     """
     dev = resolve_device(device)
     cal = initial or Calibration.default(dev)
-    cal = dataclasses.replace(cal, slots=None, per_config={}, ramp_ctas=cal.ramp_ctas or 1.0,
-                              sm_bw=max(cal.sm_bw, 2.0 * cal.cta_bw))
+    cal = dataclasses.replace(
+        cal, slots=None, per_config={}, ramp_ctas=cal.ramp_ctas or 1.0, sm_bw=max(cal.sm_bw, 2.0 * cal.cta_bw)
+    )
     if read_bandwidth:
         cal = dataclasses.replace(cal, hbm_bw=float(read_bandwidth))
     tiles = _prep(samples, dev)
@@ -243,9 +294,13 @@ def fit_per_config(samples: Sequence[SweepSample], *, device: str = "NVIDIA H200
             ix = by_key[k]
             tk = [tiles[i] for i in ix]
             mk = meas[ix]
-            cal, _ = _coord_search(cal, CONFIG_FIT_PARAMS,
-                                   lambda c, tk=tk, mk=mk: _loss(np.array([_simulate(t, c) for t in tk]), mk),
-                                   rounds=rounds, key=k)
+            cal, _ = _coord_search(
+                cal,
+                CONFIG_FIT_PARAMS,
+                lambda c, tk=tk, mk=mk: _loss(np.array([_simulate(t, c) for t in tk]), mk),
+                rounds=rounds,
+                key=k,
+            )
         cal, _ = _coord_search(cal, GLOBAL_FIT_PARAMS, loss_all, rounds=2)
     return cal
 
@@ -254,8 +309,13 @@ def _stats(e: np.ndarray) -> dict[str, Any]:
     a = np.abs(e)
     if a.size == 0:
         return {"n": 0}
-    return {"n": int(a.size), "median": float(np.median(a)), "p90": float(np.quantile(a, 0.9)),
-            "worst": float(a.max()), "over_20pct": int((a > 0.2).sum())}
+    return {
+        "n": int(a.size),
+        "median": float(np.median(a)),
+        "p90": float(np.quantile(a, 0.9)),
+        "worst": float(a.max()),
+        "over_20pct": int((a > 0.2).sum()),
+    }
 
 
 def wave_class(plan: Plan, device: DeviceSpec | str = "NVIDIA H200") -> str:
@@ -276,8 +336,14 @@ def error_table(samples: Sequence[SweepSample], pred: np.ndarray) -> dict[str, A
     """Absolute relative errors ``|pred / measured - 1|``: overall, per set, per policy, per
     (set, policy), per :func:`wave_class` and per kernel config."""
     e = pred / np.array([s.time_s for s in samples]) - 1.0
-    out: dict[str, Any] = {"all": _stats(e), "per_set": {}, "per_policy": {}, "per_set_policy": {}, "per_wave": {},
-                           "per_config": {}}
+    out: dict[str, Any] = {
+        "all": _stats(e),
+        "per_set": {},
+        "per_policy": {},
+        "per_set_policy": {},
+        "per_wave": {},
+        "per_config": {},
+    }
     ka = np.array([config_key(s.plan.config) for s in samples])
     for k in sorted(set(ka.tolist())):
         out["per_config"][k] = _stats(e[ka == k])
@@ -300,8 +366,9 @@ def error_table(samples: Sequence[SweepSample], pred: np.ndarray) -> dict[str, A
     return out
 
 
-def by_config(samples: Sequence[SweepSample], dev: DeviceSpec) -> tuple[list[_Tiles], np.ndarray,
-                                                                        list[tuple[str, list[int]]]]:
+def by_config(
+    samples: Sequence[SweepSample], dev: DeviceSpec
+) -> tuple[list[_Tiles], np.ndarray, list[tuple[str, list[int]]]]:
     """What the per-config fits (scripts/fit_lone_bw.py, fit_new_configs.py, fit_drain.py) loop over: the samples'
     prepared tiles, their measured seconds, and ``(config key, sample indices)`` per kernel config, the configs
     with the most samples first (ties in first-seen order)."""
@@ -316,6 +383,7 @@ def by_config(samples: Sequence[SweepSample], dev: DeviceSpec) -> tuple[list[_Ti
 def error_summary(train: Mapping[str, Any], heldout: Mapping[str, Any]) -> dict[str, Any]:
     """The ``error`` object of a calibration document from two :func:`error_table` results: median and worst
     on the training and held-out plans, and held-out per set, per policy and per kernel config (with ``n``)."""
+
     def part(tab: Mapping[str, Any]) -> dict[str, Any]:
         return {k: {"n": v["n"], "median": v["median"], "worst": v["worst"]} for k, v in tab.items()}
 

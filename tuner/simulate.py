@@ -57,8 +57,9 @@ import dataclasses
 import heapq
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -66,11 +67,29 @@ from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import DTYPES, KernelConfig, Plan, default_config
 from ..kernels.residency import resident_ctas_per_sm
 
-__all__ = ["Calibration", "predict", "hbm_floor_s", "fit_calibration", "FIT_PARAMS", "PER_CONFIG_PARAMS",
-           "config_key", "resident_slots"]
+__all__ = [
+    "Calibration",
+    "predict",
+    "hbm_floor_s",
+    "fit_calibration",
+    "FIT_PARAMS",
+    "PER_CONFIG_PARAMS",
+    "config_key",
+    "resident_slots",
+]
 
-PER_CONFIG_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "slots", "tile_fixed_s", "item_fixed_s", "persistent_tile_s",
-                     "lone_bw", "fixed_overlap", "tail_sm_bw")
+PER_CONFIG_PARAMS = (
+    "sm_bw",
+    "cta_bw",
+    "ramp_ctas",
+    "slots",
+    "tile_fixed_s",
+    "item_fixed_s",
+    "persistent_tile_s",
+    "lone_bw",
+    "fixed_overlap",
+    "tail_sm_bw",
+)
 """Constants a calibration may hold per kernel config (:attr:`Calibration.per_config`)."""
 
 _KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)p?(?:h\d+)?x?")
@@ -79,16 +98,30 @@ _KEY_RE = re.compile(r"n(\d+)w(\d+)s(\d+)p?(?:h\d+)?x?")
 def config_key(config: KernelConfig) -> str:
     """``"n{block_n}w{num_warps}s{num_stages}"`` (``...p`` with the ``prefetch`` knob, ``...h{k}`` with
     ``heads_per_tile`` k > 1, a last ``x`` with ``next_item``): the key of :attr:`Calibration.per_config`."""
-    return (f"n{config.block_n}w{config.num_warps}s{config.num_stages}" + ("p" if config.prefetch else "")
-            + (f"h{config.heads_per_tile}" if config.heads_per_tile != 1 else "")
-            + ("x" if getattr(config, "next_item", False) else ""))
+    return (
+        f"n{config.block_n}w{config.num_warps}s{config.num_stages}"
+        + ("p" if config.prefetch else "")
+        + (f"h{config.heads_per_tile}" if config.heads_per_tile != 1 else "")
+        + ("x" if getattr(config, "next_item", False) else "")
+    )
 
 
 def resident_slots(device: DeviceSpec, config: KernelConfig, *, head_dim: int = 128, dtype: str = "bfloat16") -> int:
     """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`)."""
-    return int(resident_ctas_per_sm(device, head_dim, dtype, DTYPES[dtype], config.block_n, config.num_warps,
-                                    config.num_stages, prefetch=config.prefetch,
-                                    heads_per_tile=config.heads_per_tile, next_item=config.next_item))
+    return int(
+        resident_ctas_per_sm(
+            device,
+            head_dim,
+            dtype,
+            DTYPES[dtype],
+            config.block_n,
+            config.num_warps,
+            config.num_stages,
+            prefetch=config.prefetch,
+            heads_per_tile=config.heads_per_tile,
+            next_item=config.next_item,
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -201,13 +234,17 @@ class Calibration:
         out = {}
         for key, over in pc.items():
             if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
-                raise ValueError(f"Calibration.per_config: keys are like 'n64w4s2', 'n128w4s3p' (prefetch), "
-                                 f"'n64w4s2h2' (heads_per_tile) or 'n64w8s3ph2x' (next_item), got {key!r}")
+                raise ValueError(
+                    f"Calibration.per_config: keys are like 'n64w4s2', 'n128w4s3p' (prefetch), "
+                    f"'n64w4s2h2' (heads_per_tile) or 'n64w8s3ph2x' (next_item), got {key!r}"
+                )
             if not isinstance(over, Mapping):
                 raise ValueError(f"Calibration.per_config[{key!r}]: expected an object, got {type(over).__name__}")
             bad = sorted(set(over) - set(PER_CONFIG_PARAMS))
             if bad:
-                raise ValueError(f"Calibration.per_config[{key!r}]: unknown fields {bad}; known: {list(PER_CONFIG_PARAMS)}")
+                raise ValueError(
+                    f"Calibration.per_config[{key!r}]: unknown fields {bad}; known: {list(PER_CONFIG_PARAMS)}"
+                )
             try:
                 c = dataclasses.replace(self, per_config={}, **dict(over))
             except ValueError as e:
@@ -215,7 +252,7 @@ class Calibration:
             out[key] = {k: getattr(c, k) for k in over}
         object.__setattr__(self, "per_config", out)
 
-    def for_config(self, config: KernelConfig | str) -> "Calibration":
+    def for_config(self, config: KernelConfig | str) -> Calibration:
         """The constants that apply to plans of ``config`` (its :attr:`per_config`
         overrides applied, ``per_config`` empty). A prefetching config without its own
         entry (``n128w4s3p``) takes its tile's (``n128w4s3``), a config of several KV heads per tile without
@@ -230,8 +267,11 @@ class Calibration:
                 over = {**(self._entry(key[:-1]) or {}), **(self.per_config.get(key) or {})} or None
             else:
                 over = self._entry(key)
-            got = dataclasses.replace(self, per_config={}, **over) if over else (
-                self if not self.per_config else dataclasses.replace(self, per_config={}))
+            got = (
+                dataclasses.replace(self, per_config={}, **over)
+                if over
+                else (self if not self.per_config else dataclasses.replace(self, per_config={}))
+            )
             self._resolved[key] = got  # type: ignore[attr-defined]
         return got
 
@@ -253,7 +293,7 @@ class Calibration:
         head_dim: int = 128,
         dtype: str = "bfloat16",
         config: KernelConfig | None = None,
-    ) -> "Calibration":
+    ) -> Calibration:
         """Defaults derived from the device's vendor figures and the kernel config.
 
         ``slots`` is the config's residency, :func:`resident_slots` (measured
@@ -285,7 +325,7 @@ class Calibration:
         return d
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "Calibration":
+    def from_dict(d: Mapping[str, Any]) -> Calibration:
         """Inverse of :meth:`to_dict`; reads the single-config form (``slots``
         required there, format 1) and the per-config form (``slots`` absent or
         null: residency per config; ``per_config``).
@@ -402,8 +442,9 @@ def _simulate(t: _Tiles, c: Calibration) -> float:
     return _finish(t, c, t_last, run_fixed, run_bytes, r_bulk)
 
 
-def _finish(t: _Tiles, c: Calibration, t_last: float, run_fixed: np.ndarray, run_bytes: np.ndarray,
-            r_bulk: float) -> float:
+def _finish(
+    t: _Tiles, c: Calibration, t_last: float, run_fixed: np.ndarray, run_bytes: np.ndarray, r_bulk: float
+) -> float:
     """Drain the tiles running at ``t_last`` and add launch, floor and merge terms."""
     S = t.num_sms
     # tail: spread the running tiles over SMs (longest first, round-robin), drain by processor sharing
@@ -432,7 +473,7 @@ def _finish(t: _Tiles, c: Calibration, t_last: float, run_fixed: np.ndarray, run
         if c.fixed_overlap > 0.0:  # the other residents of the SM stream while one pays its fixed cost
             m_sm = np.full(S, float(m))  # tiles on each SM in the drain (the last `pad` SMs hold one fewer)
             if pad:
-                m_sm[S - pad:] -= 1.0
+                m_sm[S - pad :] -= 1.0
             fx_sm = fx_sm * (1.0 - c.fixed_overlap * (m_sm - 1.0) / np.maximum(m_sm, 1.0))
         sm_time = fx_sm + (diffs / rate).sum(axis=1)
         finish = t_last + float(sm_time.max())
@@ -473,8 +514,20 @@ def predict(plan: Plan, device: DeviceSpec | str | None = None, *, calibration: 
     return _simulate(_prepare(plan, dev), cal)
 
 
-FIT_PARAMS = ("hbm_bw", "sm_bw", "cta_bw", "slots", "tile_fixed_s", "item_fixed_s", "launch_s",
-              "merge_launch_s", "merge_partial_s", "persistent_tile_s", "ramp_ctas", "merge_split_s")
+FIT_PARAMS = (
+    "hbm_bw",
+    "sm_bw",
+    "cta_bw",
+    "slots",
+    "tile_fixed_s",
+    "item_fixed_s",
+    "launch_s",
+    "merge_launch_s",
+    "merge_partial_s",
+    "persistent_tile_s",
+    "ramp_ctas",
+    "merge_split_s",
+)
 """Constants :func:`fit_calibration` can fit (all by default)."""
 
 
@@ -540,7 +593,11 @@ def fit_calibration(
             raise ValueError(f"samples[{i}]: expected a (Plan, seconds) pair") from None
         if not isinstance(plan, Plan):
             raise ValueError(f"samples[{i}]: expected a Plan, got {type(plan).__name__}")
-        if isinstance(sec, bool) or not isinstance(sec, (int, float, np.floating)) or not (math.isfinite(sec) and sec > 0):
+        if (
+            isinstance(sec, bool)
+            or not isinstance(sec, (int, float, np.floating))
+            or not (math.isfinite(sec) and sec > 0)
+        ):
             raise ValueError(f"samples[{i}]: expected a time in seconds > 0, got {sec!r}")
         plans.append(plan)
         times.append(float(sec))

@@ -10,7 +10,8 @@ enqueued next when the study has room for them (:data:`WARM_START_MIN_TRIALS`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..kernels.device import resolve_device
 from ..kernels.plan import TUNED_PARAM_SPACE, default_config, fa3_static_num_splits
@@ -40,8 +41,7 @@ def suggest_params(trial: Any) -> dict[str, Any]:
             continue
         kind = spec["kind"]
         if kind == "float":
-            params[name] = trial.suggest_float(name, float(spec["low"]), float(spec["high"]),
-                                               log=bool(spec.get("log")))
+            params[name] = trial.suggest_float(name, float(spec["low"]), float(spec["high"]), log=bool(spec.get("log")))
         elif kind == "int":
             params[name] = trial.suggest_int(name, int(spec["low"]), int(spec["high"]), log=bool(spec.get("log")))
         elif kind == "categorical":
@@ -93,23 +93,37 @@ def baseline_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
     out = {
         "balanced": _complete_defaults(task, {}),
         "no_split": _complete_defaults(task, {"max_splits": 1}),
-        "fa3": _complete_defaults(task, {"ctas_per_sm": 1 / 1.1, "min_chunk_tokens": 128,
-                                         "max_splits": int(min(max(fa3_cap, 1), space_hi)),
-                                         "order": "heavy_first", "schedule": "persistent",
-                                         "programs_per_sm": 1}),
+        "fa3": _complete_defaults(
+            task,
+            {
+                "ctas_per_sm": 1 / 1.1,
+                "min_chunk_tokens": 128,
+                "max_splits": int(min(max(fa3_cap, 1), space_hi)),
+                "order": "heavy_first",
+                "schedule": "persistent",
+                "programs_per_sm": 1,
+            },
+        ),
         "flashinfer": _complete_defaults(
-            task, {"max_splits": 1} if B * task.num_kv_heads >= 2 * S else {"ctas_per_sm": 2.0,
-                                                                             "min_chunk_tokens": 128}),
+            task, {"max_splits": 1} if B * task.num_kv_heads >= 2 * S else {"ctas_per_sm": 2.0, "min_chunk_tokens": 128}
+        ),
     }
     return out
 
 
-WARM_START = {name: parse_candidate(name) for name in (
-    # the shipped H200 table's default plan, and the plans it serves or that win the reference cases most often
-    # (candidates of kvsplit.tuner.pool.SERVED_POOL)
-    "stream_k|c3|n128w4s2", "stream_k|c3|n32w4s3|pf|h2", "balanced|c3|n32w4s3|pf|h2", "stream_k|c1|n64w8s3|pf|h2|nx",
-    "stream_k|c2|n32w4s4|pf|h2", "balanced|c4|n64w4s2",
-)}
+WARM_START = {
+    name: parse_candidate(name)
+    for name in (
+        # the shipped H200 table's default plan, and the plans it serves or that win the reference cases most often
+        # (candidates of kvsplit.tuner.pool.SERVED_POOL)
+        "stream_k|c3|n128w4s2",
+        "stream_k|c3|n32w4s3|pf|h2",
+        "balanced|c3|n32w4s3|pf|h2",
+        "stream_k|c1|n64w8s3|pf|h2|nx",
+        "stream_k|c2|n32w4s4|pf|h2",
+        "balanced|c4|n64w4s2",
+    )
+}
 """Plans of the H200 table that :func:`warm_start_equivalents` restates in the tuned family: a 30-trial GPU
 study of skewed80 B = 64, T = 1,048,576 without them kept ``balanced`` (1.160x the floor on its held-out batches)
 and reached 1.064x with them (docs/perf.md)."""

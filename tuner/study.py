@@ -18,9 +18,10 @@ import random
 import time
 import warnings
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..db import store
 from .tasks import TuneTask
@@ -53,8 +54,14 @@ class StorageSpec:
         return make_url(self.location).render_as_string(hide_password=True)
 
 
-def storage_spec(database_url: str, *, journal: str | os.PathLike | None = None, workers: int = 1,
-                 heartbeat_interval: int = 5, grace_period: int = 30) -> StorageSpec:
+def storage_spec(
+    database_url: str,
+    *,
+    journal: str | os.PathLike | None = None,
+    workers: int = 1,
+    heartbeat_interval: int = 5,
+    grace_period: int = 30,
+) -> StorageSpec:
     """Choose the Optuna storage for ``workers`` processes.
 
     ``journal`` given: a ``JournalFileBackend`` file (several processes, one
@@ -101,8 +108,12 @@ def _lock_path(spec: StorageSpec) -> Path | None:
     if spec.kind != "rdb":
         return None
     u = make_url(spec.location)
-    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:" \
-            or u.database.startswith("file::memory:"):
+    if (
+        u.get_backend_name() != "sqlite"
+        or not u.database
+        or u.database == ":memory:"
+        or u.database.startswith("file::memory:")
+    ):
         return None
     db = Path(u.database).expanduser().resolve()
     return db.with_name(db.name + ".tune-lock")
@@ -167,7 +178,8 @@ def exclusive_storage(spec: StorageSpec):
             raise StorageBusy(
                 f"another kvsplit tune ({_holder(fd)}) is tuning with the SQLite store {spec.describe()}; "
                 "one SQLite file cannot share Optuna studies between processes: wait for it to end, or give "
-                "every tuner the same PostgreSQL --database-url or --journal PATH") from None
+                "every tuner the same PostgreSQL --database-url or --journal PATH"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({**store.process_identity(), "since": time.time()}).encode(), 0)
         _held[key] = [fd, 1]
@@ -227,14 +239,17 @@ def _journal_heartbeat_cls():
     return _HeartbeatJournalStorage
 
 
-def HeartbeatJournalStorage(path: str, *, heartbeat_interval: int = 5, grace_period: int = 30,
-                            stale_callback=None):
+def HeartbeatJournalStorage(path: str, *, heartbeat_interval: int = 5, grace_period: int = 30, stale_callback=None):
     """A ``JournalStorage(JournalFileBackend(path))`` with heartbeats (see :func:`open_storage`)."""
     from optuna.storages.journal import JournalFileBackend
 
     cls = _journal_heartbeat_cls()
-    return cls(JournalFileBackend(path), heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-               stale_callback=stale_callback)
+    return cls(
+        JournalFileBackend(path),
+        heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period,
+        stale_callback=stale_callback,
+    )
 
 
 def _retry_callback(study, trial) -> None:
@@ -278,8 +293,12 @@ def open_storage(spec: StorageSpec):
 
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     if spec.kind == "journal":
-        return HeartbeatJournalStorage(spec.location, heartbeat_interval=spec.heartbeat_interval,
-                                       grace_period=spec.grace_period, stale_callback=_retry_callback)
+        return HeartbeatJournalStorage(
+            spec.location,
+            heartbeat_interval=spec.heartbeat_interval,
+            grace_period=spec.grace_period,
+            stale_callback=_retry_callback,
+        )
     url = spec.location
     kwargs: dict[str, Any] = {}
     from sqlalchemy.engine import make_url
@@ -289,9 +308,13 @@ def open_storage(spec: StorageSpec):
     else:
         kwargs["pool_pre_ping"] = True
     with store.schema_lock(url):  # tuners starting together on a fresh PostgreSQL: one creates Optuna's tables
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=spec.heartbeat_interval,
-                                          grace_period=spec.grace_period,
-                                          heartbeat_stale_trial_callback=_retry_callback)
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=kwargs,
+            heartbeat_interval=spec.heartbeat_interval,
+            grace_period=spec.grace_period,
+            heartbeat_stale_trial_callback=_retry_callback,
+        )
 
 
 def study_name(task: TuneTask, backend: str) -> str:
@@ -302,8 +325,9 @@ def study_name(task: TuneTask, backend: str) -> str:
 def _sampler(seed: int, n_trials: int):
     import optuna
 
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
-                                      n_startup_trials=max(4, min(10, n_trials // 3)))
+    return optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=max(4, min(10, n_trials // 3))
+    )
 
 
 def _load_study(spec: StorageSpec, name: str, seed: int, n_trials: int, storage=None):
@@ -313,13 +337,21 @@ def _load_study(spec: StorageSpec, name: str, seed: int, n_trials: int, storage=
     storage = storage if storage is not None else open_storage(spec)
     for attempt in range(20):  # several workers creating the study at the same instant
         try:
-            return optuna.create_study(storage=storage, study_name=name, direction="minimize",
-                                       sampler=_sampler(seed, n_trials), load_if_exists=True)
+            return optuna.create_study(
+                storage=storage,
+                study_name=name,
+                direction="minimize",
+                sampler=_sampler(seed, n_trials),
+                load_if_exists=True,
+            )
         except Exception as exc:  # IntegrityError / DuplicatedStudyError races
             if attempt == 19:
                 raise
-            if "exist" not in str(exc).lower() and "integrity" not in type(exc).__name__.lower() \
-                    and "unique" not in str(exc).lower():
+            if (
+                "exist" not in str(exc).lower()
+                and "integrity" not in type(exc).__name__.lower()
+                and "unique" not in str(exc).lower()
+            ):
                 raise
             time.sleep(0.05 + 0.1 * random.random())
     raise AssertionError("unreachable")
@@ -385,4 +417,3 @@ def _fail_stale(study) -> None:
         warnings.simplefilter("ignore")
         optuna.storages.fail_stale_trials(study)
     fail_dead_trials(study)
-

@@ -7,9 +7,10 @@ buckets of a shipped trace) and :func:`default_library` build
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from .workloads import FAMILIES, TRACES, family_batches, family_kv_lens, trace_b
 
 DEFAULT_TRAIN = 8
 DEFAULT_HELDOUT = 8
+
 
 @dataclass(frozen=True)
 class TuneTask:
@@ -57,8 +59,14 @@ class TuneTask:
 
 
 def _shape(gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str, page_size: int) -> Shape:
-    return Shape.of(device=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                    dtype=dtype, page_size=page_size)
+    return Shape.of(
+        device=gpu,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+    )
 
 
 def _key_of(kv_lens: Sequence[int], shape: Shape) -> BucketKey:
@@ -66,8 +74,14 @@ def _key_of(kv_lens: Sequence[int], shape: Shape) -> BucketKey:
 
 
 def _shape_fields(shape: Shape) -> dict[str, Any]:
-    return dict(gpu=shape.gpu, num_qo_heads=shape.num_qo_heads, num_kv_heads=shape.num_kv_heads,
-                head_dim=shape.head_dim, dtype=shape.dtype, page_size=shape.page_size)
+    return dict(
+        gpu=shape.gpu,
+        num_qo_heads=shape.num_qo_heads,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        dtype=shape.dtype,
+        page_size=shape.page_size,
+    )
 
 
 def _signature(k) -> dict[str, Any]:
@@ -101,9 +115,11 @@ def family_task(
     tr = family_batches(family, batch_size, total_tokens, num_batches=num_train, seed=seed, role="train")
     ho = family_batches(family, batch_size, total_tokens, num_batches=num_heldout, seed=seed, role="heldout")
     return TuneTask(
-        key=str(k), **_shape_fields(shape),
+        key=str(k),
+        **_shape_fields(shape),
         source=f"family:{family}:B{batch_size}:T{total_tokens}",
-        train=tuple(tuple(int(x) for x in b) for b in tr), heldout=tuple(tuple(int(x) for x in b) for b in ho),
+        train=tuple(tuple(int(x) for x in b) for b in tr),
+        heldout=tuple(tuple(int(x) for x in b) for b in ho),
         signature=_signature(k),
     )
 
@@ -148,9 +164,17 @@ def trace_tasks(
     shape = _shape(gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size)
     found: dict[str, dict[str, Any]] = {}
     for B in batch_sizes:
-        tr, ho = trace_batches(trace, int(B), num_train=3 * num_train, num_heldout=3 * num_heldout, seed=seed,
-                               rate_scale=rate_scale, token_budget=token_budget,
-                               max_batch_size=max_batch_size, max_kv_len=max_kv_len)
+        tr, ho = trace_batches(
+            trace,
+            int(B),
+            num_train=3 * num_train,
+            num_heldout=3 * num_heldout,
+            seed=seed,
+            rate_scale=rate_scale,
+            token_budget=token_budget,
+            max_batch_size=max_batch_size,
+            max_kv_len=max_kv_len,
+        )
         kt = [_key_of(b, shape) for b in tr]
         kh = [_key_of(b, shape) for b in ho]
         keys = kt + kh
@@ -165,12 +189,16 @@ def trace_tasks(
     for key, ent in found.items():
         if not ent["train"] or not ent["heldout"]:
             continue
-        tasks.append(TuneTask(
-            key=key, **_shape_fields(shape),
-            source=f"trace:{trace}:B{'/'.join(map(str, ent['B']))}",
-            train=tuple(ent["train"][:num_train]), heldout=tuple(ent["heldout"][:num_heldout]),
-            signature=ent["sig"],
-        ))
+        tasks.append(
+            TuneTask(
+                key=key,
+                **_shape_fields(shape),
+                source=f"trace:{trace}:B{'/'.join(map(str, ent['B']))}",
+                train=tuple(ent["train"][:num_train]),
+                heldout=tuple(ent["heldout"][:num_heldout]),
+                signature=ent["sig"],
+            )
+        )
     tasks.sort(key=lambda t: -(len(t.train) + len(t.heldout)))
     if max_buckets is not None:
         tasks = tasks[: int(max_buckets)]
@@ -182,17 +210,35 @@ LIBRARY_TOTALS = (262_144, 1_048_576)
 LIBRARY_TRACES = ("azure_code", "azure_conv", "mooncake", "sharegpt", "arxiv")
 
 
-def default_library(*, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
-                    page_size: int, num_train: int = DEFAULT_TRAIN, num_heldout: int = DEFAULT_HELDOUT,
-                    seed: int = 0) -> list[TuneTask]:
+def default_library(
+    *,
+    gpu: str,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    page_size: int,
+    num_train: int = DEFAULT_TRAIN,
+    num_heldout: int = DEFAULT_HELDOUT,
+    seed: int = 0,
+) -> list[TuneTask]:
     """The default bucket library of ``--all`` for one shape.
 
     Every family of :data:`FAMILIES` at B in (16, 64, 256, 1024) and T in
     (262,144, 1,048,576), plus the buckets of every shipped trace at B in
     (16, 64, 256); duplicate keys are tuned once (the first source wins).
     """
-    shape = dict(gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                 page_size=page_size, num_train=num_train, num_heldout=num_heldout, seed=seed)
+    shape = dict(
+        gpu=gpu,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+        num_train=num_train,
+        num_heldout=num_heldout,
+        seed=seed,
+    )
     tasks: dict[str, TuneTask] = {}
     for T in LIBRARY_TOTALS:
         for fam in FAMILIES:
@@ -205,8 +251,21 @@ def default_library(*, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim:
     return list(tasks.values())
 
 
-def backend_for_task(task: TuneTask, backend: str, *, calibration: Mapping[str, Any] | None = None,
-                     read_bandwidth_gbps: float | None = None, gpu_index: int = 0) -> TimingBackend:
+def backend_for_task(
+    task: TuneTask,
+    backend: str,
+    *,
+    calibration: Mapping[str, Any] | None = None,
+    read_bandwidth_gbps: float | None = None,
+    gpu_index: int = 0,
+) -> TimingBackend:
     """The timing backend (``"sim"`` or ``"gpu"``) for ``task``'s shape, sized for its largest batch."""
-    return make_backend(backend, shape=task.shape, max_tokens=task.max_tokens, max_batch=task.max_batch,
-                        calibration=calibration, read_bandwidth_gbps=read_bandwidth_gbps, gpu_index=gpu_index)
+    return make_backend(
+        backend,
+        shape=task.shape,
+        max_tokens=task.max_tokens,
+        max_batch=task.max_batch,
+        calibration=calibration,
+        read_bandwidth_gbps=read_bandwidth_gbps,
+        gpu_index=gpu_index,
+    )

@@ -26,15 +26,22 @@ GPU-measured one; see :func:`kvsplit.db.store.publish`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
-
+from typing import Any
 
 from ..db import store
 from ..kernels.plan import Plan, make_plan
 
-__all__ = ["BASELINES", "SIM_DEFAULT_MARGIN", "VerifyOutcome", "measure_heldout", "sim_margin", "summarize",
-           "verify_and_store"]
+__all__ = [
+    "BASELINES",
+    "SIM_DEFAULT_MARGIN",
+    "VerifyOutcome",
+    "measure_heldout",
+    "sim_margin",
+    "summarize",
+    "verify_and_store",
+]
 
 BASELINES: tuple[str, ...] = ("balanced", "fa3", "flashinfer", "no_split")
 SIM_DEFAULT_MARGIN = 0.05
@@ -53,12 +60,19 @@ class VerifyOutcome:
 
 
 def _plan_sig(p: Plan) -> tuple:
-    return (p.num_splits.tobytes(), p.work_request.tobytes(), p.work_kv_start.tobytes(), p.work_kv_end.tobytes(),
-            p.cta_indptr.tobytes(), tuple(sorted(p.config.to_dict().items())))
+    return (
+        p.num_splits.tobytes(),
+        p.work_request.tobytes(),
+        p.work_kv_start.tobytes(),
+        p.work_kv_end.tobytes(),
+        p.cta_indptr.tobytes(),
+        tuple(sorted(p.config.to_dict().items())),
+    )
 
 
-def measure_heldout(task: Any, tuned_params: Mapping[str, Any], backend: Any,
-                    baselines: Sequence[str] = BASELINES) -> list[dict[str, Any]]:
+def measure_heldout(
+    task: Any, tuned_params: Mapping[str, Any], backend: Any, baselines: Sequence[str] = BASELINES
+) -> list[dict[str, Any]]:
     """Time ``tuned`` and each baseline on every held-out batch of ``task``.
 
     Returns one record per (policy, batch): ``policy``, ``params``,
@@ -70,14 +84,31 @@ def measure_heldout(task: Any, tuned_params: Mapping[str, Any], backend: Any,
         floor = backend.hbm_floor_s(lens)
         timed: dict[tuple, float] = {}
         for name, params in policies:
-            plan = make_plan(list(lens), num_kv_heads=task.num_kv_heads, device=task.gpu, policy=name,
-                             params=params, head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype)
+            plan = make_plan(
+                list(lens),
+                num_kv_heads=task.num_kv_heads,
+                device=task.gpu,
+                policy=name,
+                params=params,
+                head_dim=task.head_dim,
+                page_size=task.page_size,
+                dtype=task.dtype,
+            )
             sig = _plan_sig(plan)
             if sig not in timed:
                 timed[sig] = backend.time_plan(plan)
             t = timed[sig]
-            rows.append({"policy": name, "params": params, "batch_index": i, "kv_lens": list(lens), "time_s": t,
-                         "floor_s": floor, "ratio": t / floor})
+            rows.append(
+                {
+                    "policy": name,
+                    "params": params,
+                    "batch_index": i,
+                    "kv_lens": list(lens),
+                    "time_s": t,
+                    "floor_s": floor,
+                    "ratio": t / floor,
+                }
+            )
     return rows
 
 
@@ -99,9 +130,15 @@ def sim_margin(database_url: str, gpu: str) -> tuple[float, str]:
     return SIM_DEFAULT_MARGIN, "default (no calibration of this GPU stored)"
 
 
-def summarize(rows: Sequence[Mapping[str, Any]], *, backend: str, tolerance: float = 0.0,
-              train_objective_s: float | None = None, margin: float = 0.0,
-              margin_source: str | None = None) -> dict[str, Any]:
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    backend: str,
+    tolerance: float = 0.0,
+    train_objective_s: float | None = None,
+    margin: float = 0.0,
+    margin_source: str | None = None,
+) -> dict[str, Any]:
     """Geomean time / floor per policy, best baseline, speedups, pass/fail.
 
     ``margin``: the relative gain over the best baseline needed to pass
@@ -121,8 +158,14 @@ def summarize(rows: Sequence[Mapping[str, Any]], *, backend: str, tolerance: flo
     by: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["policy"], []).append(r)
-    pol = {name: {"geomean_ratio": _gm([r["ratio"] for r in rs]), "geomean_time_s": _gm([r["time_s"] for r in rs]),
-                  "worst_ratio": float(max(r["ratio"] for r in rs))} for name, rs in by.items()}
+    pol = {
+        name: {
+            "geomean_ratio": _gm([r["ratio"] for r in rs]),
+            "geomean_time_s": _gm([r["time_s"] for r in rs]),
+            "worst_ratio": float(max(r["ratio"] for r in rs)),
+        }
+        for name, rs in by.items()
+    }
     base = {k: v for k, v in pol.items() if k != "tuned"}
     best = min(base, key=lambda k: base[k]["geomean_ratio"])
     tuned = pol["tuned"]["geomean_ratio"]
@@ -159,29 +202,57 @@ def verify_and_store(
     """Measure on held-out batches, store every measurement, create the policy, publish if allowed."""
     rows = measure_heldout(task, tuned_params, backend)
     margin, margin_source = sim_margin(database_url, task.gpu) if backend.name == "sim" else (0.0, None)
-    summary = summarize(rows, backend=backend.name, tolerance=tolerance, train_objective_s=train_objective_s,
-                        margin=margin, margin_source=margin_source)
+    summary = summarize(
+        rows,
+        backend=backend.name,
+        tolerance=tolerance,
+        train_objective_s=train_objective_s,
+        margin=margin,
+        margin_source=margin_source,
+    )
     software = backend.software()
     note = ""
     with store.session_scope(database_url, write=True) as s:
-        pol = store.create_policy(s, bucket_id=bucket_id, params=dict(tuned_params), backend=backend.name,
-                                  score=summary["tuned_geomean_ratio"], verification=summary,
-                                  tuning_run_id=run_id, device_id=device_id)
+        pol = store.create_policy(
+            s,
+            bucket_id=bucket_id,
+            params=dict(tuned_params),
+            backend=backend.name,
+            score=summary["tuned_geomean_ratio"],
+            verification=summary,
+            tuning_run_id=run_id,
+            device_id=device_id,
+        )
         for r in rows:
             store.record_measurement(
-                s, bucket_id=bucket_id, policy_name=r["policy"], params=r["params"], kv_lens=r["kv_lens"],
-                time_s=r["time_s"], floor_s=r["floor_s"], backend=backend.name, role="heldout",
-                batch_index=r["batch_index"], stage="verify", tuning_run_id=run_id,
-                policy_id=pol.id if r["policy"] == "tuned" else None, device_id=device_id, software=software,
+                s,
+                bucket_id=bucket_id,
+                policy_name=r["policy"],
+                params=r["params"],
+                kv_lens=r["kv_lens"],
+                time_s=r["time_s"],
+                floor_s=r["floor_s"],
+                backend=backend.name,
+                role="heldout",
+                batch_index=r["batch_index"],
+                stage="verify",
+                tuning_run_id=run_id,
+                policy_id=pol.id if r["policy"] == "tuned" else None,
+                device_id=device_id,
+                software=software,
             )
         published = False
         if not summary["passed"] and summary["gain"] >= 0 and margin > 0:
-            note = (f"not published: simulated gain {summary['gain']:.2%} over {summary['best_baseline']} "
-                    f"({summary['best_baseline_geomean_ratio']:.4f}x floor) is within the simulator's error "
-                    f"margin {margin:.2%} ({margin_source})")
+            note = (
+                f"not published: simulated gain {summary['gain']:.2%} over {summary['best_baseline']} "
+                f"({summary['best_baseline_geomean_ratio']:.4f}x floor) is within the simulator's error "
+                f"margin {margin:.2%} ({margin_source})"
+            )
         elif not summary["passed"]:
-            note = (f"not published: tuned {summary['tuned_geomean_ratio']:.4f}x floor is slower than "
-                    f"{summary['best_baseline']} {summary['best_baseline_geomean_ratio']:.4f}x")
+            note = (
+                f"not published: tuned {summary['tuned_geomean_ratio']:.4f}x floor is slower than "
+                f"{summary['best_baseline']} {summary['best_baseline_geomean_ratio']:.4f}x"
+            )
         elif publish:
             try:
                 with s.begin_nested():
@@ -193,5 +264,3 @@ def verify_and_store(
             pol.note = note[:2048]
         policy_id = pol.id
     return VerifyOutcome(summary=summary, policy_id=policy_id, published=published, note=note)
-
-

@@ -17,8 +17,9 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..db import store
 from ..kernels.plan import make_plan
@@ -55,7 +56,7 @@ class Stop:
     def is_set(self) -> bool:
         return self.event.is_set()
 
-    def install(self) -> "Stop":
+    def install(self) -> Stop:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, lambda *_: self.set())
@@ -92,8 +93,16 @@ def objective_value(task: TuneTask, params: Mapping[str, Any], backend: TimingBa
     params = task_params(task, params)
     times, ratios = [], []
     for lens in task.train:
-        plan = make_plan(list(lens), num_kv_heads=task.num_kv_heads, device=task.gpu, policy="tuned",
-                         params=params, head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype)
+        plan = make_plan(
+            list(lens),
+            num_kv_heads=task.num_kv_heads,
+            device=task.gpu,
+            policy="tuned",
+            params=params,
+            head_dim=task.head_dim,
+            page_size=task.page_size,
+            dtype=task.dtype,
+        )
         t = backend.time_plan(plan)
         times.append(t)
         ratios.append(t / backend.hbm_floor_s(lens))
@@ -138,10 +147,13 @@ def _evaluate(study, trial, job: WorkerJob, backend: TimingBackend, stop: Stop):
     # a parameter set already measured in this study is not measured again
     waited = 0.0
     while True:
-        twins = [t for t in study.get_trials(deepcopy=False)
-                 if t.number != trial.number and t.state in (TrialState.COMPLETE, TrialState.PRUNED,
-                                                             TrialState.RUNNING)
-                 and _same_params(task_params(job.task, t.params), planned)]
+        twins = [
+            t
+            for t in study.get_trials(deepcopy=False)
+            if t.number != trial.number
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+            and _same_params(task_params(job.task, t.params), planned)
+        ]
         done = [t for t in twins if t.state != TrialState.RUNNING]
         if done:
             src = done[0]
@@ -170,12 +182,22 @@ def _evaluate(study, trial, job: WorkerJob, backend: TimingBackend, stop: Stop):
 
 
 def _make_job_backend(job: WorkerJob) -> TimingBackend:
-    return backend_for_task(job.task, job.backend, calibration=job.calibration,
-                            read_bandwidth_gbps=job.read_bandwidth_gbps, gpu_index=job.index)
+    return backend_for_task(
+        job.task,
+        job.backend,
+        calibration=job.calibration,
+        read_bandwidth_gbps=job.read_bandwidth_gbps,
+        gpu_index=job.index,
+    )
 
 
-def run_worker(job: WorkerJob, *, stop: Stop | None = None, backend: TimingBackend | None = None,
-               on_trial: Callable[[], None] | None = None) -> int:
+def run_worker(
+    job: WorkerJob,
+    *,
+    stop: Stop | None = None,
+    backend: TimingBackend | None = None,
+    on_trial: Callable[[], None] | None = None,
+) -> int:
     """Run trials of one study until it has ``job.n_trials`` finished trials.
 
     Stops early on ``stop`` (after the current trial) or at ``job.deadline``
@@ -210,9 +232,11 @@ def run_worker(job: WorkerJob, *, stop: Stop | None = None, backend: TimingBacke
         study.sampler = _sampler(job.seed * 1009 + job.index + 7919 * finished, n)
         trial = study.ask()
         # admission: at most n trials may be finished or running, whatever the interleaving
-        others = sum(1 for t in study.get_trials(deepcopy=False)
-                     if t.number != trial.number
-                     and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+        others = sum(
+            1
+            for t in study.get_trials(deepcopy=False)
+            if t.number != trial.number and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        )
         if others >= n:
             frozen = frozen_trial(study, trial)
             fixed = frozen.system_attrs.get("fixed_params")
@@ -222,8 +246,14 @@ def run_worker(job: WorkerJob, *, stop: Stop | None = None, backend: TimingBacke
             if fixed is not None:
                 study.enqueue_trial(dict(fixed))
             elif frozen.params and "failed_trial" in carried:
-                study.add_trial(optuna.create_trial(state=TrialState.WAITING, params=frozen.params,
-                                                    distributions=frozen.distributions, system_attrs=carried))
+                study.add_trial(
+                    optuna.create_trial(
+                        state=TrialState.WAITING,
+                        params=frozen.params,
+                        distributions=frozen.distributions,
+                        system_attrs=carried,
+                    )
+                )
             time.sleep(0.05 + 0.3 * rng.random())
             continue
         claim_trial(study, trial)

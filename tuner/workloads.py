@@ -22,9 +22,24 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
-    "FAMILIES", "REFERENCE_BATCH_SIZES", "REFERENCE_TOTALS", "family_kv_lens", "reference_cases",
-    "JITTER", "jitter_lengths", "family_batches", "TRACES", "TraceSpec", "Trace", "load_trace", "Replay",
-    "replay_trace", "auto_rate_scale", "iid_trace_batches", "trace_batches", "DEFAULT_STEP_S",
+    "FAMILIES",
+    "REFERENCE_BATCH_SIZES",
+    "REFERENCE_TOTALS",
+    "family_kv_lens",
+    "reference_cases",
+    "JITTER",
+    "jitter_lengths",
+    "family_batches",
+    "TRACES",
+    "TraceSpec",
+    "Trace",
+    "load_trace",
+    "Replay",
+    "replay_trace",
+    "auto_rate_scale",
+    "iid_trace_batches",
+    "trace_batches",
+    "DEFAULT_STEP_S",
 ]
 
 FAMILIES = ("uniform", "skewed40", "skewed60", "skewed80", "2x40")
@@ -102,8 +117,9 @@ def _role_rng(seed: int, role: str, *extra: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), _ROLE_STREAM[role], *extra])
 
 
-def jitter_lengths(kv_lens: np.ndarray, rng: np.random.Generator, low: float = JITTER[0],
-                   high: float = JITTER[1]) -> np.ndarray:
+def jitter_lengths(
+    kv_lens: np.ndarray, rng: np.random.Generator, low: float = JITTER[0], high: float = JITTER[1]
+) -> np.ndarray:
     """``round(kv_len * U(low, high))`` per request, at least 1 for a non-empty request.
 
     Returns int64 ``[B]``; zero lengths stay zero.
@@ -114,8 +130,9 @@ def jitter_lengths(kv_lens: np.ndarray, rng: np.random.Generator, low: float = J
     return np.where(L > 0, np.maximum(out, 1), 0)
 
 
-def family_batches(family: str, batch_size: int, total_tokens: int, *, num_batches: int, seed: int = 0,
-                   role: str = "train") -> list[np.ndarray]:
+def family_batches(
+    family: str, batch_size: int, total_tokens: int, *, num_batches: int, seed: int = 0, role: str = "train"
+) -> list[np.ndarray]:
     """``num_batches`` jittered draws around one family batch.
 
     Parameters
@@ -163,27 +180,47 @@ class TraceSpec:
 
 TRACES: dict[str, TraceSpec] = {
     "azure_code": TraceSpec(
-        "azure_llm_2023_code.csv", "ContextTokens", "GeneratedTokens", "TIMESTAMP", "datetime",
+        "azure_llm_2023_code.csv",
+        "ContextTokens",
+        "GeneratedTokens",
+        "TIMESTAMP",
+        "datetime",
         "54e9a6d2a4bd06ba1e060304b900abbc74cbea53de96506e60fe5bb4f2277fb6",
         "Azure LLM inference trace 2023, code completion (Splitwise, ISCA'24; CC-BY-4.0)",
     ),
     "azure_conv": TraceSpec(
-        "azure_llm_2023_conv.csv", "ContextTokens", "GeneratedTokens", "TIMESTAMP", "datetime",
+        "azure_llm_2023_conv.csv",
+        "ContextTokens",
+        "GeneratedTokens",
+        "TIMESTAMP",
+        "datetime",
         "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
         "Azure LLM inference trace 2023, conversation (Splitwise, ISCA'24; CC-BY-4.0)",
     ),
     "mooncake": TraceSpec(
-        "mooncake_fast25_conversation.csv", "input_length", "output_length", "timestamp_ms", "ms",
+        "mooncake_fast25_conversation.csv",
+        "input_length",
+        "output_length",
+        "timestamp_ms",
+        "ms",
         "1f49accad3e5065fd4a34570843775bf2d90099c45c12c6e4e5ca96054e9fde6",
         "Mooncake FAST'25 conversation trace (Kimi, 1 h; Apache-2.0), long context",
     ),
     "sharegpt": TraceSpec(
-        "sharegpt_8k_llama2_lengths.csv", "num_prefill_tokens", "num_decode_tokens", None, None,
+        "sharegpt_8k_llama2_lengths.csv",
+        "num_prefill_tokens",
+        "num_decode_tokens",
+        None,
+        None,
         "6d6c296302a853e2669a674a96f269283e60c57e60363bd450588a1066919f9f",
         "ShareGPT length statistics, Llama-2 tokens, total <= 8k (Etalon; lengths only, no times)",
     ),
     "arxiv": TraceSpec(
-        "arxiv_summarization_llama2_lengths.csv", "num_prefill_tokens", "num_decode_tokens", None, None,
+        "arxiv_summarization_llama2_lengths.csv",
+        "num_prefill_tokens",
+        "num_decode_tokens",
+        None,
+        None,
         "9d3580538d915ca75e4aaaa54590b42dbb17abc6d74c8913310cf07c232adcdc",
         "arXiv summarisation length statistics, Llama-2 tokens, total <= 4k (Vidur; lengths only)",
     ),
@@ -371,11 +408,13 @@ def replay_trace(
         raise ValueError(f"trace: {tr.name!r} has no arrival times; use iid_trace_batches")
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1:
         raise ValueError(f"max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
-    if token_budget is not None and (isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer))
-                                     or token_budget < 1):
+    if token_budget is not None and (
+        isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer)) or token_budget < 1
+    ):
         raise ValueError(f"token_budget: expected an integer >= 1 or None, got {token_budget!r}")
-    if max_kv_len is not None and (isinstance(max_kv_len, bool) or not isinstance(max_kv_len, (int, np.integer))
-                                   or max_kv_len < 1):
+    if max_kv_len is not None and (
+        isinstance(max_kv_len, bool) or not isinstance(max_kv_len, (int, np.integer)) or max_kv_len < 1
+    ):
         raise ValueError(f"max_kv_len: expected an integer >= 1 or None, got {max_kv_len!r}")
     if not (isinstance(step_s, (int, float)) and step_s > 0):
         raise ValueError(f"step_s: expected a number > 0, got {step_s!r}")
@@ -452,8 +491,9 @@ def _pick_steps(running: np.ndarray, want_b: int, n: int, rng: np.random.Generat
     return np.unique(picks)
 
 
-def iid_trace_batches(name: str, batch_size: int, *, num_batches: int, seed: int = 0, role: str = "train",
-                      max_kv_len: int | None = None) -> list[np.ndarray]:
+def iid_trace_batches(
+    name: str, batch_size: int, *, num_batches: int, seed: int = 0, role: str = "train", max_kv_len: int | None = None
+) -> list[np.ndarray]:
     """i.i.d. decode batches from a trace's lengths (for length-only traces).
 
     Each request: a random row, ``kv_len = prompt + g`` with ``g ~ U{0..output-1}``
@@ -503,10 +543,12 @@ def trace_batches(
     """
     spec = _check_trace_name(name)
     if spec.time_col is None:
-        return (iid_trace_batches(name, batch_size, num_batches=num_train, seed=seed, role="train",
-                                  max_kv_len=max_kv_len),
-                iid_trace_batches(name, batch_size, num_batches=num_heldout, seed=seed, role="heldout",
-                                  max_kv_len=max_kv_len))
+        return (
+            iid_trace_batches(name, batch_size, num_batches=num_train, seed=seed, role="train", max_kv_len=max_kv_len),
+            iid_trace_batches(
+                name, batch_size, num_batches=num_heldout, seed=seed, role="heldout", max_kv_len=max_kv_len
+            ),
+        )
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
     rep = _replay_cached(name, int(max_batch_size or batch_size), rate_scale, token_budget, max_kv_len)
@@ -521,10 +563,12 @@ def trace_batches(
 
 
 @lru_cache(maxsize=16)
-def _replay_cached(name: str, max_batch_size: int, rate_scale: float | None, token_budget: int | None,
-                   max_kv_len: int | None) -> Replay:
-    return replay_trace(name, max_batch_size=max_batch_size, rate_scale=rate_scale, token_budget=token_budget,
-                        max_kv_len=max_kv_len)
+def _replay_cached(
+    name: str, max_batch_size: int, rate_scale: float | None, token_budget: int | None, max_kv_len: int | None
+) -> Replay:
+    return replay_trace(
+        name, max_batch_size=max_batch_size, rate_scale=rate_scale, token_budget=token_budget, max_kv_len=max_kv_len
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -538,12 +582,30 @@ TRACE_EVAL_BATCH_SIZES = (8, 32, 128, 512, 1024)
 """Nominal B of the held-out trace batches of :func:`evaluation_cases` and :func:`trace_cases`."""
 
 
-def _case(cases: list[dict], set_name: str, family: str, batch_size: int, total: int, kv_lens: np.ndarray,
-          num_qo_heads: int = 32, num_kv_heads: int = 4) -> None:
+def _case(
+    cases: list[dict],
+    set_name: str,
+    family: str,
+    batch_size: int,
+    total: int,
+    kv_lens: np.ndarray,
+    num_qo_heads: int = 32,
+    num_kv_heads: int = 4,
+) -> None:
     lens = [int(x) for x in kv_lens]
-    cases.append({"id": len(cases), "set": set_name, "family": family, "B": len(lens), "B_nominal": int(batch_size),
-                  "T": int(total), "num_qo_heads": int(num_qo_heads), "num_kv_heads": int(num_kv_heads),
-                  "kv_lens": lens})
+    cases.append(
+        {
+            "id": len(cases),
+            "set": set_name,
+            "family": family,
+            "B": len(lens),
+            "B_nominal": int(batch_size),
+            "T": int(total),
+            "num_qo_heads": int(num_qo_heads),
+            "num_kv_heads": int(num_kv_heads),
+            "kv_lens": lens,
+        }
+    )
 
 
 def peer_reference_cases(total_tokens: int) -> list[tuple[str, int]]:

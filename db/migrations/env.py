@@ -34,8 +34,9 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is None:
-        engine = engine_from_config(config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.",
-                                    poolclass=pool.NullPool)
+        engine = engine_from_config(
+            config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.", poolclass=pool.NullPool
+        )
         with engine.connect() as connection:
             _run(connection)
     else:

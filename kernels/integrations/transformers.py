@@ -72,14 +72,21 @@ import torch
 from ..limits import HEAD_DIMS, MAX_PAGE_SIZE
 from ..wrapper import DecodeWrapper
 
-__all__ = ["TESTED_TRANSFORMERS", "KvsplitAttention", "attention_key", "continuous_batching_config",
-           "import_transformers", "install", "installed"]
+__all__ = [
+    "TESTED_TRANSFORMERS",
+    "KvsplitAttention",
+    "attention_key",
+    "continuous_batching_config",
+    "import_transformers",
+    "install",
+    "installed",
+]
 
 TESTED_TRANSFORMERS = ">=5.17,<5.26"
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 _lock = threading.Lock()
-_handle: "KvsplitAttention | None" = None
+_handle: KvsplitAttention | None = None
 
 
 def import_transformers():
@@ -108,8 +115,9 @@ def import_transformers():
         if shadow:
             sys.path[:] = [p for p in sys.path if p not in shadow]
             stale = sys.modules.get("kernels")
-            if stale is not None and os.path.dirname(os.path.abspath(getattr(stale, "__file__", "") or "")) == \
-                    os.path.join(root, "kernels"):
+            if stale is not None and os.path.dirname(
+                os.path.abspath(getattr(stale, "__file__", "") or "")
+            ) == os.path.join(root, "kernels"):
                 del sys.modules["kernels"]
         try:
             importlib.import_module("kernels")
@@ -118,8 +126,10 @@ def import_transformers():
         transformers = importlib.import_module("transformers")
         importlib.import_module("transformers.integrations.hub_kernels")
     except ImportError as e:
-        raise ImportError(f"kvsplit's transformers integration needs transformers{TESTED_TRANSFORMERS} "
-                          f"(pip install 'kvsplit[transformers]'): {e}") from e
+        raise ImportError(
+            f"kvsplit's transformers integration needs transformers{TESTED_TRANSFORMERS} "
+            f"(pip install 'kvsplit[transformers]'): {e}"
+        ) from e
     finally:
         sys.path[:] = saved
     return transformers
@@ -210,8 +220,10 @@ def _tf():
     else:  # pragma: no cover - depends on the install
         import transformers
 
-        raise ImportError(f"transformers {transformers.__version__}: its continuous-batching cache is neither of the "
-                          f"layouts kvsplit knows (tested: transformers{TESTED_TRANSFORMERS})")
+        raise ImportError(
+            f"transformers {transformers.__version__}: its continuous-batching cache is neither of the "
+            f"layouts kvsplit knows (tested: transformers{TESTED_TRANSFORMERS})"
+        )
     return AttentionInterface, cb_cache, cb_io, layout, sdpa_attention_forward
 
 
@@ -220,15 +232,15 @@ class _Step:
     """Host metadata of one continuous-batching forward pass, taken when transformers prepared it."""
 
     serial: int
-    cu_q_ptr: int                  # data_ptr of the IO's cu_seq_lens_q storage: the step's identity in the forward
-    cache: Any                     # transformers' PagedAttentionCache
-    total_q: int                   # query tokens of the real requests (the forward may pad beyond)
-    dec_tok: np.ndarray            # int64 [B]: token row in q of each decode row
-    other_tok: np.ndarray          # int64 [T - B]: token rows of the prefill / chunked-prefill requests
-    kv_indptr: np.ndarray          # int32 [B + 1] page offsets of the decode rows
-    kv_indices: np.ndarray         # int32 [kv_indptr[-1]] page ids in the layer's NHD page views
-    kv_lens: np.ndarray            # int32 [B] tokens in cache (the step's new token included)
-    max_requests: int              # the engine's max_requests_per_batch
+    cu_q_ptr: int  # data_ptr of the IO's cu_seq_lens_q storage: the step's identity in the forward
+    cache: Any  # transformers' PagedAttentionCache
+    total_q: int  # query tokens of the real requests (the forward may pad beyond)
+    dec_tok: np.ndarray  # int64 [B]: token row in q of each decode row
+    other_tok: np.ndarray  # int64 [T - B]: token rows of the prefill / chunked-prefill requests
+    kv_indptr: np.ndarray  # int32 [B + 1] page offsets of the decode rows
+    kv_indices: np.ndarray  # int32 [kv_indptr[-1]] page ids in the layer's NHD page views
+    kv_lens: np.ndarray  # int32 [B] tokens in cache (the step's new token included)
+    max_requests: int  # the engine's max_requests_per_batch
     device_arrays: dict = field(default_factory=dict)
     planned: set = field(default_factory=set)
 
@@ -267,8 +279,9 @@ class KvsplitAttention:
     """
 
     def __init__(self, table: Any = None, max_batch_size: int | None = None, decoder: Any = None) -> None:
-        if max_batch_size is not None and (isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
-                                           or max_batch_size < 1):
+        if max_batch_size is not None and (
+            isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1
+        ):
             raise ValueError(f"max_batch_size: expected an integer >= 1, got {max_batch_size!r}")
         self._ai, self._cb_cache, self._cb_io, self._layout, self._sdpa = _tf()
         if decoder is not None and not callable(decoder):
@@ -280,7 +293,7 @@ class KvsplitAttention:
         self.stats = dict(steps=0, plans=0, decode_layers=0, decode_rows=0, sdpa_layers=0, reads_skipped=0)
         self._serial = itertools.count(1)
         self._step: _Step | None = None
-        self._eligible: "weakref.WeakKeyDictionary[Any, str | None]" = weakref.WeakKeyDictionary()
+        self._eligible: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
         self._saved: dict[str, Any] = {}
 
     @property
@@ -303,10 +316,15 @@ class KvsplitAttention:
         prepare_batch_tensors.__wrapped__ = orig_prepare
         io_cls.prepare_batch_tensors = prepare_batch_tensors
         if isinstance(lay, _Allocators):  # the model calls update() before the attention function
+
             def update(cache, key_states, value_states, layer_idx, kwargs):
                 step = me._current(kwargs, cache)
-                if step is not None and step.all_decode and me._layer_ok(cache, layer_idx) \
-                        and kwargs.get("block_table") is None:
+                if (
+                    step is not None
+                    and step.all_decode
+                    and me._layer_ok(cache, layer_idx)
+                    and kwargs.get("block_table") is None
+                ):
                     # write the step's new keys/values as transformers does, skip the read-back (kvsplit reads
                     # the pages)
                     kwargs["read_index"] = [r[:0] for r in kwargs["read_index"]]
@@ -378,10 +396,17 @@ class KvsplitAttention:
                 other_tok.extend(range(row, row + q_len))
             row += q_len
         self._step = _Step(
-            serial=next(self._serial), cu_q_ptr=io.cumulative_seqlens_q.data_ptr(), cache=cache, total_q=row,
-            dec_tok=np.asarray(dec_tok, np.int64), other_tok=np.asarray(other_tok, np.int64),
-            kv_indptr=np.asarray(indptr, np.int32), kv_indices=np.asarray(pages, np.int32),
-            kv_lens=np.asarray(lens, np.int32), max_requests=int(io.max_requests_per_batch or 1))
+            serial=next(self._serial),
+            cu_q_ptr=io.cumulative_seqlens_q.data_ptr(),
+            cache=cache,
+            total_q=row,
+            dec_tok=np.asarray(dec_tok, np.int64),
+            other_tok=np.asarray(other_tok, np.int64),
+            kv_indptr=np.asarray(indptr, np.int32),
+            kv_indices=np.asarray(pages, np.int32),
+            kv_lens=np.asarray(lens, np.int32),
+            max_requests=int(io.max_requests_per_batch or 1),
+        )
 
     def _current(self, kwargs: dict, cache: Any = None) -> _Step | None:
         """The step these forward kwargs belong to, or None (not a paged call, or a model kvsplit does not run)."""
@@ -390,35 +415,56 @@ class KvsplitAttention:
         if step is None or cu_q is None or "read_index" not in kwargs:
             return None
         if cu_q.data_ptr() != step.cu_q_ptr or (cache is not None and cache is not step.cache):
-            raise RuntimeError("kvsplit's transformers integration: this forward pass is not the step transformers "
-                               "prepared last (asynchronous batching?); run continuous batching with "
-                               "ContinuousBatchingConfig(use_async_batching=False)")
+            raise RuntimeError(
+                "kvsplit's transformers integration: this forward pass is not the step transformers "
+                "prepared last (asynchronous batching?); run continuous batching with "
+                "ContinuousBatchingConfig(use_async_batching=False)"
+            )
         return step
 
     # ------------------------------------------------------------------ the attention function
-    def _wrapper(self, h_q: int, h_kv: int, d: int, ps: int, dtype: torch.dtype, device: torch.device,
-                 max_batch: int) -> Any:
+    def _wrapper(
+        self, h_q: int, h_kv: int, d: int, ps: int, dtype: torch.dtype, device: torch.device, max_batch: int
+    ) -> Any:
         key = (h_q, h_kv, d, ps, dtype, device)
         w = self.wrappers.get(key)
         if w is None:
             if self.decoder is not None:
                 w = self.decoder(h_q, h_kv, d, ps, dtype, device, max_batch)
             else:
-                w = DecodeWrapper(h_q, h_kv, d, page_size=ps, dtype=_DTYPES[dtype], device=device,
-                                  max_batch_size=max_batch, table=self.table)
+                w = DecodeWrapper(
+                    h_q,
+                    h_kv,
+                    d,
+                    page_size=ps,
+                    dtype=_DTYPES[dtype],
+                    device=device,
+                    max_batch_size=max_batch,
+                    table=self.table,
+                )
             self.wrappers[key] = w
         return w
 
     def _device_arrays(self, step: _Step, device: torch.device) -> dict[str, torch.Tensor]:
         arrs = step.device_arrays.get(device)
         if arrs is None:  # host -> device uploads, once per step (no device -> host copy)
-            arrs = {name: torch.from_numpy(getattr(step, name)).to(device, non_blocking=True)
-                    for name in ("kv_indptr", "kv_indices", "kv_lens", "dec_tok", "other_tok")}
+            arrs = {
+                name: torch.from_numpy(getattr(step, name)).to(device, non_blocking=True)
+                for name in ("kv_indptr", "kv_indices", "kv_lens", "dec_tok", "other_tok")
+            }
             step.device_arrays[device] = arrs
         return arrs
 
-    def attention(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any):
+    def attention(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float | None = None,
+        **kwargs: Any,
+    ):
         """transformers' attention-function signature (registered as ``sdpa``; ``paged|sdpa`` on 5.17).
 
         Parameters
@@ -440,31 +486,45 @@ class KvsplitAttention:
         if step is None or step.num_decode == 0 or layer_idx is None or not self._layer_ok(step.cache, layer_idx):
             self.stats["sdpa_layers"] += step is not None
             if managers:
-                return self._layout.own(module, query, key, value, attention_mask, scaling=scaling, cache=cache,
-                                        **kwargs)
+                return self._layout.own(
+                    module, query, key, value, attention_mask, scaling=scaling, cache=cache, **kwargs
+                )
             return self._sdpa(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        if hasattr(module, "sinks") or kwargs.get("softcap") is not None or kwargs.get("sliding_window") \
-                or kwargs.get("dropout", 0.0):
-            raise RuntimeError(f"kvsplit's transformers integration: layer {layer_idx} asks for attention sinks, "
-                               "soft-capping, a sliding window or dropout, which its decode path does not run")
+        if (
+            hasattr(module, "sinks")
+            or kwargs.get("softcap") is not None
+            or kwargs.get("sliding_window")
+            or kwargs.get("dropout", 0.0)
+        ):
+            raise RuntimeError(
+                f"kvsplit's transformers integration: layer {layer_idx} asks for attention sinks, "
+                "soft-capping, a sliding window or dropout, which its decode path does not run"
+            )
         if query.dim() != 4 or query.shape[0] != 1 or query.shape[2] < step.total_q:
-            raise RuntimeError(f"query: expected [1, H_q, >= {step.total_q}, D] for this step, got "
-                               f"{tuple(query.shape)}")
+            raise RuntimeError(
+                f"query: expected [1, H_q, >= {step.total_q}, D] for this step, got {tuple(query.shape)}"
+            )
         _, h_q, t, d = query.shape
         if managers:  # write the step's keys/values; read the cache back only for prefill rows
             read = kwargs["read_index"]
             if step.all_decode:
                 read = [r[:0] for r in read]
                 self.stats["reads_skipped"] += 1
-            key, value = cache.update(key_states=key, value_states=value, layer_idx=layer_idx, read_index=read,
-                                      write_index=kwargs["write_index"])
+            key, value = cache.update(
+                key_states=key,
+                value_states=value,
+                layer_idx=layer_idx,
+                read_index=read,
+                write_index=kwargs["write_index"],
+            )
             key, value = (x.transpose(0, 1).unsqueeze(0) for x in (key, value))
         k_pages, v_pages = self._layout.page_views(step.cache, layer_idx)
         ps, h_kv = k_pages.shape[1], k_pages.shape[2]
         dev = query.device
         arrs = self._device_arrays(step, dev)
-        w = self._wrapper(h_q, h_kv, d, ps, k_pages.dtype, dev,
-                          self.max_batch_size or max(step.num_decode, step.max_requests))
+        w = self._wrapper(
+            h_q, h_kv, d, ps, k_pages.dtype, dev, self.max_batch_size or max(step.num_decode, step.max_requests)
+        )
         wkey = id(w)
         if wkey not in step.planned:  # once per step and wrapper: every layer of the step reuses the plan
             if not step.planned:
@@ -474,7 +534,7 @@ class KvsplitAttention:
             self.stats["plans"] += 1
         # decode rows' queries [B, H_q, D]; a scale other than DecodeWrapper's 1/sqrt(D) is folded into q
         q_dec = query[0].index_select(1, arrs["dec_tok"]).transpose(0, 1)
-        if scaling is not None and not math.isclose(scaling, d ** -0.5, rel_tol=1e-12):
+        if scaling is not None and not math.isclose(scaling, d**-0.5, rel_tol=1e-12):
             q_dec = q_dec * (scaling * math.sqrt(d))
         q_dec = q_dec.to(k_pages.dtype).contiguous()
         o_dec = w.run(q_dec, k_pages, v_pages)
@@ -487,8 +547,9 @@ class KvsplitAttention:
         if not step.all_decode:  # the prefill rows: transformers' own sdpa over the keys/values it read back
             rows = arrs["other_tok"]
             mask = attention_mask.index_select(2, rows) if attention_mask is not None else None
-            o_pre, _ = self._sdpa(module, query.index_select(2, rows), key, value, mask, scaling=scaling,
-                                  **{**kwargs, "is_causal": False})
+            o_pre, _ = self._sdpa(
+                module, query.index_select(2, rows), key, value, mask, scaling=scaling, **{**kwargs, "is_causal": False}
+            )
             out[0].index_copy_(0, rows, o_pre[0])
             self.stats["sdpa_layers"] += 1
         return out, None

@@ -20,33 +20,51 @@ __all__ = ["bench_cmd"]
 
 
 def bench_cmd(
-    backend: Annotated[str, typer.Option("--backend", metavar="NAME",
-                                         help="'sim' (simulator) or 'gpu' (real kernel, CUDA)")] = "sim",
+    backend: Annotated[
+        str, typer.Option("--backend", metavar="NAME", help="'sim' (simulator) or 'gpu' (real kernel, CUDA)")
+    ] = "sim",
     gpu: Gpu = "NVIDIA H200",
     num_qo_heads: NumQoHeads = 32,
     num_kv_heads: NumKvHeads = 4,
     head_dim: HeadDim = 128,
     dtype: Dtype = "bfloat16",
     page_size: PageSize = 16,
-    total_tokens: Annotated[int, typer.Option("--total-tokens", metavar="T", min=1,
-                                              help="T, total tokens per batch")] = 262_144,
-    out: Annotated[Optional[Path], typer.Option("--out", metavar="DIR",
-                                                help="folder for bench.csv and one PNG per family")] = None,
-    policies: Annotated[Optional[str], typer.Option(
-        "--policies", metavar="LABELS",
-        help=f"comma-separated baseline labels, of {', '.join(BASELINES)}, {FLASHINFER_KERNEL} (GPU only) "
-             f"[default: all; {FLASHINFER_KERNEL} with --backend gpu]")] = None,
-    calibration: Annotated[Optional[Path], typer.Option("--calibration", metavar="FILE",
-                                                        help="JSON file of simulator constants (sim)")] = None,
-    anchors: Annotated[Optional[Path], typer.Option("--anchors", metavar="CSV",
-                                                    help="h200_peers.csv: add the FlashInfer cliff check")] = None,
-    trace: Annotated[Optional[str], typer.Option(
-        "--trace", metavar="NAME", help="instead: batches of this trace (azure_code, azure_conv, mooncake, "
-                                        "sharegpt, arxiv), published policy vs baselines")] = None,
-    batch_sizes: Annotated[str, typer.Option("--batch-sizes", metavar="LIST",
-                                             help="with --trace: target batch sizes")] = "16,64,256",
-    batches: Annotated[int, typer.Option("--batches", metavar="N", min=1,
-                                         help="with --trace: held-out batches per batch size")] = 3,
+    total_tokens: Annotated[
+        int, typer.Option("--total-tokens", metavar="T", min=1, help="T, total tokens per batch")
+    ] = 262_144,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", metavar="DIR", help="folder for bench.csv and one PNG per family")
+    ] = None,
+    policies: Annotated[
+        Optional[str],
+        typer.Option(
+            "--policies",
+            metavar="LABELS",
+            help=f"comma-separated baseline labels, of {', '.join(BASELINES)}, {FLASHINFER_KERNEL} (GPU only) "
+            f"[default: all; {FLASHINFER_KERNEL} with --backend gpu]",
+        ),
+    ] = None,
+    calibration: Annotated[
+        Optional[Path], typer.Option("--calibration", metavar="FILE", help="JSON file of simulator constants (sim)")
+    ] = None,
+    anchors: Annotated[
+        Optional[Path], typer.Option("--anchors", metavar="CSV", help="h200_peers.csv: add the FlashInfer cliff check")
+    ] = None,
+    trace: Annotated[
+        Optional[str],
+        typer.Option(
+            "--trace",
+            metavar="NAME",
+            help="instead: batches of this trace (azure_code, azure_conv, mooncake, "
+            "sharegpt, arxiv), published policy vs baselines",
+        ),
+    ] = None,
+    batch_sizes: Annotated[
+        str, typer.Option("--batch-sizes", metavar="LIST", help="with --trace: target batch sizes")
+    ] = "16,64,256",
+    batches: Annotated[
+        int, typer.Option("--batches", metavar="N", min=1, help="with --trace: held-out batches per batch size")
+    ] = 3,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Baseline policies on the reference workload (or, with --trace, the published policy on trace batches)."""
@@ -57,13 +75,25 @@ def bench_cmd(
         url = existing_store(database_url)  # read-only: a missing store is refused, not created
         try:
             sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
-            rows = bench.run_trace_bench(trace, database_url=url, backend=backend, gpu=gpu,
-                                         num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                         dtype=dtype, page_size=page_size, batch_sizes=sizes, batches=batches)
+            rows = bench.run_trace_bench(
+                trace,
+                database_url=url,
+                backend=backend,
+                gpu=gpu,
+                num_qo_heads=num_qo_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                dtype=dtype,
+                page_size=page_size,
+                batch_sizes=sizes,
+                batches=batches,
+            )
         except (ValueError, OSError, store.SchemaError) as exc:
             fail(str(exc))
-        typer.echo(f"trace={trace} backend={backend} gpu={gpu} H_q={num_qo_heads} H_kv={num_kv_heads} "
-                   f"D={head_dim} {dtype} page={page_size} store={store.safe_url(url)}\n")
+        typer.echo(
+            f"trace={trace} backend={backend} gpu={gpu} H_q={num_qo_heads} H_kv={num_kv_heads} "
+            f"D={head_dim} {dtype} page={page_size} store={store.safe_url(url)}\n"
+        )
         typer.echo(bench.format_trace_table(rows))
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
@@ -81,14 +111,23 @@ def bench_cmd(
     try:
         cal = json.loads(calibration.read_text()) if calibration else None
         rows = bench.run_bench(
-            backend=backend, gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-            head_dim=head_dim, dtype=dtype, page_size=page_size, total_tokens=total_tokens,
-            policies=labels, calibration=cal,
+            backend=backend,
+            gpu=gpu,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            total_tokens=total_tokens,
+            policies=labels,
+            calibration=cal,
         )
     except (ValueError, OSError, json.JSONDecodeError) as exc:
         fail(str(exc))
-    typer.echo(f"backend={backend} gpu={gpu if backend == 'sim' else 'cuda'} H_q={num_qo_heads} "
-               f"H_kv={num_kv_heads} D={head_dim} {dtype} page={page_size} T={total_tokens}\n")
+    typer.echo(
+        f"backend={backend} gpu={gpu if backend == 'sim' else 'cuda'} H_q={num_qo_heads} "
+        f"H_kv={num_kv_heads} D={head_dim} {dtype} page={page_size} T={total_tokens}\n"
+    )
     typer.echo(bench.format_table(rows))
     typer.echo("columns:\n" + bench.legend(dict.fromkeys(r["policy"] for r in rows)))
     if anchors is not None:

@@ -15,16 +15,18 @@ __all__ = ["calibrate_cmd"]
 
 
 def calibrate_cmd(
-    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="NAME",
-                                               help="expected GPU name (default: the local one)")] = None,
+    gpu: Annotated[
+        Optional[str], typer.Option("--gpu", metavar="NAME", help="expected GPU name (default: the local one)")
+    ] = None,
     num_qo_heads: NumQoHeads = 32,
     num_kv_heads: NumKvHeads = 4,
     head_dim: HeadDim = 128,
     dtype: Dtype = "bfloat16",
     page_size: PageSize = 16,
     database_url: DatabaseUrl = None,
-    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE",
-                                                help="also write the report as JSON here")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", metavar="FILE", help="also write the report as JSON here")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", min=0, help="seed of the calibration sample")] = 0,
 ) -> None:
     """Time a calibration sample on the local GPU, fit the simulator, store the constants."""
@@ -44,8 +46,14 @@ def calibrate_cmd(
     local = torch.cuda.get_device_name()
     name = gpu or local
     try:
-        shape = Shape.of(device=name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                         dtype=dtype, page_size=page_size)
+        shape = Shape.of(
+            device=name,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+        )
     except ValueError as exc:
         fail(str(exc))
     url = store_url(database_url)
@@ -53,8 +61,17 @@ def calibrate_cmd(
         store.upgrade(url)
     backend = make_backend("gpu", shape=shape, max_tokens=300_000, max_batch=512)
     try:
-        rep = calibrate(backend, gpu=name, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-                        dtype=shape.dtype, page_size=shape.page_size, seed=seed, database_url=url, progress=True)
+        rep = calibrate(
+            backend,
+            gpu=name,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=shape.dtype,
+            page_size=shape.page_size,
+            seed=seed,
+            database_url=url,
+            progress=True,
+        )
     except Exception as exc:  # noqa: BLE001 - a store failure while storing the constants: one line
         import sqlalchemy.exc
 
@@ -63,8 +80,10 @@ def calibrate_cmd(
         store_failure(exc, url)
     if out is not None:
         out.write_text(json.dumps(rep, indent=1))
-    typer.echo(f"calibration {rep.get('calibration_id')} for {rep['gpu']}: held-out error median "
-               f"{rep['heldout']['median']:.1%}, worst {rep['heldout']['worst']:.1%} "
-               f"(defaults: {rep['default_heldout']['median']:.1%} / {rep['default_heldout']['worst']:.1%})")
+    typer.echo(
+        f"calibration {rep.get('calibration_id')} for {rep['gpu']}: held-out error median "
+        f"{rep['heldout']['median']:.1%}, worst {rep['heldout']['worst']:.1%} "
+        f"(defaults: {rep['default_heldout']['median']:.1%} / {rep['default_heldout']['worst']:.1%})"
+    )
     for fam, e in rep["heldout"]["per_family"].items():
         typer.echo(f"  {fam:9s} median {e['median']:.1%}  worst {e['worst']:.1%}  (n={e['n']})")

@@ -29,12 +29,33 @@ def _ints(flag: str, text: str | None, default: tuple[int, ...]) -> tuple[int, .
     return out
 
 
-def campaign_cmd(*, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str, page_size: int,
-                 model_shape: str | None, backend: str, database_url: str | None, budget_minutes: float,
-                 max_minutes: float | None, seed: int, workers: int, journal: Path | None, previous: Path | None,
-                 batch_sizes: str | None, totals: str | None, traces: str | None, trials: int | None,
-                 num_train: int | None, num_heldout: int | None, publish: bool, progress: bool,
-                 json_out: bool) -> None:
+def campaign_cmd(
+    *,
+    gpu: str,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    page_size: int,
+    model_shape: str | None,
+    backend: str,
+    database_url: str | None,
+    budget_minutes: float,
+    max_minutes: float | None,
+    seed: int,
+    workers: int,
+    journal: Path | None,
+    previous: Path | None,
+    batch_sizes: str | None,
+    totals: str | None,
+    traces: str | None,
+    trials: int | None,
+    num_train: int | None,
+    num_heldout: int | None,
+    publish: bool,
+    progress: bool,
+    json_out: bool,
+) -> None:
     from ...db import store
     from ...kernels.device import resolve_device
     from ...kernels.shape import Shape
@@ -47,8 +68,14 @@ def campaign_cmd(*, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: in
         if model_shape is not None:
             num_qo_heads, num_kv_heads, head_dim = cp.parse_model_shape(model_shape)
         dev = resolve_device(gpu)
-        dtype = Shape.of(device=dev.name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                         dtype=dtype, page_size=page_size).dtype  # an alias such as bf16 becomes torch's name
+        dtype = Shape.of(
+            device=dev.name,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+        ).dtype  # an alias such as bf16 becomes torch's name
     except ValueError as exc:
         msg = str(exc)
         fail(msg if msg.startswith("--") else f"--gpu/--model-shape/--dtype/--page-size: {msg}")
@@ -80,13 +107,29 @@ def campaign_cmd(*, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: in
             fail("--backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; use --backend sim")
     try:
         cfg = cp.CampaignConfig(
-            database_url=url, gpu=dev.name, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-            dtype=dtype, page_size=page_size, backend=backend, budget_minutes=budget_minutes, max_minutes=max_minutes,
-            seed=seed, workers=workers, journal=str(journal) if journal else None,
+            database_url=url,
+            gpu=dev.name,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            backend=backend,
+            budget_minutes=budget_minutes,
+            max_minutes=max_minutes,
+            seed=seed,
+            workers=workers,
+            journal=str(journal) if journal else None,
             batch_sizes=_ints("--batch-sizes", batch_sizes, cp.FAMILY_BATCH_SIZES),
-            totals=_ints("--totals", totals, cp.TOTALS), traces=trace_names,
-            num_train=num_train or 1, num_heldout=num_heldout or 1, max_trials=trials or 48,
-            previous=prev_doc, publish=publish, progress=progress)
+            totals=_ints("--totals", totals, cp.TOTALS),
+            traces=trace_names,
+            num_train=num_train or 1,
+            num_heldout=num_heldout or 1,
+            max_trials=trials or 48,
+            previous=prev_doc,
+            publish=publish,
+            progress=progress,
+        )
         storage_spec(url, journal=cfg.journal, workers=workers)
     except ValueError as exc:
         msg = str(exc)
@@ -101,8 +144,11 @@ def campaign_cmd(*, gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: in
         fail(str(exc), code=1)
     except Exception as exc:  # noqa: BLE001 - server down, bad credentials
         fail(f"cannot open the policy store at {store.safe_url(url)}: {first_line(exc)}", code=1)
-    typer.echo(f"campaign {cp.campaign_name(cfg)}: {dev.name} {num_qo_heads}/{num_kv_heads}/{head_dim} {dtype} "
-               f"page {page_size}, backend {backend}, budget {budget_minutes:g} min, {workers} worker(s)", err=True)
+    typer.echo(
+        f"campaign {cp.campaign_name(cfg)}: {dev.name} {num_qo_heads}/{num_kv_heads}/{head_dim} {dtype} "
+        f"page {page_size}, backend {backend}, budget {budget_minutes:g} min, {workers} worker(s)",
+        err=True,
+    )
     stop = Stop().install()
     try:
         res = cp.run_campaign(cfg, stop=stop, say=lambda s: typer.echo(s, err=True))
@@ -126,13 +172,22 @@ def _report(res: Any, json_out: bool) -> None:
         typer.echo(json.dumps(res.to_dict(), indent=2))
         return
     kind = "GPU time" if res.time_kind == "gpu" else "simulated GPU time (60 ms per timed plan)"
-    typer.echo(f"{res.status}: {res.buckets} buckets, {res.published} published; {kind} spent "
-               f"{res.spent_s / 60:.2f} min in all; this run timed {res.timings} plans in {res.wall_s:.1f} s wall")
+    typer.echo(
+        f"{res.status}: {res.buckets} buckets, {res.published} published; {kind} spent "
+        f"{res.spent_s / 60:.2f} min in all; this run timed {res.timings} plans in {res.wall_s:.1f} s wall"
+    )
     if res.calibration:
         typer.echo(f"calibration: {res.calibration}")
     ww = res.whole_wave or {}
     if ww:
-        typer.echo("whole-wave rule: " + (f"on {ww.get('params')} (geomean {ww['geomean']:.4f}, worst "
-                                          f"{ww['worst']:.4f} over {ww['batches']} batches)" if ww.get("on") else "off"))
+        typer.echo(
+            "whole-wave rule: "
+            + (
+                f"on {ww.get('params')} (geomean {ww['geomean']:.4f}, worst "
+                f"{ww['worst']:.4f} over {ww['batches']} batches)"
+                if ww.get("on")
+                else "off"
+            )
+        )
     for line in res.lines:
         typer.echo(line)

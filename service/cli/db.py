@@ -52,8 +52,9 @@ def upgrade_cmd(database_url: DatabaseUrl = None) -> None:
 @db_app.command("export")
 def export_cmd(
     database_url: DatabaseUrl = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
-                                                   help="write here instead of stdout")] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    ] = None,
 ) -> None:
     """Write every published policy as versioned JSON."""
     from ...db import store
@@ -79,8 +80,12 @@ def export_cmd(
 
 @db_app.command("import")
 def import_cmd(
-    file: Annotated[Path, typer.Argument(metavar="FILE", help="JSON file written by `kvsplit db export`",
-                                         exists=True, dir_okay=False, readable=True)],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="FILE", help="JSON file written by `kvsplit db export`", exists=True, dir_okay=False, readable=True
+        ),
+    ],
     database_url: DatabaseUrl = None,
 ) -> None:
     """Validate and import published policies (all or nothing)."""

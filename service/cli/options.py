@@ -12,21 +12,42 @@ from typing import Annotated, NoReturn, Optional
 import typer
 
 __all__ = [
-    "DatabaseUrl", "Gpu", "NumQoHeads", "NumKvHeads", "HeadDim", "Dtype", "PageSize", "fail", "store_url",
-    "existing_store", "first_line",
+    "DatabaseUrl",
+    "Gpu",
+    "NumQoHeads",
+    "NumKvHeads",
+    "HeadDim",
+    "Dtype",
+    "PageSize",
+    "fail",
+    "store_url",
+    "existing_store",
+    "first_line",
 ]
 
-DatabaseUrl = Annotated[Optional[str], typer.Option(
-    "--database-url", metavar="URL",
-    help="policy store: a SQLAlchemy URL or a SQLite file path (default: KVSPLIT_DATABASE_URL from the "
-         "environment or ./.env, else sqlite:///./kvsplit.db)")]
-Gpu = Annotated[str, typer.Option(
-    "--gpu", metavar="NAME", help="GPU name as torch reports it ('NVIDIA H200') or an alias (h200, h100, a100, ...)")]
-NumQoHeads = Annotated[int, typer.Option("--num-qo-heads", metavar="H_Q", min=1, help="query heads H_q (a multiple of H_kv)")]
+DatabaseUrl = Annotated[
+    Optional[str],
+    typer.Option(
+        "--database-url",
+        metavar="URL",
+        help="policy store: a SQLAlchemy URL or a SQLite file path (default: KVSPLIT_DATABASE_URL from the "
+        "environment or ./.env, else sqlite:///./kvsplit.db)",
+    ),
+]
+Gpu = Annotated[
+    str,
+    typer.Option(
+        "--gpu", metavar="NAME", help="GPU name as torch reports it ('NVIDIA H200') or an alias (h200, h100, a100, ...)"
+    ),
+]
+NumQoHeads = Annotated[
+    int, typer.Option("--num-qo-heads", metavar="H_Q", min=1, help="query heads H_q (a multiple of H_kv)")
+]
 NumKvHeads = Annotated[int, typer.Option("--num-kv-heads", metavar="H_KV", min=1, help="KV heads H_kv")]
 HeadDim = Annotated[int, typer.Option("--head-dim", metavar="D", help="head dim D: 64, 128 or 256")]
-Dtype = Annotated[str, typer.Option(
-    "--dtype", metavar="DTYPE", help="float16, bfloat16 or float32 (aliases fp16, bf16, fp32)")]
+Dtype = Annotated[
+    str, typer.Option("--dtype", metavar="DTYPE", help="float16, bfloat16 or float32 (aliases fp16, bf16, fp32)")
+]
 PageSize = Annotated[int, typer.Option("--page-size", metavar="TOKENS", min=1, max=256, help="tokens per KV page")]
 
 

@@ -56,20 +56,33 @@ def port_in_use(host: str, port: int) -> bool:
 def serve_cmd(
     database_url: DatabaseUrl = None,
     host: Host = "127.0.0.1",
-    port: Annotated[Optional[int], typer.Option("--port", metavar="PORT", min=0, max=65535,
-                                                help="TCP port (default KVSPLIT_PORT, else 8000)")] = None,
+    port: Annotated[
+        Optional[int],
+        typer.Option("--port", metavar="PORT", min=0, max=65535, help="TCP port (default KVSPLIT_PORT, else 8000)"),
+    ] = None,
     workers: Annotated[int, typer.Option("--workers", metavar="N", min=1, max=256, help="worker processes")] = 1,
-    reload_interval: Annotated[Optional[float], typer.Option(
-        "--reload-interval", metavar="SECONDS", min=0.0,
-        help="seconds between policy-version polls (KVSPLIT_RELOAD_INTERVAL_S)")] = None,
+    reload_interval: Annotated[
+        Optional[float],
+        typer.Option(
+            "--reload-interval",
+            metavar="SECONDS",
+            min=0.0,
+            help="seconds between policy-version polls (KVSPLIT_RELOAD_INTERVAL_S)",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL", help="uvicorn log level")] = "info",
-    access_log: Annotated[bool, typer.Option("--access-log/--no-access-log", metavar="",
-                                             help="log every request")] = False,
+    access_log: Annotated[
+        bool, typer.Option("--access-log/--no-access-log", metavar="", help="log every request")
+    ] = False,
 ) -> None:
     """Run the plan service (HTTP API, dashboard at /, metrics at /metrics)."""
-    settings = load_settings(flags={"database_url": ("--database-url", database_url),
-                                    "reload_interval_s": ("--reload-interval", reload_interval),
-                                    "port": ("--port", port)})
+    settings = load_settings(
+        flags={
+            "database_url": ("--database-url", database_url),
+            "reload_interval_s": ("--reload-interval", reload_interval),
+            "port": ("--port", port),
+        }
+    )
     port = settings.port
     if reload_interval is not None:  # the workers build their settings from the environment
         os.environ["KVSPLIT_RELOAD_INTERVAL_S"] = str(reload_interval)
@@ -85,11 +98,23 @@ def serve_cmd(
     from ...db import store
 
     admin = "on" if settings.admin_token else "off (set KVSPLIT_ADMIN_TOKEN)"
-    typer.echo(f"kvsplit serve: http://{host}:{port}/ ({workers} worker(s), store {store.safe_url(url)}, "
-               f"admin routes {admin})", err=True)
-    uvicorn.run("kvsplit.service.app:create_app_from_env", factory=True, host=host, port=port, workers=workers,
-                loop="uvloop", http="httptools", log_level=log_level, access_log=access_log,
-                timeout_graceful_shutdown=5)
+    typer.echo(
+        f"kvsplit serve: http://{host}:{port}/ ({workers} worker(s), store {store.safe_url(url)}, "
+        f"admin routes {admin})",
+        err=True,
+    )
+    uvicorn.run(
+        "kvsplit.service.app:create_app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        loop="uvloop",
+        http="httptools",
+        log_level=log_level,
+        access_log=access_log,
+        timeout_graceful_shutdown=5,
+    )
 
 
 def parse_kv_lens_text(text: str, source: str) -> list[int]:
@@ -153,11 +178,15 @@ def _fallback_reason(table, bucket: dict) -> str:
     key = BucketKey.parse(bucket["key"])
     same = [e for e in table.entries if e.shape == key.family]
     if not same:
-        return ("no published policy for this shape (gpu, num_kv_heads, head_dim, dtype, page_size) "
-                f"in the store ({len(table.entries)} published for other shapes)")
+        return (
+            "no published policy for this shape (gpu, num_kv_heads, head_dim, dtype, page_size) "
+            f"in the store ({len(table.entries)} published for other shapes)"
+        )
     d, e = min(((distance(key, e.key), e) for e in same), key=lambda x: x[0])
-    return (f"no published policy within the distance limit {table.distance_limit:g} of bucket {bucket['key']} "
-            f"(nearest: {e.bucket} at distance {d:.3f})")
+    return (
+        f"no published policy within the distance limit {table.distance_limit:g} of bucket {bucket['key']} "
+        f"(nearest: {e.bucket} at distance {d:.3f})"
+    )
 
 
 def plan_cmd(
@@ -167,15 +196,23 @@ def plan_cmd(
     head_dim: HeadDim,
     dtype: Dtype,
     page_size: PageSize = 16,
-    kv_lens: Annotated[Optional[str], typer.Option(
-        "--kv-lens", metavar="LIST", help="kv_len per request, comma-separated, e.g. 4096,17,9000")] = None,
-    kv_lens_file: Annotated[Optional[str], typer.Option(
-        "--kv-lens-file", metavar="PATH",
-        help="read kv_lens from this file ('-': stdin): a JSON list, or integers separated by commas, "
-             "spaces or newlines (for batches too long for the command line)")] = None,
+    kv_lens: Annotated[
+        Optional[str],
+        typer.Option("--kv-lens", metavar="LIST", help="kv_len per request, comma-separated, e.g. 4096,17,9000"),
+    ] = None,
+    kv_lens_file: Annotated[
+        Optional[str],
+        typer.Option(
+            "--kv-lens-file",
+            metavar="PATH",
+            help="read kv_lens from this file ('-': stdin): a JSON list, or integers separated by commas, "
+            "spaces or newlines (for batches too long for the command line)",
+        ),
+    ] = None,
     database_url: DatabaseUrl = None,
-    compact: Annotated[bool, typer.Option("--compact", metavar="",
-                                          help="one-line JSON (default when stdout is not a terminal)")] = False,
+    compact: Annotated[
+        bool, typer.Option("--compact", metavar="", help="one-line JSON (default when stdout is not a terminal)")
+    ] = False,
     indent: Annotated[bool, typer.Option("--indent", metavar="", help="indented JSON (default on a terminal)")] = False,
 ) -> None:
     """Print the plan of one batch as JSON (the POST /v1/plan answer), using the store's policies."""
@@ -200,8 +237,17 @@ def plan_cmd(
     except ValueError as exc:
         fail(f"--{exc}")
     settings = load_settings(flags={"database_url": ("--database-url", database_url)})
-    body = orjson.dumps({"gpu": gpu, "num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads,
-                         "head_dim": head_dim, "dtype": dtype, "page_size": page_size, "kv_lens": lens})
+    body = orjson.dumps(
+        {
+            "gpu": gpu,
+            "num_qo_heads": num_qo_heads,
+            "num_kv_heads": num_kv_heads,
+            "head_dim": head_dim,
+            "dtype": dtype,
+            "page_size": page_size,
+            "kv_lens": lens,
+        }
+    )
     try:
         req = parse_plan_request(body, max_kv_len=settings.max_kv_len)
     except RequestValidationFailed as exc:
@@ -220,8 +266,10 @@ def plan_cmd(
     except ValueError as exc:
         fail(str(exc))
     if policy["source"] == "fallback":
-        typer.echo(f"note: planned with the fallback policy {policy['name']!r}: "
-                   f"{_fallback_reason(served.table, bucket)}", err=True)
+        typer.echo(
+            f"note: planned with the fallback policy {policy['name']!r}: {_fallback_reason(served.table, bucket)}",
+            err=True,
+        )
     out = plan_answer(p, bucket, policy)
     if indent or (not compact and sys.stdout.isatty()):
         out = orjson.dumps(orjson.loads(out), option=orjson.OPT_INDENT_2)
@@ -230,11 +278,19 @@ def plan_cmd(
 
 def run_cmd(
     host: Host = "127.0.0.1",
-    port: Annotated[Optional[int], typer.Option(
-        "--port", metavar="PORT", min=0, max=65535,
-        help="port (default KVSPLIT_PORT, else 8000; another free one if taken, said so)")] = None,
-    tune: Annotated[bool, typer.Option("--tune/--no-tune", metavar="",
-                                       help="tune the demo buckets before serving")] = True,
+    port: Annotated[
+        Optional[int],
+        typer.Option(
+            "--port",
+            metavar="PORT",
+            min=0,
+            max=65535,
+            help="port (default KVSPLIT_PORT, else 8000; another free one if taken, said so)",
+        ),
+    ] = None,
+    tune: Annotated[
+        bool, typer.Option("--tune/--no-tune", metavar="", help="tune the demo buckets before serving")
+    ] = True,
     database_url: DatabaseUrl = None,
 ) -> None:
     """The main job (make run): store, shipped H200 policies, demo tuning, plan service until Ctrl-C."""

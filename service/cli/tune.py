@@ -30,9 +30,8 @@ later ``tune`` into the same bucket whose flags (``--seed``,
 
 from __future__ import annotations
 
-import sys
-
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -52,71 +51,139 @@ def tune_cmd(
     head_dim: HeadDim = 128,
     dtype: Dtype = "bfloat16",
     page_size: PageSize = 16,
-    family: Annotated[Optional[str], typer.Option("--family", metavar="FAMILY",
-                                          help="uniform, skewed40, skewed60, skewed80, 2x40")] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", metavar="B", min=1,
-                                              help="B of the family / trace batches")] = None,
-    total_tokens: Annotated[int, typer.Option("--total-tokens", metavar="T", min=1, help="T of the family batch")] = 262_144,
-    trace: Annotated[Optional[str], typer.Option("--trace", metavar="NAME",
-                                         help="azure_code, azure_conv, mooncake, sharegpt, arxiv")] = None,
+    family: Annotated[
+        Optional[str], typer.Option("--family", metavar="FAMILY", help="uniform, skewed40, skewed60, skewed80, 2x40")
+    ] = None,
+    batch_size: Annotated[
+        Optional[int], typer.Option("--batch-size", metavar="B", min=1, help="B of the family / trace batches")
+    ] = None,
+    total_tokens: Annotated[
+        int, typer.Option("--total-tokens", metavar="T", min=1, help="T of the family batch")
+    ] = 262_144,
+    trace: Annotated[
+        Optional[str], typer.Option("--trace", metavar="NAME", help="azure_code, azure_conv, mooncake, sharegpt, arxiv")
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", metavar="", help="tune the default bucket library")] = False,
-    trials_given: Annotated[Optional[int], typer.Option("--trials", metavar="N", min=1,
-                                help="finished (complete + pruned) trials per bucket (default 40; with "
-                                     "--campaign: the most per bucket, default 48)")] = None,
-    backend: Annotated[str, typer.Option("--backend", metavar="NAME",
-                                 help="sim (calibrated simulator) or gpu (the kernel)")] = "sim",
+    trials_given: Annotated[
+        Optional[int],
+        typer.Option(
+            "--trials",
+            metavar="N",
+            min=1,
+            help="finished (complete + pruned) trials per bucket (default 40; with "
+            "--campaign: the most per bucket, default 48)",
+        ),
+    ] = None,
+    backend: Annotated[
+        str, typer.Option("--backend", metavar="NAME", help="sim (calibrated simulator) or gpu (the kernel)")
+    ] = "sim",
     database_url: DatabaseUrl = None,
-    workers: Annotated[int, typer.Option("--workers", metavar="K", min=1, help="worker processes sharing each study")] = 1,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="SECONDS",
-                                             help="seconds per bucket; then verify the best")] = None,
-    journal: Annotated[Optional[Path], typer.Option("--journal", metavar="PATH",
-                                            help="Optuna JournalFileBackend file (multi-process)")] = None,
-    seed: Annotated[int, typer.Option("--seed", metavar="N", min=0, help="seed of the batches and the TPE sampler")] = 0,
-    num_train_given: Annotated[Optional[int], typer.Option("--num-train", metavar="N", min=1,
-                                                   help="training batches per bucket (default 8; campaign 1)")] = None,
-    num_heldout_given: Annotated[Optional[int], typer.Option("--num-heldout", metavar="N", min=1,
-                                                     help="held-out batches per bucket (default 8; campaign 1)")] = None,
-    rate_scale: Annotated[Optional[float], typer.Option("--rate-scale", metavar="X",
-                                                help="trace arrival-rate multiplier (auto)")] = None,
-    token_budget: Annotated[Optional[int], typer.Option("--token-budget", metavar="TOKENS", min=1,
-                                                help="trace replay KV capacity")] = None,
-    max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", metavar="B", min=1,
-                                                  help="trace replay batch cap (default --batch-size)")] = None,
-    max_kv_len: Annotated[Optional[int], typer.Option("--max-kv-len", metavar="TOKENS", min=1,
-                                              help="cap kv_len (model context)")] = None,
-    max_buckets: Annotated[Optional[int], typer.Option("--max-buckets", metavar="N", min=1,
-                                               help="most buckets of a trace")] = None,
-    heartbeat_interval: Annotated[int, typer.Option("--heartbeat-interval", metavar="SECONDS", min=1,
-                                            help="worker heartbeat period")] = 5,
-    grace_period: Annotated[int, typer.Option("--grace-period", metavar="SECONDS", min=2,
-                                      help="silence after which a running trial is failed")] = 30,
-    publish: Annotated[bool, typer.Option("--publish/--no-publish", metavar="",
-                                          help="publish verified policies")] = True,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", metavar="",
-                                           help="tqdm progress bar (drawn only when stderr is a terminal)")] = True,
+    workers: Annotated[
+        int, typer.Option("--workers", metavar="K", min=1, help="worker processes sharing each study")
+    ] = 1,
+    timeout: Annotated[
+        Optional[float], typer.Option("--timeout", metavar="SECONDS", help="seconds per bucket; then verify the best")
+    ] = None,
+    journal: Annotated[
+        Optional[Path], typer.Option("--journal", metavar="PATH", help="Optuna JournalFileBackend file (multi-process)")
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", min=0, help="seed of the batches and the TPE sampler")
+    ] = 0,
+    num_train_given: Annotated[
+        Optional[int],
+        typer.Option("--num-train", metavar="N", min=1, help="training batches per bucket (default 8; campaign 1)"),
+    ] = None,
+    num_heldout_given: Annotated[
+        Optional[int],
+        typer.Option("--num-heldout", metavar="N", min=1, help="held-out batches per bucket (default 8; campaign 1)"),
+    ] = None,
+    rate_scale: Annotated[
+        Optional[float], typer.Option("--rate-scale", metavar="X", help="trace arrival-rate multiplier (auto)")
+    ] = None,
+    token_budget: Annotated[
+        Optional[int], typer.Option("--token-budget", metavar="TOKENS", min=1, help="trace replay KV capacity")
+    ] = None,
+    max_batch_size: Annotated[
+        Optional[int],
+        typer.Option("--max-batch-size", metavar="B", min=1, help="trace replay batch cap (default --batch-size)"),
+    ] = None,
+    max_kv_len: Annotated[
+        Optional[int], typer.Option("--max-kv-len", metavar="TOKENS", min=1, help="cap kv_len (model context)")
+    ] = None,
+    max_buckets: Annotated[
+        Optional[int], typer.Option("--max-buckets", metavar="N", min=1, help="most buckets of a trace")
+    ] = None,
+    heartbeat_interval: Annotated[
+        int, typer.Option("--heartbeat-interval", metavar="SECONDS", min=1, help="worker heartbeat period")
+    ] = 5,
+    grace_period: Annotated[
+        int,
+        typer.Option("--grace-period", metavar="SECONDS", min=2, help="silence after which a running trial is failed"),
+    ] = 30,
+    publish: Annotated[
+        bool, typer.Option("--publish/--no-publish", metavar="", help="publish verified policies")
+    ] = True,
+    progress: Annotated[
+        bool,
+        typer.Option(
+            "--progress/--no-progress", metavar="", help="tqdm progress bar (drawn only when stderr is a terminal)"
+        ),
+    ] = True,
     json_out: Annotated[bool, typer.Option("--json", metavar="", help="print the results as JSON")] = False,
-    campaign: Annotated[bool, typer.Option("--campaign", metavar="",
-                                           help="build the GPU's whole table for a model shape (resumable; "
-                                                "docs/guides/tuning.md)")] = False,
-    model_shape: Annotated[Optional[str], typer.Option(
-        "--model-shape", metavar="NAME|HQ/HKV/D",
-        help="campaign shape: qwen3-30b-a3b, llama-3.1-8b, llama-3.1-70b-tp8 or H_q/H_kv/head_dim "
-             "(default: --num-qo-heads/--num-kv-heads/--head-dim)")] = None,
-    budget_minutes: Annotated[float, typer.Option("--budget-minutes", metavar="MIN",
-                                                  help="campaign: GPU minutes in all (simulated minutes with "
-                                                       "--backend sim)")] = 15.0,
-    max_minutes: Annotated[Optional[float], typer.Option(
-        "--max-minutes", metavar="MIN",
-        help="campaign: stop after this many wall minutes of this invocation (exit 75); rerun to resume")] = None,
-    previous: Annotated[Optional[Path], typer.Option(
-        "--previous", metavar="PATH",
-        help="campaign: the policies export being replaced (hysteresis); default: the store's published table")] = None,
-    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", metavar="LIST",
-                                                       help="campaign: family B values (default 1,2,4,...,1024)")] = None,
-    totals: Annotated[Optional[str], typer.Option("--totals", metavar="LIST",
-                                                  help="campaign: family T values (default 262144,1048576)")] = None,
-    traces: Annotated[Optional[str], typer.Option("--traces", metavar="LIST",
-                                                  help="campaign: traces ('none' for none; default all shipped)")] = None,
+    campaign: Annotated[
+        bool,
+        typer.Option(
+            "--campaign",
+            metavar="",
+            help="build the GPU's whole table for a model shape (resumable; docs/guides/tuning.md)",
+        ),
+    ] = False,
+    model_shape: Annotated[
+        Optional[str],
+        typer.Option(
+            "--model-shape",
+            metavar="NAME|HQ/HKV/D",
+            help="campaign shape: qwen3-30b-a3b, llama-3.1-8b, llama-3.1-70b-tp8 or H_q/H_kv/head_dim "
+            "(default: --num-qo-heads/--num-kv-heads/--head-dim)",
+        ),
+    ] = None,
+    budget_minutes: Annotated[
+        float,
+        typer.Option(
+            "--budget-minutes",
+            metavar="MIN",
+            help="campaign: GPU minutes in all (simulated minutes with --backend sim)",
+        ),
+    ] = 15.0,
+    max_minutes: Annotated[
+        Optional[float],
+        typer.Option(
+            "--max-minutes",
+            metavar="MIN",
+            help="campaign: stop after this many wall minutes of this invocation (exit 75); rerun to resume",
+        ),
+    ] = None,
+    previous: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--previous",
+            metavar="PATH",
+            help="campaign: the policies export being replaced (hysteresis); default: the store's published table",
+        ),
+    ] = None,
+    batch_sizes: Annotated[
+        Optional[str],
+        typer.Option("--batch-sizes", metavar="LIST", help="campaign: family B values (default 1,2,4,...,1024)"),
+    ] = None,
+    totals: Annotated[
+        Optional[str],
+        typer.Option("--totals", metavar="LIST", help="campaign: family T values (default 262144,1048576)"),
+    ] = None,
+    traces: Annotated[
+        Optional[str],
+        typer.Option("--traces", metavar="LIST", help="campaign: traces ('none' for none; default all shipped)"),
+    ] = None,
 ) -> None:
     """Tune the `tuned` policy of one or more buckets, verify it against the baselines, publish it.
 
@@ -132,12 +199,32 @@ def tune_cmd(
 
         if family is not None or trace is not None or all_:
             fail("--campaign builds every bucket: give none of --family, --trace, --all")
-        campaign_cmd(gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
-                     page_size=page_size, model_shape=model_shape, backend=backend, database_url=database_url,
-                     budget_minutes=budget_minutes, max_minutes=max_minutes, seed=seed, workers=workers,
-                     journal=journal, previous=previous, batch_sizes=batch_sizes, totals=totals, traces=traces,
-                     trials=trials_given, num_train=num_train_given, num_heldout=num_heldout_given,
-                     publish=publish, progress=progress and sys.stderr.isatty(), json_out=json_out)
+        campaign_cmd(
+            gpu=gpu,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            model_shape=model_shape,
+            backend=backend,
+            database_url=database_url,
+            budget_minutes=budget_minutes,
+            max_minutes=max_minutes,
+            seed=seed,
+            workers=workers,
+            journal=journal,
+            previous=previous,
+            batch_sizes=batch_sizes,
+            totals=totals,
+            traces=traces,
+            trials=trials_given,
+            num_train=num_train_given,
+            num_heldout=num_heldout_given,
+            publish=publish,
+            progress=progress and sys.stderr.isatty(),
+            json_out=json_out,
+        )
         return
     trials = trials_given or 40
     num_train = num_train_given or search.DEFAULT_TRAIN
@@ -146,27 +233,57 @@ def tune_cmd(
     if len(chosen) != 1:
         fail("choose exactly one of --family, --trace, --all, --campaign")
     url = store_url(database_url)
-    shape = dict(gpu=gpu, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                 dtype=dtype, page_size=page_size)
+    shape = dict(
+        gpu=gpu,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+    )
     try:
         cfg = search.TuneConfig(
-            database_url=url, n_trials=trials, backend=backend, workers=workers,
-            timeout=timeout, journal=str(journal) if journal else None, seed=seed,
+            database_url=url,
+            n_trials=trials,
+            backend=backend,
+            workers=workers,
+            timeout=timeout,
+            journal=str(journal) if journal else None,
+            seed=seed,
             progress=progress and sys.stderr.isatty(),  # no carriage-return redraws in a piped log
-            heartbeat_interval=heartbeat_interval, grace_period=grace_period, publish=publish,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+            publish=publish,
         )
-        spec = search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers,
-                                   heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+        spec = search.storage_spec(
+            cfg.database_url,
+            journal=cfg.journal,
+            workers=workers,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+        )
         if family is not None:
             if batch_size is None:
                 fail("--family needs --batch-size")
-            tasks = [search.family_task(family, batch_size, total_tokens, num_train=num_train,
-                                        num_heldout=num_heldout, seed=seed, **shape)]
+            tasks = [
+                search.family_task(
+                    family, batch_size, total_tokens, num_train=num_train, num_heldout=num_heldout, seed=seed, **shape
+                )
+            ]
         elif trace is not None:
             tasks = search.trace_tasks(
-                trace, batch_sizes=(batch_size,) if batch_size else (16, 64, 256), num_train=num_train,
-                num_heldout=num_heldout, seed=seed, rate_scale=rate_scale, token_budget=token_budget,
-                max_batch_size=max_batch_size, max_kv_len=max_kv_len, max_buckets=max_buckets, **shape)
+                trace,
+                batch_sizes=(batch_size,) if batch_size else (16, 64, 256),
+                num_train=num_train,
+                num_heldout=num_heldout,
+                seed=seed,
+                rate_scale=rate_scale,
+                token_budget=token_budget,
+                max_batch_size=max_batch_size,
+                max_kv_len=max_kv_len,
+                max_buckets=max_buckets,
+                **shape,
+            )
         else:
             tasks = search.default_library(num_train=num_train, num_heldout=num_heldout, seed=seed, **shape)
     except ValueError as exc:
@@ -195,10 +312,12 @@ def tune_cmd(
             if not is_store_failure(exc):
                 raise
             store_failure(exc, cfg.database_url)
-    typer.echo(f"tuning {len(tasks)} bucket(s), {trials} trials each, backend {backend}, "
-               f"{workers} worker(s), studies in "
-               f"{search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers).describe()}",
-               err=True)
+    typer.echo(
+        f"tuning {len(tasks)} bucket(s), {trials} trials each, backend {backend}, "
+        f"{workers} worker(s), studies in "
+        f"{search.storage_spec(cfg.database_url, journal=cfg.journal, workers=workers).describe()}",
+        err=True,
+    )
     stop = search.Stop().install()
     results = []
     try:
@@ -230,9 +349,11 @@ def _result_line(r) -> str:
     line = f"{r.bucket_key}: {r.status}, {r.n_finished} trials"
     if v:
         sp = ", ".join(f"{k} {x:.2f}x" for k, x in v.get("speedup_vs", {}).items())
-        line += (f"; tuned {v['tuned_geomean_ratio']:.3f}x floor vs best baseline {v['best_baseline']} "
-                 f"{v['best_baseline_geomean_ratio']:.3f}x; speedup {sp}; "
-                 f"{'published' if r.published else 'not published'} (policy {r.policy_id})")
+        line += (
+            f"; tuned {v['tuned_geomean_ratio']:.3f}x floor vs best baseline {v['best_baseline']} "
+            f"{v['best_baseline_geomean_ratio']:.3f}x; speedup {sp}; "
+            f"{'published' if r.published else 'not published'} (policy {r.policy_id})"
+        )
     if r.message:
         line += f" [{r.message}]"
     return line

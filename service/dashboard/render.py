@@ -31,8 +31,13 @@ def shape_name(num_kv_heads: int, head_dim: int) -> str:
     """The card title's model part: a known model, else the shape itself."""
     return MODEL_SHAPES.get((num_kv_heads, head_dim), f"H_kv {num_kv_heads} × head_dim {head_dim}")
 
-_env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
-                   autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
+
+_env = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
 
 
 def _num(v: Any, digits: int = 3) -> str:
@@ -78,18 +83,28 @@ def render_dashboard(data: dict[str, Any]) -> str:
         charts = []
         for fam, series in sh["families"].items():
             series = [(n, pts, "simulated" if n.endswith(SIMULATED_SUFFIX) else "measured") for n, pts in series]
-            svg = line_chart(series, title=f"{fam}: time / HBM floor vs batch size", x_label="batch size (requests)",
-                             y_label="time / HBM floor")
+            svg = line_chart(
+                series,
+                title=f"{fam}: time / HBM floor vs batch size",
+                x_label="batch size (requests)",
+                y_label="time / HBM floor",
+            )
             charts.append({"family": fam, "svg": Markup(svg)})
         baselines = []
         for b in sh["buckets"]:
             for name in b["speedups"]:
                 if name not in baselines:
                     baselines.append(name)
-        shapes.append({**sh, "charts": charts, "baselines": baselines,
-                       "model": shape_name(sh["num_kv_heads"], sh["head_dim"]),
-                       "has_simulated": any(n.endswith(SIMULATED_SUFFIX) for f in sh["families"].values()
-                                            for n, _ in f)})
+        shapes.append(
+            {
+                **sh,
+                "charts": charts,
+                "baselines": baselines,
+                "model": shape_name(sh["num_kv_heads"], sh["head_dim"]),
+                "has_simulated": any(n.endswith(SIMULATED_SUFFIX) for f in sh["families"].values() for n, _ in f),
+            }
+        )
     n_pub = sum(1 for sh in data["shapes"] for b in sh["buckets"] if b["policy"] is not None)
-    return _env.get_template("index.html").render(shapes=shapes, runs=data["runs"], version=data["version"],
-                                                  n_published=n_pub)
+    return _env.get_template("index.html").render(
+        shapes=shapes, runs=data["runs"], version=data["version"], n_published=n_pub
+    )

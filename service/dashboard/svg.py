@@ -12,8 +12,8 @@ before `` (``), and its legend entry shows the same line and marker.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from html import escape
-from typing import Sequence
 
 __all__ = ["line_chart", "PALETTE"]
 
@@ -96,13 +96,18 @@ def line_chart(
     pw, ph = width - ml - mr, height - mt - mb
     clean = []
     for name, pts, kind in series:
-        ok = sorted((float(x), float(y)) for x, y in pts
-                    if math.isfinite(x) and math.isfinite(y) and (x > 0 or not x_log2) and y > 0)
+        ok = sorted(
+            (float(x), float(y))
+            for x, y in pts
+            if math.isfinite(x) and math.isfinite(y) and (x > 0 or not x_log2) and y > 0
+        )
         if ok:
             clean.append((name, ok, kind))
-    head = (f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-            f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">'
-            f'<text class="ctitle" x="{ml}" y="17">{escape(title)}</text>')
+    head = (
+        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">'
+        f'<text class="ctitle" x="{ml}" y="17">{escape(title)}</text>'
+    )
     if not clean:
         return head + f'<text class="nodata" x="{width / 2}" y="{height / 2}" text-anchor="middle">no data</text></svg>'
     xs = [x for _, p, _ in clean for x, _ in p]
@@ -126,7 +131,11 @@ def line_chart(
         return ml + t * pw
 
     def fy(y: float) -> float:
-        t = (math.log10(y) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo)) if y_log else (y - ylo) / (yhi - ylo)
+        t = (
+            (math.log10(y) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo))
+            if y_log
+            else (y - ylo) / (yhi - ylo)
+        )
         return mt + (1 - t) * ph
 
     out = [head, f'<rect class="plot" x="{ml}" y="{mt}" width="{pw}" height="{ph}"/>']
@@ -135,21 +144,27 @@ def line_chart(
         xt = xt[:: math.ceil(len(xt) / 9)]
     for t in xt:
         X = fx(t)
-        out.append(f'<line class="grid" x1="{X:.1f}" y1="{mt}" x2="{X:.1f}" y2="{mt + ph}"/>'
-                   f'<text class="tick" x="{X:.1f}" y="{mt + ph + 14}" text-anchor="middle">{_fmt(t)}</text>')
+        out.append(
+            f'<line class="grid" x1="{X:.1f}" y1="{mt}" x2="{X:.1f}" y2="{mt + ph}"/>'
+            f'<text class="tick" x="{X:.1f}" y="{mt + ph + 14}" text-anchor="middle">{_fmt(t)}</text>'
+        )
     yt = _log_ticks(ylo, yhi, 10) if y_log else _lin_ticks(ylo, yhi)
     if y_log and len(yt) < 2:
         yt = _lin_ticks(ylo, yhi, 4)
     for t in yt:
         Y = fy(t)
-        out.append(f'<line class="grid" x1="{ml}" y1="{Y:.1f}" x2="{ml + pw}" y2="{Y:.1f}"/>'
-                   f'<text class="tick" x="{ml - 5}" y="{Y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
+        out.append(
+            f'<line class="grid" x1="{ml}" y1="{Y:.1f}" x2="{ml + pw}" y2="{Y:.1f}"/>'
+            f'<text class="tick" x="{ml - 5}" y="{Y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>'
+        )
     if reference_y is not None and ylo <= reference_y <= yhi:
         Y = fy(reference_y)
         out.append(f'<line class="ref" x1="{ml}" y1="{Y:.1f}" x2="{ml + pw}" y2="{Y:.1f}"/>')
-    out.append(f'<text class="axis" x="{ml + pw / 2}" y="{height - 6}" text-anchor="middle">{escape(x_label)}</text>'
-               f'<text class="axis" transform="translate(13 {mt + ph / 2}) rotate(-90)" '
-               f'text-anchor="middle">{escape(y_label)}</text>')
+    out.append(
+        f'<text class="axis" x="{ml + pw / 2}" y="{height - 6}" text-anchor="middle">{escape(x_label)}</text>'
+        f'<text class="axis" transform="translate(13 {mt + ph / 2}) rotate(-90)" '
+        f'text-anchor="middle">{escape(y_label)}</text>'
+    )
     legend_x = ml + pw + 10
     colours: dict[str, str] = {}
     for i, (name, pts, kind) in enumerate(clean):
@@ -162,18 +177,24 @@ def line_chart(
         fill = f'fill="#fff" stroke="{color}" stroke-width="1.4"' if sim else f'fill="{color}"'
         cls = "pt simulated" if sim else "pt"
         path = " ".join(f"{fx(x):.1f},{fy(y):.1f}" for x, y in pts)
-        out.append(f'<g class="series" data-series="{escape(name)}" data-kind="{escape(kind)}">'
-                   f'<polyline fill="none" stroke="{color}" stroke-width="{width_px}"{dash} points="{path}"/>')
+        out.append(
+            f'<g class="series" data-series="{escape(name)}" data-kind="{escape(kind)}">'
+            f'<polyline fill="none" stroke="{color}" stroke-width="{width_px}"{dash} points="{path}"/>'
+        )
         for x, y in pts:
-            out.append(f'<circle class="{cls}" data-series="{escape(name)}" data-x="{x:g}" data-y="{y:.6g}" '
-                       f'cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="{r}" {fill}>'
-                       f'<title>{escape(name)}: {x:g} \u2192 {y:.3g}</title></circle>')
+            out.append(
+                f'<circle class="{cls}" data-series="{escape(name)}" data-x="{x:g}" data-y="{y:.6g}" '
+                f'cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="{r}" {fill}>'
+                f"<title>{escape(name)}: {x:g} \u2192 {y:.3g}</title></circle>"
+            )
         out.append("</g>")
         ly = mt + 10 + 16 * i
-        out.append(f'<g class="legend" data-series="{escape(name)}" data-kind="{escape(kind)}">'
-                   f'<line x1="{legend_x}" y1="{ly - 4}" x2="{legend_x + 16}" y2="{ly - 4}" '
-                   f'stroke="{color}" stroke-width="{width_px}"{dash}/>'
-                   f'<circle class="{"mark simulated" if sim else "mark"}" cx="{legend_x + 8}" cy="{ly - 4}" r="{r}" {fill}/>'
-                   f'<text x="{legend_x + 20}" y="{ly}">{escape(name)}</text></g>')
+        out.append(
+            f'<g class="legend" data-series="{escape(name)}" data-kind="{escape(kind)}">'
+            f'<line x1="{legend_x}" y1="{ly - 4}" x2="{legend_x + 16}" y2="{ly - 4}" '
+            f'stroke="{color}" stroke-width="{width_px}"{dash}/>'
+            f'<circle class="{"mark simulated" if sim else "mark"}" cx="{legend_x + 8}" cy="{ly - 4}" r="{r}" {fill}/>'
+            f'<text x="{legend_x + 20}" y="{ly}">{escape(name)}</text></g>'
+        )
     out.append("</svg>")
     return "".join(out)

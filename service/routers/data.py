@@ -7,14 +7,18 @@ from typing import Annotated, Literal, Optional
 from fastapi import APIRouter, Query
 
 from .. import queries
-from ..deps import check_head_dim, SettingsDep
+from ..deps import SettingsDep, check_head_dim
 from ..schemas import BucketList, MeasurementList, RunList
 
 router = APIRouter(tags=["store"])
 
 
-@router.get("/v1/buckets", operation_id="list_buckets", summary="Tuned buckets and their published policy",
-            response_model=BucketList)
+@router.get(
+    "/v1/buckets",
+    operation_id="list_buckets",
+    summary="Tuned buckets and their published policy",
+    response_model=BucketList,
+)
 def list_buckets(
     settings: SettingsDep,
     gpu: Annotated[Optional[str], Query(min_length=1, max_length=200)] = None,
@@ -24,8 +28,14 @@ def list_buckets(
     page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
 ) -> dict:
     check_head_dim(head_dim)
-    data = queries.list_buckets(settings.database_url, gpu=None if gpu is None else queries.canonical_gpu(gpu),
-                                num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size)
+    data = queries.list_buckets(
+        settings.database_url,
+        gpu=None if gpu is None else queries.canonical_gpu(gpu),
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+    )
     return {"count": len(data), "data": data}
 
 
@@ -40,8 +50,12 @@ def list_runs(
     return {"count": len(data), "data": data}
 
 
-@router.get("/v1/measurements", operation_id="list_measurements", summary="Stored measurements, oldest first",
-            response_model=MeasurementList)
+@router.get(
+    "/v1/measurements",
+    operation_id="list_measurements",
+    summary="Stored measurements, oldest first",
+    response_model=MeasurementList,
+)
 def list_measurements(
     settings: SettingsDep,
     bucket: Annotated[Optional[str], Query(max_length=512)] = None,
@@ -49,6 +63,7 @@ def list_measurements(
     stage: Annotated[Optional[str], Query(max_length=32)] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
 ) -> dict:
-    data = queries.list_measurements(settings.database_url, bucket=bucket, policy_name=policy_name, stage=stage,
-                                     limit=limit)
+    data = queries.list_measurements(
+        settings.database_url, bucket=bucket, policy_name=policy_name, stage=stage, limit=limit
+    )
     return {"count": len(data), "data": data}

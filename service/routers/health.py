@@ -10,8 +10,9 @@ from ..schemas import Health
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", operation_id="healthz", summary="Liveness and the served table's version",
-            response_model=Health)
+@router.get(
+    "/healthz", operation_id="healthz", summary="Liveness and the served table's version", response_model=Health
+)
 def healthz(request: Request) -> dict:
     holder = request.app.state.holder
     cur = holder.current
@@ -23,8 +24,12 @@ def healthz(request: Request) -> dict:
     }
 
 
-@router.get("/metrics", operation_id="metrics", summary="Prometheus metrics (kvsplit_*)",
-            response_class=Response,
-            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+@router.get(
+    "/metrics",
+    operation_id="metrics",
+    summary="Prometheus metrics (kvsplit_*)",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 def prometheus_metrics() -> Response:
     return Response(metrics.render(), media_type=metrics.CONTENT_TYPE_LATEST)

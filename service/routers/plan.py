@@ -26,7 +26,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 
 from .. import fastjson, fastparse, metrics, validation
-from ..schemas import PlanResponse, ValidationErrorOut, ErrorDetail
+from ..schemas import ErrorDetail, PlanResponse, ValidationErrorOut
 from ..validation import RequestValidationFailed, error, parse_plan_request, scan_request, unsupported_media_type
 
 router = APIRouter(tags=["plan"])
@@ -52,8 +52,13 @@ def plan_answer(plan, bucket: dict, policy: dict) -> bytes:
         "cta_indptr": plan.cta_indptr,
         "config": _config_dict(plan.config),
         "params": plan.params,
-        "made_for": {"num_kv_heads": plan.num_kv_heads, "head_dim": plan.head_dim, "page_size": plan.page_size,
-                     "dtype": plan.dtype, "gpu": plan.gpu},
+        "made_for": {
+            "num_kv_heads": plan.num_kv_heads,
+            "head_dim": plan.head_dim,
+            "page_size": plan.page_size,
+            "dtype": plan.dtype,
+            "gpu": plan.gpu,
+        },
         "bucket": bucket,
         "policy": policy,
     }
@@ -77,13 +82,28 @@ def _fragments(sp, entry, table) -> tuple:
     if hit is not None and hit[0] is sp and hit[1] is owner:
         return hit
     f = sp.fields
-    head = orjson.dumps({"config": _config_dict(f["config"]), "params": sp.params,
-                         "made_for": {"num_kv_heads": f["num_kv_heads"], "head_dim": f["head_dim"],
-                                      "page_size": f["page_size"], "dtype": f["dtype"], "gpu": f["gpu"]}})
+    head = orjson.dumps(
+        {
+            "config": _config_dict(f["config"]),
+            "params": sp.params,
+            "made_for": {
+                "num_kv_heads": f["num_kv_heads"],
+                "head_dim": f["head_dim"],
+                "page_size": f["page_size"],
+                "dtype": f["dtype"],
+                "gpu": f["gpu"],
+            },
+        }
+    )
     if entry is None:
         source = "fallback"
-        policy = {"id": None, "version": None, "name": table.fallback_name, "params": dict(table.fallback_params),
-                  "source": "fallback"}
+        policy = {
+            "id": None,
+            "version": None,
+            "name": table.fallback_name,
+            "params": dict(table.fallback_params),
+            "source": "fallback",
+        }
         matched = b',"matched":null,"distance":null'
     else:
         source = entry.source
@@ -92,8 +112,14 @@ def _fragments(sp, entry, table) -> tuple:
     counter = _LOOKUPS.get(source)
     if counter is None:
         counter = _LOOKUPS[source] = metrics.PLAN_LOOKUPS.labels(source)
-    hit = (sp, owner, metrics.adder(counter), head[1:-1] + b',"bucket":{"key":"', b'"' + matched,
-           b'},"policy":' + orjson.dumps(policy) + b"}")
+    hit = (
+        sp,
+        owner,
+        metrics.adder(counter),
+        head[1:-1] + b',"bucket":{"key":"',
+        b'"' + matched,
+        b'},"policy":' + orjson.dumps(policy) + b"}",
+    )
     if len(_FRAGS) >= _FRAGS_MAX:
         _FRAGS.clear()
     _FRAGS[(id(sp), id(owner))] = hit
@@ -129,11 +155,17 @@ def _fast_answer(body: bytes, state) -> bytes | None:
     count()
     arrays = fastjson.buffers_json(b64, b32, B, W, nc, not plain)
     if entry is None:  # (the key's characters need no escaping: letters, digits, '.', '-')
-        return b"".join((_KV_OPEN, body[start:end], arrays, head, key, matched, policy) if plain
-                        else (arrays, head, key, matched, policy))
+        return b"".join(
+            (_KV_OPEN, body[start:end], arrays, head, key, matched, policy)
+            if plain
+            else (arrays, head, key, matched, policy)
+        )
     d = orjson.dumps(distance)
-    return b"".join((_KV_OPEN, body[start:end], arrays, head, key, matched, d, policy) if plain
-                    else (arrays, head, key, matched, d, policy))
+    return b"".join(
+        (_KV_OPEN, body[start:end], arrays, head, key, matched, d, policy)
+        if plain
+        else (arrays, head, key, matched, d, policy)
+    )
 
 
 def handle_plan(body: bytes, state, content_type: bytes | str | None = None) -> tuple[int, bytes]:
@@ -186,8 +218,12 @@ def handle_plan(body: bytes, state, content_type: bytes | str | None = None) -> 
         422: {"model": ValidationErrorOut, "description": "invalid request (field path and index in loc)"},
         503: {"model": ErrorDetail, "description": "policy table not loaded yet"},
     },
-    openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/PlanRequest"}}}}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PlanRequest"}}},
+        }
+    },
 )
 async def plan(request: Request) -> Response:
     """Plan a batch: Plan.to_dict() at the top level plus `bucket` and `policy` (DESIGN.md §3)."""

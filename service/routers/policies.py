@@ -15,9 +15,9 @@ from ...db.checks import check_json_tree
 from ...db.transfer import parse_export
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
-from ..deps import check_head_dim, AdminDep, HolderDep, ServedDep, SettingsDep
-from ..validation import unsupported_media_type
+from ..deps import AdminDep, HolderDep, ServedDep, SettingsDep, check_head_dim
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
+from ..validation import unsupported_media_type
 
 router = APIRouter(tags=["policies"])
 log = logging.getLogger("kvsplit.service")
@@ -131,20 +131,39 @@ async def _after_write(holder) -> int:
     summary="Import an export file (kvsplit db export); all or nothing",
     response_model=ImportResult,
     dependencies=[AdminDep],
-    responses={**_ADMIN_RESPONSES, 413: {"model": ErrorDetail, "description": "body over the size limit"},
-               415: {"model": ErrorDetail, "description": "Content-Type is not application/json"},
-               422: {"model": ValidationErrorOut, "description": "invalid file (not JSON, a field nested too "
-                                                                 "deeply or too large, a bad value); nothing stored"},
-               503: {"model": ErrorDetail, "description": "the policy store failed; nothing stored"},
-               507: {"model": ErrorDetail, "description": "the store's disk is full; nothing stored"}},
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "description": "the JSON of `kvsplit db export` (format kvsplit.policies, version 1)",
-        "required": ["format", "format_version", "policies"],
-        "properties": {"format": {"type": "string", "enum": ["kvsplit.policies"]},
-                       "format_version": {"type": "integer", "enum": [1]},
-                       "exported_at": {"type": ["string", "null"], "format": "date-time"},
-                       "policies_version": {"type": "integer"},
-                       "policies": {"type": "array", "items": {"type": "object"}}}}}}}},
+    responses={
+        **_ADMIN_RESPONSES,
+        413: {"model": ErrorDetail, "description": "body over the size limit"},
+        415: {"model": ErrorDetail, "description": "Content-Type is not application/json"},
+        422: {
+            "model": ValidationErrorOut,
+            "description": "invalid file (not JSON, a field nested too "
+            "deeply or too large, a bad value); nothing stored",
+        },
+        503: {"model": ErrorDetail, "description": "the policy store failed; nothing stored"},
+        507: {"model": ErrorDetail, "description": "the store's disk is full; nothing stored"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "description": "the JSON of `kvsplit db export` (format kvsplit.policies, version 1)",
+                        "required": ["format", "format_version", "policies"],
+                        "properties": {
+                            "format": {"type": "string", "enum": ["kvsplit.policies"]},
+                            "format_version": {"type": "integer", "enum": [1]},
+                            "exported_at": {"type": ["string", "null"], "format": "date-time"},
+                            "policies_version": {"type": "integer"},
+                            "policies": {"type": "array", "items": {"type": "object"}},
+                        },
+                    }
+                }
+            },
+        }
+    },
 )
 async def import_policies(request: Request, settings: SettingsDep, holder: HolderDep) -> Response:
     bad_type = unsupported_media_type(request.headers.get("content-type"))
@@ -160,11 +179,16 @@ async def import_policies(request: Request, settings: SettingsDep, holder: Holde
     try:
         ids = await run_in_threadpool(work)
     except store.ImportValidationError as exc:
-        return Response(orjson.dumps({"detail": [{"type": "value_error", "loc": ["body"], "msg": str(exc),
-                                                  "input": None}]}), status_code=422, media_type="application/json")
+        return Response(
+            orjson.dumps({"detail": [{"type": "value_error", "loc": ["body"], "msg": str(exc), "input": None}]}),
+            status_code=422,
+            media_type="application/json",
+        )
     version = await _after_write(holder)
-    return Response(orjson.dumps({"imported": len(ids), "policy_ids": ids, "policies_version": version}),
-                    media_type="application/json")
+    return Response(
+        orjson.dumps({"imported": len(ids), "policy_ids": ids, "policies_version": version}),
+        media_type="application/json",
+    )
 
 
 def _status_change(settings, policy_id: int, action: str, force: bool) -> PolicyStatusOut:
@@ -185,12 +209,22 @@ def _status_change(settings, policy_id: int, action: str, force: bool) -> Policy
     summary="Publish a policy (retires the bucket's previous one)",
     response_model=PolicyStatusOut,
     dependencies=[AdminDep],
-    responses={**_ADMIN_RESPONSES, 404: {"model": ErrorDetail, "description": "no such policy"},
-               409: {"model": ErrorDetail, "description": "refused: failed verification, or would replace a "
-                                                          "GPU-measured or better policy (use force=true)"}},
+    responses={
+        **_ADMIN_RESPONSES,
+        404: {"model": ErrorDetail, "description": "no such policy"},
+        409: {
+            "model": ErrorDetail,
+            "description": "refused: failed verification, or would replace a "
+            "GPU-measured or better policy (use force=true)",
+        },
+    },
 )
-async def publish_policy(policy_id: PolicyId, settings: SettingsDep, holder: HolderDep,
-                         force: Annotated[bool, Query(description="skip the publish rules")] = False) -> PolicyStatusOut:
+async def publish_policy(
+    policy_id: PolicyId,
+    settings: SettingsDep,
+    holder: HolderDep,
+    force: Annotated[bool, Query(description="skip the publish rules")] = False,
+) -> PolicyStatusOut:
     out = await run_in_threadpool(_status_change, settings, policy_id, "publish", force)
     out.policies_version = await _after_write(holder)
     return out

@@ -38,14 +38,17 @@ def test_any_depth_is_checked_without_recursion():
     check_json_tree("f", {"a": v}, max_depth=200_002)
 
 
-@pytest.mark.parametrize("value,why", [
-    ({"n": 2**63}, r"f\.n: integer outside the 64-bit range"),
-    ({"n": [-(2**63) - 1]}, r"f\.n\[0\]: integer outside the 64-bit range"),
-    ({"x": {"y": math.nan}}, r"f\.x\.y: expected a finite number, got nan"),
-    ({"x": [1, {"y": -math.inf}]}, r"f\.x\[1\]\.y: expected a finite number"),
-    ({"x": {1: 2}}, r"f\.x: keys must be strings, got 1"),
-    ({"x": [object()]}, r"f\.x\[0\]: not JSON data \(object\)"),
-])
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        ({"n": 2**63}, r"f\.n: integer outside the 64-bit range"),
+        ({"n": [-(2**63) - 1]}, r"f\.n\[0\]: integer outside the 64-bit range"),
+        ({"x": {"y": math.nan}}, r"f\.x\.y: expected a finite number, got nan"),
+        ({"x": [1, {"y": -math.inf}]}, r"f\.x\[1\]\.y: expected a finite number"),
+        ({"x": {1: 2}}, r"f\.x: keys must be strings, got 1"),
+        ({"x": [object()]}, r"f\.x\[0\]: not JSON data \(object\)"),
+    ],
+)
 def test_values_any_reader_could_not_serialise_are_refused_by_path(value, why):
     with pytest.raises(ValueError, match=why):
         check_json_tree("f", value)
@@ -57,8 +60,10 @@ def test_json_obj_size_limit_and_bounded_messages():
     ok = {"log": "x" * (MAX_IMPORT_FIELD_BYTES - len('{"log":""}'))}
     assert len(json.dumps(ok, separators=(",", ":"))) == MAX_IMPORT_FIELD_BYTES
     assert _json_obj("v", ok, max_bytes=MAX_IMPORT_FIELD_BYTES) == ok
-    with pytest.raises(ValueError, match=f"v: {MAX_IMPORT_FIELD_BYTES + 1} characters of JSON, more than the "
-                                         f"{MAX_IMPORT_FIELD_BYTES} accepted"):
+    with pytest.raises(
+        ValueError,
+        match=f"v: {MAX_IMPORT_FIELD_BYTES + 1} characters of JSON, more than the {MAX_IMPORT_FIELD_BYTES} accepted",
+    ):
         _json_obj("v", {"log": ok["log"] + "y"}, max_bytes=MAX_IMPORT_FIELD_BYTES)
     with pytest.raises(ValueError) as e:
         _json_obj("v", {"k": 1.0, "": "z" * 10**6})
@@ -67,8 +72,12 @@ def test_json_obj_size_limit_and_bounded_messages():
 
 def test_parse_export_one_line_errors():
     assert parse_export(b'{"a": [1]}') == {"a": [1]}
-    for raw, why in ((b"[" * 100_000 + b"]" * 100_000, "too deeply to read"), (b'{"a": \xff}', "is not JSON"),
-                     (b'{"a": 1', "is not JSON"), ("", "is not JSON")):
+    for raw, why in (
+        (b"[" * 100_000 + b"]" * 100_000, "too deeply to read"),
+        (b'{"a": \xff}', "is not JSON"),
+        (b'{"a": 1', "is not JSON"),
+        ("", "is not JSON"),
+    ):
         with pytest.raises(ImportValidationError, match=why) as e:
             parse_export(raw, source="f.json")
         assert str(e.value).startswith("import rejected, nothing stored: f.json ") and "\n" not in str(e.value)

@@ -12,9 +12,9 @@ from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
 from kvsplit.db import store
-from kvsplit.kernels.policy_table import check_policy_entry as plan_check_entry
 from kvsplit.db.models import Policy
 from kvsplit.kernels.buckets import bucket_key
+from kvsplit.kernels.policy_table import check_policy_entry as plan_check_entry
 from kvsplit.service.cli import app
 
 GPU = "NVIDIA H200"
@@ -33,13 +33,20 @@ def url(tmp_path):
 
 
 def _bucket(s, key=None):
-    return store.get_or_create_bucket(s, key=key or _key(), gpu=GPU, num_kv_heads=4, head_dim=128,
-                                      dtype="bfloat16", page_size=16, source="test")
+    return store.get_or_create_bucket(
+        s, key=key or _key(), gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16, source="test"
+    )
 
 
 def _policy(s, b, *, params=None, backend="sim", score=1.5, passed=True):
-    return store.create_policy(s, bucket_id=b.id, params=params or {"ctas_per_sm": 4.0}, backend=backend,
-                               score=score, verification={"passed": passed, "tuned_geomean_ratio": score})
+    return store.create_policy(
+        s,
+        bucket_id=b.id,
+        params=params or {"ctas_per_sm": 4.0},
+        backend=backend,
+        score=score,
+        verification={"passed": passed, "tuned_geomean_ratio": score},
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -53,8 +60,16 @@ def test_migration_up_from_empty(tmp_path):
     assert store.current_revision(eng) is None
     assert store.upgrade(u) == store.head_revision()
     names = set(inspect(eng).get_table_names())
-    assert {"devices", "calibrations", "buckets", "policies", "tuning_runs", "measurements", "store_state",
-            "kvsplit_alembic_version"} <= names
+    assert {
+        "devices",
+        "calibrations",
+        "buckets",
+        "policies",
+        "tuning_runs",
+        "measurements",
+        "store_state",
+        "kvsplit_alembic_version",
+    } <= names
     assert "alembic_version" not in names  # Optuna's table name stays free
     with store.session_scope(u) as s:
         assert store.policies_version(s) == 0
@@ -113,18 +128,29 @@ def test_upgrade_0001_to_0002_keeps_runs_and_ages_ownerless_running_rows(tmp_pat
     assert store.upgrade(u, "0001") == "0001"
     eng = store.get_engine(u)
     with eng.begin() as c:
-        c.execute(text("INSERT INTO buckets (key, gpu, num_kv_heads, head_dim, dtype, page_size, signature, source, "
-                       "sample_batches, created_at) VALUES ('b', 'NVIDIA H200', 4, 128, 'bfloat16', 16, '{}', '', "
-                       "'{}', '2026-01-01 00:00:00')"))
-        c.execute(text("INSERT INTO tuning_runs (bucket_id, study_name, storage_kind, backend, n_trials, n_finished, "
-                       "workers, status, message, started_at) VALUES (1, 'st', 'rdb', 'sim', 4, 2, 1, 'running', '', "
-                       ":t)"), {"t": "2026-01-01 00:00:00"})
+        c.execute(
+            text(
+                "INSERT INTO buckets (key, gpu, num_kv_heads, head_dim, dtype, page_size, signature, source, "
+                "sample_batches, created_at) VALUES ('b', 'NVIDIA H200', 4, 128, 'bfloat16', 16, '{}', '', "
+                "'{}', '2026-01-01 00:00:00')"
+            )
+        )
+        c.execute(
+            text(
+                "INSERT INTO tuning_runs (bucket_id, study_name, storage_kind, backend, n_trials, n_finished, "
+                "workers, status, message, started_at) VALUES (1, 'st', 'rdb', 'sim', 4, 2, 1, 'running', '', "
+                ":t)"
+            ),
+            {"t": "2026-01-01 00:00:00"},
+        )
     assert store.upgrade(u) == "0002"
     with store.session_scope(u, write=True) as s:
         (marked,) = store.reap_runs(s)
         assert marked.study_name == "st" and marked.n_finished == 2 and marked.status == "failed"
-        assert marked.message.startswith("abandoned: no heartbeat from its process (an unrecorded process) since "
-                                         "2026-01-01T00:00:00+00:00, more than 600 s")
+        assert marked.message.startswith(
+            "abandoned: no heartbeat from its process (an unrecorded process) since "
+            "2026-01-01T00:00:00+00:00, more than 600 s"
+        )
     store.dispose_engines()
 
 
@@ -134,8 +160,15 @@ def test_concurrent_upgrades_of_an_empty_store_all_succeed(tmp_path):
     import sys
 
     u = f"sqlite:///{tmp_path / 'race.db'}"
-    procs = [subprocess.Popen([sys.executable, "-m", "kvsplit.service.cli", "db", "upgrade", "--database-url", u],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "kvsplit.service.cli", "db", "upgrade", "--database-url", u],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     outs = [(p, *p.communicate(timeout=120)) for p in procs]
     assert all(p.returncode == 0 for p, _, _ in outs), [e for _, _, e in outs]
     said = sorted(o.split(": ", 1)[1].strip() for _, o, _ in outs)
@@ -243,8 +276,9 @@ def test_list_published_filters(url):
     with store.session_scope(url, write=True) as s:
         b1 = _bucket(s)
         k2 = str(bucket_key([100, 200], num_kv_heads=8, head_dim=128, dtype="bfloat16", device=GPU))
-        b2 = store.get_or_create_bucket(s, key=k2, gpu=GPU, num_kv_heads=8, head_dim=128, dtype="bfloat16",
-                                        page_size=16)
+        b2 = store.get_or_create_bucket(
+            s, key=k2, gpu=GPU, num_kv_heads=8, head_dim=128, dtype="bfloat16", page_size=16
+        )
         store.publish(s, _policy(s, b1).id)
         store.publish(s, _policy(s, b2).id)
         assert len(store.list_published(s, gpu=GPU)) == 2
@@ -261,8 +295,9 @@ def test_bucket_shape_mismatch(url):
     with store.session_scope(url, write=True) as s:
         b = _bucket(s)
         with pytest.raises(ValueError, match="stored for"):
-            store.get_or_create_bucket(s, key=b.key, gpu=GPU, num_kv_heads=8, head_dim=128, dtype="bfloat16",
-                                       page_size=16)
+            store.get_or_create_bucket(
+                s, key=b.key, gpu=GPU, num_kv_heads=8, head_dim=128, dtype="bfloat16", page_size=16
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -273,15 +308,28 @@ def test_bucket_shape_mismatch(url):
 def _published_doc(url):
     with store.session_scope(url, write=True) as s:
         b = _bucket(s)
-        dev = store.get_or_create_device(s, name=GPU, num_sms=132, hbm_bandwidth_gbps=4800.0,
-                                         software={"torch": "2.11", "triton": "3.6.0"}, read_bandwidth_gbps=4520.0)
-        p = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 6.5, "max_splits": 64, "block_n": 64},
-                                backend="gpu", score=1.21, device_id=dev.id,
-                                verification={"passed": True, "tuned_geomean_ratio": 1.21})
+        dev = store.get_or_create_device(
+            s,
+            name=GPU,
+            num_sms=132,
+            hbm_bandwidth_gbps=4800.0,
+            software={"torch": "2.11", "triton": "3.6.0"},
+            read_bandwidth_gbps=4520.0,
+        )
+        p = store.create_policy(
+            s,
+            bucket_id=b.id,
+            params={"ctas_per_sm": 6.5, "max_splits": 64, "block_n": 64},
+            backend="gpu",
+            score=1.21,
+            device_id=dev.id,
+            verification={"passed": True, "tuned_geomean_ratio": 1.21},
+        )
         store.publish(s, p.id)
         k2 = _key([100] * 64)
-        b2 = store.get_or_create_bucket(s, key=k2, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                                        page_size=16)
+        b2 = store.get_or_create_bucket(
+            s, key=k2, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16
+        )
         store.publish(s, _policy(s, b2, params={"ctas_per_sm": 2.0}).id)
         return json.loads(json.dumps(store.export_published(s)))
 
@@ -298,9 +346,20 @@ def test_export_import_round_trip(url, tmp_path):
         assert len(ids) == 2 and store.policies_version(s) == 1
     with store.session_scope(u2) as s:
         again = store.export_published(s)
-    strip = lambda d: sorted(({k: v for k, v in e.items() if k not in ("id", "created_at", "published_at",
-                                                                        "version", "tuning_run_id")}
-                              for e in d["policies"]), key=lambda e: e["bucket"]["key"])
+
+    def strip(d):
+        return sorted(
+            (
+                {
+                    k: v
+                    for k, v in e.items()
+                    if k not in ("id", "created_at", "published_at", "version", "tuning_run_id")
+                }
+                for e in d["policies"]
+            ),
+            key=lambda e: e["bucket"]["key"],
+        )
+
     assert strip(again) == strip(doc)
     # importing the same file again changes nothing
     with store.session_scope(u2, write=True) as s:
@@ -326,8 +385,10 @@ def _bad_variants(doc):
     yield r"policies\[1\].bucket.head_dim", mut(lambda d: d["policies"][1]["bucket"].update(head_dim=96))
     yield r"policies\[0\].backend", mut(lambda d: d["policies"][0].update(backend="tpu"))
     yield r"policies\[0\].params.ctas_per_sm", mut(lambda d: d["policies"][0]["params"].update(ctas_per_sm=[1]))
-    yield "fingerprint", mut(lambda d: next(e for e in d["policies"] if e["device"])["device"].update(
-        fingerprint="0" * 16))
+    yield (
+        "fingerprint",
+        mut(lambda d: next(e for e in d["policies"] if e["device"])["device"].update(fingerprint="0" * 16)),
+    )
     yield "appears twice", mut(lambda d: d["policies"].append(copy.deepcopy(d["policies"][0])))
     yield r"params do not make a plan", mut(lambda d: d["policies"][1]["params"].update(ctas_per_sm=1e6))
     yield r"bucket.key", mut(lambda d: d["policies"][1]["bucket"].update(key="nvidia-h200.kv8.junk"))
@@ -391,19 +452,30 @@ def test_runs_measurements_calibrations(url):
     with store.session_scope(url, write=True) as s:
         b = _bucket(s)
         d = store.get_or_create_device(s, name=GPU, num_sms=132, hbm_bandwidth_gbps=4800, software={"t": 1})
-        assert store.get_or_create_device(s, name=GPU, num_sms=132, hbm_bandwidth_gbps=4800,
-                                          software={"t": 1}).id == d.id
+        assert (
+            store.get_or_create_device(s, name=GPU, num_sms=132, hbm_bandwidth_gbps=4800, software={"t": 1}).id == d.id
+        )
         run = store.start_run(s, bucket_id=b.id, study_name="st", backend="sim", n_trials=5, device_id=d.id)
-        m = store.record_measurement(s, bucket_id=b.id, policy_name="tuned", kv_lens=[100, 300], time_s=2e-5,
-                                     floor_s=1e-5, backend="sim", tuning_run_id=run.id, device_id=d.id)
+        m = store.record_measurement(
+            s,
+            bucket_id=b.id,
+            policy_name="tuned",
+            kv_lens=[100, 300],
+            time_s=2e-5,
+            floor_s=1e-5,
+            backend="sim",
+            tuning_run_id=run.id,
+            device_id=d.id,
+        )
         assert (m.ratio, m.batch_size, m.total_tokens) == (2.0, 2, 400)
         with pytest.raises(ValueError, match="time_s"):
             store.record_measurement(s, bucket_id=b.id, policy_name="x", kv_lens=[1], time_s=0.0, backend="sim")
         with pytest.raises(ValueError, match="backend"):
             store.record_measurement(s, bucket_id=b.id, policy_name="x", kv_lens=[1], time_s=1.0, backend="cpu")
         store.finish_run(s, run.id, status="finished", n_finished=5, best_value=1e-5, best_params={"a": 1})
-        c1 = store.record_calibration(s, device_id=d.id, constants={"hbm_bw": 4.5e12}, error={"median": 0.03},
-                                      kernel_config={"block_n": 64})
+        c1 = store.record_calibration(
+            s, device_id=d.id, constants={"hbm_bw": 4.5e12}, error={"median": 0.03}, kernel_config={"block_n": 64}
+        )
         c2 = store.record_calibration(s, device_id=d.id, constants={"hbm_bw": 4.4e12}, kernel_config={"block_n": 64})
         assert (c1.version, c2.version) == (1, 2)
         store.set_device_bandwidth(s, d.id, 4520.0)

@@ -9,20 +9,27 @@ by :func:`~kvsplit.kernels.rulespec.resolve`); what it computes from a batch is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
-import math
-
 from kvsplit.kernels.buckets import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, BucketKey
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.limits import MAX_WORK_ITEMS, KernelConfig, cdiv, check_batch_shape
-from kvsplit.kernels.peer_policies import FA3_BLOCK_N, FA3_MAX_SPLITS, FA3_PREPARE_CTA_REQUESTS
 from kvsplit.kernels.rulespec import (
-    RULE_CONST, RULE_FAIR, RULE_WAVE1, WHOLE_WAVE_MAX_WAVES, WHOLE_WAVE_TILES, PlanContext, RuleSpec,
-    resident_slots, resolve, tile_heads, whole_wave_tiles,
+    RULE_CONST,
+    RULE_FAIR,
+    RULE_WAVE1,
+    WHOLE_WAVE_MAX_WAVES,
+    WHOLE_WAVE_TILES,
+    PlanContext,
+    RuleSpec,
+    resident_slots,
+    resolve,
+    tile_heads,
+    whole_wave_tiles,
 )
 from kvsplit.kernels.shape import gpu_slug
 from kvsplit.kernels.workplan import Plan
@@ -34,13 +41,25 @@ def log2_class(x: int) -> int:
     return k + (int(x) * int(x) >= 1 << (2 * k + 1))
 
 
-def make_plan(kv_lens: Any, *, num_kv_heads: int, device: DeviceSpec | str, policy: str = "balanced",
-              params: Mapping[str, Any] | None = None, head_dim: int = 128, page_size: int = 16,
-              dtype: str = "bfloat16") -> Plan:
+def make_plan(
+    kv_lens: Any,
+    *,
+    num_kv_heads: int,
+    device: DeviceSpec | str,
+    policy: str = "balanced",
+    params: Mapping[str, Any] | None = None,
+    head_dim: int = 128,
+    page_size: int = 16,
+    dtype: str = "bfloat16",
+) -> Plan:
     """:func:`kvsplit.kernels.plan.make_plan` on the NumPy rules."""
     L, num_kv_heads, page_size, dev = check_batch_shape(kv_lens, num_kv_heads, head_dim, page_size, dtype, device)
-    return plan_spec(L, resolve(policy, params, num_kv_heads=num_kv_heads, device=dev, head_dim=head_dim,
-                                page_size=page_size, dtype=dtype))
+    return plan_spec(
+        L,
+        resolve(
+            policy, params, num_kv_heads=num_kv_heads, device=dev, head_dim=head_dim, page_size=page_size, dtype=dtype
+        ),
+    )
 
 
 class WorkList(NamedTuple):
@@ -52,12 +71,14 @@ class WorkList(NamedTuple):
     work_kv_end: np.ndarray
     cta_indptr: np.ndarray
 
+
 def tiles_of(L: np.ndarray, chunk: int) -> int:
     return int(np.maximum(-(-L // chunk), 1).sum())
 
 
-def wave_aware_chunk(L: np.ndarray, num_kv_heads: int, block_n: int, target_tiles: int, min_chunk: int = 1,
-                     tile_cost: int = 0) -> int:
+def wave_aware_chunk(
+    L: np.ndarray, num_kv_heads: int, block_n: int, target_tiles: int, min_chunk: int = 1, tile_cost: int = 0
+) -> int:
     """Chunk (tokens, a multiple of ``block_n``) of an even-chunk split.
 
     Starts from ``chunk0 = roundup(max(min_chunk, block_n, ceil(H_kv * sum(kv_len) / target_tiles)), block_n)``.
@@ -113,9 +134,13 @@ def wave_aware_chunk(L: np.ndarray, num_kv_heads: int, block_n: int, target_tile
     return chunk_fit if est_fit <= est0 else chunk0
 
 
-def whole_wave_config(L: np.ndarray, ctx: PlanContext, eps: float,
-                      tiles: tuple[tuple[int, int, int], ...] = WHOLE_WAVE_TILES,
-                      heads: int = 1) -> KernelConfig | None:
+def whole_wave_config(
+    L: np.ndarray,
+    ctx: PlanContext,
+    eps: float,
+    tiles: tuple[tuple[int, int, int], ...] = WHOLE_WAVE_TILES,
+    heads: int = 1,
+) -> KernelConfig | None:
     """The tile on which one work tile per request (no split-KV) fills whole resident waves, or None.
 
     The tiles are ``(block_n, num_warps, num_stages)`` of ``tiles`` (one KV head per work tile), then those of
@@ -209,8 +234,9 @@ def indptr_of_runs(cta: np.ndarray) -> np.ndarray:
     return np.append(np.flatnonzero(boundary), cta.shape[0]).astype(np.int32)
 
 
-def stream_k_work(L: np.ndarray, ctas: int, block_n: int, item_cost_blocks: int, min_piece_blocks: int,
-                  perm: np.ndarray | None = None) -> WorkList:
+def stream_k_work(
+    L: np.ndarray, ctas: int, block_n: int, item_cost_blocks: int, min_piece_blocks: int, perm: np.ndarray | None = None
+) -> WorkList:
     """Even partition of the concatenated KV stream over a fixed number of CTAs.
 
     Units are blocks of ``block_n`` tokens; request ``b`` costs
@@ -254,10 +280,10 @@ def stream_k_work(L: np.ndarray, ctas: int, block_n: int, item_cost_blocks: int,
     P = np.cumsum(cost) - cost
     C = ctas
     share = max(1, cdiv(int(cost.sum()), C))
-    lo = P + o                      # cost coordinate of each request's first block
+    lo = P + o  # cost coordinate of each request's first block
     hi = lo + nb
-    first_k = lo // share + 1       # first multiple of share strictly after lo
-    last_k = -(-hi // share) - 1    # last multiple strictly before hi
+    first_k = lo // share + 1  # first multiple of share strictly after lo
+    last_k = -(-hi // share) - 1  # last multiple strictly before hi
     ncut = np.maximum(last_k - first_k + 1, 0)
     mp = int(min_piece_blocks)
     if mp > 1 and int(ncut.sum()):
@@ -382,8 +408,9 @@ def smallest_chunk(pages: np.ndarray, lo: int, hi: int, limit: int) -> int:
     return low
 
 
-def flashinfer_num_splits(L: np.ndarray, page_size: int, num_kv_heads: int, tensor_cores: bool,
-                          max_grid: int) -> np.ndarray:
+def flashinfer_num_splits(
+    L: np.ndarray, page_size: int, num_kv_heads: int, tensor_cores: bool, max_grid: int
+) -> np.ndarray:
     """FlashInfer's batch-decode split rule (its SM80 paths), batch order.
 
     Restates docs/policies.md §1a/§1b (flashinfer-ai/flashinfer @ fb28d724):
@@ -476,8 +503,9 @@ def fa3_static_num_splits(num_kv_heads: int, num_n_blocks: int, num_sms: int) ->
     return int(np.argmax(ok)) + 1
 
 
-def fa3_num_splits(L: np.ndarray, num_kv_heads: int, num_sms: int, static_splits: int,
-                   heavy_first: bool) -> tuple[np.ndarray, np.ndarray | None]:
+def fa3_num_splits(
+    L: np.ndarray, num_kv_heads: int, num_sms: int, static_splits: int, heavy_first: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
     """FlashAttention-3's Hopper varlen split rule, heaviest first, persistent.
 
     Restates ``hopper/flash_prepare_scheduler.cu::prepare_varlen_num_blocks_kernel``
@@ -525,14 +553,14 @@ def plan_spec(L: np.ndarray, sp: RuleSpec) -> Plan:
     cfg = sp.config
     perm = np.argsort(-L, kind="stable") if sp.heavy_first else None
     if sp.partition == "stream_k":
-        n, req, start, end, cta_indptr = stream_k_work(L, sp.ctas, cfg.block_n, sp.item_cost_blocks,
-                                                       sp.min_piece_blocks, perm)
+        n, req, start, end, cta_indptr = stream_k_work(
+            L, sp.ctas, cfg.block_n, sp.item_cost_blocks, sp.min_piece_blocks, perm
+        )
     else:
         if sp.partition == "flashinfer":
             num_splits = flashinfer_num_splits(L, sp.page_size, sp.num_kv_heads, sp.tensor_cores, sp.max_grid)
         elif sp.partition == "fa3":
-            num_splits, perm = fa3_num_splits(L, sp.num_kv_heads, sp.device.num_sms, sp.static_splits,
-                                              sp.heavy_first)
+            num_splits, perm = fa3_num_splits(L, sp.num_kv_heads, sp.device.num_sms, sp.static_splits, sp.heavy_first)
         elif sp.chunk_rule == RULE_CONST:
             num_splits = np.full(L.shape, sp.chunk_arg, dtype=np.int64)
         elif sp.chunk_rule == RULE_FAIR:
@@ -540,24 +568,41 @@ def plan_spec(L: np.ndarray, sp: RuleSpec) -> Plan:
             chunk = cdiv(max(fair, sp.min_chunk, 1), cfg.block_n) * cfg.block_n
             num_splits = np.clip(-(-L // chunk), 1, sp.max_splits)
         else:
-            chunk = wave_aware_chunk(L, sp.tile_heads, cfg.block_n, sp.chunk_arg, sp.min_chunk,
-                                     cfg.block_n if sp.chunk_rule == RULE_WAVE1 else 0)
+            chunk = wave_aware_chunk(
+                L,
+                sp.tile_heads,
+                cfg.block_n,
+                sp.chunk_arg,
+                sp.min_chunk,
+                cfg.block_n if sp.chunk_rule == RULE_WAVE1 else 0,
+            )
             num_splits = np.clip(-(-L // chunk), 1, sp.max_splits)
         W = int(np.minimum(np.maximum(num_splits, 1), np.maximum(L, 1)).sum())
         if W > MAX_WORK_ITEMS:
-            raise ValueError(f"params: the plan would have {W} work items, above the limit of {MAX_WORK_ITEMS} "
-                             f"(fewer splits per request)")
+            raise ValueError(
+                f"params: the plan would have {W} work items, above the limit of {MAX_WORK_ITEMS} "
+                f"(fewer splits per request)"
+            )
         n, req, start, end = build_work_list(L, num_splits, cfg.block_n, "natural", perm=perm)
         cta_indptr = pack_ctas(start, end, sp.pack_tokens)
     # the arrays satisfy the Plan's invariants by construction (tests/kernels/test_plan_policies.py checks them
     # for every policy); skipping the O(W) re-check keeps planning fast
-    return Plan.from_trusted(kv_lens=L, num_splits=n, work_request=req, work_kv_start=start, work_kv_end=end,
-                         cta_indptr=cta_indptr, params=sp.params, **sp.fields)
+    return Plan.from_trusted(
+        kv_lens=L,
+        num_splits=n,
+        work_request=req,
+        work_kv_start=start,
+        work_kv_end=end,
+        cta_indptr=cta_indptr,
+        params=sp.params,
+        **sp.fields,
+    )
 
 
 # ----------------------------------------------------------------------------
 # Bucket keys and their distance
 # ----------------------------------------------------------------------------
+
 
 def length_bins(L: np.ndarray) -> np.ndarray:
     """``floor(2 * log2(L))`` exactly, for int64 ``L >= 1``."""
@@ -580,8 +625,9 @@ def quantize(weights: np.ndarray, units: int) -> np.ndarray:
     return q
 
 
-def bucket_key(kv_lens: Any, *, num_kv_heads: int, head_dim: int, dtype: str, device: Any,
-               page_size: int = 16) -> BucketKey:
+def bucket_key(
+    kv_lens: Any, *, num_kv_heads: int, head_dim: int, dtype: str, device: Any, page_size: int = 16
+) -> BucketKey:
     """:func:`kvsplit.kernels.buckets.bucket_key` with NumPy: the token-weighted histogram of
     ``floor(2 * log2 kv_len)`` bins, quantized by largest remainders to HIST_UNITS units."""
     L, num_kv_heads, page_size, dev = check_batch_shape(kv_lens, num_kv_heads, head_dim, page_size, dtype, device)

@@ -29,8 +29,20 @@ def check_decode(case, plan, dtype):
     return o
 
 
-def make_case(lens, *, num_qo_heads, num_kv_heads, head_dim, page_size, dtype, device="cpu", seed=0,
-              extra_pages=3, poison=True, shuffle=True):
+def make_case(
+    lens,
+    *,
+    num_qo_heads,
+    num_kv_heads,
+    head_dim,
+    page_size,
+    dtype,
+    device="cpu",
+    seed=0,
+    extra_pages=3,
+    poison=True,
+    shuffle=True,
+):
     """Build q, a paged NHD cache and the page table for ``lens``.
 
     Pages are handed out in a shuffled order (with ``extra_pages`` spare pages);
@@ -47,7 +59,7 @@ def make_case(lens, *, num_qo_heads, num_kv_heads, head_dim, page_size, dtype, d
     v = torch.full(shape, fill, dtype=torch.float32)
     indptr, indices = [0], []
     for n, p in zip(lens, pages_per):
-        ids = order[len(indices): len(indices) + p].tolist()
+        ids = order[len(indices) : len(indices) + p].tolist()
         for j, pid in enumerate(ids):
             used = min(page_size, int(n) - j * page_size)
             k[pid, :used] = torch.randn((used, num_kv_heads, head_dim), generator=g)

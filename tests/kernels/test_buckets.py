@@ -45,8 +45,12 @@ def test_hand_computed_key():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=50), st.sampled_from([1, 4, 128]),
-       st.sampled_from(["float16", "bfloat16", "float32"]), st.sampled_from([1, 16, 256]))
+@given(
+    st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=50),
+    st.sampled_from([1, 4, 128]),
+    st.sampled_from(["float16", "bfloat16", "float32"]),
+    st.sampled_from([1, 16, 256]),
+)
 def test_round_trip_and_hash(L, hkv, dtype, page):
     k = key(L, num_kv_heads=hkv, dtype=dtype, page_size=page)
     s = str(k)
@@ -117,9 +121,15 @@ def test_nearest_ties_and_limits():
 
 @pytest.mark.parametrize(
     "s",
-    ["", "nvidia-h200", "nvidia-h200.kv4.d128.bf16.p16.b3.t18.w28x10-33x5",
-     "nvidia-h200.kv4.d128.bf16.p16.b3.t18.w33x6-28x10", "nvidia-h200.kv04.d128.bf16.p16.b3.t18.w28x16",
-     "NVIDIA.kv4.d128.bf16.p16.b3.t18.w28x16", "nvidia-h200.kv4.d128.i8.p16.b3.t18.w28x16"],
+    [
+        "",
+        "nvidia-h200",
+        "nvidia-h200.kv4.d128.bf16.p16.b3.t18.w28x10-33x5",
+        "nvidia-h200.kv4.d128.bf16.p16.b3.t18.w33x6-28x10",
+        "nvidia-h200.kv04.d128.bf16.p16.b3.t18.w28x16",
+        "NVIDIA.kv4.d128.bf16.p16.b3.t18.w28x16",
+        "nvidia-h200.kv4.d128.i8.p16.b3.t18.w28x16",
+    ],
 )
 def test_parse_rejects(s):
     with pytest.raises(ValueError):
@@ -143,7 +153,9 @@ def test_planner_modules_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys; import kvsplit.kernels.plan, kvsplit.kernels.buckets, kvsplit.kernels.device; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; import kvsplit.kernels.plan, kvsplit.kernels.buckets, kvsplit.kernels.device; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -25,8 +25,16 @@ NAMES = {torch.float32: "float32", torch.float16: "float16"}
 
 
 def _plan(lens, dtype, page_size, policy="fixed", device="NVIDIA H200", **params):
-    return make_plan(lens, num_kv_heads=H_KV, device=device, policy=policy, params=params, head_dim=D,
-                     page_size=page_size, dtype=NAMES[dtype])
+    return make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device=device,
+        policy=policy,
+        params=params,
+        head_dim=D,
+        page_size=page_size,
+        dtype=NAMES[dtype],
+    )
 
 
 def _lens(block_n, page_size, rng, B):
@@ -40,8 +48,9 @@ def test_every_block_n_and_schedule_fp32(block_n, schedule):
     rng = np.random.default_rng(block_n + len(schedule))
     page_size = 16
     lens = _lens(block_n, page_size, rng, 11)
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=page_size,
-                     dtype=torch.float32, seed=block_n)
+    case = make_case(
+        lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=page_size, dtype=torch.float32, seed=block_n
+    )
     extra = {"schedule": "persistent", "num_programs": 5} if schedule == "persistent" else {}
     _check(case, _plan(lens, torch.float32, page_size, num_splits=3, block_n=block_n, **extra), torch.float32)
 
@@ -53,8 +62,15 @@ def test_batch_sizes_and_page_sizes_fp16(B, page_size):
     lens = _lens(32, page_size, rng, B)
     if B == 1:
         lens = [777]
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=page_size,
-                     dtype=torch.float16, seed=B + page_size)
+    case = make_case(
+        lens,
+        num_qo_heads=H_Q,
+        num_kv_heads=H_KV,
+        head_dim=D,
+        page_size=page_size,
+        dtype=torch.float16,
+        seed=B + page_size,
+    )
     _check(case, _plan(lens, torch.float16, page_size, num_splits=2, block_n=32), torch.float16)
 
 
@@ -70,8 +86,16 @@ def test_more_splits_than_kv_tiles():
 def test_unequal_lengths_with_splits_each_row_matches():
     lens = [3000, 17, 64, 0, 129, 1]
     small_gpu = dataclasses.replace(DeviceSpec.known("NVIDIA H200"), num_sms=2)
-    plan = make_plan(lens, num_kv_heads=H_KV, device=small_gpu, policy="balanced", params={"block_n": 32},
-                     head_dim=D, page_size=16, dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device=small_gpu,
+        policy="balanced",
+        params={"block_n": 32},
+        head_dim=D,
+        page_size=16,
+        dtype="float16",
+    )
     # hand-computed: H_kv * sum = 2 * 3211 over 4 CTAs/SM x 2 SMs -> 803 tokens, rounded up to
     # BLOCK_N 32 -> chunk 832; ceil(3000 / 832) = 4, every other request fits one chunk
     assert plan.num_splits.tolist() == [4, 1, 1, 1, 1, 1]
@@ -85,8 +109,17 @@ def test_unequal_lengths_with_splits_each_row_matches():
 @pytest.mark.parametrize("pack_tokens", [64, 4096])
 def test_packed_ctas_heavy_first_persistent(pack_tokens):
     lens = [2000, 3, 30, 70, 0, 64, 5, 500]
-    plan = _plan(lens, torch.float32, 16, num_splits=2, block_n=32, pack_tokens=pack_tokens, order="heavy_first",
-                 schedule="persistent", num_programs=3)
+    plan = _plan(
+        lens,
+        torch.float32,
+        16,
+        num_splits=2,
+        block_n=32,
+        pack_tokens=pack_tokens,
+        order="heavy_first",
+        schedule="persistent",
+        num_programs=3,
+    )
     assert plan.num_ctas < plan.num_work_items  # something was packed
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float32, seed=3)
     _check(case, plan, torch.float32)
@@ -95,8 +128,9 @@ def test_packed_ctas_heavy_first_persistent(pack_tokens):
 @pytest.mark.parametrize("group", [1, 4, 16])
 def test_gqa_groups(group):
     lens = [33, 200, 0]
-    case = make_case(lens, num_qo_heads=H_KV * group, num_kv_heads=H_KV, head_dim=D, page_size=8,
-                     dtype=torch.float32, seed=group)
+    case = make_case(
+        lens, num_qo_heads=H_KV * group, num_kv_heads=H_KV, head_dim=D, page_size=8, dtype=torch.float32, seed=group
+    )
     _check(case, _plan(lens, torch.float32, 8, num_splits=2, block_n=32), torch.float32)
 
 
@@ -111,10 +145,12 @@ def test_all_empty_batch_gives_zero_and_neg_inf():
 def test_single_token_is_hand_computable():
     """kv_len = 1: softmax over one score is 1, so o = v and lse = q.k * scale."""
     lens = [1]
-    case = make_case(lens, num_qo_heads=2, num_kv_heads=1, head_dim=D, page_size=4, dtype=torch.float32, seed=5,
-                     poison=True)
-    plan = make_plan(lens, num_kv_heads=1, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=4,
-                     dtype="float32")
+    case = make_case(
+        lens, num_qo_heads=2, num_kv_heads=1, head_dim=D, page_size=4, dtype=torch.float32, seed=5, poison=True
+    )
+    plan = make_plan(
+        lens, num_kv_heads=1, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=4, dtype="float32"
+    )
     o, lse = decode_attention(**case, plan=plan, return_lse=True)
     page = int(case["kv_indices"][0])
     k = case["k_cache"][page, 0, 0]
@@ -163,11 +199,19 @@ def _call(case, plan, **kw):
         (lambda c: c.update(k_cache=c["k_cache"].half()), ValueError, "k_cache: expected dtype"),
         (lambda c: c.update(v_cache=c["v_cache"][:, :8]), ValueError, "v_cache: expected shape"),
         (lambda c: c.update(q=torch.randn(3, 3, D)), ValueError, "multiple of the cache's H_kv"),
-        (lambda c: c.update(kv_indptr=torch.tensor([0, 3, 2, 5], dtype=torch.int32)), ValueError, "kv_indptr: must be non-decreasing"),
+        (
+            lambda c: c.update(kv_indptr=torch.tensor([0, 3, 2, 5], dtype=torch.int32)),
+            ValueError,
+            "kv_indptr: must be non-decreasing",
+        ),
         (lambda c: c.update(kv_indptr=c["kv_indptr"].long()), ValueError, "kv_indptr: expected dtype torch.int32"),
         (lambda c: c.update(kv_indices=c["kv_indices"] + 1000), ValueError, "kv_indices: page ids must be in"),
         (lambda c: c.update(kv_lens=torch.tensor([40, 0, 40], dtype=torch.int32)), ValueError, "kv_lens[2]"),
-        (lambda c: c.update(kv_lens=torch.tensor([40, 0, 16], dtype=torch.int32)), ValueError, "plan: made for kv_lens[2]"),
+        (
+            lambda c: c.update(kv_lens=torch.tensor([40, 0, 16], dtype=torch.int32)),
+            ValueError,
+            "plan: made for kv_lens[2]",
+        ),
         (lambda c: c.update(q="q"), TypeError, "q: expected a torch.Tensor"),
     ],
 )
@@ -189,12 +233,15 @@ def test_plan_for_another_shape_is_rejected(good):
         (dict(page_size=8), "page_size"),
         (dict(dtype="float16"), "dtype"),
     ):
-        args = dict(num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=16, dtype="float32")
+        args = dict(
+            num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=16, dtype="float32"
+        )
         args.update(kw)
         with pytest.raises(ValueError, match=needle):
             _call(case, make_plan(lens, **args))
-    other_b = make_plan([40, 0], num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D,
-                        page_size=16, dtype="float32")
+    other_b = make_plan(
+        [40, 0], num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=16, dtype="float32"
+    )
     with pytest.raises(ValueError, match="B=2"):
         _call(case, other_b)
     with pytest.raises(TypeError, match="plan"):
@@ -226,8 +273,16 @@ SMALL2 = dataclasses.replace(DeviceSpec.known("NVIDIA H200"), num_sms=2)
 
 def test_stream_k_ctas_cross_requests_fp16():
     lens = [300, 7, 0, 129, 1000, 40]
-    plan = make_plan(lens, num_kv_heads=H_KV, device=SMALL2, policy="stream_k",
-                     params={"ctas_per_sm": 3, "block_n": 32}, head_dim=D, page_size=16, dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device=SMALL2,
+        policy="stream_k",
+        params={"ctas_per_sm": 3, "block_n": 32},
+        head_dim=D,
+        page_size=16,
+        dtype="float16",
+    )
     # hand-computed: n_b = ceil(len / 32) = [10, 1, 0, 5, 32, 2], o = 1 -> cost [11, 2, 1, 6, 33, 3] = 56;
     # C = floor(3 * 2) // 2 = 3, share = ceil(56 / 3) = 19; lo = [1, 12, 14, 15, 21, 54], hi = [11, 13, 14, 20,
     # 53, 56]: multiples of 19 inside: r3 (15, 20) holds 19 -> cut 4 blocks = 128 tokens (a 1-token last piece),
@@ -237,36 +292,55 @@ def test_stream_k_ctas_cross_requests_fp16():
     assert plan.work_kv_start.tolist() == [0, 0, 0, 0, 128, 0, 544, 0]
     assert plan.work_kv_end.tolist() == [300, 7, 0, 128, 129, 544, 1000, 40]
     assert plan.cta_indptr.tolist() == [0, 4, 6, 8]
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
-                     seed=21)
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=21)
     o = _check(case, plan, torch.float16)
     ref = reference_decode_attention(**case)
     for b in range(len(lens)):
         assert (o[b].float() - ref[b].float()).abs().max().item() < TOL[torch.float16], f"row {b}"
 
 
-@pytest.mark.parametrize("params", [
-    {"ctas_per_sm": 8, "block_n": 16, "item_cost_blocks": 0},
-    {"ctas_per_sm": 6, "block_n": 32, "min_piece_blocks": 2, "order": "heavy_first"},
-    {"ctas_per_sm": 5, "block_n": 16, "schedule": "persistent", "num_programs": 3},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"ctas_per_sm": 8, "block_n": 16, "item_cost_blocks": 0},
+        {"ctas_per_sm": 6, "block_n": 32, "min_piece_blocks": 2, "order": "heavy_first"},
+        {"ctas_per_sm": 5, "block_n": 16, "schedule": "persistent", "num_programs": 3},
+    ],
+)
 def test_stream_k_split_and_packed_fp16(params):
     lens = [700, 0, 33, 5, 260, 1, 90]
-    plan = make_plan(lens, num_kv_heads=H_KV, device=SMALL2, policy="stream_k", params=params, head_dim=D,
-                     page_size=8, dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device=SMALL2,
+        policy="stream_k",
+        params=params,
+        head_dim=D,
+        page_size=8,
+        dtype="float16",
+    )
     assert (plan.num_splits > 1).any(), "some request is split and merged"
     sizes = np.diff(plan.cta_indptr)
     multi = [len(set(plan.work_request[a:b].tolist())) > 1 for a, b in zip(plan.cta_indptr[:-1], plan.cta_indptr[1:])]
     assert (sizes > 1).any() and any(multi), "some CTA walks items of several requests"
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=8, dtype=torch.float16,
-                     seed=22 + len(params))
+    case = make_case(
+        lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=8, dtype=torch.float16, seed=22 + len(params)
+    )
     _check(case, plan, torch.float16)
 
 
 def test_wave_aware_balanced_plan_fp16():
     lens = [1000, 700]
-    plan = make_plan(lens, num_kv_heads=H_KV, device=SMALL2, policy="balanced", params={"block_n": 32},
-                     head_dim=D, page_size=16, dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device=SMALL2,
+        policy="balanced",
+        params={"block_n": 32},
+        head_dim=D,
+        page_size=16,
+        dtype="float16",
+    )
     # residency of (32, 4 warps, 2 stages) at D 64 fp16 (estimate): smem 2 * 32 * 64 * 2 = 8192 B, regs 128 ->
     # 65536 // (4096 * 4) = 4 CTAs/SM -> 8 slots, target min(floor(4 * 2), 8) = 8.
     # chunk0 = roundup(ceil(2 * 1700 / 8) = 425, 32) = 448 -> splits [3, 2], 10 tiles > 8.
@@ -275,8 +349,7 @@ def test_wave_aware_balanced_plan_fp16():
     # largest tile 1000 / 2 + 32) -> chunk 512: splits [2, 2], 8 tiles
     assert plan.num_splits.tolist() == [2, 2] and plan.num_work_tiles == 8
     assert plan.work_kv_start.tolist() == [0, 512, 0, 352] and plan.work_kv_end.tolist() == [512, 1000, 352, 700]
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
-                     seed=23)
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=23)
     _check(case, plan, torch.float16)
 
 
@@ -289,8 +362,11 @@ def test_wave_aware_balanced_plan_fp16():
         (lambda c: c.update(q=torch.randn(3, H_Q, D // 2)), ValueError, "k_cache: expected head_dim 32"),
         (lambda c: c.update(kv_lens=c["kv_lens"][:2]), ValueError, "kv_lens: expected shape (3,) for B=3"),
         (lambda c: c.update(kv_indptr=c["kv_indptr"][:3]), ValueError, "kv_indptr: expected shape (4,)"),
-        (lambda c: c.update(kv_lens=torch.tensor([40, 0, 40], dtype=torch.int32)), ValueError,
-         "kv_lens: request 2 has kv_len 40 but only 2 pages of 16 tokens"),
+        (
+            lambda c: c.update(kv_lens=torch.tensor([40, 0, 40], dtype=torch.int32)),
+            ValueError,
+            "kv_lens: request 2 has kv_len 40 but only 2 pages of 16 tokens",
+        ),
         (lambda c: c.update(k_cache=None), TypeError, "k_cache: expected a torch.Tensor"),
     ],
 )
@@ -306,8 +382,11 @@ def test_reference_bad_input_names_the_argument(good, mutate, exc, needle):
 
 # ----------------------------------------------------------------------------- issue 12: the prefetching loop
 
-@pytest.mark.parametrize("block_n, page_size, policy", [(16, 16, "stream_k"), (32, 8, "fixed"), (64, 16, "no_split"),
-                                                        (16, 4, "balanced"), (128, 16, "fixed")])
+
+@pytest.mark.parametrize(
+    "block_n, page_size, policy",
+    [(16, 16, "stream_k"), (32, 8, "fixed"), (64, 16, "no_split"), (16, 4, "balanced"), (128, 16, "fixed")],
+)
 def test_prefetching_loop_matches_reference_fp16(block_n, page_size, policy):
     """The stage-1 loop that loads the next tile's page ids one iteration ahead: same output as the plain
     loop and the reference, including tiles that end inside a page and the masked look-ahead past kv_len."""
@@ -315,17 +394,43 @@ def test_prefetching_loop_matches_reference_fp16(block_n, page_size, policy):
 
     lens = [300, 0, 1, 77, 160, 33, block_n, block_n + 1]
     params = {"block_n": block_n, **({"num_splits": 3} if policy == "fixed" else {})}
-    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy=policy, params=params, head_dim=D,
-                     page_size=page_size, dtype="float16")
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=page_size,
-                     dtype=torch.float16, seed=block_n + page_size)
+    plan = make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device="NVIDIA H200",
+        policy=policy,
+        params=params,
+        head_dim=D,
+        page_size=page_size,
+        dtype="float16",
+    )
+    case = make_case(
+        lens,
+        num_qo_heads=H_Q,
+        num_kv_heads=H_KV,
+        head_dim=D,
+        page_size=page_size,
+        dtype=torch.float16,
+        seed=block_n + page_size,
+    )
     ref, ref_lse = reference_decode_attention(**case, return_lse=True)
     outs = []
     for prefetch in (True, False):
         ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
-        o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                               plan.to("cpu"), plan.config, out=torch.empty_like(case["q"]), workspace=ws,
-                               **plan.launch_sizes(), return_lse=True, prefetch=prefetch)
+        o, lse = launch_decode(
+            case["q"],
+            case["k_cache"],
+            case["v_cache"],
+            case["kv_indptr"],
+            case["kv_indices"],
+            plan.to("cpu"),
+            plan.config,
+            out=torch.empty_like(case["q"]),
+            workspace=ws,
+            **plan.launch_sizes(),
+            return_lse=True,
+            prefetch=prefetch,
+        )
         assert not torch.isnan(o).any()
         assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
         fin = torch.isfinite(ref_lse)
@@ -343,12 +448,18 @@ def test_prefetch_knob_is_checked_and_counted_in_residency():
     lens = [5000, 300, 7]
     for bad, msg in ((1, "params.prefetch: expected true or false"), ("yes", "params.prefetch: expected true")):
         with pytest.raises(ValueError, match=msg):
-            make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="balanced",
-                      params={"num_stages": 3, "prefetch": bad})
+            make_plan(
+                lens, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params={"num_stages": 3, "prefetch": bad}
+            )
     with pytest.raises(ValueError, match="params.prefetch: needs num_stages >= 3"):
         make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", params={"prefetch": True})
-    p = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
-                  params={"block_n": 64, "num_stages": 3, "prefetch": True})
+    p = make_plan(
+        lens,
+        num_kv_heads=4,
+        device="NVIDIA H200",
+        policy="stream_k",
+        params={"block_n": 64, "num_stages": 3, "prefetch": True},
+    )
     assert p.config.prefetch is True and p.to_dict()["config"]["prefetch"] is True
     assert Plan.from_dict(p.to_dict()).config == p.config
     h200 = DeviceSpec.known("NVIDIA H200")
@@ -364,8 +475,7 @@ def test_prefetch_knob_is_checked_and_counted_in_residency():
     # (64, 4, 4) prefetching: 104,448 B -> 233,472 // 105,472 = 2
     assert res(64, 4, 4, True) == 2
     # wave-aware balanced counts those slots: 132 SMs x 1 for (128, 4, 3) with prefetch
-    from kvsplit.kernels.rulespec import resident_slots
-    from kvsplit.kernels.rulespec import PlanContext
+    from kvsplit.kernels.rulespec import PlanContext, resident_slots
 
     ctx = PlanContext(device=h200, num_kv_heads=4, head_dim=128, page_size=16, dtype="bfloat16")
     assert resident_slots(ctx, p.config.__class__(block_n=128, num_warps=4, num_stages=3, prefetch=True)) == 132
@@ -380,8 +490,10 @@ def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch, good
 
     monkeypatch.setattr(dec, "_INTERPRETED", False)
     case, plan = good
-    with pytest.raises(ValueError, match="q: tensors on the CPU run the Triton kernel only under Triton's "
-                                         "interpreter: set TRITON_INTERPRET=1"):
+    with pytest.raises(
+        ValueError,
+        match="q: tensors on the CPU run the Triton kernel only under Triton's interpreter: set TRITON_INTERPRET=1",
+    ):
         decode_attention(**case, plan=plan)
     with pytest.raises(ValueError, match="device: tensors on the CPU .* TRITON_INTERPRET=1"):
         DecodeWrapper(H_Q, H_KV, D, device="cpu", dtype="float16")
@@ -398,18 +510,39 @@ def test_merge_over_head_dim_chunks_matches_reference_fp16(merge_dsplit):
     from kvsplit.kernels.decode import launch_decode
 
     lens = [700, 0, 5, 333, 64]
-    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed",
-                     params={"num_splits": 40, "block_n": 16}, head_dim=D, page_size=16, dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": 40, "block_n": 16},
+        head_dim=D,
+        page_size=16,
+        dtype="float16",
+    )
     assert int(plan.num_splits.max()) == 40
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
-                     seed=merge_dsplit)
+    case = make_case(
+        lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=merge_dsplit
+    )
     ref, ref_lse = reference_decode_attention(**case, return_lse=True)
     ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
     out = torch.full_like(case["q"], float("nan"))
-    o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                           plan.to("cpu"), plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
-                           num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=4, return_lse=True,
-                           merge_dsplit=merge_dsplit)
+    o, lse = launch_decode(
+        case["q"],
+        case["k_cache"],
+        case["v_cache"],
+        case["kv_indptr"],
+        case["kv_indices"],
+        plan.to("cpu"),
+        plan.config,
+        out=out,
+        workspace=ws,
+        num_tiles=plan.num_work_tiles,
+        num_merge=int(plan.merge_layout()[1].shape[0]),
+        max_splits=4,
+        return_lse=True,
+        merge_dsplit=merge_dsplit,
+    )
     assert not torch.isnan(o).any()
     assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
     fin = torch.isfinite(ref_lse)
@@ -438,13 +571,16 @@ def test_register_cap_table():
     assert occupancy(h200, 4, 166, smem) == 3  # the uncapped G = 4 compile
 
 
-@pytest.mark.parametrize("lens, max_splits, dsplit, warps", [
-    ([5000] * 2, 40, 4, 4),     # 2 x 32 (request, head) pairs, 40 splits > 4096 / 128: 4 programs each
-    ([5000] * 2, 32, 1, 4),     # a single full-D fold holds 32 splits
-    ([5000] * 7, 40, 4, 4),     # 7 x 32 = 224 pairs < 256: four warps
-    ([5000] * 8, 40, 4, 1),     # 8 x 32 = 256 pairs: one warp per program
-    ([5000] * 33, 40, 1, 1),    # 33 x 32 = 1056 pairs > 1024: one program per pair
-])
+@pytest.mark.parametrize(
+    "lens, max_splits, dsplit, warps",
+    [
+        ([5000] * 2, 40, 4, 4),  # 2 x 32 (request, head) pairs, 40 splits > 4096 / 128: 4 programs each
+        ([5000] * 2, 32, 1, 4),  # a single full-D fold holds 32 splits
+        ([5000] * 7, 40, 4, 4),  # 7 x 32 = 224 pairs < 256: four warps
+        ([5000] * 8, 40, 4, 1),  # 8 x 32 = 256 pairs: one warp per program
+        ([5000] * 33, 40, 1, 1),  # 33 x 32 = 1056 pairs > 1024: one program per pair
+    ],
+)
 def test_merge_default_rules(lens, max_splits, dsplit, warps, monkeypatch):
     """launch_decode's default merge grid: (merged requests, H_q, 4) only when few (request, head) pairs fold
     many splits (docs/perf.md round 5), else (merged requests, H_q, 1); one warp per merge program from 256
@@ -460,15 +596,34 @@ def test_merge_default_rules(lens, max_splits, dsplit, warps, monkeypatch):
     monkeypatch.setattr(dec, "_decode_stage1_kernel", Rec())
     monkeypatch.setattr(dec, "_decode_merge_kernel", Rec())
     d, hq, hkv = 128, 32, 4
-    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": max_splits},
-                     head_dim=d, page_size=16, dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=hkv,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": max_splits},
+        head_dim=d,
+        page_size=16,
+        dtype="float16",
+    )
     q = torch.zeros((len(lens), hq, d), dtype=torch.float16)
     k = torch.zeros((sum(-(-n // 16) for n in lens) + 1, 16, hkv, d), dtype=torch.float16)
     ws = make_workspace(hq, d, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
     nm = int(plan.merge_layout()[1].shape[0])
-    dec.launch_decode(q, k, k, torch.zeros(len(lens) + 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
-                      plan.to("cpu"), plan.config, out=torch.empty_like(q), workspace=ws, num_tiles=plan.num_work_tiles,
-                      num_merge=nm, max_splits=int(plan.num_splits.max()))
+    dec.launch_decode(
+        q,
+        k,
+        k,
+        torch.zeros(len(lens) + 1, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32),
+        plan.to("cpu"),
+        plan.config,
+        out=torch.empty_like(q),
+        workspace=ws,
+        num_tiles=plan.num_work_tiles,
+        num_merge=nm,
+        max_splits=int(plan.num_splits.max()),
+    )
     (_, _, _), (merge_grid, block_d, num_warps) = grids
     assert merge_grid == (nm, hq, dsplit) and block_d == d // dsplit and num_warps == warps
 
@@ -491,17 +646,35 @@ def test_overlapped_merge_default_rule(B, splits, on, monkeypatch):
     monkeypatch.setattr(dec, "_decode_merge_kernel", Rec())
     d, hq, hkv = 128, 32, 4
     lens = [4096] * B
-    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": splits},
-                     head_dim=d, page_size=16, dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=hkv,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": splits},
+        head_dim=d,
+        page_size=16,
+        dtype="float16",
+    )
     q = torch.zeros((B, hq, d), dtype=torch.float16)
     k = torch.zeros((B * 256 + 1, 16, hkv, d), dtype=torch.float16)
     ws = make_workspace(hq, d, max_partials=plan.num_partials, max_batch=B, device="cpu")
 
     def launch(workspace, **kw):
         calls.clear()
-        dec.launch_decode(q, k, k, torch.zeros(B + 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
-                          plan.to("cpu"), plan.config, out=torch.empty_like(q), workspace=workspace,
-                          **plan.launch_sizes(), **kw)
+        dec.launch_decode(
+            q,
+            k,
+            k,
+            torch.zeros(B + 1, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32),
+            plan.to("cpu"),
+            plan.config,
+            out=torch.empty_like(q),
+            workspace=workspace,
+            **plan.launch_sizes(),
+            **kw,
+        )
         (s1, m) = calls
         assert s1["SIGNAL"] == m["WAIT"]
         return m["WAIT"], ("launch_pdl" in m)
@@ -514,10 +687,19 @@ def test_overlapped_merge_default_rule(B, splits, on, monkeypatch):
     assert launch(ws, merge_overlap=True) == (True, True)
     # a device-resident plan (DecodeWrapper's CUDA-graph path): overlapped on one warp, its grid held to B
     calls.clear()
-    dec.launch_decode(q, k, k, torch.zeros(B + 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
-                      plan.to("cpu"), dataclasses.replace(plan.config, schedule="persistent", num_programs=4),
-                      out=torch.empty_like(q), workspace=ws, counts=torch.tensor([1, 1, 1, 1], dtype=torch.int32),
-                      max_merge=4 * B)
+    dec.launch_decode(
+        q,
+        k,
+        k,
+        torch.zeros(B + 1, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32),
+        plan.to("cpu"),
+        dataclasses.replace(plan.config, schedule="persistent", num_programs=4),
+        out=torch.empty_like(q),
+        workspace=ws,
+        counts=torch.tensor([1, 1, 1, 1], dtype=torch.int32),
+        max_merge=4 * B,
+    )
     (s1, m) = calls
     assert s1["SIGNAL"] and m["WAIT"] and "launch_pdl" in m and m["num_warps"] == 1 and m["grid"][0] == B
 
@@ -538,8 +720,23 @@ def test_compiled_residency_table_matches_an_sm90_compile(tmp_path):
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "c.jsonl"
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    subprocess.run([sys.executable, str(root / "bench/compile_sm90.py"), "--configs", "64,2,3", "64,4,4",
-                    "--variants", "plain", "--json", str(out)], check=True, env=env, cwd=root, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "bench/compile_sm90.py"),
+            "--configs",
+            "64,2,3",
+            "64,4,4",
+            "--variants",
+            "plain",
+            "--json",
+            str(out),
+        ],
+        check=True,
+        env=env,
+        cwd=root,
+        capture_output=True,
+    )
     h200 = resolve_device("NVIDIA H200")
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 2
@@ -557,15 +754,28 @@ def test_timeline_needs_a_cuda_device():
     from kvsplit.kernels.decode import launch_decode
 
     lens = [40, 7]
-    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=16,
-                     dtype="float16")
+    plan = make_plan(
+        lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=16, dtype="float16"
+    )
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=1)
     ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
     out = torch.full_like(case["q"], float("nan"))
     with pytest.raises(ValueError, match="^timeline: needs a CUDA device"):
-        launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                      plan.to("cpu"), plan.config, out=out, workspace=ws, num_tiles=plan.num_work_tiles,
-                      num_merge=0, max_splits=1, timeline=torch.zeros((plan.num_work_tiles, 4), dtype=torch.int64))
+        launch_decode(
+            case["q"],
+            case["k_cache"],
+            case["v_cache"],
+            case["kv_indptr"],
+            case["kv_indices"],
+            plan.to("cpu"),
+            plan.config,
+            out=out,
+            workspace=ws,
+            num_tiles=plan.num_work_tiles,
+            num_merge=0,
+            max_splits=1,
+            timeline=torch.zeros((plan.num_work_tiles, 4), dtype=torch.int64),
+        )
     assert torch.isnan(out).all()  # nothing launched
 
 
@@ -574,21 +784,41 @@ def test_merge_warps_must_be_a_power_of_two():
     from kvsplit.kernels.decode import launch_decode
 
     lens = [300, 90]
-    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed", params={"num_splits": 3},
-                     head_dim=D, page_size=16, dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": 3},
+        head_dim=D,
+        page_size=16,
+        dtype="float16",
+    )
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=2)
     ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
     out = torch.full_like(case["q"], float("nan"))
     with pytest.raises(ValueError, match="^merge_warps: expected 1, 2, 4, 8 or 16 warps, got 3"):
-        launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                      plan.to("cpu"), plan.config, out=out, workspace=ws,
-                      num_tiles=plan.num_work_tiles, num_merge=int(plan.merge_layout()[1].shape[0]), max_splits=3,
-                      merge_warps=3)
+        launch_decode(
+            case["q"],
+            case["k_cache"],
+            case["v_cache"],
+            case["kv_indptr"],
+            case["kv_indices"],
+            plan.to("cpu"),
+            plan.config,
+            out=out,
+            workspace=ws,
+            num_tiles=plan.num_work_tiles,
+            num_merge=int(plan.merge_layout()[1].shape[0]),
+            max_splits=3,
+            merge_warps=3,
+        )
     assert torch.isnan(out).all()  # nothing launched
 
 
-@pytest.mark.parametrize("merge_dsplit,heads,schedule", [(1, 1, "grid"), (2, 2, "grid"), (4, 1, "persistent"),
-                                                         (1, 2, "persistent")])
+@pytest.mark.parametrize(
+    "merge_dsplit,heads,schedule", [(1, 1, "grid"), (2, 2, "grid"), (4, 1, "persistent"), (1, 2, "persistent")]
+)
 def test_overlapped_merge_matches_reference_and_leaves_counters_zero_fp16(merge_dsplit, heads, schedule):
     """``launch_decode(merge_overlap=True)``: stage 1 counts each split's arrival per (request, query head,
     head-dim chunk) in ``workspace.sync`` and each merge program waits for its count, then resets it. Under the
@@ -600,20 +830,40 @@ def test_overlapped_merge_matches_reference_and_leaves_counters_zero_fp16(merge_
     lens = [700, 0, 5, 333, 64]
     extra = {"schedule": "persistent", "num_programs": 3} if schedule == "persistent" else {}
     hq = H_Q * heads  # heads_per_tile 2 needs 2 * G <= 16 and H_kv divisible: H_kv 2, G 4
-    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed",
-                     params={"num_splits": 7, "block_n": 16, "heads_per_tile": heads, **extra}, head_dim=D,
-                     page_size=16, dtype="float16")
-    case = make_case(lens, num_qo_heads=hq, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
-                     seed=11 + merge_dsplit)
+    plan = make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": 7, "block_n": 16, "heads_per_tile": heads, **extra},
+        head_dim=D,
+        page_size=16,
+        dtype="float16",
+    )
+    case = make_case(
+        lens, num_qo_heads=hq, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=11 + merge_dsplit
+    )
     ref, ref_lse = reference_decode_attention(**case, return_lse=True)
     ws = make_workspace(hq, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
     assert ws.sync.shape == (len(lens) * hq * MERGE_SYNC_CHUNKS,) and int(ws.sync.abs().sum()) == 0
     arrays = plan.to("cpu")
     for call in range(2):
         out = torch.full_like(case["q"], float("nan"))
-        o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                               arrays, plan.config, out=out, workspace=ws, **plan.launch_sizes(), return_lse=True,
-                               merge_dsplit=merge_dsplit, merge_overlap=True)
+        o, lse = launch_decode(
+            case["q"],
+            case["k_cache"],
+            case["v_cache"],
+            case["kv_indptr"],
+            case["kv_indices"],
+            arrays,
+            plan.config,
+            out=out,
+            workspace=ws,
+            **plan.launch_sizes(),
+            return_lse=True,
+            merge_dsplit=merge_dsplit,
+            merge_overlap=True,
+        )
         assert not torch.isnan(o).any()
         assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16], call
         fin = torch.isfinite(ref_lse)
@@ -627,16 +877,34 @@ def test_overlapped_merge_refusals():
     from kvsplit.kernels.decode import launch_decode
 
     lens = [300, 40]
-    plan = make_plan(lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="fixed",
-                     params={"num_splits": 3, "block_n": 16}, head_dim=D, page_size=16, dtype="float16")
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16,
-                     seed=3)
+    plan = make_plan(
+        lens,
+        num_kv_heads=H_KV,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": 3, "block_n": 16},
+        head_dim=D,
+        page_size=16,
+        dtype="float16",
+    )
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=3)
     ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
     out = torch.zeros_like(case["q"])
 
     def run(workspace, **kw):
-        return launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                             plan.to("cpu"), plan.config, out=out, workspace=workspace, **plan.launch_sizes(), **kw)
+        return launch_decode(
+            case["q"],
+            case["k_cache"],
+            case["v_cache"],
+            case["kv_indptr"],
+            case["kv_indices"],
+            plan.to("cpu"),
+            plan.config,
+            out=out,
+            workspace=workspace,
+            **plan.launch_sizes(),
+            **kw,
+        )
 
     with pytest.raises(ValueError, match="merge_overlap: needs merge_dsplit <= 4"):
         run(ws, merge_overlap=True, merge_dsplit=8)

@@ -54,12 +54,22 @@ def _graph_replayed(case, plan):
 @pytest.mark.parametrize("knobs", KNOBS, ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()))
 def test_knobs(dtype, knobs):
     lens = LENS[:: 1 if knobs.get("block_n", 64) <= 64 else 2]
-    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda", seed=7)
+    case = make_case(
+        lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda", seed=7
+    )
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
     for policy, extra in (("no_split", {}), ("fixed", {"num_splits": 5})):
         try:
-            plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params={**knobs, **extra},
-                             head_dim=128, page_size=16, dtype=name)
+            plan = make_plan(
+                lens,
+                num_kv_heads=4,
+                device="NVIDIA H200",
+                policy=policy,
+                params={**knobs, **extra},
+                head_dim=128,
+                page_size=16,
+                dtype=name,
+            )
         except ValueError:
             continue  # rejected by the planner: allowed, with a clear error
         o, lse = decode_attention(**case, plan=plan, return_lse=True)
@@ -78,10 +88,26 @@ def test_knobs(dtype, knobs):
 def test_shapes(head_dim, group, page_size):
     lens = [0, 1, page_size - 1 or 1, page_size + 1, 777, 2048]
     hkv = 2
-    case = make_case(lens, num_qo_heads=hkv * group, num_kv_heads=hkv, head_dim=head_dim, page_size=page_size,
-                     dtype=torch.bfloat16, device="cuda", seed=head_dim + group + page_size)
-    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": 3},
-                     head_dim=head_dim, page_size=page_size, dtype="bfloat16")
+    case = make_case(
+        lens,
+        num_qo_heads=hkv * group,
+        num_kv_heads=hkv,
+        head_dim=head_dim,
+        page_size=page_size,
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=head_dim + group + page_size,
+    )
+    plan = make_plan(
+        lens,
+        num_kv_heads=hkv,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": 3},
+        head_dim=head_dim,
+        page_size=page_size,
+        dtype="bfloat16",
+    )
     o = decode_attention(**case, plan=plan)
     ref = reference_decode_attention(**case)
     assert _rel_err(o, ref) < 2e-2
@@ -89,13 +115,13 @@ def test_shapes(head_dim, group, page_size):
 
 def test_graph_replay_matches():
     lens = [5000, 17, 300, 0, 9000]
-    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
-                     device="cuda", seed=3)
+    case = make_case(
+        lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16, device="cuda", seed=3
+    )
     from kvsplit.kernels.decode import make_workspace
 
     for params in ({"num_splits": 4}, {"num_splits": 4, "schedule": "persistent", "num_programs": 64}):
-        plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="fixed", params=params,
-                         dtype="bfloat16")
+        plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="fixed", params=params, dtype="bfloat16")
         plan.to("cuda")
         out = torch.empty_like(case["q"])
         ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
@@ -121,36 +147,44 @@ def test_int64_offsets():
     pages = [num_pages - 4, num_pages - 3, num_pages - 2, num_pages - 1] + [num_pages - 20 + i for i in range(7)]
     case = dict(
         q=torch.randn((2, 32, d), dtype=torch.bfloat16, device="cuda"),
-        k_cache=k, v_cache=v,
+        k_cache=k,
+        v_cache=v,
         kv_indptr=torch.tensor([0, 4, 11], dtype=torch.int32, device="cuda"),  # 64 -> 4 pages, 100 -> 7
         kv_indices=torch.tensor(pages, dtype=torch.int32, device="cuda"),
         kv_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
     )
-    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": 2},
-                     dtype="bfloat16")
+    plan = make_plan(
+        lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed", params={"num_splits": 2}, dtype="bfloat16"
+    )
     assert k.numel() > 2**31
     assert _rel_err(decode_attention(**case, plan=plan), reference_decode_attention(**case)) < 2e-2
 
 
 # ----------------------------------------------------------------------------- round 2: stream_k, wave-aware, wrapper
 
-@pytest.mark.parametrize("policy, params", [
-    ("stream_k", {}),
-    ("stream_k", {"ctas_per_sm": 1, "block_n": 256, "num_warps": 8}),
-    ("stream_k", {"ctas_per_sm": 3, "min_piece_blocks": 4, "item_cost_blocks": 2, "order": "heavy_first"}),
-    ("stream_k", {"ctas_per_sm": 2, "schedule": "persistent", "num_programs": 100}),
-    ("balanced", {}),
-    ("balanced", {"ctas_per_sm": 4, "block_n": 64}),
-    ("tuned", {"partition": "stream_k", "ctas_per_sm": 6}),
-])
+
+@pytest.mark.parametrize(
+    "policy, params",
+    [
+        ("stream_k", {}),
+        ("stream_k", {"ctas_per_sm": 1, "block_n": 256, "num_warps": 8}),
+        ("stream_k", {"ctas_per_sm": 3, "min_piece_blocks": 4, "item_cost_blocks": 2, "order": "heavy_first"}),
+        ("stream_k", {"ctas_per_sm": 2, "schedule": "persistent", "num_programs": 100}),
+        ("balanced", {}),
+        ("balanced", {"ctas_per_sm": 4, "block_n": 64}),
+        ("tuned", {"partition": "stream_k", "ctas_per_sm": 6}),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_round2_policies(policy, params, dtype):
     lens = [70000, 0, 1, 17, 3000, 129, 5000, 255, 40000, 16]
-    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda",
-                     seed=11)
+    case = make_case(
+        lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda", seed=11
+    )
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params, head_dim=128,
-                     page_size=16, dtype=name)
+    plan = make_plan(
+        lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params, head_dim=128, page_size=16, dtype=name
+    )
     o, lse = decode_attention(**case, plan=plan, return_lse=True)
     ref, ref_lse = reference_decode_attention(**case, return_lse=True)
     torch.cuda.synchronize()
@@ -161,14 +195,29 @@ def test_round2_policies(policy, params, dtype):
     assert float((lse[finite] - ref_lse[finite]).abs().max()) < 2e-2
 
 
-@pytest.mark.parametrize("policy, params", [
-    (None, None),  # the graph default: graph_default_config's packed look-ahead tile, stream_k at its residency
-    ("stream_k", {}), ("tuned", {"wave_aware": False}), ("balanced", {}),
-    # GQA-packed work tiles (two KV heads of G = 8 per tile) on the device planner and on the host planner
-    ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 1.0, "block_n": 64, "num_warps": 8, "num_stages": 3,
-                  "prefetch": True, "next_item": True}),
-    ("balanced", {"heads_per_tile": 2, "block_n": 32, "num_stages": 3, "prefetch": True}),
-])
+@pytest.mark.parametrize(
+    "policy, params",
+    [
+        (None, None),  # the graph default: graph_default_config's packed look-ahead tile, stream_k at its residency
+        ("stream_k", {}),
+        ("tuned", {"wave_aware": False}),
+        ("balanced", {}),
+        # GQA-packed work tiles (two KV heads of G = 8 per tile) on the device planner and on the host planner
+        (
+            "stream_k",
+            {
+                "heads_per_tile": 2,
+                "ctas_per_sm": 1.0,
+                "block_n": 64,
+                "num_warps": 8,
+                "num_stages": 3,
+                "prefetch": True,
+                "next_item": True,
+            },
+        ),
+        ("balanced", {"heads_per_tile": 2, "block_n": 32, "num_stages": 3, "prefetch": True}),
+    ],
+)
 def test_wrapper_graph_replays_across_growing_lens(policy, params):
     """DecodeWrapper in CUDA-graph mode: one capture of run(), replayed for 4 steps while kv_lens grow;
     the work list is planned on the device (stream_k, tuned without the wave search) or on the host."""
@@ -177,12 +226,23 @@ def test_wrapper_graph_replays_across_growing_lens(policy, params):
     from kvsplit.kernels.wrapper import DecodeWrapper
 
     lens0 = [9000, 0, 17, 300, 65000, 1, 2048]
-    w = DecodeWrapper(32, 4, 128, page_size=16, dtype="bfloat16", device="cuda", max_batch_size=16, policy=policy,
-                      params=params, use_cuda_graph=True)
+    w = DecodeWrapper(
+        32,
+        4,
+        128,
+        page_size=16,
+        dtype="bfloat16",
+        device="cuda",
+        max_batch_size=16,
+        policy=policy,
+        params=params,
+        use_cuda_graph=True,
+    )
     # one cache big enough for every step: make_case's pages for the final lengths, reused by every step
     final = [n + 40 for n in lens0]
-    case = make_case(final, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
-                     device="cuda", seed=5)
+    case = make_case(
+        final, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16, device="cuda", seed=5
+    )
     out = torch.empty_like(case["q"])
     kv_lens = case["kv_lens"].clone()
     graph = None
@@ -206,19 +266,34 @@ def test_wrapper_graph_replays_across_growing_lens(policy, params):
 
 # ----------------------------------------------------------------------------- issue 12: the prefetching loop
 
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("cfg", [(32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 4), (128, 4, 3)])
 @pytest.mark.parametrize("schedule", ["grid", "persistent"])
 def test_prefetching_loop(dtype, cfg, schedule):
     """params.prefetch on and off on the same partition (stream_k, CTAs crossing requests), against the reference."""
     lens = LENS + [70000]
-    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda",
-                     seed=cfg[0] + cfg[2])
+    case = make_case(
+        lens,
+        num_qo_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        page_size=16,
+        dtype=dtype,
+        device="cuda",
+        seed=cfg[0] + cfg[2],
+    )
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
     ref = reference_decode_attention(**case)
     for prefetch in (True, False):
-        params = {"ctas_per_sm": 2, "block_n": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2],
-                  "schedule": schedule, "prefetch": prefetch}
+        params = {
+            "ctas_per_sm": 2,
+            "block_n": cfg[0],
+            "num_warps": cfg[1],
+            "num_stages": cfg[2],
+            "schedule": schedule,
+            "prefetch": prefetch,
+        }
         plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", params=params, dtype=name)
         out = decode_attention(**case, plan=plan, out=torch.full_like(case["q"], float("nan")))
         torch.cuda.synchronize()
@@ -242,27 +317,45 @@ def test_register_cap_keeps_the_counted_residency(group, monkeypatch):
                 k = real[grid](*args, **kwargs)
                 launched.append((kwargs.get("maxnreg"), k))
                 return k
+
             return launch
 
     monkeypatch.setattr(dec, "_decode_stage1_kernel", Spy())
     lens = [5000, 17, 0, 3001, 640]
     hkv = 4
-    case = make_case(lens, num_qo_heads=hkv * group, num_kv_heads=hkv, head_dim=128, page_size=16,
-                     dtype=torch.bfloat16, device="cuda", seed=group)
-    plan = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy="fixed",
-                     params={"num_splits": 4, "block_n": 64, "num_warps": 4, "num_stages": 2},
-                     head_dim=128, page_size=16, dtype="bfloat16")
+    case = make_case(
+        lens,
+        num_qo_heads=hkv * group,
+        num_kv_heads=hkv,
+        head_dim=128,
+        page_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=group,
+    )
+    plan = make_plan(
+        lens,
+        num_kv_heads=hkv,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": 4, "block_n": 64, "num_warps": 4, "num_stages": 2},
+        head_dim=128,
+        page_size=16,
+        dtype="bfloat16",
+    )
     o = decode_attention(**case, plan=plan)
     assert _rel_err(o, reference_decode_attention(**case)) < 2e-2
     cap = register_cap(128, group, 64, 4, 2)
     assert (cap is None) == (group == 8)
-    (maxnreg, kernel), = launched
+    ((maxnreg, kernel),) = launched
     assert maxnreg == cap
     kernel._init_handles()
     assert kernel.n_regs <= 128, (group, kernel.n_regs)
 
 
-@pytest.mark.parametrize("lens", [[2048] * 128, [5461] * 96, [1024] * 256, [4096] * 64], ids=["b128", "b96", "b256", "b64"])
+@pytest.mark.parametrize(
+    "lens", [[2048] * 128, [5461] * 96, [1024] * 256, [4096] * 64], ids=["b128", "b96", "b256", "b64"]
+)
 def test_whole_wave_plans_of_the_shipped_table(lens):
     """Batches the shipped H200 table serves with the whole-wave rule (one tile per request on the rule's tile,
     round 7; B = 64 on round 9's tile of two KV heads) in bf16 against the fp32 reference, through the table as
@@ -274,11 +367,13 @@ def test_whole_wave_plans_of_the_shipped_table(lens):
 
     raw = json.loads((Path(__file__).resolve().parents[2] / "kernels/data/h200_policies.json").read_text())
     table = PolicyTable.from_export(raw)
-    plan, _, policy = table.plan(lens, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
-                                 dtype="bfloat16", page_size=16)
+    plan, _, policy = table.plan(
+        lens, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16
+    )
     assert policy["params"].get("whole_wave") and int(plan.num_splits.max()) == 1
-    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
-                     device="cuda", seed=13)
+    case = make_case(
+        lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16, device="cuda", seed=13
+    )
     o, lse = decode_attention(**case, plan=plan, return_lse=True)
     ref, ref_lse = reference_decode_attention(**case, return_lse=True)
     torch.cuda.synchronize()
@@ -289,20 +384,32 @@ def test_whole_wave_plans_of_the_shipped_table(lens):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hq, hkv, heads", [(32, 4, 2), (32, 8, 2), (32, 8, 4), (16, 4, 4), (4, 4, 2)])
-@pytest.mark.parametrize("policy, params", [
-    ("balanced", {"block_n": 64, "ctas_per_sm": 3}),
-    ("stream_k", {"block_n": 32, "num_stages": 3, "prefetch": True, "ctas_per_sm": 6}),
-    ("fixed", {"num_splits": 5, "block_n": 16, "schedule": "persistent", "num_programs": 300}),
-    ("stream_k", {"block_n": 32, "pack_tokens": 0, "order": "heavy_first", "ctas_per_sm": 2}),
-])
+@pytest.mark.parametrize(
+    "policy, params",
+    [
+        ("balanced", {"block_n": 64, "ctas_per_sm": 3}),
+        ("stream_k", {"block_n": 32, "num_stages": 3, "prefetch": True, "ctas_per_sm": 6}),
+        ("fixed", {"num_splits": 5, "block_n": 16, "schedule": "persistent", "num_programs": 300}),
+        ("stream_k", {"block_n": 32, "pack_tokens": 0, "order": "heavy_first", "ctas_per_sm": 2}),
+    ],
+)
 def test_heads_per_tile(dtype, hq, hkv, heads, policy, params):
     """heads_per_tile > 1 (several KV heads' GQA groups in one 16-row tile) against the fp32 reference, and
     replayed from a CUDA graph on the hot path (out, workspace, validate=False)."""
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    case = make_case(LENS, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, page_size=16, dtype=dtype, device="cuda",
-                     seed=heads)
-    plan = make_plan(LENS, num_kv_heads=hkv, device="NVIDIA H200", policy=policy,
-                     params={**params, "heads_per_tile": heads}, head_dim=128, page_size=16, dtype=name)
+    case = make_case(
+        LENS, num_qo_heads=hq, num_kv_heads=hkv, head_dim=128, page_size=16, dtype=dtype, device="cuda", seed=heads
+    )
+    plan = make_plan(
+        LENS,
+        num_kv_heads=hkv,
+        device="NVIDIA H200",
+        policy=policy,
+        params={**params, "heads_per_tile": heads},
+        head_dim=128,
+        page_size=16,
+        dtype=name,
+    )
     assert plan.num_work_tiles == plan.num_ctas * hkv // heads
     ref, ref_lse = reference_decode_attention(**case, return_lse=True)
     o, lse = decode_attention(**case, plan=plan, return_lse=True)
@@ -317,30 +424,51 @@ def test_heads_per_tile(dtype, hq, hkv, heads, policy, params):
 
 # ----------------------------------------------------------------------------- issue 12: the look-ahead over items
 
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("policy, params", [
-    ("stream_k", {"ctas_per_sm": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "heads_per_tile": 2}),
-    ("stream_k", {"ctas_per_sm": 1, "block_n": 64, "num_warps": 4, "num_stages": 3}),
-    ("fixed", {"num_splits": 3, "block_n": 32, "num_stages": 4, "pack_tokens": 4096}),
-    ("fixed", {"num_splits": 1, "block_n": 16, "num_stages": 3, "pack_tokens": 8192, "schedule": "persistent",
-               "num_programs": 5, "heads_per_tile": 2}),
-    # round 12's pool: balanced puts one item in each CTA, so the look-ahead has no next item there
-    ("balanced", {"ctas_per_sm": 2, "block_n": 32, "num_warps": 4, "num_stages": 3, "heads_per_tile": 2}),
-    ("stream_k", {"ctas_per_sm": 2, "block_n": 32, "num_warps": 4, "num_stages": 3, "heads_per_tile": 2}),
-])
+@pytest.mark.parametrize(
+    "policy, params",
+    [
+        ("stream_k", {"ctas_per_sm": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "heads_per_tile": 2}),
+        ("stream_k", {"ctas_per_sm": 1, "block_n": 64, "num_warps": 4, "num_stages": 3}),
+        ("fixed", {"num_splits": 3, "block_n": 32, "num_stages": 4, "pack_tokens": 4096}),
+        (
+            "fixed",
+            {
+                "num_splits": 1,
+                "block_n": 16,
+                "num_stages": 3,
+                "pack_tokens": 8192,
+                "schedule": "persistent",
+                "num_programs": 5,
+                "heads_per_tile": 2,
+            },
+        ),
+        # round 12's pool: balanced puts one item in each CTA, so the look-ahead has no next item there
+        ("balanced", {"ctas_per_sm": 2, "block_n": 32, "num_warps": 4, "num_stages": 3, "heads_per_tile": 2}),
+        ("stream_k", {"ctas_per_sm": 2, "block_n": 32, "num_warps": 4, "num_stages": 3, "heads_per_tile": 2}),
+    ],
+)
 def test_next_item(dtype, policy, params):
     """params.next_item (the look-ahead over a CTA's items) on CTAs of many items, split and packed (and on
     balanced's CTAs of one item), against the fp32 reference; its output equals the same plan's without the
     look-ahead bit for bit (same math, same order), also replayed from a CUDA graph on the hot path."""
     lens = LENS + [70000, 3, 0, 900]
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda",
-                     seed=11)
+    case = make_case(
+        lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda", seed=11
+    )
     ref, ref_lse = reference_decode_attention(**case, return_lse=True)
     outs, plans = [], []
     for nx in (True, False):
-        plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy,
-                         params={**params, "prefetch": True, "next_item": nx}, dtype=name)
+        plan = make_plan(
+            lens,
+            num_kv_heads=4,
+            device="NVIDIA H200",
+            policy=policy,
+            params={**params, "prefetch": True, "next_item": nx},
+            dtype=name,
+        )
         assert plan.config.next_item is nx
         items = int((plan.cta_indptr[1:] - plan.cta_indptr[:-1]).max())
         assert items == 1 if policy == "balanced" else items >= 3  # CTAs of several items
@@ -358,19 +486,34 @@ def test_next_item(dtype, policy, params):
 
 # ----------------------------------------------------------------------------- the stage-1 timeline (bench/timeline.py)
 
-@pytest.mark.parametrize("policy, params", [
-    ("stream_k", {"ctas_per_sm": 1, "block_n": 64, "num_warps": 4, "num_stages": 3, "heads_per_tile": 2,
-                  "prefetch": True, "next_item": True}),
-    ("fixed", {"num_splits": 3, "block_n": 32, "num_stages": 2, "pack_tokens": 4096}),
-])
+
+@pytest.mark.parametrize(
+    "policy, params",
+    [
+        (
+            "stream_k",
+            {
+                "ctas_per_sm": 1,
+                "block_n": 64,
+                "num_warps": 4,
+                "num_stages": 3,
+                "heads_per_tile": 2,
+                "prefetch": True,
+                "next_item": True,
+            },
+        ),
+        ("fixed", {"num_splits": 3, "block_n": 32, "num_stages": 2, "pack_tokens": 4096}),
+    ],
+)
 def test_timeline(policy, params):
     """launch_decode(timeline=...): the same output bit for bit as without it; per tile a start time, an SM id
     in [0, num_SMs), then one non-decreasing reading per work item of the tile (and nothing past its items)."""
     from kvsplit.kernels.decode import launch_decode, make_workspace
 
     lens = LENS + [70000, 3, 900]
-    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16,
-                     device="cuda", seed=5)
+    case = make_case(
+        lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16, device="cuda", seed=5
+    )
     plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params)
     arrays = plan.to("cuda")
     kw = plan.launch_sizes()
@@ -390,25 +533,50 @@ def test_timeline(policy, params):
         n = int(plan.cta_indptr[c + 1] - plan.cta_indptr[c])
         r = rows[tile]
         assert 0 <= int(r[1]) < sms
-        seq = [int(r[0])] + [int(x) for x in r[2:2 + min(n, K)]]
+        seq = [int(r[0])] + [int(x) for x in r[2 : 2 + min(n, K)]]
         assert seq[0] > 0 and all(b >= a for a, b in zip(seq, seq[1:])), (tile, seq)
-        assert all(int(x) == -1 for x in r[2 + min(n, K):])  # slots past the tile's items untouched
+        assert all(int(x) == -1 for x in r[2 + min(n, K) :])  # slots past the tile's items untouched
     with pytest.raises(ValueError, match="timeline"):
-        launch_decode(*args, out=torch.empty_like(case["q"]), workspace=ws,
-                      timeline=tl_buf.to(torch.int32), **kw)
+        launch_decode(*args, out=torch.empty_like(case["q"]), workspace=ws, timeline=tl_buf.to(torch.int32), **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("policy, params", [
-    ("stream_k", {"ctas_per_sm": 2, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True,
-                  "heads_per_tile": 2, "next_item": True}),
-    ("stream_k", {"ctas_per_sm": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "prefetch": True,
-                  "heads_per_tile": 2, "next_item": True}),
-    ("balanced", {"ctas_per_sm": 3, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True,
-                  "heads_per_tile": 2}),
-    ("fixed", {"num_splits": 40}),
-    ("fixed", {"num_splits": 5, "schedule": "persistent", "num_programs": 64}),
-], ids=["sk_c2_h2_nx", "sk_c1_w8_nx", "bal_c3_h2", "fixed40", "fixed5_persistent"])
+@pytest.mark.parametrize(
+    "policy, params",
+    [
+        (
+            "stream_k",
+            {
+                "ctas_per_sm": 2,
+                "block_n": 32,
+                "num_warps": 4,
+                "num_stages": 3,
+                "prefetch": True,
+                "heads_per_tile": 2,
+                "next_item": True,
+            },
+        ),
+        (
+            "stream_k",
+            {
+                "ctas_per_sm": 1,
+                "block_n": 64,
+                "num_warps": 8,
+                "num_stages": 3,
+                "prefetch": True,
+                "heads_per_tile": 2,
+                "next_item": True,
+            },
+        ),
+        (
+            "balanced",
+            {"ctas_per_sm": 3, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True, "heads_per_tile": 2},
+        ),
+        ("fixed", {"num_splits": 40}),
+        ("fixed", {"num_splits": 5, "schedule": "persistent", "num_programs": 64}),
+    ],
+    ids=["sk_c2_h2_nx", "sk_c1_w8_nx", "bal_c3_h2", "fixed40", "fixed5_persistent"],
+)
 def test_overlapped_merge(dtype, policy, params):
     """``launch_decode(merge_overlap=True)`` (the merge launched with PDL, waiting on per-(request, head, chunk)
     arrival counters): bit-identical to the merge after stage 1 (the same fold in the same order), eagerly and
@@ -418,10 +586,12 @@ def test_overlapped_merge(dtype, policy, params):
 
     lens = [60000, 17, 300, 0, 9000] + [1000 + 37 * i for i in range(120)]
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype,
-                     device="cuda", seed=21)
-    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params, head_dim=128,
-                     page_size=16, dtype=name)
+    case = make_case(
+        lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda", seed=21
+    )
+    plan = make_plan(
+        lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params, head_dim=128, page_size=16, dtype=name
+    )
     assert plan.launch_sizes()["num_merge"] > 0
     arrays = plan.to("cuda")
     ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
@@ -458,14 +628,23 @@ def test_overlapped_merge_device_resident(dtype):
 
     lens = [60000, 17, 300, 0, 9000] + [1000 + 37 * i for i in range(60)]
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype,
-                     device="cuda", seed=23)
-    w = DecodeWrapper(32, 4, 128, page_size=16, dtype=name, device="cuda", max_batch_size=256, policy="stream_k",
-                      use_cuda_graph=True)
+    case = make_case(
+        lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda", seed=23
+    )
+    w = DecodeWrapper(
+        32, 4, 128, page_size=16, dtype=name, device="cuda", max_batch_size=256, policy="stream_k", use_cuda_graph=True
+    )
     w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.asarray(lens))
     assert w.planner == "device"
-    args = (case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"], w.bufs.arrays(),
-            w.config)
+    args = (
+        case["q"],
+        case["k_cache"],
+        case["v_cache"],
+        case["kv_indptr"],
+        case["kv_indices"],
+        w.bufs.arrays(),
+        w.config,
+    )
     kw = dict(workspace=w.workspace, counts=w.bufs.counts, max_merge=w.max_batch_size)
     base = torch.empty_like(case["q"])
     launch_decode(*args, out=base, **kw, merge_overlap=False)

@@ -10,8 +10,14 @@ from kvsplit.kernels.device import DeviceSpec, device_aliases, known_devices, re
 from kvsplit.kernels.plan import make_plan
 
 REPORTED_NAMES = [
-    "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H20",
-    "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S", "NVIDIA B200",
+    "NVIDIA H200",
+    "NVIDIA H100 80GB HBM3",
+    "NVIDIA H100 PCIe",
+    "NVIDIA H20",
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA A100-SXM4-40GB",
+    "NVIDIA L40S",
+    "NVIDIA B200",
 ]
 
 
@@ -43,8 +49,16 @@ def test_unknown_name_is_a_clear_error_unless_numbers_given():
         DeviceSpec.known("NVIDIA X1")
     with pytest.raises(ValueError, match="missing"):
         resolve_device({"name": "NVIDIA X1", "num_sms": 10})
-    x1 = resolve_device({"name": "NVIDIA X1", "num_sms": 10, "hbm_bandwidth_gbps": 500.0, "l2_bytes": 1 << 20,
-                         "smem_per_sm_bytes": 100_000, "smem_per_block_bytes": 99_000})
+    x1 = resolve_device(
+        {
+            "name": "NVIDIA X1",
+            "num_sms": 10,
+            "hbm_bandwidth_gbps": 500.0,
+            "l2_bytes": 1 << 20,
+            "smem_per_sm_bytes": 100_000,
+            "smem_per_block_bytes": 99_000,
+        }
+    )
     assert x1.num_sms == 10
     make_plan([1000, 20], num_kv_heads=2, device=x1)
     # a known name with some numbers: the table entry with those replaced
@@ -63,8 +77,16 @@ def test_replace_gives_a_valid_variant():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("num_sms", 0), ("num_sms", 1.5), ("hbm_bandwidth_gbps", 0.0), ("hbm_bandwidth_gbps", float("nan")),
-     ("l2_bytes", -1), ("smem_per_block_bytes", 10**9), ("compute_capability", (9,)), ("name", "")],
+    [
+        ("num_sms", 0),
+        ("num_sms", 1.5),
+        ("hbm_bandwidth_gbps", 0.0),
+        ("hbm_bandwidth_gbps", float("nan")),
+        ("l2_bytes", -1),
+        ("smem_per_block_bytes", 10**9),
+        ("compute_capability", (9,)),
+        ("name", ""),
+    ],
 )
 def test_invalid_fields_are_named(field, value):
     with pytest.raises(ValueError, match=f"DeviceSpec.{field}"):

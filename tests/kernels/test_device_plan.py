@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kvsplit.kernels.device_plan import alloc_device_plan, check_device_rule, device_plan
-from kvsplit.kernels.rulespec import resolve
 from kvsplit.kernels.plan import make_plan
+from kvsplit.kernels.rulespec import resolve
 
 H200 = "NVIDIA H200"
 RULES = [
@@ -43,7 +43,7 @@ def _check(L, policy, params, hkv=4, max_batch=64, max_items=2048):
     assert bufs.work_kv_start[:W].tolist() == p.work_kv_start.tolist()
     assert bufs.work_kv_end[:W].tolist() == p.work_kv_end.tolist()
     assert bufs.work_slot[:W].tolist() == ws.tolist()
-    assert bufs.cta_indptr[:C + 1].tolist() == p.cta_indptr.tolist()
+    assert bufs.cta_indptr[: C + 1].tolist() == p.cta_indptr.tolist()
     assert bufs.merge_request[:M].tolist() == mr.tolist()
     assert bufs.merge_slot_start[:M].tolist() == ms.tolist()
     assert bufs.merge_num[:M].tolist() == mn.tolist()
@@ -61,10 +61,10 @@ def test_random_batches(policy, params):
 
 @pytest.mark.parametrize("policy,params", RULES)
 def test_edge_cases(policy, params):
-    _check([0], policy, params)                     # B = 1, empty
+    _check([0], policy, params)  # B = 1, empty
     _check([1], policy, params)
-    _check([300000], policy, params)                # B = 1, long
-    _check([0, 0, 5, 0], policy, params)            # zeros
+    _check([300000], policy, params)  # B = 1, long
+    _check([0, 0, 5, 0], policy, params)  # zeros
     _check([7] * 64, policy, params, max_batch=64)  # batch at the maximum size
     rng = np.random.default_rng(3)
     _check(rng.integers(0, 3000, 2000).tolist(), policy, params, max_batch=2048, max_items=8192)  # > one block

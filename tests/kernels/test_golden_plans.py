@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsplit.kernels.plan import make_plan
-from kvsplit.kernels.rulespec import fit_heads_per_tile
-from kvsplit.kernels.policy_table import PolicyTable
-from kvsplit.kernels.shape import Shape
 from kvsplit.kernels import fastplan
+from kvsplit.kernels.plan import make_plan
+from kvsplit.kernels.policy_table import PolicyTable
+from kvsplit.kernels.rulespec import fit_heads_per_tile
+from kvsplit.kernels.shape import Shape
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((ROOT / "tests/data/golden_plans.json").read_text())
@@ -43,8 +43,14 @@ def _table() -> PolicyTable:
 
 
 def _shape(case) -> dict:
-    return dict(gpu=GOLDEN["gpu"], num_qo_heads=case["num_qo_heads"], num_kv_heads=case["num_kv_heads"],
-                head_dim=GOLDEN["head_dim"], dtype=GOLDEN["dtype"], page_size=GOLDEN["page_size"])
+    return dict(
+        gpu=GOLDEN["gpu"],
+        num_qo_heads=case["num_qo_heads"],
+        num_kv_heads=case["num_kv_heads"],
+        head_dim=GOLDEN["head_dim"],
+        dtype=GOLDEN["dtype"],
+        page_size=GOLDEN["page_size"],
+    )
 
 
 def test_file_covers_the_evaluation_sets():
@@ -71,11 +77,11 @@ def test_served_plans(core):
                 B, W, nc, b64, b32, sp, key, entry, dist = raw
                 assert b64[:B].tolist() == c["kv_lens"]
                 assert B + 2 * W <= b64.shape[0] and nc == plan.cta_indptr.shape[0]
-                assert b64[B:B + W].tolist() == plan.work_kv_start.tolist()
-                assert b64[B + W:B + 2 * W].tolist() == plan.work_kv_end.tolist()
+                assert b64[B : B + W].tolist() == plan.work_kv_start.tolist()
+                assert b64[B + W : B + 2 * W].tolist() == plan.work_kv_end.tolist()
                 assert b32[:B].tolist() == plan.num_splits.tolist()
-                assert b32[B:B + W].tolist() == plan.work_request.tolist()
-                assert b32[B + W:B + W + nc].tolist() == plan.cta_indptr.tolist()
+                assert b32[B : B + W].tolist() == plan.work_request.tolist()
+                assert b32[B + W : B + W + nc].tolist() == plan.cta_indptr.tolist()
                 assert key.tobytes().decode() == bucket["key"] and dist == bucket["distance"]
 
 
@@ -87,8 +93,13 @@ def test_named_policy_plans(core):
         for c in CASES:
             hq, hkv = c["num_qo_heads"], c["num_kv_heads"]
             for (name, params), want in zip(GOLDEN["policies"], c["named"]):
-                p = make_plan(c["kv_lens"], num_kv_heads=hkv, device=GOLDEN["gpu"], policy=name,
-                              params=fit_heads_per_tile(params, hq, hkv))
+                p = make_plan(
+                    c["kv_lens"],
+                    num_kv_heads=hkv,
+                    device=GOLDEN["gpu"],
+                    policy=name,
+                    params=fit_heads_per_tile(params, hq, hkv),
+                )
                 assert digest(p.to_dict()) == want, (c["id"], name, params)
 
 
@@ -106,12 +117,19 @@ def test_device_planner_work_lists():
             check_device_rule(rule)
             dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter without a GPU
             bufs = alloc_device_plan(len(L), 8 * len(L) + 4096, dev)
-            device_plan(torch.tensor(L, dtype=torch.int32, device=dev), rule, bufs, torch.ones(1, dtype=torch.int32, device=dev))
+            device_plan(
+                torch.tensor(L, dtype=torch.int32, device=dev), rule, bufs, torch.ones(1, dtype=torch.int32, device=dev)
+            )
             W, C, T, M = bufs.counts.tolist()
-            got = {"counts": [W, C, T, M], "work_request": bufs.work_request[:W].tolist(),
-                   "work_kv_start": bufs.work_kv_start[:W].tolist(), "work_kv_end": bufs.work_kv_end[:W].tolist(),
-                   "work_slot": bufs.work_slot[:W].tolist(), "cta_indptr": bufs.cta_indptr[:C + 1].tolist(),
-                   "merge_request": bufs.merge_request[:M].tolist(),
-                   "merge_slot_start": bufs.merge_slot_start[:M].tolist(), "merge_num": bufs.merge_num[:M].tolist()}
+            got = {
+                "counts": [W, C, T, M],
+                "work_request": bufs.work_request[:W].tolist(),
+                "work_kv_start": bufs.work_kv_start[:W].tolist(),
+                "work_kv_end": bufs.work_kv_end[:W].tolist(),
+                "work_slot": bufs.work_slot[:W].tolist(),
+                "cta_indptr": bufs.cta_indptr[: C + 1].tolist(),
+                "merge_request": bufs.merge_request[:M].tolist(),
+                "merge_slot_start": bufs.merge_slot_start[:M].tolist(),
+                "merge_num": bufs.merge_num[:M].tolist(),
+            }
             assert digest(got) == want, (c["id"], name, params)
-

@@ -28,20 +28,32 @@ SHAPES = [(16, 4, 2), (16, 4, 4), (8, 4, 2), (4, 4, 2)]
 
 
 @pytest.mark.parametrize("hq, hkv, heads", SHAPES)
-@pytest.mark.parametrize("policy, params", [
-    ("balanced", {"block_n": 16, "ctas_per_sm": 0.25}),
-    ("stream_k", {"block_n": 32, "ctas_per_sm": 0.5}),
-    ("stream_k", {"block_n": 16, "num_stages": 3, "prefetch": True, "ctas_per_sm": 0.25}),
-    ("no_split", {"block_n": 16, "schedule": "persistent", "num_programs": 3}),
-])
+@pytest.mark.parametrize(
+    "policy, params",
+    [
+        ("balanced", {"block_n": 16, "ctas_per_sm": 0.25}),
+        ("stream_k", {"block_n": 32, "ctas_per_sm": 0.5}),
+        ("stream_k", {"block_n": 16, "num_stages": 3, "prefetch": True, "ctas_per_sm": 0.25}),
+        ("no_split", {"block_n": 16, "schedule": "persistent", "num_programs": 3}),
+    ],
+)
 def test_heads_per_tile_matches_reference_fp16(hq, hkv, heads, policy, params):
     lens = [0, 1, 15, 16, 17, 300, 45, 1000]
-    case = make_case(lens, num_qo_heads=hq, num_kv_heads=hkv, head_dim=64, page_size=16, dtype=torch.float16,
-                     seed=hq + heads)
-    p1 = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy=policy, params=params, head_dim=64,
-                   dtype="float16")
-    pk = make_plan(lens, num_kv_heads=hkv, device="NVIDIA H200", policy=policy,
-                   params={**params, "heads_per_tile": heads}, head_dim=64, dtype="float16")
+    case = make_case(
+        lens, num_qo_heads=hq, num_kv_heads=hkv, head_dim=64, page_size=16, dtype=torch.float16, seed=hq + heads
+    )
+    p1 = make_plan(
+        lens, num_kv_heads=hkv, device="NVIDIA H200", policy=policy, params=params, head_dim=64, dtype="float16"
+    )
+    pk = make_plan(
+        lens,
+        num_kv_heads=hkv,
+        device="NVIDIA H200",
+        policy=policy,
+        params={**params, "heads_per_tile": heads},
+        head_dim=64,
+        dtype="float16",
+    )
     assert pk.config.heads_per_tile == heads and pk.num_work_tiles == pk.num_ctas * hkv // heads
     o1 = _check(case, p1, torch.float16)
     ok = _check(case, pk, torch.float16)
@@ -53,16 +65,31 @@ def test_heads_per_tile_fp32_split_and_packed():
     lens = [2500, 3, 0, 700, 64, 65, 1, 129]
     case = make_case(lens, num_qo_heads=8, num_kv_heads=4, head_dim=64, page_size=7, dtype=torch.float32, seed=3)
     for params in ({"num_splits": 3, "block_n": 32}, {"num_splits": 1, "block_n": 16, "pack_tokens": 4096}):
-        p = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="fixed",
-                      params={**params, "heads_per_tile": 4}, head_dim=64, page_size=7, dtype="float32")
+        p = make_plan(
+            lens,
+            num_kv_heads=4,
+            device="NVIDIA H200",
+            policy="fixed",
+            params={**params, "heads_per_tile": 4},
+            head_dim=64,
+            page_size=7,
+            dtype="float32",
+        )
         _check(case, p, torch.float32)
 
 
 def test_workspace_reuse_with_heads_per_tile():
     lens = [40, 5000, 7]
     case = make_case(lens, num_qo_heads=16, num_kv_heads=4, head_dim=64, page_size=16, dtype=torch.float16, seed=9)
-    p = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
-                  params={"block_n": 32, "ctas_per_sm": 0.25, "heads_per_tile": 2}, head_dim=64, dtype="float16")
+    p = make_plan(
+        lens,
+        num_kv_heads=4,
+        device="NVIDIA H200",
+        policy="stream_k",
+        params={"block_n": 32, "ctas_per_sm": 0.25, "heads_per_tile": 2},
+        head_dim=64,
+        dtype="float16",
+    )
     ws = make_workspace(16, 64, max_partials=p.num_partials, max_batch=3, device="cpu")
     out = torch.full_like(case["q"], float("nan"))
     ref = reference_decode_attention(**case)
@@ -73,22 +100,41 @@ def test_workspace_reuse_with_heads_per_tile():
 
 def test_heads_per_tile_is_checked():
     lens = [100, 200]
-    for bad, msg in ((3, "params.heads_per_tile: expected one of"), (True, "params.heads_per_tile: expected an "
-                                                                           "integer"), ("2", "expected an integer")):
+    for bad, msg in (
+        (3, "params.heads_per_tile: expected one of"),
+        (True, "params.heads_per_tile: expected an integer"),
+        ("2", "expected an integer"),
+    ):
         with pytest.raises(ValueError, match=msg):
             make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params={"heads_per_tile": bad})
     with pytest.raises(ValueError, match="params.heads_per_tile: expected a divisor of num_kv_heads=2"):
-        make_plan(lens, num_kv_heads=2, device="NVIDIA H200", policy="balanced",
-                  params={"heads_per_tile": 4, "block_n": 64})
+        make_plan(
+            lens, num_kv_heads=2, device="NVIDIA H200", policy="balanced", params={"heads_per_tile": 4, "block_n": 64}
+        )
     with pytest.raises(ValueError, match="heads_per_tile=2 needs about 256 KB"):
-        make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="balanced",
-                  params={"heads_per_tile": 2, "block_n": 128, "num_stages": 3})
+        make_plan(
+            lens,
+            num_kv_heads=4,
+            device="NVIDIA H200",
+            policy="balanced",
+            params={"heads_per_tile": 2, "block_n": 128, "num_stages": 3},
+        )
     # G * heads_per_tile above the 16 query rows of one tile: refused before any launch, naming the knob
     case = make_case(lens, num_qo_heads=32, num_kv_heads=4, head_dim=64, page_size=16, dtype=torch.float16)
-    p = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="balanced",
-                  params={"heads_per_tile": 4, "block_n": 16}, head_dim=64, dtype="float16")
-    with pytest.raises(ValueError, match=r"plan.config.heads_per_tile: 4 KV heads of GQA group G=8 .* are 32 query "
-                                         r"rows, above the 16 of one work tile: use heads_per_tile <= 2"):
+    p = make_plan(
+        lens,
+        num_kv_heads=4,
+        device="NVIDIA H200",
+        policy="balanced",
+        params={"heads_per_tile": 4, "block_n": 16},
+        head_dim=64,
+        dtype="float16",
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"plan.config.heads_per_tile: 4 KV heads of GQA group G=8 .* are 32 query "
+        r"rows, above the 16 of one work tile: use heads_per_tile <= 2",
+    ):
         decode_attention(**case, plan=p)
     # the JSON form keeps the knob, and a document whose knob does not divide H_kv is refused
     d = p.to_dict()
@@ -104,16 +150,25 @@ def test_tiles_counted_per_group_of_heads():
     per KV head double at heads_per_tile 2 for the same target of work tiles per SM, and a wave-aware balanced
     plan fills the resident slots of the heads-per-tile config."""
     L = np.full(8, 131072)
-    s1 = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
-                   params={"ctas_per_sm": 3, "block_n": 64})
-    s2 = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
-                   params={"ctas_per_sm": 3, "block_n": 64, "heads_per_tile": 2})
+    s1 = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", params={"ctas_per_sm": 3, "block_n": 64})
+    s2 = make_plan(
+        L,
+        num_kv_heads=4,
+        device="NVIDIA H200",
+        policy="stream_k",
+        params={"ctas_per_sm": 3, "block_n": 64, "heads_per_tile": 2},
+    )
     assert s1.num_ctas == 3 * 132 // 4 and s2.num_ctas == 3 * 132 // 2
     assert s1.num_work_tiles == s2.num_work_tiles == 396
     # (64, 4, 2) with 2 heads per tile: 168 registers, 71,680 B of shared memory -> 3 CTAs per SM
     assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 64, 4, 2, heads_per_tile=2) == 3
-    b2 = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="balanced",
-                   params={"ctas_per_sm": 4, "block_n": 64, "heads_per_tile": 2})
+    b2 = make_plan(
+        L,
+        num_kv_heads=4,
+        device="NVIDIA H200",
+        policy="balanced",
+        params={"ctas_per_sm": 4, "block_n": 64, "heads_per_tile": 2},
+    )
     # 4 x 132 = 528 tiles wanted, cut to one whole wave of the 3 x 132 slots; per-request rounding stays below
     assert 380 <= b2.num_work_tiles <= 396
 
@@ -123,10 +178,12 @@ def test_compiled_heads_table_is_consistent():
     memory than the one-head tile of the same config (its heads' K/V buffers), and unknown configs fall back to
     the estimate, which counts the heads' buffers too."""
     from kvsplit.kernels.residency import COMPILED, MEASURED, MEASURED_PREFETCH, estimate
+
     assert len(COMPILED_HEADS) >= 40
     for (gpu, d, dt, bn, w, s, pf, h), (regs, smem) in COMPILED_HEADS.items():
         assert resident_ctas_per_sm(H200, d, dt, 2, bn, w, s, prefetch=pf, heads_per_tile=h) == occupancy(
-            H200, w, regs, smem)
+            H200, w, regs, smem
+        )
         one = (MEASURED_PREFETCH if pf else {**COMPILED, **MEASURED}).get((gpu, d, dt, bn, w, s))
         if one is not None:
             assert smem > one[1]
@@ -137,10 +194,14 @@ def test_simulator_counts_heads_per_tile():
     from kvsplit.tuner.simulate import Calibration, _prepare, config_key, predict
 
     L = np.full(8, 131072)
-    p1 = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", params={"ctas_per_sm": 3,
-                                                                                        "block_n": 64})
-    p2 = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
-                   params={"ctas_per_sm": 3, "block_n": 64, "heads_per_tile": 2})
+    p1 = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", params={"ctas_per_sm": 3, "block_n": 64})
+    p2 = make_plan(
+        L,
+        num_kv_heads=4,
+        device="NVIDIA H200",
+        policy="stream_k",
+        params={"ctas_per_sm": 3, "block_n": 64, "heads_per_tile": 2},
+    )
     t1, t2 = _prepare(p1, H200), _prepare(p2, H200)
     assert t2.tile_bytes.shape[0] == p2.num_work_tiles == 396
     assert t1.total_bytes == t2.total_bytes and t1.tile_bytes.sum() == pytest.approx(t2.tile_bytes.sum())
@@ -175,17 +236,18 @@ def test_fit_heads_per_tile():
     from kvsplit.kernels.rulespec import fit_heads_per_tile
 
     p = {"ctas_per_sm": 3.0, "heads_per_tile": 2}
-    assert fit_heads_per_tile(p, 32, 4) is p                                   # G = 8: 16 rows, fits
+    assert fit_heads_per_tile(p, 32, 4) is p  # G = 8: 16 rows, fits
     assert fit_heads_per_tile(p, 64, 4) == {"ctas_per_sm": 3.0, "heads_per_tile": 1}  # G = 16: 32 rows
-    assert p["heads_per_tile"] == 2                                            # the table's params untouched
-    assert fit_heads_per_tile({"heads_per_tile": 4}, 32, 8) == {"heads_per_tile": 4}    # G = 4
-    assert fit_heads_per_tile({"heads_per_tile": 4}, 64, 8) == {"heads_per_tile": 2}    # G = 8
-    assert fit_heads_per_tile({"heads_per_tile": 4}, 6, 6) == {"heads_per_tile": 2}     # G = 1: 4 does not divide 6
-    assert fit_heads_per_tile({"heads_per_tile": 8}, 128, 8) == {"heads_per_tile": 1}   # G = 16
+    assert p["heads_per_tile"] == 2  # the table's params untouched
+    assert fit_heads_per_tile({"heads_per_tile": 4}, 32, 8) == {"heads_per_tile": 4}  # G = 4
+    assert fit_heads_per_tile({"heads_per_tile": 4}, 64, 8) == {"heads_per_tile": 2}  # G = 8
+    assert fit_heads_per_tile({"heads_per_tile": 4}, 6, 6) == {"heads_per_tile": 2}  # G = 1: 4 does not divide 6
+    assert fit_heads_per_tile({"heads_per_tile": 8}, 128, 8) == {"heads_per_tile": 1}  # G = 16
     assert fit_heads_per_tile({"whole_wave_heads": 2}, 64, 4) == {"whole_wave_heads": 1}
     assert fit_heads_per_tile({"whole_wave_heads": 16}, 32, 4) == {"whole_wave_heads": 2}
     # every refit is a plan the planner makes and the launch accepts, for every shape and request
     from kvsplit.kernels.decode import check_heads_per_tile
+
     for hkv in (1, 2, 3, 4, 6, 8):
         for G in (1, 2, 3, 4, 8, 16):
             for h in (1, 2, 4, 8):
@@ -207,8 +269,8 @@ def test_table_refits_heads_per_tile_to_the_gqa_group(reference):
     from pathlib import Path
 
     from kvsplit.kernels import fastplan
-    from kvsplit.kernels.rulespec import fit_heads_per_tile
     from kvsplit.kernels.policy_table import PolicyTable
+    from kvsplit.kernels.rulespec import fit_heads_per_tile
 
     raw = json.loads((Path(__file__).resolve().parents[2] / "kernels/data/h200_policies.json").read_text())
     table = PolicyTable.from_export(raw)
@@ -219,8 +281,9 @@ def test_table_refits_heads_per_tile_to_the_gqa_group(reference):
         p16, _, pol16 = table.plan(lens, num_qo_heads=64, **shape)
     assert pol8 == pol16 and pol8["params"].get("heads_per_tile") == 2  # one bucket, a two-heads policy
     assert p8.config.heads_per_tile == 2 and p16.config.heads_per_tile == 1
-    want = make_plan(lens, num_kv_heads=4, device=H200, policy=pol16["name"],
-                     params=fit_heads_per_tile(pol16["params"], 64, 4))
+    want = make_plan(
+        lens, num_kv_heads=4, device=H200, policy=pol16["name"], params=fit_heads_per_tile(pol16["params"], 64, 4)
+    )
     assert p16 == want
     assert p16.num_work_tiles == p16.num_ctas * 4 and p8.num_work_tiles == p8.num_ctas * 2
     # what the launch checks before any kernel runs: the refitted plan passes, the unrefitted one is refused

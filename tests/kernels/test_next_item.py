@@ -25,20 +25,30 @@ LENS = [0, 1, 15, 16, 17, 300, 45, 1000, 33, 2, 64, 65, 129, 7, 0, 500]
 
 
 @pytest.mark.parametrize("hq, hkv, heads", [(8, 4, 1), (16, 4, 2)])
-@pytest.mark.parametrize("policy, params", [
-    ("fixed", {"block_n": 16, "num_splits": 1, "pack_tokens": 4096}),  # one CTA of all 16 items
-    ("fixed", {"block_n": 16, "num_splits": 3, "pack_tokens": 600}),  # split and packed
-    ("stream_k", {"block_n": 16, "ctas_per_sm": 0.25}),  # CTAs cut across items
-    ("stream_k", {"block_n": 32, "ctas_per_sm": 0.25, "schedule": "persistent", "num_programs": 2}),
-])
+@pytest.mark.parametrize(
+    "policy, params",
+    [
+        ("fixed", {"block_n": 16, "num_splits": 1, "pack_tokens": 4096}),  # one CTA of all 16 items
+        ("fixed", {"block_n": 16, "num_splits": 3, "pack_tokens": 600}),  # split and packed
+        ("stream_k", {"block_n": 16, "ctas_per_sm": 0.25}),  # CTAs cut across items
+        ("stream_k", {"block_n": 32, "ctas_per_sm": 0.25, "schedule": "persistent", "num_programs": 2}),
+    ],
+)
 def test_next_item_matches_reference_and_the_plain_loop(hq, hkv, heads, policy, params):
-    case = make_case(LENS, num_qo_heads=hq, num_kv_heads=hkv, head_dim=64, page_size=16, dtype=torch.float16,
-                     seed=hq + heads)
+    case = make_case(
+        LENS, num_qo_heads=hq, num_kv_heads=hkv, head_dim=64, page_size=16, dtype=torch.float16, seed=hq + heads
+    )
     outs = []
     for nx in (True, False):
-        plan = make_plan(LENS, num_kv_heads=hkv, device="NVIDIA H200", policy=policy,
-                         params={**params, "num_stages": 3, "prefetch": True, "next_item": nx,
-                                 "heads_per_tile": heads}, head_dim=64, dtype="float16")
+        plan = make_plan(
+            LENS,
+            num_kv_heads=hkv,
+            device="NVIDIA H200",
+            policy=policy,
+            params={**params, "num_stages": 3, "prefetch": True, "next_item": nx, "heads_per_tile": heads},
+            head_dim=64,
+            dtype="float16",
+        )
         assert plan.config.next_item is nx
         assert int((plan.cta_indptr[1:] - plan.cta_indptr[:-1]).max()) >= 3
         outs.append(check_decode(case, plan, torch.float16))
@@ -48,46 +58,88 @@ def test_next_item_matches_reference_and_the_plain_loop(hq, hkv, heads, policy, 
 def test_next_item_fp32_page_size_7_and_one_item_ctas():
     lens = [2500, 3, 0, 700, 64, 65, 1, 129]
     case = make_case(lens, num_qo_heads=8, num_kv_heads=4, head_dim=64, page_size=7, dtype=torch.float32, seed=5)
-    for params in ({"num_splits": 3, "block_n": 32}, {"num_splits": 1, "block_n": 16, "pack_tokens": 4096},
-                   {"num_splits": 1, "block_n": 16}):  # the last: one item per CTA (nothing to look ahead to)
-        plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="fixed",
-                         params={**params, "num_stages": 4, "prefetch": True, "next_item": True}, head_dim=64,
-                         page_size=7, dtype="float32")
+    for params in (
+        {"num_splits": 3, "block_n": 32},
+        {"num_splits": 1, "block_n": 16, "pack_tokens": 4096},
+        {"num_splits": 1, "block_n": 16},
+    ):  # the last: one item per CTA (nothing to look ahead to)
+        plan = make_plan(
+            lens,
+            num_kv_heads=4,
+            device="NVIDIA H200",
+            policy="fixed",
+            params={**params, "num_stages": 4, "prefetch": True, "next_item": True},
+            head_dim=64,
+            page_size=7,
+            dtype="float32",
+        )
         check_decode(case, plan, torch.float32)
 
 
 def test_next_item_is_checked():
     with pytest.raises(ValueError, match="params.next_item: needs prefetch"):
-        make_plan([100, 200], num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
-                  params={"num_stages": 3, "next_item": True})
+        make_plan(
+            [100, 200],
+            num_kv_heads=4,
+            device="NVIDIA H200",
+            policy="stream_k",
+            params={"num_stages": 3, "next_item": True},
+        )
     with pytest.raises(ValueError, match="params.next_item: expected true or false"):
-        make_plan([100, 200], num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
-                  params={"num_stages": 3, "prefetch": True, "next_item": 1})
+        make_plan(
+            [100, 200],
+            num_kv_heads=4,
+            device="NVIDIA H200",
+            policy="stream_k",
+            params={"num_stages": 3, "prefetch": True, "next_item": 1},
+        )
     # the launcher's override names the config's knob
     lens = [40, 300]
     case = make_case(lens, num_qo_heads=8, num_kv_heads=4, head_dim=64, page_size=16, dtype=torch.float16)
-    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="fixed", params={"num_splits": 2},
-                     head_dim=64, dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=4,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": 2},
+        head_dim=64,
+        dtype="float16",
+    )
     ws = dec.make_workspace(8, 64, max_partials=plan.num_partials, max_batch=2, device="cpu")
     with pytest.raises(ValueError, match="config.next_item: needs the prefetching loop"):
-        dec.launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                          plan.to("cpu"), plan.config, out=torch.empty_like(case["q"]), workspace=ws,
-                          **plan.launch_sizes(), next_item=True)
+        dec.launch_decode(
+            case["q"],
+            case["k_cache"],
+            case["v_cache"],
+            case["kv_indptr"],
+            case["kv_indices"],
+            plan.to("cpu"),
+            plan.config,
+            out=torch.empty_like(case["q"]),
+            workspace=ws,
+            **plan.launch_sizes(),
+            next_item=True,
+        )
 
 
 def test_next_item_residency():
     # compiled: (32, 4, 3) with two heads per tile keeps 3 CTAs per SM without the look-ahead, 2 with it
     assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 32, 4, 3, prefetch=True, heads_per_tile=2) == 3
-    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 32, 4, 3, prefetch=True, heads_per_tile=2,
-                                next_item=True) == 2
+    assert (
+        resident_ctas_per_sm(H200, 128, "bfloat16", 2, 32, 4, 3, prefetch=True, heads_per_tile=2, next_item=True) == 2
+    )
     # the one-CTA tile of the stream-K plans it is for keeps its residency
     for heads in (1, 2):
-        assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 64, 8, 3, prefetch=True, heads_per_tile=heads,
-                                    next_item=True) >= 1
+        assert (
+            resident_ctas_per_sm(
+                H200, 128, "bfloat16", 2, 64, 8, 3, prefetch=True, heads_per_tile=heads, next_item=True
+            )
+            >= 1
+        )
     # every compiled config: its own figures; never more resident CTAs than the compiled config without the
     # look-ahead (where that one was compiled too: the others are estimates)
     compared = 0
-    for (gpu, d, dt, bn, w, s, h), (regs, smem) in COMPILED_NEXT.items():
+    for (_gpu, d, dt, bn, w, s, h), (regs, smem) in COMPILED_NEXT.items():
         with_nx = resident_ctas_per_sm(H200, d, dt, 2, bn, w, s, prefetch=True, heads_per_tile=h, next_item=True)
         assert with_nx == occupancy(H200, w, regs, smem)
         base = _table(H200, d, dt, bn, w, s, True, h)
@@ -132,13 +184,27 @@ def test_tuned_space_suggests_next_item_only_with_prefetch():
 
 
 def test_candidate_names_carry_the_knob():
-    assert candidate_policy("stream_k|c1|n64w8s3|pf|h2|nx") == ("stream_k", {
-        "ctas_per_sm": 1.0, "block_n": 64, "num_warps": 8, "num_stages": 3, "prefetch": True, "heads_per_tile": 2,
-        "next_item": True})
+    assert candidate_policy("stream_k|c1|n64w8s3|pf|h2|nx") == (
+        "stream_k",
+        {
+            "ctas_per_sm": 1.0,
+            "block_n": 64,
+            "num_warps": 8,
+            "num_stages": 3,
+            "prefetch": True,
+            "heads_per_tile": 2,
+            "next_item": True,
+        },
+    )
     assert "next_item" not in candidate_policy("stream_k|c1|n64w8s3|pf|h2")[1]
 
 
 def test_next_item_refuses_more_than_two_heads_per_tile():
     with pytest.raises(ValueError, match="params.next_item: not with heads_per_tile=4"):
-        make_plan([100, 200], num_kv_heads=4, device="NVIDIA H200", policy="stream_k",
-                  params={"num_stages": 3, "prefetch": True, "next_item": True, "heads_per_tile": 4})
+        make_plan(
+            [100, 200],
+            num_kv_heads=4,
+            device="NVIDIA H200",
+            policy="stream_k",
+            params={"num_stages": 3, "prefetch": True, "next_item": True, "heads_per_tile": 4},
+        )

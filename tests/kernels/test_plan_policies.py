@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import (
-    KernelConfig,
     POLICIES,
     TUNED_PARAM_SPACE,
+    KernelConfig,
     Plan,
     check_plan_invariants,
     default_config,
@@ -44,17 +44,40 @@ POLICY_CASES = [
     ("fa3", {}),
     ("fa3", {"order": "natural", "schedule": "grid"}),
     ("tuned", {}),
-    ("tuned", {"ctas_per_sm": 0.5, "min_chunk_tokens": 512, "max_splits": 4, "block_n": 32, "num_warps": 2,
-               "num_stages": 3, "order": "heavy_first", "schedule": "persistent", "programs_per_sm": 2,
-               "pack_tokens": 1024}),
+    (
+        "tuned",
+        {
+            "ctas_per_sm": 0.5,
+            "min_chunk_tokens": 512,
+            "max_splits": 4,
+            "block_n": 32,
+            "num_warps": 2,
+            "num_stages": 3,
+            "order": "heavy_first",
+            "schedule": "persistent",
+            "programs_per_sm": 2,
+            "pack_tokens": 1024,
+        },
+    ),
     ("stream_k", {}),
     ("stream_k", {"ctas_per_sm": 4, "item_cost_blocks": 0}),
-    ("stream_k", {"ctas_per_sm": 1, "item_cost_blocks": 5, "min_piece_blocks": 8, "order": "heavy_first",
-                  "block_n": 16}),
+    (
+        "stream_k",
+        {"ctas_per_sm": 1, "item_cost_blocks": 5, "min_piece_blocks": 8, "order": "heavy_first", "block_n": 16},
+    ),
     ("stream_k", {"ctas_per_sm": 0.25, "min_piece_blocks": 2, "schedule": "persistent", "num_programs": 7}),
     ("tuned", {"partition": "stream_k"}),
-    ("tuned", {"partition": "stream_k", "ctas_per_sm": 3, "item_cost_blocks": 2, "min_piece_blocks": 3,
-               "order": "heavy_first", "block_n": 128}),
+    (
+        "tuned",
+        {
+            "partition": "stream_k",
+            "ctas_per_sm": 3,
+            "item_cost_blocks": 2,
+            "min_piece_blocks": 3,
+            "order": "heavy_first",
+            "block_n": 128,
+        },
+    ),
     ("tuned", {"wave_aware": False, "ctas_per_sm": 2}),
     ("stream_k", {"ctas_per_sm": 4, "item_cost_blocks": 3, "min_piece_blocks": 4, "order": "heavy_first"}),
     ("tuned", {"partition": "stream_k", "min_piece_blocks": 2}),
@@ -87,8 +110,13 @@ kv_lens_st = st.lists(
     st.one_of(st.integers(0, 64), st.integers(0, 5000), st.integers(0, 300_000)), min_size=1, max_size=40
 )
 device_st = st.sampled_from(
-    [H200, dataclasses.replace(H200, num_sms=1), dataclasses.replace(H200, num_sms=3),
-     dataclasses.replace(H200, num_sms=8), DeviceSpec.known("NVIDIA A100-SXM4-80GB")]
+    [
+        H200,
+        dataclasses.replace(H200, num_sms=1),
+        dataclasses.replace(H200, num_sms=3),
+        dataclasses.replace(H200, num_sms=8),
+        DeviceSpec.known("NVIDIA A100-SXM4-80GB"),
+    ]
 )
 
 
@@ -222,8 +250,13 @@ def test_balanced_and_tuned_hand_computed():
     p = make_plan([262144], num_kv_heads=4, device=H200, policy="balanced")
     assert p.num_splits.tolist() == [98]
     # with round 1's tile (64, 4, 2: 4 CTAs/SM, 528 slots): fair = cdiv(1048576, 528) = 1986 -> chunk 2048 -> 128
-    p = make_plan([262144], num_kv_heads=4, device=H200, policy="balanced",
-                  params={"block_n": 64, "num_warps": 4, "num_stages": 2})
+    p = make_plan(
+        [262144],
+        num_kv_heads=4,
+        device=H200,
+        policy="balanced",
+        params={"block_n": 64, "num_warps": 4, "num_stages": 2},
+    )
     assert p.num_splits.tolist() == [128]
     # tuned with defaults == balanced
     for L in ([262144], family_kv_lens("skewed60", 37, 100_000).tolist(), [0, 1, 2, 3000]):
@@ -232,14 +265,17 @@ def test_balanced_and_tuned_hand_computed():
         assert a.num_splits.tolist() == b.num_splits.tolist()
         assert a.work_kv_start.tolist() == b.work_kv_start.tolist()
     # tuned: chunk = roundup(max(4096, fair), 128); fair = cdiv(4*10000, 2*132) = 152 -> 4096 -> cdiv(10000,4096)=3
-    p = make_plan([10000, 100], num_kv_heads=4, device=H200, policy="tuned",
-                  params={"ctas_per_sm": 2, "min_chunk_tokens": 4096})
+    p = make_plan(
+        [10000, 100], num_kv_heads=4, device=H200, policy="tuned", params={"ctas_per_sm": 2, "min_chunk_tokens": 4096}
+    )
     assert p.num_splits.tolist() == [3, 1]
-    p = make_plan([10000, 100], num_kv_heads=4, device=H200, policy="tuned",
-                  params={"min_chunk_tokens": 16, "max_splits": 2})
+    p = make_plan(
+        [10000, 100], num_kv_heads=4, device=H200, policy="tuned", params={"min_chunk_tokens": 16, "max_splits": 2}
+    )
     assert p.num_splits.tolist() == [2, 1]
-    p = make_plan([100], num_kv_heads=4, device=H200, policy="tuned",
-                  params={"schedule": "persistent", "programs_per_sm": 3})
+    p = make_plan(
+        [100], num_kv_heads=4, device=H200, policy="tuned", params={"schedule": "persistent", "programs_per_sm": 3}
+    )
     assert p.config.num_programs == 396
 
 
@@ -267,11 +303,14 @@ def test_tuned_param_space_is_data_and_accepted():
     for name in ("item_cost_blocks", "min_piece_blocks"):
         lo, hi = TUNED_PARAM_SPACE[name]["low"], TUNED_PARAM_SPACE[name]["high"]
         for v in (lo, hi):
-            make_plan([5000, 10], num_kv_heads=4, device=H200, policy="tuned", params={"partition": "stream_k", name: v})
+            make_plan(
+                [5000, 10], num_kv_heads=4, device=H200, policy="tuned", params={"partition": "stream_k", name: v}
+            )
         for v in (lo - 1, hi + 1):
             with pytest.raises(ValueError, match=rf"params\.{name}: expected an integer in \[{lo}, {hi}\], got {v}"):
-                make_plan([5000, 10], num_kv_heads=4, device=H200, policy="tuned",
-                          params={"partition": "stream_k", name: v})
+                make_plan(
+                    [5000, 10], num_kv_heads=4, device=H200, policy="tuned", params={"partition": "stream_k", name: v}
+                )
         make_plan([5000, 10], num_kv_heads=4, device=H200, policy="stream_k", params={name: hi + 1})
 
 
@@ -315,8 +354,10 @@ def test_small_gpus_many_heads(sms, hkv):
         (dict(policy="balanced", params={"bogus": 1}), "params"),
         (dict(policy="flashinfer", params={"tensor_cores": "yes"}), "params.tensor_cores"),
         (dict(policy="flashinfer", params={"resident_ctas_per_sm": 4}), "params.resident_ctas_per_sm"),
-        (dict(policy="flashinfer", params={"tensor_cores": False, "resident_ctas_per_sm": 0}),
-         "params.resident_ctas_per_sm"),
+        (
+            dict(policy="flashinfer", params={"tensor_cores": False, "resident_ctas_per_sm": 0}),
+            "params.resident_ctas_per_sm",
+        ),
         (dict(policy="flashinfer", params={"group_size": 0}), "params.group_size"),
         (dict(policy="fa3", params={"num_splits_static": 256}), "params.num_splits_static"),
         (dict(policy="tuned", params={"ctas_per_sm": float("nan")}), "params.ctas_per_sm"),
@@ -359,8 +400,14 @@ def test_work_item_limit():
 # stream_k and the wave-aware rules (issue 9)
 # ---------------------------------------------------------------------------
 
-TINY = DeviceSpec(name="Tiny GPU", num_sms=2, hbm_bandwidth_gbps=100.0, l2_bytes=1 << 20,
-                  smem_per_sm_bytes=228 * 1024, smem_per_block_bytes=227 * 1024)
+TINY = DeviceSpec(
+    name="Tiny GPU",
+    num_sms=2,
+    hbm_bandwidth_gbps=100.0,
+    l2_bytes=1 << 20,
+    smem_per_sm_bytes=228 * 1024,
+    smem_per_block_bytes=227 * 1024,
+)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -411,19 +458,38 @@ def stream_k_reference(L, hkv, num_sms, block_n, cps, o, mp, heavy_first):
             cta_indptr.append(i)
     cta_indptr.append(len(items))
     num_splits = [sum(1 for it in items if it[0] == b) for b in range(B)]
-    return dict(work_request=[it[0] for it in items], work_kv_start=[it[1] for it in items],
-                work_kv_end=[it[2] for it in items], cta_indptr=cta_indptr, num_splits=num_splits,
-                C=C, share=share, ctas=[it[3] for it in items])
+    return dict(
+        work_request=[it[0] for it in items],
+        work_kv_start=[it[1] for it in items],
+        work_kv_end=[it[2] for it in items],
+        cta_indptr=cta_indptr,
+        num_splits=num_splits,
+        C=C,
+        share=share,
+        ctas=[it[3] for it in items],
+    )
 
 
 def _plan_arrays(p: Plan) -> dict:
-    return dict(work_request=p.work_request.tolist(), work_kv_start=p.work_kv_start.tolist(),
-                work_kv_end=p.work_kv_end.tolist(), cta_indptr=p.cta_indptr.tolist(), num_splits=p.num_splits.tolist())
+    return dict(
+        work_request=p.work_request.tolist(),
+        work_kv_start=p.work_kv_start.tolist(),
+        work_kv_end=p.work_kv_end.tolist(),
+        cta_indptr=p.cta_indptr.tolist(),
+        num_splits=p.num_splits.tolist(),
+    )
 
 
 def _tiny_sk(L, **params):
-    return make_plan(L, num_kv_heads=1, device=TINY, policy="stream_k", params=dict(block_n=16, **params),
-                     head_dim=64, dtype="float16")
+    return make_plan(
+        L,
+        num_kv_heads=1,
+        device=TINY,
+        policy="stream_k",
+        params=dict(block_n=16, **params),
+        head_dim=64,
+        dtype="float16",
+    )
 
 
 def test_stream_k_hand_computed_three_ctas():
@@ -435,8 +501,13 @@ def test_stream_k_hand_computed_three_ctas():
     # CTAs (first block // 6): r0a 1//6 = 0, r0b 6//6 = 1, r1 9//6 = 1, r2 12//6 = 2, r3 13//6 = 2
     # CTA costs: 5+1 = 6; (2+1) + (2+1) = 6; (0+1) + (4+1) = 6
     p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=1.5)
-    assert _plan_arrays(p) == dict(work_request=[0, 0, 1, 2, 3], work_kv_start=[0, 80, 0, 0, 0],
-                                   work_kv_end=[80, 100, 30, 0, 50], cta_indptr=[0, 1, 3, 5], num_splits=[2, 1, 1, 1])
+    assert _plan_arrays(p) == dict(
+        work_request=[0, 0, 1, 2, 3],
+        work_kv_start=[0, 80, 0, 0, 0],
+        work_kv_end=[80, 100, 30, 0, 50],
+        cta_indptr=[0, 1, 3, 5],
+        num_splits=[2, 1, 1, 1],
+    )
     assert p.num_work_tiles == 3
 
 
@@ -445,9 +516,13 @@ def test_stream_k_hand_computed_item_cost_zero():
     # r0 (0, 7): 5 -> cut 5 (80 tok); r1 (7, 9): none; r2 empty; r3 (9, 13): 10 -> cut 1 (16 tok)
     # CTAs: r0a 0, r0b 5//5 = 1, r1 7//5 = 1, r2 9//5 = 1, r3a 9//5 = 1, r3b 10//5 = 2 -> costs 5, 2+2+0+1 = 5, 3
     p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=1.5, item_cost_blocks=0)
-    assert _plan_arrays(p) == dict(work_request=[0, 0, 1, 2, 3, 3], work_kv_start=[0, 80, 0, 0, 0, 16],
-                                   work_kv_end=[80, 100, 30, 0, 16, 50], cta_indptr=[0, 1, 5, 6],
-                                   num_splits=[2, 1, 1, 2])
+    assert _plan_arrays(p) == dict(
+        work_request=[0, 0, 1, 2, 3, 3],
+        work_kv_start=[0, 80, 0, 0, 0, 16],
+        work_kv_end=[80, 100, 30, 0, 16, 50],
+        cta_indptr=[0, 1, 5, 6],
+        num_splits=[2, 1, 1, 2],
+    )
 
 
 def test_stream_k_hand_computed_four_ctas_and_min_piece_blocks():
@@ -457,20 +532,33 @@ def test_stream_k_hand_computed_four_ctas_and_min_piece_blocks():
     # mp = 1: CTAs r0a 1//5 = 0, r0b 5//5 = 1, r1a 9//5 = 1, r1b 10//5 = 2, r2 12//5 = 2, r3a 13//5 = 2,
     # r3b 15//5 = 3; costs 5, (3+1)+(1+1) = 6, (1+1)+(0+1)+(2+1) = 6, 3: at most share + o = 6
     p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=2)
-    assert _plan_arrays(p) == dict(work_request=[0, 0, 1, 1, 2, 3, 3], work_kv_start=[0, 64, 0, 16, 0, 0, 32],
-                                   work_kv_end=[64, 100, 16, 30, 0, 32, 50], cta_indptr=[0, 1, 3, 6, 7],
-                                   num_splits=[2, 2, 1, 2])
+    assert _plan_arrays(p) == dict(
+        work_request=[0, 0, 1, 1, 2, 3, 3],
+        work_kv_start=[0, 64, 0, 16, 0, 0, 32],
+        work_kv_end=[64, 100, 16, 30, 0, 32, 50],
+        cta_indptr=[0, 1, 3, 6, 7],
+        num_splits=[2, 2, 1, 2],
+    )
     # mp = 2: r1's cut 1 < 2 is dropped (r1 has 2 < 2 * 2 blocks: never split); its piece moves to the CTA after
     # that boundary: (9 + 1) // 5 = 2. r0's cut 4 (4 >= 2, 7 - 4 = 3 >= 2) and r3's cut 2 (2 >= 2, 4 - 2 >= 2) stay.
     # CTAs: r0a 0, r0b 1, r1 2, r2 2, r3a 2, r3b 3; costs 5, 4, (2+1)+(0+1)+(2+1) = 7 = share + o + 1, 3
     p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=2, min_piece_blocks=2)
-    assert _plan_arrays(p) == dict(work_request=[0, 0, 1, 2, 3, 3], work_kv_start=[0, 64, 0, 0, 0, 32],
-                                   work_kv_end=[64, 100, 30, 0, 32, 50], cta_indptr=[0, 1, 2, 5, 6],
-                                   num_splits=[2, 1, 1, 2])
+    assert _plan_arrays(p) == dict(
+        work_request=[0, 0, 1, 2, 3, 3],
+        work_kv_start=[0, 64, 0, 0, 0, 32],
+        work_kv_end=[64, 100, 30, 0, 32, 50],
+        cta_indptr=[0, 1, 2, 5, 6],
+        num_splits=[2, 1, 1, 2],
+    )
     # mp = 3 at C = 3 (share 6): r0's cut 5 leaves 7 - 5 = 2 < 3 blocks: dropped, r0 whole in CTA 0 (cost 8)
     p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=1.5, min_piece_blocks=3)
-    assert _plan_arrays(p) == dict(work_request=[0, 1, 2, 3], work_kv_start=[0, 0, 0, 0],
-                                   work_kv_end=[100, 30, 0, 50], cta_indptr=[0, 1, 2, 4], num_splits=[1, 1, 1, 1])
+    assert _plan_arrays(p) == dict(
+        work_request=[0, 1, 2, 3],
+        work_kv_start=[0, 0, 0, 0],
+        work_kv_end=[100, 30, 0, 50],
+        cta_indptr=[0, 1, 2, 4],
+        num_splits=[1, 1, 1, 1],
+    )
 
 
 def test_stream_k_hand_computed_heavy_first():
@@ -479,45 +567,71 @@ def test_stream_k_hand_computed_heavy_first():
     # r0 (1, 8): 6 -> cut 5 (80 tok); r3 (9, 13): 12 -> cut 3 (48 tok); r1 (14, 16), r2: none
     # CTAs: r0a 0, r0b 1, r3a 9//6 = 1, r3b 12//6 = 2, r1 14//6 = 2, r2 17//6 = 2; costs 5, 7 = share + o, 6
     p = _tiny_sk([100, 30, 0, 50], ctas_per_sm=1.5, order="heavy_first")
-    assert _plan_arrays(p) == dict(work_request=[0, 0, 3, 3, 1, 2], work_kv_start=[0, 80, 0, 48, 0, 0],
-                                   work_kv_end=[80, 100, 48, 50, 30, 0], cta_indptr=[0, 1, 3, 6],
-                                   num_splits=[2, 1, 1, 2])
+    assert _plan_arrays(p) == dict(
+        work_request=[0, 0, 3, 3, 1, 2],
+        work_kv_start=[0, 80, 0, 48, 0, 0],
+        work_kv_end=[80, 100, 48, 50, 30, 0],
+        cta_indptr=[0, 1, 3, 6],
+        num_splits=[2, 1, 1, 2],
+    )
     # the tuned family's stream_k partition is the same rule
-    q = make_plan([100, 30, 0, 50], num_kv_heads=1, device=TINY, policy="tuned",
-                  params={"partition": "stream_k", "ctas_per_sm": 1.5, "order": "heavy_first", "block_n": 16},
-                  head_dim=64, dtype="float16")
+    q = make_plan(
+        [100, 30, 0, 50],
+        num_kv_heads=1,
+        device=TINY,
+        policy="tuned",
+        params={"partition": "stream_k", "ctas_per_sm": 1.5, "order": "heavy_first", "block_n": 16},
+        head_dim=64,
+        dtype="float16",
+    )
     assert _plan_arrays(q) == _plan_arrays(p)
 
 
 def test_stream_k_many_heads_keep_one_cta_per_head():
     # H_kv = 4 on 2 SMs at ctas_per_sm 1: floor(2) // 4 = 0 -> C = 1, everything in one CTA per head (4 tiles)
-    p = make_plan([100, 30, 0, 50], num_kv_heads=4, device=TINY, policy="stream_k",
-                  params={"ctas_per_sm": 1, "block_n": 16}, head_dim=64, dtype="float16")
+    p = make_plan(
+        [100, 30, 0, 50],
+        num_kv_heads=4,
+        device=TINY,
+        policy="stream_k",
+        params={"ctas_per_sm": 1, "block_n": 16},
+        head_dim=64,
+        dtype="float16",
+    )
     assert p.num_splits.tolist() == [1, 1, 1, 1] and p.cta_indptr.tolist() == [0, 4] and p.num_work_tiles == 4
 
 
-sk_case_st = st.fixed_dictionaries({
-    "kv": st.lists(st.one_of(st.integers(0, 40), st.integers(0, 3000), st.integers(0, 200_000)), min_size=1,
-                   max_size=30),
-    "hkv": st.sampled_from([1, 2, 3, 8, 32]),
-    "sms": st.sampled_from([1, 2, 5, 132]),
-    "block_n": st.sampled_from([16, 64, 256]),
-    "cps": st.sampled_from([0.25, 0.5, 1, 1.5, 2, 3.7, 8]),
-    "o": st.sampled_from([0, 1, 3, 17]),
-    "mp": st.sampled_from([1, 1, 2, 3, 16]),
-    "heavy": st.booleans(),
-    "tuned": st.booleans(),
-})
+sk_case_st = st.fixed_dictionaries(
+    {
+        "kv": st.lists(
+            st.one_of(st.integers(0, 40), st.integers(0, 3000), st.integers(0, 200_000)), min_size=1, max_size=30
+        ),
+        "hkv": st.sampled_from([1, 2, 3, 8, 32]),
+        "sms": st.sampled_from([1, 2, 5, 132]),
+        "block_n": st.sampled_from([16, 64, 256]),
+        "cps": st.sampled_from([0.25, 0.5, 1, 1.5, 2, 3.7, 8]),
+        "o": st.sampled_from([0, 1, 3, 17]),
+        "mp": st.sampled_from([1, 1, 2, 3, 16]),
+        "heavy": st.booleans(),
+        "tuned": st.booleans(),
+    }
+)
 
 
 def _sk_plan(c):
-    params = {"ctas_per_sm": c["cps"], "item_cost_blocks": c["o"], "min_piece_blocks": c["mp"],
-              "block_n": c["block_n"], "order": "heavy_first" if c["heavy"] else "natural"}
+    params = {
+        "ctas_per_sm": c["cps"],
+        "item_cost_blocks": c["o"],
+        "min_piece_blocks": c["mp"],
+        "block_n": c["block_n"],
+        "order": "heavy_first" if c["heavy"] else "natural",
+    }
     if c["tuned"]:
         params["partition"] = "stream_k"
     dev = dataclasses.replace(H200, num_sms=c["sms"])
-    return make_plan(c["kv"], num_kv_heads=c["hkv"], device=dev, policy="tuned" if c["tuned"] else "stream_k",
-                     params=params)
+    return make_plan(
+        c["kv"], num_kv_heads=c["hkv"], device=dev, policy="tuned" if c["tuned"] else "stream_k", params=params
+    )
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -574,8 +688,7 @@ H200_DEFAULT_RESIDENCY = 4
 
 def test_resident_slots_and_wave_target_hand_computed():
     from kvsplit.kernels.plan import default_config as dc
-    from kvsplit.kernels.rulespec import resident_slots, wave_target
-    from kvsplit.kernels.rulespec import PlanContext
+    from kvsplit.kernels.rulespec import PlanContext, resident_slots, wave_target
 
     ctx = PlanContext(H200, 4, 128, 16, "bfloat16")
     assert resident_slots(ctx, dc(128, "bfloat16")) == 396  # default tile (128, 4, 2): 3 CTAs/SM, measured
@@ -632,7 +745,9 @@ def test_balanced_keeps_chunk0_when_growing_does_not_pay():
     # c >= 12500 -> 12544; est0: the first 132 tiles are the long request's (400000 / 33 = 12121.2 tokens each),
     # the 4 overflow tiles (16 tokens) follow the first that free -> est0 = 12137.2 < 400000 / 32 = 12500 ->
     # chunk0 stays (no fixed cost per tile: the target, 132, is below one resident wave of 528)
-    p = make_plan([400_000, 16], num_kv_heads=4, device="NVIDIA H200", policy="balanced", params={"ctas_per_sm": 1, **R1_TILE})
+    p = make_plan(
+        [400_000, 16], num_kv_heads=4, device="NVIDIA H200", policy="balanced", params={"ctas_per_sm": 1, **R1_TILE}
+    )
     assert p.num_splits.tolist() == [33, 1] and p.num_work_tiles == 136
 
 
@@ -653,12 +768,14 @@ def test_balanced_near_even_batch_keeps_one_tile_per_request():
     assert int(q.num_splits[0]) > 1
 
 
-balanced_case_st = st.fixed_dictionaries({
-    "kv": st.lists(st.one_of(st.integers(0, 3000), st.integers(0, 300_000)), min_size=1, max_size=24),
-    "hkv": st.sampled_from([1, 2, 4, 8]),
-    "sms": st.sampled_from([1, 3, 16, 132]),
-    "cps": st.sampled_from([0.5, 1, 2, 4, 6, 9]),
-})
+balanced_case_st = st.fixed_dictionaries(
+    {
+        "kv": st.lists(st.one_of(st.integers(0, 3000), st.integers(0, 300_000)), min_size=1, max_size=24),
+        "hkv": st.sampled_from([1, 2, 4, 8]),
+        "sms": st.sampled_from([1, 3, 16, 132]),
+        "cps": st.sampled_from([0.5, 1, 2, 4, 6, 9]),
+    }
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -723,13 +840,23 @@ def test_launch_sizes():
     """Plan.launch_sizes: the stage-1 tile count, the requests with more than one split and the most splits of
     any request, counted here from the plan's work list; a caller's change to the dict does not reach the plan."""
     lens = [700, 0, 5, 333, 64]
-    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="fixed",
-                     params={"num_splits": 3, "block_n": 16, "heads_per_tile": 2}, head_dim=128, page_size=16,
-                     dtype="float16")
+    plan = make_plan(
+        lens,
+        num_kv_heads=4,
+        device="NVIDIA H200",
+        policy="fixed",
+        params={"num_splits": 3, "block_n": 16, "heads_per_tile": 2},
+        head_dim=128,
+        page_size=16,
+        dtype="float16",
+    )
     per_req = np.bincount(plan.work_request, minlength=len(lens))
     sizes = plan.launch_sizes()
-    assert sizes == {"num_tiles": (len(plan.cta_indptr) - 1) * 2, "num_merge": int((per_req > 1).sum()),
-                     "max_splits": int(per_req.max())}
+    assert sizes == {
+        "num_tiles": (len(plan.cta_indptr) - 1) * 2,
+        "num_merge": int((per_req > 1).sum()),
+        "max_splits": int(per_req.max()),
+    }
     assert sizes["num_merge"] == 4 and sizes["max_splits"] == 3
     sizes["num_merge"] = 0
     assert plan.launch_sizes()["num_merge"] == 4

@@ -18,7 +18,9 @@ from kvsplit.kernels import fastplan
 from kvsplit.kernels.buckets import bucket_key
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
-from .oracle import bucket_key as bucket_key_ref, make_plan as oracle_plan
+
+from .oracle import bucket_key as bucket_key_ref
+from .oracle import make_plan as oracle_plan
 
 PLANNERS = ["jit", "python", "device"]
 
@@ -34,8 +36,18 @@ CASES = [
     ("stream_k", {"ctas_per_sm": 4, "item_cost_blocks": 5, "min_piece_blocks": 8, "order": "heavy_first"}),
     ("stream_k", {"ctas_per_sm": 0.25, "min_piece_blocks": 3, "block_n": 16}),
     ("tuned", {}),
-    ("tuned", {"ctas_per_sm": 2.5, "min_chunk_tokens": 1000, "max_splits": 7, "order": "heavy_first",
-               "pack_tokens": 1024, "schedule": "persistent", "programs_per_sm": 2}),
+    (
+        "tuned",
+        {
+            "ctas_per_sm": 2.5,
+            "min_chunk_tokens": 1000,
+            "max_splits": 7,
+            "order": "heavy_first",
+            "pack_tokens": 1024,
+            "schedule": "persistent",
+            "programs_per_sm": 2,
+        },
+    ),
     ("tuned", {"wave_aware": False, "ctas_per_sm": 3, "block_n": 32, "num_warps": 2}),
     ("tuned", {"partition": "stream_k", "ctas_per_sm": 1, "item_cost_blocks": 0, "min_piece_blocks": 2}),
     ("tuned", {"partition": "stream_k", "order": "heavy_first", "schedule": "persistent", "num_programs": 77}),
@@ -52,17 +64,17 @@ CASES = [
 
 def _batches(seed: int):
     rng = np.random.default_rng(seed)
-    yield rng.integers(1, 8192, 256)                      # uniform-ish
-    yield rng.integers(0, 40, 33)                         # tiny, zeros
-    yield np.array([0])                                    # B = 1, empty
+    yield rng.integers(1, 8192, 256)  # uniform-ish
+    yield rng.integers(0, 40, 33)  # tiny, zeros
+    yield np.array([0])  # B = 1, empty
     yield np.array([1])
-    yield np.array([262144])                               # B = 1, long
+    yield np.array([262144])  # B = 1, long
     yield np.concatenate([[200000], rng.integers(1, 300, 500)])  # skewed
-    yield rng.integers(1, 2000, 7) * 64                    # block-aligned
-    yield np.full(132, 1024)                               # uniform, wave edge
-    yield np.full(128, 2048)                               # whole wave of (64, 4, 2) at H_kv 4
+    yield rng.integers(1, 2000, 7) * 64  # block-aligned
+    yield np.full(132, 1024)  # uniform, wave edge
+    yield np.full(128, 2048)  # whole wave of (64, 4, 2) at H_kv 4
     yield np.rint(5461 * rng.uniform(0.995, 1.005, 96)).astype(np.int64)  # near-even, (128, 4, 2) at H_kv 4
-    yield rng.integers(0, 3, 1000)                         # many 0/1/2
+    yield rng.integers(0, 3, 1000)  # many 0/1/2
     B = int(rng.integers(1, 600))
     yield (rng.pareto(1.2, B) * 500).astype(np.int64).clip(0, 2**20)
 
@@ -82,21 +94,36 @@ def _device_plan(L, num_kv_heads, device, policy, params, **shape):
     B = L.shape[0]
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter without a GPU
     bufs = alloc_device_plan(max(B, 1), 8 * B + 4096, dev)
-    device_plan(torch.tensor(L, dtype=torch.int32, device=dev), spec, bufs, torch.ones(1, dtype=torch.int32, device=dev))
+    device_plan(
+        torch.tensor(L, dtype=torch.int32, device=dev), spec, bufs, torch.ones(1, dtype=torch.int32, device=dev)
+    )
     W, C, T, M = bufs.counts.tolist()
-    return {"work_request": bufs.work_request[:W].tolist(), "work_kv_start": bufs.work_kv_start[:W].tolist(),
-            "work_kv_end": bufs.work_kv_end[:W].tolist(), "cta_indptr": bufs.cta_indptr[:C + 1].tolist(),
-            "work_slot": bufs.work_slot[:W].tolist(), "merge_request": bufs.merge_request[:M].tolist(),
-            "merge_slot_start": bufs.merge_slot_start[:M].tolist(), "merge_num": bufs.merge_num[:M].tolist(),
-            "num_tiles": T}
+    return {
+        "work_request": bufs.work_request[:W].tolist(),
+        "work_kv_start": bufs.work_kv_start[:W].tolist(),
+        "work_kv_end": bufs.work_kv_end[:W].tolist(),
+        "cta_indptr": bufs.cta_indptr[: C + 1].tolist(),
+        "work_slot": bufs.work_slot[:W].tolist(),
+        "merge_request": bufs.merge_request[:M].tolist(),
+        "merge_slot_start": bufs.merge_slot_start[:M].tolist(),
+        "merge_num": bufs.merge_num[:M].tolist(),
+        "num_tiles": T,
+    }
 
 
 def _device_view(p):
     ws, mr, ms, mn = p.merge_layout()
-    return {"work_request": p.work_request.tolist(), "work_kv_start": p.work_kv_start.tolist(),
-            "work_kv_end": p.work_kv_end.tolist(), "cta_indptr": p.cta_indptr.tolist(), "work_slot": ws.tolist(),
-            "merge_request": mr.tolist(), "merge_slot_start": ms.tolist(), "merge_num": mn.tolist(),
-            "num_tiles": p.num_work_tiles}
+    return {
+        "work_request": p.work_request.tolist(),
+        "work_kv_start": p.work_kv_start.tolist(),
+        "work_kv_end": p.work_kv_end.tolist(),
+        "cta_indptr": p.cta_indptr.tolist(),
+        "work_slot": ws.tolist(),
+        "merge_request": mr.tolist(),
+        "merge_slot_start": ms.tolist(),
+        "merge_num": mn.tolist(),
+        "num_tiles": p.num_work_tiles,
+    }
 
 
 def check_planner(planner, L, forms=True, **kw):
@@ -109,8 +136,7 @@ def check_planner(planner, L, forms=True, **kw):
         return
     if planner == "jit" and not fastplan.HAVE_NUMBA:
         pytest.skip("numba is not installed")
-    arrs = (np.asarray(L).astype(np.int64), np.asarray(L).astype(np.int32), np.asarray(L).tolist()) if forms \
-        else (L,)
+    arrs = (np.asarray(L).astype(np.int64), np.asarray(L).astype(np.int32), np.asarray(L).tolist()) if forms else (L,)
     with fastplan.python() if planner == "python" else contextlib.nullcontext():
         for arr in arrs:
             got = make_plan(arr, **kw)
@@ -144,16 +170,24 @@ def test_other_devices_and_shapes(planner):
             for _ in range(3):
                 L = rng.integers(0, 30000, int(rng.integers(1, 300)))
                 kw = dict(num_kv_heads=2, device=dev, head_dim=hd, dtype=dt, page_size=8)
-                for pol, params in (("balanced", {}), ("stream_k", {}), ("tuned", {"wave_aware": False}),
-                                    ("flashinfer", {}), ("fa3", {})):
+                for pol, params in (
+                    ("balanced", {}),
+                    ("stream_k", {}),
+                    ("tuned", {"wave_aware": False}),
+                    ("flashinfer", {}),
+                    ("fa3", {}),
+                ):
                     check_planner(planner, L, forms=False, policy=pol, params=params, **kw)
 
 
 @pytest.mark.parametrize("planner", ["jit", "python"])
 def test_same_bucket_keys_as_oracle(planner):
     rng = np.random.default_rng(7)
-    batches = list(_batches(1)) + [np.zeros(5, np.int64), np.array([2**31 - 1, 1, 2, 3]),
-                                   rng.integers(0, 2**31 - 1, 4096)]
+    batches = list(_batches(1)) + [
+        np.zeros(5, np.int64),
+        np.array([2**31 - 1, 1, 2, 3]),
+        rng.integers(0, 2**31 - 1, 4096),
+    ]
     with fastplan.python() if planner == "python" else contextlib.nullcontext():
         for L in batches:
             for arr in (L.astype(np.int64), L.tolist()):
@@ -177,17 +211,20 @@ def test_same_bucket_keys_as_reference_on_rounding_ties():
         assert bucket_key(L, **kw) == ref and str(bucket_key(L, **kw)) == str(ref)
 
 
-@pytest.mark.parametrize("bad,field", [
-    ([5, -1, 3], "kv_lens[1]"),
-    (np.array([5, 2**31], dtype=np.int64), "kv_lens[1]"),
-    ([1, True, 3], "kv_lens[1]"),
-    ([1, 2.5], "kv_lens[1]"),
-    ([], "kv_lens"),
-    (np.zeros((2, 2), np.int64), "kv_lens"),
-    (np.array([1.0]), "kv_lens"),
-    (["3"], "kv_lens[0]"),
-    ([2**70], "kv_lens[0]"),
-])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ([5, -1, 3], "kv_lens[1]"),
+        (np.array([5, 2**31], dtype=np.int64), "kv_lens[1]"),
+        ([1, True, 3], "kv_lens[1]"),
+        ([1, 2.5], "kv_lens[1]"),
+        ([], "kv_lens"),
+        (np.zeros((2, 2), np.int64), "kv_lens"),
+        (np.array([1.0]), "kv_lens"),
+        (["3"], "kv_lens[0]"),
+        ([2**70], "kv_lens[0]"),
+    ],
+)
 def test_errors_match_reference(bad, field):
     with pytest.raises(ValueError) as ref:
         oracle_plan(bad, num_kv_heads=4, device=H200)
@@ -199,14 +236,17 @@ def test_errors_match_reference(bad, field):
     assert str(got.value).startswith(field)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(params={"ctas_per_sm": 0}), "params.ctas_per_sm"),
-    (dict(params={"wave_aware": 1}, policy="tuned"), "params.wave_aware"),
-    (dict(params={"bogus": 1}), "params"),
-    (dict(num_kv_heads=True), "num_kv_heads"),
-    (dict(head_dim=96), "head_dim"),
-    (dict(policy="tuned", params={"partition": "stream_k", "max_splits": 4}), "params.max_splits"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(params={"ctas_per_sm": 0}), "params.ctas_per_sm"),
+        (dict(params={"wave_aware": 1}, policy="tuned"), "params.wave_aware"),
+        (dict(params={"bogus": 1}), "params"),
+        (dict(num_kv_heads=True), "num_kv_heads"),
+        (dict(head_dim=96), "head_dim"),
+        (dict(policy="tuned", params={"partition": "stream_k", "max_splits": 4}), "params.max_splits"),
+    ],
+)
 def test_param_errors_match_reference(kwargs, field):
     kw = dict(num_kv_heads=4, device=H200) | kwargs
     if kw.get("policy") == "tuned" and kw["params"].get("wave_aware") == 1:
@@ -234,13 +274,16 @@ def test_work_item_limit_matches_reference(monkeypatch):
     assert str(got.value) == str(ref.value)
 
 
-@pytest.mark.parametrize("policy,params", [
-    ("balanced", {"heads_per_tile": 2, "block_n": 64}),
-    ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 6, "block_n": 32, "num_stages": 3, "prefetch": True}),
-    ("tuned", {"heads_per_tile": 4, "ctas_per_sm": 2.5, "block_n": 32, "max_splits": 9}),
-    ("tuned", {"heads_per_tile": 2, "partition": "stream_k", "ctas_per_sm": 3, "block_n": 64}),
-    ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 3, "block_n": 64, "whole_wave": 0.05}),
-])
+@pytest.mark.parametrize(
+    "policy,params",
+    [
+        ("balanced", {"heads_per_tile": 2, "block_n": 64}),
+        ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 6, "block_n": 32, "num_stages": 3, "prefetch": True}),
+        ("tuned", {"heads_per_tile": 4, "ctas_per_sm": 2.5, "block_n": 32, "max_splits": 9}),
+        ("tuned", {"heads_per_tile": 2, "partition": "stream_k", "ctas_per_sm": 3, "block_n": 64}),
+        ("stream_k", {"heads_per_tile": 2, "ctas_per_sm": 3, "block_n": 64, "whole_wave": 0.05}),
+    ],
+)
 @pytest.mark.parametrize("hkv", [4, 8])
 @pytest.mark.parametrize("planner", PLANNERS)
 def test_same_plans_as_oracle_with_heads_per_tile(planner, policy, params, hkv):
@@ -258,8 +301,11 @@ def test_same_distances_as_oracle(planner):
 
     from .oracle import distance as oracle_distance
 
-    keys = [bucket_key_ref(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200)
-            for seed in range(2) for L in _batches(seed)]
+    keys = [
+        bucket_key_ref(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200)
+        for seed in range(2)
+        for L in _batches(seed)
+    ]
     with fastplan.python() if planner == "python" else contextlib.nullcontext():
         for a in keys:
             for b in keys:

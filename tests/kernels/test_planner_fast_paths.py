@@ -21,9 +21,11 @@ from kvsplit.kernels import fastplan
 from kvsplit.kernels.buckets import BucketKey, bucket_key, key_prefix
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
-from .oracle import log2_class, make_plan as oracle_plan
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.kernels.shape import Shape
+
+from .oracle import log2_class
+from .oracle import make_plan as oracle_plan
 
 pytestmark = pytest.mark.skipif(not fastplan.HAVE_NUMBA, reason="numba is not installed")
 
@@ -37,21 +39,51 @@ def _shipped() -> PolicyTable:
 
 def _mixed() -> PolicyTable:
     """Tuned and simulated entries, an empty-histogram bucket, peer and tuned policies, a tight limit."""
+
     def key(lens):
-        return str(bucket_key(np.asarray(lens), num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                              device="NVIDIA H200"))
+        return str(bucket_key(np.asarray(lens), num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200"))
+
     rng = np.random.default_rng(3)
-    specs = [([0, 0, 0], "balanced", {}, "gpu"), ([4096] * 60 + [64] * 4, "stream_k", {"ctas_per_sm": 3}, "gpu"),
-             ([100] * 300, "flashinfer", {}, "gpu"), ([2**20, 5], "tuned", {"partition": "stream_k"}, "sim"),
-             ([7000] * 16, "fa3", {}, "sim"), ([300] * 1000, "tuned", {"pack_tokens": 512}, "gpu"),
-             ([20000] * 24 + [30] * 50, "stream_k", {"ctas_per_sm": 6, "block_n": 32, "num_stages": 3,
-                                                    "prefetch": True, "heads_per_tile": 2}, "gpu"),
-             ([9000] * 40, "balanced", {"ctas_per_sm": 3, "block_n": 64, "heads_per_tile": 2}, "gpu")]
-    specs += [(rng.integers(1, 2**int(rng.integers(4, 18)), int(rng.integers(1, 900))), "balanced",
-               {"ctas_per_sm": float(1 + i % 5)}, "gpu" if i % 3 else "sim") for i in range(40)]
-    pols = [{"id": i + 1, "version": 1, "bucket": key(L), "gpu": "NVIDIA H200", "num_kv_heads": 4, "head_dim": 128,
-             "dtype": "bfloat16", "page_size": 16, "name": name, "params": params, "backend": b}
-            for i, (L, name, params, b) in enumerate(specs)]
+    specs = [
+        ([0, 0, 0], "balanced", {}, "gpu"),
+        ([4096] * 60 + [64] * 4, "stream_k", {"ctas_per_sm": 3}, "gpu"),
+        ([100] * 300, "flashinfer", {}, "gpu"),
+        ([2**20, 5], "tuned", {"partition": "stream_k"}, "sim"),
+        ([7000] * 16, "fa3", {}, "sim"),
+        ([300] * 1000, "tuned", {"pack_tokens": 512}, "gpu"),
+        (
+            [20000] * 24 + [30] * 50,
+            "stream_k",
+            {"ctas_per_sm": 6, "block_n": 32, "num_stages": 3, "prefetch": True, "heads_per_tile": 2},
+            "gpu",
+        ),
+        ([9000] * 40, "balanced", {"ctas_per_sm": 3, "block_n": 64, "heads_per_tile": 2}, "gpu"),
+    ]
+    specs += [
+        (
+            rng.integers(1, 2 ** int(rng.integers(4, 18)), int(rng.integers(1, 900))),
+            "balanced",
+            {"ctas_per_sm": float(1 + i % 5)},
+            "gpu" if i % 3 else "sim",
+        )
+        for i in range(40)
+    ]
+    pols = [
+        {
+            "id": i + 1,
+            "version": 1,
+            "bucket": key(L),
+            "gpu": "NVIDIA H200",
+            "num_kv_heads": 4,
+            "head_dim": 128,
+            "dtype": "bfloat16",
+            "page_size": 16,
+            "name": name,
+            "params": params,
+            "backend": b,
+        }
+        for i, (L, name, params, b) in enumerate(specs)
+    ]
     table = PolicyTable.from_json(PolicyTable.document(pols, version=2, distance_limit=1.25))
     # the entries' own batches, and jittered ones: every source and policy kind is served
     table.test_batches = [np.asarray(L) for L, *_ in specs[:14]]
@@ -96,11 +128,19 @@ def test_table_plan_matches_reference(table_fn):
 def test_table_plan_other_families_and_devices():
     table = _mixed()
     rng = np.random.default_rng(4)
-    dev = DeviceSpec(name="NVIDIA H200", num_sms=100, hbm_bandwidth_gbps=4000, l2_bytes=50 * 2**20,
-                     smem_per_sm_bytes=228 * 1024, smem_per_block_bytes=227 * 1024)
-    for kw in (dict(SHAPE, num_kv_heads=8, num_qo_heads=64),   # no candidates: fallback
-               dict(SHAPE, gpu="h200", dtype="bf16"),           # aliases
-               dict(SHAPE, device=dev)):                        # a caller's own device numbers
+    dev = DeviceSpec(
+        name="NVIDIA H200",
+        num_sms=100,
+        hbm_bandwidth_gbps=4000,
+        l2_bytes=50 * 2**20,
+        smem_per_sm_bytes=228 * 1024,
+        smem_per_block_bytes=227 * 1024,
+    )
+    for kw in (
+        dict(SHAPE, num_kv_heads=8, num_qo_heads=64),  # no candidates: fallback
+        dict(SHAPE, gpu="h200", dtype="bf16"),  # aliases
+        dict(SHAPE, device=dev),
+    ):  # a caller's own device numbers
         for _ in range(5):
             L = rng.integers(1, 9000, int(rng.integers(1, 600)))
             with fastplan.python():
@@ -128,18 +168,31 @@ def test_table_plan_device_mapping_is_read_each_call():
 
 def test_table_plan_errors():
     table = _shipped()
-    for bad, field in (([5, -1, 3], "kv_lens[1]"), ([1, True, 3], "kv_lens[1]"), ([1, np.True_], "kv_lens[1]"),
-                       ([1, 2.5], "kv_lens[1]"), ([], "kv_lens"), (np.array([5, 2**31], np.int64), "kv_lens[1]"),
-                       (np.array([1.0]), "kv_lens"), (["3"], "kv_lens[0]"), ([2**70], "kv_lens[0]")):
+    for bad, field in (
+        ([5, -1, 3], "kv_lens[1]"),
+        ([1, True, 3], "kv_lens[1]"),
+        ([1, np.True_], "kv_lens[1]"),
+        ([1, 2.5], "kv_lens[1]"),
+        ([], "kv_lens"),
+        (np.array([5, 2**31], np.int64), "kv_lens[1]"),
+        (np.array([1.0]), "kv_lens"),
+        (["3"], "kv_lens[0]"),
+        ([2**70], "kv_lens[0]"),
+    ):
         with fastplan.python(), pytest.raises(ValueError) as ref:
             table.plan(bad, **SHAPE)
         with pytest.raises(ValueError) as got:
             table.plan(bad, **SHAPE)
         assert str(got.value) == str(ref.value) and str(got.value).startswith(field)
     table.plan([5, 6], **SHAPE)  # a cached shape ...
-    for kw, field in ((dict(num_kv_heads=True), "num_kv_heads"), (dict(num_kv_heads=4.0), "num_kv_heads"),
-                      (dict(num_qo_heads=30), "num_qo_heads"), (dict(head_dim=96), "head_dim"),
-                      (dict(dtype="int8"), "dtype"), (dict(page_size=0), "page_size")):
+    for kw, field in (
+        (dict(num_kv_heads=True), "num_kv_heads"),
+        (dict(num_kv_heads=4.0), "num_kv_heads"),
+        (dict(num_qo_heads=30), "num_qo_heads"),
+        (dict(head_dim=96), "head_dim"),
+        (dict(dtype="int8"), "dtype"),
+        (dict(page_size=0), "page_size"),
+    ):
         with pytest.raises(ValueError, match=field):  # ... never admits another type or value
             table.plan([5, 6], **(SHAPE | kw))
 
@@ -171,11 +224,17 @@ def test_trusted_bucket_key_equals_checked():
     rng = np.random.default_rng(2)
     for _ in range(50):
         L = rng.integers(0, 2 ** int(rng.integers(1, 31)), int(rng.integers(1, 3000)))
-        ref = bucket_key(L, num_kv_heads=2, head_dim=64, dtype="float16", device="NVIDIA A100-SXM4-80GB",
-                         page_size=8)
-        fields = dict(gpu=ref.gpu, num_kv_heads=ref.num_kv_heads, head_dim=ref.head_dim, dtype=ref.dtype,
-                      page_size=ref.page_size, batch_class=ref.batch_class, tokens_class=ref.tokens_class,
-                      hist=ref.hist)
+        ref = bucket_key(L, num_kv_heads=2, head_dim=64, dtype="float16", device="NVIDIA A100-SXM4-80GB", page_size=8)
+        fields = dict(
+            gpu=ref.gpu,
+            num_kv_heads=ref.num_kv_heads,
+            head_dim=ref.head_dim,
+            dtype=ref.dtype,
+            page_size=ref.page_size,
+            batch_class=ref.batch_class,
+            tokens_class=ref.tokens_class,
+            hist=ref.hist,
+        )
         t = BucketKey.from_trusted(**fields)
         assert t == ref == BucketKey(**fields) and hash(t) == hash(ref) and str(t) == str(ref)
         assert t.family == ref.family and BucketKey.parse(str(t)) == t

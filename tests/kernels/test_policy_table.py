@@ -15,9 +15,22 @@ def _key(lens):
 
 
 def _table(keys, backends):
-    pols = [{"id": i + 1, "version": 1, "bucket": str(k), "gpu": "NVIDIA H200", "num_kv_heads": 4, "head_dim": 128,
-             "dtype": "bfloat16", "page_size": 16, "name": "balanced", "params": {"ctas_per_sm": 1.0 + i % 7},
-             "backend": b} for i, (k, b) in enumerate(zip(keys, backends))]
+    pols = [
+        {
+            "id": i + 1,
+            "version": 1,
+            "bucket": str(k),
+            "gpu": "NVIDIA H200",
+            "num_kv_heads": 4,
+            "head_dim": 128,
+            "dtype": "bfloat16",
+            "page_size": 16,
+            "name": "balanced",
+            "params": {"ctas_per_sm": 1.0 + i % 7},
+            "backend": b,
+        }
+        for i, (k, b) in enumerate(zip(keys, backends))
+    ]
     return PolicyTable.from_json(PolicyTable.document(pols, version=3))
 
 
@@ -48,18 +61,19 @@ def test_gpu_tuned_preferred_over_closer_simulated_and_plan():
     k_exact, k_near = _key(base), _key([6000] * 60 + [64] * 4)
     assert 0 < distance(k_exact, k_near) <= DISTANCE_LIMIT
     table = _table([k_exact, k_near], ["sim", "gpu"])
-    plan, bucket, policy = table.plan(base, gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
-                                      dtype="bfloat16", page_size=16)
+    plan, bucket, policy = table.plan(
+        base, gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16
+    )
     assert policy["source"] == "tuned" and policy["id"] == 2 and bucket["matched"] == str(k_near)
-    assert plan == make_plan(base, num_kv_heads=4, device="NVIDIA H200", policy="balanced",
-                             params={"ctas_per_sm": 2.0})
+    assert plan == make_plan(base, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params={"ctas_per_sm": 2.0})
     with pytest.raises(ValueError, match="num_qo_heads"):
         table.plan(base, gpu="h200", num_qo_heads=30, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
     # page_size defaults to 16, as make_plan's and the CLI's
     p16, _, _ = table.plan(base, gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16")
     assert p16 == plan and p16.page_size == 16
-    p32, _, _ = table.plan(base, gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                           page_size=32)
+    p32, _, _ = table.plan(
+        base, gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=32
+    )
     assert p32.page_size == 32
 
 
@@ -69,8 +83,19 @@ def test_from_json_rejects_bad_documents():
     PolicyTable.from_json(good)
     with pytest.raises(ValueError, match="format"):
         PolicyTable.from_json({**good, "format": "x"})
-    entry = {"id": 1, "version": 1, "bucket": "nope", "gpu": "NVIDIA H200", "num_kv_heads": 4, "head_dim": 128,
-             "dtype": "bfloat16", "page_size": 16, "name": "balanced", "params": {}, "backend": "gpu"}
+    entry = {
+        "id": 1,
+        "version": 1,
+        "bucket": "nope",
+        "gpu": "NVIDIA H200",
+        "num_kv_heads": 4,
+        "head_dim": 128,
+        "dtype": "bfloat16",
+        "page_size": 16,
+        "name": "balanced",
+        "params": {},
+        "backend": "gpu",
+    }
     bad = {**good, "count": 1, "data": [entry]}
     with pytest.raises(ValueError, match=r"data\[0\]\.bucket"):
         PolicyTable.from_json(bad)

@@ -13,13 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_one_import_line_and_no_torch_for_the_planner():
-    code = ("import sys\n"
-            "from kvsplit.kernels import PolicyTable, load_shipped_table, make_plan, Plan\n"
-            "assert 'torch' not in sys.modules and 'triton' not in sys.modules\n"
-            "p = make_plan([5, 9000], num_kv_heads=4, device='NVIDIA H200')\n"
-            "assert isinstance(p, Plan)\n"
-            "from kvsplit.kernels import DecodeWrapper\n"
-            "assert 'torch' in sys.modules and DecodeWrapper.__module__ == 'kvsplit.kernels.wrapper'\n")
+    code = (
+        "import sys\n"
+        "from kvsplit.kernels import PolicyTable, load_shipped_table, make_plan, Plan\n"
+        "assert 'torch' not in sys.modules and 'triton' not in sys.modules\n"
+        "p = make_plan([5, 9000], num_kv_heads=4, device='NVIDIA H200')\n"
+        "assert isinstance(p, Plan)\n"
+        "from kvsplit.kernels import DecodeWrapper\n"
+        "assert 'torch' in sys.modules and DecodeWrapper.__module__ == 'kvsplit.kernels.wrapper'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

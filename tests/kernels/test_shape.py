@@ -8,9 +8,10 @@ import pytest
 from kvsplit.kernels.buckets import bucket_key, key_of
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
-from .oracle import make_plan as oracle_plan
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.kernels.shape import Shape, canonical_dtype, shape_family
+
+from .oracle import make_plan as oracle_plan
 
 H200 = DeviceSpec.known("NVIDIA H200")
 
@@ -24,15 +25,21 @@ def test_of_validates_and_resolves():
         s.num_kv_heads = 8  # frozen
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"num_qo_heads": 30}, "num_qo_heads: expected a multiple of num_kv_heads (4), got 30"),
-    ({"num_kv_heads": 0}, "num_kv_heads: expected an integer in [1, 1024], got 0"),
-    ({"head_dim": 96}, "head_dim: expected one of (64, 128, 256), got 96"),
-    ({"dtype": "int8"}, "dtype: expected one of ['bfloat16', 'float16', 'float32'] (or an alias: bf16, fp16, f16, "
-                        "fp32, f32), got 'int8'"),
-    ({"page_size": 512}, "page_size: expected an integer in [1, 256], got 512"),
-    ({"device": "NVIDIA Z9000"}, "device: unknown GPU 'NVIDIA Z9000'"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"num_qo_heads": 30}, "num_qo_heads: expected a multiple of num_kv_heads (4), got 30"),
+        ({"num_kv_heads": 0}, "num_kv_heads: expected an integer in [1, 1024], got 0"),
+        ({"head_dim": 96}, "head_dim: expected one of (64, 128, 256), got 96"),
+        (
+            {"dtype": "int8"},
+            "dtype: expected one of ['bfloat16', 'float16', 'float32'] (or an alias: bf16, fp16, f16, "
+            "fp32, f32), got 'int8'",
+        ),
+        ({"page_size": 512}, "page_size: expected an integer in [1, 256], got 512"),
+        ({"device": "NVIDIA Z9000"}, "device: unknown GPU 'NVIDIA Z9000'"),
+    ],
+)
 def test_of_names_the_bad_field(kw, msg):
     args = dict(device="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
     args.update(kw)
@@ -42,13 +49,20 @@ def test_of_names_the_bad_field(kw, msg):
 
 
 def test_dtype_aliases():
-    assert [canonical_dtype(d) for d in ("bf16", "fp16", "f16", "fp32", "f32", "float16")] == \
-        ["bfloat16", "float16", "float16", "float32", "float32", "float16"]
+    assert [canonical_dtype(d) for d in ("bf16", "fp16", "f16", "fp32", "f32", "float16")] == [
+        "bfloat16",
+        "float16",
+        "float16",
+        "float32",
+        "float32",
+        "float16",
+    ]
 
 
 def test_family_is_the_bucket_keys_family_and_inner_calls_match_the_wrappers():
-    s = Shape.of(device="NVIDIA H100 80GB HBM3", num_qo_heads=8, num_kv_heads=1, head_dim=64, dtype="float16",
-                 page_size=32)
+    s = Shape.of(
+        device="NVIDIA H100 80GB HBM3", num_qo_heads=8, num_kv_heads=1, head_dim=64, dtype="float16", page_size=32
+    )
     L = np.array([5000, 17, 0, 9000], dtype=np.int64)
     k = bucket_key(L, num_kv_heads=1, head_dim=64, dtype="float16", device=s.device, page_size=32)
     assert k == key_of(L, s.plan_context())
@@ -59,13 +73,27 @@ def test_family_is_the_bucket_keys_family_and_inner_calls_match_the_wrappers():
 
 
 def test_policy_table_plan_takes_a_shape_or_its_fields():
-    s = Shape.of(device="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                 page_size=16)
+    s = Shape.of(device="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
     lens = [4096, 17, 9000, 1]
     key = bucket_key(lens, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=H200)
-    doc = PolicyTable.document([{"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": 4,
-                                 "head_dim": 128, "dtype": "bfloat16", "page_size": 16, "name": "balanced",
-                                 "params": {"ctas_per_sm": 3.0}, "backend": "gpu"}], version=1)
+    doc = PolicyTable.document(
+        [
+            {
+                "id": 1,
+                "version": 1,
+                "bucket": str(key),
+                "gpu": "NVIDIA H200",
+                "num_kv_heads": 4,
+                "head_dim": 128,
+                "dtype": "bfloat16",
+                "page_size": 16,
+                "name": "balanced",
+                "params": {"ctas_per_sm": 3.0},
+                "backend": "gpu",
+            }
+        ],
+        version=1,
+    )
     t = PolicyTable.from_json(doc)
     a = t.plan(lens, s)
     b = t.plan(lens, gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bf16", page_size=16)

@@ -26,9 +26,17 @@ PROMPTS = [[(7 * i + 3 * j) % 500 + 1 for j in range(5 + 9 * i)] for i in range(
 
 
 def _model():
-    cfg = Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
-                      tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(torch.float32).eval()
     model.set_attn_implementation("paged|sdpa")  # 5.2x names it sdpa; 5.17 keeps paged|sdpa

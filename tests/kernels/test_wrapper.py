@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from kvsplit.kernels.buckets import bucket_key
 from kvsplit.kernels.decode import decode_attention, reference_decode_attention
+from kvsplit.kernels.device import resolve_device
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policy_table import PolicyTable
-from kvsplit.kernels.buckets import bucket_key
-from kvsplit.kernels.device import resolve_device
 from kvsplit.kernels.residency import resident_ctas_per_sm
 from kvsplit.kernels.wrapper import DecodeWrapper, GraphOptions
 
@@ -27,12 +27,18 @@ H_Q, H_KV, D, PS = 4, 2, 64, 16
 def _loop(w, lens0, steps=3, grow=(1, 17, 40), seed=0, shape=(H_Q, H_KV, D)):
     lens = list(lens0)
     for step in range(steps):
-        case = make_case(lens, num_qo_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2], page_size=PS,
-                         dtype=torch.float16, seed=seed + step)
-        w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"],
-               kv_lens_host=np.array(lens, dtype=np.int32))
+        case = make_case(
+            lens,
+            num_qo_heads=shape[0],
+            num_kv_heads=shape[1],
+            head_dim=shape[2],
+            page_size=PS,
+            dtype=torch.float16,
+            seed=seed + step,
+        )
+        w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.array(lens, dtype=np.int32))
         ref, ref_lse = reference_decode_attention(**case, return_lse=True)
-        for layer in range(2):
+        for _layer in range(2):
             out = torch.empty_like(case["q"])
             o, lse = w.run(case["q"], case["k_cache"], case["v_cache"], out=out, return_lse=True)
             assert o is out and not torch.isnan(o).any(), "NaN reached the output"
@@ -47,11 +53,22 @@ def _loop(w, lens0, steps=3, grow=(1, 17, 40), seed=0, shape=(H_Q, H_KV, D)):
 
 def _stream_k_table(lens, params, name="stream_k", num_kv_heads=H_KV, head_dim=D):
     """A one-entry PolicyTable: policy ``name`` (default stream_k) with ``params`` for the bucket of ``lens``."""
-    key = bucket_key(lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype="float16", device="NVIDIA H200",
-                     page_size=PS)
-    pol = {"id": 1, "version": 1, "bucket": str(key), "gpu": "NVIDIA H200", "num_kv_heads": num_kv_heads,
-           "head_dim": head_dim, "dtype": "float16", "page_size": PS, "name": name, "params": params,
-           "backend": "gpu"}
+    key = bucket_key(
+        lens, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype="float16", device="NVIDIA H200", page_size=PS
+    )
+    pol = {
+        "id": 1,
+        "version": 1,
+        "bucket": str(key),
+        "gpu": "NVIDIA H200",
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "dtype": "float16",
+        "page_size": PS,
+        "name": name,
+        "params": params,
+        "backend": "gpu",
+    }
     return PolicyTable.from_json(PolicyTable.document([pol], version=1))
 
 
@@ -68,31 +85,66 @@ def test_eager_with_table():
     assert w._plan.policy == "stream_k"
 
 
-@pytest.mark.parametrize("policy,params,planner", [
-    ("stream_k", {"ctas_per_sm": 0.25}, "device"),
-    ("tuned", {"wave_aware": False, "ctas_per_sm": 0.1 + 0.15}, "device"),
-    ("balanced", {}, "host"),
-])
+@pytest.mark.parametrize(
+    "policy,params,planner",
+    [
+        ("stream_k", {"ctas_per_sm": 0.25}, "device"),
+        ("tuned", {"wave_aware": False, "ctas_per_sm": 0.1 + 0.15}, "device"),
+        ("balanced", {}, "host"),
+    ],
+)
 def test_graph_mode_buffers(policy, params, planner):
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, policy=policy,
-                      params=params, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256, repick_every=2))
+    w = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=8,
+        policy=policy,
+        params=params,
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=3, max_work_items=256, repick_every=2),
+    )
     assert w.planner == planner
     _loop(w, [0, 5, 300, 1000, 33], steps=3)
-    _loop(w, [7, 2000, 1], steps=2, seed=9)   # the batch size changes: re-pick
+    _loop(w, [7, 2000, 1], steps=2, seed=9)  # the batch size changes: re-pick
 
 
 def test_graph_mode_keeps_the_prefetch_knob():
     # graph mode fixes the kernel config at construction: the given params.prefetch is part of it (it was
     # dropped before round 4, so the graph ran the plain loop)
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
-                      policy="stream_k", params={"num_stages": 3, "prefetch": True}, use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
+    w = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=4,
+        policy="stream_k",
+        params={"num_stages": 3, "prefetch": True},
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=2, max_work_items=64),
+    )
     _loop(w, [50, 700, 64], steps=2)
     assert w.config.prefetch and w.config.num_stages == 3
 
 
 def test_graph_mode_batch_at_max_and_one():
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=6,
-                      policy="stream_k", use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
+    w = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=6,
+        policy="stream_k",
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=2, max_work_items=64),
+    )
     _loop(w, [50, 1, 0, 700, 64, 65], steps=2)
     _loop(w, [123], steps=2)
 
@@ -120,7 +172,18 @@ def test_errors_name_the_argument():
     big = make_case([1] * 5, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
     with pytest.raises(ValueError, match="max_batch_size"):
         w.plan(big["kv_indptr"], big["kv_indices"], big["kv_lens"])
-    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", use_cuda_graph=True, max_batch_size=4, policy="balanced", graph=GraphOptions(num_programs=2, max_work_items=64))  # the host planner needs kv_lens_host
+    g = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        use_cuda_graph=True,
+        max_batch_size=4,
+        policy="balanced",
+        graph=GraphOptions(num_programs=2, max_work_items=64),
+    )  # the host planner needs kv_lens_host
     with pytest.raises(ValueError, match="kv_lens_host: required by the host planner"):
         g.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
 
@@ -131,18 +194,31 @@ def test_bfloat16_under_the_interpreter_is_refused():
     with pytest.raises(ValueError, match="dtype: bfloat16 under Triton's interpreter"):
         DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="bfloat16", device="cpu")
     case = make_case([5, 40], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.bfloat16)
-    plan = make_plan([5, 40], num_kv_heads=H_KV, device="NVIDIA H200", policy="balanced", head_dim=D, page_size=PS,
-                     dtype="bfloat16")
+    plan = make_plan(
+        [5, 40], num_kv_heads=H_KV, device="NVIDIA H200", policy="balanced", head_dim=D, page_size=PS, dtype="bfloat16"
+    )
     with pytest.raises(ValueError, match="q: bfloat16 under Triton's interpreter"):
-        decode_attention(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                         case["kv_lens"], plan)
+        decode_attention(
+            case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"], case["kv_lens"], plan
+        )
 
 
 def test_graph_mode_leaves_the_whole_wave_rule_out():
     # the whole-wave rule picks a tile per batch; a captured graph keeps one, so graph mode plans with the
     # policy's own rule (on the device) and the wrapper's tile, whatever whole_wave says
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
-                      policy="stream_k", params={"ctas_per_sm": 0.25, "whole_wave": 1.0}, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256))
+    w = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=8,
+        policy="stream_k",
+        params={"ctas_per_sm": 0.25, "whole_wave": 1.0},
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=3, max_work_items=256),
+    )
     assert w.planner == "device" and "whole_wave" not in w.spec.params and not w.spec.whole_wave_specs
     _loop(w, [64] * 8, steps=2)
 
@@ -151,13 +227,25 @@ def test_eager_and_graph_mode_with_heads_per_tile():
     # eager mode runs the plan's two KV heads per work tile (H_q 4 / H_kv 2: G = 2); so does graph mode, planned on
     # the device (num_tiles = num_ctas: one tile holds both KV heads) and on the host (uploaded counts)
     params = {"ctas_per_sm": 0.25, "heads_per_tile": 2}
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
-                      policy="stream_k", params=params)
+    w = DecodeWrapper(
+        H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, policy="stream_k", params=params
+    )
     _loop(w, [0, 5, 300, 1000, 33], steps=2)
     assert w._plan.config.heads_per_tile == 2 and w._plan.num_work_tiles == w._plan.num_ctas
     for planner in ("device", "host"):
-        g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
-                          policy="stream_k", params=params, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256, planner=planner))
+        g = DecodeWrapper(
+            H_Q,
+            H_KV,
+            D,
+            page_size=PS,
+            dtype="float16",
+            device="cpu",
+            max_batch_size=8,
+            policy="stream_k",
+            params=params,
+            use_cuda_graph=True,
+            graph=GraphOptions(num_programs=3, max_work_items=256, planner=planner),
+        )
         assert g.planner == planner and g.config.heads_per_tile == 2
         _loop(g, [0, 5, 300, 1000, 33], steps=2)
         C = int(g.bufs.counts[1])
@@ -166,19 +254,43 @@ def test_eager_and_graph_mode_with_heads_per_tile():
     # tile; this one holds several CTAs per SM, so the entry keeps its rule and its 2 CTAs per SM
     lens = [900, 40, 7]
     table = _stream_k_table(lens, {"ctas_per_sm": 2.0})
-    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
-                      params={"heads_per_tile": 2}, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256))
+    g = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=8,
+        table=table,
+        params={"heads_per_tile": 2},
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=3, max_work_items=256),
+    )
     _loop(g, lens, steps=1)
-    assert g.graph_residency == resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, 64, 4, 2,
-                                                     heads_per_tile=2) >= 2
+    assert (
+        g.graph_residency
+        == resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, 64, 4, 2, heads_per_tile=2)
+        >= 2
+    )
     assert (g.spec.policy, g.spec.params) == ("stream_k", {**g.spec.params, "ctas_per_sm": 2.0, "heads_per_tile": 2})
 
 
 def test_graph_mode_heads_per_tile_beyond_the_gqa_rows_is_refused():
     # H_q 32 / H_kv 2: G = 16 query rows per KV head, so two heads (32 rows) do not fit one work tile
     with pytest.raises(ValueError, match="params.heads_per_tile: 2 KV heads of GQA group G=16"):
-        DecodeWrapper(32, 2, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, policy="stream_k",
-                      params={"heads_per_tile": 2}, use_cuda_graph=True)
+        DecodeWrapper(
+            32,
+            2,
+            D,
+            page_size=PS,
+            dtype="float16",
+            device="cpu",
+            max_batch_size=8,
+            policy="stream_k",
+            params={"heads_per_tile": 2},
+            use_cuda_graph=True,
+        )
 
 
 def test_graph_mode_plan_with_the_overlapped_merge():
@@ -190,33 +302,69 @@ def test_graph_mode_plan_with_the_overlapped_merge():
     from kvsplit.kernels.decode import launch_decode
 
     lens = [0, 900, 5, 300, 1000]
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8,
-                      policy="stream_k", params={"ctas_per_sm": 0.25}, use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256))
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16,
-                     seed=4)
+    w = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=8,
+        policy="stream_k",
+        params={"ctas_per_sm": 0.25},
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=3, max_work_items=256),
+    )
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16, seed=4)
     w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.array(lens))
     assert w.planner == "device" and int(w.bufs.counts[3]) >= 2  # two or more requests are split and merged
     ref, ref_lse = reference_decode_attention(**case, return_lse=True)
     for call in range(2):
         out = torch.full_like(case["q"], float("nan"))
-        o, lse = launch_decode(case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"],
-                               w.bufs.arrays(), w.config, out=out, workspace=w.workspace, counts=w.bufs.counts,
-                               max_merge=w.max_batch_size, return_lse=True, merge_overlap=True)
+        o, lse = launch_decode(
+            case["q"],
+            case["k_cache"],
+            case["v_cache"],
+            case["kv_indptr"],
+            case["kv_indices"],
+            w.bufs.arrays(),
+            w.config,
+            out=out,
+            workspace=w.workspace,
+            counts=w.bufs.counts,
+            max_merge=w.max_batch_size,
+            return_lse=True,
+            merge_overlap=True,
+        )
         assert (o.float() - ref.float()).abs().max().item() < 5e-3, call
         fin = torch.isfinite(ref_lse)
         assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
         assert int(w.workspace.sync.abs().sum()) == 0, f"call {call}: counters left at {w.workspace.sync.nonzero()}"
 
 
-@pytest.mark.parametrize("name, entry, want", [
-    # a one-CTA-per-SM look-ahead tile's parameters: raised to the graph tile's residency
-    ("stream_k", {"ctas_per_sm": 1.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True,
-                  "next_item": True, "heads_per_tile": 2}, "residency"),
-    # tuned on other tiles at 2 or more CTAs per SM: kept, rule and all
-    ("stream_k", {"ctas_per_sm": 2.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True}, 2.0),
-    ("balanced", {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True}, 3.0),
-    ("stream_k", {"ctas_per_sm": 1.0}, 1.0),  # tuned on the graph's own tile (the default one): kept
-])
+@pytest.mark.parametrize(
+    "name, entry, want",
+    [
+        # a one-CTA-per-SM look-ahead tile's parameters: raised to the graph tile's residency
+        (
+            "stream_k",
+            {
+                "ctas_per_sm": 1.0,
+                "block_n": 32,
+                "num_warps": 4,
+                "num_stages": 3,
+                "prefetch": True,
+                "next_item": True,
+                "heads_per_tile": 2,
+            },
+            "residency",
+        ),
+        # tuned on other tiles at 2 or more CTAs per SM: kept, rule and all
+        ("stream_k", {"ctas_per_sm": 2.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True}, 2.0),
+        ("balanced", {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True}, 3.0),
+        ("stream_k", {"ctas_per_sm": 1.0}, 1.0),  # tuned on the graph's own tile (the default one): kept
+    ],
+)
 def test_graph_mode_repick_on_another_tile(name, entry, want):
     """Graph mode keeps its tile. On a tile of several resident CTAs per SM (head_dim 64's default, 4 on the
     H200), a re-picked entry tuned on another tile with fewer than 2 CTAs per SM gets the graph tile's residency
@@ -226,17 +374,34 @@ def test_graph_mode_repick_on_another_tile(name, entry, want):
 
     lens = [900, 40, 7]
     table = _stream_k_table(lens, entry, name=name)
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table,
-                      use_cuda_graph=True, graph=GraphOptions(num_programs=3, max_work_items=256))
+    w = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=8,
+        table=table,
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=3, max_work_items=256),
+    )
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
     w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=np.array(lens))
     # head_dim 64 has no graph tile of its own: the eager default config, one head per tile
     cfg = default_config(D, "float16")
-    assert (w.config.block_n, w.config.num_warps, w.config.num_stages, w.config.heads_per_tile) == \
-        (cfg.block_n, cfg.num_warps, cfg.num_stages, 1)
+    assert (w.config.block_n, w.config.num_warps, w.config.num_stages, w.config.heads_per_tile) == (
+        cfg.block_n,
+        cfg.num_warps,
+        cfg.num_stages,
+        1,
+    )
     if want == "residency":
-        want = float(resident_ctas_per_sm(resolve_device("NVIDIA H200"), D, "float16", 2, cfg.block_n,
-                                          cfg.num_warps, cfg.num_stages))
+        want = float(
+            resident_ctas_per_sm(
+                resolve_device("NVIDIA H200"), D, "float16", 2, cfg.block_n, cfg.num_warps, cfg.num_stages
+            )
+        )
         assert want >= 2 and want == w.graph_residency
     assert w.spec.policy == name and w.spec.params["ctas_per_sm"] == want
     assert w.planner == ("host" if name == "balanced" else "device")
@@ -252,12 +417,29 @@ def test_graph_mode_default_tile_at_head_dim_128():
     that tile keeps its own parameters, one tuned on (128, 4, 2) gets the graph's rule (docs/perf.md round 16).
     Eager mode's default stays balanced."""
     hq, hk, d = 8, 2, 128
-    w = DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
+    w = DecodeWrapper(
+        hq,
+        hk,
+        d,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=4,
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=2, max_work_items=64),
+    )
     c = w.config
-    assert (c.block_n, c.num_warps, c.num_stages, c.prefetch, c.next_item, c.heads_per_tile) == \
-        (64, 8, 3, True, True, 2)
-    res = resident_ctas_per_sm(resolve_device("NVIDIA H200"), d, "float16", 2, 64, 8, 3, prefetch=True,
-                               next_item=True, heads_per_tile=2)
+    assert (c.block_n, c.num_warps, c.num_stages, c.prefetch, c.next_item, c.heads_per_tile) == (
+        64,
+        8,
+        3,
+        True,
+        True,
+        2,
+    )
+    res = resident_ctas_per_sm(
+        resolve_device("NVIDIA H200"), d, "float16", 2, 64, 8, 3, prefetch=True, next_item=True, heads_per_tile=2
+    )
     assert w.graph_residency == res == 1
     assert w.planner == "device" and w.spec.policy == "stream_k" and w.spec.params["ctas_per_sm"] == 1.0
     _loop(w, [70, 3, 400], steps=2, shape=(hq, hk, d))
@@ -266,11 +448,22 @@ def test_graph_mode_default_tile_at_head_dim_128():
     lens = [700, 90, 5]
     tile = {"block_n": 64, "num_warps": 8, "num_stages": 3, "prefetch": True, "next_item": True, "heads_per_tile": 2}
     # on this one-CTA-per-SM tile an entry tuned elsewhere (here (128, 4, 2), balanced at 3) runs the graph's rule
-    for name, entry, want in (("stream_k", {"ctas_per_sm": 2.0, **tile}, ("stream_k", 2.0)),
-                              ("balanced", {"ctas_per_sm": 3.0}, ("stream_k", 1.0))):
-        t = DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
-                          table=_stream_k_table(lens, entry, name=name, num_kv_heads=hk, head_dim=d),
-                          use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
+    for name, entry, want in (
+        ("stream_k", {"ctas_per_sm": 2.0, **tile}, ("stream_k", 2.0)),
+        ("balanced", {"ctas_per_sm": 3.0}, ("stream_k", 1.0)),
+    ):
+        t = DecodeWrapper(
+            hq,
+            hk,
+            d,
+            page_size=PS,
+            dtype="float16",
+            device="cpu",
+            max_batch_size=4,
+            table=_stream_k_table(lens, entry, name=name, num_kv_heads=hk, head_dim=d),
+            use_cuda_graph=True,
+            graph=GraphOptions(num_programs=2, max_work_items=64),
+        )
         _loop(t, lens, steps=1, shape=(hq, hk, d))
         assert (t.spec.policy, t.spec.params["ctas_per_sm"]) == want and t.config.heads_per_tile == 2
 
@@ -282,12 +475,24 @@ def test_graph_mode_default_tile_without_two_heads(hq, hk):
     # ran 1.441x the served plan against 1.309x at H_kv 8: docs/perf.md round 17), stream_k at its residency (3)
     from kvsplit.kernels.limits import default_config
 
-    w = DecodeWrapper(hq, hk, 128, page_size=PS, dtype="float16", device="cpu", max_batch_size=4,
-                      use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64))
+    w = DecodeWrapper(
+        hq,
+        hk,
+        128,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=4,
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=2, max_work_items=64),
+    )
     cfg = default_config(128, "float16")
     c = w.config
-    assert (c.block_n, c.num_warps, c.num_stages, c.prefetch, c.next_item, c.heads_per_tile) == \
-        (cfg.block_n, cfg.num_warps, cfg.num_stages, False, False, 1) == (128, 4, 2, False, False, 1)
+    assert (
+        (c.block_n, c.num_warps, c.num_stages, c.prefetch, c.next_item, c.heads_per_tile)
+        == (cfg.block_n, cfg.num_warps, cfg.num_stages, False, False, 1)
+        == (128, 4, 2, False, False, 1)
+    )
     assert w.spec.policy == "stream_k" and w.spec.params["ctas_per_sm"] == float(w.graph_residency) == 3.0
 
 
@@ -302,24 +507,67 @@ def test_graph_options_and_a_callers_workspace():
 
     # eager mode: the caller's workspace is used as it is, and one too small for a step's plan is named
     ws = make_workspace(H_Q, D, max_partials=256, max_batch=8, device="cpu")
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, workspace=ws,
-                      policy="fixed", params={"num_splits": 3})
+    w = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=8,
+        workspace=ws,
+        policy="fixed",
+        params={"num_splits": 3},
+    )
     _loop(w, [40, 300, 7], steps=1)
     assert w.workspace is ws and w.last_plan is not None and w.last_plan.num_partials == 9  # 3 requests x 3 splits
     small = make_workspace(H_Q, D, max_partials=2, max_batch=8, device="cpu")
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, workspace=small,
-                      policy="fixed", params={"num_splits": 3})
-    case = make_case([40, 300, 7], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS,
-                     dtype=torch.float16, seed=1)
+    w = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=8,
+        workspace=small,
+        policy="fixed",
+        params={"num_splits": 3},
+    )
+    case = make_case(
+        [40, 300, 7], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16, seed=1
+    )
     with pytest.raises(ValueError, match="workspace"):
         w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
     # graph mode: it must hold max_work_items partials; the device planner's steps answer None, as last_plan
     with pytest.raises(ValueError, match="workspace"):
-        DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, policy="stream_k",
-                      use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64), workspace=small)
+        DecodeWrapper(
+            H_Q,
+            H_KV,
+            D,
+            page_size=PS,
+            dtype="float16",
+            device="cpu",
+            max_batch_size=4,
+            policy="stream_k",
+            use_cuda_graph=True,
+            graph=GraphOptions(num_programs=2, max_work_items=64),
+            workspace=small,
+        )
     big = make_workspace(H_Q, D, max_partials=64, max_batch=4, device="cpu")
-    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, policy="stream_k",
-                      use_cuda_graph=True, graph=GraphOptions(num_programs=2, max_work_items=64), workspace=big)
+    g = DecodeWrapper(
+        H_Q,
+        H_KV,
+        D,
+        page_size=PS,
+        dtype="float16",
+        device="cpu",
+        max_batch_size=4,
+        policy="stream_k",
+        use_cuda_graph=True,
+        graph=GraphOptions(num_programs=2, max_work_items=64),
+        workspace=big,
+    )
     assert g.workspace is big and g.planner == "device"
     case = make_case([40, 300], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
     assert g.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=[40, 300]) is None

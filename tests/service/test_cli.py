@@ -25,8 +25,20 @@ from kvsplit.service.cli import app
 from kvsplit.tuner.workloads import family_kv_lens
 from tests.service_support import GPU, TOTAL, fill_store
 
-SHAPE_ARGS = ["--gpu", GPU, "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128",
-              "--dtype", "bfloat16", "--page-size", "16"]
+SHAPE_ARGS = [
+    "--gpu",
+    GPU,
+    "--num-qo-heads",
+    "32",
+    "--num-kv-heads",
+    "4",
+    "--head-dim",
+    "128",
+    "--dtype",
+    "bfloat16",
+    "--page-size",
+    "16",
+]
 
 
 def _invoke(*args: str, input: str | None = None):
@@ -80,8 +92,12 @@ def test_export_to_missing_folder(filled, tmp_path):
 
 def test_read_only_commands_create_no_store(tmp_path):
     path = tmp_path / "missing.db"
-    for args in (["db", "export"], ["plan", *SHAPE_ARGS, "--kv-lens", "100,200"], ["serve", "--port", "0"],
-                 ["bench", "--trace", "arxiv", "--batch-sizes", "8", "--batches", "1"]):
+    for args in (
+        ["db", "export"],
+        ["plan", *SHAPE_ARGS, "--kv-lens", "100,200"],
+        ["serve", "--port", "0"],
+        ["bench", "--trace", "arxiv", "--batch-sizes", "8", "--batches", "1"],
+    ):
         res = _invoke(*args, "--database-url", str(path))
         assert res.exit_code == 1, res.output
         line = _one_error_line(res)
@@ -98,11 +114,28 @@ def test_gpu_tuning_without_cuda_is_one_error_line_and_stores_nothing(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")  # CI has none (the refusal is what is tested)
     db, journal = tmp_path / "t.db", tmp_path / "j.log"
-    res = _invoke("tune", "--backend", "gpu", "--workers", "2", "--journal", str(journal), "--database-url", str(db),
-                  *SHAPE_ARGS, "--family", "skewed80", "--batch-size", "64", "--trials", "2")
+    res = _invoke(
+        "tune",
+        "--backend",
+        "gpu",
+        "--workers",
+        "2",
+        "--journal",
+        str(journal),
+        "--database-url",
+        str(db),
+        *SHAPE_ARGS,
+        "--family",
+        "skewed80",
+        "--batch-size",
+        "64",
+        "--trials",
+        "2",
+    )
     assert res.exit_code == 2, res.output
-    assert _one_error_line(res) == ("error: --backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; "
-                                    "use --backend sim")
+    assert _one_error_line(res) == (
+        "error: --backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; use --backend sim"
+    )
     assert not db.exists() and not journal.exists()
 
 
@@ -116,8 +149,9 @@ def test_serve_names_a_busy_port(filled):
         port = s.getsockname()[1]
         res = _invoke("serve", "--database-url", filled.url, "--port", str(port))
     assert res.exit_code == 2
-    assert _one_error_line(res) == (f"error: --port: 127.0.0.1:{port} is already in use (another kvsplit serve?); "
-                                    "choose another --port")
+    assert _one_error_line(res) == (
+        f"error: --port: 127.0.0.1:{port} is already in use (another kvsplit serve?); choose another --port"
+    )
 
 
 @pytest.mark.slow
@@ -128,8 +162,14 @@ def test_run_says_which_port_it_uses_when_busy(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         busy = s.getsockname()[1]
-        p = subprocess.Popen([sys.executable, "-m", "kvsplit.service.cli", "run", "--no-tune", "--port", str(busy)],
-                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "kvsplit.service.cli", "run", "--no-tune", "--port", str(busy)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         lines = []
         try:
             deadline = time.time() + 120
@@ -155,8 +195,9 @@ def test_run_says_which_port_it_uses_when_busy(tmp_path):
 
 
 def test_plan_unknown_gpu_lists_known_ones(filled):
-    res = _invoke("plan", *SHAPE_ARGS[:1], "NVIDIA Z9000", *SHAPE_ARGS[2:], "--kv-lens", "100",
-                  "--database-url", filled.url)
+    res = _invoke(
+        "plan", *SHAPE_ARGS[:1], "NVIDIA Z9000", *SHAPE_ARGS[2:], "--kv-lens", "100", "--database-url", filled.url
+    )
     assert res.exit_code == 2
     line = _one_error_line(res)
     assert line.startswith("error: --gpu: unknown GPU 'NVIDIA Z9000'; known GPUs: ")
@@ -166,12 +207,29 @@ def test_plan_unknown_gpu_lists_known_ones(filled):
 
 def test_plan_says_why_it_falls_back(filled):
     # a shape with no published policy at all
-    res = _invoke("plan", "--gpu", "h100", "--num-qo-heads", "8", "--num-kv-heads", "1", "--head-dim", "64",
-                  "--dtype", "float16", "--kv-lens", "100,200", "--database-url", filled.url)
+    res = _invoke(
+        "plan",
+        "--gpu",
+        "h100",
+        "--num-qo-heads",
+        "8",
+        "--num-kv-heads",
+        "1",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "float16",
+        "--kv-lens",
+        "100,200",
+        "--database-url",
+        filled.url,
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["policy"]["source"] == "fallback"
-    assert ("note: planned with the fallback policy 'balanced': no published policy for this shape "
-            "(gpu, num_kv_heads, head_dim, dtype, page_size)") in res.stderr
+    assert (
+        "note: planned with the fallback policy 'balanced': no published policy for this shape "
+        "(gpu, num_kv_heads, head_dim, dtype, page_size)"
+    ) in res.stderr
     # the tuned shape, but a batch far from every tuned bucket
     res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", "1", "--database-url", filled.url)
     assert res.exit_code == 0, res.output
@@ -180,8 +238,10 @@ def test_plan_says_why_it_falls_back(filled):
     # the served limit is kernels.policy_table.SERVE_DISTANCE_LIMIT = 2.5 (not buckets.DISTANCE_LIMIT = 1.0),
     # printed with :g -> "2.5"; the nearest tuned bucket (b12.t12, same w0x16 histogram) is at
     # CLASS_WEIGHT * (|0-12| + |0-12|) = 0.5 * 24 = 12 > 2.5
-    assert f"no published policy within the distance limit 2.5 of bucket {answer['bucket']['key']} (nearest: " \
+    assert (
+        f"no published policy within the distance limit 2.5 of bucket {answer['bucket']['key']} (nearest: "
         in res.stderr
+    )
     # a tuned batch says nothing
     lens = family_kv_lens("2x40", 16, TOTAL).tolist()
     res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", ",".join(map(str, lens)), "--database-url", filled.url)
@@ -237,8 +297,22 @@ def test_help_has_no_type_placeholders(cmd):
 @pytest.mark.slow
 def test_second_tune_with_other_batch_flags_is_refused(tmp_path):
     url = f"sqlite:///{tmp_path / 't.db'}"
-    args = ["tune", "--family", "uniform", "--batch-size", "8", "--trials", "2", "--num-train", "1",
-            "--num-heldout", "1", "--no-progress", "--database-url", url]
+    args = [
+        "tune",
+        "--family",
+        "uniform",
+        "--batch-size",
+        "8",
+        "--trials",
+        "2",
+        "--num-train",
+        "1",
+        "--num-heldout",
+        "1",
+        "--no-progress",
+        "--database-url",
+        url,
+    ]
     first = _invoke(*args)
     assert first.exit_code == 0, first.output
     again = _invoke(*args)  # same flags: resumes
@@ -253,13 +327,22 @@ def test_second_tune_with_other_batch_flags_is_refused(tmp_path):
     store.dispose_engines()
 
 
-@pytest.mark.parametrize("cmd", [["db", "export"], ["db", "upgrade"], ["plan", *SHAPE_ARGS, "--kv-lens", "1"],
-                                 ["tune", "--family", "uniform", "--batch-size", "8", "--no-progress"]])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["db", "export"],
+        ["db", "upgrade"],
+        ["plan", *SHAPE_ARGS, "--kv-lens", "1"],
+        ["tune", "--family", "uniform", "--batch-size", "8", "--no-progress"],
+    ],
+)
 def test_unreachable_server_is_one_error_line(cmd):
     res = _invoke(*cmd, "--database-url", "postgresql+psycopg://nobody:secret@127.0.0.1:1/none")
     assert res.exit_code == 1
     line = _one_error_line(res)
-    assert line.startswith("error: cannot reach the database server of postgresql+psycopg://nobody:***@127.0.0.1:1/none: ")
+    assert line.startswith(
+        "error: cannot reach the database server of postgresql+psycopg://nobody:***@127.0.0.1:1/none: "
+    )
     assert "Connection refused" in line
     assert "secret" not in line
 

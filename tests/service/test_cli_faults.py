@@ -42,8 +42,24 @@ except ImportError:  # pragma: no cover
 
 # every command that opens the store; {url} is the store, {file} a policies file to import
 COMMANDS = {
-    "tune": ["tune", "--family", "uniform", "--batch-size", "8", "--total-tokens", "8192", "--trials", "3",
-             "--num-train", "2", "--num-heldout", "2", "--no-progress", "--database-url", "{url}"],
+    "tune": [
+        "tune",
+        "--family",
+        "uniform",
+        "--batch-size",
+        "8",
+        "--total-tokens",
+        "8192",
+        "--trials",
+        "3",
+        "--num-train",
+        "2",
+        "--num-heldout",
+        "2",
+        "--no-progress",
+        "--database-url",
+        "{url}",
+    ],
     "run": ["run", "--no-tune", "--database-url", "{url}"],
     "serve": ["serve", "--database-url", "{url}"],
     "plan": ["plan", *SHAPE, "--kv-lens", "4096,17,9000", "--database-url", "{url}"],
@@ -210,8 +226,10 @@ def test_bad_store_setting(cmd, var, value, seeded, tmp_path):
 
 
 @pytest.mark.parametrize("cmd", ["run", "serve"])
-@pytest.mark.parametrize("value,rule", [("abc", "valid integer"), ("70000", "less than or equal to 65535"),
-                                        ("-1", "greater than or equal to 0")])
+@pytest.mark.parametrize(
+    "value,rule",
+    [("abc", "valid integer"), ("70000", "less than or equal to 65535"), ("-1", "greater than or equal to 0")],
+)
 def test_bad_port_setting(cmd, value, rule, seeded, tmp_path):
     shutil.copy(seeded, tmp_path / "k.db")
     r = _kvsplit(COMMANDS[cmd], f"sqlite:///{tmp_path / 'k.db'}", env={"KVSPLIT_PORT": value})
@@ -223,8 +241,14 @@ def test_bad_setting_in_dotenv(seeded, tmp_path):
     """./.env is read like the environment, and named the same way."""
     shutil.copy(seeded, tmp_path / "k.db")
     (tmp_path / ".env").write_text(f"KVSPLIT_PORT=eighty\nKVSPLIT_DATABASE_URL=sqlite:///{tmp_path / 'k.db'}\n")
-    r = subprocess.run([*KVSPLIT, "run", "--no-tune"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                       env={k: v for k, v in os.environ.items() if not k.startswith("KVSPLIT_")})
+    r = subprocess.run(
+        [*KVSPLIT, "run", "--no-tune"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("KVSPLIT_")},
+    )
     line = _assert_one_line(r, "run", "KVSPLIT_PORT='eighty'")
     assert r.returncode == 2, line
 
@@ -233,5 +257,7 @@ def test_unknown_cause_keeps_the_first_line(tmp_path):
     """A store failure the classifier does not know is still one line: the error's own first line."""
     from kvsplit.db import store
 
-    assert store.describe_error(RuntimeError("first\nsecond"), f"sqlite:///{tmp_path / 'k.db'}") == \
-        f"cannot use the policy store at sqlite:///{tmp_path / 'k.db'}: first"
+    assert (
+        store.describe_error(RuntimeError("first\nsecond"), f"sqlite:///{tmp_path / 'k.db'}")
+        == f"cannot use the policy store at sqlite:///{tmp_path / 'k.db'}: first"
+    )

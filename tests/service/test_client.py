@@ -22,9 +22,12 @@ TOKEN = "tok-123"
 
 
 def post(url: str, path: str, payload: dict, token: str | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(url + path, data=json.dumps(payload).encode(), method="POST",
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    req = urllib.request.Request(
+        url + path,
+        data=json.dumps(payload).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())
@@ -49,8 +52,9 @@ def random_batches(n: int, seed: int = 0):
         if kind == 0:
             fam = FAMILIES[rng.integers(len(FAMILIES))]
             B = int(rng.choice([3, 16, 64, 256, 300]))
-            lens = family_kv_lens(fam, B, TOTAL) if not (fam == "2x40" and B < 3) else family_kv_lens("uniform", B,
-                                                                                                        TOTAL)
+            lens = (
+                family_kv_lens(fam, B, TOTAL) if not (fam == "2x40" and B < 3) else family_kv_lens("uniform", B, TOTAL)
+            )
             lens = (lens * rng.uniform(0.85, 1.15, lens.shape)).astype(np.int64)
         elif kind == 1:
             lens = np.floor(2 ** (rng.random(int(rng.integers(1, 600))) * 17)).astype(np.int64)
@@ -185,7 +189,10 @@ def test_multiworker_metrics_are_aggregated(tmp_path):
         for _ in range(20):
             assert post(srv.url, "/v1/plan", dict(SHAPE, kv_lens=[100, 2000]))[0] == 200
         text = urllib.request.urlopen(srv.url + "/metrics", timeout=10).read().decode()
-    line = next(l for l in text.splitlines()
-                if l.startswith("kvsplit_http_requests_total") and 'route="/v1/plan"' in l and 'status="200"' in l)
+    line = next(
+        l
+        for l in text.splitlines()
+        if l.startswith("kvsplit_http_requests_total") and 'route="/v1/plan"' in l and 'status="200"' in l
+    )
     assert float(line.rsplit(" ", 1)[1]) == 20.0  # summed over both workers' files
     assert "kvsplit_policies_loaded" in text

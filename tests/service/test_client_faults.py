@@ -63,8 +63,9 @@ def records(caplog, level: int) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == LOGGER and r.levelno == level]
 
 
-def ride_outage(client: PlanClient, ref_plan, label: str, *, failures: int, calls: int = 200,
-                limit_s: float = 60.0) -> list[float]:
+def ride_outage(
+    client: PlanClient, ref_plan, label: str, *, failures: int, calls: int = 200, limit_s: float = 60.0
+) -> list[float]:
     """Plan in a loop (as a decode loop would) until the client saw ``failures`` failed polls and ``calls``
     plans were timed; check the plans and their latency; return the times (monotonic) at which the client
     counted each failed poll (``consecutive_failures`` 1, 2, ...)."""
@@ -86,10 +87,12 @@ def ride_outage(client: PlanClient, ref_plan, label: str, *, failures: int, call
         time.sleep(0.002)
     elapsed = time.monotonic() - t0
     ms = np.array(lat) * 1e3
-    print(f"\n{label}: plan() over {len(ms)} calls during the outage: median {np.median(ms):.3f} ms, "
-          f"p99 {np.percentile(ms, 99):.3f} ms, max {ms.max():.3f} ms; {client.consecutive_failures} failed "
-          f"polls in {elapsed:.2f} s; table_age_s {age0:.2f} -> {client.table_age_s:.2f}; "
-          f"last_error {client.last_error!r}")
+    print(
+        f"\n{label}: plan() over {len(ms)} calls during the outage: median {np.median(ms):.3f} ms, "
+        f"p99 {np.percentile(ms, 99):.3f} ms, max {ms.max():.3f} ms; {client.consecutive_failures} failed "
+        f"polls in {elapsed:.2f} s; table_age_s {age0:.2f} -> {client.table_age_s:.2f}; "
+        f"last_error {client.last_error!r}"
+    )
     # a plan() that waited on the network would take >= 200 ms in every case with a slow server (hung,
     # trickle, slow 500); the max bound leaves room for the OS descheduling this process on a shared box
     # (one 27.6 ms call was seen at load 3.5 on 2 cores)
@@ -103,9 +106,11 @@ def check_backoff(times: list[float], label: str, *, initial: float, cap: float,
     """Gaps between failed polls: ``attempt_s`` (how long a failing poll takes) plus the back-off wait,
     80-100 % of min(cap, initial * 2 ** k) (jitter 0.2); they grow until the cap, then stay there."""
     gaps = np.diff(times)
-    nominal = [min(cap, initial * 2 ** k) for k in range(len(gaps))]
-    print(f"{label}: gaps between failed polls {np.round(gaps, 3).tolist()} s (waits {nominal} s "
-          f"x 0.8-1 plus ~{attempt_s} s per poll)")
+    nominal = [min(cap, initial * 2**k) for k in range(len(gaps))]
+    print(
+        f"{label}: gaps between failed polls {np.round(gaps, 3).tolist()} s (waits {nominal} s "
+        f"x 0.8-1 plus ~{attempt_s} s per poll)"
+    )
     for g, w in zip(gaps, nominal):
         assert g >= 0.8 * w - 0.01, (gaps, nominal)  # never sooner than the back-off says
         assert g <= w + attempt_s + 0.3, (gaps, nominal)  # slack for a loaded machine
@@ -116,8 +121,7 @@ def check_backoff(times: list[float], label: str, *, initial: float, cap: float,
 def test_killed_server_then_restarted(store_url, tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     with serve(store_url, tmp_path) as srv:
-        client = PlanClient(srv.url, refresh_interval_s=0.05, timeout_s=1.0, backoff_initial_s=0.1,
-                            backoff_max_s=0.4)
+        client = PlanClient(srv.url, refresh_interval_s=0.05, timeout_s=1.0, backoff_initial_s=0.1, backoff_max_s=0.4)
         try:
             ref = client.plan(LENS, **SHAPE)
             assert client.refreshing and not client.stale and client.last_error is None
@@ -147,14 +151,17 @@ def test_hung_server_then_resumed(store_url, tmp_path, caplog):
     """SIGSTOP: connections are accepted by the kernel and never answered, so each poll times out."""
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     with serve(store_url, tmp_path) as srv:
-        with PlanClient(srv.url, refresh_interval_s=0.05, timeout_s=0.3, backoff_initial_s=0.2,
-                        backoff_max_s=0.8) as client:
+        with PlanClient(
+            srv.url, refresh_interval_s=0.05, timeout_s=0.3, backoff_initial_s=0.2, backoff_max_s=0.8
+        ) as client:
             ref = client.plan(LENS, **SHAPE)
             assert not client.stale
             os.kill(srv.proc.pid, signal.SIGSTOP)
             try:
                 times = ride_outage(client, ref, "hung (SIGSTOP)", failures=4)
-                assert "no complete answer within timeout_s = 0.3 s" in client.last_error and srv.url in client.last_error
+                assert (
+                    "no complete answer within timeout_s = 0.3 s" in client.last_error and srv.url in client.last_error
+                )
                 check_backoff(times, "hung (SIGSTOP)", initial=0.2, cap=0.8, attempt_s=0.3)
                 assert len(records(caplog, logging.WARNING)) == 1
             finally:
@@ -219,7 +226,7 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
                 if self.server.mode != mode:
                     break
                 try:
-                    self.wfile.write(line[i:i + 1])
+                    self.wfile.write(line[i : i + 1])
                     self.wfile.flush()
                 except OSError:
                     return
@@ -232,7 +239,7 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             for i in range(len(self.server.table)):
                 try:
-                    self.wfile.write(self.server.table[i:i + 1])
+                    self.wfile.write(self.server.table[i : i + 1])
                     self.wfile.flush()
                 except OSError:
                     return
@@ -257,12 +264,17 @@ def test_server_answering_errors_and_garbage(store_url, tmp_path, caplog):
     fs = FaultyServer(table, etag)
     th = threading.Thread(target=fs.serve_forever, daemon=True)
     th.start()
-    cases = [("500", "HTTP 500"), ("garbage-json", "not a policy table"), ("not-http", "BadStatusLine"),
-             ("trickle", "no complete answer within timeout_s = 0.3 s"),
-             ("trickle-head", "no complete answer within timeout_s = 0.3 s")]
+    cases = [
+        ("500", "HTTP 500"),
+        ("garbage-json", "not a policy table"),
+        ("not-http", "BadStatusLine"),
+        ("trickle", "no complete answer within timeout_s = 0.3 s"),
+        ("trickle-head", "no complete answer within timeout_s = 0.3 s"),
+    ]
     try:
-        with PlanClient(fs.url, refresh_interval_s=0.05, timeout_s=0.3, backoff_initial_s=0.1,
-                        backoff_max_s=0.4) as client:
+        with PlanClient(
+            fs.url, refresh_interval_s=0.05, timeout_s=0.3, backoff_initial_s=0.1, backoff_max_s=0.4
+        ) as client:
             ref = client.plan(LENS, **SHAPE)
             assert client.plan_with_info(LENS, **SHAPE)[2]["source"] == "tuned"
             for k, (mode, cause) in enumerate(cases, start=1):
@@ -292,9 +304,28 @@ def test_tls_server_trickling_then_answering(store_url, tmp_path, monkeypatch, c
     """The same deadline over HTTPS (the watchdog shuts down the socket under TLS)."""
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the default context trusts this certificate
     with serve(store_url, tmp_path) as srv:
         with urllib.request.urlopen(srv.url + "/v1/policies", timeout=30) as r:
@@ -306,8 +337,9 @@ def test_tls_server_trickling_then_answering(store_url, tmp_path, monkeypatch, c
     fs.url = fs.url.replace("http://", "https://")
     threading.Thread(target=fs.serve_forever, daemon=True).start()
     try:
-        with PlanClient(fs.url, refresh_interval_s=0.05, timeout_s=0.3, backoff_initial_s=0.1,
-                        backoff_max_s=0.4) as client:
+        with PlanClient(
+            fs.url, refresh_interval_s=0.05, timeout_s=0.3, backoff_initial_s=0.1, backoff_max_s=0.4
+        ) as client:
             ref = client.plan(LENS, **SHAPE)
             fs.mode = "trickle-head"
             ride_outage(client, ref, "TLS trickle-head", failures=3)
@@ -322,8 +354,11 @@ def test_tls_server_trickling_then_answering(store_url, tmp_path, monkeypatch, c
 
 def test_first_load_errors_and_lifetime(store_url, tmp_path):
     # a dead server on the first load: a clear error naming the URL and the cause
-    with pytest.raises(PlanServiceError, match=r"cannot load the policy table: GET http://127\.0\.0\.1:9/v1/"
-                                               r"policies: ConnectionRefusedError"):
+    with pytest.raises(
+        PlanServiceError,
+        match=r"cannot load the policy table: GET http://127\.0\.0\.1:9/v1/"
+        r"policies: ConnectionRefusedError",
+    ):
         PlanClient("http://127.0.0.1:9/")
     with pytest.raises(PlanServiceError, match=r"https://127\.0\.0\.1:9/v1/policies: ConnectionRefusedError"):
         PlanClient("https://127.0.0.1:9")
@@ -332,7 +367,9 @@ def test_first_load_errors_and_lifetime(store_url, tmp_path):
         os.kill(srv.proc.pid, signal.SIGSTOP)
         try:
             t = time.monotonic()
-            with pytest.raises(PlanServiceError, match=rf"{srv.url}/v1/policies: no complete answer within timeout_s = 0.3 s"):
+            with pytest.raises(
+                PlanServiceError, match=rf"{srv.url}/v1/policies: no complete answer within timeout_s = 0.3 s"
+            ):
                 PlanClient(srv.url, timeout_s=0.3)
             assert time.monotonic() - t < 0.3 + 1.0
         finally:

@@ -27,8 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not os.environ.get("KVSPLIT_CHROMIUM") and not Path(CHROMIUM).exists(),
-                       reason=f"Chromium not found at {CHROMIUM} (apt-get install -y chromium; .ci/run does)"),
+    pytest.mark.skipif(
+        not os.environ.get("KVSPLIT_CHROMIUM") and not Path(CHROMIUM).exists(),
+        reason=f"Chromium not found at {CHROMIUM} (apt-get install -y chromium; .ci/run does)",
+    ),
 ]
 
 
@@ -38,21 +40,48 @@ def _add_verified_bucket(url, fam, B, *, backend, ratios, publish):
     lens = family_kv_lens(fam, B, TOTAL)
     key = key_of(lens)
     with store.session_scope(url, write=True) as s:
-        b = store.get_or_create_bucket(s, key=key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                                       page_size=16, source=f"family:{fam} B={B} T={TOTAL}", signature={"family": fam})
+        b = store.get_or_create_bucket(
+            s,
+            key=key,
+            gpu=GPU,
+            num_kv_heads=4,
+            head_dim=128,
+            dtype="bfloat16",
+            page_size=16,
+            source=f"family:{fam} B={B} T={TOTAL}",
+            signature={"family": fam},
+        )
         run = store.start_run(s, bucket_id=b.id, study_name=f"kvsplit-{backend}-{key}", backend=backend, n_trials=5)
         store.finish_run(s, run.id, status="finished", n_finished=5, best_value=1e-4, best_params={"ctas_per_sm": 2.0})
-        pol = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 2.0}, backend=backend, score=1.0,
-                                  verification={"passed": publish}, tuning_run_id=run.id, name="balanced")
+        pol = store.create_policy(
+            s,
+            bucket_id=b.id,
+            params={"ctas_per_sm": 2.0},
+            backend=backend,
+            score=1.0,
+            verification={"passed": publish},
+            tuning_run_id=run.id,
+            name="balanced",
+        )
         if publish:
             store.publish(s, pol.id)
         floor = TOTAL * 4 * 128 * 2 * 2 / 4.5e12
         for i in range(2):
             for name, r in ratios.items():
-                store.record_measurement(s, bucket_id=b.id, policy_name=name, kv_lens=lens.tolist(),
-                                         time_s=floor * r[i], floor_s=floor, role="heldout", batch_index=i,
-                                         stage="verify", tuning_run_id=run.id, backend=backend,
-                                         policy_id=pol.id if name == "tuned" else None)
+                store.record_measurement(
+                    s,
+                    bucket_id=b.id,
+                    policy_name=name,
+                    kv_lens=lens.tolist(),
+                    time_s=floor * r[i],
+                    floor_s=floor,
+                    role="heldout",
+                    batch_index=i,
+                    stage="verify",
+                    tuning_run_id=run.id,
+                    backend=backend,
+                    policy_id=pol.id if name == "tuned" else None,
+                )
     return key
 
 
@@ -60,17 +89,42 @@ def test_dashboard_renders_tables_and_charts(tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
     info = fill_store(f"sqlite:///{tmp_path}/store.db")
     # a simulator-tuned, published skewed80 bucket at B = 128 (between the GPU-measured 64 and 256)
-    sim_ratios = {"tuned": (1.21, 1.25), "balanced": (1.4, 1.44), "fa3": (2.0, 2.1), "flashinfer": (3.0, 3.1),
-                  "no_split": (8.0, 8.2)}
+    sim_ratios = {
+        "tuned": (1.21, 1.25),
+        "balanced": (1.4, 1.44),
+        "fa3": (2.0, 2.1),
+        "flashinfer": (3.0, 3.1),
+        "no_split": (8.0, 8.2),
+    }
     sim_key = _add_verified_bucket(info.url, "skewed80", 128, backend="sim", ratios=sim_ratios, publish=True)
     # a GPU tuning of a uniform bucket at B = 32 that lost to the baselines and was not published
-    lost_key = _add_verified_bucket(info.url, "uniform", 32, backend="gpu", publish=False, ratios={
-        "tuned": (3.0, 3.2), "balanced": (1.3, 1.3), "fa3": (2.4, 2.4), "flashinfer": (3.5, 3.5),
-        "no_split": (9.0, 9.0)})
+    lost_key = _add_verified_bucket(
+        info.url,
+        "uniform",
+        32,
+        backend="gpu",
+        publish=False,
+        ratios={
+            "tuned": (3.0, 3.2),
+            "balanced": (1.3, 1.3),
+            "fa3": (2.4, 2.4),
+            "flashinfer": (3.5, 3.5),
+            "no_split": (9.0, 9.0),
+        },
+    )
     with LiveServer(info.url, cwd=str(tmp_path)) as srv, playwright.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-dev-shm-usage",
+            ],
+        )
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 1000})
             external = []
@@ -114,13 +168,13 @@ def test_dashboard_renders_tables_and_charts(tmp_path):
             assert all(1.05 < y < 1.2 for y in ys)
             # the simulated bucket: its own series (hollow, dashed) beside the GPU measurements, in the legend
             sk = page.locator('.chartbox[data-family="skewed80"]')
-            assert sk.locator('circle.pt:not(.simulated)').count() == 5 * len(BATCH_SIZES)
+            assert sk.locator("circle.pt:not(.simulated)").count() == 5 * len(BATCH_SIZES)
             sim_pts = sk.locator('circle.pt.simulated[data-series="tuned (simulated)"]')
             assert sim_pts.count() == 1 and float(sim_pts.get_attribute("data-x")) == 128
             assert float(sim_pts.get_attribute("data-y")) == pytest.approx((1.21 * 1.25) ** 0.5, rel=1e-5)
             assert sim_pts.evaluate("e => getComputedStyle(e).fill") == "rgb(255, 255, 255)"  # hollow
             assert float(sk.locator('circle.pt[data-series="tuned"]').first.get_attribute("data-x")) != 128
-            assert sk.locator('circle.pt.simulated').count() == 5  # tuned + 4 baselines at B = 128
+            assert sk.locator("circle.pt.simulated").count() == 5  # tuned + 4 baselines at B = 128
             legend = sk.locator("g.legend text").all_text_contents()
             assert "tuned" in legend and "tuned (simulated)" in legend and "balanced (simulated)" in legend
             assert sk.locator('g.legend[data-kind="simulated"] line').first.get_attribute("stroke-dasharray")
@@ -131,8 +185,10 @@ def test_dashboard_renders_tables_and_charts(tmp_path):
             assert "not published" in lost.locator("td.tuned-ratio").inner_text()
             assert lost.locator("td.loss").count() == 0 and "3.1" not in " ".join(lost.locator("td").all_inner_texts())
             uni = page.locator('.chartbox[data-family="uniform"]')
-            assert sorted(float(x) for x in uni.locator('circle.pt[data-series="tuned"]').evaluate_all(
-                "es => es.map(e => e.dataset.x)")) == [float(b) for b in BATCH_SIZES]
+            assert sorted(
+                float(x)
+                for x in uni.locator('circle.pt[data-series="tuned"]').evaluate_all("es => es.map(e => e.dataset.x)")
+            ) == [float(b) for b in BATCH_SIZES]
             assert uni.locator('circle.pt[data-series="balanced"][data-x="32"]').count() == 1
             box = page.locator('.chartbox[data-family="skewed80"] svg.chart').bounding_box()
             assert box is not None and box["width"] > 300 and box["height"] > 150

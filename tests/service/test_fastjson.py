@@ -6,9 +6,9 @@ import numpy as np
 import orjson
 import pytest
 
-from kvsplit.kernels.fastplan import run_spec, as_kv_lens
-from kvsplit.kernels.rulespec import resolve
+from kvsplit.kernels.fastplan import as_kv_lens, run_spec
 from kvsplit.kernels.plan import make_plan
+from kvsplit.kernels.rulespec import resolve
 from kvsplit.service import fastjson
 
 pytestmark = pytest.mark.skipif(not fastjson.ENABLED, reason="numba off: the service serializes with orjson")
@@ -67,10 +67,17 @@ def test_strided_arrays():
     assert bytes(fastjson.plan_arrays_json(_P(arrays))) == _orjson_opening([np.ascontiguousarray(x) for x in arrays])
 
 
-@pytest.mark.parametrize("policy,params", [("balanced", {}), ("stream_k", {"ctas_per_sm": 3.0}),
-                                           ("tuned", {"partition": "stream_k", "order": "heavy_first"}),
-                                           ("tuned", {"pack_tokens": 512, "wave_aware": False}),
-                                           ("fixed", {"num_splits": 3}), ("no_split", {})])
+@pytest.mark.parametrize(
+    "policy,params",
+    [
+        ("balanced", {}),
+        ("stream_k", {"ctas_per_sm": 3.0}),
+        ("tuned", {"partition": "stream_k", "order": "heavy_first"}),
+        ("tuned", {"pack_tokens": 512, "wave_aware": False}),
+        ("fixed", {"num_splits": 3}),
+        ("no_split", {}),
+    ],
+)
 def test_planner_buffers_equal_the_plan(policy, params):
     """buffers_json on run_spec's two buffers == the Plan's arrays through orjson; with_kv=False leaves
     exactly ``{"kv_lens":[...]`` out."""

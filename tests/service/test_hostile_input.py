@@ -36,17 +36,31 @@ from ..service_support import ROOT, LiveServer, free_port
 
 SHIPPED = ROOT / "service" / "data" / "h200_policies.json"
 TOKEN = "hostile-test-token"
-HEADER = {"gpu": "NVIDIA H200", "num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16",
-          "page_size": 16}
+HEADER = {
+    "gpu": "NVIDIA H200",
+    "num_qo_heads": 32,
+    "num_kv_heads": 4,
+    "head_dim": 128,
+    "dtype": "bfloat16",
+    "page_size": 16,
+}
 GOOD = dict(HEADER, kv_lens=[4096, 17, 0])
 FIELDS = ("gpu", "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "page_size", "kv_lens", "device", "zz_unknown")
 # coarse: every level up to 12 (the limit is 8), both sides of orjson's writer (254) and parser (1,024) limits
-DEPTHS = sorted(set(range(1, 13)) | {16, 31, 32, 33, 64, 128} | set(range(250, 261)) | {500, 1000}
-                | set(range(1020, 1028)) | {2048, 4096, 10_000, 50_000, 100_000})
+DEPTHS = sorted(
+    set(range(1, 13))
+    | {16, 31, 32, 33, 64, 128}
+    | set(range(250, 261))
+    | {500, 1000}
+    | set(range(1020, 1028))
+    | {2048, 4096, 10_000, 50_000, 100_000}
+)
 # llhttp's methods (CONNECT left out: it opens a tunnel)
-LLHTTP_METHODS = ("DELETE GET HEAD POST PUT OPTIONS TRACE COPY LOCK MKCOL MOVE PROPFIND PROPPATCH SEARCH UNLOCK BIND "
-                  "REBIND UNBIND ACL REPORT MKACTIVITY CHECKOUT MERGE M-SEARCH NOTIFY SUBSCRIBE UNSUBSCRIBE PATCH "
-                  "PURGE MKCALENDAR LINK UNLINK SOURCE QUERY").split()
+LLHTTP_METHODS = (
+    "DELETE GET HEAD POST PUT OPTIONS TRACE COPY LOCK MKCOL MOVE PROPFIND PROPPATCH SEARCH UNLOCK BIND "
+    "REBIND UNBIND ACL REPORT MKACTIVITY CHECKOUT MERGE M-SEARCH NOTIFY SUBSCRIBE UNSUBSCRIBE PATCH "
+    "PURGE MKCALENDAR LINK UNLINK SOURCE QUERY"
+).split()
 
 
 class Client:
@@ -56,8 +70,9 @@ class Client:
         self.port = port
         self.conn: http.client.HTTPConnection | None = None
 
-    def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict | None = None) -> tuple[int, str, bytes]:
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict | None = None
+    ) -> tuple[int, str, bytes]:
         for attempt in range(2):
             if self.conn is None:
                 self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
@@ -158,8 +173,20 @@ def test_plan_nesting_sweep_no_5xx_and_flat_rss(server):
 
 
 def _huge_numbers() -> list[bytes]:
-    nums = ["1e400", "-1e400", "1e308", "123456789012345678901234567890", "-99999999999999999999",
-            str(2**63), str(2**64), str(2**64 + 1), "-0.0", "0.5", "1E2", str(10**4000)]
+    nums = [
+        "1e400",
+        "-1e400",
+        "1e308",
+        "123456789012345678901234567890",
+        "-99999999999999999999",
+        str(2**63),
+        str(2**64),
+        str(2**64 + 1),
+        "-0.0",
+        "0.5",
+        "1E2",
+        str(10**4000),
+    ]
     out = []
     for field in ("num_qo_heads", "num_kv_heads", "head_dim", "page_size", "gpu", "dtype"):
         for v in nums:
@@ -189,20 +216,46 @@ def _bad_utf8() -> list[bytes]:
 
 def _duplicates() -> list[bytes]:
     g = json.dumps(GOOD)[1:-1]
-    return [("{" + g + ',"kv_lens":[1,2]}').encode(), ("{" + g + ',"kv_lens":"x"}').encode(),
-            ('{"kv_lens":[5],' + g + "}").encode(), ("{" + g + ',"gpu":"ACME X1"}').encode(),
-            ("{" + g + ',"gpu":{"a":[1]}}').encode(), ("{" + g + ',"head_dim":96,"head_dim":128}').encode(),
-            ("{" + g + ',"device":{"num_sms":1,"num_sms":{"x":1}}}').encode()]
+    return [
+        ("{" + g + ',"kv_lens":[1,2]}').encode(),
+        ("{" + g + ',"kv_lens":"x"}').encode(),
+        ('{"kv_lens":[5],' + g + "}").encode(),
+        ("{" + g + ',"gpu":"ACME X1"}').encode(),
+        ("{" + g + ',"gpu":{"a":[1]}}').encode(),
+        ("{" + g + ',"head_dim":96,"head_dim":128}').encode(),
+        ("{" + g + ',"device":{"num_sms":1,"num_sms":{"x":1}}}').encode(),
+    ]
 
 
 def _wrong_types() -> list[bytes]:
     out = []
     for field in FIELDS:
-        for v in (None, True, False, "s", "", 1.5, -1, 0, [], {}, [None], [True], {"": 1}, "x" * 100_000,
-                  list(range(70_000)), {str(i): i for i in range(20_000)}):
+        for v in (
+            None,
+            True,
+            False,
+            "s",
+            "",
+            1.5,
+            -1,
+            0,
+            [],
+            {},
+            [None],
+            [True],
+            {"": 1},
+            "x" * 100_000,
+            list(range(70_000)),
+            {str(i): i for i in range(20_000)},
+        ):
             out.append(json.dumps(dict(GOOD, **{field: v})).encode())
-    dev = {"num_sms": 132, "hbm_bandwidth_gbps": 4800.0, "l2_bytes": 1 << 25, "smem_per_sm_bytes": 1 << 17,
-           "smem_per_block_bytes": 1 << 16}
+    dev = {
+        "num_sms": 132,
+        "hbm_bandwidth_gbps": 4800.0,
+        "l2_bytes": 1 << 25,
+        "smem_per_sm_bytes": 1 << 17,
+        "smem_per_block_bytes": 1 << 16,
+    }
     for k in list(dev) + ["name", "compute_capability", "regs_per_sm", "max_threads_per_sm"]:
         for v in (None, True, "s", 1e300, -1, [1, [2]], {"a": {"b": 1}}, "x" * 5000, 2**70):
             out.append(json.dumps(dict(GOOD, gpu="ACME X1", device=dict(dev, **{k: v}))).encode())
@@ -210,15 +263,31 @@ def _wrong_types() -> list[bytes]:
     wide = {"k" * 60 + str(i): ["s" * 300] * 8 for i in range(16)}
     out.append(json.dumps(dict(GOOD, **{f"x{i}" * 40: wide for i in range(20)})).encode())
     out.append(json.dumps(dict(GOOD, kv_lens=[[["s" * 300] * 8] * 8] * 8, gpu=[[1] * 8] * 8)).encode())
-    out += [b"", b" ", b"null", b"[]", b"[[[[1]]]]", b'"x"', b"1e400", b"{", b'{"a":', b"{}" * 1000,
-            b'{"kv_lens": [' + b"1," * 65_536 + b"1]}", json.dumps(dict(GOOD, kv_lens=[0] * 65_537)).encode()]
+    out += [
+        b"",
+        b" ",
+        b"null",
+        b"[]",
+        b"[[[[1]]]]",
+        b'"x"',
+        b"1e400",
+        b"{",
+        b'{"a":',
+        b"{}" * 1000,
+        b'{"kv_lens": [' + b"1," * 65_536 + b"1]}",
+        json.dumps(dict(GOOD, kv_lens=[0] * 65_537)).encode(),
+    ]
     return out
 
 
 @pytest.mark.parametrize("kind", ["huge_numbers", "bad_utf8", "duplicate_keys", "wrong_types"])
 def test_plan_hostile_values_answer_json_4xx_or_200(server, kind):
-    bodies = {"huge_numbers": _huge_numbers, "bad_utf8": _bad_utf8, "duplicate_keys": _duplicates,
-              "wrong_types": _wrong_types}[kind]()
+    bodies = {
+        "huge_numbers": _huge_numbers,
+        "bad_utf8": _bad_utf8,
+        "duplicate_keys": _duplicates,
+        "wrong_types": _wrong_types,
+    }[kind]()
     ok = 0
     for raw in bodies:
         status, ctype, data = server.client.request("POST", "/v1/plan", raw)
@@ -251,8 +320,17 @@ def _raw_request(port: int, method: str, path: str) -> int:
 
 
 def test_any_method_on_any_path_adds_a_bounded_set_of_metric_series(server):
-    paths = ["/", "/healthz", "/v1/plan", "/v1/policies", "/v1/policies/1", "/v1/policies/import",
-             "/v1/runs", "/metrics", "/favicon.ico"]
+    paths = [
+        "/",
+        "/healthz",
+        "/v1/plan",
+        "/v1/policies",
+        "/v1/policies/1",
+        "/v1/policies/import",
+        "/v1/runs",
+        "/metrics",
+        "/favicon.ico",
+    ]
     for i, m in enumerate(LLHTTP_METHODS):
         for p in paths + [f"/nope/{i}/{j}" for j in range(3)] + [f"/v1/policies/{i}x"]:
             _raw_request(server.port, m, p)
@@ -291,8 +369,11 @@ def test_an_unhandled_exception_is_a_json_500_counted_as_500(tmp_path, monkeypat
         raise RuntimeError("a bug")
 
     def count(text: str, route: str, status: str) -> float:
-        m = re.search(rf'kvsplit_http_requests_total\{{method="(?:GET|POST)",route="{re.escape(route)}",'
-                      rf'status="{status}"\}} (\S+)', text)
+        m = re.search(
+            rf'kvsplit_http_requests_total\{{method="(?:GET|POST)",route="{re.escape(route)}",'
+            rf'status="{status}"\}} (\S+)',
+            text,
+        )
         return float(m.group(1)) if m else 0.0
 
     with TestClient(app, raise_server_exceptions=False) as c:
@@ -353,14 +434,19 @@ def test_import_route_refuses_deep_or_large_fields_and_reads_stay_200(server):
         msg = doc["detail"][0]["msg"]
         assert status == 422 and "nothing stored" in msg and "nest" in msg, msg
         if levels < 900:  # parsed, then refused by the field check, which names the field
-            assert f"policies[0].verification.x{'[0]' * (MAX_JSON_DEPTH - 1)}: nested deeper than " \
-                   f"{MAX_JSON_DEPTH} levels" in msg, msg
+            assert (
+                f"policies[0].verification.x{'[0]' * (MAX_JSON_DEPTH - 1)}: nested deeper than "
+                f"{MAX_JSON_DEPTH} levels" in msg
+            ), msg
     big = json.dumps({"passed": True, "log": "x" * MAX_IMPORT_FIELD_BYTES})
     status, ctype, data = _admin(c, _one_entry_doc(big))
     msg = assert_json_4xx(status, ctype, data, "large verification")["detail"][0]["msg"]
     assert "policies[0].verification:" in msg and f"more than the {MAX_IMPORT_FIELD_BYTES}" in msg, msg
-    for bad, why in ((json.dumps({"passed": True, "n": 2**64}), "64-bit"),
-                     ('{"passed":true,"n":NaN}', "finite"), ('{"passed":true,"s":"\\ud800', "not JSON")):
+    for bad, why in (
+        (json.dumps({"passed": True, "n": 2**64}), "64-bit"),
+        ('{"passed":true,"n":NaN}', "finite"),
+        ('{"passed":true,"s":"\\ud800', "not JSON"),
+    ):
         status, ctype, data = _admin(c, _one_entry_doc(bad))
         assert why in assert_json_4xx(status, ctype, data, bad)["detail"][0]["msg"]
     # nothing was stored, and every policy still reads
@@ -377,15 +463,19 @@ def test_import_route_refuses_deep_or_large_fields_and_reads_stay_200(server):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvsplit.service.cli", *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "kvsplit.service.cli", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
 
 
 def test_db_import_refuses_deep_or_large_fields_in_one_line(tmp_path):
     url = f"sqlite:///{tmp_path}/k.db"
     store.upgrade(url)
-    cases = {"deep33": _deep_text(MAX_JSON_DEPTH + 1), "deep100000": _deep_text(100_000),
-             "large": json.dumps({"passed": True, "log": "y" * MAX_IMPORT_FIELD_BYTES})}
+    cases = {
+        "deep33": _deep_text(MAX_JSON_DEPTH + 1),
+        "deep100000": _deep_text(100_000),
+        "large": json.dumps({"passed": True, "log": "y" * MAX_IMPORT_FIELD_BYTES}),
+    }
     for name, text in cases.items():
         f = tmp_path / f"{name}.json"
         f.write_bytes(_one_entry_doc(text))
@@ -419,8 +509,9 @@ def test_db_import_refuses_deep_or_large_fields_in_one_line(tmp_path):
 def _can_mount_tmpfs() -> bool:
     if not shutil.which("unshare") or sys.platform != "linux":
         return False
-    r = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                       capture_output=True, timeout=30)
+    r = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True, timeout=30
+    )
     return r.returncode == 0
 
 
@@ -441,11 +532,14 @@ def test_import_on_a_full_disk_is_a_json_507_and_the_store_stays_readable(tmp_pa
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PROMETHEUS_MULTIPROC_DIR", "KVSPLIT_ADMIN_TOKEN")}
     env.update(KVSPLIT_ADMIN_TOKEN=TOKEN, KVSPLIT_RELOAD_INTERVAL_S="0")
-    script = (f"mount -t tmpfs -o size={size_kib}k tmpfs {mnt} && cp {src} {mnt}/k.db && exec {sys.executable} "
-              f"-m kvsplit.service.cli serve --database-url sqlite:///{mnt}/k.db --host 127.0.0.1 --port {port} "
-              f"--log-level warning")
-    proc = subprocess.Popen(["unshare", "-rm", "sh", "-c", script], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    script = (
+        f"mount -t tmpfs -o size={size_kib}k tmpfs {mnt} && cp {src} {mnt}/k.db && exec {sys.executable} "
+        f"-m kvsplit.service.cli serve --database-url sqlite:///{mnt}/k.db --host 127.0.0.1 --port {port} "
+        f"--log-level warning"
+    )
+    proc = subprocess.Popen(
+        ["unshare", "-rm", "sh", "-c", script], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     try:
         c = Client(port)
         t0 = time.monotonic()
@@ -501,5 +595,7 @@ def test_a_deep_row_stored_before_the_check_still_reads_200(tmp_path):
     assert r.status_code == 200, r.text
     d = r.json()
     assert d["id"] == pid and d["params"] == doc["policies"][0]["params"]
-    assert "verification.x[0]" in d["verification"]["unservable"] and "nested deeper than 32" in \
-        d["verification"]["unservable"]
+    assert (
+        "verification.x[0]" in d["verification"]["unservable"]
+        and "nested deeper than 32" in d["verification"]["unservable"]
+    )

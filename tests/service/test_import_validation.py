@@ -85,8 +85,9 @@ def test_table_from_an_export_equals_the_table_the_store_serves(tmp_path):
     direct = PolicyTable.from_export(doc)
 
     def rows(t):
-        return sorted((e.bucket, e.name, json.dumps(dict(e.params), sort_keys=True), e.backend, e.source)
-                      for e in t.entries)
+        return sorted(
+            (e.bucket, e.name, json.dumps(dict(e.params), sort_keys=True), e.backend, e.source) for e in t.entries
+        )
 
     assert len(direct) == len(served) == len(doc["policies"]) and rows(direct) == rows(served)
     shape = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)

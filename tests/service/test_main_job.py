@@ -24,10 +24,15 @@ def _port() -> int:
 
 
 def _run_until_serving(cwd: Path, port: int, timeout: float = 120.0):
-    env = {**os.environ, "KVSPLIT_DATABASE_URL": f"sqlite:///{cwd}/kvsplit.db", "KVSPLIT_PORT": str(port),
-           "PYTHONUNBUFFERED": "1"}
-    p = subprocess.Popen([*KVSPLIT, "run"], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
+    env = {
+        **os.environ,
+        "KVSPLIT_DATABASE_URL": f"sqlite:///{cwd}/kvsplit.db",
+        "KVSPLIT_PORT": str(port),
+        "PYTHONUNBUFFERED": "1",
+    }
+    p = subprocess.Popen(
+        [*KVSPLIT, "run"], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines = []
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -66,8 +71,9 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
         assert f"dashboard:  http://127.0.0.1:{port}/" in out
         curl = next(line for line in lines if line.startswith("curl "))
         body = curl.split("-d '", 1)[1].rsplit("'", 1)[0]
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/plan", data=body.encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/plan", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
         answer = json.loads(urllib.request.urlopen(req, timeout=10).read())
         assert answer["policy"]["source"] == "tuned" and answer["bucket"]["distance"] == 0.0
         assert len(answer["num_splits"]) == len(json.loads(body)["kv_lens"]) == 64

@@ -32,8 +32,9 @@ from kvsplit.service import fastjson, fastparse, validation
 from kvsplit.service.routers import plan as plan_router
 from kvsplit.service.routers.plan import handle_plan, plan_answer
 
-pytestmark = pytest.mark.skipif(not (fastjson.ENABLED and fastparse.ENABLED and fastplan.ENABLED),
-                                reason="numba off: there is no compiled path")
+pytestmark = pytest.mark.skipif(
+    not (fastjson.ENABLED and fastparse.ENABLED and fastplan.ENABLED), reason="numba off: there is no compiled path"
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = "NVIDIA H200"
@@ -45,17 +46,29 @@ def _shape(H=4, D=128, dtype="bfloat16", ps=16, hq=None):
 
 
 def _key(lens, s):
-    return str(bucket_key(np.asarray(lens), num_kv_heads=s["num_kv_heads"], head_dim=s["head_dim"],
-                          dtype=s["dtype"], device=GPU, page_size=s["page_size"]))
+    return str(
+        bucket_key(
+            np.asarray(lens),
+            num_kv_heads=s["num_kv_heads"],
+            head_dim=s["head_dim"],
+            dtype=s["dtype"],
+            device=GPU,
+            page_size=s["page_size"],
+        )
+    )
 
 
 POLICIES = [
-    ("no_split", {}), ("fixed", {"num_splits": 3}), ("balanced", {"ctas_per_sm": 2.0}),
-    ("stream_k", {"ctas_per_sm": 3.0, "block_n": 64}), ("stream_k", {"item_cost_blocks": 2, "min_piece_blocks": 3}),
+    ("no_split", {}),
+    ("fixed", {"num_splits": 3}),
+    ("balanced", {"ctas_per_sm": 2.0}),
+    ("stream_k", {"ctas_per_sm": 3.0, "block_n": 64}),
+    ("stream_k", {"item_cost_blocks": 2, "min_piece_blocks": 3}),
     ("tuned", {"partition": "stream_k", "order": "heavy_first", "ctas_per_sm": 5.0}),
     ("tuned", {"pack_tokens": 512, "wave_aware": False, "max_splits": 4}),
     ("tuned", {"min_chunk_tokens": 256, "order": "heavy_first"}),
-    ("flashinfer", {}), ("fa3", {}),
+    ("flashinfer", {}),
+    ("fa3", {}),
 ]
 
 
@@ -77,16 +90,28 @@ def _mixed_table(shape, rng):
     pols = []
     for i, (name, params) in enumerate(POLICIES * 2):
         lens = _batch(rng, 1 << 20)
-        pols.append({"id": i + 1, "version": 1 + i % 3, "bucket": _key(lens, shape), "gpu": GPU,
-                     "num_kv_heads": shape["num_kv_heads"], "head_dim": shape["head_dim"], "dtype": shape["dtype"],
-                     "page_size": shape["page_size"], "name": name, "params": params,
-                     "backend": "gpu" if i < len(POLICIES) else "sim"})
+        pols.append(
+            {
+                "id": i + 1,
+                "version": 1 + i % 3,
+                "bucket": _key(lens, shape),
+                "gpu": GPU,
+                "num_kv_heads": shape["num_kv_heads"],
+                "head_dim": shape["head_dim"],
+                "dtype": shape["dtype"],
+                "page_size": shape["page_size"],
+                "name": name,
+                "params": params,
+                "backend": "gpu" if i < len(POLICIES) else "sim",
+            }
+        )
     return PolicyTable.from_json(PolicyTable.document(pols, version=7, distance_limit=3.0))
 
 
 def _state(table, max_kv_len=1 << 24):
-    return SimpleNamespace(settings=SimpleNamespace(max_kv_len=max_kv_len),
-                           holder=SimpleNamespace(current=SimpleNamespace(table=table)))
+    return SimpleNamespace(
+        settings=SimpleNamespace(max_kv_len=max_kv_len), holder=SimpleNamespace(current=SimpleNamespace(table=table))
+    )
 
 
 def _body(shape, lens, rng) -> tuple[bytes, bool]:
@@ -130,9 +155,11 @@ def _check(table, shape, lens, body, plain, max_kv_len, monkeypatch):
     return ref_dict["policy"]["source"], ref_dict["policy"]["name"]
 
 
-@pytest.mark.parametrize("shape", [_shape(), _shape(H=1, D=64, dtype="float16", ps=1),
-                                   _shape(H=8, D=256, dtype="float32", ps=64)],
-                         ids=["kv4-d128-bf16", "kv1-d64-f16", "kv8-d256-f32"])
+@pytest.mark.parametrize(
+    "shape",
+    [_shape(), _shape(H=1, D=64, dtype="float16", ps=1), _shape(H=8, D=256, dtype="float32", ps=64)],
+    ids=["kv4-d128-bf16", "kv1-d64-f16", "kv8-d256-f32"],
+)
 def test_answers_equal_the_reference_on_random_bodies(shape, monkeypatch):
     rng = np.random.default_rng(shape["num_kv_heads"])
     table = _mixed_table(shape, rng)
@@ -163,9 +190,21 @@ def test_every_source_and_policy_of_the_mixed_table(monkeypatch):
             key_lens = lens if backend == "gpu" else np.full(lens.shape[0] * 2 + 1, int(lens[0]) // 3 + 1)
             if backend == "sim":
                 batches.append(key_lens)
-            pols.append({"id": 2 * i + j + 1, "version": 1, "bucket": _key(key_lens, shape), "gpu": GPU,
-                         "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16, "name": name,
-                         "params": params, "backend": backend})
+            pols.append(
+                {
+                    "id": 2 * i + j + 1,
+                    "version": 1,
+                    "bucket": _key(key_lens, shape),
+                    "gpu": GPU,
+                    "num_kv_heads": 4,
+                    "head_dim": 128,
+                    "dtype": "bfloat16",
+                    "page_size": 16,
+                    "name": name,
+                    "params": params,
+                    "backend": backend,
+                }
+            )
     table = PolicyTable.from_json(PolicyTable.document(pols, version=1, distance_limit=0.0))
     batches.append(np.ones(5000, np.int64))  # far from every entry: the fallback
     batches.append(np.zeros(3, np.int64))
@@ -195,8 +234,12 @@ def test_shipped_h200_table(monkeypatch):
     # tile, written by the compiled path from the rule's own spec
     rng = np.random.default_rng(5)
     tiles = set()
-    for lens in (np.full(128, 2048), np.full(96, 5461), np.full(256, 1024),
-                 np.rint(2572 * rng.uniform(0.995, 1.005, 128)).astype(np.int64)):
+    for lens in (
+        np.full(128, 2048),
+        np.full(96, 5461),
+        np.full(256, 1024),
+        np.rint(2572 * rng.uniform(0.995, 1.005, 128)).astype(np.int64),
+    ):
         body = orjson.dumps(dict(shape, kv_lens=lens.tolist()))
         _check(table, shape, lens, body, True, 1 << 24, monkeypatch)
         d = json.loads(handle_plan(body, _state(table), JSON)[1])
@@ -205,8 +248,20 @@ def test_shipped_h200_table(monkeypatch):
     assert tiles == {64, 128}
 
 
-@pytest.mark.parametrize("kv", ["[1, 16777217]", "[9223372036854775807]", "[0, -1]", "[1.0]", "[true]", "[]",
-                                "[01]", "[1,2,]", "[" + ",".join(["3"] * 65537) + "]"])
+@pytest.mark.parametrize(
+    "kv",
+    [
+        "[1, 16777217]",
+        "[9223372036854775807]",
+        "[0, -1]",
+        "[1.0]",
+        "[true]",
+        "[]",
+        "[01]",
+        "[1,2,]",
+        "[" + ",".join(["3"] * 65537) + "]",
+    ],
+)
 def test_requests_the_compiled_path_hands_over_get_the_full_path_errors(kv, monkeypatch):
     shape = _shape()
     table = _mixed_table(shape, np.random.default_rng(1))
@@ -227,9 +282,21 @@ def test_too_many_work_items_is_the_full_paths_422(monkeypatch):
     """A plan over MAX_WORK_ITEMS (a ValueError of the planner) falls back and gets the same 422."""
     shape = _shape()
     lens = [1 << 24] * 2048
-    pols = [{"id": 1, "version": 1, "bucket": _key(lens, shape), "gpu": GPU, "num_kv_heads": 4, "head_dim": 128,
-             "dtype": "bfloat16", "page_size": 16, "name": "fixed", "params": {"num_splits": 16384},
-             "backend": "gpu"}]
+    pols = [
+        {
+            "id": 1,
+            "version": 1,
+            "bucket": _key(lens, shape),
+            "gpu": GPU,
+            "num_kv_heads": 4,
+            "head_dim": 128,
+            "dtype": "bfloat16",
+            "page_size": 16,
+            "name": "fixed",
+            "params": {"num_splits": 16384},
+            "backend": "gpu",
+        }
+    ]
     table = PolicyTable.from_json(PolicyTable.document(pols, version=1))
     state = _state(table)
     body = orjson.dumps(dict(shape, kv_lens=lens))
@@ -293,12 +360,15 @@ def test_requests_through_the_app_are_counted(tmp_path):
         for _ in range(25):
             body = orjson.dumps(dict(SHAPE, kv_lens=np.floor(2 ** (rng.random(64) * 15)).astype(int).tolist()))
             assert plan_router._fast_answer(body, app.state) is not None
-            assert client.post("/v1/plan", content=body, headers={"Content-Type": "application/json"}
-                               ).status_code == 200
+            assert (
+                client.post("/v1/plan", content=body, headers={"Content-Type": "application/json"}).status_code == 200
+            )
         after = client.get("/metrics").text
-    for prefix in ('kvsplit_http_requests_total{method="POST",' + route + ',status="200"}',
-                   'kvsplit_http_request_duration_seconds_count{method="POST",' + route + "}",
-                   'kvsplit_http_request_duration_seconds_bucket{le="+Inf",method="POST",' + route + "}"):
+    for prefix in (
+        'kvsplit_http_requests_total{method="POST",' + route + ',status="200"}',
+        'kvsplit_http_request_duration_seconds_count{method="POST",' + route + "}",
+        'kvsplit_http_request_duration_seconds_bucket{le="+Inf",method="POST",' + route + "}",
+    ):
         assert sample(after, prefix) - sample(before, prefix) == 25, prefix
     # 25 requests and the 25 direct _fast_answer calls above
     assert sample(after, "kvsplit_plan_lookups_total{") - sample(before, "kvsplit_plan_lookups_total{") == 50

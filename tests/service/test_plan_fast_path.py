@@ -73,8 +73,10 @@ BAD_ON_WARM = [
 
 @pytest.mark.parametrize("kv,index,typ", BAD_ON_WARM, ids=[b[0] for b in BAD_ON_WARM])
 def test_bad_kv_lens_named_after_a_good_request_of_the_same_header(client, kv, index, typ):
-    assert client.post("/v1/plan", content=raw("[4096, 17]"), headers={"Content-Type": "application/json"}
-                       ).status_code == 200  # the header is now cached
+    assert (
+        client.post("/v1/plan", content=raw("[4096, 17]"), headers={"Content-Type": "application/json"}).status_code
+        == 200
+    )  # the header is now cached
     r = client.post("/v1/plan", content=raw(kv), headers={"Content-Type": "application/json"})
     assert r.status_code == 422, r.text
     errs = r.json()["detail"]
@@ -85,8 +87,11 @@ def test_bad_kv_lens_named_after_a_good_request_of_the_same_header(client, kv, i
 
 def test_float_or_bool_header_field_not_taken_for_the_cached_int():
     parse_plan_request(raw("[4]"), max_kv_len=1 << 24)  # caches num_qo_heads=32 ...
-    for over, loc in (({"num_qo_heads": 32.0}, "num_qo_heads"), ({"page_size": True}, "page_size"),
-                      ({"head_dim": 128.0}, "head_dim")):
+    for over, loc in (
+        ({"num_qo_heads": 32.0}, "num_qo_heads"),
+        ({"page_size": True}, "page_size"),
+        ({"head_dim": 128.0}, "head_dim"),
+    ):
         with pytest.raises(RequestValidationFailed) as exc:
             parse_plan_request(raw("[4]", **over), max_kv_len=1 << 24)
         assert any(e["loc"] == ["body", loc] for e in exc.value.errors), exc.value.errors
@@ -102,8 +107,9 @@ def test_answer_keeps_the_connection_and_counts_metrics(client):
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     assert "connection" not in r.headers and int(r.headers["content-length"]) == len(r.content)
     d = r.json()
-    assert plan_from_response(d) == make_plan(lens, num_kv_heads=4, device=GPU, policy=d["policy"]["name"],
-                                              params=d["policy"]["params"])
+    assert plan_from_response(d) == make_plan(
+        lens, num_kv_heads=4, device=GPU, policy=d["policy"]["name"], params=d["policy"]["params"]
+    )
     before = client.get("/metrics").text
     client.post("/v1/plan", json=dict(SHAPE, kv_lens=[5, -1]))
     after = client.get("/metrics").text
@@ -121,7 +127,7 @@ def test_streamed_body_in_chunks_is_planned(client):
 
     def chunks():  # no Content-Length: several http.request messages
         for i in range(0, len(body), 1000):
-            yield body[i:i + 1000]
+            yield body[i : i + 1000]
 
     r = client.post("/v1/plan", content=chunks(), headers={"Content-Type": "application/json"})
     assert r.status_code == 200, r.text
@@ -161,11 +167,41 @@ CRAFTED = [
     b'{"kv_lens" :\n[ 5 ,\t6\r\n, 0 ] , "gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,'
     b'"dtype":"bfloat16","page_size":16}',
 ]
-TEMPLATE = ('{{"gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,"dtype":"bfloat16",'
-            '"page_size":16,"kv_lens":{}}}')
-for kv in ("[]", "[01]", "[1,]", "[,1]", "[1 2]", "[-1]", "[-0]", "[1.5]", "[1e3]", "[1E3]", "[2.0]", "[true]",
-           "[1,false]", "[null]", '["5"]', "[[5]]", "[{}]", "[16777216]", "[16777217]", "[99999999999999999999999]",
-           "[1,2", "[1,2]]", "0", "[+1]", "[ ]", "[1]  ", "[00]", "[0]", "[7,-8]"):
+TEMPLATE = (
+    '{{"gpu":"NVIDIA H200","num_qo_heads":32,"num_kv_heads":4,"head_dim":128,"dtype":"bfloat16",'
+    '"page_size":16,"kv_lens":{}}}'
+)
+for kv in (
+    "[]",
+    "[01]",
+    "[1,]",
+    "[,1]",
+    "[1 2]",
+    "[-1]",
+    "[-0]",
+    "[1.5]",
+    "[1e3]",
+    "[1E3]",
+    "[2.0]",
+    "[true]",
+    "[1,false]",
+    "[null]",
+    '["5"]',
+    "[[5]]",
+    "[{}]",
+    "[16777216]",
+    "[16777217]",
+    "[99999999999999999999999]",
+    "[1,2",
+    "[1,2]]",
+    "0",
+    "[+1]",
+    "[ ]",
+    "[1]  ",
+    "[00]",
+    "[0]",
+    "[7,-8]",
+):
     CRAFTED.append(TEMPLATE.format(kv).encode())
 CRAFTED += [
     TEMPLATE.format("[1, 2]")[:-1].encode() + b',"kv_lens":[3]}',  # duplicate key: the last one wins

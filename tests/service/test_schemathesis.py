@@ -41,16 +41,38 @@ def test_schemathesis_finds_nothing(tmp_path):
     # recursion depth mismatch" (a first-run flake seen on 3.11.7). One thread runs the same
     # examples and checks, deterministically, in about 16 s on 2 cores.
     with LiveServer(info.url, admin_token=TOKEN, reload_interval=1.0, cwd=str(tmp_path)) as srv:
-        base = [ST, "run", srv.url + "/v1/openapi.json", "--mode", "all",
-                "--max-examples", os.environ.get("KVSPLIT_SCHEMATHESIS_EXAMPLES", "25"),
-                "--generation-deterministic", "--no-shrink", "--workers", "1", "--request-timeout", "20",
-                "-H", f"Authorization: Bearer {TOKEN}", "--phases", "examples,coverage,fuzzing",
-                "--continue-on-failure"]
+        base = [
+            ST,
+            "run",
+            srv.url + "/v1/openapi.json",
+            "--mode",
+            "all",
+            "--max-examples",
+            os.environ.get("KVSPLIT_SCHEMATHESIS_EXAMPLES", "25"),
+            "--generation-deterministic",
+            "--no-shrink",
+            "--workers",
+            "1",
+            "--request-timeout",
+            "20",
+            "-H",
+            f"Authorization: Bearer {TOKEN}",
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--continue-on-failure",
+        ]
         semantic = ["--include-operation-id", "plan", "--include-operation-id", "import_policies"]
-        runs = [base + ["--checks", "all", "--exclude-operation-id", "plan", "--exclude-operation-id",
-                        "import_policies"],
-                base + ["--checks", "all", "--exclude-checks", "positive_data_acceptance"] + semantic]
+        runs = [
+            base + ["--checks", "all", "--exclude-operation-id", "plan", "--exclude-operation-id", "import_policies"],
+            base + ["--checks", "all", "--exclude-checks", "positive_data_acceptance"] + semantic,
+        ]
         for cmd in runs:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=200, cwd=str(tmp_path),
-                                 env={**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"})
+            out = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=200,
+                cwd=str(tmp_path),
+                env={**os.environ, "NO_COLOR": "1", "SCHEMATHESIS_TELEMETRY": "false"},
+            )
             assert out.returncode == 0, out.stdout[-12000:] + out.stderr[-4000:]

@@ -79,8 +79,13 @@ def test_tuned_bucket_exact_match(client, info):
     assert r.status_code == 200, r.text
     d = r.json()
     assert d["bucket"] == {"key": key, "matched": key, "distance": 0.0}
-    assert d["policy"] == {"id": info.published[key], "version": 1, "name": "balanced",
-                           "params": {"ctas_per_sm": 3.0}, "source": "tuned"}
+    assert d["policy"] == {
+        "id": info.published[key],
+        "version": 1,
+        "name": "balanced",
+        "params": {"ctas_per_sm": 3.0},
+        "source": "tuned",
+    }
     ref = make_plan(lens, num_kv_heads=4, device=GPU, policy="balanced", params={"ctas_per_sm": 3.0})
     assert plan_from_response(d) == ref
     assert d["num_splits"] == ref.num_splits.tolist()
@@ -109,8 +114,13 @@ def test_same_request_same_answer_and_zero_lengths(client):
 
 
 def test_unknown_gpu_with_device_object(client):
-    dev = {"num_sms": 100, "hbm_bandwidth_gbps": 3000.0, "l2_bytes": 50 << 20, "smem_per_sm_bytes": 228 << 10,
-           "smem_per_block_bytes": 227 << 10}
+    dev = {
+        "num_sms": 100,
+        "hbm_bandwidth_gbps": 3000.0,
+        "l2_bytes": 50 << 20,
+        "smem_per_sm_bytes": 228 << 10,
+        "smem_per_block_bytes": 227 << 10,
+    }
     r = client.post("/v1/plan", json=body([8192] * 8, gpu="ACME X1", device=dev))
     assert r.status_code == 200, r.text
     d = r.json()
@@ -154,10 +164,13 @@ BAD = [
     ("unknown gpu", {"gpu": "ACME X1"}, ["body", "gpu"], "value_error"),
     ("blank gpu", {"gpu": "  "}, ["body", "gpu"], "string_type"),
     ("extra field", {"foo": 1}, ["body", "foo"], "extra_forbidden"),
-    ("device extra", {"gpu": "ACME", "device": {"num_sms": 1, "bogus": 2}}, ["body", "device", "bogus"],
-     "extra_forbidden"),
-    ("device missing", {"gpu": "ACME", "device": {"num_sms": 10}}, ["body", "device", "hbm_bandwidth_gbps"],
-     "missing"),
+    (
+        "device extra",
+        {"gpu": "ACME", "device": {"num_sms": 1, "bogus": 2}},
+        ["body", "device", "bogus"],
+        "extra_forbidden",
+    ),
+    ("device missing", {"gpu": "ACME", "device": {"num_sms": 10}}, ["body", "device", "hbm_bandwidth_gbps"], "missing"),
 ]
 
 
@@ -204,7 +217,9 @@ def test_policies_table_etag_and_filters(client, info):
     r = client.get("/v1/policies")
     assert r.status_code == 200
     doc = r.json()
-    assert doc["format"] == "kvsplit.policy_table/2" and doc["count"] == len(doc["data"]) and doc["distance_limit"] == 2.5
+    assert (
+        doc["format"] == "kvsplit.policy_table/2" and doc["count"] == len(doc["data"]) and doc["distance_limit"] == 2.5
+    )
     assert doc["fallback"] == {"name": "balanced", "params": {}}
     assert {p["bucket"] for p in doc["data"]} == set(info.published) | {info.sim_key}
     assert info.draft_key not in {p["bucket"] for p in doc["data"]}
@@ -247,12 +262,24 @@ def test_healthz_metrics_and_openapi(client):
     assert 'kvsplit_http_request_duration_seconds_bucket{le="0.001",method="POST",route="/v1/plan"}' in text
     spec = client.get("/v1/openapi.json").json()
     ops = {op["operationId"] for p in spec["paths"].values() for op in p.values()}
-    assert ops == {"plan", "list_policies", "get_policy", "import_policies", "publish_policy", "retire_policy",
-                   "list_buckets", "list_runs", "list_measurements", "healthz", "metrics"}
+    assert ops == {
+        "plan",
+        "list_policies",
+        "get_policy",
+        "import_policies",
+        "publish_policy",
+        "retire_policy",
+        "list_buckets",
+        "list_runs",
+        "list_measurements",
+        "healthz",
+        "metrics",
+    }
     req = spec["components"]["schemas"]["PlanRequest"]
     assert req["properties"]["kv_lens"]["items"]["maximum"] == 1 << 24
     assert spec["paths"]["/v1/plan"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/PlanRequest"}
+        "$ref": "#/components/schemas/PlanRequest"
+    }
 
 
 def test_head_policies_has_the_get_headers_and_no_body(client):
@@ -293,7 +320,7 @@ def test_timestamps_carry_their_zone(client):
         dt = datetime.datetime.fromisoformat(t)
         assert dt.utcoffset() == datetime.timedelta(0), t
         # stored as "now" when fill_store ran: within a day of this test
-        assert abs(datetime.datetime.now(datetime.timezone.utc) - dt) < datetime.timedelta(days=1), t
+        assert abs(datetime.datetime.now(datetime.UTC) - dt) < datetime.timedelta(days=1), t
 
 
 def test_docs_load_their_assets_from_this_server(client):
@@ -306,7 +333,7 @@ def test_docs_load_their_assets_from_this_server(client):
     for u in urls:
         a = client.get(u)
         assert a.status_code == 200, u
-        ext = u[u.rfind("."):]
+        ext = u[u.rfind(".") :]
         assert a.headers["content-type"].startswith(want[ext]), (u, a.headers["content-type"])
     js = client.get(next(u for u in urls if u.endswith(".js"))).content
     assert b"SwaggerUIBundle" in js and len(js) > 100_000
@@ -323,8 +350,9 @@ def test_empty_store_warns_at_startup(tmp_path, caplog):
     assert len(warn) == 1 and "'balanced' fallback" in warn[0].getMessage()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="kvsplit.service"):
-        with TestClient(create_app(Settings(database_url=fill_store(f"sqlite:///{tmp_path}/full.db").url,
-                                            reload_interval_s=0))):
+        with TestClient(
+            create_app(Settings(database_url=fill_store(f"sqlite:///{tmp_path}/full.db").url, reload_interval_s=0))
+        ):
             pass
     assert not [r for r in caplog.records if "no published policies" in r.getMessage()]
 
@@ -402,14 +430,50 @@ def test_cli_plan_prints_the_http_answer(client, info):
     from kvsplit.service.cli import app
 
     lens = family_kv_lens("2x40", 16, TOTAL).tolist()
-    res = CliRunner().invoke(app, ["plan", "--gpu", GPU, "--num-qo-heads", "32", "--num-kv-heads", "4",
-                                   "--head-dim", "128", "--dtype", "bfloat16", "--page-size", "16",
-                                   "--kv-lens", ",".join(map(str, lens)), "--database-url", info.url])
+    res = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "--gpu",
+            GPU,
+            "--num-qo-heads",
+            "32",
+            "--num-kv-heads",
+            "4",
+            "--head-dim",
+            "128",
+            "--dtype",
+            "bfloat16",
+            "--page-size",
+            "16",
+            "--kv-lens",
+            ",".join(map(str, lens)),
+            "--database-url",
+            info.url,
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout) == client.post("/v1/plan", json=body(lens)).json()
-    res = CliRunner().invoke(app, ["plan", "--gpu", GPU, "--num-qo-heads", "32", "--num-kv-heads", "4",
-                                   "--head-dim", "128", "--dtype", "bfloat16", "--kv-lens", "5,x",
-                                   "--database-url", info.url])
+    res = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "--gpu",
+            GPU,
+            "--num-qo-heads",
+            "32",
+            "--num-kv-heads",
+            "4",
+            "--head-dim",
+            "128",
+            "--dtype",
+            "bfloat16",
+            "--kv-lens",
+            "5,x",
+            "--database-url",
+            info.url,
+        ],
+    )
     assert res.exit_code == 2 and "kv_lens[1]" in res.output
 
 
@@ -424,27 +488,63 @@ def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
     lens = family_kv_lens("skewed80", 64, TOTAL)
     key = key_of(lens)
     with store.session_scope(url, write=True) as s:
-        b = store.get_or_create_bucket(s, key=key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                                       page_size=16, source="family:skewed80 B=64")
+        b = store.get_or_create_bucket(
+            s,
+            key=key,
+            gpu=GPU,
+            num_kv_heads=4,
+            head_dim=128,
+            dtype="bfloat16",
+            page_size=16,
+            source="family:skewed80 B=64",
+        )
         run = store.start_run(s, bucket_id=b.id, study_name="grid", backend="gpu", n_trials=2)
-        pub = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 3.0}, backend="gpu", score=1.1,
-                                  tuning_run_id=run.id, name="balanced")
+        pub = store.create_policy(
+            s,
+            bucket_id=b.id,
+            params={"ctas_per_sm": 3.0},
+            backend="gpu",
+            score=1.1,
+            tuning_run_id=run.id,
+            name="balanced",
+        )
         store.publish(s, pub.id)
         # the published policy's training-batch timings: tuned 2.2 us over a 2.0 us floor, balanced 3.3 us
         for name, params, t in (("tuned", {"ctas_per_sm": 3.0}, 2.2e-6), ("balanced", {}, 3.3e-6)):
-            store.record_measurement(s, bucket_id=b.id, policy_name=name, params=params, kv_lens=lens.tolist(),
-                                     time_s=t, floor_s=2.0e-6, role="train", batch_index=0, stage="verify",
-                                     backend="gpu")
+            store.record_measurement(
+                s,
+                bucket_id=b.id,
+                policy_name=name,
+                params=params,
+                kv_lens=lens.tolist(),
+                time_s=t,
+                floor_s=2.0e-6,
+                role="train",
+                batch_index=0,
+                stage="verify",
+                backend="gpu",
+            )
         # a later simulated tuning of the same bucket, not published, with held-out figures of its own
         run2 = store.start_run(s, bucket_id=b.id, study_name="demo", backend="sim", n_trials=2)
-        cand = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 57.0}, backend="sim", score=1.0,
-                                   tuning_run_id=run2.id)
+        cand = store.create_policy(
+            s, bucket_id=b.id, params={"ctas_per_sm": 57.0}, backend="sim", score=1.0, tuning_run_id=run2.id
+        )
         for i in range(2):
             for name, t in (("tuned", 2.1e-6), ("balanced", 2.4e-6), ("fa3", 40e-6)):
-                store.record_measurement(s, bucket_id=b.id, policy_name=name, kv_lens=lens.tolist(), time_s=t,
-                                         floor_s=2.0e-6, role="heldout", batch_index=i, stage="verify",
-                                         tuning_run_id=run2.id, policy_id=cand.id if name == "tuned" else None,
-                                         backend="sim")
+                store.record_measurement(
+                    s,
+                    bucket_id=b.id,
+                    policy_name=name,
+                    kv_lens=lens.tolist(),
+                    time_s=t,
+                    floor_s=2.0e-6,
+                    role="heldout",
+                    batch_index=i,
+                    stage="verify",
+                    tuning_run_id=run2.id,
+                    policy_id=cand.id if name == "tuned" else None,
+                    backend="sim",
+                )
     (bucket,) = dashboard_data(url)["shapes"][0]["buckets"]
     assert bucket["policy"]["id"] == pub.id
     assert bucket["evidence"] == "training" and bucket["n_train"] == 1 and bucket["n_heldout"] == 0
@@ -462,8 +562,15 @@ def test_dashboard_figures_of_a_policy_given_the_whole_wave_rule_after_its_timin
 
     url = f"sqlite:///{tmp_path}/w.db"
     store.upgrade(url)
-    tile = {"ctas_per_sm": 1.0, "block_n": 64, "num_warps": 4, "num_stages": 3, "prefetch": True,
-            "heads_per_tile": 2, "next_item": True}
+    tile = {
+        "ctas_per_sm": 1.0,
+        "block_n": 64,
+        "num_warps": 4,
+        "num_stages": 3,
+        "prefetch": True,
+        "heads_per_tile": 2,
+        "next_item": True,
+    }
     served = {**tile, "whole_wave": 0.05, "whole_wave_heads": 2}
     cases = {"skewed80": family_kv_lens("skewed80", 64, TOTAL), "uniform": np.full(128, 2048)}
     shape = dict(num_kv_heads=4, device=GPU, head_dim=128, page_size=16, dtype="bfloat16")
@@ -474,16 +581,35 @@ def test_dashboard_figures_of_a_policy_given_the_whole_wave_rule_after_its_timin
         assert (a.config == b.config) == (fam == "skewed80"), fam
     with store.session_scope(url, write=True) as s:
         for fam, lens in cases.items():
-            bk = store.get_or_create_bucket(s, key=key_of(lens), gpu=GPU, num_kv_heads=4, head_dim=128,
-                                            dtype="bfloat16", page_size=16, source=f"family:{fam}")
+            bk = store.get_or_create_bucket(
+                s,
+                key=key_of(lens),
+                gpu=GPU,
+                num_kv_heads=4,
+                head_dim=128,
+                dtype="bfloat16",
+                page_size=16,
+                source=f"family:{fam}",
+            )
             run = store.start_run(s, bucket_id=bk.id, study_name="grid", backend="gpu", n_trials=2)
-            pol = store.create_policy(s, bucket_id=bk.id, params=served, backend="gpu", score=1.1,
-                                      tuning_run_id=run.id, name="stream_k")
+            pol = store.create_policy(
+                s, bucket_id=bk.id, params=served, backend="gpu", score=1.1, tuning_run_id=run.id, name="stream_k"
+            )
             store.publish(s, pol.id)
             for name, params, t in (("tuned", tile, 2.2e-6), ("balanced", {}, 3.3e-6)):
-                store.record_measurement(s, bucket_id=bk.id, policy_name=name, params=params,
-                                         kv_lens=lens.tolist(), time_s=t, floor_s=2.0e-6, role="train",
-                                         batch_index=0, stage="verify", backend="gpu")
+                store.record_measurement(
+                    s,
+                    bucket_id=bk.id,
+                    policy_name=name,
+                    params=params,
+                    kv_lens=lens.tolist(),
+                    time_s=t,
+                    floor_s=2.0e-6,
+                    role="train",
+                    batch_index=0,
+                    stage="verify",
+                    backend="gpu",
+                )
     got = {b["family"]: b for b in dashboard_data(url)["shapes"][0]["buckets"]}
     assert got["skewed80"]["evidence"] == "training" and got["skewed80"]["n_train"] == 1
     assert got["skewed80"]["ratios"]["tuned"] == pytest.approx(1.1)  # 2.2 / 2.0

@@ -79,8 +79,22 @@ def test_dotenv_is_honoured_by_db_tune_serve_and_run(tmp_path):
     # (gain 0, rightly not published); mooncake B=64's enqueued FlashInfer-like trial (2 CTAs/SM, chunks of
     # >= 128 tokens) alone is 1.060x the floor vs balanced's 1.322x on the held-out batches:
     # 1.322 / 1.060 - 1 = 24.7 % > 5 %
-    r = _cli(tmp_path, "tune", "--trace", "mooncake", "--batch-size", "64", "--trials", "10",
-             "--num-train", "3", "--num-heldout", "3", "--no-progress", "--json")
+    r = _cli(
+        tmp_path,
+        "tune",
+        "--trace",
+        "mooncake",
+        "--batch-size",
+        "64",
+        "--trials",
+        "10",
+        "--num-train",
+        "3",
+        "--num-heldout",
+        "3",
+        "--no-progress",
+        "--json",
+    )
     tuned = json.loads(r.stdout)
     assert len(tuned) == 1 and tuned[0]["published"] is True
     key = tuned[0]["bucket_key"]
@@ -89,8 +103,14 @@ def test_dotenv_is_honoured_by_db_tune_serve_and_run(tmp_path):
     assert [p["bucket"]["key"] for p in exported["policies"]] == [key]
 
     port = _port()
-    p = subprocess.Popen([*KVSPLIT, "serve", "--port", str(port), "--log-level", "warning"], cwd=tmp_path,
-                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [*KVSPLIT, "serve", "--port", str(port), "--log-level", "warning"],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         out = _until(p, "kvsplit serve:")
         assert "store sqlite:///./store/custom.db" in out
@@ -100,8 +120,14 @@ def test_dotenv_is_honoured_by_db_tune_serve_and_run(tmp_path):
         p.wait(30)
 
     port = _port()
-    p = subprocess.Popen([*KVSPLIT, "run", "--no-tune", "--port", str(port)], cwd=tmp_path, env=_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [*KVSPLIT, "run", "--no-tune", "--port", str(port)],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         out = _until(p, "serving until Ctrl-C")
         assert "store sqlite:///./store/custom.db ready" in out

@@ -36,7 +36,8 @@ def test_bad_every(every):
 
 
 def test_module_entry_point():
-    out = subprocess.run([sys.executable, "-m", "kvsplit.service.warmup"], capture_output=True, text=True,
-                         timeout=600, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kvsplit.service.warmup"], capture_output=True, text=True, timeout=600, check=True
+    ).stdout
     assert out.count("[kvsplit warmup] compiling ") == 3
     assert "[kvsplit warmup] numba cache warm (" in out

@@ -34,8 +34,22 @@ def test_trace_bench_on_an_empty_store_serves_the_fallback(tmp_path):
 def test_trace_bench_cli(tmp_path):
     url = f"sqlite:///{tmp_path}/k.db"
     store.upgrade(url)
-    res = CliRunner().invoke(app, ["bench", "--trace", "sharegpt", "--batch-sizes", "16", "--batches", "1",
-                                   "--database-url", url, "--out", str(tmp_path)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--trace",
+            "sharegpt",
+            "--batch-sizes",
+            "16",
+            "--batches",
+            "1",
+            "--database-url",
+            url,
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "vs balanced" in res.output and (tmp_path / "trace_sharegpt.csv").exists()
     # every column is explained, and the missing GPU-only baseline says so instead of showing a figure

@@ -19,8 +19,26 @@ from kvsplit.db import store
 
 CLI = [sys.executable, "-m", "kvsplit.service.cli"]
 # a small campaign: the five families at B = 4 and 64, T = 262,144, no trace; at most 5 trials per bucket
-SMALL = ["tune", "--campaign", "--backend", "sim", "--model-shape", "qwen3-30b-a3b", "--budget-minutes", "0.3",
-         "--batch-sizes", "4,64", "--totals", "262144", "--traces", "none", "--trials", "5", "--seed", "3"]
+SMALL = [
+    "tune",
+    "--campaign",
+    "--backend",
+    "sim",
+    "--model-shape",
+    "qwen3-30b-a3b",
+    "--budget-minutes",
+    "0.3",
+    "--batch-sizes",
+    "4,64",
+    "--totals",
+    "262144",
+    "--traces",
+    "none",
+    "--trials",
+    "5",
+    "--seed",
+    "3",
+]
 
 
 def _env():
@@ -36,8 +54,14 @@ def _run(args, timeout=300):
 def _table(url):
     with store.session_scope(url) as s:
         doc = store.export_published(s)
-    return {p["bucket"]["key"]: (p["name"], json.dumps(p["params"], sort_keys=True), p["source"]
-                                 if "source" in p else p.get("backend")) for p in doc["policies"]}
+    return {
+        p["bucket"]["key"]: (
+            p["name"],
+            json.dumps(p["params"], sort_keys=True),
+            p["source"] if "source" in p else p.get("backend"),
+        )
+        for p in doc["policies"]
+    }
 
 
 def test_campaign_from_a_fresh_store_publishes_a_table_that_plan_serves(tmp_path):
@@ -59,8 +83,26 @@ def test_campaign_from_a_fresh_store_publishes_a_table_that_plan_serves(tmp_path
         params = dict(pub[0].params)
         assert all(p.backend == "sim" for p in pub)
     # the plan of a held-out batch of a published bucket: served from the campaign's table
-    p = _run(["plan", "--gpu", "h100", "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128",
-              "--dtype", "bf16", "--kv-lens", ",".join(map(str, held)), "--database-url", url, "--compact"])
+    p = _run(
+        [
+            "plan",
+            "--gpu",
+            "h100",
+            "--num-qo-heads",
+            "32",
+            "--num-kv-heads",
+            "4",
+            "--head-dim",
+            "128",
+            "--dtype",
+            "bf16",
+            "--kv-lens",
+            ",".join(map(str, held)),
+            "--database-url",
+            url,
+            "--compact",
+        ]
+    )
     assert p.returncode == 0, p.stderr
     ans = json.loads(p.stdout)
     assert ans["policy"]["source"] == "simulated"
@@ -85,8 +127,9 @@ def test_resume_after_kill_9_gives_the_uninterrupted_table(tmp_path):
     seed = int(os.environ.get("KVSPLIT_TEST_KILL_SEED", random.randrange(1 << 30)))
     at = random.Random(seed).uniform(0.3 * wall, 0.9 * wall)  # start-up (imports) is the first ~20 %
     url = f"sqlite:///{tmp_path}/killed.db"
-    proc = subprocess.Popen(CLI + SMALL + ["--database-url", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=_env())
+    proc = subprocess.Popen(
+        CLI + SMALL + ["--database-url", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env()
+    )
     time.sleep(at)
     assert proc.poll() is None, "the campaign ended before the kill"
     proc.send_signal(signal.SIGKILL)
@@ -125,9 +168,29 @@ def _two_workers(url, journal):
 
     from kvsplit.tuner.study import open_storage, storage_spec
 
-    args = ["tune", "--campaign", "--backend", "sim", "--model-shape", "llama-3.1-8b", "--budget-minutes", "0.3",
-            "--batch-sizes", "64", "--totals", "262144", "--traces", "none", "--trials", "6",
-            "--workers", "2", "--database-url", url, "--json"] + (["--journal", str(journal)] if journal else [])
+    args = [
+        "tune",
+        "--campaign",
+        "--backend",
+        "sim",
+        "--model-shape",
+        "llama-3.1-8b",
+        "--budget-minutes",
+        "0.3",
+        "--batch-sizes",
+        "64",
+        "--totals",
+        "262144",
+        "--traces",
+        "none",
+        "--trials",
+        "6",
+        "--workers",
+        "2",
+        "--database-url",
+        url,
+        "--json",
+    ] + (["--journal", str(journal)] if journal else [])
     r = _run(args)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
@@ -145,8 +208,11 @@ def _two_workers(url, journal):
         finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
         assert len(finished) == n  # exactly the allocated trials
         assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
-        measured = [json.dumps(t.params, sort_keys=True) for t in finished
-                    if t.state.name == "COMPLETE" and "cached_from" not in t.user_attrs]
+        measured = [
+            json.dumps(t.params, sort_keys=True)
+            for t in finished
+            if t.state.name == "COMPLETE" and "cached_from" not in t.user_attrs
+        ]
         assert len(measured) == len(set(measured))  # no parameter set measured twice
         pids |= {t.system_attrs["kvsplit:proc"]["pid"] for t in finished if "kvsplit:proc" in t.system_attrs}
     assert len(pids) == 2  # both workers took trials
@@ -172,8 +238,9 @@ def test_the_budget_bounds_the_search(tmp_path):
 
     url = f"sqlite:///{tmp_path}/budget.db"
     store.upgrade(url)
-    cfg = CampaignConfig(database_url=url, budget_minutes=0.2, batch_sizes=(64,), totals=(262_144,), traces=(),
-                         max_trials=40, seed=1)
+    cfg = CampaignConfig(
+        database_url=url, budget_minutes=0.2, batch_sizes=(64,), totals=(262_144,), traces=(), max_trials=40, seed=1
+    )
     res = run_campaign(cfg)
     assert res.status == "finished" and res.buckets == 5
     alloc = optuna.load_study(study_name=res.name, storage=open_storage(storage_spec(url))).user_attrs["alloc"]

@@ -35,16 +35,36 @@ from service_support import LiveServer  # noqa: E402
 from kvsplit.db import store  # noqa: E402
 from kvsplit.tuner import search  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used"),
+]
 
 KVSPLIT = [sys.executable, "-m", "kvsplit.service.cli"]
 TRIALS = 8
-TUNE = ["tune", "--family", "uniform", "--batch-size", "8", "--total-tokens", "8192", "--trials", str(TRIALS),
-        "--num-train", "2", "--num-heldout", "2", "--no-progress", "--json"]
+TUNE = [
+    "tune",
+    "--family",
+    "uniform",
+    "--batch-size",
+    "8",
+    "--total-tokens",
+    "8192",
+    "--trials",
+    str(TRIALS),
+    "--num-train",
+    "2",
+    "--num-heldout",
+    "2",
+    "--no-progress",
+    "--json",
+]
 SQLITE_ROUNDS = int(os.environ.get("KVSPLIT_TEST_TUNER_ROUNDS", "10"))
-BUSY = re.compile(r"^error: another kvsplit tune \(PID (\d+) on (\S+), since [0-9:]+ UTC\) is tuning with the "
-                  r"SQLite store ")
+BUSY = re.compile(
+    r"^error: another kvsplit tune \(PID (\d+) on (\S+), since [0-9:]+ UTC\) is tuning with the "
+    r"SQLite store "
+)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -54,8 +74,12 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _start_together(n: int, url: str, env: dict[str, str]) -> list[tuple[subprocess.Popen, str, str]]:
-    procs = [subprocess.Popen([*KVSPLIT, *TUNE, "--database-url", url], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+    procs = [
+        subprocess.Popen(
+            [*KVSPLIT, *TUNE, "--database-url", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(n)
+    ]
     return [(p, *p.communicate(timeout=600)) for p in procs]
 
 
@@ -148,8 +172,12 @@ def _running_row(url: str, pid: int, timeout: float = 120.0) -> int:
 
 
 def _kill_9_mid_study(url: str) -> tuple[int, int]:
-    p = subprocess.Popen([*KVSPLIT, *TUNE, "--database-url", url], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, env=_env(KVSPLIT_TUNE_TRIAL_DELAY_S="1"))
+    p = subprocess.Popen(
+        [*KVSPLIT, *TUNE, "--database-url", url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=_env(KVSPLIT_TUNE_TRIAL_DELAY_S="1"),
+    )
     try:
         run_id = _running_row(url, p.pid)
     finally:
@@ -172,8 +200,9 @@ def test_killed_tuner_row_is_failed_in_runs_route_and_at_next_start(tmp_path):
         pid2, run2 = _kill_9_mid_study(url)  # the server still runs: only a tune start may mark it now
         with store.session_scope(url) as s:
             assert [r.status for r in store.list_runs(s) if r.id == run2] == ["running"]
-        r = subprocess.run([*KVSPLIT, *TUNE, "--database-url", url], capture_output=True, text=True,
-                           env=_env(), timeout=600)
+        r = subprocess.run(
+            [*KVSPLIT, *TUNE, "--database-url", url], capture_output=True, text=True, env=_env(), timeout=600
+        )
         assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
         (res,) = json.loads(r.stdout)
         assert res["status"] == "finished" and res["n_finished"] == TRIALS  # resumed to the exact count
@@ -197,8 +226,9 @@ def test_silent_run_of_another_host_is_abandoned_after_its_stale_limit(tmp_path)
     url = f"sqlite:///{tmp_path / 'k.db'}"
     store.upgrade(url)
     with store.session_scope(url, write=True) as s:
-        b = store.get_or_create_bucket(s, key="b", gpu="NVIDIA H200", num_kv_heads=4, head_dim=128,
-                                       dtype="bfloat16", page_size=16)
+        b = store.get_or_create_bucket(
+            s, key="b", gpu="NVIDIA H200", num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16
+        )
         mine = store.start_run(s, bucket_id=b.id, study_name="st", backend="sim", n_trials=4, stale_after_s=30)
         other = store.start_run(s, bucket_id=b.id, study_name="st", backend="sim", n_trials=4, stale_after_s=30)
         other.host, other.pid = "another-host.example", 1
@@ -214,8 +244,11 @@ def test_silent_run_of_another_host_is_abandoned_after_its_stale_limit(tmp_path)
         assert store.run_abandoned(x, now + dt.timedelta(seconds=31)).startswith("abandoned: no heartbeat")
         assert store.run_abandoned(o, now + dt.timedelta(seconds=20)) is None  # heartbeat 20 s old: alive
         why = store.run_abandoned(o, now + dt.timedelta(seconds=31))
-        assert why is not None and why.startswith("abandoned: no heartbeat from its process (PID 1 on "
-                                                  "another-host.example)") and "more than 30 s" in why
+        assert (
+            why is not None
+            and why.startswith("abandoned: no heartbeat from its process (PID 1 on another-host.example)")
+            and "more than 30 s" in why
+        )
     with store.session_scope(url, write=True) as s:
         store.beat_run(s, ids[1])
         store.beat_run(s, ids[2])

@@ -18,12 +18,27 @@ from kvsplit.db import store
 from kvsplit.tuner import search
 from kvsplit.tuner import study as study_mod
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
-              pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+    pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used"),
+]
 
 KVSPLIT = [sys.executable, "-m", "kvsplit.service.cli"]
-SHAPE = ["--gpu", "NVIDIA H200", "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128",
-         "--dtype", "bfloat16", "--page-size", "16"]
+SHAPE = [
+    "--gpu",
+    "NVIDIA H200",
+    "--num-qo-heads",
+    "32",
+    "--num-kv-heads",
+    "4",
+    "--head-dim",
+    "128",
+    "--dtype",
+    "bfloat16",
+    "--page-size",
+    "16",
+]
 
 
 def _cli(*args, env=None, check=True, **kw):
@@ -36,8 +51,10 @@ def _cli(*args, env=None, check=True, **kw):
 
 def _journal_studies(path: Path):
     storage = search.open_storage(search.StorageSpec("journal", str(path)))
-    return {s.study_name: optuna.load_study(study_name=s.study_name, storage=storage)
-            for s in optuna.get_all_study_summaries(storage)}
+    return {
+        s.study_name: optuna.load_study(study_name=s.study_name, storage=storage)
+        for s in optuna.get_all_study_summaries(storage)
+    }
 
 
 def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
@@ -46,9 +63,29 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
     # simulated trials take milliseconds: slow them so the second worker has started before the first
     # could finish the study alone (both must write trials)
     slow = {"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"}
-    r = _cli("tune", *SHAPE, "--trace", "arxiv", "--batch-size", "128", "--num-train", "3",
-             "--num-heldout", "3", "--trials", "10", "--workers", "2", "--journal", str(journal),
-             "--database-url", db, "--no-progress", "--json", env=slow)
+    r = _cli(
+        "tune",
+        *SHAPE,
+        "--trace",
+        "arxiv",
+        "--batch-size",
+        "128",
+        "--num-train",
+        "3",
+        "--num-heldout",
+        "3",
+        "--trials",
+        "10",
+        "--workers",
+        "2",
+        "--journal",
+        str(journal),
+        "--database-url",
+        db,
+        "--no-progress",
+        "--json",
+        env=slow,
+    )
     # trace buckets whose tuned gain on the (uncalibrated) simulator clears the 5 % margin a simulated result
     # needs (tuner/verify.py) whatever order the two workers sample in. Which trial is best on the training
     # batches depends on that order, so the held-out gain varies between runs: arxiv B=128 gained 20-25 % and
@@ -56,9 +93,29 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
     # processes). azure_code B=128, used here before round 17, gained 5.9-18 % and once fell below the margin in
     # a full local run (a flaky test). Skewed80 B=128, azure_conv B=64 and mooncake B=16 tie balanced (gain 0)
     # and are not published either.
-    r2 = _cli("tune", *SHAPE, "--trace", "mooncake", "--batch-size", "128", "--num-train", "3",
-              "--num-heldout", "3", "--trials", "10", "--workers", "2", "--journal", str(journal),
-              "--database-url", db, "--no-progress", "--json", env=slow)
+    r2 = _cli(
+        "tune",
+        *SHAPE,
+        "--trace",
+        "mooncake",
+        "--batch-size",
+        "128",
+        "--num-train",
+        "3",
+        "--num-heldout",
+        "3",
+        "--trials",
+        "10",
+        "--workers",
+        "2",
+        "--journal",
+        str(journal),
+        "--database-url",
+        db,
+        "--no-progress",
+        "--json",
+        env=slow,
+    )
     results = json.loads(r.stdout) + json.loads(r2.stdout)
     assert len(results) == 2 and len({x["bucket_key"] for x in results}) == 2
     studies = _journal_studies(journal)
@@ -69,8 +126,11 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
         v = x["verification"]
         assert v["tuned_geomean_ratio"] <= v["best_baseline_geomean_ratio"]
         # the study values were written by both worker processes
-        pids = {t.system_attrs[study_mod._ATTR_PROC]["pid"] for t in studies[x["study_name"]].get_trials()
-                if study_mod._ATTR_PROC in t.system_attrs}
+        pids = {
+            t.system_attrs[study_mod._ATTR_PROC]["pid"]
+            for t in studies[x["study_name"]].get_trials()
+            if study_mod._ATTR_PROC in t.system_attrs
+        }
         assert len(pids) == 2
     export = tmp_path / "policies.json"
     _cli("db", "export", "--database-url", db, "--output", str(export))
@@ -87,18 +147,55 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
 
 
 def test_sqlite_refused_for_parallel_workers(tmp_path):
-    r = _cli("tune", *SHAPE, "--family", "uniform", "--batch-size", "8", "--trials", "3", "--workers", "2",
-             "--database-url", f"sqlite:///{tmp_path / 'k.db'}", check=False)
+    r = _cli(
+        "tune",
+        *SHAPE,
+        "--family",
+        "uniform",
+        "--batch-size",
+        "8",
+        "--trials",
+        "3",
+        "--workers",
+        "2",
+        "--database-url",
+        f"sqlite:///{tmp_path / 'k.db'}",
+        check=False,
+    )
     assert r.returncode == 2 and "--journal PATH" in r.stderr
 
 
 def test_kill_9_mid_study_then_resume(tmp_path):
     db = f"sqlite:///{tmp_path / 'k.db'}"
     journal = tmp_path / "studies.journal"
-    args = ["tune", *SHAPE, "--family", "skewed60", "--batch-size", "32", "--num-train", "2", "--num-heldout", "2",
-            "--trials", "12", "--workers", "2", "--journal", str(journal), "--database-url", db, "--no-progress"]
-    p = subprocess.Popen([*KVSPLIT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={**os.environ, "KVSPLIT_TUNE_TRIAL_DELAY_S": "0.5"}, start_new_session=True)
+    args = [
+        "tune",
+        *SHAPE,
+        "--family",
+        "skewed60",
+        "--batch-size",
+        "32",
+        "--num-train",
+        "2",
+        "--num-heldout",
+        "2",
+        "--trials",
+        "12",
+        "--workers",
+        "2",
+        "--journal",
+        str(journal),
+        "--database-url",
+        db,
+        "--no-progress",
+    ]
+    p = subprocess.Popen(
+        [*KVSPLIT, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "KVSPLIT_TUNE_TRIAL_DELAY_S": "0.5"},
+        start_new_session=True,
+    )
     deadline = time.time() + 120
     running_seen = False
     try:
@@ -135,9 +232,28 @@ def test_kill_9_mid_study_then_resume(tmp_path):
 def test_eight_workers_started_at_once(tmp_path):
     db = f"sqlite:///{tmp_path / 'k.db'}"
     journal = tmp_path / "studies.journal"
-    r = _cli("tune", *SHAPE, "--family", "2x40", "--batch-size", "16", "--num-train", "2", "--num-heldout", "2",
-             "--trials", "16", "--workers", "8", "--journal", str(journal), "--database-url", db, "--no-progress",
-             "--json")
+    r = _cli(
+        "tune",
+        *SHAPE,
+        "--family",
+        "2x40",
+        "--batch-size",
+        "16",
+        "--num-train",
+        "2",
+        "--num-heldout",
+        "2",
+        "--trials",
+        "16",
+        "--workers",
+        "8",
+        "--journal",
+        str(journal),
+        "--database-url",
+        db,
+        "--no-progress",
+        "--json",
+    )
     (res,) = json.loads(r.stdout)
     assert res["status"] == "finished" and res["n_finished"] == 16
     (study,) = _journal_studies(journal).values()
@@ -157,20 +273,60 @@ def test_postgres_multi_worker_tuning(pg_url):
     # equivalent of balanced|c4|n64w4s2 wins at a 13.1 % held-out gain (12 of 12 local runs). With 10 trials
     # (baselines only) a sampled trial sometimes won on the 2 training batches at a 3.2 % held-out gain and was
     # rightly not published (1 of 6 local runs, and one CI run of round 10)
-    r = _cli("tune", *SHAPE, "--trace", "azure_code", "--batch-size", "64", "--num-train", "2", "--num-heldout",
-             "2", "--trials", "20", "--workers", "2", "--database-url", pg_url, "--no-progress", "--json",
-             env={"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"})  # so both workers get trials (see above)
+    r = _cli(
+        "tune",
+        *SHAPE,
+        "--trace",
+        "azure_code",
+        "--batch-size",
+        "64",
+        "--num-train",
+        "2",
+        "--num-heldout",
+        "2",
+        "--trials",
+        "20",
+        "--workers",
+        "2",
+        "--database-url",
+        pg_url,
+        "--no-progress",
+        "--json",
+        env={"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"},
+    )  # so both workers get trials (see above)
     (res,) = json.loads(r.stdout)
     assert res["status"] == "finished" and res["n_finished"] == 20 and res["published"]
     storage = search.open_storage(search.storage_spec(pg_url, workers=2))
     study = optuna.load_study(study_name=res["study_name"], storage=storage)
     c = search.study_counts(study)
     assert c["COMPLETE"] + c["PRUNED"] == 20 and c["RUNNING"] == 0
-    pids = {t.system_attrs[study_mod._ATTR_PROC]["pid"] for t in study.get_trials() if study_mod._ATTR_PROC in t.system_attrs}
+    pids = {
+        t.system_attrs[study_mod._ATTR_PROC]["pid"]
+        for t in study.get_trials()
+        if study_mod._ATTR_PROC in t.system_attrs
+    }
     assert len(pids) == 2
     # resuming through the same URL stops at the requested count
-    r = _cli("tune", *SHAPE, "--trace", "azure_code", "--batch-size", "64", "--num-train", "2", "--num-heldout",
-             "2", "--trials", "22", "--workers", "2", "--database-url", pg_url, "--no-progress", "--json")
+    r = _cli(
+        "tune",
+        *SHAPE,
+        "--trace",
+        "azure_code",
+        "--batch-size",
+        "64",
+        "--num-train",
+        "2",
+        "--num-heldout",
+        "2",
+        "--trials",
+        "22",
+        "--workers",
+        "2",
+        "--database-url",
+        pg_url,
+        "--no-progress",
+        "--json",
+    )
     assert json.loads(r.stdout)[0]["n_finished"] == 22
     with store.session_scope(pg_url) as s:
         assert [p.bucket_key for p in store.list_published(s)] == [res["bucket_key"]]
@@ -181,11 +337,35 @@ def test_postgres_multi_worker_tuning(pg_url):
 def test_ctrl_c_stops_after_the_current_trial(tmp_path, workers):
     db = f"sqlite:///{tmp_path / 'k.db'}"
     journal = tmp_path / "studies.journal"
-    args = ["tune", *SHAPE, "--family", "uniform", "--batch-size", "32", "--num-train", "2", "--num-heldout", "2",
-            "--trials", "40", "--workers", str(workers), "--journal", str(journal), "--database-url", db,
-            "--no-progress"]
-    p = subprocess.Popen([*KVSPLIT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "KVSPLIT_TUNE_TRIAL_DELAY_S": "0.4"}, start_new_session=True)
+    args = [
+        "tune",
+        *SHAPE,
+        "--family",
+        "uniform",
+        "--batch-size",
+        "32",
+        "--num-train",
+        "2",
+        "--num-heldout",
+        "2",
+        "--trials",
+        "40",
+        "--workers",
+        str(workers),
+        "--journal",
+        str(journal),
+        "--database-url",
+        db,
+        "--no-progress",
+    ]
+    p = subprocess.Popen(
+        [*KVSPLIT, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KVSPLIT_TUNE_TRIAL_DELAY_S": "0.4"},
+        start_new_session=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         time.sleep(0.2)

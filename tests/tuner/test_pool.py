@@ -27,8 +27,16 @@ def _recorded():
     rows = [json.loads(line) for line in DATA.read_text().splitlines()]
     rows = [r for r in rows if "times" in r]
     for r in rows:
-        r["key"] = str(bucket_key(np.asarray(r["kv_lens"], dtype=np.int64), num_kv_heads=r["num_kv_heads"],
-                                  head_dim=128, dtype="bfloat16", device="NVIDIA H200", page_size=16))
+        r["key"] = str(
+            bucket_key(
+                np.asarray(r["kv_lens"], dtype=np.int64),
+                num_kv_heads=r["num_kv_heads"],
+                head_dim=128,
+                dtype="bfloat16",
+                device="NVIDIA H200",
+                page_size=16,
+            )
+        )
     return rows
 
 
@@ -37,29 +45,58 @@ def test_grammar_round_trips_every_pool_name_and_rejects_others():
         policy, params = P.candidate_policy(name)
         assert P.candidate_name(policy, params) == name
         assert P.candidate_name(policy, {**params, "whole_wave": 0.05, "whole_wave_heads": 2}) == name
-    assert P.candidate_policy("stream_k|c3|n128w4s2|o2m4|pf|h2|nx") == ("stream_k", {
-        "ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2, "item_cost_blocks": 2,
-        "min_piece_blocks": 4, "prefetch": True, "heads_per_tile": 2, "next_item": True})
+    assert P.candidate_policy("stream_k|c3|n128w4s2|o2m4|pf|h2|nx") == (
+        "stream_k",
+        {
+            "ctas_per_sm": 3.0,
+            "block_n": 128,
+            "num_warps": 4,
+            "num_stages": 2,
+            "item_cost_blocks": 2,
+            "min_piece_blocks": 4,
+            "prefetch": True,
+            "heads_per_tile": 2,
+            "next_item": True,
+        },
+    )
     for bad in ("fa3", "balanced", "stream_k|c3|n128w4", "stream_k|c3|n128w4s2|nx|pf"):
         assert P.candidate_policy(bad) is None
         with pytest.raises(ValueError, match="candidate"):
             P.parse_candidate(bad)
     # params the grammar cannot name: no name
     assert P.candidate_name("stream_k", {"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4}) is None
-    assert P.candidate_name("tuned", {"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2,
-                                      "partition": "stream_k"}) is None
+    assert (
+        P.candidate_name(
+            "tuned", {"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2, "partition": "stream_k"}
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("lens", [[262_144], [2048] * 128, [100_000] + [1200] * 63, [5, 17, 40_000]])
 def test_tuned_equivalent_plans_exactly_the_candidate(lens):
     # what the Optuna study is warm-started with must be the plan the pool timed
-    task = family_task("skewed80", 64, 262_144, gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128,
-                       dtype="bfloat16", page_size=16)
+    task = family_task(
+        "skewed80",
+        64,
+        262_144,
+        gpu="NVIDIA H200",
+        num_qo_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        dtype="bfloat16",
+        page_size=16,
+    )
     for name in P.SERVED_POOL:
         policy, params = P.parse_candidate(name)
         a = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params)
-        b = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy="tuned",
-                      params=task_params(task, _complete_defaults(task, P.tuned_equivalent(name))))
+        b = make_plan(
+            lens,
+            num_kv_heads=4,
+            device="NVIDIA H200",
+            policy="tuned",
+            params=task_params(task, _complete_defaults(task, P.tuned_equivalent(name))),
+        )
         assert a.config == b.config, name
         for f in ("num_splits", "work_request", "work_kv_start", "work_kv_end", "cta_indptr"):
             assert np.array_equal(getattr(a, f), getattr(b, f)), (name, f)
@@ -151,12 +188,39 @@ def test_previous_picks_maps_an_export_to_pool_names(tmp_path):
     def entry(key, name, params):
         return {"id": 1, "bucket": {"key": key}, "name": name, "params": params}
 
-    doc = {"format": "kvsplit.policies", "policies": [
-        entry("k1", "balanced", {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3,
-                                 "prefetch": True, "heads_per_tile": 2, "whole_wave": 0.05, "whole_wave_heads": 2}),
-        entry("k2", "stream_k", {"ctas_per_sm": 1.0, "block_n": 64, "num_warps": 8, "num_stages": 3,
-                                 "prefetch": True, "heads_per_tile": 2, "next_item": True}),
-        entry("k3", "stream_k", {"ctas_per_sm": 5.0, "block_n": 64, "num_warps": 4, "num_stages": 2})]}
+    doc = {
+        "format": "kvsplit.policies",
+        "policies": [
+            entry(
+                "k1",
+                "balanced",
+                {
+                    "ctas_per_sm": 3.0,
+                    "block_n": 32,
+                    "num_warps": 4,
+                    "num_stages": 3,
+                    "prefetch": True,
+                    "heads_per_tile": 2,
+                    "whole_wave": 0.05,
+                    "whole_wave_heads": 2,
+                },
+            ),
+            entry(
+                "k2",
+                "stream_k",
+                {
+                    "ctas_per_sm": 1.0,
+                    "block_n": 64,
+                    "num_warps": 8,
+                    "num_stages": 3,
+                    "prefetch": True,
+                    "heads_per_tile": 2,
+                    "next_item": True,
+                },
+            ),
+            entry("k3", "stream_k", {"ctas_per_sm": 5.0, "block_n": 64, "num_warps": 4, "num_stages": 2}),
+        ],
+    }
     assert P.previous_picks(doc) == {"k1": "balanced|c3|n32w4s3|pf|h2", "k2": "stream_k|c1|n64w8s3|pf|h2|nx"}
     p = tmp_path / "prev.json"
     p.write_text(json.dumps(doc))
@@ -207,8 +271,16 @@ def test_campaign_tasks_cover_the_default_workloads():
     # every family at every B it can form (2x40 needs B >= 3 or B == 1) has its bucket (the first source of a
     # key is kept)
     keys = {t.key for t in tasks}
-    shape = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16,
-                 num_train=1, num_heldout=1)
+    shape = dict(
+        gpu="NVIDIA H200",
+        num_qo_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        dtype="bfloat16",
+        page_size=16,
+        num_train=1,
+        num_heldout=1,
+    )
     for f in FAMILIES:
         for B in FAMILY_BATCH_SIZES:
             for T in TOTALS:

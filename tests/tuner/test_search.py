@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-import threading
 import socket
+import threading
 import time
 import types
 
@@ -14,8 +14,8 @@ import pytest
 from optuna.trial import TrialState
 
 from kvsplit.db import store
-from kvsplit.kernels.plan import TUNED_PARAM_SPACE, make_plan
 from kvsplit.kernels.decode import check_heads_per_tile
+from kvsplit.kernels.plan import TUNED_PARAM_SPACE, make_plan
 from kvsplit.kernels.rulespec import condition_holds
 from kvsplit.tuner import search, verify
 from kvsplit.tuner import study as study_mod
@@ -47,8 +47,10 @@ class CountingBackend:
     """The real simulator backend, counting the plans it times."""
 
     def __init__(self, task, on_call=None):
-        self.inner = make_backend("sim", **{k: getattr(task, k) for k in ("gpu", "num_qo_heads", "num_kv_heads",
-                                                                          "head_dim", "dtype", "page_size")})
+        self.inner = make_backend(
+            "sim",
+            **{k: getattr(task, k) for k in ("gpu", "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "page_size")},
+        )
         self.name = "sim"
         self.calls = 0
         self.on_call = on_call
@@ -70,8 +72,19 @@ class CountingBackend:
 
 
 def _plans(task, policy, params):
-    return [make_plan(list(b), num_kv_heads=task.num_kv_heads, device=GPU, policy=policy, params=params,
-                      head_dim=task.head_dim, page_size=task.page_size, dtype=task.dtype) for b in task.train]
+    return [
+        make_plan(
+            list(b),
+            num_kv_heads=task.num_kv_heads,
+            device=GPU,
+            policy=policy,
+            params=params,
+            head_dim=task.head_dim,
+            page_size=task.page_size,
+            dtype=task.dtype,
+        )
+        for b in task.train
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -166,8 +179,9 @@ def test_suggest_params_searches_prefetch_and_heads_per_tile():
         # what the objective plans: 4 or 8 heads of G = 8 (32 or 64 query rows) run as 2, the most that fit 16
         fit = search.task_params(t, p)
         assert fit["heads_per_tile"] == min(p["heads_per_tile"], 2)
-        assert {k: v for k, v in fit.items() if k != "heads_per_tile"} == \
-            {k: v for k, v in p.items() if k != "heads_per_tile"}
+        assert {k: v for k, v in fit.items() if k != "heads_per_tile"} == {
+            k: v for k, v in p.items() if k != "heads_per_tile"
+        }
         try:
             plans = _plans(t, "tuned", fit)
         except ValueError as exc:  # an infeasible tile (shared memory, registers): pruned, naming the parameter
@@ -302,8 +316,7 @@ def test_identical_params_measured_once(tmp_path):
 
 
 def test_infeasible_params_are_pruned_and_count(tmp_path):
-    t = search.family_task("uniform", 8, 65_536, num_train=2, num_heldout=2,
-                           **{**SHAPE, "head_dim": 256})
+    t = search.family_task("uniform", 8, 65_536, num_train=2, num_heldout=2, **{**SHAPE, "head_dim": 256})
     job = _journal_job(tmp_path, t, 2)
     study = search._load_study(job.storage, job.study, 0, 2)
     bad = {**search.baseline_equivalents(t)["balanced"], "block_n": 256, "num_warps": 1, "num_stages": 1}
@@ -362,13 +375,16 @@ def test_dead_and_stale_trials_are_failed_and_retried(tmp_path):
     dead, silent = study.ask(), study.ask()
     p_dead, p_silent = search.suggest_params(dead), search.suggest_params(silent)
     # a trial whose worker process is gone (a pid that cannot exist)
-    study._storage.set_trial_system_attr(dead._trial_id, study_mod._ATTR_PROC,
-                                         {"host": socket.gethostname(), "pid": 2**22 + 12345,
-                                          "start": "1", "number": dead.number})
+    study._storage.set_trial_system_attr(
+        dead._trial_id,
+        study_mod._ATTR_PROC,
+        {"host": socket.gethostname(), "pid": 2**22 + 12345, "start": "1", "number": dead.number},
+    )
     assert search.fail_dead_trials(study) == 1
     # a trial on another host whose heartbeat stopped long ago
-    study._storage.set_trial_system_attr(silent._trial_id, study_mod._ATTR_PROC,
-                                         {"host": "elsewhere", "pid": 1, "start": "", "number": silent.number})
+    study._storage.set_trial_system_attr(
+        silent._trial_id, study_mod._ATTR_PROC, {"host": "elsewhere", "pid": 1, "start": "", "number": silent.number}
+    )
     study._storage.set_trial_system_attr(silent._trial_id, study_mod._ATTR_HEARTBEAT, time.time() - 100)
     search._fail_stale(study)
     trials = study.get_trials()
@@ -432,15 +448,19 @@ def test_tune_task_verifies_stores_and_publishes(url, monkeypatch):
     # re-running resumes: more trials, same study, exact count
     r2 = search.tune_task(t, search.TuneConfig(database_url=url, n_trials=15, progress=False))
     assert r2.n_finished == 15 and r2.study_name == r.study_name
-    assert search.study_counts(optuna.load_study(study_name=r.study_name, storage=storage))["COMPLETE"] + \
-        search.study_counts(optuna.load_study(study_name=r.study_name, storage=storage))["PRUNED"] == 15
+    assert (
+        search.study_counts(optuna.load_study(study_name=r.study_name, storage=storage))["COMPLETE"]
+        + search.study_counts(optuna.load_study(study_name=r.study_name, storage=storage))["PRUNED"]
+        == 15
+    )
 
 
 def test_verification_refuses_a_worse_tuned_policy(url):
     t = _task(B=16, n_train=2, n_heldout=3)
     with store.session_scope(url, write=True) as s:
-        b = store.get_or_create_bucket(s, key=t.key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16",
-                                       page_size=16)
+        b = store.get_or_create_bucket(
+            s, key=t.key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16
+        )
         bid = b.id
     be = SimBackend(GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16")
     worse = {**search.baseline_equivalents(t)["balanced"], "max_splits": 1}  # no split at B = 16
@@ -472,10 +492,12 @@ def test_simulated_gain_must_exceed_the_simulator_error(url):
     def check(err_median, published):
         if err_median is not None:
             with store.session_scope(url, write=True) as s:
-                store.record_calibration(s, device_id=dev_id, constants={"slots": 4},
-                                         error={"heldout": {"median": err_median, "worst": 0.2}})
-        out = verify.verify_and_store(t, r.best_params, be, database_url=url, bucket_id=bid, run_id=None,
-                                      device_id=None)
+                store.record_calibration(
+                    s, device_id=dev_id, constants={"slots": 4}, error={"heldout": {"median": err_median, "worst": 0.2}}
+                )
+        out = verify.verify_and_store(
+            t, r.best_params, be, database_url=url, bucket_id=bid, run_id=None, device_id=None
+        )
         margin = verify.SIM_DEFAULT_MARGIN if err_median is None else err_median
         assert out.summary["margin"] == margin and out.summary["gain"] == pytest.approx(gain)
         assert out.published is published and out.summary["passed"] is published

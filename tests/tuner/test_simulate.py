@@ -22,8 +22,18 @@ BPT = 128 * 2 * 2  # bytes per token per kv head, D=128 bf16
 
 # a toy GPU: 2 SMs, 1 slot each, round numbers
 TOY = dataclasses.replace(H200, num_sms=2)
-TOYCAL = Calibration(hbm_bw=2e12, sm_bw=1e12, cta_bw=1e12, slots=1, tile_fixed_s=0.0, item_fixed_s=0.0,
-                     launch_s=0.0, merge_launch_s=0.0, merge_partial_s=0.0, persistent_tile_s=0.0)
+TOYCAL = Calibration(
+    hbm_bw=2e12,
+    sm_bw=1e12,
+    cta_bw=1e12,
+    slots=1,
+    tile_fixed_s=0.0,
+    item_fixed_s=0.0,
+    launch_s=0.0,
+    merge_launch_s=0.0,
+    merge_partial_s=0.0,
+    persistent_tile_s=0.0,
+)
 
 
 def test_list_scheduling_hand_computed():
@@ -100,12 +110,16 @@ def ratio(policy, params, fam, B, cal=None):
 
 
 def test_flashinfer_cliff_and_fa3_flat():
-    cliff_tc = [ratio("flashinfer", {}, "skewed80", B) / ratio("flashinfer", {}, "uniform", B)
-                for B in (8, 16, 32, 64, 128, 256, 512)]
+    cliff_tc = [
+        ratio("flashinfer", {}, "skewed80", B) / ratio("flashinfer", {}, "uniform", B)
+        for B in (8, 16, 32, 64, 128, 256, 512)
+    ]
     assert max(cliff_tc[:2]) < 1.2 and cliff_tc[3] > 4 and min(cliff_tc[4:]) > 10
     notc = {"tensor_cores": False}
-    cliff_notc = [ratio("flashinfer", notc, "skewed80", B) / ratio("flashinfer", notc, "uniform", B)
-                  for B in (8, 32, 128, 256, 512)]
+    cliff_notc = [
+        ratio("flashinfer", notc, "skewed80", B) / ratio("flashinfer", notc, "uniform", B)
+        for B in (8, 32, 128, 256, 512)
+    ]
     assert max(cliff_notc[:3]) < 1.4 and cliff_notc[4] > 10
     for fam in ("skewed80", "2x40"):
         fa3 = [ratio("fa3", {}, fam, B) / ratio("fa3", {}, "uniform", B) for B in (4, 32, 64, 128, 256, 512)]
@@ -165,8 +179,9 @@ def test_fit_recovers_known_constants():
 def test_bench_cli_sim(tmp_path):
     from kvsplit.service.cli import app
 
-    res = CliRunner().invoke(app, ["bench", "--backend", "sim", "--policies", "fi_rule_tc,balanced",
-                                   "--out", str(tmp_path)])
+    res = CliRunner().invoke(
+        app, ["bench", "--backend", "sim", "--policies", "fi_rule_tc,balanced", "--out", str(tmp_path)]
+    )
     assert res.exit_code == 0, res.output
     assert "fi_rule_tc: time / HBM floor" in res.output and "skewed80" in res.output
     for fam in ("uniform", "skewed40", "skewed60", "skewed80", "2x40"):
@@ -190,15 +205,20 @@ def test_residency_per_config_from_kernels_residency():
     from kvsplit.tuner.simulate import _prepare, resident_slots
 
     seen = set()
-    for (gpu, d, dt, bn, w, st) in MEASURED:
+    for gpu, d, dt, bn, w, st in MEASURED:
         if gpu != "NVIDIA H200" or dt != "bfloat16":
             continue
         cfg = KernelConfig(bn, w, st)
         want = resident_ctas_per_sm(H200, d, dt, 2, bn, w, st)
         assert resident_slots(H200, cfg) == want
         assert Calibration.default(H200, config=cfg).slots == want
-        p = make_plan([4096] * 8, num_kv_heads=4, device=H200, policy="balanced",
-                      params={"block_n": bn, "num_warps": w, "num_stages": st})
+        p = make_plan(
+            [4096] * 8,
+            num_kv_heads=4,
+            device=H200,
+            policy="balanced",
+            params={"block_n": bn, "num_warps": w, "num_stages": st},
+        )
         assert _prepare(p, H200).resident == want
         seen.add(want)
     assert seen == {1, 2, 3, 4}  # the sweep's configs cover 1-4 resident CTAs per SM
@@ -206,14 +226,25 @@ def test_residency_per_config_from_kernels_residency():
 
 def test_wave_and_partial_wave_hand_worked():
     # toy H200 of 2 SMs; config 64/8/2 has 2 resident CTAs per SM (measured) -> 4 slots, taken from residency
-    cal = Calibration(hbm_bw=4e12, sm_bw=1e12, cta_bw=0.8e12, slots=None, tile_fixed_s=1e-6, item_fixed_s=0.0,
-                      launch_s=2e-6, merge_launch_s=0.0, merge_partial_s=0.0, persistent_tile_s=0.0)
+    cal = Calibration(
+        hbm_bw=4e12,
+        sm_bw=1e12,
+        cta_bw=0.8e12,
+        slots=None,
+        tile_fixed_s=1e-6,
+        item_fixed_s=0.0,
+        launch_s=2e-6,
+        merge_launch_s=0.0,
+        merge_partial_s=0.0,
+        persistent_tile_s=0.0,
+    )
     u = 1_000_000
     b = u * BPT  # bytes of one tile (1 kv head, one request per tile)
 
     def t(n):
-        return predict(make_plan([u] * n, num_kv_heads=1, device=TOY, policy="no_split", params=W8), TOY,
-                       calibration=cal)
+        return predict(
+            make_plan([u] * n, num_kv_heads=1, device=TOY, policy="no_split", params=W8), TOY, calibration=cal
+        )
 
     # while tiles are queued each of an SM's 2 residents streams min(cta_bw, min(sm_bw, hbm/2) / 2) = 0.5e12 B/s
     full_wave = 1e-6 + b / 0.5e12
@@ -235,8 +266,17 @@ def test_wave_and_partial_wave_hand_worked():
 
 
 def test_per_config_constants_and_formats():
-    base = Calibration(hbm_bw=4e12, sm_bw=1e12, cta_bw=0.8e12, tile_fixed_s=1e-6, launch_s=0.0, merge_launch_s=0.0,
-                       merge_partial_s=0.0, item_fixed_s=0.0, persistent_tile_s=0.0)
+    base = Calibration(
+        hbm_bw=4e12,
+        sm_bw=1e12,
+        cta_bw=0.8e12,
+        tile_fixed_s=1e-6,
+        launch_s=0.0,
+        merge_launch_s=0.0,
+        merge_partial_s=0.0,
+        item_fixed_s=0.0,
+        persistent_tile_s=0.0,
+    )
     cal = dataclasses.replace(base, per_config={"n64w8s2": {"cta_bw": 0.4e12, "tile_fixed_s": 0.0}})
     u = 1_000_000
     p8 = make_plan([u], num_kv_heads=1, device=TOY, policy="no_split", params=W8)
@@ -249,18 +289,29 @@ def test_per_config_constants_and_formats():
     assert "slots" not in d and d["per_config"]["n64w8s2"]["cta_bw"] == 0.4e12
     assert Calibration.from_dict(d) == cal
     # the single-config form of format 1 still loads (slots = 4 for every config)
-    old = {"hbm_bw": 4.49e12, "sm_bw": 2.6e10, "cta_bw": 1.6e10, "slots": 4, "tile_fixed_s": 1.2e-7,
-           "item_fixed_s": 3e-7, "launch_s": 1.2e-7, "merge_launch_s": 1.2e-7, "merge_partial_s": 0.0,
-           "persistent_tile_s": 7e-6}
+    old = {
+        "hbm_bw": 4.49e12,
+        "sm_bw": 2.6e10,
+        "cta_bw": 1.6e10,
+        "slots": 4,
+        "tile_fixed_s": 1.2e-7,
+        "item_fixed_s": 3e-7,
+        "launch_s": 1.2e-7,
+        "merge_launch_s": 1.2e-7,
+        "merge_partial_s": 0.0,
+        "persistent_tile_s": 7e-6,
+    }
     c1 = Calibration.from_dict(old)
     assert c1.slots == 4 and c1.per_config == {} and c1.to_dict() == old
     # ramp_ctas: a lone tile streams at min(cta_bw, sm_bw / (1 + ramp)), two share sm_bw / (2 + ramp) each
     ramp = dataclasses.replace(base, cta_bw=1e12, ramp_ctas=1.0, tile_fixed_s=0.0)
     one = dataclasses.replace(H200, num_sms=1)
-    assert predict(make_plan([u], num_kv_heads=1, device=one, policy="no_split"), one, calibration=ramp) \
-        == pytest.approx(u * BPT / 0.5e12)
-    assert predict(make_plan([u, u], num_kv_heads=1, device=one, policy="no_split"), one, calibration=ramp) \
-        == pytest.approx(u * BPT / (1e12 / 3))
+    assert predict(
+        make_plan([u], num_kv_heads=1, device=one, policy="no_split"), one, calibration=ramp
+    ) == pytest.approx(u * BPT / 0.5e12)
+    assert predict(
+        make_plan([u, u], num_kv_heads=1, device=one, policy="no_split"), one, calibration=ramp
+    ) == pytest.approx(u * BPT / (1e12 / 3))
     # lone_bw: the last CTA draining on an SM streams at lone_bw instead of min(cta_bw, sm_bw / (1 + ramp)).
     # One SM, 2 slots, tiles of 1u and 3u: both at sm_bw / 2 = 0.5e12 until the short one ends (t = 2 units,
     # 1u each), then the long one's last 2u alone at 0.8e12 (2.5 units): 4.5 units; without lone_bw 2 + 2 = 4
@@ -270,8 +321,9 @@ def test_per_config_constants_and_formats():
     assert predict(p13, one, calibration=share) == pytest.approx(4 * u * BPT / 1e12)
     assert predict(p13, one, calibration=lone) == pytest.approx(4.5 * u * BPT / 1e12)
     # a plan of one tile is a lone CTA from the start
-    assert predict(make_plan([u], num_kv_heads=1, device=one, policy="no_split"), one, calibration=lone) \
-        == pytest.approx(u * BPT / 0.8e12)
+    assert predict(
+        make_plan([u], num_kv_heads=1, device=one, policy="no_split"), one, calibration=lone
+    ) == pytest.approx(u * BPT / 0.8e12)
     # per config, and in the JSON form only where set
     assert "lone_bw" not in share.to_dict()
     pc = dataclasses.replace(share, per_config={"n128w4s2": {"lone_bw": 0.8e12}})
@@ -287,12 +339,21 @@ def test_per_config_constants_and_formats():
         dataclasses.replace(base, per_config={"n64w4s2": {"cta_bw": -1.0}})
 
 
-
 def test_drain_terms_hand_worked():
     """The drain terms (docs/simulator.md): ``tail_sm_bw`` (the per-SM rate with n > 1 CTAs left
     in the drain) and ``fixed_overlap`` (the share of an SM's drain fixed cost its other residents hide)."""
-    base = Calibration(hbm_bw=4e12, sm_bw=1e12, cta_bw=1e12, slots=2, tile_fixed_s=0.0, launch_s=0.0,
-                       merge_launch_s=0.0, merge_partial_s=0.0, item_fixed_s=0.0, persistent_tile_s=0.0)
+    base = Calibration(
+        hbm_bw=4e12,
+        sm_bw=1e12,
+        cta_bw=1e12,
+        slots=2,
+        tile_fixed_s=0.0,
+        launch_s=0.0,
+        merge_launch_s=0.0,
+        merge_partial_s=0.0,
+        item_fixed_s=0.0,
+        persistent_tile_s=0.0,
+    )
     one = dataclasses.replace(H200, num_sms=1)
     u = 1_000_000
     unit = u * BPT / 1e12
@@ -304,16 +365,18 @@ def test_drain_terms_hand_worked():
     tail = dataclasses.replace(base, tail_sm_bw=1.2e12)
     assert predict(p11, one, calibration=tail) == pytest.approx(unit / 0.6)
     # capped by the lone rate: lone_bw 0.8e12, tail_sm_bw 2e12 -> min(0.8e12, 1e12) = 0.8e12 each
-    assert predict(p11, one, calibration=dataclasses.replace(base, tail_sm_bw=2e12, lone_bw=0.8e12)) \
-        == pytest.approx(unit / 0.8)
+    assert predict(p11, one, calibration=dataclasses.replace(base, tail_sm_bw=2e12, lone_bw=0.8e12)) == pytest.approx(
+        unit / 0.8
+    )
     # never below the bulk rate: tail_sm_bw 0.6e12 / 2 = 0.3e12 < 0.5e12 -> 2 units as without it
     assert predict(p11, one, calibration=dataclasses.replace(base, tail_sm_bw=0.6e12)) == pytest.approx(2 * unit)
     # 1u and 3u with lone_bw 0.8e12, tail_sm_bw 1.2e12: both at 0.6e12 until the short one ends (1/0.6 units),
     # then the long one's last 2u alone at 0.8e12 (2.5 units); without tail_sm_bw 2 + 2.5 = 4.5 units
     lone = dataclasses.replace(base, lone_bw=0.8e12)
     assert predict(p13, one, calibration=lone) == pytest.approx(4.5 * unit)
-    assert predict(p13, one, calibration=dataclasses.replace(lone, tail_sm_bw=1.2e12)) \
-        == pytest.approx((1 / 0.6 + 2.5) * unit)
+    assert predict(p13, one, calibration=dataclasses.replace(lone, tail_sm_bw=1.2e12)) == pytest.approx(
+        (1 / 0.6 + 2.5) * unit
+    )
     # fixed_overlap: tile_fixed 100 us; the SM's 2 tiles wait max fixed = 100 us before streaming (2 units);
     # fixed_overlap 0.5 hides 0.5 * (2 - 1) / 2 of it: 75 us
     fx = dataclasses.replace(base, tile_fixed_s=1e-4)
@@ -347,15 +410,22 @@ def test_drain_terms_hand_worked():
 # skewed40 B = 256
 PRE_DRAIN_PREDICTIONS = [
     (("skewed80", 32, 1048576, "flashinfer", {"tensor_cores": True}), 0.000868300660581164),
-    (("skewed80", 512, 262144, "stream_k", {"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2}),
-     0.00018927047140211608),
-    (("uniform", 24, 524288, "balanced", {"ctas_per_sm": 1.0, "block_n": 64, "num_warps": 4, "num_stages": 3}),
-     0.0004207174904227638),
+    (
+        ("skewed80", 512, 262144, "stream_k", {"ctas_per_sm": 3.0, "block_n": 128, "num_warps": 4, "num_stages": 2}),
+        0.00018927047140211608,
+    ),
+    (
+        ("uniform", 24, 524288, "balanced", {"ctas_per_sm": 1.0, "block_n": 64, "num_warps": 4, "num_stages": 3}),
+        0.0004207174904227638,
+    ),
     (("skewed40", 256, 262144, "balanced", {}), 0.0001563364926703516),
 ]
 # the three merge constants before their refit on the merge-heavy timings (the refit kept every other constant)
-PRE_REFIT_MERGE = {"merge_launch_s": 3.3257801454953053e-06, "merge_partial_s": 3.0068133077121098e-09,
-                   "merge_split_s": 6.65156029099061e-08}
+PRE_REFIT_MERGE = {
+    "merge_launch_s": 3.3257801454953053e-06,
+    "merge_partial_s": 3.0068133077121098e-09,
+    "merge_split_s": 6.65156029099061e-08,
+}
 
 
 def test_calibration_without_drain_terms_predicts_as_before():
@@ -369,8 +439,9 @@ def test_calibration_without_drain_terms_predicts_as_before():
     new = Calibration.from_dict(d)
     assert any("tail_sm_bw" in o for o in d["per_config"].values())
     old = {k: v for k, v in d.items() if k not in ("fixed_overlap", "tail_sm_bw")}
-    old["per_config"] = {k: {n: v for n, v in o.items() if n not in ("fixed_overlap", "tail_sm_bw")}
-                         for k, o in d["per_config"].items()}
+    old["per_config"] = {
+        k: {n: v for n, v in o.items() if n not in ("fixed_overlap", "tail_sm_bw")} for k, o in d["per_config"].items()
+    }
     old = {**old, "per_config": {k: o for k, o in old["per_config"].items() if o}}
     old.update(PRE_REFIT_MERGE)
     c6 = Calibration.from_dict(old)
@@ -420,8 +491,9 @@ def test_shipped_calibration_heldout_error_on_committed_measurements(tmp_path):
     assert bw is not None and abs(bw / cal.hbm_bw - 1) < 0.03  # the held-out run's read bandwidth
     assert all(s.case % 7 == 1 for s in samples) and len(samples) >= 3500
     assert {s.set for s in samples} == {"ref", "jitter", "untuned", "llama8b", "trace"}
-    assert {"served", "served_r1", "balanced", "stream_k", "fa3", "fi_rule_tc", "fi_rule_notc"} <= \
-        {s.policy for s in samples}
+    assert {"served", "served_r1", "balanced", "stream_k", "fa3", "fi_rule_tc", "fi_rule_notc"} <= {
+        s.policy for s in samples
+    }
     tab = error_table(samples, predict_samples(samples, cal, H200))
     assert tab["all"]["median"] <= MEDIAN_ALL, tab["all"]
     assert tab["all"]["worst"] <= WORST_GRID, tab["all"]
@@ -431,9 +503,18 @@ def test_shipped_calibration_heldout_error_on_committed_measurements(tmp_path):
         assert tab["per_policy"][pol]["worst"] <= WORST_BASELINE, (pol, tab["per_policy"][pol])
     assert tab["per_policy"]["served"]["worst"] <= 0.20, tab["per_policy"]["served"]  # issue 9's worst target
     # the old single-config calibration (slots = 4 for every config) was worse on the same cases
-    old = Calibration(hbm_bw=4489637975675.639, sm_bw=26424884833.03617, cta_bw=15791060935.652895, slots=4,
-                      tile_fixed_s=1.205293964527609e-07, item_fixed_s=3e-07, launch_s=1.205293964527609e-07,
-                      merge_launch_s=1.205293964527609e-07, merge_partial_s=0.0, persistent_tile_s=7.031766879768458e-06)
+    old = Calibration(
+        hbm_bw=4489637975675.639,
+        sm_bw=26424884833.03617,
+        cta_bw=15791060935.652895,
+        slots=4,
+        tile_fixed_s=1.205293964527609e-07,
+        item_fixed_s=3e-07,
+        launch_s=1.205293964527609e-07,
+        merge_launch_s=1.205293964527609e-07,
+        merge_partial_s=0.0,
+        persistent_tile_s=7.031766879768458e-06,
+    )
     assert error_table(samples, predict_samples(samples, old, H200))["all"]["median"] > tab["all"]["median"]
 
 

@@ -102,8 +102,9 @@ def test_unknown_trace():
 
 
 def _tiny():
-    return w.Trace(name="tiny", prompt=np.array([100, 200, 300]), output=np.array([3, 2, 4]),
-                   arrival_s=np.array([0.0, 0.0, 0.05]))
+    return w.Trace(
+        name="tiny", prompt=np.array([100, 200, 300]), output=np.array([3, 2, 4]), arrival_s=np.array([0.0, 0.0, 0.05])
+    )
 
 
 def test_replay_by_hand_batch_cap():
@@ -172,7 +173,7 @@ def test_auto_rate_scale_reaches_batch():
     # Little's law: at the auto rate the running batch reaches its cap
     r = w.replay_trace("azure_conv", max_batch_size=128)
     assert r.running.max() == 128
-    assert np.mean(r.running[len(r.running) // 10: len(r.running) // 2] >= 0.9 * 128) > 0.5
+    assert np.mean(r.running[len(r.running) // 10 : len(r.running) // 2] >= 0.9 * 128) > 0.5
 
 
 def test_replay_rejects_bad_options():
@@ -198,8 +199,9 @@ TRAIN_SHA256 = "a23fa97c306946afcc86958dee27848dabd09b2b0f7d372a84d2b8fb5a1b09ed
 def _digest(cases):
     import json
 
-    return hashlib.sha256(json.dumps([[c["num_qo_heads"], c["num_kv_heads"], c["kv_lens"]] for c in cases])
-                          .encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps([[c["num_qo_heads"], c["num_kv_heads"], c["kv_lens"]] for c in cases]).encode()
+    ).hexdigest()
 
 
 def test_peer_reference_cases_grid():
@@ -219,8 +221,13 @@ def test_peer_reference_cases_grid():
 def test_evaluation_cases_sets_sizes_totals_and_recorded_batches():
     cases = w.evaluation_cases()
     assert [c["id"] for c in cases] == list(range(182))
-    assert collections.Counter(c["set"] for c in cases) == {"ref": 96, "jitter": 30, "untuned": 20, "llama8b": 11,
-                                                            "trace": 25}
+    assert collections.Counter(c["set"] for c in cases) == {
+        "ref": 96,
+        "jitter": 30,
+        "untuned": 20,
+        "llama8b": 11,
+        "trace": 25,
+    }
     for c in cases:
         assert c["B"] == len(c["kv_lens"]) and min(c["kv_lens"]) >= 1
         if c["set"] in ("ref", "untuned", "llama8b", "trace"):  # exact totals (a trace case's T is its own sum)
@@ -241,8 +248,13 @@ def test_evaluation_cases_sets_sizes_totals_and_recorded_batches():
 def test_training_cases_sets_and_recorded_batches():
     cases = w.training_cases()
     assert [c["id"] for c in cases] == list(range(280))
-    assert collections.Counter(c["set"] for c in cases) == {"train": 100, "train_even": 88, "train_trace": 40,
-                                                            "train_32_8": 26, "train_8_1": 26}
+    assert collections.Counter(c["set"] for c in cases) == {
+        "train": 100,
+        "train_even": 88,
+        "train_trace": 40,
+        "train_32_8": 26,
+        "train_8_1": 26,
+    }
     ev = {tuple(c["kv_lens"]) for c in w.evaluation_cases()}
     assert not ev & {tuple(c["kv_lens"]) for c in cases}  # no evaluation batch is trained on
     for c in cases:
@@ -256,8 +268,9 @@ def test_training_cases_sets_and_recorded_batches():
 def test_trace_cases_are_the_evaluation_trace_set():
     tc = w.trace_cases()
     ev = [c for c in w.evaluation_cases() if c["set"] == "trace"]
-    assert [(c["family"], c["B_nominal"], c["kv_lens"]) for c in tc] == \
-        [(c["family"], c["B_nominal"], c["kv_lens"]) for c in ev]
+    assert [(c["family"], c["B_nominal"], c["kv_lens"]) for c in tc] == [
+        (c["family"], c["B_nominal"], c["kv_lens"]) for c in ev
+    ]
     assert all(c["T"] == sum(c["kv_lens"]) for c in tc)
 
 
