@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("typer")
+pytest.importorskip("triton")  # python-api.md documents DecodeWrapper and the kernel (torch + Triton)
 
 from kvsplit.service import docgen  # noqa: E402
 
