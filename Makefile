@@ -4,13 +4,14 @@
 #   make run        create/update .venv and run the main job
 #   make test-fast  the planner and plan-service tests only (no interpreter kernels, browser, PostgreSQL or
 #                   server subprocesses): seconds, for the edit-test loop
+#   make docs       regenerate docs/reference/ from the code (tests/service/test_docgen.py fails when it is stale)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvsplit-installed
 
-.PHONY: test test-fast lint run venv
+.PHONY: test test-fast lint run venv docs
 
 venv: $(STAMP)
 
@@ -47,3 +48,6 @@ test-fast: $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/kvsplit run
+
+docs: $(STAMP)
+	$(PY) -m kvsplit.service.docgen
