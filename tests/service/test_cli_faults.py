@@ -29,7 +29,7 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "service" / "data" / "h200_policies.json"
+SHIPPED = ROOT / "kernels" / "data" / "h200_policies.json"
 KVSPLIT = [sys.executable, "-m", "kvsplit.service.cli"]
 SHAPE = ["--gpu", "h200", "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128", "--dtype", "bf16"]
 

@@ -34,7 +34,7 @@ from kvsplit.service.validation import MAX_DEPTH
 
 from ..service_support import ROOT, LiveServer, free_port
 
-SHIPPED = ROOT / "service" / "data" / "h200_policies.json"
+SHIPPED = ROOT / "kernels" / "data" / "h200_policies.json"
 TOKEN = "hostile-test-token"
 HEADER = {
     "gpu": "NVIDIA H200",

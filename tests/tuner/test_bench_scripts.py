@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ["bench_planner.py", "compile_sm90.py", "decode_loop.py", "gpu_sweep.py", "peers.py", "service_bench.py"]
+SCRIPTS = [
+    "bench_planner.py",
+    "compile_sm90.py",
+    "decode_loop.py",
+    "engine_decode.py",
+    "gpu_sweep.py",
+    "peers.py",
+    "service_bench.py",
+]
 
 
 def test_every_benchmark_is_listed_and_answers_help():
