@@ -161,18 +161,18 @@ class Calibration:
     lone_bw : float
         Bytes/s of a CTA draining alone on its SM after the last wave started (the tail, or a plan of fewer
         tiles than SMs), when the rest of the GPU is mostly idle; 0 (default): the bulk formula
-        ``min(cta_bw, sm_bw / (1 + ramp_ctas))``. Fitted per config in round 5: a lone long CTA of the
+        ``min(cta_bw, sm_bw / (1 + ramp_ctas))``. Fitted per config on the H200: a lone long CTA of the
         (128, 4, 2) tile streams ~12 % faster than the bulk formula says, lone 64-token tiles slower.
     fixed_overlap : float
-        Fraction (0..1) of an SM's fixed cost in the drain that its other resident CTAs hide (round 7,
-        docs/simulator.md). The drain charges each SM the largest remaining fixed cost of its ``m`` tiles
+        Fraction (0..1) of an SM's fixed cost in the drain that its other resident CTAs hide
+        (docs/concepts/simulator.md). The drain charges each SM the largest remaining fixed cost of its ``m`` tiles
         (``tile_fixed_s`` + ``item_fixed_s`` per extra packed item) before any of them streams; with this
         field it charges ``max_fixed * (1 - fixed_overlap * (m - 1) / m)``: one CTA's item prologues and
         partial writes stall only that CTA while the ``m - 1`` others keep streaming; a lone CTA (``m = 1``)
         hides nothing. 0 (default): charged in full, as before.
     tail_sm_bw : float
-        Bytes/s one SM pulls in the drain after the last tile started, when the rest of the GPU is idling
-        (round 7): a tail phase with ``n > 1`` CTAs left on an SM streams each at
+        Bytes/s one SM pulls in the drain after the last tile started, when the rest of the GPU is idling:
+        a tail phase with ``n > 1`` CTAs left on an SM streams each at
         ``max(bulk, min(lone, tail_sm_bw / n))`` (``bulk`` = ``min(cta_bw, sm_bw / (n + ramp_ctas))``,
         ``lone`` = ``lone_bw`` or the bulk rate at ``n = 1``), where the bulk rate was fitted with every
         SM busy (HBM contended). 0 (default): the bulk rate, as before.
@@ -258,7 +258,7 @@ class Calibration:
         entry (``n128w4s3p``) takes its tile's (``n128w4s3``), a config of several KV heads per tile without
         its own (``n64w4s2h2``) its one-head tile's. A look-ahead config (``n64w8s3ph2x``) takes the constants
         of the config without the look-ahead (``n64w8s3ph2``, resolved as above), overlaid by its own entry
-        where it has one: a look-ahead entry holds only what was fitted for it (round 11 and 12: its lone-CTA
+        where it has one: a look-ahead entry holds only what was fitted for it (its lone-CTA
         rate), not a full set. Cached per key."""
         key = config if isinstance(config, str) else config_key(config)
         got = self._resolved.get(key)  # type: ignore[attr-defined]

@@ -156,8 +156,8 @@ def whole_wave_config(
     and at most a fraction ``eps`` of the slot-time idles. Ties go to the earlier tile. Near-even batches
     (requests started together, fixed-length benchmarks) meet it; measured on the H200, exact-uniform B = 128
     at T = 262,144 (512 tiles for the 528 slots of (64, 4, 2)) ran 1.059x its best plan under the even
-    partition the table served and 1.0x with one tile per request (docs/results.md, round 6), while B = 96
-    batches of the same bucket key fill (128, 4, 2)'s 396 slots instead (DESIGN.md §8: tiles are counted
+    partition the table served and 1.0x with one tile per request (docs/decisions/whole-wave-rule.md), while B = 96
+    batches of the same bucket key fill (128, 4, 2)'s 396 slots instead (docs/concepts/design.md §8: tiles are counted
     against the plan's own config's slots). A tile the kernel refuses for ``ctx``'s head_dim and dtype is
     skipped; residency is the measured one where known, else :func:`.residency.estimate`'s.
 

@@ -444,7 +444,7 @@ def test_heads_per_tile(dtype, hq, hkv, heads, policy, params):
                 "heads_per_tile": 2,
             },
         ),
-        # round 12's pool: balanced puts one item in each CTA, so the look-ahead has no next item there
+        # a pool plan: balanced puts one item in each CTA, so the look-ahead has no next item there
         ("balanced", {"ctas_per_sm": 2, "block_n": 32, "num_warps": 4, "num_stages": 3, "heads_per_tile": 2}),
         ("stream_k", {"ctas_per_sm": 2, "block_n": 32, "num_warps": 4, "num_stages": 3, "heads_per_tile": 2}),
     ],
