@@ -293,13 +293,20 @@ def test_graph_mode_heads_per_tile_beyond_the_gqa_rows_is_refused():
         )
 
 
-def test_graph_mode_plan_with_the_overlapped_merge():
+def test_graph_mode_plan_with_the_overlapped_merge(monkeypatch):
     """A device-resident plan (the device planner's buffers, a merge grid of max_batch_size programs per query
-    head) run with ``launch_decode(merge_overlap=True)``: the split items count their arrivals in
-    ``workspace.sync``, the merge programs of the merged requests wait for them and reset their counters, and the
-    idle programs past ``counts[3]`` touch none. Under the interpreter the merge runs after stage 1: the output
-    and LSE match the fp32 reference and every counter is zero after each of two calls (a graph replay)."""
+    head) run with the overlapped merge (what launch_rule picks for it where PDL runs; forced here, where the
+    interpreter has none): the split items count their arrivals in ``workspace.sync``, the merge programs of the
+    merged requests wait for them and reset their counters, and the idle programs past ``counts[3]`` touch none.
+    Under the interpreter the merge runs after stage 1: the output and LSE match the fp32 reference and every
+    counter is zero after each of two calls (a graph replay)."""
+    import dataclasses
+
+    from kvsplit.kernels import decode as dec
     from kvsplit.kernels.decode import launch_decode
+
+    rule = dec.launch_rule
+    monkeypatch.setattr(dec, "launch_rule", lambda *a, **kw: dataclasses.replace(rule(*a, **kw), merge_overlap=True))
 
     lens = [0, 900, 5, 300, 1000]
     w = DecodeWrapper(
@@ -334,7 +341,6 @@ def test_graph_mode_plan_with_the_overlapped_merge():
             counts=w.bufs.counts,
             max_merge=w.max_batch_size,
             return_lse=True,
-            merge_overlap=True,
         )
         assert (o.float() - ref.float()).abs().max().item() < 5e-3, call
         fin = torch.isfinite(ref_lse)
