@@ -55,18 +55,23 @@ from .plan import Plan
 from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
 from .residency import register_cap
 
-__all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
+__all__ = [
+    "decode_attention",
+    "launch_decode",
+    "launch_rule",
+    "LaunchRule",
+    "reference_decode_attention",
+    "DecodeWorkspace",
+    "make_workspace",
+]
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
-# head-dim chunks per (request, query head) that the overlapped merge supports (merge_dsplit <= this)
 MERGE_SYNC_CHUNKS = 4
-# how launch_decode(merge_overlap=True) launches (for A/B benchmarks, bench/merge_ab.py): "pdl" (else the merge
-# runs after stage 1), "trigger" ("start": every stage-1 CTA triggers the merge grid at its start; "last_item": at
-# the start of its tile's last item), "poll_ns" (the merge's back-off between polls, ns; 0: none)
-# "poll" ("acquire": every poll an acquire read; "relaxed": volatile polls, then one acquire read)
-_OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500, "poll": "relaxed"}
+"""Head-dim chunks per (request, query head) that the overlapped merge's counters hold (``merge_dsplit`` <= this)."""
+MERGE_POLL_NS = 500
+"""The overlapped merge's back-off between polls of its counter under PDL (ns; PTX ``nanosleep``)."""
 
 TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -172,9 +177,6 @@ def _stage1_tile(
     PREFETCH: tl.constexpr,
     HEADS: tl.constexpr = 1,
     NEXT: tl.constexpr = False,
-    TL=None,
-    TL_STRIDE=0,
-    TIMELINE: tl.constexpr = False,
     SYNC=None,
     SIGNAL: tl.constexpr = False,
     MERGE_DS: tl.constexpr = 1,
@@ -182,9 +184,6 @@ def _stage1_tile(
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
-    if TIMELINE:  # launch_decode(timeline=...): the tile's start (ns, %globaltimer) and its SM
-        tl.store(TL + tile * TL_STRIDE, tl.extra.cuda.globaltimer())
-        tl.store(TL + tile * TL_STRIDE + 1, tl.extra.cuda.smid().to(tl.int64))
     c = tile // (H_KV // HEADS)
     h = (tile % (H_KV // HEADS)) * HEADS
     item_lo = tl.load(CTA_INDPTR + c)
@@ -365,17 +364,14 @@ def _stage1_tile(
             tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
             tl.store(PART_LSE + base + q_head, lse2, mask=mask_h)
             if SIGNAL:
-                # launch_decode(merge_overlap=True): publish this split to the merge programs of its (request,
-                # query head, head-dim chunk), which may already be running (PDL). All threads' partial stores,
+                # the overlapped merge (LaunchRule.merge_overlap): publish this split to the merge programs of its
+                # (request, query head, head-dim chunk), which may already be running (PDL). All threads' partial stores,
                 # then a CTA barrier, then a release add at GPU scope (cumulative over what the barrier ordered:
                 # the semaphore pattern of CUTLASS's GenericBarrier, PTX ISA "memory consistency model").
                 tl.debug_barrier()
                 offs_c = tl.arange(0, MERGE_DS)
                 sync_idx = (req * H_Q + q_head[:, None]) * MERGE_DS + offs_c[None, :]
                 tl.atomic_add(SYNC + sync_idx, 1, mask=mask_h[:, None], sem="release", scope="gpu")
-        if TIMELINE:  # the time its k-th item's output was issued, for the first TL_STRIDE - 2 items
-            k_item = it - item_lo
-            tl.store(TL + tile * TL_STRIDE + 2 + k_item, tl.extra.cuda.globaltimer(), mask=k_item < TL_STRIDE - 2)
         if NEXT:
             req0, st0, en0, sl0, base0 = req1, st1, en1, sl1, base1
             req1, st1, en1, sl1, base1 = req2, st2, en2, sl2, base2
@@ -413,8 +409,6 @@ def _decode_stage1_kernel(
     stride_vh,
     stride_ob,
     stride_oh,
-    TL,
-    TL_STRIDE,
     SYNC,
     H_Q: tl.constexpr,
     H_KV: tl.constexpr,
@@ -429,7 +423,6 @@ def _decode_stage1_kernel(
     PREFETCH: tl.constexpr,
     HEADS: tl.constexpr = 1,
     NEXT: tl.constexpr = False,
-    TIMELINE: tl.constexpr = False,
     SIGNAL: tl.constexpr = False,
     MERGE_DS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
@@ -484,9 +477,6 @@ def _decode_stage1_kernel(
                 PREFETCH,
                 HEADS,
                 NEXT,
-                TL,
-                TL_STRIDE,
-                TIMELINE,
                 SYNC,
                 SIGNAL,
                 MERGE_DS,
@@ -533,9 +523,6 @@ def _decode_stage1_kernel(
             PREFETCH,
             HEADS,
             NEXT,
-            TL,
-            TL_STRIDE,
-            TIMELINE,
             SYNC,
             SIGNAL,
             MERGE_DS,
@@ -581,8 +568,8 @@ def _decode_merge_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = d0 + tl.arange(0, BLOCK_D)
     if WAIT:
-        # launch_decode(merge_overlap=True): this grid may run beside stage 1 (PDL). Wait until the n splits of
-        # (request, query head) have published their partials (one release add each on this program's counter);
+        # the overlapped merge (LaunchRule.merge_overlap): this grid may run beside stage 1 (PDL). Wait until the n
+        # splits of (request, query head) have published their partials (one release add each on its counter);
         # then reset the counter for the next call: this program is its only reader.
         sync_ptr = SYNC + (req * H_Q + hq) * tl.num_programs(2) + tl.program_id(2)
         seen = tl.atomic_add(sync_ptr, 0, mask=active, sem="acquire", scope="gpu")
@@ -712,9 +699,9 @@ class DecodeWorkspace:
     counter : torch.Tensor, int32 ``[1]``
         Work counter of the persistent schedule (reset by every call).
     sync : torch.Tensor, int32 ``[max_batch * H_q * MERGE_SYNC_CHUNKS]`` or None
-        Arrival counters of the overlapped merge (``launch_decode(merge_overlap=True)``), one per (request,
+        Arrival counters of the overlapped merge (:attr:`LaunchRule.merge_overlap`), one per (request,
         query head, head-dim chunk of the merge); zero between calls (each merge program resets its own).
-        ``None``: the overlapped merge is refused.
+        ``None`` (or too few): the merge runs after stage 1.
     """
 
     part_o: torch.Tensor
@@ -964,6 +951,129 @@ def _pdl_available(device: torch.device) -> bool:
     return not _INTERPRETED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+@dataclass(frozen=True)
+class LaunchRule:
+    """The launch parameters :func:`launch_decode` runs a plan with, as :func:`launch_rule` picks them.
+
+    Attributes
+    ----------
+    maxnreg : int or None
+        Register cap of the stage-1 launch (Triton's ``maxnreg``); None: no cap.
+    merge_dsplit : int
+        Merge programs per (merged request, query head), each over ``head_dim / merge_dsplit`` of the head dim.
+    merge_warps : int
+        Warps of each merge program.
+    merge_overlap : bool
+        The overlapped merge: each split work item, after storing its partial, adds one (a release at GPU
+        scope) to the counter of every (request, query head, head-dim chunk) it feeds (``workspace.sync``);
+        each merge program waits for its count (volatile polls, then one acquire read), merges, and resets the
+        counter to zero for the next call (so CUDA-graph replays stay correct).
+    pdl : bool
+        The merge grid is launched with programmatic dependent launch (sm_90+), beside stage 1; polls back off
+        :data:`MERGE_POLL_NS` between reads.
+    pdl_last : bool
+        Stage 1 triggers the merge grid at the start of each tile's last work item (grid schedule); else (the
+        persistent schedule, whose CTAs do not know their last tile) at each CTA's start.
+    """
+
+    maxnreg: int | None
+    merge_dsplit: int
+    merge_warps: int
+    merge_overlap: bool
+    pdl: bool
+    pdl_last: bool
+
+    @property
+    def poll_ns(self) -> int:
+        """The merge's back-off between polls of its counter (ns; 0: none, the merge runs after stage 1)."""
+        return MERGE_POLL_NS if self.pdl else 0
+
+
+def launch_rule(
+    config: Any,
+    *,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    num_merge: int | None,
+    max_splits: int | None,
+    merges: bool,
+    device_resident: bool,
+    pdl_available: bool,
+    sync_ok: bool,
+    compiled: bool,
+) -> LaunchRule:
+    """The launch parameters of a plan: a pure function of the plan's shape and sizes and of the machine, the
+    rule measured on the H200 (docs/decisions/overlapped-merge.md, docs/decisions/register-cap-residency.md).
+
+    Parameters
+    ----------
+    config : KernelConfig
+        The plan's kernel config (``block_n``, ``num_warps``, ``num_stages``, ``prefetch``, ``heads_per_tile``,
+        ``schedule``).
+    num_qo_heads, num_kv_heads, head_dim : int
+        H_q, H_kv, D.
+    dtype_bytes : int
+        Bytes per K/V element (2 for fp16/bf16).
+    num_merge, max_splits : int or None
+        Host-known sizes of the plan (merged requests; most splits of a request); None for a device-resident plan.
+    merges : bool
+        Whether the call launches a merge grid (some request is split, or a device-resident plan).
+    device_resident : bool
+        The plan's sizes live on the device (``launch_decode(counts=...)``, DecodeWrapper's CUDA-graph path).
+    pdl_available : bool
+        Programmatic dependent launch is available (a compiled CUDA launch on compute capability 9.0+).
+    sync_ok : bool
+        The workspace holds the overlapped merge's counters for this batch.
+    compiled : bool
+        The kernel is compiled (not Triton's interpreter): register caps apply.
+
+    Returns
+    -------
+    LaunchRule
+        - ``maxnreg``: :func:`kvsplit.kernels.residency.register_cap` (the cap that keeps the residency the
+          planner counts for every GQA group; measured on one KV head per tile, so none with ``heads_per_tile``
+          above 1 or under the interpreter).
+        - ``merge_dsplit``: 4 when the host knows the sizes, at most 1024 (merged request, query head) pairs are
+          merged, ``max_splits`` exceeds the splits one full-D program folds at once (``4096 / D``) and D is a
+          multiple of 64; else 1. The merge is latency-bound when few programs each fold many splits: a quarter
+          of D per program gives 4x the programs with a quarter of the serial chunks; with more than 1024 pairs
+          it lost 1-2 %.
+        - ``merge_warps``: 1 from 256 merged (request, query head) pairs on, or for a device-resident plan (the
+          merge then cost a median 3.8 us over stage 1 instead of 4.5); else 4.
+        - ``merge_overlap``: on in the same regime as the one-warp merge where PDL is available, the workspace
+          holds the counters and ``merge_dsplit <= MERGE_SYNC_CHUNKS`` (0.5-1 % faster on held-out trace
+          batches; with fewer pairs it lost up to 2.7 %; a device-resident plan ran at 0.935x the merge after
+          stage 1); ``pdl`` with it, ``pdl_last`` with it on the grid schedule.
+    """
+    D, H_q = head_dim, num_qo_heads
+    G = num_qo_heads // num_kv_heads
+    heads = int(getattr(config, "heads_per_tile", 1))
+    maxnreg = (
+        None
+        if not compiled or heads != 1
+        else register_cap(D, G, config.block_n, config.num_warps, config.num_stages, bool(config.prefetch), dtype_bytes)
+    )
+    if not merges:
+        return LaunchRule(maxnreg, 1, 4, False, False, False)
+    splits = max_splits if max_splits is not None else 4096
+    # a device-resident plan's sizes are not known here: its grid of max_batch programs, most of them idle, keeps
+    # one program per (request, head)
+    few = max_splits is not None and num_merge is not None and num_merge * H_q <= 1024
+    dsplit = 4 if few and splits > 4096 // D and D % 64 == 0 else 1
+    many = device_resident or (num_merge is not None and num_merge * H_q >= 256)
+    overlap = pdl_available and many and dsplit <= MERGE_SYNC_CHUNKS and sync_ok
+    return LaunchRule(
+        maxnreg=maxnreg,
+        merge_dsplit=dsplit,
+        merge_warps=1 if many else 4,
+        merge_overlap=overlap,
+        pdl=overlap,
+        pdl_last=overlap and config.schedule != "persistent",
+    )
+
+
 def launch_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -982,13 +1092,6 @@ def launch_decode(
     max_merge: int | None = None,
     sm_scale: float | None = None,
     return_lse: bool = False,
-    prefetch: bool | None = None,
-    merge_dsplit: int | None = None,
-    maxnreg: int | None = None,
-    next_item: bool | None = None,
-    timeline: torch.Tensor | None = None,
-    merge_warps: int | None = None,
-    merge_overlap: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no allocation; the only checks are the
     ones a plan cannot make, before any launch: ``config.heads_per_tile`` against H_q, the persistent schedule of
@@ -1010,42 +1113,10 @@ def launch_decode(
     the inputs (:func:`decode_attention` or
     :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
 
-    ``prefetch`` overrides ``config.prefetch`` (the stage-1 loop that loads the
-    next tile's page ids one iteration ahead; for A/B benchmarks), ``next_item``
-    ``config.next_item`` (the look-ahead over a tile's work items; needs the
-    prefetching loop, else ``ValueError``).
-
-    ``maxnreg``: register cap of the stage-1 launch (Triton's ``maxnreg``). Default
-    (``None``): :func:`kvsplit.kernels.residency.register_cap`, which keeps the
-    residency the planner counts for every GQA group; 0: no cap (A/B).
-
-    ``merge_dsplit``: the merge's programs per (request, query head), each over
-    ``D / merge_dsplit`` of the head dim (a divisor of D). Default (``None``): 4
-    when the host knows the sizes, at most 1024 (merged request, query head)
-    pairs are merged, ``max_splits`` exceeds the splits one full-D program folds
-    at once (``4096 / D``) and D is a multiple of 64; else 1 (docs/decisions/overlapped-merge.md). ``merge_warps``: warps of each merge program. Default (``None``): 1
-    when the host knows the sizes and ``num_merge * H_q >= 256`` or the plan is device-resident, else 4
-    (docs/decisions/overlapped-merge.md).
-
-    ``merge_overlap``: the overlapped merge. Each split work item, after storing its partial, adds one (a
-    release at GPU scope) to the counter of every (request, query head, head-dim chunk) it feeds
-    (``workspace.sync``); the merge is launched with programmatic dependent launch (sm_90+: it starts once
-    every stage-1 CTA has reached its tile's last item, beside stage 1) and each merge program polls its
-    counter (volatile reads 500 ns apart, then an acquire read), merges as soon as its request's splits are
-    done, and resets the counter for the next call. CUDA-graph replays stay correct: the counters are zero
-    after every complete call. A device-resident plan's idle merge programs (past ``counts[3]``) neither wait
-    nor touch a counter. Needs ``merge_dsplit <= MERGE_SYNC_CHUNKS`` and a workspace from
-    :func:`make_workspace`; else ``ValueError`` before any launch.
-    Default (``None``): on when the host knows the sizes, ``num_merge * H_q >= 256``, PDL is available (a
-    CUDA device of compute capability 9.0 or later) and the workspace holds the counters; else off
-    (docs/decisions/overlapped-merge.md). Device-resident plans: on where PDL is available and the workspace holds the
-    counters, with one warp per merge program (docs/decisions/overlapped-merge.md).
-
-    ``timeline``: a profiling buffer, int64 ``[num_tiles, 2 + K]`` on q's device (CUDA only: it reads the
-    ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
-    reading (ns) when its program starts the tile, the SM it runs on, and the reading after each of its first
-    K work items issued its output stores; the slots of items the tile does not have are left as they are.
-    ``None`` (default) compiles the kernel without any of it. ``bench/timeline.py`` reads it.
+    The stage-1 loop is the plan's (``config.prefetch``, ``config.next_item``: the latter needs the former, else
+    ``ValueError``). The register cap, the merge's grid and warps and the overlapped merge are
+    :func:`launch_rule`'s pick for the plan's sizes and the machine; the overlapped merge needs a workspace from
+    :func:`make_workspace` (one without ``sync`` counters, or with too few, runs the merge after stage 1).
     """
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
@@ -1072,112 +1143,47 @@ def launch_decode(
         grid = (num_tiles,)
     counts_arg = counts if device_counts else workspace.counter
     block_h = max(16, triton.next_power_of_2(G * heads))
-    if prefetch is None:
-        prefetch = bool(getattr(cfg, "prefetch", False))
-    if maxnreg is None:
-        # the caps of kernels/residency.py were measured on one KV head per tile
-        maxnreg = (
-            None
-            if _INTERPRETED or heads != 1
-            else register_cap(D, G, cfg.block_n, cfg.num_warps, cfg.num_stages, prefetch, k_cache.element_size())
-        )
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    if next_item is None:
-        next_item = bool(getattr(cfg, "next_item", False))
+    prefetch = bool(getattr(cfg, "prefetch", False))
+    next_item = bool(getattr(cfg, "next_item", False))
     if next_item and not prefetch:
         raise ValueError("config.next_item: needs the prefetching loop (config.prefetch)")
-    if merge_warps is not None and merge_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"merge_warps: expected 1, 2, 4, 8 or 16 warps, got {merge_warps!r}")
-    if merge_overlap is not None and not isinstance(merge_overlap, bool):
-        raise ValueError(f"merge_overlap: expected a bool or None, got {merge_overlap!r}")
-    if timeline is not None:
-        if _INTERPRETED or q.device.type != "cuda":
-            raise ValueError("timeline: needs a CUDA device (it reads %globaltimer and %smid)")
-        if device_counts:
-            raise ValueError("timeline: needs the host-known tile count (num_tiles), not a device-resident plan")
-        if (
-            timeline.dtype != torch.int64
-            or timeline.dim() != 2
-            or timeline.device != q.device
-            or not timeline.is_contiguous()
-            or timeline.shape[0] < num_tiles
-            or timeline.shape[1] < 3
-        ):
-            raise ValueError(
-                f"timeline: expected a contiguous int64 tensor [>= num_tiles={num_tiles}, >= 3] on "
-                f"{q.device}, got {timeline.dtype} {tuple(timeline.shape)} on {timeline.device}"
-            )
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     # a device-resident plan merges at most B requests (q's batch, fixed for a captured graph): no program past B
     merge_grid = (min(max_merge or 0, B) if device_counts else num_merge) or 0
-    pdl_ok = _pdl_available(q.device)
-    default_overlap = merge_overlap is None
-    # the merge's launch parameters, all checked before stage 1 is launched (with the overlapped merge, stage 1
-    # counts arrivals that only the merge resets: a call must launch both or neither)
-    if merge_grid:
-        splits = max_splits if max_splits is not None else 4096
-        if merge_dsplit is None:
-            # the merge is latency-bound when few programs each fold many splits: a program folds
-            # ceil(splits / BLOCK_S) chunks one after another (BLOCK_S * BLOCK_D is held to 4096 fp32 values).
-            # Cutting D into 4 chunks gives 4x the programs with a quarter of the serial chunks: measured on the
-            # H200 it wins with at most 1024 (request, query head) programs and loses 1-2 % with more (many short
-            # split requests, e.g. skewed B >= 64: docs/decisions/overlapped-merge.md). A device-resident plan's sizes are
-            # not known here: its grid of max_batch programs, most of them idle, keeps one per (request, head).
-            few = max_splits is not None and num_merge is not None and num_merge * H_q <= 1024
-            merge_dsplit = 4 if few and splits > 4096 // D and D % 64 == 0 else 1
-        elif (
-            isinstance(merge_dsplit, bool)
-            or not isinstance(merge_dsplit, int)
-            or merge_dsplit < 1
-            or D % merge_dsplit
-            or (D // merge_dsplit) & (D // merge_dsplit - 1)
-        ):
-            raise ValueError(
-                f"merge_dsplit: expected a divisor of head_dim={D} leaving a power-of-two chunk, got {merge_dsplit!r}"
-            )
-        # at least 256 (merged request, query head) pairs, or a device-resident plan (sizes not known here): the
-        # regime of the one-warp merge and of the overlapped merge below
-        many = device_counts or (num_merge is not None and num_merge * H_q >= 256)
-        if merge_warps is None:
-            # one warp per merge program once at least 256 (merged request, query head) pairs are merged: measured
-            # on the H200 (docs/decisions/overlapped-merge.md) the merge then costs a median 3.8 us over stage 1 instead of
-            # 4.5 (p90 5.6 against 9.6, worst 7.9 against 14.4); with fewer pairs (one or a few requests of many
-            # splits) four warps stay ahead. A device-resident plan (sizes not known here): one warp, with the
-            # overlapped merge below (docs/decisions/overlapped-merge.md).
-            merge_warps = 1 if many else 4
-        block_d = D // merge_dsplit
-        block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
-        sync, need = workspace.sync, B * H_q * MERGE_SYNC_CHUNKS
-        sync_ok = (
-            sync is not None
-            and sync.dtype == torch.int32
-            and sync.device == q.device
-            and sync.is_contiguous()
-            and sync.dim() == 1
-            and sync.shape[0] >= need
-        )
-        if default_overlap:
-            # the overlapped merge from 256 merged (request, query head) pairs on, where PDL runs it beside
-            # stage 1: measured on the H200 (docs/decisions/overlapped-merge.md) it saves 0.5-1 % on the held-out trace
-            # batches and 1 % at T = 262,144 under stream_k, and with fewer pairs (a few requests of many splits,
-            # merged on four warps) it lost up to 2.7 %. Without PDL the arrivals cost and nothing overlaps.
-            # A device-resident plan (DecodeWrapper's CUDA-graph path): on, with one warp per merge program; measured
-            # on the H200 (docs/decisions/overlapped-merge.md) 0.935x the merge after stage 1 on four warps, never slower.
-            merge_overlap = pdl_ok and many and merge_dsplit <= MERGE_SYNC_CHUNKS and sync_ok
-        if merge_overlap:
-            if merge_dsplit > MERGE_SYNC_CHUNKS:
-                raise ValueError(f"merge_overlap: needs merge_dsplit <= {MERGE_SYNC_CHUNKS}, got {merge_dsplit}")
-            if not sync_ok:
-                raise ValueError(
-                    f"workspace.sync: the overlapped merge needs a contiguous int32 tensor of >= {need} "
-                    f"zeros on {q.device} (make_workspace allocates it), got "
-                    f"{None if sync is None else (sync.dtype, tuple(sync.shape), str(sync.device))}"
-                )
-    else:
-        merge_overlap = False
-    # PDL (programmatic dependent launch, sm_90+): the merge grid starts while stage 1 runs; elsewhere (the CPU
-    # interpreter, older GPUs) the same protocol runs with the merge after stage 1
-    pdl = merge_overlap and _OVERLAP["pdl"] and pdl_ok
-    pdl_last = pdl and _OVERLAP["trigger"] == "last_item" and not persistent
+    sync = workspace.sync
+    sync_ok = (
+        sync is not None
+        and sync.dtype == torch.int32
+        and sync.device == q.device
+        and sync.is_contiguous()
+        and sync.dim() == 1
+        and sync.shape[0] >= B * H_q * MERGE_SYNC_CHUNKS
+    )
+    rule = launch_rule(
+        cfg,
+        num_qo_heads=H_q,
+        num_kv_heads=H_kv,
+        head_dim=D,
+        dtype_bytes=k_cache.element_size(),
+        num_merge=num_merge,
+        max_splits=max_splits,
+        merges=bool(merge_grid),
+        device_resident=device_counts,
+        pdl_available=_pdl_available(q.device),
+        sync_ok=sync_ok,
+        compiled=not _INTERPRETED,
+    )
+    maxnreg, merge_dsplit, merge_warps, merge_overlap = (
+        rule.maxnreg,
+        rule.merge_dsplit,
+        rule.merge_warps,
+        rule.merge_overlap,
+    )
+    block_d = D // merge_dsplit
+    block_s = max(2, min(triton.next_power_of_2(max_splits if max_splits is not None else 4096), 4096 // block_d))
+    # with PDL (sm_90+) the merge grid starts while stage 1 runs; without it (a rule forced in the CPU tests) the
+    # same arrival protocol runs with the merge after stage 1
+    pdl, pdl_last = rule.pdl, rule.pdl_last
     sync_arg = workspace.sync if merge_overlap else workspace.counter
     _decode_stage1_kernel[grid](
         q,
@@ -1209,8 +1215,6 @@ def launch_decode(
         v_cache.stride(2),
         out.stride(0),
         out.stride(1),
-        workspace.counter if timeline is None else timeline,
-        0 if timeline is None else timeline.shape[1],
         sync_arg,
         H_Q=H_q,
         H_KV=H_kv,
@@ -1225,7 +1229,6 @@ def launch_decode(
         PREFETCH=bool(prefetch),
         HEADS=heads,
         NEXT=bool(next_item),
-        TIMELINE=timeline is not None,
         SIGNAL=bool(merge_overlap),
         MERGE_DS=merge_dsplit if merge_overlap else 1,
         PDL=pdl and not pdl_last,
@@ -1254,8 +1257,8 @@ def launch_decode(
             RETURN_LSE=return_lse,
             DEVICE_COUNTS=device_counts,
             WAIT=bool(merge_overlap),
-            POLL_NS=_OVERLAP["poll_ns"] if pdl else 0,
-            POLL_RELAXED=bool(merge_overlap) and _OVERLAP["poll"] == "relaxed",
+            POLL_NS=rule.poll_ns,
+            POLL_RELAXED=bool(merge_overlap),
             num_warps=merge_warps,
             **({"launch_pdl": True} if pdl else {}),
         )

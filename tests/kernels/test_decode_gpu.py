@@ -484,62 +484,6 @@ def test_next_item(dtype, policy, params):
     assert torch.equal(_graph_replayed(case, plans[0]), outs[0])  # the next_item plan
 
 
-# ----------------------------------------------------------------------------- the stage-1 timeline (bench/timeline.py)
-
-
-@pytest.mark.parametrize(
-    "policy, params",
-    [
-        (
-            "stream_k",
-            {
-                "ctas_per_sm": 1,
-                "block_n": 64,
-                "num_warps": 4,
-                "num_stages": 3,
-                "heads_per_tile": 2,
-                "prefetch": True,
-                "next_item": True,
-            },
-        ),
-        ("fixed", {"num_splits": 3, "block_n": 32, "num_stages": 2, "pack_tokens": 4096}),
-    ],
-)
-def test_timeline(policy, params):
-    """launch_decode(timeline=...): the same output bit for bit as without it; per tile a start time, an SM id
-    in [0, num_SMs), then one non-decreasing reading per work item of the tile (and nothing past its items)."""
-    from kvsplit.kernels.decode import launch_decode, make_workspace
-
-    lens = LENS + [70000, 3, 900]
-    case = make_case(
-        lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16, device="cuda", seed=5
-    )
-    plan = make_plan(lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params)
-    arrays = plan.to("cuda")
-    kw = plan.launch_sizes()
-    ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
-    args = (case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"], arrays, plan.config)
-    plain = launch_decode(*args, out=torch.empty_like(case["q"]), workspace=ws, **kw)
-    K = 8
-    tl_buf = torch.full((plan.num_work_tiles, 2 + K), -1, dtype=torch.int64, device="cuda")
-    timed = launch_decode(*args, out=torch.empty_like(case["q"]), workspace=ws, timeline=tl_buf, **kw)
-    torch.cuda.synchronize()
-    assert torch.equal(plain, timed)
-    rows = tl_buf.cpu()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    per_cta = 4 // plan.config.heads_per_tile
-    for tile in range(plan.num_work_tiles):
-        c = tile // per_cta
-        n = int(plan.cta_indptr[c + 1] - plan.cta_indptr[c])
-        r = rows[tile]
-        assert 0 <= int(r[1]) < sms
-        seq = [int(r[0])] + [int(x) for x in r[2 : 2 + min(n, K)]]
-        assert seq[0] > 0 and all(b >= a for a, b in zip(seq, seq[1:])), (tile, seq)
-        assert all(int(x) == -1 for x in r[2 + min(n, K) :])  # slots past the tile's items untouched
-    with pytest.raises(ValueError, match="timeline"):
-        launch_decode(*args, out=torch.empty_like(case["q"]), workspace=ws, timeline=tl_buf.to(torch.int32), **kw)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "policy, params",
@@ -578,10 +522,13 @@ def test_timeline(policy, params):
     ids=["sk_c2_h2_nx", "sk_c1_w8_nx", "bal_c3_h2", "fixed40", "fixed5_persistent"],
 )
 def test_overlapped_merge(dtype, policy, params):
-    """``launch_decode(merge_overlap=True)`` (the merge launched with PDL, waiting on per-(request, head, chunk)
-    arrival counters): bit-identical to the merge after stage 1 (the same fold in the same order), eagerly and
-    on 40 CUDA-graph replays (a race on a partial shows up as a differing replay), and every counter back at
-    zero afterwards."""
+    """The overlapped merge (the merge launched with PDL, waiting on per-(request, head, chunk) arrival
+    counters), which launch_rule picks from 256 merged (request, query head) pairs on: bit-identical to the
+    merge after stage 1 (what the rule runs for a workspace without counters; the same fold in the same order),
+    eagerly and on 40 CUDA-graph replays (a race on a partial shows up as a differing replay), and every counter
+    back at zero afterwards."""
+    import dataclasses
+
     from kvsplit.kernels.decode import launch_decode, make_workspace
 
     lens = [60000, 17, 300, 0, 9000] + [1000 + 37 * i for i in range(120)]
@@ -592,20 +539,20 @@ def test_overlapped_merge(dtype, policy, params):
     plan = make_plan(
         lens, num_kv_heads=4, device="NVIDIA H200", policy=policy, params=params, head_dim=128, page_size=16, dtype=name
     )
-    assert plan.launch_sizes()["num_merge"] > 0
+    assert plan.launch_sizes()["num_merge"] * 32 >= 256  # the overlapped merge's regime
     arrays = plan.to("cuda")
     ws = make_workspace(32, 128, max_partials=plan.num_partials, max_batch=len(lens), device="cuda")
     args = (case["q"], case["k_cache"], case["v_cache"], case["kv_indptr"], case["kv_indices"], arrays, plan.config)
-    base = torch.empty_like(case["q"])  # the merge after stage 1 (off explicitly: the default may overlap)
-    launch_decode(*args, out=base, workspace=ws, **plan.launch_sizes(), merge_overlap=False)
+    base = torch.empty_like(case["q"])  # the merge after stage 1: no counters in the workspace
+    launch_decode(*args, out=base, workspace=dataclasses.replace(ws, sync=None), **plan.launch_sizes())
     out = torch.full_like(case["q"], float("nan"))
-    launch_decode(*args, out=out, workspace=ws, **plan.launch_sizes(), merge_overlap=True)
+    launch_decode(*args, out=out, workspace=ws, **plan.launch_sizes())
     torch.cuda.synchronize()
     assert torch.equal(out, base)
     assert _rel_err(out, reference_decode_attention(**case)) < 2e-2
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        launch_decode(*args, out=out, workspace=ws, **plan.launch_sizes(), merge_overlap=True)
+        launch_decode(*args, out=out, workspace=ws, **plan.launch_sizes())
     bad = 0
     for _ in range(40):
         out.fill_(float("nan"))
@@ -621,6 +568,8 @@ def test_overlapped_merge_device_resident(dtype):
     """The overlapped merge on DecodeWrapper's CUDA-graph buffers (the device planner's work list, a persistent
     stage 1, a merge grid of max_batch_size programs per query head, idle ones past counts[3]): bit-identical to
     the merge after stage 1 on 40 replays of one graph, the counters zero afterwards."""
+    import dataclasses
+
     import numpy as np
 
     from kvsplit.kernels.decode import launch_decode
@@ -646,18 +595,18 @@ def test_overlapped_merge_device_resident(dtype):
         w.config,
     )
     kw = dict(workspace=w.workspace, counts=w.bufs.counts, max_merge=w.max_batch_size)
-    base = torch.empty_like(case["q"])
-    launch_decode(*args, out=base, **kw, merge_overlap=False)
+    base = torch.empty_like(case["q"])  # the merge after stage 1: no counters in the workspace
+    launch_decode(*args, out=base, **{**kw, "workspace": dataclasses.replace(w.workspace, sync=None)})
     torch.cuda.synchronize()
     assert int(w.bufs.counts[3]) > 0
     assert _rel_err(base, reference_decode_attention(**case)) < 2e-2
     out = torch.full_like(case["q"], float("nan"))
-    launch_decode(*args, out=out, **kw, merge_overlap=True)
+    launch_decode(*args, out=out, **kw)
     torch.cuda.synchronize()
     assert torch.equal(out, base)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        launch_decode(*args, out=out, **kw, merge_overlap=True)
+        launch_decode(*args, out=out, **kw)
     bad = 0
     for _ in range(40):
         out.fill_(float("nan"))
