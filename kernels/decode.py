@@ -74,6 +74,15 @@ MERGE_POLL_NS = 500
 """The overlapped merge's back-off between polls of its counter under PDL (ns; PTX ``nanosleep``)."""
 
 TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+KV_FP8 = torch.float8_e4m3fn
+"""The fp8 KV-cache dtype the kernel reads (FlashInfer's ``kv_data_type=torch.float8_e4m3fn``), with a q of
+float16 or bfloat16."""
+KV_DTYPES = {**TORCH_DTYPES, KV_FP8: "float8_e4m3fn"}
+MAX_Q_LEN = 8
+"""Most query tokens per request (speculative-decoding verify steps: 1 + up to 7 draft tokens)."""
+MAX_TILE_ROWS = 64
+"""Most query rows of one work tile, ``G * heads_per_tile * q_len`` (the rows of its ``tl.dot``): 64 rows keep
+the fp32 accumulator of D = 128 in registers without spills on sm_90 (bench/compile_sm90.py)."""
 
 
 # ----------------------------------------------------------------------------
@@ -82,14 +91,42 @@ TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.floa
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
+def _online_softmax_step(
+    q,
+    k,
+    v,
+    mask_n,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    DOT_PRECISION: tl.constexpr,
+    t=None,
+    lim=None,
+    Q_LEN: tl.constexpr = 1,
+    KV_FP8: tl.constexpr = False,
+):
     # one BLOCK_N tile of the online softmax (base 2; FlashAttention-2, Dao 2023): scores of the GQA group's
-    # queries against the tile's keys, masked past the item's end, running max / sum / output rescaled
+    # queries against the tile's keys, masked past the item's end, running max / sum / output rescaled.
+    # KV_FP8: k and v are float8_e4m3fn, widened to q's dtype for the dots (their scales are folded into
+    # qk_scale and into the output). Q_LEN > 1: row r also masks the keys at positions t >= lim[r] (causal
+    # within the request's Q_LEN new tokens); a row with no key in the tile keeps m = -inf, so the exponents
+    # are taken against 0 there (no -inf - -inf).
+    if KV_FP8:
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-    s = tl.where(mask_n[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+    if Q_LEN == 1:
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+    else:
+        s = tl.where(mask_n[None, :] & (t[None, :] < lim[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
@@ -116,6 +153,10 @@ def _online_softmax_step_heads(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    t=None,
+    lim=None,
+    Q_LEN: tl.constexpr = 1,
+    KV_FP8: tl.constexpr = False,
 ):
     # one BLOCK_N tile for HEADS adjacent KV heads at once: the query rows of head j are rows
     # j*G .. j*G+G-1 of q (HEADS*G <= BLOCK_H, so the rows that pad one head's G queries to 16 hold the next
@@ -124,15 +165,26 @@ def _online_softmax_step_heads(
     s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
     for j in tl.static_range(HEADS):
         k = tl.load(K + (k_row + (h0 + j) * stride_kh)[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
         s = tl.where((row_head == j)[:, None], tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), s)
-    s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+    if Q_LEN == 1:
+        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+    else:  # as in _online_softmax_step
+        s = tl.where(mask_n[None, :] & (t[None, :] < lim[:, None]), s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     for j in tl.static_range(HEADS):
         v = tl.load(V + (v_row + (h0 + j) * stride_vh)[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         acc += tl.dot(tl.where((row_head == j)[:, None], p, 0.0).to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -181,6 +233,13 @@ def _stage1_tile(
     SIGNAL: tl.constexpr = False,
     MERGE_DS: tl.constexpr = 1,
     PDL_LAST: tl.constexpr = False,
+    KV_LENS=None,
+    K_SCALE=None,
+    V_SCALE=None,
+    v_scale=None,
+    Q_LEN: tl.constexpr = 1,
+    KV_FP8: tl.constexpr = False,
+    SCALE: tl.constexpr = 0,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
@@ -192,9 +251,24 @@ def _stage1_tile(
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    mask_h = offs_h < GROUP * HEADS
-    q_head = h * GROUP + offs_h
-    row_head = offs_h // GROUP
+    mask_h = offs_h < GROUP * HEADS * Q_LEN
+    if Q_LEN == 1:
+        q_head = h * GROUP + offs_h
+    else:
+        # Q_LEN query tokens per request: q, out and the LSE are viewed as [B, Q_LEN * H_q, ...] (H_Q is
+        # Q_LEN * H_q), token j of query head x at "head" j * H_q + x. Row r of the tile is token r % Q_LEN
+        # of query head h * G + r // Q_LEN.
+        q_head = (offs_h % Q_LEN) * (H_Q // Q_LEN) + h * GROUP + offs_h // Q_LEN
+    row_head = offs_h // (GROUP * Q_LEN)
+    qk = qk_scale
+    if SCALE == 2:  # per-KV-head scales (fp32 [H_kv]): k's into the score scale, v's into the output
+        if HEADS == 1:
+            qk = qk_scale * tl.load(K_SCALE + h)
+            v_sc = tl.load(V_SCALE + h)
+        else:
+            in_tile = row_head < HEADS
+            qk = (qk_scale * tl.load(K_SCALE + h + row_head, mask=in_tile, other=1.0))[:, None]
+            v_sc = tl.load(V_SCALE + h + row_head, mask=in_tile, other=1.0)[:, None]
 
     if NEXT:
         # Look-ahead over the tile's items (config.next_item): items it and it + 1 are carried in registers with
@@ -263,6 +337,12 @@ def _stage1_tile(
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+        if Q_LEN == 1:
+            lim = None
+        else:
+            # causal within the request's Q_LEN new tokens (the last Q_LEN of its kv_len L): token j sees
+            # positions [0, L - Q_LEN + j], i.e. t < L - Q_LEN + 1 + j
+            lim = tl.load(KV_LENS + req) - (Q_LEN - 1) + offs_h % Q_LEN
 
         if PREFETCH:
             # The page ids of tile i + 1 are loaded during tile i (a loop-carried value), so no K/V address
@@ -290,7 +370,9 @@ def _stage1_tile(
                         mask=mask_n[:, None],
                         other=0.0,
                     )
-                    m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+                    m_i, l_i, acc = _online_softmax_step(
+                        q, k, v, mask_n, m_i, l_i, acc, qk, DOT_PRECISION, t, lim, Q_LEN, KV_FP8
+                    )
                 else:
                     m_i, l_i, acc = _online_softmax_step_heads(
                         q,
@@ -303,7 +385,7 @@ def _stage1_tile(
                         m_i,
                         l_i,
                         acc,
-                        qk_scale,
+                        qk,
                         offs_d,
                         h,
                         stride_kh,
@@ -312,6 +394,10 @@ def _stage1_tile(
                         BLOCK_H,
                         BLOCK_N,
                         DOT_PRECISION,
+                        t,
+                        lim,
+                        Q_LEN,
+                        KV_FP8,
                     )
         else:
             for n0 in range(start, end, BLOCK_N):
@@ -326,7 +412,9 @@ def _stage1_tile(
                     # V is loaded with K, before the softmax math, so both loads are in flight together
                     k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
                     v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-                    m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+                    m_i, l_i, acc = _online_softmax_step(
+                        q, k, v, mask_n, m_i, l_i, acc, qk, DOT_PRECISION, t, lim, Q_LEN, KV_FP8
+                    )
                 else:
                     m_i, l_i, acc = _online_softmax_step_heads(
                         q,
@@ -339,7 +427,7 @@ def _stage1_tile(
                         m_i,
                         l_i,
                         acc,
-                        qk_scale,
+                        qk,
                         offs_d,
                         h,
                         stride_kh,
@@ -348,11 +436,19 @@ def _stage1_tile(
                         BLOCK_H,
                         BLOCK_N,
                         DOT_PRECISION,
+                        t,
+                        lim,
+                        Q_LEN,
+                        KV_FP8,
                     )
 
         nonempty = l_i > 0.0
         l_safe = tl.where(nonempty, l_i, 1.0)
         out = acc / l_safe[:, None]
+        if SCALE == 1:  # per-tensor v_scale (k_scale is folded into qk_scale by the launcher)
+            out = out * v_scale
+        elif SCALE == 2:
+            out = out * v_sc
         lse2 = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
         if slot < 0:
             o_ptr = O + req * stride_ob + q_head[:, None] * stride_oh + offs_d[None, :]
@@ -427,6 +523,13 @@ def _decode_stage1_kernel(
     MERGE_DS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
     PDL_LAST: tl.constexpr = False,
+    KV_LENS=None,
+    K_SCALE=None,
+    V_SCALE=None,
+    v_scale=None,
+    Q_LEN: tl.constexpr = 1,
+    KV_FP8: tl.constexpr = False,
+    SCALE: tl.constexpr = 0,
 ):
     if PDL:
         # programmatic dependent launch: the merge grid may start once every stage-1 CTA has started (so a
@@ -481,6 +584,13 @@ def _decode_stage1_kernel(
                 SIGNAL,
                 MERGE_DS,
                 PDL_LAST,
+                KV_LENS,
+                K_SCALE,
+                V_SCALE,
+                v_scale,
+                Q_LEN,
+                KV_FP8,
+                SCALE,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -527,6 +637,13 @@ def _decode_stage1_kernel(
             SIGNAL,
             MERGE_DS,
             PDL_LAST,
+            KV_LENS,
+            K_SCALE,
+            V_SCALE,
+            v_scale,
+            Q_LEN,
+            KV_FP8,
+            SCALE,
         )
 
 
@@ -649,6 +766,63 @@ def check_kernel_device(name: str, device: torch.device) -> None:
         )
 
 
+def check_kv_scales(k_scale: Any, v_scale: Any, num_kv_heads: int, device: torch.device) -> tuple[int, float, float]:
+    """Check the KV-cache scales as FlashInfer's ``run(..., k_scale=, v_scale=)`` takes them and say how the
+    launch applies them: ``(mode, qk_mult, v_mult)``.
+
+    Each of ``k_scale``, ``v_scale`` is ``None`` (1.0), a finite float > 0 (per tensor), or a float32 tensor
+    ``[H_kv]`` on ``device`` (per KV head; both must then be tensors, read on the device, so a CUDA graph
+    replays with their current values; their values are checked by :func:`check_kv_scale_values`). Dequantized
+    ``k = k_scale * k_stored``, ``v = v_scale * v_stored``, so ``scores = (q . k_stored) * k_scale * sm_scale`` and
+    ``o = (softmax(scores) . v_stored) * v_scale``. Mode 0: no scaling; 1: per tensor (``qk_mult`` is folded into
+    the score scale, ``v_mult`` multiplies the output); 2: per-KV-head tensors.
+
+    Raises
+    ------
+    ValueError
+        Naming ``k_scale`` or ``v_scale``: not a float or tensor, not finite or not > 0, a tensor of another
+        dtype, shape or device, a tensor beside a float.
+    """
+    tensors = [isinstance(x, torch.Tensor) for x in (k_scale, v_scale)]
+    if any(tensors):
+        for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(
+                    f"{name}: expected a float32 tensor [{num_kv_heads}] like the other scale (per KV head), got "
+                    f"{type(x).__name__}"
+                )
+            if x.dtype != torch.float32 or tuple(x.shape) != (num_kv_heads,) or x.device != device:
+                raise ValueError(
+                    f"{name}: expected a float32 tensor of shape ({num_kv_heads},) (one scale per KV head) on "
+                    f"{device}, got {x.dtype} {tuple(x.shape)} on {x.device}"
+                )
+            if not x.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous tensor")
+        return 2, 1.0, 1.0
+    vals = []
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x is None:
+            vals.append(1.0)
+            continue
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValueError(f"{name}: expected a float or a float32 tensor [H_kv], got {type(x).__name__}")
+        if not math.isfinite(x) or x <= 0:
+            raise ValueError(f"{name}: expected a finite scale > 0, got {x!r}")
+        vals.append(float(x))
+    return (0 if vals[1] == 1.0 else 1), vals[0], vals[1]
+
+
+def check_kv_scale_values(k_scale: Any, v_scale: Any) -> None:
+    """Raise ``ValueError`` naming ``k_scale``/``v_scale`` when a per-KV-head scale tensor holds a value that
+    is not finite or not > 0 (reads the tensors: a host sync; floats are checked by :func:`check_kv_scales`)."""
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(x, torch.Tensor):
+            bad = ~(torch.isfinite(x) & (x > 0))
+            if bool(bad.any()):
+                i = int(torch.nonzero(bad)[0, 0])
+                raise ValueError(f"{name}[{i}]: expected a finite scale > 0, got {float(x[i])}")
+
+
 def check_heads_per_tile(
     heads_per_tile: int, num_qo_heads: int, num_kv_heads: int, *, name: str = "plan.config.heads_per_tile"
 ) -> None:
@@ -726,9 +900,13 @@ def make_workspace(
     max_partials: int,
     max_batch: int,
     device: Any,
+    q_len: int = 1,
 ) -> DecodeWorkspace:
     """Allocate a :class:`DecodeWorkspace` for plans with at most ``max_partials``
-    partial slots (``plan.num_partials``) and ``max_batch`` requests."""
+    partial slots (``plan.num_partials``) and ``max_batch`` requests of ``q_len`` query tokens each (its
+    per-request rows are ``q_len * num_qo_heads``: ``part_o`` ``[max_partials, q_len * H_q, D]``, ``lse``
+    ``[max_batch, q_len * H_q]``)."""
+    num_qo_heads *= check_q_len(q_len)
     dev = torch.device(device)
     return DecodeWorkspace(
         part_o=torch.empty((max(max_partials, 1), num_qo_heads, head_dim), dtype=torch.float32, device=dev),
@@ -744,23 +922,64 @@ def make_workspace(
 # ----------------------------------------------------------------------------
 
 
-def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate):
+def check_kv_dtype(name: str, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` naming ``name`` unless a KV cache of ``kv_dtype`` can be read with a q of ``q_dtype``:
+    q's own dtype, or ``torch.float8_e4m3fn`` with a float16 / bfloat16 q."""
+    if kv_dtype == q_dtype:
+        return
+    if kv_dtype == KV_FP8:
+        if q_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"{name}: a float8_e4m3fn KV cache needs a float16 or bfloat16 q, got q of {q_dtype}")
+        return
+    raise ValueError(f"{name}: expected dtype {q_dtype} (q's) or torch.float8_e4m3fn, got {kv_dtype}")
+
+
+def check_q_len(q_len: Any, name: str = "q_len") -> int:
+    """``q_len`` as an int, or ``ValueError`` naming ``name`` unless it is an integer in [1, :data:`MAX_Q_LEN`]."""
+    if isinstance(q_len, bool) or not isinstance(q_len, int) or not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"{name}: expected an integer in [1, {MAX_Q_LEN}] (query tokens per request), got {q_len!r}")
+    return q_len
+
+
+def _check_inputs(
+    q,
+    k_cache,
+    v_cache,
+    kv_indptr,
+    kv_indices,
+    kv_lens,
+    plan,
+    out,
+    workspace,
+    return_lse,
+    validate,
+    q_len=1,
+    k_scale=None,
+    v_scale=None,
+):
     q = check_tensor("q", q, ndim=3)
     dev = q.device
     check_kernel_device("q", dev)
     if q.dtype not in TORCH_DTYPES:
         raise ValueError(f"q: expected dtype float16, bfloat16 or float32, got {q.dtype}")
     check_interpreter_dtype("q", q.dtype)
+    q_len = check_q_len(q_len)
     k_cache = check_tensor("k_cache", k_cache, ndim=4, device=dev)
     v_cache = check_tensor("v_cache", v_cache, ndim=4, device=dev)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name}: expected dtype {q.dtype} (q's), got {t.dtype}")
+        check_kv_dtype(name, t.dtype, q.dtype)
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: the last (head_dim) dimension must be contiguous")
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache: expected dtype {k_cache.dtype} (k_cache's), got {v_cache.dtype}")
     if tuple(k_cache.shape) != tuple(v_cache.shape):
         raise ValueError(f"v_cache: expected shape {tuple(k_cache.shape)} (k_cache's), got {tuple(v_cache.shape)}")
-    B, H_q, D = q.shape
+    rows, H_q, D = q.shape
+    if rows % q_len:
+        raise ValueError(f"q: expected [B * q_len, H_q, D] with q_len={q_len}, got {rows} rows")
+    B = rows // q_len
+    if q_len > 1 and rows > 1 and q.stride(0) != H_q * q.stride(1):
+        raise ValueError("q: with q_len > 1 the first two dimensions must be contiguous ([B * q_len, H_q, D] rows)")
     num_pages, page_size, H_kv, Dk = k_cache.shape
     if Dk != D:
         raise ValueError(f"k_cache: expected head_dim {D} (q's), got {Dk}")
@@ -772,6 +991,7 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
         raise ValueError(f"q: GQA group H_q/H_kv={H_q // H_kv} above the supported 64")
     if q.stride(-1) != 1:
         raise ValueError("q: the last (head_dim) dimension must be contiguous")
+    check_kv_scales(k_scale, v_scale, H_kv, dev)
     for name, t, n in (("kv_indptr", kv_indptr, B + 1), ("kv_lens", kv_lens, B)):
         check_tensor(name, t, ndim=1, device=dev)
         if t.dtype != torch.int32:
@@ -798,25 +1018,30 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
         raise ValueError(f"plan: made for dtype {plan.dtype}, got q of dtype {TORCH_DTYPES[q.dtype]}")
     if out is not None:
         check_tensor("out", out, ndim=3, device=dev)
-        if tuple(out.shape) != (B, H_q, D) or out.dtype != q.dtype:
-            raise ValueError(f"out: expected shape {(B, H_q, D)} dtype {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+        if tuple(out.shape) != (rows, H_q, D) or out.dtype != q.dtype:
+            raise ValueError(
+                f"out: expected shape {(rows, H_q, D)} dtype {q.dtype}, got {tuple(out.shape)} {out.dtype}"
+            )
         if out.stride(-1) != 1:
             raise ValueError("out: the last dimension must be contiguous")
+        if q_len > 1 and rows > 1 and out.stride(0) != H_q * out.stride(1):
+            raise ValueError("out: with q_len > 1 the first two dimensions must be contiguous")
     if workspace is not None:
         if not isinstance(workspace, DecodeWorkspace):
             raise TypeError(f"workspace: expected a DecodeWorkspace, got {type(workspace).__name__}")
         # the kernels index these buffers as dense arrays: check every one (a caller may build its own)
         for name, t, dtype, tail in (
-            ("part_o", workspace.part_o, torch.float32, (H_q, D)),
-            ("part_lse", workspace.part_lse, torch.float32, (H_q,)),
-            ("lse", workspace.lse, torch.float32, (H_q,)),
+            ("part_o", workspace.part_o, torch.float32, (H_q * q_len, D)),
+            ("part_lse", workspace.part_lse, torch.float32, (H_q * q_len,)),
+            ("lse", workspace.lse, torch.float32, (H_q * q_len,)),
             ("counter", workspace.counter, torch.int32, ()),
         ):
             if not isinstance(t, torch.Tensor) or t.device != dev or t.dtype != dtype or not t.is_contiguous():
                 raise ValueError(f"workspace.{name}: expected a contiguous {dtype} tensor on {dev}")
             if tuple(t.shape[1:]) != tail or (name == "counter" and tuple(t.shape) != (1,)):
                 want = "(1,)" if name == "counter" else f"(n, {', '.join(map(str, tail))})"
-                raise ValueError(f"workspace.{name}: expected shape {want}, got {tuple(t.shape)}")
+                made = f" (make_workspace(..., q_len={q_len}))" if q_len > 1 else ""
+                raise ValueError(f"workspace.{name}: expected shape {want}{made}, got {tuple(t.shape)}")
         if workspace.part_lse.shape[0] != workspace.part_o.shape[0]:
             raise ValueError("workspace.part_lse: expected as many rows as workspace.part_o")
         if workspace.max_partials < plan.num_partials:
@@ -846,6 +1071,14 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
                     raise ValueError(f"kv_indices: page ids must be in [0, {num_pages}), got range [{lo}, {hi}]")
         if bool((lens < 0).any()):
             raise ValueError("kv_lens: negative kv_len")
+        short = lens < q_len
+        if q_len > 1 and bool(short.any()):
+            i = int(torch.nonzero(short)[0, 0])
+            raise ValueError(
+                f"kv_lens[{i}]: {int(lens[i])} tokens, fewer than q_len={q_len}: kv_lens count the q_len new "
+                "tokens, which are in the cache before attention"
+            )
+        check_kv_scale_values(k_scale, v_scale)
         cap = d * page_size
         over = lens > cap
         if bool(over.any()):
@@ -879,43 +1112,58 @@ def decode_attention(
     out: torch.Tensor | None = None,
     workspace: DecodeWorkspace | None = None,
     validate: bool = True,
+    q_len: int = 1,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """GQA decode attention (q_len = 1) over a paged NHD KV cache, launched from a plan.
+    """GQA decode attention (q_len 1 to 8 query tokens per request) over a paged NHD KV cache, launched from a plan.
 
     Parameters
     ----------
-    q : torch.Tensor ``[B, H_q, D]``
-        Queries, float16 / bfloat16 (float32 for CPU tests).
+    q : torch.Tensor ``[B * q_len, H_q, D]``
+        Queries, float16 / bfloat16 (float32 for CPU tests); request b's q_len tokens are rows
+        ``b * q_len .. b * q_len + q_len - 1`` (FlashInfer's ragged layout with ``qo_indptr = arange(B + 1) *
+        q_len``), the first two dimensions contiguous when ``q_len > 1``.
     k_cache, v_cache : torch.Tensor ``[num_pages, page_size, H_kv, D]``
-        Paged KV cache, q's dtype; H_q must be a multiple of H_kv.
+        Paged KV cache, q's dtype or ``torch.float8_e4m3fn`` (q float16 / bfloat16: read as fp8 bytes, no
+        dequantized copy); H_q must be a multiple of H_kv.
     kv_indptr : torch.Tensor int32 ``[B + 1]``
         Offsets of each request's page list in ``kv_indices``.
     kv_indices : torch.Tensor int32 ``[kv_indptr[-1]]``
         Page ids, in order, of every request.
     kv_lens : torch.Tensor int32 ``[B]``
-        Tokens of each request (uses its first ``ceil(kv_len / page_size)`` pages).
+        Tokens of each request (uses its first ``ceil(kv_len / page_size)`` pages), counting its q_len new
+        tokens (already written to the cache): token j of request b sees the KV positions
+        ``[0, kv_lens[b] - q_len + j]`` (causal within the new tokens). ``kv_lens >= q_len``.
     plan : Plan
         Made for exactly these kv_lens, H_kv, D, page_size and dtype. Its arrays
         are uploaded on first use and cached on the plan (``plan.to(device)``).
     sm_scale : float, optional
         Softmax scale, default ``1 / sqrt(D)``.
     return_lse : bool
-        Also return the LSE (fp32 ``[B, H_q]``, natural log; -inf for kv_len = 0).
-        With a workspace, the LSE is a view of ``workspace.lse``.
-    out : torch.Tensor ``[B, H_q, D]``, optional
+        Also return the LSE (fp32 ``[B * q_len, H_q]``, natural log of the scaled scores' sum of exponentials;
+        -inf for kv_len = 0). With a workspace, the LSE is a view of ``workspace.lse``.
+    out : torch.Tensor ``[B * q_len, H_q, D]``, optional
         Output buffer (q's dtype).
     workspace : DecodeWorkspace, optional
-        Preallocated buffers; with ``out`` and ``workspace`` given (and the plan
-        uploaded), a call allocates nothing and copies nothing between host and
+        Preallocated buffers (:func:`make_workspace` with this ``q_len``); with ``out`` and ``workspace`` given
+        (and the plan uploaded), a call allocates nothing and copies nothing between host and
         device, so it can be captured in a CUDA graph.
     validate : bool
         Run the checks that read device data (a host sync); ``False`` for the
         serving hot path (shape, dtype and plan-shape checks still run).
+    q_len : int
+        Query tokens per request, 1 to :data:`MAX_Q_LEN` (speculative-decoding verify steps), the same for
+        every request. The plan (its KV ranges) does not depend on it.
+    k_scale, v_scale : float or torch.Tensor, optional
+        Dequantization scales of the cache, as FlashInfer's ``run`` takes them: a float (per tensor) or
+        float32 tensors ``[H_kv]`` (per KV head, both): ``scores = (q . k) * k_scale * sm_scale``,
+        ``o = (p . v) * v_scale`` (:func:`check_kv_scales`). Default 1.
 
     Returns
     -------
     torch.Tensor or (torch.Tensor, torch.Tensor)
-        ``o`` ``[B, H_q, D]``, and ``lse`` ``[B, H_q]`` if ``return_lse``.
+        ``o`` ``[B * q_len, H_q, D]``, and ``lse`` ``[B * q_len, H_q]`` if ``return_lse``.
 
     Raises
     ------
@@ -923,13 +1171,26 @@ def decode_attention(
         On bad inputs, naming the argument, before any launch.
     """
     B, H_q, D, H_kv, page_size = _check_inputs(
-        q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate
+        q,
+        k_cache,
+        v_cache,
+        kv_indptr,
+        kv_indices,
+        kv_lens,
+        plan,
+        out,
+        workspace,
+        return_lse,
+        validate,
+        q_len,
+        k_scale,
+        v_scale,
     )
     dev = q.device
     if out is None:
-        out = torch.empty((B, H_q, q.shape[2]), dtype=q.dtype, device=dev)
+        out = torch.empty(tuple(q.shape), dtype=q.dtype, device=dev)
     if workspace is None:
-        workspace = make_workspace(H_q, D, max_partials=plan.num_partials, max_batch=B, device=dev)
+        workspace = make_workspace(H_q, D, max_partials=plan.num_partials, max_batch=B, device=dev, q_len=q_len)
     return launch_decode(
         q,
         k_cache,
@@ -943,6 +1204,10 @@ def decode_attention(
         **plan.launch_sizes(),
         sm_scale=sm_scale,
         return_lse=return_lse,
+        q_len=q_len,
+        kv_lens=kv_lens,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
 
 
@@ -1003,6 +1268,7 @@ def launch_rule(
     pdl_available: bool,
     sync_ok: bool,
     compiled: bool,
+    q_len: int = 1,
 ) -> LaunchRule:
     """The launch parameters of a plan: a pure function of the plan's shape and sizes and of the machine, the
     rule measured on the H200 (docs/decisions/overlapped-merge.md, docs/decisions/register-cap-residency.md).
@@ -1028,13 +1294,15 @@ def launch_rule(
         The workspace holds the overlapped merge's counters for this batch.
     compiled : bool
         The kernel is compiled (not Triton's interpreter): register caps apply.
+    q_len : int
+        Query tokens per request (``num_qo_heads`` then counts the rows ``q_len * H_q`` of the merge).
 
     Returns
     -------
     LaunchRule
         - ``maxnreg``: :func:`kvsplit.kernels.residency.register_cap` (the cap that keeps the residency the
-          planner counts for every GQA group; measured on one KV head per tile, so none with ``heads_per_tile``
-          above 1 or under the interpreter).
+          planner counts for every GQA group; measured on one KV head and one query token per tile, so none with
+          ``heads_per_tile`` or ``q_len`` above 1 or under the interpreter).
         - ``merge_dsplit``: 4 when the host knows the sizes, at most 1024 (merged request, query head) pairs are
           merged, ``max_splits`` exceeds the splits one full-D program folds at once (``4096 / D``) and D is a
           multiple of 64; else 1. The merge is latency-bound when few programs each fold many splits: a quarter
@@ -1052,7 +1320,7 @@ def launch_rule(
     heads = int(getattr(config, "heads_per_tile", 1))
     maxnreg = (
         None
-        if not compiled or heads != 1
+        if not compiled or heads != 1 or q_len != 1
         else register_cap(D, G, config.block_n, config.num_warps, config.num_stages, bool(config.prefetch), dtype_bytes)
     )
     if not merges:
@@ -1092,6 +1360,10 @@ def launch_decode(
     max_merge: int | None = None,
     sm_scale: float | None = None,
     return_lse: bool = False,
+    q_len: int = 1,
+    kv_lens: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no allocation; the only checks are the
     ones a plan cannot make, before any launch: ``config.heads_per_tile`` against H_q, the persistent schedule of
@@ -1117,10 +1389,38 @@ def launch_decode(
     ``ValueError``). The register cap, the merge's grid and warps and the overlapped merge are
     :func:`launch_rule`'s pick for the plan's sizes and the machine; the overlapped merge needs a workspace from
     :func:`make_workspace` (one without ``sync`` counters, or with too few, runs the merge after stage 1).
+
+    ``q_len``: query tokens per request (1 to :data:`MAX_Q_LEN`, the same for every request): ``q`` and ``out``
+    are ``[B * q_len, H_q, D]`` (request b's tokens at rows ``b * q_len .. b * q_len + q_len - 1``, contiguous in
+    their first two dimensions), the LSE ``[B * q_len, H_q]``, the workspace made with ``q_len``
+    (:func:`make_workspace`), and ``kv_lens`` (int32 ``[B]`` on q's device, which the plan was made for) is
+    required when ``q_len > 1``: token j sees the KV positions ``[0, kv_len - q_len + j]`` (causal within the
+    request's q_len new tokens, already in the cache). A work tile holds ``G * heads_per_tile * q_len`` query
+    rows, at most :data:`MAX_TILE_ROWS` (else ``ValueError``). ``k_cache``/``v_cache`` may be
+    ``torch.float8_e4m3fn`` (q float16 / bfloat16): the kernel reads the fp8 bytes and widens them to q's dtype
+    per tile; ``k_scale``/``v_scale`` (:func:`check_kv_scales`: a float, or fp32 ``[H_kv]`` tensors, both of
+    one kind) multiply the scores (before the softmax, so the LSE is the scaled scores') and the output.
     """
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
     G = H_q // H_kv
+    out_in = out
+    scale_mode, qk_mult, v_float = check_kv_scales(k_scale, v_scale, H_kv, q.device)
+    if check_q_len(q_len) != 1:
+        if not isinstance(kv_lens, torch.Tensor) or kv_lens.dtype != torch.int32 or kv_lens.device != q.device:
+            raise ValueError(f"kv_lens: required with q_len={q_len}, as an int32 tensor [B] on {q.device}")
+        # q and out [B * q_len, H_q, D] viewed as [B, q_len * H_q, D] (token j of query head x at "head" j * H_q + x):
+        # the rows that every index below counts (LSE, partials, merge programs, arrival counters)
+        if B % q_len:
+            raise ValueError(f"q: expected [B * q_len, H_q, D] rows, got {B} rows for q_len={q_len}")
+        B, H_q = B // q_len, H_q * q_len
+        q, out = q.view(B, H_q, D), out.view(B, H_q, D)
+    rows = G * int(getattr(config, "heads_per_tile", 1)) * q_len
+    if rows > MAX_TILE_ROWS:
+        raise ValueError(
+            f"q_len: {q_len} tokens x GQA group G={G} x heads_per_tile={rows // (G * q_len)} are {rows} query rows "
+            f"of one work tile, above the {MAX_TILE_ROWS} supported: use a smaller q_len or heads_per_tile"
+        )
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     lse = workspace.lse[:B] if return_lse else workspace.lse
@@ -1128,7 +1428,7 @@ def launch_decode(
     cfg = config
     heads = int(getattr(cfg, "heads_per_tile", 1))
     if heads != 1:
-        check_heads_per_tile(heads, H_q, H_kv)
+        check_heads_per_tile(heads, G * H_kv, H_kv)
     persistent = cfg.schedule == "persistent"
     if device_counts:
         if not persistent:
@@ -1142,7 +1442,7 @@ def launch_decode(
     else:
         grid = (num_tiles,)
     counts_arg = counts if device_counts else workspace.counter
-    block_h = max(16, triton.next_power_of_2(G * heads))
+    block_h = max(16, triton.next_power_of_2(G * heads * q_len))
     prefetch = bool(getattr(cfg, "prefetch", False))
     next_item = bool(getattr(cfg, "next_item", False))
     if next_item and not prefetch:
@@ -1172,6 +1472,7 @@ def launch_decode(
         pdl_available=_pdl_available(q.device),
         sync_ok=sync_ok,
         compiled=not _INTERPRETED,
+        q_len=q_len,
     )
     maxnreg, merge_dsplit, merge_warps, merge_overlap = (
         rule.maxnreg,
@@ -1202,7 +1503,7 @@ def launch_decode(
         arrays["cta_indptr"],
         workspace.counter,
         counts_arg,
-        sm_scale * _LOG2E,
+        sm_scale * _LOG2E * qk_mult,
         page_size,
         num_tiles,
         q.stride(0),
@@ -1233,6 +1534,13 @@ def launch_decode(
         MERGE_DS=merge_dsplit if merge_overlap else 1,
         PDL=pdl and not pdl_last,
         PDL_LAST=pdl_last,
+        KV_LENS=kv_lens if q_len != 1 else None,
+        K_SCALE=k_scale if scale_mode == 2 else None,
+        V_SCALE=v_scale if scale_mode == 2 else None,
+        v_scale=v_float if scale_mode == 1 else None,
+        Q_LEN=q_len,
+        KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
+        SCALE=scale_mode,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
@@ -1262,6 +1570,10 @@ def launch_decode(
             num_warps=merge_warps,
             **({"launch_pdl": True} if pdl else {}),
         )
+    if q_len != 1:
+        out = out_in
+        if return_lse:
+            lse = lse.reshape(B * q_len, H_q // q_len)
     if return_lse:
         return out, lse
     return out

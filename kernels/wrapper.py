@@ -81,11 +81,15 @@ import torch
 from . import fastplan
 from .buckets import bucket_key
 from .decode import (
+    KV_DTYPES,
+    MAX_TILE_ROWS,
     TORCH_DTYPES,
     DecodeWorkspace,
     check_heads_per_tile,
     check_interpreter_dtype,
     check_kernel_device,
+    check_kv_dtype,
+    check_q_len,
     launch_decode,
     make_workspace,
 )
@@ -194,7 +198,19 @@ class DecodeWrapper:
         The caller's own workspace (:func:`kvsplit.kernels.decode.make_workspace`), as FlashInfer's wrappers take
         a float workspace buffer: used as it is, never reallocated (a plan that needs more partial slots or
         requests than it holds raises ``ValueError`` naming ``workspace``). Default: the wrapper allocates one
-        (graph mode: for ``max_work_items`` partials; eager mode: grown as plans need).
+        (graph mode: for ``max_work_items`` partials; eager mode: grown as plans need). Made with this
+        ``q_len`` (``make_workspace(..., q_len=q_len)``).
+    q_len : int
+        Query tokens per request, 1 (decode, default) to 8 (speculative-decoding verify steps: 1 + draft
+        tokens), the same for every request of every step: ``run()`` takes q ``[B * q_len, H_q, D]``, token j
+        of request b at row ``b * q_len + j`` seeing the KV positions ``[0, kv_len - q_len + j]`` (kv_lens
+        count the new tokens, written to the cache before attention; ``kv_lens >= q_len``, checked by eager
+        ``plan()`` and from ``kv_lens_host`` in graph mode). The work list does not depend on it. A work tile
+        holds ``G * heads_per_tile * q_len`` query rows, at most 64 (else ``ValueError`` naming ``q_len``).
+    kv_dtype : str or torch.dtype, optional
+        The KV cache's dtype: ``dtype`` or ``"float8_e4m3fn"`` / ``torch.float8_e4m3fn`` (with a float16 or
+        bfloat16 ``dtype``; ``run()`` then takes ``k_scale``/``v_scale``). Default (None): taken from the cache
+        at each ``run()`` (``dtype`` or fp8).
     """
 
     def __init__(
@@ -215,6 +231,8 @@ class DecodeWrapper:
         gpu: DeviceSpec | str | None = None,
         sm_scale: float | None = None,
         workspace: DecodeWorkspace | None = None,
+        q_len: int = 1,
+        kv_dtype: str | torch.dtype | None = None,
     ) -> None:
         for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -241,6 +259,20 @@ class DecodeWrapper:
             raise ValueError(f"graph: expected a GraphOptions, got {type(graph).__name__}")
         if workspace is not None and not isinstance(workspace, DecodeWorkspace):
             raise ValueError(f"workspace: expected a DecodeWorkspace (make_workspace), got {type(workspace).__name__}")
+        self.q_len = check_q_len(q_len)
+        if workspace is not None and tuple(workspace.part_o.shape[1:]) != (q_len * num_qo_heads, head_dim):
+            raise ValueError(
+                f"workspace: made for rows {tuple(workspace.part_o.shape[1:])}, expected "
+                f"{(q_len * num_qo_heads, head_dim)} (make_workspace(num_qo_heads, head_dim, ..., q_len={q_len}))"
+            )
+        if kv_dtype is not None:
+            by_name = {v: k for k, v in KV_DTYPES.items()}
+            kv = by_name.get(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
+            if kv not in KV_DTYPES:
+                raise ValueError(f"kv_dtype: expected one of {sorted(by_name)} or None, got {kv_dtype!r}")
+            check_kv_dtype("kv_dtype", kv, _NAMES[dtype])
+            kv_dtype = kv
+        self.kv_dtype: torch.dtype | None = kv_dtype
         self.graph_options = graph
         max_work_items, planner, repick_every, num_programs = (
             graph.max_work_items,
@@ -312,6 +344,14 @@ class DecodeWrapper:
         self._knobs.update(schedule="persistent", num_programs=int(num_programs))
         heads = self.params.get("heads_per_tile", base.heads_per_tile)
         check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile")
+        if heads * (num_qo_heads // num_kv_heads) * q_len > MAX_TILE_ROWS and "heads_per_tile" not in self.params:
+            heads = 1  # the graph default packs two KV heads per tile: one, when q_len's rows would not fit
+        rows = heads * (num_qo_heads // num_kv_heads) * q_len
+        if rows > MAX_TILE_ROWS:
+            raise ValueError(
+                f"q_len: {q_len} tokens x GQA group {num_qo_heads // num_kv_heads} x heads_per_tile {heads} are "
+                f"{rows} query rows of one work tile, above the {MAX_TILE_ROWS} supported"
+            )
         self._knobs["heads_per_tile"] = heads
         cfg = self._knobs
         self.graph_residency = resident_ctas_per_sm(
@@ -337,7 +377,12 @@ class DecodeWrapper:
         self.bufs = alloc_device_plan(max_batch_size, self.max_work_items, self.device)
         if workspace is None:
             self.workspace = make_workspace(
-                num_qo_heads, head_dim, max_partials=self.max_work_items, max_batch=max_batch_size, device=self.device
+                num_qo_heads,
+                head_dim,
+                max_partials=self.max_work_items,
+                max_batch=max_batch_size,
+                device=self.device,
+                q_len=q_len,
             )
         elif workspace.max_partials < self.max_work_items or workspace.max_batch < max_batch_size:
             raise ValueError(
@@ -497,6 +542,12 @@ class DecodeWrapper:
             copied back: the one wait of an eager plan given the host copies); host copies of the wrong length.
         """
         B = self._check_index(kv_indptr, kv_indices, kv_lens)
+        self._kv_lens = kv_lens
+        if self.q_len > 1 and kv_lens_host is not None:
+            lh = np.asarray(kv_lens_host)
+            if lh.size and int(lh.min()) < self.q_len:
+                i = int(np.argmin(lh))
+                raise ValueError(f"kv_lens_host[{i}]: {int(lh[i])} tokens, fewer than q_len={self.q_len}")
         if not self.use_cuda_graph:
             self._plan_eager(kv_indptr, kv_indices, kv_lens, B, kv_lens_host, kv_indptr_host)
             self._indptr, self._indices = kv_indptr, kv_indices
@@ -568,6 +619,11 @@ class DecodeWrapper:
         if (lens < 0).any():
             i = int(np.flatnonzero(lens < 0)[0])
             raise ValueError(f"kv_lens{sfx}[{i}]: negative kv_len {int(lens[i])}")
+        if self.q_len > 1 and (lens < self.q_len).any():
+            i = int(np.flatnonzero(lens < self.q_len)[0])
+            raise ValueError(
+                f"kv_lens{sfx}[{i}]: {int(lens[i])} tokens, fewer than q_len={self.q_len} (kv_lens count the new tokens)"
+            )
         over = lens > d * self.page_size
         if over.any():
             i = int(np.flatnonzero(over)[0])
@@ -612,6 +668,7 @@ class DecodeWrapper:
                 max_partials=grow,
                 max_batch=max(B, self.max_batch_size),
                 device=self.device,
+                q_len=self.q_len,
             )
         self._plan, self._arrays, self._max_page, self._B = p, arrays, hi, B
 
@@ -705,37 +762,52 @@ class DecodeWrapper:
         *,
         out: torch.Tensor | None = None,
         return_lse: bool = False,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Decode attention of one layer for the planned step.
 
         Parameters
         ----------
-        q : torch.Tensor ``[B, H_q, D]``, the wrapper's dtype
+        q : torch.Tensor ``[B * q_len, H_q, D]``, the wrapper's dtype (first two dimensions contiguous)
         k_cache, v_cache : torch.Tensor ``[num_pages, page_size, H_kv, D]``
-        out : torch.Tensor ``[B, H_q, D]``, optional
+            The wrapper's ``kv_dtype`` (default: its ``dtype`` or ``torch.float8_e4m3fn``).
+        out : torch.Tensor ``[B * q_len, H_q, D]``, optional
             Output buffer (pass it under CUDA-graph capture).
         return_lse : bool
-            Also return the LSE (fp32 ``[B, H_q]``, natural log; a view of the
+            Also return the LSE (fp32 ``[B * q_len, H_q]``, natural log; a view of the
             wrapper's workspace, overwritten by the next call).
+        k_scale, v_scale : float or torch.Tensor, optional
+            The cache's dequantization scales, as FlashInfer's ``run`` takes them: floats (per tensor) or
+            float32 tensors ``[H_kv]`` on the device (per KV head; read by the kernel, so a captured graph
+            replays with their current values; their values are the caller's contract, as page ids are)
+            (:func:`kvsplit.kernels.decode.check_kv_scales`). Default 1.
         """
         if self._B < 0:
             raise ValueError("plan: call plan() before run()")
         B = self._B
         want = _NAMES[self.dtype]
-        for name, t, shape in (
-            ("q", q, (B, self.num_qo_heads, self.head_dim)),
-            ("k_cache", k_cache, None),
-            ("v_cache", v_cache, None),
+        rows = B * self.q_len
+        kv_want = self.kv_dtype
+        if kv_want is None and isinstance(k_cache, torch.Tensor) and k_cache.dtype in KV_DTYPES:
+            kv_want = k_cache.dtype
+            check_kv_dtype("k_cache", kv_want, want)
+        for name, t, shape, dt in (
+            ("q", q, (rows, self.num_qo_heads, self.head_dim), want),
+            ("k_cache", k_cache, None, kv_want or want),
+            ("v_cache", v_cache, None, kv_want or want),
         ):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-            if t.dtype != want or t.device != self.device or t.stride(-1) != 1:
+            if t.dtype != dt or t.device != self.device or t.stride(-1) != 1:
                 raise ValueError(
-                    f"{name}: expected {want} on {self.device} with a contiguous last dimension, "
+                    f"{name}: expected {dt} on {self.device} with a contiguous last dimension, "
                     f"got {t.dtype} on {t.device}"
                 )
             if shape is not None and tuple(t.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+        if self.q_len > 1 and rows > 1 and q.stride(0) != self.num_qo_heads * q.stride(1):
+            raise ValueError("q: with q_len > 1 the first two dimensions must be contiguous ([B * q_len, H_q, D] rows)")
         cshape = (self.page_size, self.num_kv_heads, self.head_dim)
         if k_cache.dim() != 4 or tuple(k_cache.shape[1:]) != cshape or tuple(v_cache.shape) != tuple(k_cache.shape):
             raise ValueError(
@@ -753,6 +825,9 @@ class DecodeWrapper:
                 f"out: expected shape {tuple(q.shape)} {q.dtype} on {q.device}, got "
                 f"{tuple(out.shape)} {out.dtype} on {out.device}"
             )
+        elif self.q_len > 1 and rows > 1 and out.stride(0) != self.num_qo_heads * out.stride(1):
+            raise ValueError("out: with q_len > 1 the first two dimensions must be contiguous")
+        scale_kw = dict(q_len=self.q_len, kv_lens=self._kv_lens, k_scale=k_scale, v_scale=v_scale)
         if not self.use_cuda_graph:
             p = self._plan
             return launch_decode(
@@ -768,6 +843,7 @@ class DecodeWrapper:
                 **p.launch_sizes(),
                 sm_scale=self.sm_scale,
                 return_lse=return_lse,
+                **scale_kw,
             )
         return launch_decode(
             q,
@@ -783,4 +859,5 @@ class DecodeWrapper:
             max_merge=self.max_batch_size,
             sm_scale=self.sm_scale,
             return_lse=return_lse,
+            **scale_kw,
         )
