@@ -238,8 +238,9 @@ class PolicyTable:
                 _field(p, "head_dim", int, where),
                 _field(p, "dtype", str, where),
                 _field(p, "page_size", int, where),
-                _field(p, "kv_dtype", str, where) if p.get("kv_dtype") is not None else None,
-                _field(p, "q_len", int, where) if "q_len" in p else 1,
+                # optional: the key string carries them (a store's rows keep only the key); given, they must agree
+                _field(p, "kv_dtype", str, where) if p.get("kv_dtype") is not None else key.family[5],
+                _field(p, "q_len", int, where) if "q_len" in p else key.q_len,
             )
             shape = key.family
             if shape_family(*declared) != shape:

@@ -35,6 +35,7 @@ from .limits import (
     HEADS_PER_TILE_CHOICES,
     MAX_NUM_PROGRAMS,
     MAX_PACK_TOKENS,
+    MAX_TILE_ROWS,
     NUM_STAGES_CHOICES,
     NUM_WARPS_CHOICES,
     ORDERS,
@@ -478,11 +479,12 @@ def fit_heads_per_tile(
     num_qo_heads, num_kv_heads : int
         H_q and H_kv (H_q a multiple of H_kv).
     q_len : int
-        Query tokens per request: each KV head's rows are ``G * q_len`` (a policy tuned at q_len 1 with two heads
-        per tile is served at q_len 2 with one; the table never serves across q_len families, but the fallback
-        and explicit params pass here too).
+        Query tokens per request: a tile of ``h`` heads holds ``h * G * q_len`` rows, at most
+        :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS` (64; the kernel's limit), so e.g. G = 16 at q_len 8 takes one
+        head per tile.
     """
-    G = max(1, num_qo_heads // max(1, num_kv_heads)) * max(1, int(q_len))
+    G = max(1, num_qo_heads // max(1, num_kv_heads))
+    most = max(1, MAX_TILE_ROWS // (G * max(1, int(q_len))))  # heads whose G * q_len rows fit one tile
     out = params
     for name in ("heads_per_tile", "whole_wave_heads"):
         h = params.get(name, 1)
@@ -492,10 +494,10 @@ def fit_heads_per_tile(
             fit = max(
                 c
                 for c in HEADS_PER_TILE_CHOICES
-                if c == 1 or (c <= h and num_kv_heads % c == 0 and c * G <= TILE_QUERY_ROWS)
+                if c == 1 or (c <= h and num_kv_heads % c == 0 and c * G <= TILE_QUERY_ROWS and c <= most)
             )
         else:  # a bound: the whole-wave rule skips the tiles whose heads do not divide H_kv itself
-            fit = max(1, min(int(h), TILE_QUERY_ROWS // G))
+            fit = max(1, min(int(h), TILE_QUERY_ROWS // G, most))
         if fit != h:
             out = {**out, name: fit}
     return out
@@ -517,7 +519,7 @@ def whole_wave_tiles(
             check_config(cfg, ctx.head_dim, ctx.dtype, ctx.kv_dtype)
         except ValueError:
             continue
-        if ctx.q_len > 1 and cfg.heads_per_tile > 1 and tile_rows(ctx, cfg.heads_per_tile) > TILE_QUERY_ROWS:
+        if ctx.q_len > 1 and cfg.heads_per_tile > 1 and tile_rows(ctx, cfg.heads_per_tile) > MAX_TILE_ROWS:
             continue
         out.append(cfg)
     return out
@@ -735,11 +737,11 @@ def _knobs(
         raise ValueError(
             f"params.heads_per_tile: expected a divisor of num_kv_heads={ctx.num_kv_heads}, got {cfg.heads_per_tile}"
         )
-    if ctx.q_len > 1 and cfg.heads_per_tile > 1 and tile_rows(ctx, cfg.heads_per_tile) > TILE_QUERY_ROWS:
+    if ctx.q_len > 1 and cfg.heads_per_tile > 1 and tile_rows(ctx, cfg.heads_per_tile) > MAX_TILE_ROWS:
         raise ValueError(
             f"params.heads_per_tile: {cfg.heads_per_tile} KV heads x GQA group {ctx.group_size or MEASURED_GROUP} x "
-            f"q_len {ctx.q_len} = {tile_rows(ctx, cfg.heads_per_tile)} query rows; several heads share one work tile "
-            f"only within {TILE_QUERY_ROWS} rows (use heads_per_tile=1)"
+            f"q_len {ctx.q_len} = {tile_rows(ctx, cfg.heads_per_tile)} query rows, above the {MAX_TILE_ROWS} of one "
+            "work tile (use fewer heads per tile)"
         )
     return cfg, order, pack
 
