@@ -32,6 +32,14 @@ SCHEDULES = ("grid", "persistent")
 ORDERS = ("natural", "heavy_first")
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}
 """q (and output) dtypes -> bytes per element; the KV cache has the same dtype unless :data:`KV_DTYPES` says otherwise."""
+DTYPE_ALIASES: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+    "fp32": "float32",
+    "f32": "float32",
+}
+"""Accepted dtype aliases -> torch's names."""
 KV_DTYPES = {"float8_e4m3fn": 1}
 """KV cache dtypes other than q's -> bytes per element (issue 37: FP8 K/V with per-tensor scales, as FlashInfer's
 ``kv_data_type=torch.float8_e4m3fn``); only with a 16-bit q (:func:`check_kv_dtype`)."""
@@ -287,7 +295,7 @@ def kv_elt_bytes(dtype: str, kv_dtype: str | None) -> int:
 def check_kv_dtype(kv_dtype: Any, dtype: str) -> str:
     """The KV cache dtype of a shape whose q dtype is ``dtype`` (already checked): ``dtype`` itself for None or
     ``dtype``, or one of :data:`KV_DTYPES` with a 16-bit ``dtype``. Raises ValueError naming ``kv_dtype``."""
-    if kv_dtype is None or kv_dtype == dtype:
+    if kv_dtype is None or kv_dtype == dtype or (isinstance(kv_dtype, str) and DTYPE_ALIASES.get(kv_dtype) == dtype):
         return dtype
     if isinstance(kv_dtype, str):
         kd = {v: k for k, v in KV_DTYPE_SHORT.items()}.get(kv_dtype, kv_dtype)

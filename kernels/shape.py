@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceSpec, resolve_device
-from .limits import DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, check_int, check_kv_dtype, check_q_len
+from .limits import DTYPE_ALIASES, DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, check_int, check_kv_dtype, check_q_len
 from .rulespec import PlanContext
 
 __all__ = ["Shape", "canonical_dtype", "DTYPE_ALIASES", "MAX_HEADS", "MAX_QO_HEADS", "shape_family", "gpu_slug"]
@@ -33,15 +33,6 @@ MAX_HEADS = 1024
 """Largest H_kv accepted."""
 MAX_QO_HEADS = MAX_HEADS * 64
 """Largest H_q accepted (GQA groups up to 64 per KV head)."""
-
-DTYPE_ALIASES: dict[str, str] = {
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "f16": "float16",
-    "fp32": "float32",
-    "f32": "float32",
-}
-"""Accepted dtype aliases -> torch's names."""
 
 
 def canonical_dtype(dtype: Any) -> str:
