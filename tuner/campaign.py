@@ -101,6 +101,9 @@ SIM_PRUNE_RATIO = 1.5
 """A pool candidate predicted slower than this multiple of the best prediction on a batch is not timed (the pool
 holds plans whose worst training batch was within 1.36x of its best)."""
 WHOLE_WAVE_VARIANTS = ({"whole_wave": WHOLE_WAVE_EPS}, {"whole_wave": WHOLE_WAVE_EPS, "whole_wave_heads": 2})
+SIM_WINDOW = 4
+"""Studies in flight at once in a one-process search on the simulator backend (the GPU backend keeps twice its
+compile helpers in flight, :func:`kvsplit.tuner.precompile.default_compile_workers`)."""
 EXIT_PAUSED = 75
 """Exit status of a campaign that stopped at ``--max-minutes`` with work left (EX_TEMPFAIL: run it again)."""
 
@@ -743,41 +746,135 @@ class _Campaign:
         todo = [k for k in keys if k not in searched]
         if self.cfg.workers > 1:
             return self._search_parallel(todo, searched)
-        from .search import tune_task
+        return self._search_interleaved(todo, searched)
 
-        for key in todo:
+    def _search_interleaved(self, todo: list[str], searched: list[str]) -> bool:
+        """One process: the buckets' studies interleaved (:func:`kvsplit.tuner.worker.run_interleaved`), each
+        study sequential as if alone; on the GPU backend, the trials' Triton kernels compiled ahead by helper
+        processes (:class:`kvsplit.tuner.precompile.KernelCompiler`) while the GPU times other trials. The GPU
+        time charged is the phase's wall time (compile waits included), charged after every trial."""
+        from .search import Stop, _open_study, _record, _result, _start, exclusive_storage
+        from .study import study_name
+        from .worker import WorkerJob, run_interleaved
+
+        if not todo:
+            return True
+        if self.out_of_slice():
+            return False
+        alloc = dict(self.state.get("alloc"))
+        gpu = self.cfg.backend == "gpu"
+        stop = self.stop or Stop()
+        rest = self._rest_estimate()
+        runs: dict[str, tuple[Any, Any]] = {}
+        count: dict[str, int] = {}
+        last = [time.time()]
+        over_budget = [False]
+
+        def job_of(key: str) -> WorkerJob:
+            task = self.by_key[key]
+            return WorkerJob(
+                task=task,
+                storage=self.spec,
+                study=study_name(task, self.cfg.backend),
+                n_trials=int(alloc[key]),
+                backend=self.cfg.backend,
+                seed=self.cfg.seed,
+            )
+
+        def prepare(job: WorkerJob) -> None:
+            # the campaign's warm starts first, then the study's own (baselines), as tune_task opened it
+            self._prepared_study(job.task.key)
+            run = _start(job.task, self._tune_config(job.n_trials), self.backend)
+            study = _open_study(run)
+            runs[job.task.key] = (run, study)
+            count[job.task.key] = _finished(study)
+
+        def charge(n_timings: int) -> None:
+            now = time.time()
+            if gpu or n_timings:
+                self.charge(n_timings, now - last[0])
+            last[0] = now
+
+        def may_ask() -> bool:
             if self.out_of_slice():
                 return False
-            task, n = self.by_key[key], int(alloc[key])
-            study = self._prepared_study(key)
-            timeout = None
-            if self.cfg.backend == "gpu":
-                # measured time: the allocation was an estimate, so the budget left bounds each study too
-                room = self.budget_s - self.spent - self._rest_estimate()
-                timeout = max(room, 1.0)
-            before = _measured_trials(study)
-            t0 = time.time()
-            self.bar.bucket(task.source, n, _finished(study))
-            res = tune_task(
-                task,
-                dataclasses.replace(self._tune_config(n), timeout=timeout),
-                stop=self.stop,
-                backend=self.backend,
-                on_trial=lambda k, src=task.source, n=n: self.bar.bucket(src, n, k),
-            )
-            self.charge((_measured_trials(study) - before) * len(task.train), time.time() - t0)
-            if res.status != "finished":
-                self.result.status = "interrupted"
+            if gpu and self.spent + (time.time() - last[0]) + rest >= self.budget_s:
+                over_budget[0] = True  # the allocation was an estimate: the budget left bounds the search
                 return False
-            if res.n_finished < n:
-                if timeout is None or self.out_of_slice():
-                    self.result.status = "paused" if self.result.status == "finished" else self.result.status
-                    return False
-                alloc = dict(alloc, **{key: res.n_finished})  # out of budget: the bucket keeps what it ran
-                self.state.set("alloc", alloc)
-            searched.append(key)
+            return True
+
+        def on_trial(job: WorkerJob, measured: bool) -> None:
+            charge(len(job.task.train) if measured else 0)
+            count[job.task.key] += 1
+            self.bar.bucket(job.task.source, job.n_trials, count[job.task.key])
+
+        def on_done(job: WorkerJob) -> None:
+            run, study = runs.pop(job.task.key)
+            _record(run, _result(run, study, stop))
+            searched.append(job.task.key)
             self.state.set("searched", searched)
             self.bar.step()
+
+        compiler = None
+        if gpu:
+            from .precompile import KernelCompiler
+
+            compiler = KernelCompiler()
+        window = 2 * compiler.workers if compiler is not None else SIM_WINDOW
+        status = None
+        try:
+            with exclusive_storage(self.spec):
+                run_interleaved(
+                    [job_of(k) for k in todo],
+                    backend=self.backend,
+                    stop=stop,
+                    window=window,
+                    prepare=prepare,
+                    compile_ahead=compiler.submit_job if compiler is not None else None,
+                    may_ask=may_ask,
+                    on_trial=on_trial,
+                    on_done=on_done,
+                )
+        except BaseException as exc:
+            status = ("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            charge(0)
+            if compiler is not None:
+                compiler.close()
+            for run, study in runs.values():  # studies left unfinished by the slice, the budget, a stop or an error
+                res = _result(run, study, stop)
+                if status is not None:
+                    res.status, res.message = status[0], status[1][:2000]
+                _record(run, res)
+        if stop.is_set():
+            self.result.status = "interrupted"
+            return False
+        left = [k for k in todo if k not in searched]
+        if not left:
+            return True
+        if not over_budget[0]:  # the slice ended (--max-minutes): the next one resumes the studies
+            if self.result.status == "finished":
+                self.result.status = "paused"
+            return False
+        # out of budget: each bucket keeps the trials it has (the warm starts at least), none is searched further
+        from .study import _load_study, open_storage
+
+        for key in left:
+            if key not in runs:
+                self._prepared_study(key)
+            study = _load_study(
+                self.spec,
+                study_name(self.by_key[key], self.cfg.backend),
+                self.cfg.seed,
+                1,
+                storage=open_storage(self.spec),
+            )
+            alloc[key] = _finished(study)
+            searched.append(key)
+        self.state.set("alloc", alloc)
+        self.state.set("searched", searched)
+        self.bar.set(len(searched))
         return True
 
     def _search_parallel(self, todo: list[str], searched: list[str]) -> bool:

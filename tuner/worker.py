@@ -129,8 +129,9 @@ def _same_params(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return dict(a) == dict(b)
 
 
-def _evaluate(study, trial, job: WorkerJob, backend: TimingBackend, stop: Stop):
-    """Return ("complete", value) or ("pruned", None) for one asked trial."""
+def _prepare(study, trial, job: WorkerJob, stop: Stop):
+    """Suggest ``trial``'s parameters; return ("complete", value) or ("pruned", None) when the study already
+    measured the same parameter set (its result is reused), else ("measure", params)."""
     from optuna.trial import TrialState
 
     params = suggest_params(trial)
@@ -160,6 +161,12 @@ def _evaluate(study, trial, job: WorkerJob, backend: TimingBackend, stop: Stop):
             break
         time.sleep(0.1)
         waited += 0.1
+    return "measure", params
+
+
+def _measure(trial, job: WorkerJob, params: Mapping[str, Any], backend: TimingBackend):
+    """Time ``params`` on the training batches: ("complete", geomean seconds) or ("pruned", None) when
+    ``make_plan`` refuses the set (the reason is kept as the trial's ``infeasible`` attribute)."""
     try:
         value, ratio = objective_value(job.task, params, backend)
     except ValueError as exc:
@@ -172,6 +179,14 @@ def _evaluate(study, trial, job: WorkerJob, backend: TimingBackend, stop: Stop):
     return "complete", value
 
 
+def _evaluate(study, trial, job: WorkerJob, backend: TimingBackend, stop: Stop):
+    """Return ("complete", value) or ("pruned", None) for one asked trial."""
+    state, got = _prepare(study, trial, job, stop)
+    if state != "measure":
+        return state, got
+    return _measure(trial, job, got, backend)
+
+
 def _make_job_backend(job: WorkerJob) -> TimingBackend:
     return backend_for_task(
         job.task,
@@ -180,6 +195,72 @@ def _make_job_backend(job: WorkerJob) -> TimingBackend:
         read_bandwidth_gbps=job.read_bandwidth_gbps,
         gpu_index=job.index,
     )
+
+
+def _open_job_study(job: WorkerJob):
+    return _load_study(
+        job.storage, job.study, job.seed * 1009 + job.index, job.n_trials, storage=open_storage(job.storage)
+    )
+
+
+def _next_trial(study, job: WorkerJob, rng: random.Random):
+    """Ask the study for its next trial under the exact-count rules (module doc of :mod:`kvsplit.tuner.search`,
+    step 4) and claim it for this process. Returns the trial; ``"done"`` when ``job.n_trials`` trials are finished;
+    None when the caller should ask again (other workers' trials fill the study, or a surplus trial was handed
+    back)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    n = job.n_trials
+    _fail_stale(study)
+    c = study_counts(study)
+    finished = c["COMPLETE"] + c["PRUNED"]
+    if finished >= n:
+        return "done"
+    if finished + c["RUNNING"] >= n:
+        time.sleep(0.1 + 0.2 * rng.random())
+        return None
+    # the sampler's random state follows from the seed and the number of finished trials, so a study resumed
+    # after a crash (kill -9) suggests what an uninterrupted one would have (one worker; TPE is deterministic
+    # given its seed and the finished trials)
+    study.sampler = _sampler(job.seed * 1009 + job.index + 7919 * finished, n)
+    trial = study.ask()
+    # admission: at most n trials may be finished or running, whatever the interleaving
+    others = sum(
+        1
+        for t in study.get_trials(deepcopy=False)
+        if t.number != trial.number and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    )
+    if others >= n:
+        frozen = frozen_trial(study, trial)
+        fixed = frozen.system_attrs.get("fixed_params")
+        carried = {k: v for k, v in frozen.system_attrs.items() if not k.startswith("kvsplit:")}
+        trial.set_user_attr(_ATTR_SURPLUS, True)
+        study.tell(trial, state=TrialState.FAIL)
+        if fixed is not None:
+            study.enqueue_trial(dict(fixed))
+        elif frozen.params and "failed_trial" in carried:
+            study.add_trial(
+                optuna.create_trial(
+                    state=TrialState.WAITING,
+                    params=frozen.params,
+                    distributions=frozen.distributions,
+                    system_attrs=carried,
+                )
+            )
+        time.sleep(0.05 + 0.3 * rng.random())
+        return None
+    claim_trial(study, trial)
+    return trial
+
+
+def _tell(study, trial, state: str, value: float | None) -> None:
+    from optuna.trial import TrialState
+
+    if state == "pruned":
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
 
 
 def run_worker(
@@ -194,60 +275,23 @@ def run_worker(
     Stops early on ``stop`` (after the current trial) or at ``job.deadline``
     (wall-clock seconds). Returns the number of trials this worker finished.
     """
-    import optuna
     from optuna.trial import TrialState
 
     stop = stop or Stop()
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     backend = backend or _make_job_backend(job)
-    storage = open_storage(job.storage)
-    study = _load_study(job.storage, job.study, job.seed * 1009 + job.index, job.n_trials, storage=storage)
+    study = _open_job_study(job)
     rng = random.Random(job.seed * 7919 + job.index + os.getpid())
     mine = 0
     consecutive_failures = 0
-    n = job.n_trials
     while not stop.is_set():
         if job.deadline is not None and time.time() >= job.deadline:
             break
-        _fail_stale(study)
-        c = study_counts(study)
-        finished = c["COMPLETE"] + c["PRUNED"]
-        if finished >= n:
+        trial = _next_trial(study, job, rng)
+        if trial == "done":
             break
-        if finished + c["RUNNING"] >= n:
-            time.sleep(0.1 + 0.2 * rng.random())
+        if trial is None:
             continue
-        # the sampler's random state follows from the seed and the number of finished trials, so a study resumed
-        # after a crash (kill -9) suggests what an uninterrupted one would have (one worker; TPE is deterministic
-        # given its seed and the finished trials)
-        study.sampler = _sampler(job.seed * 1009 + job.index + 7919 * finished, n)
-        trial = study.ask()
-        # admission: at most n trials may be finished or running, whatever the interleaving
-        others = sum(
-            1
-            for t in study.get_trials(deepcopy=False)
-            if t.number != trial.number and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-        )
-        if others >= n:
-            frozen = frozen_trial(study, trial)
-            fixed = frozen.system_attrs.get("fixed_params")
-            carried = {k: v for k, v in frozen.system_attrs.items() if not k.startswith("kvsplit:")}
-            trial.set_user_attr(_ATTR_SURPLUS, True)
-            study.tell(trial, state=TrialState.FAIL)
-            if fixed is not None:
-                study.enqueue_trial(dict(fixed))
-            elif frozen.params and "failed_trial" in carried:
-                study.add_trial(
-                    optuna.create_trial(
-                        state=TrialState.WAITING,
-                        params=frozen.params,
-                        distributions=frozen.distributions,
-                        system_attrs=carried,
-                    )
-                )
-            time.sleep(0.05 + 0.3 * rng.random())
-            continue
-        claim_trial(study, trial)
         try:
             with trial_heartbeat(study, trial):
                 state, value = _evaluate(study, trial, job, backend, stop)
@@ -260,14 +304,128 @@ def run_worker(
                 raise
             continue
         consecutive_failures = 0
-        if state == "pruned":
-            study.tell(trial, state=TrialState.PRUNED)
-        else:
-            study.tell(trial, value)
+        _tell(study, trial, state, value)
         mine += 1
         if on_trial is not None:
             on_trial()
     return mine
+
+
+@dataclass
+class _InFlight:
+    """A trial of :func:`run_interleaved` asked and waiting for its kernels (then the GPU)."""
+
+    job: WorkerJob
+    study: Any
+    trial: Any
+    params: dict[str, Any]
+    ready: Any  # a Future (kernels compiling in a helper process) or None
+    heartbeat: Any
+
+
+def run_interleaved(
+    jobs: Sequence[WorkerJob],
+    *,
+    backend: TimingBackend,
+    stop: Stop | None = None,
+    window: int = 1,
+    prepare: Callable[[WorkerJob], None] | None = None,
+    compile_ahead: Callable[[WorkerJob, Mapping[str, Any]], Any] | None = None,
+    may_ask: Callable[[], bool] | None = None,
+    on_trial: Callable[[WorkerJob, bool], None] | None = None,
+    on_done: Callable[[WorkerJob], None] | None = None,
+) -> list[WorkerJob]:
+    """Run the studies of ``jobs`` in this process, up to ``window`` of them at once, one trial of each in flight.
+
+    Each study runs as :func:`run_worker` runs it alone: it asks its next trial only after its previous one is
+    told, with the sampler seeded by its finished count, so its trials do not depend on ``window`` or on the
+    other studies. What the interleaving buys: while one trial is timed, ``compile_ahead(job, params)`` (a
+    :class:`concurrent.futures.Future`, or None) prepares the others (their Triton kernels compiled in helper
+    processes, :class:`kvsplit.tuner.precompile.KernelCompiler`); a trial is timed once its future is done,
+    the oldest first when none is. Timing stays sequential on the one ``backend``.
+
+    ``prepare(job)`` runs before a study is opened (warm starts, bookkeeping rows).
+    ``may_ask()`` False (budget or slice over) or ``stop`` set: no new trial is asked and the trials in flight
+    are finished. ``on_trial(job, measured)`` after each told trial (``measured``: the backend timed it);
+    ``on_done(job)`` once a study has ``job.n_trials`` finished trials. Returns the jobs whose study is done.
+    Raises the third consecutive exception of a timing (each failed trial is marked FAIL first).
+    """
+    from optuna.trial import TrialState
+
+    stop = stop or Stop()
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    queue = list(jobs)
+    open_: list[tuple[WorkerJob, Any, random.Random]] = []
+    busy: set[str] = set()
+    flight: list[_InFlight] = []
+    done: list[WorkerJob] = []
+    failures = 0
+
+    def asking() -> bool:
+        return not stop.is_set() and (may_ask is None or may_ask())
+
+    def tell(item: _InFlight, state: str, value: float | None, measured: bool) -> None:
+        _tell(item.study, item.trial, state, value)
+        item.heartbeat.__exit__(None, None, None)
+        busy.discard(item.job.study)
+        if on_trial is not None:
+            on_trial(item.job, measured)
+
+    while True:
+        while asking() and queue and len(open_) < max(1, window):
+            job = queue.pop(0)
+            if prepare is not None:
+                prepare(job)
+            open_.append((job, _open_job_study(job), random.Random(job.seed * 7919 + job.index + os.getpid())))
+        for entry in list(open_):
+            job, study, rng = entry
+            while job.study not in busy and asking():
+                trial = _next_trial(study, job, rng)
+                if trial == "done":
+                    open_.remove(entry)
+                    done.append(job)
+                    if on_done is not None:
+                        on_done(job)
+                    break
+                if trial is None:
+                    continue
+                hb = trial_heartbeat(study, trial)
+                hb.__enter__()
+                busy.add(job.study)
+                item = _InFlight(job, study, trial, {}, None, hb)
+                state, got = _prepare(study, trial, job, stop)
+                if state != "measure":  # the study measured these parameters before
+                    tell(item, state, got, False)
+                    continue
+                item.params = got
+                item.ready = compile_ahead(job, got) if compile_ahead is not None else None
+                flight.append(item)
+        if not flight:
+            if not asking() or (not open_ and not queue):
+                break
+            continue
+        item = next((f for f in flight if f.ready is None or f.ready.done()), flight[0])
+        flight.remove(item)
+        try:
+            if item.ready is not None:
+                with contextlib.suppress(Exception):  # a helper's failure: the timing below compiles in-process
+                    item.ready.result()
+            state, value = _measure(item.trial, item.job, item.params, backend)
+        except Exception as exc:
+            item.trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
+            with contextlib.suppress(Exception):
+                item.study.tell(item.trial, state=TrialState.FAIL)
+            item.heartbeat.__exit__(None, None, None)
+            busy.discard(item.job.study)
+            failures += 1
+            if failures >= 3:
+                for f in flight:  # hand the others back: a resumed run asks them again (dead-trial rule)
+                    f.heartbeat.__exit__(None, None, None)
+                raise
+            continue
+        failures = 0
+        tell(item, state, value, state == "complete")
+    return done
 
 
 def _worker_entry(job: WorkerJob) -> None:  # pragma: no cover - runs in a spawned process
