@@ -42,7 +42,10 @@ request's last page or in pages it does not own never reaches the output.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +59,7 @@ from .reference import check_tensor, reference_decode_attention  # noqa: F401  (
 from .residency import register_cap
 
 __all__ = [
+    "compile_only",
     "decode_attention",
     "launch_decode",
     "launch_rule",
@@ -1252,6 +1256,34 @@ class LaunchRule:
     def poll_ns(self) -> int:
         """The merge's back-off between polls of its counter (ns; 0: none, the merge runs after stage 1)."""
         return MERGE_POLL_NS if self.pdl else 0
+
+
+class _CompileOnly:
+    """Stands for a Triton kernel: ``kernel[grid](*args, **kw)`` compiles (``JITFunction.warmup``), launches nothing."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: Any):
+        return functools.partial(self.kernel.warmup, grid=grid)
+
+
+@contextlib.contextmanager
+def compile_only(pdl: bool) -> Iterator[None]:
+    """Within the block, :func:`launch_decode` compiles its kernels (Triton's ``JITFunction.warmup``: the
+    specialization and on-disk cache key of a real launch on the same dtypes, strides and alignment) without
+    launching them, and decides programmatic dependent launch as on a device where ``pdl`` is available (its
+    tensors may be on the CPU). For the tuner's compile-ahead helpers (:mod:`kvsplit.tuner.precompile`). Not
+    thread-safe: for a process of its own."""
+    global _decode_stage1_kernel, _decode_merge_kernel, _pdl_available
+    saved = (_decode_stage1_kernel, _decode_merge_kernel, _pdl_available)
+    _decode_stage1_kernel = _CompileOnly(saved[0])
+    _decode_merge_kernel = _CompileOnly(saved[1])
+    _pdl_available = lambda device: pdl  # noqa: E731
+    try:
+        yield
+    finally:
+        _decode_stage1_kernel, _decode_merge_kernel, _pdl_available = saved
 
 
 def launch_rule(
