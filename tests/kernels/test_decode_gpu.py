@@ -28,6 +28,7 @@ KNOBS = (
 
 
 def _rel_err(o, ref):
+    ref = ref.to(o.device)
     return float((o.float() - ref.float()).abs().max() / ref.float().abs().max())
 
 
@@ -198,7 +199,7 @@ def test_round2_policies(policy, params, dtype):
 @pytest.mark.parametrize(
     "policy, params",
     [
-        (None, None),  # the graph default: graph_default_config's packed look-ahead tile, stream_k at its residency
+        ("auto", None),  # the graph default: graph_default_config's packed look-ahead tile, stream_k at its residency
         ("stream_k", {}),
         ("tuned", {"wave_aware": False}),
         ("balanced", {}),
@@ -721,7 +722,7 @@ def test_q_len_bf16(q_len, policy, params):
 
 
 @pytest.mark.parametrize("kv_fp8", [False, True])
-@pytest.mark.parametrize("policy, params", [(None, None), ("balanced", {})])
+@pytest.mark.parametrize("policy, params", [("auto", None), ("balanced", {})])
 def test_wrapper_q_len4_graph_and_eager_over_growing_lens(kv_fp8, policy, params):
     """DecodeWrapper(q_len=4) in CUDA-graph mode (one capture replayed for 4 steps while kv_lens grow; the device
     planner for the default rule, the host planner for balanced) and in eager mode, bf16 or fp8 cache with
