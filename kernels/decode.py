@@ -1,6 +1,6 @@
 """Split-KV GQA decode attention over a paged KV cache (Triton), and its fp32 reference.
 
-Layout (FlashInfer's NHD convention, DESIGN.md §3):
+Layout (FlashInfer's NHD convention, docs/concepts/design.md §3):
 
 - ``q``: ``[B, H_q, D]``; ``k_cache``, ``v_cache``: ``[num_pages, page_size, H_kv, D]``;
 - ``kv_indptr`` int32 ``[B+1]``, ``kv_indices`` int32 ``[kv_indptr[-1]]`` (page ids of
@@ -52,7 +52,7 @@ import triton.language as tl
 
 from .limits import TILE_QUERY_ROWS
 from .plan import Plan
-from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
+from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, docs/concepts/design.md §3)
 from .residency import register_cap
 
 __all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]

@@ -1,5 +1,5 @@
 """Device-side planning: the work list of a rule computed by a Triton kernel from
-kv_lens on the GPU, into preallocated buffers (DESIGN.md §3 "Engine hot path").
+kv_lens on the GPU, into preallocated buffers (docs/concepts/design.md §3 "Engine hot path").
 
 The rules were written as prefix sums plus per-item arithmetic, so one program
 computes them with ``tl.cumsum`` (blocks of requests and of work items, with the

@@ -6,7 +6,7 @@ H_q, H_kv, head_dim, dtype and page_size. :meth:`Shape.of` checks every field
 once (H_q a multiple of H_kv, head_dim in 64/128/256, page_size 1..256, dtype
 one of torch's names or an accepted alias) and resolves the GPU; code that
 receives a ``Shape`` uses its fields as they are. :attr:`Shape.family` is the
-part of a bucket key that must match exactly (DESIGN.md §5).
+part of a bucket key that must match exactly (docs/concepts/design.md §5).
 
 dtype aliases: ``"bf16"``, ``"fp16"``/``"f16"``, ``"fp32"``/``"f32"`` (the
 short names of bucket keys) mean ``"bfloat16"``, ``"float16"``, ``"float32"``.

@@ -220,7 +220,7 @@ class Plan:
 
     # -- JSON form -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Canonical JSON form: plain lists and numbers (DESIGN.md §3)."""
+        """Canonical JSON form: plain lists and numbers (docs/concepts/design.md §3)."""
         return {
             "kv_lens": self.kv_lens.tolist(),
             "num_splits": self.num_splits.tolist(),

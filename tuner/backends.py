@@ -4,7 +4,7 @@ Both answer the same three questions about a plan of one shape:
 
 - ``time_plan(plan) -> float``: kernel time in seconds;
 - ``hbm_floor_s(kv_lens) -> float``: ``sum(kv_len) * H_kv * D * 2 * dtype_bytes /
-  read bandwidth`` in seconds (DESIGN.md §1);
+  read bandwidth`` in seconds (docs/concepts/design.md §1);
 - ``software() -> dict`` and ``device_info() -> dict``: what is stored with
   every measurement.
 

@@ -6,7 +6,7 @@ dead trials: every Optuna internal), :mod:`.worker` (the worker loop); this
 module runs them for a bucket (:func:`tune_task`, one named function per step
 below) and re-exports their public names.
 
-Flow of :func:`tune_task` (one bucket; DESIGN.md §2 offline path):
+Flow of :func:`tune_task` (one bucket; docs/concepts/design.md §2 offline path):
 
 1. :func:`_start`: store rows: device, bucket (its training and held-out
    batches are stored with it the first time; a later task drawing other

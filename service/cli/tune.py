@@ -3,7 +3,7 @@
 One of three workload selections:
 
 - ``--family F --batch-size B [--total-tokens T]``: the bucket of that
-  synthetic batch (jittered training / held-out draws, DESIGN.md §6);
+  synthetic batch (jittered training / held-out draws, docs/concepts/design.md §6);
 - ``--trace NAME``: the buckets of a shipped trace (continuous-batching
   replay of Azure code/conv and Mooncake, i.i.d. draws of ShareGPT/arXiv) at
   ``--batch-size`` (default 16, 64 and 256), with ``--rate-scale``,
