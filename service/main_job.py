@@ -104,8 +104,7 @@ def _import_shipped(url: str) -> None:
             roles = {m["role"] for m in meas}  # the shipped set: the training batch of each bucket
             what = "training " if roles == {"train"} else "held-out " if roles == {"heldout"} else ""
             said.append(
-                f"imported {len(ids)} shipped H200 policies (GPU-tuned) "
-                f"and their {len(meas)} {what}measurements"
+                f"imported {len(ids)} shipped H200 policies (GPU-tuned) and their {len(meas)} {what}measurements"
             )
         cal = _data("h200_calibration.json")
         if store.latest_calibration(s, gpu=cal["gpu"]) is None:
