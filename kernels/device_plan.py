@@ -90,10 +90,12 @@ class DevicePlanBuffers:
 
     @property
     def max_items(self) -> int:
+        """Capacity in work items (``work_request.shape[0]``): the most items a plan written here may have."""
         return int(self.work_request.shape[0])
 
     @property
     def max_batch(self) -> int:
+        """Capacity in requests (``merge_request.shape[0]``): the largest batch a plan written here may have."""
         return int(self.merge_request.shape[0])
 
     def arrays(self) -> dict[str, torch.Tensor]:

@@ -569,10 +569,12 @@ class RuleSpec:
 
     @property
     def gpu(self) -> str:
+        """The name of the GPU the spec plans for (``device.name``), as a Plan's ``gpu`` holds it."""
         return self.device.name
 
     @property
     def context(self) -> PlanContext:
+        """What the spec plans for besides the lengths: device, H_kv, head_dim, page size and dtype."""
         return PlanContext(self.device, self.num_kv_heads, self.head_dim, self.page_size, self.dtype)
 
     def whole_request(self, cfg: KernelConfig) -> RuleSpec:

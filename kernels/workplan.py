@@ -118,10 +118,12 @@ class Plan:
     # -- sizes ---------------------------------------------------------------
     @property
     def batch_size(self) -> int:
+        """Requests in the batch, ``B = len(kv_lens)``."""
         return int(self.kv_lens.shape[0])
 
     @property
     def num_work_items(self) -> int:
+        """Work items over all requests, ``W = num_splits.sum() = len(work_request)``; each runs once per tile of KV heads."""
         return int(self.work_request.shape[0])
 
     @property

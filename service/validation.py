@@ -78,6 +78,7 @@ class RequestValidationFailed(Exception):
         self.status_code = status_code
 
     def body(self) -> bytes:
+        """The 422 response body, ``{"detail": errors}`` as JSON bytes."""
         return orjson.dumps({"detail": self.errors})
 
 

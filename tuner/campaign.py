@@ -204,6 +204,8 @@ class CampaignConfig:
 
     @property
     def shape(self) -> dict[str, Any]:
+        """The campaign's shape as a dict: ``gpu``, ``num_qo_heads``, ``num_kv_heads``, ``head_dim``, ``dtype``,
+        ``page_size`` (part of the campaign's identity)."""
         return dict(
             gpu=self.gpu,
             num_qo_heads=self.num_qo_heads,
@@ -286,6 +288,7 @@ class CampaignResult:
     lines: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-able dict of its fields (what ``kvsplit tune --campaign --json`` prints)."""
         return dataclasses.asdict(self)
 
 

@@ -339,5 +339,8 @@ class GpuTimer:
         return best
 
     def ratio_to_floor(self, plan: Plan, seconds: float) -> float:
+        """``seconds`` over the HBM floor of ``plan``'s batch (:meth:`hbm_floor_s`): 1.0 is the read floor; ``inf`` for
+        an empty batch (floor 0).
+        """
         floor = self.hbm_floor_s(plan.kv_lens)
         return seconds / floor if floor > 0 else math.inf

@@ -191,6 +191,7 @@ class TuneResult:
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-able dict of its fields (what ``kvsplit tune --json`` prints per bucket)."""
         return asdict(self)
 
 

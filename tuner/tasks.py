@@ -51,10 +51,12 @@ class TuneTask:
 
     @property
     def max_tokens(self) -> int:
+        """The largest ``sum(kv_len)`` over the training and held-out batches, in tokens (sizes a GPU timer's cache)."""
         return max(sum(b) for b in self.train + self.heldout)
 
     @property
     def max_batch(self) -> int:
+        """The largest batch size B over the training and held-out batches."""
         return max(len(b) for b in self.train + self.heldout)
 
 
