@@ -127,7 +127,10 @@ def tune_cmd(
     progress: Annotated[
         bool,
         typer.Option(
-            "--progress/--no-progress", metavar="", help="tqdm progress bar (drawn only when stderr is a terminal)"
+            "--progress/--no-progress",
+            metavar="",
+            help="progress bars when stderr is a terminal, else plain lines on stderr (one per bucket; "
+            "with --campaign, one per step and every 10 s)",
         ),
     ] = True,
     json_out: Annotated[bool, typer.Option("--json", metavar="", help="print the results as JSON")] = False,
@@ -222,7 +225,7 @@ def tune_cmd(
             num_train=num_train_given,
             num_heldout=num_heldout_given,
             publish=publish,
-            progress=progress and sys.stderr.isatty(),
+            progress=progress,  # bars on a terminal, plain lines in a log (kvsplit.tuner.campaign)
             json_out=json_out,
         )
         return
@@ -321,11 +324,14 @@ def tune_cmd(
     stop = search.Stop().install()
     results = []
     try:
-        for t in tasks:
+        lines = progress and not sys.stderr.isatty()  # a log gets a line per bucket instead of the bar
+        for i, t in enumerate(tasks, 1):
             if stop.is_set():
                 break
             try:
                 results.append(search.tune_task(t, cfg, stop=stop))
+                if lines:
+                    typer.echo(f"[{i}/{len(tasks)}] {_result_line(results[-1])}", err=True)
             except (ValueError, RuntimeError) as exc:
                 fail(f"{t.source}: {exc}", code=1)
             except Exception as exc:
