@@ -62,7 +62,7 @@ _LN2 = 0.6931471805599453
 
 # head-dim chunks per (request, query head) that the overlapped merge supports (merge_dsplit <= this)
 MERGE_SYNC_CHUNKS = 4
-# how launch_decode(merge_overlap=True) launches (for A/B benchmarks, bench/merge_ab.py): "pdl" (else the merge
+# how launch_decode(merge_overlap=True) launches (A/B options; docs/decisions/overlapped-merge.md): "pdl" (else the merge
 # runs after stage 1), "trigger" ("start": every stage-1 CTA triggers the merge grid at its start; "last_item": at
 # the start of its tile's last item), "poll_ns" (the merge's back-off between polls, ns; 0: none)
 # "poll" ("acquire": every poll an acquire read; "relaxed": volatile polls, then one acquire read)
@@ -1045,7 +1045,7 @@ def launch_decode(
     ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
     reading (ns) when its program starts the tile, the SM it runs on, and the reading after each of its first
     K work items issued its output stores; the slots of items the tile does not have are left as they are.
-    ``None`` (default) compiles the kernel without any of it. ``bench/timeline.py`` reads it.
+    ``None`` (default) compiles the kernel without any of it. tests/kernels/test_decode_gpu.py reads one back.
     """
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape

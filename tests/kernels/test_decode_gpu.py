@@ -484,7 +484,7 @@ def test_next_item(dtype, policy, params):
     assert torch.equal(_graph_replayed(case, plans[0]), outs[0])  # the next_item plan
 
 
-# ----------------------------------------------------------------------------- the stage-1 timeline (bench/timeline.py)
+# ----------------------------------------------------------------------------- the stage-1 timeline (launch_decode(timeline=...))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """DecodeWrapper decode loops on the CPU interpreter (fp16) against the fp32 reference.
 
-Shuffled pages, NaN in every unused slot (tests/paged_case.py), kv_lens growing
+Shuffled pages, NaN in every unused slot (tests/kernels/paged_case.py), kv_lens growing
 across steps; eager mode, graph mode with the device planner and with the host
 planner (the graph itself needs CUDA; the same buffers and launches run here).
 """
