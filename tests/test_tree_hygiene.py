@@ -5,6 +5,7 @@
   record in docs/decisions/.
 - Every relative link of README.md and docs/**/*.md reaches a file of the tree, and its ``#anchor`` a heading of
   that file.
+- Every file of the tree a doc, docstring or comment names (``bench/peers.py``, ``tests/data/x.jsonl``) exists.
 - Nothing reaches into another folder through ``sys.path.insert``.
 - bench/ and scripts/ hold at most 25 tracked files.
 - Every public name a module of kvsplit.kernels / tuner / db / service exports (its ``__all__``), and every
@@ -155,6 +156,27 @@ def broken_links(texts: dict[str, str], exists=lambda rel: (ROOT / rel).exists()
     return bad
 
 
+_TREE_PATH = re.compile(
+    r"(?<![\w/.-])((?:bench|scripts|docs|tests|kernels|tuner|service|db)/[\w./-]*\w"
+    r"\.(?:py|md|json|jsonl|sh|log|csv|png|lua|toml|html|css|js))(?![\w-]|\.\w)"
+)
+NAMED_SCOPE = (".md", ".py", ".toml", ".html", ".sh", ".yaml", ".yml")
+NAMED_EXEMPT = ("docs/decisions/", "CHANGELOG.md")  # history: they name what was there then
+
+
+def missing_named_files(texts: dict[str, str], exists=lambda rel: (ROOT / rel).exists()) -> list[str]:
+    """``path: named`` for each file of the tree a doc or source names (from the root, or from the naming file's
+    folder) that does not exist."""
+    bad = []
+    for path, text in texts.items():
+        if not path.endswith(NAMED_SCOPE) or path.startswith(NAMED_EXEMPT) or path == SELF:
+            continue
+        for named in sorted(set(_TREE_PATH.findall(text))):
+            if not exists(named) and not exists((Path(path).parent / named).as_posix()):
+                bad.append(f"{path}: {named}")
+    return bad
+
+
 def sys_path_inserts(texts: dict[str, str]) -> list[str]:
     """``path:line`` of each ``sys.path.insert`` in the tree (this file's own pattern aside)."""
     return [
@@ -182,6 +204,11 @@ def test_no_history_citations(texts):
 def test_relative_markdown_links_resolve(texts):
     bad = broken_links(texts)
     assert not bad, "broken links:\n" + "\n".join(bad)
+
+
+def test_files_named_in_docs_and_code_exist(texts):
+    bad = missing_named_files(texts)
+    assert not bad, "name a file that is in the tree, or state the fact instead:\n" + "\n".join(bad)
 
 
 def test_no_sys_path_insert(texts):
@@ -225,6 +252,9 @@ def test_each_check_fails_on_a_planted_violation(texts):
     # links inside code are code, not links
     assert not broken_links({"README.md": "`[x](nope.md)`\n\n```md\n[y](nope.md)\n```\n"})
     assert sys_path_inserts(planted) == ["bench/planted.py:2"]
+    named = {"kernels/planted.py": "# timed by bench/kernel_a.py, as bench/peers.py does; tests/data/x.jsonl.gz\n"}
+    assert missing_named_files(named) == ["kernels/planted.py: bench/kernel_a.py"]
+    assert not missing_named_files({"docs/decisions/x.md": named["kernels/planted.py"]})
 
 
 # ----------------------------------------------------------------------------- public docstrings
