@@ -7,7 +7,7 @@
     KVSPLIT_NUMBA=0 .venv/bin/python bench/bench_planner.py --hot   # the same rules run as plain Python
     .venv/bin/python -m pytest bench/bench_planner.py --benchmark-only   # pytest-benchmark
 
-Targets (DESIGN.md): make_plan for B=256 in tens of microseconds and
+Targets (docs/decisions/compiled-planner.md): make_plan for B=256 in tens of microseconds and
 for B=4096 under a millisecond; bucket_key likewise; simulator predict in a few
 ms for thousands of tiles.
 

@@ -288,11 +288,11 @@ def main(argv=None) -> int:
     # the wrapper's graph default (limits.graph_default_config's tile, stream_k at its residency) planned
     # on the device and the same rule on the host (the device planner's graph must run as fast), and the earlier
     # default tile (128, 4, 2) under stream_k's own default (2 CTAs per SM), as this bench ran it before
-    r16 = {"block_n": 128, "num_warps": 4, "num_stages": 2}
+    eager_tile = {"block_n": 128, "num_warps": 4, "num_stages": 2}
     for name, planner, policy, params in (
         ("kvsplit device plan (default)", "device", "auto", None),
         ("kvsplit host plan (default rule)", "host", "auto", None),
-        ("kvsplit device plan (stream_k, r16 tile)", "device", "stream_k", r16),
+        ("kvsplit device plan (stream_k, (128, 4, 2) tile)", "device", "stream_k", eager_tile),
     ):
         plan, attn, w = kvsplit_backend(m, args, device, planner, policy, params)
         if dev_wrapper is None and planner == "device":

@@ -22,7 +22,7 @@ Cases (``--cases``, :func:`load_cases`): the evaluation or training batches of
    ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True, backend="fa2")`` when
    importable (else recorded as missing, never faked).
 
-Timing (DESIGN.md §7, ``kvsplit.tuner.gpu.GpuTimer.time_plan``): each plan is captured in a
+Timing (docs/concepts/design.md §7, ``kvsplit.tuner.gpu.GpuTimer.time_plan``): each plan is captured in a
 CUDA graph on the hot path (``out``, a preallocated workspace, ``validate=False``, plan
 uploaded) and its replays are timed with ``triton.testing.do_bench`` (median). The KV cache is random bf16 on shuffled
 pages, several GB (far above the 60 MB L2). Every record is one JSON line in
@@ -113,7 +113,7 @@ def named(name: str) -> tuple[str, tuple[str, dict]]:
     return name, got
 
 
-# the tuning candidates (--mode train): the phase-2 pool of docs/data/h200_r2/sweep1.log that never lost more
+# the tuning candidates (--mode train): the phase-2 pool of the first H200 evaluation sweep that never lost more
 # than 25 % (stream_k), stream_k's item-cost / minimum-piece variants, and the wave-aware balanced rule
 TRAIN_CANDIDATES = [
     ("stream_k", 3, (128, 4, 2), None),

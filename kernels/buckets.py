@@ -1,4 +1,4 @@
-"""Bucket keys: which tuned policy a decode batch should use (DESIGN.md §5).
+"""Bucket keys: which tuned policy a decode batch should use (docs/concepts/design.md §5).
 
 A bucket is the *family* ``(gpu, H_kv, head_dim, dtype, page_size, kv_dtype, q_len)`` plus a
 signature of the batch's length distribution:
@@ -288,7 +288,7 @@ def bucket_key(
     kv_dtype: str | None = None,
     q_len: int = 1,
 ) -> BucketKey:
-    """The bucket of one decode batch (DESIGN.md §5; module docstring for bins and weights).
+    """The bucket of one decode batch (docs/concepts/design.md §5; module docstring for bins and weights).
 
     Parameters
     ----------

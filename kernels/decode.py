@@ -1,6 +1,6 @@
 """Split-KV GQA decode attention over a paged KV cache (Triton), and its fp32 reference.
 
-Layout (FlashInfer's NHD convention, DESIGN.md §3):
+Layout (FlashInfer's NHD convention, docs/concepts/design.md §3):
 
 - ``q``: ``[B, H_q, D]``; ``k_cache``, ``v_cache``: ``[num_pages, page_size, H_kv, D]``;
 - ``kv_indptr`` int32 ``[B+1]``, ``kv_indices`` int32 ``[kv_indptr[-1]]`` (page ids of
@@ -55,7 +55,7 @@ import triton.language as tl
 
 from .limits import TILE_QUERY_ROWS
 from .plan import Plan
-from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
+from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, docs/concepts/design.md §3)
 from .residency import register_cap
 
 __all__ = [
@@ -890,10 +890,14 @@ class DecodeWorkspace:
 
     @property
     def max_partials(self) -> int:
+        """Capacity in partial outputs (``part_o.shape[0]``): the most split work items a plan run on this
+        workspace may have."""
         return int(self.part_o.shape[0])
 
     @property
     def max_batch(self) -> int:
+        """Capacity in requests (``lse.shape[0]``; with q_len > 1 each row holds the request's ``q_len * H_q``
+        query rows): the largest batch a plan run on this workspace may have."""
         return int(self.lse.shape[0])
 
 

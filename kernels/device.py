@@ -161,12 +161,22 @@ class DeviceSpec:
         return dataclasses.replace(base, name=props.name, **reported)
 
     def to_dict(self) -> dict:
+        """The spec as a JSON-able dict: every field, ``compute_capability`` as a list ``[major, minor]``."""
         d = dataclasses.asdict(self)
         d["compute_capability"] = list(self.compute_capability)
         return d
 
     @staticmethod
     def from_dict(d: dict) -> DeviceSpec:
+        """The inverse of :meth:`to_dict` (a list ``compute_capability`` becomes a tuple).
+
+        Raises
+        ------
+        ValueError
+            ``d`` has a key that is not a field of :class:`DeviceSpec`.
+        TypeError
+            A required field is missing.
+        """
         d = dict(d)
         if "compute_capability" in d and isinstance(d["compute_capability"], list):
             d["compute_capability"] = tuple(d["compute_capability"])

@@ -1,5 +1,5 @@
 """Device-side planning: the work list of a rule computed by a Triton kernel from
-kv_lens on the GPU, into preallocated buffers (DESIGN.md §3 "Engine hot path").
+kv_lens on the GPU, into preallocated buffers (docs/concepts/design.md §3 "Engine hot path").
 
 The rules were written as prefix sums plus per-item arithmetic, so one program
 computes them with ``tl.cumsum`` (blocks of requests and of work items, with the
@@ -90,10 +90,12 @@ class DevicePlanBuffers:
 
     @property
     def max_items(self) -> int:
+        """Capacity in work items (``work_request.shape[0]``): the most items a plan written here may have."""
         return int(self.work_request.shape[0])
 
     @property
     def max_batch(self) -> int:
+        """Capacity in requests (``merge_request.shape[0]``): the largest batch a plan written here may have."""
         return int(self.merge_request.shape[0])
 
     def arrays(self) -> dict[str, torch.Tensor]:

@@ -255,7 +255,7 @@ def _pack(start, end, pack, out):
     An item of fewer than ``pack_tokens`` tokens shares its CTA with its short
     neighbours in launch order until their running token count crosses a
     multiple of ``pack_tokens``; longer items get a CTA each. ``pack_tokens=0``
-    gives one item per CTA. (The lever of DESIGN.md §7: thousands of tiny tiles
+    gives one item per CTA. (The lever of docs/concepts/design.md §7: thousands of tiny tiles
     each pay a fixed per-CTA cost.)
     """
     W = start.shape[0]
@@ -430,7 +430,7 @@ def _flashinfer_splits(L, page_size, H, tensor_cores, max_grid):
     max_pages]`` with ``sum_b cdiv(max(pages_b, 1), c) <= max_grid / H_kv``; split-KV is on iff ``c <
     max_pages`` (tensor cores) or iff that makes more chunks than requests (CUDA cores, and only when ``B * H_kv
     < max_grid``). With split-KV on ``num_splits[b] = cdiv(max(pages_b, 1), c)``, else 1. Restates
-    ``scheduler.cuh::PrefillPlanImpl`` and ``BatchDecodeWithPagedKVCacheWorkEstimationDispatched`` (docs/policies.md
+    ``scheduler.cuh::PrefillPlanImpl`` and ``BatchDecodeWithPagedKVCacheWorkEstimationDispatched`` (docs/concepts/prior-art.md
     §1a/§1b)."""
     B = L.shape[0]
     pages = np.empty(B, np.int64)
@@ -482,7 +482,7 @@ def _fa3_static(H, num_n_blocks, S):
 
 @_jit
 def _fa3_splits(L, H, S, static_splits, heavy_first):
-    """FA3's varlen split counts and launch order (``prepare_varlen_num_blocks_kernel``, docs/policies.md §2b):
+    """FA3's varlen split counts and launch order (``prepare_varlen_num_blocks_kernel``, docs/concepts/prior-art.md §2b):
     ``n_b = cdiv(kv_len, 128)``, ``blocks_per_sm = cdiv(11 * H_kv * sum(n_b), 10 * S)``, ``num_splits =
     clamp(cdiv(n_b, blocks_per_sm), 1, static)`` (1 above 992 requests or with a static cap of 1); heaviest
     ``cdiv(n_b, num_splits)`` first, stably, within each group of 992 requests."""
@@ -1045,7 +1045,7 @@ def fa3_static_num_splits(num_kv_heads: int, num_n_blocks: int, num_sms: int) ->
     """FA3's static split heuristic for a varlen / paged decode batch.
 
     Restates ``hopper/heuristics.h::num_splits_heuristic`` as called by
-    ``hopper/flash_api.cpp::get_num_splits`` (docs/policies.md §2a), with the batch
+    ``hopper/flash_api.cpp::get_num_splits`` (docs/concepts/prior-art.md §2a), with the batch
     treated as 1 (varlen), one m-block (decode with PackGQA) and
     ``num_n_blocks = cdiv(max kv_len, 128)`` (FA3 uses the page table's
     capacity; the live maximum is what a planner knows):

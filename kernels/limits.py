@@ -132,6 +132,9 @@ class KernelConfig:
     next_item: bool = False
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as a JSON-able dict of its fields (``block_n``, ``num_warps``, ``num_stages``, ``schedule``,
+        ``num_programs``, ``prefetch``, ``heads_per_tile``, ``next_item``); ``KernelConfig(**d)`` rebuilds it.
+        """
         return dataclasses.asdict(self)
 
 

@@ -1,6 +1,6 @@
 """Restated split rules of peer libraries (FlashInfer, FlashAttention-3) as
 kvsplit policies, so they run on kvsplit's kernel as baselines. Each rule cites
-the source file it restates (docs/policies.md)."""
+the source file it restates (docs/concepts/prior-art.md)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def flashinfer_decode_occupancy(
 
     Restates the kernel configuration of
     ``include/flashinfer/attention/scheduler.cuh::BatchDecodeWithPagedKVCacheWorkEstimationDispatched``
-    (docs/policies.md §1a): ``vec = max(16 / elt, D / 32)``,
+    (docs/concepts/prior-art.md §1a): ``vec = max(16 / elt, D / 32)``,
     ``bdx = D / vec``, ``bdy = G``, ``threads = max(128, bdx * bdy)``,
     ``bdz = threads / (bdx * bdy)``, ``tile_per_bdx = 4 if G == 1 else 1``,
     ``stages = 2`` on sm80+ (else 1) and

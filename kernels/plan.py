@@ -10,7 +10,7 @@ Terms: a *work item* is one contiguous KV range ``[kv_start, kv_end)`` of one
 request; a *work tile* is (CTA, kv_head); a CTA processes the work items
 ``cta_indptr[c]:cta_indptr[c+1]`` one after the other for one KV head.
 
-This module is the public entry point (DESIGN.md §3); the code lives in
+This module is the public entry point (docs/concepts/design.md §3); the code lives in
 :mod:`.limits` (limits, KernelConfig, argument checks), :mod:`.workplan` (Plan),
 :mod:`.rulespec` (the policies and their parameters, :func:`resolve` to a :class:`RuleSpec`,
 TUNED_PARAM_SPACE), :mod:`.fastplan` (every rule in loop form, compiled by numba or plain Python),

@@ -7,7 +7,7 @@ service (from the store) and by :class:`kvsplit.service.client.PlanClient`
 (over HTTP), and :meth:`PolicyTable.plan` is the one function both call, so the
 HTTP answer and an in-process plan are equal by construction.
 
-Lookup rule (DESIGN.md §5, §7): compute the batch's bucket key
+Lookup rule (docs/concepts/design.md §5, §7): compute the batch's bucket key
 (:func:`kvsplit.kernels.buckets.bucket_key`); among published policies of the
 same key family (gpu, H_kv, head_dim, dtype, page_size, kv_dtype, q_len) take the nearest
 GPU-tuned one (backend ``gpu``, source ``tuned``) within the distance limit; if

@@ -1,4 +1,4 @@
-"""The fp32 torch reference of decode attention over a paged KV cache (DESIGN.md §3).
+"""The fp32 torch reference of decode attention over a paged KV cache (docs/concepts/design.md §3).
 
 Plain torch, one request at a time, fp32 math: the independent reference every kernel test compares
 against. Importable without Triton; :mod:`kvsplit.kernels.decode` re-exports it.

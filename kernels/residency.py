@@ -2,7 +2,7 @@
 
 A plan counts its work tiles against *resident slots* (``resident_ctas_per_sm
 * num_SMs``): tiles beyond a whole number of resident waves form a partial last
-wave that costs as much as a full one (DESIGN.md §8). Residency depends on the
+wave that costs as much as a full one (docs/concepts/design.md §8). Residency depends on the
 config (registers per thread and shared memory of the compiled kernel), which a
 NumPy planner cannot query, so it is data:
 

@@ -150,7 +150,7 @@ POLICIES: dict[str, tuple[str, ...]] = {
         ("tuned", _TUNED_RULE_PARAMS),
     )
 }
-"""The named policies (DESIGN.md §3), each with the parameters it accepts (its own, then :data:`KNOB_PARAMS`)."""
+"""The named policies (docs/concepts/design.md §3), each with the parameters it accepts (its own, then :data:`KNOB_PARAMS`)."""
 
 
 def policy_params(policy: str) -> tuple[str, ...]:
@@ -428,7 +428,7 @@ def extra_rows(ctx: PlanContext, heads_per_tile: int = 1) -> int:
 
 def tile_heads(ctx: PlanContext, cfg: KernelConfig) -> int:
     """Work tiles per work item: ``H_kv / cfg.heads_per_tile`` (one tile per group of ``heads_per_tile`` KV
-    heads). The partitions count a batch's tiles with it wherever DESIGN.md §4 writes H_kv."""
+    heads). The partitions count a batch's tiles with it wherever docs/concepts/design.md §4 writes H_kv."""
     return ctx.num_kv_heads // cfg.heads_per_tile
 
 
@@ -465,7 +465,7 @@ def fit_heads_per_tile(
     H_kv and whose GQA groups fit one work tile's query rows (``h * H_q / H_kv <= TILE_QUERY_ROWS``), and
     ``whole_wave_heads`` to at most ``TILE_QUERY_ROWS / G``; ``params`` itself when both fit.
 
-    A policy table keys its buckets by H_kv, not H_q (DESIGN.md §8), so a policy tuned at one GQA group
+    A policy table keys its buckets by H_kv, not H_q (docs/concepts/design.md §8), so a policy tuned at one GQA group
     (Qwen3-30B-A3B's 32/4, G = 8: two KV heads per tile) also serves models of a larger group (Qwen3-235B-A22B's
     64/4, G = 16), where the launch would refuse it (:func:`kvsplit.kernels.decode.check_heads_per_tile`):
     :class:`kvsplit.kernels.policy_table.PolicyTable` plans its policies through this. An explicit
@@ -629,10 +629,13 @@ class RuleSpec:
 
     @property
     def gpu(self) -> str:
+        """The name of the GPU the spec plans for (``device.name``), as a Plan's ``gpu`` holds it."""
         return self.device.name
 
     @property
     def context(self) -> PlanContext:
+        """What the spec plans for besides the lengths: device, H_kv, head_dim, page size, dtype, KV dtype,
+        q_len and the GQA group."""
         return PlanContext(
             self.device,
             self.num_kv_heads,

@@ -9,7 +9,7 @@ head_dim in 64/128/256, page_size 1..256, dtype one of torch's names or an
 accepted alias, kv_dtype None/dtype or ``"float8_e4m3fn"`` with a 16-bit dtype,
 q_len 1..8 with ``G * q_len <= 64`` query rows) and resolves the GPU; code that
 receives a ``Shape`` uses its fields as they are. :attr:`Shape.family` is the
-part of a bucket key that must match exactly (DESIGN.md §5): a batch of another
+part of a bucket key that must match exactly (docs/concepts/design.md §5): a batch of another
 KV dtype or q_len is another family, never served a policy tuned for this one.
 
 dtype aliases: ``"bf16"``, ``"fp16"``/``"f16"``, ``"fp32"``/``"f32"`` (the

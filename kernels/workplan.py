@@ -118,10 +118,12 @@ class Plan:
     # -- sizes ---------------------------------------------------------------
     @property
     def batch_size(self) -> int:
+        """Requests in the batch, ``B = len(kv_lens)``."""
         return int(self.kv_lens.shape[0])
 
     @property
     def num_work_items(self) -> int:
+        """Work items over all requests, ``W = num_splits.sum() = len(work_request)``; each runs once per tile of KV heads."""
         return int(self.work_request.shape[0])
 
     @property
@@ -220,7 +222,7 @@ class Plan:
 
     # -- JSON form -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Canonical JSON form: plain lists and numbers (DESIGN.md §3)."""
+        """Canonical JSON form: plain lists and numbers (docs/concepts/design.md §3)."""
         return {
             "kv_lens": self.kv_lens.tolist(),
             "num_splits": self.num_splits.tolist(),

@@ -1,5 +1,5 @@
 """Engine hot path: :class:`DecodeWrapper`, shaped like FlashInfer's
-``BatchDecodeWithPagedKVCacheWrapper`` (DESIGN.md §3 "Engine hot path").
+``BatchDecodeWithPagedKVCacheWrapper`` (docs/concepts/design.md §3 "Engine hot path").
 
 ``plan()`` once per decode step, ``run()`` per layer::
 

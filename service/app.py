@@ -2,7 +2,7 @@
 
 Routes (operation ids in brackets; OpenAPI at ``/v1/openapi.json``, docs at ``/v1/docs``):
 
-* ``POST /v1/plan`` [plan] — the plan of a batch (DESIGN.md §3).
+* ``POST /v1/plan`` [plan] — the plan of a batch (docs/concepts/design.md §3).
 * ``GET /v1/policies`` [list_policies] — the policy table, ETag / If-None-Match.
 * ``GET /v1/policies/{policy_id}`` [get_policy]
 * ``POST /v1/policies/import`` [import_policies], ``POST /v1/policies/{id}/publish`` [publish_policy],

@@ -26,14 +26,23 @@ __all__ = [
 
 
 def get_settings(request: Request) -> Settings:
+    """FastAPI dependency: the app's :class:`~kvsplit.service.settings.Settings` (set at startup)."""
     return request.app.state.settings
 
 
 def get_holder(request: Request) -> TableHolder:
+    """FastAPI dependency: the app's :class:`~kvsplit.service.state.TableHolder` (the served table and its reloads)."""
     return request.app.state.holder
 
 
 def get_served(request: Request) -> ServedTable:
+    """FastAPI dependency: the current :class:`~kvsplit.service.state.ServedTable` snapshot.
+
+    Raises
+    ------
+    HTTPException
+        503 before the app's startup has loaded the table.
+    """
     served = request.app.state.holder.current
     if served is None:  # only before the lifespan finished loading
         raise HTTPException(503, "policy table not loaded yet")

@@ -484,6 +484,9 @@ def stale_pages(out: Path, pages: dict[str, str] | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m kvsplit.service.docgen [--out DIR] [--check]``: write the reference pages, or with ``--check``
+    write nothing and return 1 when a page differs from what the code generates (0 otherwise).
+    """
     parser = argparse.ArgumentParser(prog=COMMAND, description="Generate docs/reference/ from the code.")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder of the pages (default: docs/reference)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page is stale")

@@ -3,9 +3,9 @@
 1. Create or migrate the policy store (``KVSPLIT_DATABASE_URL``, default
    ``sqlite:///./kvsplit.db``).
 2. Import the policies the project ships (``kernels/data/h200_policies.json``:
-   tuned on an H200 with the GPU backend, scripts/build_shipped_policies.py) and the H200
+   tuned on an H200 with the GPU backend, docs/guides/tuning.md "Rebuilding the shipped table") and the H200
    simulator calibration fitted in the same run — once; a second run finds them.
-3. Tune a small demo set of buckets, one per model shape of issue 6
+3. Tune a small demo set of buckets, one per shipped model shape
    (Qwen3-30B-A3B 32/4/128, Llama-3.1-8B 32/8/128, Llama-3.1-70B at TP 8,
    8/1/128; bf16, page_size 16), on the best backend here: the GPU when CUDA is
    present, else the calibrated simulator (stored as ``simulated``). A bucket
@@ -104,8 +104,7 @@ def _import_shipped(url: str) -> None:
             roles = {m["role"] for m in meas}  # the shipped set: the training batch of each bucket
             what = "training " if roles == {"train"} else "held-out " if roles == {"heldout"} else ""
             said.append(
-                f"imported {len(ids)} shipped H200 policies (GPU-tuned, scripts/build_shipped_policies.py) "
-                f"and their {len(meas)} {what}measurements"
+                f"imported {len(ids)} shipped H200 policies (GPU-tuned) and their {len(meas)} {what}measurements"
             )
         cal = _data("h200_calibration.json")
         if store.latest_calibration(s, gpu=cal["gpu"]) is None:

@@ -41,7 +41,7 @@ __all__ = [
 BASELINES = ("balanced", "fa3", "flashinfer", "no_split")
 SIMULATED_SUFFIX = " (simulated)"
 """Appended to a dashboard series name whose points were measured on the simulator."""
-"""Baseline policies measured beside the tuned one on held-out batches (issue 4)."""
+"""Baseline policies measured beside the tuned one on held-out batches."""
 _FAMILIES = ("uniform", "skewed40", "skewed60", "skewed80", "2x40")
 
 
@@ -232,7 +232,7 @@ def _times_served_plan(b: Any, p: Any, m: Any) -> bool:
     """Whether a ``tuned`` training measurement ``m`` timed the plan published policy ``p`` serves its batch.
 
     Equal params do. The shipped H_kv 4 policies got the whole-wave rule after their grid search timed them
-    (``scripts/enable_whole_wave.py``, docs/perf.md round 7), so their params carry ``whole_wave`` /
+    (docs/decisions/whole-wave-rule.md), so their params carry ``whole_wave`` /
     ``whole_wave_heads`` and their training timings do not: such a timing still is of the served plan when the
     rule leaves that batch's plan alone (same kernel config and work list with and without the two keys; the
     rule only replaces near-even batches' plans), and is not when the rule picks another plan for it.

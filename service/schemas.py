@@ -107,6 +107,10 @@ PlanRequest = make_plan_request_model(1 << 24)
 
 
 class KernelConfigOut(BaseModel):
+    """The kernel config of a plan (kvsplit.kernels.limits.KernelConfig): BLOCK_N tokens per tile, warps and
+    pipeline stages per CTA, launch schedule, and the prefetch / heads-per-tile / look-ahead knobs.
+    """
+
     block_n: int
     num_warps: int
     num_stages: int
@@ -118,6 +122,8 @@ class KernelConfigOut(BaseModel):
 
 
 class MadeFor(BaseModel):
+    """What a plan was made for: H_kv, head_dim, page size (tokens), KV dtype and GPU name."""
+
     num_kv_heads: int
     head_dim: int
     page_size: int
@@ -126,12 +132,18 @@ class MadeFor(BaseModel):
 
 
 class BucketMatch(BaseModel):
+    """The request's bucket key and the published bucket whose policy planned it (null on fallback)."""
+
     key: str = Field(description="bucket key of the request's batch")
     matched: Optional[str] = Field(description="bucket key of the policy used (null on fallback)")
     distance: Optional[float] = Field(description="distance to the matched bucket (null on fallback)")
 
 
 class PolicyUsed(BaseModel):
+    """The policy that planned the batch: its store id and version (null for the fallback), name, parameters and
+    where it comes from (tuned on a GPU, simulated, or the fallback rule).
+    """
+
     id: Optional[int]
     version: Optional[int]
     name: str
@@ -162,6 +174,10 @@ class PlanResponse(BaseModel):
 
 
 class PolicyEntryOut(BaseModel):
+    """One published policy of the table: its bucket (key and shape), policy name and parameters, and the backend
+    it was tuned on.
+    """
+
     model_config = ConfigDict(extra="allow")
     id: int
     version: int
@@ -194,6 +210,8 @@ class PolicyTableDoc(BaseModel):
 
 
 class PolicyDetail(BaseModel):
+    """One stored policy of any status (draft, published, retired) with its bucket key and parameters."""
+
     model_config = ConfigDict(extra="allow")
     id: int
     version: int
@@ -205,18 +223,26 @@ class PolicyDetail(BaseModel):
 
 
 class PolicyStatusOut(BaseModel):
+    """A policy's status after a publish or retire, and the table version it produced."""
+
     id: int
     status: Literal["draft", "published", "retired"]
     policies_version: int
 
 
 class ImportResult(BaseModel):
+    """What an import stored: the number of policies imported and the table version after it."""
+
     model_config = ConfigDict(extra="allow")
     imported: int
     policies_version: int
 
 
 class BucketOut(BaseModel):
+    """One bucket of the store: its key and shape, where its batches came from (``source``), and its published
+    policy's id (null if none).
+    """
+
     model_config = ConfigDict(extra="allow")
     id: int
     key: str
@@ -230,11 +256,17 @@ class BucketOut(BaseModel):
 
 
 class BucketList(BaseModel):
+    """Buckets of the store (``count`` and ``data``)."""
+
     count: int
     data: list[BucketOut]
 
 
 class RunOut(BaseModel):
+    """One tuning run: its bucket, Optuna study, backend, status, trials asked and finished, and best value
+    (geomean kernel time in seconds over the training batches; null before the first finished trial).
+    """
+
     model_config = ConfigDict(extra="allow")
     id: int
     bucket: str
@@ -247,11 +279,17 @@ class RunOut(BaseModel):
 
 
 class RunList(BaseModel):
+    """Tuning runs (``count`` and ``data``)."""
+
     count: int
     data: list[RunOut]
 
 
 class MeasurementOut(BaseModel):
+    """One stored kernel timing: bucket, policy, role (train or heldout), batch size and tokens, time and HBM floor
+    in seconds, their ratio, and the backend (gpu or sim).
+    """
+
     model_config = ConfigDict(extra="allow")
     id: int
     bucket: str
@@ -266,11 +304,17 @@ class MeasurementOut(BaseModel):
 
 
 class MeasurementList(BaseModel):
+    """Stored measurements (``count`` and ``data``)."""
+
     count: int
     data: list[MeasurementOut]
 
 
 class Health(BaseModel):
+    """Liveness: ``degraded`` when the last reload of the policy table failed (the previous table is still
+    served), with the table version and its number of policies.
+    """
+
     status: Literal["ok", "degraded"]
     policies_version: Optional[int]
     policies_loaded: int
@@ -278,6 +322,8 @@ class Health(BaseModel):
 
 
 class ErrorDetail(BaseModel):
+    """An error answer: one message naming the argument or the resource at fault."""
+
     detail: str
 
 
@@ -290,4 +336,6 @@ class ValidationErrorItem(BaseModel):
 
 
 class ValidationErrorOut(BaseModel):
+    """A 422 answer: one FastAPI-shaped item per invalid field (``loc`` names it)."""
+
     detail: list[ValidationErrorItem]

@@ -56,6 +56,15 @@ class ServedTable:
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> ServedTable:
+        """The snapshot of a policy-table document (``GET /v1/policies``'s body, as a dict): its JSON bytes, their
+        ETag, and the :class:`~kvsplit.kernels.policy_table.PolicyTable` built from those bytes (what a
+        :class:`~kvsplit.service.client.PlanClient` plans from).
+
+        Raises
+        ------
+        ValueError
+            The document is not a valid policy table.
+        """
         body = orjson.dumps(doc)
         # Build the table from the bytes a client would receive, so the server
         # plans from exactly what PlanClient plans from.

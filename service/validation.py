@@ -21,7 +21,7 @@ offending field and index. Errors have the shape of FastAPI's ``RequestValidatio
 answer (``{"detail": [{"type", "loc", "msg", "input"}]}``), with the exact field
 path and list index, e.g. ``["body", "kv_lens", 3]``.
 
-Limits (DESIGN.md §3): kv_len <= ``KVSPLIT_MAX_KV_LEN`` (default 2^24), at most
+Limits (docs/concepts/design.md §3): kv_len <= ``KVSPLIT_MAX_KV_LEN`` (default 2^24), at most
 65,536 requests, head_dim in (64, 128, 256), page_size 1..256, H_kv 1..1024 and
 H_q a multiple of H_kv; optional ``kv_dtype`` (null, dtype's name, ``float8_e4m3fn`` or ``fp8`` with a 16-bit
 dtype) and ``q_len`` (1..8, ``G * q_len <= 64``).
@@ -81,6 +81,7 @@ class RequestValidationFailed(Exception):
         self.status_code = status_code
 
     def body(self) -> bytes:
+        """The 422 response body, ``{"detail": errors}`` as JSON bytes."""
         return orjson.dumps({"detail": self.errors})
 
 

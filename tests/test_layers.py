@@ -1,4 +1,4 @@
-"""The dependency rule of DESIGN.md §2/§8, checked with import-linter (contract in pyproject.toml).
+"""The dependency rule of docs/concepts/design.md §2/§8, checked with import-linter (contract in pyproject.toml).
 
 service -> tuner -> db, kernels; db and kernels import nothing of ours (and
 not each other). ``lint-imports`` runs here so ``make test`` and CI enforce it.

@@ -4,7 +4,7 @@ Both answer the same three questions about a plan of one shape:
 
 - ``time_plan(plan) -> float``: kernel time in seconds;
 - ``hbm_floor_s(kv_lens) -> float``: ``sum(kv_len) * H_kv * D * 2 * kv_bytes /
-  read bandwidth`` in seconds (DESIGN.md §1; ``kv_bytes`` 1 for an FP8 cache);
+  read bandwidth`` in seconds (docs/concepts/design.md §1; ``kv_bytes`` 1 for an FP8 cache);
 - ``software() -> dict`` and ``device_info() -> dict``: what is stored with
   every measurement.
 
@@ -36,15 +36,29 @@ BACKEND_NAMES = ("sim", "gpu")
 
 
 class TimingBackend(Protocol):
+    """What the tuner times plans with (:class:`SimBackend` or :class:`GpuBackend`), for one shape.
+
+    ``name`` is ``"sim"`` or ``"gpu"``, stored with every measurement.
+    """
+
     name: str
 
-    def time_plan(self, plan: Plan) -> float: ...
+    def time_plan(self, plan: Plan) -> float:
+        """Kernel time of ``plan`` in seconds (positive)."""
+        ...
 
-    def hbm_floor_s(self, kv_lens: Sequence[int] | np.ndarray) -> float: ...
+    def hbm_floor_s(self, kv_lens: Sequence[int] | np.ndarray) -> float:
+        """The batch's HBM floor in seconds: ``sum(kv_len) * H_kv * D * 2 * dtype_bytes`` over the read bandwidth."""
+        ...
 
-    def software(self) -> dict[str, Any]: ...
+    def software(self) -> dict[str, Any]:
+        """Versions stored with every measurement: ``backend``, ``kvsplit`` and the libraries that timed it."""
+        ...
 
-    def device_info(self) -> dict[str, Any]: ...
+    def device_info(self) -> dict[str, Any]:
+        """The timed GPU: ``name``, ``num_sms``, ``hbm_bandwidth_gbps`` (datasheet) and ``read_bandwidth_gbps``
+        (measured in this process; None on the simulator)."""
+        ...
 
 
 def _kv_bytes(
@@ -168,6 +182,7 @@ class SimBackend:
         return _kv_bytes(kv_lens, self.num_kv_heads, self.head_dim, self.dtype, self.kv_dtype) / self.read_bandwidth
 
     def software(self) -> dict[str, Any]:
+        """``backend: "sim"``, the kvsplit, NumPy and Python versions, and whether a calibration is used."""
         return {
             "backend": "sim",
             "kvsplit": _version("kvsplit"),
@@ -179,6 +194,7 @@ class SimBackend:
         }
 
     def device_info(self) -> dict[str, Any]:
+        """The GPU simulated: ``name``, ``num_sms``, ``hbm_bandwidth_gbps`` (datasheet); ``read_bandwidth_gbps`` None."""
         return {
             "name": self.device.name,
             "num_sms": self.device.num_sms,
@@ -246,15 +262,25 @@ class GpuBackend:
         self._spec = resolve_device(local)
 
     def time_plan(self, plan: Plan) -> float:
+        """Median CUDA-graph kernel time of ``plan`` in seconds (:meth:`kvsplit.tuner.gpu.GpuTimer.time_plan`).
+
+        Raises
+        ------
+        ValueError
+            ``plan`` was made for another shape or dtype than this backend's.
+        """
         return float(self.timer.time_plan(plan))
 
     def hbm_floor_s(self, kv_lens: Sequence[int] | np.ndarray) -> float:
+        """KV bytes of the batch over the read bandwidth measured in this process, in seconds."""
         return float(self.timer.hbm_floor_s(kv_lens))
 
     def software(self) -> dict[str, Any]:
+        """``backend: "gpu"``, the kvsplit version and the torch, Triton, CUDA versions and GPU name of the timer."""
         return {"backend": "gpu", "kvsplit": _version("kvsplit"), **self._software}
 
     def device_info(self) -> dict[str, Any]:
+        """The local GPU: ``name``, ``num_sms``, ``hbm_bandwidth_gbps`` (datasheet), ``read_bandwidth_gbps`` (measured)."""
         return {
             "name": self._spec.name,
             "num_sms": self._spec.num_sms,

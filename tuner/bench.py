@@ -1,7 +1,7 @@
 """The benchmarks behind ``kvsplit bench``: baseline policies on the reference workload, published policies on trace batches.
 
 ``kvsplit bench --backend sim`` predicts, with :mod:`kvsplit.tuner.simulate`, the
-time of each baseline policy's plan for the 48 reference cases (DESIGN.md §6:
+time of each baseline policy's plan for the 48 reference cases (docs/concepts/design.md §6:
 five families x B in 1..512 at ``--total-tokens``), prints the ratio to the HBM
 floor per family x B, writes ``bench.csv`` and one PNG per family (time vs B,
 one line per policy) under ``--out``. ``--backend gpu`` times the same plans
@@ -99,7 +99,7 @@ def run_bench(
 
     if backend not in ("sim", "gpu"):
         raise ValueError(f"backend: expected 'sim' or 'gpu', got {backend!r}")
-    policies = tuple(_OLD_LABELS.get(p, p) for p in policies)  # round 1's labels keep working
+    policies = tuple(_OLD_LABELS.get(p, p) for p in policies)  # the labels of earlier releases keep working
     unknown = [p for p in policies if p not in BASELINES and p != FLASHINFER_KERNEL]
     if unknown:
         raise ValueError(f"policies: unknown labels {unknown}; known: {list(BASELINES) + [FLASHINFER_KERNEL]}")

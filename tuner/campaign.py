@@ -214,6 +214,8 @@ class CampaignConfig:
 
     @property
     def shape(self) -> dict[str, Any]:
+        """The campaign's shape as a dict: ``gpu``, ``num_qo_heads``, ``num_kv_heads``, ``head_dim``, ``dtype``,
+        ``page_size`` (part of the campaign's identity)."""
         return dict(
             gpu=self.gpu,
             num_qo_heads=self.num_qo_heads,
@@ -298,6 +300,7 @@ class CampaignResult:
     lines: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-able dict of its fields (what ``kvsplit tune --campaign --json`` prints)."""
         return dataclasses.asdict(self)
 
 
@@ -626,10 +629,12 @@ class _Campaign:
         self.state.set("picks", picks)
         self.state.set("starts", starts)
         self.state.set("alloc", alloc)
-        self.say(
-            f"pool picks for {len(picks)} buckets; {sum(alloc.values())} Optuna trials allocated "
-            f"({left / 60:.1f} min left for the search at {self._seconds_per_timing() * 1e3:.0f} ms per timing)"
+        room = (
+            f"{left / 60:.1f} min left for the search at {self._seconds_per_timing() * 1e3:.0f} ms per timing"
+            if left > 0
+            else "no budget left for the search: one trial per bucket, its pool pick"
         )
+        self.say(f"pool picks for {len(picks)} buckets; {sum(alloc.values())} Optuna trials allocated ({room})")
 
     def _rest_estimate(self) -> float:
         """Estimated seconds of the whole-wave and verification steps still to run."""
@@ -1353,13 +1358,74 @@ class _RichBar:
         self.p.stop()
 
 
+class _LineBar:
+    """Plain progress lines for a log (stderr not a terminal, where :class:`_RichBar` draws nothing): a line when a
+    step starts, then at most one every ``interval_s`` seconds, e.g. ``sim campaign: pool 40/118; budget 55/132 s``
+    (budget in seconds of GPU or modelled GPU time), with the current bucket's trials while searching."""
+
+    def __init__(self, label: str, say: Callable[[str], None], interval_s: float = 10.0, clock=time.monotonic) -> None:
+        self.label, self.say, self.interval_s, self.clock = label, say, interval_s, clock
+        self.total = self.spent = 0.0
+        self.name, self.n, self.done, self.bkt = "", 0, 0, ""
+        self.last = -math.inf
+
+    def start_overall(self, total: float, done: float) -> None:
+        self.total, self.spent = float(total), float(done)
+
+    def advance_overall(self, x: float) -> None:
+        self.spent += x
+        self._tick()
+
+    def phase(self, name: str, total: int, done: int) -> None:
+        self.name, self.n, self.done, self.bkt = name, total, done, ""
+        self._line()
+
+    def bucket(self, label: str, total: int, done: int) -> None:
+        self.bkt = f"; {label} trials {done}/{total}"
+        self._tick()
+
+    def step(self) -> None:
+        self.done += 1
+        self._tick()
+
+    def set(self, done: int) -> None:
+        self.done = done
+        self._tick()
+
+    def close(self) -> None:
+        pass
+
+    def _tick(self) -> None:
+        if self.clock() - self.last >= self.interval_s:
+            self._line()
+
+    def _line(self) -> None:
+        self.last = self.clock()
+        parts = [f"{self.name} {self.done}/{self.n}"] if self.name else []
+        if self.total:
+            parts.append(f"budget {self.spent:.0f}/{self.total:.0f} s")
+        self.say(f"{self.label}: " + "; ".join(parts) + self.bkt)
+
+
+def _progress(cfg: CampaignConfig, say: Callable[[str], None]):
+    """The progress display: rich bars on a terminal, plain lines through ``say`` in a log, none without
+    ``cfg.progress``."""
+    import sys
+
+    if not cfg.progress:
+        return _NoBar()
+    if sys.stderr.isatty():
+        return _RichBar(f"{cfg.backend} campaign")
+    return _LineBar(f"{cfg.backend} campaign", say)
+
+
 def run_campaign(cfg: CampaignConfig, *, stop=None, say: Callable[[str], None] = lambda s: None) -> CampaignResult:
     """Run (or resume) the campaign ``cfg`` until it is finished, ``cfg.max_minutes`` of this invocation are up
     (status ``paused``: run it again) or ``stop`` is set (``interrupted``). A finished campaign returns at once.
 
     Raises ValueError for a bucket the store holds with other batches, a bad ``previous`` export or shape;
     RuntimeError for the GPU backend without CUDA."""
-    bar = _RichBar(f"{cfg.backend} campaign") if cfg.progress else _NoBar()
+    bar = _progress(cfg, say)
     c = _Campaign(cfg, stop, say, bar)
     try:
         c.open_state()

@@ -1,4 +1,4 @@
-"""GPU timing backend: the real kernel, timed as DESIGN.md §7 prescribes.
+"""GPU timing backend: the real kernel, timed as docs/concepts/design.md §7 prescribes.
 
 Each plan is launched once (compile + upload), captured in a CUDA graph, and
 its replays are timed with ``triton.testing.do_bench`` (median of event-timed
@@ -77,7 +77,7 @@ def graph_median_s(fn: Any, *, warmup_ms: float = 10.0, rep_ms: float = 40.0) ->
     ``fn`` runs twice on a side stream (allocator and compile warm-up), is captured once in a
     ``torch.cuda.CUDAGraph``, and the graph's replays are timed with ``triton.testing.do_bench``
     (event-timed, the 256 MB L2 flush between repetitions, ``return_mode="median"``), the method of
-    DESIGN.md §7. ``fn`` must be capturable (fixed pointers, no host sync).
+    docs/concepts/design.md §7. ``fn`` must be capturable (fixed pointers, no host sync).
 
     Raises
     ------
@@ -391,5 +391,8 @@ class GpuTimer:
         return best
 
     def ratio_to_floor(self, plan: Plan, seconds: float) -> float:
+        """``seconds`` over the HBM floor of ``plan``'s batch (:meth:`hbm_floor_s`): 1.0 is the read floor; ``inf`` for
+        an empty batch (floor 0).
+        """
         floor = self.hbm_floor_s(plan.kv_lens)
         return seconds / floor if floor > 0 else math.inf

@@ -7,7 +7,7 @@ One source for:
   suffixes, in this order: ``|o<item_cost_blocks>m<min_piece_blocks>``, ``|pf`` (``prefetch``),
   ``|h<heads_per_tile>``, ``|nx`` (``next_item``);
 - the pool (:data:`SERVED_POOL`) and its default (:data:`DEFAULT`): the plans the H200 table was built from
-  (each one's worst training batch within 1.36x of that batch's best; docs/perf.md);
+  (each one's worst training batch within 1.36x of that batch's best; docs/decisions/table-hysteresis.md);
 - :data:`MARGIN` and the hysteresis of :func:`choose`, the pick per bucket over the training batches of keys
   within :data:`NEIGHBOUR_DISTANCE` (:func:`pick_per_key`), and the table being replaced
   (:func:`previous_picks`);
@@ -149,20 +149,20 @@ SERVED_POOL = (
     "stream_k|c2|n32w4s3|pf|h2|nx",
     "balanced|c4|n32w4s2|h2",
 )
-"""The 19 candidates a campaign times on every training batch (docs/perf.md gives each one's evidence). The
+"""The 19 candidates a campaign times on every training batch (docs/decisions/table-hysteresis.md gives the rule that admits them). The
 default tile of the balanced rule (``balanced|c4|n64w4s2``: one tile per request on large batches of even
 lengths) is in it and is picked only where it wins by the margin."""
 
 MARGIN = 0.01
 """A pick must beat the plan it would replace by more than this fraction (geomean over the bucket's training
-batches): ten-repetition kernel timings vary by < 1 % run to run (docs/perf.md)."""
+batches): ten-repetition kernel timings vary by < 1 % run to run (docs/decisions/table-hysteresis.md)."""
 
 NEIGHBOUR_DISTANCE = 0.5
 """A bucket's pick is judged on its own training batches and on those of keys within this
 :func:`kvsplit.kernels.buckets.distance` (one half-octave length bin apart, same batch and token classes): the
 lookup serves those batches from it too, and a plan that wins on one batch but loses on its neighbours is not
 published (a 1.2 % win on a B = 128 batch of near-even lengths ran 1.085x the best plan on the B = 96 batch the
-same key served, docs/perf.md)."""
+same key served, docs/decisions/table-hysteresis.md)."""
 
 
 def choose_scores(scores: Mapping[str, float], keep: Sequence[str | None] = (), margin: float = MARGIN) -> str:

@@ -6,7 +6,7 @@ dead trials: every Optuna internal), :mod:`.worker` (the worker loop); this
 module runs them for a bucket (:func:`tune_task`, one named function per step
 below) and re-exports their public names.
 
-Flow of :func:`tune_task` (one bucket; DESIGN.md §2 offline path):
+Flow of :func:`tune_task` (one bucket; docs/concepts/design.md §2 offline path):
 
 1. :func:`_start`: store rows: device, bucket (its training and held-out
    batches are stored with it the first time; a later task drawing other
@@ -191,6 +191,7 @@ class TuneResult:
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-able dict of its fields (what ``kvsplit tune --json`` prints per bucket)."""
         return asdict(self)
 
 

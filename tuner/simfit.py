@@ -1,16 +1,18 @@
-"""Fit the simulator to H200 timings: one constant set per kernel config (issue 9, item 3).
+"""Fit the simulator to H200 timings: one constant set per kernel config.
 
 ``bench/gpu_sweep.py`` times many (batch, plan) pairs on the GPU and writes one
-JSON record per line (docs/data/h200_r2/train.jsonl: the training batches of
-bench/data/train_cases.json; final.jsonl and retime.jsonl: the evaluation
-batches of bench/data/sweep_cases.json). This module rebuilds each timed plan
-with today's planner (:func:`sweep_samples`; a file timed with another planner,
-like docs/data/h200_r2/sweep1.jsonl, rebuilds other plans than the ones it
+JSON record per line (``--mode train``: the training batches of
+:func:`~kvsplit.tuner.workloads.training_cases`; tests/data/h200_retime_eval.jsonl is such a file of
+the evaluation batches). This module rebuilds each timed plan
+with today's planner (:func:`sweep_samples`; a file timed with another planner
+rebuilds other plans than the ones it
 timed), fits :class:`~kvsplit.tuner.simulate.Calibration` with per-config
 constants on the training timings (:func:`fit_per_config`), and tabulates the
 relative error per set, policy, wave class and kernel config (:func:`error_table`).
-``scripts/fit_simulator.py`` runs the whole thing and writes the calibration
-document that service/data/h200_calibration.json ships.
+The per-config constants of service/data/h200_calibration.json were fitted with
+these functions on H200 sweeps of those training batches (the document's
+``source`` says what was fitted on what; docs/concepts/simulator.md gives the
+measured error on held-out batches).
 
 Record names of a ``case`` record's ``times``: ``balanced|c4|n64w4s2`` is policy
 balanced with ``{"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4,
@@ -20,7 +22,7 @@ balanced with ``{"ctas_per_sm": 4.0, "block_n": 64, "num_warps": 4,
 ``balanced`` its defaults; ``fa3``;
 ``fi_rule_tc`` / ``fi_rule_notc`` FlashInfer's rule (``tensor_cores`` True /
 False) on our kernel; ``served`` / ``served_r1`` / ``served_prev`` / ``served_alt`` the case's ``served`` /
-``served_r1`` / ``served_prev`` / ``served_alt`` policy in bench/data/sweep_cases.json; ``flashinfer_kernel`` is
+``served_r1`` / ``served_prev`` / ``served_alt`` policy in the case record (bench/gpu_sweep.py's ``load_cases``); ``flashinfer_kernel`` is
 FlashInfer's own kernel (not ours: skipped). A time of ``None`` is a rejected plan
 (skipped); records with a negative ``case`` id are discarded warm-ups (skipped).
 """
@@ -63,7 +65,7 @@ GLOBAL_FIT_PARAMS = ("launch_s", "merge_launch_s", "merge_partial_s", "merge_spl
 CONFIG_FIT_PARAMS = ("sm_bw", "cta_bw", "ramp_ctas", "tile_fixed_s", "item_fixed_s")
 """Constants fitted per kernel config (on that config's training samples)."""
 HELDOUT_SETS = ("untuned", "llama8b", "trace")
-"""Sets of sweep_cases.json held out of the fit by default (trained on ``ref`` and ``jitter``)."""
+"""Sets of the evaluation cases (``set`` of a case record) held out of the fit by default (trained on ``ref`` and ``jitter``)."""
 
 _LOSS_CAP = math.log(1.5)  # squared log error capped at 50 %: a few pathological times do not steer the fit
 
@@ -98,8 +100,8 @@ def _policy_of(name: str, case: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
 
 def merged_case_records(paths: str | Path | Sequence[str | Path]) -> tuple[list[dict[str, Any]], float | None]:
     """The ``case`` records of one or more sweep files, merged per case id: a plan timed in a later file
-    replaces the earlier timing of the same record name (a re-time of the plans a planner change rebuilt, e.g.
-    docs/data/h200_r4/rebalanced_train.jsonl over docs/data/h200_r2/train.jsonl). Negative (warm-up) case ids
+    replaces the earlier timing of the same record name (a re-time of the plans a planner change rebuilt, listed
+    after the original run). Negative (warm-up) case ids
     are dropped. Returns the records in first-seen order and the first file's measured read bandwidth (bytes/s,
     None if it has none)."""
     if isinstance(paths, (str, Path)):
@@ -180,7 +182,7 @@ def sweep_samples(
 
 def best_of(samples: Sequence[SweepSample], repeats: Sequence[SweepSample]) -> list[SweepSample]:
     """``samples`` with each time replaced by the least of it and the times of the same (case, name)
-    in ``repeats`` (another run of the same cases, e.g. docs/data/h200_r2/retime.jsonl): best of
+    in ``repeats`` (another run of the same cases): best of
     repeated timings, as bench's final table takes for the served plan."""
     best: dict[tuple[int, str], float] = {}
     for r in repeats:
@@ -369,7 +371,7 @@ def error_table(samples: Sequence[SweepSample], pred: np.ndarray) -> dict[str, A
 def by_config(
     samples: Sequence[SweepSample], dev: DeviceSpec
 ) -> tuple[list[_Tiles], np.ndarray, list[tuple[str, list[int]]]]:
-    """What the per-config fits (scripts/fit_lone_bw.py, fit_new_configs.py, fit_drain.py) loop over: the samples'
+    """What a per-config fit (one config's constants refitted, the others kept) loops over: the samples'
     prepared tiles, their measured seconds, and ``(config key, sample indices)`` per kernel config, the configs
     with the most samples first (ties in first-seen order)."""
     tiles = _prep(samples, dev)

@@ -1,4 +1,4 @@
-"""Simulated kernel time of a split-KV plan (DESIGN.md §7, "Simulator").
+"""Simulated kernel time of a split-KV plan (docs/concepts/design.md §7, "Simulator").
 
 :func:`predict` places the plan's work tiles on SM slots and costs them:
 
@@ -28,11 +28,11 @@
    running are spread over the SMs (longest first) and each SM drains its
    residents by processor sharing with ``min(cta_bw, sm_bw / (n_running + ramp_ctas))`` per
    tile — the tail where a lone long CTA runs at ``cta_bw`` (or at ``lone_bw``, the config's
-   fitted rate of the last CTA left on an SM, where the calibration sets one; round 7: with ``n > 1``
+   fitted rate of the last CTA left on an SM, where the calibration sets one; with ``n > 1``
    CTAs left, up to ``tail_sm_bw / n`` each where the calibration sets ``tail_sm_bw``, and the SM's fixed
    cost before it streams shrunk by ``fixed_overlap * (m - 1) / m``, ``m`` its tiles). With these two
    constants 1 CTA per SM is slower than 4 (the Triton kernel of
-   docs/data/anchors/policy_on_triton_kernel.md lost 2x), and FlashInfer's
+   docs/concepts/design.md §8 ran 4.8x the read floor at one CTA per SM, 2.1x at four), and FlashInfer's
    threshold cliff appears once one long request is one CTA.
 5. **Math.** Per KV token and KV head a tile does ``4 * R * D`` tensor-core FLOPs (``q k^T`` and ``p v``
    over ``R`` query rows, ``R`` = ``G * q_len`` padded to 16, 32 or 64: :func:`math_flops_per_byte`). The
@@ -51,14 +51,14 @@
 
 A grid of more than ``slots * num_SMs`` tiles therefore runs in waves, and a
 partial last wave (say 16 tiles beyond 528 slots) costs a lone tile's time at
-``cta_bw``: the wave quantization of DESIGN.md §8.
+``cta_bw``: the wave quantization of docs/concepts/design.md §8.
 
 The constants live in :class:`Calibration`, with optional overrides per kernel
 config (``per_config``: the per-CTA and per-SM streaming rates and fixed costs
 differ by BLOCK_N / warps / stages); :meth:`Calibration.default` derives
 them from a :class:`~kvsplit.kernels.device.DeviceSpec` and the kernel config,
 :func:`fit_calibration` fits them to GPU measurements (``kvsplit calibrate``).
-docs/simulator.md compares the simulated baselines with the H200 anchors.
+docs/concepts/simulator.md compares the simulated baselines with the H200 anchors.
 """
 
 from __future__ import annotations
@@ -413,7 +413,7 @@ class Calibration:
 
 
 def hbm_floor_s(plan: Plan, calibration: Calibration, *, kv_dtype: str | None = None) -> float:
-    """``sum(kv_len) * H_kv * D * 2 * kv_bytes / hbm_bw`` in seconds (DESIGN.md §1; ``kv_bytes`` 1 for an FP8
+    """``sum(kv_len) * H_kv * D * 2 * kv_bytes / hbm_bw`` in seconds (docs/concepts/design.md §1; ``kv_bytes`` 1 for an FP8
     cache, else the plan's dtype's size)."""
     kvb = kv_elt_bytes(plan.dtype, kv_dtype)
     return float(plan.kv_lens.sum()) * plan.num_kv_heads * plan.head_dim * 2 * kvb / calibration.hbm_bw

@@ -128,7 +128,7 @@ WARM_START = {
 }
 """Plans of the H200 table that :func:`warm_start_equivalents` restates in the tuned family: a 30-trial GPU
 study of skewed80 B = 64, T = 1,048,576 without them kept ``balanced`` (1.160x the floor on its held-out batches)
-and reached 1.064x with them (docs/perf.md)."""
+and reached 1.064x with them (docs/decisions/tuner-search-space.md)."""
 
 WARM_START_MIN_TRIALS = 20
 """A study enqueues :data:`WARM_START` only when it runs at least this many trials, so the sampler keeps at least

@@ -47,6 +47,7 @@ class StorageSpec:
     grace_period: int = 30
 
     def describe(self) -> str:
+        """The storage for messages: ``journal:<path>``, or the database URL with its password hidden."""
         if self.kind == "journal":
             return f"journal:{self.location}"
         from sqlalchemy.engine import make_url

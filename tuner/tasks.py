@@ -1,4 +1,4 @@
-"""Tuning tasks: a bucket's key, shape and training / held-out batches (DESIGN.md §5, §6).
+"""Tuning tasks: a bucket's key, shape and training / held-out batches (docs/concepts/design.md §5, §6).
 
 :func:`family_task` (a synthetic family batch), :func:`trace_tasks` (the
 buckets of a shipped trace) and :func:`default_library` build
@@ -78,10 +78,12 @@ class TuneTask:
 
     @property
     def max_tokens(self) -> int:
+        """The largest ``sum(kv_len)`` over the training and held-out batches, in tokens (sizes a GPU timer's cache)."""
         return max(sum(b) for b in self.train + self.heldout)
 
     @property
     def max_batch(self) -> int:
+        """The largest batch size B over the training and held-out batches."""
         return max(len(b) for b in self.train + self.heldout)
 
 
@@ -149,7 +151,7 @@ def family_task(
 
     The key is that of the family's nominal batch (:func:`family_kv_lens`);
     training and held-out batches are independent draws around it
-    (:func:`family_batches`, DESIGN.md §6).
+    (:func:`family_batches`, docs/concepts/design.md §6).
     """
     shape = _shape(gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len)
     nominal = family_kv_lens(family, batch_size, total_tokens)

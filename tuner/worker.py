@@ -50,19 +50,23 @@ class Stop:
         self._old: dict[int, Any] = {}
 
     def set(self) -> None:
+        """Ask the workers to stop after their current trial (what SIGINT / SIGTERM call); counts the requests."""
         self.count += 1
         self.event.set()
 
     def is_set(self) -> bool:
+        """Whether a stop was asked."""
         return self.event.is_set()
 
     def install(self) -> Stop:
+        """Route SIGINT and SIGTERM to :meth:`set` (main thread only; elsewhere a no-op); returns ``self``."""
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, lambda *_: self.set())
         return self
 
     def restore(self) -> None:
+        """Put back the signal handlers :meth:`install` replaced."""
         for sig, h in self._old.items():
             signal.signal(sig, h)
         self._old.clear()

@@ -1,6 +1,6 @@
 """Decode-batch workloads: the reference study's synthetic length families.
 
-DESIGN.md §6: at a fixed total of ``T`` tokens,
+docs/concepts/design.md §6: at a fixed total of ``T`` tokens,
 
 - ``uniform``: every request holds T / B tokens;
 - ``skewed40``, ``skewed60``, ``skewed80``: one request holds 40/60/80 % of T,
@@ -100,11 +100,11 @@ def reference_cases(total_tokens: int) -> list[tuple[str, int]]:
 
 
 # ----------------------------------------------------------------------------
-# Training / held-out draws around a family (DESIGN.md §6)
+# Training / held-out draws around a family (docs/concepts/design.md §6)
 # ----------------------------------------------------------------------------
 
 JITTER = (0.9, 1.1)
-"""Each length of a synthetic batch is multiplied by U(0.9, 1.1) (DESIGN.md §6)."""
+"""Each length of a synthetic batch is multiplied by U(0.9, 1.1) (docs/concepts/design.md §6)."""
 
 _ROLE_STREAM = {"train": 0, "heldout": 1}
 
@@ -347,7 +347,7 @@ def auto_rate_scale(trace: Trace, batch_size: int, *, step_s: float = DEFAULT_ST
 
     Little's law: concurrency = rate * mean decode time, with mean decode time
     ``mean(output) * step_s``; the trace's own rate gives only a few concurrent
-    requests (DESIGN.md §6). ``headroom`` > 1 overloads slightly so the batch
+    requests (docs/concepts/design.md §6). ``headroom`` > 1 overloads slightly so the batch
     stays at its cap.
     """
     if trace.arrival_s is None:
@@ -369,7 +369,7 @@ def replay_trace(
 ) -> Replay:
     """Replay a timed trace's arrivals through a continuous-batching scheduler.
 
-    Model (DESIGN.md §6; tuner/traces/README.md "Building decode
+    Model (docs/concepts/design.md §6; tuner/traces/README.md "Building decode
     batches"): time advances in decode steps of ``step_s`` seconds; request
     ``i`` arrives at step ``floor(arrival_s[i] / rate_scale / step_s)`` and
     waits FCFS; at each step arrived requests are admitted while fewer than

@@ -49,4 +49,5 @@ app.add_typer(db_app, name="db")
 
 
 def main() -> None:  # pragma: no cover - console entry point
+    """The ``kvsplit`` console script: runs the typer app on ``sys.argv``."""
     app()

@@ -58,6 +58,13 @@ def campaign_cmd(
     progress: bool,
     json_out: bool,
 ) -> None:
+    """``kvsplit tune --campaign``: validate the options, open (or create) the store, run
+    :func:`kvsplit.tuner.campaign.run_campaign` and print its result (JSON with ``json_out``).
+
+    Exits with status 2 and an ``error: --option: ...`` line on bad input, 1 when the store cannot be opened or
+    the campaign fails, 75 (:data:`kvsplit.tuner.campaign.EXIT_PAUSED`) when ``--max-minutes`` paused it with work
+    left, 130 when interrupted; 0 when it finished.
+    """
     from ...db import store
     from ...kernels.device import resolve_device
     from ...kernels.shape import Shape

@@ -113,5 +113,8 @@ def existing_store(database_url: str | None) -> str:
 
 
 def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (a DBAPI error's driver message rather than SQLAlchemy's wrapper),
+    or the exception's class name when it has none: what the CLI prints after ``error:``.
+    """
     text = str(getattr(exc, "orig", None) or exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

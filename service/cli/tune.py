@@ -3,7 +3,7 @@
 One of three workload selections:
 
 - ``--family F --batch-size B [--total-tokens T]``: the bucket of that
-  synthetic batch (jittered training / held-out draws, DESIGN.md §6);
+  synthetic batch (jittered training / held-out draws, docs/concepts/design.md §6);
 - ``--trace NAME``: the buckets of a shipped trace (continuous-batching
   replay of Azure code/conv and Mooncake, i.i.d. draws of ShareGPT/arXiv) at
   ``--batch-size`` (default 16, 64 and 256), with ``--rate-scale``,
@@ -141,7 +141,10 @@ def tune_cmd(
     progress: Annotated[
         bool,
         typer.Option(
-            "--progress/--no-progress", metavar="", help="tqdm progress bar (drawn only when stderr is a terminal)"
+            "--progress/--no-progress",
+            metavar="",
+            help="progress bars when stderr is a terminal, else plain lines on stderr (one per bucket; "
+            "with --campaign, one per step and every 10 s)",
         ),
     ] = True,
     json_out: Annotated[bool, typer.Option("--json", metavar="", help="print the results as JSON")] = False,
@@ -238,7 +241,7 @@ def tune_cmd(
             num_train=num_train_given,
             num_heldout=num_heldout_given,
             publish=publish,
-            progress=progress and sys.stderr.isatty(),
+            progress=progress,  # bars on a terminal, plain lines in a log (kvsplit.tuner.campaign)
             json_out=json_out,
         )
         return
@@ -339,11 +342,14 @@ def tune_cmd(
     stop = search.Stop().install()
     results = []
     try:
-        for t in tasks:
+        lines = progress and not sys.stderr.isatty()  # a log gets a line per bucket instead of the bar
+        for i, t in enumerate(tasks, 1):
             if stop.is_set():
                 break
             try:
                 results.append(search.tune_task(t, cfg, stop=stop))
+                if lines:
+                    typer.echo(f"[{i}/{len(tasks)}] {_result_line(results[-1])}", err=True)
             except (ValueError, RuntimeError) as exc:
                 fail(f"{t.source}: {exc}", code=1)
             except Exception as exc:

@@ -1,6 +1,6 @@
 """``POST /v1/plan``: the plan of one decode batch under the published policies.
 
-Kept lean for throughput (docs/perf.md, "Plan service"). The common request
+Kept lean for throughput (docs/decisions/compiled-planner.md; figures in docs/results.md, "Planner and service speed"). The common request
 (a header seen before, lengths as plain JSON integers) takes the compiled answer path
 (:func:`_fast_answer`): the kv_lens list is read by the compiled scan of
 :mod:`kvsplit.service.fastparse` and the header is recognized by its bytes
@@ -226,6 +226,6 @@ def handle_plan(body: bytes, state, content_type: bytes | str | None = None) -> 
     },
 )
 async def plan(request: Request) -> Response:
-    """Plan a batch: Plan.to_dict() at the top level plus `bucket` and `policy` (DESIGN.md §3)."""
+    """Plan a batch: Plan.to_dict() at the top level plus `bucket` and `policy` (docs/concepts/design.md §3)."""
     status, out = handle_plan(await request.body(), request.app.state, request.headers.get("content-type"))
     return Response(out, status_code=status, media_type="application/json")

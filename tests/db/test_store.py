@@ -190,7 +190,7 @@ def test_settings_default_and_env(monkeypatch, tmp_path):
     get_settings.cache_clear()
     with pytest.raises(ValueError, match="database_url: not a SQLAlchemy URL"):
         store.resolve_url("postgresql://host:notaport/db")
-    # a plain file path is that SQLite file (issue 13 point 4), from the environment or an argument
+    # a plain file path is that SQLite file, from the environment or an argument
     monkeypatch.setenv("KVSPLIT_DATABASE_URL", "./store.db")
     assert get_settings().database_url == "sqlite:///./store.db"
     assert store.resolve_url("/tmp/k.db") == "sqlite:////tmp/k.db"

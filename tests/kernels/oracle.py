@@ -110,10 +110,10 @@ def wave_aware_chunk(
     is one resident wave), so a tie goes to fewer tiles: one tile per request of
     a near-even batch, not two waves of halves and a merge (measured on the
     H200, B = 128 of ~2,572 tokens, H_kv 4, BLOCK_N 64: 1.248x the floor split in
-    two, docs/data/h200_r4/train_even.log).
+    two, 2026-12-01; no decision record holds this figure).
     (Growing the chunk is wrong when few tiles are left for the long requests,
-    e.g. B = 128 at H_kv = 4 leaves 16 of 528 tiles: measured 6-11x the floor,
-    docs/data/h200_r2/sweep1.log.)
+    e.g. B = 128 at H_kv = 4 leaves 16 of 528 tiles: measured 6-11x the floor on
+    the H200, 2026-11-30.)
     """
     total = int(L.sum()) * num_kv_heads
     chunk0 = cdiv(max(cdiv(total, target_tiles), block_n, min_chunk), block_n) * block_n
@@ -371,7 +371,7 @@ def pack_ctas(work_kv_start: np.ndarray, work_kv_end: np.ndarray, pack_tokens: i
     An item of fewer than ``pack_tokens`` tokens shares its CTA with its short
     neighbours in launch order until their running token count crosses a
     multiple of ``pack_tokens``; longer items get a CTA each. ``pack_tokens=0``
-    gives one item per CTA. (The lever of DESIGN.md §7: thousands of tiny tiles
+    gives one item per CTA. (The lever of docs/concepts/design.md §7: thousands of tiny tiles
     each pay a fixed per-CTA cost.)
     """
     W = work_kv_start.shape[0]
@@ -426,7 +426,7 @@ def flashinfer_num_splits(
 ) -> np.ndarray:
     """FlashInfer's batch-decode split rule (its SM80 paths), batch order.
 
-    Restates docs/policies.md §1a/§1b (flashinfer-ai/flashinfer @ fb28d724):
+    Restates docs/concepts/prior-art.md §1a/§1b (flashinfer-ai/flashinfer @ fb28d724):
 
     - ``tensor_cores=True`` (default; ``scheduler.cuh::PrefillPlanImpl`` with
       ``PrefillBinarySearchKVChunkSize``): ``max_grid = 2 * num_SMs``,
@@ -522,7 +522,7 @@ def fa3_num_splits(
     """FlashAttention-3's Hopper varlen split rule, heaviest first, persistent.
 
     Restates ``hopper/flash_prepare_scheduler.cu::prepare_varlen_num_blocks_kernel``
-    (Dao-AILab/flash-attention @ 0251105a, docs/policies.md §2b):
+    (Dao-AILab/flash-attention @ 0251105a, docs/concepts/prior-art.md §2b):
     ``n_b = cdiv(kv_len[b], kBlockN)`` with kBlockN = 128 (:data:`FA3_BLOCK_N`),
     ``blocks_per_sm = ceil(1.1 * H_kv * sum_b n_b / num_SMs)`` (PackGQA: one
     m-block per request), ``num_splits[b] = clamp(cdiv(n_b, blocks_per_sm), 1,

@@ -380,7 +380,7 @@ def test_reference_bad_input_names_the_argument(good, mutate, exc, needle):
     assert needle in str(info.value)
 
 
-# ----------------------------------------------------------------------------- issue 12: the prefetching loop
+# ----------------------------------------------------------------------------- the page-id prefetching loop
 
 
 @pytest.mark.parametrize(
@@ -598,8 +598,8 @@ def test_register_cap_table():
 )
 def test_merge_default_rules(lens, max_splits, dsplit, warps, monkeypatch):
     """launch_decode's default merge grid: (merged requests, H_q, 4) only when few (request, head) pairs fold
-    many splits (docs/perf.md round 5), else (merged requests, H_q, 1); one warp per merge program from 256
-    merged (request, head) pairs on, else four (round 13)."""
+    many splits, else (merged requests, H_q, 1); one warp per merge program from 256 merged (request, head) pairs
+    on, else four (docs/decisions/overlapped-merge.md)."""
     from kvsplit.kernels import decode as dec
 
     grids = []
@@ -647,7 +647,7 @@ def test_merge_default_rules(lens, max_splits, dsplit, warps, monkeypatch):
 def test_overlapped_merge_default_rule(B, splits, on, monkeypatch):
     """launch_decode's default turns the overlapped merge on from 256 merged (request, query head) pairs on
     (H_q 32: 8 merged requests) where PDL is available, the workspace holds the counters and merge_dsplit fits
-    them (docs/perf.md round 14); never on the CPU interpreter, for a workspace without counters, or for a
+    them (docs/decisions/overlapped-merge.md); never on the CPU interpreter, for a workspace without counters, or for a
     device-resident plan."""
     from kvsplit.kernels import decode as dec
 

@@ -1,6 +1,6 @@
 """Kernel correctness on a CUDA GPU in bf16 and fp16, once under every knob value.
 
-Skipped without CUDA (CI); run on the device (docs/perf.md has the command).
+Skipped without CUDA (CI); on a CUDA machine: ``python -m pytest -m gpu tests/kernels/test_decode_gpu.py``.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def test_int64_offsets():
     assert _rel_err(decode_attention(**case, plan=plan), reference_decode_attention(**case)) < 2e-2
 
 
-# ----------------------------------------------------------------------------- round 2: stream_k, wave-aware, wrapper
+# ----------------------------------------------------------------------------- stream_k, wave-aware, wrapper
 
 
 @pytest.mark.parametrize(
@@ -265,7 +265,7 @@ def test_wrapper_graph_replays_across_growing_lens(policy, params):
         assert _rel_err(out, ref) < 2e-2, f"step {step}"
 
 
-# ----------------------------------------------------------------------------- issue 12: the prefetching loop
+# ----------------------------------------------------------------------------- the page-id prefetching loop
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -359,7 +359,7 @@ def test_register_cap_keeps_the_counted_residency(group, monkeypatch):
 )
 def test_whole_wave_plans_of_the_shipped_table(lens):
     """Batches the shipped H200 table serves with the whole-wave rule (one tile per request on the rule's tile,
-    round 7; B = 64 on round 9's tile of two KV heads) in bf16 against the fp32 reference, through the table as
+    docs/decisions/whole-wave-rule.md; B = 64 on the tile of two KV heads) in bf16 against the fp32 reference, through the table as
     a server answers them."""
     import json
     from pathlib import Path
@@ -423,7 +423,7 @@ def test_heads_per_tile(dtype, hq, hkv, heads, policy, params):
     assert not torch.isnan(out).any() and _rel_err(out, ref) < 2e-2
 
 
-# ----------------------------------------------------------------------------- issue 12: the look-ahead over items
+# ----------------------------------------------------------------------------- the look-ahead over items
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

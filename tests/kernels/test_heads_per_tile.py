@@ -1,4 +1,4 @@
-"""Work tiles of several KV heads (``KernelConfig.heads_per_tile``, docs/perf.md round 8): the kernel against the
+"""Work tiles of several KV heads (``KernelConfig.heads_per_tile``, docs/decisions/two-heads-per-tile.md): the kernel against the
 fp32 reference on the CPU interpreter, the planner's tile count, residency, the simulator's tiles and the checks.
 
 With ``heads_per_tile = k`` a work tile is (CTA, k adjacent KV heads): the k GQA groups share the 16 query rows of

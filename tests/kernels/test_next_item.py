@@ -1,4 +1,4 @@
-"""The look-ahead over a CTA's work items (``KernelConfig.next_item``, docs/perf.md round 11): the kernel against the
+"""The look-ahead over a CTA's work items (``KernelConfig.next_item``, docs/decisions/look-ahead.md): the kernel against the
 fp32 reference on the CPU interpreter, bit-equal to the same plan without it, its checks, its residency and the
 tuner's space.
 

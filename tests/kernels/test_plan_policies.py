@@ -27,7 +27,7 @@ from kvsplit.kernels.plan import (
 from kvsplit.tuner.workloads import family_kv_lens
 
 H200 = DeviceSpec.known("NVIDIA H200")
-# round 1's default tile (4 resident CTAs/SM on the H200): the hand-computed wave cases below pin it, so
+# the first default tile (4 resident CTAs/SM on the H200): the hand-computed wave cases below pin it, so
 # they do not move when the documented default config changes
 R1_TILE = {"block_n": 64, "num_warps": 4, "num_stages": 2}
 
@@ -85,7 +85,7 @@ POLICY_CASES = [
 
 
 def check_invariants(plan: Plan) -> None:
-    """DESIGN.md §3 invariants, checked independently of Plan's own checker."""
+    """docs/concepts/design.md §3 invariants, checked independently of Plan's own checker."""
     L = plan.kv_lens
     B = L.shape[0]
     assert (plan.num_splits >= 1).all()
@@ -252,7 +252,7 @@ def test_balanced_and_tuned_hand_computed():
     # -> ceil(262144 / 2688) = 98 splits, 392 tiles <= 396
     p = make_plan([262144], num_kv_heads=4, device=H200, policy="balanced")
     assert p.num_splits.tolist() == [98]
-    # with round 1's tile (64, 4, 2: 4 CTAs/SM, 528 slots): fair = cdiv(1048576, 528) = 1986 -> chunk 2048 -> 128
+    # with the first default tile (64, 4, 2: 4 CTAs/SM, 528 slots): fair = cdiv(1048576, 528) = 1986 -> chunk 2048 -> 128
     p = make_plan(
         [262144],
         num_kv_heads=4,
@@ -400,7 +400,7 @@ def test_work_item_limit():
 
 
 # ---------------------------------------------------------------------------
-# stream_k and the wave-aware rules (issue 9)
+# stream_k and the wave-aware rules
 # ---------------------------------------------------------------------------
 
 TINY = DeviceSpec(
@@ -761,7 +761,7 @@ def test_balanced_near_even_batch_keeps_one_tile_per_request():
     # Makespans in tokens, each tile + 64 of fixed cost: est0 = 2 * (2575 / 2 + 64) = 2703 (every slot runs two
     # halves); one tile per request: 2575 + 64 = 2639 <= 2703 -> 1 split each, 512 tiles, no merge. Without the
     # fixed cost the halves won (2575 > 2572.5) and the plan ran 1.248x the floor on the H200 where one tile per
-    # request ran ~1.18x (docs/data/h200_r4/train_even.log, docs/data/h200_r2/final.jsonl).
+    # request ran ~1.18x (measured 2026-12-01).
     L = np.array([2570, 2575] * 64)
     p = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="balanced", params=R1_TILE)
     assert p.num_splits.tolist() == [1] * 128 and p.num_work_tiles == 512

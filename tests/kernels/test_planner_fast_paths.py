@@ -1,4 +1,4 @@
-"""The fast paths of issue 11 (host planning speed) give what the checked / NumPy paths give.
+"""The fast paths of the host planner (docs/decisions/compiled-planner.md) give what the checked / NumPy paths give.
 
 - ``PolicyTable.plan`` on the compiled core (one conversion, one compiled
   key-and-lookup pass, one compiled plan pass, a cached per-shape context)

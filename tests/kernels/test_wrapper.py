@@ -1,6 +1,6 @@
 """DecodeWrapper decode loops on the CPU interpreter (fp16) against the fp32 reference.
 
-Shuffled pages, NaN in every unused slot (tests/paged_case.py), kv_lens growing
+Shuffled pages, NaN in every unused slot (tests/kernels/paged_case.py), kv_lens growing
 across steps; eager mode, graph mode with the device planner and with the host
 planner (the graph itself needs CUDA; the same buffers and launches run here).
 """
@@ -113,8 +113,8 @@ def test_graph_mode_buffers(policy, params, planner):
 
 
 def test_graph_mode_keeps_the_prefetch_knob():
-    # graph mode fixes the kernel config at construction: the given params.prefetch is part of it (it was
-    # dropped before round 4, so the graph ran the plain loop)
+    # graph mode fixes the kernel config at construction: the given params.prefetch is part of it (an earlier
+    # version dropped it, so the graph ran the plain loop)
     w = DecodeWrapper(
         H_Q,
         H_KV,
@@ -374,7 +374,7 @@ def test_graph_mode_plan_with_the_overlapped_merge(monkeypatch):
 def test_graph_mode_repick_on_another_tile(name, entry, want):
     """Graph mode keeps its tile. On a tile of several resident CTAs per SM (head_dim 64's default, 4 on the
     H200), a re-picked entry tuned on another tile with fewer than 2 CTAs per SM gets the graph tile's residency
-    and others keep their rule and ctas_per_sm (docs/perf.md, rounds 15 and 17); one tuned on the graph's tile is
+    and others keep their rule and ctas_per_sm (docs/decisions/graph-default.md); one tuned on the graph's tile is
     kept as it is."""
     from kvsplit.kernels.limits import default_config
 
@@ -419,8 +419,8 @@ def test_graph_mode_repick_on_another_tile(name, entry, want):
 def test_graph_mode_default_tile_at_head_dim_128():
     """No policy, no params, head_dim 128: graph mode runs limits.graph_default_config's tile ((64, 8, 3) with the
     prefetch and the look-ahead) with two KV heads per work tile and stream_k at its residency (one CTA per SM on
-    the H200; docs/perf.md round 16), planned on the device, against the fp32 reference; a table entry tuned on
-    that tile keeps its own parameters, one tuned on (128, 4, 2) gets the graph's rule (docs/perf.md round 16).
+    the H200; docs/decisions/graph-default.md), planned on the device, against the fp32 reference; a table entry tuned on
+    that tile keeps its own parameters, one tuned on (128, 4, 2) gets the graph's rule (docs/decisions/graph-default.md).
     Eager mode's default stays balanced."""
     hq, hk, d = 8, 2, 128
     w = DecodeWrapper(
@@ -478,7 +478,7 @@ def test_graph_mode_default_tile_at_head_dim_128():
 def test_graph_mode_default_tile_without_two_heads(hq, hk):
     # two KV heads per tile need an even H_kv and 2 * G <= 16 query rows; else the graph default is the eager
     # default tile ((128, 4, 2) at head_dim 128), one head per tile, not the look-ahead tile with one head (which
-    # ran 1.441x the served plan against 1.309x at H_kv 8: docs/perf.md round 17), stream_k at its residency (3)
+    # ran 1.441x the served plan against 1.309x at H_kv 8: docs/decisions/graph-default.md), stream_k at its residency (3)
     from kvsplit.kernels.limits import default_config
 
     w = DecodeWrapper(

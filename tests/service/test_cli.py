@@ -1,4 +1,4 @@
-"""The ``kvsplit`` command line's handling of bad input and edge cases (issue 13, the CLI points).
+"""The ``kvsplit`` command line's handling of bad input and edge cases.
 
 One ``error:`` line (never a traceback) for a bad store URL or folder; read-only
 commands create no empty store; a busy port is named; unknown GPUs and

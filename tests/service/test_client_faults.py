@@ -15,7 +15,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -24,11 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from service_support import SHAPE, TOTAL, LiveServer, fill_store  # noqa: E402
-
-from kvsplit.service.client import PlanClient, PlanServiceError  # noqa: E402
-from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
+from kvsplit.service.client import PlanClient, PlanServiceError
+from kvsplit.tuner.workloads import family_kv_lens
+from tests.service_support import SHAPE, TOTAL, LiveServer, fill_store
 
 LOGGER = "kvsplit.service.client"
 LENS = family_kv_lens("skewed40", 64, TOTAL).tolist()  # a tuned bucket of the store

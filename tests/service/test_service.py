@@ -587,7 +587,7 @@ def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
 
 def test_dashboard_figures_of_a_policy_given_the_whole_wave_rule_after_its_timing(tmp_path):
     """The shipped H_kv 4 policies got ``whole_wave`` / ``whole_wave_heads`` after their grid search timed them
-    (scripts/enable_whole_wave.py), so their training timings carry params without those keys. Such a timing is
+    (docs/decisions/whole-wave-rule.md), so their training timings carry params without those keys. Such a timing is
     the served plan's where the rule leaves the batch alone (a skewed batch: shown), and not where the rule serves
     another plan (128 requests of 2,048 tokens get one BLOCK_N-64 tile per request: left out)."""
     from kvsplit.service.queries import dashboard_data

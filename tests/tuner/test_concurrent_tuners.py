@@ -29,11 +29,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from service_support import LiveServer  # noqa: E402
-
-from kvsplit.db import store  # noqa: E402
-from kvsplit.tuner import search  # noqa: E402
+from kvsplit.db import store
+from kvsplit.tuner import search
+from tests.service_support import LiveServer
 
 pytestmark = [
     pytest.mark.slow,

@@ -90,7 +90,7 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
     # needs (tuner/verify.py) whatever order the two workers sample in. Which trial is best on the training
     # batches depends on that order, so the held-out gain varies between runs: arxiv B=128 gained 20-25 % and
     # mooncake B=128 15-28 % over the best baseline in 4 and 12 runs on a loaded 2-core machine (2-4 busy
-    # processes). azure_code B=128, used here before round 17, gained 5.9-18 % and once fell below the margin in
+    # processes). azure_code B=128, used here before, gained 5.9-18 % and once fell below the margin in
     # a full local run (a flaky test). Skewed80 B=128, azure_conv B=64 and mooncake B=16 tie balanced (gain 0)
     # and are not published either.
     r2 = _cli(
@@ -272,7 +272,7 @@ def test_postgres_multi_worker_tuning(pg_url):
     # workers sample in: with 20 trials the study enqueues the warm starts (tuner.space.WARM_START), and the
     # equivalent of balanced|c4|n64w4s2 wins at a 13.1 % held-out gain (12 of 12 local runs). With 10 trials
     # (baselines only) a sampled trial sometimes won on the 2 training batches at a 3.2 % held-out gain and was
-    # rightly not published (1 of 6 local runs, and one CI run of round 10)
+    # rightly not published (1 of 6 local runs, and one CI run)
     r = _cli(
         "tune",
         *SHAPE,

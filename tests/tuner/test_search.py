@@ -211,8 +211,8 @@ def test_the_tuned_best_is_stored_as_the_shape_runs_it():
 
 
 def test_stream_k_partition_suggestions_plan():
-    # round 10 found every partition="stream_k" trial of the GPU studies pruned ("params.min_chunk_tokens: not
-    # used with partition='stream_k'"): the even-chunk parameters are now suggested only with even chunks
+    # every partition="stream_k" trial of the GPU studies was once pruned ("params.min_chunk_tokens: not used
+    # with partition='stream_k'", docs/decisions/tuner-search-space.md): the even-chunk parameters are now suggested only with even chunks
     t = _task()
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     planned = 0
@@ -403,9 +403,9 @@ def test_dead_and_stale_trials_are_failed_and_retried(tmp_path):
 
 
 # A bucket where the seeded 12-trial search (the 4 baselines' equivalents, then 8 sampled trials) beats every
-# baseline on the (uncalibrated) simulator. Rounds 1-9 used skewed80 B = 256 (a 2.9 % gain); since round 10
-# suggests the even-chunk parameters only with partition="even_chunks" (a stream_k trial was always pruned
-# before), the seeded trials differ: a scan of skewed80/skewed40/2x40/uniform at B = 16..512 finds a gain at
+# baseline on the (uncalibrated) simulator. Skewed80 B = 256 (a 2.9 % gain) served until the search suggested the
+# even-chunk parameters only with partition="even_chunks" (a stream_k trial was always pruned before,
+# docs/decisions/tuner-search-space.md); since then the seeded trials differ: a scan of skewed80/skewed40/2x40/uniform at B = 16..512 finds a gain at
 # uniform B = 128 (15 %) and skewed40 B = 128 (0.06 %) only. The tests recompute the gain from the stored rows
 # and check the margin rule on both sides of it.
 GAIN_TASK = dict(family="uniform", B=128, n_train=3, n_heldout=4)

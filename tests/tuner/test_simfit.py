@@ -1,4 +1,4 @@
-"""Sweep-file helpers of kvsplit.tuner.simfit and the simulator's prefetch config keys (round 4)."""
+"""Sweep-file helpers of kvsplit.tuner.simfit and the simulator's prefetch config keys."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_sweep_samples_rebuild_prefetch_plans(tmp_path):
 
 
 def test_look_ahead_entry_overlays_the_config_without_it():
-    """A look-ahead key's own entry (a lone-CTA rate, as fitted in rounds 11 and 12) overlays the constants of its
+    """A look-ahead key's own entry (a lone-CTA rate, as fitted for the look-ahead configs) overlays the constants of its
     config without the look-ahead instead of replacing them: before, ``n64w8s3ph2x`` with only ``lone_bw`` ran
     on the global ``cta_bw`` / ``item_fixed_s`` and not ``n64w8s3ph2``'s."""
     base = Calibration(hbm_bw=4e12, sm_bw=1e12, cta_bw=0.8e12, item_fixed_s=1e-6)

@@ -193,7 +193,7 @@ def test_bench_cli_sim(tmp_path):
 
 
 # ----------------------------------------------------------------------------
-# waves, residency per kernel config, per-config constants (issue 9, item 3)
+# waves, residency per kernel config, per-config constants
 # ----------------------------------------------------------------------------
 
 W8 = {"block_n": 64, "num_warps": 8, "num_stages": 2}  # measured on the H200: 98 regs -> 2 resident CTAs per SM
@@ -340,7 +340,7 @@ def test_per_config_constants_and_formats():
 
 
 def test_drain_terms_hand_worked():
-    """The drain terms (docs/simulator.md): ``tail_sm_bw`` (the per-SM rate with n > 1 CTAs left
+    """The drain terms (docs/concepts/simulator.md): ``tail_sm_bw`` (the per-SM rate with n > 1 CTAs left
     in the drain) and ``fixed_overlap`` (the share of an SM's drain fixed cost its other residents hide)."""
     base = Calibration(
         hbm_bw=4e12,
@@ -459,7 +459,7 @@ def test_calibration_without_drain_terms_predicts_as_before():
 # (FlashInfer's tensor-core rule on our kernel: 8.3 % before the lone-CTA rate, 5.3 % with it); served worst
 # 16.4 %, served_r1 21.8 %, fa3 9.9 %, fi_rule_tc 19.4 %, fi_rule_notc 14.0 %; the grid's balanced / stream_k 22-24 %.
 MEDIAN_ALL = 0.05
-MEDIAN_POLICY = 0.08  # issue 9's median target, every policy incl. the served one
+MEDIAN_POLICY = 0.08  # the simulator's median target, every policy incl. the served one
 WORST_BASELINE = 0.22  # the served policy, the first shipped table's, fa3, FlashInfer's rules
 WORST_GRID = 0.30  # every plan of the oracle grid (balanced / stream_k at every config)
 
@@ -501,7 +501,8 @@ def test_shipped_calibration_heldout_error_on_committed_measurements(tmp_path):
         assert st["median"] <= MEDIAN_POLICY, (pol, st)
     for pol in ("served", "served_r1", "fa3", "fi_rule_tc", "fi_rule_notc"):
         assert tab["per_policy"][pol]["worst"] <= WORST_BASELINE, (pol, tab["per_policy"][pol])
-    assert tab["per_policy"]["served"]["worst"] <= 0.20, tab["per_policy"]["served"]  # issue 9's worst target
+    # the simulator's worst-error target for the served plan
+    assert tab["per_policy"]["served"]["worst"] <= 0.20, tab["per_policy"]["served"]
     # the old single-config calibration (slots = 4 for every config) was worse on the same cases
     old = Calibration(
         hbm_bw=4489637975675.639,

@@ -189,8 +189,8 @@ def test_replay_rejects_bad_options():
 # case sets of the GPU benchmarks
 # ---------------------------------------------------------------------------
 
-# sha256 of json.dumps([[H_q, H_kv, kv_lens], ...]) of the case files the recorded H200 timings were taken on
-# (tests/data/h200_*.jsonl; bench/data/sweep_cases.json and train_cases.json before the sets moved here): a
+# sha256 of json.dumps([[H_q, H_kv, kv_lens], ...]) of the case sets the recorded H200 timings were taken on
+# (tests/data/h200_*.jsonl, and the training timings the shipped table and calibration were built from): a
 # change of any batch would make those timings describe other batches
 EVAL_SHA256 = "93df4621af5422ed98776a7e4562cdb09db9e85b96de148f02ce3d7dd3b38831"
 TRAIN_SHA256 = "a23fa97c306946afcc86958dee27848dabd09b2b0f7d372a84d2b8fb5a1b09ed"

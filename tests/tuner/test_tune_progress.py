@@ -1,0 +1,81 @@
+"""What ``kvsplit tune`` prints while it works when stderr is not a terminal (a log, a pipe): plain progress lines,
+not a hidden progress bar; and what a campaign says when its pool step alone spends the budget."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from kvsplit.tuner.campaign import _LineBar
+
+CLI = [sys.executable, "-m", "kvsplit.service.cli"]
+
+
+def _run(args, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k != "KVSPLIT_DATABASE_URL"}
+    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_line_bar_prints_each_step_start_then_at_most_one_line_per_interval():
+    now = [100.0]
+    said = []
+    bar = _LineBar("sim campaign", said.append, interval_s=10.0, clock=lambda: now[0])
+    bar.start_overall(300.0, 12.0)
+    bar.phase("pool", 118, 40)
+    assert said == ["sim campaign: pool 40/118; budget 12/300 s"]
+    for _ in range(5):  # within the interval: silent
+        now[0] += 1.0
+        bar.step()
+        bar.advance_overall(2.5)
+    assert len(said) == 1
+    now[0] += 5.0
+    bar.step()  # 10 s after the last line
+    assert said[-1] == "sim campaign: pool 46/118; budget 24/300 s"
+    bar.phase("search", 118, 0)  # a new step prints at once
+    now[0] += 10.0
+    bar.bucket("family:uniform:B8:T262144", 15, 9)
+    assert said[-2:] == [
+        "sim campaign: search 0/118; budget 24/300 s",
+        "sim campaign: search 0/118; budget 24/300 s; family:uniform:B8:T262144 trials 9/15",
+    ]
+    bar.close()
+
+
+@pytest.mark.slow
+def test_piped_campaign_prints_plain_progress_and_says_when_the_pool_step_spends_the_budget(tmp_path):
+    # ten buckets x 19 pool plans x 60 ms of modelled GPU time = 11.4 s: a 6 s budget is spent by the pool step
+    url = f"sqlite:///{tmp_path}/c.db"
+    r = _run(
+        ["tune", "--campaign", "--backend", "sim", "--gpu", "h100", "--model-shape", "qwen3-30b-a3b"]
+        + ["--budget-minutes", "0.1", "--batch-sizes", "4,64", "--totals", "262144", "--traces", "none"]
+        + ["--trials", "3", "--seed", "3", "--database-url", url]
+    )
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.splitlines()
+    steps = [x for x in err if x.startswith("sim campaign: ")]
+    starts = [s.split()[2] for s in steps if s.split()[3].startswith("0/")]  # each step's first line
+    assert starts == ["pool", "search", "whole-wave", "verify"], r.stderr
+    assert all(re.fullmatch(r"sim campaign: [a-z-]+ \d+/\d+; budget \d+/6 s(; .* trials \d+/\d+)?", s) for s in steps)
+    assert any("the pool step alone needs about 0.2 of the 0.1 budget minutes" in x for x in err), r.stderr
+    alloc = [x for x in err if x.startswith("pool picks for")]
+    assert alloc and "no budget left for the search: one trial per bucket" in alloc[0], r.stderr
+    assert not re.search(r"-\d+(\.\d+)? min", r.stderr), r.stderr
+
+
+@pytest.mark.slow
+def test_piped_tune_prints_a_line_per_bucket(tmp_path):
+    url = f"sqlite:///{tmp_path}/t.db"
+    args = ["tune", "--backend", "sim", "--gpu", "h200", "--num-qo-heads", "32", "--num-kv-heads", "4"]
+    args += ["--head-dim", "128", "--dtype", "bf16", "--family", "uniform", "--batch-size", "8"]
+    args += ["--total-tokens", "8192", "--trials", "3", "--num-train", "2", "--num-heldout", "2"]
+    r = _run(args + ["--database-url", url])
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("[")]
+    assert len(lines) == 1 and re.match(r"\[1/1\] \S+: finished, 3 trials", lines[0]), r.stderr
+    assert lines[0][len("[1/1] ") :] == r.stdout.strip()  # the summary line of the same bucket
+    quiet = _run(args + ["--database-url", f"sqlite:///{tmp_path}/q.db", "--no-progress"])
+    assert quiet.returncode == 0 and not [x for x in quiet.stderr.splitlines() if x.startswith("[")], quiet.stderr
