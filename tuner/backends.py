@@ -173,12 +173,22 @@ class SimBackend:
         )
 
     def time_plan(self, plan: Plan) -> float:
+        """Predicted kernel time of ``plan`` in seconds (:func:`kvsplit.tuner.simulate.predict` with this backend's
+        calibration, KV dtype and q_len).
+
+        Raises
+        ------
+        RuntimeError
+            The simulator returned a time that is not positive.
+        """
         t = float(self._sim.predict(plan, self.device, calibration=self._cal(plan), **self._shape_kw))
         if not t > 0:
             raise RuntimeError(f"simulator returned a non-positive time {t!r}")
         return t
 
     def hbm_floor_s(self, kv_lens: Sequence[int] | np.ndarray) -> float:
+        """KV bytes of the batch (``sum(kv_len) * H_kv * D * 2`` elements of the KV dtype's size) over the
+        simulated device's read bandwidth, in seconds."""
         return _kv_bytes(kv_lens, self.num_kv_heads, self.head_dim, self.dtype, self.kv_dtype) / self.read_bandwidth
 
     def software(self) -> dict[str, Any]:

@@ -120,6 +120,8 @@ class KernelCompiler:
         self._pool = ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"), initializer=_helper_init)
 
     def submit(self, task: TuneTask, params: Mapping[str, Any]) -> Future:
+        """Compile the kernels of ``params``'s plans on ``task``'s training batches in a helper; the future's result
+        is the number of plans compiled (0 when the planner refuses the parameters)."""
         return self._pool.submit(_compile_task, task, dict(params))
 
     def submit_job(self, job: Any, params: Mapping[str, Any]) -> Future:
@@ -127,6 +129,7 @@ class KernelCompiler:
         return self.submit(job.task, params)
 
     def close(self) -> None:
+        """Stop the helpers, dropping compiles not started (a dropped compile only loses its head start)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> KernelCompiler:
