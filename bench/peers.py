@@ -11,6 +11,8 @@ Implementations (``--impl``):
 
 - ``kvsplit``: the plan the shipped table (kernels/data/h200_policies.json) serves each batch, on the hot path
   (``decode_attention(..., out=, workspace=, validate=False)``, plan uploaded);
+- ``kvsplit_balanced``: the ``balanced`` fallback plan (``make_plan(..., policy="balanced")``, the rule a batch gets
+  where no tuned bucket is near) on the same kernel and hot path: what the tuned table gains over not tuning;
 - ``fa3``: FlashAttention-3 ``flash_attn_interface.flash_attn_with_kvcache(q [B, 1, H_q, D], k_cache, v_cache,
   cache_seqlens=, page_table=, causal=True, num_splits=0)``: its own split heuristic, SGLang's Hopper default
   (build: ../shared/tools/fa3_for_device);
@@ -51,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-IMPLS = ("kvsplit", "fa3", "flashinfer_batch_attention", "flashinfer_decode")
+IMPLS = ("kvsplit", "kvsplit_balanced", "fa3", "flashinfer_batch_attention", "flashinfer_decode")
 COLUMNS = ("implementation", "set", "family", "B", "total_tokens", "time_us", "ratio_to_read_floor")
 SHAPE = {"num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16}
 
@@ -170,7 +172,7 @@ def summary(rows: Sequence[dict[str, Any]], baseline: str | None = None) -> dict
     if baseline is not None and baseline not in impls:
         raise ValueError(f"--baseline: {baseline!r} is none of the implementations {impls}")
     if baseline is None:
-        baseline = next((i for i in impls if i.startswith("kvsplit")), None)
+        baseline = "kvsplit" if "kvsplit" in impls else next((i for i in impls if i.startswith("kvsplit")), None)
     per_set: dict[str, dict[str, tuple[float, float, int]]] = defaultdict(dict)
     by_impl_set: dict[tuple[str, str], list[float]] = defaultdict(list)
     times: dict[str, dict[tuple, float]] = defaultdict(dict)
@@ -325,7 +327,7 @@ def _import_peer(impl: str) -> tuple[Any, str]:
             import kvsplit.kernels.decode as mod
     except Exception as exc:  # noqa: BLE001 - any import failure means the peer is missing here
         return None, f"{type(exc).__name__}: {exc}"
-    if impl == "kvsplit":
+    if impl.startswith("kvsplit"):
         from importlib.metadata import version
 
         return mod, f"kvsplit {version('kvsplit')}"
@@ -339,6 +341,25 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
 
     t = timer
     scale = 1.0 / math.sqrt(t.head_dim)
+    if impl == "kvsplit_balanced":
+        from kvsplit.kernels.decode import decode_attention
+        from kvsplit.kernels.plan import make_plan
+        from kvsplit.kernels.policy_table import FALLBACK_POLICY
+
+        gpu = torch.cuda.get_device_name()
+        shape = {k: v for k, v in SHAPE.items() if k != "num_qo_heads"}
+
+        def prepare_balanced(lens):
+            plan = make_plan(lens, policy=FALLBACK_POLICY, device=gpu, **shape)
+            b = t.batch(lens)
+            out = torch.empty_like(b["q"])
+            ws = t.workspace_for(plan)
+            plan.to(t.device)
+            args = (b["q"], t.k_cache, t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
+            decode_attention(*args, out=out, workspace=ws, validate=True)
+            return (lambda: decode_attention(*args, out=out, workspace=ws, validate=False)), (lambda: out)
+
+        return prepare_balanced
     if impl == "kvsplit":
         from kvsplit.kernels.decode import decode_attention
         from kvsplit.kernels.policy_table import PolicyTable
@@ -440,6 +461,7 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
 
 LABELS = {
     "kvsplit": "kvsplit (served plan of the shipped table, hot path)",
+    "kvsplit_balanced": "kvsplit kernel, balanced fallback plan (untuned), hot path",
     "fa3": "FlashAttention-3 flash_attn_with_kvcache(num_splits=0)",
     "flashinfer_batch_attention": "FlashInfer BatchAttention",
     "flashinfer_decode": "FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)",
