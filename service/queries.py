@@ -34,6 +34,7 @@ __all__ = [
     "list_measurements",
     "canonical_gpu",
     "family_of",
+    "shape_slug",
     "BASELINES",
     "SIMULATED_SUFFIX",
 ]
@@ -225,6 +226,16 @@ def family_of(b: Any) -> str:
     return "other"
 
 
+_KEY_CLASSES = re.compile(r"\.b(\d+)\.t(\d+)(?:\.|$)")
+"""Batch-size and total-token classes (round(log2 B), round(log2 tokens)) in a bucket key's string form."""
+
+
+def shape_slug(key: str) -> str:
+    """The shape part of a bucket key (everything before its ``.b<class>.t<class>`` signature), a URL-safe id."""
+    m = _KEY_CLASSES.search(key)
+    return key[: m.start()] if m else key
+
+
 _WHOLE_WAVE_KEYS = ("whole_wave", "whole_wave_heads")
 
 
@@ -309,13 +320,17 @@ def dashboard_data(url: str) -> dict[str, Any]:
                     "head_dim": b.head_dim,
                     "dtype": b.dtype,
                     "page_size": b.page_size,
+                    "slug": shape_slug(b.key),
                     "buckets": [],
                     "series": defaultdict(lambda: defaultdict(list)),
                 },
             )
             p = published.get(b.id)
             ms = by_bucket.get(b.id, [])
+            # the bucket's own batch (B and tokens): from any of its measurements, timed plan or not
+            own_batches = ms or train_by_bucket.get(b.id, [])
             evidence = "held-out"
+            time_note = ""
             if p is not None:
                 # only the published policy's own run: another (unpublished) tuning of the bucket is not what
                 # the service serves, so its figures must not stand beside the published policy
@@ -329,6 +344,13 @@ def dashboard_data(url: str) -> dict[str, Any]:
                     ]
                     if any(m.policy_name == "tuned" for m in own):
                         ms, evidence = own, "training"
+                    elif train_by_bucket.get(b.id):
+                        # timed, but with params that give this batch another plan than the served one (the
+                        # whole-wave rule was added to the shipped policies after their timing)
+                        ms, evidence = [], "none"
+                        time_note = "served plan not timed: the timed plan differs (whole-wave rule added later)"
+                    else:
+                        evidence = "none"
             elif ms:
                 last_run = max((m.tuning_run_id or 0) for m in ms)
                 ms = [m for m in ms if (m.tuning_run_id or 0) == last_run]
@@ -347,8 +369,10 @@ def dashboard_data(url: str) -> dict[str, Any]:
             ):
                 pairs = [per_policy[base][i].time_s / tuned[i].time_s for i in tuned if i in per_policy[base]]
                 speedups[base] = geomean(pairs) if pairs else None
-            bsz = sorted(m.batch_size for m in ms)
+            bsz = sorted(m.batch_size for m in own_batches)
             batch_size = bsz[len(bsz) // 2] if bsz else None
+            tok = sorted(m.total_tokens for m in own_batches)
+            classes = _KEY_CLASSES.search(b.key)
             family = family_of(b)
             measured_on = sorted({m.backend for m in ms})
             sh["buckets"].append(
@@ -358,7 +382,10 @@ def dashboard_data(url: str) -> dict[str, Any]:
                     "family": family,
                     "source": b.source,
                     "batch_size": batch_size,
-                    "total_tokens": (sorted(m.total_tokens for m in ms)[len(ms) // 2] if ms else None),
+                    "total_tokens": tok[len(tok) // 2] if tok else None,
+                    "b_class": int(classes.group(1)) if classes else None,
+                    "t_class": int(classes.group(2)) if classes else None,
+                    "time_note": time_note,
                     "policy": None
                     if p is None
                     else {
@@ -379,7 +406,7 @@ def dashboard_data(url: str) -> dict[str, Any]:
                     "measured_on": measured_on,
                 }
             )
-            if batch_size is not None:
+            if ms and batch_size is not None:
                 for name, r in ratios.items():
                     if not math.isfinite(r) or (name == "tuned" and p is None):
                         continue

@@ -240,9 +240,7 @@ def shape_evidence(
                 served_t = {tuple(r[1:5]): r[5] for r in base["rows"]}
                 sp = [r[5] / served_t[tuple(r[1:5])] for r in e["rows"] if tuple(r[1:5]) in served_t]
                 if sp:
-                    row.update(
-                        speedup_geomean=geomean(sp), speedup_min=min(sp), paired=len(sp), served_run=base["run"]
-                    )
+                    row.update(speedup_geomean=geomean(sp), speedup_min=min(sp), paired=len(sp), served_run=base["run"])
             rows.append(row)
         n = max(len(e["rows"]) for e in group)
         label = (
@@ -260,9 +258,7 @@ def shape_evidence(
             "measured": e["measured"],
             "run": e["run"],
             "gpu": e.get("gpu", ""),
-            "versions": ", ".join(
-                f"{k} {e[k]}" for k in ("torch", "triton", "cuda") if e.get(k)
-            )
+            "versions": ", ".join(f"{k} {e[k]}" for k in ("torch", "triton", "cuda") if e.get(k))
             + (f", {e['peer_version']}" if e.get("peer_version") else ""),
             "read_bandwidth_tbps": (e.get("read_bandwidth_bytes_per_s") or 0) / 1e12,
             "source": e["source"],
