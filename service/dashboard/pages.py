@@ -183,6 +183,7 @@ def _store_counts(sh: dict[str, Any]) -> dict[str, Any]:
         "untimed": sum(1 for b in pub if b["evidence"] == "none"),
         "training_only": sum(1 for b in pub if b["evidence"] == "training"),
         "heldout": len(held),
+        "heldout_sim": bool(held) and all(b["measured_on"] == ["sim"] for b in held),
         "heldout_gain": geomean(held_gains) if held_gains else None,
         "heldout_worst": min(held_gains) if held_gains else None,
         "train_gain": geomean([g for g in gains if g]) if any(gains) else None,
@@ -296,7 +297,7 @@ def _family_charts(sh: dict[str, Any], ev: dict[str, Any] | None) -> list[dict[s
                 continue
             for _, setname, fam, B, _, _, ratio in e["rows"]:
                 d = peer_rows.setdefault((fam, setname), {})
-                name = IMPLEMENTATIONS.get(e["implementation"], e["implementation"])
+                name = IMPLEMENTATIONS.get(e["implementation"], e["implementation"]).split(" (")[0]
                 if e["run"] != "peers-2026-12-04" and e["implementation"] == SERVED:
                     continue  # one served series per chart: the first run's
                 d.setdefault(name, []).append((B, ratio))
