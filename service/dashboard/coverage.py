@@ -120,10 +120,13 @@ def coverage_svg(
     t_range: range,
     traffic: Sequence[dict[str, Any]] = (),
     cell: int = 14,
+    cells: dict[tuple[int, int], dict[str, Any]] | None = None,
 ) -> str:
     """One family's coverage map as an inline ``<svg>`` (cells ``rect.cov`` with ``data-kind``, ``data-b``,
-    ``data-t`` and a ``<title>``; traffic ``circle.traffic`` with ``data-requests``)."""
-    cells = coverage_cells(buckets, family, lookup, b_range, t_range)
+    ``data-t`` and a ``<title>``; traffic ``circle.traffic`` with ``data-requests``). ``cells``: the
+    :func:`coverage_cells` of the same arguments when the caller has them already."""
+    if cells is None:
+        cells = coverage_cells(buckets, family, lookup, b_range, t_range)
     ml, mt, mb = 30, 18, 26
     nb, nt = len(b_range), len(t_range)
     w, h = ml + nb * cell + 6, mt + nt * cell + mb

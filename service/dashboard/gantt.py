@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .svg import _lin_ticks
+
 __all__ = ["gantt_svg"]
 
 _COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#8c6d31", "#666666")
@@ -139,9 +141,11 @@ def gantt_svg(tl: Any, plan: Any, *, title: str, t_max: float | None = None, wid
             f'<rect class="merge" x="{fx(end_main):.1f}" y="{mt}" width="{fx(end_main + tl.merge_s) - fx(end_main):.1f}" '
             f'height="{ph:.1f}"><title>LSE merge {tl.merge_s * 1e6:.2f} µs</title></rect>'
         )
-    for k in range(0, 6):
-        t = span * k / 5
-        out.append(f'<text class="tick" x="{fx(t):.1f}" y="{yb + 12:.1f}" text-anchor="middle">{t * 1e6:.0f}</text>')
+    for t_us in _lin_ticks(0.0, span * 1e6, 5):
+        if t_us <= span * 1e6 * 0.97:
+            out.append(
+                f'<text class="tick" x="{fx(t_us * 1e-6):.1f}" y="{yb + 12:.1f}" text-anchor="middle">{t_us:g}</text>'
+            )
     out.append(f'<text class="axis" x="{ml + pw / 2:.0f}" y="{height - 4}" text-anchor="middle">µs</text>')
     for sm in range(0, S, max(1, S // 6)):
         out.append(f'<text class="tick" x="{ml - 4}" y="{mt + sm * row_h + row_h:.1f}" text-anchor="end">{sm}</text>')

@@ -20,7 +20,7 @@ from markupsafe import Markup
 
 from .. import queries
 from ..queries import BASELINES, SIMULATED_SUFFIX
-from .coverage import coverage_svg
+from .coverage import coverage_cells, coverage_svg
 from .evidence import SERVED, geomean, shape_evidence
 from .render import shape_name
 from .svg import line_chart
@@ -129,12 +129,26 @@ def traffic_rows(url: str, hours: int = 24) -> tuple[list[dict[str, Any]], str]:
     return rows, f"traffic of the last {hours} h: {sum(int(r.get('requests', 0)) for r in rows):,} requests"
 
 
+_LOOKUPS: dict[str, Any] = {"table": None, "memo": {}}
+"""Lookups of the last served table, by (shape, batch): the table is immutable (a reload makes a new one)."""
+
+
 def _lookup_of(table: Any, sh: dict[str, Any]):
     """``lookup(kv_lens) -> (source, distance)`` of the served table for shape ``sh``, or None without a table."""
     if table is None:
         return None
+    if _LOOKUPS["table"] is not table:
+        _LOOKUPS.update(table=table, memo={})
+    memo = _LOOKUPS["memo"]
 
     def lookup(lens):
+        key = (sh["slug"], lens.tobytes())
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _lookup(lens)
+        return hit
+
+    def _lookup(lens):
         _, bucket, info = table.plan(
             lens,
             gpu=sh["gpu"],
@@ -146,7 +160,7 @@ def _lookup_of(table: Any, sh: dict[str, Any]):
         )
         return info["source"], bucket["distance"]
 
-    return lookup
+    return lookup if len(memo) < 100_000 else _lookup
 
 
 def _ranges(buckets: list[dict[str, Any]]) -> tuple[range, range]:
@@ -157,17 +171,36 @@ def _ranges(buckets: list[dict[str, Any]]) -> tuple[range, range]:
     return range(min(bs), max(bs) + 1), range(min(ts), max(ts) + 1)
 
 
-def _coverage(sh: dict[str, Any], table: Any, traffic: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _coverage(sh: dict[str, Any], table: Any, traffic: list[dict[str, Any]]) -> tuple[list[dict], dict[str, Any]]:
+    """Per family the coverage map, and the counts of cell kinds over the synthetic families (with their range)."""
     b_range, t_range = _ranges(sh["buckets"])
     fams = sorted({b["family"] for b in sh["buckets"]}, key=lambda f: (_FAMILY_ORDER + (f,)).index(f))
     lookup = _lookup_of(table, sh)
     mine = [r for r in traffic if str(r.get("key", "")).startswith(sh["slug"] + ".")]
     out = []
+    kinds: dict[str, int] = {}
     for fam in fams:
         tr = [r for r in mine if r.get("family") == fam]
-        svg = coverage_svg(sh["buckets"], fam, lookup=lookup, b_range=b_range, t_range=t_range, traffic=tr)
+        cells = coverage_cells(sh["buckets"], fam, lookup, b_range, t_range)
+        if fam in _FAMILY_ORDER[:5]:
+            for c in cells.values():
+                kinds[c["kind"]] = kinds.get(c["kind"], 0) + 1
+        svg = coverage_svg(sh["buckets"], fam, lookup=lookup, b_range=b_range, t_range=t_range, traffic=tr, cells=cells)
         out.append({"family": fam, "svg": Markup(svg)})
-    return out
+    n = sum(kinds.values())
+    summary = {
+        "cells": n,
+        "tuned": kinds.get("measured", 0) + kinds.get("untimed", 0),
+        "near": kinds.get("near", 0),
+        "holes": kinds.get("hole", 0),
+        "hole_pct": 100.0 * kinds.get("hole", 0) / n if n else 0.0,
+        "checked": lookup is not None,
+        "b_lo": 2**b_range.start,
+        "b_hi": 2 ** (b_range.stop - 1),
+        "t_lo": 2**t_range.start,
+        "t_hi": 2 ** (t_range.stop - 1),
+    }
+    return out, summary
 
 
 def _store_counts(sh: dict[str, Any]) -> dict[str, Any]:
@@ -232,6 +265,7 @@ def summary_context(url: str, table: Any = None) -> dict[str, Any]:
             versions = []
             for f in files:
                 for v in f["versions"].split(", "):
+                    v = v.replace(" ?", " (version not recorded)")
                     if v and v not in versions:
                         versions.append(v)
             prov.append(
@@ -252,9 +286,9 @@ def summary_context(url: str, table: Any = None) -> dict[str, Any]:
                 "headline": _headline(ev),
                 "provenance": prov,
                 "counts": _store_counts(sh),
-                "coverage": _coverage(sh, table, traffic),
             }
         )
+        shapes[-1]["coverage"], shapes[-1]["cov"] = _coverage(sh, table, traffic)
     return {
         "shapes": shapes,
         "version": data["version"],
@@ -386,7 +420,7 @@ def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dic
         "tq": tq,
         "baselines": baselines,
         "families": sorted({b["family"] for b in sh["buckets"]}, key=lambda f: (_FAMILY_ORDER + (f,)).index(f)),
-        "coverage": _coverage(sh, table, traffic),
+        "coverage": _coverage(sh, table, traffic)[0],
         "traffic_note": traffic_note,
         "charts": _family_charts(sh, ev),
         "sort_columns": SORT_COLUMNS,

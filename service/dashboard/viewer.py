@@ -162,7 +162,7 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
                 "max_splits": int(p.num_splits.max()),
                 "split_requests": int((p.num_splits > 1).sum()),
                 "config": f"BLOCK_N {c.block_n}, {c.num_warps} warps, {c.num_stages} stages, {c.schedule}",
-                "svg": Markup(gantt_svg(tl, p, title=f"{name}: {what}", t_max=t_max)),
+                "svg": Markup(gantt_svg(tl, p, title=name, t_max=t_max)),
             }
         )
     held = (err or {}).get("heldout") or {}

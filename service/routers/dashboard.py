@@ -88,7 +88,7 @@ def _viewer(request: Request, settings, fields: dict[str, str]) -> HTMLResponse:
         "trace_value": "",
         "error": None,
         "result": None,
-        "version": "",
+        "version": getattr(getattr(request.app.state.holder, "current", None), "version", ""),
         "shape_slug": shapes[0]["slug"],
     }
     status = 200
