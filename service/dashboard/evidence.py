@@ -172,10 +172,19 @@ def load_peer_timings() -> tuple[dict[str, Any], ...]:
 
 
 def _gpu_matches(a: str, b: str) -> bool:
+    """Same GPU: equal slugs of the names, a known alias (``"h200"``) resolved to its GPU's name first."""
     from ...kernels.buckets import gpu_slug
+    from ...kernels.device import resolve_device
+
+    def canon(name: str) -> str:
+        try:
+            name = resolve_device(name).name
+        except ValueError:
+            pass
+        return gpu_slug(name)
 
     try:
-        return gpu_slug(a) == gpu_slug(b)
+        return canon(a) == canon(b)
     except ValueError:
         return False
 

@@ -172,6 +172,8 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
         "tokens": int(sum(kv_lens)),
         "calibration": "the store's calibration of this GPU (kvsplit calibrate)"
         if cal
-        else "the simulator's defaults (no calibration stored)",
+        else f"the simulator's defaults scaled to the measured read bandwidth {read_bw:,.0f} GB/s (no calibration stored)"
+        if read_bw
+        else "the simulator's defaults (no calibration or measured bandwidth stored)",
         "cal_error": held,
     }

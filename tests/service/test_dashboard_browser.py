@@ -266,7 +266,7 @@ def test_summary_headline_coverage_and_load_time(server, browser, width):
     if width == WIDTHS[0]:
         for p in _artifact_paths(tmp, "dashboard-summary.png"):
             p.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(p), full_page=False)
+            main.screenshot(path=str(p))  # the main shape's card: headline, tables, coverage map
             assert p.stat().st_size > 20_000
     page.close()
 
