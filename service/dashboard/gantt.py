@@ -82,7 +82,7 @@ def gantt_svg(tl: Any, plan: Any, *, title: str, t_max: float | None = None, wid
         f'<text class="ctitle" x="{ml}" y="14">{escape(title)}</text>',
         f'<text class="sub" x="{ml}" y="26">predicted {tl.total_s * 1e6:,.1f} µs '
         f"({tl.total_s / tl.floor_s:.2f}× the HBM floor) · {tl.sm.shape[0]:,} work tiles · {S} SMs × {tl.slots} "
-        f"slots</text>",
+        f"slot{'' if tl.slots == 1 else 's'}</text>",
         f'<rect class="plot" x="{ml}" y="{mt}" width="{pw}" height="{ph:.1f}"/>',
     ]
     # bars, coalescing sub-pixel neighbours of one lane
