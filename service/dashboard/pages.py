@@ -12,8 +12,11 @@ Pages (routes in :mod:`kvsplit.service.routers.dashboard`):
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from markupsafe import Markup
@@ -113,6 +116,17 @@ def table_query(params: dict[str, str]) -> TableQuery:
     )
 
 
+def _as_dict(r: Any) -> dict[str, Any]:
+    """A traffic row as a dict: a mapping, an SQLAlchemy ``Row`` (``_mapping``) or a dataclass."""
+    if isinstance(r, dict):
+        return r
+    if hasattr(r, "_mapping"):
+        return dict(r._mapping)
+    if dataclasses.is_dataclass(r):
+        return dataclasses.asdict(r)
+    return dict(r)
+
+
 def traffic_rows(url: str, hours: int = 24) -> tuple[list[dict[str, Any]], str]:
     """Rows of ``kvsplit.service.queries.traffic_summary(session, hours=)`` and a note; ``([], why)`` when the
     function is missing or the store cannot answer (the coverage map then has no traffic layer)."""
@@ -123,7 +137,7 @@ def traffic_rows(url: str, hours: int = 24) -> tuple[list[dict[str, Any]], str]:
 
     try:
         with store.session_scope(url) as s:
-            rows = [dict(r) if not isinstance(r, dict) else r for r in fn(s, hours=hours)]
+            rows = [_as_dict(r) for r in fn(s, hours=hours)]
     except Exception as exc:  # noqa: BLE001 - a store without the traffic table: no layer, said on the page
         return [], f"traffic statistics unavailable ({type(exc).__name__})"
     return rows, f"traffic of the last {hours} h: {sum(int(r.get('requests', 0)) for r in rows):,} requests"
@@ -223,6 +237,30 @@ def _store_counts(sh: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@lru_cache(maxsize=1)
+def _shipped_set() -> tuple[frozenset, int]:
+    """(bucket key, policy name, params) of every shipped policy, and the shipped table's policies_version."""
+    from ...kernels.policy_table import shipped_policies
+
+    doc = shipped_policies()
+    rows = frozenset((p["bucket"]["key"], p["name"], json.dumps(p["params"], sort_keys=True)) for p in doc["policies"])
+    return rows, int(doc.get("policies_version") or 0)
+
+
+def _served_is_shipped(sh: dict[str, Any]) -> tuple[bool, int, int]:
+    """Whether the store's published policies of shape ``sh`` are the shipped table's (the plans the peer timings
+    are of); the number of published policies that differ and the shipped table's version."""
+    shipped, version = _shipped_set()
+    mine = {
+        (b["key"], b["policy"]["name"], json.dumps(b["policy"]["params"], sort_keys=True))
+        for b in sh["buckets"]
+        if b["policy"] is not None
+    }
+    theirs = {r for r in shipped if r[0].startswith(sh["slug"] + ".")}
+    differ = len(mine ^ theirs)
+    return differ == 0, differ, version
+
+
 def _headline(ev: dict[str, Any] | None) -> list[str]:
     """Plain sentences of what the served plan gains on held-out batches (measured rows only)."""
     if ev is None:
@@ -278,11 +316,15 @@ def summary_context(url: str, table: Any = None) -> dict[str, Any]:
                     "read_bw": ", ".join(sorted({f"{f['read_bandwidth_tbps']:.2f}" for f in files})),
                 }
             )
+        same, differ, shipped_version = _served_is_shipped(sh)
         shapes.append(
             {
                 **sh,
                 "model": shape_name(sh["num_kv_heads"], sh["head_dim"]),
                 "evidence": ev,
+                "served_is_shipped": same,
+                "served_differs": differ,
+                "shipped_version": shipped_version,
                 "headline": _headline(ev),
                 "provenance": prov,
                 "counts": _store_counts(sh),
@@ -411,7 +453,18 @@ def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dic
     shown = rows[(page - 1) * tq.per_page : page * tq.per_page]
     baselines = [b for b in BASELINES if any(b in r["speedups"] for r in sh["buckets"])]
     traffic, traffic_note = traffic_rows(url)
+    from .viewer import _calibration
+
+    held = (_calibration(url, sh["gpu"])[2] or {}).get("heldout") or {}
+    sim_error = (
+        f"predicted by the calibrated simulator: its error against GPU timings it was not fitted on is "
+        f"{100 * held['median']:.1f} % median, {100 * held['worst']:.1f} % worst"
+        if "median" in held and "worst" in held
+        else "predicted by the simulator; no calibration error stored for this GPU"
+    )
     return {
+        "sim_error": sim_error,
+        "has_sim": any("sim" in b["measured_on"] for b in sh["buckets"] if b["policy"] is not None),
         "sh": {**sh, "model": shape_name(sh["num_kv_heads"], sh["head_dim"])},
         "rows": shown,
         "n_rows": n,

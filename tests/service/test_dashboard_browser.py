@@ -344,6 +344,12 @@ def test_shape_page_table_sort_filter_pages(server, browser, width):
         r = page.goto(srv.url + f"/shapes/{MAIN_SLUG}?{q}")
         assert r.status == 400, q
         assert page.locator(".error").inner_text().startswith(f"{arg}: "), q
+    # simulated figures carry the calibration's error (the shipped calibration, stored by the import)
+    held = json.loads((ROOT / "service/data/h200_calibration.json").read_text())["error"]["heldout"]
+    page.goto(srv.url + f"/shapes/{OTHER_SLUG}")
+    note = page.locator(".sim-error").inner_text()
+    assert f"{100 * held['median']:.1f} % median, {100 * held['worst']:.1f} % worst" in note
+    assert page.locator("td.tuned-ratio .pill.simulated").count() == page.locator("tr.bucket-row").count() > 0
     r = page.goto(srv.url + "/shapes/no-such-shape")
     assert r.status == 404 and "no-such-shape" in page.locator(".error").inner_text()
     page.close()

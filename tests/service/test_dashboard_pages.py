@@ -46,6 +46,10 @@ def test_summary_without_peer_timings_says_not_measured(client):
     html = r.text
     # fill_store's shapes are the H200's; the shipped peer timings are of H_kv 4 / head_dim 128 / bf16 / page 16
     assert f'data-slug="{SLUG}"' in html and "On 98 held-out reference batches" in html
+    # but fill_store's policies are not the shipped table's, which those timings are of: the page says so
+    kv4 = html[html.index(f'data-slug="{SLUG}"') :]
+    kv4 = kv4[: kv4.index("</section>")]
+    assert 'class="error served-differs"' in kv4 and "the timings are not of this server" in kv4
     # the H_kv 8 shape has only a draft: no headline figure, "not measured"
     kv8 = html[html.index('data-slug="nvidia-h200.kv8.d128.bf16.p16"') :]
     assert "not measured" in kv8[: kv8.index("</section>")]
