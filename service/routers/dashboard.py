@@ -114,8 +114,9 @@ def _viewer(request: Request, settings, fields: dict[str, str]) -> HTMLResponse:
             lens = parse_kv_lens(fields["kv_lens"], max_kv_len=settings.max_kv_len)
         if lens is not None:
             ctx["result"] = viewer_context(url, _table(request), sh, lens)
-    except ViewerError as exc:
+    except ValueError as exc:  # ViewerError, or the planner refusing the shape (e.g. a GPU it does not know)
         ctx["error"] = str(exc)
+        ctx["result"] = None
         status = 400
     return HTMLResponse(render("plan.html", **ctx), status)
 

@@ -258,3 +258,29 @@ def test_gantt_draws_every_tile_with_predicts_total():
     # every request's tiles are drawn in its colour class (data-request)
     reqs = {int(x) for x in re.findall(r'data-request="(-?\d+)"', svg)}
     assert reqs <= set(range(len(lens))) | {-1} and reqs & set(range(len(lens)))
+
+
+def test_pages_of_a_gpu_the_planner_does_not_know(tmp_path):
+    """A store bucket of a GPU without a DeviceSpec (tuned elsewhere, imported here): every page answers, the
+    viewer says why it cannot plan, never a 5xx."""
+    from kvsplit.db import store
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    store.upgrade(url)
+    with store.session_scope(url, write=True) as s:
+        store.get_or_create_bucket(
+            s,
+            key="acme-x9.kv4.d128.bf16.p16.b3.t12.w23x16",
+            gpu="ACME X9",
+            num_kv_heads=4,
+            head_dim=128,
+            dtype="bfloat16",
+            page_size=16,
+            source="imported",
+        )
+    app = create_app(Settings(database_url=url, admin_token=None, reload_interval_s=0))
+    with TestClient(app) as c:
+        assert c.get("/").status_code == 200
+        assert c.get("/shapes/acme-x9.kv4.d128.bf16.p16").status_code == 200
+        r = c.get("/plan?shape=acme-x9.kv4.d128.bf16.p16&kv_lens=5,6")
+        assert r.status_code == 400 and "ACME X9" in r.text and 'id="viewer-error"' in r.text
