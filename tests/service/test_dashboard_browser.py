@@ -350,6 +350,12 @@ def test_shape_page_table_sort_filter_pages(server, browser, width):
     note = page.locator(".sim-error").inner_text()
     assert f"{100 * held['median']:.1f} % median, {100 * held['worst']:.1f} % worst" in note
     assert page.locator("td.tuned-ratio .pill.simulated").count() == page.locator("tr.bucket-row").count() > 0
+    # and are drawn as their own hollow, dashed series: tuned 1.10x and balanced 1.32x the floor (stored above)
+    sim = page.locator('.chartbox[data-kind="store"] circle.pt.simulated[data-series="tuned (simulated)"]')
+    assert sim.count() > 0
+    assert {round(float(y), 6) for y in sim.evaluate_all("es => es.map(e => e.dataset.y)")} == {1.1}
+    bal = page.locator('.chartbox[data-kind="store"] circle.pt.simulated[data-series="balanced (simulated)"]')
+    assert {round(float(y), 6) for y in bal.evaluate_all("es => es.map(e => e.dataset.y)")} == {1.32}
     r = page.goto(srv.url + "/shapes/no-such-shape")
     assert r.status == 404 and "no-such-shape" in page.locator(".error").inner_text()
     page.close()
