@@ -198,7 +198,8 @@ def shape_evidence(
     -------
     dict or None
         ``{"sets": [{"cases", "label", "n", "rows": [{"implementation", "name", "n", "geomean", "worst",
-        "speedup_geomean", "speedup_min", "paired"}]}], "provenance": [...], "shape": {...}}``: ``geomean`` /
+        "speedup_geomean", "speedup_min", "paired"}]}], "provenance": [...], "shape": {...}, "entries": [...]}``
+        (``entries``: the data file's sets of this GPU and shape, in import order): ``geomean`` /
         ``worst`` are of time / read floor; ``speedup_*`` of (implementation time / served time) per case, paired by
         (set, family, B, total tokens), None for the served plan itself. ``provenance`` lists each CSV's
         implementation, date, GPU, versions and file. Implementations of :data:`IMPLEMENTATIONS` without rows for a
@@ -274,7 +275,7 @@ def shape_evidence(
         }
         for e in mine
     ]
-    return {"sets": sets_out, "provenance": prov, "shape": dict(mine[0]["shape"])}
+    return {"sets": sets_out, "provenance": prov, "shape": dict(mine[0]["shape"]), "entries": mine}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -366,17 +366,17 @@ def _family_charts(sh: dict[str, Any], ev: dict[str, Any] | None) -> list[dict[s
     fams = list(sh["families"])
     peer_rows: dict[tuple[str, str], dict[str, list]] = {}
     if ev is not None:
-        from .evidence import IMPLEMENTATIONS, load_peer_timings
+        from .evidence import IMPLEMENTATIONS
 
-        for e in load_peer_timings():
-            if e["cases"] != "reference" or e["shape"] != ev["shape"]:
+        drawn: set[str] = set()
+        for e in ev["entries"]:
+            # the reference sets; one series per implementation (its first imported run, as the headline)
+            if e["cases"] != "reference" or e["implementation"] in drawn:
                 continue
+            drawn.add(e["implementation"])
+            name = IMPLEMENTATIONS.get(e["implementation"], e["implementation"]).split(" (")[0]
             for _, setname, fam, B, _, _, ratio in e["rows"]:
-                d = peer_rows.setdefault((fam, setname), {})
-                name = IMPLEMENTATIONS.get(e["implementation"], e["implementation"]).split(" (")[0]
-                if e["run"] != "peers-2026-12-04" and e["implementation"] == SERVED:
-                    continue  # one served series per chart: the first run's
-                d.setdefault(name, []).append((B, ratio))
+                peer_rows.setdefault((fam, setname), {}).setdefault(name, []).append((B, ratio))
     for fam in _FAMILY_ORDER:
         for setname in ("T262144", "T1048576"):
             d = peer_rows.get((fam, setname))
