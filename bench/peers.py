@@ -14,6 +14,8 @@ Implementations (``--impl``):
 
 - ``kvsplit``: the plan the shipped table (kernels/data/h200_policies.json) serves each batch, on the hot path
   (``decode_attention(..., out=, workspace=, validate=False)``, plan uploaded);
+- ``kvsplit_balanced``: the ``balanced`` fallback plan (``make_plan(..., policy="balanced")``, the rule a batch gets
+  where no tuned bucket is near) on the same kernel and hot path: what the tuned table gains over not tuning;
 - ``fa3``: FlashAttention-3 ``flash_attn_interface.flash_attn_with_kvcache(q [B, 1, H_q, D], k_cache, v_cache,
   cache_seqlens=, page_table=, causal=True, num_splits=0)``: its own split heuristic, SGLang's Hopper default
   (build: ../shared/tools/fa3_for_device);
@@ -72,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-IMPLS = ("kvsplit", "fa3", "flashinfer_batch_attention", "flashinfer_decode", "flashinfer_prefill")
+IMPLS = ("kvsplit", "kvsplit_balanced", "fa3", "flashinfer_batch_attention", "flashinfer_decode", "flashinfer_prefill")
 COLUMNS = ("implementation", "set", "family", "B", "total_tokens", "time_us", "ratio_to_read_floor")
 SHAPE = {"num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16}
 K_SCALE, V_SCALE = 0.5, 2.0
@@ -200,7 +202,7 @@ def summary(rows: Sequence[dict[str, Any]], baseline: str | None = None) -> dict
     if baseline is not None and baseline not in impls:
         raise ValueError(f"--baseline: {baseline!r} is none of the implementations {impls}")
     if baseline is None:
-        baseline = next((i for i in impls if i.startswith("kvsplit")), None)
+        baseline = "kvsplit" if "kvsplit" in impls else next((i for i in impls if i.startswith("kvsplit")), None)
     per_set: dict[str, dict[str, tuple[float, float, int]]] = defaultdict(dict)
     by_impl_set: dict[tuple[str, str], list[float]] = defaultdict(list)
     times: dict[str, dict[tuple, float]] = defaultdict(dict)
@@ -381,7 +383,7 @@ def _import_peer(impl: str) -> tuple[Any, str]:
             import kvsplit.kernels.decode as mod
     except Exception as exc:  # noqa: BLE001 - any import failure means the peer is missing here
         return None, f"{type(exc).__name__}: {exc}"
-    if impl == "kvsplit":
+    if impl.startswith("kvsplit"):
         from importlib.metadata import version
 
         return mod, f"kvsplit {version('kvsplit')}"
@@ -460,6 +462,27 @@ def make_runner(
         raise ValueError("--impl flashinfer_decode: FlashInfer's decode wrapper takes one query token per request")
     if impl == "flashinfer_prefill" and q_len == 1:
         raise ValueError("--impl flashinfer_prefill: for --q-len > 1 (verify steps); q_len 1 is flashinfer_decode")
+    if impl == "kvsplit_balanced":
+        if fp8 or q_len != 1:
+            raise ValueError("--impl kvsplit_balanced: times the bf16, q_len 1 reference workload only")
+        from kvsplit.kernels.decode import decode_attention
+        from kvsplit.kernels.plan import make_plan
+        from kvsplit.kernels.policy_table import FALLBACK_POLICY
+
+        gpu = torch.cuda.get_device_name()
+        shape = {k: v for k, v in SHAPE.items() if k != "num_qo_heads"}
+
+        def prepare_balanced(lens):
+            plan = make_plan(lens, policy=FALLBACK_POLICY, device=gpu, **shape)
+            b = t.batch(lens)
+            out = torch.empty_like(b["q"])
+            ws = t.workspace_for(plan)
+            plan.to(t.device)
+            args = (b["q"], t.k_cache, t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
+            decode_attention(*args, out=out, workspace=ws, validate=True)
+            return (lambda: decode_attention(*args, out=out, workspace=ws, validate=False)), (lambda: out)
+
+        return prepare_balanced
     if impl == "kvsplit":
         from kvsplit.kernels.decode import decode_attention
         from kvsplit.kernels.policy_table import PolicyTable
@@ -627,6 +650,7 @@ def make_runner(
 
 LABELS = {
     "kvsplit": "kvsplit (served plan of the shipped table, hot path)",
+    "kvsplit_balanced": "kvsplit kernel, balanced fallback plan (untuned), hot path",
     "fa3": "FlashAttention-3 flash_attn_with_kvcache(num_splits=0)",
     "flashinfer_batch_attention": "FlashInfer BatchAttention",
     "flashinfer_decode": "FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)",

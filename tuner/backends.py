@@ -135,6 +135,10 @@ class SimBackend:
         self._read_bw = float(read_bandwidth_gbps) * 1e9 if read_bandwidth_gbps else None
         self._cache: dict[tuple, Any] = {}
 
+    def calibration_for(self, plan: Plan):
+        """The :class:`~kvsplit.tuner.simulate.Calibration` this backend times ``plan`` with (see the class)."""
+        return self._cal(plan)
+
     def _cal(self, plan: Plan):
         cfg = plan.config.to_dict()
         key = tuple(sorted(cfg.items()))

@@ -81,6 +81,8 @@ from ..kernels.residency import MEASURED_GROUP, padded_rows, resident_ctas_per_s
 __all__ = [
     "Calibration",
     "predict",
+    "timeline",
+    "Timeline",
     "hbm_floor_s",
     "fit_calibration",
     "FIT_PARAMS",
@@ -475,7 +477,9 @@ def _prepare(
     )
 
 
-def _simulate(t: _Tiles, c: Calibration) -> float:
+def _simulate(t: _Tiles, c: Calibration, record: dict[str, Any] | None = None) -> float:
+    """Predicted seconds of the tiles ``t`` under ``c``; with ``record`` (a dict) also each tile's SM, start and end
+    (the placement the total is computed from: :func:`timeline`)."""
     if c.per_config:
         c = c.for_config(t.config_key)
     S = t.num_sms
@@ -494,15 +498,19 @@ def _simulate(t: _Tiles, c: Calibration) -> float:
         t_last = 0.0
         run_fixed = fixed
         run_bytes = t.tile_bytes
+        if record is not None:
+            record.update(start=np.zeros(N), end=np.zeros(N), slot=np.arange(N), running=np.ones(N, dtype=bool))
     else:
         dur = fixed + t.tile_bytes / r_bulk
         if np.ndim(dur) == 0:
             dur = np.full(N, float(dur))
+        slot = None
         if dur.min() == dur.max():
             # identical tiles: list scheduling is plain waves of P tiles
             starts = (np.arange(N) // P) * float(dur[0])
             t_last = float(starts[-1])
-        else:
+            slot = np.arange(N) % P
+        elif record is None:
             starts = np.empty(N)
             starts[:P] = 0.0
             heap = dur[:P].tolist()
@@ -516,14 +524,26 @@ def _simulate(t: _Tiles, c: Calibration) -> float:
                 replace(heap, t0 + d)
             starts[P:] = st
             t_last = st[-1]
+        else:  # the same list scheduling, keeping which slot takes each tile (same start times)
+            starts = np.zeros(N)
+            slot = np.arange(N)
+            sheap = [(float(d), p) for p, d in enumerate(dur[:P])]
+            heapq.heapify(sheap)
+            for i in range(P, N):
+                t0, p = sheap[0]
+                starts[i], slot[i] = t0, p
+                heapq.heapreplace(sheap, (t0 + float(dur[i]), p))
+            t_last = float(starts[-1])
         ends = starts + dur
         running = ends > t_last
+        if record is not None:
+            record.update(start=starts, end=ends.copy(), slot=slot, running=running)
         # tiles still running at t_last: remaining fixed time and bytes
         elapsed = t_last - starts[running]
         f = fixed[running] if np.ndim(fixed) else np.full(int(running.sum()), fixed)
         run_fixed = np.maximum(f - elapsed, 0.0)
         run_bytes = np.maximum(t.tile_bytes[running] - np.maximum(elapsed - f, 0.0) * r_bulk, 0.0)
-    return _finish(t, c, t_last, run_fixed, run_bytes, r_bulk, sm_math)
+    return _finish(t, c, t_last, run_fixed, run_bytes, r_bulk, sm_math, record)
 
 
 def _finish(
@@ -534,8 +554,9 @@ def _finish(
     run_bytes: np.ndarray,
     r_bulk: float,
     sm_math: float = math.inf,
+    record: dict[str, Any] | None = None,
 ) -> float:
-    """Drain the tiles running at ``t_last`` and add launch, floor and merge terms."""
+    """Drain the tiles running at ``t_last`` and add launch, floor and merge terms (``record``: see _simulate)."""
     S = t.num_sms
     # tail: spread the running tiles over SMs (longest first, round-robin), drain by processor sharing
     if np.ndim(run_fixed) == 0:
@@ -550,6 +571,8 @@ def _finish(
         pad = m * S - n
         b = np.concatenate([run_bytes[order], np.zeros(pad)]).reshape(m, S).T  # [S, m]
         fx = np.concatenate([run_fixed[order], np.zeros(pad)]).reshape(m, S).T
+        if record is not None:
+            pos = np.argsort(b, axis=1, kind="stable")  # [S, m]: drain phase j of SM s ends tile (s, pos[s, j])
         b = np.sort(b, axis=1)
         diffs = np.diff(b, axis=1, prepend=0.0)
         active = np.arange(m, 0, -1, dtype=np.float64)  # residents still draining in phase j
@@ -568,10 +591,23 @@ def _finish(
             fx_sm = fx_sm * (1.0 - c.fixed_overlap * (m_sm - 1.0) / np.maximum(m_sm, 1.0))
         sm_time = fx_sm + (diffs / rate).sum(axis=1)
         finish = t_last + float(sm_time.max())
+        if record is not None:
+            # the drain spreads the running tiles over the SMs longest first: rank r on SM r % S, column r // S
+            phase_end = t_last + fx_sm[:, None] + np.cumsum(diffs / rate, axis=1)  # [S, m]
+            col_end = np.empty((S, m))
+            np.put_along_axis(col_end, pos, phase_end, axis=1)
+            ranks = np.arange(n)
+            idx = np.flatnonzero(record["running"])[order]
+            record["end"][idx] = col_end[ranks % S, ranks // S]
+            record["drain_sm"] = (idx, ranks % S)
     main = max(finish, t.total_bytes / c.hbm_bw)
     total = c.launch_s + main
+    merge = 0.0
     if t.merge_units:
-        total += c.merge_launch_s + c.merge_partial_s * t.merge_units + c.merge_split_s * t.max_splits
+        merge = c.merge_launch_s + c.merge_partial_s * t.merge_units + c.merge_split_s * t.max_splits
+        total += merge
+    if record is not None:
+        record.update(launch_s=c.launch_s, main_s=main, floor_s=t.total_bytes / c.hbm_bw, merge_s=merge, total_s=total)
     return total
 
 
@@ -629,6 +665,100 @@ def predict(
     if not isinstance(cal, Calibration):
         raise ValueError(f"calibration: expected a Calibration, got {type(cal).__name__}")
     return _simulate(_prepare(plan, dev, kd, q_len, group_size), cal)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Where and when :func:`predict`'s model runs each work tile of a plan (the placement its total comes from).
+
+    Attributes
+    ----------
+    tile_cta, tile_heads : int64 ndarray ``[N]``
+        CTA index (into ``plan.cta_indptr``) and KV-head group (``0 .. H_kv / heads_per_tile - 1``) of each work
+        tile, in launch order (tile ``i`` = CTA ``i // (H_kv / heads_per_tile)``).
+    sm : int64 ndarray ``[N]``
+        SM the tile runs on: slot ``p`` of the first wave is on SM ``p % num_SMs`` and a later tile takes the slot
+        that frees first; a tile still running when the last tile has started is drained on the SM the model
+        spreads it to (longest first, round-robin: the module docstring's step 4).
+    start_s, end_s : float64 ndarray ``[N]``
+        Seconds from the main kernel's start (after ``launch_s``).
+    num_sms, slots : int
+        SMs of the device and resident CTAs per SM of the plan's config.
+    launch_s, main_s, floor_s, merge_s, total_s : float
+        Launch overhead, main kernel (``max(last tile end, floor_s)``), HBM floor of the batch, LSE merge
+        (0 without splits) and ``predict(plan)`` (= launch + main + merge), in seconds.
+    """
+
+    tile_cta: np.ndarray
+    tile_heads: np.ndarray
+    sm: np.ndarray
+    start_s: np.ndarray
+    end_s: np.ndarray
+    num_sms: int
+    slots: int
+    launch_s: float
+    main_s: float
+    floor_s: float
+    merge_s: float
+    total_s: float
+
+
+def timeline(
+    plan: Plan,
+    device: DeviceSpec | str | None = None,
+    *,
+    calibration: Calibration | None = None,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    group_size: int | None = None,
+) -> Timeline:
+    """Per-tile SM, start and end of ``plan`` under the simulator's model (a Gantt chart's data).
+
+    Runs the code :func:`predict` runs, keeping the placement, so ``timeline(plan).total_s == predict(plan)`` for
+    the same device, calibration, KV dtype and q_len. Parameters and errors as :func:`predict`.
+    """
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan: expected a Plan, got {type(plan).__name__}")
+    kd = check_kv_dtype(kv_dtype, plan.dtype)
+    q_len = check_q_len(q_len, group_size)
+    kd = None if kd == plan.dtype else kd
+    dev = resolve_device(device if device is not None else plan.gpu)
+    cal = calibration or Calibration.default(
+        dev,
+        head_dim=plan.head_dim,
+        dtype=plan.dtype,
+        config=plan.config,
+        kv_dtype=kd,
+        q_len=q_len,
+        group_size=group_size,
+    )
+    if not isinstance(cal, Calibration):
+        raise ValueError(f"calibration: expected a Calibration, got {type(cal).__name__}")
+    t = _prepare(plan, dev, kd, q_len, group_size)
+    rec: dict[str, Any] = {}
+    total = _simulate(t, cal, rec)
+    S = t.num_sms
+    sm = np.asarray(rec["slot"], dtype=np.int64) % S
+    if "drain_sm" in rec:
+        idx, drain = rec["drain_sm"]
+        sm[idx] = drain
+    per_cta = plan.num_kv_heads // plan.config.heads_per_tile
+    n = t.tile_bytes.shape[0]
+    c = cal.for_config(t.config_key) if cal.per_config else cal
+    return Timeline(
+        tile_cta=np.arange(n, dtype=np.int64) // per_cta,
+        tile_heads=np.arange(n, dtype=np.int64) % per_cta,
+        sm=sm,
+        start_s=np.asarray(rec["start"], dtype=np.float64),
+        end_s=np.asarray(rec["end"], dtype=np.float64),
+        num_sms=S,
+        slots=int(c.slots if c.slots is not None else t.resident),
+        launch_s=float(rec["launch_s"]),
+        main_s=float(rec["main_s"]),
+        floor_s=float(rec["floor_s"]),
+        merge_s=float(rec["merge_s"]),
+        total_s=float(total),
+    )
 
 
 FIT_PARAMS = (

@@ -1,5 +1,5 @@
-"""The dashboard page (``GET /``): server-rendered HTML with inline SVG charts, no CDN."""
+"""The dashboard (``GET /``, ``/shapes/{slug}``, ``/plan``): server-rendered HTML with inline SVG, no CDN."""
 
-from .render import render_dashboard
+from .render import render
 
-__all__ = ["render_dashboard"]
+__all__ = ["render"]

@@ -1,4 +1,4 @@
-"""Render the dashboard from :func:`kvsplit.service.queries.dashboard_data` (Jinja2 + inline SVG)."""
+"""Jinja2 environment of the dashboard pages (templates/, autoescaped) and the model names of shapes."""
 
 from __future__ import annotations
 
@@ -7,12 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from markupsafe import Markup
 
-from ..queries import SIMULATED_SUFFIX
-from .svg import line_chart
-
-__all__ = ["render_dashboard", "MODEL_SHAPES", "shape_name"]
+__all__ = ["render", "MODEL_SHAPES", "shape_name"]
 
 MODEL_SHAPES: dict[tuple[int, int], str] = {
     (4, 128): "Qwen3-30B-A3B (H_q 32)",
@@ -76,35 +72,6 @@ def _duration(s: Any) -> str:
 _env.filters.update(num=_num, speed_class=_speed_class, params=_params, duration=_duration)
 
 
-def render_dashboard(data: dict[str, Any]) -> str:
-    """HTML of the dashboard for ``data`` (see ``queries.dashboard_data``)."""
-    shapes = []
-    for sh in data["shapes"]:
-        charts = []
-        for fam, series in sh["families"].items():
-            series = [(n, pts, "simulated" if n.endswith(SIMULATED_SUFFIX) else "measured") for n, pts in series]
-            svg = line_chart(
-                series,
-                title=f"{fam}: time / HBM floor vs batch size",
-                x_label="batch size (requests)",
-                y_label="time / HBM floor",
-            )
-            charts.append({"family": fam, "svg": Markup(svg)})
-        baselines = []
-        for b in sh["buckets"]:
-            for name in b["speedups"]:
-                if name not in baselines:
-                    baselines.append(name)
-        shapes.append(
-            {
-                **sh,
-                "charts": charts,
-                "baselines": baselines,
-                "model": shape_name(sh["num_kv_heads"], sh["head_dim"]),
-                "has_simulated": any(n.endswith(SIMULATED_SUFFIX) for f in sh["families"].values() for n, _ in f),
-            }
-        )
-    n_pub = sum(1 for sh in data["shapes"] for b in sh["buckets"] if b["policy"] is not None)
-    return _env.get_template("index.html").render(
-        shapes=shapes, runs=data["runs"], version=data["version"], n_published=n_pub
-    )
+def render(template: str, **context: Any) -> str:
+    """HTML of dashboard template ``template`` (in ``templates/``) with ``context``."""
+    return _env.get_template(template).render(**context)

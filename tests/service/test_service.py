@@ -647,7 +647,9 @@ def test_dashboard_figures_of_a_policy_given_the_whole_wave_rule_after_its_timin
     assert got["skewed80"]["ratios"]["tuned"] == pytest.approx(1.1)  # 2.2 / 2.0
     assert got["skewed80"]["batch_size"] == 64
     assert got["uniform"]["n_train"] == 0 and "tuned" not in got["uniform"]["ratios"]
-    assert got["uniform"]["batch_size"] is None
+    # the bucket's batch is still shown (B and tokens of the timed batch), with why there is no time
+    assert got["uniform"]["batch_size"] == 128 and got["uniform"]["total_tokens"] == 128 * 2048
+    assert got["uniform"]["evidence"] == "none" and "whole-wave" in got["uniform"]["time_note"]
 
 
 def test_unknown_gpu_answer_speaks_http(client):

@@ -536,3 +536,41 @@ def test_shipped_calibration_on_todays_kernel_retime(tmp_path):
         assert st["median"] <= MEDIAN_POLICY, (pol, st)
     assert tab["per_policy"]["served_r1"]["worst"] <= 0.15, tab["per_policy"]["served_r1"]
     assert tab["all"]["worst"] <= WORST_BASELINE, tab["all"]
+
+
+def test_timeline_hand_computed():
+    """Per-tile SM, start and end of the list-scheduling example above, and the total predict() gives."""
+    from kvsplit.tuner.simulate import timeline
+
+    u = 1_000_000
+    unit = u * BPT / 1e12
+    p = make_plan([4 * u] + [u] * 6, num_kv_heads=1, device=TOY, policy="no_split")
+    tl = timeline(p, TOY, calibration=TOYCAL)
+    # SM0 runs the long tile 0-4; SM1 the four short ones back to back; the last two start at 4 on both SMs
+    assert tl.sm.tolist() == [0, 1, 1, 1, 1, 0, 1]
+    assert (tl.start_s / unit).round(9).tolist() == [0, 0, 1, 2, 3, 4, 4]
+    assert (tl.end_s / unit).round(9).tolist() == [4, 1, 2, 3, 4, 5, 5]
+    assert tl.total_s == predict(p, TOY, calibration=TOYCAL) == pytest.approx(5 * unit)
+    assert tl.tile_cta.tolist() == list(range(7)) and tl.slots == 1 and tl.num_sms == 2
+
+
+@pytest.mark.parametrize("policy", ["balanced", "flashinfer", "fa3", "no_split", "stream_k"])
+@pytest.mark.parametrize("fam,B,T", [("uniform", 64, 262_144), ("skewed80", 512, 262_144), ("2x40", 8, 1_048_576)])
+def test_timeline_is_the_placement_predict_totals(policy, fam, B, T):
+    """timeline() runs predict()'s code: the same total to the last bit, under the defaults and the shipped
+    calibration, every tile placed on an SM of the device, and the main kernel ends with the last tile (or the
+    floor)."""
+    from kvsplit.tuner.simulate import timeline
+
+    cal = Calibration.from_dict(json.loads((ROOT / "service/data/h200_calibration.json").read_text())["constants"])
+    for heads, c in ((4, None), (8, cal)):
+        p = make_plan(family_kv_lens(fam, B, T), num_kv_heads=heads, device=H200, policy=policy)
+        tl = timeline(p, H200, calibration=c)
+        assert tl.total_s == predict(p, H200, calibration=c)
+        n = (p.cta_indptr.shape[0] - 1) * heads // p.config.heads_per_tile
+        assert tl.sm.shape == tl.start_s.shape == tl.end_s.shape == (n,)
+        assert tl.sm.min() >= 0 and tl.sm.max() < H200.num_sms
+        assert (tl.end_s > tl.start_s).all() and tl.start_s.min() == 0.0
+        assert tl.main_s == pytest.approx(max(tl.end_s.max(), tl.floor_s), rel=1e-12)
+        assert tl.total_s == pytest.approx(tl.launch_s + tl.main_s + tl.merge_s, rel=1e-12)
+        assert (tl.merge_s > 0) == bool((p.num_splits > 1).any())

@@ -1,0 +1,179 @@
+"""The plan viewer (``/plan``): a batch's plans as work tiles on SMs over time, from the calibrated simulator.
+
+:func:`parse_kv_lens` validates what the user pasted or uploaded; :func:`viewer_context` plans the batch three
+ways for one (GPU, shape) — the plan the served table gives it (:meth:`kvsplit.kernels.policy_table.PolicyTable.plan`,
+the ``balanced`` fallback without a table), ``balanced``, and FlashInfer's split rule on kvsplit's kernel
+(``make_plan(..., policy="flashinfer")``, kernels/peer_policies.py) — and draws each
+:func:`kvsplit.tuner.simulate.timeline` (the placement :func:`~kvsplit.tuner.simulate.predict`'s total is computed
+from) on one time scale (:mod:`.gantt`). The simulator uses the store's newest calibration of the GPU
+(``kvsplit calibrate``), else its defaults, and says which, with the calibration's held-out error.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from markupsafe import Markup
+
+from .gantt import gantt_svg
+
+__all__ = ["parse_kv_lens", "viewer_context", "ViewerError", "MAX_REQUESTS", "MAX_TEXT", "trace_choices"]
+
+MAX_REQUESTS = 4096
+"""Most requests the viewer plans and draws (the HTTP plan service takes 65,536)."""
+MAX_TEXT = 200_000
+"""Most characters of pasted or uploaded kv_lens text."""
+_SPLIT = re.compile(r"[\s,;\[\]]+")
+
+
+class ViewerError(ValueError):
+    """Invalid plan-viewer input; the message names the argument."""
+
+
+def parse_kv_lens(text: str, *, max_kv_len: int) -> list[int]:
+    """kv_lens from text: integers separated by commas, spaces, newlines or semicolons (a JSON list works).
+
+    Raises
+    ------
+    ViewerError
+        Empty text, more than :data:`MAX_TEXT` characters or :data:`MAX_REQUESTS` numbers, a token that is not a
+        decimal integer, a value <= 0 or above ``max_kv_len``; the message names ``kv_lens`` or ``kv_lens[i]``.
+    """
+    if len(text) > MAX_TEXT:
+        raise ViewerError(f"kv_lens: {len(text):,} characters; at most {MAX_TEXT:,}")
+    toks = [t for t in _SPLIT.split(text.strip()) if t]
+    if not toks:
+        raise ViewerError("kv_lens: give at least one length (integers separated by commas or spaces)")
+    if len(toks) > MAX_REQUESTS:
+        raise ViewerError(f"kv_lens: {len(toks):,} requests; the viewer draws at most {MAX_REQUESTS:,}")
+    out = []
+    for i, t in enumerate(toks):
+        if not re.fullmatch(r"[+-]?\d{1,12}", t):
+            raise ViewerError(f"kv_lens[{i}]: {t[:30]!r} is not an integer")
+        v = int(t)
+        if v <= 0:
+            raise ViewerError(f"kv_lens[{i}]: {v} must be > 0 (tokens in the request's KV cache)")
+        if v > max_kv_len:
+            raise ViewerError(f"kv_lens[{i}]: {v:,} is above the limit {max_kv_len:,} (KVSPLIT_MAX_KV_LEN)")
+        out.append(v)
+    return out
+
+
+def trace_choices() -> list[tuple[str, int]]:
+    """(trace name, nominal B) pairs the viewer offers: the held-out trace batches of the results."""
+    from ...tuner.workloads import TRACE_EVAL_BATCH_SIZES, TRACES
+
+    return [(n, b) for n in TRACES for b in TRACE_EVAL_BATCH_SIZES]
+
+
+@lru_cache(maxsize=32)
+def trace_batch(name: str, B: int) -> tuple[int, ...]:
+    """The held-out batch of trace ``name`` at nominal batch size ``B`` (``kvsplit.tuner.workloads.trace_batches``).
+
+    Raises
+    ------
+    ViewerError
+        Unknown trace or batch size, or the trace has no such batch.
+    """
+    from ...tuner.workloads import trace_batches
+
+    if (name, B) not in trace_choices():
+        raise ViewerError(f"trace: expected one of the listed trace batches, got {name[:40]!r} B={B}")
+    try:
+        _, held = trace_batches(name, B, num_train=1, num_heldout=1, seed=0)
+    except ValueError as exc:
+        raise ViewerError(f"trace: {exc}") from None
+    return tuple(int(x) for x in held[0])
+
+
+def _calibration(url: str, gpu: str) -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
+    from ...db import store
+
+    with store.session_scope(url) as s:
+        cal = store.latest_calibration(s, gpu=gpu)
+        if cal is None:
+            return None, store.measured_read_bandwidth(s, gpu), {}
+        return (
+            {"constants": dict(cal.constants), "kernel_config": dict(cal.kernel_config)},
+            store.measured_read_bandwidth(s, gpu),
+            dict(cal.error or {}),
+        )
+
+
+def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int]) -> dict[str, Any]:
+    """The three plans of ``kv_lens`` for shape ``sh`` (a ``dashboard_data`` shape) with their Gantt charts."""
+    from ...kernels.plan import make_plan
+    from ...tuner.backends import SimBackend
+    from ...tuner.simulate import timeline
+
+    shape = dict(num_kv_heads=sh["num_kv_heads"], head_dim=sh["head_dim"], dtype=sh["dtype"], page_size=sh["page_size"])
+    cal, read_bw, err = _calibration(url, sh["gpu"])
+    sim = SimBackend(
+        sh["gpu"],
+        calibration=cal,
+        read_bandwidth_gbps=read_bw,
+        **{k: shape[k] for k in ("num_kv_heads", "head_dim", "dtype")},
+    )
+    plans = []
+    if table is not None:
+        plan, bucket, info = table.plan(kv_lens, gpu=sh["gpu"], num_qo_heads=sh["num_kv_heads"], **shape)
+        src = info["source"]
+        what = (
+            f"policy #{info['id']} ({info['name']}, {src}), bucket distance {bucket['distance']:.2f}"
+            if src != "fallback"
+            else "no tuned bucket within reach: the balanced fallback"
+        )
+        plans.append(("served", "served plan", plan, what))
+    else:
+        plan = make_plan(kv_lens, policy="balanced", device=sh["gpu"], **shape)
+        plans.append(("served", "served plan", plan, "no policy table loaded: the balanced fallback"))
+    plans.append(
+        (
+            "balanced",
+            "balanced",
+            make_plan(kv_lens, policy="balanced", device=sh["gpu"], **shape),
+            "untuned fallback rule",
+        )
+    )
+    plans.append(
+        (
+            "flashinfer",
+            "FlashInfer's rule",
+            make_plan(kv_lens, policy="flashinfer", device=sh["gpu"], **shape),
+            "FlashInfer's split rule on kvsplit's kernel (kernels/peer_policies.py)",
+        )
+    )
+    tls = [timeline(p, sh["gpu"], calibration=sim.calibration_for(p)) for _, _, p, _ in plans]
+    t_max = max(t.main_s + t.merge_s for t in tls)
+    out = []
+    for (kind, name, p, what), tl in zip(plans, tls):
+        c = p.config
+        out.append(
+            {
+                "kind": kind,
+                "name": name,
+                "what": what,
+                "total_us": tl.total_s * 1e6,
+                "ratio": tl.total_s / tl.floor_s,
+                "tiles": int(tl.sm.shape[0]),
+                "ctas": int(p.cta_indptr.shape[0] - 1),
+                "max_splits": int(p.num_splits.max()),
+                "split_requests": int((p.num_splits > 1).sum()),
+                "config": f"BLOCK_N {c.block_n}, {c.num_warps} warps, {c.num_stages} stages, {c.schedule}",
+                "svg": Markup(gantt_svg(tl, p, title=name, t_max=t_max)),
+            }
+        )
+    held = (err or {}).get("heldout") or {}
+    return {
+        "plans": out,
+        "B": len(kv_lens),
+        "tokens": int(sum(kv_lens)),
+        "calibration": "the store's calibration of this GPU (kvsplit calibrate)"
+        if cal
+        else f"the simulator's defaults scaled to the measured read bandwidth {read_bw:,.0f} GB/s (no calibration stored)"
+        if read_bw
+        else "the simulator's defaults (no calibration or measured bandwidth stored)",
+        "cal_error": held,
+    }
