@@ -80,7 +80,9 @@ def make_plan_request_model(max_kv_len: int) -> type[BaseModel]:
             "(bf16, fp16/f16, fp32/f32)"
         )
         page_size: int = Field(ge=1, le=256)
-        kv_dtype: Optional[Literal["float8_e4m3fn", "fp8", "bfloat16", "float16", "float32"]] = Field(
+        kv_dtype: Optional[
+            Literal["float8_e4m3fn", "fp8", "bfloat16", "float16", "float32", "bf16", "fp16", "f16", "fp32", "f32"]
+        ] = Field(
             None,
             description="the KV cache's dtype: null or dtype's own name (the same as dtype), or float8_e4m3fn "
             "(alias fp8) with a 16-bit dtype; another KV dtype is another bucket family",

@@ -38,11 +38,12 @@
    over ``R`` query rows, ``R`` = ``G * q_len`` padded to 16, 32 or 64: :func:`math_flops_per_byte`). The
    tensor cores of an SM are shared by its resident CTAs, so a CTA streams at most
    ``sm_flops / k / flops_per_byte`` bytes/s (``sm_flops``: :func:`default_sm_flops` unless the calibration
-   sets one): this caps the bulk and tail rates of step 4. At q_len 1 the cap is far above the memory rates
-   (16 rows: 16 FLOPs per byte of bf16 K/V, about 230 GB/s per SM on the H200 against ~50 GB/s of SM
-   bandwidth), so math hides under the memory stream; at G = 8 and q_len 8 (64 rows) with an FP8 cache
-   (128 FLOPs per byte) it no longer does: the cap (~29 GB/s) falls below an SM's share of the HBM stream
-   (~34 GB/s), and the model turns math-bound.
+   sets one): this caps the bulk and tail rates of step 4 for tiles of more than
+   :data:`REFERENCE_FLOPS_PER_BYTE` (16: the q_len-1 16-bit tile of up to 16 rows, on which the calibrated rates
+   were measured, so its math is already in them). At 16 FLOPs per byte the cap would be far above the memory
+   rates anyway (about 230 GB/s per SM on the H200 against ~50 GB/s of SM bandwidth): math hides under the
+   memory stream; at G = 8 and q_len 8 (64 rows) with an FP8 cache (128 FLOPs per byte) it no longer does: the
+   cap (~29 GB/s) falls below an SM's share of the HBM stream (~34 GB/s), and the model turns math-bound.
 6. **Total.** ``launch_s + max(max_SM finish, total_bytes / hbm_bw)``, plus, when
    some request has more than one split, ``merge_launch_s + merge_partial_s *
    num_partials * H_kv * q_len + merge_split_s * max_splits`` for the LSE merge (one merge
@@ -93,6 +94,7 @@ __all__ = [
     "default_sm_flops",
     "TENSOR_FLOPS_PER_SM",
     "MMA_EFFICIENCY",
+    "REFERENCE_FLOPS_PER_BYTE",
 ]
 
 TENSOR_FLOPS_PER_SM = {(9, 0): 989.4e12 / 132, (8, 0): 312e12 / 108}
@@ -102,6 +104,11 @@ MMA_EFFICIENCY = 0.5
 """Fraction of :data:`TENSOR_FLOPS_PER_SM` the decode tile's ``tl.dot`` reaches (small M, ``mma.sync`` tiles, the
 softmax between the two products): a guess to be calibrated on the GPU (time of q_len 8 against q_len 1 on the
 same batch, FP8 cache), stored as a calibration's ``sm_flops``."""
+
+
+REFERENCE_FLOPS_PER_BYTE = 16.0
+"""FLOPs per K/V byte of the tiles the calibrations are fitted on (q_len 1, 16-bit K/V, 16 padded rows): their
+math is part of the measured rates, so the math cap applies only to tiles of more FLOPs per byte."""
 
 
 def default_sm_flops(device: DeviceSpec) -> float:
@@ -472,7 +479,9 @@ def _prepare(
             group_size=group_size,
         ),
         config_key=config_key(plan.config),
-        flops_per_byte=math_flops_per_byte(kvb, q_len, group_size, h),
+        flops_per_byte=fpb
+        if (fpb := math_flops_per_byte(kvb, q_len, group_size, h)) > REFERENCE_FLOPS_PER_BYTE
+        else 0.0,
         sm_flops_default=default_sm_flops(device),
     )
 

@@ -228,7 +228,7 @@ def test_plan_says_why_it_falls_back(filled):
     assert json.loads(res.stdout)["policy"]["source"] == "fallback"
     assert (
         "note: planned with the fallback policy 'balanced': no published policy for this shape "
-        "(gpu, num_kv_heads, head_dim, dtype, page_size)"
+        "(gpu, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len)"
     ) in res.stderr
     # the tuned shape, but a batch far from every tuned bucket
     res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", "1", "--database-url", filled.url)

@@ -60,16 +60,18 @@ def test_math_caps_the_streaming_rate_hand_computed():
     assert math_flops_per_byte(2, 1, 8, heads_per_tile=2) == 8.0  # two heads share one 16-row tile
     p = make_plan([U], num_kv_heads=1, device=ONE, policy="no_split")
     cal = dataclasses.replace(CAL, sm_flops=1e13)
-    # q_len 1, bf16: 1e13 / 16 = 6.25e11 B/s < 1e12: math-bound at that rate
-    assert predict(p, ONE, calibration=cal) == pytest.approx(U * BPT16 / 6.25e11)
+    # q_len 1, bf16 (16 FLOPs per byte): the tile the rates were fitted on, its math in them: no cap
+    assert predict(p, ONE, calibration=cal) == pytest.approx(U * BPT16 / 1e12)
+    # q_len 4, bf16 (G 8: 32 rows, 32 FLOPs per byte): 1e13 / 32 = 3.125e11 B/s < 1e12: math-bound at that rate
+    assert predict(p, ONE, calibration=cal, q_len=4) == pytest.approx(U * BPT16 / 3.125e11)
     # q_len 8, FP8, G 8: 1e13 / 128 = 7.8125e10 B/s over half the bytes
     assert predict(p, ONE, calibration=cal, kv_dtype=FP8, q_len=8, group_size=8) == pytest.approx(
         U * BPT16 / 2 / 7.8125e10
     )
-    # two resident tiles share the SM's tensor cores: each at 1e13 / 2 / 16; both end together
+    # two resident tiles share the SM's tensor cores: each at 1e13 / 2 / 32; both end together
     two = dataclasses.replace(cal, slots=2)
     p2 = make_plan([U, U], num_kv_heads=1, device=ONE, policy="no_split")
-    assert predict(p2, ONE, calibration=two) == pytest.approx(U * BPT16 / (1e13 / 2 / 16))
+    assert predict(p2, ONE, calibration=two, q_len=4) == pytest.approx(U * BPT16 / (1e13 / 2 / 32))
 
 
 def test_merge_counts_q_len_rows():
