@@ -2,11 +2,20 @@
 
 Layout (FlashInfer's NHD convention, DESIGN.md §3):
 
-- ``q``: ``[B, H_q, D]``; ``k_cache``, ``v_cache``: ``[num_pages, page_size, H_kv, D]``;
+- ``q``: ``[B * q_len, H_q, D]`` (``q_len`` 1 to 8 query tokens per request, the same for all: decode, or a
+  speculative-decoding verify step; request b's tokens are rows ``b * q_len ..``); ``k_cache``, ``v_cache``:
+  ``[num_pages, page_size, H_kv, D]`` in q's dtype or ``torch.float8_e4m3fn`` (read as fp8 bytes and widened
+  per tile, with FlashInfer's ``k_scale``/``v_scale``: per tensor or per KV head);
 - ``kv_indptr`` int32 ``[B+1]``, ``kv_indices`` int32 ``[kv_indptr[-1]]`` (page ids of
   each request in order), ``kv_lens`` int32 ``[B]``; request ``b`` uses its first
-  ``ceil(kv_lens[b] / page_size)`` pages;
-- output ``o`` ``[B, H_q, D]`` in q's dtype, optional ``lse`` fp32 ``[B, H_q]`` (natural log).
+  ``ceil(kv_lens[b] / page_size)`` pages; kv_lens count the q_len new tokens, and token j sees the positions
+  ``[0, kv_len - q_len + j]`` (causal within the new tokens);
+- output ``o`` ``[B * q_len, H_q, D]`` in q's dtype, optional ``lse`` fp32 ``[B * q_len, H_q]`` (natural log).
+
+With ``q_len > 1`` a work tile holds the ``G * q_len`` query rows of its KV head (``G * heads_per_tile *
+q_len`` rows, at most :data:`MAX_TILE_ROWS`), q/out/LSE/partials viewed as ``[B, q_len * H_q, ...]``; a split
+that starts after a row's causal limit gives that row an empty partial (LSE -inf), which the merge weighs 0.
+The plan (its KV ranges) is the same for every q_len.
 
 Two launches, both driven by a :class:`~kvsplit.kernels.plan.Plan`:
 
@@ -76,8 +85,10 @@ KV_DTYPES = {**TORCH_DTYPES, KV_FP8: "float8_e4m3fn"}
 MAX_Q_LEN = 8
 """Most query tokens per request (speculative-decoding verify steps: 1 + up to 7 draft tokens)."""
 MAX_TILE_ROWS = 64
-"""Most query rows of one work tile, ``G * heads_per_tile * q_len`` (the rows of its ``tl.dot``): 64 rows keep
-the fp32 accumulator of D = 128 in registers without spills on sm_90 (bench/compile_sm90.py)."""
+"""Most query rows of one work tile, ``G * heads_per_tile * q_len`` (the rows of its ``tl.dot``). Compiled for
+sm_90 at D = 128, bf16 (bench/compile_sm90.py, Triton 3.6): 64 rows (G 8 x q_len 8) keep the fp32 accumulator
+in registers without spills on the (64, 8, 3), (32, 4, 3) and (64, 4, 3) tiles (176, 216 and 255 registers);
+128 rows spill 272-620 bytes on every 4-warp tile (only (64, 8, 3) stays at 236 registers)."""
 
 
 # ----------------------------------------------------------------------------

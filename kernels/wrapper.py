@@ -67,6 +67,7 @@ Errors are ``ValueError``s naming the argument.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +141,16 @@ class GraphOptions:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"graph.{name}: expected an integer >= 1, got {v!r}")
+
+
+def fit_tile_rows(plan: Plan, group: int, q_len: int) -> Plan:
+    """``plan`` itself, or (when its ``heads_per_tile * group * q_len`` query rows exceed a work tile's
+    :data:`~kvsplit.kernels.decode.MAX_TILE_ROWS`: a table entry tuned with several KV heads per tile, served to
+    a wrapper of ``q_len`` tokens) the same work list with one KV head per tile (the tile count follows the
+    config)."""
+    if plan.config.heads_per_tile * group * q_len <= MAX_TILE_ROWS:
+        return plan
+    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, heads_per_tile=1))
 
 
 class DecodeWrapper:
@@ -259,6 +270,12 @@ class DecodeWrapper:
             check_kv_dtype("kv_dtype", kv, _NAMES[dtype])
             kv_dtype = kv
         self.kv_dtype: torch.dtype | None = kv_dtype
+        if (num_qo_heads // num_kv_heads) * q_len > MAX_TILE_ROWS:
+            raise ValueError(
+                f"q_len: {q_len} tokens x GQA group {num_qo_heads // num_kv_heads} are "
+                f"{(num_qo_heads // num_kv_heads) * q_len} query rows of one work tile, above the {MAX_TILE_ROWS} "
+                "supported"
+            )
         self.graph_options = graph
         max_work_items, planner, repick_every, num_programs = (
             graph.max_work_items,
@@ -567,6 +584,7 @@ class DecodeWrapper:
                 page_size=self.page_size,
                 device=self.gpu,
             )
+            p = fit_tile_rows(p, self.num_qo_heads // self.num_kv_heads, self.q_len)
         else:
             p = plan_with(lens, self.spec)
         self._plan = p
