@@ -31,6 +31,13 @@ TILE_QUERY_ROWS = 16
 SCHEDULES = ("grid", "persistent")
 ORDERS = ("natural", "heavy_first")
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}
+MAX_Q_LEN = 8
+"""Most query tokens per request (speculative-decoding verify steps: 1 + up to 7 draft tokens)."""
+MAX_TILE_ROWS = 64
+"""Most query rows of one work tile, ``G * heads_per_tile * q_len`` (the rows of its ``tl.dot``). Compiled for
+sm_90 at D = 128, bf16 (bench/compile_sm90.py, Triton 3.6): 64 rows (G 8 x q_len 8) keep the fp32 accumulator
+in registers without spills on the (64, 8, 3), (32, 4, 3) and (64, 4, 3) tiles (176, 216 and 255 registers);
+128 rows spill 272-620 bytes on every 4-warp tile (only (64, 8, 3) stays at 236 registers)."""
 HEAD_DIMS = (64, 128, 256)
 MAX_NUM_PROGRAMS = 1 << 20
 MAX_PACK_TOKENS = 1 << 20

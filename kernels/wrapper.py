@@ -79,20 +79,27 @@ from . import fastplan
 from .buckets import bucket_key
 from .decode import (
     KV_DTYPES,
-    MAX_TILE_ROWS,
     TORCH_DTYPES,
     DecodeWorkspace,
+    check_cache_dtype,
     check_heads_per_tile,
     check_interpreter_dtype,
     check_kernel_device,
-    check_kv_dtype,
     check_q_len,
     launch_decode,
     make_workspace,
 )
 from .device import DeviceSpec, resolve_device
 from .device_plan import alloc_device_plan, check_device_rule, device_plan
-from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config, graph_default_config
+from .limits import (
+    DTYPES,
+    HEAD_DIMS,
+    MAX_BATCH,
+    MAX_PAGE_SIZE,
+    MAX_TILE_ROWS,
+    default_config,
+    graph_default_config,
+)
 from .plan import Plan
 from .policies import plan_with
 from .residency import resident_ctas_per_sm
@@ -145,7 +152,7 @@ class GraphOptions:
 
 def fit_tile_rows(plan: Plan, group: int, q_len: int) -> Plan:
     """``plan`` itself, or (when its ``heads_per_tile * group * q_len`` query rows exceed a work tile's
-    :data:`~kvsplit.kernels.decode.MAX_TILE_ROWS`: a table entry tuned with several KV heads per tile, served to
+    :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS`: a table entry tuned with several KV heads per tile, served to
     a wrapper of ``q_len`` tokens) the same work list with one KV head per tile (the tile count follows the
     config)."""
     if plan.config.heads_per_tile * group * q_len <= MAX_TILE_ROWS:
@@ -267,7 +274,7 @@ class DecodeWrapper:
             kv = by_name.get(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
             if kv not in KV_DTYPES:
                 raise ValueError(f"kv_dtype: expected one of {sorted(by_name)} or None, got {kv_dtype!r}")
-            check_kv_dtype("kv_dtype", kv, _NAMES[dtype])
+            check_cache_dtype("kv_dtype", kv, _NAMES[dtype])
             kv_dtype = kv
         self.kv_dtype: torch.dtype | None = kv_dtype
         if (num_qo_heads // num_kv_heads) * q_len > MAX_TILE_ROWS:
@@ -678,7 +685,7 @@ class DecodeWrapper:
         kv_want = self.kv_dtype
         if kv_want is None and isinstance(k_cache, torch.Tensor) and k_cache.dtype in KV_DTYPES:
             kv_want = k_cache.dtype
-            check_kv_dtype("k_cache", kv_want, want)
+            check_cache_dtype("k_cache", kv_want, want)
         for name, t, shape, dt in (
             ("q", q, (rows, self.num_qo_heads, self.head_dim), want),
             ("k_cache", k_cache, None, kv_want or want),

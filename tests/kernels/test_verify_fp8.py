@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvsplit.kernels.decode import MAX_TILE_ROWS, decode_attention, launch_decode, make_workspace
+from kvsplit.kernels.decode import decode_attention, launch_decode, make_workspace
+from kvsplit.kernels.limits import MAX_TILE_ROWS
 from kvsplit.kernels.plan import make_plan
 
 from .paged_case import make_case, reference_verify
