@@ -3,6 +3,7 @@
     python bench/compile_sm90.py [--configs 64,4,3 128,8,3 ...] [--variants plain,prefetch] [--ttgir DIR]
     python bench/compile_sm90.py --groups 1,2,3,4,5,6,7,8,16 --maxnreg none,auto,128 --variants plain --json OUT.jsonl
     python bench/compile_sm90.py --configs 32,4,3 64,4,2 --groups 4,8 --heads 2,4   # KernelConfig.heads_per_tile
+    python bench/compile_sm90.py --q-len 4 --kv-dtype fp8 --scales head   # verify steps over an fp8 cache
 
 For every (BLOCK_N, warps, stages) x variant, the arguments :func:`kvsplit.kernels.decode.launch_decode`
 passes for a case of the reference shape (H_q 32, H_kv 4, D 128, bf16, page 16, grid schedule) are recorded
@@ -21,7 +22,9 @@ register cap: ``none`` (uncapped), ``auto`` (what ``launch_decode`` applies:
 :func:`kvsplit.kernels.residency.register_cap`) or a number; the resident CTAs per SM of each compile are
 printed beside the residency kernels/residency.py counts for the config (``--json`` writes one JSON line per
 compile). Variants: ``plain``, ``prefetch`` (``KernelConfig.prefetch``) and ``next_item`` (``prefetch`` with
-``KernelConfig.next_item``).
+``KernelConfig.next_item``). ``--q-len N`` compiles the kernel of N query tokens per request (G * heads * N rows a
+tile), ``--kv-dtype fp8`` the one reading a float8_e4m3fn cache, ``--scales`` with per-tensor (``tensor``) or
+per-KV-head (``head``) scales.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ def record_stage1(
     page_size=16,
     lens=(4096, 1000, 17),
     overlap: bool = False,
+    q_len=1,
+    kv_dtype=None,
+    **launch_kw,
 ):
     """The stage-1 launch of ``launch_decode`` for a small case on CPU tensors: (args, kwargs). ``overlap``:
     with :func:`kvsplit.kernels.decode.launch_rule` forced to the overlapped merge under PDL (what it picks on
@@ -92,11 +98,13 @@ def record_stage1(
         dtype=name,
     )
     npages = sum(-(-n // page_size) for n in lens) + 8
-    k = torch.zeros((npages, page_size, hkv, d), dtype=dtype)
-    q = torch.zeros((len(lens), hq, d), dtype=dtype)
+    k = torch.zeros((npages, page_size, hkv, d), dtype=kv_dtype or dtype)
+    q = torch.zeros((len(lens) * q_len, hq, d), dtype=dtype)
     indptr = torch.zeros(len(lens) + 1, dtype=torch.int32)
     indices = torch.zeros(npages, dtype=torch.int32)
-    ws = dec.make_workspace(hq, d, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
+    ws = dec.make_workspace(hq, d, max_partials=plan.num_partials, max_batch=len(lens), device="cpu", q_len=q_len)
+    if q_len != 1:
+        launch_kw = {**launch_kw, "q_len": q_len, "kv_lens": torch.tensor(lens, dtype=torch.int32)}
     rec, saved = _Recorder(dec._decode_stage1_kernel), dec._decode_stage1_kernel
     rec_m, saved_m = _Recorder(dec._decode_merge_kernel), dec._decode_merge_kernel
     dec._decode_stage1_kernel, dec._decode_merge_kernel = rec, rec_m
@@ -117,6 +125,7 @@ def record_stage1(
             out=torch.empty_like(q),
             workspace=ws,
             **plan.launch_sizes(),
+            **launch_kw,
         )
     finally:
         dec._decode_stage1_kernel, dec._decode_merge_kernel = saved, saved_m
@@ -193,7 +202,9 @@ def ttgir_summary(ttgir: str) -> dict:
     """What the pipeliner made of the K/V loads: TMA copies and cp.async in the TTGIR, the pipelined
     shared-memory buffers (``local_alloc`` of ``<depth>x<rows>x<cols>``: one ring of ``depth`` buffers per
     load) and the async_wait depths (cp.async) or barrier waits (TMA)."""
-    allocs = re.findall(r"ttg\.local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x(\d+)x(\d+)x(bf16|f16|f32)", ttgir)
+    allocs = re.findall(
+        r"ttg\.local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x(\d+)x(\d+)x(bf16|f16|f32|f8E4M3FN)", ttgir
+    )
     rings: dict[str, int] = {}
     for depth, r, c, _dtype in allocs:
         key = f"{depth}x[{r}x{c}]"
@@ -237,11 +248,22 @@ def main() -> None:
         "trigger",
     )
     ap.add_argument("--merge", action="store_true", help="also compile the call's merge kernel and print its resources")
+    ap.add_argument("--q-len", type=int, default=1, help="query tokens per request (1-8)")
+    ap.add_argument("--kv-dtype", choices=("same", "fp8"), default="same", help="the cache's dtype: q's, or fp8")
+    ap.add_argument("--scales", choices=("none", "tensor", "head"), default="none", help="k_scale/v_scale kind")
     args = ap.parse_args()
+    scale_kw = {
+        "none": {},
+        "tensor": {"k_scale": 0.5, "v_scale": 2.0},
+        "head": {"k_scale": torch.ones(4), "v_scale": torch.ones(4)},
+    }[args.scales]
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
     dev = resolve_device("NVIDIA H200")
     sink = open(args.json, "a") if args.json else None
-    print(f"triton {triton.__version__}, sm_90, {args.dtype}, H_kv 4 D 128 page {args.page_size}")
+    print(
+        f"triton {triton.__version__}, sm_90, {args.dtype}, H_kv 4 D 128 page {args.page_size}, q_len {args.q_len}, "
+        f"kv {args.kv_dtype}, scales {args.scales}"
+    )
     print(
         f"{'variant':9s} {'cfg':12s} {'G':>2s} {'h':>2s} {'cap':>4s} {'regs':>4s} {'spill':>5s} {'smem B':>7s} {'CTA/SM':>6s} "
         f"{'table':>5s}  {'cp.async':>8s} {'waits':>8s}  pipelined K/V buffers (rings x depth x [box])"
@@ -274,6 +296,9 @@ def main() -> None:
                             hkv=4,
                             page_size=args.page_size,
                             overlap=args.overlap,
+                            q_len=args.q_len,
+                            kv_dtype=torch.float8_e4m3fn if args.kv_dtype == "fp8" else None,
+                            **scale_kw,
                         )
                         kw.pop("maxnreg", None)  # the launcher's own cap: this script applies --maxnreg's
                         if cap:
@@ -328,6 +353,9 @@ def main() -> None:
                                     "cfg": [bn, w, s],
                                     "G": g,
                                     "heads_per_tile": heads,
+                                    "q_len": args.q_len,
+                                    "kv_dtype": args.kv_dtype,
+                                    "scales": args.scales,
                                     "maxnreg": cap,
                                     **r,
                                     "resident": res,

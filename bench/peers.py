@@ -715,8 +715,8 @@ def run(
     }
     print(json.dumps(meta), flush=True)
     prepare = make_runner(impl, mod, timer, kv_dtype=kv_dtype, q_len=q_len)
-    # bytes actually read over the measured streaming bandwidth: the timer counts 2 bytes per element
-    floor_scale = timer.k_cache.element_size() / 2
+    # bytes actually read (K and V, at the cache's element size: 1 for fp8) over the measured streaming bandwidth
+    bytes_per_token = 2 * timer.num_kv_heads * timer.head_dim * timer.k_cache.element_size()
     rows = []
     for c in cases:
         lens = np.maximum(c["kv_lens"], q_len)  # kv_lens count the q_len new tokens
@@ -749,7 +749,7 @@ def run(
                 )
                 return 1
         sec = graph_median_s(launch, warmup_ms=10.0, rep_ms=rep_ms)
-        ratio = sec / (timer.hbm_floor_s(lens) * floor_scale)
+        ratio = sec / (int(lens.sum()) * bytes_per_token / bw)
         rows.append(
             {
                 "implementation": impl,

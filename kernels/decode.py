@@ -2,11 +2,20 @@
 
 Layout (FlashInfer's NHD convention, docs/concepts/design.md §3):
 
-- ``q``: ``[B, H_q, D]``; ``k_cache``, ``v_cache``: ``[num_pages, page_size, H_kv, D]``;
+- ``q``: ``[B * q_len, H_q, D]`` (``q_len`` 1 to 8 query tokens per request, the same for all: decode, or a
+  speculative-decoding verify step; request b's tokens are rows ``b * q_len ..``); ``k_cache``, ``v_cache``:
+  ``[num_pages, page_size, H_kv, D]`` in q's dtype or ``torch.float8_e4m3fn`` (read as fp8 bytes and widened
+  per tile, with FlashInfer's ``k_scale``/``v_scale``: per tensor or per KV head);
 - ``kv_indptr`` int32 ``[B+1]``, ``kv_indices`` int32 ``[kv_indptr[-1]]`` (page ids of
   each request in order), ``kv_lens`` int32 ``[B]``; request ``b`` uses its first
-  ``ceil(kv_lens[b] / page_size)`` pages;
-- output ``o`` ``[B, H_q, D]`` in q's dtype, optional ``lse`` fp32 ``[B, H_q]`` (natural log).
+  ``ceil(kv_lens[b] / page_size)`` pages; kv_lens count the q_len new tokens, and token j sees the positions
+  ``[0, kv_len - q_len + j]`` (causal within the new tokens);
+- output ``o`` ``[B * q_len, H_q, D]`` in q's dtype, optional ``lse`` fp32 ``[B * q_len, H_q]`` (natural log).
+
+With ``q_len > 1`` a work tile holds the ``G * q_len`` query rows of its KV head (``G * heads_per_tile *
+q_len`` rows, at most :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS`), q/out/LSE/partials viewed as ``[B, q_len * H_q, ...]``; a split
+that starts after a row's causal limit gives that row an empty partial (LSE -inf), which the merge weighs 0.
+The plan (its KV ranges) is the same for every q_len.
 
 Two launches, both driven by a :class:`~kvsplit.kernels.plan.Plan`:
 
@@ -53,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .limits import TILE_QUERY_ROWS
+from .limits import MAX_TILE_ROWS, TILE_QUERY_ROWS, check_int, check_q_len
 from .plan import Plan
 from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, docs/concepts/design.md §3)
 from .residency import register_cap
@@ -82,11 +91,6 @@ KV_FP8 = torch.float8_e4m3fn
 """The fp8 KV-cache dtype the kernel reads (FlashInfer's ``kv_data_type=torch.float8_e4m3fn``), with a q of
 float16 or bfloat16."""
 KV_DTYPES = {**TORCH_DTYPES, KV_FP8: "float8_e4m3fn"}
-MAX_Q_LEN = 8
-"""Most query tokens per request (speculative-decoding verify steps: 1 + up to 7 draft tokens)."""
-MAX_TILE_ROWS = 64
-"""Most query rows of one work tile, ``G * heads_per_tile * q_len`` (the rows of its ``tl.dot``): 64 rows keep
-the fp32 accumulator of D = 128 in registers without spills on sm_90 (bench/compile_sm90.py)."""
 
 
 # ----------------------------------------------------------------------------
@@ -930,7 +934,7 @@ def make_workspace(
 # ----------------------------------------------------------------------------
 
 
-def check_kv_dtype(name: str, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> None:
+def check_cache_dtype(name: str, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> None:
     """Raise ``ValueError`` naming ``name`` unless a KV cache of ``kv_dtype`` can be read with a q of ``q_dtype``:
     q's own dtype, or ``torch.float8_e4m3fn`` with a float16 / bfloat16 q."""
     if kv_dtype == q_dtype:
@@ -940,13 +944,6 @@ def check_kv_dtype(name: str, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> No
             raise ValueError(f"{name}: a float8_e4m3fn KV cache needs a float16 or bfloat16 q, got q of {q_dtype}")
         return
     raise ValueError(f"{name}: expected dtype {q_dtype} (q's) or torch.float8_e4m3fn, got {kv_dtype}")
-
-
-def check_q_len(q_len: Any, name: str = "q_len") -> int:
-    """``q_len`` as an int, or ``ValueError`` naming ``name`` unless it is an integer in [1, :data:`MAX_Q_LEN`]."""
-    if isinstance(q_len, bool) or not isinstance(q_len, int) or not 1 <= q_len <= MAX_Q_LEN:
-        raise ValueError(f"{name}: expected an integer in [1, {MAX_Q_LEN}] (query tokens per request), got {q_len!r}")
-    return q_len
 
 
 def _check_inputs(
@@ -975,7 +972,7 @@ def _check_inputs(
     k_cache = check_tensor("k_cache", k_cache, ndim=4, device=dev)
     v_cache = check_tensor("v_cache", v_cache, ndim=4, device=dev)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_kv_dtype(name, t.dtype, q.dtype)
+        check_cache_dtype(name, t.dtype, q.dtype)
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: the last (head_dim) dimension must be contiguous")
     if v_cache.dtype != k_cache.dtype:
@@ -1161,7 +1158,7 @@ def decode_attention(
         Run the checks that read device data (a host sync); ``False`` for the
         serving hot path (shape, dtype and plan-shape checks still run).
     q_len : int
-        Query tokens per request, 1 to :data:`MAX_Q_LEN` (speculative-decoding verify steps), the same for
+        Query tokens per request, 1 to :data:`~kvsplit.kernels.limits.MAX_Q_LEN` (speculative-decoding verify steps), the same for
         every request. The plan (its KV ranges) does not depend on it.
     k_scale, v_scale : float or torch.Tensor, optional
         Dequantization scales of the cache, as FlashInfer's ``run`` takes them: a float (per tensor) or
@@ -1426,13 +1423,13 @@ def launch_decode(
     :func:`launch_rule`'s pick for the plan's sizes and the machine; the overlapped merge needs a workspace from
     :func:`make_workspace` (one without ``sync`` counters, or with too few, runs the merge after stage 1).
 
-    ``q_len``: query tokens per request (1 to :data:`MAX_Q_LEN`, the same for every request): ``q`` and ``out``
+    ``q_len``: query tokens per request (1 to :data:`~kvsplit.kernels.limits.MAX_Q_LEN`, the same for every request): ``q`` and ``out``
     are ``[B * q_len, H_q, D]`` (request b's tokens at rows ``b * q_len .. b * q_len + q_len - 1``, contiguous in
     their first two dimensions), the LSE ``[B * q_len, H_q]``, the workspace made with ``q_len``
     (:func:`make_workspace`), and ``kv_lens`` (int32 ``[B]`` on q's device, which the plan was made for) is
     required when ``q_len > 1``: token j sees the KV positions ``[0, kv_len - q_len + j]`` (causal within the
     request's q_len new tokens, already in the cache). A work tile holds ``G * heads_per_tile * q_len`` query
-    rows, at most :data:`MAX_TILE_ROWS` (else ``ValueError``). ``k_cache``/``v_cache`` may be
+    rows, at most :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS` (else ``ValueError``). ``k_cache``/``v_cache`` may be
     ``torch.float8_e4m3fn`` (q float16 / bfloat16): the kernel reads the fp8 bytes and widens them to q's dtype
     per tile; ``k_scale``/``v_scale`` (:func:`check_kv_scales`: a float, or fp32 ``[H_kv]`` tensors, both of
     one kind) multiply the scores (before the softmax, so the LSE is the scaled scores') and the output.

@@ -41,15 +41,17 @@ DTYPE_ALIASES: dict[str, str] = {
 }
 """Accepted dtype aliases -> torch's names."""
 KV_DTYPES = {"float8_e4m3fn": 1}
-"""KV cache dtypes other than q's -> bytes per element (issue 37: FP8 K/V with per-tensor scales, as FlashInfer's
+"""KV cache dtypes other than q's -> bytes per element (FP8 K/V with per-tensor or per-KV-head scales, as FlashInfer's
 ``kv_data_type=torch.float8_e4m3fn``); only with a 16-bit q (:func:`check_kv_dtype`)."""
 KV_DTYPE_SHORT = {"float8_e4m3fn": "fp8"}
 """The bucket key's short name of each :data:`KV_DTYPES` entry (``.kvfp8``)."""
 MAX_Q_LEN = 8
 """Most query tokens per request in one step (a speculative-decoding verify step of up to 7 draft tokens)."""
 MAX_TILE_ROWS = 64
-"""Most query rows of one work tile, ``heads_per_tile * G * q_len`` (the kernel pads them to 16, 32 or 64 rows of
-one ``tl.dot``; beyond 64 its accumulator no longer fits the register file)."""
+"""Most query rows of one work tile, ``G * heads_per_tile * q_len`` (the rows of its ``tl.dot``). Compiled for
+sm_90 at D = 128, bf16 (bench/compile_sm90.py, Triton 3.6): 64 rows (G 8 x q_len 8) keep the fp32 accumulator
+in registers without spills on the (64, 8, 3), (32, 4, 3) and (64, 4, 3) tiles (176, 216 and 255 registers);
+128 rows spill 272-620 bytes on every 4-warp tile (only (64, 8, 3) stays at 236 registers)."""
 HEAD_DIMS = (64, 128, 256)
 MAX_NUM_PROGRAMS = 1 << 20
 MAX_PACK_TOKENS = 1 << 20

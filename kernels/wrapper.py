@@ -71,6 +71,7 @@ Errors are ``ValueError``s naming the argument.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,20 +83,27 @@ from . import fastplan
 from .buckets import bucket_key
 from .decode import (
     KV_DTYPES,
-    MAX_TILE_ROWS,
     TORCH_DTYPES,
     DecodeWorkspace,
+    check_cache_dtype,
     check_heads_per_tile,
     check_interpreter_dtype,
     check_kernel_device,
-    check_kv_dtype,
-    check_q_len,
     launch_decode,
     make_workspace,
 )
 from .device import DeviceSpec, resolve_device
 from .device_plan import alloc_device_plan, check_device_rule, device_plan
-from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config, graph_default_config
+from .limits import (
+    DTYPES,
+    HEAD_DIMS,
+    MAX_BATCH,
+    MAX_PAGE_SIZE,
+    MAX_TILE_ROWS,
+    check_q_len,
+    default_config,
+    graph_default_config,
+)
 from .plan import Plan
 from .policies import plan_with
 from .policy_table import PolicyTable
@@ -151,6 +159,16 @@ class GraphOptions:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"graph.{name}: expected an integer >= 1, got {v!r}")
+
+
+def fit_tile_rows(plan: Plan, group: int, q_len: int) -> Plan:
+    """``plan`` itself, or (when its ``heads_per_tile * group * q_len`` query rows exceed a work tile's
+    :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS`: a table entry tuned with several KV heads per tile, served to
+    a wrapper of ``q_len`` tokens) the same work list with one KV head per tile (the tile count follows the
+    config)."""
+    if plan.config.heads_per_tile * group * q_len <= MAX_TILE_ROWS:
+        return plan
+    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, heads_per_tile=1))
 
 
 class DecodeWrapper:
@@ -270,9 +288,15 @@ class DecodeWrapper:
             kv = by_name.get(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
             if kv not in KV_DTYPES:
                 raise ValueError(f"kv_dtype: expected one of {sorted(by_name)} or None, got {kv_dtype!r}")
-            check_kv_dtype("kv_dtype", kv, _NAMES[dtype])
+            check_cache_dtype("kv_dtype", kv, _NAMES[dtype])
             kv_dtype = kv
         self.kv_dtype: torch.dtype | None = kv_dtype
+        if (num_qo_heads // num_kv_heads) * q_len > MAX_TILE_ROWS:
+            raise ValueError(
+                f"q_len: {q_len} tokens x GQA group {num_qo_heads // num_kv_heads} are "
+                f"{(num_qo_heads // num_kv_heads) * q_len} query rows of one work tile, above the {MAX_TILE_ROWS} "
+                "supported"
+            )
         self.graph_options = graph
         max_work_items, planner, repick_every, num_programs = (
             graph.max_work_items,
@@ -457,6 +481,10 @@ class DecodeWrapper:
         src = self._table_source
         return src.table if self._live_table else src
 
+    def _kv_dtype_name(self) -> str | None:
+        """The KV dtype of the table's bucket family: None (the same as q's) unless declared at construction."""
+        return None if self.kv_dtype is None else KV_DTYPES[self.kv_dtype]
+
     def _lookup(self, kv_lens_host: np.ndarray) -> tuple[str, dict[str, Any]]:
         table = self.table
         self._picked_table = table
@@ -469,6 +497,8 @@ class DecodeWrapper:
             dtype=self.dtype,
             device=self.gpu,
             page_size=self.page_size,
+            kv_dtype=self._kv_dtype_name(),
+            q_len=self.q_len,
         )
         entry, _ = table.lookup(key)
         if entry is None:
@@ -641,7 +671,10 @@ class DecodeWrapper:
                 dtype=self.dtype,
                 page_size=self.page_size,
                 device=self.gpu,
+                kv_dtype=self._kv_dtype_name(),
+                q_len=self.q_len,
             )
+            p = fit_tile_rows(p, self.num_qo_heads // self.num_kv_heads, self.q_len)
         else:
             p = plan_with(lens, self.spec)
         if not self._own_workspace and (self.workspace.max_partials < p.num_partials or self.workspace.max_batch < B):
@@ -791,7 +824,13 @@ class DecodeWrapper:
         kv_want = self.kv_dtype
         if kv_want is None and isinstance(k_cache, torch.Tensor) and k_cache.dtype in KV_DTYPES:
             kv_want = k_cache.dtype
-            check_kv_dtype("k_cache", kv_want, want)
+            check_cache_dtype("k_cache", kv_want, want)
+            if kv_want != want and self.table is not None:
+                # the table served this step's entry from the family of q's dtype: an FP8 cache is another family
+                raise ValueError(
+                    f"k_cache: a {KV_DTYPES[kv_want]} cache with a policy table needs DecodeWrapper(kv_dtype="
+                    f"{KV_DTYPES[kv_want]!r}) at construction, so plan() looks up that family's policies"
+                )
         for name, t, shape, dt in (
             ("q", q, (rows, self.num_qo_heads, self.head_dim), want),
             ("k_cache", k_cache, None, kv_want or want),

@@ -674,6 +674,7 @@ def _check_verify(case, plan, q_len, **kw):
     from .paged_case import reference_verify
 
     ref, ref_lse = reference_verify(**case, q_len=q_len, k_scale=kw.get("k_scale"), v_scale=kw.get("v_scale"))
+    ref = ref.to("cuda")  # (the reference runs on the CPU)
     o, lse = decode_attention(**case, plan=plan, return_lse=True, q_len=q_len, **kw)
     torch.cuda.synchronize()
     assert not torch.isnan(o).any()
@@ -764,7 +765,7 @@ def test_wrapper_q_len4_graph_and_eager_over_growing_lens(kv_fp8, policy, params
     for step in range(4):
         lens = [n + 10 * step for n in lens0]
         kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        ref, _ = reference_verify(**{**case, "kv_lens": kv_lens}, q_len=q_len, **kw)
+        ref = reference_verify(**{**case, "kv_lens": kv_lens}, q_len=q_len, **kw)[0].to("cuda")
         host = np.asarray(lens, dtype=np.int32)
         w = wrappers["graph"]
         w.plan(case["kv_indptr"], case["kv_indices"], kv_lens, kv_lens_host=host)

@@ -11,11 +11,14 @@ on the GPU with bfloat16 q (tests/kernels/test_decode_gpu.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
-from kvsplit.kernels.decode import MAX_TILE_ROWS, decode_attention, launch_decode, make_workspace
+from kvsplit.kernels.decode import decode_attention, launch_decode, make_workspace
+from kvsplit.kernels.limits import MAX_TILE_ROWS
 from kvsplit.kernels.plan import make_plan
 
 from .paged_case import make_case, reference_verify
@@ -300,3 +303,34 @@ def test_wrapper_q_len_fp8_eager_and_device_planned_steps():
         DecodeWrapper(hq, H_KV, D, dtype="float32", device="cpu", kv_dtype=FP8)
     with pytest.raises(ValueError, match=r"^q_len: expected an integer in \[1, 8\]"):
         DecodeWrapper(hq, H_KV, D, dtype="float16", device="cpu", q_len=0)
+
+
+def test_table_entry_with_two_heads_per_tile_keeps_its_work_list_at_q_len_8():
+    """The shipped table serves entries with two KV heads per tile (2 x G 8 = 16 rows); at q_len 8 their rows
+    (128) exceed a work tile's 64, so the eager wrapper (kernels/wrapper.py::fit_tile_rows) runs the same work
+    list with one KV head per tile; at q_len 4 (64 rows) the entry's tile is kept."""
+    import json
+    from pathlib import Path
+
+    from kvsplit.kernels.policy_table import PolicyTable
+    from kvsplit.kernels.wrapper import fit_tile_rows
+
+    raw = json.loads((Path(__file__).resolve().parents[2] / "kernels/data/h200_policies.json").read_text())
+    table = PolicyTable.from_export(raw, version=raw.get("policies_version"))
+    served, _, info = table.plan(
+        np.array([100_000, 3000]),
+        gpu="NVIDIA H200",
+        num_qo_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        dtype="bfloat16",
+        page_size=16,
+        device="NVIDIA H200",
+    )
+    assert info["source"] == "tuned" and served.config.heads_per_tile == 2
+    assert fit_tile_rows(served, 8, 4) is served
+    p = fit_tile_rows(served, 8, 8)
+    assert p.config.heads_per_tile == 1 and p.num_work_tiles == 2 * served.num_work_tiles
+    assert p.config == dataclasses.replace(served.config, heads_per_tile=1)
+    for name in ("work_request", "work_kv_start", "work_kv_end", "cta_indptr", "kv_lens"):
+        assert np.array_equal(getattr(p, name), getattr(served, name)), name
