@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .limits import MAX_TILE_ROWS, TILE_QUERY_ROWS, check_int, check_q_len
+from .limits import MAX_TILE_ROWS, TILE_QUERY_ROWS, check_q_len
 from .plan import Plan
 from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, docs/concepts/design.md §3)
 from .residency import register_cap
