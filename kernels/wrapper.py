@@ -119,6 +119,17 @@ tile's resident CTAs per SM (the fixed tile and persistent grid of the captured 
 docs/decisions/graph-default.md)."""
 
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+# the launch arrays of an eager plan, in the order of their one upload
+_EAGER_ARRAYS = (
+    "work_request",
+    "work_kv_start",
+    "work_kv_end",
+    "work_slot",
+    "cta_indptr",
+    "merge_request",
+    "merge_slot_start",
+    "merge_num",
+)
 _TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item")  # with heads_per_tile: a graph's tile
 _FIXED_KNOBS = _TILE_KNOBS + ("heads_per_tile", "schedule", "num_programs")  # what the captured graph bakes in
 
@@ -345,7 +356,7 @@ class DecodeWrapper:
         # eager uploads: one pinned host buffer and one device buffer, grown as plans need (module doc)
         self._eager_host: torch.Tensor | None = None
         self._eager_dev: torch.Tensor | None = None
-        self._eager_done: Any = None  # the event after the last upload from _eager_host
+        self._eager_done: Any = None  # CUDA: the event recorded after the last upload from _eager_host
         self._max_page = -1
         self._B = -1
         self._step = 0
@@ -710,17 +721,9 @@ class DecodeWrapper:
         buffer; with ``used`` (the step's page ids), their (min, max) copied back into the same host buffer and
         waited for. Returns the arrays (views of the device buffer) and the (min, max) or None."""
         ws, mr, ms, mn = p.merge_layout()
-        segs = (
-            ("work_request", p.work_request),
-            ("work_kv_start", p.work_kv_start),
-            ("work_kv_end", p.work_kv_end),
-            ("work_slot", ws),
-            ("cta_indptr", p.cta_indptr),
-            ("merge_request", mr),
-            ("merge_slot_start", ms),
-            ("merge_num", mn),
-        )
-        n = sum(a.shape[0] for _, a in segs)
+        segs = (p.work_request, p.work_kv_start, p.work_kv_end, ws, p.cta_indptr, mr, ms, mn)
+        sizes = [a.shape[0] for a in segs]
+        n = sum(sizes)
         cuda = self.device.type == "cuda"
         if self._eager_done is not None:
             self._eager_done.synchronize()  # the last upload from the host buffer (waited for already, in practice)
@@ -728,14 +731,11 @@ class DecodeWrapper:
             size = max(2 * n + 2, 4096)
             self._eager_host = torch.empty(size, dtype=torch.int32, pin_memory=cuda)
             self._eager_dev = torch.empty(size, dtype=torch.int32, device=self.device)
+            self._eager_done = torch.cuda.Event() if cuda else None
         host, dev = self._eager_host, self._eager_dev
         h = host.numpy()
-        arrays, off = {}, 0
-        for name, a in segs:
-            k = a.shape[0]
-            h[off : off + k] = a
-            arrays[name] = dev[off : off + k]
-            off += k
+        np.concatenate(segs, out=h[:n], casting="same_kind")  # int64 token offsets: < 2^31 (MAX_KV_LEN)
+        arrays = dict(zip(_EAGER_ARRAYS, torch.split(dev[:n], sizes)))
         dev[:n].copy_(host[:n], non_blocking=True)
         minmax = None
         if used is not None and not cuda:  # the CPU interpreter's tensors: NumPy's reduction (torch's is slower here)
@@ -744,11 +744,9 @@ class DecodeWrapper:
         if used is not None:
             host[n : n + 2].copy_(torch.stack(torch.aminmax(used)), non_blocking=True)
         if cuda:
-            ev = torch.cuda.Event()
-            ev.record()
-            self._eager_done = ev
+            self._eager_done.record()
             if used is not None:
-                ev.synchronize()
+                self._eager_done.synchronize()
         if used is not None:
             minmax = h[n : n + 2].copy()
         return arrays, minmax

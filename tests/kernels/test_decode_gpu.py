@@ -618,7 +618,7 @@ def test_overlapped_merge_device_resident(dtype):
     assert int(w.workspace.sync.abs().sum()) == 0
 
 
-# ----------------------------------------------------------------------------- issue 37: fp8 KV cache, q_len 2-8
+# ----------------------------------------------------------------------------- fp8 KV cache, q_len 2-8
 
 FP8_CONFIGS = [
     ("fixed", {"num_splits": 1, "block_n": 128, "num_warps": 4, "num_stages": 2}),
@@ -785,3 +785,41 @@ def test_wrapper_q_len4_graph_and_eager_over_growing_lens(kv_fp8, policy, params
         o = e.run(case["q"], case["k_cache"], case["v_cache"], **kw)
         torch.cuda.synchronize()
         assert not torch.isnan(o).any() and _rel_err(o, ref) < 2e-2, f"eager step {step}"
+
+
+@pytest.mark.parametrize("host_copies", [True, False], ids=["host_copies", "device_read"])
+def test_eager_wrapper_loop_with_the_shipped_table(host_copies):
+    """Eager DecodeWrapper on CUDA with the shipped table: plan() from the engine's host copies (or reading the
+    device tensors back), its arrays uploaded through the pinned buffer by one asynchronous copy, then run() on
+    every layer; 6 steps of growing lengths (the buffers grow and are reused), each against the fp32 reference,
+    the launch arrays equal to the host plan's; then a negative page id refused naming kv_indices."""
+    import numpy as np
+
+    from kvsplit.kernels import load_shipped_table
+    from kvsplit.kernels.wrapper import DecodeWrapper
+
+    w = DecodeWrapper(32, 4, 128, page_size=16, device="cuda", max_batch_size=256, table=load_shipped_table())
+    rng = np.random.default_rng(3)
+    lens = list(rng.integers(1, 9000, 200)) + [0, 70000]
+    for step in range(6):
+        case = make_case(
+            lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=torch.bfloat16, device="cuda",
+            seed=step,
+        )  # fmt: skip
+        host = (
+            dict(kv_lens_host=np.asarray(lens), kv_indptr_host=case["kv_indptr"].cpu().numpy()) if host_copies else {}
+        )
+        assert w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], **host) is None
+        want = w.last_plan.to("cuda")
+        for name, t in w._arrays.items():
+            assert torch.equal(t, want[name]), (step, name)
+        ref = reference_decode_attention(**case)
+        for _layer in range(2):
+            o = w.run(case["q"], case["k_cache"], case["v_cache"])
+            torch.cuda.synchronize()
+            assert not torch.isnan(o).any() and _rel_err(o, ref) < 2e-2, step
+        lens = [n + 1 + 37 * (i % 3) * step for i, n in enumerate(lens)]
+    bad = case["kv_indices"].clone()
+    bad[3] = -1
+    with pytest.raises(ValueError, match="^kv_indices: negative page id -1"):
+        w.plan(case["kv_indptr"], bad, case["kv_lens"], **host)

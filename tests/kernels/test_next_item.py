@@ -9,6 +9,8 @@ an entry carried to the wrong item would give another request's attention.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -93,7 +95,8 @@ def test_next_item_is_checked():
             policy="stream_k",
             params={"num_stages": 3, "prefetch": True, "next_item": 1},
         )
-    # the launcher's override names the config's knob
+    # a config with the look-ahead but not the prefetching loop (a hand-built one: make_plan refuses it) is refused
+    # by the launcher, naming the config's knob
     lens = [40, 300]
     case = make_case(lens, num_qo_heads=8, num_kv_heads=4, head_dim=64, page_size=16, dtype=torch.float16)
     plan = make_plan(
@@ -114,11 +117,10 @@ def test_next_item_is_checked():
             case["kv_indptr"],
             case["kv_indices"],
             plan.to("cpu"),
-            plan.config,
+            dataclasses.replace(plan.config, next_item=True),
             out=torch.empty_like(case["q"]),
             workspace=ws,
             **plan.launch_sizes(),
-            next_item=True,
         )
 
 
