@@ -157,10 +157,11 @@ def default_config(head_dim: int, dtype: str, *, query_rows: int = 0) -> KernelC
     """The documented default :class:`KernelConfig` for ``(head_dim, dtype)``.
 
     ``query_rows``: a q_len > 1 work tile's query rows (``G * q_len``; 0 for q_len 1). Above 32 rows the tile's
-    fp32 scores ``[rows, block_n]`` and accumulator ``[rows, head_dim]`` no longer fit beside a 128-token K/V tile
-    (:func:`kvsplit.kernels.residency.extra_row_regs` counts 255 registers, spilling, for (128, 4, 2) at 64 rows),
-    so the default takes BLOCK_N 64 there (a count of live values, to be measured on the GPU); at or below 32
-    rows, and for q_len 1, the tiles below.
+    fp32 scores ``[rows, block_n]`` and accumulator ``[rows, head_dim]`` no longer fit beside a 128-token K/V tile:
+    compiled for sm_90 at 64 rows (:data:`kvsplit.kernels.residency.COMPILED_ROWS`), (128, 4, 2) takes 255
+    registers with 228 bytes of spill stores and runs 1 CTA per SM, (64, 4, 2) 244 registers without spills and 2,
+    so the default takes BLOCK_N 64 there (not yet timed on the GPU); at or below 32 rows, and for q_len 1, the
+    tiles below.
 
     head_dim 128 (fp16/bf16): BLOCK_N 128, 4 warps, 2 stages (3 resident CTAs
     per SM), measured best on the H200 (docs/decisions/default-kernel-config.md). Other shapes are not measured yet and use the same

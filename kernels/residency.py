@@ -44,6 +44,8 @@ __all__ = [
     "resident_ctas_per_sm",
     "extra_row_regs",
     "kv_buffer_bytes",
+    "COMPILED_ROWS",
+    "padded_rows",
 ]
 
 MEASURED_GROUP = 8
@@ -245,6 +247,38 @@ COMPILED_NEXT: dict[tuple[str, int, str, int, int, int, int], tuple[int, int]] =
 for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
     COMPILED_NEXT[(_gpu, _d, "float16", _bn, _w, _s, _h)] = _v
 
+# Work tiles of 32 and 64 query rows (one KV head per tile), compiled for sm_90 the same way (bench/compile_sm90.py
+# --groups 32,64: G = 32 and 64 give the tl.dot of 32 and 64 rows that G * q_len rows compile to, e.g. G = 8 at
+# q_len 4 and 8; Triton 3.6, 2026-12-04). Rows cost registers and, at 64 rows, a second K/V buffer of the pipeline:
+# (128, 4, 2) goes 168 -> 232 -> 255 registers (228 bytes of spill stores) and 3 -> 2 -> 1 CTAs per SM; (64, 4, 2)
+# 118 -> 128 -> 244 and 4 -> 4 -> 2. Key: (gpu, head_dim, dtype, block_n, num_warps, num_stages, prefetch, rows).
+COMPILED_ROWS: dict[tuple[str, int, str, int, int, int, bool, int], tuple[int, int]] = {
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 32): (166, 26624),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 64): (196, 49152),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 32): (128, 45056),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 64): (244, 81920),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 32): (128, 45056),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 64): (183, 81920),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 2, False, 32): (232, 81920),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 2, False, 64): (255, 147968),  # 1 (228 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 2, False, 32): (128, 81920),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 2, False, 64): (255, 147456),  # 1 (72 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, False, 32): (200, 45312),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, False, 64): (255, 82176),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, False, 32): (232, 82432),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, False, 64): (255, 147968),  # 1 (240 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 32): (168, 43008),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 64): (224, 65536),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 32): (194, 77824),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 64): (255, 114688),  # 2 (16 bytes of spill stores)
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 32): (128, 77824),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 64): (184, 114688),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, True, 32): (200, 147456),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, True, 64): (255, 213504),  # 1 (228 bytes of spill stores)
+}
+for (_gpu, _d, _dt, _bn, _w, _s, _pf, _r), _v in list(COMPILED_ROWS.items()):
+    COMPILED_ROWS[(_gpu, _d, "float16", _bn, _w, _s, _pf, _r)] = _v
+
 NEXT_ITEM_EXTRA_REGS = 80
 """Registers the look-ahead is assumed to add to a config :data:`COMPILED_NEXT` lacks (the compiles above add
 up to 76)."""
@@ -337,6 +371,7 @@ def resident_ctas_per_sm(
     next_item: bool = False,
     kv_bytes: int | None = None,
     extra_rows: int = 0,
+    rows: int = 0,
 ) -> int:
     """Measured residency of a config on ``device`` if known (:data:`MEASURED`, then the sm_90 compiles of
     :data:`COMPILED`), else :func:`estimate` (which assumes ``num_stages - 1`` K/V buffers, as the prefetching
@@ -346,14 +381,24 @@ def resident_ctas_per_sm(
 
     ``kv_bytes`` (bytes per K/V element, default ``dtype_bytes``) and ``extra_rows`` (query rows a q_len > 1 tile
     adds to its ``tl.dot`` beyond the q_len-1 tile's, :func:`padded_rows`) adjust the tables' figures: the K/V
-    buffers at ``kv_bytes`` (:func:`kv_buffer_bytes`) and :func:`extra_row_regs` more registers (at most 255; a
-    spilling tile keeps the register file's residency). With neither, the tables' figures as they are."""
+    buffers at ``kv_bytes`` (:func:`kv_buffer_bytes`) and the registers and shared memory of the tile's ``rows``
+    padded query rows from :data:`COMPILED_ROWS` where it has the config (one KV head per tile), else
+    :func:`extra_row_regs` more registers (at most 255; a spilling tile keeps the register file's residency).
+    With neither, the tables' figures as they are."""
     kvb = dtype_bytes if kv_bytes is None else kv_bytes
     regs, smem = _regs_smem(
         device, head_dim, dtype, dtype_bytes, block_n, num_warps, num_stages, prefetch, heads_per_tile, next_item
     )
     if kvb == dtype_bytes and extra_rows <= 0:
         return occupancy(device, num_warps, regs, smem)
+    compiled = None
+    if extra_rows > 0 and heads_per_tile == 1 and not next_item:
+        compiled = COMPILED_ROWS.get(
+            (device.name, head_dim, dtype, block_n, num_warps, num_stages, bool(prefetch), int(rows))
+        )
+    if compiled is not None:
+        regs, smem = compiled
+        extra_rows = 0
     # K/V buffers at the cache's element size (FP8: half the 16-bit bytes; the other shared memory is unchanged).
     # The plain loop keeps one K/V buffer whatever num_stages, the prefetching loop num_stages - 1 (KernelConfig).
     copies = max(num_stages - 1, 1) if prefetch or next_item else 1
@@ -371,10 +416,12 @@ def kv_buffer_bytes(head_dim: int, kv_bytes: int, block_n: int, num_stages: int,
 
 
 ROW_REG_FACTOR = 1.5
-"""Registers per thread per extra query row, in units of ``(head_dim + block_n) / threads``: an fp32 row of the
-output accumulator (``head_dim``) and of the scores (``block_n``), plus 16-bit rows of q and of the probabilities
-(half as many registers each). A count of the tile's live values, not a measurement: to be calibrated against the
-compiled kernel of q_len > 1 (``n_regs`` of the CompiledKernel, as :data:`COMPILED` was read)."""
+"""Registers per thread per extra query row, in units of ``(head_dim + block_n) / threads``, for configs
+:data:`COMPILED_ROWS` lacks: an fp32 row of the output accumulator (``head_dim``) and of the scores (``block_n``),
+plus 16-bit rows of q and of the probabilities (half as many registers each). A count of the tile's live values:
+against the compiles it is close for (128, 4, 2) at 32 rows (216 counted, 232 compiled, both 2 CTAs per SM) and
+(64, 4, 2) at 64 (226 / 244, both 2), and pessimistic for (64, 4, 2) at 32 (154 / 128: 3 CTAs per SM counted, 4
+compiled)."""
 
 
 def extra_row_regs(head_dim: int, block_n: int, num_warps: int, extra_rows: int) -> int:

@@ -406,6 +406,7 @@ def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
         next_item=cfg.next_item,
         kv_bytes=ctx.kv_bytes,
         extra_rows=extra_rows(ctx, cfg.heads_per_tile),
+        rows=padded_rows(tile_rows(ctx, cfg.heads_per_tile)) if ctx.q_len > 1 else 0,
     )
     return r * ctx.device.num_sms
 

@@ -166,10 +166,11 @@ def resident_slots(
 ) -> int:
     """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`,
     with the KV cache's element size and the extra query rows of q_len > 1, as the planner counts them)."""
-    extra = 0
+    extra = rows = 0
     if q_len > 1:
         one = config.heads_per_tile * (group_size or MEASURED_GROUP)
-        extra = padded_rows(one * q_len) - padded_rows(one)
+        rows = padded_rows(one * q_len)
+        extra = rows - padded_rows(one)
     return int(
         resident_ctas_per_sm(
             device,
@@ -184,6 +185,7 @@ def resident_slots(
             next_item=config.next_item,
             kv_bytes=kv_elt_bytes(dtype, kv_dtype),
             extra_rows=extra,
+            rows=rows,
         )
     )
 

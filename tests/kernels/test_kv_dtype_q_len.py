@@ -224,12 +224,20 @@ def test_fp8_halves_the_kv_buffers():
 
 
 def test_q_len_rows_cost_registers():
-    # G = 8: q_len 4 makes 32 query rows, 16 beyond the q_len-1 tile's 16: 1.5 x 16 x (128 + 128) / 128 = 48 more
-    # registers for (128, 4, 2): 216 -> 2 CTAs per SM (3 at q_len 1)
+    # G = 8: q_len 4 makes 32 query rows; (128, 4, 2) compiled at 32 rows (COMPILED_ROWS): 232 registers, 81,920 B
+    # -> 2 CTAs per SM (3 at q_len 1); at q_len 8 (64 rows) 255 registers, 147,968 B -> 1
     ctx = PlanContext(H200, 4, 128, 16, "bfloat16", None, 4, 8)
-    assert resident_slots(ctx, KernelConfig(128, 4, 2)) == _occ(168 + 48, 73728, 4) * 132 == 2 * 132
+    assert resident_slots(ctx, KernelConfig(128, 4, 2)) == _occ(232, 81920, 4) * 132 == 2 * 132
+    assert resident_slots(dataclasses.replace(ctx, q_len=8), KernelConfig(128, 4, 2)) == _occ(255, 147968, 4) * 132
+    assert resident_slots(dataclasses.replace(ctx, q_len=8), KernelConfig(128, 4, 2)) == 132
     assert resident_slots(dataclasses.replace(ctx, q_len=1), KernelConfig(128, 4, 2)) == 3 * 132
     assert occupancy(H200, 4, 168, 73728) == 3
+    # q_len 2 at G = 8 is 16 rows: the q_len-1 tile's own 16-row dot (its padding rows), no extra cost
+    assert resident_slots(dataclasses.replace(ctx, q_len=2), KernelConfig(128, 4, 2)) == 3 * 132
+    # a config the compiles lack: the count of live values, 1.5 x 16 x (128 + 32) / 256 = 15 registers over the
+    # q_len-1 tile's 80 for (32, 8, 2): 95 -> 2 CTAs per SM (3 at q_len 1)
+    assert resident_slots(ctx, KernelConfig(32, 8, 2)) == _occ(80 + 15, 21504, 8) * 132 == 2 * 132
+    assert resident_slots(dataclasses.replace(ctx, q_len=1), KernelConfig(32, 8, 2)) == 3 * 132
     # above 32 rows the default tile takes BLOCK_N 64 (the 128-token tile would spill)
     assert default_config(128, "bfloat16", query_rows=64).block_n == 64
     assert default_config(128, "bfloat16", query_rows=32) == default_config(128, "bfloat16")
