@@ -107,8 +107,8 @@ from .limits import (
 from .plan import Plan
 from .policies import plan_with
 from .policy_table import PolicyTable
-from .residency import resident_ctas_per_sm
-from .rulespec import RuleSpec, resolve
+from .residency import padded_rows, resident_ctas_per_sm
+from .rulespec import RuleSpec, extra_rows, resolve, tile_rows
 
 __all__ = ["DecodeWrapper", "GraphOptions", "AUTO_RULE"]
 
@@ -337,7 +337,14 @@ class DecodeWrapper:
         self.repick_every = repick_every
         self.sm_scale = sm_scale
         self._shape = dict(
-            num_kv_heads=num_kv_heads, device=self.gpu, head_dim=head_dim, page_size=page_size, dtype=dtype
+            num_kv_heads=num_kv_heads,
+            device=self.gpu,
+            head_dim=head_dim,
+            page_size=page_size,
+            dtype=dtype,
+            kv_dtype=self._kv_dtype_name(),
+            q_len=self.q_len,
+            num_qo_heads=num_qo_heads,
         )
         if policy is None or not isinstance(policy, str):
             raise ValueError(f"policy: expected a policy name or 'auto', got {policy!r}")
@@ -400,6 +407,9 @@ class DecodeWrapper:
             prefetch=cfg["prefetch"],
             next_item=cfg["next_item"],
             heads_per_tile=heads,
+            kv_bytes=self.spec.context.kv_bytes,
+            extra_rows=extra_rows(self.spec.context, heads),
+            rows=padded_rows(tile_rows(self.spec.context, heads)) if self.q_len > 1 else 0,
         )
         # the graph's own rule: for table entries tuned on another tile and for policy "auto"
         self._tile_rule = (AUTO_RULE["graph"], {"ctas_per_sm": float(max(1, self.graph_residency))})
