@@ -78,7 +78,9 @@ def test_interleaved_search_stops_asking_when_told_and_finishes_what_it_asked(tm
 
 
 def _cache_files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    """Triton's cached compile artifacts (PTX, cubin, metadata). The ``__triton_launcher`` modules are left out:
+    the host-side launch stub of a kernel signature is built at the first launch, whoever compiled the kernel."""
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "__triton_launcher" not in p.name}
 
 
 @pytest.mark.gpu
