@@ -101,6 +101,9 @@ SIM_PRUNE_RATIO = 1.5
 """A pool candidate predicted slower than this multiple of the best prediction on a batch is not timed (the pool
 holds plans whose worst training batch was within 1.36x of its best)."""
 WHOLE_WAVE_VARIANTS = ({"whole_wave": WHOLE_WAVE_EPS}, {"whole_wave": WHOLE_WAVE_EPS, "whole_wave_heads": 2})
+RESIZE_EVERY = 25
+"""On the GPU backend, the allocation of the buckets not yet searched is fitted to the budget left every this many
+timed search trials (at the slice's measured seconds per trial)."""
 SIM_WINDOW = 4
 """Studies in flight at once in a one-process search on the simulator backend (the GPU backend keeps twice its
 compile helpers in flight, :func:`kvsplit.tuner.precompile.default_compile_workers`)."""
@@ -767,10 +770,13 @@ class _Campaign:
         rest = self._rest_estimate()
         runs: dict[str, tuple[Any, Any]] = {}
         count: dict[str, int] = {}
+        opened: set[str] = set()
+        rate = [time.time(), 0]  # this slice's search: start, timed trials
         last = [time.time()]
         over_budget = [False]
 
         def job_of(key: str) -> WorkerJob:
+            opened.add(key)
             task = self.by_key[key]
             return WorkerJob(
                 task=task,
@@ -807,6 +813,26 @@ class _Campaign:
             charge(len(job.task.train) if measured else 0)
             count[job.task.key] += 1
             self.bar.bucket(job.task.source, job.n_trials, count[job.task.key])
+            if gpu and measured:
+                rate[1] += 1
+                if rate[1] % RESIZE_EVERY == 0:
+                    resize()
+
+        def resize() -> None:
+            """Fit the buckets not yet opened to the budget left at this slice's measured seconds per timed
+            trial (the allocation assumed the pool step's seconds per timing; a search trial also asks Optuna
+            and may wait for a compile): each keeps the same share, at least one trial."""
+            per_trial = (time.time() - rate[0]) / rate[1]
+            closed = [k for k in todo if k not in opened]
+            want = sum(int(alloc[k]) for k in closed)
+            in_flight = sum(max(0, int(alloc[k]) - count.get(k, 0)) for k in opened if k not in searched)
+            room = self.budget_s - self.spent - rest - in_flight * per_trial
+            if not closed or want * per_trial <= room:
+                return
+            f = max(0.0, room) / (want * per_trial)
+            for k in closed:
+                alloc[k] = max(1, int(int(alloc[k]) * f))
+            self.state.set("alloc", alloc)
 
         def on_done(job: WorkerJob) -> None:
             run, study = runs.pop(job.task.key)
@@ -825,7 +851,7 @@ class _Campaign:
         try:
             with exclusive_storage(self.spec):
                 run_interleaved(
-                    [job_of(k) for k in todo],
+                    (job_of(k) for k in todo),
                     backend=self.backend,
                     stop=stop,
                     window=window,
