@@ -27,6 +27,7 @@ compile). Variants: ``plain``, ``prefetch`` (``KernelConfig.prefetch``) and ``ne
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import re
@@ -58,9 +59,19 @@ class _Recorder:
 
 
 def record_stage1(
-    cfg: KernelConfig, *, dtype=torch.bfloat16, hq=32, hkv=4, d=128, page_size=16, lens=(4096, 1000, 17), **launch_kw
+    cfg: KernelConfig,
+    *,
+    dtype=torch.bfloat16,
+    hq=32,
+    hkv=4,
+    d=128,
+    page_size=16,
+    lens=(4096, 1000, 17),
+    overlap: bool = False,
 ):
-    """The stage-1 launch of ``launch_decode`` for a small case on CPU tensors: (args, kwargs)."""
+    """The stage-1 launch of ``launch_decode`` for a small case on CPU tensors: (args, kwargs). ``overlap``:
+    with :func:`kvsplit.kernels.decode.launch_rule` forced to the overlapped merge under PDL (what it picks on
+    an sm_90 GPU from 256 merged (request, query head) pairs on), so the stage 1 of that regime is recorded."""
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
     plan = make_plan(
         list(lens),
@@ -74,6 +85,7 @@ def record_stage1(
             "num_stages": cfg.num_stages,
             "prefetch": cfg.prefetch,
             "heads_per_tile": cfg.heads_per_tile,
+            "next_item": cfg.next_item,
         },
         head_dim=d,
         page_size=page_size,
@@ -88,6 +100,11 @@ def record_stage1(
     rec, saved = _Recorder(dec._decode_stage1_kernel), dec._decode_stage1_kernel
     rec_m, saved_m = _Recorder(dec._decode_merge_kernel), dec._decode_merge_kernel
     dec._decode_stage1_kernel, dec._decode_merge_kernel = rec, rec_m
+    rule = dec.launch_rule
+    if overlap:
+        dec.launch_rule = lambda *a, **kw: dataclasses.replace(
+            rule(*a, **kw), merge_overlap=True, pdl=True, pdl_last=cfg.schedule != "persistent"
+        )
     try:
         dec.launch_decode(
             q,
@@ -100,10 +117,10 @@ def record_stage1(
             out=torch.empty_like(q),
             workspace=ws,
             **plan.launch_sizes(),
-            **launch_kw,
         )
     finally:
         dec._decode_stage1_kernel, dec._decode_merge_kernel = saved, saved_m
+        dec.launch_rule = rule
     ((_, args, kwargs),) = rec.calls
     record_stage1.merge_calls = rec_m.calls  # the merge launch(es) of the same call, for --merge
     return args, kwargs
@@ -216,7 +233,8 @@ def main() -> None:
     ap.add_argument(
         "--overlap",
         action="store_true",
-        help="launch_decode(merge_overlap=True): stage 1 with the arrival counters (and the PDL trigger)",
+        help="the overlapped merge (launch_rule's pick under PDL): stage 1 with the arrival counters and the PDL "
+        "trigger",
     )
     ap.add_argument("--merge", action="store_true", help="also compile the call's merge kernel and print its resources")
     args = ap.parse_args()
@@ -246,7 +264,7 @@ def main() -> None:
                         if capname != "auto"
                         else register_cap(128, g, bn, w, s, pf, dtype.itemsize)
                     )
-                    extra = {"prefetch": pf, "heads_per_tile": heads}
+                    extra = {"prefetch": pf, "heads_per_tile": heads, "next_item": variant == "next_item"}
                     try:
                         cfg = KernelConfig(block_n=bn, num_warps=w, num_stages=s, **extra)
                         a, kw = record_stage1(
@@ -255,12 +273,9 @@ def main() -> None:
                             hq=4 * g,
                             hkv=4,
                             page_size=args.page_size,
-                            maxnreg=0,
-                            next_item=variant == "next_item",
-                            **({"merge_overlap": True} if args.overlap else {}),
+                            overlap=args.overlap,
                         )
-                        if args.overlap:  # the recorder ran on the CPU: the PDL trigger is what a GPU launch sets
-                            kw = {**kw, **({"PDL": True} if dec._OVERLAP["trigger"] == "start" else {"PDL_LAST": True})}
+                        kw.pop("maxnreg", None)  # the launcher's own cap: this script applies --maxnreg's
                         if cap:
                             kw = {**kw, "maxnreg": cap}
                         k = compile_sm90(dec._decode_stage1_kernel, a, kw)
@@ -298,13 +313,6 @@ def main() -> None:
                     )
                     if args.merge:
                         for grid, ma, mkw in record_stage1.merge_calls:
-                            if args.overlap:
-                                mkw = {
-                                    **mkw,
-                                    "launch_pdl": True,
-                                    "POLL_NS": dec._OVERLAP["poll_ns"],
-                                    "POLL_RELAXED": dec._OVERLAP["poll"] == "relaxed",
-                                }
                             mk = compile_sm90(dec._decode_merge_kernel, ma, mkw)
                             mr = resources(mk)
                             print(

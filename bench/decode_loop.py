@@ -94,8 +94,8 @@ class Model:
         self.kv_lens.copy_(torch.tensor(self.lens0, dtype=torch.int32, device=self.kv_lens.device))
 
 
-def kvsplit_backend(m, args, device, planner, policy=None, params=None):
-    """policy None: the wrapper's graph default (stream_k at the graph tile's residency)."""
+def kvsplit_backend(m, args, device, planner, policy="auto", params=None):
+    """policy "auto": the wrapper's graph default (stream_k at the graph tile's residency)."""
     w = DecodeWrapper(
         m.Hq,
         m.Hkv,
@@ -290,8 +290,8 @@ def main(argv=None) -> int:
     # default tile (128, 4, 2) under stream_k's own default (2 CTAs per SM), as this bench ran it before
     r16 = {"block_n": 128, "num_warps": 4, "num_stages": 2}
     for name, planner, policy, params in (
-        ("kvsplit device plan (default)", "device", None, None),
-        ("kvsplit host plan (default rule)", "host", None, None),
+        ("kvsplit device plan (default)", "device", "auto", None),
+        ("kvsplit host plan (default rule)", "host", "auto", None),
         ("kvsplit device plan (stream_k, r16 tile)", "device", "stream_k", r16),
     ):
         plan, attn, w = kvsplit_backend(m, args, device, planner, policy, params)

@@ -6,6 +6,9 @@
     python bench/peers.py --impl flashinfer_decode --out fi_dec.csv
     python bench/peers.py --impl kvsplit --cases traces --out kvsplit_traces.csv   # held-out trace batches
     python bench/peers.py --summary kvsplit.csv fa3.csv fi_ba.csv fi_dec.csv       # CPU: the comparison table
+    python bench/peers.py --impl kvsplit --kv-dtype fp8 --out kvsplit_fp8.csv      # fp8 KV cache (issue 37)
+    python bench/peers.py --impl flashinfer_prefill --q-len 4 --out fi_pf_q4.csv   # verify steps, 4 tokens
+    python bench/peers.py --summary kvsplit.csv kvsplit_q4.csv                     # + the verify-step ratio
 
 Implementations (``--impl``):
 
@@ -17,7 +20,25 @@ Implementations (``--impl``):
 - ``flashinfer_batch_attention``: FlashInfer's persistent ``BatchAttention`` (``plan`` with qo_indptr = 0..B,
   one query token per request, then ``run``);
 - ``flashinfer_decode``: FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True, backend="fa2")``
-  (``kvsplit.tuner.flashinfer_kernel``).
+  (``kvsplit.tuner.flashinfer_kernel``); with ``--kv-dtype fp8`` planned with ``kv_data_type=torch.float8_e4m3fn``
+  and run with ``k_scale``/``v_scale`` (how SGLang runs an fp8 cache); q_len = 1 only;
+- ``flashinfer_prefill`` (``--q-len`` > 1 only): FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper`` (NHD,
+  ``plan(qo_indptr = arange(B + 1) * q_len, ..., causal=True)``, ``run(q, (k, v), k_scale=, v_scale=, out=)``),
+  the path engines take for speculative-decoding verify steps.
+
+``--kv-dtype fp8``: the cache is the same random data stored as ``torch.float8_e4m3fn`` (1 byte per element) with
+per-tensor scales :data:`K_SCALE`, :data:`V_SCALE` (q and the output stay bf16); the read floor counts the bytes
+actually read (1 per element). FA3 takes fp8 only with an fp8 q (``q.to(float8_e4m3fn)`` with ``q_descale``,
+``k_descale``, ``v_descale``, as SGLang calls it) and only from a build with its FP8 flag on (the device build of
+../shared/tools/fa3_for_device disables it: NOTES.md): where the call is refused the bench says so and records no
+figure. A peer whose ``run`` takes no ``v_scale`` (``BatchAttention``) gets ``k_scale`` folded into its softmax
+scale and runs without ``v_scale`` (the bench says so; it is one multiply of the output).
+``--q-len N`` (1-8): N query tokens per request (``[B * N, H_q, D]``), causal within the new tokens, which the
+kv_lens count (kv_lens below N are raised to N); FA3 takes q ``[B, N, H_q, D]`` with ``causal=True`` (its causal
+mask is aligned to the end of the KV, as kvsplit's). Both options tag the CSV's ``set`` (``T262144/fp8``,
+``T262144/q4``), so runs of different settings never mix in a comparison; ``--summary`` of a q_len = 1 and a
+q_len = N CSV of the same implementation also prints the verify-step ratio time(q_len = N) / time(q_len = 1)
+per case.
 
 Each runs in its own process (a peer's JIT modules and allocator state do not touch the others' timings). The
 workload is Qwen3-30B-A3B's attention: H_q 32, H_kv 4, head_dim 128, bf16, page 16, one query token per request.
@@ -51,9 +72,18 @@ from typing import Any
 
 import numpy as np
 
-IMPLS = ("kvsplit", "fa3", "flashinfer_batch_attention", "flashinfer_decode")
+IMPLS = ("kvsplit", "fa3", "flashinfer_batch_attention", "flashinfer_decode", "flashinfer_prefill")
 COLUMNS = ("implementation", "set", "family", "B", "total_tokens", "time_us", "ratio_to_read_floor")
 SHAPE = {"num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16}
+K_SCALE, V_SCALE = 0.5, 2.0
+"""Per-tensor dequantization scales of the fp8 cache (``--kv-dtype fp8``), passed to every peer that takes them."""
+KV_DTYPES = ("bfloat16", "fp8")
+
+
+def set_tag(kv_dtype: str = "bfloat16", q_len: int = 1) -> str:
+    """The suffix of a case's ``set`` for a run's options: ``""`` (bf16 cache, one token), ``"/fp8"``, ``"/q4"``,
+    ``"/fp8/q4"``."""
+    return ("/fp8" if kv_dtype == "fp8" else "") + (f"/q{q_len}" if q_len != 1 else "")
 
 
 # ----------------------------------------------------------------------------- cases (CPU)
@@ -199,6 +229,14 @@ def summary(rows: Sequence[dict[str, Any]], baseline: str | None = None) -> dict
                     per_case[key][impl] = t / base[key]
             for s, xs in by_set.items():
                 vs[impl][s] = (min(xs), geomean(xs), max(xs), len(xs))
+    # verify step: time of a q_len = N set over the same implementation's q_len = 1 set (same family, B, T)
+    verify: dict[str, dict[tuple, float]] = defaultdict(dict)
+    for impl, tm in times.items():
+        for (st, fam, B, T), t in tm.items():
+            head, _, last = st.rpartition("/q")
+            one = tm.get((head, fam, B, T)) if head and last.isdigit() else None
+            if one:
+                verify[impl][(st, fam, B, T)] = t / one
     return {
         "impls": impls,
         "per_set": dict(per_set),
@@ -206,11 +244,13 @@ def summary(rows: Sequence[dict[str, Any]], baseline: str | None = None) -> dict
         "baseline": baseline,
         "vs_baseline": dict(vs),
         "per_case": dict(per_case),
+        "verify": dict(verify),
     }
 
 
 def format_summary(s: dict[str, Any]) -> str:
     """Markdown tables of :func:`summary`'s figures."""
+    verify = _format_verify(s.get("verify") or {})
     sets = list(dict.fromkeys(k for d in s["per_set"].values() for k in d))
     cliff_sets = [st for st in sets if any(st in d for d in s["cliff"].values())]
     out = [
@@ -226,6 +266,7 @@ def format_summary(s: dict[str, Any]) -> str:
             cells.append(f"{v[0]:.3f} / {v[1]:.3f} ({v[2]})" if v else "-")
         cells += [f"{s['cliff'][impl][st]:.2f}" if st in s["cliff"].get(impl, {}) else "-" for st in cliff_sets]
         out.append(f"| {impl} | " + " | ".join(cells) + " |")
+    out += verify
     if s["baseline"] is None or not s["vs_baseline"]:
         return "\n".join(out)
     b = s["baseline"]
@@ -250,6 +291,21 @@ def format_summary(s: dict[str, Any]) -> str:
     for (st, fam, B, _T), d in s["per_case"].items():
         out.append(f"| {st} | {fam} | {B} | " + " | ".join(f"{d[i]:.3f}" if i in d else "-" for i in others) + " |")
     return "\n".join(out)
+
+
+def _format_verify(verify: dict[str, dict[tuple, float]]) -> list[str]:
+    """The verify-step table of :func:`summary`: per implementation and case, time(q_len = N) / time(q_len = 1)."""
+    if not any(verify.values()):
+        return []
+    out = ["", "verify step: time(q_len = N) / time(q_len = 1) of the same implementation, batch and cache", ""]
+    out += ["| implementation | set | family | B | ratio |", "|---|---|---|---:|---:|"]
+    for impl, d in verify.items():
+        for (st, fam, B, _T), r in d.items():
+            out.append(f"| {impl} | {st} | {fam} | {B} | {r:.3f} |")
+        if d:
+            xs = list(d.values())
+            out.append(f"| {impl} | all | geomean / max | {len(xs)} | {geomean(xs):.3f} / {max(xs):.3f} |")
+    return out
 
 
 def plot_summary(
@@ -332,13 +388,78 @@ def _import_peer(impl: str) -> tuple[Any, str]:
     return mod, f"{mod.__name__} {getattr(mod, '__version__', '?')}"
 
 
-def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple[Callable[[], Any], Callable[[], Any]]]:
+def queries(timer: Any, kv_lens: np.ndarray, q_len: int = 1) -> Any:
+    """q of a batch with ``q_len`` tokens per request: ``[B * q_len, H_q, D]`` in the timer's dtype (the timer's
+    own q for ``q_len`` 1; else random rows drawn once per batch and kept)."""
+    import torch
+
+    b = timer.batch(kv_lens)
+    if q_len == 1:
+        return b["q"]
+    key = f"q{q_len}"
+    if key not in b:
+        B = int(np.asarray(kv_lens).shape[0])
+        b[key] = torch.randn(
+            (B * q_len, timer.num_qo_heads, timer.head_dim),
+            generator=torch.Generator(device=timer.device).manual_seed(B * 8 + q_len),
+            dtype=b["q"].dtype,
+            device=timer.device,
+        )
+    return b[key]
+
+
+def reference_output(timer: Any, kv_lens: np.ndarray, *, kv_dtype: str = "bfloat16", q_len: int = 1) -> Any:
+    """fp32 reference ``[B * q_len, H_q, D]`` of a batch on the timer's cache: token j of request b is the
+    single-token reference (:func:`kvsplit.kernels.reference.reference_decode_attention`) over the first
+    ``kv_len - q_len + 1 + j`` positions; an fp8 cache is dequantized by the reference's fp32 math, its scales
+    applied as ``sm_scale * K_SCALE`` and ``o * V_SCALE``."""
+    import torch
+
+    from kvsplit.kernels.reference import reference_decode_attention
+
+    b = timer.batch(kv_lens)
+    q = queries(timer, kv_lens, q_len)
+    ks, vs = (K_SCALE, V_SCALE) if kv_dtype == "fp8" else (1.0, 1.0)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for j in range(q_len):
+        lens_j = b["kv_lens"] - (q_len - 1 - j)
+        o = reference_decode_attention(
+            q[j::q_len],
+            timer.k_cache,
+            timer.v_cache,
+            b["kv_indptr"],
+            b["kv_indices"],
+            lens_j,
+            sm_scale=ks / math.sqrt(timer.head_dim),
+        )
+        out[j::q_len] = o.float() * vs
+    return out
+
+
+def make_runner(
+    impl: str, mod: Any, timer: Any, *, kv_dtype: str = "bfloat16", q_len: int = 1
+) -> Callable[[np.ndarray], tuple[Callable[[], Any], Callable[[], Any]]]:
     """``prepare(kv_lens) -> (launch, output)`` for one implementation on ``timer``'s cache and batches:
-    ``launch()`` runs the decode (CUDA-graph capturable), ``output()`` returns its last output ``[B, H_q, D]``."""
+    ``launch()`` runs the decode (CUDA-graph capturable), ``output()`` returns its last output ``[B * q_len, H_q,
+    D]``. With ``kv_dtype="fp8"`` the timer's cache must already be float8_e4m3fn (:func:`run` converts it); the
+    scales are :data:`K_SCALE`, :data:`V_SCALE`.
+
+    Raises
+    ------
+    ValueError
+        ``impl`` unknown, or not applicable to ``q_len`` (``flashinfer_decode`` takes one token per request,
+        ``flashinfer_prefill`` is for ``q_len`` > 1).
+    """
     import torch
 
     t = timer
     scale = 1.0 / math.sqrt(t.head_dim)
+    fp8 = kv_dtype == "fp8"
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
+    if impl == "flashinfer_decode" and q_len != 1:
+        raise ValueError("--impl flashinfer_decode: FlashInfer's decode wrapper takes one query token per request")
+    if impl == "flashinfer_prefill" and q_len == 1:
+        raise ValueError("--impl flashinfer_prefill: for --q-len > 1 (verify steps); q_len 1 is flashinfer_decode")
     if impl == "kvsplit":
         from kvsplit.kernels.decode import decode_attention
         from kvsplit.kernels.policy_table import PolicyTable
@@ -347,16 +468,35 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
         table = PolicyTable.from_export(raw, version=raw.get("policies_version"))
         gpu = torch.cuda.get_device_name()
 
+        from kvsplit.kernels.decode import make_workspace
+
+        spaces: dict[str, Any] = {}
+
         def prepare(lens):
             plan, _, info = table.plan(lens, gpu=gpu, **SHAPE)
             b = t.batch(lens)
-            out = torch.empty_like(b["q"])
-            ws = t.workspace_for(plan)
+            q = queries(t, lens, q_len)
+            out = torch.empty_like(q)
+            if q_len == 1:
+                ws = t.workspace_for(plan)
+            else:  # partials and LSE rows of q_len tokens per request
+                ws = spaces.get("ws")
+                if ws is None or ws.max_partials < plan.num_partials or ws.max_batch < plan.batch_size:
+                    spaces["ws"] = None
+                    ws = spaces["ws"] = make_workspace(
+                        t.num_qo_heads,
+                        t.head_dim,
+                        max_partials=max(plan.num_partials, 1 << 12),
+                        max_batch=t.max_batch,
+                        device=t.device,
+                        q_len=q_len,
+                    )
             plan.to(t.device)
-            args = (b["q"], t.k_cache, t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
-            decode_attention(*args, out=out, workspace=ws, validate=True)
+            args = (q, t.k_cache, t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
+            kw = {"out": out, "workspace": ws, "q_len": q_len, **scales}
+            decode_attention(*args, **kw, validate=True)
             prepare.last_source = info["source"]
-            return (lambda: decode_attention(*args, out=out, workspace=ws, validate=False)), (lambda: out)
+            return (lambda: decode_attention(*args, **kw, validate=False)), (lambda: out)
 
         return prepare
     if impl == "flashinfer_decode":
@@ -365,7 +505,7 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
         fi = FlashInferDecode(t, mod)
 
         def prepare(lens):
-            launch, out = fi.prepare(lens)
+            launch, out = fi.prepare(lens, **scales)
             return launch, (lambda: out)
 
         return prepare
@@ -384,9 +524,14 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
         def prepare(lens):
             b = t.batch(lens)
             B = len(lens)
-            q4 = b["q"].view(B, 1, t.num_qo_heads, t.head_dim)
+            q4 = queries(t, lens, q_len).view(B, q_len, t.num_qo_heads, t.head_dim)
             pt = page_table(b, lens)
             res: dict[str, Any] = {}
+            fp8_kw = {}
+            if fp8:  # FA3's fp8 path takes q, k and v in fp8 with their descales [B, H_kv] (SGLang's call)
+                q4 = q4.to(torch.float8_e4m3fn)
+                ones = torch.ones((B, t.num_kv_heads), dtype=torch.float32, device=t.device)
+                fp8_kw = {"q_descale": ones, "k_descale": ones * K_SCALE, "v_descale": ones * V_SCALE}
 
             def launch():
                 o = mod.flash_attn_with_kvcache(
@@ -398,22 +543,31 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
                     softmax_scale=scale,
                     causal=True,
                     num_splits=0,
+                    **fp8_kw,
                 )
                 res["out"] = o[0] if isinstance(o, tuple) else o
 
-            return launch, (lambda: res["out"].view(B, t.num_qo_heads, t.head_dim))
+            return launch, (lambda: res["out"].reshape(B * q_len, t.num_qo_heads, t.head_dim))
 
         return prepare
     if impl == "flashinfer_batch_attention":
         import inspect
 
         wrapper = mod.BatchAttention(kv_layout="NHD", device=str(t.device))
-        soft_cap = {"logits_soft_cap": 0.0} if "logits_soft_cap" in inspect.signature(wrapper.run).parameters else {}
+        run_params = inspect.signature(wrapper.run).parameters
+        soft_cap = {"logits_soft_cap": 0.0} if "logits_soft_cap" in run_params else {}
+        # fp8: the scales where run() takes them; else k_scale folded into the softmax scale (exact) and no v_scale
+        ba_scales = {k: v for k, v in scales.items() if k in run_params}
+        fold_k = fp8 and "k_scale" not in run_params
+        if fp8 and "v_scale" not in run_params:
+            print("flashinfer_batch_attention: run() takes no v_scale; timed without it (k_scale in sm_scale)")
+        prepare_ref = {"v_scale": V_SCALE if fp8 and "v_scale" not in run_params else 1.0}
 
         def prepare(lens):
             b = t.batch(lens)
             B = len(lens)
-            qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=t.device)
+            q = queries(t, lens, q_len)
+            qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=t.device) * q_len
             wrapper.plan(
                 qo_indptr,
                 b["kv_indptr"],
@@ -425,14 +579,47 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
                 t.head_dim,
                 t.page_size,
                 causal=True,
-                sm_scale=scale,
-                q_data_type=b["q"].dtype,
+                sm_scale=scale * (K_SCALE if fold_k else 1.0),
+                q_data_type=q.dtype,
                 kv_data_type=t.k_cache.dtype,
             )
-            out = torch.empty_like(b["q"])
-            lse = torch.empty((B, t.num_qo_heads), dtype=torch.float32, device=t.device)
+            out = torch.empty_like(q)
+            lse = torch.empty((B * q_len, t.num_qo_heads), dtype=torch.float32, device=t.device)
             kv = (t.k_cache, t.v_cache)
-            return (lambda: wrapper.run(b["q"], kv, out=out, lse=lse, **soft_cap)), (lambda: out)
+            # the output the check compares: v_scale applied outside the timed call when run() has none
+            return (lambda: wrapper.run(q, kv, out=out, lse=lse, **soft_cap, **ba_scales)), (
+                lambda: out.float() * prepare_ref["v_scale"]
+            )
+
+        return prepare
+    if impl == "flashinfer_prefill":
+        ws_buf = torch.empty(256 << 20, dtype=torch.uint8, device=t.device)
+        prefill = mod.BatchPrefillWithPagedKVCacheWrapper(ws_buf, "NHD")
+
+        def prepare(lens):
+            b = t.batch(lens)
+            B = len(lens)
+            q = queries(t, lens, q_len)
+            qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=t.device) * q_len
+            ps = t.page_size
+            last = (lens - (-(-lens // ps) - 1) * ps).astype(np.int32)  # tokens in each request's last page
+            prefill.plan(
+                qo_indptr,
+                b["kv_indptr"],
+                b["kv_indices"],
+                torch.from_numpy(last).to(t.device),
+                t.num_qo_heads,
+                t.num_kv_heads,
+                t.head_dim,
+                ps,
+                causal=True,
+                sm_scale=scale,
+                q_data_type=q.dtype,
+                kv_data_type=t.k_cache.dtype,
+            )
+            out = torch.empty_like(q)
+            kv = (t.k_cache, t.v_cache)
+            return (lambda: prefill.run(q, kv, out=out, **scales)), (lambda: out)
 
         return prepare
     raise ValueError(f"--impl: expected one of {IMPLS}, got {impl!r}")
@@ -443,11 +630,25 @@ LABELS = {
     "fa3": "FlashAttention-3 flash_attn_with_kvcache(num_splits=0)",
     "flashinfer_batch_attention": "FlashInfer BatchAttention",
     "flashinfer_decode": "FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)",
+    "flashinfer_prefill": "FlashInfer BatchPrefillWithPagedKVCacheWrapper(causal=True)",
 }
 
 
-def run(impl: str, kind: str, out: Path, *, rep_ms: float, check_tokens: int) -> int:
-    """Time ``impl`` on the cases of ``kind`` and write the CSV; the exit status."""
+def run(
+    impl: str,
+    kind: str,
+    out: Path,
+    *,
+    rep_ms: float,
+    check_tokens: int,
+    kv_dtype: str = "bfloat16",
+    q_len: int = 1,
+) -> int:
+    """Time ``impl`` on the cases of ``kind`` (``kv_dtype`` ``"bfloat16"`` or ``"fp8"``, ``q_len`` query tokens
+    per request) and write the CSV; the exit status."""
+    if impl == "flashinfer_decode" and q_len != 1 or impl == "flashinfer_prefill" and q_len == 1:
+        print(f"{impl}: not run at --q-len {q_len} (decode: one token per request; prefill: verify steps); no figure")
+        return 0
     mod, note = _import_peer(impl)
     if mod is None:
         print(f"{impl}: not importable here ({note}); no figure recorded")
@@ -457,7 +658,6 @@ def run(impl: str, kind: str, out: Path, *, rep_ms: float, check_tokens: int) ->
     if not torch.cuda.is_available():
         print(f"{impl}: needs a CUDA GPU (torch.cuda.is_available() is False); no figure recorded", file=sys.stderr)
         return 1
-    from kvsplit.kernels.decode import reference_decode_attention
     from kvsplit.tuner.gpu import GpuTimer, graph_median_s, software_versions
 
     cases = build_cases(kind)
@@ -470,7 +670,12 @@ def run(impl: str, kind: str, out: Path, *, rep_ms: float, check_tokens: int) ->
         max_tokens=max(c["total_tokens"] for c in cases),
         max_batch=max(c["B"] for c in cases),
     )
+    if kv_dtype == "fp8":  # the same random data stored as float8_e4m3fn (the bf16 copy freed first)
+        for name in ("k_cache", "v_cache"):
+            setattr(timer, name, getattr(timer, name).to(torch.float8_e4m3fn))
+        torch.cuda.empty_cache()
     bw = timer.read_bandwidth()
+    tag = set_tag(kv_dtype, q_len)
     meta = {
         **software_versions(),
         "implementation": impl,
@@ -479,18 +684,30 @@ def run(impl: str, kind: str, out: Path, *, rep_ms: float, check_tokens: int) ->
         "read_bandwidth_bytes_per_s": bw,
         "cases": kind,
         "shape": SHAPE,
+        "kv_dtype": str(timer.k_cache.dtype),
+        "q_len": q_len,
+        "kv_scales": [K_SCALE, V_SCALE] if kv_dtype == "fp8" else None,
         "kv_cache_bytes": 2 * timer.k_cache.numel() * timer.k_cache.element_size(),
     }
     print(json.dumps(meta), flush=True)
-    prepare = make_runner(impl, mod, timer)
+    prepare = make_runner(impl, mod, timer, kv_dtype=kv_dtype, q_len=q_len)
+    # bytes actually read over the measured streaming bandwidth: the timer counts 2 bytes per element
+    floor_scale = timer.k_cache.element_size() / 2
     rows = []
     for c in cases:
-        lens = c["kv_lens"]
+        lens = np.maximum(c["kv_lens"], q_len)  # kv_lens count the q_len new tokens
         try:
             launch, output = prepare(lens)
             launch()
             torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - a peer's own error: say which call failed, record nothing
+            if impl == "fa3" and kv_dtype == "fp8" and not rows:
+                print(
+                    f"fa3: no fp8 in this FlashAttention-3 build ({type(exc).__name__}: {str(exc)[:200]}); the "
+                    "device build disables it (FLASH_ATTENTION_DISABLE_FP8, ../shared/tools/fa3_for_device/"
+                    "NOTES.md); no figure recorded"
+                )
+                return 0
             print(
                 f"{impl}: failed on {c['set']} {c['family']} B={c['B']} ({type(exc).__name__}: {exc}); "
                 "stopping, no figure recorded",
@@ -498,10 +715,7 @@ def run(impl: str, kind: str, out: Path, *, rep_ms: float, check_tokens: int) ->
             )
             return 1
         if int(lens.sum()) <= check_tokens:
-            b = timer.batch(lens)
-            ref = reference_decode_attention(
-                b["q"], timer.k_cache, timer.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"]
-            ).float()
+            ref = reference_output(timer, lens, kv_dtype=kv_dtype, q_len=q_len)
             err = float((output().float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
             if not err < 2e-2:
                 print(
@@ -511,11 +725,11 @@ def run(impl: str, kind: str, out: Path, *, rep_ms: float, check_tokens: int) ->
                 )
                 return 1
         sec = graph_median_s(launch, warmup_ms=10.0, rep_ms=rep_ms)
-        ratio = sec / timer.hbm_floor_s(lens)
+        ratio = sec / (timer.hbm_floor_s(lens) * floor_scale)
         rows.append(
             {
                 "implementation": impl,
-                "set": c["set"],
+                "set": c["set"] + tag,
                 "family": c["family"],
                 "B": c["B"],
                 "total_tokens": c["total_tokens"],
@@ -525,7 +739,7 @@ def run(impl: str, kind: str, out: Path, *, rep_ms: float, check_tokens: int) ->
         )
         src = getattr(prepare, "last_source", "")
         print(
-            f"{impl} {c['set']} {c['family']:>10} B={c['B']:<4} {sec * 1e6:9.2f} us  {ratio:.4f}x floor"
+            f"{impl} {c['set'] + tag} {c['family']:>10} B={c['B']:<4} {sec * 1e6:9.2f} us  {ratio:.4f}x floor"
             + (f"  ({src})" if src else ""),
             flush=True,
         )
@@ -547,6 +761,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=262_144,
         help="check the output against the fp32 reference on batches of at most this many tokens",
     )
+    ap.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default="bfloat16",
+        help="the KV cache's dtype: bfloat16, or fp8 (float8_e4m3fn, scales K_SCALE/V_SCALE); q stays bf16",
+    )
+    ap.add_argument(
+        "--q-len", type=int, default=1, help="query tokens per request, 1-8 (speculative-decoding verify steps)"
+    )
     ap.add_argument("--summary", nargs="+", metavar="CSV", help="print the comparison of these CSVs (no GPU)")
     ap.add_argument("--baseline", default=None, help="--summary: the implementation the others are divided by")
     ap.add_argument("--plot", type=Path, metavar="DIR", help="--summary: also draw peers_<set>.png into DIR")
@@ -564,8 +787,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.impl is None:
         ap.error("--impl is required unless --summary is given")
+    if not 1 <= args.q_len <= 8:
+        ap.error(f"--q-len: expected 1 to 8 query tokens per request, got {args.q_len}")
+    default_out = Path(f"{args.impl}{set_tag(args.kv_dtype, args.q_len).replace('/', '_')}.csv")
     return run(
-        args.impl, args.cases, args.out or Path(f"{args.impl}.csv"), rep_ms=args.rep_ms, check_tokens=args.check_tokens
+        args.impl,
+        args.cases,
+        args.out or default_out,
+        rep_ms=args.rep_ms,
+        check_tokens=args.check_tokens,
+        kv_dtype=args.kv_dtype,
+        q_len=args.q_len,
     )
 
 

@@ -1,6 +1,6 @@
 """Bucket keys: which tuned policy a decode batch should use (DESIGN.md §5).
 
-A bucket is the *family* ``(gpu, H_kv, head_dim, dtype, page_size)`` plus a
+A bucket is the *family* ``(gpu, H_kv, head_dim, dtype, page_size, kv_dtype, q_len)`` plus a
 signature of the batch's length distribution:
 
 - **batch-size class** ``round(log2(B))``;
@@ -36,7 +36,14 @@ String form (URL- and db-safe, parsed back by :meth:`BucketKey.parse`)::
     nvidia-h200.kv4.d128.bf16.p16.b6.t18.w28x10-33x6
 
 ``gpu`` is the device name lower-cased with runs of other characters turned into
-``-``; ``w`` lists ``bin x units`` pairs in increasing bin order.
+``-``; ``w`` lists ``bin x units`` pairs in increasing bin order. A KV cache of
+another dtype than q's and q_len > 1 add parts after the page size, only when
+they differ from the defaults (so every key of a q_len-1 batch with K/V in q's
+dtype keeps its string)::
+
+    nvidia-h200.kv4.d128.bf16.p16.kvfp8.q4.b6.t18.w28x10-33x6
+
+(``.kvfp8``: K/V in ``float8_e4m3fn``; ``.q4``: 4 query tokens per request.)
 """
 
 from __future__ import annotations
@@ -51,7 +58,18 @@ import numpy as np
 
 from . import fastplan
 from .device import DeviceSpec, resolve_device
-from .limits import BINS_PER_OCTAVE, CLASS_WEIGHT, HIST_UNITS, NUM_BINS, check_int, check_shape
+from .limits import (
+    BINS_PER_OCTAVE,
+    CLASS_WEIGHT,
+    HIST_UNITS,
+    KV_DTYPE_SHORT,
+    MAX_Q_LEN,
+    NUM_BINS,
+    check_int,
+    check_kv_dtype,
+    check_q_len,
+    check_shape,
+)
 from .rulespec import PlanContext
 from .shape import gpu_slug, shape_family
 
@@ -79,8 +97,10 @@ DISTANCE_LIMIT = 1.0
 
 _DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 _DTYPE_LONG = {v: k for k, v in _DTYPE_SHORT.items()}
+_KV_LONG = {v: k for k, v in KV_DTYPE_SHORT.items()}
 _KEY_RE = re.compile(
     r"^(?P<gpu>[a-z0-9]+(?:-[a-z0-9]+)*)\.kv(?P<kv>\d+)\.d(?P<d>\d+)\.(?P<dtype>f16|bf16|f32)\.p(?P<p>\d+)"
+    r"(?:\.kv(?P<kvd>" + "|".join(_KV_LONG) + r"))?(?:\.q(?P<q>\d+))?"
     r"\.b(?P<b>\d+)\.t(?P<t>-1|\d+)\.w(?P<w>(?:\d+x\d+(?:-\d+x\d+)*)?)$"
 )
 
@@ -104,6 +124,11 @@ class BucketKey:
         Quantized token-weighted histogram of ``floor(2 * log2(kv_len))``,
         increasing bins, units summing to :data:`HIST_UNITS` (empty when every
         kv_len is 0).
+    kv_dtype : str or None
+        The KV cache's dtype when it differs from ``dtype`` (``"float8_e4m3fn"``); None (the canonical form of
+        ``dtype`` itself) otherwise.
+    q_len : int
+        Query tokens per request, 1..8.
     """
 
     gpu: str
@@ -114,6 +139,8 @@ class BucketKey:
     batch_class: int
     tokens_class: int
     hist: tuple[tuple[int, int], ...]
+    kv_dtype: str | None = None
+    q_len: int = 1
 
     def __post_init__(self) -> None:
         if gpu_slug(self.gpu) != self.gpu:
@@ -134,11 +161,20 @@ class BucketKey:
             raise ValueError(f"BucketKey.hist: units must sum to {HIST_UNITS}, got {total}")
         if (not hist) != (self.tokens_class == -1):
             raise ValueError("BucketKey.hist: empty exactly when tokens_class is -1")
+        try:
+            kd = check_kv_dtype(self.kv_dtype, self.dtype)
+        except ValueError as exc:
+            raise ValueError(f"BucketKey.{exc}") from None
+        object.__setattr__(self, "kv_dtype", None if kd == self.dtype else kd)
+        check_int("BucketKey.q_len", self.q_len, 1, MAX_Q_LEN)
 
     @property
-    def family(self) -> tuple[str, int, int, str, int]:
-        """``(gpu, num_kv_heads, head_dim, dtype, page_size)``: keys of different families never match."""
-        return shape_family(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
+    def family(self) -> tuple[str, int, int, str, int, str, int]:
+        """``(gpu, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len)`` (kv_dtype ``dtype`` when the same):
+        keys of different families never match."""
+        return shape_family(
+            self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size, self.kv_dtype, self.q_len
+        )
 
     @classmethod
     def from_trusted(
@@ -151,10 +187,12 @@ class BucketKey:
         batch_class: int,
         tokens_class: int,
         hist: tuple[tuple[int, int], ...],
+        kv_dtype: str | None = None,
+        q_len: int = 1,
     ) -> BucketKey:
         """A key from fields the planner computed itself (valid by construction:
         ``gpu`` a slug, ``hist`` a tuple of ``(int, int)`` pairs as the module doc
-        says), skipping ``__post_init__``'s checks. Equal (``==``, ``hash``,
+        says, ``kv_dtype`` None or a dtype other than ``dtype``), skipping ``__post_init__``'s checks. Equal (``==``, ``hash``,
         ``str``) to the checked key of the same fields; tests compare them."""
         key = object.__new__(cls)
         key.__dict__.update(
@@ -166,15 +204,14 @@ class BucketKey:
             batch_class=batch_class,
             tokens_class=tokens_class,
             hist=hist,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
         )
         return key
 
     def __str__(self) -> str:
         w = "-".join(f"{b}x{u}" for b, u in self.hist)
-        return (
-            f"{key_prefix(self.gpu, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)}"
-            f".b{self.batch_class}.t{self.tokens_class}.w{w}"
-        )
+        return f"{key_prefix(*self.family)}.b{self.batch_class}.t{self.tokens_class}.w{w}"
 
     def to_str(self) -> str:
         """The string form (same as ``str(key)``)."""
@@ -205,16 +242,33 @@ class BucketKey:
             batch_class=int(m["b"]),
             tokens_class=int(m["t"]),
             hist=hist,  # type: ignore[arg-type]
+            kv_dtype=_KV_LONG[m["kvd"]] if m["kvd"] else None,
+            q_len=int(m["q"]) if m["q"] else 1,
         )
         if str(key) != s:  # e.g. leading zeros
             raise ValueError(f"bucket: not in canonical form: {s!r} (expected {str(key)!r})")
         return key
 
 
-def key_prefix(gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int) -> str:
+def key_prefix(
+    gpu: str,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    page_size: int,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+) -> str:
     """The family part of a key's string form, ``"nvidia-h200.kv4.d128.bf16.p16"``
-    (``gpu`` already a slug; the rest of the string is ``.b{batch_class}.t{tokens_class}.w{hist}``)."""
-    return f"{gpu}.kv{num_kv_heads}.d{head_dim}.{_DTYPE_SHORT[dtype]}.p{page_size}"
+    (``gpu`` already a slug; the rest of the string is ``.b{batch_class}.t{tokens_class}.w{hist}``), with
+    ``.kv{fp8}`` when ``kv_dtype`` is given and differs from ``dtype`` and ``.q{q_len}`` when ``q_len > 1``
+    (``"nvidia-h200.kv4.d128.bf16.p16.kvfp8.q4"``)."""
+    out = f"{gpu}.kv{num_kv_heads}.d{head_dim}.{_DTYPE_SHORT[dtype]}.p{page_size}"
+    if kv_dtype is not None and kv_dtype != dtype:
+        out += f".kv{KV_DTYPE_SHORT[kv_dtype]}"
+    if q_len != 1:
+        out += f".q{q_len}"
+    return out
 
 
 def log2_class(x: int) -> int:
@@ -231,6 +285,8 @@ def bucket_key(
     dtype: str,
     device: DeviceSpec | str | Mapping[str, Any],
     page_size: int = 16,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
 ) -> BucketKey:
     """The bucket of one decode batch (DESIGN.md §5; module docstring for bins and weights).
 
@@ -248,6 +304,10 @@ def bucket_key(
         As :func:`kvsplit.kernels.device.resolve_device` accepts.
     page_size : int
         1 to 256.
+    kv_dtype : str, optional
+        The KV cache's dtype: None or ``dtype`` (the same), or ``"float8_e4m3fn"`` (also ``"fp8"``).
+    q_len : int
+        Query tokens per request, 1 to 8.
 
     Returns
     -------
@@ -261,7 +321,11 @@ def bucket_key(
     if not isinstance(device, (str, DeviceSpec)):
         device = resolve_device(device)
     slug, H, D, ps = _shape(num_kv_heads, head_dim, dtype, device, page_size)
-    return _key(fastplan.as_kv_lens(kv_lens), slug, H, D, dtype, ps)
+    if kv_dtype is None and q_len == 1 and type(q_len) is int:
+        return _key(fastplan.as_kv_lens(kv_lens), slug, H, D, dtype, ps)
+    kd = check_kv_dtype(kv_dtype, dtype)
+    ql = check_q_len(q_len)
+    return _key(fastplan.as_kv_lens(kv_lens), slug, H, D, dtype, ps, None if kd == dtype else kd, ql)
 
 
 _SHAPES: dict[tuple, tuple] = {}
@@ -284,7 +348,9 @@ def _shape(num_kv_heads: Any, head_dim: Any, dtype: Any, device: Any, page_size:
     return out[:-1]
 
 
-def _key(arr: np.ndarray, slug: str, H: int, D: int, dtype: str, ps: int) -> BucketKey:
+def _key(
+    arr: np.ndarray, slug: str, H: int, D: int, dtype: str, ps: int, kv_dtype: str | None = None, q_len: int = 1
+) -> BucketKey:
     bad, B, total, q = fastplan.hist_units(arr)
     if bad >= 0:
         raise fastplan.range_error(arr, bad)
@@ -296,7 +362,7 @@ def _key(arr: np.ndarray, slug: str, H: int, D: int, dtype: str, ps: int) -> Buc
         hist = ()
         tokens_class = -1
     # the fields are made here, valid by construction (BucketKey.__post_init__ would re-check them)
-    return BucketKey.from_trusted(slug, H, D, dtype, ps, log2_class(B), tokens_class, hist)
+    return BucketKey.from_trusted(slug, H, D, dtype, ps, log2_class(B), tokens_class, hist, kv_dtype, q_len)
 
 
 def key_of(L: np.ndarray, ctx: PlanContext) -> BucketKey:
@@ -305,7 +371,8 @@ def key_of(L: np.ndarray, ctx: PlanContext) -> BucketKey:
     ``L`` is int64 ``[B]`` as :func:`kvsplit.kernels.limits.check_batch_shape`
     returns it, ``ctx`` a validated shape (:meth:`kvsplit.kernels.shape.Shape.plan_context`).
     """
-    return _key(L, gpu_slug(ctx.device.name), ctx.num_kv_heads, ctx.head_dim, ctx.dtype, ctx.page_size)
+    kd = None if ctx.kv_dtype == ctx.dtype else ctx.kv_dtype
+    return _key(L, gpu_slug(ctx.device.name), ctx.num_kv_heads, ctx.head_dim, ctx.dtype, ctx.page_size, kd, ctx.q_len)
 
 
 def _as_key(k: BucketKey | str, name: str) -> BucketKey:

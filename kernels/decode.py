@@ -42,7 +42,10 @@ request's last page or in pages it does not own never reaches the output.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,20 +58,35 @@ from .plan import Plan
 from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, DESIGN.md §3)
 from .residency import register_cap
 
-__all__ = ["decode_attention", "launch_decode", "reference_decode_attention", "DecodeWorkspace", "make_workspace"]
+__all__ = [
+    "compile_only",
+    "decode_attention",
+    "launch_decode",
+    "launch_rule",
+    "LaunchRule",
+    "reference_decode_attention",
+    "DecodeWorkspace",
+    "make_workspace",
+]
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
-# head-dim chunks per (request, query head) that the overlapped merge supports (merge_dsplit <= this)
 MERGE_SYNC_CHUNKS = 4
-# how launch_decode(merge_overlap=True) launches (for A/B benchmarks, bench/merge_ab.py): "pdl" (else the merge
-# runs after stage 1), "trigger" ("start": every stage-1 CTA triggers the merge grid at its start; "last_item": at
-# the start of its tile's last item), "poll_ns" (the merge's back-off between polls, ns; 0: none)
-# "poll" ("acquire": every poll an acquire read; "relaxed": volatile polls, then one acquire read)
-_OVERLAP = {"pdl": True, "trigger": "last_item", "poll_ns": 500, "poll": "relaxed"}
+"""Head-dim chunks per (request, query head) that the overlapped merge's counters hold (``merge_dsplit`` <= this)."""
+MERGE_POLL_NS = 500
+"""The overlapped merge's back-off between polls of its counter under PDL (ns; PTX ``nanosleep``)."""
 
 TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+KV_FP8 = torch.float8_e4m3fn
+"""The fp8 KV-cache dtype the kernel reads (FlashInfer's ``kv_data_type=torch.float8_e4m3fn``), with a q of
+float16 or bfloat16."""
+KV_DTYPES = {**TORCH_DTYPES, KV_FP8: "float8_e4m3fn"}
+MAX_Q_LEN = 8
+"""Most query tokens per request (speculative-decoding verify steps: 1 + up to 7 draft tokens)."""
+MAX_TILE_ROWS = 64
+"""Most query rows of one work tile, ``G * heads_per_tile * q_len`` (the rows of its ``tl.dot``): 64 rows keep
+the fp32 accumulator of D = 128 in registers without spills on sm_90 (bench/compile_sm90.py)."""
 
 
 # ----------------------------------------------------------------------------
@@ -77,14 +95,42 @@ TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.floa
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
+def _online_softmax_step(
+    q,
+    k,
+    v,
+    mask_n,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    DOT_PRECISION: tl.constexpr,
+    t=None,
+    lim=None,
+    Q_LEN: tl.constexpr = 1,
+    KV_FP8: tl.constexpr = False,
+):
     # one BLOCK_N tile of the online softmax (base 2; FlashAttention-2, Dao 2023): scores of the GQA group's
-    # queries against the tile's keys, masked past the item's end, running max / sum / output rescaled
+    # queries against the tile's keys, masked past the item's end, running max / sum / output rescaled.
+    # KV_FP8: k and v are float8_e4m3fn, widened to q's dtype for the dots (their scales are folded into
+    # qk_scale and into the output). Q_LEN > 1: row r also masks the keys at positions t >= lim[r] (causal
+    # within the request's Q_LEN new tokens); a row with no key in the tile keeps m = -inf, so the exponents
+    # are taken against 0 there (no -inf - -inf).
+    if KV_FP8:
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-    s = tl.where(mask_n[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+    if Q_LEN == 1:
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+    else:
+        s = tl.where(mask_n[None, :] & (t[None, :] < lim[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
@@ -111,6 +157,10 @@ def _online_softmax_step_heads(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    t=None,
+    lim=None,
+    Q_LEN: tl.constexpr = 1,
+    KV_FP8: tl.constexpr = False,
 ):
     # one BLOCK_N tile for HEADS adjacent KV heads at once: the query rows of head j are rows
     # j*G .. j*G+G-1 of q (HEADS*G <= BLOCK_H, so the rows that pad one head's G queries to 16 hold the next
@@ -119,15 +169,26 @@ def _online_softmax_step_heads(
     s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
     for j in tl.static_range(HEADS):
         k = tl.load(K + (k_row + (h0 + j) * stride_kh)[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
         s = tl.where((row_head == j)[:, None], tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), s)
-    s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+    if Q_LEN == 1:
+        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+    else:  # as in _online_softmax_step
+        s = tl.where(mask_n[None, :] & (t[None, :] < lim[:, None]), s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     for j in tl.static_range(HEADS):
         v = tl.load(V + (v_row + (h0 + j) * stride_vh)[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         acc += tl.dot(tl.where((row_head == j)[:, None], p, 0.0).to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -172,19 +233,20 @@ def _stage1_tile(
     PREFETCH: tl.constexpr,
     HEADS: tl.constexpr = 1,
     NEXT: tl.constexpr = False,
-    TL=None,
-    TL_STRIDE=0,
-    TIMELINE: tl.constexpr = False,
     SYNC=None,
     SIGNAL: tl.constexpr = False,
     MERGE_DS: tl.constexpr = 1,
     PDL_LAST: tl.constexpr = False,
+    KV_LENS=None,
+    K_SCALE=None,
+    V_SCALE=None,
+    v_scale=None,
+    Q_LEN: tl.constexpr = 1,
+    KV_FP8: tl.constexpr = False,
+    SCALE: tl.constexpr = 0,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
     # tile is (cta, group of HEADS adjacent KV heads starting at h).
-    if TIMELINE:  # launch_decode(timeline=...): the tile's start (ns, %globaltimer) and its SM
-        tl.store(TL + tile * TL_STRIDE, tl.extra.cuda.globaltimer())
-        tl.store(TL + tile * TL_STRIDE + 1, tl.extra.cuda.smid().to(tl.int64))
     c = tile // (H_KV // HEADS)
     h = (tile % (H_KV // HEADS)) * HEADS
     item_lo = tl.load(CTA_INDPTR + c)
@@ -193,9 +255,24 @@ def _stage1_tile(
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    mask_h = offs_h < GROUP * HEADS
-    q_head = h * GROUP + offs_h
-    row_head = offs_h // GROUP
+    mask_h = offs_h < GROUP * HEADS * Q_LEN
+    if Q_LEN == 1:
+        q_head = h * GROUP + offs_h
+    else:
+        # Q_LEN query tokens per request: q, out and the LSE are viewed as [B, Q_LEN * H_q, ...] (H_Q is
+        # Q_LEN * H_q), token j of query head x at "head" j * H_q + x. Row r of the tile is token r % Q_LEN
+        # of query head h * G + r // Q_LEN.
+        q_head = (offs_h % Q_LEN) * (H_Q // Q_LEN) + h * GROUP + offs_h // Q_LEN
+    row_head = offs_h // (GROUP * Q_LEN)
+    qk = qk_scale
+    if SCALE == 2:  # per-KV-head scales (fp32 [H_kv]): k's into the score scale, v's into the output
+        if HEADS == 1:
+            qk = qk_scale * tl.load(K_SCALE + h)
+            v_sc = tl.load(V_SCALE + h)
+        else:
+            in_tile = row_head < HEADS
+            qk = (qk_scale * tl.load(K_SCALE + h + row_head, mask=in_tile, other=1.0))[:, None]
+            v_sc = tl.load(V_SCALE + h + row_head, mask=in_tile, other=1.0)[:, None]
 
     if NEXT:
         # Look-ahead over the tile's items (config.next_item): items it and it + 1 are carried in registers with
@@ -264,6 +341,12 @@ def _stage1_tile(
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+        if Q_LEN == 1:
+            lim = None
+        else:
+            # causal within the request's Q_LEN new tokens (the last Q_LEN of its kv_len L): token j sees
+            # positions [0, L - Q_LEN + j], i.e. t < L - Q_LEN + 1 + j
+            lim = tl.load(KV_LENS + req) - (Q_LEN - 1) + offs_h % Q_LEN
 
         if PREFETCH:
             # The page ids of tile i + 1 are loaded during tile i (a loop-carried value), so no K/V address
@@ -291,7 +374,9 @@ def _stage1_tile(
                         mask=mask_n[:, None],
                         other=0.0,
                     )
-                    m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+                    m_i, l_i, acc = _online_softmax_step(
+                        q, k, v, mask_n, m_i, l_i, acc, qk, DOT_PRECISION, t, lim, Q_LEN, KV_FP8
+                    )
                 else:
                     m_i, l_i, acc = _online_softmax_step_heads(
                         q,
@@ -304,7 +389,7 @@ def _stage1_tile(
                         m_i,
                         l_i,
                         acc,
-                        qk_scale,
+                        qk,
                         offs_d,
                         h,
                         stride_kh,
@@ -313,6 +398,10 @@ def _stage1_tile(
                         BLOCK_H,
                         BLOCK_N,
                         DOT_PRECISION,
+                        t,
+                        lim,
+                        Q_LEN,
+                        KV_FP8,
                     )
         else:
             for n0 in range(start, end, BLOCK_N):
@@ -327,7 +416,9 @@ def _stage1_tile(
                     # V is loaded with K, before the softmax math, so both loads are in flight together
                     k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
                     v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-                    m_i, l_i, acc = _online_softmax_step(q, k, v, mask_n, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+                    m_i, l_i, acc = _online_softmax_step(
+                        q, k, v, mask_n, m_i, l_i, acc, qk, DOT_PRECISION, t, lim, Q_LEN, KV_FP8
+                    )
                 else:
                     m_i, l_i, acc = _online_softmax_step_heads(
                         q,
@@ -340,7 +431,7 @@ def _stage1_tile(
                         m_i,
                         l_i,
                         acc,
-                        qk_scale,
+                        qk,
                         offs_d,
                         h,
                         stride_kh,
@@ -349,11 +440,19 @@ def _stage1_tile(
                         BLOCK_H,
                         BLOCK_N,
                         DOT_PRECISION,
+                        t,
+                        lim,
+                        Q_LEN,
+                        KV_FP8,
                     )
 
         nonempty = l_i > 0.0
         l_safe = tl.where(nonempty, l_i, 1.0)
         out = acc / l_safe[:, None]
+        if SCALE == 1:  # per-tensor v_scale (k_scale is folded into qk_scale by the launcher)
+            out = out * v_scale
+        elif SCALE == 2:
+            out = out * v_sc
         lse2 = tl.where(nonempty, m_i + tl.math.log2(l_safe), float("-inf"))
         if slot < 0:
             o_ptr = O + req * stride_ob + q_head[:, None] * stride_oh + offs_d[None, :]
@@ -365,17 +464,14 @@ def _stage1_tile(
             tl.store(PART_O + (base + q_head[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None])
             tl.store(PART_LSE + base + q_head, lse2, mask=mask_h)
             if SIGNAL:
-                # launch_decode(merge_overlap=True): publish this split to the merge programs of its (request,
-                # query head, head-dim chunk), which may already be running (PDL). All threads' partial stores,
+                # the overlapped merge (LaunchRule.merge_overlap): publish this split to the merge programs of its
+                # (request, query head, head-dim chunk), which may already be running (PDL). All threads' partial stores,
                 # then a CTA barrier, then a release add at GPU scope (cumulative over what the barrier ordered:
                 # the semaphore pattern of CUTLASS's GenericBarrier, PTX ISA "memory consistency model").
                 tl.debug_barrier()
                 offs_c = tl.arange(0, MERGE_DS)
                 sync_idx = (req * H_Q + q_head[:, None]) * MERGE_DS + offs_c[None, :]
                 tl.atomic_add(SYNC + sync_idx, 1, mask=mask_h[:, None], sem="release", scope="gpu")
-        if TIMELINE:  # the time its k-th item's output was issued, for the first TL_STRIDE - 2 items
-            k_item = it - item_lo
-            tl.store(TL + tile * TL_STRIDE + 2 + k_item, tl.extra.cuda.globaltimer(), mask=k_item < TL_STRIDE - 2)
         if NEXT:
             req0, st0, en0, sl0, base0 = req1, st1, en1, sl1, base1
             req1, st1, en1, sl1, base1 = req2, st2, en2, sl2, base2
@@ -413,8 +509,6 @@ def _decode_stage1_kernel(
     stride_vh,
     stride_ob,
     stride_oh,
-    TL,
-    TL_STRIDE,
     SYNC,
     H_Q: tl.constexpr,
     H_KV: tl.constexpr,
@@ -429,11 +523,17 @@ def _decode_stage1_kernel(
     PREFETCH: tl.constexpr,
     HEADS: tl.constexpr = 1,
     NEXT: tl.constexpr = False,
-    TIMELINE: tl.constexpr = False,
     SIGNAL: tl.constexpr = False,
     MERGE_DS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
     PDL_LAST: tl.constexpr = False,
+    KV_LENS=None,
+    K_SCALE=None,
+    V_SCALE=None,
+    v_scale=None,
+    Q_LEN: tl.constexpr = 1,
+    KV_FP8: tl.constexpr = False,
+    SCALE: tl.constexpr = 0,
 ):
     if PDL:
         # programmatic dependent launch: the merge grid may start once every stage-1 CTA has started (so a
@@ -484,13 +584,17 @@ def _decode_stage1_kernel(
                 PREFETCH,
                 HEADS,
                 NEXT,
-                TL,
-                TL_STRIDE,
-                TIMELINE,
                 SYNC,
                 SIGNAL,
                 MERGE_DS,
                 PDL_LAST,
+                KV_LENS,
+                K_SCALE,
+                V_SCALE,
+                v_scale,
+                Q_LEN,
+                KV_FP8,
+                SCALE,
             )
             tile = tl.atomic_add(COUNTER, 1)
     else:
@@ -533,13 +637,17 @@ def _decode_stage1_kernel(
             PREFETCH,
             HEADS,
             NEXT,
-            TL,
-            TL_STRIDE,
-            TIMELINE,
             SYNC,
             SIGNAL,
             MERGE_DS,
             PDL_LAST,
+            KV_LENS,
+            K_SCALE,
+            V_SCALE,
+            v_scale,
+            Q_LEN,
+            KV_FP8,
+            SCALE,
         )
 
 
@@ -581,8 +689,8 @@ def _decode_merge_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = d0 + tl.arange(0, BLOCK_D)
     if WAIT:
-        # launch_decode(merge_overlap=True): this grid may run beside stage 1 (PDL). Wait until the n splits of
-        # (request, query head) have published their partials (one release add each on this program's counter);
+        # the overlapped merge (LaunchRule.merge_overlap): this grid may run beside stage 1 (PDL). Wait until the n
+        # splits of (request, query head) have published their partials (one release add each on its counter);
         # then reset the counter for the next call: this program is its only reader.
         sync_ptr = SYNC + (req * H_Q + hq) * tl.num_programs(2) + tl.program_id(2)
         seen = tl.atomic_add(sync_ptr, 0, mask=active, sem="acquire", scope="gpu")
@@ -662,6 +770,63 @@ def check_kernel_device(name: str, device: torch.device) -> None:
         )
 
 
+def check_kv_scales(k_scale: Any, v_scale: Any, num_kv_heads: int, device: torch.device) -> tuple[int, float, float]:
+    """Check the KV-cache scales as FlashInfer's ``run(..., k_scale=, v_scale=)`` takes them and say how the
+    launch applies them: ``(mode, qk_mult, v_mult)``.
+
+    Each of ``k_scale``, ``v_scale`` is ``None`` (1.0), a finite float > 0 (per tensor), or a float32 tensor
+    ``[H_kv]`` on ``device`` (per KV head; both must then be tensors, read on the device, so a CUDA graph
+    replays with their current values; their values are checked by :func:`check_kv_scale_values`). Dequantized
+    ``k = k_scale * k_stored``, ``v = v_scale * v_stored``, so ``scores = (q . k_stored) * k_scale * sm_scale`` and
+    ``o = (softmax(scores) . v_stored) * v_scale``. Mode 0: no scaling; 1: per tensor (``qk_mult`` is folded into
+    the score scale, ``v_mult`` multiplies the output); 2: per-KV-head tensors.
+
+    Raises
+    ------
+    ValueError
+        Naming ``k_scale`` or ``v_scale``: not a float or tensor, not finite or not > 0, a tensor of another
+        dtype, shape or device, a tensor beside a float.
+    """
+    tensors = [isinstance(x, torch.Tensor) for x in (k_scale, v_scale)]
+    if any(tensors):
+        for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(
+                    f"{name}: expected a float32 tensor [{num_kv_heads}] like the other scale (per KV head), got "
+                    f"{type(x).__name__}"
+                )
+            if x.dtype != torch.float32 or tuple(x.shape) != (num_kv_heads,) or x.device != device:
+                raise ValueError(
+                    f"{name}: expected a float32 tensor of shape ({num_kv_heads},) (one scale per KV head) on "
+                    f"{device}, got {x.dtype} {tuple(x.shape)} on {x.device}"
+                )
+            if not x.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous tensor")
+        return 2, 1.0, 1.0
+    vals = []
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x is None:
+            vals.append(1.0)
+            continue
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValueError(f"{name}: expected a float or a float32 tensor [H_kv], got {type(x).__name__}")
+        if not math.isfinite(x) or x <= 0:
+            raise ValueError(f"{name}: expected a finite scale > 0, got {x!r}")
+        vals.append(float(x))
+    return (0 if vals[1] == 1.0 else 1), vals[0], vals[1]
+
+
+def check_kv_scale_values(k_scale: Any, v_scale: Any) -> None:
+    """Raise ``ValueError`` naming ``k_scale``/``v_scale`` when a per-KV-head scale tensor holds a value that
+    is not finite or not > 0 (reads the tensors: a host sync; floats are checked by :func:`check_kv_scales`)."""
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(x, torch.Tensor):
+            bad = ~(torch.isfinite(x) & (x > 0))
+            if bool(bad.any()):
+                i = int(torch.nonzero(bad)[0, 0])
+                raise ValueError(f"{name}[{i}]: expected a finite scale > 0, got {float(x[i])}")
+
+
 def check_heads_per_tile(
     heads_per_tile: int, num_qo_heads: int, num_kv_heads: int, *, name: str = "plan.config.heads_per_tile"
 ) -> None:
@@ -712,9 +877,9 @@ class DecodeWorkspace:
     counter : torch.Tensor, int32 ``[1]``
         Work counter of the persistent schedule (reset by every call).
     sync : torch.Tensor, int32 ``[max_batch * H_q * MERGE_SYNC_CHUNKS]`` or None
-        Arrival counters of the overlapped merge (``launch_decode(merge_overlap=True)``), one per (request,
+        Arrival counters of the overlapped merge (:attr:`LaunchRule.merge_overlap`), one per (request,
         query head, head-dim chunk of the merge); zero between calls (each merge program resets its own).
-        ``None``: the overlapped merge is refused.
+        ``None`` (or too few): the merge runs after stage 1.
     """
 
     part_o: torch.Tensor
@@ -739,9 +904,13 @@ def make_workspace(
     max_partials: int,
     max_batch: int,
     device: Any,
+    q_len: int = 1,
 ) -> DecodeWorkspace:
     """Allocate a :class:`DecodeWorkspace` for plans with at most ``max_partials``
-    partial slots (``plan.num_partials``) and ``max_batch`` requests."""
+    partial slots (``plan.num_partials``) and ``max_batch`` requests of ``q_len`` query tokens each (its
+    per-request rows are ``q_len * num_qo_heads``: ``part_o`` ``[max_partials, q_len * H_q, D]``, ``lse``
+    ``[max_batch, q_len * H_q]``)."""
+    num_qo_heads *= check_q_len(q_len)
     dev = torch.device(device)
     return DecodeWorkspace(
         part_o=torch.empty((max(max_partials, 1), num_qo_heads, head_dim), dtype=torch.float32, device=dev),
@@ -757,23 +926,64 @@ def make_workspace(
 # ----------------------------------------------------------------------------
 
 
-def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate):
+def check_kv_dtype(name: str, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` naming ``name`` unless a KV cache of ``kv_dtype`` can be read with a q of ``q_dtype``:
+    q's own dtype, or ``torch.float8_e4m3fn`` with a float16 / bfloat16 q."""
+    if kv_dtype == q_dtype:
+        return
+    if kv_dtype == KV_FP8:
+        if q_dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"{name}: a float8_e4m3fn KV cache needs a float16 or bfloat16 q, got q of {q_dtype}")
+        return
+    raise ValueError(f"{name}: expected dtype {q_dtype} (q's) or torch.float8_e4m3fn, got {kv_dtype}")
+
+
+def check_q_len(q_len: Any, name: str = "q_len") -> int:
+    """``q_len`` as an int, or ``ValueError`` naming ``name`` unless it is an integer in [1, :data:`MAX_Q_LEN`]."""
+    if isinstance(q_len, bool) or not isinstance(q_len, int) or not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"{name}: expected an integer in [1, {MAX_Q_LEN}] (query tokens per request), got {q_len!r}")
+    return q_len
+
+
+def _check_inputs(
+    q,
+    k_cache,
+    v_cache,
+    kv_indptr,
+    kv_indices,
+    kv_lens,
+    plan,
+    out,
+    workspace,
+    return_lse,
+    validate,
+    q_len=1,
+    k_scale=None,
+    v_scale=None,
+):
     q = check_tensor("q", q, ndim=3)
     dev = q.device
     check_kernel_device("q", dev)
     if q.dtype not in TORCH_DTYPES:
         raise ValueError(f"q: expected dtype float16, bfloat16 or float32, got {q.dtype}")
     check_interpreter_dtype("q", q.dtype)
+    q_len = check_q_len(q_len)
     k_cache = check_tensor("k_cache", k_cache, ndim=4, device=dev)
     v_cache = check_tensor("v_cache", v_cache, ndim=4, device=dev)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name}: expected dtype {q.dtype} (q's), got {t.dtype}")
+        check_kv_dtype(name, t.dtype, q.dtype)
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: the last (head_dim) dimension must be contiguous")
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache: expected dtype {k_cache.dtype} (k_cache's), got {v_cache.dtype}")
     if tuple(k_cache.shape) != tuple(v_cache.shape):
         raise ValueError(f"v_cache: expected shape {tuple(k_cache.shape)} (k_cache's), got {tuple(v_cache.shape)}")
-    B, H_q, D = q.shape
+    rows, H_q, D = q.shape
+    if rows % q_len:
+        raise ValueError(f"q: expected [B * q_len, H_q, D] with q_len={q_len}, got {rows} rows")
+    B = rows // q_len
+    if q_len > 1 and rows > 1 and q.stride(0) != H_q * q.stride(1):
+        raise ValueError("q: with q_len > 1 the first two dimensions must be contiguous ([B * q_len, H_q, D] rows)")
     num_pages, page_size, H_kv, Dk = k_cache.shape
     if Dk != D:
         raise ValueError(f"k_cache: expected head_dim {D} (q's), got {Dk}")
@@ -785,6 +995,7 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
         raise ValueError(f"q: GQA group H_q/H_kv={H_q // H_kv} above the supported 64")
     if q.stride(-1) != 1:
         raise ValueError("q: the last (head_dim) dimension must be contiguous")
+    check_kv_scales(k_scale, v_scale, H_kv, dev)
     for name, t, n in (("kv_indptr", kv_indptr, B + 1), ("kv_lens", kv_lens, B)):
         check_tensor(name, t, ndim=1, device=dev)
         if t.dtype != torch.int32:
@@ -811,25 +1022,30 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
         raise ValueError(f"plan: made for dtype {plan.dtype}, got q of dtype {TORCH_DTYPES[q.dtype]}")
     if out is not None:
         check_tensor("out", out, ndim=3, device=dev)
-        if tuple(out.shape) != (B, H_q, D) or out.dtype != q.dtype:
-            raise ValueError(f"out: expected shape {(B, H_q, D)} dtype {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+        if tuple(out.shape) != (rows, H_q, D) or out.dtype != q.dtype:
+            raise ValueError(
+                f"out: expected shape {(rows, H_q, D)} dtype {q.dtype}, got {tuple(out.shape)} {out.dtype}"
+            )
         if out.stride(-1) != 1:
             raise ValueError("out: the last dimension must be contiguous")
+        if q_len > 1 and rows > 1 and out.stride(0) != H_q * out.stride(1):
+            raise ValueError("out: with q_len > 1 the first two dimensions must be contiguous")
     if workspace is not None:
         if not isinstance(workspace, DecodeWorkspace):
             raise TypeError(f"workspace: expected a DecodeWorkspace, got {type(workspace).__name__}")
         # the kernels index these buffers as dense arrays: check every one (a caller may build its own)
         for name, t, dtype, tail in (
-            ("part_o", workspace.part_o, torch.float32, (H_q, D)),
-            ("part_lse", workspace.part_lse, torch.float32, (H_q,)),
-            ("lse", workspace.lse, torch.float32, (H_q,)),
+            ("part_o", workspace.part_o, torch.float32, (H_q * q_len, D)),
+            ("part_lse", workspace.part_lse, torch.float32, (H_q * q_len,)),
+            ("lse", workspace.lse, torch.float32, (H_q * q_len,)),
             ("counter", workspace.counter, torch.int32, ()),
         ):
             if not isinstance(t, torch.Tensor) or t.device != dev or t.dtype != dtype or not t.is_contiguous():
                 raise ValueError(f"workspace.{name}: expected a contiguous {dtype} tensor on {dev}")
             if tuple(t.shape[1:]) != tail or (name == "counter" and tuple(t.shape) != (1,)):
                 want = "(1,)" if name == "counter" else f"(n, {', '.join(map(str, tail))})"
-                raise ValueError(f"workspace.{name}: expected shape {want}, got {tuple(t.shape)}")
+                made = f" (make_workspace(..., q_len={q_len}))" if q_len > 1 else ""
+                raise ValueError(f"workspace.{name}: expected shape {want}{made}, got {tuple(t.shape)}")
         if workspace.part_lse.shape[0] != workspace.part_o.shape[0]:
             raise ValueError("workspace.part_lse: expected as many rows as workspace.part_o")
         if workspace.max_partials < plan.num_partials:
@@ -859,6 +1075,14 @@ def _check_inputs(q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out
                     raise ValueError(f"kv_indices: page ids must be in [0, {num_pages}), got range [{lo}, {hi}]")
         if bool((lens < 0).any()):
             raise ValueError("kv_lens: negative kv_len")
+        short = lens < q_len
+        if q_len > 1 and bool(short.any()):
+            i = int(torch.nonzero(short)[0, 0])
+            raise ValueError(
+                f"kv_lens[{i}]: {int(lens[i])} tokens, fewer than q_len={q_len}: kv_lens count the q_len new "
+                "tokens, which are in the cache before attention"
+            )
+        check_kv_scale_values(k_scale, v_scale)
         cap = d * page_size
         over = lens > cap
         if bool(over.any()):
@@ -892,43 +1116,58 @@ def decode_attention(
     out: torch.Tensor | None = None,
     workspace: DecodeWorkspace | None = None,
     validate: bool = True,
+    q_len: int = 1,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """GQA decode attention (q_len = 1) over a paged NHD KV cache, launched from a plan.
+    """GQA decode attention (q_len 1 to 8 query tokens per request) over a paged NHD KV cache, launched from a plan.
 
     Parameters
     ----------
-    q : torch.Tensor ``[B, H_q, D]``
-        Queries, float16 / bfloat16 (float32 for CPU tests).
+    q : torch.Tensor ``[B * q_len, H_q, D]``
+        Queries, float16 / bfloat16 (float32 for CPU tests); request b's q_len tokens are rows
+        ``b * q_len .. b * q_len + q_len - 1`` (FlashInfer's ragged layout with ``qo_indptr = arange(B + 1) *
+        q_len``), the first two dimensions contiguous when ``q_len > 1``.
     k_cache, v_cache : torch.Tensor ``[num_pages, page_size, H_kv, D]``
-        Paged KV cache, q's dtype; H_q must be a multiple of H_kv.
+        Paged KV cache, q's dtype or ``torch.float8_e4m3fn`` (q float16 / bfloat16: read as fp8 bytes, no
+        dequantized copy); H_q must be a multiple of H_kv.
     kv_indptr : torch.Tensor int32 ``[B + 1]``
         Offsets of each request's page list in ``kv_indices``.
     kv_indices : torch.Tensor int32 ``[kv_indptr[-1]]``
         Page ids, in order, of every request.
     kv_lens : torch.Tensor int32 ``[B]``
-        Tokens of each request (uses its first ``ceil(kv_len / page_size)`` pages).
+        Tokens of each request (uses its first ``ceil(kv_len / page_size)`` pages), counting its q_len new
+        tokens (already written to the cache): token j of request b sees the KV positions
+        ``[0, kv_lens[b] - q_len + j]`` (causal within the new tokens). ``kv_lens >= q_len``.
     plan : Plan
         Made for exactly these kv_lens, H_kv, D, page_size and dtype. Its arrays
         are uploaded on first use and cached on the plan (``plan.to(device)``).
     sm_scale : float, optional
         Softmax scale, default ``1 / sqrt(D)``.
     return_lse : bool
-        Also return the LSE (fp32 ``[B, H_q]``, natural log; -inf for kv_len = 0).
-        With a workspace, the LSE is a view of ``workspace.lse``.
-    out : torch.Tensor ``[B, H_q, D]``, optional
+        Also return the LSE (fp32 ``[B * q_len, H_q]``, natural log of the scaled scores' sum of exponentials;
+        -inf for kv_len = 0). With a workspace, the LSE is a view of ``workspace.lse``.
+    out : torch.Tensor ``[B * q_len, H_q, D]``, optional
         Output buffer (q's dtype).
     workspace : DecodeWorkspace, optional
-        Preallocated buffers; with ``out`` and ``workspace`` given (and the plan
-        uploaded), a call allocates nothing and copies nothing between host and
+        Preallocated buffers (:func:`make_workspace` with this ``q_len``); with ``out`` and ``workspace`` given
+        (and the plan uploaded), a call allocates nothing and copies nothing between host and
         device, so it can be captured in a CUDA graph.
     validate : bool
         Run the checks that read device data (a host sync); ``False`` for the
         serving hot path (shape, dtype and plan-shape checks still run).
+    q_len : int
+        Query tokens per request, 1 to :data:`MAX_Q_LEN` (speculative-decoding verify steps), the same for
+        every request. The plan (its KV ranges) does not depend on it.
+    k_scale, v_scale : float or torch.Tensor, optional
+        Dequantization scales of the cache, as FlashInfer's ``run`` takes them: a float (per tensor) or
+        float32 tensors ``[H_kv]`` (per KV head, both): ``scores = (q . k) * k_scale * sm_scale``,
+        ``o = (p . v) * v_scale`` (:func:`check_kv_scales`). Default 1.
 
     Returns
     -------
     torch.Tensor or (torch.Tensor, torch.Tensor)
-        ``o`` ``[B, H_q, D]``, and ``lse`` ``[B, H_q]`` if ``return_lse``.
+        ``o`` ``[B * q_len, H_q, D]``, and ``lse`` ``[B * q_len, H_q]`` if ``return_lse``.
 
     Raises
     ------
@@ -936,13 +1175,26 @@ def decode_attention(
         On bad inputs, naming the argument, before any launch.
     """
     B, H_q, D, H_kv, page_size = _check_inputs(
-        q, k_cache, v_cache, kv_indptr, kv_indices, kv_lens, plan, out, workspace, return_lse, validate
+        q,
+        k_cache,
+        v_cache,
+        kv_indptr,
+        kv_indices,
+        kv_lens,
+        plan,
+        out,
+        workspace,
+        return_lse,
+        validate,
+        q_len,
+        k_scale,
+        v_scale,
     )
     dev = q.device
     if out is None:
-        out = torch.empty((B, H_q, q.shape[2]), dtype=q.dtype, device=dev)
+        out = torch.empty(tuple(q.shape), dtype=q.dtype, device=dev)
     if workspace is None:
-        workspace = make_workspace(H_q, D, max_partials=plan.num_partials, max_batch=B, device=dev)
+        workspace = make_workspace(H_q, D, max_partials=plan.num_partials, max_batch=B, device=dev, q_len=q_len)
     return launch_decode(
         q,
         k_cache,
@@ -956,12 +1208,170 @@ def decode_attention(
         **plan.launch_sizes(),
         sm_scale=sm_scale,
         return_lse=return_lse,
+        q_len=q_len,
+        kv_lens=kv_lens,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
 
 
 def _pdl_available(device: torch.device) -> bool:
     """Whether a launch on ``device`` can use programmatic dependent launch (compiled CUDA, sm_90+)."""
     return not _INTERPRETED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@dataclass(frozen=True)
+class LaunchRule:
+    """The launch parameters :func:`launch_decode` runs a plan with, as :func:`launch_rule` picks them.
+
+    Attributes
+    ----------
+    maxnreg : int or None
+        Register cap of the stage-1 launch (Triton's ``maxnreg``); None: no cap.
+    merge_dsplit : int
+        Merge programs per (merged request, query head), each over ``head_dim / merge_dsplit`` of the head dim.
+    merge_warps : int
+        Warps of each merge program.
+    merge_overlap : bool
+        The overlapped merge: each split work item, after storing its partial, adds one (a release at GPU
+        scope) to the counter of every (request, query head, head-dim chunk) it feeds (``workspace.sync``);
+        each merge program waits for its count (volatile polls, then one acquire read), merges, and resets the
+        counter to zero for the next call (so CUDA-graph replays stay correct).
+    pdl : bool
+        The merge grid is launched with programmatic dependent launch (sm_90+), beside stage 1; polls back off
+        :data:`MERGE_POLL_NS` between reads.
+    pdl_last : bool
+        Stage 1 triggers the merge grid at the start of each tile's last work item (grid schedule); else (the
+        persistent schedule, whose CTAs do not know their last tile) at each CTA's start.
+    """
+
+    maxnreg: int | None
+    merge_dsplit: int
+    merge_warps: int
+    merge_overlap: bool
+    pdl: bool
+    pdl_last: bool
+
+    @property
+    def poll_ns(self) -> int:
+        """The merge's back-off between polls of its counter (ns; 0: none, the merge runs after stage 1)."""
+        return MERGE_POLL_NS if self.pdl else 0
+
+
+class _CompileOnly:
+    """Stands for a Triton kernel: ``kernel[grid](*args, **kw)`` compiles (``JITFunction.warmup``), launches nothing."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: Any):
+        return functools.partial(self.kernel.warmup, grid=grid)
+
+
+@contextlib.contextmanager
+def compile_only(pdl: bool) -> Iterator[None]:
+    """Within the block, :func:`launch_decode` compiles its kernels (Triton's ``JITFunction.warmup``: the
+    specialization and on-disk cache key of a real launch on the same dtypes, strides and alignment) without
+    launching them, and decides programmatic dependent launch as on a device where ``pdl`` is available (its
+    tensors may be on the CPU). For the tuner's compile-ahead helpers (:mod:`kvsplit.tuner.precompile`). Not
+    thread-safe: for a process of its own."""
+    global _decode_stage1_kernel, _decode_merge_kernel, _pdl_available
+    saved = (_decode_stage1_kernel, _decode_merge_kernel, _pdl_available)
+    _decode_stage1_kernel = _CompileOnly(saved[0])
+    _decode_merge_kernel = _CompileOnly(saved[1])
+    _pdl_available = lambda device: pdl  # noqa: E731
+    try:
+        yield
+    finally:
+        _decode_stage1_kernel, _decode_merge_kernel, _pdl_available = saved
+
+
+def launch_rule(
+    config: Any,
+    *,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    num_merge: int | None,
+    max_splits: int | None,
+    merges: bool,
+    device_resident: bool,
+    pdl_available: bool,
+    sync_ok: bool,
+    compiled: bool,
+    q_len: int = 1,
+) -> LaunchRule:
+    """The launch parameters of a plan: a pure function of the plan's shape and sizes and of the machine, the
+    rule measured on the H200 (docs/decisions/overlapped-merge.md, docs/decisions/register-cap-residency.md).
+
+    Parameters
+    ----------
+    config : KernelConfig
+        The plan's kernel config (``block_n``, ``num_warps``, ``num_stages``, ``prefetch``, ``heads_per_tile``,
+        ``schedule``).
+    num_qo_heads, num_kv_heads, head_dim : int
+        H_q, H_kv, D.
+    dtype_bytes : int
+        Bytes per K/V element (2 for fp16/bf16).
+    num_merge, max_splits : int or None
+        Host-known sizes of the plan (merged requests; most splits of a request); None for a device-resident plan.
+    merges : bool
+        Whether the call launches a merge grid (some request is split, or a device-resident plan).
+    device_resident : bool
+        The plan's sizes live on the device (``launch_decode(counts=...)``, DecodeWrapper's CUDA-graph path).
+    pdl_available : bool
+        Programmatic dependent launch is available (a compiled CUDA launch on compute capability 9.0+).
+    sync_ok : bool
+        The workspace holds the overlapped merge's counters for this batch.
+    compiled : bool
+        The kernel is compiled (not Triton's interpreter): register caps apply.
+    q_len : int
+        Query tokens per request (``num_qo_heads`` then counts the rows ``q_len * H_q`` of the merge).
+
+    Returns
+    -------
+    LaunchRule
+        - ``maxnreg``: :func:`kvsplit.kernels.residency.register_cap` (the cap that keeps the residency the
+          planner counts for every GQA group; measured on one KV head and one query token per tile, so none with
+          ``heads_per_tile`` or ``q_len`` above 1 or under the interpreter).
+        - ``merge_dsplit``: 4 when the host knows the sizes, at most 1024 (merged request, query head) pairs are
+          merged, ``max_splits`` exceeds the splits one full-D program folds at once (``4096 / D``) and D is a
+          multiple of 64; else 1. The merge is latency-bound when few programs each fold many splits: a quarter
+          of D per program gives 4x the programs with a quarter of the serial chunks; with more than 1024 pairs
+          it lost 1-2 %.
+        - ``merge_warps``: 1 from 256 merged (request, query head) pairs on, or for a device-resident plan (the
+          merge then cost a median 3.8 us over stage 1 instead of 4.5); else 4.
+        - ``merge_overlap``: on in the same regime as the one-warp merge where PDL is available, the workspace
+          holds the counters and ``merge_dsplit <= MERGE_SYNC_CHUNKS`` (0.5-1 % faster on held-out trace
+          batches; with fewer pairs it lost up to 2.7 %; a device-resident plan ran at 0.935x the merge after
+          stage 1); ``pdl`` with it, ``pdl_last`` with it on the grid schedule.
+    """
+    D, H_q = head_dim, num_qo_heads
+    G = num_qo_heads // num_kv_heads
+    heads = int(getattr(config, "heads_per_tile", 1))
+    maxnreg = (
+        None
+        if not compiled or heads != 1 or q_len != 1
+        else register_cap(D, G, config.block_n, config.num_warps, config.num_stages, bool(config.prefetch), dtype_bytes)
+    )
+    if not merges:
+        return LaunchRule(maxnreg, 1, 4, False, False, False)
+    splits = max_splits if max_splits is not None else 4096
+    # a device-resident plan's sizes are not known here: its grid of max_batch programs, most of them idle, keeps
+    # one program per (request, head)
+    few = max_splits is not None and num_merge is not None and num_merge * H_q <= 1024
+    dsplit = 4 if few and splits > 4096 // D and D % 64 == 0 else 1
+    many = device_resident or (num_merge is not None and num_merge * H_q >= 256)
+    overlap = pdl_available and many and dsplit <= MERGE_SYNC_CHUNKS and sync_ok
+    return LaunchRule(
+        maxnreg=maxnreg,
+        merge_dsplit=dsplit,
+        merge_warps=1 if many else 4,
+        merge_overlap=overlap,
+        pdl=overlap,
+        pdl_last=overlap and config.schedule != "persistent",
+    )
 
 
 def launch_decode(
@@ -982,13 +1392,10 @@ def launch_decode(
     max_merge: int | None = None,
     sm_scale: float | None = None,
     return_lse: bool = False,
-    prefetch: bool | None = None,
-    merge_dsplit: int | None = None,
-    maxnreg: int | None = None,
-    next_item: bool | None = None,
-    timeline: torch.Tensor | None = None,
-    merge_warps: int | None = None,
-    merge_overlap: bool | None = None,
+    q_len: int = 1,
+    kv_lens: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The one launcher of stage 1 + merge, from a plan's device arrays (no allocation; the only checks are the
     ones a plan cannot make, before any launch: ``config.heads_per_tile`` against H_q, the persistent schedule of
@@ -1010,46 +1417,42 @@ def launch_decode(
     the inputs (:func:`decode_attention` or
     :class:`kvsplit.kernels.wrapper.DecodeWrapper`).
 
-    ``prefetch`` overrides ``config.prefetch`` (the stage-1 loop that loads the
-    next tile's page ids one iteration ahead; for A/B benchmarks), ``next_item``
-    ``config.next_item`` (the look-ahead over a tile's work items; needs the
-    prefetching loop, else ``ValueError``).
+    The stage-1 loop is the plan's (``config.prefetch``, ``config.next_item``: the latter needs the former, else
+    ``ValueError``). The register cap, the merge's grid and warps and the overlapped merge are
+    :func:`launch_rule`'s pick for the plan's sizes and the machine; the overlapped merge needs a workspace from
+    :func:`make_workspace` (one without ``sync`` counters, or with too few, runs the merge after stage 1).
 
-    ``maxnreg``: register cap of the stage-1 launch (Triton's ``maxnreg``). Default
-    (``None``): :func:`kvsplit.kernels.residency.register_cap`, which keeps the
-    residency the planner counts for every GQA group; 0: no cap (A/B).
-
-    ``merge_dsplit``: the merge's programs per (request, query head), each over
-    ``D / merge_dsplit`` of the head dim (a divisor of D). Default (``None``): 4
-    when the host knows the sizes, at most 1024 (merged request, query head)
-    pairs are merged, ``max_splits`` exceeds the splits one full-D program folds
-    at once (``4096 / D``) and D is a multiple of 64; else 1 (docs/decisions/overlapped-merge.md). ``merge_warps``: warps of each merge program. Default (``None``): 1
-    when the host knows the sizes and ``num_merge * H_q >= 256`` or the plan is device-resident, else 4
-    (docs/decisions/overlapped-merge.md).
-
-    ``merge_overlap``: the overlapped merge. Each split work item, after storing its partial, adds one (a
-    release at GPU scope) to the counter of every (request, query head, head-dim chunk) it feeds
-    (``workspace.sync``); the merge is launched with programmatic dependent launch (sm_90+: it starts once
-    every stage-1 CTA has reached its tile's last item, beside stage 1) and each merge program polls its
-    counter (volatile reads 500 ns apart, then an acquire read), merges as soon as its request's splits are
-    done, and resets the counter for the next call. CUDA-graph replays stay correct: the counters are zero
-    after every complete call. A device-resident plan's idle merge programs (past ``counts[3]``) neither wait
-    nor touch a counter. Needs ``merge_dsplit <= MERGE_SYNC_CHUNKS`` and a workspace from
-    :func:`make_workspace`; else ``ValueError`` before any launch.
-    Default (``None``): on when the host knows the sizes, ``num_merge * H_q >= 256``, PDL is available (a
-    CUDA device of compute capability 9.0 or later) and the workspace holds the counters; else off
-    (docs/decisions/overlapped-merge.md). Device-resident plans: on where PDL is available and the workspace holds the
-    counters, with one warp per merge program (docs/decisions/overlapped-merge.md).
-
-    ``timeline``: a profiling buffer, int64 ``[num_tiles, 2 + K]`` on q's device (CUDA only: it reads the
-    ``%globaltimer`` and ``%smid`` registers). Stage 1 writes, for every work tile, the ``%globaltimer``
-    reading (ns) when its program starts the tile, the SM it runs on, and the reading after each of its first
-    K work items issued its output stores; the slots of items the tile does not have are left as they are.
-    ``None`` (default) compiles the kernel without any of it. ``bench/timeline.py`` reads it.
+    ``q_len``: query tokens per request (1 to :data:`MAX_Q_LEN`, the same for every request): ``q`` and ``out``
+    are ``[B * q_len, H_q, D]`` (request b's tokens at rows ``b * q_len .. b * q_len + q_len - 1``, contiguous in
+    their first two dimensions), the LSE ``[B * q_len, H_q]``, the workspace made with ``q_len``
+    (:func:`make_workspace`), and ``kv_lens`` (int32 ``[B]`` on q's device, which the plan was made for) is
+    required when ``q_len > 1``: token j sees the KV positions ``[0, kv_len - q_len + j]`` (causal within the
+    request's q_len new tokens, already in the cache). A work tile holds ``G * heads_per_tile * q_len`` query
+    rows, at most :data:`MAX_TILE_ROWS` (else ``ValueError``). ``k_cache``/``v_cache`` may be
+    ``torch.float8_e4m3fn`` (q float16 / bfloat16): the kernel reads the fp8 bytes and widens them to q's dtype
+    per tile; ``k_scale``/``v_scale`` (:func:`check_kv_scales`: a float, or fp32 ``[H_kv]`` tensors, both of
+    one kind) multiply the scores (before the softmax, so the LSE is the scaled scores') and the output.
     """
     B, H_q, D = q.shape
     _, page_size, H_kv, _ = k_cache.shape
     G = H_q // H_kv
+    out_in = out
+    scale_mode, qk_mult, v_float = check_kv_scales(k_scale, v_scale, H_kv, q.device)
+    if check_q_len(q_len) != 1:
+        if not isinstance(kv_lens, torch.Tensor) or kv_lens.dtype != torch.int32 or kv_lens.device != q.device:
+            raise ValueError(f"kv_lens: required with q_len={q_len}, as an int32 tensor [B] on {q.device}")
+        # q and out [B * q_len, H_q, D] viewed as [B, q_len * H_q, D] (token j of query head x at "head" j * H_q + x):
+        # the rows that every index below counts (LSE, partials, merge programs, arrival counters)
+        if B % q_len:
+            raise ValueError(f"q: expected [B * q_len, H_q, D] rows, got {B} rows for q_len={q_len}")
+        B, H_q = B // q_len, H_q * q_len
+        q, out = q.view(B, H_q, D), out.view(B, H_q, D)
+    rows = G * int(getattr(config, "heads_per_tile", 1)) * q_len
+    if rows > MAX_TILE_ROWS:
+        raise ValueError(
+            f"q_len: {q_len} tokens x GQA group G={G} x heads_per_tile={rows // (G * q_len)} are {rows} query rows "
+            f"of one work tile, above the {MAX_TILE_ROWS} supported: use a smaller q_len or heads_per_tile"
+        )
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     lse = workspace.lse[:B] if return_lse else workspace.lse
@@ -1057,7 +1460,7 @@ def launch_decode(
     cfg = config
     heads = int(getattr(cfg, "heads_per_tile", 1))
     if heads != 1:
-        check_heads_per_tile(heads, H_q, H_kv)
+        check_heads_per_tile(heads, G * H_kv, H_kv)
     persistent = cfg.schedule == "persistent"
     if device_counts:
         if not persistent:
@@ -1071,113 +1474,49 @@ def launch_decode(
     else:
         grid = (num_tiles,)
     counts_arg = counts if device_counts else workspace.counter
-    block_h = max(16, triton.next_power_of_2(G * heads))
-    if prefetch is None:
-        prefetch = bool(getattr(cfg, "prefetch", False))
-    if maxnreg is None:
-        # the caps of kernels/residency.py were measured on one KV head per tile
-        maxnreg = (
-            None
-            if _INTERPRETED or heads != 1
-            else register_cap(D, G, cfg.block_n, cfg.num_warps, cfg.num_stages, prefetch, k_cache.element_size())
-        )
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    if next_item is None:
-        next_item = bool(getattr(cfg, "next_item", False))
+    block_h = max(16, triton.next_power_of_2(G * heads * q_len))
+    prefetch = bool(getattr(cfg, "prefetch", False))
+    next_item = bool(getattr(cfg, "next_item", False))
     if next_item and not prefetch:
         raise ValueError("config.next_item: needs the prefetching loop (config.prefetch)")
-    if merge_warps is not None and merge_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"merge_warps: expected 1, 2, 4, 8 or 16 warps, got {merge_warps!r}")
-    if merge_overlap is not None and not isinstance(merge_overlap, bool):
-        raise ValueError(f"merge_overlap: expected a bool or None, got {merge_overlap!r}")
-    if timeline is not None:
-        if _INTERPRETED or q.device.type != "cuda":
-            raise ValueError("timeline: needs a CUDA device (it reads %globaltimer and %smid)")
-        if device_counts:
-            raise ValueError("timeline: needs the host-known tile count (num_tiles), not a device-resident plan")
-        if (
-            timeline.dtype != torch.int64
-            or timeline.dim() != 2
-            or timeline.device != q.device
-            or not timeline.is_contiguous()
-            or timeline.shape[0] < num_tiles
-            or timeline.shape[1] < 3
-        ):
-            raise ValueError(
-                f"timeline: expected a contiguous int64 tensor [>= num_tiles={num_tiles}, >= 3] on "
-                f"{q.device}, got {timeline.dtype} {tuple(timeline.shape)} on {timeline.device}"
-            )
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     # a device-resident plan merges at most B requests (q's batch, fixed for a captured graph): no program past B
     merge_grid = (min(max_merge or 0, B) if device_counts else num_merge) or 0
-    pdl_ok = _pdl_available(q.device)
-    default_overlap = merge_overlap is None
-    # the merge's launch parameters, all checked before stage 1 is launched (with the overlapped merge, stage 1
-    # counts arrivals that only the merge resets: a call must launch both or neither)
-    if merge_grid:
-        splits = max_splits if max_splits is not None else 4096
-        if merge_dsplit is None:
-            # the merge is latency-bound when few programs each fold many splits: a program folds
-            # ceil(splits / BLOCK_S) chunks one after another (BLOCK_S * BLOCK_D is held to 4096 fp32 values).
-            # Cutting D into 4 chunks gives 4x the programs with a quarter of the serial chunks: measured on the
-            # H200 it wins with at most 1024 (request, query head) programs and loses 1-2 % with more (many short
-            # split requests, e.g. skewed B >= 64: docs/decisions/overlapped-merge.md). A device-resident plan's sizes are
-            # not known here: its grid of max_batch programs, most of them idle, keeps one per (request, head).
-            few = max_splits is not None and num_merge is not None and num_merge * H_q <= 1024
-            merge_dsplit = 4 if few and splits > 4096 // D and D % 64 == 0 else 1
-        elif (
-            isinstance(merge_dsplit, bool)
-            or not isinstance(merge_dsplit, int)
-            or merge_dsplit < 1
-            or D % merge_dsplit
-            or (D // merge_dsplit) & (D // merge_dsplit - 1)
-        ):
-            raise ValueError(
-                f"merge_dsplit: expected a divisor of head_dim={D} leaving a power-of-two chunk, got {merge_dsplit!r}"
-            )
-        # at least 256 (merged request, query head) pairs, or a device-resident plan (sizes not known here): the
-        # regime of the one-warp merge and of the overlapped merge below
-        many = device_counts or (num_merge is not None and num_merge * H_q >= 256)
-        if merge_warps is None:
-            # one warp per merge program once at least 256 (merged request, query head) pairs are merged: measured
-            # on the H200 (docs/decisions/overlapped-merge.md) the merge then costs a median 3.8 us over stage 1 instead of
-            # 4.5 (p90 5.6 against 9.6, worst 7.9 against 14.4); with fewer pairs (one or a few requests of many
-            # splits) four warps stay ahead. A device-resident plan (sizes not known here): one warp, with the
-            # overlapped merge below (docs/decisions/overlapped-merge.md).
-            merge_warps = 1 if many else 4
-        block_d = D // merge_dsplit
-        block_s = max(2, min(triton.next_power_of_2(splits), 4096 // block_d))
-        sync, need = workspace.sync, B * H_q * MERGE_SYNC_CHUNKS
-        sync_ok = (
-            sync is not None
-            and sync.dtype == torch.int32
-            and sync.device == q.device
-            and sync.is_contiguous()
-            and sync.dim() == 1
-            and sync.shape[0] >= need
-        )
-        if default_overlap:
-            # the overlapped merge from 256 merged (request, query head) pairs on, where PDL runs it beside
-            # stage 1: measured on the H200 (docs/decisions/overlapped-merge.md) it saves 0.5-1 % on the held-out trace
-            # batches and 1 % at T = 262,144 under stream_k, and with fewer pairs (a few requests of many splits,
-            # merged on four warps) it lost up to 2.7 %. Without PDL the arrivals cost and nothing overlaps.
-            # A device-resident plan (DecodeWrapper's CUDA-graph path): on, with one warp per merge program; measured
-            # on the H200 (docs/decisions/overlapped-merge.md) 0.935x the merge after stage 1 on four warps, never slower.
-            merge_overlap = pdl_ok and many and merge_dsplit <= MERGE_SYNC_CHUNKS and sync_ok
-        if merge_overlap:
-            if merge_dsplit > MERGE_SYNC_CHUNKS:
-                raise ValueError(f"merge_overlap: needs merge_dsplit <= {MERGE_SYNC_CHUNKS}, got {merge_dsplit}")
-            if not sync_ok:
-                raise ValueError(
-                    f"workspace.sync: the overlapped merge needs a contiguous int32 tensor of >= {need} "
-                    f"zeros on {q.device} (make_workspace allocates it), got "
-                    f"{None if sync is None else (sync.dtype, tuple(sync.shape), str(sync.device))}"
-                )
-    else:
-        merge_overlap = False
-    # PDL (programmatic dependent launch, sm_90+): the merge grid starts while stage 1 runs; elsewhere (the CPU
-    # interpreter, older GPUs) the same protocol runs with the merge after stage 1
-    pdl = merge_overlap and _OVERLAP["pdl"] and pdl_ok
-    pdl_last = pdl and _OVERLAP["trigger"] == "last_item" and not persistent
+    sync = workspace.sync
+    sync_ok = (
+        sync is not None
+        and sync.dtype == torch.int32
+        and sync.device == q.device
+        and sync.is_contiguous()
+        and sync.dim() == 1
+        and sync.shape[0] >= B * H_q * MERGE_SYNC_CHUNKS
+    )
+    rule = launch_rule(
+        cfg,
+        num_qo_heads=H_q,
+        num_kv_heads=H_kv,
+        head_dim=D,
+        dtype_bytes=k_cache.element_size(),
+        num_merge=num_merge,
+        max_splits=max_splits,
+        merges=bool(merge_grid),
+        device_resident=device_counts,
+        pdl_available=_pdl_available(q.device),
+        sync_ok=sync_ok,
+        compiled=not _INTERPRETED,
+        q_len=q_len,
+    )
+    maxnreg, merge_dsplit, merge_warps, merge_overlap = (
+        rule.maxnreg,
+        rule.merge_dsplit,
+        rule.merge_warps,
+        rule.merge_overlap,
+    )
+    block_d = D // merge_dsplit
+    block_s = max(2, min(triton.next_power_of_2(max_splits if max_splits is not None else 4096), 4096 // block_d))
+    # with PDL (sm_90+) the merge grid starts while stage 1 runs; without it (a rule forced in the CPU tests) the
+    # same arrival protocol runs with the merge after stage 1
+    pdl, pdl_last = rule.pdl, rule.pdl_last
     sync_arg = workspace.sync if merge_overlap else workspace.counter
     _decode_stage1_kernel[grid](
         q,
@@ -1196,7 +1535,7 @@ def launch_decode(
         arrays["cta_indptr"],
         workspace.counter,
         counts_arg,
-        sm_scale * _LOG2E,
+        sm_scale * _LOG2E * qk_mult,
         page_size,
         num_tiles,
         q.stride(0),
@@ -1209,8 +1548,6 @@ def launch_decode(
         v_cache.stride(2),
         out.stride(0),
         out.stride(1),
-        workspace.counter if timeline is None else timeline,
-        0 if timeline is None else timeline.shape[1],
         sync_arg,
         H_Q=H_q,
         H_KV=H_kv,
@@ -1225,11 +1562,17 @@ def launch_decode(
         PREFETCH=bool(prefetch),
         HEADS=heads,
         NEXT=bool(next_item),
-        TIMELINE=timeline is not None,
         SIGNAL=bool(merge_overlap),
         MERGE_DS=merge_dsplit if merge_overlap else 1,
         PDL=pdl and not pdl_last,
         PDL_LAST=pdl_last,
+        KV_LENS=kv_lens if q_len != 1 else None,
+        K_SCALE=k_scale if scale_mode == 2 else None,
+        V_SCALE=v_scale if scale_mode == 2 else None,
+        v_scale=v_float if scale_mode == 1 else None,
+        Q_LEN=q_len,
+        KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
+        SCALE=scale_mode,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"maxnreg": maxnreg} if maxnreg else {}),
@@ -1254,11 +1597,15 @@ def launch_decode(
             RETURN_LSE=return_lse,
             DEVICE_COUNTS=device_counts,
             WAIT=bool(merge_overlap),
-            POLL_NS=_OVERLAP["poll_ns"] if pdl else 0,
-            POLL_RELAXED=bool(merge_overlap) and _OVERLAP["poll"] == "relaxed",
+            POLL_NS=rule.poll_ns,
+            POLL_RELAXED=bool(merge_overlap),
             num_warps=merge_warps,
             **({"launch_pdl": True} if pdl else {}),
         )
+    if q_len != 1:
+        out = out_in
+        if return_lse:
+            lse = lse.reshape(B * q_len, H_q // q_len)
     if return_lse:
         return out, lse
     return out

@@ -42,7 +42,16 @@ import numpy as np
 
 from .limits import HIST_UNITS, MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, NUM_BINS, check_kv_lens
 from .peer_policies import FA3_BLOCK_N, FA3_MAX_SPLITS, FA3_PREPARE_CTA_REQUESTS
-from .rulespec import RULE_CONST, RULE_FAIR, RULE_WAVE, RULE_WAVE1, WHOLE_WAVE_MAX_WAVES, RuleSpec, resolve
+from .rulespec import (
+    RULE_CONST,
+    RULE_FAIR,
+    RULE_WAVE,
+    RULE_WAVE1,
+    RULE_WAVE2,
+    WHOLE_WAVE_MAX_WAVES,
+    RuleSpec,
+    resolve,
+)
 from .workplan import Plan
 
 try:  # pragma: no branch
@@ -88,7 +97,7 @@ _UNITS = HIST_UNITS
 _NBINS = NUM_BINS
 
 # rule codes of _even_chunks (RuleSpec.chunk_rule)
-_CONST, _WAVE, _FAIR, _WAVE1 = RULE_CONST, RULE_WAVE, RULE_FAIR, RULE_WAVE1
+_CONST, _WAVE, _FAIR, _WAVE1, _WAVE2 = RULE_CONST, RULE_WAVE, RULE_FAIR, RULE_WAVE1, RULE_WAVE2
 
 
 @_jit
@@ -278,8 +287,8 @@ def _pack(start, end, pack, out):
 def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first, pack, max_items, check):
     """Validate (``check``), split (rule), lay out the work list (:func:`_lay_out`) and pack CTAs.
 
-    rule _CONST: num_splits = arg; _WAVE / _WAVE1: chunk = wave_aware_chunk(target=arg,
-    min_chunk, tile_cost 0 / block_n); _FAIR: chunk = roundup(max(cdiv(H*sum, arg), min_chunk, 1), block_n).
+    rule _CONST: num_splits = arg; _WAVE / _WAVE1 / _WAVE2: chunk = wave_aware_chunk(target=arg,
+    min_chunk, tile_cost 0 / block_n / 2 * block_n); _FAIR: chunk = roundup(max(cdiv(H*sum, arg), min_chunk, 1), block_n).
     Returns (status, info, W, NC, b64, b32): b64 = [kv_lens (B) | start (W) | end (W)],
     b32 = [num_splits (B) | work_request (W) | cta_indptr (NC) | spare] (two
     buffers: boxing each returned array costs about a microsecond); status 1:
@@ -289,8 +298,9 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
     B = L.shape[0]
     if bad >= 0:
         return 1, bad, 0, 0, L, np.empty(0, np.int32)
-    if rule == _WAVE or rule == _WAVE1:
-        chunk = _wave_aware_chunk(L, total, lmax, H, block_n, arg, min_chunk, block_n if rule == _WAVE1 else 0)
+    if rule == _WAVE or rule == _WAVE1 or rule == _WAVE2:
+        tile_cost = block_n if rule == _WAVE1 else (2 * block_n if rule == _WAVE2 else 0)
+        chunk = _wave_aware_chunk(L, total, lmax, H, block_n, arg, min_chunk, tile_cost)
     elif rule == _FAIR:
         fair = (total * H + arg - 1) // arg
         chunk = (max(fair, min_chunk, 1) + block_n - 1) // block_n * block_n

@@ -31,6 +31,25 @@ TILE_QUERY_ROWS = 16
 SCHEDULES = ("grid", "persistent")
 ORDERS = ("natural", "heavy_first")
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4}
+"""q (and output) dtypes -> bytes per element; the KV cache has the same dtype unless :data:`KV_DTYPES` says otherwise."""
+DTYPE_ALIASES: dict[str, str] = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+    "fp32": "float32",
+    "f32": "float32",
+}
+"""Accepted dtype aliases -> torch's names."""
+KV_DTYPES = {"float8_e4m3fn": 1}
+"""KV cache dtypes other than q's -> bytes per element (issue 37: FP8 K/V with per-tensor scales, as FlashInfer's
+``kv_data_type=torch.float8_e4m3fn``); only with a 16-bit q (:func:`check_kv_dtype`)."""
+KV_DTYPE_SHORT = {"float8_e4m3fn": "fp8"}
+"""The bucket key's short name of each :data:`KV_DTYPES` entry (``.kvfp8``)."""
+MAX_Q_LEN = 8
+"""Most query tokens per request in one step (a speculative-decoding verify step of up to 7 draft tokens)."""
+MAX_TILE_ROWS = 64
+"""Most query rows of one work tile, ``heads_per_tile * G * q_len`` (the kernel pads them to 16, 32 or 64 rows of
+one ``tl.dot``; beyond 64 its accumulator no longer fits the register file)."""
 HEAD_DIMS = (64, 128, 256)
 MAX_NUM_PROGRAMS = 1 << 20
 MAX_PACK_TOKENS = 1 << 20
@@ -129,8 +148,14 @@ _DEFAULT_CONFIGS: dict[tuple[int, str], KernelConfig] = {
 }
 
 
-def default_config(head_dim: int, dtype: str) -> KernelConfig:
+def default_config(head_dim: int, dtype: str, *, query_rows: int = 0) -> KernelConfig:
     """The documented default :class:`KernelConfig` for ``(head_dim, dtype)``.
+
+    ``query_rows``: a q_len > 1 work tile's query rows (``G * q_len``; 0 for q_len 1). Above 32 rows the tile's
+    fp32 scores ``[rows, block_n]`` and accumulator ``[rows, head_dim]`` no longer fit beside a 128-token K/V tile
+    (:func:`kvsplit.kernels.residency.extra_row_regs` counts 255 registers, spilling, for (128, 4, 2) at 64 rows),
+    so the default takes BLOCK_N 64 there (a count of live values, to be measured on the GPU); at or below 32
+    rows, and for q_len 1, the tiles below.
 
     head_dim 128 (fp16/bf16): BLOCK_N 128, 4 warps, 2 stages (3 resident CTAs
     per SM), measured best on the H200 (docs/decisions/default-kernel-config.md). Other shapes are not measured yet and use the same
@@ -140,6 +165,8 @@ def default_config(head_dim: int, dtype: str) -> KernelConfig:
     """
     cfg = _DEFAULT_CONFIGS.get((head_dim, dtype))
     if cfg is not None:
+        if query_rows > 32 and cfg.block_n > 64:
+            return dataclasses.replace(cfg, block_n=64)
         return cfg
     if dtype == "float32":
         return KernelConfig(block_n=32, num_warps=4, num_stages=2)
@@ -258,6 +285,41 @@ def check_shape(
     return num_kv_heads, int(head_dim), page_size, resolve_device(device)
 
 
+def kv_elt_bytes(dtype: str, kv_dtype: str | None) -> int:
+    """Bytes per K/V element: :data:`KV_DTYPES`' size for an FP8 cache, else ``dtype``'s (:data:`DTYPES`)."""
+    if kv_dtype is None or kv_dtype == dtype:
+        return DTYPES[dtype]
+    return KV_DTYPES[kv_dtype]
+
+
+def check_kv_dtype(kv_dtype: Any, dtype: str) -> str:
+    """The KV cache dtype of a shape whose q dtype is ``dtype`` (already checked): ``dtype`` itself for None or
+    ``dtype``, or one of :data:`KV_DTYPES` with a 16-bit ``dtype``. Raises ValueError naming ``kv_dtype``."""
+    if kv_dtype is None or kv_dtype == dtype or (isinstance(kv_dtype, str) and DTYPE_ALIASES.get(kv_dtype) == dtype):
+        return dtype
+    if isinstance(kv_dtype, str):
+        kd = {v: k for k, v in KV_DTYPE_SHORT.items()}.get(kv_dtype, kv_dtype)
+        if kd in KV_DTYPES:
+            if dtype not in ("float16", "bfloat16"):
+                raise ValueError(f"kv_dtype: {kd} needs a float16 or bfloat16 q (dtype), got dtype {dtype!r}")
+            return kd
+    raise ValueError(
+        f"kv_dtype: expected null (the same as dtype), {dtype!r} or one of {sorted(KV_DTYPES)}, got {kv_dtype!r}"
+    )
+
+
+def check_q_len(q_len: Any, group_size: int | None = None) -> int:
+    """Query tokens per request, 1..:data:`MAX_Q_LEN`; with ``group_size`` (G = H_q / H_kv) also
+    ``G * q_len <= MAX_TILE_ROWS`` (one work tile's query rows). Raises ValueError naming ``q_len``."""
+    q = check_int("q_len", q_len, 1, MAX_Q_LEN)
+    if group_size is not None and q > 1 and group_size * q > MAX_TILE_ROWS:
+        raise ValueError(
+            f"q_len: {q} query tokens x GQA group {group_size} = {group_size * q} query rows per work tile, above "
+            f"the kernel's {MAX_TILE_ROWS}"
+        )
+    return q
+
+
 def check_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise ValueError(f"{name}: expected an integer, got {v!r}")
@@ -268,8 +330,9 @@ def check_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
     return v
 
 
-def check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
-    """Reject knob combinations the kernel cannot run well or at all."""
+def check_config(cfg: KernelConfig, head_dim: int, dtype: str, kv_dtype: str | None = None) -> None:
+    """Reject knob combinations the kernel cannot run well or at all (shared memory counted at the K/V element
+    size, :func:`kv_elt_bytes`)."""
     if cfg.block_n not in BLOCK_N_CHOICES:
         raise ValueError(f"params.block_n: expected one of {BLOCK_N_CHOICES}, got {cfg.block_n!r}")
     if cfg.num_warps not in NUM_WARPS_CHOICES:
@@ -304,13 +367,13 @@ def check_config(cfg: KernelConfig, head_dim: int, dtype: str) -> None:
         )
     if isinstance(cfg.heads_per_tile, bool) or cfg.heads_per_tile not in HEADS_PER_TILE_CHOICES:
         raise ValueError(f"params.heads_per_tile: expected one of {HEADS_PER_TILE_CHOICES}, got {cfg.heads_per_tile!r}")
-    elt = DTYPES[dtype]
+    elt = kv_elt_bytes(dtype, kv_dtype)
     smem = max(cfg.num_stages - 1, 1) * 2 * cfg.block_n * head_dim * elt * cfg.heads_per_tile
     if smem > _SMEM_BUDGET:
         heads = f" x heads_per_tile={cfg.heads_per_tile}" if cfg.heads_per_tile > 1 else ""
         raise ValueError(
             f"params: block_n={cfg.block_n} x num_stages={cfg.num_stages}{heads} needs about {smem // 1024} KB of "
-            f"shared memory for head_dim={head_dim} {dtype}, over the {_SMEM_BUDGET // 1024} KB budget"
+            f"shared memory for head_dim={head_dim} {kv_dtype or dtype}, over the {_SMEM_BUDGET // 1024} KB budget"
         )
     per_thread = cfg.block_n * head_dim // (32 * cfg.num_warps)
     if per_thread > _MAX_TILE_ELEMS_PER_THREAD:

@@ -23,6 +23,9 @@ def make_plan(
     head_dim: int = 128,
     page_size: int = 16,
     dtype: str = "bfloat16",
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    num_qo_heads: int | None = None,
 ) -> Plan:
     """Plan one decode batch with a named split policy.
 
@@ -45,7 +48,17 @@ def make_plan(
     page_size : int
         Tokens per KV page, 1 to 256.
     dtype : str
-        ``"float16"``, ``"bfloat16"`` or ``"float32"``.
+        ``"float16"``, ``"bfloat16"`` or ``"float32"``: q's (and the output's).
+    kv_dtype : str, optional
+        The KV cache's dtype: None or ``dtype`` (the same), or ``"float8_e4m3fn"`` with a 16-bit ``dtype``
+        (1 byte per element: the residency counts half the K/V shared memory, the wave-aware chunk twice the
+        tokens of a tile's fixed cost).
+    q_len : int
+        Query tokens per request, 1 to 8 (a verify step of ``q_len - 1`` draft tokens): a work tile holds
+        ``G * q_len`` query rows (more registers, fewer resident CTAs; BLOCK_N 64 by default above 32 rows). The
+        work list's KV ranges are planned as for q_len 1 with that tile.
+    num_qo_heads : int, optional
+        H_q, for the GQA group G of a q_len > 1 tile's rows; without it G = 8 (the residency tables' group).
 
     Returns
     -------
@@ -66,6 +79,9 @@ def make_plan(
             head_dim=head_dim,
             page_size=page_size,
             dtype=dtype,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
+            num_qo_heads=num_qo_heads,
         ),
     )
 

@@ -9,7 +9,7 @@ HTTP answer and an in-process plan are equal by construction.
 
 Lookup rule (DESIGN.md §5, §7): compute the batch's bucket key
 (:func:`kvsplit.kernels.buckets.bucket_key`); among published policies of the
-same key family (gpu, H_kv, head_dim, dtype, page_size) take the nearest
+same key family (gpu, H_kv, head_dim, dtype, page_size, kv_dtype, q_len) take the nearest
 GPU-tuned one (backend ``gpu``, source ``tuned``) within the distance limit; if
 there is none, the nearest simulator-tuned one (backend ``sim``, source
 ``simulated``); else plan with the fallback policy (``balanced``, source
@@ -36,12 +36,17 @@ Document fields::
      "fallback": {"name": "balanced", "params": {}}, "count": int,
      "data": [{"id": int, "version": int, "bucket": str, "gpu": str,
                    "num_kv_heads": int, "head_dim": int, "dtype": str, "page_size": int,
+                   "kv_dtype": str (optional, default dtype), "q_len": int (optional, default 1),
                    "name": str, "params": {...}, "backend": "gpu" | "sim",
                    "source": "tuned" | "simulated", ...}, ...]}
 
 ``count`` and ``data`` are the list envelope of the service's other lists
 (``GET /v1/runs``, ``/v1/buckets``, ``/v1/measurements``). :meth:`PolicyTable.from_json`
 also reads format ``kvsplit.policy_table/1`` (an older server), whose list is ``policies``.
+
+The bucket key string carries the KV dtype and q_len (``.kvfp8``, ``.q4``) when they differ from the defaults; an
+entry's ``kv_dtype``/``q_len``, where given, must agree with it. A batch of an FP8 cache or of q_len > 1 is only
+ever served a policy tuned for its own family; without one it gets the fallback (source ``fallback``).
 
 Extra keys in a policy entry (publication time, tuning run, verification
 summary) are carried for display and ignored by the lookup.
@@ -92,6 +97,8 @@ answer says how far the answer reached."""
 FALLBACK_POLICY = "balanced"
 SOURCE_OF_BACKEND = {"gpu": "tuned", "sim": "simulated"}
 _SHAPE_FIELDS = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
+_FAMILY_EXTRA = ("kv_dtype", "q_len")
+"""Shape fields of an entry beyond :data:`_SHAPE_FIELDS`, optional (defaults: dtype, 1)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,7 @@ class PolicyEntry:
     """One published policy of the table (immutable).
 
     ``key`` is the parsed bucket key; ``shape`` its family (gpu slug,
-    num_kv_heads, head_dim, dtype, page_size); ``doc`` the entry's JSON object
+    num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len); ``doc`` the entry's JSON object
     as received.
     """
 
@@ -231,11 +238,15 @@ class PolicyTable:
                 _field(p, "head_dim", int, where),
                 _field(p, "dtype", str, where),
                 _field(p, "page_size", int, where),
+                # optional: the key string carries them (a store's rows keep only the key); given, they must agree
+                _field(p, "kv_dtype", str, where) if p.get("kv_dtype") is not None else key.family[5],
+                _field(p, "q_len", int, where) if "q_len" in p else key.q_len,
             )
             shape = key.family
             if shape_family(*declared) != shape:
                 raise ValueError(
-                    f"{where}: gpu/num_kv_heads/head_dim/dtype/page_size {declared} do not match bucket {bucket!r}"
+                    f"{where}: gpu/num_kv_heads/head_dim/dtype/page_size/kv_dtype/q_len {declared} do not match "
+                    f"bucket {bucket!r}"
                 )
             entries.append(
                 PolicyEntry(
@@ -277,7 +288,7 @@ class PolicyTable:
                 "id": p["id"],
                 "version": p.get("version", 1),
                 "bucket": p["bucket"]["key"],
-                **{k: p["bucket"][k] for k in _SHAPE_FIELDS},
+                **{k: p["bucket"][k] for k in _SHAPE_FIELDS + _FAMILY_EXTRA if k in p["bucket"]},
                 "name": p["name"],
                 "params": p["params"],
                 "backend": p.get("backend", "gpu"),
@@ -346,6 +357,8 @@ class PolicyTable:
         dtype: str | None = None,
         page_size: int = 16,
         device: DeviceSpec | None = None,
+        kv_dtype: str | None = None,
+        q_len: int = 1,
     ) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
         """Pick the policy of a batch's bucket and plan the batch with it.
 
@@ -370,6 +383,10 @@ class PolicyTable:
             launch refuses a plan made for another page size than its cache's).
         device : DeviceSpec, optional
             Numbers of a GPU not in :mod:`kvsplit.kernels.device`'s table.
+        kv_dtype : str, optional
+            The KV cache's dtype (None: ``dtype``; ``"float8_e4m3fn"``).
+        q_len : int
+            Query tokens per request, 1..8. A batch is served only policies of its own KV dtype and q_len.
 
         Returns
         -------
@@ -394,6 +411,8 @@ class PolicyTable:
                 and type(page_size) is int
                 and type(dtype) is str
                 and (type(gpu) is str if device is None else type(device) is DeviceSpec)
+                and (kv_dtype is None or type(kv_dtype) is str)
+                and type(q_len) is int
             ):
                 fields = (
                     gpu,
@@ -403,6 +422,8 @@ class PolicyTable:
                     dtype,
                     page_size,
                     None if device is None else id(device),
+                    kv_dtype,
+                    q_len,
                 )
                 sc = self._shapes.get(fields)
                 if sc is None or sc.device is not device:
@@ -415,6 +436,8 @@ class PolicyTable:
                             head_dim=head_dim,
                             dtype=dtype,
                             page_size=page_size,
+                            kv_dtype=kv_dtype,
+                            q_len=q_len,
                         ),
                         device,
                     )
@@ -426,6 +449,8 @@ class PolicyTable:
                     head_dim=head_dim,
                     dtype=dtype,
                     page_size=page_size,
+                    kv_dtype=kv_dtype,
+                    q_len=q_len,
                 )
                 sc = _ShapeCtx(shape, self._rows.get(shape.family), self.distance_limit, None)
         else:
@@ -493,8 +518,7 @@ class _ShapeCtx:
         self.device = device  # the ``device`` argument the entry was made for (identity)
         self.ctx = shape.plan_context()
         self.rows = rows if rows is not None else _NO_ROWS
-        gpu, H, D, dt, ps = shape.family
-        self.prefix = key_prefix(gpu, H, D, dt, ps)
+        self.prefix = key_prefix(*shape.family)
         self.prefix_bytes = np.frombuffer(self.prefix.encode("ascii"), np.uint8).copy()
         self.lim = float(limit) * _SCALE  # d <= limit  <=>  scaled <= limit * 2^k (exact)
         n = len(self.rows.entries)
@@ -508,7 +532,7 @@ class _ShapeCtx:
         else:
             name, params = table.fallback_name, table.fallback_params
         c = self.ctx
-        params = fit_heads_per_tile(params, self.shape.num_qo_heads, c.num_kv_heads)
+        params = fit_heads_per_tile(params, self.shape.num_qo_heads, c.num_kv_heads, c.q_len)
         sp = resolve(
             name,
             params,
@@ -517,6 +541,9 @@ class _ShapeCtx:
             head_dim=c.head_dim,
             page_size=c.page_size,
             dtype=c.dtype,
+            kv_dtype=c.kv_dtype,
+            q_len=c.q_len,
+            num_qo_heads=self.shape.num_qo_heads,
         )
         _fastplan.spec_vector(sp, self.spec_rows[i])
         self.specs[i] = sp
@@ -598,7 +625,11 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
 
     b = entry["bucket"]
     if isinstance(b, str):  # a policy-table entry
-        b = {"key": b, **{f: entry[f] for f in ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")}}
+        b = {
+            "key": b,
+            **{f: entry[f] for f in _SHAPE_FIELDS},
+            **{f: entry[f] for f in _FAMILY_EXTRA if f in entry},
+        }
     if entry["name"] not in POLICIES:
         raise ValueError(f"name: unknown policy {entry['name']!r}; known: {sorted(POLICIES)}")
     try:
@@ -616,6 +647,10 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
             smem_per_block_bytes=227 * 1024,
         )
     try:
+        key = BucketKey.parse(b["key"])
+    except ValueError as exc:
+        raise ValueError(f"bucket.key: {exc}") from None
+    try:
         resolve(
             entry["name"],
             entry["params"],
@@ -624,17 +659,19 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
             head_dim=b["head_dim"],
             page_size=b["page_size"],
             dtype=b["dtype"],
+            kv_dtype=key.kv_dtype,
+            q_len=key.q_len,
         )
     except ValueError as exc:
         raise ValueError(f"params do not make a plan: {exc}") from None
-    try:
-        key = BucketKey.parse(b["key"])
-    except ValueError as exc:
-        raise ValueError(f"bucket.key: {exc}") from None
     expect = {"gpu": gpu_slug(b["gpu"]), **{f: b[f] for f in ("num_kv_heads", "head_dim", "dtype", "page_size")}}
     for f, v in expect.items():
         if getattr(key, f) != v:
             raise ValueError(f"bucket.key: its {f} {getattr(key, f)!r} differs from the entry's {v!r}")
+    fam = key.family
+    for f, v, i in (("kv_dtype", b.get("kv_dtype"), 5), ("q_len", b.get("q_len"), 6)):
+        if v is not None and v != fam[i]:
+            raise ValueError(f"bucket.key: its {f} {fam[i]!r} differs from the entry's {v!r}")
 
 
 SHIPPED_POLICIES = "data/h200_policies.json"

@@ -42,6 +42,8 @@ __all__ = [
     "occupancy",
     "estimate",
     "resident_ctas_per_sm",
+    "extra_row_regs",
+    "kv_buffer_bytes",
 ]
 
 MEASURED_GROUP = 8
@@ -318,7 +320,7 @@ def estimate(
 
 
 def _estimate_smem(head_dim: int, dtype_bytes: int, block_n: int, num_stages: int, heads_per_tile: int) -> int:
-    return max(num_stages - 1, 1) * 2 * block_n * head_dim * dtype_bytes * heads_per_tile
+    return kv_buffer_bytes(head_dim, dtype_bytes, block_n, num_stages, heads_per_tile)
 
 
 def resident_ctas_per_sm(
@@ -333,27 +335,90 @@ def resident_ctas_per_sm(
     prefetch: bool = False,
     heads_per_tile: int = 1,
     next_item: bool = False,
+    kv_bytes: int | None = None,
+    extra_rows: int = 0,
 ) -> int:
     """Measured residency of a config on ``device`` if known (:data:`MEASURED`, then the sm_90 compiles of
     :data:`COMPILED`), else :func:`estimate` (which assumes ``num_stages - 1`` K/V buffers, as the prefetching
     loop has). ``prefetch``: the config with ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`);
     ``heads_per_tile`` > 1: :data:`COMPILED_HEADS`; ``next_item`` (with the prefetch): :data:`COMPILED_NEXT`,
-    else the config without it at :data:`NEXT_ITEM_EXTRA_REGS` more registers (at most 255)."""
+    else the config without it at :data:`NEXT_ITEM_EXTRA_REGS` more registers (at most 255).
+
+    ``kv_bytes`` (bytes per K/V element, default ``dtype_bytes``) and ``extra_rows`` (query rows a q_len > 1 tile
+    adds to its ``tl.dot`` beyond the q_len-1 tile's, :func:`padded_rows`) adjust the tables' figures: the K/V
+    buffers at ``kv_bytes`` (:func:`kv_buffer_bytes`) and :func:`extra_row_regs` more registers (at most 255; a
+    spilling tile keeps the register file's residency). With neither, the tables' figures as they are."""
+    kvb = dtype_bytes if kv_bytes is None else kv_bytes
+    regs, smem = _regs_smem(
+        device, head_dim, dtype, dtype_bytes, block_n, num_warps, num_stages, prefetch, heads_per_tile, next_item
+    )
+    if kvb == dtype_bytes and extra_rows <= 0:
+        return occupancy(device, num_warps, regs, smem)
+    # K/V buffers at the cache's element size (FP8: half the 16-bit bytes; the other shared memory is unchanged).
+    # The plain loop keeps one K/V buffer whatever num_stages, the prefetching loop num_stages - 1 (KernelConfig).
+    copies = max(num_stages - 1, 1) if prefetch or next_item else 1
+    kv16 = min(smem, kv_buffer_bytes(head_dim, dtype_bytes, block_n, copies + 1, heads_per_tile))
+    smem = smem - kv16 + kv16 * kvb // dtype_bytes
+    regs = min(regs + extra_row_regs(head_dim, block_n, num_warps, extra_rows), 255)
+    return occupancy(device, num_warps, regs, smem)
+
+
+def kv_buffer_bytes(head_dim: int, kv_bytes: int, block_n: int, num_stages: int, heads_per_tile: int) -> int:
+    """Shared memory of a work tile's K and V buffers, bytes: ``max(num_stages - 1, 1) * 2 * block_n * head_dim *
+    kv_bytes * heads_per_tile`` (Triton's software pipeline keeps up to ``num_stages - 1`` copies; 1 byte per
+    element for an FP8 cache, which the kernel dequantizes in registers)."""
+    return max(num_stages - 1, 1) * 2 * block_n * head_dim * kv_bytes * heads_per_tile
+
+
+ROW_REG_FACTOR = 1.5
+"""Registers per thread per extra query row, in units of ``(head_dim + block_n) / threads``: an fp32 row of the
+output accumulator (``head_dim``) and of the scores (``block_n``), plus 16-bit rows of q and of the probabilities
+(half as many registers each). A count of the tile's live values, not a measurement: to be calibrated against the
+compiled kernel of q_len > 1 (``n_regs`` of the CompiledKernel, as :data:`COMPILED` was read)."""
+
+
+def extra_row_regs(head_dim: int, block_n: int, num_warps: int, extra_rows: int) -> int:
+    """Registers per thread that ``extra_rows`` more query rows of a work tile add (:data:`ROW_REG_FACTOR`):
+    ``ceil(extra_rows * ROW_REG_FACTOR * (head_dim + block_n) / (32 * num_warps))``, 0 for ``extra_rows <= 0``."""
+    if extra_rows <= 0:
+        return 0
+    return math.ceil(extra_rows * ROW_REG_FACTOR * (head_dim + block_n) / (32 * num_warps))
+
+
+def padded_rows(rows: int) -> int:
+    """Query rows of the ``tl.dot`` a work tile of ``rows`` rows compiles to: the next power of two, at least 16."""
+    return max(16, 1 << max(0, int(rows) - 1).bit_length())
+
+
+def _regs_smem(
+    device: DeviceSpec,
+    head_dim: int,
+    dtype: str,
+    dtype_bytes: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    prefetch: bool,
+    heads_per_tile: int,
+    next_item: bool,
+) -> tuple[int, int]:
+    """(registers, shared bytes) of a config's 16-bit q_len-1 kernel: the tables' figures, else the estimate's
+    (128 registers, :func:`kv_buffer_bytes`)."""
     if next_item:
         m = COMPILED_NEXT.get((device.name, head_dim, dtype, block_n, num_warps, num_stages, heads_per_tile))
-        if m is None:
-            base = _table(device, head_dim, dtype, block_n, num_warps, num_stages, True, heads_per_tile)
-            regs, smem = (
-                base
-                if base is not None
-                else (128, _estimate_smem(head_dim, dtype_bytes, block_n, num_stages, heads_per_tile))
-            )
-            m = (min(regs + NEXT_ITEM_EXTRA_REGS, 255), smem)
-    else:
-        m = _table(device, head_dim, dtype, block_n, num_warps, num_stages, prefetch, heads_per_tile)
-        if m is None:
-            return estimate(device, head_dim, dtype_bytes, block_n, num_warps, num_stages, heads_per_tile)
-    return occupancy(device, num_warps, m[0], m[1])
+        if m is not None:
+            return m
+        base = _table(device, head_dim, dtype, block_n, num_warps, num_stages, True, heads_per_tile)
+        regs, smem = (
+            base
+            if base is not None
+            else (128, _estimate_smem(head_dim, dtype_bytes, block_n, num_stages, heads_per_tile))
+        )
+        return min(regs + NEXT_ITEM_EXTRA_REGS, 255), smem
+    m = _table(device, head_dim, dtype, block_n, num_warps, num_stages, prefetch, heads_per_tile)
+    if m is None:
+        return 128, _estimate_smem(head_dim, dtype_bytes, block_n, num_stages, heads_per_tile)
+    return m
 
 
 def _table(

@@ -35,6 +35,7 @@ from .limits import (
     HEADS_PER_TILE_CHOICES,
     MAX_NUM_PROGRAMS,
     MAX_PACK_TOKENS,
+    MAX_TILE_ROWS,
     NUM_STAGES_CHOICES,
     NUM_WARPS_CHOICES,
     ORDERS,
@@ -43,11 +44,14 @@ from .limits import (
     KernelConfig,
     check_config,
     check_int,
+    check_kv_dtype,
+    check_q_len,
     check_shape,
     default_config,
+    kv_elt_bytes,
 )
 from .peer_policies import flashinfer_decode_occupancy
-from .residency import resident_ctas_per_sm
+from .residency import MEASURED_GROUP, padded_rows, resident_ctas_per_sm
 from .workplan import jsonable
 
 __all__ = [
@@ -73,18 +77,34 @@ __all__ = [
     "RULE_WAVE",
     "RULE_FAIR",
     "RULE_WAVE1",
+    "RULE_WAVE2",
+    "tile_rows",
+    "extra_rows",
 ]
 
 
 @dataclass(frozen=True)
 class PlanContext:
-    """The shape a plan is made for besides the lengths (all validated)."""
+    """The shape a plan is made for besides the lengths (all validated).
+
+    ``kv_dtype`` None means ``dtype`` (:func:`~kvsplit.kernels.limits.kv_elt_bytes` gives the bytes per K/V
+    element); ``q_len`` query tokens per request; ``group_size`` the GQA group H_q / H_kv, 0 when the caller did
+    not give H_q (the residency tables' :data:`~kvsplit.kernels.residency.MEASURED_GROUP` is assumed).
+    """
 
     device: DeviceSpec
     num_kv_heads: int
     head_dim: int
     page_size: int
     dtype: str
+    kv_dtype: str | None = None
+    q_len: int = 1
+    group_size: int = 0
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes per K/V element (1 for an FP8 cache)."""
+        return kv_elt_bytes(self.dtype, self.kv_dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -384,8 +404,26 @@ def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
         prefetch=cfg.prefetch,
         heads_per_tile=cfg.heads_per_tile,
         next_item=cfg.next_item,
+        kv_bytes=ctx.kv_bytes,
+        extra_rows=extra_rows(ctx, cfg.heads_per_tile),
     )
     return r * ctx.device.num_sms
+
+
+def tile_rows(ctx: PlanContext, heads_per_tile: int = 1) -> int:
+    """Query rows of one work tile, ``heads_per_tile * G * q_len`` (G the GQA group; the residency tables'
+    :data:`~kvsplit.kernels.residency.MEASURED_GROUP` when the context does not know H_q)."""
+    return heads_per_tile * (ctx.group_size or MEASURED_GROUP) * ctx.q_len
+
+
+def extra_rows(ctx: PlanContext, heads_per_tile: int = 1) -> int:
+    """Query rows a q_len > 1 work tile's ``tl.dot`` adds over the same tile at q_len 1 (both padded to 16, 32 or
+    64 rows, :func:`~kvsplit.kernels.residency.padded_rows`): what the residency adds registers for. 0 at
+    q_len 1, so q_len-1 plans count the tables' residency as they are."""
+    if ctx.q_len <= 1:
+        return 0
+    one = heads_per_tile * (ctx.group_size or MEASURED_GROUP)
+    return padded_rows(one * ctx.q_len) - padded_rows(one)
 
 
 def tile_heads(ctx: PlanContext, cfg: KernelConfig) -> int:
@@ -407,14 +445,22 @@ def wave_target(ctx: PlanContext, cfg: KernelConfig, ctas_per_sm: float) -> int:
 
 def wave_tile_cost(ctx: PlanContext, cfg: KernelConfig, target_tiles: int) -> int:
     """Fixed cost per work tile, in tokens, that the wave-aware chunk charges: one ``block_n``
-    block when ``target_tiles`` is exactly one resident wave of ``cfg`` (:func:`resident_slots`),
+    block of a 16-bit cache when ``target_tiles`` is exactly one resident wave of ``cfg`` (:func:`resident_slots`),
     where a tile more waits for a slot; 0 otherwise (a target below the residency leaves slots free,
     and more tiles run side by side: measured 1.2-1.7x slower with the charge at ``ctas_per_sm`` 1;
-    docs/decisions/flat-work-list.md)."""
-    return cfg.block_n if target_tiles == resident_slots(ctx, cfg) else 0
+    docs/decisions/flat-work-list.md).
+
+    The fixed cost is a time (a tile's q load, output or partial write and merge share); in tokens it is that time
+    times the token rate, which doubles when a token's K/V bytes halve: two ``block_n`` blocks for an FP8 cache
+    (``2 * block_n / kv_bytes``; one block for 16-bit K/V, as before)."""
+    if target_tiles != resident_slots(ctx, cfg):
+        return 0
+    return cfg.block_n * max(1, 2 // ctx.kv_bytes)
 
 
-def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_heads: int) -> Mapping[str, Any]:
+def fit_heads_per_tile(
+    params: Mapping[str, Any], num_qo_heads: int, num_kv_heads: int, q_len: int = 1
+) -> Mapping[str, Any]:
     """``params`` with ``heads_per_tile`` lowered to the largest of the kernel's choices (1, 2, 4, 8) that divides
     H_kv and whose GQA groups fit one work tile's query rows (``h * H_q / H_kv <= TILE_QUERY_ROWS``), and
     ``whole_wave_heads`` to at most ``TILE_QUERY_ROWS / G``; ``params`` itself when both fit.
@@ -432,8 +478,13 @@ def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_head
         returned unchanged for it to name).
     num_qo_heads, num_kv_heads : int
         H_q and H_kv (H_q a multiple of H_kv).
+    q_len : int
+        Query tokens per request: a tile of ``h`` heads holds ``h * G * q_len`` rows, at most
+        :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS` (64; the kernel's limit), so e.g. G = 16 at q_len 8 takes one
+        head per tile.
     """
     G = max(1, num_qo_heads // max(1, num_kv_heads))
+    most = max(1, MAX_TILE_ROWS // (G * max(1, int(q_len))))  # heads whose G * q_len rows fit one tile
     out = params
     for name in ("heads_per_tile", "whole_wave_heads"):
         h = params.get(name, 1)
@@ -443,10 +494,10 @@ def fit_heads_per_tile(params: Mapping[str, Any], num_qo_heads: int, num_kv_head
             fit = max(
                 c
                 for c in HEADS_PER_TILE_CHOICES
-                if c == 1 or (c <= h and num_kv_heads % c == 0 and c * G <= TILE_QUERY_ROWS)
+                if c == 1 or (c <= h and num_kv_heads % c == 0 and c * G <= TILE_QUERY_ROWS and c <= most)
             )
         else:  # a bound: the whole-wave rule skips the tiles whose heads do not divide H_kv itself
-            fit = max(1, min(int(h), TILE_QUERY_ROWS // G))
+            fit = max(1, min(int(h), TILE_QUERY_ROWS // G, most))
         if fit != h:
             out = {**out, name: fit}
     return out
@@ -465,8 +516,10 @@ def whole_wave_tiles(
     out = []
     for cfg in cands:
         try:
-            check_config(cfg, ctx.head_dim, ctx.dtype)
+            check_config(cfg, ctx.head_dim, ctx.dtype, ctx.kv_dtype)
         except ValueError:
+            continue
+        if ctx.q_len > 1 and cfg.heads_per_tile > 1 and tile_rows(ctx, cfg.heads_per_tile) > MAX_TILE_ROWS:
             continue
         out.append(cfg)
     return out
@@ -476,10 +529,11 @@ def whole_wave_tiles(
 # The resolved form
 # ----------------------------------------------------------------------------
 
-RULE_CONST, RULE_WAVE, RULE_FAIR, RULE_WAVE1 = 0, 1, 2, 3
+RULE_CONST, RULE_WAVE, RULE_FAIR, RULE_WAVE1, RULE_WAVE2 = 0, 1, 2, 3, 4
 """``RuleSpec.chunk_rule`` of the ``even_chunks`` partition: a constant split count (``chunk_arg``); the
 wave-aware chunk for ``chunk_arg`` target tiles without / with one ``block_n`` block of fixed cost per tile
-(:func:`wave_tile_cost`); the fair chunk over ``chunk_arg`` CTAs."""
+(:func:`wave_tile_cost`); the fair chunk over ``chunk_arg`` CTAs; the wave-aware chunk with two blocks of fixed
+cost per tile (an FP8 cache: the same fixed time is twice the tokens)."""
 
 PARTITIONS = ("even_chunks", "stream_k", "flashinfer", "fa3")
 
@@ -517,6 +571,9 @@ class RuleSpec:
         The whole-wave rule's allowed excess (0: off); ``whole_wave_specs`` the specs of one work item per
         request on each tile it considers, ``whole_wave_slots`` their resident slots and
         ``whole_wave_tile_heads`` their work tiles per request (int64 arrays).
+    kv_dtype, q_len, group_size
+        The KV cache dtype (None: ``dtype``), query tokens per request and the GQA group (0: not given), as
+        :class:`PlanContext`; the work list does not depend on them beyond the rule arguments above.
     """
 
     policy: str
@@ -544,6 +601,9 @@ class RuleSpec:
     whole_wave_specs: tuple = ()
     whole_wave_slots: Any = None
     whole_wave_tile_heads: Any = None
+    kv_dtype: str | None = None
+    q_len: int = 1
+    group_size: int = 0
     fields: dict = field(init=False, repr=False)
     """The Plan's fields that do not depend on the batch (config, policy and what the plan is made for)."""
 
@@ -573,7 +633,16 @@ class RuleSpec:
 
     @property
     def context(self) -> PlanContext:
-        return PlanContext(self.device, self.num_kv_heads, self.head_dim, self.page_size, self.dtype)
+        return PlanContext(
+            self.device,
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            self.dtype,
+            self.kv_dtype,
+            self.q_len,
+            self.group_size,
+        )
 
     def whole_request(self, cfg: KernelConfig) -> RuleSpec:
         """This spec planning one work item per request (batch order, no packing) on ``cfg``: what the policy
@@ -635,7 +704,7 @@ def _knobs(
     default_schedule: str | None = None,
     default_programs: int | None = None,
 ) -> tuple[KernelConfig, str, int]:
-    base = default_config(ctx.head_dim, ctx.dtype)
+    base = default_config(ctx.head_dim, ctx.dtype, query_rows=tile_rows(ctx) if ctx.q_len > 1 else 0)
     block_n = params.get("block_n", base.block_n)
     num_warps = params.get("num_warps", base.num_warps)
     num_stages = params.get("num_stages", base.num_stages)
@@ -663,10 +732,16 @@ def _knobs(
     cfg = KernelConfig(
         int(block_n), int(num_warps), int(num_stages), str(schedule), int(num_programs), prefetch, int(heads), next_item
     )
-    check_config(cfg, ctx.head_dim, ctx.dtype)
+    check_config(cfg, ctx.head_dim, ctx.dtype, ctx.kv_dtype)
     if ctx.num_kv_heads % cfg.heads_per_tile:
         raise ValueError(
             f"params.heads_per_tile: expected a divisor of num_kv_heads={ctx.num_kv_heads}, got {cfg.heads_per_tile}"
+        )
+    if ctx.q_len > 1 and cfg.heads_per_tile > 1 and tile_rows(ctx, cfg.heads_per_tile) > MAX_TILE_ROWS:
+        raise ValueError(
+            f"params.heads_per_tile: {cfg.heads_per_tile} KV heads x GQA group {ctx.group_size or MEASURED_GROUP} x "
+            f"q_len {ctx.q_len} = {tile_rows(ctx, cfg.heads_per_tile)} query rows, above the {MAX_TILE_ROWS} of one "
+            "work tile (use fewer heads per tile)"
         )
     return cfg, order, pack
 
@@ -699,7 +774,8 @@ def _whole_wave(params: Mapping[str, Any]) -> tuple[float, int]:
 
 def _wave_rule(ctx: PlanContext, cfg: KernelConfig, target: float) -> tuple[int, int]:
     tt = wave_target(ctx, cfg, target)
-    return (RULE_WAVE1 if wave_tile_cost(ctx, cfg, tt) else RULE_WAVE), tt
+    cost = wave_tile_cost(ctx, cfg, tt)
+    return ({0: RULE_WAVE, cfg.block_n: RULE_WAVE1, 2 * cfg.block_n: RULE_WAVE2}[cost]), tt
 
 
 def _sk_ctas(ctx: PlanContext, cfg: KernelConfig, target: float) -> int:
@@ -846,6 +922,9 @@ def resolve(
     head_dim: int = 128,
     page_size: int = 16,
     dtype: str = "bfloat16",
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    num_qo_heads: int | None = None,
 ) -> RuleSpec:
     """Resolve a named policy and its parameters for one shape (the arguments of
     :func:`kvsplit.kernels.plan.make_plan` other than the lengths).
@@ -857,7 +936,7 @@ def resolve(
     params : dict, optional
         The policy's parameters plus the kernel knobs of :data:`KNOB_PARAMS`; knobs not given come from
         :func:`~kvsplit.kernels.limits.default_config`.
-    num_kv_heads, device, head_dim, page_size, dtype
+    num_kv_heads, device, head_dim, page_size, dtype, kv_dtype, q_len, num_qo_heads
         As :func:`~kvsplit.kernels.plan.make_plan`.
 
     Returns
@@ -874,7 +953,18 @@ def resolve(
     pk = _params_key(params)
     key = None
     if pk is not None and type(num_kv_heads) is int and type(head_dim) is int and type(page_size) is int:
-        key = (policy, pk, num_kv_heads, head_dim, page_size, dtype, device if type(device) is str else id(device))
+        key = (
+            policy,
+            pk,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            dtype,
+            device if type(device) is str else id(device),
+            kv_dtype,
+            q_len,
+            num_qo_heads,
+        )
         hit = _SPECS.get(key)
         if hit is not None and (type(device) is str or hit.device is device):
             return hit
@@ -886,7 +976,15 @@ def resolve(
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise ValueError(f"params: unknown parameters {unknown} for policy {policy!r}; allowed: {list(allowed)}")
-    ctx = PlanContext(dev, num_kv_heads, head_dim, page_size, dtype)
+    kd = check_kv_dtype(kv_dtype, dtype)
+    group = 0
+    if num_qo_heads is not None:
+        hq = check_int("num_qo_heads", num_qo_heads, 1)
+        if hq % num_kv_heads:
+            raise ValueError(f"num_qo_heads: expected a multiple of num_kv_heads ({num_kv_heads}), got {hq}")
+        group = hq // num_kv_heads
+    ql = check_q_len(q_len, group or None)
+    ctx = PlanContext(dev, num_kv_heads, head_dim, page_size, dtype, None if kd == dtype else kd, ql, group)
     fields = _parse(policy, params, ctx)
     ww_heads = fields.pop("_ww_heads", 1)
     spec = RuleSpec(
@@ -897,6 +995,9 @@ def resolve(
         page_size=page_size,
         dtype=dtype,
         device=dev,
+        kv_dtype=ctx.kv_dtype,
+        q_len=ql,
+        group_size=group,
         **fields,
     )
     if spec.whole_wave > 0:

@@ -2,11 +2,15 @@
 
 A shape is what a batch's plan, bucket key, tuning task and HTTP request share
 besides the lengths: the GPU (a :class:`~kvsplit.kernels.device.DeviceSpec`),
-H_q, H_kv, head_dim, dtype and page_size. :meth:`Shape.of` checks every field
-once (H_q a multiple of H_kv, head_dim in 64/128/256, page_size 1..256, dtype
-one of torch's names or an accepted alias) and resolves the GPU; code that
+H_q, H_kv, head_dim, dtype, page_size, the KV cache dtype and q_len (query tokens
+per request: 1 for plain decode, k + 1 for a speculative-decoding verify step of k
+draft tokens). :meth:`Shape.of` checks every field once (H_q a multiple of H_kv,
+head_dim in 64/128/256, page_size 1..256, dtype one of torch's names or an
+accepted alias, kv_dtype None/dtype or ``"float8_e4m3fn"`` with a 16-bit dtype,
+q_len 1..8 with ``G * q_len <= 64`` query rows) and resolves the GPU; code that
 receives a ``Shape`` uses its fields as they are. :attr:`Shape.family` is the
-part of a bucket key that must match exactly (DESIGN.md §5).
+part of a bucket key that must match exactly (DESIGN.md §5): a batch of another
+KV dtype or q_len is another family, never served a policy tuned for this one.
 
 dtype aliases: ``"bf16"``, ``"fp16"``/``"f16"``, ``"fp32"``/``"f32"`` (the
 short names of bucket keys) mean ``"bfloat16"``, ``"float16"``, ``"float32"``.
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceSpec, resolve_device
-from .limits import DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, check_int
+from .limits import DTYPE_ALIASES, DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, check_int, check_kv_dtype, check_q_len
 from .rulespec import PlanContext
 
 __all__ = ["Shape", "canonical_dtype", "DTYPE_ALIASES", "MAX_HEADS", "MAX_QO_HEADS", "shape_family", "gpu_slug"]
@@ -29,15 +33,6 @@ MAX_HEADS = 1024
 """Largest H_kv accepted."""
 MAX_QO_HEADS = MAX_HEADS * 64
 """Largest H_q accepted (GQA groups up to 64 per KV head)."""
-
-DTYPE_ALIASES: dict[str, str] = {
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "f16": "float16",
-    "fp32": "float32",
-    "f32": "float32",
-}
-"""Accepted dtype aliases -> torch's names."""
 
 
 def canonical_dtype(dtype: Any) -> str:
@@ -60,14 +55,30 @@ def gpu_slug(name: str) -> str:
 
 
 def shape_family(
-    gpu: str, num_kv_heads: int, head_dim: int, dtype: str, page_size: int
-) -> tuple[str, int, int, str, int]:
-    """The family ``(gpu slug, H_kv, head_dim, dtype, page_size)`` of bucket keys: the one definition.
+    gpu: str,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    page_size: int,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+) -> tuple[str, int, int, str, int, str, int]:
+    """The family ``(gpu slug, H_kv, head_dim, dtype, page_size, kv_dtype, q_len)`` of bucket keys: the one
+    definition.
 
-    ``gpu`` may be a GPU name or already its slug. Bucket keys, policy-table
-    entries and :attr:`Shape.family` all use it; keys match only within a family.
+    ``gpu`` may be a GPU name or already its slug; ``kv_dtype`` None means ``dtype`` (the family holds the KV
+    dtype itself, so None and ``dtype`` are one family). Bucket keys, policy-table entries and
+    :attr:`Shape.family` all use it; keys match only within a family.
     """
-    return (gpu_slug(gpu), int(num_kv_heads), int(head_dim), dtype, int(page_size))
+    return (
+        gpu_slug(gpu),
+        int(num_kv_heads),
+        int(head_dim),
+        dtype,
+        int(page_size),
+        dtype if kv_dtype is None else kv_dtype,
+        int(q_len),
+    )
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,12 @@ class Shape:
         ``"float16"``, ``"bfloat16"`` or ``"float32"``.
     page_size : int
         Tokens per KV page, 1..256.
+    kv_dtype : str
+        The KV cache's dtype: ``dtype`` itself, or ``"float8_e4m3fn"`` (1 byte per element) with a 16-bit
+        ``dtype``. :meth:`of` turns None into ``dtype``.
+    q_len : int
+        Query tokens per request, 1..8 (the same for every request of a batch); a work tile holds
+        ``heads_per_tile * G * q_len`` query rows, at most 64.
     """
 
     device: DeviceSpec
@@ -94,6 +111,12 @@ class Shape:
     head_dim: int
     dtype: str
     page_size: int = 16
+    kv_dtype: str | None = None
+    q_len: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype is None:  # the direct constructor's default: the same as dtype
+            object.__setattr__(self, "kv_dtype", self.dtype)
 
     @classmethod
     def of(
@@ -105,6 +128,8 @@ class Shape:
         head_dim: Any = 128,
         dtype: Any = "bfloat16",
         page_size: Any = 16,
+        kv_dtype: Any = None,
+        q_len: Any = 1,
     ) -> Shape:
         """Validate every field (ValueError naming the first bad one) and resolve the GPU.
 
@@ -119,7 +144,9 @@ class Shape:
             raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
         dt = canonical_dtype(dtype)
         ps = check_int("page_size", page_size, 1, MAX_PAGE_SIZE)
-        return cls(resolve_device(device), hq, hkv, int(head_dim), dt, ps)
+        kd = check_kv_dtype(kv_dtype, dt)
+        ql = check_q_len(q_len, hq // hkv)
+        return cls(resolve_device(device), hq, hkv, int(head_dim), dt, ps, kd, ql)
 
     @property
     def gpu(self) -> str:
@@ -132,13 +159,25 @@ class Shape:
         return self.num_qo_heads // self.num_kv_heads
 
     @property
-    def family(self) -> tuple[str, int, int, str, int]:
-        """``(gpu slug, H_kv, head_dim, dtype, page_size)``: equal to the ``family`` of this shape's bucket keys."""
-        return shape_family(self.device.name, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
+    def family(self) -> tuple[str, int, int, str, int, str, int]:
+        """``(gpu slug, H_kv, head_dim, dtype, page_size, kv_dtype, q_len)``: equal to the ``family`` of this
+        shape's bucket keys."""
+        return shape_family(
+            self.device.name, self.num_kv_heads, self.head_dim, self.dtype, self.page_size, self.kv_dtype, self.q_len
+        )
 
     def plan_context(self) -> PlanContext:
         """What the planner's inner functions take (no re-validation)."""
-        return PlanContext(self.device, self.num_kv_heads, self.head_dim, self.page_size, self.dtype)
+        return PlanContext(
+            self.device,
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            self.dtype,
+            self.kv_dtype,
+            self.q_len,
+            self.group_size,
+        )
 
     def plan_kwargs(self) -> dict[str, Any]:
         """Keywords of :func:`~kvsplit.kernels.plan.make_plan` and ``bucket_key`` for this shape."""
@@ -148,4 +187,6 @@ class Shape:
             "dtype": self.dtype,
             "page_size": self.page_size,
             "device": self.device,
+            "kv_dtype": self.kv_dtype,
+            "q_len": self.q_len,
         }

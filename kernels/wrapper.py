@@ -12,10 +12,14 @@
 Two modes:
 
 - **eager** (``use_cuda_graph=False``): ``plan()`` validates its inputs once
-  (one host copy of kv_indptr / kv_lens / the page ids it uses: a sync, as
-  FlashInfer's plan copies indptr to the host), makes the host plan (the
-  table's policy for the batch's bucket, or ``policy``/``params``) and uploads
-  it; ``run()`` checks shapes against what was planned (no device read).
+  from host copies of kv_indptr and kv_lens (the engine's, ``kv_indptr_host`` /
+  ``kv_lens_host``, as FlashInfer's plan takes indptr on the host; else one copy
+  back from the device), makes the host plan (the table's policy for the
+  batch's bucket, or ``policy``/``params``), uploads its launch arrays with one
+  asynchronous copy from a pinned host buffer into one device buffer, and reads
+  back the min and max of the page ids the step uses (two numbers: the one
+  wait of the step); ``run()`` checks shapes against what was planned (no
+  device read).
 - **CUDA graph** (``use_cuda_graph=True``): buffers are preallocated for
   ``max_batch_size`` requests and ``max_work_items`` work items; stage 1 runs
   the persistent schedule with ``num_programs`` fixed for the wrapper, its tile
@@ -77,11 +81,15 @@ import torch
 from . import fastplan
 from .buckets import bucket_key
 from .decode import (
+    KV_DTYPES,
+    MAX_TILE_ROWS,
     TORCH_DTYPES,
     DecodeWorkspace,
     check_heads_per_tile,
     check_interpreter_dtype,
     check_kernel_device,
+    check_kv_dtype,
+    check_q_len,
     launch_decode,
     make_workspace,
 )
@@ -90,10 +98,17 @@ from .device_plan import alloc_device_plan, check_device_rule, device_plan
 from .limits import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE, default_config, graph_default_config
 from .plan import Plan
 from .policies import plan_with
+from .policy_table import PolicyTable
 from .residency import resident_ctas_per_sm
 from .rulespec import RuleSpec, resolve
 
-__all__ = ["DecodeWrapper", "GraphOptions"]
+__all__ = ["DecodeWrapper", "GraphOptions", "AUTO_RULE"]
+
+AUTO_RULE = {"eager": "balanced", "graph": "stream_k"}
+"""The policy ``DecodeWrapper(policy="auto")`` (the default, when no table is given) plans with, per mode: eager,
+``balanced`` (the planner's default and a table's fallback); graph, ``stream_k`` with ``ctas_per_sm`` the graph
+tile's resident CTAs per SM (the fixed tile and persistent grid of the captured graph; measured on the H200:
+docs/decisions/graph-default.md)."""
 
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item")  # with heads_per_tile: a graph's tile
@@ -155,12 +170,15 @@ class DecodeWrapper:
     max_batch_size : int
         Most requests of a step (graph mode buffers; default 256).
     table : PolicyTable or PlanClient, optional
-        Tuned policies looked up by the batch's bucket (its ``.table`` is used
-        for a ``PlanClient``); else ``policy``/``params`` for every batch.
+        Tuned policies looked up by the batch's bucket; else ``policy``/``params`` for every batch. A
+        ``PlanClient`` (or any object with a ``.table`` attribute holding a PolicyTable) is read at every
+        :meth:`plan`, so the client's background refreshes reach the next step (graph mode re-picks at the
+        first step after the table changed).
     policy, params
-        The policy when there is no table. Default (None): ``"balanced"`` in
-        eager mode; in graph mode ``stream_k`` with ``ctas_per_sm`` the graph
-        tile's resident CTAs per SM (``params`` may override it). In graph
+        The policy when there is no table: a name of :data:`kvsplit.kernels.plan.POLICIES`, or ``"auto"``
+        (default): the mode's rule, :data:`AUTO_RULE` -- ``balanced`` (the planner's default and the table's
+        fallback) in eager mode; ``stream_k`` with ``ctas_per_sm`` the graph tile's resident CTAs per SM
+        (``params`` may override it) in graph mode, whose tile and persistent grid are fixed at capture. In graph
         mode, params without tile knobs (``block_n``, ``num_warps``,
         ``num_stages``, ``prefetch``, ``next_item``) get
         :func:`kvsplit.kernels.limits.graph_default_config`'s tile for the
@@ -180,7 +198,19 @@ class DecodeWrapper:
         The caller's own workspace (:func:`kvsplit.kernels.decode.make_workspace`), as FlashInfer's wrappers take
         a float workspace buffer: used as it is, never reallocated (a plan that needs more partial slots or
         requests than it holds raises ``ValueError`` naming ``workspace``). Default: the wrapper allocates one
-        (graph mode: for ``max_work_items`` partials; eager mode: grown as plans need).
+        (graph mode: for ``max_work_items`` partials; eager mode: grown as plans need). Made with this
+        ``q_len`` (``make_workspace(..., q_len=q_len)``).
+    q_len : int
+        Query tokens per request, 1 (decode, default) to 8 (speculative-decoding verify steps: 1 + draft
+        tokens), the same for every request of every step: ``run()`` takes q ``[B * q_len, H_q, D]``, token j
+        of request b at row ``b * q_len + j`` seeing the KV positions ``[0, kv_len - q_len + j]`` (kv_lens
+        count the new tokens, written to the cache before attention; ``kv_lens >= q_len``, checked by eager
+        ``plan()`` and from ``kv_lens_host`` in graph mode). The work list does not depend on it. A work tile
+        holds ``G * heads_per_tile * q_len`` query rows, at most 64 (else ``ValueError`` naming ``q_len``).
+    kv_dtype : str or torch.dtype, optional
+        The KV cache's dtype: ``dtype`` or ``"float8_e4m3fn"`` / ``torch.float8_e4m3fn`` (with a float16 or
+        bfloat16 ``dtype``; ``run()`` then takes ``k_scale``/``v_scale``). Default (None): taken from the cache
+        at each ``run()`` (``dtype`` or fp8).
     """
 
     def __init__(
@@ -194,13 +224,15 @@ class DecodeWrapper:
         device: Any = "cuda",
         max_batch_size: int = 256,
         table: Any = None,
-        policy: str | None = None,
+        policy: str = "auto",
         params: Mapping[str, Any] | None = None,
         use_cuda_graph: bool = False,
         graph: GraphOptions | None = None,
         gpu: DeviceSpec | str | None = None,
         sm_scale: float | None = None,
         workspace: DecodeWorkspace | None = None,
+        q_len: int = 1,
+        kv_dtype: str | torch.dtype | None = None,
     ) -> None:
         for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -227,6 +259,20 @@ class DecodeWrapper:
             raise ValueError(f"graph: expected a GraphOptions, got {type(graph).__name__}")
         if workspace is not None and not isinstance(workspace, DecodeWorkspace):
             raise ValueError(f"workspace: expected a DecodeWorkspace (make_workspace), got {type(workspace).__name__}")
+        self.q_len = check_q_len(q_len)
+        if workspace is not None and tuple(workspace.part_o.shape[1:]) != (q_len * num_qo_heads, head_dim):
+            raise ValueError(
+                f"workspace: made for rows {tuple(workspace.part_o.shape[1:])}, expected "
+                f"{(q_len * num_qo_heads, head_dim)} (make_workspace(num_qo_heads, head_dim, ..., q_len={q_len}))"
+            )
+        if kv_dtype is not None:
+            by_name = {v: k for k, v in KV_DTYPES.items()}
+            kv = by_name.get(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
+            if kv not in KV_DTYPES:
+                raise ValueError(f"kv_dtype: expected one of {sorted(by_name)} or None, got {kv_dtype!r}")
+            check_kv_dtype("kv_dtype", kv, _NAMES[dtype])
+            kv_dtype = kv
+        self.kv_dtype: torch.dtype | None = kv_dtype
         self.graph_options = graph
         max_work_items, planner, repick_every, num_programs = (
             graph.max_work_items,
@@ -248,7 +294,9 @@ class DecodeWrapper:
         if gpu is None:
             gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "NVIDIA H200"
         self.gpu = resolve_device(gpu)
-        self.table = getattr(table, "table", table)
+        # a PlanClient (anything with a .table) is read at every plan(): its refresh thread replaces .table whole
+        self._table_source = table
+        self._live_table = table is not None and not isinstance(table, PolicyTable) and hasattr(table, "table")
         self.max_batch_size = max_batch_size
         self.use_cuda_graph = bool(use_cuda_graph)
         self.repick_every = repick_every
@@ -256,16 +304,24 @@ class DecodeWrapper:
         self._shape = dict(
             num_kv_heads=num_kv_heads, device=self.gpu, head_dim=head_dim, page_size=page_size, dtype=dtype
         )
-        # policy None: balanced (eager); in graph mode stream_k at the graph tile's residency (set below)
+        if policy is None or not isinstance(policy, str):
+            raise ValueError(f"policy: expected a policy name or 'auto', got {policy!r}")
+        auto = policy == "auto"
+        # policy "auto": the mode's rule (AUTO_RULE); in graph mode its ctas_per_sm is the tile's residency (below)
         # validates policy and params now; the eager planner plans every batch with this spec
         self.spec: RuleSpec = resolve(
-            policy or ("stream_k" if self.use_cuda_graph else "balanced"), params, **self._shape
+            AUTO_RULE["graph" if self.use_cuda_graph else "eager"] if auto else policy, params, **self._shape
         )
         if self.device.type == "cpu":
             check_interpreter_dtype("dtype", _NAMES[dtype])
-        self.policy, self.params = policy or "balanced", dict(params or {})
+        self.policy, self.params = AUTO_RULE["eager"] if auto else policy, dict(params or {})
         self._plan: Plan | None = None
         self._arrays: dict[str, torch.Tensor] | None = None
+        self._picked_table: Any = None  # graph mode: the table the current rule was picked from
+        # eager uploads: one pinned host buffer and one device buffer, grown as plans need (module doc)
+        self._eager_host: torch.Tensor | None = None
+        self._eager_dev: torch.Tensor | None = None
+        self._eager_done: Any = None  # the event after the last upload from _eager_host
         self._max_page = -1
         self._B = -1
         self._step = 0
@@ -288,6 +344,14 @@ class DecodeWrapper:
         self._knobs.update(schedule="persistent", num_programs=int(num_programs))
         heads = self.params.get("heads_per_tile", base.heads_per_tile)
         check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile")
+        if heads * (num_qo_heads // num_kv_heads) * q_len > MAX_TILE_ROWS and "heads_per_tile" not in self.params:
+            heads = 1  # the graph default packs two KV heads per tile: one, when q_len's rows would not fit
+        rows = heads * (num_qo_heads // num_kv_heads) * q_len
+        if rows > MAX_TILE_ROWS:
+            raise ValueError(
+                f"q_len: {q_len} tokens x GQA group {num_qo_heads // num_kv_heads} x heads_per_tile {heads} are "
+                f"{rows} query rows of one work tile, above the {MAX_TILE_ROWS} supported"
+            )
         self._knobs["heads_per_tile"] = heads
         cfg = self._knobs
         self.graph_residency = resident_ctas_per_sm(
@@ -302,9 +366,9 @@ class DecodeWrapper:
             next_item=cfg["next_item"],
             heads_per_tile=heads,
         )
-        # the graph's own rule: for table entries tuned on another tile and for policy=None
-        self._tile_rule = ("stream_k", {"ctas_per_sm": float(max(1, self.graph_residency))})
-        if policy is None:
+        # the graph's own rule: for table entries tuned on another tile and for policy "auto"
+        self._tile_rule = (AUTO_RULE["graph"], {"ctas_per_sm": float(max(1, self.graph_residency))})
+        if auto:
             self.policy = self._tile_rule[0]
             self.params = {**self._tile_rule[1], **self.params}
         if max_work_items is None:
@@ -313,7 +377,12 @@ class DecodeWrapper:
         self.bufs = alloc_device_plan(max_batch_size, self.max_work_items, self.device)
         if workspace is None:
             self.workspace = make_workspace(
-                num_qo_heads, head_dim, max_partials=self.max_work_items, max_batch=max_batch_size, device=self.device
+                num_qo_heads,
+                head_dim,
+                max_partials=self.max_work_items,
+                max_batch=max_batch_size,
+                device=self.device,
+                q_len=q_len,
             )
         elif workspace.max_partials < self.max_work_items or workspace.max_batch < max_batch_size:
             raise ValueError(
@@ -382,8 +451,16 @@ class DecodeWrapper:
         self.planner = "device" if self._device_rule else "host"
         self.config = self.spec.config
 
+    @property
+    def table(self) -> PolicyTable | None:
+        """The PolicyTable the next :meth:`plan` uses (a PlanClient's current ``.table``), or None."""
+        src = self._table_source
+        return src.table if self._live_table else src
+
     def _lookup(self, kv_lens_host: np.ndarray) -> tuple[str, dict[str, Any]]:
-        if self.table is None:
+        table = self.table
+        self._picked_table = table
+        if table is None:
             return self.policy, self.params
         key = bucket_key(
             kv_lens_host,
@@ -393,9 +470,9 @@ class DecodeWrapper:
             device=self.gpu,
             page_size=self.page_size,
         )
-        entry, _ = self.table.lookup(key)
+        entry, _ = table.lookup(key)
         if entry is None:
-            return self.table.fallback_name, dict(self.table.fallback_params)
+            return table.fallback_name, dict(table.fallback_params)
         return entry.name, dict(entry.params)
 
     def _check_index(self, kv_indptr, kv_indices, kv_lens) -> int:
@@ -424,8 +501,14 @@ class DecodeWrapper:
 
     # ------------------------------------------------------------------ plan
     def plan(
-        self, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor, *, kv_lens_host: Any = None
-    ) -> Plan | None:
+        self,
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_lens: torch.Tensor,
+        *,
+        kv_lens_host: Any = None,
+        kv_indptr_host: Any = None,
+    ) -> None:
         """Plan one decode step (all layers).
 
         Parameters
@@ -436,26 +519,47 @@ class DecodeWrapper:
         kv_lens : torch.Tensor int32 ``[B]``
             Tokens of each request (its first ``ceil(kv_len / page_size)`` pages).
         kv_lens_host : array-like of int ``[B]``, optional
-            A host copy of kv_lens (graph mode: used to re-pick parameters and by
-            the host planner; module doc).
+            A host copy of kv_lens (NumPy array, list or CPU tensor), as the engine already has it. Graph mode:
+            used to re-pick parameters and by the host planner (module doc). Eager mode: with
+            ``kv_indptr_host``, the wrapper plans and validates from the host copies instead of copying kv_lens
+            and kv_indptr back from the device; they must hold the same values (the caller's contract, as
+            FlashInfer's plan takes indptr on the host).
+        kv_indptr_host : array-like of int ``[B + 1]``, optional
+            A host copy of kv_indptr (eager mode, with ``kv_lens_host``).
 
         Returns
         -------
-        Plan or None
-            In both modes: the host plan of the step when one was made on the host (eager mode, graph mode with
-            the host planner), None when the work list was computed on the device (it stays there; no sync).
-            :attr:`last_plan` keeps the same value until the next step.
+        None
+            In both modes, as FlashInfer's ``plan``. The host plan of the step, when one was made on the host
+            (eager mode; graph mode with the host planner), is :attr:`last_plan`.
+
+        Raises
+        ------
+        ValueError
+            Naming the argument: wrong dtype, shape or device; kv_indptr not starting at 0 or decreasing, or past
+            the end of kv_indices; a negative kv_len or one above its pages; a negative page id (eager mode: the
+            page ids of kv_indices the step uses are read on the device, reduced to their min and max, and
+            copied back: the one wait of an eager plan given the host copies); host copies of the wrong length.
         """
         B = self._check_index(kv_indptr, kv_indices, kv_lens)
-        self._indptr, self._indices = kv_indptr, kv_indices
+        self._kv_lens = kv_lens
+        if self.q_len > 1 and kv_lens_host is not None:
+            lh = np.asarray(kv_lens_host)
+            if lh.size and int(lh.min()) < self.q_len:
+                i = int(np.argmin(lh))
+                raise ValueError(f"kv_lens_host[{i}]: {int(lh[i])} tokens, fewer than q_len={self.q_len}")
         if not self.use_cuda_graph:
-            return self._plan_eager(kv_indptr, kv_indices, kv_lens, B)
-        if B != self._B or self._step % self.repick_every == 0:
-            if self.table is not None:
+            self._plan_eager(kv_indptr, kv_indices, kv_lens, B, kv_lens_host, kv_indptr_host)
+            self._indptr, self._indices = kv_indptr, kv_indices
+            return None
+        self._indptr, self._indices = kv_indptr, kv_indices
+        table = self.table
+        if B != self._B or self._step % self.repick_every == 0 or table is not self._picked_table:
+            if table is not None:
                 if kv_lens_host is None:
                     raise ValueError(
                         "kv_lens_host: required when the policy is re-picked from a table "
-                        "(batch size changed, or every repick_every steps)"
+                        "(batch size changed, the table changed, or every repick_every steps)"
                     )
                 self._pick(*self._entry_rule(*self._lookup(fastplan.as_kv_lens(kv_lens_host))))
             self._B = B
@@ -474,35 +578,61 @@ class DecodeWrapper:
             raise ValueError(f"kv_lens_host: expected {B} entries (kv_lens'), got {p.batch_size}")
         self._upload(p)
         self._plan = p
-        return p
+        return None
 
-    def _plan_eager(self, kv_indptr, kv_indices, kv_lens, B) -> Plan:
-        indptr = kv_indptr.to("cpu", torch.int64).numpy()
-        lens = kv_lens.to("cpu", torch.int64).numpy()
+    def _host_index(self, kv_indptr, kv_lens, B, kv_lens_host, kv_indptr_host) -> tuple[np.ndarray, np.ndarray, str]:
+        """kv_indptr and kv_lens on the host as int64 arrays: the caller's copies, or one copy from the device."""
+        if kv_lens_host is not None and kv_indptr_host is not None:
+            out = []
+            for name, a, n in (("kv_indptr_host", kv_indptr_host, B + 1), ("kv_lens_host", kv_lens_host, B)):
+                if isinstance(a, torch.Tensor):
+                    if a.device.type != "cpu":
+                        raise ValueError(
+                            f"{name}: expected a host copy (NumPy array, list or CPU tensor), got {a.device}"
+                        )
+                    a = a.numpy()
+                try:
+                    h = np.asarray(a)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"{name}: expected an array of integers, got {type(a).__name__}") from exc
+                if h.ndim != 1 or h.shape[0] != n or h.dtype.kind not in "iu":
+                    raise ValueError(
+                        f"{name}: expected {n} integers (kv_{name[3:-5]}'s shape), got shape {h.shape} dtype {h.dtype}"
+                    )
+                out.append(h.astype(np.int64, copy=False))
+            return out[0], out[1], "_host"
+        # one copy back from the device (a wait for the stream) of both tensors
+        both = torch.cat((kv_indptr, kv_lens)).to("cpu", torch.int64).numpy()
+        return both[: B + 1], both[B + 1 :], ""
+
+    def _plan_eager(self, kv_indptr, kv_indices, kv_lens, B, kv_lens_host=None, kv_indptr_host=None) -> None:
+        indptr, lens, sfx = self._host_index(kv_indptr, kv_lens, B, kv_lens_host, kv_indptr_host)
         if indptr[0] != 0:
-            raise ValueError(f"kv_indptr: expected kv_indptr[0] == 0, got {int(indptr[0])}")
+            raise ValueError(f"kv_indptr{sfx}: expected kv_indptr[0] == 0, got {int(indptr[0])}")
         d = np.diff(indptr)
         if (d < 0).any():
             i = int(np.flatnonzero(d < 0)[0])
-            raise ValueError(f"kv_indptr: must be non-decreasing, kv_indptr[{i + 1}] < kv_indptr[{i}]")
-        if indptr[-1] > kv_indices.shape[0]:
-            raise ValueError(f"kv_indptr: last entry {int(indptr[-1])} exceeds len(kv_indices)={kv_indices.shape[0]}")
+            raise ValueError(f"kv_indptr{sfx}: must be non-decreasing, kv_indptr[{i + 1}] < kv_indptr[{i}]")
+        n_used = int(indptr[-1])
+        if n_used > kv_indices.shape[0]:
+            raise ValueError(f"kv_indptr{sfx}: last entry {n_used} exceeds len(kv_indices)={kv_indices.shape[0]}")
         if (lens < 0).any():
             i = int(np.flatnonzero(lens < 0)[0])
-            raise ValueError(f"kv_lens[{i}]: negative kv_len {int(lens[i])}")
+            raise ValueError(f"kv_lens{sfx}[{i}]: negative kv_len {int(lens[i])}")
+        if self.q_len > 1 and (lens < self.q_len).any():
+            i = int(np.flatnonzero(lens < self.q_len)[0])
+            raise ValueError(
+                f"kv_lens{sfx}[{i}]: {int(lens[i])} tokens, fewer than q_len={self.q_len} (kv_lens count the new tokens)"
+            )
         over = lens > d * self.page_size
         if over.any():
             i = int(np.flatnonzero(over)[0])
             raise ValueError(
-                f"kv_lens[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages x page_size {self.page_size}"
+                f"kv_lens{sfx}[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages x page_size {self.page_size}"
             )
-        used = kv_indices[: int(indptr[-1])]
-        lo = int(used.min()) if used.numel() else 0
-        self._max_page = int(used.max()) if used.numel() else -1
-        if lo < 0:
-            raise ValueError(f"kv_indices: negative page id {lo}")
-        if self.table is not None:
-            p, _, _ = self.table.plan(
+        table = self.table
+        if table is not None:
+            p, _, _ = table.plan(
                 lens,
                 gpu=self.gpu.name,
                 num_qo_heads=self.num_qo_heads,
@@ -514,13 +644,22 @@ class DecodeWrapper:
             )
         else:
             p = plan_with(lens, self.spec)
-        self._plan = p
-        self._arrays = p.to(self.device)
         if not self._own_workspace and (self.workspace.max_partials < p.num_partials or self.workspace.max_batch < B):
             raise ValueError(
                 f"workspace: holds {self.workspace.max_partials} partials and {self.workspace.max_batch} "
                 f"requests; this step's plan needs {p.num_partials} and {B}"
             )
+        # the page ids the step uses: their min and max reduced on the device, copied back with the plan's
+        # upload in flight; the one wait of the step is for those two numbers
+        arrays, minmax = self._upload_eager(p, kv_indices[:n_used] if n_used else None)
+        if minmax is not None:
+            lo, hi = int(minmax[0]), int(minmax[1])
+            if lo < 0:
+                # the upload overwrote the previous step's arrays: run() needs a new plan()
+                self._plan, self._arrays, self._B = None, None, -1
+                raise ValueError(f"kv_indices: negative page id {lo}")
+        else:
+            hi = -1
         if self.workspace is None or self.workspace.max_partials < p.num_partials or self.workspace.max_batch < B:
             grow = max(p.num_partials, 2 * (self.workspace.max_partials if self.workspace else 0))
             self.workspace = make_workspace(
@@ -529,9 +668,57 @@ class DecodeWrapper:
                 max_partials=grow,
                 max_batch=max(B, self.max_batch_size),
                 device=self.device,
+                q_len=self.q_len,
             )
-        self._B = B
-        return p
+        self._plan, self._arrays, self._max_page, self._B = p, arrays, hi, B
+
+    def _upload_eager(self, p: Plan, used: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
+        """The plan's launch arrays in one device buffer, filled by one asynchronous copy from one pinned host
+        buffer; with ``used`` (the step's page ids), their (min, max) copied back into the same host buffer and
+        waited for. Returns the arrays (views of the device buffer) and the (min, max) or None."""
+        ws, mr, ms, mn = p.merge_layout()
+        segs = (
+            ("work_request", p.work_request),
+            ("work_kv_start", p.work_kv_start),
+            ("work_kv_end", p.work_kv_end),
+            ("work_slot", ws),
+            ("cta_indptr", p.cta_indptr),
+            ("merge_request", mr),
+            ("merge_slot_start", ms),
+            ("merge_num", mn),
+        )
+        n = sum(a.shape[0] for _, a in segs)
+        cuda = self.device.type == "cuda"
+        if self._eager_done is not None:
+            self._eager_done.synchronize()  # the last upload from the host buffer (waited for already, in practice)
+        if self._eager_host is None or self._eager_host.shape[0] < n + 2:
+            size = max(2 * n + 2, 4096)
+            self._eager_host = torch.empty(size, dtype=torch.int32, pin_memory=cuda)
+            self._eager_dev = torch.empty(size, dtype=torch.int32, device=self.device)
+        host, dev = self._eager_host, self._eager_dev
+        h = host.numpy()
+        arrays, off = {}, 0
+        for name, a in segs:
+            k = a.shape[0]
+            h[off : off + k] = a
+            arrays[name] = dev[off : off + k]
+            off += k
+        dev[:n].copy_(host[:n], non_blocking=True)
+        minmax = None
+        if used is not None and not cuda:  # the CPU interpreter's tensors: NumPy's reduction (torch's is slower here)
+            u = used.numpy()
+            return arrays, np.array([u.min(), u.max()])
+        if used is not None:
+            host[n : n + 2].copy_(torch.stack(torch.aminmax(used)), non_blocking=True)
+        if cuda:
+            ev = torch.cuda.Event()
+            ev.record()
+            self._eager_done = ev
+            if used is not None:
+                ev.synchronize()
+        if used is not None:
+            minmax = h[n : n + 2].copy()
+        return arrays, minmax
 
     def _upload(self, p: Plan) -> None:
         W, MW = p.num_work_items, self.max_work_items
@@ -575,37 +762,52 @@ class DecodeWrapper:
         *,
         out: torch.Tensor | None = None,
         return_lse: bool = False,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Decode attention of one layer for the planned step.
 
         Parameters
         ----------
-        q : torch.Tensor ``[B, H_q, D]``, the wrapper's dtype
+        q : torch.Tensor ``[B * q_len, H_q, D]``, the wrapper's dtype (first two dimensions contiguous)
         k_cache, v_cache : torch.Tensor ``[num_pages, page_size, H_kv, D]``
-        out : torch.Tensor ``[B, H_q, D]``, optional
+            The wrapper's ``kv_dtype`` (default: its ``dtype`` or ``torch.float8_e4m3fn``).
+        out : torch.Tensor ``[B * q_len, H_q, D]``, optional
             Output buffer (pass it under CUDA-graph capture).
         return_lse : bool
-            Also return the LSE (fp32 ``[B, H_q]``, natural log; a view of the
+            Also return the LSE (fp32 ``[B * q_len, H_q]``, natural log; a view of the
             wrapper's workspace, overwritten by the next call).
+        k_scale, v_scale : float or torch.Tensor, optional
+            The cache's dequantization scales, as FlashInfer's ``run`` takes them: floats (per tensor) or
+            float32 tensors ``[H_kv]`` on the device (per KV head; read by the kernel, so a captured graph
+            replays with their current values; their values are the caller's contract, as page ids are)
+            (:func:`kvsplit.kernels.decode.check_kv_scales`). Default 1.
         """
         if self._B < 0:
             raise ValueError("plan: call plan() before run()")
         B = self._B
         want = _NAMES[self.dtype]
-        for name, t, shape in (
-            ("q", q, (B, self.num_qo_heads, self.head_dim)),
-            ("k_cache", k_cache, None),
-            ("v_cache", v_cache, None),
+        rows = B * self.q_len
+        kv_want = self.kv_dtype
+        if kv_want is None and isinstance(k_cache, torch.Tensor) and k_cache.dtype in KV_DTYPES:
+            kv_want = k_cache.dtype
+            check_kv_dtype("k_cache", kv_want, want)
+        for name, t, shape, dt in (
+            ("q", q, (rows, self.num_qo_heads, self.head_dim), want),
+            ("k_cache", k_cache, None, kv_want or want),
+            ("v_cache", v_cache, None, kv_want or want),
         ):
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-            if t.dtype != want or t.device != self.device or t.stride(-1) != 1:
+            if t.dtype != dt or t.device != self.device or t.stride(-1) != 1:
                 raise ValueError(
-                    f"{name}: expected {want} on {self.device} with a contiguous last dimension, "
+                    f"{name}: expected {dt} on {self.device} with a contiguous last dimension, "
                     f"got {t.dtype} on {t.device}"
                 )
             if shape is not None and tuple(t.shape) != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+        if self.q_len > 1 and rows > 1 and q.stride(0) != self.num_qo_heads * q.stride(1):
+            raise ValueError("q: with q_len > 1 the first two dimensions must be contiguous ([B * q_len, H_q, D] rows)")
         cshape = (self.page_size, self.num_kv_heads, self.head_dim)
         if k_cache.dim() != 4 or tuple(k_cache.shape[1:]) != cshape or tuple(v_cache.shape) != tuple(k_cache.shape):
             raise ValueError(
@@ -623,6 +825,9 @@ class DecodeWrapper:
                 f"out: expected shape {tuple(q.shape)} {q.dtype} on {q.device}, got "
                 f"{tuple(out.shape)} {out.dtype} on {out.device}"
             )
+        elif self.q_len > 1 and rows > 1 and out.stride(0) != self.num_qo_heads * out.stride(1):
+            raise ValueError("out: with q_len > 1 the first two dimensions must be contiguous")
+        scale_kw = dict(q_len=self.q_len, kv_lens=self._kv_lens, k_scale=k_scale, v_scale=v_scale)
         if not self.use_cuda_graph:
             p = self._plan
             return launch_decode(
@@ -638,6 +843,7 @@ class DecodeWrapper:
                 **p.launch_sizes(),
                 sm_scale=self.sm_scale,
                 return_lse=return_lse,
+                **scale_kw,
             )
         return launch_decode(
             q,
@@ -653,4 +859,5 @@ class DecodeWrapper:
             max_merge=self.max_batch_size,
             sm_scale=self.sm_scale,
             return_lse=return_lse,
+            **scale_kw,
         )

@@ -401,6 +401,8 @@ class PlanClient:
         dtype: str,
         page_size: int = 16,
         device: DeviceSpec | None = None,
+        kv_dtype: str | None = None,
+        q_len: int = 1,
     ) -> tuple[Plan, dict[str, Any], dict[str, Any]]:
         """Like :meth:`plan`, also returning the answer's ``bucket`` and ``policy`` objects."""
         return self.table.plan(
@@ -412,6 +414,8 @@ class PlanClient:
             dtype=dtype,
             page_size=page_size,
             device=device,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
         )
 
     def plan(
@@ -425,6 +429,8 @@ class PlanClient:
         dtype: str,
         page_size: int = 16,
         device: DeviceSpec | None = None,
+        kv_dtype: str | None = None,
+        q_len: int = 1,
     ) -> Plan:
         """Plan one decode batch locally with the table in hand: no HTTP, no waiting on the refresh thread.
 
@@ -432,7 +438,7 @@ class PlanClient:
         ----------
         kv_lens : array-like of int, ``[B]``
             Tokens in each request's KV cache.
-        gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, device
+        gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, device, kv_dtype, q_len
             As the fields of ``POST /v1/plan``; ``page_size`` defaults to 16 here, as in
             :meth:`kvsplit.kernels.policy_table.PolicyTable.plan` and ``make_plan`` (the HTTP body needs it).
 
@@ -456,6 +462,8 @@ class PlanClient:
             dtype=dtype,
             page_size=page_size,
             device=device,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
         )[0]
 
 

@@ -76,9 +76,22 @@ def make_plan_request_model(max_kv_len: int) -> type[BaseModel]:
         num_kv_heads: int = Field(ge=1, le=1024)
         head_dim: Literal[64, 128, 256]
         dtype: Literal["bfloat16", "float16", "float32", "bf16", "fp16", "f16", "fp32", "f32"] = Field(
-            description="KV dtype: torch's name or an alias (bf16, fp16/f16, fp32/f32)"
+            description="q's dtype (and the KV cache's, unless kv_dtype says otherwise): torch's name or an alias "
+            "(bf16, fp16/f16, fp32/f32)"
         )
         page_size: int = Field(ge=1, le=256)
+        kv_dtype: Optional[Literal["float8_e4m3fn", "fp8", "bfloat16", "float16", "float32"]] = Field(
+            None,
+            description="the KV cache's dtype: null or dtype's own name (the same as dtype), or float8_e4m3fn "
+            "(alias fp8) with a 16-bit dtype; another KV dtype is another bucket family",
+        )
+        q_len: int = Field(
+            1,
+            ge=1,
+            le=8,
+            description="query tokens per request (1 for decode, k + 1 for a verify step of k draft tokens); "
+            "num_qo_heads / num_kv_heads * q_len <= 64; another q_len is another bucket family",
+        )
         kv_lens: list[int] = Field(
             min_length=1,
             max_length=MAX_BATCH,

@@ -23,7 +23,8 @@ path and list index, e.g. ``["body", "kv_lens", 3]``.
 
 Limits (DESIGN.md §3): kv_len <= ``KVSPLIT_MAX_KV_LEN`` (default 2^24), at most
 65,536 requests, head_dim in (64, 128, 256), page_size 1..256, H_kv 1..1024 and
-H_q a multiple of H_kv.
+H_q a multiple of H_kv; optional ``kv_dtype`` (null, dtype's name, ``float8_e4m3fn`` or ``fp8`` with a 16-bit
+dtype) and ``q_len`` (1..8, ``G * q_len <= 64``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import orjson
 
 from ..db.checks import check_json_tree
 from ..kernels.device import DeviceSpec, known_devices, resolve_device
+from ..kernels.limits import KV_DTYPE_SHORT, KV_DTYPES, MAX_Q_LEN, MAX_TILE_ROWS
 from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
 from ..kernels.shape import DTYPE_ALIASES, MAX_HEADS, MAX_QO_HEADS, Shape
 from . import fastparse
@@ -46,7 +48,8 @@ __all__ = ["RequestValidationFailed", "PlanRequestData", "parse_plan_request", "
 MAX_GPU_NAME = 200
 _DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceSpec)}
 _REQUIRED = ("gpu", "num_qo_heads", "num_kv_heads", "head_dim", "dtype", "page_size", "kv_lens")
-_ALLOWED = frozenset(_REQUIRED + ("device",))
+_OPTIONAL_SHAPE = ("kv_dtype", "q_len")
+_ALLOWED = frozenset(_REQUIRED + ("device",) + _OPTIONAL_SHAPE)
 
 
 def unsupported_media_type(content_type: bytes | str | None) -> bytes | None:
@@ -221,6 +224,31 @@ def _kv_lens(errs: list, v: Any, max_kv_len: int) -> np.ndarray | None:
     raise AssertionError("unreachable: kv_lens failed the fast path but every entry is valid")
 
 
+def _kv_dtype(errs: list, v: Any, dtype: str | None) -> str | None:
+    """The KV dtype of ``kv_dtype`` (null or ``dtype``'s name: ``dtype``; ``float8_e4m3fn``/``fp8`` with a 16-bit
+    ``dtype``), or None with an error at ``["body", "kv_dtype"]``. With ``dtype`` invalid, None and no error."""
+    if dtype is None:
+        return None
+    if v is None or v == dtype or (type(v) is str and DTYPE_ALIASES.get(v) == dtype):
+        return dtype
+    long = {s: k for k, s in KV_DTYPE_SHORT.items()}
+    kd = long.get(v, v) if type(v) is str else None
+    if kd in KV_DTYPES and dtype in ("float16", "bfloat16"):
+        return kd
+    names = [None, dtype, *sorted(KV_DTYPES), *sorted(KV_DTYPE_SHORT.values())]
+    why = f" with dtype {dtype!r} (FP8 K/V need a float16 or bfloat16 q)" if kd in KV_DTYPES else ""
+    errs.append(
+        error(
+            "literal_error",
+            ("body", "kv_dtype"),
+            "Input should be " + ", ".join("null" if n is None else repr(n) for n in names) + why,
+            v,
+            expected=", ".join("null" if n is None else str(n) for n in names),
+        )
+    )
+    return None
+
+
 def _device(errs: list, v: Any, gpu: str | None) -> DeviceSpec | None:
     loc = ("body", "device")
     if type(v) is not dict:
@@ -339,9 +367,13 @@ _HEADERS_MAX = 1024
 
 
 def _known_header(doc: dict) -> tuple | None:
-    """(gpu, H_q, H_kv, D, dtype, page_size, device, shape, kv_lens value) of a seven-field body whose header
-    passed the full checks before, else None."""
-    if len(doc) != 7:
+    """(gpu, H_q, H_kv, D, dtype, page_size, device, shape, kv_lens value) of a body of the seven fields (and
+    optionally ``kv_dtype``, ``q_len``) whose header passed the full checks before, else None."""
+    kd = doc.get("kv_dtype")
+    ql = doc.get("q_len", 1)
+    if len(doc) != 7 + ("kv_dtype" in doc) + ("q_len" in doc) or not (kd is None or type(kd) is str):
+        return None
+    if type(ql) is not int:
         return None
     try:
         gpu = doc["gpu"]
@@ -362,7 +394,7 @@ def _known_header(doc: dict) -> tuple | None:
         and type(ps) is int
     ):
         return None
-    hit = _HEADERS.get((gpu, hq, hkv, hd, dt, ps))
+    hit = _HEADERS.get((gpu, hq, hkv, hd, dt, ps, kd, ql))
     if hit is None:
         return None
     return gpu, hq, hkv, hd, dt, ps, hit[0], hit[1], v
@@ -549,6 +581,19 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
                 hq,
             )
         )
+    kd_raw = doc.get("kv_dtype")
+    kd = _kv_dtype(errs, kd_raw, dt)
+    ql = _check_int(errs, ("body", "q_len"), doc.get("q_len", 1), 1, MAX_Q_LEN)
+    if ql is not None and ql > 1 and hq is not None and hkv and not hq % hkv and hq // hkv * ql > MAX_TILE_ROWS:
+        errs.append(
+            error(
+                "value_error",
+                ("body", "q_len"),
+                f"Value error, q_len {ql} x GQA group {hq // hkv} = {hq // hkv * ql} query rows per work tile, "
+                f"above the kernel's {MAX_TILE_ROWS}",
+                ql,
+            )
+        )
     kv = _kv_lens(errs, doc["kv_lens"], max_kv_len)
     dev: DeviceSpec | None = None
     if "device" in doc and doc["device"] is not None:
@@ -570,7 +615,7 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
     if errs:
         raise RequestValidationFailed(errs)
     assert dev is not None and kv is not None and gpu is not None
-    shape = Shape(dev, hq, hkv, hd, dt, ps)  # type: ignore[arg-type]
+    shape = Shape(dev, hq, hkv, hd, dt, ps, kd, ql)  # type: ignore[arg-type]
     if doc.get("device") is None and len(_HEADERS) < _HEADERS_MAX:
-        _HEADERS[(gpu, hq, hkv, hd, dt_raw, ps)] = (dev, shape)
+        _HEADERS[(gpu, hq, hkv, hd, dt_raw, ps, kd_raw, doc.get("q_len", 1))] = (dev, shape)
     return PlanRequestData(gpu, hq, hkv, hd, dt, ps, kv, dev, shape)  # type: ignore[arg-type]

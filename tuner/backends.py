@@ -3,8 +3,8 @@
 Both answer the same three questions about a plan of one shape:
 
 - ``time_plan(plan) -> float``: kernel time in seconds;
-- ``hbm_floor_s(kv_lens) -> float``: ``sum(kv_len) * H_kv * D * 2 * dtype_bytes /
-  read bandwidth`` in seconds (DESIGN.md §1);
+- ``hbm_floor_s(kv_lens) -> float``: ``sum(kv_len) * H_kv * D * 2 * kv_bytes /
+  read bandwidth`` in seconds (DESIGN.md §1; ``kv_bytes`` 1 for an FP8 cache);
 - ``software() -> dict`` and ``device_info() -> dict``: what is stored with
   every measurement.
 
@@ -26,7 +26,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..kernels.device import DeviceSpec, resolve_device
-from ..kernels.plan import DTYPES, Plan
+from ..kernels.limits import kv_elt_bytes
+from ..kernels.plan import Plan
 from ..kernels.shape import Shape
 
 __all__ = ["TimingBackend", "SimBackend", "GpuBackend", "make_backend", "BACKEND_NAMES"]
@@ -46,8 +47,11 @@ class TimingBackend(Protocol):
     def device_info(self) -> dict[str, Any]: ...
 
 
-def _kv_bytes(kv_lens: Sequence[int] | np.ndarray, num_kv_heads: int, head_dim: int, dtype: str) -> int:
-    return int(np.asarray(kv_lens, dtype=np.int64).sum()) * num_kv_heads * head_dim * 2 * DTYPES[dtype]
+def _kv_bytes(
+    kv_lens: Sequence[int] | np.ndarray, num_kv_heads: int, head_dim: int, dtype: str, kv_dtype: str | None = None
+) -> int:
+    elt = kv_elt_bytes(dtype, kv_dtype)
+    return int(np.asarray(kv_lens, dtype=np.int64).sum()) * num_kv_heads * head_dim * 2 * elt
 
 
 def _version(pkg: str) -> str:
@@ -76,6 +80,9 @@ class SimBackend:
     read_bandwidth_gbps : float, optional
         Measured read bandwidth (GB/s) used when there is no calibration: the
         default constants are scaled to it.
+    kv_dtype, q_len, num_qo_heads
+        The KV cache's dtype (None: ``dtype``), query tokens per request and H_q (for the GQA group): the
+        simulator's bytes per token, tile math and residency (:func:`kvsplit.tuner.simulate.predict`).
 
     The HBM floor uses the same read bandwidth as the simulator (the
     calibration's ``hbm_bw``, else the measured figure, else 0.94 x datasheet).
@@ -92,12 +99,19 @@ class SimBackend:
         dtype: str,
         calibration: Mapping[str, Any] | None = None,
         read_bandwidth_gbps: float | None = None,
+        kv_dtype: str | None = None,
+        q_len: int = 1,
+        num_qo_heads: int | None = None,
     ) -> None:
         from . import simulate
 
         self._sim = simulate
         self.device = resolve_device(device)
         self.num_kv_heads, self.head_dim, self.dtype = int(num_kv_heads), int(head_dim), str(dtype)
+        self.kv_dtype = None if kv_dtype == self.dtype else kv_dtype
+        self.q_len = int(q_len)
+        self.group_size = int(num_qo_heads) // self.num_kv_heads if num_qo_heads else None
+        self._shape_kw = {"kv_dtype": self.kv_dtype, "q_len": self.q_len, "group_size": self.group_size}
         self.calibration = dict(calibration) if calibration is not None else None
         self._fitted = None
         self._fitted_cfg: dict[str, Any] | None = None
@@ -113,7 +127,7 @@ class SimBackend:
         cal = self._cache.get(key)
         if cal is None:
             base = self._sim.Calibration.default(
-                self.device, head_dim=self.head_dim, dtype=self.dtype, config=plan.config
+                self.device, head_dim=self.head_dim, dtype=self.dtype, config=plan.config, **self._shape_kw
             )
             if self._fitted is not None:
                 cal = self._fitted
@@ -145,13 +159,13 @@ class SimBackend:
         )
 
     def time_plan(self, plan: Plan) -> float:
-        t = float(self._sim.predict(plan, self.device, calibration=self._cal(plan)))
+        t = float(self._sim.predict(plan, self.device, calibration=self._cal(plan), **self._shape_kw))
         if not t > 0:
             raise RuntimeError(f"simulator returned a non-positive time {t!r}")
         return t
 
     def hbm_floor_s(self, kv_lens: Sequence[int] | np.ndarray) -> float:
-        return _kv_bytes(kv_lens, self.num_kv_heads, self.head_dim, self.dtype) / self.read_bandwidth
+        return _kv_bytes(kv_lens, self.num_kv_heads, self.head_dim, self.dtype, self.kv_dtype) / self.read_bandwidth
 
     def software(self) -> dict[str, Any]:
         return {
@@ -160,6 +174,8 @@ class SimBackend:
             "numpy": np.__version__,
             "python": platform.python_version(),
             "calibrated": self.calibration is not None,
+            **({"kv_dtype": self.kv_dtype} if self.kv_dtype else {}),
+            **({"q_len": self.q_len} if self.q_len != 1 else {}),
         }
 
     def device_info(self) -> dict[str, Any]:
@@ -176,8 +192,8 @@ class GpuBackend:
 
     Parameters
     ----------
-    num_qo_heads, num_kv_heads, head_dim, dtype, page_size
-        The shape to time.
+    num_qo_heads, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len
+        The shape to time (:class:`kvsplit.tuner.gpu.GpuTimer` builds an FP8 cache and q of ``q_len`` rows).
     max_tokens, max_batch : int
         Sizes of the random KV cache (largest ``sum(kv_len)`` and B to time).
     gpu_index : int
@@ -200,6 +216,8 @@ class GpuBackend:
         max_batch: int,
         gpu_index: int = 0,
         expect_gpu: str | None = None,
+        kv_dtype: str | None = None,
+        q_len: int = 1,
     ) -> None:
         import torch
 
@@ -221,6 +239,8 @@ class GpuBackend:
             max_tokens=max_tokens,
             max_batch=max_batch,
             device=f"cuda:{dev}",
+            kv_dtype=kv_dtype,
+            q_len=q_len,
         )
         self._software = software_versions()
         self._spec = resolve_device(local)
@@ -283,6 +303,7 @@ def make_backend(
             dtype=dtype,
             page_size=page_size,
         )
+    kv_dtype = None if shape.kv_dtype == shape.dtype else shape.kv_dtype
     if name == "sim":
         return SimBackend(
             shape.device,
@@ -291,6 +312,9 @@ def make_backend(
             dtype=shape.dtype,
             calibration=calibration,
             read_bandwidth_gbps=read_bandwidth_gbps,
+            kv_dtype=kv_dtype,
+            q_len=shape.q_len,
+            num_qo_heads=shape.num_qo_heads,
         )
     return GpuBackend(
         num_qo_heads=shape.num_qo_heads,
@@ -302,4 +326,6 @@ def make_backend(
         max_batch=max_batch,
         gpu_index=gpu_index,
         expect_gpu=shape.gpu,
+        kv_dtype=kv_dtype,
+        q_len=shape.q_len,
     )

@@ -140,6 +140,8 @@ class CampaignConfig:
     head_dim: int = 128
     dtype: str = "bfloat16"
     page_size: int = 16
+    kv_dtype: str | None = None  # the KV cache's dtype when not dtype (float8_e4m3fn): another bucket family
+    q_len: int = 1  # query tokens per request (a verify step): another bucket family
     backend: str = "sim"
     budget_minutes: float = 15.0
     max_minutes: float | None = None
@@ -201,6 +203,11 @@ class CampaignConfig:
         )
         out = {k: getattr(self, k) for k in keep}
         out["gpu"] = resolve_device(self.gpu).name
+        # only when not the defaults, so the identity (and state study) of a 16-bit q_len-1 campaign stays as it was
+        if self.kv_dtype is not None and self.kv_dtype != self.dtype:
+            out["kv_dtype"] = self.kv_dtype
+        if self.q_len != 1:
+            out["q_len"] = self.q_len
         out["previous"] = (
             hashlib.sha256(json.dumps(self.previous, sort_keys=True, default=str).encode()).hexdigest()[:12]
             if self.previous
@@ -217,6 +224,8 @@ class CampaignConfig:
             head_dim=self.head_dim,
             dtype=self.dtype,
             page_size=self.page_size,
+            kv_dtype=self.kv_dtype,
+            q_len=self.q_len,
         )
 
 
@@ -689,16 +698,7 @@ class _Campaign:
             if got is None:
                 return None
             try:
-                a = make_plan(
-                    list(lens),
-                    num_kv_heads=task.num_kv_heads,
-                    device=task.gpu,
-                    policy=policy,
-                    params=cparams,
-                    head_dim=task.head_dim,
-                    page_size=task.page_size,
-                    dtype=task.dtype,
-                )
+                a = make_plan(list(lens), policy=policy, params=cparams, **task.plan_kwargs)
                 b = self._plan(task, lens, task_params(task, params))
             except ValueError:
                 return None
@@ -1066,16 +1066,7 @@ class _Campaign:
         return True
 
     def _plan(self, task: TuneTask, lens, params):
-        return make_plan(
-            list(lens),
-            num_kv_heads=task.num_kv_heads,
-            device=task.gpu,
-            policy="tuned",
-            params=params,
-            head_dim=task.head_dim,
-            page_size=task.page_size,
-            dtype=task.dtype,
-        )
+        return make_plan(list(lens), policy="tuned", params=params, **task.plan_kwargs)
 
     def verify_phase(self) -> bool:
         from .verify import verify_and_store
@@ -1299,16 +1290,7 @@ def _time_pool_batch(
         try:
             plans[name] = (
                 params,
-                make_plan(
-                    list(lens),
-                    num_kv_heads=task.num_kv_heads,
-                    device=task.gpu,
-                    policy=policy,
-                    params=params,
-                    head_dim=task.head_dim,
-                    page_size=task.page_size,
-                    dtype=task.dtype,
-                ),
+                make_plan(list(lens), policy=policy, params=params, **task.plan_kwargs),
             )
         except ValueError:
             continue

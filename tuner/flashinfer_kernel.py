@@ -43,11 +43,12 @@ class FlashInferDecode:
             self._ws, "NHD", use_tensor_cores=True, backend="fa2"
         )
 
-    def prepare(self, kv_lens: Any) -> tuple[Any, Any]:
+    def prepare(self, kv_lens: Any, *, k_scale: float | None = None, v_scale: float | None = None) -> tuple[Any, Any]:
         """Plan FlashInfer's decode of the batch ``kv_lens`` (int ``[B]``, every kv_len >= 1) on the timer's cache.
 
         Returns ``(launch, out)``: ``launch()`` runs the decode into ``out`` (``[B, H_q, D]``, q's dtype) and is
-        CUDA-graph capturable.
+        CUDA-graph capturable. ``k_scale``/``v_scale``: the cache's dequantization scales, passed to FlashInfer's
+        ``run`` (an fp8 cache: the plan's ``kv_data_type`` is the timer's cache dtype).
 
         Raises
         ------
@@ -77,7 +78,8 @@ class FlashInferDecode:
         )
         out = torch.empty_like(b["q"])
         kv = (t.k_cache, t.v_cache)
-        return (lambda: self._wrapper.run(b["q"], kv, out=out)), out
+        scales = {k: v for k, v in (("k_scale", k_scale), ("v_scale", v_scale)) if v is not None}
+        return (lambda: self._wrapper.run(b["q"], kv, out=out, **scales)), out
 
     def time(self, kv_lens: Any, *, warmup_ms: float = 10.0, rep_ms: float = 40.0) -> float:
         """Median time in seconds of FlashInfer's decode of the batch ``kv_lens`` (:meth:`prepare`; CUDA-graph

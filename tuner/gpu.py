@@ -7,7 +7,7 @@ normal data (never zeros), spans at least ``max_tokens`` tokens over shuffled
 pages, and is larger than the L2 for the reference workload. The read bandwidth
 of the same GPU is measured in the same process with a streaming-read Triton
 kernel over a multi-GB buffer; times are reported against the **HBM floor**
-``sum(kv_len) * H_kv * D * 2 * dtype_bytes / read_bandwidth``. The **paged read
+``sum(kv_len) * H_kv * D * 2 * kv_bytes / read_bandwidth`` (1 byte per element of an FP8 cache). The **paged read
 floor** (:meth:`GpuTimer.paged_read_floor_s`) is what reading the batch's pages
 whole, in the shuffled page table's order, costs without any attention math.
 
@@ -18,6 +18,7 @@ for any callable, :class:`GpuTimer` for kvsplit's plans and the shared cache.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,8 @@ import triton
 import triton.language as tl
 
 from ..kernels.decode import decode_attention, make_workspace, reference_decode_attention
-from ..kernels.plan import DTYPES, Plan
+from ..kernels.limits import check_kv_dtype, check_q_len, kv_elt_bytes
+from ..kernels.plan import Plan
 
 __all__ = ["GpuTimer", "graph_median_s", "measure_read_bandwidth", "software_versions"]
 
@@ -127,6 +129,17 @@ def measure_read_bandwidth(nbytes: int = 4 << 30, device: Any = "cuda") -> float
     return n * 2 / (ms * 1e-3)
 
 
+def kernel_supports(fp8: bool, q_len: int) -> str | None:
+    """None when :func:`~kvsplit.kernels.decode.decode_attention` takes an FP8 cache (its ``k_scale`` /
+    ``v_scale`` arguments) where ``fp8`` and ``q_len > 1`` (a ``q_len`` argument), else what it lacks."""
+    params = inspect.signature(decode_attention).parameters
+    if fp8 and not {"k_scale", "v_scale"} <= set(params):
+        return "this kvsplit's decode kernel takes no FP8 K/V yet (no k_scale / v_scale arguments)"
+    if q_len > 1 and "q_len" not in params:
+        return f"this kvsplit's decode kernel takes q_len = 1 only (got q_len {q_len})"
+    return None
+
+
 def software_versions() -> dict[str, str]:
     """torch, triton, CUDA and GPU name of this process (recorded with measurements)."""
     v = {"torch": torch.__version__, "triton": triton.__version__, "cuda": str(torch.version.cuda)}
@@ -153,6 +166,18 @@ class GpuTimer:
         Largest B.
     seed : int
         RNG seed of the data and the page shuffle.
+    kv_dtype : str, optional
+        The KV cache's dtype: None (``dtype``) or ``"float8_e4m3fn"`` (random ``dtype`` data cast to FP8, scales
+        ``k_scale = v_scale = 1``).
+    q_len : int
+        Query tokens per request, 1..8: q is ``[B * q_len, H_q, D]`` (each request's ``q_len`` rows adjacent, as
+        FlashInfer's ragged q with ``qo_indptr = q_len * arange(B + 1)``).
+
+    Raises
+    ------
+    ValueError
+        An invalid ``dtype``, ``kv_dtype`` or ``q_len``, naming it; an FP8 cache or q_len > 1 with a decode
+        kernel that does not take them (:func:`kernel_supports`).
     """
 
     def __init__(
@@ -167,11 +192,19 @@ class GpuTimer:
         max_batch: int = 4096,
         seed: int = 0,
         device: Any = "cuda",
+        kv_dtype: str | None = None,
+        q_len: int = 1,
     ) -> None:
-        if not torch.cuda.is_available():
-            raise RuntimeError("GpuTimer: CUDA is not available (use the simulator backend)")
         if dtype not in _TORCH:
             raise ValueError(f"dtype: expected one of {sorted(_TORCH)}, got {dtype!r}")
+        kv_dtype = check_kv_dtype(kv_dtype, dtype)
+        q_len = check_q_len(q_len, num_qo_heads // max(1, num_kv_heads))
+        missing = kernel_supports(kv_dtype != dtype, q_len)
+        if missing:
+            raise ValueError(f"GpuTimer: {missing}; time this shape with the simulator backend (--backend sim)")
+        if not torch.cuda.is_available():
+            raise RuntimeError("GpuTimer: CUDA is not available (use the simulator backend)")
+        self.kv_dtype, self.q_len = kv_dtype, q_len
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.dtype, self.page_size = dtype, page_size
         self.max_tokens, self.max_batch = int(max_tokens), int(max_batch)
@@ -182,6 +215,14 @@ class GpuTimer:
         tdt = _TORCH[dtype]
         self.k_cache = torch.randn(shape, generator=g, dtype=tdt, device=self.device)
         self.v_cache = torch.randn(shape, generator=g, dtype=tdt, device=self.device)
+        if kv_dtype != dtype:  # random 16-bit data cast to FP8 (|x| < 448: no saturation), scales 1
+            self.k_cache = self.k_cache.to(getattr(torch, kv_dtype))
+            self.v_cache = self.v_cache.to(getattr(torch, kv_dtype))
+        self._kernel_kw: dict[str, Any] = {}
+        if kv_dtype != dtype:
+            self._kernel_kw.update(k_scale=1.0, v_scale=1.0)
+        if q_len > 1:
+            self._kernel_kw["q_len"] = q_len
         self._perm = torch.randperm(self.num_pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
         self._batches: dict[bytes, dict[str, torch.Tensor]] = {}
         self._bw: float | None = None
@@ -197,10 +238,9 @@ class GpuTimer:
         return self._bw
 
     def kv_bytes(self, kv_lens: Sequence[int] | np.ndarray) -> int:
-        """Bytes of K and V a batch must read: ``sum(kv_len) * H_kv * D * 2 * dtype_bytes``."""
-        return (
-            int(np.asarray(kv_lens, dtype=np.int64).sum()) * self.num_kv_heads * self.head_dim * 2 * DTYPES[self.dtype]
-        )
+        """Bytes of K and V a batch must read: ``sum(kv_len) * H_kv * D * 2 * kv_bytes`` (1 per FP8 element)."""
+        elt = kv_elt_bytes(self.dtype, self.kv_dtype)
+        return int(np.asarray(kv_lens, dtype=np.int64).sum()) * self.num_kv_heads * self.head_dim * 2 * elt
 
     def hbm_floor_s(self, kv_lens: Sequence[int] | np.ndarray) -> float:
         """HBM floor of a batch in seconds (KV bytes / measured read bandwidth)."""
@@ -224,7 +264,10 @@ class GpuTimer:
         indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
         indices = self._perm[: int(indptr[-1])]
         q = torch.randn(
-            (B, self.num_qo_heads, self.head_dim), generator=self._gen, dtype=_TORCH[self.dtype], device=self.device
+            (B * self.q_len, self.num_qo_heads, self.head_dim),
+            generator=self._gen,
+            dtype=_TORCH[self.dtype],
+            device=self.device,
         )
         b = {
             "q": q,
@@ -249,6 +292,7 @@ class GpuTimer:
             b["kv_lens"],
             plan,
             return_lse=return_lse,
+            **self._kernel_kw,
         )
 
     def max_error(self, plan: Plan) -> float:
@@ -280,9 +324,12 @@ class GpuTimer:
         ws = self.workspace_for(plan)
         plan.to(self.device)
         args = (b["q"], self.k_cache, self.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
-        decode_attention(*args, out=out, workspace=ws, validate=True)  # compile + checks
+        kw = self._kernel_kw
+        decode_attention(*args, out=out, workspace=ws, validate=True, **kw)  # compile + checks
         return graph_median_s(
-            lambda: decode_attention(*args, out=out, workspace=ws, validate=False), warmup_ms=warmup_ms, rep_ms=rep_ms
+            lambda: decode_attention(*args, out=out, workspace=ws, validate=False, **kw),
+            warmup_ms=warmup_ms,
+            rep_ms=rep_ms,
         )
 
     def workspace_for(self, plan: Plan):
@@ -292,7 +339,12 @@ class GpuTimer:
             parts, batch = max(plan.num_partials, have_parts, 1 << 12), max(plan.batch_size, have_batch)
             self._ws = None  # free the old one first
             self._ws = make_workspace(
-                self.num_qo_heads, self.head_dim, max_partials=parts, max_batch=batch, device=self.device
+                self.num_qo_heads,
+                self.head_dim,
+                max_partials=parts,
+                max_batch=batch,
+                device=self.device,
+                **({"q_len": self.q_len} if self.q_len > 1 else {}),
             )
             self._ws_capacity = (parts, batch)
         return self._ws

@@ -17,14 +17,13 @@ they only read the device's compute capability (the compile target, and the PDL 
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import multiprocessing as mp
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
+from ..kernels.decode import compile_only
 from ..kernels.plan import Plan, make_plan
 from .tasks import TuneTask
 
@@ -35,33 +34,6 @@ def default_compile_workers() -> int:
     """Helper processes for a one-GPU search: the CPUs of this host less two (the timing process and the OS),
     at least 1, at most 12."""
     return max(1, min(12, (os.cpu_count() or 2) - 2))
-
-
-class _CompileOnly:
-    """Stands for a Triton kernel: ``kernel[grid](*args, **kw)`` compiles (``JITFunction.warmup``), launches nothing."""
-
-    def __init__(self, kernel: Any) -> None:
-        self.kernel = kernel
-
-    def __getitem__(self, grid: Any):
-        return functools.partial(self.kernel.warmup, grid=grid)
-
-
-@contextlib.contextmanager
-def compile_only(pdl: bool) -> Iterator[None]:
-    """Within the block, :func:`kvsplit.kernels.decode.launch_decode` compiles its kernels without launching them
-    (and decides programmatic dependent launch as on a device where ``pdl`` is available, since its tensors may
-    be on the CPU). Not thread-safe: for a helper process of its own."""
-    from ..kernels import decode as D
-
-    saved = (D._decode_stage1_kernel, D._decode_merge_kernel, D._pdl_available)
-    D._decode_stage1_kernel = _CompileOnly(saved[0])
-    D._decode_merge_kernel = _CompileOnly(saved[1])
-    D._pdl_available = lambda device: pdl
-    try:
-        yield
-    finally:
-        D._decode_stage1_kernel, D._decode_merge_kernel, D._pdl_available = saved
 
 
 def compile_plan(plan: Plan, *, num_qo_heads: int, device: Any = "cpu") -> None:

@@ -5,8 +5,9 @@
 1. **Tiles.** A plan's work tile is (CTA, kv_head) with launch order
    ``pid = cta * H_kv + kv_head`` (with ``heads_per_tile = k`` > 1, (CTA, group of
    k KV heads): ``H_kv / k`` tiles per CTA, each reading k heads' bytes); a CTA processes the work items
-   ``cta_indptr[c]:cta_indptr[c+1]``. A tile reads ``tokens * D * 2 * dtype_bytes``
-   bytes of K and V per KV head and pays ``tile_fixed_s`` (start-up, q load, output or
+   ``cta_indptr[c]:cta_indptr[c+1]``. A tile reads ``tokens * D * 2 * kv_bytes``
+   bytes of K and V per KV head (``kv_bytes`` the KV cache's element size: 2 for bf16/fp16, 1 for an FP8
+   cache) and pays ``tile_fixed_s`` (start-up, q load, output or
    partial write) plus ``item_fixed_s`` for each item beyond its first (packed
    CTAs) plus ``persistent_tile_s`` per tile under the persistent schedule
    (fetching the next tile from the counter).
@@ -33,10 +34,19 @@
    constants 1 CTA per SM is slower than 4 (the Triton kernel of
    docs/data/anchors/policy_on_triton_kernel.md lost 2x), and FlashInfer's
    threshold cliff appears once one long request is one CTA.
-5. **Total.** ``launch_s + max(max_SM finish, total_bytes / hbm_bw)``, plus, when
+5. **Math.** Per KV token and KV head a tile does ``4 * R * D`` tensor-core FLOPs (``q k^T`` and ``p v``
+   over ``R`` query rows, ``R`` = ``G * q_len`` padded to 16, 32 or 64: :func:`math_flops_per_byte`). The
+   tensor cores of an SM are shared by its resident CTAs, so a CTA streams at most
+   ``sm_flops / k / flops_per_byte`` bytes/s (``sm_flops``: :func:`default_sm_flops` unless the calibration
+   sets one): this caps the bulk and tail rates of step 4. At q_len 1 the cap is far above the memory rates
+   (16 rows: 16 FLOPs per byte of bf16 K/V, about 230 GB/s per SM on the H200 against ~50 GB/s of SM
+   bandwidth), so math hides under the memory stream; at G = 8 and q_len 8 (64 rows) with an FP8 cache
+   (128 FLOPs per byte) it no longer does: the cap (~29 GB/s) falls below an SM's share of the HBM stream
+   (~34 GB/s), and the model turns math-bound.
+6. **Total.** ``launch_s + max(max_SM finish, total_bytes / hbm_bw)``, plus, when
    some request has more than one split, ``merge_launch_s + merge_partial_s *
-   num_partials * H_kv + merge_split_s * max_splits`` for the LSE merge (one merge
-   program per (request, query head) folds its request's splits in sequence, so
+   num_partials * H_kv * q_len + merge_split_s * max_splits`` for the LSE merge (one merge
+   program per (request, query head, query token) folds its request's splits in sequence, so
    the most-split request bounds the merge's latency).
 
 A grid of more than ``slots * num_SMs`` tiles therefore runs in waves, and a
@@ -64,8 +74,9 @@ from typing import Any
 import numpy as np
 
 from ..kernels.device import DeviceSpec, resolve_device
+from ..kernels.limits import check_kv_dtype, check_q_len, kv_elt_bytes
 from ..kernels.plan import DTYPES, KernelConfig, Plan, default_config
-from ..kernels.residency import resident_ctas_per_sm
+from ..kernels.residency import MEASURED_GROUP, padded_rows, resident_ctas_per_sm
 
 __all__ = [
     "Calibration",
@@ -76,7 +87,35 @@ __all__ = [
     "PER_CONFIG_PARAMS",
     "config_key",
     "resident_slots",
+    "math_flops_per_byte",
+    "default_sm_flops",
+    "TENSOR_FLOPS_PER_SM",
+    "MMA_EFFICIENCY",
 ]
+
+TENSOR_FLOPS_PER_SM = {(9, 0): 989.4e12 / 132, (8, 0): 312e12 / 108}
+"""Dense 16-bit tensor-core FLOP/s of one SM by compute capability: the datasheet peaks (H100/H200 SXM: 989.4
+TFLOPS BF16 dense over 132 SMs; A100: 312 TFLOPS over 108 SMs). Other capabilities take the sm_80 figure."""
+MMA_EFFICIENCY = 0.5
+"""Fraction of :data:`TENSOR_FLOPS_PER_SM` the decode tile's ``tl.dot`` reaches (small M, ``mma.sync`` tiles, the
+softmax between the two products): a guess to be calibrated on the GPU (time of q_len 8 against q_len 1 on the
+same batch, FP8 cache), stored as a calibration's ``sm_flops``."""
+
+
+def default_sm_flops(device: DeviceSpec) -> float:
+    """``MMA_EFFICIENCY * TENSOR_FLOPS_PER_SM[compute capability]``: the math rate of one SM, FLOP/s."""
+    return MMA_EFFICIENCY * TENSOR_FLOPS_PER_SM.get(tuple(device.compute_capability), TENSOR_FLOPS_PER_SM[(8, 0)])
+
+
+def math_flops_per_byte(kv_bytes: int, q_len: int = 1, group_size: int | None = None, heads_per_tile: int = 1) -> float:
+    """Tensor-core FLOPs per byte of K/V a work tile streams: ``4 * R * D`` FLOPs per token and KV head over
+    ``2 * D * kv_bytes`` bytes, i.e. ``2 * R / kv_bytes``, with ``R`` the padded query rows of one KV head's share
+    of the tile's ``tl.dot`` (:func:`~kvsplit.kernels.residency.padded_rows` of ``heads_per_tile * G * q_len``,
+    divided by ``heads_per_tile``; G the residency tables' 8 when not given)."""
+    h = max(1, int(heads_per_tile))
+    rows = padded_rows(h * (group_size or MEASURED_GROUP) * q_len) / h
+    return 2.0 * rows / kv_bytes
+
 
 PER_CONFIG_PARAMS = (
     "sm_bw",
@@ -106,8 +145,22 @@ def config_key(config: KernelConfig) -> str:
     )
 
 
-def resident_slots(device: DeviceSpec, config: KernelConfig, *, head_dim: int = 128, dtype: str = "bfloat16") -> int:
-    """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`)."""
+def resident_slots(
+    device: DeviceSpec,
+    config: KernelConfig,
+    *,
+    head_dim: int = 128,
+    dtype: str = "bfloat16",
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    group_size: int | None = None,
+) -> int:
+    """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`,
+    with the KV cache's element size and the extra query rows of q_len > 1, as the planner counts them)."""
+    extra = 0
+    if q_len > 1:
+        one = config.heads_per_tile * (group_size or MEASURED_GROUP)
+        extra = padded_rows(one * q_len) - padded_rows(one)
     return int(
         resident_ctas_per_sm(
             device,
@@ -120,6 +173,8 @@ def resident_slots(device: DeviceSpec, config: KernelConfig, *, head_dim: int = 
             prefetch=config.prefetch,
             heads_per_tile=config.heads_per_tile,
             next_item=config.next_item,
+            kv_bytes=kv_elt_bytes(dtype, kv_dtype),
+            extra_rows=extra,
         )
     )
 
@@ -182,6 +237,9 @@ class Calibration:
         ``k sm_bw / (k + ramp_ctas)`` ramps up with residency (loads in flight,
         Little's law) instead of jumping to ``sm_bw`` (0: the plain
         ``min(cta_bw, sm_bw / k)`` of format 1).
+    sm_flops : float
+        Tensor-core FLOP/s of one SM for the decode tile's math (step 5 of the module doc); 0 (default):
+        :func:`default_sm_flops` of the device.
     per_config : mapping
         ``{config_key: {name: value}}`` overrides of :data:`PER_CONFIG_PARAMS`
         for plans of that kernel config (``"n64w4s2"``: BLOCK_N 64, 4 warps, 2
@@ -203,6 +261,7 @@ class Calibration:
     lone_bw: float = 0.0
     fixed_overlap: float = 0.0
     tail_sm_bw: float = 0.0
+    sm_flops: float = 0.0
     per_config: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -293,16 +352,22 @@ class Calibration:
         head_dim: int = 128,
         dtype: str = "bfloat16",
         config: KernelConfig | None = None,
+        kv_dtype: str | None = None,
+        q_len: int = 1,
+        group_size: int | None = None,
     ) -> Calibration:
         """Defaults derived from the device's vendor figures and the kernel config.
 
         ``slots`` is the config's residency, :func:`resident_slots` (measured
         on the H200 where kernels/residency.py has the config, else its
-        occupancy estimate).
+        occupancy estimate), for the KV dtype and q_len given.
         """
         dev = resolve_device(device)
-        cfg = config or default_config(head_dim, dtype)
-        slots = resident_slots(dev, cfg, head_dim=head_dim, dtype=dtype)
+        rows = (group_size or MEASURED_GROUP) * q_len if q_len > 1 else 0
+        cfg = config or default_config(head_dim, dtype, query_rows=rows)
+        slots = resident_slots(
+            dev, cfg, head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype, q_len=q_len, group_size=group_size
+        )
         hbm = 0.94 * dev.hbm_bandwidth_gbps * 1e9
         share = hbm / dev.num_sms
         return Calibration(hbm_bw=hbm, sm_bw=1.5 * share, cta_bw=0.5 * share, slots=slots)
@@ -315,7 +380,7 @@ class Calibration:
         d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if d["slots"] is None:
             del d["slots"]
-        for name in ("ramp_ctas", "merge_split_s", "lone_bw", "fixed_overlap", "tail_sm_bw"):
+        for name in ("ramp_ctas", "merge_split_s", "lone_bw", "fixed_overlap", "tail_sm_bw", "sm_flops"):
             if d[name] == 0.0:
                 del d[name]
         if d["per_config"]:
@@ -347,9 +412,11 @@ class Calibration:
         return Calibration(**dict(d))
 
 
-def hbm_floor_s(plan: Plan, calibration: Calibration) -> float:
-    """``sum(kv_len) * H_kv * D * 2 * dtype_bytes / hbm_bw`` in seconds (DESIGN.md §1)."""
-    return float(plan.kv_lens.sum()) * plan.num_kv_heads * plan.head_dim * 2 * DTYPES[plan.dtype] / calibration.hbm_bw
+def hbm_floor_s(plan: Plan, calibration: Calibration, *, kv_dtype: str | None = None) -> float:
+    """``sum(kv_len) * H_kv * D * 2 * kv_bytes / hbm_bw`` in seconds (DESIGN.md §1; ``kv_bytes`` 1 for an FP8
+    cache, else the plan's dtype's size)."""
+    kvb = kv_elt_bytes(plan.dtype, kv_dtype)
+    return float(plan.kv_lens.sum()) * plan.num_kv_heads * plan.head_dim * 2 * kvb / calibration.hbm_bw
 
 
 @dataclass(frozen=True)
@@ -366,16 +433,21 @@ class _Tiles:
     max_splits: int  # splits of the most-split request (0 when no request is split)
     resident: int  # resident CTAs per SM of the plan's config (slots when the calibration leaves them None)
     config_key: str
+    flops_per_byte: float = 0.0  # tensor-core FLOPs per K/V byte (math_flops_per_byte)
+    sm_flops_default: float = 0.0  # default_sm_flops of the device
 
 
-def _prepare(plan: Plan, device: DeviceSpec) -> _Tiles:
+def _prepare(
+    plan: Plan, device: DeviceSpec, kv_dtype: str | None = None, q_len: int = 1, group_size: int | None = None
+) -> _Tiles:
     H = plan.num_kv_heads
     h = plan.config.heads_per_tile  # KV heads per work tile: H / h tiles per CTA, each reading h heads' bytes
     length = (plan.work_kv_end - plan.work_kv_start).astype(np.float64)
     ci = plan.cta_indptr
     cta_tokens = np.add.reduceat(length, ci[:-1]) if length.shape[0] else np.zeros(0)
     cta_items = np.diff(ci).astype(np.int64)
-    bpt = plan.head_dim * 2 * DTYPES[plan.dtype]
+    kvb = kv_elt_bytes(plan.dtype, kv_dtype)
+    bpt = plan.head_dim * 2 * kvb
     tile_bytes = np.repeat(cta_tokens * (bpt * h), H // h)
     tile_items = np.repeat(cta_items, H // h)
     persistent = plan.config.schedule == "persistent"
@@ -386,10 +458,20 @@ def _prepare(plan: Plan, device: DeviceSpec) -> _Tiles:
         num_programs=int(plan.config.num_programs) if persistent else 0,
         num_sms=device.num_sms,
         total_bytes=float(plan.kv_lens.sum()) * H * bpt,
-        merge_units=plan.num_partials * H,
+        merge_units=plan.num_partials * H * q_len,
         max_splits=int(plan.num_splits.max()) if plan.num_partials and plan.num_splits.size else 0,
-        resident=resident_slots(device, plan.config, head_dim=plan.head_dim, dtype=plan.dtype),
+        resident=resident_slots(
+            device,
+            plan.config,
+            head_dim=plan.head_dim,
+            dtype=plan.dtype,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
+            group_size=group_size,
+        ),
         config_key=config_key(plan.config),
+        flops_per_byte=math_flops_per_byte(kvb, q_len, group_size, h),
+        sm_flops_default=default_sm_flops(device),
     )
 
 
@@ -403,6 +485,8 @@ def _simulate(t: _Tiles, c: Calibration) -> float:
     active_sms = min(S, P)
     k_bulk = P / active_sms  # resident CTAs per busy SM while tiles are queued
     r_bulk = min(c.cta_bw, c.sm_bw / (k_bulk + c.ramp_ctas), c.hbm_bw / active_sms / k_bulk)
+    sm_math = (c.sm_flops or t.sm_flops_default) / t.flops_per_byte if t.flops_per_byte else math.inf
+    r_bulk = min(r_bulk, sm_math / k_bulk)  # the SM's tensor cores shared by its residents (module doc, step 5)
     fixed = c.tile_fixed_s + c.item_fixed_s * (t.tile_items - 1)
     if t.persistent:
         fixed = fixed + c.persistent_tile_s
@@ -439,11 +523,17 @@ def _simulate(t: _Tiles, c: Calibration) -> float:
         f = fixed[running] if np.ndim(fixed) else np.full(int(running.sum()), fixed)
         run_fixed = np.maximum(f - elapsed, 0.0)
         run_bytes = np.maximum(t.tile_bytes[running] - np.maximum(elapsed - f, 0.0) * r_bulk, 0.0)
-    return _finish(t, c, t_last, run_fixed, run_bytes, r_bulk)
+    return _finish(t, c, t_last, run_fixed, run_bytes, r_bulk, sm_math)
 
 
 def _finish(
-    t: _Tiles, c: Calibration, t_last: float, run_fixed: np.ndarray, run_bytes: np.ndarray, r_bulk: float
+    t: _Tiles,
+    c: Calibration,
+    t_last: float,
+    run_fixed: np.ndarray,
+    run_bytes: np.ndarray,
+    r_bulk: float,
+    sm_math: float = math.inf,
 ) -> float:
     """Drain the tiles running at ``t_last`` and add launch, floor and merge terms."""
     S = t.num_sms
@@ -469,6 +559,7 @@ def _finish(
             rate = np.maximum(rate, np.minimum(lone, c.tail_sm_bw / active))
         if c.lone_bw > 0.0:
             rate[-1] = c.lone_bw  # the last phase: one CTA left on the SM
+        rate = np.minimum(rate, sm_math / active)  # the SM's math shared by the residents left (step 5)
         fx_sm = fx.max(axis=1)
         if c.fixed_overlap > 0.0:  # the other residents of the SM stream while one pays its fixed cost
             m_sm = np.full(S, float(m))  # tiles on each SM in the drain (the last `pad` SMs hold one fewer)
@@ -484,7 +575,15 @@ def _finish(
     return total
 
 
-def predict(plan: Plan, device: DeviceSpec | str | None = None, *, calibration: Calibration | None = None) -> float:
+def predict(
+    plan: Plan,
+    device: DeviceSpec | str | None = None,
+    *,
+    calibration: Calibration | None = None,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    group_size: int | None = None,
+) -> float:
     """Predicted kernel time of ``plan`` on ``device``, in seconds.
 
     Parameters
@@ -494,6 +593,13 @@ def predict(plan: Plan, device: DeviceSpec | str | None = None, *, calibration: 
         Defaults to the GPU the plan was made for (``plan.gpu``).
     calibration : Calibration, optional
         Defaults to :meth:`Calibration.default` for the device and the plan's config.
+    kv_dtype : str, optional
+        The KV cache's dtype (None: the plan's dtype; ``"float8_e4m3fn"``: 1 byte per element).
+    q_len : int
+        Query tokens per request, 1..8: ``G * q_len`` query rows per KV head of a tile (math, residency) and
+        ``q_len`` merged rows per (partial, query head).
+    group_size : int, optional
+        G = H_q / H_kv (default: the residency tables' 8).
 
     Returns
     -------
@@ -503,15 +609,26 @@ def predict(plan: Plan, device: DeviceSpec | str | None = None, *, calibration: 
     Raises
     ------
     ValueError
-        ``plan`` is not a Plan, or the device is unknown.
+        ``plan`` is not a Plan, the device is unknown, or ``kv_dtype`` / ``q_len`` is invalid (named).
     """
     if not isinstance(plan, Plan):
         raise ValueError(f"plan: expected a Plan, got {type(plan).__name__}")
+    kd = check_kv_dtype(kv_dtype, plan.dtype)
+    q_len = check_q_len(q_len, group_size)
+    kd = None if kd == plan.dtype else kd
     dev = resolve_device(device if device is not None else plan.gpu)
-    cal = calibration or Calibration.default(dev, head_dim=plan.head_dim, dtype=plan.dtype, config=plan.config)
+    cal = calibration or Calibration.default(
+        dev,
+        head_dim=plan.head_dim,
+        dtype=plan.dtype,
+        config=plan.config,
+        kv_dtype=kd,
+        q_len=q_len,
+        group_size=group_size,
+    )
     if not isinstance(cal, Calibration):
         raise ValueError(f"calibration: expected a Calibration, got {type(cal).__name__}")
-    return _simulate(_prepare(plan, dev), cal)
+    return _simulate(_prepare(plan, dev, kd, q_len, group_size), cal)
 
 
 FIT_PARAMS = (

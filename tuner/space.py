@@ -53,7 +53,9 @@ def suggest_params(trial: Any) -> dict[str, Any]:
 
 def _complete_defaults(task: TuneTask, params: Mapping[str, Any]) -> dict[str, Any]:
     """Fill every searched parameter (respecting conditions) from the space's defaults."""
-    cfg = default_config(task.head_dim, task.dtype)
+    cfg = default_config(
+        task.head_dim, task.dtype, query_rows=task.shape.group_size * task.q_len if task.q_len > 1 else 0
+    )
     knob_default = {"block_n": cfg.block_n, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     out: dict[str, Any] = {}
     for name, spec in _searched():

@@ -29,7 +29,8 @@ class TuneTask:
     """One bucket to tune: its key and shape, and its training / held-out batches.
 
     ``train`` and ``heldout`` are lists of kv_lens lists (plain ints, never the
-    same batch in both).
+    same batch in both). ``kv_dtype`` (None: ``dtype``) and ``q_len`` are part of the shape and of the key's
+    family (``.kvfp8``, ``.q4``).
     """
 
     key: str
@@ -43,11 +44,37 @@ class TuneTask:
     train: tuple[tuple[int, ...], ...]
     heldout: tuple[tuple[int, ...], ...]
     signature: Mapping[str, Any] = field(default_factory=dict)
+    kv_dtype: str | None = None
+    q_len: int = 1
 
     @cached_property
     def shape(self) -> Shape:
         """The task's :class:`~kvsplit.kernels.shape.Shape` (validated once, then cached)."""
-        return _shape(self.gpu, self.num_qo_heads, self.num_kv_heads, self.head_dim, self.dtype, self.page_size)
+        return _shape(
+            self.gpu,
+            self.num_qo_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.dtype,
+            self.page_size,
+            self.kv_dtype,
+            self.q_len,
+        )
+
+    @property
+    def plan_kwargs(self) -> dict[str, Any]:
+        """Keywords of :func:`~kvsplit.kernels.plan.make_plan` for this task's shape (with ``num_qo_heads``,
+        the GQA group a q_len > 1 tile's rows need)."""
+        return {
+            "num_kv_heads": self.num_kv_heads,
+            "device": self.gpu,
+            "head_dim": self.head_dim,
+            "page_size": self.page_size,
+            "dtype": self.dtype,
+            "kv_dtype": self.kv_dtype,
+            "q_len": self.q_len,
+            "num_qo_heads": self.num_qo_heads,
+        }
 
     @property
     def max_tokens(self) -> int:
@@ -58,7 +85,16 @@ class TuneTask:
         return max(len(b) for b in self.train + self.heldout)
 
 
-def _shape(gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype: str, page_size: int) -> Shape:
+def _shape(
+    gpu: str,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    page_size: int,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+) -> Shape:
     return Shape.of(
         device=gpu,
         num_qo_heads=num_qo_heads,
@@ -66,6 +102,8 @@ def _shape(gpu: str, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype:
         head_dim=head_dim,
         dtype=dtype,
         page_size=page_size,
+        kv_dtype=kv_dtype,
+        q_len=q_len,
     )
 
 
@@ -81,6 +119,8 @@ def _shape_fields(shape: Shape) -> dict[str, Any]:
         head_dim=shape.head_dim,
         dtype=shape.dtype,
         page_size=shape.page_size,
+        kv_dtype=None if shape.kv_dtype == shape.dtype else shape.kv_dtype,
+        q_len=shape.q_len,
     )
 
 
@@ -102,6 +142,8 @@ def family_task(
     num_train: int = DEFAULT_TRAIN,
     num_heldout: int = DEFAULT_HELDOUT,
     seed: int = 0,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
 ) -> TuneTask:
     """The bucket of a synthetic family batch, with jittered training and held-out draws.
 
@@ -109,7 +151,7 @@ def family_task(
     training and held-out batches are independent draws around it
     (:func:`family_batches`, DESIGN.md §6).
     """
-    shape = _shape(gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size)
+    shape = _shape(gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len)
     nominal = family_kv_lens(family, batch_size, total_tokens)
     k = _key_of(nominal, shape)
     tr = family_batches(family, batch_size, total_tokens, num_batches=num_train, seed=seed, role="train")
@@ -142,6 +184,8 @@ def trace_tasks(
     max_batch_size: int | None = None,
     max_kv_len: int | None = None,
     max_buckets: int | None = None,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
 ) -> list[TuneTask]:
     """The buckets of a trace: one per batch size, around the batches' medoid key.
 
@@ -161,7 +205,7 @@ def trace_tasks(
 
     if trace not in TRACES:
         raise ValueError(f"trace: unknown trace {trace!r}; known: {sorted(TRACES)}")
-    shape = _shape(gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size)
+    shape = _shape(gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len)
     found: dict[str, dict[str, Any]] = {}
     for B in batch_sizes:
         tr, ho = trace_batches(
@@ -221,6 +265,8 @@ def default_library(
     num_train: int = DEFAULT_TRAIN,
     num_heldout: int = DEFAULT_HELDOUT,
     seed: int = 0,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
 ) -> list[TuneTask]:
     """The default bucket library of ``--all`` for one shape.
 
@@ -238,6 +284,8 @@ def default_library(
         num_train=num_train,
         num_heldout=num_heldout,
         seed=seed,
+        kv_dtype=kv_dtype,
+        q_len=q_len,
     )
     tasks: dict[str, TuneTask] = {}
     for T in LIBRARY_TOTALS:

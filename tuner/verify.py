@@ -84,16 +84,7 @@ def measure_heldout(
         floor = backend.hbm_floor_s(lens)
         timed: dict[tuple, float] = {}
         for name, params in policies:
-            plan = make_plan(
-                list(lens),
-                num_kv_heads=task.num_kv_heads,
-                device=task.gpu,
-                policy=name,
-                params=params,
-                head_dim=task.head_dim,
-                page_size=task.page_size,
-                dtype=task.dtype,
-            )
+            plan = make_plan(list(lens), policy=name, params=params, **task.plan_kwargs)
             sig = _plan_sig(plan)
             if sig not in timed:
                 timed[sig] = backend.time_plan(plan)

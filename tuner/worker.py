@@ -78,7 +78,7 @@ def task_params(task: TuneTask, params: Mapping[str, Any]) -> dict[str, Any]:
     by :func:`kvsplit.kernels.policies.fit_heads_per_tile` to what its H_q / H_kv allows. Optuna keeps one set
     of choices per study and a bucket key holds H_kv, not H_q, so the space offers every choice and the trial's
     plan refits it, as :class:`kvsplit.kernels.policy_table.PolicyTable` does when it serves the policy."""
-    return dict(fit_heads_per_tile(params, task.num_qo_heads, task.num_kv_heads))
+    return dict(fit_heads_per_tile(params, task.num_qo_heads, task.num_kv_heads, task.q_len))
 
 
 def objective_value(task: TuneTask, params: Mapping[str, Any], backend: TimingBackend) -> tuple[float, float]:
@@ -94,16 +94,7 @@ def objective_value(task: TuneTask, params: Mapping[str, Any], backend: TimingBa
     params = task_params(task, params)
     times, ratios = [], []
     for lens in task.train:
-        plan = make_plan(
-            list(lens),
-            num_kv_heads=task.num_kv_heads,
-            device=task.gpu,
-            policy="tuned",
-            params=params,
-            head_dim=task.head_dim,
-            page_size=task.page_size,
-            dtype=task.dtype,
-        )
+        plan = make_plan(list(lens), policy="tuned", params=params, **task.plan_kwargs)
         t = backend.time_plan(plan)
         times.append(t)
         ratios.append(t / backend.hbm_floor_s(lens))

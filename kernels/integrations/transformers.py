@@ -54,7 +54,8 @@ batching prepares step N+1 while step N runs, and is refused with a ``RuntimeErr
 mode only (no CUDA-graph capture of the decode path: transformers builds its block-table fast path for flash
 only); q_len 1 decode rows (speculative rows of 2-8 tokens run through ``sdpa``); ``head_dim`` 64, 128 or 256,
 ``page_size`` <= 256, float16 / bfloat16 (float32 for CPU tests). ``DecodeWrapper.plan`` validates its inputs
-with one device-to-host copy per step in eager mode (its own contract).
+from the step's host copies of kv_indptr and kv_lens (no copy back from the device), and waits once per step for
+the min and max of the page ids the step uses.
 """
 
 from __future__ import annotations
@@ -529,7 +530,16 @@ class KvsplitAttention:
         if wkey not in step.planned:  # once per step and wrapper: every layer of the step reuses the plan
             if not step.planned:
                 self.stats["steps"] += 1
-            w.plan(arrs["kv_indptr"], arrs["kv_indices"], arrs["kv_lens"])
+            if isinstance(w, DecodeWrapper):  # the step's host copies: no copy back from the device
+                w.plan(
+                    arrs["kv_indptr"],
+                    arrs["kv_indices"],
+                    arrs["kv_lens"],
+                    kv_lens_host=step.kv_lens,
+                    kv_indptr_host=step.kv_indptr,
+                )
+            else:
+                w.plan(arrs["kv_indptr"], arrs["kv_indices"], arrs["kv_lens"])
             step.planned.add(wkey)
             self.stats["plans"] += 1
         # decode rows' queries [B, H_q, D]; a scale other than DecodeWrapper's 1/sqrt(D) is folded into q

@@ -38,6 +38,8 @@ def campaign_cmd(
     dtype: str,
     page_size: int,
     model_shape: str | None,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
     backend: str,
     database_url: str | None,
     budget_minutes: float,
@@ -68,16 +70,22 @@ def campaign_cmd(
         if model_shape is not None:
             num_qo_heads, num_kv_heads, head_dim = cp.parse_model_shape(model_shape)
         dev = resolve_device(gpu)
-        dtype = Shape.of(
+        checked = Shape.of(
             device=dev.name,
             num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             dtype=dtype,
             page_size=page_size,
-        ).dtype  # an alias such as bf16 becomes torch's name
+            kv_dtype=kv_dtype,
+            q_len=q_len,
+        )
+        dtype = checked.dtype  # an alias such as bf16 becomes torch's name
+        kv_dtype = None if checked.kv_dtype == dtype else checked.kv_dtype  # fp8 -> float8_e4m3fn
     except ValueError as exc:
         msg = str(exc)
+        if msg.startswith(("kv_dtype", "q_len")):
+            fail(f"--{msg.replace('_', '-', 1)}")
         fail(msg if msg.startswith("--") else f"--gpu/--model-shape/--dtype/--page-size: {msg}")
     if traces is None:
         trace_names = cp.LIBRARY_TRACES
@@ -114,6 +122,8 @@ def campaign_cmd(
             head_dim=head_dim,
             dtype=dtype,
             page_size=page_size,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
             backend=backend,
             budget_minutes=budget_minutes,
             max_minutes=max_minutes,
@@ -146,6 +156,7 @@ def campaign_cmd(
         fail(f"cannot open the policy store at {store.safe_url(url)}: {first_line(exc)}", code=1)
     typer.echo(
         f"campaign {cp.campaign_name(cfg)}: {dev.name} {num_qo_heads}/{num_kv_heads}/{head_dim} {dtype} "
+        f"{f'(KV {kv_dtype}) ' if kv_dtype else ''}{f'q_len {q_len} ' if q_len != 1 else ''}"
         f"page {page_size}, backend {backend}, budget {budget_minutes:g} min, {workers} worker(s)",
         err=True,
     )

@@ -1,7 +1,7 @@
 """What the ``kvsplit`` commands share: typer ``Annotated`` options and one-line errors.
 
 The shape options (``--gpu``, ``--num-qo-heads``, ``--num-kv-heads``,
-``--head-dim``, ``--dtype``, ``--page-size``) and ``--database-url`` are
+``--head-dim``, ``--dtype``, ``--page-size``, ``--kv-dtype``, ``--q-len``) and ``--database-url`` are
 defined once here; each command gives its own default (or none: required).
 """
 
@@ -19,6 +19,8 @@ __all__ = [
     "HeadDim",
     "Dtype",
     "PageSize",
+    "KvDtype",
+    "QLen",
     "fail",
     "store_url",
     "existing_store",
@@ -49,6 +51,24 @@ Dtype = Annotated[
     str, typer.Option("--dtype", metavar="DTYPE", help="float16, bfloat16 or float32 (aliases fp16, bf16, fp32)")
 ]
 PageSize = Annotated[int, typer.Option("--page-size", metavar="TOKENS", min=1, max=256, help="tokens per KV page")]
+KvDtype = Annotated[
+    Optional[str],
+    typer.Option(
+        "--kv-dtype",
+        metavar="DTYPE",
+        help="KV cache dtype when it differs from --dtype: float8_e4m3fn (alias fp8; with a 16-bit --dtype). "
+        "Another KV dtype is another bucket family",
+    ),
+]
+QLen = Annotated[
+    int,
+    typer.Option(
+        "--q-len",
+        metavar="N",
+        help="query tokens per request, 1..8 (k + 1 for a speculative-decoding verify step of k draft tokens); "
+        "another q_len is another bucket family",
+    ),
+]
 
 
 def fail(msg: str, code: int = 2) -> NoReturn:

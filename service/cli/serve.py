@@ -33,7 +33,20 @@ from typing import Annotated, Optional
 import typer
 
 from .faults import load_settings, store_errors
-from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, existing_store, fail, store_url
+from .options import (
+    DatabaseUrl,
+    Dtype,
+    Gpu,
+    HeadDim,
+    KvDtype,
+    NumKvHeads,
+    NumQoHeads,
+    PageSize,
+    QLen,
+    existing_store,
+    fail,
+    store_url,
+)
 
 __all__ = ["serve_cmd", "plan_cmd", "run_cmd", "port_in_use", "parse_kv_lens_text"]
 
@@ -179,7 +192,7 @@ def _fallback_reason(table, bucket: dict) -> str:
     same = [e for e in table.entries if e.shape == key.family]
     if not same:
         return (
-            "no published policy for this shape (gpu, num_kv_heads, head_dim, dtype, page_size) "
+            "no published policy for this shape (gpu, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len) "
             f"in the store ({len(table.entries)} published for other shapes)"
         )
     d, e = min(((distance(key, e.key), e) for e in same), key=lambda x: x[0])
@@ -196,6 +209,8 @@ def plan_cmd(
     head_dim: HeadDim,
     dtype: Dtype,
     page_size: PageSize = 16,
+    kv_dtype: KvDtype = None,
+    q_len: QLen = 1,
     kv_lens: Annotated[
         Optional[str],
         typer.Option("--kv-lens", metavar="LIST", help="kv_len per request, comma-separated, e.g. 4096,17,9000"),
@@ -246,6 +261,8 @@ def plan_cmd(
             "dtype": dtype,
             "page_size": page_size,
             "kv_lens": lens,
+            **({"kv_dtype": kv_dtype} if kv_dtype is not None else {}),
+            **({"q_len": q_len} if q_len != 1 else {}),
         }
     )
     try:

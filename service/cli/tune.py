@@ -38,7 +38,19 @@ from typing import Annotated, Optional
 import typer
 
 from .faults import hold_tuning_lock, is_store_failure, store_errors, store_failure
-from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, store_url
+from .options import (
+    DatabaseUrl,
+    Dtype,
+    Gpu,
+    HeadDim,
+    KvDtype,
+    NumKvHeads,
+    NumQoHeads,
+    PageSize,
+    QLen,
+    fail,
+    store_url,
+)
 
 __all__ = ["tune_cmd"]
 
@@ -51,6 +63,8 @@ def tune_cmd(
     head_dim: HeadDim = 128,
     dtype: Dtype = "bfloat16",
     page_size: PageSize = 16,
+    kv_dtype: KvDtype = None,
+    q_len: QLen = 1,
     family: Annotated[
         Optional[str], typer.Option("--family", metavar="FAMILY", help="uniform, skewed40, skewed60, skewed80, 2x40")
     ] = None,
@@ -206,6 +220,8 @@ def tune_cmd(
             head_dim=head_dim,
             dtype=dtype,
             page_size=page_size,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
             model_shape=model_shape,
             backend=backend,
             database_url=database_url,
@@ -240,6 +256,8 @@ def tune_cmd(
         head_dim=head_dim,
         dtype=dtype,
         page_size=page_size,
+        kv_dtype=kv_dtype,
+        q_len=q_len,
     )
     try:
         cfg = search.TuneConfig(

@@ -22,6 +22,7 @@ from kvsplit.kernels.rulespec import (
     RULE_CONST,
     RULE_FAIR,
     RULE_WAVE1,
+    RULE_WAVE2,
     WHOLE_WAVE_MAX_WAVES,
     WHOLE_WAVE_TILES,
     PlanContext,
@@ -51,13 +52,25 @@ def make_plan(
     head_dim: int = 128,
     page_size: int = 16,
     dtype: str = "bfloat16",
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    num_qo_heads: int | None = None,
 ) -> Plan:
     """:func:`kvsplit.kernels.plan.make_plan` on the NumPy rules."""
     L, num_kv_heads, page_size, dev = check_batch_shape(kv_lens, num_kv_heads, head_dim, page_size, dtype, device)
     return plan_spec(
         L,
         resolve(
-            policy, params, num_kv_heads=num_kv_heads, device=dev, head_dim=head_dim, page_size=page_size, dtype=dtype
+            policy,
+            params,
+            num_kv_heads=num_kv_heads,
+            device=dev,
+            head_dim=head_dim,
+            page_size=page_size,
+            dtype=dtype,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
+            num_qo_heads=num_qo_heads,
         ),
     )
 
@@ -574,7 +587,7 @@ def plan_spec(L: np.ndarray, sp: RuleSpec) -> Plan:
                 cfg.block_n,
                 sp.chunk_arg,
                 sp.min_chunk,
-                cfg.block_n if sp.chunk_rule == RULE_WAVE1 else 0,
+                {RULE_WAVE1: cfg.block_n, RULE_WAVE2: 2 * cfg.block_n}.get(sp.chunk_rule, 0),
             )
             num_splits = np.clip(-(-L // chunk), 1, sp.max_splits)
         W = int(np.minimum(np.maximum(num_splits, 1), np.maximum(L, 1)).sum())
@@ -626,7 +639,15 @@ def quantize(weights: np.ndarray, units: int) -> np.ndarray:
 
 
 def bucket_key(
-    kv_lens: Any, *, num_kv_heads: int, head_dim: int, dtype: str, device: Any, page_size: int = 16
+    kv_lens: Any,
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    device: Any,
+    page_size: int = 16,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
 ) -> BucketKey:
     """:func:`kvsplit.kernels.buckets.bucket_key` with NumPy: the token-weighted histogram of
     ``floor(2 * log2 kv_len)`` bins, quantized by largest remainders to HIST_UNITS units."""
@@ -652,6 +673,8 @@ def bucket_key(
         batch_class=log2_class(B),
         tokens_class=tokens_class,
         hist=hist,  # type: ignore[arg-type]
+        kv_dtype=kv_dtype,
+        q_len=q_len,
     )
 
 

@@ -502,25 +502,43 @@ def test_cpu_tensors_without_the_interpreter_get_a_clear_error(monkeypatch, good
             DecodeWrapper(H_Q, H_KV, D, device="cuda")
 
 
-@pytest.mark.parametrize("merge_dsplit", [1, 2, 4])
-def test_merge_over_head_dim_chunks_matches_reference_fp16(merge_dsplit):
+@pytest.mark.parametrize("merge_dsplit, max_splits", [(1, 4), (4, None)])
+def test_merge_over_head_dim_chunks_matches_reference_fp16(merge_dsplit, max_splits):
     """The merge cut into ``merge_dsplit`` chunks of the head dim (one program per request, query head and
-    chunk): the same output and LSE as the fp32 reference, with requests of 0, 1 and more splits than one
-    BLOCK_S chunk holds (so the running-max fold crosses chunks), and empty splits past a short request's end."""
-    from kvsplit.kernels.decode import launch_decode
+    chunk), as launch_rule picks it: 4 for a few requests of more splits (70) than one full-D program folds at
+    once (4096 / D = 64), 1 when the launch is told of at most 4 splits per request (BLOCK_S 4, so the
+    running-max fold crosses chunks). The same output and LSE as the fp32 reference, with requests of 0, 1 and
+    many splits, and empty splits past a short request's end."""
+    from kvsplit.kernels.decode import launch_decode, launch_rule
 
-    lens = [700, 0, 5, 333, 64]
+    lens = [1200, 0, 5, 333, 64]
     plan = make_plan(
         lens,
         num_kv_heads=H_KV,
         device="NVIDIA H200",
         policy="fixed",
-        params={"num_splits": 40, "block_n": 16},
+        params={"num_splits": 70, "block_n": 16},
         head_dim=D,
         page_size=16,
         dtype="float16",
     )
-    assert int(plan.num_splits.max()) == 40
+    assert int(plan.num_splits.max()) == 70
+    sizes = {**plan.launch_sizes(), **({"max_splits": max_splits} if max_splits else {})}
+    picked = launch_rule(
+        plan.config,
+        num_qo_heads=H_Q,
+        num_kv_heads=H_KV,
+        head_dim=D,
+        dtype_bytes=2,
+        num_merge=sizes["num_merge"],
+        max_splits=sizes["max_splits"],
+        merges=True,
+        device_resident=False,
+        pdl_available=False,
+        sync_ok=True,
+        compiled=False,
+    )
+    assert picked.merge_dsplit == merge_dsplit and not picked.merge_overlap
     case = make_case(
         lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=merge_dsplit
     )
@@ -537,11 +555,8 @@ def test_merge_over_head_dim_chunks_matches_reference_fp16(merge_dsplit):
         plan.config,
         out=out,
         workspace=ws,
-        num_tiles=plan.num_work_tiles,
-        num_merge=int(plan.merge_layout()[1].shape[0]),
-        max_splits=4,
+        **sizes,
         return_lse=True,
-        merge_dsplit=merge_dsplit,
     )
     assert not torch.isnan(o).any()
     assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16]
@@ -683,8 +698,6 @@ def test_overlapped_merge_default_rule(B, splits, on, monkeypatch):
     monkeypatch.setattr(dec, "_pdl_available", lambda device: True)
     assert launch(ws) == (on, on)
     assert launch(dataclasses.replace(ws, sync=None)) == (False, False)
-    assert launch(ws, merge_overlap=False) == (False, False)
-    assert launch(ws, merge_overlap=True) == (True, True)
     # a device-resident plan (DecodeWrapper's CUDA-graph path): overlapped on one warp, its grid held to B
     calls.clear()
     dec.launch_decode(
@@ -748,84 +761,25 @@ def test_compiled_residency_table_matches_an_sm90_compile(tmp_path):
     assert {tuple(r["cfg"]): r["resident"] for r in rows} == {(64, 2, 3): 4, (64, 4, 4): 3}
 
 
-def test_timeline_needs_a_cuda_device():
-    """launch_decode(timeline=...) reads %globaltimer and %smid: on the CPU (the interpreter) it is refused,
-    naming the argument, before any launch."""
-    from kvsplit.kernels.decode import launch_decode
-
-    lens = [40, 7]
-    plan = make_plan(
-        lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="no_split", head_dim=D, page_size=16, dtype="float16"
-    )
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=1)
-    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
-    out = torch.full_like(case["q"], float("nan"))
-    with pytest.raises(ValueError, match="^timeline: needs a CUDA device"):
-        launch_decode(
-            case["q"],
-            case["k_cache"],
-            case["v_cache"],
-            case["kv_indptr"],
-            case["kv_indices"],
-            plan.to("cpu"),
-            plan.config,
-            out=out,
-            workspace=ws,
-            num_tiles=plan.num_work_tiles,
-            num_merge=0,
-            max_splits=1,
-            timeline=torch.zeros((plan.num_work_tiles, 4), dtype=torch.int64),
-        )
-    assert torch.isnan(out).all()  # nothing launched
-
-
-def test_merge_warps_must_be_a_power_of_two():
-    """launch_decode(merge_warps=3) is refused, naming the argument, before any launch."""
-    from kvsplit.kernels.decode import launch_decode
-
-    lens = [300, 90]
-    plan = make_plan(
-        lens,
-        num_kv_heads=H_KV,
-        device="NVIDIA H200",
-        policy="fixed",
-        params={"num_splits": 3},
-        head_dim=D,
-        page_size=16,
-        dtype="float16",
-    )
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=2)
-    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
-    out = torch.full_like(case["q"], float("nan"))
-    with pytest.raises(ValueError, match="^merge_warps: expected 1, 2, 4, 8 or 16 warps, got 3"):
-        launch_decode(
-            case["q"],
-            case["k_cache"],
-            case["v_cache"],
-            case["kv_indptr"],
-            case["kv_indices"],
-            plan.to("cpu"),
-            plan.config,
-            out=out,
-            workspace=ws,
-            num_tiles=plan.num_work_tiles,
-            num_merge=int(plan.merge_layout()[1].shape[0]),
-            max_splits=3,
-            merge_warps=3,
-        )
-    assert torch.isnan(out).all()  # nothing launched
-
-
 @pytest.mark.parametrize(
-    "merge_dsplit,heads,schedule", [(1, 1, "grid"), (2, 2, "grid"), (4, 1, "persistent"), (1, 2, "persistent")]
+    "merge_dsplit,heads,schedule", [(1, 1, "grid"), (4, 2, "grid"), (4, 1, "persistent"), (1, 2, "persistent")]
 )
-def test_overlapped_merge_matches_reference_and_leaves_counters_zero_fp16(merge_dsplit, heads, schedule):
-    """``launch_decode(merge_overlap=True)``: stage 1 counts each split's arrival per (request, query head,
-    head-dim chunk) in ``workspace.sync`` and each merge program waits for its count, then resets it. Under the
-    interpreter the merge runs after stage 1, so this checks the protocol's bookkeeping: the same output and LSE
+def test_overlapped_merge_matches_reference_and_leaves_counters_zero_fp16(merge_dsplit, heads, schedule, monkeypatch):
+    """The overlapped merge (``LaunchRule.merge_overlap``): stage 1 counts each split's arrival per (request,
+    query head, head-dim chunk) in ``workspace.sync`` and each merge program waits for its count, then resets
+    it. launch_rule picks it only where PDL runs (sm_90+), so here the rule is forced to it (with the merge
+    after stage 1, as the interpreter runs it): this checks the protocol's bookkeeping: the same output and LSE
     as the fp32 reference, every counter back at zero after each call, and a second call on the same
     workspace (what a CUDA-graph replay does) giving the same result."""
+    from kvsplit.kernels import decode as dec
     from kvsplit.kernels.decode import MERGE_SYNC_CHUNKS, launch_decode
+
+    rule = dec.launch_rule
+    monkeypatch.setattr(
+        dec,
+        "launch_rule",
+        lambda *a, **kw: dataclasses.replace(rule(*a, **kw), merge_overlap=True, merge_dsplit=merge_dsplit),
+    )
 
     lens = [700, 0, 5, 333, 64]
     extra = {"schedule": "persistent", "num_programs": 3} if schedule == "persistent" else {}
@@ -861,59 +815,9 @@ def test_overlapped_merge_matches_reference_and_leaves_counters_zero_fp16(merge_
             workspace=ws,
             **plan.launch_sizes(),
             return_lse=True,
-            merge_dsplit=merge_dsplit,
-            merge_overlap=True,
         )
         assert not torch.isnan(o).any()
         assert (o.float() - ref.float()).abs().max().item() < TOL[torch.float16], call
         fin = torch.isfinite(ref_lse)
         assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-3
         assert int(ws.sync.abs().sum()) == 0, f"call {call}: counters left at {ws.sync.nonzero().flatten()}"
-
-
-def test_overlapped_merge_refusals():
-    """The overlapped merge is refused before any launch (so no counter is left behind) when the workspace has
-    no counters or too few, or merge_dsplit exceeds the chunks they hold; a non-bool merge_overlap too."""
-    from kvsplit.kernels.decode import launch_decode
-
-    lens = [300, 40]
-    plan = make_plan(
-        lens,
-        num_kv_heads=H_KV,
-        device="NVIDIA H200",
-        policy="fixed",
-        params={"num_splits": 3, "block_n": 16},
-        head_dim=D,
-        page_size=16,
-        dtype="float16",
-    )
-    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=16, dtype=torch.float16, seed=3)
-    ws = make_workspace(H_Q, D, max_partials=plan.num_partials, max_batch=len(lens), device="cpu")
-    out = torch.zeros_like(case["q"])
-
-    def run(workspace, **kw):
-        return launch_decode(
-            case["q"],
-            case["k_cache"],
-            case["v_cache"],
-            case["kv_indptr"],
-            case["kv_indices"],
-            plan.to("cpu"),
-            plan.config,
-            out=out,
-            workspace=workspace,
-            **plan.launch_sizes(),
-            **kw,
-        )
-
-    with pytest.raises(ValueError, match="merge_overlap: needs merge_dsplit <= 4"):
-        run(ws, merge_overlap=True, merge_dsplit=8)
-    with pytest.raises(ValueError, match="workspace.sync: the overlapped merge needs"):
-        run(dataclasses.replace(ws, sync=None), merge_overlap=True)
-    with pytest.raises(ValueError, match="workspace.sync: the overlapped merge needs"):
-        run(dataclasses.replace(ws, sync=ws.sync[:3]), merge_overlap=True)
-    with pytest.raises(ValueError, match="merge_overlap: expected a bool"):
-        run(ws, merge_overlap=1)
-    with pytest.raises(ValueError, match="merge_dsplit: expected a divisor"):
-        run(ws, merge_dsplit=3)
-    assert int(out.abs().sum()) == 0 and int(ws.sync.abs().sum()) == 0  # nothing ran

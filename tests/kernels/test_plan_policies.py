@@ -146,9 +146,12 @@ def test_every_policy_is_covered():
     assert {p for p, _ in POLICY_CASES} == set(POLICIES)
 
 
-def test_hq_is_not_an_argument():
-    with pytest.raises(TypeError):
-        make_plan([100], num_kv_heads=4, device=H200, num_qo_heads=32)  # type: ignore[call-arg]
+def test_hq_only_sizes_the_rows_of_q_len_tiles():
+    # H_q enters a plan only through a q_len > 1 tile's query rows (G * q_len): at q_len 1 it changes nothing
+    L = [100, 5000, 70_000, 3]
+    p = make_plan(L, num_kv_heads=4, device=H200)
+    for hq in (4, 32, 64):
+        assert make_plan(L, num_kv_heads=4, device=H200, num_qo_heads=hq) == p
     for policy in POLICIES:
         assert "num_qo_heads" not in policy_params(policy)
 

@@ -20,7 +20,7 @@ def test_of_validates_and_resolves():
     s = Shape.of(device="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bf16", page_size=16)
     assert s == Shape(H200, 32, 4, 128, "bfloat16", 16)
     assert s.gpu == "NVIDIA H200" and s.group_size == 8
-    assert s.family == ("nvidia-h200", 4, 128, "bfloat16", 16)
+    assert s.family == ("nvidia-h200", 4, 128, "bfloat16", 16, "bfloat16", 1)
     with pytest.raises(AttributeError):
         s.num_kv_heads = 8  # frozen
 

@@ -293,13 +293,20 @@ def test_graph_mode_heads_per_tile_beyond_the_gqa_rows_is_refused():
         )
 
 
-def test_graph_mode_plan_with_the_overlapped_merge():
+def test_graph_mode_plan_with_the_overlapped_merge(monkeypatch):
     """A device-resident plan (the device planner's buffers, a merge grid of max_batch_size programs per query
-    head) run with ``launch_decode(merge_overlap=True)``: the split items count their arrivals in
-    ``workspace.sync``, the merge programs of the merged requests wait for them and reset their counters, and the
-    idle programs past ``counts[3]`` touch none. Under the interpreter the merge runs after stage 1: the output
-    and LSE match the fp32 reference and every counter is zero after each of two calls (a graph replay)."""
+    head) run with the overlapped merge (what launch_rule picks for it where PDL runs; forced here, where the
+    interpreter has none): the split items count their arrivals in ``workspace.sync``, the merge programs of the
+    merged requests wait for them and reset their counters, and the idle programs past ``counts[3]`` touch none.
+    Under the interpreter the merge runs after stage 1: the output and LSE match the fp32 reference and every
+    counter is zero after each of two calls (a graph replay)."""
+    import dataclasses
+
+    from kvsplit.kernels import decode as dec
     from kvsplit.kernels.decode import launch_decode
+
+    rule = dec.launch_rule
+    monkeypatch.setattr(dec, "launch_rule", lambda *a, **kw: dataclasses.replace(rule(*a, **kw), merge_overlap=True))
 
     lens = [0, 900, 5, 300, 1000]
     w = DecodeWrapper(
@@ -334,7 +341,6 @@ def test_graph_mode_plan_with_the_overlapped_merge():
             counts=w.bufs.counts,
             max_merge=w.max_batch_size,
             return_lse=True,
-            merge_overlap=True,
         )
         assert (o.float() - ref.float()).abs().max().item() < 5e-3, call
         fin = torch.isfinite(ref_lse)
@@ -572,3 +578,82 @@ def test_graph_options_and_a_callers_workspace():
     case = make_case([40, 300], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
     assert g.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=[40, 300]) is None
     assert g.last_plan is None
+
+
+def test_eager_plan_from_host_copies_equals_the_device_read_and_runs():
+    """Eager plan() given the engine's host copies (kv_lens_host, kv_indptr_host as a list, a NumPy array, a CPU
+    tensor) makes the same plan as plan() reading kv_indptr / kv_lens back from the device, and answers None in
+    both modes (as FlashInfer's plan); last_plan holds the host plan. The launch arrays (views of one uploaded
+    buffer) are the plan's: the run matches the fp32 reference."""
+    lens = [700, 0, 5, 333, 64, 17]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16, seed=9)
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8)
+    assert w.policy == "balanced" and w.spec.policy == "balanced"  # policy "auto", eager: AUTO_RULE["eager"]
+    assert w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"]) is None
+    read = w.last_plan
+    assert read == make_plan(
+        lens, num_kv_heads=H_KV, device="NVIDIA H200", policy="balanced", head_dim=D, page_size=PS, dtype="float16"
+    )
+    indptr = case["kv_indptr"].tolist()
+    for lh, ih in ((lens, indptr), (np.array(lens), np.array(indptr)), (case["kv_lens"], case["kv_indptr"])):
+        assert (
+            w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=lh, kv_indptr_host=ih) is None
+        )
+        assert w.last_plan == read
+        want = read.to("cpu")
+        for name, t in w._arrays.items():
+            assert torch.equal(t, want[name]), name
+        ref = reference_decode_attention(**case)
+        o = w.run(case["q"], case["k_cache"], case["v_cache"])
+        assert (o.float() - ref.float()).abs().max().item() < 5e-3
+
+
+def test_eager_host_copies_are_checked_naming_them():
+    """Bad host copies are refused naming kv_lens_host / kv_indptr_host; the page ids are still read (a negative
+    one is refused naming kv_indices), and a refused step leaves no plan to run."""
+    lens = [40, 300]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4)
+    indptr = case["kv_indptr"].tolist()
+    args = (case["kv_indptr"], case["kv_indices"], case["kv_lens"])
+    with pytest.raises(ValueError, match=r"^kv_lens_host: expected 2 integers"):
+        w.plan(*args, kv_lens_host=[40], kv_indptr_host=indptr)
+    with pytest.raises(ValueError, match=r"^kv_indptr_host: expected 3 integers"):
+        w.plan(*args, kv_lens_host=lens, kv_indptr_host=indptr[:2])
+    with pytest.raises(ValueError, match=r"^kv_lens_host: expected 2 integers .* dtype float64"):
+        w.plan(*args, kv_lens_host=[40.0, 300.0], kv_indptr_host=indptr)
+    with pytest.raises(ValueError, match=r"^kv_lens_host\[1\]: negative kv_len -3"):
+        w.plan(*args, kv_lens_host=[40, -3], kv_indptr_host=indptr)
+    with pytest.raises(ValueError, match=r"^kv_lens_host\[0\]: 999 tokens exceed its 3 pages"):
+        w.plan(*args, kv_lens_host=[999, 300], kv_indptr_host=indptr)
+    with pytest.raises(ValueError, match=r"^kv_indptr_host: expected kv_indptr\[0\] == 0"):
+        w.plan(*args, kv_lens_host=lens, kv_indptr_host=[1] + indptr[1:])
+    with pytest.raises(ValueError, match=r"^kv_indptr_host: must be non-decreasing"):
+        w.plan(*args, kv_lens_host=lens, kv_indptr_host=[0, indptr[2], indptr[1]])
+    with pytest.raises(ValueError, match=r"^kv_indptr_host: last entry"):
+        w.plan(*args, kv_lens_host=lens, kv_indptr_host=indptr[:2] + [case["kv_indices"].shape[0] + 1])
+    with pytest.raises(ValueError, match=r"^kv_indptr_host: expected a host copy"):
+        w.plan(*args, kv_lens_host=lens, kv_indptr_host=torch.tensor(indptr, device="meta"))
+    w.plan(*args, kv_lens_host=lens, kv_indptr_host=indptr)
+    w.run(case["q"], case["k_cache"], case["v_cache"])
+    bad = case["kv_indices"].clone()
+    bad[1] = -5
+    with pytest.raises(ValueError, match=r"^kv_indices: negative page id -5"):
+        w.plan(case["kv_indptr"], bad, case["kv_lens"], kv_lens_host=lens, kv_indptr_host=indptr)
+    with pytest.raises(ValueError, match="^plan: call plan"):
+        w.run(case["q"], case["k_cache"], case["v_cache"])
+
+
+def test_policy_auto_is_the_default_in_both_modes():
+    """policy="auto" (the default) is AUTO_RULE's rule of the mode: balanced eagerly, stream_k at the graph tile's
+    resident CTAs per SM in graph mode; None is refused naming policy."""
+    from kvsplit.kernels.wrapper import AUTO_RULE
+
+    assert AUTO_RULE == {"eager": "balanced", "graph": "stream_k"}
+    e = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu")
+    assert e.spec == DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", policy="balanced").spec
+    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", use_cuda_graph=True)
+    assert g.policy == "stream_k" and g.params["ctas_per_sm"] == float(max(1, g.graph_residency))
+    assert g.spec.policy == "stream_k"
+    with pytest.raises(ValueError, match="^policy: expected a policy name or 'auto', got None"):
+        DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", policy=None)

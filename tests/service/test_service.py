@@ -171,6 +171,13 @@ BAD = [
         "extra_forbidden",
     ),
     ("device missing", {"gpu": "ACME", "device": {"num_sms": 10}}, ["body", "device", "hbm_bandwidth_gbps"], "missing"),
+    ("q_len zero", {"q_len": 0}, ["body", "q_len"], "greater_than_equal"),
+    ("q_len nine", {"q_len": 9}, ["body", "q_len"], "less_than_equal"),
+    ("q_len bool", {"q_len": True}, ["body", "q_len"], "int_type"),
+    ("q_len rows", {"num_qo_heads": 128, "num_kv_heads": 8, "q_len": 8}, ["body", "q_len"], "value_error"),
+    ("kv_dtype unknown", {"kv_dtype": "int4"}, ["body", "kv_dtype"], "literal_error"),
+    ("kv_dtype other 16-bit", {"kv_dtype": "float16"}, ["body", "kv_dtype"], "literal_error"),
+    ("kv_dtype fp8 fp32 q", {"dtype": "float32", "kv_dtype": "fp8"}, ["body", "kv_dtype"], "literal_error"),
 ]
 
 
@@ -183,6 +190,31 @@ def test_bad_input_422_with_location(client, name, over, loc, typ):
     errs = r.json()["detail"]
     assert any(e["loc"] == loc and e["type"] == typ for e in errs), errs
     assert all(set(e) >= {"type", "loc", "msg"} for e in errs)
+
+
+def test_kv_dtype_and_q_len_are_their_own_families(client):
+    # the store holds bf16 q_len-1 policies only: the same batch with an FP8 cache or q_len 4 gets the fallback,
+    # planned for its own shape (balanced, as make_plan plans it), its key carrying the family's parts
+    lens = [4096, 17, 9000]
+    plain = client.post("/v1/plan", json=body(lens)).json()
+    for over, part, kw in (
+        ({"kv_dtype": "fp8"}, ".kvfp8.", {"kv_dtype": "float8_e4m3fn"}),
+        ({"q_len": 4}, ".q4.", {"q_len": 4, "num_qo_heads": SHAPE["num_qo_heads"]}),
+        ({"kv_dtype": "float8_e4m3fn", "q_len": 8}, ".kvfp8.q8.", {"kv_dtype": "float8_e4m3fn", "q_len": 8}),
+    ):
+        for _ in range(2):  # the second request takes the compiled path (its header is known): the same answer
+            r = client.post("/v1/plan", json=body(lens, **over))
+            assert r.status_code == 200, r.text
+            d = r.json()
+            assert d["policy"]["source"] == "fallback" and part in d["bucket"]["key"]
+            assert d["bucket"]["key"].replace(part, ".") == plain["bucket"]["key"]
+            want = make_plan(lens, num_kv_heads=SHAPE["num_kv_heads"], device=GPU, policy="balanced", **kw)
+            assert plan_from_response(d) == want
+    # the defaults written out are the plain request
+    d = client.post("/v1/plan", json=body(lens, kv_dtype=None, q_len=1)).json()
+    assert d == plain
+    d = client.post("/v1/plan", json=body(lens, kv_dtype="bfloat16")).json()
+    assert d == plain
 
 
 def test_missing_field_invalid_json_and_non_object(client):

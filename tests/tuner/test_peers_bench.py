@@ -144,3 +144,39 @@ def test_missing_peer_prints_why_and_writes_nothing(tmp_path):
     )
     assert out.returncode == 0 and "fa3: not importable here" in out.stdout and "no figure" in out.stdout
     assert not (tmp_path / "fa3.csv").exists()
+
+
+def test_verify_step_ratio_and_option_tags(tmp_path):
+    """``--q-len``/``--kv-dtype`` tag the set; ``--summary`` of a q_len = 1 and a q_len = 4 CSV of one
+    implementation gives time(q_len = 4) / time(q_len = 1) per case (only where both were timed)."""
+    assert peers.set_tag() == "" and peers.set_tag("fp8") == "/fp8" and peers.set_tag("fp8", 4) == "/fp8/q4"
+    one = _rows("kvsplit", {("uniform", 4): 100.0, ("skewed80", 4): 200.0})
+    four = [
+        {**r, "set": r["set"] + "/q4"}
+        for r in _rows("kvsplit", {("uniform", 4): 130.0, ("skewed80", 4): 300.0, ("uniform", 8): 9.0})
+    ]
+    a, b = tmp_path / "q1.csv", tmp_path / "q4.csv"
+    peers.write_csv(a, one)
+    peers.write_csv(b, four)
+    s = peers.summary(peers.read_csvs([a, b]))
+    assert s["verify"]["kvsplit"] == {
+        ("T1000/q4", "uniform", 4, 1000): pytest.approx(1.3),
+        ("T1000/q4", "skewed80", 4, 1000): pytest.approx(1.5),
+    }
+    text = peers.format_summary(s)
+    assert "| kvsplit | T1000/q4 | skewed80 | 4 | 1.500 |" in text
+    assert f"| kvsplit | all | geomean / max | 2 | {math.sqrt(1.3 * 1.5):.3f} / 1.500 |" in text
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench/peers.py"), "--impl", "flashinfer_decode", "--q-len", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "not run at --q-len 4" in out.stdout and "no figure" in out.stdout
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench/peers.py"), "--impl", "kvsplit", "--q-len", "9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "--q-len: expected 1 to 8" in out.stderr

@@ -1,0 +1,305 @@
+"""FP8 K/V and q_len > 1 in the shape, the bucket key, the policy table and the planner's rules (issue 37).
+
+Keys of 16-bit q_len-1 batches keep their string (the shipped table still parses and serves); another KV dtype or
+q_len is another family, never served across; residency and the wave-aware chunk count FP8's bytes and the extra
+query rows, checked against hand-computed occupancy; plans of the new shapes keep every invariant and equal the
+NumPy oracle's (hypothesis).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from kvsplit.kernels.buckets import BucketKey, bucket_key, distance, key_of
+from kvsplit.kernels.device import DeviceSpec
+from kvsplit.kernels.limits import KernelConfig, default_config
+from kvsplit.kernels.plan import make_plan
+from kvsplit.kernels.policy_table import PolicyTable, check_policy_entry, load_shipped_table, shipped_policies
+from kvsplit.kernels.residency import occupancy, resident_ctas_per_sm
+from kvsplit.kernels.rulespec import (
+    RULE_WAVE1,
+    RULE_WAVE2,
+    PlanContext,
+    fit_heads_per_tile,
+    resident_slots,
+    resolve,
+    wave_tile_cost,
+)
+from kvsplit.kernels.shape import Shape, shape_family
+
+from . import oracle
+from .test_plan_policies import POLICY_CASES, check_invariants, kv_lens_st
+
+H200 = DeviceSpec.known("NVIDIA H200")
+FP8 = "float8_e4m3fn"
+QWEN = dict(device="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+
+
+# --------------------------------------------------------------------------- Shape
+
+
+def test_shape_defaults_and_aliases():
+    s = Shape.of(**QWEN)
+    assert (s.kv_dtype, s.q_len) == ("bfloat16", 1)
+    assert Shape.of(**QWEN, kv_dtype="bfloat16") == s == Shape.of(**QWEN, kv_dtype="bf16")
+    f = Shape.of(**QWEN, kv_dtype="fp8", q_len=4)
+    assert (f.kv_dtype, f.q_len) == (FP8, 4)
+    assert f.family == ("nvidia-h200", 4, 128, "bfloat16", 16, FP8, 4)
+    assert f.family != s.family and s.family == shape_family("NVIDIA H200", 4, 128, "bfloat16", 16)
+    # the direct constructor's default kv_dtype is the dtype itself
+    assert Shape(H200, 32, 4, 128, "float16").kv_dtype == "float16"
+
+
+@pytest.mark.parametrize(
+    "over,field",
+    [
+        ({"q_len": 0}, "q_len"),
+        ({"q_len": 9}, "q_len"),
+        ({"q_len": True}, "q_len"),
+        ({"q_len": 2.0}, "q_len"),
+        ({"kv_dtype": "int8"}, "kv_dtype"),
+        ({"kv_dtype": "float16"}, "kv_dtype"),  # a 16-bit cache of another dtype than q's
+        ({"kv_dtype": FP8, "dtype": "float32"}, "kv_dtype"),  # FP8 K/V need a 16-bit q
+        ({"kv_dtype": 1}, "kv_dtype"),
+        ({"num_qo_heads": 64, "q_len": 8}, "q_len"),  # G = 16 x 8 = 128 query rows > 64
+    ],
+)
+def test_shape_errors_name_the_argument(over, field):
+    with pytest.raises(ValueError, match=rf"^{field}:"):
+        Shape.of(**{**QWEN, **over})
+
+
+def test_largest_tile_rows_accepted():
+    assert Shape.of(**{**QWEN, "num_qo_heads": 32, "q_len": 8}).q_len == 8  # G 8 x 8 = 64 rows
+    assert Shape.of(**{**QWEN, "num_qo_heads": 64, "q_len": 4}).q_len == 4  # G 16 x 4 = 64 rows
+
+
+# --------------------------------------------------------------------------- bucket keys
+
+
+def test_default_keys_keep_their_string_and_the_shipped_table_still_parses():
+    L = [4096, 17, 9000, 300]
+    k = bucket_key(L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200")
+    assert str(k).startswith("nvidia-h200.kv4.d128.bf16.p16.b") and ".kvfp8" not in str(k) and ".q" not in str(k)
+    assert k == bucket_key(
+        L, num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200", kv_dtype="bfloat16", q_len=1
+    )
+    for p in shipped_policies()["policies"]:
+        key = BucketKey.parse(p["bucket"]["key"])
+        assert str(key) == p["bucket"]["key"] and key.kv_dtype is None and key.q_len == 1
+
+
+@pytest.mark.parametrize("kv_dtype,q_len,part", [(FP8, 1, ".kvfp8.b"), (None, 4, ".q4.b"), ("fp8", 8, ".kvfp8.q8.b")])
+def test_new_family_parts_round_trip(kv_dtype, q_len, part):
+    L = np.array([5000, 17, 0, 9000], dtype=np.int64)
+    kw = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200")
+    k = bucket_key(L, **kw, kv_dtype=kv_dtype, q_len=q_len)
+    base = bucket_key(L, **kw)
+    s = str(k)
+    assert s == str(base).replace(".p16.b", ".p16" + part, 1)
+    assert part in s and BucketKey.parse(s) == k
+    # the NumPy oracle builds the same key from its own histogram
+    assert oracle.bucket_key(L, **kw, kv_dtype=None if kv_dtype is None else FP8, q_len=q_len) == k
+    # the same signature in another family is infinitely far away
+    assert (k.batch_class, k.tokens_class, k.hist) == (base.batch_class, base.tokens_class, base.hist)
+    assert distance(k, base) == math.inf and distance(k, k) == 0.0
+    shape = Shape.of(**QWEN, kv_dtype=kv_dtype, q_len=q_len)
+    assert key_of(L, shape.plan_context()) == k and k.family == shape.family
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "nvidia-h200.kv4.d128.bf16.p16.q1.b2.t14.w26x16",  # q_len 1 is written by leaving the part out
+        "nvidia-h200.kv4.d128.bf16.p16.q9.b2.t14.w26x16",
+        "nvidia-h200.kv4.d128.bf16.p16.q04.b2.t14.w26x16",
+        "nvidia-h200.kv4.d128.bf16.p16.kvfp16.b2.t14.w26x16",
+        "nvidia-h200.kv4.d128.f32.p16.kvfp8.b2.t14.w26x16",  # FP8 K/V with an fp32 q
+        "nvidia-h200.kv4.d128.bf16.p16.q4.kvfp8.b2.t14.w26x16",  # the parts in the wrong order
+    ],
+)
+def test_bad_key_strings_refused(text):
+    with pytest.raises(ValueError):
+        BucketKey.parse(text)
+
+
+# --------------------------------------------------------------------------- policy table families
+
+
+def _entry(pid, key, *, backend="gpu", **extra):
+    k = BucketKey.parse(key)
+    return {
+        "id": pid,
+        "version": 1,
+        "bucket": key,
+        "gpu": "NVIDIA H200",
+        "num_kv_heads": k.num_kv_heads,
+        "head_dim": k.head_dim,
+        "dtype": k.dtype,
+        "page_size": k.page_size,
+        "name": "tuned",
+        "params": {"ctas_per_sm": 2.0, "block_n": 64},
+        "backend": backend,
+        **extra,
+    }
+
+
+def test_table_never_serves_across_kv_dtype_or_q_len():
+    L = [9000, 4000, 300, 17] * 8
+    kw = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200")
+    k16 = str(bucket_key(L, **kw))
+    k8 = str(bucket_key(L, **kw, kv_dtype=FP8))
+    kq = str(bucket_key(L, **kw, q_len=4))
+    ask = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    only16 = PolicyTable.from_json(PolicyTable.document([_entry(1, k16)], version=1))
+    _, b, pol = only16.plan(L, **ask)
+    assert pol["source"] == "tuned" and b["matched"] == k16
+    for extra in ({"kv_dtype": FP8}, {"q_len": 4}, {"kv_dtype": FP8, "q_len": 4}):
+        _, b, pol = only16.plan(L, **ask, **extra)
+        assert pol["source"] == "fallback" and b["matched"] is None and b["key"] != k16
+    both = PolicyTable.from_json(
+        PolicyTable.document([_entry(1, k16), _entry(2, k8, backend="sim"), _entry(3, kq)], version=1)
+    )
+    p8, b, pol = both.plan(L, **ask, kv_dtype="fp8")
+    assert (pol["id"], pol["source"], b["key"], b["matched"]) == (2, "simulated", k8, k8)
+    assert p8 == make_plan(L, policy="tuned", params={"ctas_per_sm": 2.0, "block_n": 64}, kv_dtype=FP8, **kw)
+    pq, b, pol = both.plan(L, **ask, q_len=4)
+    assert (pol["id"], b["key"]) == (3, kq)
+    assert pq == make_plan(
+        L, policy="tuned", params={"ctas_per_sm": 2.0, "block_n": 64}, q_len=4, num_qo_heads=32, **kw
+    )
+    # a Shape carries the same family as the keywords
+    _, b, pol = both.plan(L, Shape.of(**QWEN, kv_dtype=FP8))
+    assert pol["id"] == 2
+
+
+def test_entry_fields_must_agree_with_the_key():
+    k8 = str(bucket_key([100, 200], num_kv_heads=4, head_dim=128, dtype="bfloat16", device="h200", kv_dtype=FP8))
+    ok = _entry(1, k8, kv_dtype=FP8, q_len=1)
+    assert len(PolicyTable.from_json(PolicyTable.document([ok], version=1))) == 1
+    check_policy_entry(ok)
+    for bad in (_entry(1, k8, kv_dtype="bfloat16"), _entry(1, k8, q_len=2)):
+        with pytest.raises(ValueError, match="do not match bucket"):
+            PolicyTable.from_json(PolicyTable.document([bad], version=1))
+        with pytest.raises(ValueError, match="bucket.key: its (kv_dtype|q_len)"):
+            check_policy_entry(bad)
+
+
+def test_shipped_table_serves_16_bit_q_len_1_as_before():
+    table = load_shipped_table()
+    L = [32768] + [2000] * 63
+    ask = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    _, b, pol = table.plan(L, **ask)
+    assert pol["source"] == "tuned"
+    _, b8, pol8 = table.plan(L, **ask, kv_dtype=FP8)
+    assert pol8["source"] == "fallback" and b8["key"] == b["key"].replace(".p16.", ".p16.kvfp8.")
+
+
+# --------------------------------------------------------------------------- residency and tile weights
+
+
+def _occ(regs, smem, warps):
+    """Hand-computed occupancy on the H200 (CUDA occupancy rules; 64K registers, 228 KB shared memory)."""
+    by_regs = 65536 // (math.ceil(regs * 32 / 256) * 256 * warps)
+    by_smem = (228 * 1024) // (math.ceil(smem / 128) * 128 + 1024)
+    return max(1, min(by_regs, by_smem, 2048 // (32 * warps), 32))
+
+
+def test_fp8_halves_the_kv_buffers():
+    # (128, 4, 3) with the prefetch: 168 registers, 139,264 B of shared memory (measured, 16-bit), two K/V buffers
+    # of 2 x 128 x 128 x 2 B: one CTA per SM; at 1 byte per element 139,264 - 65,536 = 73,728 B: three
+    bf16 = resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 3, prefetch=True)
+    fp8 = resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 3, prefetch=True, kv_bytes=1)
+    assert (bf16, fp8) == (_occ(168, 139264, 4), _occ(168, 139264 - 65536, 4)) == (1, 3)
+    # the plain loop keeps one K/V buffer: (128, 4, 2), 168 registers, 73,728 B: register-bound at 3 either way
+    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 2, kv_bytes=1) == _occ(168, 73728 - 32768, 4) == 3
+    ctx8 = PlanContext(H200, 4, 128, 16, "bfloat16", FP8)
+    assert resident_slots(ctx8, KernelConfig(128, 4, 3, prefetch=True)) == 3 * 132
+
+
+def test_q_len_rows_cost_registers():
+    # G = 8: q_len 4 makes 32 query rows, 16 beyond the q_len-1 tile's 16: 1.5 x 16 x (128 + 128) / 128 = 48 more
+    # registers for (128, 4, 2): 216 -> 2 CTAs per SM (3 at q_len 1)
+    ctx = PlanContext(H200, 4, 128, 16, "bfloat16", None, 4, 8)
+    assert resident_slots(ctx, KernelConfig(128, 4, 2)) == _occ(168 + 48, 73728, 4) * 132 == 2 * 132
+    assert resident_slots(dataclasses.replace(ctx, q_len=1), KernelConfig(128, 4, 2)) == 3 * 132
+    assert occupancy(H200, 4, 168, 73728) == 3
+    # above 32 rows the default tile takes BLOCK_N 64 (the 128-token tile would spill)
+    assert default_config(128, "bfloat16", query_rows=64).block_n == 64
+    assert default_config(128, "bfloat16", query_rows=32) == default_config(128, "bfloat16")
+    assert resolve("balanced", num_kv_heads=4, device=H200, q_len=8, num_qo_heads=32).config.block_n == 64
+
+
+def test_fp8_charges_two_blocks_per_tile_at_one_wave():
+    cfg = KernelConfig(128, 4, 2)
+    one_wave = 3 * 132
+    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16"), cfg, one_wave) == 128
+    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16", FP8), cfg, one_wave) == 256
+    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16", FP8), cfg, one_wave - 1) == 0
+    sp16 = resolve("balanced", num_kv_heads=4, device=H200)
+    sp8 = resolve("balanced", num_kv_heads=4, device=H200, kv_dtype=FP8)
+    assert (sp16.chunk_rule, sp8.chunk_rule) == (RULE_WAVE1, RULE_WAVE2)
+
+
+def test_heads_per_tile_fit_counts_q_len():
+    # G = 4 (16/4): 4 heads fill 16 rows at q_len 1; at q_len 4 each head is 16 rows: 4 heads = 64 rows still fit
+    # the kernel's one 64-row tile, but only heads whose G fits 16 rows share a tile, as at q_len 1
+    assert fit_heads_per_tile({"heads_per_tile": 4}, 16, 4, 4) == {"heads_per_tile": 4}
+    assert fit_heads_per_tile({"heads_per_tile": 4}, 16, 4, 8) == {"heads_per_tile": 2}  # 2 x 4 x 8 = 64
+    assert fit_heads_per_tile({"heads_per_tile": 2}, 32, 4, 8) == {"heads_per_tile": 1}  # 2 x 8 x 8 = 128
+    with pytest.raises(ValueError, match="params.heads_per_tile: 2 KV heads x GQA group 8 x q_len 8 = 128"):
+        resolve("balanced", {"heads_per_tile": 2}, num_kv_heads=4, device=H200, q_len=8, num_qo_heads=32)
+
+
+# --------------------------------------------------------------------------- plans (hypothesis)
+
+NEW_SHAPES = [(FP8, 1), (None, 2), (None, 4), (FP8, 4), (FP8, 8), (None, 8)]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kv=kv_lens_st,
+    case=st.sampled_from(POLICY_CASES),
+    shape=st.sampled_from(NEW_SHAPES),
+    hkv=st.sampled_from([1, 4, 8]),
+    group=st.sampled_from([1, 4, 8]),
+)
+def test_plans_of_new_shapes_keep_invariants_and_match_the_oracle(kv, case, shape, hkv, group):
+    kv_dtype, q_len = shape
+    assume(group * q_len <= 64)
+    policy, params = case
+    kw = dict(
+        num_kv_heads=hkv,
+        device=H200,
+        policy=policy,
+        params=params,
+        kv_dtype=kv_dtype,
+        q_len=q_len,
+        num_qo_heads=group * hkv,
+    )
+    plan = make_plan(kv, **kw)
+    check_invariants(plan)
+    assert plan.to_dict() == oracle.make_plan(kv, **kw).to_dict()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kv=st.lists(st.integers(1, 40_000), min_size=1, max_size=300),
+    hkv=st.sampled_from([1, 2, 4, 8]),
+    ctas=st.sampled_from([1.0, 2.0, 3.0, 4.0]),
+)
+def test_fp8_never_makes_more_tiles_than_bf16(kv, hkv, ctas):
+    """The same resident waves, a heavier fixed cost per tile: the wave-aware chunk of an FP8 cache is at least
+    the 16-bit one's, so it never plans more work tiles (its tie-break goes to fewer tiles sooner)."""
+    kw = dict(num_kv_heads=hkv, device=H200, policy="balanced", params={"ctas_per_sm": ctas})
+    p16 = make_plan(kv, **kw)
+    p8 = make_plan(kv, **kw, kv_dtype=FP8)
+    assert p8.config == p16.config
+    assert p8.num_work_items <= p16.num_work_items
+    check_invariants(p8)
