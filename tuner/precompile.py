@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..kernels.decode import compile_only
@@ -78,6 +79,9 @@ def compile_plan(
     )
 
 
+MAX_RESTARTS = 3
+"""Times :class:`KernelCompiler` starts its helpers again after one died abruptly, before it gives up."""
+
 _PDL: bool | None = None
 
 
@@ -110,7 +114,7 @@ def _compile_task(task: TuneTask, params: Mapping[str, Any]) -> int:  # pragma: 
 class KernelCompiler:
     """A pool of ``workers`` spawned processes compiling the Triton kernels of trials ahead of their timing.
 
-    ``submit(task, params)`` returns a :class:`concurrent.futures.Future` done once the kernels of ``params``'s
+    ``submit(task, params)`` returns a :class:`concurrent.futures.Future` (None without helpers) done once the kernels of ``params``'s
     plans on ``task``'s training batches are in Triton's on-disk cache (``TRITON_CACHE_DIR``, inherited by the
     helpers). A helper's failure only loses the head start: the timing process compiles the kernel itself.
     Use as a context manager (the helpers end with it).
@@ -121,17 +125,35 @@ class KernelCompiler:
         if n < 1:
             raise ValueError(f"workers: expected an integer >= 1, got {workers!r}")
         self.workers = n
-        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"), initializer=_helper_init)
+        self.restarts = 0
+        self._pool: ProcessPoolExecutor | None = self._start()
 
-    def submit(self, task: TuneTask, params: Mapping[str, Any]) -> Future:
-        return self._pool.submit(_compile_task, task, dict(params))
+    def _start(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=self.workers, mp_context=mp.get_context("spawn"), initializer=_helper_init
+        )
 
-    def submit_job(self, job: Any, params: Mapping[str, Any]) -> Future:
+    def submit(self, task: TuneTask, params: Mapping[str, Any]) -> Future | None:
+        """The future of ``params``'s compiles; None when the helpers are gone (a helper that died abruptly breaks
+        its pool: the pool is started again, at most :data:`MAX_RESTARTS` times, then the timing process compiles
+        on its own)."""
+        while self._pool is not None:
+            try:
+                return self._pool.submit(_compile_task, task, dict(params))
+            except BrokenProcessPool:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self.restarts += 1
+                self._pool = self._start() if self.restarts <= MAX_RESTARTS else None
+        return None
+
+    def submit_job(self, job: Any, params: Mapping[str, Any]) -> Future | None:
         """:meth:`submit` for a :class:`kvsplit.tuner.worker.WorkerJob`'s task."""
         return self.submit(job.task, params)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def __enter__(self) -> KernelCompiler:
         return self
