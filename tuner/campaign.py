@@ -101,6 +101,13 @@ SIM_PRUNE_RATIO = 1.5
 """A pool candidate predicted slower than this multiple of the best prediction on a batch is not timed (the pool
 holds plans whose worst training batch was within 1.36x of its best)."""
 WHOLE_WAVE_VARIANTS = ({"whole_wave": WHOLE_WAVE_EPS}, {"whole_wave": WHOLE_WAVE_EPS, "whole_wave_heads": 2})
+SEARCH_TRIAL_COST = 2.2
+"""Seconds of a timed search trial per second of a pool timing and training batch, before the campaign has
+measured its own: on one H200 (Qwen3-30B-A3B shape, cold Triton cache) 0.245 s per timed trial with the kernels
+compiled ahead, against 0.11 s per pool timing."""
+RESIZE_EVERY = 25
+"""On the GPU backend, the allocation of the buckets not yet searched is fitted to the budget left every this many
+timed search trials (at the slice's measured seconds per trial)."""
 SIM_WINDOW = 4
 """Studies in flight at once in a one-process search on the simulator backend (the GPU backend keeps twice its
 compile helpers in flight, :func:`kvsplit.tuner.precompile.default_compile_workers`)."""
@@ -772,10 +779,13 @@ class _Campaign:
         rest = self._rest_estimate()
         runs: dict[str, tuple[Any, Any]] = {}
         count: dict[str, int] = {}
+        opened: set[str] = set()
+        rate = [time.time(), 0]  # this slice's search: start, timed trials
         last = [time.time()]
         over_budget = [False]
 
         def job_of(key: str) -> WorkerJob:
+            opened.add(key)
             task = self.by_key[key]
             return WorkerJob(
                 task=task,
@@ -812,6 +822,29 @@ class _Campaign:
             charge(len(job.task.train) if measured else 0)
             count[job.task.key] += 1
             self.bar.bucket(job.task.source, job.n_trials, count[job.task.key])
+            if gpu and measured:
+                rate[1] += 1
+                if rate[1] % RESIZE_EVERY == 0:
+                    resize()
+
+        def resize(per_trial: float | None = None) -> None:
+            """Fit the buckets not yet opened to the budget left at the search's seconds per timed trial (this
+            slice's measured figure, stored for the next slice; the allocation assumed the pool step's seconds
+            per timing, and a search trial also asks Optuna and may wait for a compile): each keeps the same
+            share, at least one trial."""
+            if per_trial is None:
+                per_trial = (time.time() - rate[0]) / rate[1]
+                self.state.set("search_s_per_trial", per_trial)
+            closed = [k for k in todo if k not in opened]
+            want = sum(int(alloc[k]) for k in closed)
+            in_flight = sum(max(0, int(alloc[k]) - count.get(k, 0)) for k in opened if k not in searched)
+            room = self.budget_s - self.spent - rest - in_flight * per_trial
+            if not closed or want * per_trial <= room:
+                return
+            f = max(0.0, room) / (want * per_trial)
+            for k in closed:
+                alloc[k] = max(1, int(int(alloc[k]) * f))
+            self.state.set("alloc", alloc)
 
         def on_done(job: WorkerJob) -> None:
             run, study = runs.pop(job.task.key)
@@ -820,6 +853,13 @@ class _Campaign:
             self.state.set("searched", searched)
             self.bar.step()
 
+        if gpu:  # before any study opens: at the last slice's measured rate, else the pool's times SEARCH_TRIAL_COST
+            stored = self.state.get("search_s_per_trial")
+            resize(
+                float(stored)
+                if stored
+                else SEARCH_TRIAL_COST * self._seconds_per_timing() * max(len(self.by_key[k].train) for k in todo)
+            )
         compiler = None
         if gpu:
             from .precompile import KernelCompiler
@@ -830,7 +870,7 @@ class _Campaign:
         try:
             with exclusive_storage(self.spec):
                 run_interleaved(
-                    [job_of(k) for k in todo],
+                    (job_of(k) for k in todo),
                     backend=self.backend,
                     stop=stop,
                     window=window,

@@ -148,6 +148,18 @@ def software_versions() -> dict[str, str]:
     return v
 
 
+def timing_kwargs(dtype: str, kv_dtype: str, q_len: int) -> dict[str, Any]:
+    """The keyword arguments :class:`GpuTimer` launches ``decode_attention`` with for a shape: the KV scales
+    (1.0) of an FP8 cache (``kv_dtype`` other than ``dtype``), ``q_len`` above 1. The compile-ahead helpers
+    (:func:`kvsplit.tuner.precompile.compile_plan`) launch with the same, so their kernels are the timer's."""
+    kw: dict[str, Any] = {}
+    if kv_dtype != dtype:
+        kw.update(k_scale=1.0, v_scale=1.0)
+    if q_len > 1:
+        kw["q_len"] = int(q_len)
+    return kw
+
+
 class GpuTimer:
     """Times plans of one shape on the current CUDA device.
 
@@ -218,11 +230,7 @@ class GpuTimer:
         if kv_dtype != dtype:  # random 16-bit data cast to FP8 (|x| < 448: no saturation), scales 1
             self.k_cache = self.k_cache.to(getattr(torch, kv_dtype))
             self.v_cache = self.v_cache.to(getattr(torch, kv_dtype))
-        self._kernel_kw: dict[str, Any] = {}
-        if kv_dtype != dtype:
-            self._kernel_kw.update(k_scale=1.0, v_scale=1.0)
-        if q_len > 1:
-            self._kernel_kw["q_len"] = q_len
+        self._kernel_kw = timing_kwargs(dtype, kv_dtype, q_len)
         self._perm = torch.randperm(self.num_pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
         self._batches: dict[bytes, dict[str, torch.Tensor]] = {}
         self._bw: float | None = None

@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..kernels.decode import compile_only
@@ -36,21 +37,32 @@ def default_compile_workers() -> int:
     return max(1, min(12, (os.cpu_count() or 2) - 2))
 
 
-def compile_plan(plan: Plan, *, num_qo_heads: int, device: Any = "cpu") -> None:
-    """Run :func:`kvsplit.kernels.decode.launch_decode` for ``plan`` on tensors of the timed shapes and dtype
-    (``q`` / ``out`` ``[B, H_q, D]``, a one-page cache ``[1, page_size, H_kv, D]``, a workspace for the plan's
-    partials and batch). Inside :func:`compile_only` this compiles the plan's kernels and launches nothing."""
+def compile_plan(
+    plan: Plan, *, num_qo_heads: int, kv_dtype: str | None = None, q_len: int = 1, device: Any = "cpu"
+) -> None:
+    """Run :func:`kvsplit.kernels.decode.launch_decode` for ``plan`` as :meth:`kvsplit.tuner.gpu.GpuTimer.time_plan`
+    launches it (its :func:`~kvsplit.tuner.gpu.timing_kwargs`, ``q`` / ``out`` ``[B * q_len, H_q, D]`` of the
+    plan's dtype, the cache in ``kv_dtype``, one page of it, a workspace for the plan's partials and batch), on
+    ``device``. Inside :func:`kvsplit.kernels.decode.compile_only` this compiles the plan's kernels and launches
+    nothing."""
     import torch
 
     from ..kernels.decode import launch_decode, make_workspace
-    from .gpu import _TORCH
+    from .gpu import timing_kwargs
 
+    kv_dtype = kv_dtype or plan.dtype
     B, D, H_kv = plan.batch_size, plan.head_dim, plan.num_kv_heads
-    dt = _TORCH[plan.dtype]
-    q = torch.empty((B, num_qo_heads, D), dtype=dt, device=device)
-    cache = torch.empty((1, plan.page_size, H_kv, D), dtype=dt, device=device)
+    kw = timing_kwargs(plan.dtype, kv_dtype, q_len)
+    q = torch.empty((B * q_len, num_qo_heads, D), dtype=getattr(torch, plan.dtype), device=device)
+    cache = torch.empty((1, plan.page_size, H_kv, D), dtype=getattr(torch, plan.dtype), device=device)
+    if kv_dtype != plan.dtype:
+        cache = cache.to(getattr(torch, kv_dtype))
     idx = torch.zeros(B + 1, dtype=torch.int32, device=device)
-    ws = make_workspace(num_qo_heads, D, max_partials=max(plan.num_partials, 1 << 12), max_batch=B, device=device)
+    lens = torch.from_numpy(plan.kv_lens.astype("int32")).to(device)
+    ws_kw = {"q_len": q_len} if q_len > 1 else {}
+    ws = make_workspace(
+        num_qo_heads, D, max_partials=max(plan.num_partials, 1 << 12), max_batch=B, device=device, **ws_kw
+    )
     launch_decode(
         q,
         cache,
@@ -61,9 +73,14 @@ def compile_plan(plan: Plan, *, num_qo_heads: int, device: Any = "cpu") -> None:
         plan.config,
         out=torch.empty_like(q),
         workspace=ws,
+        kv_lens=lens,
         **plan.launch_sizes(),
+        **kw,
     )
 
+
+MAX_RESTARTS = 3
+"""Times :class:`KernelCompiler` starts its helpers again after one died abruptly, before it gives up."""
 
 _PDL: bool | None = None
 
@@ -86,19 +103,10 @@ def _compile_task(task: TuneTask, params: Mapping[str, Any]) -> int:  # pragma: 
     with compile_only(bool(_PDL)):
         for lens in task.train:
             try:
-                plan = make_plan(
-                    list(lens),
-                    num_kv_heads=task.num_kv_heads,
-                    device=task.gpu,
-                    policy="tuned",
-                    params=fitted,
-                    head_dim=task.head_dim,
-                    page_size=task.page_size,
-                    dtype=task.dtype,
-                )
+                plan = make_plan(list(lens), policy="tuned", params=fitted, **task.plan_kwargs)
             except ValueError:
                 return n
-            compile_plan(plan, num_qo_heads=task.num_qo_heads)
+            compile_plan(plan, num_qo_heads=task.num_qo_heads, kv_dtype=task.kv_dtype, q_len=task.q_len)
             n += 1
     return n
 
@@ -106,7 +114,7 @@ def _compile_task(task: TuneTask, params: Mapping[str, Any]) -> int:  # pragma: 
 class KernelCompiler:
     """A pool of ``workers`` spawned processes compiling the Triton kernels of trials ahead of their timing.
 
-    ``submit(task, params)`` returns a :class:`concurrent.futures.Future` done once the kernels of ``params``'s
+    ``submit(task, params)`` returns a :class:`concurrent.futures.Future` (None without helpers) done once the kernels of ``params``'s
     plans on ``task``'s training batches are in Triton's on-disk cache (``TRITON_CACHE_DIR``, inherited by the
     helpers). A helper's failure only loses the head start: the timing process compiles the kernel itself.
     Use as a context manager (the helpers end with it).
@@ -117,20 +125,36 @@ class KernelCompiler:
         if n < 1:
             raise ValueError(f"workers: expected an integer >= 1, got {workers!r}")
         self.workers = n
-        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"), initializer=_helper_init)
+        self.restarts = 0
+        self._pool: ProcessPoolExecutor | None = self._start()
 
-    def submit(self, task: TuneTask, params: Mapping[str, Any]) -> Future:
-        """Compile the kernels of ``params``'s plans on ``task``'s training batches in a helper; the future's result
-        is the number of plans compiled (0 when the planner refuses the parameters)."""
-        return self._pool.submit(_compile_task, task, dict(params))
+    def _start(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=self.workers, mp_context=mp.get_context("spawn"), initializer=_helper_init
+        )
 
-    def submit_job(self, job: Any, params: Mapping[str, Any]) -> Future:
+    def submit(self, task: TuneTask, params: Mapping[str, Any]) -> Future | None:
+        """The future of ``params``'s compiles; None when the helpers are gone (a helper that died abruptly breaks
+        its pool: the pool is started again, at most :data:`MAX_RESTARTS` times, then the timing process compiles
+        on its own)."""
+        while self._pool is not None:
+            try:
+                return self._pool.submit(_compile_task, task, dict(params))
+            except BrokenProcessPool:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self.restarts += 1
+                self._pool = self._start() if self.restarts <= MAX_RESTARTS else None
+        return None
+
+    def submit_job(self, job: Any, params: Mapping[str, Any]) -> Future | None:
         """:meth:`submit` for a :class:`kvsplit.tuner.worker.WorkerJob`'s task."""
         return self.submit(job.task, params)
 
     def close(self) -> None:
         """Stop the helpers, dropping compiles not started (a dropped compile only loses its head start)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def __enter__(self) -> KernelCompiler:
         return self

@@ -8,6 +8,7 @@ finished trials (module doc of :mod:`kvsplit.tuner.search`, steps 3-5).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import multiprocessing as mp
 import os
@@ -17,7 +18,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -328,7 +329,7 @@ class _InFlight:
 
 
 def run_interleaved(
-    jobs: Sequence[WorkerJob],
+    jobs: Iterable[WorkerJob],
     *,
     backend: TimingBackend,
     stop: Stop | None = None,
@@ -348,6 +349,7 @@ def run_interleaved(
     processes, :class:`kvsplit.tuner.precompile.KernelCompiler`); a trial is timed once its future is done,
     the oldest first when none is. Timing stays sequential on the one ``backend``.
 
+    ``jobs`` is consumed lazily: a job is drawn only when its study opens (a generator may size it then).
     ``prepare(job)`` runs before a study is opened (warm starts, bookkeeping rows).
     ``may_ask()`` False (budget or slice over) or ``stop`` set: no new trial is asked and the trials in flight
     are finished. ``on_trial(job, measured)`` after each told trial (``measured``: the backend timed it);
@@ -358,7 +360,14 @@ def run_interleaved(
 
     stop = stop or Stop()
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-    queue = list(jobs)
+    queue = iter(jobs)
+    ahead: list[WorkerJob] = []  # the next job, drawn from ``jobs`` only when a study may open
+
+    def pending() -> bool:
+        if not ahead:
+            ahead.extend(itertools.islice(queue, 1))
+        return bool(ahead)
+
     open_: list[tuple[WorkerJob, Any, random.Random]] = []
     busy: set[str] = set()
     flight: list[_InFlight] = []
@@ -376,8 +385,8 @@ def run_interleaved(
             on_trial(item.job, measured)
 
     while True:
-        while asking() and queue and len(open_) < max(1, window):
-            job = queue.pop(0)
+        while asking() and len(open_) < max(1, window) and pending():
+            job = ahead.pop()
             if prepare is not None:
                 prepare(job)
             open_.append((job, _open_job_study(job), random.Random(job.seed * 7919 + job.index + os.getpid())))
@@ -405,7 +414,7 @@ def run_interleaved(
                 item.ready = compile_ahead(job, got) if compile_ahead is not None else None
                 flight.append(item)
         if not flight:
-            if not asking() or (not open_ and not queue):
+            if not asking() or (not open_ and not pending()):
                 break
             continue
         item = next((f for f in flight if f.ready is None or f.ready.done()), flight[0])

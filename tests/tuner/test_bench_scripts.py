@@ -19,6 +19,7 @@ SCRIPTS = [
     "gpu_sweep.py",
     "peers.py",
     "service_bench.py",
+    "table_ab.py",
 ]
 
 

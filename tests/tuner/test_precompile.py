@@ -9,6 +9,7 @@ plan no helper compiled does add files (the check can fail).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -78,8 +79,8 @@ def test_interleaved_search_stops_asking_when_told_and_finishes_what_it_asked(tm
 
 
 def _cache_files(root: Path) -> set[str]:
-    """The compiled kernels in a Triton cache (not the launcher stubs: ``JITFunction.warmup`` builds no host
-    launcher, so a timing process builds its one stub per kernel signature once, on its first launch)."""
+    """Triton's cached compile artifacts (PTX, cubin, metadata). The ``__triton_launcher`` modules are left out:
+    the host-side launch stub of a kernel signature is built at the first launch, whoever compiled the kernel."""
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "__triton_launcher" not in p.name}
 
 
@@ -123,3 +124,29 @@ def test_a_plan_compiled_by_a_helper_launches_without_compiling(tmp_path, monkey
         added = _cache_files(cache) - before
         assert (not added) == compiled, (compiled, sorted(added)[:4])
         assert timer.max_error(plan) < 2e-2
+
+
+def test_a_helper_that_dies_is_replaced_and_the_search_goes_on():
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    import signal
+    import time
+
+    from kvsplit.tuner.precompile import KernelCompiler
+
+    task = search.family_task("skewed80", 16, 262_144, num_train=1, num_heldout=1, seed=3, **SHAPE)
+    params = search.baseline_equivalents(task)["balanced"]
+    before = {p.pid for p in mp.active_children()}
+    with KernelCompiler(workers=1) as kc:
+        cf.wait([kc.submit(task, params)], timeout=300)  # compiled, or (no CUDA here) a compile error: done
+        helpers = [p for p in mp.active_children() if p.pid not in before]
+        assert helpers
+        for p in helpers:
+            os.kill(p.pid, signal.SIGKILL)
+        deadline = time.time() + 120
+        while kc.restarts == 0 and time.time() < deadline:  # the pool notices the death at a later submit
+            cf.wait([kc.submit(task, params)], timeout=60)
+        assert kc.restarts == 1
+        f = kc.submit(task, params)
+        cf.wait([f], timeout=300)
+        assert f.done() and not isinstance(f.exception(), cf.process.BrokenProcessPool)
