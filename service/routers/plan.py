@@ -13,7 +13,9 @@ against about 49 µs for the full path below. Everything else takes the full
 path: the raw body parsed with orjson and validated with NumPy
 (:mod:`kvsplit.service.validation`), :meth:`PolicyTable.plan` and the answer
 serialized with orjson straight from the NumPy arrays (:func:`plan_answer`),
-which gives every error message. Both write the same bytes
+which gives every error message. Both count the answered batch in the traffic
+statistics (:class:`kvsplit.service.traffic.TrafficRecorder`, ``state.traffic``;
+None when ``KVSPLIT_TRAFFIC=0``): a dict update under a lock, no database access. Both write the same bytes
 (tests/service/test_plan_answer.py). The request / response schemas are still
 declared for OpenAPI.
 """
@@ -153,6 +155,9 @@ def _fast_answer(body: bytes, state) -> bytes | None:
     B, W, nc, b64, b32, sp, key, entry, distance = raw
     _, _, count, head, matched, policy = _fragments(sp, entry, table)
     count()
+    traffic = getattr(state, "traffic", None)
+    if traffic is not None:
+        traffic.record(key.tobytes(), B, int(kv.sum()), "fallback" if entry is None else entry.source, distance)
     arrays = fastjson.buffers_json(b64, b32, B, W, nc, not plain)
     if entry is None:  # (the key's characters need no escaping: letters, digits, '.', '-')
         return b"".join(
@@ -204,6 +209,9 @@ def handle_plan(body: bytes, state, content_type: bytes | str | None = None) -> 
     if c is None:
         c = _LOOKUPS[src] = metrics.PLAN_LOOKUPS.labels(src)
     c.inc()
+    traffic = getattr(state, "traffic", None)
+    if traffic is not None:
+        traffic.record(bucket["key"].encode(), int(p.kv_lens.shape[0]), int(p.kv_lens.sum()), src, bucket["distance"])
     return 200, plan_answer(p, bucket, policy)
 
 
