@@ -29,6 +29,7 @@ from fastapi import APIRouter, Request, Response
 
 from .. import fastjson, fastparse, metrics, validation
 from ..schemas import ErrorDetail, PlanResponse, ValidationErrorOut
+from ..traffic import SOURCE_INDEX as _SOURCE
 from ..validation import RequestValidationFailed, error, parse_plan_request, scan_request, unsupported_media_type
 
 router = APIRouter(tags=["plan"])
@@ -157,7 +158,9 @@ def _fast_answer(body: bytes, state) -> bytes | None:
     count()
     traffic = getattr(state, "traffic", None)
     if traffic is not None:
-        traffic.record(key.tobytes(), B, int(kv.sum()), "fallback" if entry is None else entry.source, distance)
+        traffic.record(
+            key.tobytes(), B, fastparse.kv_total(kv), _SOURCE[entry.source] if entry is not None else 3, distance
+        )
     arrays = fastjson.buffers_json(b64, b32, B, W, nc, not plain)
     if entry is None:  # (the key's characters need no escaping: letters, digits, '.', '-')
         return b"".join(
@@ -211,7 +214,13 @@ def handle_plan(body: bytes, state, content_type: bytes | str | None = None) -> 
     c.inc()
     traffic = getattr(state, "traffic", None)
     if traffic is not None:
-        traffic.record(bucket["key"].encode(), int(p.kv_lens.shape[0]), int(p.kv_lens.sum()), src, bucket["distance"])
+        traffic.record(
+            bucket["key"].encode(),
+            int(p.kv_lens.shape[0]),
+            int(p.kv_lens.sum()),
+            _SOURCE[src],
+            bucket["distance"],
+        )
     return 200, plan_answer(p, bucket, policy)
 
 

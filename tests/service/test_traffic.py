@@ -24,7 +24,7 @@ from kvsplit.db import store
 from kvsplit.db.models import Traffic, TrafficBin
 from kvsplit.kernels.buckets import DISTANCE_LIMIT, bucket_key
 from kvsplit.service import main_job
-from kvsplit.service.traffic import TrafficRecorder, current_hour, traffic_summary
+from kvsplit.service.traffic import SOURCE_INDEX, TrafficRecorder, current_hour, traffic_summary
 
 from ..service_support import LiveServer
 
@@ -341,8 +341,8 @@ def test_retention_prunes_hours_older_than_the_limit_and_windows_sum_hours(tmp_p
     for hour, n in ((0, 2), (1, 3), (2, 4)):
         clock.t = (h0 + hour) * 3600 + 100
         for i in range(n):
-            rec.record(key, 16, 16_000 + i, "tuned", 0.25 * i)
-        rec.record(b"nvidia-h200.kv4.d128.bf16.p16.b0.t-1.w", 1, 0, "fallback", None)
+            rec.record(key, 16, 16_000 + i, SOURCE_INDEX["tuned"], 0.25 * i)
+        rec.record(b"nvidia-h200.kv4.d128.bf16.p16.b0.t-1.w", 1, 0, SOURCE_INDEX["fallback"], None)
         assert rec.flush() == n + 1
     assert _stored_hours(url) == [h0, h0, h0 + 1, h0 + 1, h0 + 2, h0 + 2]
     now = (h0 + 2) * 3600 + 100
@@ -361,7 +361,7 @@ def test_retention_prunes_hours_older_than_the_limit_and_windows_sum_hours(tmp_p
     assert rec.flush() == 0
     assert _stored_hours(url) == [h0 + 1, h0 + 1, h0 + 2, h0 + 2]
     clock.t = (h0 + 5) * 3600 + 1
-    rec.record(key, 16, 1, "simulated", 1.5)  # beyond DISTANCE_LIMIT: far
+    rec.record(key, 16, 1, SOURCE_INDEX["simulated"], 1.5)  # beyond DISTANCE_LIMIT: far
     rec.flush()
     assert _stored_hours(url) == [h0 + 5]
     with store.session_scope(url) as s:
@@ -375,14 +375,14 @@ def test_a_failed_flush_keeps_the_counts_for_the_next(tmp_path):
     url = f"sqlite:///{tmp_path / 'k.db'}"
     store.upgrade(url)
     rec = TrafficRecorder(url, retention_hours=24)
-    rec.record(b"nvidia-h200.kv4.d128.bf16.p16.b4.t14.w26x16", 16, 16_000, "fallback", None)
+    rec.record(b"nvidia-h200.kv4.d128.bf16.p16.b4.t14.w26x16", 16, 16_000, SOURCE_INDEX["fallback"], None)
     eng = store.get_engine(url)
     with eng.begin() as conn:  # the store loses the table for a moment: the flush fails
         conn.exec_driver_sql("ALTER TABLE traffic RENAME TO traffic_away")
     with pytest.raises(Exception, match="traffic"):
         rec.flush()
     assert rec.pending() == 1
-    rec.record(b"nvidia-h200.kv4.d128.bf16.p16.b4.t14.w26x16", 20, 15_000, "fallback", None)
+    rec.record(b"nvidia-h200.kv4.d128.bf16.p16.b4.t14.w26x16", 20, 15_000, SOURCE_INDEX["fallback"], None)
     with eng.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE traffic_away RENAME TO traffic")
     assert rec.flush() == 2 and rec.pending() == 0
@@ -397,8 +397,8 @@ def test_the_in_memory_cells_are_bounded(tmp_path):
     rec = TrafficRecorder(url, retention_hours=24, max_cells=3)
     keys = [f"nvidia-h200.kv4.d128.bf16.p16.b{b}.t14.w26x16".encode() for b in range(5)]
     for k in keys:
-        rec.record(k, 1, 10, "fallback", None)
-    rec.record(keys[0], 1, 10, "fallback", None)  # a known cell still counts
+        rec.record(k, 1, 10, SOURCE_INDEX["fallback"], None)
+    rec.record(keys[0], 1, 10, SOURCE_INDEX["fallback"], None)  # a known cell still counts
     assert rec.pending() == 4
     assert rec.flush() == 4
     with store.session_scope(url) as s:
