@@ -129,6 +129,10 @@ def wrk(url: str, duration: int, connections: int, batch: int, bodies: int = 400
     return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
+def _rss_list(rounds: list[dict]) -> str:
+    return ", ".join(f"{r['rss_mb']:.1f}" for r in rounds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=60)
@@ -220,11 +224,12 @@ def main() -> None:
                 c0 = cpu_s([pids[name]])
                 r = wrk(u, args.duration, args.connections, args.batch, args.bodies)
                 r["cpu_us"] = (cpu_s([pids[name]]) - c0) / max(r["requests"], 1) * 1e6
+                r["rss_mb"] = rss_mb([pids[name]])
                 rounds[name].append(r)
                 print(
                     f"round {i + 1} {name}: {r['rps']:,.0f} req/s p99 {r['p99_ms']:.2f} ms "
                     f"non-2xx {int(r['non2xx'])} socket errors {int(r['sockerr'])} "
-                    f"server CPU {r['cpu_us']:.0f} us/request (load {os.getloadavg()[0]:.1f})",
+                    f"server CPU {r['cpu_us']:.0f} us/request, RSS {r['rss_mb']:.1f} MB (load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
         rss1 = {name: rss_mb([pids[name]]) for name in servers}
@@ -296,7 +301,8 @@ def main() -> None:
         print(
             f"\ntraffic statistics on / off: {results[on]['rps'] / results[off]['rps']:.3f}x req/s (median rounds), "
             f"per round {', '.join(f'{x:.3f}' for x in pairs)}; server CPU per request {cpu_on / cpu_off:.3f}x; "
-            f"RSS MB on {rss0[on]:.0f} -> {rss1[on]:.0f}, off {rss0[off]:.0f} -> {rss1[off]:.0f}"
+            f"RSS MB on {rss0[on]:.1f} -> {_rss_list(rounds[on])}, off {rss0[off]:.1f} -> {_rss_list(rounds[off])} "
+            "(after each round)"
         )
     k = results[main_name]["rps"]
     kc = statistics.median(x["cpu_us"] for x in rounds[main_name])
