@@ -207,6 +207,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.holder = holder
     app.state.traffic = traffic
+    holder.traffic = traffic  # the plan path reads it there (a plain attribute)
     for r in (plan.router, policies.router, data.router, health.router, dashboard.router, traffic_router.router):
         app.include_router(r)
     app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, plan_state=app.state)
