@@ -13,6 +13,12 @@ sensitive than req/s to other load on the machine); then times a 65,536-entry re
 ``bench/service_baseline.py`` (no framework, no work: uvicorn's own cost per request).
 
     .venv/bin/python bench/service_bench.py [--duration 60] [--rounds 3] [--workers 1] [--connections 16] [--floor]
+        [--traffic on|off|both] [--no-baselines]
+
+``--traffic`` sets ``KVSPLIT_TRAFFIC`` of the kvsplit server (default ``on``, the service's default);
+``both`` runs two kvsplit servers, traffic statistics on and off, in the same interleaved rounds, and
+prints the throughput and CPU ratio of on to off and each one's RSS before and after (issue 36: on must
+stay within 5 % of off, memory flat). ``--no-baselines`` leaves the plain FastAPI servers out.
 
 Needs Debian's ``wrk`` (``apt-get install -y wrk``).
 """
@@ -123,6 +129,10 @@ def wrk(url: str, duration: int, connections: int, batch: int, bodies: int = 400
     return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
+def _rss_list(rounds: list[dict]) -> str:
+    return ", ".join(f"{r['rss_mb']:.1f}" for r in rounds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=60)
@@ -132,6 +142,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--bodies", type=int, default=400)
     ap.add_argument("--floor", action="store_true", help="also run the raw ASGI hello-world (the server floor)")
+    ap.add_argument(
+        "--traffic", choices=("on", "off", "both"), default="on", help="KVSPLIT_TRAFFIC of the kvsplit server(s)"
+    )
+    ap.add_argument("--no-baselines", action="store_true", help="run no plain FastAPI server")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install -y wrk")
@@ -140,31 +154,36 @@ def main() -> None:
     fill_store(db)
     procs = []
     servers = {}
+    pids = {}
     try:
-        port = free_port()
-        env = dict(os.environ, KVSPLIT_DATABASE_URL=db)
         w = str(args.workers)
-        procs.append(
-            subprocess.Popen(
-                [
-                    PY,
-                    "-m",
-                    "kvsplit.service.cli",
-                    "serve",
-                    "--port",
-                    str(port),
-                    "--workers",
-                    w,
-                    "--log-level",
-                    "warning",
-                ],
-                env=env,
-                cwd=tmp,
+        modes = ("on", "off") if args.traffic == "both" else (args.traffic,)
+        for mode in modes:
+            port = free_port()
+            env = dict(os.environ, KVSPLIT_DATABASE_URL=db, KVSPLIT_TRAFFIC="1" if mode == "on" else "0")
+            procs.append(
+                subprocess.Popen(
+                    [
+                        PY,
+                        "-m",
+                        "kvsplit.service.cli",
+                        "serve",
+                        "--port",
+                        str(port),
+                        "--workers",
+                        w,
+                        "--log-level",
+                        "warning",
+                    ],
+                    env=env,
+                    cwd=tmp,
+                )
             )
-        )
-        servers["kvsplit serve"] = f"http://127.0.0.1:{port}"
-        pids = {"kvsplit serve": procs[-1].pid}
-        targets = [("plain FastAPI, async def", "app"), ("plain FastAPI, def", "app_sync")]
+            name = "kvsplit serve" if len(modes) == 1 else f"kvsplit serve, traffic {mode}"
+            servers[name] = f"http://127.0.0.1:{port}"
+            pids[name] = procs[-1].pid
+        main_name = next(iter(servers))
+        targets = [] if args.no_baselines else [("plain FastAPI, async def", "app"), ("plain FastAPI, def", "app_sync")]
         if args.floor:
             targets.append(("raw ASGI hello (floor)", "hello"))
         for name, target in targets:
@@ -194,7 +213,8 @@ def main() -> None:
             servers[name] = f"http://127.0.0.1:{p}"
             pids[name] = procs[-1].pid
         for name, u in servers.items():
-            wait_up(u + {"kvsplit serve": "/healthz", "raw ASGI hello (floor)": "/"}.get(name, "/openapi.json"))
+            path = "/healthz" if name.startswith("kvsplit serve") else "/openapi.json"
+            wait_up(u + ("/" if name == "raw ASGI hello (floor)" else path))
         for u in servers.values():
             wrk(u, 3, args.connections, args.batch, args.bodies)  # warm-up
         rss0 = {name: rss_mb([pids[name]]) for name in servers}
@@ -204,11 +224,12 @@ def main() -> None:
                 c0 = cpu_s([pids[name]])
                 r = wrk(u, args.duration, args.connections, args.batch, args.bodies)
                 r["cpu_us"] = (cpu_s([pids[name]]) - c0) / max(r["requests"], 1) * 1e6
+                r["rss_mb"] = rss_mb([pids[name]])
                 rounds[name].append(r)
                 print(
                     f"round {i + 1} {name}: {r['rps']:,.0f} req/s p99 {r['p99_ms']:.2f} ms "
                     f"non-2xx {int(r['non2xx'])} socket errors {int(r['sockerr'])} "
-                    f"server CPU {r['cpu_us']:.0f} us/request (load {os.getloadavg()[0]:.1f})",
+                    f"server CPU {r['cpu_us']:.0f} us/request, RSS {r['rss_mb']:.1f} MB (load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
         rss1 = {name: rss_mb([pids[name]]) for name in servers}
@@ -223,7 +244,7 @@ def main() -> None:
         lat = []
         for _ in range(12):
             req = urllib.request.Request(
-                servers["kvsplit serve"] + "/v1/plan", data=body, headers={"Content-Type": "application/json"}
+                servers[main_name] + "/v1/plan", data=body, headers={"Content-Type": "application/json"}
             )
             t0 = time.perf_counter()
             with urllib.request.urlopen(req, timeout=30) as r:
@@ -233,7 +254,7 @@ def main() -> None:
         # PlanClient.plan per call
         from kvsplit.service.client import PlanClient
 
-        client = PlanClient(servers["kvsplit serve"])
+        client = PlanClient(servers[main_name])
         batches = [np.floor(2 ** (rng.random(args.batch) * 15)).astype(np.int64) for _ in range(64)]
         for b in batches:
             client.plan(b, **SHAPE)
@@ -272,13 +293,23 @@ def main() -> None:
             f"{errs} | {rss0[name]:.0f} -> {rss1[name]:.0f} | "
             f"{statistics.median(x['cpu_us'] for x in rounds[name]):.0f} |"
         )
-    k = results["kvsplit serve"]["rps"]
-    kc = statistics.median(x["cpu_us"] for x in rounds["kvsplit serve"])
+    if args.traffic == "both":
+        on, off = "kvsplit serve, traffic on", "kvsplit serve, traffic off"
+        pairs = [a["rps"] / b["rps"] for a, b in zip(rounds[on], rounds[off])]
+        cpu_on = statistics.median(x["cpu_us"] for x in rounds[on])
+        cpu_off = statistics.median(x["cpu_us"] for x in rounds[off])
+        print(
+            f"\ntraffic statistics on / off: {results[on]['rps'] / results[off]['rps']:.3f}x req/s (median rounds), "
+            f"per round {', '.join(f'{x:.3f}' for x in pairs)}; server CPU per request {cpu_on / cpu_off:.3f}x; "
+            f"RSS MB on {rss0[on]:.1f} -> {_rss_list(rounds[on])}, off {rss0[off]:.1f} -> {_rss_list(rounds[off])} "
+            "(after each round)"
+        )
+    k = results[main_name]["rps"]
+    kc = statistics.median(x["cpu_us"] for x in rounds[main_name])
     for name in list(results)[1:]:
         oc = statistics.median(x["cpu_us"] for x in rounds[name])
         print(
-            f"\nkvsplit serve / {name}: {k / results[name]['rps']:.2f}x req/s, "
-            f"{oc / kc:.2f}x less server CPU per request"
+            f"\n{main_name} / {name}: {k / results[name]['rps']:.2f}x req/s, {oc / kc:.2f}x less server CPU per request"
         )
     print(
         f"\n65,536-entry POST /v1/plan, end to end (urllib client): median {statistics.median(lat) * 1e3:.1f} ms, "

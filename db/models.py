@@ -35,6 +35,14 @@ never by ``create_all`` outside tests):
 ``store_state``
     A single row holding ``policies_version``, bumped on every publish, retire
     and import so servers can poll one integer.
+``traffic`` and ``traffic_bins``
+    What the plan service served, per bucket key and hour (hours since the
+    Unix epoch, UTC): request count, batch-size and total-token ranges,
+    requests per answer source, distance figures (``traffic``), and coarse
+    histograms of the batch size and the total tokens (``traffic_bins``: one
+    row per key, hour, kind and bin). Counts only: no batch's kv_lens is kept.
+    Written by :func:`kvsplit.db.traffic.add_traffic` (an atomic upsert-add, so
+    several server processes add into one row without losing counts).
 """
 
 from __future__ import annotations
@@ -66,6 +74,9 @@ __all__ = [
     "TuningRun",
     "Measurement",
     "StoreState",
+    "Traffic",
+    "TrafficBin",
+    "TRAFFIC_BIN_KINDS",
     "POLICY_STATUSES",
     "BACKENDS",
     "RUN_STATUSES",
@@ -276,3 +287,49 @@ class StoreState(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     policies_version: Mapped[int] = mapped_column(Integer, default=0)
     updated_at: Mapped[_dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+TRAFFIC_BIN_KINDS = ("batch", "tokens")
+"""Histograms of :class:`TrafficBin`: the batch size B and the total tokens sum(kv_len) of each request."""
+
+
+class Traffic(Base):
+    """The plan requests of one bucket key in one hour (sums; :mod:`kvsplit.db.traffic`)."""
+
+    __tablename__ = "traffic"
+    __table_args__ = (
+        CheckConstraint("requests >= 1", name="ck_traffic_requests"),
+        Index("ix_traffic_hour", "hour"),
+    )
+
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # floor(unix seconds / 3600), UTC
+    requests: Mapped[int] = mapped_column(BigInteger)
+    n_tuned: Mapped[int] = mapped_column(BigInteger, default=0)
+    n_simulated: Mapped[int] = mapped_column(BigInteger, default=0)
+    n_fallback: Mapped[int] = mapped_column(BigInteger, default=0)
+    n_far: Mapped[int] = mapped_column(BigInteger, default=0)  # matched beyond kernels.buckets.DISTANCE_LIMIT
+    batch_min: Mapped[int] = mapped_column(Integer)
+    batch_max: Mapped[int] = mapped_column(Integer)
+    tokens_min: Mapped[int] = mapped_column(BigInteger)
+    tokens_max: Mapped[int] = mapped_column(BigInteger)
+    distance_max: Mapped[Optional[float]] = mapped_column(Float, nullable=True)  # None: every request fell back
+    distance_sum: Mapped[float] = mapped_column(Float, default=0.0)  # over the tuned + simulated requests
+
+
+class TrafficBin(Base):
+    """One histogram bin of :class:`Traffic`: ``n`` requests whose value ``x`` (B or total tokens)
+    has ``x.bit_length() == bin`` (``2^(bin-1) <= x < 2^bin``; bin 0 holds x = 0)."""
+
+    __tablename__ = "traffic_bins"
+    __table_args__ = (
+        CheckConstraint("kind in ('batch', 'tokens')", name="ck_traffic_bins_kind"),
+        CheckConstraint("bin >= 0 and bin <= 64", name="ck_traffic_bins_bin"),
+        Index("ix_traffic_bins_hour", "hour"),
+    )
+
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bin: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)

@@ -59,6 +59,11 @@ process is gone, or whose heartbeat is older than its ``stale_after_s``, becomes
 ``abandoned: ...`` message; ``start_run`` and ``GET /v1/runs`` call it),
 ``record_measurement(...)`` / ``list_measurements(...)``.
 
+Traffic statistics (:mod:`.traffic`)
+------------------------------------
+``add_traffic(session, cells)`` (atomic upsert-add per bucket key and hour), ``prune_traffic(session, *,
+before_hour)``, ``read_traffic(session, *, since_hour) -> list[TrafficSum]``.
+
 Examples
 --------
 >>> from kvsplit.db import store
@@ -126,6 +131,7 @@ from .records import (
     set_device_bandwidth,
     start_run,
 )
+from .traffic import TrafficCell, TrafficSum, add_traffic, prune_traffic, read_traffic
 from .transfer import (
     EXPORT_FORMAT,
     EXPORT_FORMAT_VERSION,
@@ -190,4 +196,9 @@ __all__ = [
     "DEFAULT_STALE_AFTER_S",
     "record_measurement",
     "list_measurements",
+    "TrafficCell",
+    "TrafficSum",
+    "add_traffic",
+    "prune_traffic",
+    "read_traffic",
 ]

@@ -8,6 +8,7 @@ Routes (operation ids in brackets; OpenAPI at ``/v1/openapi.json``, docs at ``/v
 * ``POST /v1/policies/import`` [import_policies], ``POST /v1/policies/{id}/publish`` [publish_policy],
   ``POST /v1/policies/{id}/retire`` [retire_policy] — admin, ``Authorization: Bearer <KVSPLIT_ADMIN_TOKEN>``.
 * ``GET /v1/buckets`` [list_buckets], ``GET /v1/runs`` [list_runs], ``GET /v1/measurements`` [list_measurements]
+* ``GET /v1/traffic`` [get_traffic] — what the service served per bucket key (:mod:`kvsplit.service.traffic`).
 * ``GET /healthz`` [healthz], ``GET /metrics`` [metrics], ``GET /`` (dashboard), ``GET /favicon.ico``.
 
 The API docs (Swagger UI) load their JavaScript and CSS from this server
@@ -24,7 +25,9 @@ its status in ``kvsplit_http_requests_total``.
 Start-up (lifespan) loads the published policies from the store (failing
 loudly when the schema is outdated: run ``kvsplit db upgrade``), warns when the
 store has none (every batch would get the fallback) and starts the version
-poll; see :mod:`kvsplit.service.state`.
+poll; see :mod:`kvsplit.service.state`. With ``KVSPLIT_TRAFFIC`` on (the
+default) it also starts the periodic flush of the traffic statistics, and
+shutdown flushes them once more (:mod:`kvsplit.service.traffic`).
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ from sqlalchemy.exc import DBAPIError
 from . import fastjson, fastparse, queries
 from .middleware import INTERNAL_ERROR, PLAN_ROUTE, GuardMiddleware, PlanFastPath
 from .routers import dashboard, data, health, plan, policies
+from .routers import traffic as traffic_router
 from .schemas import DeviceIn, make_plan_request_model
 from .settings import Settings
 from .state import TableHolder
+from .traffic import TrafficRecorder
 
 __all__ = ["create_app", "DOCS_STATIC_URL"]
 
@@ -146,6 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     url = settings.database_url
     holder = TableHolder(functools.partial(queries.load_table_doc, url), functools.partial(queries.read_version, url))
+    traffic = TrafficRecorder(url, retention_hours=settings.traffic_retention_hours) if settings.traffic else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -159,16 +165,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 url,
                 served.table.fallback_name,
             )
-        task = None
+        tasks = []
         if settings.reload_interval_s > 0:
-            task = asyncio.create_task(holder.poll(settings.reload_interval_s))
+            tasks.append(asyncio.create_task(holder.poll(settings.reload_interval_s)))
+        if traffic is not None:
+            tasks.append(asyncio.create_task(traffic.run(settings.traffic_flush_interval_s)))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if traffic is not None:  # this process's last counts
+                try:
+                    await asyncio.to_thread(traffic.flush)
+                except Exception as exc:  # noqa: BLE001 - a store error at shutdown: say what is lost
+                    log.error(
+                        "traffic statistics: the last flush failed, %d requests not stored: %s", traffic.pending(), exc
+                    )
 
     # FastAPI with Swagger UI's assets served from the installed package instead of a CDN
     app = FastAPIOffline(
@@ -191,7 +206,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(Exception, _internal_error_answer)
     app.state.settings = settings
     app.state.holder = holder
-    for r in (plan.router, policies.router, data.router, health.router, dashboard.router):
+    app.state.traffic = traffic
+    holder.traffic = traffic  # the plan path reads it there (a plain attribute)
+    for r in (plan.router, policies.router, data.router, health.router, dashboard.router, traffic_router.router):
         app.include_router(r)
     app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, plan_state=app.state)
     app.__class__ = _PlanServiceApp  # FastAPIOffline builds a plain FastAPI; only __call__ differs

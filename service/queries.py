@@ -24,6 +24,7 @@ from ..kernels.device import resolve_device
 from ..kernels.plan import make_plan
 from ..kernels.policy_table import SOURCE_OF_BACKEND
 from ..tuner.published import load_table_doc, table_entry
+from .traffic import TrafficRow, traffic_summary
 
 _log = logging.getLogger("kvsplit.service")
 
@@ -40,6 +41,8 @@ __all__ = [
     "shape_slug",
     "BASELINES",
     "SIMULATED_SUFFIX",
+    "traffic_summary",
+    "TrafficRow",
 ]
 
 BASELINES = ("balanced", "fa3", "flashinfer", "no_split")

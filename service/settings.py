@@ -19,6 +19,14 @@ KVSPLIT_MAX_BODY_BYTES     largest request body (bytes), refused with  2097152 (
 KVSPLIT_PORT               TCP port of ``kvsplit run`` and ``kvsplit   8000
                            serve`` when ``--port`` is not given
                            (0..65535)
+KVSPLIT_TRAFFIC            record traffic statistics (per bucket key   1 (on)
+                           and hour, no kv_lens) into the store;
+                           0 turns them off
+KVSPLIT_TRAFFIC_RETENTION  hours of traffic statistics kept; older     168 (7 days)
+_HOURS                     hours are deleted at each flush (1..87600)
+KVSPLIT_TRAFFIC_FLUSH      seconds between flushes of a server         5.0
+_INTERVAL_S                process's counts into the store
+                           (0.05..3600; also at shutdown)
 =========================  ==========================================  ====================
 
 A bad value stops every command with one line naming the variable
@@ -44,6 +52,9 @@ class Settings(StoreSettings):
     reload_interval_s: float = Field(default=2.0, ge=0.0, le=3600.0)
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     port: int = Field(default=8000, ge=0, le=65535)
+    traffic: bool = True
+    traffic_retention_hours: int = Field(default=168, ge=1, le=87600)
+    traffic_flush_interval_s: float = Field(default=5.0, ge=0.05, le=3600.0)
 
     @field_validator("admin_token")
     @classmethod

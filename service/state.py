@@ -108,6 +108,7 @@ class TableHolder:
         self._lock = threading.Lock()
         self.current: ServedTable | None = None
         self.last_error: str | None = None
+        self.traffic: Any = None  # the process's TrafficRecorder (kvsplit.service.traffic), None when off
 
     def reload(self) -> ServedTable:
         """Load the table now (blocking; thread-safe) and make it current."""

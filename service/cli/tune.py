@@ -9,6 +9,9 @@ One of three workload selections:
   ``--batch-size`` (default 16, 64 and 256), with ``--rate-scale``,
   ``--token-budget``, ``--max-batch-size``, ``--max-kv-len``;
 - ``--all``: the default library (:func:`kvsplit.tuner.search.default_library`);
+- ``--from-traffic N``: the N bucket keys of ``--gpu`` that the plan service
+  answered most often with the fallback or from far away, on batches drawn
+  from its recorded traffic statistics (:mod:`kvsplit.tuner.traffic`);
 - ``--campaign``: a GPU's whole table for one model shape, resumable, within
   ``--budget-minutes`` (:mod:`kvsplit.tuner.campaign`, :mod:`.campaign`;
   docs/guides/tuning.md).
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -48,6 +52,7 @@ from .options import (
     NumQoHeads,
     PageSize,
     QLen,
+    existing_store,
     fail,
     store_url,
 )
@@ -78,6 +83,19 @@ def tune_cmd(
         Optional[str], typer.Option("--trace", metavar="NAME", help="azure_code, azure_conv, mooncake, sharegpt, arxiv")
     ] = None,
     all_: Annotated[bool, typer.Option("--all", metavar="", help="tune the default bucket library")] = False,
+    from_traffic: Annotated[
+        Optional[int],
+        typer.Option(
+            "--from-traffic",
+            metavar="N",
+            min=1,
+            help="tune the N bucket keys of --gpu's served traffic with the most fallback or far requests "
+            "(GET /v1/traffic), on batches drawn from the recorded statistics",
+        ),
+    ] = None,
+    traffic_hours: Annotated[
+        int, typer.Option("--traffic-hours", metavar="H", min=1, help="--from-traffic: hours of statistics read")
+    ] = 168,
     trials_given: Annotated[
         Optional[int],
         typer.Option(
@@ -214,8 +232,8 @@ def tune_cmd(
     if campaign:
         from .campaign import campaign_cmd
 
-        if family is not None or trace is not None or all_:
-            fail("--campaign builds every bucket: give none of --family, --trace, --all")
+        if family is not None or trace is not None or all_ or from_traffic is not None:
+            fail("--campaign builds every bucket: give none of --family, --trace, --all, --from-traffic")
         campaign_cmd(
             gpu=gpu,
             num_qo_heads=num_qo_heads,
@@ -248,9 +266,9 @@ def tune_cmd(
     trials = trials_given or 40
     num_train = num_train_given or search.DEFAULT_TRAIN
     num_heldout = num_heldout_given or search.DEFAULT_HELDOUT
-    chosen = [x for x in (family is not None, trace is not None, all_) if x]
+    chosen = [x for x in (family is not None, trace is not None, all_, from_traffic is not None) if x]
     if len(chosen) != 1:
-        fail("choose exactly one of --family, --trace, --all, --campaign")
+        fail("choose exactly one of --family, --trace, --all, --from-traffic, --campaign")
     url = store_url(database_url)
     shape = dict(
         gpu=gpu,
@@ -305,6 +323,8 @@ def tune_cmd(
                 max_buckets=max_buckets,
                 **shape,
             )
+        elif from_traffic is not None:
+            tasks = _traffic_tasks(url, from_traffic, traffic_hours, shape, num_train, num_heldout, seed)
         else:
             tasks = search.default_library(num_train=num_train, num_heldout=num_heldout, seed=seed, **shape)
     except ValueError as exc:
@@ -366,6 +386,37 @@ def tune_cmd(
     if stop.is_set() or any(r.status == "interrupted" for r in results):
         typer.echo("interrupted: re-run the same command to resume", err=True)
         raise typer.Exit(code=130)
+
+
+def _traffic_tasks(url: str, count: int, hours: int, shape: dict, num_train: int, num_heldout: int, seed: int):
+    """``--from-traffic``: the tasks of :func:`kvsplit.tuner.traffic.traffic_tasks` (GQA group size from
+    --num-qo-heads / --num-kv-heads); stops with one line when the store has no such traffic."""
+    from ...db import store
+    from ...tuner.traffic import traffic_tasks
+
+    if shape["num_qo_heads"] % shape["num_kv_heads"]:
+        fail("--num-qo-heads: must be a multiple of --num-kv-heads (the GQA group size of the tuned shapes)")
+    url = existing_store(url)  # statistics to read: the store must exist, at the current schema
+    with store_errors(url):
+        tasks, notes = traffic_tasks(
+            url,
+            count,
+            gpu=shape["gpu"],
+            group_size=shape["num_qo_heads"] // shape["num_kv_heads"],
+            hours=hours,
+            now_hour=int(time.time() // 3600),
+            num_train=num_train,
+            num_heldout=num_heldout,
+            seed=seed,
+        )
+    for n in notes:
+        typer.echo(f"note: {n}", err=True)
+    if not tasks:
+        fail(
+            f"--from-traffic: no {shape['gpu']} bucket key in the last {hours} h of traffic statistics of "
+            f"{store.safe_url(url)} was answered by the fallback or from farther than the bucket distance limit"
+        )
+    return tasks
 
 
 def _result_line(r) -> str:

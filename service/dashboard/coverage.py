@@ -10,7 +10,7 @@ round(log2 tokens)), the two classes of a bucket key (:mod:`kvsplit.kernels.buck
   light, with the lookup's distance in its tooltip;
 - no bucket, and that batch falls back to ``balanced``: a hatched **fallback hole**.
 
-Traffic (rows of ``kvsplit.service.queries.traffic_summary``, when that function exists) is a second layer: one
+Traffic (rows of :func:`kvsplit.service.queries.traffic_summary`, recorded by the plan service) is a second layer: one
 circle per (bucket key, hour-aggregated) row at the middle of its B and token ranges, its area by request count,
 red when any of its requests was served by the fallback.
 """

@@ -128,16 +128,13 @@ def _as_dict(r: Any) -> dict[str, Any]:
 
 
 def traffic_rows(url: str, hours: int = 24) -> tuple[list[dict[str, Any]], str]:
-    """Rows of ``kvsplit.service.queries.traffic_summary(session, hours=)`` and a note; ``([], why)`` when the
-    function is missing or the store cannot answer (the coverage map then has no traffic layer)."""
-    fn = getattr(queries, "traffic_summary", None)
-    if fn is None:
-        return [], "traffic statistics are not available in this version"
+    """Rows of :func:`kvsplit.service.queries.traffic_summary` over the last ``hours`` and a note; ``([], why)``
+    when the store cannot answer (the coverage map then has no traffic layer, and the page says why)."""
     from ...db import store
 
     try:
         with store.session_scope(url) as s:
-            rows = [_as_dict(r) for r in fn(s, hours=hours)]
+            rows = [_as_dict(r) for r in queries.traffic_summary(s, hours=hours)]
     except Exception as exc:  # noqa: BLE001 - a store without the traffic table: no layer, said on the page
         return [], f"traffic statistics unavailable ({type(exc).__name__})"
     return rows, f"traffic of the last {hours} h: {sum(int(r.get('requests', 0)) for r in rows):,} requests"

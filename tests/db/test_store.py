@@ -95,7 +95,9 @@ def test_outdated_database_says_how_to_upgrade(url, monkeypatch):
     # the code now expects a newer revision than the one stamped in the file
     monkeypatch.setattr("kvsplit.db.engine.head_revision", lambda: "0099")
     store._checked.clear()
-    with pytest.raises(store.SchemaError, match=r"at revision 0002, older than 0099: run `kvsplit db upgrade"):
+    with pytest.raises(
+        store.SchemaError, match=rf"at revision {store.head_revision()}, older than 0099: run `kvsplit db upgrade"
+    ):
         with store.session_scope(url):
             pass
 
@@ -116,9 +118,9 @@ def test_cli_outdated_message(tmp_path):
     assert "`kvsplit db upgrade --database-url" in r.output and "`kvsplit run --no-tune --database-url" in r.output
     assert not (tmp_path / "x.db").exists()  # a read-only command creates no empty store
     r = CliRunner().invoke(app, ["db", "upgrade", "--database-url", u])
-    assert r.exit_code == 0 and "upgraded empty -> 0002" in r.output
+    assert r.exit_code == 0 and f"upgraded empty -> {store.head_revision()}" in r.output
     r = CliRunner().invoke(app, ["db", "upgrade", "--database-url", u])
-    assert "already at revision 0002" in r.output
+    assert f"already at revision {store.head_revision()}" in r.output
     store.dispose_engines()
 
 
@@ -143,7 +145,7 @@ def test_upgrade_0001_to_0002_keeps_runs_and_ages_ownerless_running_rows(tmp_pat
             ),
             {"t": "2026-01-01 00:00:00"},
         )
-    assert store.upgrade(u) == "0002"
+    assert store.upgrade(u) == store.head_revision()
     with store.session_scope(u, write=True) as s:
         (marked,) = store.reap_runs(s)
         assert marked.study_name == "st" and marked.n_finished == 2 and marked.status == "failed"
@@ -172,8 +174,9 @@ def test_concurrent_upgrades_of_an_empty_store_all_succeed(tmp_path):
     outs = [(p, *p.communicate(timeout=120)) for p in procs]
     assert all(p.returncode == 0 for p, _, _ in outs), [e for _, _, e in outs]
     said = sorted(o.split(": ", 1)[1].strip() for _, o, _ in outs)
-    assert said == ["already at revision 0002"] * 3 + ["upgraded empty -> 0002"], said
-    assert store.current_revision(store.get_engine(u)) == "0002"
+    head = store.head_revision()
+    assert said == [f"already at revision {head}"] * 3 + [f"upgraded empty -> {head}"], said
+    assert store.current_revision(store.get_engine(u)) == head
     store.dispose_engines()
 
 

@@ -303,6 +303,43 @@ def test_plan_hostile_values_answer_json_4xx_or_200(server, kind):
         assert status == 200 and json.loads(data)["kv_lens"] == [1, 2]
 
 
+TRAFFIC_BAD_QUERIES = [
+    ("hours=0", "hours"),
+    ("hours=-1", "hours"),
+    ("hours=87601", "hours"),
+    ("hours=abc", "hours"),
+    ("hours=1.5", "hours"),
+    ("hours=1e3", "hours"),
+    ("hours=99999999999999999999999999", "hours"),
+    ("hours=%00", "hours"),
+    ("hours=%F0%9F%92%A5", "hours"),
+    ("hours=" + "9" * 5000, "hours"),
+    ("hours=", "hours"),
+    ("limit=0", "limit"),
+    ("limit=10001", "limit"),
+    ("limit=x", "limit"),
+    ("hours=24&limit=-5", "limit"),
+    ("hours=true", "hours"),
+]
+
+
+@pytest.mark.parametrize("query,param", TRAFFIC_BAD_QUERIES)
+def test_traffic_hostile_query_params_are_422_naming_the_param(server, query, param):
+    status, ctype, data = server.client.request("GET", "/v1/traffic?" + query)
+    assert status == 422, (query, status, data[:300])
+    doc = assert_json_4xx(status, ctype, data, query)
+    assert [e["loc"] for e in doc["detail"]] == [["query", param]], (query, doc)
+
+
+def test_traffic_good_query_answers_and_counts_what_was_served(server):
+    before = json.loads(server.client.request("GET", "/v1/traffic?hours=1&limit=10000")[2])["requests"]
+    for _ in range(3):
+        assert server.client.request("POST", "/v1/plan", json.dumps(GOOD).encode())[0] == 200
+    status, ctype, data = server.client.request("GET", "/v1/traffic?hours=1&limit=10000&unknown=1")
+    doc = json.loads(data)
+    assert status == 200 and doc["hours"] == 1 and doc["requests"] == before + 3, doc
+
+
 def _series(text: str) -> set[tuple[str, str, str]]:
     return set(re.findall(r'kvsplit_http_requests_total\{method="([^"]*)",route="([^"]*)",status="([^"]*)"\}', text))
 

@@ -91,6 +91,11 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
             assert res.returncode == 0 and res.stdout.endswith("}\n") and json.loads(res.stdout) == answer
         runs_first = json.loads(_get(f"{base}/v1/runs")[2])
         assert runs_first["count"] == 3  # one per demo bucket
+        # the demo's simulator results are drafts: the service serves the GPU-measured policies only
+        served = json.loads(_get(f"{base}/v1/policies")[2])["data"]
+        assert len(served) == 263 and {p["source"] for p in served} == {"tuned"}, {p["source"] for p in served}
+        demo_lines = [line for line in lines if line.startswith("  nvidia-h200.")]
+        assert len(demo_lines) == 3 and all("-> published" not in x for x in demo_lines), demo_lines
     finally:
         code, rest = _stop(p)
     assert code == 0 and "[kvsplit run] stopped" in rest

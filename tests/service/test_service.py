@@ -304,6 +304,7 @@ def test_healthz_metrics_and_openapi(client):
         "list_buckets",
         "list_runs",
         "list_measurements",
+        "get_traffic",
         "healthz",
         "metrics",
     }

@@ -1,0 +1,95 @@
+"""Tuning tasks from recorded traffic (kvsplit.tuner.traffic): batches with exactly the recorded key,
+drawn within the recorded ranges, and the keys picked by fallback + far requests."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvsplit.db import store
+from kvsplit.kernels.buckets import bucket_key, log2_class
+from kvsplit.kernels.shape import Shape
+from kvsplit.tuner.traffic import batches_for_key, bin_range, class_range, traffic_demand, traffic_tasks
+from kvsplit.tuner.workloads import FAMILIES, family_kv_lens
+
+SHAPE = Shape.of(device="NVIDIA H200", num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")
+
+
+def _key(lens) -> str:
+    return str(bucket_key(np.asarray(lens), num_kv_heads=8, head_dim=128, dtype="bfloat16", device="NVIDIA H200"))
+
+
+def test_class_and_bin_ranges_match_the_key_definitions():
+    for c in range(0, 40):
+        lo, hi = class_range(c)
+        assert log2_class(lo) == c == log2_class(hi), c
+        assert log2_class(hi + 1) == c + 1 and (lo == 1 or log2_class(lo - 1) == c - 1), c
+    bins = [math.floor(2 * math.log2(x)) for x in range(1, 1 << 14)]  # brute force over 1..16383
+    for k in range(0, 27):
+        inside = [x for x, b in zip(range(1, 1 << 14), bins) if b == k]
+        lo, hi = bin_range(k)
+        assert (lo, hi) == (inside[0], inside[-1]) if inside else lo > hi, (k, lo, hi, inside[:3])
+    for k in range(27, 62):
+        lo, hi = bin_range(k)
+        assert math.floor(2 * math.log2(lo)) == k == math.floor(2 * math.log2(hi)), k
+        assert math.floor(2 * math.log2(lo - 1)) == k - 1 and math.floor(2 * math.log2(hi + 1)) == k + 1, k
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("B,T", [(3, 5000), (16, 262_144), (100, 262_144), (1000, 5000), (1000, 1 << 20)])
+def test_batches_have_exactly_the_recorded_key_and_stay_in_the_recorded_ranges(family, B, T):
+    if family == "2x40" and B < 3:
+        pytest.skip("2x40 needs B >= 3")
+    key = _key(family_kv_lens(family, B, T))
+    rng = np.random.default_rng(7)
+    got = batches_for_key(key, batch_range=(B, B), tokens_range=(T, T), num_batches=4, shape=SHAPE, rng=rng)
+    assert len({b.tobytes() for b in got}) == 4  # different draws
+    for b in got:
+        assert _key(b) == key and b.dtype == np.int64 and b.min() >= 1
+        assert np.all(np.diff(b) <= 0)  # heavy requests first
+        lo, hi = class_range(log2_class(B))
+        assert lo <= len(b) <= hi
+
+
+def test_an_all_empty_key_is_refused():
+    with pytest.raises(ValueError, match="all-empty batch signature"):
+        batches_for_key(
+            _key([0, 0]),
+            batch_range=(2, 2),
+            tokens_range=(0, 0),
+            num_batches=1,
+            shape=SHAPE,
+            rng=np.random.default_rng(0),
+        )
+
+
+def test_keys_are_picked_by_fallback_plus_far_requests(tmp_path):
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    store.upgrade(url)
+    keys = [_key(family_kv_lens(f, 64, 262_144)) for f in ("uniform", "skewed40", "skewed80", "2x40")]
+    h4 = _key(family_kv_lens("uniform", 64, 262_144)).replace(".kv8.", ".kv4.")
+    cells = [
+        store.TrafficCell(keys[0], 100, requests=50, n_tuned=50, batch_min=64, batch_max=64, tokens_min=262_000),
+        store.TrafficCell(keys[1], 100, requests=10, n_fallback=10, batch_min=60, batch_max=70),
+        store.TrafficCell(keys[2], 100, requests=30, n_simulated=30, n_far=12, batch_min=64, batch_max=64),
+        store.TrafficCell(keys[3], 99, requests=5, n_fallback=5, batch_min=64, batch_max=64),
+        store.TrafficCell(keys[3], 90, requests=500, n_fallback=500, batch_min=64, batch_max=64),  # out of the window
+        store.TrafficCell(h4, 100, requests=99, n_fallback=99, batch_min=64, batch_max=64),
+    ]
+    for c in cells:
+        c.tokens_min = c.tokens_max = 262_144
+    with store.session_scope(url, write=True) as s:
+        store.add_traffic(s, cells)
+    demand = traffic_demand(url, hours=2, now_hour=100)
+    assert [(d.key, d.unserved) for d in demand] == [(h4, 99), (keys[2], 12), (keys[1], 10), (keys[3], 5)]
+    tasks, notes = traffic_tasks(
+        url, 2, gpu="h200", group_size=4, hours=2, now_hour=100, num_train=2, num_heldout=2, seed=3
+    )
+    assert [t.key for t in tasks] == [h4, keys[2]] and notes == []
+    t = tasks[1]
+    assert (t.num_qo_heads, t.num_kv_heads, t.page_size, t.gpu) == (32, 8, 16, "NVIDIA H200")
+    assert all(_key(b) == keys[2] for b in t.train + t.heldout) and not set(t.train) & set(t.heldout)
+    assert t.source.startswith("traffic:12/30 requests")
+    assert traffic_tasks(url, 2, gpu="NVIDIA H100 80GB HBM3", group_size=4, hours=2, now_hour=100)[0] == []
