@@ -26,7 +26,15 @@ from ..kernels.limits import BINS_PER_OCTAVE, HIST_UNITS, check_kv_lens
 from ..kernels.shape import Shape, gpu_slug
 from .tasks import DEFAULT_HELDOUT, DEFAULT_TRAIN, TuneTask, _signature
 
-__all__ = ["TrafficDemand", "traffic_demand", "traffic_tasks", "batches_for_key", "bin_range", "class_range"]
+__all__ = [
+    "TrafficDemand",
+    "traffic_demand",
+    "traffic_tasks",
+    "batches_for_key",
+    "bin_range",
+    "class_range",
+    "device_name",
+]
 
 _ROLES = {"train": 0, "heldout": 1}
 
@@ -225,7 +233,8 @@ def traffic_demand(database_url: str, *, hours: int, now_hour: int) -> list[Traf
     return out
 
 
-def _device_name(slug: str) -> str | None:
+def device_name(slug: str) -> str | None:
+    """The known device whose :func:`~kvsplit.kernels.shape.gpu_slug` is ``slug`` (a bucket key's GPU part), or None."""
     for d in known_devices():
         if gpu_slug(d.name) == slug:
             return d.name
@@ -278,7 +287,7 @@ def traffic_tasks(
         key = BucketKey.parse(d.key)
         if key.gpu != want:
             continue
-        name = _device_name(key.gpu)
+        name = device_name(key.gpu)
         if name is None:
             notes.append(f"{d.key}: GPU {key.gpu!r} is not a known device; skipped")
             continue

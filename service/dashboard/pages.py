@@ -15,17 +15,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from markupsafe import Markup
 
+from ...db.engine import safe_url
+from ...kernels.buckets import BucketKey, log2_class
+from ...tuner.traffic import device_name, traffic_demand
 from .. import queries
 from ..queries import BASELINES, SIMULATED_SUFFIX
+from ..traffic import current_hour
 from .coverage import coverage_cells, coverage_svg
 from .evidence import SERVED, geomean, shape_evidence
-from .render import shape_name
+from .render import MODEL_QO_HEADS, shape_name
 from .svg import line_chart
 
 __all__ = [
@@ -35,6 +40,9 @@ __all__ = [
     "TableQuery",
     "QueryError",
     "traffic_rows",
+    "traffic_families",
+    "TRAFFIC_HOURS",
+    "UNBUCKETED_MAP",
     "SORT_COLUMNS",
     "PER_PAGE_MAX",
 ]
@@ -42,6 +50,10 @@ __all__ = [
 SORT_COLUMNS = ("family", "B", "tokens", "policy", "time", "gain", "key")
 """Columns the policy table sorts by (``sort=``)."""
 PER_PAGE_MAX = 200
+TRAFFIC_HOURS = 24
+"""Window of the traffic the dashboard shows (hours up to now)."""
+UNBUCKETED_MAP = "traffic without a bucket"
+"""Name of the extra coverage map of a shape that draws its recorded traffic whose key is no stored bucket."""
 _FAMILY_ORDER = ("uniform", "skewed40", "skewed60", "skewed80", "2x40", "trace", "other")
 
 
@@ -127,7 +139,7 @@ def _as_dict(r: Any) -> dict[str, Any]:
     return dict(r)
 
 
-def traffic_rows(url: str, hours: int = 24) -> tuple[list[dict[str, Any]], str]:
+def traffic_rows(url: str, hours: int = TRAFFIC_HOURS) -> tuple[list[dict[str, Any]], str]:
     """Rows of :func:`kvsplit.service.queries.traffic_summary` over the last ``hours`` and a note; ``([], why)``
     when the store cannot answer (the coverage map then has no traffic layer, and the page says why)."""
     from ...db import store
@@ -138,6 +150,100 @@ def traffic_rows(url: str, hours: int = 24) -> tuple[list[dict[str, Any]], str]:
     except Exception as exc:  # noqa: BLE001 - a store without the traffic table: no layer, said on the page
         return [], f"traffic statistics unavailable ({type(exc).__name__})"
     return rows, f"traffic of the last {hours} h: {sum(int(r.get('requests', 0)) for r in rows):,} requests"
+
+
+def _traffic_shape(slug: str, traffic: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The dashboard dict (no buckets) of a shape with recorded traffic but no stored bucket, from one of its
+    recorded keys; None when no traffic row has that shape."""
+    for r in traffic:
+        if r.get("family") != slug:
+            continue
+        try:
+            k = BucketKey.parse(str(r["key"]))
+        except (KeyError, ValueError):
+            continue
+        return {
+            "gpu": device_name(k.gpu) or k.gpu,
+            "num_kv_heads": k.num_kv_heads,
+            "head_dim": k.head_dim,
+            "dtype": k.dtype,
+            "page_size": k.page_size,
+            "slug": slug,
+            "buckets": [],
+            "families": {},
+        }
+    return None
+
+
+def traffic_families(
+    url: str, traffic: list[dict[str, Any]], shapes: list[dict[str, Any]], hours: int = TRAFFIC_HOURS
+) -> list[dict[str, Any]]:
+    """Per bucket family (shape slug) with recorded traffic, most requests first: ``requests``, ``fallback``,
+    ``far`` (matched farther than the distance limit), ``share_pct`` (fallback or far, % of requests),
+    ``published`` (the store's published policies of that shape) and, where any request was served by the
+    fallback or from far away, ``command``: the ``kvsplit tune --from-traffic N`` that tunes this family's keys
+    (N = the rank of its last such key among the GPU's keys in :func:`kvsplit.tuner.traffic.traffic_demand`'s
+    order, so the keys of other shapes ranked above it are tuned too; ``note`` says so).
+
+    ``traffic``: rows of :func:`traffic_rows`; ``shapes``: ``dashboard_data(url)["shapes"]``.
+    """
+    by_fam: dict[str, list[dict[str, Any]]] = {}
+    for r in traffic:
+        by_fam.setdefault(str(r.get("family")), []).append(r)
+    published = {sh["slug"]: sum(1 for b in sh["buckets"] if b["policy"] is not None) for sh in shapes}
+    demand_keys: list[str] | None = None
+    out = []
+    for fam, rows in by_fam.items():
+        sh = _traffic_shape(fam, rows)
+        if sh is None:
+            continue
+        req = sum(int(r["requests"]) for r in rows)
+        fb = sum(int((r.get("by_source") or {}).get("fallback", 0)) for r in rows)
+        far = sum(int(r.get("far") or 0) for r in rows)
+        row = {
+            "family": fam,
+            "model": shape_name(sh["num_kv_heads"], sh["head_dim"]),
+            "gpu": sh["gpu"],
+            "page_size": sh["page_size"],
+            "dtype": sh["dtype"],
+            "keys": len(rows),
+            "requests": req,
+            "fallback": fb,
+            "far": far,
+            "share_pct": 100.0 * (fb + far) / req if req else 0.0,
+            "published": published.get(fam, 0),
+            "command": None,
+            "note": "",
+        }
+        if fb + far:
+            if demand_keys is None:
+                demand_keys = [d.key for d in traffic_demand(url, hours=hours, now_hour=current_hour())]
+            gpu = BucketKey.parse(str(rows[0]["key"])).gpu
+            ranked = [k for k in demand_keys if BucketKey.parse(k).gpu == gpu]
+            mine = [i for i, k in enumerate(ranked) if k.startswith(fam + ".")]
+            if mine and device_name(gpu) is not None:
+                n = mine[-1] + 1
+                hq = MODEL_QO_HEADS.get((sh["num_kv_heads"], sh["head_dim"]))
+                row["command"] = " ".join(
+                    [
+                        f"kvsplit tune --from-traffic {n} --traffic-hours {hours}",
+                        f"--gpu {shlex.quote(sh['gpu'])}",
+                        f"--num-qo-heads {hq if hq else 'H_Q'} --num-kv-heads {sh['num_kv_heads']}",
+                        f"--backend gpu --database-url {shlex.quote(safe_url(url))}",
+                    ]
+                )
+                others = n - len(mine)
+                row["note"] = (
+                    f"tunes this family's {len(mine)} key(s) with fallback or far requests"
+                    + (f" and {others} key(s) of other shapes ranked above them" if others else "")
+                    + ("; H_Q: your model's query heads per GPU" if not hq else "")
+                    + "; --backend sim without that GPU (simulator-labelled policies)"
+                )
+            elif device_name(gpu) is None:
+                row["note"] = f"GPU {gpu!r} is not a known device: kvsplit tune cannot tune it"
+        out.append(row)
+    out.sort(key=lambda f: (-f["requests"], f["family"]))
+    return out
 
 
 _LOOKUPS: dict[str, Any] = {"table": None, "memo": {}}
@@ -187,17 +293,28 @@ def _coverage(sh: dict[str, Any], table: Any, traffic: list[dict[str, Any]]) -> 
     b_range, t_range = _ranges(sh["buckets"])
     fams = sorted({b["family"] for b in sh["buckets"]}, key=lambda f: (_FAMILY_ORDER + (f,)).index(f))
     lookup = _lookup_of(table, sh)
-    mine = [r for r in traffic if str(r.get("key", "")).startswith(sh["slug"] + ".")]
+    # a traffic row's ``family`` is its key's shape part (the slug), not a length family: a row is drawn on the
+    # map of the stored bucket with its key, and on one extra map when no bucket has its key
+    fam_of = {b["key"]: b["family"] for b in sh["buckets"]}
+    mine = [r for r in traffic if r.get("family") == sh["slug"]]
     out = []
     kinds: dict[str, int] = {}
     for fam in fams:
-        tr = [r for r in mine if r.get("family") == fam]
+        tr = [r for r in mine if fam_of.get(r.get("key")) == fam]
         cells = coverage_cells(sh["buckets"], fam, lookup, b_range, t_range)
         if fam in _FAMILY_ORDER[:5]:
             for c in cells.values():
                 kinds[c["kind"]] = kinds.get(c["kind"], 0) + 1
         svg = coverage_svg(sh["buckets"], fam, lookup=lookup, b_range=b_range, t_range=t_range, traffic=tr, cells=cells)
         out.append({"family": fam, "svg": Markup(svg)})
+    rest = [r for r in mine if r.get("key") not in fam_of]
+    if rest:
+        bs = [log2_class(max(1, int(r[k]))) for r in rest for k in ("b_min", "b_max")]
+        ts = [log2_class(max(1, int(r[k]))) for r in rest for k in ("tokens_min", "tokens_max")]
+        rb = range(min(bs + [b_range.start]), max(bs + [b_range.stop - 1]) + 1)
+        rt = range(min(ts + [t_range.start]), max(ts + [t_range.stop - 1]) + 1)
+        svg = coverage_svg([], UNBUCKETED_MAP, lookup=None, b_range=rb, t_range=rt, traffic=rest, cells={})
+        out.append({"family": UNBUCKETED_MAP, "svg": Markup(svg)})
     n = sum(kinds.values())
     summary = {
         "cells": n,
@@ -282,7 +399,7 @@ def _headline(ev: dict[str, Any] | None) -> list[str]:
 def summary_context(url: str, table: Any = None) -> dict[str, Any]:
     """Context of the summary page (``/``)."""
     data = queries.dashboard_data(url)
-    traffic, traffic_note = traffic_rows(url)
+    traffic, traffic_note = traffic_rows(url, TRAFFIC_HOURS)
     shapes = []
     for sh in data["shapes"]:
         ev = shape_evidence(
@@ -328,7 +445,12 @@ def summary_context(url: str, table: Any = None) -> dict[str, Any]:
             }
         )
         shapes[-1]["coverage"], shapes[-1]["cov"] = _coverage(sh, table, traffic)
+    fams = traffic_families(url, traffic, data["shapes"]) if traffic else []
+    for sh in shapes:
+        sh["traffic"] = next((f for f in fams if f["family"] == sh["slug"]), None)
     return {
+        "traffic_families": fams,
+        "traffic_hours": TRAFFIC_HOURS,
         "shapes": shapes,
         "version": data["version"],
         "n_published": sum(s["counts"]["published"] for s in shapes),
@@ -417,9 +539,12 @@ def _family_charts(sh: dict[str, Any], ev: dict[str, Any] | None) -> list[dict[s
 
 
 def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dict[str, Any] | None:
-    """Context of one shape's page, or None when no bucket has that shape."""
+    """Context of one shape's page, or None when neither a bucket nor the recorded traffic has that shape."""
     data = queries.dashboard_data(url)
+    traffic, traffic_note = traffic_rows(url, TRAFFIC_HOURS)
     sh = next((s for s in data["shapes"] if s["slug"] == slug), None)
+    if sh is None:
+        sh = _traffic_shape(slug, traffic)
     if sh is None:
         return None
     ev = shape_evidence(
@@ -449,7 +574,6 @@ def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dic
     page = min(tq.page, pages)
     shown = rows[(page - 1) * tq.per_page : page * tq.per_page]
     baselines = [b for b in BASELINES if any(b in r["speedups"] for r in sh["buckets"])]
-    traffic, traffic_note = traffic_rows(url)
     from .viewer import _calibration
 
     held = (_calibration(url, sh["gpu"])[2] or {}).get("heldout") or {}
@@ -471,6 +595,7 @@ def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dic
         "baselines": baselines,
         "families": sorted({b["family"] for b in sh["buckets"]}, key=lambda f: (_FAMILY_ORDER + (f,)).index(f)),
         "coverage": _coverage(sh, table, traffic)[0],
+        "unbucketed_map": UNBUCKETED_MAP,
         "traffic_note": traffic_note,
         "charts": _family_charts(sh, ev),
         "sort_columns": SORT_COLUMNS,

@@ -8,7 +8,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-__all__ = ["render", "MODEL_SHAPES", "shape_name"]
+__all__ = ["render", "MODEL_SHAPES", "MODEL_QO_HEADS", "shape_name"]
 
 MODEL_SHAPES: dict[tuple[int, int], str] = {
     (4, 128): "Qwen3-30B-A3B (H_q 32)",
@@ -21,6 +21,9 @@ A bucket family records H_kv and head_dim but not H_q (the plan does not depend
 on it: the G = H_q / H_kv query heads of a KV head are one tile), so the name
 is the model this project tunes for with that (H_kv, head_dim); other models
 can share the shape (Llama-3.1-70B at TP 1 is H_q 64 / H_kv 8 / 128)."""
+MODEL_QO_HEADS: dict[tuple[int, int], int] = {(4, 128): 32, (8, 128): 32, (1, 128): 8}
+"""H_q per GPU of the model :data:`MODEL_SHAPES` names for an (H_kv, head_dim): the ``--num-qo-heads`` the
+dashboard's ``kvsplit tune --from-traffic`` hint gives (the recorded traffic keys do not hold H_q)."""
 
 
 def shape_name(num_kv_heads: int, head_dim: int) -> str:
