@@ -264,6 +264,7 @@ def _hist(bins: dict[int, int]) -> list[HistBin]:
 
 
 def iso_hour(h: int) -> str:
+    """The UTC start of hour ``h`` (:func:`current_hour` units: unix seconds // 3600) as ``"YYYY-MM-DDTHH:00:00Z"``."""
     return time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(h * 3600))
 
 
