@@ -129,7 +129,7 @@ def coverage_svg(
         cells = coverage_cells(buckets, family, lookup, b_range, t_range)
     ml, mt, mb = 30, 18, 26
     nb, nt = len(b_range), len(t_range)
-    w, h = ml + nb * cell + 6, mt + nt * cell + mb
+    w, h = max(ml + nb * cell + 6, ml + 7 * len(family)), mt + nt * cell + mb  # room for the title
     out = [
         f'<svg class="coverage" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
         f'aria-label="{escape(family)} coverage" data-family="{escape(family)}" xmlns="http://www.w3.org/2000/svg">',

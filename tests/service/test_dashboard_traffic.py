@@ -34,9 +34,10 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 
 def _row(html: str, slug: str) -> str:
-    m = re.search(rf'<tr class="traffic-row[^"]*" data-family="{re.escape(slug)}".*?</tr>', html, re.S)
-    assert m, f"no traffic row of {slug}"
-    return m.group(0)
+    """The summary's traffic table rows of shape ``slug`` (its figures and, where any, its tune command)."""
+    rows = re.findall(rf'<tr class="traffic-[^"]*" data-family="{re.escape(slug)}".*?</tr>', html, re.S)
+    assert rows, f"no traffic row of {slug}"
+    return "".join(rows)
 
 
 def _circles(html: str) -> list[tuple[int, int]]:
