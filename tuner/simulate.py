@@ -622,6 +622,29 @@ def _finish(
     return total
 
 
+def _checked(plan, device, calibration, kv_dtype, q_len, group_size) -> tuple[_Tiles, Calibration]:
+    """The arguments of :func:`predict` and :func:`timeline`, checked (ValueError naming the argument): the
+    plan's tiles and the calibration to simulate them under."""
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan: expected a Plan, got {type(plan).__name__}")
+    kd = check_kv_dtype(kv_dtype, plan.dtype)
+    q_len = check_q_len(q_len, group_size)
+    kd = None if kd == plan.dtype else kd
+    dev = resolve_device(device if device is not None else plan.gpu)
+    cal = calibration or Calibration.default(
+        dev,
+        head_dim=plan.head_dim,
+        dtype=plan.dtype,
+        config=plan.config,
+        kv_dtype=kd,
+        q_len=q_len,
+        group_size=group_size,
+    )
+    if not isinstance(cal, Calibration):
+        raise ValueError(f"calibration: expected a Calibration, got {type(cal).__name__}")
+    return _prepare(plan, dev, kd, q_len, group_size), cal
+
+
 def predict(
     plan: Plan,
     device: DeviceSpec | str | None = None,
@@ -658,24 +681,7 @@ def predict(
     ValueError
         ``plan`` is not a Plan, the device is unknown, or ``kv_dtype`` / ``q_len`` is invalid (named).
     """
-    if not isinstance(plan, Plan):
-        raise ValueError(f"plan: expected a Plan, got {type(plan).__name__}")
-    kd = check_kv_dtype(kv_dtype, plan.dtype)
-    q_len = check_q_len(q_len, group_size)
-    kd = None if kd == plan.dtype else kd
-    dev = resolve_device(device if device is not None else plan.gpu)
-    cal = calibration or Calibration.default(
-        dev,
-        head_dim=plan.head_dim,
-        dtype=plan.dtype,
-        config=plan.config,
-        kv_dtype=kd,
-        q_len=q_len,
-        group_size=group_size,
-    )
-    if not isinstance(cal, Calibration):
-        raise ValueError(f"calibration: expected a Calibration, got {type(cal).__name__}")
-    return _simulate(_prepare(plan, dev, kd, q_len, group_size), cal)
+    return _simulate(*_checked(plan, device, calibration, kv_dtype, q_len, group_size))
 
 
 @dataclass(frozen=True)
@@ -728,24 +734,7 @@ def timeline(
     Runs the code :func:`predict` runs, keeping the placement, so ``timeline(plan).total_s == predict(plan)`` for
     the same device, calibration, KV dtype and q_len. Parameters and errors as :func:`predict`.
     """
-    if not isinstance(plan, Plan):
-        raise ValueError(f"plan: expected a Plan, got {type(plan).__name__}")
-    kd = check_kv_dtype(kv_dtype, plan.dtype)
-    q_len = check_q_len(q_len, group_size)
-    kd = None if kd == plan.dtype else kd
-    dev = resolve_device(device if device is not None else plan.gpu)
-    cal = calibration or Calibration.default(
-        dev,
-        head_dim=plan.head_dim,
-        dtype=plan.dtype,
-        config=plan.config,
-        kv_dtype=kd,
-        q_len=q_len,
-        group_size=group_size,
-    )
-    if not isinstance(cal, Calibration):
-        raise ValueError(f"calibration: expected a Calibration, got {type(cal).__name__}")
-    t = _prepare(plan, dev, kd, q_len, group_size)
+    t, cal = _checked(plan, device, calibration, kv_dtype, q_len, group_size)
     rec: dict[str, Any] = {}
     total = _simulate(t, cal, rec)
     S = t.num_sms
