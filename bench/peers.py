@@ -6,7 +6,7 @@
     python bench/peers.py --impl flashinfer_decode --out fi_dec.csv
     python bench/peers.py --impl kvsplit --cases traces --out kvsplit_traces.csv   # held-out trace batches
     python bench/peers.py --summary kvsplit.csv fa3.csv fi_ba.csv fi_dec.csv       # CPU: the comparison table
-    python bench/peers.py --impl kvsplit --kv-dtype fp8 --out kvsplit_fp8.csv      # fp8 KV cache (issue 37)
+    python bench/peers.py --impl kvsplit --kv-dtype fp8 --out kvsplit_fp8.csv      # fp8 KV cache
     python bench/peers.py --impl flashinfer_prefill --q-len 4 --out fi_pf_q4.csv   # verify steps, 4 tokens
     python bench/peers.py --summary kvsplit.csv kvsplit_q4.csv                     # + the verify-step ratio
 

@@ -17,7 +17,7 @@ sensitive than req/s to other load on the machine); then times a 65,536-entry re
 
 ``--traffic`` sets ``KVSPLIT_TRAFFIC`` of the kvsplit server (default ``on``, the service's default);
 ``both`` runs two kvsplit servers, traffic statistics on and off, in the same interleaved rounds, and
-prints the throughput and CPU ratio of on to off and each one's RSS before and after (issue 36: on must
+prints the throughput and CPU ratio of on to off and each one's RSS before and after (the target: on must
 stay within 5 % of off, memory flat). ``--no-baselines`` leaves the plain FastAPI servers out.
 
 Needs Debian's ``wrk`` (``apt-get install -y wrk``).

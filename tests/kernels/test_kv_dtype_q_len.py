@@ -1,4 +1,4 @@
-"""FP8 K/V and q_len > 1 in the shape, the bucket key, the policy table and the planner's rules (issue 37).
+"""FP8 K/V and q_len > 1 in the shape, the bucket key, the policy table and the planner's rules.
 
 Keys of 16-bit q_len-1 batches keep their string (the shipped table still parses and serves); another KV dtype or
 q_len is another family, never served across; residency and the wave-aware chunk count FP8's bytes and the extra

@@ -1,4 +1,4 @@
-"""The recorded traffic on the dashboard (issue 36): a real ``kvsplit serve`` on a temporary SQLite store with the
+"""The recorded traffic on the dashboard: a real ``kvsplit serve`` on a temporary SQLite store with the
 shipped H200 policies receives plan requests of an uncovered shape (Llama-3.1-8B attention, page_size 32: no bucket
 in the store) and of a covered one (the shipped Qwen3 shape, page_size 16); after the flush, the summary page's
 traffic table and the shape pages' coverage maps must show exactly what was sent."""

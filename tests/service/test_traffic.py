@@ -1,4 +1,4 @@
-"""Traffic statistics of the plan service and the tuning loop they drive (issue 36, items 2-3).
+"""Traffic statistics of the plan service and the tuning loop they drive.
 
 Real ``kvsplit serve`` processes on temporary SQLite stores (and PostgreSQL where
 ``KVSPLIT_TEST_POSTGRES_URL`` is set), real ``kvsplit tune`` subprocesses. Every expected

@@ -1,4 +1,4 @@
-"""The simulator with an FP8 KV cache and q_len > 1 (issue 37): bytes per token, the tile's math under the memory
+"""The simulator with an FP8 KV cache and q_len > 1: bytes per token, the tile's math under the memory
 stream, the merge's rows, residency; hand-computed on toy GPUs, and where math stops hiding on the H200."""
 
 from __future__ import annotations

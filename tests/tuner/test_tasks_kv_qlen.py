@@ -1,4 +1,4 @@
-"""Tuning tasks and campaign configs of an FP8-cache or q_len > 1 family (issue 37): their keys, plans and
+"""Tuning tasks and campaign configs of an FP8-cache or q_len > 1 family: their keys, plans and
 identity."""
 
 from __future__ import annotations
