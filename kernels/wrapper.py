@@ -100,6 +100,7 @@ from .limits import (
     MAX_BATCH,
     MAX_PAGE_SIZE,
     MAX_TILE_ROWS,
+    KernelConfig,
     check_q_len,
     default_config,
     graph_default_config,
@@ -107,8 +108,7 @@ from .limits import (
 from .plan import Plan
 from .policies import plan_with
 from .policy_table import PolicyTable
-from .residency import padded_rows, resident_ctas_per_sm
-from .rulespec import RuleSpec, extra_rows, resolve, tile_rows
+from .rulespec import RuleSpec, resident_slots, resolve
 
 __all__ = ["DecodeWrapper", "GraphOptions", "AUTO_RULE"]
 
@@ -396,21 +396,10 @@ class DecodeWrapper:
             )
         self._knobs["heads_per_tile"] = heads
         cfg = self._knobs
-        self.graph_residency = resident_ctas_per_sm(
-            self.gpu,
-            head_dim,
-            dtype,
-            _NAMES[dtype].itemsize,
-            cfg["block_n"],
-            cfg["num_warps"],
-            cfg["num_stages"],
-            prefetch=cfg["prefetch"],
-            next_item=cfg["next_item"],
-            heads_per_tile=heads,
-            kv_bytes=self.spec.context.kv_bytes,
-            extra_rows=extra_rows(self.spec.context, heads),
-            rows=padded_rows(tile_rows(self.spec.context, heads)) if self.q_len > 1 else 0,
-        )
+        # the residency the planner's rules count for this tile (rulespec.resident_slots: KV dtype, q_len rows)
+        knobs = {k: cfg[k] for k in ("block_n", "num_warps", "num_stages", "prefetch", "next_item")}
+        tile_cfg = KernelConfig(**knobs, heads_per_tile=heads)
+        self.graph_residency = resident_slots(self.spec.context, tile_cfg) // self.gpu.num_sms
         # the graph's own rule: for table entries tuned on another tile and for policy "auto"
         self._tile_rule = (AUTO_RULE["graph"], {"ctas_per_sm": float(max(1, self.graph_residency))})
         if auto:
