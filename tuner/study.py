@@ -386,11 +386,29 @@ def _alive(owner: Mapping[str, Any]) -> bool:
     return store.process_alive(owner) is not False  # another host: only its heartbeat can tell
 
 
-def fail_dead_trials(study) -> int:
+UNCLAIMED_AFTER_S = 30.0
+
+
+def _unclaimed_dead(t, after_s: float) -> bool:
+    """A RUNNING trial nobody claimed ``after_s`` seconds after it started: its worker died between
+    ``study.ask()`` and :func:`claim_trial` (one storage round trip apart), before any heartbeat, so neither
+    the owner check nor Optuna's heartbeat would ever fail it."""
+    import datetime
+
+    start = t.datetime_start
+    if start is None:
+        return False
+    now = datetime.datetime.now(start.tzinfo) if start.tzinfo is not None else datetime.datetime.now()
+    return (now - start).total_seconds() >= after_s
+
+
+def fail_dead_trials(study, *, unclaimed_after_s: float = UNCLAIMED_AFTER_S) -> int:
     """Fail RUNNING trials whose worker process on this host is gone, then re-enqueue them.
 
     Optuna's heartbeat catches every stale trial after the grace period; this
-    catches a killed local worker at once (a resumed run does not wait).
+    catches a killed local worker at once (a resumed run does not wait), and a
+    trial left unclaimed for ``unclaimed_after_s`` seconds (its worker was
+    killed between asking and claiming it, before its first heartbeat).
     Returns the number of trials failed.
     """
     from optuna.exceptions import UpdateFinishedTrialError
@@ -400,7 +418,10 @@ def fail_dead_trials(study) -> int:
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.system_attrs.get(_ATTR_PROC)
-        if not isinstance(owner, Mapping) or owner.get("number") != t.number or _alive(owner):
+        if owner is None and _ATTR_HEARTBEAT not in t.system_attrs:
+            if not _unclaimed_dead(t, unclaimed_after_s):
+                continue
+        elif not isinstance(owner, Mapping) or owner.get("number") != t.number or _alive(owner):
             continue
         try:
             if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):

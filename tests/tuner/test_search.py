@@ -397,6 +397,26 @@ def test_dead_and_stale_trials_are_failed_and_retried(tmp_path):
     assert (c["COMPLETE"] + c["PRUNED"], c["RUNNING"], c["WAITING"]) == (3, 0, 0)
 
 
+def test_a_trial_asked_and_never_claimed_is_failed_after_the_grace(tmp_path):
+    # the worker was killed between study.ask() and claim_trial(): no owner, no heartbeat; before this rule the
+    # trial stayed RUNNING forever and a resumed study waiting for its n-th trial spun without end
+    t = _task()
+    job = _journal_job(tmp_path, t, 2)
+    study = search._load_study(job.storage, job.study, 0, 2)
+    orphan = study.ask()
+    assert search.fail_dead_trials(study) == 0  # just asked: its worker may be about to claim it
+    assert search.fail_dead_trials(study, unclaimed_after_s=0.0) == 1
+    assert study_mod.frozen_trial(study, orphan).state == TrialState.FAIL
+    # a claimed trial of a live worker is never failed by the rule
+    mine = study.ask()
+    study_mod.claim_trial(study, mine)
+    assert search.fail_dead_trials(study, unclaimed_after_s=0.0) == 0
+    study.tell(mine, state=TrialState.FAIL)
+    search.run_worker(job)
+    c = search.study_counts(search._load_study(job.storage, job.study, 0, 2))
+    assert (c["COMPLETE"] + c["PRUNED"], c["RUNNING"]) == (2, 0)
+
+
 # ---------------------------------------------------------------------------
 # tune_task end to end in one process (SQLite study, one worker)
 # ---------------------------------------------------------------------------
