@@ -83,6 +83,7 @@ __all__ = [
     "bucket_key",
     "key_of",
     "distance",
+    "distances",
     "nearest",
     "gpu_slug",
     "DISTANCE_LIMIT",
@@ -389,27 +390,51 @@ def distance(a: BucketKey | str, b: BucketKey | str) -> float:
     Symmetric, zero only for equal signatures, and a metric within a family.
     Keys may be given as :class:`BucketKey` or strings.
     """
-    a = _as_key(a, "a")
-    b = _as_key(b, "b")
-    if a.family != b.family:
-        return math.inf
-    cum = np.zeros((1, NUM_BINS), np.int64)
-    for bin_, u in a.hist:
-        cum[0, bin_] = u
+    return float(distances(_as_key(a, "a"), [_as_key(b, "b")])[0])
+
+
+def distances(key: BucketKey | str, candidates: Iterable[BucketKey | str]) -> np.ndarray:
+    """:func:`distance` from ``key`` to each of ``candidates``: float64 ``[len(candidates)]``, ``inf`` for a
+    candidate of another family (the compiled planner's own distance, :func:`kvsplit.kernels.fastplan.nearest_scaled`,
+    row by row).
+
+    Raises
+    ------
+    ValueError
+        ``key`` or an element of ``candidates`` is neither a :class:`BucketKey` nor its string form.
+    """
+    k = _as_key(key, "key")
+    cs = [_as_key(c, "candidates[]") for c in candidates]
+    out = np.full(len(cs), math.inf)
+    rows = [i for i, c in enumerate(cs) if c.family == k.family]
+    if not rows:
+        return out
+    cum = np.zeros((len(rows), NUM_BINS), np.int64)
+    cls = np.zeros((len(rows), 2), np.int64)
+    empty = np.zeros(len(rows), np.bool_)
+    for r, i in enumerate(rows):
+        for bin_, u in cs[i].hist:
+            cum[r, bin_] = u
+        cls[r] = cs[i].batch_class, cs[i].tokens_class
+        empty[r] = not cs[i].hist
+    cum = np.cumsum(cum, axis=1)
     kc = np.zeros(NUM_BINS, np.int64)
-    for bin_, u in b.hist:
+    for bin_, u in k.hist:
         kc[bin_] = u
-    i, scaled = fastplan.nearest_scaled(
-        np.cumsum(cum, axis=1),
-        np.array([[a.batch_class, a.tokens_class]], np.int64),
-        np.array([not a.hist]),
-        np.cumsum(kc),
-        b.batch_class,
-        b.tokens_class,
-        not b.hist,
-        SCALED_CLASS_UNITS,
-    )
-    return math.inf if i < 0 else int(scaled) / SCALE
+    kc = np.cumsum(kc)
+    for r, i in enumerate(rows):
+        j, scaled = fastplan.nearest_scaled(
+            cum[r : r + 1],
+            cls[r : r + 1],
+            empty[r : r + 1],
+            kc,
+            k.batch_class,
+            k.tokens_class,
+            not k.hist,
+            SCALED_CLASS_UNITS,
+        )
+        out[i] = math.inf if j < 0 else int(scaled) / SCALE
+    return out
 
 
 def nearest(

@@ -3,7 +3,11 @@
 The service records, per bucket key and hour, how many requests it answered with the ``fallback``
 policy and how many it matched farther than :data:`kvsplit.kernels.buckets.DISTANCE_LIMIT` (a
 neighbour's policy), with the batch-size and total-token ranges of those requests
-(:mod:`kvsplit.db.traffic`). :func:`traffic_tasks` picks the N keys with the most such requests and
+(:mod:`kvsplit.db.traffic`). Traffic spreads over many nearby keys (batches of one workload jitter
+across half-octave bins and class edges), and a tuned bucket also serves every key within the distance
+limit, so :func:`traffic_picks` chooses the keys to tune as a greedy cover: each next pick is the key whose
+policy would serve the most fallback or far requests not yet served by an earlier pick (the classic greedy
+rule for maximum coverage, Nemhauser, Wolsey and Fisher 1978). :func:`traffic_tasks` takes the first N picks and
 builds one :class:`~kvsplit.tuner.tasks.TuneTask` per key whose training and held-out batches are
 synthesized from what was recorded (:func:`batches_for_key`): batch size and total tokens drawn within
 the recorded ranges, lengths placed so that the batch's token-weighted half-octave histogram is the
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..db import store
-from ..kernels.buckets import BucketKey, key_of
+from ..kernels.buckets import DISTANCE_LIMIT, BucketKey, distances, key_of
 from ..kernels.device import known_devices, resolve_device
 from ..kernels.limits import BINS_PER_OCTAVE, HIST_UNITS, check_kv_lens
 from ..kernels.shape import Shape, gpu_slug
@@ -28,7 +32,9 @@ from .tasks import DEFAULT_HELDOUT, DEFAULT_TRAIN, TuneTask, _signature
 
 __all__ = [
     "TrafficDemand",
+    "TrafficPick",
     "traffic_demand",
+    "traffic_picks",
     "traffic_tasks",
     "batches_for_key",
     "bin_range",
@@ -233,6 +239,54 @@ def traffic_demand(database_url: str, *, hours: int, now_hour: int) -> list[Traf
     return out
 
 
+@dataclass(frozen=True)
+class TrafficPick:
+    """A recorded key to tune, and the recorded keys (itself first) within the distance limit of it whose
+    fallback or far requests its tuned policy would then serve."""
+
+    demand: TrafficDemand
+    covers: tuple[TrafficDemand, ...]
+
+    @property
+    def unserved(self) -> int:
+        """Fallback or far requests of the covered keys."""
+        return sum(d.unserved for d in self.covers)
+
+    @property
+    def requests(self) -> int:
+        """Requests of the covered keys."""
+        return sum(d.requests for d in self.covers)
+
+
+def traffic_picks(demand: list[TrafficDemand], *, limit: float = DISTANCE_LIMIT) -> list[TrafficPick]:
+    """The keys of ``demand`` in the order to tune them (module doc): a greedy maximum coverage, each pick
+    the not yet covered key whose neighbours within ``limit`` (:func:`kvsplit.kernels.buckets.distance`,
+    same family) hold the most fallback or far requests not covered by an earlier pick; ties go to more
+    requests of its own, then to the key that sorts first. Every key of ``demand`` is covered by exactly one
+    pick. Cost: one distance per pair of keys of a family."""
+    keys = [BucketKey.parse(d.key) for d in demand]
+    near: list[list[int]] = []
+    for k in keys:
+        dist = distances(k, keys)
+        near.append([j for j in range(len(keys)) if dist[j] <= limit])
+    left = set(range(len(demand)))
+    out: list[TrafficPick] = []
+    while left:
+        best = min(
+            left,
+            key=lambda i: (
+                -sum(demand[j].unserved for j in near[i] if j in left),
+                -demand[i].unserved,
+                -demand[i].requests,
+                demand[i].key,
+            ),
+        )
+        got = [best] + [j for j in near[best] if j in left and j != best]
+        out.append(TrafficPick(demand[best], tuple(demand[j] for j in got)))
+        left.difference_update(got)
+    return out
+
+
 def device_name(slug: str) -> str | None:
     """The known device whose :func:`~kvsplit.kernels.shape.gpu_slug` is ``slug`` (a bucket key's GPU part), or None."""
     for d in known_devices():
@@ -253,7 +307,7 @@ def traffic_tasks(
     num_heldout: int = DEFAULT_HELDOUT,
     seed: int = 0,
 ) -> tuple[list[TuneTask], list[str]]:
-    """Tasks for the ``count`` recorded keys of GPU ``gpu`` with the most fallback or far requests.
+    """Tasks for the first ``count`` of :func:`traffic_picks` among the recorded keys of GPU ``gpu``.
 
     Parameters
     ----------
@@ -281,12 +335,14 @@ def traffic_tasks(
     want = gpu_slug(resolve_device(gpu).name)
     tasks: list[TuneTask] = []
     notes: list[str] = []
-    for d in traffic_demand(database_url, hours=hours, now_hour=now_hour):
+    mine = [
+        d for d in traffic_demand(database_url, hours=hours, now_hour=now_hour) if BucketKey.parse(d.key).gpu == want
+    ]
+    for pick in traffic_picks(mine):
         if len(tasks) >= count:
             break
+        d = pick.demand
         key = BucketKey.parse(d.key)
-        if key.gpu != want:
-            continue
         name = device_name(key.gpu)
         if name is None:
             notes.append(f"{d.key}: GPU {key.gpu!r} is not a known device; skipped")
@@ -336,8 +392,9 @@ def traffic_tasks(
                 dtype=shape.dtype,
                 page_size=shape.page_size,
                 source=(
-                    f"traffic:{d.unserved}/{d.requests} requests fallback or far:"
-                    f"B{d.batch_range[0]}-{d.batch_range[1]}:T{d.tokens_range[0]}-{d.tokens_range[1]}"
+                    f"traffic:{pick.unserved}/{pick.requests} requests fallback or far"
+                    + (f" over {len(pick.covers)} keys" if len(pick.covers) > 1 else "")
+                    + f":B{d.batch_range[0]}-{d.batch_range[1]}:T{d.tokens_range[0]}-{d.tokens_range[1]}"
                 ),
                 train=train,
                 heldout=heldout,

@@ -9,9 +9,10 @@ One of three workload selections:
   ``--batch-size`` (default 16, 64 and 256), with ``--rate-scale``,
   ``--token-budget``, ``--max-batch-size``, ``--max-kv-len``;
 - ``--all``: the default library (:func:`kvsplit.tuner.search.default_library`);
-- ``--from-traffic N``: the N bucket keys of ``--gpu`` that the plan service
-  answered most often with the fallback or from far away, on batches drawn
-  from its recorded traffic statistics (:mod:`kvsplit.tuner.traffic`);
+- ``--from-traffic N``: N bucket keys of ``--gpu`` whose policies would serve
+  the most requests the plan service answered with the fallback or from far
+  away (a greedy cover: nearby keys of one workload count once), on batches
+  drawn from its recorded traffic statistics (:mod:`kvsplit.tuner.traffic`);
 - ``--campaign``: a GPU's whole table for one model shape, resumable, within
   ``--budget-minutes`` (:mod:`kvsplit.tuner.campaign`, :mod:`.campaign`;
   docs/guides/tuning.md).
@@ -89,8 +90,9 @@ def tune_cmd(
             "--from-traffic",
             metavar="N",
             min=1,
-            help="tune the N bucket keys of --gpu's served traffic with the most fallback or far requests "
-            "(GET /v1/traffic), on batches drawn from the recorded statistics",
+            help="tune N bucket keys of --gpu's served traffic (GET /v1/traffic) that cover the most fallback "
+            "or far requests (a key's policy also serves its neighbours within distance 1.0), on batches drawn "
+            "from the recorded statistics",
         ),
     ] = None,
     traffic_hours: Annotated[

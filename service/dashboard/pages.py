@@ -24,7 +24,7 @@ from markupsafe import Markup
 
 from ...db.engine import safe_url
 from ...kernels.buckets import BucketKey, log2_class
-from ...tuner.traffic import device_name, traffic_demand
+from ...tuner.traffic import TrafficDemand, device_name, traffic_demand, traffic_picks
 from .. import queries
 from ..queries import BASELINES, SIMULATED_SUFFIX
 from ..traffic import current_hour
@@ -182,8 +182,8 @@ def traffic_families(
     ``far`` (matched farther than the distance limit), ``share_pct`` (fallback or far, % of requests),
     ``published`` (the store's published policies of that shape) and, where any request was served by the
     fallback or from far away, ``command``: the ``kvsplit tune --from-traffic N`` that tunes this family's keys
-    (N = the rank of its last such key among the GPU's keys in :func:`kvsplit.tuner.traffic.traffic_demand`'s
-    order, so the keys of other shapes ranked above it are tuned too; ``note`` says so).
+    (N = the rank of its last key among the GPU's keys in :func:`kvsplit.tuner.traffic.traffic_picks`' order,
+    so the keys of other shapes ranked above it are tuned too; ``note`` says so).
 
     ``traffic``: rows of :func:`traffic_rows`; ``shapes``: ``dashboard_data(url)["shapes"]``.
     """
@@ -191,7 +191,8 @@ def traffic_families(
     for r in traffic:
         by_fam.setdefault(str(r.get("family")), []).append(r)
     published = {sh["slug"]: sum(1 for b in sh["buckets"] if b["policy"] is not None) for sh in shapes}
-    demand_keys: list[str] | None = None
+    demand: list[TrafficDemand] | None = None
+    ranked: dict[str, list[str]] = {}  # GPU slug -> the keys --from-traffic tunes, in its order
     out = []
     for fam, rows in by_fam.items():
         sh = _traffic_shape(fam, rows)
@@ -216,11 +217,14 @@ def traffic_families(
             "note": "",
         }
         if fb + far:
-            if demand_keys is None:
-                demand_keys = [d.key for d in traffic_demand(url, hours=hours, now_hour=current_hour())]
+            if demand is None:
+                demand = traffic_demand(url, hours=hours, now_hour=current_hour())
             gpu = BucketKey.parse(str(rows[0]["key"])).gpu
-            ranked = [k for k in demand_keys if BucketKey.parse(k).gpu == gpu]
-            mine = [i for i, k in enumerate(ranked) if k.startswith(fam + ".")]
+            if gpu not in ranked:
+                ranked[gpu] = [
+                    p.demand.key for p in traffic_picks([d for d in demand if BucketKey.parse(d.key).gpu == gpu])
+                ]
+            mine = [i for i, k in enumerate(ranked[gpu]) if k.startswith(fam + ".")]
             if mine and device_name(gpu) is not None:
                 n = mine[-1] + 1
                 hq = MODEL_QO_HEADS.get((sh["num_kv_heads"], sh["head_dim"]))
@@ -234,7 +238,7 @@ def traffic_families(
                 )
                 others = n - len(mine)
                 row["note"] = (
-                    f"tunes this family's {len(mine)} key(s) with fallback or far requests"
+                    f"tunes {len(mine)} key(s) of this family, which cover its fallback or far requests"
                     + (f" and {others} key(s) of other shapes ranked above them" if others else "")
                     + ("; H_Q: your model's query heads per GPU" if not hq else "")
                     + "; --backend sim without that GPU (simulator-labelled policies)"

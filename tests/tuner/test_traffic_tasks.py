@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 
 from kvsplit.db import store
-from kvsplit.kernels.buckets import bucket_key, log2_class
+from kvsplit.kernels.buckets import DISTANCE_LIMIT, BucketKey, bucket_key, distance, log2_class
 from kvsplit.kernels.shape import Shape
-from kvsplit.tuner.traffic import batches_for_key, bin_range, class_range, traffic_demand, traffic_tasks
+from kvsplit.tuner.traffic import (
+    TrafficDemand,
+    batches_for_key,
+    bin_range,
+    class_range,
+    traffic_demand,
+    traffic_picks,
+    traffic_tasks,
+)
 from kvsplit.tuner.workloads import FAMILIES, family_kv_lens
 
 SHAPE = Shape.of(device="NVIDIA H200", num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")
@@ -91,5 +99,46 @@ def test_keys_are_picked_by_fallback_plus_far_requests(tmp_path):
     t = tasks[1]
     assert (t.num_qo_heads, t.num_kv_heads, t.page_size, t.gpu) == (32, 8, 16, "NVIDIA H200")
     assert all(_key(b) == keys[2] for b in t.train + t.heldout) and not set(t.train) & set(t.heldout)
-    assert t.source.startswith("traffic:12/30 requests")
+    # skewed80 and 2x40 are 0.8125 apart (within the limit): skewed80's policy serves both, and 2x40 is no pick
+    assert distance(keys[2], keys[3]) == 0.8125
+    assert t.source.startswith("traffic:17/35 requests fallback or far over 2 keys")
+    assert len(traffic_tasks(url, 5, gpu="h200", group_size=4, hours=2, now_hour=100)[0]) == 3
     assert traffic_tasks(url, 2, gpu="NVIDIA H100 80GB HBM3", group_size=4, hours=2, now_hour=100)[0] == []
+
+
+def test_picks_cover_a_fragmented_workload_once_then_the_next_workload():
+    # one workload (skewed40 at B = 64, lengths jittered +-10 %, B +-10 %) lands on many nearby keys; a second
+    # workload (uniform at B = 512) has fewer requests. Ranked by requests per key, the first picks are
+    # near-duplicates of the first workload; the cover picks one of them, then the second workload.
+    rng = np.random.default_rng(7)
+    counts: dict[str, int] = {}
+    for _ in range(60):
+        B = int(rng.integers(58, 71))
+        L = family_kv_lens("skewed40", B, 262_144)
+        L = np.maximum(1, np.rint(L * rng.uniform(0.9, 1.1, L.size))).astype(np.int64)
+        counts[_key(L)] = counts.get(_key(L), 0) + 1
+    other = _key(family_kv_lens("uniform", 512, 1_048_576))
+    top = sorted(counts.values(), reverse=True)
+    assert len(counts) >= 4 and top[1] > 15  # by requests per key, two fragments rank above the other workload
+    demand = [TrafficDemand(k, n, n, 0, (64, 64), (1, 1)) for k, n in counts.items()] + [
+        TrafficDemand(other, 15, 15, 0, (512, 512), (1, 1))
+    ]
+    demand.sort(key=lambda d: (-d.unserved, -d.requests, d.key))
+    picks = traffic_picks(demand)
+    # a partition of the keys; every covered key within the limit of its pick, in its family
+    covered = [c.key for p in picks for c in p.covers]
+    assert sorted(covered) == sorted(d.key for d in demand)
+    for p in picks:
+        assert p.covers[0] == p.demand
+        assert all(distance(p.demand.key, c.key) <= DISTANCE_LIMIT for c in p.covers)
+    # the greedy rule, checked by brute force at each step: no key covers more of what is left
+    left = {d.key: d.unserved for d in demand}
+    for p in picks:
+        gain = sum(left.get(c.key, 0) for c in p.covers)
+        for d in demand:
+            if d.key in left:
+                assert gain >= sum(n for k, n in left.items() if distance(d.key, k) <= DISTANCE_LIMIT)
+        for c in p.covers:
+            left.pop(c.key)
+    assert picks[0].unserved >= 40 and picks[1].demand.key == other
+    assert BucketKey.parse(picks[0].demand.key).batch_class == 6
