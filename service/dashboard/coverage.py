@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from .render import count
+
 __all__ = ["coverage_svg", "coverage_cells", "GAIN_STOPS"]
 
 GAIN_STOPS = ((0.97, "#d73027"), (1.0, "#f7f7f7"), (1.1, "#a6d96a"), (1.3, "#1a9850"), (1.6, "#00552a"))
@@ -188,7 +190,7 @@ def coverage_svg(
         cls = "traffic fallback" if fb else "traffic"
         out.append(
             f'<circle class="{cls}" data-requests="{n}" data-fallback="{fb}" cx="{X(bmid) + cell / 2:.1f}" '
-            f'cy="{Y(tmid) + cell / 2:.1f}" r="{rad:.1f}"><title>{escape(str(r.get("key", "")))}: {n:,} requests'
+            f'cy="{Y(tmid) + cell / 2:.1f}" r="{rad:.1f}"><title>{escape(str(r.get("key", "")))}: {count(n, "request")}'
             f"{f', {fb:,} by the fallback' if fb else ''}</title></circle>"
         )
     out.append("</svg>")

@@ -30,7 +30,7 @@ from ..queries import BASELINES, SIMULATED_SUFFIX
 from ..traffic import current_hour
 from .coverage import coverage_cells, coverage_svg
 from .evidence import SERVED, geomean, shape_evidence
-from .render import MODEL_QO_HEADS, shape_name
+from .render import MODEL_QO_HEADS, count, shape_name
 from .svg import line_chart
 
 __all__ = [
@@ -149,7 +149,10 @@ def traffic_rows(url: str, hours: int = TRAFFIC_HOURS) -> tuple[list[dict[str, A
             rows = [_as_dict(r) for r in queries.traffic_summary(s, hours=hours)]
     except Exception as exc:  # noqa: BLE001 - a store without the traffic table: no layer, said on the page
         return [], f"traffic statistics unavailable ({type(exc).__name__})"
-    return rows, f"traffic of the last {hours} h, all shapes: {sum(int(r.get('requests', 0)) for r in rows):,} requests"
+    return (
+        rows,
+        f"traffic of the last {hours} h, all shapes: {count(sum(int(r.get('requests', 0)) for r in rows), 'request')}",
+    )
 
 
 def _traffic_shape(slug: str, traffic: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -72,7 +72,14 @@ def _duration(s: Any) -> str:
     return f"{s / 3600:.1f} h"
 
 
-_env.filters.update(num=_num, speed_class=_speed_class, params=_params, duration=_duration)
+def count(n: Any, noun: str, plural: str | None = None) -> str:
+    """``n`` with thousands separators and ``noun`` in the number it takes: ``1 request``, ``2,048 requests``
+    (``plural`` when not ``noun + "s"``)."""
+    n = int(n)
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
+
+
+_env.filters.update(num=_num, speed_class=_speed_class, params=_params, duration=_duration, count=count)
 
 
 def render(template: str, **context: Any) -> str:
