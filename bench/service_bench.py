@@ -116,7 +116,14 @@ def cpu_s(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def wrk(url: str, duration: int, connections: int, batch: int, bodies: int = 400) -> dict:
+def _pinned(cpus: set[int] | None):
+    """A ``preexec_fn`` that pins the child process to ``cpus`` (None: no pinning)."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def wrk(url: str, duration: int, connections: int, batch: int, bodies: int = 400, cpus: set[int] | None = None) -> dict:
     env = dict(os.environ, KVSPLIT_BENCH_B=str(batch), KVSPLIT_BENCH_BODIES=str(bodies))
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "-s", str(ROOT / "bench/plan_post.lua"), url],
@@ -124,6 +131,7 @@ def wrk(url: str, duration: int, connections: int, batch: int, bodies: int = 400
         text=True,
         env=env,
         check=True,
+        preexec_fn=_pinned(cpus),
     ).stdout
     m = re.search(r"RESULT (.*)", out)
     return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
@@ -146,7 +154,17 @@ def main() -> None:
         "--traffic", choices=("on", "off", "both"), default="on", help="KVSPLIT_TRAFFIC of the kvsplit server(s)"
     )
     ap.add_argument("--no-baselines", action="store_true", help="run no plain FastAPI server")
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not pin the servers to the last core and wrk to the others (pinned by default on >= 2 cores: "
+        "the two processes then never share a core, which takes most of the noise out of req/s)",
+    )
     args = ap.parse_args()
+    ncpu = len(os.sched_getaffinity(0))
+    pin = not args.no_pin and ncpu >= 2
+    server_cpus = {sorted(os.sched_getaffinity(0))[-1]} if pin else None
+    wrk_cpus = set(sorted(os.sched_getaffinity(0))[:-1]) if pin else None
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install -y wrk")
     tmp = tempfile.mkdtemp(prefix="kvsplit-bench-")
@@ -177,6 +195,7 @@ def main() -> None:
                     ],
                     env=env,
                     cwd=tmp,
+                    preexec_fn=_pinned(server_cpus),
                 )
             )
             name = "kvsplit serve" if len(modes) == 1 else f"kvsplit serve, traffic {mode}"
@@ -208,6 +227,7 @@ def main() -> None:
                         "warning",
                     ],
                     cwd=ROOT,
+                    preexec_fn=_pinned(server_cpus),
                 )
             )
             servers[name] = f"http://127.0.0.1:{p}"
@@ -216,13 +236,14 @@ def main() -> None:
             path = "/healthz" if name.startswith("kvsplit serve") else "/openapi.json"
             wait_up(u + ("/" if name == "raw ASGI hello (floor)" else path))
         for u in servers.values():
-            wrk(u, 3, args.connections, args.batch, args.bodies)  # warm-up
+            wrk(u, 3, args.connections, args.batch, args.bodies, wrk_cpus)  # warm-up
         rss0 = {name: rss_mb([pids[name]]) for name in servers}
         rounds: dict[str, list] = {name: [] for name in servers}
-        for i in range(args.rounds):  # interleaved: every server once per round
-            for name, u in servers.items():
+        order = list(servers.items())
+        for i in range(args.rounds):  # interleaved: every server once per round, the order reversed every other round
+            for name, u in order if i % 2 == 0 else order[::-1]:
                 c0 = cpu_s([pids[name]])
-                r = wrk(u, args.duration, args.connections, args.batch, args.bodies)
+                r = wrk(u, args.duration, args.connections, args.batch, args.bodies, wrk_cpus)
                 r["cpu_us"] = (cpu_s([pids[name]]) - c0) / max(r["requests"], 1) * 1e6
                 r["rss_mb"] = rss_mb([pids[name]])
                 rounds[name].append(r)
@@ -277,7 +298,8 @@ def main() -> None:
     print(
         f"\n{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, wrk -t1 -c{args.connections} "
         f"-d{args.duration}s, B = {args.batch} kv_lens per request, {args.bodies} bodies at random, "
-        f"{args.workers} server worker(s), {args.rounds} interleaved rounds (median round shown), "
+        f"{args.workers} server worker(s), {args.rounds} interleaved rounds (median round shown; order reversed "
+        f"every other round), {'servers pinned to CPU ' + str(min(server_cpus)) + ', wrk to the others' if pin else 'no pinning'}, "
         f"load average at the end {os.getloadavg()[0]:.1f}\n"
     )
     print(
@@ -300,7 +322,8 @@ def main() -> None:
         cpu_off = statistics.median(x["cpu_us"] for x in rounds[off])
         print(
             f"\ntraffic statistics on / off: {results[on]['rps'] / results[off]['rps']:.3f}x req/s (median rounds), "
-            f"per round {', '.join(f'{x:.3f}' for x in pairs)}; server CPU per request {cpu_on / cpu_off:.3f}x; "
+            f"median of the per-round ratios {statistics.median(pairs):.3f}x "
+            f"(per round {', '.join(f'{x:.3f}' for x in pairs)}); server CPU per request {cpu_on / cpu_off:.3f}x; "
             f"RSS MB on {rss0[on]:.1f} -> {_rss_list(rounds[on])}, off {rss0[off]:.1f} -> {_rss_list(rounds[off])} "
             "(after each round)"
         )

@@ -69,6 +69,8 @@ def test_shape_page_cells_of_fill_store(client):
     m = [float(x) for x in __import__("re").findall(r'tuned-ratio">([0-9.]+)', row)]
     assert len(m) == 1 and 1.08 < m[0] < 1.16
     assert "4 held-out" in row and "#" + str(info.published[key]) in row
+    # a published policy of the balanced rule is named as the tuned pick it is, never like the fallback
+    assert '<span class="won-balanced"' in row and "balanced, tuned pick" in row and " balanced v" not in row
     # the simulated-only bucket has no verification: "not measured", never a dash
     sim = html[html.index(f'data-key="{info.sim_key}"') :]
     sim = sim[: sim.index("</tr>")]
