@@ -79,7 +79,7 @@ def count(n: Any, noun: str, plural: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
 
 
-_env.filters.update(num=_num, speed_class=_speed_class, params=_params, duration=_duration, count=count)
+_env.filters.update(num=_num, speed_class=_speed_class, params=_params, duration=_duration, counted=count)
 
 
 def render(template: str, **context: Any) -> str:
