@@ -790,6 +790,9 @@ def fit_calibration(
     initial: Calibration | None = None,
     params: Sequence[str] = FIT_PARAMS,
     rounds: int = 8,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    group_size: int | None = None,
 ) -> tuple[Calibration, dict[str, Any]]:
     """Fit the simulator's constants to measured kernel times.
 
@@ -809,6 +812,9 @@ def fit_calibration(
         Names from :data:`FIT_PARAMS` to fit; the others stay at ``initial``.
     rounds : int
         Coordinate-search rounds (>= 1).
+    kv_dtype, q_len, group_size
+        The shape the samples were timed at, as :func:`predict` takes them (KV cache dtype, query tokens per
+        request, G = H_q / H_kv): the fit simulates the plans with them.
 
     Returns
     -------
@@ -849,9 +855,14 @@ def fit_calibration(
         plans.append(plan)
         times.append(float(sec))
     measured = np.array(times)
-    tiles = [_prepare(p, dev) for p in plans]
     p0 = plans[0]
-    cal = initial or Calibration.default(dev, head_dim=p0.head_dim, dtype=p0.dtype, config=p0.config)
+    kd = check_kv_dtype(kv_dtype, p0.dtype)
+    kd = None if kd == p0.dtype else kd
+    q_len = check_q_len(q_len, group_size)
+    tiles = [_prepare(p, dev, kd, q_len, group_size) for p in plans]
+    cal = initial or Calibration.default(
+        dev, head_dim=p0.head_dim, dtype=p0.dtype, config=p0.config, kv_dtype=kd, q_len=q_len, group_size=group_size
+    )
 
     def loss(c: Calibration) -> float:
         e = _rel_errors(tiles, measured, c)
