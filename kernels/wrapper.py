@@ -99,11 +99,11 @@ from .limits import (
     HEAD_DIMS,
     MAX_BATCH,
     MAX_PAGE_SIZE,
-    MAX_TILE_ROWS,
     KernelConfig,
     check_q_len,
     default_config,
     graph_default_config,
+    heads_fit,
 )
 from .plan import Plan
 from .policies import plan_with
@@ -173,11 +173,11 @@ class GraphOptions:
 
 
 def fit_tile_rows(plan: Plan, group: int, q_len: int) -> Plan:
-    """``plan`` itself, or (when its ``heads_per_tile * group * q_len`` query rows exceed a work tile's
-    :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS`: a table entry tuned with several KV heads per tile, served to
-    a wrapper of ``q_len`` tokens) the same work list with one KV head per tile (the tile count follows the
-    config)."""
-    if plan.config.heads_per_tile * group * q_len <= MAX_TILE_ROWS:
+    """``plan`` itself, or (when the launch would refuse its tile at ``q_len`` tokens, :func:`~kvsplit.kernels.limits.heads_fit`:
+    a table entry tuned with several KV heads per tile, served to a wrapper of ``q_len`` tokens) the same work list
+    with one KV head per tile (the tile count follows the config)."""
+    h = plan.config.heads_per_tile
+    if h == 1 or heads_fit(h, group * plan.num_kv_heads, plan.num_kv_heads, q_len):
         return plan
     return dataclasses.replace(plan, config=dataclasses.replace(plan.config, heads_per_tile=1))
 
@@ -302,12 +302,7 @@ class DecodeWrapper:
             check_cache_dtype("kv_dtype", kv, _NAMES[dtype])
             kv_dtype = kv
         self.kv_dtype: torch.dtype | None = kv_dtype
-        if (num_qo_heads // num_kv_heads) * q_len > MAX_TILE_ROWS:
-            raise ValueError(
-                f"q_len: {q_len} tokens x GQA group {num_qo_heads // num_kv_heads} are "
-                f"{(num_qo_heads // num_kv_heads) * q_len} query rows of one work tile, above the {MAX_TILE_ROWS} "
-                "supported"
-            )
+        check_heads_per_tile(1, num_qo_heads, num_kv_heads, q_len=q_len)  # G * q_len rows fit one tile
         self.graph_options = graph
         max_work_items, planner, repick_every, num_programs = (
             graph.max_work_items,
@@ -385,15 +380,9 @@ class DecodeWrapper:
         self._knobs = {k: tile.get(k, getattr(base, k)) for k in _TILE_KNOBS}
         self._knobs.update(schedule="persistent", num_programs=int(num_programs))
         heads = self.params.get("heads_per_tile", base.heads_per_tile)
-        check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile")
-        if heads * (num_qo_heads // num_kv_heads) * q_len > MAX_TILE_ROWS and "heads_per_tile" not in self.params:
+        if "heads_per_tile" not in self.params and not heads_fit(heads, num_qo_heads, num_kv_heads, q_len):
             heads = 1  # the graph default packs two KV heads per tile: one, when q_len's rows would not fit
-        rows = heads * (num_qo_heads // num_kv_heads) * q_len
-        if rows > MAX_TILE_ROWS:
-            raise ValueError(
-                f"q_len: {q_len} tokens x GQA group {num_qo_heads // num_kv_heads} x heads_per_tile {heads} are "
-                f"{rows} query rows of one work tile, above the {MAX_TILE_ROWS} supported"
-            )
+        check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile", q_len=q_len)
         self._knobs["heads_per_tile"] = heads
         cfg = self._knobs
         # the residency the planner's rules count for this tile (rulespec.resident_slots: KV dtype, q_len rows)
