@@ -43,8 +43,8 @@ from kvsplit.kernels import decode as dec
 from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.residency import occupancy
-from kvsplit.tuner.flashinfer_kernel import load as load_flashinfer
 from kvsplit.tuner.gpu import GpuTimer, software_versions
+from kvsplit.tuner.peers import load as load_flashinfer
 from kvsplit.tuner.simfit import candidate_policy
 
 GPU = "NVIDIA H200"
@@ -203,7 +203,7 @@ def load_cases(
 
 
 def fi_timer(timer: GpuTimer):
-    """FlashInfer's own tensor-core decode on the timer's cache (``kvsplit.tuner.flashinfer_kernel``) as
+    """FlashInfer's own tensor-core decode on the timer's cache (``kvsplit.tuner.peers``) as
     ``run(kv_lens, rep_ms) -> seconds``, or None (printed) when FlashInfer does not import."""
     fi, note = load_flashinfer(timer)
     if fi is None:

@@ -12,32 +12,22 @@
 
 Implementations (``--impl``):
 
-- ``kvsplit``: the plan the shipped table (kernels/data/h200_policies.json) serves each batch, on the hot path
-  (``decode_attention(..., out=, workspace=, validate=False)``, plan uploaded);
+- ``kvsplit``: the plan the shipped table (kernels/data/h200_policies.json) serves each batch of the run's shape
+  (KV dtype and q_len included: another family of the table), on the hot path (``decode_attention(..., out=,
+  workspace=, validate=False)``, plan uploaded);
 - ``kvsplit_balanced``: the ``balanced`` fallback plan (``make_plan(..., policy="balanced")``, the rule a batch gets
   where no tuned bucket is near) on the same kernel and hot path: what the tuned table gains over not tuning;
-- ``fa3``: FlashAttention-3 ``flash_attn_interface.flash_attn_with_kvcache(q [B, 1, H_q, D], k_cache, v_cache,
-  cache_seqlens=, page_table=, causal=True, num_splits=0)``: its own split heuristic, SGLang's Hopper default
-  (build: ../shared/tools/fa3_for_device);
-- ``flashinfer_batch_attention``: FlashInfer's persistent ``BatchAttention`` (``plan`` with qo_indptr = 0..B,
-  one query token per request, then ``run``);
-- ``flashinfer_decode``: FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True, backend="fa2")``
-  (``kvsplit.tuner.flashinfer_kernel``); with ``--kv-dtype fp8`` planned with ``kv_data_type=torch.float8_e4m3fn``
-  and run with ``k_scale``/``v_scale`` (how SGLang runs an fp8 cache); q_len = 1 only;
-- ``flashinfer_prefill`` (``--q-len`` > 1 only): FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper`` (NHD,
-  ``plan(qo_indptr = arange(B + 1) * q_len, ..., causal=True)``, ``run(q, (k, v), k_scale=, v_scale=, out=)``),
-  the path engines take for speculative-decoding verify steps.
+- the peers ``fa3``, ``flashinfer_batch_attention``, ``flashinfer_decode`` (q_len = 1 only) and
+  ``flashinfer_prefill`` (``--q-len`` > 1 only): :mod:`kvsplit.tuner.peers` (the calls, their fp8 and q_len
+  arguments and the fp32 reference), the one implementation ``kvsplit bench --backend gpu`` times too.
 
-``--kv-dtype fp8``: the cache is the same random data stored as ``torch.float8_e4m3fn`` (1 byte per element) with
-per-tensor scales :data:`K_SCALE`, :data:`V_SCALE` (q and the output stay bf16); the read floor counts the bytes
-actually read (1 per element). FA3 takes fp8 only with an fp8 q (``q.to(float8_e4m3fn)`` with ``q_descale``,
-``k_descale``, ``v_descale``, as SGLang calls it) and only from a build with its FP8 flag on (the device build of
-../shared/tools/fa3_for_device disables it: NOTES.md): where the call is refused the bench says so and records no
-figure. A peer whose ``run`` takes no ``v_scale`` (``BatchAttention``) gets ``k_scale`` folded into its softmax
-scale and runs without ``v_scale`` (the bench says so; it is one multiply of the output).
-``--q-len N`` (1-8): N query tokens per request (``[B * N, H_q, D]``), causal within the new tokens, which the
-kv_lens count (kv_lens below N are raised to N); FA3 takes q ``[B, N, H_q, D]`` with ``causal=True`` (its causal
-mask is aligned to the end of the KV, as kvsplit's). Both options tag the CSV's ``set`` (``T262144/fp8``,
+``--kv-dtype fp8``: the cache is the same random data stored as ``torch.float8_e4m3fn`` (1 byte per element) by
+``kvsplit.tuner.gpu.GpuTimer(kv_dtype=...)``, read with per-tensor scales :data:`K_SCALE`, :data:`V_SCALE` (q and the
+output stay bf16); the read floor is the timer's (``GpuTimer.hbm_floor_s``: the bytes actually read, 1 per element,
+over the measured streaming-read bandwidth). Where a peer refuses the call (FA3 without its FP8 build flag) the bench
+says so and records no figure.
+``--q-len N`` (1-8): N query tokens per request (``[B * N, H_q, D]``, the timer's q), causal within the new tokens,
+which the kv_lens count (kv_lens below N are raised to N). Both options tag the CSV's ``set`` (``T262144/fp8``,
 ``T262144/q4``), so runs of different settings never mix in a comparison; ``--summary`` of a q_len = 1 and a
 q_len = N CSV of the same implementation also prints the verify-step ratio time(q_len = N) / time(q_len = 1)
 per case.
@@ -50,7 +40,7 @@ x T 262,144 and 1,048,576, 49 cases per T; ``--cases traces`` the held-out trace
 ``kvsplit.tuner.workloads.trace_cases``. The KV cache is random normal bf16 over shuffled pages, above the L2
 (``kvsplit.tuner.gpu.GpuTimer``); every figure is the median of CUDA-graph replays under ``triton.testing.do_bench``
 (``kvsplit.tuner.gpu.graph_median_s``). ``ratio_to_read_floor`` = time / (KV bytes / streaming-read bandwidth
-measured in the same process). Every output is checked against the fp32 reference on batches of at most
+measured in the same process, ``GpuTimer.hbm_floor_s``). Every output is checked against the fp32 reference on batches of at most
 ``--check-tokens`` tokens (a mismatch stops the run: no figure is written for a wrong kernel).
 
 Output: a CSV with the columns of :data:`COLUMNS`, one row per case, and ``<out>.json`` with the software versions,
@@ -74,7 +64,9 @@ from typing import Any
 
 import numpy as np
 
-IMPLS = ("kvsplit", "kvsplit_balanced", "fa3", "flashinfer_batch_attention", "flashinfer_decode", "flashinfer_prefill")
+from kvsplit.tuner.peers import PEERS, PeerKernel, failure_note, import_peer, reference_output, unsupported
+
+IMPLS = ("kvsplit", "kvsplit_balanced", *PEERS)
 COLUMNS = ("implementation", "set", "family", "B", "total_tokens", "time_us", "ratio_to_read_floor")
 SHAPE = {"num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16}
 K_SCALE, V_SCALE = 0.5, 2.0
@@ -373,288 +365,80 @@ def plot_summary(
 
 
 def _import_peer(impl: str) -> tuple[Any, str]:
-    """The peer's module, or ``(None, why)`` when it does not import (checked before any CUDA work)."""
+    """The implementation's module, or ``(None, why)`` when it does not import (checked before any CUDA work); the
+    peers' through :func:`kvsplit.tuner.peers.import_peer`."""
+    if impl in PEERS:
+        return import_peer(impl)
     try:
-        if impl == "fa3":
-            import flash_attn_interface as mod
-        elif impl.startswith("flashinfer"):
-            import flashinfer as mod
-        else:
-            import kvsplit.kernels.decode as mod
-    except Exception as exc:  # noqa: BLE001 - any import failure means the peer is missing here
+        import kvsplit.kernels.decode as mod
+    except Exception as exc:  # noqa: BLE001 - any import failure means kvsplit's kernel is missing here
         return None, f"{type(exc).__name__}: {exc}"
-    if impl.startswith("kvsplit"):
-        from importlib.metadata import version
+    from importlib.metadata import version
 
-        return mod, f"kvsplit {version('kvsplit')}"
-    return mod, f"{mod.__name__} {getattr(mod, '__version__', '?')}"
+    return mod, f"kvsplit {version('kvsplit')}"
 
 
-def queries(timer: Any, kv_lens: np.ndarray, q_len: int = 1) -> Any:
-    """q of a batch with ``q_len`` tokens per request: ``[B * q_len, H_q, D]`` in the timer's dtype (the timer's
-    own q for ``q_len`` 1; else random rows drawn once per batch and kept)."""
-    import torch
-
-    b = timer.batch(kv_lens)
-    if q_len == 1:
-        return b["q"]
-    key = f"q{q_len}"
-    if key not in b:
-        B = int(np.asarray(kv_lens).shape[0])
-        b[key] = torch.randn(
-            (B * q_len, timer.num_qo_heads, timer.head_dim),
-            generator=torch.Generator(device=timer.device).manual_seed(B * 8 + q_len),
-            dtype=b["q"].dtype,
-            device=timer.device,
-        )
-    return b[key]
-
-
-def reference_output(timer: Any, kv_lens: np.ndarray, *, kv_dtype: str = "bfloat16", q_len: int = 1) -> Any:
-    """fp32 reference ``[B * q_len, H_q, D]`` of a batch on the timer's cache: token j of request b is the
-    single-token reference (:func:`kvsplit.kernels.reference.reference_decode_attention`) over the first
-    ``kv_len - q_len + 1 + j`` positions; an fp8 cache is dequantized by the reference's fp32 math, its scales
-    applied as ``sm_scale * K_SCALE`` and ``o * V_SCALE``."""
-    import torch
-
-    from kvsplit.kernels.reference import reference_decode_attention
-
-    b = timer.batch(kv_lens)
-    q = queries(timer, kv_lens, q_len)
-    ks, vs = (K_SCALE, V_SCALE) if kv_dtype == "fp8" else (1.0, 1.0)
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    for j in range(q_len):
-        lens_j = b["kv_lens"] - (q_len - 1 - j)
-        o = reference_decode_attention(
-            q[j::q_len],
-            timer.k_cache,
-            timer.v_cache,
-            b["kv_indptr"],
-            b["kv_indices"],
-            lens_j,
-            sm_scale=ks / math.sqrt(timer.head_dim),
-        )
-        out[j::q_len] = o.float() * vs
-    return out
-
-
-def make_runner(
-    impl: str, mod: Any, timer: Any, *, kv_dtype: str = "bfloat16", q_len: int = 1
-) -> Callable[[np.ndarray], tuple[Callable[[], Any], Callable[[], Any]]]:
-    """``prepare(kv_lens) -> (launch, output)`` for one implementation on ``timer``'s cache and batches:
-    ``launch()`` runs the decode (CUDA-graph capturable), ``output()`` returns its last output ``[B * q_len, H_q,
-    D]``. With ``kv_dtype="fp8"`` the timer's cache must already be float8_e4m3fn (:func:`run` converts it); the
-    scales are :data:`K_SCALE`, :data:`V_SCALE`.
+def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple[Callable[[], Any], Callable[[], Any]]]:
+    """``prepare(kv_lens) -> (launch, output)`` for one implementation on ``timer``'s cache and batches (its KV dtype
+    and q_len, :class:`kvsplit.tuner.gpu.GpuTimer`): ``launch()`` runs the decode (CUDA-graph capturable),
+    ``output()`` returns its last output ``[B * q_len, H_q, D]``. An fp8 cache is read with the scales
+    :data:`K_SCALE`, :data:`V_SCALE`. The peers are :class:`kvsplit.tuner.peers.PeerKernel`.
 
     Raises
     ------
     ValueError
-        ``impl`` unknown, or not applicable to ``q_len`` (``flashinfer_decode`` takes one token per request,
-        ``flashinfer_prefill`` is for ``q_len`` > 1).
+        ``impl`` unknown, or not applicable to the timer's q_len (:func:`kvsplit.tuner.peers.unsupported`).
     """
     import torch
 
     t = timer
-    scale = 1.0 / math.sqrt(t.head_dim)
-    fp8 = kv_dtype == "fp8"
+    fp8 = t.kv_dtype != t.dtype
     scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
-    if impl == "flashinfer_decode" and q_len != 1:
-        raise ValueError("--impl flashinfer_decode: FlashInfer's decode wrapper takes one query token per request")
-    if impl == "flashinfer_prefill" and q_len == 1:
-        raise ValueError("--impl flashinfer_prefill: for --q-len > 1 (verify steps); q_len 1 is flashinfer_decode")
+    if impl in PEERS:
+        return PeerKernel(impl, mod, t, k_scale=K_SCALE, v_scale=V_SCALE).prepare
+    if impl not in ("kvsplit", "kvsplit_balanced"):
+        raise ValueError(f"--impl: expected one of {IMPLS}, got {impl!r}")
+    from kvsplit.kernels.decode import decode_attention
+
+    gpu = torch.cuda.get_device_name()
+    shape = {**SHAPE, "kv_dtype": t.kv_dtype, "q_len": t.q_len}
     if impl == "kvsplit_balanced":
-        if fp8 or q_len != 1:
-            raise ValueError("--impl kvsplit_balanced: times the bf16, q_len 1 reference workload only")
-        from kvsplit.kernels.decode import decode_attention
         from kvsplit.kernels.plan import make_plan
         from kvsplit.kernels.policy_table import FALLBACK_POLICY
 
-        gpu = torch.cuda.get_device_name()
-        shape = {k: v for k, v in SHAPE.items() if k != "num_qo_heads"}
-
-        def prepare_balanced(lens):
-            plan = make_plan(lens, policy=FALLBACK_POLICY, device=gpu, **shape)
-            b = t.batch(lens)
-            out = torch.empty_like(b["q"])
-            ws = t.workspace_for(plan)
-            plan.to(t.device)
-            args = (b["q"], t.k_cache, t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
-            decode_attention(*args, out=out, workspace=ws, validate=True)
-            return (lambda: decode_attention(*args, out=out, workspace=ws, validate=False)), (lambda: out)
-
-        return prepare_balanced
-    if impl == "kvsplit":
-        from kvsplit.kernels.decode import decode_attention
+        def plan_of(lens):
+            return make_plan(
+                lens, policy=FALLBACK_POLICY, device=gpu, **{k: v for k, v in shape.items() if k != "num_qo_heads"}
+            ), ""
+    else:
         from kvsplit.kernels.policy_table import PolicyTable
 
         raw = json.loads((Path(__file__).resolve().parents[1] / "kernels/data/h200_policies.json").read_text())
         table = PolicyTable.from_export(raw, version=raw.get("policies_version"))
-        gpu = torch.cuda.get_device_name()
 
-        from kvsplit.kernels.decode import make_workspace
+        def plan_of(lens):
+            plan, _, info = table.plan(lens, gpu=gpu, **shape)
+            return plan, info["source"]
 
-        spaces: dict[str, Any] = {}
+    def prepare(lens):
+        plan, source = plan_of(lens)
+        b = t.batch(lens)
+        out = torch.empty_like(b["q"])
+        ws = t.workspace_for(plan)  # partials and LSE rows of the timer's q_len
+        plan.to(t.device)
+        args = (b["q"], t.k_cache, t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
+        kw = {"out": out, "workspace": ws, **({"q_len": t.q_len} if t.q_len > 1 else {}), **scales}
+        decode_attention(*args, **kw, validate=True)
+        prepare.last_source = source
+        return (lambda: decode_attention(*args, **kw, validate=False)), (lambda: out)
 
-        def prepare(lens):
-            plan, _, info = table.plan(lens, gpu=gpu, **SHAPE)
-            b = t.batch(lens)
-            q = queries(t, lens, q_len)
-            out = torch.empty_like(q)
-            if q_len == 1:
-                ws = t.workspace_for(plan)
-            else:  # partials and LSE rows of q_len tokens per request
-                ws = spaces.get("ws")
-                if ws is None or ws.max_partials < plan.num_partials or ws.max_batch < plan.batch_size:
-                    spaces["ws"] = None
-                    ws = spaces["ws"] = make_workspace(
-                        t.num_qo_heads,
-                        t.head_dim,
-                        max_partials=max(plan.num_partials, 1 << 12),
-                        max_batch=t.max_batch,
-                        device=t.device,
-                        q_len=q_len,
-                    )
-            plan.to(t.device)
-            args = (q, t.k_cache, t.v_cache, b["kv_indptr"], b["kv_indices"], b["kv_lens"], plan)
-            kw = {"out": out, "workspace": ws, "q_len": q_len, **scales}
-            decode_attention(*args, **kw, validate=True)
-            prepare.last_source = info["source"]
-            return (lambda: decode_attention(*args, **kw, validate=False)), (lambda: out)
-
-        return prepare
-    if impl == "flashinfer_decode":
-        from kvsplit.tuner.flashinfer_kernel import FlashInferDecode
-
-        fi = FlashInferDecode(t, mod)
-
-        def prepare(lens):
-            launch, out = fi.prepare(lens, **scales)
-            return launch, (lambda: out)
-
-        return prepare
-
-    def page_table(b, lens):
-        indptr = b["kv_indptr"].cpu().numpy()
-        indices = b["kv_indices"].cpu().numpy()
-        pages = np.diff(indptr)
-        pt = np.zeros((len(lens), int(pages.max())), dtype=np.int32)
-        for i in range(len(lens)):
-            pt[i, : pages[i]] = indices[indptr[i] : indptr[i + 1]]
-        return torch.from_numpy(pt).to(t.device)
-
-    if impl == "fa3":
-
-        def prepare(lens):
-            b = t.batch(lens)
-            B = len(lens)
-            q4 = queries(t, lens, q_len).view(B, q_len, t.num_qo_heads, t.head_dim)
-            pt = page_table(b, lens)
-            res: dict[str, Any] = {}
-            fp8_kw = {}
-            if fp8:  # FA3's fp8 path takes q, k and v in fp8 with their descales [B, H_kv] (SGLang's call)
-                q4 = q4.to(torch.float8_e4m3fn)
-                ones = torch.ones((B, t.num_kv_heads), dtype=torch.float32, device=t.device)
-                fp8_kw = {"q_descale": ones, "k_descale": ones * K_SCALE, "v_descale": ones * V_SCALE}
-
-            def launch():
-                o = mod.flash_attn_with_kvcache(
-                    q4,
-                    t.k_cache,
-                    t.v_cache,
-                    cache_seqlens=b["kv_lens"],
-                    page_table=pt,
-                    softmax_scale=scale,
-                    causal=True,
-                    num_splits=0,
-                    **fp8_kw,
-                )
-                res["out"] = o[0] if isinstance(o, tuple) else o
-
-            return launch, (lambda: res["out"].reshape(B * q_len, t.num_qo_heads, t.head_dim))
-
-        return prepare
-    if impl == "flashinfer_batch_attention":
-        import inspect
-
-        wrapper = mod.BatchAttention(kv_layout="NHD", device=str(t.device))
-        run_params = inspect.signature(wrapper.run).parameters
-        soft_cap = {"logits_soft_cap": 0.0} if "logits_soft_cap" in run_params else {}
-        # fp8: the scales where run() takes them; else k_scale folded into the softmax scale (exact) and no v_scale
-        ba_scales = {k: v for k, v in scales.items() if k in run_params}
-        fold_k = fp8 and "k_scale" not in run_params
-        if fp8 and "v_scale" not in run_params:
-            print("flashinfer_batch_attention: run() takes no v_scale; timed without it (k_scale in sm_scale)")
-        prepare_ref = {"v_scale": V_SCALE if fp8 and "v_scale" not in run_params else 1.0}
-
-        def prepare(lens):
-            b = t.batch(lens)
-            B = len(lens)
-            q = queries(t, lens, q_len)
-            qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=t.device) * q_len
-            wrapper.plan(
-                qo_indptr,
-                b["kv_indptr"],
-                b["kv_indices"],
-                b["kv_lens"],
-                t.num_qo_heads,
-                t.num_kv_heads,
-                t.head_dim,
-                t.head_dim,
-                t.page_size,
-                causal=True,
-                sm_scale=scale * (K_SCALE if fold_k else 1.0),
-                q_data_type=q.dtype,
-                kv_data_type=t.k_cache.dtype,
-            )
-            out = torch.empty_like(q)
-            lse = torch.empty((B * q_len, t.num_qo_heads), dtype=torch.float32, device=t.device)
-            kv = (t.k_cache, t.v_cache)
-            # the output the check compares: v_scale applied outside the timed call when run() has none
-            return (lambda: wrapper.run(q, kv, out=out, lse=lse, **soft_cap, **ba_scales)), (
-                lambda: out.float() * prepare_ref["v_scale"]
-            )
-
-        return prepare
-    if impl == "flashinfer_prefill":
-        ws_buf = torch.empty(256 << 20, dtype=torch.uint8, device=t.device)
-        prefill = mod.BatchPrefillWithPagedKVCacheWrapper(ws_buf, "NHD")
-
-        def prepare(lens):
-            b = t.batch(lens)
-            B = len(lens)
-            q = queries(t, lens, q_len)
-            qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=t.device) * q_len
-            ps = t.page_size
-            last = (lens - (-(-lens // ps) - 1) * ps).astype(np.int32)  # tokens in each request's last page
-            prefill.plan(
-                qo_indptr,
-                b["kv_indptr"],
-                b["kv_indices"],
-                torch.from_numpy(last).to(t.device),
-                t.num_qo_heads,
-                t.num_kv_heads,
-                t.head_dim,
-                ps,
-                causal=True,
-                sm_scale=scale,
-                q_data_type=q.dtype,
-                kv_data_type=t.k_cache.dtype,
-            )
-            out = torch.empty_like(q)
-            kv = (t.k_cache, t.v_cache)
-            return (lambda: prefill.run(q, kv, out=out, **scales)), (lambda: out)
-
-        return prepare
-    raise ValueError(f"--impl: expected one of {IMPLS}, got {impl!r}")
+    return prepare
 
 
 LABELS = {
     "kvsplit": "kvsplit (served plan of the shipped table, hot path)",
     "kvsplit_balanced": "kvsplit kernel, balanced fallback plan (untuned), hot path",
-    "fa3": "FlashAttention-3 flash_attn_with_kvcache(num_splits=0)",
-    "flashinfer_batch_attention": "FlashInfer BatchAttention",
-    "flashinfer_decode": "FlashInfer BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)",
-    "flashinfer_prefill": "FlashInfer BatchPrefillWithPagedKVCacheWrapper(causal=True)",
+    **PEERS,
 }
 
 
@@ -670,8 +454,9 @@ def run(
 ) -> int:
     """Time ``impl`` on the cases of ``kind`` (``kv_dtype`` ``"bfloat16"`` or ``"fp8"``, ``q_len`` query tokens
     per request) and write the CSV; the exit status."""
-    if impl == "flashinfer_decode" and q_len != 1 or impl == "flashinfer_prefill" and q_len == 1:
-        print(f"{impl}: not run at --q-len {q_len} (decode: one token per request; prefill: verify steps); no figure")
+    why = unsupported(impl, q_len) if impl in PEERS else None
+    if why:
+        print(f"{impl}: not run at --q-len {q_len} ({why}); no figure recorded")
         return 0
     mod, note = _import_peer(impl)
     if mod is None:
@@ -685,19 +470,16 @@ def run(
     from kvsplit.tuner.gpu import GpuTimer, graph_median_s, software_versions
 
     cases = build_cases(kind)
+    # the same random data as the bf16 runs, stored as float8_e4m3fn by the timer for --kv-dtype fp8; q of q_len
+    # rows per request
     timer = GpuTimer(
-        num_qo_heads=SHAPE["num_qo_heads"],
-        num_kv_heads=SHAPE["num_kv_heads"],
-        head_dim=SHAPE["head_dim"],
-        dtype=SHAPE["dtype"],
-        page_size=SHAPE["page_size"],
+        **SHAPE,
         max_tokens=max(c["total_tokens"] for c in cases),
         max_batch=max(c["B"] for c in cases),
+        kv_dtype="float8_e4m3fn" if kv_dtype == "fp8" else None,
+        q_len=q_len,
     )
-    if kv_dtype == "fp8":  # the same random data stored as float8_e4m3fn (the bf16 copy freed first)
-        for name in ("k_cache", "v_cache"):
-            setattr(timer, name, getattr(timer, name).to(torch.float8_e4m3fn))
-        torch.cuda.empty_cache()
+    fp8 = kv_dtype == "fp8"
     bw = timer.read_bandwidth()
     tag = set_tag(kv_dtype, q_len)
     meta = {
@@ -710,13 +492,11 @@ def run(
         "shape": SHAPE,
         "kv_dtype": str(timer.k_cache.dtype),
         "q_len": q_len,
-        "kv_scales": [K_SCALE, V_SCALE] if kv_dtype == "fp8" else None,
+        "kv_scales": [K_SCALE, V_SCALE] if fp8 else None,
         "kv_cache_bytes": 2 * timer.k_cache.numel() * timer.k_cache.element_size(),
     }
     print(json.dumps(meta), flush=True)
-    prepare = make_runner(impl, mod, timer, kv_dtype=kv_dtype, q_len=q_len)
-    # bytes actually read (K and V, at the cache's element size: 1 for fp8) over the measured streaming bandwidth
-    bytes_per_token = 2 * timer.num_kv_heads * timer.head_dim * timer.k_cache.element_size()
+    prepare = make_runner(impl, mod, timer)
     rows = []
     for c in cases:
         lens = np.maximum(c["kv_lens"], q_len)  # kv_lens count the q_len new tokens
@@ -725,12 +505,8 @@ def run(
             launch()
             torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - a peer's own error: say which call failed, record nothing
-            if impl == "fa3" and kv_dtype == "fp8" and not rows:
-                print(
-                    f"fa3: no fp8 in this FlashAttention-3 build ({type(exc).__name__}: {str(exc)[:200]}); the "
-                    "device build disables it (FLASH_ATTENTION_DISABLE_FP8, ../shared/tools/fa3_for_device/"
-                    "NOTES.md); no figure recorded"
-                )
+            if impl == "fa3" and fp8 and not rows:
+                print(f"fa3: {failure_note(impl, exc, fp8=True)}; no figure recorded")
                 return 0
             print(
                 f"{impl}: failed on {c['set']} {c['family']} B={c['B']} ({type(exc).__name__}: {exc}); "
@@ -739,7 +515,7 @@ def run(
             )
             return 1
         if int(lens.sum()) <= check_tokens:
-            ref = reference_output(timer, lens, kv_dtype=kv_dtype, q_len=q_len)
+            ref = reference_output(timer, lens, k_scale=K_SCALE, v_scale=V_SCALE)
             err = float((output().float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
             if not err < 2e-2:
                 print(
@@ -749,7 +525,7 @@ def run(
                 )
                 return 1
         sec = graph_median_s(launch, warmup_ms=10.0, rep_ms=rep_ms)
-        ratio = sec / (int(lens.sum()) * bytes_per_token / bw)
+        ratio = sec / timer.hbm_floor_s(lens)  # bytes actually read (1 per fp8 element) / measured read bandwidth
         rows.append(
             {
                 "implementation": impl,
@@ -767,6 +543,9 @@ def run(
             + (f"  ({src})" if src else ""),
             flush=True,
         )
+    peer_note = getattr(getattr(prepare, "__self__", None), "note", "")
+    if peer_note:
+        print(f"{impl}: {peer_note}")
     write_csv(out, rows)
     Path(str(out) + ".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"{len(rows)} rows -> {out}")

@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .limits import MAX_TILE_ROWS, TILE_QUERY_ROWS, check_q_len
+from .limits import check_q_len, tile_problem, tile_rows
 from .plan import Plan
 from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, docs/concepts/design.md §3)
 from .residency import register_cap
@@ -832,21 +832,22 @@ def check_kv_scale_values(k_scale: Any, v_scale: Any) -> None:
 
 
 def check_heads_per_tile(
-    heads_per_tile: int, num_qo_heads: int, num_kv_heads: int, *, name: str = "plan.config.heads_per_tile"
+    heads_per_tile: int,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    *,
+    name: str = "plan.config.heads_per_tile",
+    q_len: int = 1,
 ) -> None:
-    """Raise ``ValueError`` naming ``name`` (the argument that holds ``heads_per_tile``) unless it divides H_kv and
-    the GQA groups of that many KV heads fit the 16 query rows of one ``tl.dot`` (``heads_per_tile * H_q / H_kv
-    <= 16``)."""
-    G = num_qo_heads // num_kv_heads
-    if num_kv_heads % heads_per_tile:
-        raise ValueError(f"{name}: expected a divisor of H_kv={num_kv_heads}, got {heads_per_tile}")
-    if heads_per_tile * G > TILE_QUERY_ROWS:
-        raise ValueError(
-            f"{name}: {heads_per_tile} KV heads of GQA group G={G} (H_q="
-            f"{num_qo_heads} / H_kv={num_kv_heads}) are {heads_per_tile * G} query rows, above the 16 "
-            f"of one work tile: use heads_per_tile <= {max(1, 16 // G)} (params.heads_per_tile, or "
-            f"params.whole_wave_heads for a whole-wave plan; a PolicyTable refits both to H_q)"
-        )
+    """Raise ``ValueError`` unless the launch takes a work tile of ``heads_per_tile`` KV heads at ``q_len`` query
+    tokens per request (:func:`kvsplit.kernels.limits.tile_problem`, the one rule: ``heads_per_tile * G * q_len``
+    query rows at most :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS`, ``heads_per_tile`` a divisor of H_kv, and
+    ``heads_per_tile * G <= 16`` when it packs several heads). The message names ``q_len`` for too many rows, else
+    ``name`` (the argument that holds ``heads_per_tile``)."""
+    problem = tile_problem(heads_per_tile, num_qo_heads, num_kv_heads, q_len)
+    if problem is not None:
+        arg, why = problem
+        raise ValueError(f"{'q_len' if arg == 'q_len' else name}: {why}")
 
 
 def check_interpreter_dtype(name: str, dtype: torch.dtype) -> None:
@@ -1448,20 +1449,13 @@ def launch_decode(
             raise ValueError(f"q: expected [B * q_len, H_q, D] rows, got {B} rows for q_len={q_len}")
         B, H_q = B // q_len, H_q * q_len
         q, out = q.view(B, H_q, D), out.view(B, H_q, D)
-    rows = G * int(getattr(config, "heads_per_tile", 1)) * q_len
-    if rows > MAX_TILE_ROWS:
-        raise ValueError(
-            f"q_len: {q_len} tokens x GQA group G={G} x heads_per_tile={rows // (G * q_len)} are {rows} query rows "
-            f"of one work tile, above the {MAX_TILE_ROWS} supported: use a smaller q_len or heads_per_tile"
-        )
+    heads = int(getattr(config, "heads_per_tile", 1))
+    check_heads_per_tile(heads, G * H_kv, H_kv, q_len=q_len)  # rows (naming q_len), divisor, packed heads
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     lse = workspace.lse[:B] if return_lse else workspace.lse
     device_counts = counts is not None
     cfg = config
-    heads = int(getattr(cfg, "heads_per_tile", 1))
-    if heads != 1:
-        check_heads_per_tile(heads, G * H_kv, H_kv)
     persistent = cfg.schedule == "persistent"
     if device_counts:
         if not persistent:
@@ -1475,7 +1469,7 @@ def launch_decode(
     else:
         grid = (num_tiles,)
     counts_arg = counts if device_counts else workspace.counter
-    block_h = max(16, triton.next_power_of_2(G * heads * q_len))
+    block_h = max(16, triton.next_power_of_2(tile_rows(heads, G, q_len)))
     prefetch = bool(getattr(cfg, "prefetch", False))
     next_item = bool(getattr(cfg, "next_item", False))
     if next_item and not prefetch:

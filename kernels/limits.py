@@ -102,8 +102,9 @@ class KernelConfig:
         (docs/decisions/look-ahead.md).
     heads_per_tile : int
         KV heads per work tile, one of 1, 2, 4, 8 (a divisor of H_kv, with
-        ``heads_per_tile * G <= 16`` for the GQA group G = H_q / H_kv, checked at
-        launch): a work tile is (CTA, ``heads_per_tile`` adjacent KV heads), the
+        ``heads_per_tile * G <= 16`` for the GQA group G = H_q / H_kv and
+        ``heads_per_tile * G * q_len <= 64`` query rows, checked at launch:
+        :func:`tile_problem`): a work tile is (CTA, ``heads_per_tile`` adjacent KV heads), the
         GQA groups of those heads fill the 16 query rows of one ``tl.dot`` that
         a single group pads, and the K/V rows the tile reads per token are
         ``heads_per_tile`` times longer (adjacent in the NHD page). Costs
@@ -209,11 +210,53 @@ def graph_default_config(head_dim: int, dtype: str, *, num_qo_heads: int, num_kv
     return cfg
 
 
-def heads_fit(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int) -> bool:
-    """Whether ``heads_per_tile`` adjacent KV heads make one work tile: a divisor of H_kv whose GQA groups fill at
-    most :data:`TILE_QUERY_ROWS` query rows (``heads_per_tile * H_q / H_kv <= 16``; the launch's
-    :func:`kvsplit.kernels.decode.check_heads_per_tile` raises where this is false)."""
-    return num_kv_heads % heads_per_tile == 0 and heads_per_tile * (num_qo_heads // num_kv_heads) <= TILE_QUERY_ROWS
+def tile_rows(heads_per_tile: int, group_size: int, q_len: int = 1) -> int:
+    """Query rows of one work tile: ``heads_per_tile * G * q_len`` (the kernel's tile of ``heads_per_tile`` adjacent KV
+    heads holds head j's G query heads x q_len tokens at rows ``j * G * q_len ..``, token-major within a head:
+    ``row_head = row // (G * q_len)`` in kernels/decode.py, padded to ``BLOCK_H = max(16, next_pow2(rows))``)."""
+    return int(heads_per_tile) * int(group_size) * int(q_len)
+
+
+def tile_problem(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int, q_len: int = 1) -> tuple[str, str] | None:
+    """The one rule of a work tile's heads and rows: None when the launch takes ``heads_per_tile`` KV heads of GQA
+    group G = H_q / H_kv at ``q_len`` tokens, else ``(argument, reason)`` with the argument to change
+    (``"q_len"`` or ``"heads_per_tile"``). The launch takes a tile when
+
+    - its :func:`tile_rows` (``heads_per_tile * G * q_len``) are at most :data:`MAX_TILE_ROWS` (64; else q_len,
+      checked first as the launch does);
+    - ``heads_per_tile`` divides H_kv;
+    - several heads' GQA groups share the first :data:`TILE_QUERY_ROWS` rows (``heads_per_tile * G <= 16`` when
+      ``heads_per_tile > 1``): the packing is measured and compiled there only (docs/decisions/two-heads-per-tile.md).
+
+    :func:`heads_fit` is its yes/no; :func:`kvsplit.kernels.decode.check_heads_per_tile` raises its reason, at
+    every launch and in ``DecodeWrapper``; the planner's refit (:func:`kvsplit.kernels.rulespec.fit_heads_per_tile`)
+    picks the largest choice that fits.
+    """
+    h, G, q = int(heads_per_tile), num_qo_heads // num_kv_heads, int(q_len)
+    rows = tile_rows(h, G, q)
+    if rows > MAX_TILE_ROWS:
+        return (
+            "q_len",
+            f"{q} tokens x GQA group G={G} x heads_per_tile={h} are {rows} query rows of one work tile, above the "
+            f"{MAX_TILE_ROWS} supported: use a smaller q_len or heads_per_tile",
+        )
+    if h < 1 or num_kv_heads % h:
+        return "heads_per_tile", f"expected a divisor of H_kv={num_kv_heads}, got {h}"
+    if h > 1 and h * G > TILE_QUERY_ROWS:
+        return (
+            "heads_per_tile",
+            f"{h} KV heads of GQA group G={G} (H_q={num_qo_heads} / H_kv={num_kv_heads}) are {h * G} query rows, "
+            f"above the {TILE_QUERY_ROWS} of one work tile: use heads_per_tile <= {max(1, TILE_QUERY_ROWS // G)} "
+            "(params.heads_per_tile, or params.whole_wave_heads for a whole-wave plan; a PolicyTable refits both "
+            "to H_q)",
+        )
+    return None
+
+
+def heads_fit(heads_per_tile: int, num_qo_heads: int, num_kv_heads: int, q_len: int = 1) -> bool:
+    """Whether the launch takes a work tile of ``heads_per_tile`` adjacent KV heads at ``q_len`` query tokens per
+    request (:func:`tile_problem` finds nothing)."""
+    return tile_problem(heads_per_tile, num_qo_heads, num_kv_heads, q_len) is None
 
 
 # ----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 from .device import DeviceSpec
+from .limits import tile_rows
 
 __all__ = [
     "MEASURED",
@@ -435,6 +436,18 @@ def extra_row_regs(head_dim: int, block_n: int, num_warps: int, extra_rows: int)
 def padded_rows(rows: int) -> int:
     """Query rows of the ``tl.dot`` a work tile of ``rows`` rows compiles to: the next power of two, at least 16."""
     return max(16, 1 << max(0, int(rows) - 1).bit_length())
+
+
+def q_len_rows(heads_per_tile: int, group_size: int | None, q_len: int) -> tuple[int, int]:
+    """``(rows, extra_rows)`` the residency counts for a work tile at ``q_len`` tokens: the padded rows of its
+    :func:`~kvsplit.kernels.limits.tile_rows` (``heads_per_tile * G * q_len``) and what they add over the same tile
+    at q_len 1 (both :func:`padded_rows`); ``(0, 0)`` at q_len 1, so q_len-1 tiles count the tables' residency as
+    they are. G is :data:`MEASURED_GROUP` when not given."""
+    if q_len <= 1:
+        return 0, 0
+    G = group_size or MEASURED_GROUP
+    rows = padded_rows(tile_rows(heads_per_tile, G, q_len))
+    return rows, rows - padded_rows(tile_rows(heads_per_tile, G))
 
 
 def _regs_smem(

@@ -35,7 +35,6 @@ from .limits import (
     HEADS_PER_TILE_CHOICES,
     MAX_NUM_PROGRAMS,
     MAX_PACK_TOKENS,
-    MAX_TILE_ROWS,
     NUM_STAGES_CHOICES,
     NUM_WARPS_CHOICES,
     ORDERS,
@@ -48,10 +47,13 @@ from .limits import (
     check_q_len,
     check_shape,
     default_config,
+    heads_fit,
     kv_elt_bytes,
+    tile_problem,
 )
+from .limits import tile_rows as limit_tile_rows
 from .peer_policies import flashinfer_decode_occupancy
-from .residency import MEASURED_GROUP, padded_rows, resident_ctas_per_sm
+from .residency import MEASURED_GROUP, q_len_rows, resident_ctas_per_sm
 from .workplan import jsonable
 
 __all__ = [
@@ -249,8 +251,9 @@ TUNED_PARAM_SPACE: dict[str, dict[str, Any]] = {
         "default": 1,
         "search": True,
         "doc": "KV heads per work tile (KernelConfig.heads_per_tile), at most: the tuner plans a choice through "
-        "fit_heads_per_tile for its task's H_q / H_kv (the largest choice that divides H_kv and whose GQA "
-        "groups fit the 16 query rows), as the policy table does at serving",
+        "fit_heads_per_tile for its task's H_q / H_kv and q_len (the largest choice the launch takes, "
+        "limits.heads_fit: a divisor of H_kv whose GQA groups fit the 16 query rows and whose heads x G x q_len "
+        "rows fit 64), as the policy table does at serving",
     },
     "order": {
         "kind": "categorical",
@@ -406,25 +409,35 @@ def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
         next_item=cfg.next_item,
         kv_bytes=ctx.kv_bytes,
         extra_rows=extra_rows(ctx, cfg.heads_per_tile),
-        rows=padded_rows(tile_rows(ctx, cfg.heads_per_tile)) if ctx.q_len > 1 else 0,
+        rows=q_len_rows(cfg.heads_per_tile, ctx.group_size, ctx.q_len)[0],
     )
     return r * ctx.device.num_sms
 
 
 def tile_rows(ctx: PlanContext, heads_per_tile: int = 1) -> int:
-    """Query rows of one work tile, ``heads_per_tile * G * q_len`` (G the GQA group; the residency tables'
-    :data:`~kvsplit.kernels.residency.MEASURED_GROUP` when the context does not know H_q)."""
-    return heads_per_tile * (ctx.group_size or MEASURED_GROUP) * ctx.q_len
+    """Query rows of one work tile, :func:`kvsplit.kernels.limits.tile_rows` (``heads_per_tile * G * q_len``; G the
+    GQA group, the residency tables' :data:`~kvsplit.kernels.residency.MEASURED_GROUP` when the context does not know
+    H_q)."""
+    return limit_tile_rows(heads_per_tile, ctx.group_size or MEASURED_GROUP, ctx.q_len)
+
+
+def tile_refused(ctx: PlanContext, heads_per_tile: int) -> str | None:
+    """Why the launch would refuse a q_len > 1 work tile of ``heads_per_tile`` KV heads for ``ctx``
+    (:func:`kvsplit.kernels.limits.tile_problem`, G as :func:`tile_rows`), else None. At q_len 1, and for one head
+    per tile, None: there the planner keeps an explicit ``heads_per_tile`` as given and the launch names it (q_len-1
+    plans unchanged); one head's ``G * q_len`` rows are checked with the shape (:func:`check_q_len`)."""
+    if ctx.q_len <= 1 or heads_per_tile <= 1:
+        return None
+    G = ctx.group_size or MEASURED_GROUP
+    problem = tile_problem(heads_per_tile, G * ctx.num_kv_heads, ctx.num_kv_heads, ctx.q_len)
+    return None if problem is None else problem[1]
 
 
 def extra_rows(ctx: PlanContext, heads_per_tile: int = 1) -> int:
     """Query rows a q_len > 1 work tile's ``tl.dot`` adds over the same tile at q_len 1 (both padded to 16, 32 or
     64 rows, :func:`~kvsplit.kernels.residency.padded_rows`): what the residency adds registers for. 0 at
     q_len 1, so q_len-1 plans count the tables' residency as they are."""
-    if ctx.q_len <= 1:
-        return 0
-    one = heads_per_tile * (ctx.group_size or MEASURED_GROUP)
-    return padded_rows(one * ctx.q_len) - padded_rows(one)
+    return q_len_rows(heads_per_tile, ctx.group_size, ctx.q_len)[1]
 
 
 def tile_heads(ctx: PlanContext, cfg: KernelConfig) -> int:
@@ -462,9 +475,10 @@ def wave_tile_cost(ctx: PlanContext, cfg: KernelConfig, target_tiles: int) -> in
 def fit_heads_per_tile(
     params: Mapping[str, Any], num_qo_heads: int, num_kv_heads: int, q_len: int = 1
 ) -> Mapping[str, Any]:
-    """``params`` with ``heads_per_tile`` lowered to the largest of the kernel's choices (1, 2, 4, 8) that divides
-    H_kv and whose GQA groups fit one work tile's query rows (``h * H_q / H_kv <= TILE_QUERY_ROWS``), and
-    ``whole_wave_heads`` to at most ``TILE_QUERY_ROWS / G``; ``params`` itself when both fit.
+    """``params`` with ``heads_per_tile`` lowered to the largest of the kernel's choices (1, 2, 4, 8) that the launch
+    takes (:func:`kvsplit.kernels.limits.heads_fit`: divides H_kv, ``h * H_q / H_kv <= TILE_QUERY_ROWS``, and
+    ``h * G * q_len <= MAX_TILE_ROWS`` query rows), and ``whole_wave_heads`` to the largest count whose rows fit the
+    same way; ``params`` itself when both fit.
 
     A policy table keys its buckets by H_kv, not H_q (docs/concepts/design.md §8), so a policy tuned at one GQA group
     (Qwen3-30B-A3B's 32/4, G = 8: two KV heads per tile) also serves models of a larger group (Qwen3-235B-A22B's
@@ -485,20 +499,21 @@ def fit_heads_per_tile(
         head per tile.
     """
     G = max(1, num_qo_heads // max(1, num_kv_heads))
-    most = max(1, MAX_TILE_ROWS // (G * max(1, int(q_len))))  # heads whose G * q_len rows fit one tile
+    q = max(1, int(q_len))
     out = params
     for name in ("heads_per_tile", "whole_wave_heads"):
         h = params.get(name, 1)
         if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h <= 1:
             continue
-        if name == "heads_per_tile":  # one of the kernel's choices that divides H_kv
+        if name == "heads_per_tile":  # one of the kernel's choices that the launch takes (limits.heads_fit)
             fit = max(
                 c
                 for c in HEADS_PER_TILE_CHOICES
-                if c == 1 or (c <= h and num_kv_heads % c == 0 and c * G <= TILE_QUERY_ROWS and c <= most)
+                if c == 1 or (c <= h and heads_fit(c, G * num_kv_heads, num_kv_heads, q))
             )
-        else:  # a bound: the whole-wave rule skips the tiles whose heads do not divide H_kv itself
-            fit = max(1, min(int(h), TILE_QUERY_ROWS // G, most))
+        else:  # a bound: the whole-wave rule skips the tiles whose heads do not divide H_kv itself (heads_fit with
+            # every count a divisor: G * c rows of c heads, the rows and 16-row packing of the same rule)
+            fit = max(c for c in range(1, int(h) + 1) if c == 1 or heads_fit(c, G * c, c, q))
         if fit != h:
             out = {**out, name: fit}
     return out
@@ -520,7 +535,7 @@ def whole_wave_tiles(
             check_config(cfg, ctx.head_dim, ctx.dtype, ctx.kv_dtype)
         except ValueError:
             continue
-        if ctx.q_len > 1 and cfg.heads_per_tile > 1 and tile_rows(ctx, cfg.heads_per_tile) > MAX_TILE_ROWS:
+        if tile_refused(ctx, cfg.heads_per_tile):
             continue
         out.append(cfg)
     return out
@@ -741,12 +756,9 @@ def _knobs(
         raise ValueError(
             f"params.heads_per_tile: expected a divisor of num_kv_heads={ctx.num_kv_heads}, got {cfg.heads_per_tile}"
         )
-    if ctx.q_len > 1 and cfg.heads_per_tile > 1 and tile_rows(ctx, cfg.heads_per_tile) > MAX_TILE_ROWS:
-        raise ValueError(
-            f"params.heads_per_tile: {cfg.heads_per_tile} KV heads x GQA group {ctx.group_size or MEASURED_GROUP} x "
-            f"q_len {ctx.q_len} = {tile_rows(ctx, cfg.heads_per_tile)} query rows, above the {MAX_TILE_ROWS} of one "
-            "work tile (use fewer heads per tile)"
-        )
+    why = tile_refused(ctx, cfg.heads_per_tile)
+    if why:
+        raise ValueError(f"params.heads_per_tile: {why}")
     return cfg, order, pack
 
 

@@ -99,11 +99,11 @@ from .limits import (
     HEAD_DIMS,
     MAX_BATCH,
     MAX_PAGE_SIZE,
-    MAX_TILE_ROWS,
     KernelConfig,
     check_q_len,
     default_config,
     graph_default_config,
+    heads_fit,
 )
 from .plan import Plan
 from .policies import plan_with
@@ -173,11 +173,11 @@ class GraphOptions:
 
 
 def fit_tile_rows(plan: Plan, group: int, q_len: int) -> Plan:
-    """``plan`` itself, or (when its ``heads_per_tile * group * q_len`` query rows exceed a work tile's
-    :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS`: a table entry tuned with several KV heads per tile, served to
-    a wrapper of ``q_len`` tokens) the same work list with one KV head per tile (the tile count follows the
-    config)."""
-    if plan.config.heads_per_tile * group * q_len <= MAX_TILE_ROWS:
+    """``plan`` itself, or (when the launch would refuse its tile at ``q_len`` tokens, :func:`~kvsplit.kernels.limits.heads_fit`:
+    a table entry tuned with several KV heads per tile, served to a wrapper of ``q_len`` tokens) the same work list
+    with one KV head per tile (the tile count follows the config)."""
+    h = plan.config.heads_per_tile
+    if h == 1 or heads_fit(h, group * plan.num_kv_heads, plan.num_kv_heads, q_len):
         return plan
     return dataclasses.replace(plan, config=dataclasses.replace(plan.config, heads_per_tile=1))
 
@@ -302,12 +302,7 @@ class DecodeWrapper:
             check_cache_dtype("kv_dtype", kv, _NAMES[dtype])
             kv_dtype = kv
         self.kv_dtype: torch.dtype | None = kv_dtype
-        if (num_qo_heads // num_kv_heads) * q_len > MAX_TILE_ROWS:
-            raise ValueError(
-                f"q_len: {q_len} tokens x GQA group {num_qo_heads // num_kv_heads} are "
-                f"{(num_qo_heads // num_kv_heads) * q_len} query rows of one work tile, above the {MAX_TILE_ROWS} "
-                "supported"
-            )
+        check_heads_per_tile(1, num_qo_heads, num_kv_heads, q_len=q_len)  # G * q_len rows fit one tile
         self.graph_options = graph
         max_work_items, planner, repick_every, num_programs = (
             graph.max_work_items,
@@ -385,15 +380,9 @@ class DecodeWrapper:
         self._knobs = {k: tile.get(k, getattr(base, k)) for k in _TILE_KNOBS}
         self._knobs.update(schedule="persistent", num_programs=int(num_programs))
         heads = self.params.get("heads_per_tile", base.heads_per_tile)
-        check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile")
-        if heads * (num_qo_heads // num_kv_heads) * q_len > MAX_TILE_ROWS and "heads_per_tile" not in self.params:
+        if "heads_per_tile" not in self.params and not heads_fit(heads, num_qo_heads, num_kv_heads, q_len):
             heads = 1  # the graph default packs two KV heads per tile: one, when q_len's rows would not fit
-        rows = heads * (num_qo_heads // num_kv_heads) * q_len
-        if rows > MAX_TILE_ROWS:
-            raise ValueError(
-                f"q_len: {q_len} tokens x GQA group {num_qo_heads // num_kv_heads} x heads_per_tile {heads} are "
-                f"{rows} query rows of one work tile, above the {MAX_TILE_ROWS} supported"
-            )
+        check_heads_per_tile(heads, num_qo_heads, num_kv_heads, name="params.heads_per_tile", q_len=q_len)
         self._knobs["heads_per_tile"] = heads
         cfg = self._knobs
         # the residency the planner's rules count for this tile (rulespec.resident_slots: KV dtype, q_len rows)
@@ -583,15 +572,12 @@ class DecodeWrapper:
         """
         B = self._check_index(kv_indptr, kv_indices, kv_lens)
         self._kv_lens = kv_lens
-        if self.q_len > 1 and kv_lens_host is not None:
-            lh = np.asarray(kv_lens_host)
-            if lh.size and int(lh.min()) < self.q_len:
-                i = int(np.argmin(lh))
-                raise ValueError(f"kv_lens_host[{i}]: {int(lh[i])} tokens, fewer than q_len={self.q_len}")
-        if not self.use_cuda_graph:
+        if not self.use_cuda_graph:  # checks the lengths it plans from (_check_covers_q_len among them)
             self._plan_eager(kv_indptr, kv_indices, kv_lens, B, kv_lens_host, kv_indptr_host)
             self._indptr, self._indices = kv_indptr, kv_indices
             return None
+        if kv_lens_host is not None:
+            self._check_covers_q_len(np.asarray(kv_lens_host), "kv_lens_host")
         self._indptr, self._indices = kv_indptr, kv_indices
         table = self.table
         if B != self._B or self._step % self.repick_every == 0 or table is not self._picked_table:
@@ -645,6 +631,15 @@ class DecodeWrapper:
         both = torch.cat((kv_indptr, kv_lens)).to("cpu", torch.int64).numpy()
         return both[: B + 1], both[B + 1 :], ""
 
+    def _check_covers_q_len(self, lens: np.ndarray, name: str) -> None:
+        """Raise ValueError naming ``name[i]`` where a host kv_len (int ``[B]``) is below q_len: kv_lens count the
+        q_len new tokens, already in the cache (the one check of both modes; the launch's is on the device)."""
+        if self.q_len > 1 and lens.size and (lens < self.q_len).any():
+            i = int(np.flatnonzero(lens < self.q_len)[0])
+            raise ValueError(
+                f"{name}[{i}]: {int(lens[i])} tokens, fewer than q_len={self.q_len} (kv_lens count the new tokens)"
+            )
+
     def _plan_eager(self, kv_indptr, kv_indices, kv_lens, B, kv_lens_host=None, kv_indptr_host=None) -> None:
         indptr, lens, sfx = self._host_index(kv_indptr, kv_lens, B, kv_lens_host, kv_indptr_host)
         if indptr[0] != 0:
@@ -659,11 +654,7 @@ class DecodeWrapper:
         if (lens < 0).any():
             i = int(np.flatnonzero(lens < 0)[0])
             raise ValueError(f"kv_lens{sfx}[{i}]: negative kv_len {int(lens[i])}")
-        if self.q_len > 1 and (lens < self.q_len).any():
-            i = int(np.flatnonzero(lens < self.q_len)[0])
-            raise ValueError(
-                f"kv_lens{sfx}[{i}]: {int(lens[i])} tokens, fewer than q_len={self.q_len} (kv_lens count the new tokens)"
-            )
+        self._check_covers_q_len(lens, f"kv_lens{sfx}")
         over = lens > d * self.page_size
         if over.any():
             i = int(np.flatnonzero(over)[0])

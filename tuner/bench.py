@@ -5,7 +5,14 @@ time of each baseline policy's plan for the 48 reference cases (docs/concepts/de
 five families x B in 1..512 at ``--total-tokens``), prints the ratio to the HBM
 floor per family x B, writes ``bench.csv`` and one PNG per family (time vs B,
 one line per policy) under ``--out``. ``--backend gpu`` times the same plans
-with the real kernel through :class:`kvsplit.tuner.gpu.GpuTimer` (CUDA only).
+with the real kernel through :class:`kvsplit.tuner.gpu.GpuTimer` (CUDA only), and the peers' own kernels of
+:data:`PEER_KERNELS` (:mod:`kvsplit.tuner.peers`) on the same cache and batches.
+``--kv-dtype float8_e4m3fn`` and ``--q-len N`` (1-8) set the shape's KV cache dtype and query tokens per request:
+the plans are made for them, the simulator models them (1 byte per fp8 element, ``G * q_len`` query rows per KV
+head of a tile, ``q_len`` merged rows), the GPU timer builds the fp8 cache and ``[B * q_len, H_q, D]`` queries, the
+HBM floor counts the bytes actually read, and a kv_len below q_len is raised to q_len (kv_lens count the new
+tokens). A peer that is absent, or does not take the q_len (FlashInfer's decode wrapper: one token; its prefill
+wrapper: verify steps), is named with the reason and given no figure.
 ``--anchors h200_peers.csv`` adds the FlashInfer threshold-cliff check
 (skewed80 time over uniform time at the same B, simulated vs measured).
 """
@@ -20,6 +27,7 @@ from typing import Any, Optional
 __all__ = [
     "BASELINES",
     "FLASHINFER_KERNEL",
+    "PEER_KERNELS",
     "LEGEND",
     "TRACE_BASELINES",
     "legend",
@@ -42,7 +50,16 @@ BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
 """Label -> (policy, params) of the baselines ``kvsplit bench`` compares (all on kvsplit's kernel)."""
 
 FLASHINFER_KERNEL = "flashinfer_kernel"
-"""Label of FlashInfer's own decode kernel (:mod:`kvsplit.tuner.flashinfer_kernel`; GPU backend only)."""
+"""Label of FlashInfer's own decode kernel (:mod:`kvsplit.tuner.peers`; GPU backend only)."""
+
+PEER_KERNELS: dict[str, str] = {
+    FLASHINFER_KERNEL: "flashinfer_decode",
+    "flashinfer_prefill": "flashinfer_prefill",
+    "flashinfer_batch_attention": "flashinfer_batch_attention",
+    "fa3_kernel": "fa3",
+}
+"""Label -> :data:`kvsplit.tuner.peers.PEERS` name of the peers' own kernels ``kvsplit bench --backend gpu`` times
+(``fa3`` is FA3's split *rule* on kvsplit's kernel, ``fa3_kernel`` FA3's kernel)."""
 
 LEGEND = {
     "published": "time/floor column: the plan the service serves for the batch; source column: where its "
@@ -53,8 +70,14 @@ LEGEND = {
     "fi_rule_notc": "FlashInfer's split rule, CUDA-core path (occupancy threshold), on kvsplit's kernel",
     "fa3": "FlashAttention-3's varlen split rule (heavy first, persistent), on kvsplit's kernel",
     "balanced": "kvsplit's wave-aware even-chunk rule (the fallback), on kvsplit's kernel",
-    FLASHINFER_KERNEL: "FlashInfer's own BatchDecodeWithPagedKVCacheWrapper (tensor cores, fa2 backend), "
-    "timed on the same cache and batches (GPU backend, when flashinfer imports)",
+    FLASHINFER_KERNEL: "FlashInfer's own BatchDecodeWithPagedKVCacheWrapper (tensor cores, fa2 backend; "
+    "kv_data_type fp8 for an fp8 cache), q_len 1, on the same cache and batches (GPU backend, when flashinfer imports)",
+    "flashinfer_prefill": "FlashInfer's BatchPrefillWithPagedKVCacheWrapper (causal, qo_indptr of q_len per "
+    "request), q_len > 1, on the same cache and batches (GPU backend, when flashinfer imports)",
+    "flashinfer_batch_attention": "FlashInfer's persistent BatchAttention (causal, qo_indptr of q_len per request), "
+    "on the same cache and batches (GPU backend, when flashinfer imports)",
+    "fa3_kernel": "FlashAttention-3's flash_attn_with_kvcache (causal, num_splits=0: its own split heuristic), on "
+    "the same cache and batches (GPU backend, when flash_attn_interface imports; fp8 only from an FP8 build)",
 }
 """What each column of ``kvsplit bench`` is."""
 
@@ -64,6 +87,46 @@ _OLD_LABELS = {"flashinfer_tc": "fi_rule_tc", "flashinfer_notc": "fi_rule_notc"}
 def legend(labels: Any) -> str:
     """One line per label saying what the column measures."""
     return "\n".join(f"  {lab:<18} {LEGEND.get(lab, '')}" for lab in labels)
+
+
+def _load_peers(labels: Any, timer: Any) -> dict[str, Any]:
+    """The :class:`kvsplit.tuner.peers.PeerKernel` of each peer label in ``labels`` on ``timer``; a peer that is
+    absent or does not take the timer's q_len is printed with the reason (``no figure recorded``) and left out."""
+    from . import peers
+
+    out = {}
+    for label in labels:
+        if label in PEER_KERNELS:
+            peer, note = peers.load(timer, PEER_KERNELS[label])
+            if peer is None:
+                print(f"{label}: {note}; no figure recorded")
+            else:
+                out[label] = peer
+    return out
+
+
+def _time_peer(label: str, peer: Any, kv_lens: Any, *, check: bool) -> float | None:
+    """Seconds of ``peer`` on the batch ``kv_lens`` (CUDA-graph replays, do_bench median), its output first checked
+    against the fp32 reference when ``check``; None (printed: the reason, no figure) when the call fails or the
+    output is wrong."""
+    import torch
+
+    from .gpu import graph_median_s
+    from .peers import failure_note, max_rel_error
+
+    try:
+        launch, output = peer.prepare(kv_lens)
+        launch()
+        torch.cuda.synchronize()
+        if check:
+            err = max_rel_error(peer, kv_lens, output())
+            if not err < 2e-2:
+                print(f"{label}: output differs from the fp32 reference (max relative error {err:.3g}); no figure")
+                return None
+        return graph_median_s(launch)
+    except Exception as exc:  # noqa: BLE001 - a peer's own error: say why, record nothing
+        print(f"{label}: {failure_note(peer.name, exc, fp8=peer.fp8)}; no figure recorded")
+        return None
 
 
 def run_bench(
@@ -78,20 +141,29 @@ def run_bench(
     total_tokens: int = 262_144,
     policies: tuple[str, ...] = tuple(BASELINES),
     calibration: Optional[dict] = None,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
 ) -> list[dict[str, Any]]:
     """Time (or predict) every baseline on the reference cases.
+
+    ``kv_dtype`` (None: ``dtype``; ``"float8_e4m3fn"``/``"fp8"``) and ``q_len`` (1-8) are the shape's KV cache dtype
+    and query tokens per request (module docstring). Labels of :data:`PEER_KERNELS` are timed with
+    ``backend="gpu"`` only; an absent or inapplicable peer is printed and has no rows.
 
     Returns
     -------
     list of dict
         One row per (policy, family, B): ``policy``, ``family``, ``B``,
-        ``time_us``, ``floor_us``, ``ratio`` (time / HBM floor), ``num_work_items``.
+        ``time_us``, ``floor_us``, ``ratio`` (time / HBM floor), ``num_work_items`` (0 for a peer's kernel).
 
     Raises
     ------
     ValueError
-        Unknown backend or policy label, invalid shape; ``--backend gpu`` without CUDA.
+        Unknown backend or policy label, a peer label with the simulator, an invalid shape (``kv_dtype`` and
+        ``q_len`` named as such); ``--backend gpu`` without CUDA.
     """
+    import numpy as np
+
     from ..kernels.device import resolve_device
     from ..kernels.plan import make_plan
     from ..kernels.shape import Shape
@@ -100,11 +172,13 @@ def run_bench(
     if backend not in ("sim", "gpu"):
         raise ValueError(f"backend: expected 'sim' or 'gpu', got {backend!r}")
     policies = tuple(_OLD_LABELS.get(p, p) for p in policies)  # the labels of earlier releases keep working
-    unknown = [p for p in policies if p not in BASELINES and p != FLASHINFER_KERNEL]
+    unknown = [p for p in policies if p not in BASELINES and p not in PEER_KERNELS]
     if unknown:
-        raise ValueError(f"policies: unknown labels {unknown}; known: {list(BASELINES) + [FLASHINFER_KERNEL]}")
-    if FLASHINFER_KERNEL in policies and backend != "gpu":
-        raise ValueError(f"policies: {FLASHINFER_KERNEL} is FlashInfer's kernel, timed on a GPU only (--backend gpu)")
+        raise ValueError(f"policies: unknown labels {unknown}; known: {list(BASELINES) + list(PEER_KERNELS)}")
+    on_gpu = [p for p in policies if p in PEER_KERNELS]
+    if on_gpu and backend != "gpu":
+        who = "FlashAttention-3" if PEER_KERNELS[on_gpu[0]] == "fa3" else "FlashInfer"
+        raise ValueError(f"policies: {on_gpu[0]} is {who}'s kernel, timed on a GPU only (--backend gpu)")
     shape = Shape.of(
         device=gpu,
         num_qo_heads=num_qo_heads,
@@ -112,9 +186,13 @@ def run_bench(
         head_dim=head_dim,
         dtype=dtype,
         page_size=page_size,
+        kv_dtype=kv_dtype,
+        q_len=q_len,
     )
     group = shape.group_size
     dtype = shape.dtype
+    kd = None if shape.kv_dtype == dtype else shape.kv_dtype
+    q_len = shape.q_len
 
     timer = None
     if backend == "gpu":
@@ -132,28 +210,36 @@ def run_bench(
             head_dim=head_dim,
             dtype=dtype,
             page_size=page_size,
-            max_tokens=total_tokens,
+            max_tokens=total_tokens + 512 * q_len,
             max_batch=512,
+            kv_dtype=kd,
+            q_len=q_len,
         )
         dev = resolve_device(torch.cuda.get_device_name())
     else:
         dev = shape.device
-    from .simulate import Calibration, _prepare, _simulate, hbm_floor_s
+    from .simulate import Calibration, hbm_floor_s, predict
+
+    def case_lens(family: str, B: int) -> Any:
+        L = family_kv_lens(family, B, total_tokens)
+        return np.maximum(L, q_len) if q_len > 1 else L  # kv_lens count the q_len new tokens
 
     cal_fixed = Calibration.from_dict(calibration) if calibration is not None else None
+    peer_kernels = _load_peers(policies, timer) if timer is not None else {}
     rows: list[dict[str, Any]] = []
     for label in policies:
-        if label == FLASHINFER_KERNEL:
-            from .flashinfer_kernel import load
-
-            fi, note = load(timer)
-            if fi is None:
-                print(f"{FLASHINFER_KERNEL}: {note}; no figure recorded")
+        if label in PEER_KERNELS:
+            if label not in peer_kernels:
                 continue
-            for family, B in reference_cases(total_tokens):
-                L = family_kv_lens(family, B, total_tokens)
-                t, floor = fi.time(L), timer.hbm_floor_s(L)
-                rows.append(
+            got = []
+            for i, (family, B) in enumerate(reference_cases(total_tokens)):
+                L = case_lens(family, B)
+                t = _time_peer(label, peer_kernels[label], L, check=i == 0)
+                if t is None:
+                    got = []  # no figure for a peer that failed or was wrong on any case
+                    break
+                floor = timer.hbm_floor_s(L)
+                got.append(
                     {
                         "policy": label,
                         "family": family,
@@ -164,13 +250,14 @@ def run_bench(
                         "num_work_items": 0,
                     }
                 )
+            rows += got
             continue
         policy, params = BASELINES[label]
         params = dict(params)
         if policy == "flashinfer" and not params.get("tensor_cores", True):
             params["group_size"] = group
         for family, B in reference_cases(total_tokens):
-            L = family_kv_lens(family, B, total_tokens)
+            L = case_lens(family, B)
             plan = make_plan(
                 L,
                 num_kv_heads=num_kv_heads,
@@ -180,14 +267,20 @@ def run_bench(
                 head_dim=head_dim,
                 page_size=page_size,
                 dtype=dtype,
+                kv_dtype=kd,
+                q_len=q_len,
+                num_qo_heads=shape.num_qo_heads,
             )
             if timer is not None:
                 t = timer.time_plan(plan)
                 floor = timer.hbm_floor_s(L)
             else:
-                cal = cal_fixed or Calibration.default(dev, head_dim=head_dim, dtype=dtype, config=plan.config)
-                t = _simulate(_prepare(plan, dev), cal)
-                floor = hbm_floor_s(plan, cal)
+                sim_kw = dict(kv_dtype=kd, q_len=q_len, group_size=group)
+                cal = cal_fixed or Calibration.default(
+                    dev, head_dim=head_dim, dtype=dtype, config=plan.config, **sim_kw
+                )
+                t = predict(plan, dev, calibration=cal, **sim_kw)
+                floor = hbm_floor_s(plan, cal, kv_dtype=kd)
             rows.append(
                 {
                     "policy": label,
@@ -291,8 +384,14 @@ def run_trace_bench(
     batch_sizes: tuple[int, ...] = (16, 64, 256),
     batches: int = 3,
     seed: int = 11,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
 ) -> list[dict[str, Any]]:
     """The published policy vs every baseline on decode batches replayed from ``trace``.
+
+    ``kv_dtype`` and ``q_len``: the shape's KV cache dtype and query tokens per request, as :func:`run_bench` (the
+    table serves their family; kv_lens below q_len are raised to q_len). With ``backend="gpu"`` the peers' kernels
+    of :data:`PEER_KERNELS` that are installed and take the q_len are timed too.
 
     For each target batch size, ``batches`` held-out batches of the trace
     (:func:`kvsplit.tuner.workloads.trace_batches`) are planned by the store's
@@ -315,9 +414,6 @@ def run_trace_bench(
 
     table = PolicyTable.from_json(load_table_doc(database_url))
     cal, bw = calibration_for(database_url, gpu, backend)
-    held_all = [(B, trace_batches(trace, B, num_train=1, num_heldout=batches, seed=seed)[1]) for B in batch_sizes]
-    max_tokens = max(int(np.sum(b)) for _, hs in held_all for b in hs)
-    max_batch = max(len(b) for _, hs in held_all for b in hs)
     shape = Shape.of(
         device=gpu,
         num_qo_heads=num_qo_heads,
@@ -325,20 +421,19 @@ def run_trace_bench(
         head_dim=head_dim,
         dtype=dtype,
         page_size=page_size,
+        kv_dtype=kv_dtype,
+        q_len=q_len,
     )
+    held_all = [(B, trace_batches(trace, B, num_train=1, num_heldout=batches, seed=seed)[1]) for B in batch_sizes]
+    if shape.q_len > 1:  # kv_lens count the q_len new tokens
+        held_all = [(B, [np.maximum(np.asarray(b, dtype=np.int64), shape.q_len) for b in hs]) for B, hs in held_all]
+    max_tokens = max(int(np.sum(b)) for _, hs in held_all for b in hs)
+    max_batch = max(len(b) for _, hs in held_all for b in hs)
     be = make_backend(
         backend, shape=shape, calibration=cal, read_bandwidth_gbps=bw, max_tokens=max_tokens, max_batch=max_batch
     )
-    make_plan_kw = dict(
-        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, page_size=shape.page_size, dtype=shape.dtype
-    )
-    fi = None
-    if backend == "gpu":
-        from .flashinfer_kernel import load
-
-        fi, note = load(be.timer)
-        if fi is None:
-            print(f"{FLASHINFER_KERNEL}: {note}; no figure recorded")
+    make_plan_kw = {**shape.plan_kwargs(), "num_qo_heads": shape.num_qo_heads}
+    peer_kernels = _load_peers(PEER_KERNELS, be.timer) if backend == "gpu" else {}
     rows = []
     for B, held in held_all:
         for j, lens in enumerate(held):
@@ -346,9 +441,7 @@ def run_trace_bench(
             plans = [("published", info.get("source", "?"), plan)]
             for label in TRACE_BASELINES:
                 pol, params = BASELINES[label]
-                plans.append(
-                    (label, "baseline", make_plan(lens, device=shape.device, policy=pol, params=params, **make_plan_kw))
-                )
+                plans.append((label, "baseline", make_plan(lens, policy=pol, params=params, **make_plan_kw)))
             floor = be.hbm_floor_s(lens)
             for label, src, pl in plans:
                 t = be.time_plan(pl)
@@ -365,15 +458,19 @@ def run_trace_bench(
                         "ratio": t / floor,
                     }
                 )
-            if fi is not None:
-                t = fi.time(lens)
+            for label in list(peer_kernels):
+                t = _time_peer(label, peer_kernels[label], lens, check=j == 0 and B == held_all[0][0])
+                if t is None:  # no figure for a peer that failed or was wrong on any batch
+                    del peer_kernels[label]
+                    rows = [r for r in rows if r["policy"] != label]
+                    continue
                 rows.append(
                     {
                         "B_target": B,
                         "batch": j,
                         "B": len(lens),
                         "tokens": int(np.sum(lens)),
-                        "policy": FLASHINFER_KERNEL,
+                        "policy": label,
                         "source": "baseline",
                         "time_us": t * 1e6,
                         "floor_us": floor * 1e6,
@@ -398,7 +495,7 @@ def format_trace_table(rows: list[dict[str, Any]]) -> str:
         if r["policy"] == "published":
             src[r["B_target"]].add(r["source"])
     have = {r["policy"] for r in rows}
-    labels = tuple(lab for lab in (*TRACE_BASELINES, FLASHINFER_KERNEL) if lab in have)
+    labels = tuple(lab for lab in (*TRACE_BASELINES, *PEER_KERNELS) if lab in have)
 
     def gm(xs):
         return math.exp(sum(math.log(x) for x in xs) / len(xs))
@@ -415,6 +512,7 @@ def format_trace_table(rows: list[dict[str, Any]]) -> str:
         )
     lines.append("columns: 'vs X' = X's time / the published plan's time (geomean over the batches); the plans:")
     lines.append(legend(("published", *labels)))
-    if FLASHINFER_KERNEL not in have:
-        lines.append(f"  ({FLASHINFER_KERNEL}: not measured -- GPU backend with flashinfer installed only)")
+    for lab in PEER_KERNELS:
+        if lab not in have:
+            lines.append(f"  ({lab}: not measured -- GPU backend, the peer installed and taking the q_len only)")
     return "\n".join(lines)

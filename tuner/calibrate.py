@@ -43,14 +43,21 @@ def calibration_plans(
     total_tokens: int = 262_144,
     role: str = "train",
     seed: int = 0,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    num_qo_heads: int | None = None,
 ) -> list[tuple[str, Plan]]:
-    """(family, plan) pairs of one calibration set; ``role`` picks independent draws."""
+    """(family, plan) pairs of one calibration set; ``role`` picks independent draws. ``kv_dtype``, ``q_len``
+    and ``num_qo_heads`` as :func:`~kvsplit.kernels.plan.make_plan` takes them (kv_lens below q_len are raised
+    to q_len: they count the new tokens)."""
     out = []
     for fam in FAMILIES:
         for B in batch_sizes:
             if fam == "2x40" and B < 3:
                 continue
             (lens,) = family_batches(fam, B, total_tokens, num_batches=1, seed=seed, role=role)
+            if q_len > 1:
+                lens = np.maximum(lens, q_len)
             for name, params in CALIBRATION_POLICIES:
                 plan = make_plan(
                     lens,
@@ -61,15 +68,20 @@ def calibration_plans(
                     head_dim=head_dim,
                     page_size=page_size,
                     dtype=dtype,
+                    kv_dtype=kv_dtype,
+                    q_len=q_len,
+                    num_qo_heads=num_qo_heads,
                 )
                 out.append((fam, plan))
     return out
 
 
-def _errors(pairs: Sequence[tuple[str, Plan]], times: Sequence[float], cal: Any, device: Any) -> dict[str, Any]:
+def _errors(
+    pairs: Sequence[tuple[str, Plan]], times: Sequence[float], cal: Any, device: Any, **sim_kw: Any
+) -> dict[str, Any]:
     from .simulate import predict
 
-    rel = np.array([predict(p, device, calibration=cal) / t - 1.0 for (_, p), t in zip(pairs, times)])
+    rel = np.array([predict(p, device, calibration=cal, **sim_kw) / t - 1.0 for (_, p), t in zip(pairs, times)])
     fams = np.array([f for f, _ in pairs])
     per = {}
     for fam in FAMILIES:
@@ -91,18 +103,47 @@ def calibrate(
     seed: int = 0,
     database_url: str | None = None,
     progress: bool = False,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    num_qo_heads: int | None = None,
 ) -> dict[str, Any]:
     """Time the calibration sample with ``backend`` (a GPU timing backend), fit, report, store.
 
+    ``kv_dtype`` (None: ``dtype``; ``"float8_e4m3fn"``), ``q_len`` (1-8) and ``num_qo_heads`` (H_q, for the GQA
+    group G) are the shape ``backend`` times (a :class:`~kvsplit.tuner.backends.GpuBackend` made for them): the
+    sample's plans are made for it and the fit and its errors simulate it (:func:`~kvsplit.tuner.simulate.predict`
+    with the same KV dtype, q_len and G).
+
     Returns a report: the fitted constants, ``train`` fit errors and ``heldout``
     errors (``median``/``worst`` absolute relative error, overall and per family),
-    and the stored calibration id when ``database_url`` is given.
+    the sample's ``kv_dtype`` and ``q_len``, and the stored calibration id when ``database_url`` is given.
+
+    Raises
+    ------
+    ValueError
+        An invalid ``kv_dtype`` or ``q_len`` (named).
     """
     from ..kernels.device import resolve_device
+    from ..kernels.limits import check_kv_dtype, check_q_len
     from .simulate import Calibration, fit_calibration
 
     dev = resolve_device(gpu)
-    shape = dict(gpu=gpu, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, page_size=page_size, seed=seed)
+    group = num_qo_heads // num_kv_heads if num_qo_heads else None
+    kd = check_kv_dtype(kv_dtype, dtype)
+    kd = None if kd == dtype else kd
+    q_len = check_q_len(q_len, group)
+    sim_kw = dict(kv_dtype=kd, q_len=q_len, group_size=group)
+    shape = dict(
+        gpu=gpu,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+        seed=seed,
+        kv_dtype=kd,
+        q_len=q_len,
+        num_qo_heads=num_qo_heads,
+    )
     train = calibration_plans(role="train", **shape)
     held = calibration_plans(role="heldout", **shape)
     it = train + held
@@ -112,7 +153,7 @@ def calibrate(
         it = tqdm(it, desc="calibrate", unit="plan")
     times = [float(backend.time_plan(p)) for _, p in it]
     t_train, t_held = times[: len(train)], times[len(train) :]
-    base = Calibration.default(dev, head_dim=head_dim, dtype=dtype, config=train[0][1].config)
+    base = Calibration.default(dev, head_dim=head_dim, dtype=dtype, config=train[0][1].config, **sim_kw)
     read_bw = float(backend.device_info().get("read_bandwidth_gbps") or 0) * 1e9
     if read_bw > 0:
         f = read_bw / base.hbm_bw
@@ -132,7 +173,7 @@ def calibrate(
         "persistent_tile_s",
     )
     cal, fit = fit_calibration(
-        [(p, t) for (_, p), t in zip(train, t_train)], dev, initial=base, params=params, rounds=10
+        [(p, t) for (_, p), t in zip(train, t_train)], dev, initial=base, params=params, rounds=10, **sim_kw
     )
     report = {
         "gpu": dev.name,
@@ -140,11 +181,13 @@ def calibrate(
         "head_dim": head_dim,
         "dtype": dtype,
         "page_size": page_size,
+        "kv_dtype": kd or dtype,
+        "q_len": q_len,
         "kernel_config": train[0][1].config.to_dict(),
         "constants": cal.to_dict(),
-        "default_heldout": _errors(held, t_held, base, dev),
-        "train": _errors(train, t_train, cal, dev),
-        "heldout": _errors(held, t_held, cal, dev),
+        "default_heldout": _errors(held, t_held, base, dev, **sim_kw),
+        "train": _errors(train, t_train, cal, dev, **sim_kw),
+        "heldout": _errors(held, t_held, cal, dev, **sim_kw),
         "samples": [
             {"family": f, "B": p.batch_size, "policy": p.policy, "params": dict(p.params), "time_s": t, "role": role}
             for role, pairs, ts in (("train", train, t_train), ("heldout", held, t_held))

@@ -75,9 +75,9 @@ from typing import Any
 import numpy as np
 
 from ..kernels.device import DeviceSpec, resolve_device
-from ..kernels.limits import check_kv_dtype, check_q_len, kv_elt_bytes
+from ..kernels.limits import check_kv_dtype, check_q_len, kv_elt_bytes, tile_rows
 from ..kernels.plan import DTYPES, KernelConfig, Plan, default_config
-from ..kernels.residency import MEASURED_GROUP, padded_rows, resident_ctas_per_sm
+from ..kernels.residency import MEASURED_GROUP, padded_rows, q_len_rows, resident_ctas_per_sm
 
 __all__ = [
     "Calibration",
@@ -122,7 +122,7 @@ def math_flops_per_byte(kv_bytes: int, q_len: int = 1, group_size: int | None = 
     of the tile's ``tl.dot`` (:func:`~kvsplit.kernels.residency.padded_rows` of ``heads_per_tile * G * q_len``,
     divided by ``heads_per_tile``; G the residency tables' 8 when not given)."""
     h = max(1, int(heads_per_tile))
-    rows = padded_rows(h * (group_size or MEASURED_GROUP) * q_len) / h
+    rows = padded_rows(tile_rows(h, group_size or MEASURED_GROUP, q_len)) / h
     return 2.0 * rows / kv_bytes
 
 
@@ -166,11 +166,7 @@ def resident_slots(
 ) -> int:
     """Resident CTAs per SM of ``config`` on ``device`` (:func:`kvsplit.kernels.residency.resident_ctas_per_sm`,
     with the KV cache's element size and the extra query rows of q_len > 1, as the planner counts them)."""
-    extra = rows = 0
-    if q_len > 1:
-        one = config.heads_per_tile * (group_size or MEASURED_GROUP)
-        rows = padded_rows(one * q_len)
-        extra = rows - padded_rows(one)
+    rows, extra = q_len_rows(config.heads_per_tile, group_size, q_len)
     return int(
         resident_ctas_per_sm(
             device,
@@ -790,6 +786,9 @@ def fit_calibration(
     initial: Calibration | None = None,
     params: Sequence[str] = FIT_PARAMS,
     rounds: int = 8,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    group_size: int | None = None,
 ) -> tuple[Calibration, dict[str, Any]]:
     """Fit the simulator's constants to measured kernel times.
 
@@ -809,6 +808,9 @@ def fit_calibration(
         Names from :data:`FIT_PARAMS` to fit; the others stay at ``initial``.
     rounds : int
         Coordinate-search rounds (>= 1).
+    kv_dtype, q_len, group_size
+        The shape the samples were timed at, as :func:`predict` takes them (KV cache dtype, query tokens per
+        request, G = H_q / H_kv): the fit simulates the plans with them.
 
     Returns
     -------
@@ -849,9 +851,14 @@ def fit_calibration(
         plans.append(plan)
         times.append(float(sec))
     measured = np.array(times)
-    tiles = [_prepare(p, dev) for p in plans]
     p0 = plans[0]
-    cal = initial or Calibration.default(dev, head_dim=p0.head_dim, dtype=p0.dtype, config=p0.config)
+    kd = check_kv_dtype(kv_dtype, p0.dtype)
+    kd = None if kd == p0.dtype else kd
+    q_len = check_q_len(q_len, group_size)
+    tiles = [_prepare(p, dev, kd, q_len, group_size) for p in plans]
+    cal = initial or Calibration.default(
+        dev, head_dim=p0.head_dim, dtype=p0.dtype, config=p0.config, kv_dtype=kd, q_len=q_len, group_size=group_size
+    )
 
     def loss(c: Calibration) -> float:
         e = _rel_errors(tiles, measured, c)

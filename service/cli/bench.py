@@ -13,8 +13,21 @@ from typing import Annotated, Optional
 
 import typer
 
-from ...tuner.bench import BASELINES, FLASHINFER_KERNEL
-from .options import DatabaseUrl, Dtype, Gpu, HeadDim, NumKvHeads, NumQoHeads, PageSize, existing_store, fail
+from ...tuner.bench import BASELINES, PEER_KERNELS
+from .options import (
+    DatabaseUrl,
+    Dtype,
+    Gpu,
+    HeadDim,
+    KvDtype,
+    NumKvHeads,
+    NumQoHeads,
+    PageSize,
+    QLen,
+    existing_store,
+    fail,
+    flag_message,
+)
 
 __all__ = ["bench_cmd"]
 
@@ -29,6 +42,8 @@ def bench_cmd(
     head_dim: HeadDim = 128,
     dtype: Dtype = "bfloat16",
     page_size: PageSize = 16,
+    kv_dtype: KvDtype = None,
+    q_len: QLen = 1,
     total_tokens: Annotated[
         int, typer.Option("--total-tokens", metavar="T", min=1, help="T, total tokens per batch")
     ] = 262_144,
@@ -40,8 +55,8 @@ def bench_cmd(
         typer.Option(
             "--policies",
             metavar="LABELS",
-            help=f"comma-separated baseline labels, of {', '.join(BASELINES)}, {FLASHINFER_KERNEL} (GPU only) "
-            f"[default: all; {FLASHINFER_KERNEL} with --backend gpu]",
+            help=f"comma-separated baseline labels, of {', '.join(BASELINES)} (kvsplit's kernel) and "
+            f"{', '.join(PEER_KERNELS)} (the peers' kernels, GPU only) [default: all; the peers' with --backend gpu]",
         ),
     ] = None,
     calibration: Annotated[
@@ -67,7 +82,10 @@ def bench_cmd(
     ] = 3,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Baseline policies on the reference workload (or, with --trace, the published policy on trace batches)."""
+    """Baseline policies on the reference workload (or, with --trace, the published policy on trace batches).
+
+    --kv-dtype and --q-len set the KV cache dtype and the query tokens per request (speculative-decoding verify steps) of the shape: plans, simulator, GPU timer and HBM floor follow them. With --backend gpu the peers' own kernels are timed on the same cache: FlashInfer's decode wrapper (kv_data_type fp8 for an fp8 cache; q_len 1), its prefill wrapper (q_len > 1) and BatchAttention, and FlashAttention-3; a peer that is absent or does not take the case is named and given no figure.
+    """  # noqa: E501 - one line per paragraph: the help text reflows it
     from ...db import store
     from ...tuner import bench
 
@@ -87,12 +105,14 @@ def bench_cmd(
                 page_size=page_size,
                 batch_sizes=sizes,
                 batches=batches,
+                kv_dtype=kv_dtype,
+                q_len=q_len,
             )
         except (ValueError, OSError, store.SchemaError) as exc:
-            fail(str(exc))
+            fail(flag_message(str(exc)))
         typer.echo(
             f"trace={trace} backend={backend} gpu={gpu} H_q={num_qo_heads} H_kv={num_kv_heads} "
-            f"D={head_dim} {dtype} page={page_size} store={store.safe_url(url)}\n"
+            f"D={head_dim} {dtype}{_kv_q(kv_dtype, q_len)} page={page_size} store={store.safe_url(url)}\n"
         )
         typer.echo(bench.format_trace_table(rows))
         if out is not None:
@@ -105,7 +125,7 @@ def bench_cmd(
             typer.echo(f"wrote {path}")
         return
     if policies is None:
-        labels = tuple(BASELINES) + ((FLASHINFER_KERNEL,) if backend == "gpu" else ())
+        labels = tuple(BASELINES) + (tuple(PEER_KERNELS) if backend == "gpu" else ())
     else:
         labels = tuple(p.strip() for p in policies.split(",") if p.strip())
     try:
@@ -121,12 +141,14 @@ def bench_cmd(
             total_tokens=total_tokens,
             policies=labels,
             calibration=cal,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
         )
     except (ValueError, OSError, json.JSONDecodeError) as exc:
-        fail(str(exc))
+        fail(flag_message(str(exc)))
     typer.echo(
         f"backend={backend} gpu={gpu if backend == 'sim' else 'cuda'} H_q={num_qo_heads} "
-        f"H_kv={num_kv_heads} D={head_dim} {dtype} page={page_size} T={total_tokens}\n"
+        f"H_kv={num_kv_heads} D={head_dim} {dtype}{_kv_q(kv_dtype, q_len)} page={page_size} T={total_tokens}\n"
     )
     typer.echo(bench.format_table(rows))
     typer.echo("columns:\n" + bench.legend(dict.fromkeys(r["policy"] for r in rows)))
@@ -135,3 +157,8 @@ def bench_cmd(
     if out is not None:
         for p in bench.write_outputs(rows, out, f"{backend} {gpu} T={total_tokens}"):
             typer.echo(f"wrote {p}")
+
+
+def _kv_q(kv_dtype: str | None, q_len: int) -> str:
+    """The header's KV dtype and q_len, where they differ from the defaults (``" kv=fp8 q_len=4"``)."""
+    return (f" kv={kv_dtype}" if kv_dtype else "") + (f" q_len={q_len}" if q_len != 1 else "")

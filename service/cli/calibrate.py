@@ -9,7 +9,19 @@ from typing import Annotated, Optional
 import typer
 
 from .faults import store_errors, store_failure
-from .options import DatabaseUrl, Dtype, HeadDim, NumKvHeads, NumQoHeads, PageSize, fail, store_url
+from .options import (
+    DatabaseUrl,
+    Dtype,
+    HeadDim,
+    KvDtype,
+    NumKvHeads,
+    NumQoHeads,
+    PageSize,
+    QLen,
+    fail,
+    flag_message,
+    store_url,
+)
 
 __all__ = ["calibrate_cmd"]
 
@@ -23,17 +35,41 @@ def calibrate_cmd(
     head_dim: HeadDim = 128,
     dtype: Dtype = "bfloat16",
     page_size: PageSize = 16,
+    kv_dtype: KvDtype = None,
+    q_len: QLen = 1,
     database_url: DatabaseUrl = None,
     out: Annotated[
         Optional[Path], typer.Option("--out", metavar="FILE", help="also write the report as JSON here")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", min=0, help="seed of the calibration sample")] = 0,
 ) -> None:
-    """Time a calibration sample on the local GPU, fit the simulator, store the constants."""
+    """Time a calibration sample on the local GPU, fit the simulator, store the constants.
+
+    --kv-dtype and --q-len: the sample is timed with that KV cache dtype and that many query tokens per request, and the simulator is fitted modelling them.
+    """  # noqa: E501 - one line per paragraph: the help text reflows it
     from ...db import store
+    from ...kernels.shape import Shape
     from ...tuner.backends import make_backend
     from ...tuner.calibrate import calibrate
 
+    def checked_shape(device: str) -> Shape:
+        try:
+            return Shape.of(
+                device=device,
+                num_qo_heads=num_qo_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                dtype=dtype,
+                page_size=page_size,
+                kv_dtype=kv_dtype,
+                q_len=q_len,
+            )
+        except ValueError as exc:
+            fail(flag_message(str(exc)))
+
+    # the flags are checked before the GPU is looked for (a bad --q-len is named on any machine); the shape is
+    # built again for the local GPU below
+    checked_shape(gpu or "NVIDIA H200")
     try:
         import torch
 
@@ -41,21 +77,9 @@ def calibrate_cmd(
             raise RuntimeError
     except (ImportError, RuntimeError):
         fail("kvsplit calibrate needs a CUDA GPU (it times the real kernel)")
-    from ...kernels.shape import Shape
-
     local = torch.cuda.get_device_name()
     name = gpu or local
-    try:
-        shape = Shape.of(
-            device=name,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            dtype=dtype,
-            page_size=page_size,
-        )
-    except ValueError as exc:
-        fail(str(exc))
+    shape = checked_shape(name)
     url = store_url(database_url)
     with store_errors(url):  # one line naming the cause: disk full, read-only, unreachable, ...
         store.upgrade(url)
@@ -71,6 +95,9 @@ def calibrate_cmd(
             seed=seed,
             database_url=url,
             progress=True,
+            kv_dtype=None if shape.kv_dtype == shape.dtype else shape.kv_dtype,
+            q_len=shape.q_len,
+            num_qo_heads=shape.num_qo_heads,
         )
     except Exception as exc:  # noqa: BLE001 - a store failure while storing the constants: one line
         import sqlalchemy.exc
@@ -81,7 +108,7 @@ def calibrate_cmd(
     if out is not None:
         out.write_text(json.dumps(rep, indent=1))
     typer.echo(
-        f"calibration {rep.get('calibration_id')} for {rep['gpu']}: held-out error median "
+        f"calibration {rep.get('calibration_id')} for {rep['gpu']} (KV {rep['kv_dtype']}, q_len {rep['q_len']}): held-out error median "
         f"{rep['heldout']['median']:.1%}, worst {rep['heldout']['worst']:.1%} "
         f"(defaults: {rep['default_heldout']['median']:.1%} / {rep['default_heldout']['worst']:.1%})"
     )

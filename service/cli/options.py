@@ -22,6 +22,7 @@ __all__ = [
     "KvDtype",
     "QLen",
     "fail",
+    "flag_message",
     "store_url",
     "existing_store",
     "first_line",
@@ -75,6 +76,27 @@ def fail(msg: str, code: int = 2) -> NoReturn:
     """Print ``error: msg`` on stderr and exit with ``code`` (2: bad input, 1: the store or a run failed)."""
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code=code)
+
+
+_FLAGS = {
+    "device": "--gpu",
+    "num_qo_heads": "--num-qo-heads",
+    "num_kv_heads": "--num-kv-heads",
+    "head_dim": "--head-dim",
+    "dtype": "--dtype",
+    "page_size": "--page-size",
+    "kv_dtype": "--kv-dtype",
+    "q_len": "--q-len",
+    "backend": "--backend",
+    "policies": "--policies",
+}
+
+
+def flag_message(msg: str) -> str:
+    """A ValueError's message with the argument it names spelled as the command-line flag (``"q_len: expected
+    ..."`` -> ``"--q-len: expected ..."``); other messages unchanged."""
+    name, sep, rest = msg.partition(":")
+    return f"{_FLAGS[name]}:{rest}" if sep and name in _FLAGS else msg
 
 
 def store_url(database_url: str | None) -> str:

@@ -261,7 +261,7 @@ def test_heads_per_tile_fit_counts_q_len():
     assert fit_heads_per_tile({"heads_per_tile": 4}, 16, 4, 4) == {"heads_per_tile": 4}
     assert fit_heads_per_tile({"heads_per_tile": 4}, 16, 4, 8) == {"heads_per_tile": 2}  # 2 x 4 x 8 = 64
     assert fit_heads_per_tile({"heads_per_tile": 2}, 32, 4, 8) == {"heads_per_tile": 1}  # 2 x 8 x 8 = 128
-    with pytest.raises(ValueError, match="params.heads_per_tile: 2 KV heads x GQA group 8 x q_len 8 = 128"):
+    with pytest.raises(ValueError, match="^params.heads_per_tile: 8 tokens x GQA group G=8 x heads_per_tile=2 are 128"):
         resolve("balanced", {"heads_per_tile": 2}, num_kv_heads=4, device=H200, q_len=8, num_qo_heads=32)
 
 
