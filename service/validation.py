@@ -416,14 +416,14 @@ def _scanned_header(raw: tuple[bytes, bytes]) -> tuple | None:
 
 
 def scan_request(body: bytes, max_kv_len: int) -> tuple | None:
-    """The common request via the compiled kv_lens scan (module doc): ``(kv_lens, header, start, end, plain)``
-    with ``header`` = ``(gpu, H_q, H_kv, head_dim, dtype, page_size, device, shape)`` as the full checks
-    would give them, where the ``kv_lens`` list lies in ``body`` and whether that list is plain
+    """The common request via the compiled kv_lens scan (module doc): ``(kv_lens, header, start, end, plain,
+    total)`` with ``header`` = ``(gpu, H_q, H_kv, head_dim, dtype, page_size, device, shape)`` as the full checks
+    would give them, where the ``kv_lens`` list lies in ``body``, whether that list is plain and its sum
     (:func:`~kvsplit.service.fastparse.scan_kv_lens`), or None to take the other paths."""
     found = fastparse.scan_kv_lens(body, max_kv_len, MAX_BATCH)
     if found is None:
         return None
-    kv, start, end, plain = found
+    kv, start, end, plain, total = found
     raw = (body[:start], body[end:])
     h = _HEADERS.get(raw)
     if h is None:
@@ -432,7 +432,7 @@ def scan_request(body: bytes, max_kv_len: int) -> tuple | None:
             return None
         if len(_HEADERS) < _HEADERS_MAX:
             _HEADERS[raw] = h
-    return kv, h, start, end, plain
+    return kv, h, start, end, plain, total
 
 
 def _fast_scan(body: bytes, max_kv_len: int) -> PlanRequestData | None:

@@ -149,6 +149,7 @@ def _check(table, shape, lens, body, plain, max_kv_len, monkeypatch):
         assert fast == ref_bytes
         found = validation.scan_request(body, max_kv_len)
         assert found is not None and found[4] == plain
+        assert found[5] == sum(ref_dict["kv_lens"]) and type(found[5]) is int  # the scan's total tokens
     with monkeypatch.context() as m:  # the full path, compiled writer off
         m.setattr(fastjson, "ENABLED", False)
         assert handle_plan(body, state, JSON) == (200, ref_bytes)

@@ -235,10 +235,11 @@ def test_compiled_scan_takes_the_plain_forms():
 
     if not fastparse.ENABLED:
         pytest.skip("numba off")
-    kv, start, end, plain = fastparse.scan_kv_lens(CRAFTED[1], 1 << 24, 65536)
+    kv, start, end, plain, total = fastparse.scan_kv_lens(CRAFTED[1], 1 << 24, 65536)
     assert kv.tolist() == [5, 6, 0] and CRAFTED[1][start:end] == b"[ 5 ,\t6\r\n, 0 ]" and not plain
-    kv, start, end, plain = fastparse.scan_kv_lens(CRAFTED[0], 1 << 24, 65536)
-    assert kv.tolist() == [0, 1, 22, 333] and plain and CRAFTED[0][start:end] == b"[0,1,22,333]"
+    assert total == 11 and type(total) is int
+    kv, start, end, plain, total = fastparse.scan_kv_lens(CRAFTED[0], 1 << 24, 65536)
+    assert kv.tolist() == [0, 1, 22, 333] and plain and CRAFTED[0][start:end] == b"[0,1,22,333]" and total == 356
     assert fastparse.scan_kv_lens(CRAFTED[0], 332, 65536) is None  # over the limit: the full checks say where
     assert fastparse.scan_kv_lens(CRAFTED[0], 1 << 24, 3) is None  # more than max_n
 
@@ -257,7 +258,9 @@ def test_compiled_scan_agrees_on_random_bodies(monkeypatch):
         scan, arr, full = _three_ways(monkeypatch, body, limit)
         assert scan == arr == full
         assert scan[0] == ("ok" if max(lens) <= limit else "error")
-        assert (fastparse.scan_kv_lens(body, limit, 65536) is not None) == (scan[0] == "ok")  # the scan took it
+        found = fastparse.scan_kv_lens(body, limit, 65536)
+        assert (found is not None) == (scan[0] == "ok")  # the scan took it
+        assert found is None or found[4] == sum(lens)  # and added the total tokens up
 
 
 def test_dtype_aliases_as_the_cli_and_plan_client_take(client):

@@ -405,6 +405,54 @@ def test_the_in_memory_cells_are_bounded(tmp_path):
         assert sorted(r.requests for r in traffic_summary(s, hours=1)) == [1, 1, 2]
 
 
+def test_folds_racing_records_lose_nothing_and_keep_each_request_hour(tmp_path):
+    # record() appends without a lock; fold() (the flush task's worker thread) moves the log into cells while
+    # four threads record: every request lands exactly once, in the hour its own clock reading gave
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    store.upgrade(url)
+    now = [3600.0 * 500 + 10]
+    rec = TrafficRecorder(url, retention_hours=10_000, clock=lambda: now[0], max_log=5_000)
+    key = b"nvidia-h200.kv4.d128.bf16.p16.b4.t14.w26x16"
+    stop = threading.Event()
+
+    def folding():
+        while not stop.is_set():
+            rec.fold()
+
+    def recording(i):
+        for j in range(20_000):
+            rec.record(key, 1 + (j % 64), 1_000 + j, SOURCE_INDEX["tuned"], 0.5)
+
+    f = threading.Thread(target=folding)
+    f.start()
+    threads = [threading.Thread(target=recording, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    f.join()
+    assert rec.pending() == 80_000
+    rec.record(key, 3, 7, SOURCE_INDEX["fallback"], None)  # recorded in hour 500, folded in hour 501
+    now[0] += 3600
+    assert rec.flush() == 80_001
+    with store.session_scope(url) as s:
+        rows = {
+            (t.hour, t.requests, t.n_tuned, t.n_fallback, t.batch_min, t.batch_max) for t in s.scalars(select(Traffic))
+        }
+    assert rows == {(500, 80_001, 80_000, 1, 1, 64)}
+
+
+def test_a_full_log_is_folded_on_the_request_path(tmp_path):
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    store.upgrade(url)
+    rec = TrafficRecorder(url, retention_hours=24, max_log=10)
+    for i in range(25):
+        rec.record(b"nvidia-h200.kv4.d128.bf16.p16.b4.t14.w26x16", 16, 16_000 + i, SOURCE_INDEX["tuned"], 0.1)
+    assert len(rec._log) == 5 and sum(c[0] for c in rec._cells.values()) == 20  # two folds by record() itself
+    assert rec.pending() == 25 and not rec._log
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_off_switch_records_nothing(tmp_path, monkeypatch):
