@@ -16,9 +16,10 @@ sensitive than req/s to other load on the machine); then times a 65,536-entry re
         [--traffic on|off|both] [--no-baselines]
 
 ``--traffic`` sets ``KVSPLIT_TRAFFIC`` of the kvsplit server (default ``on``, the service's default);
-``both`` runs two kvsplit servers, traffic statistics on and off, in the same interleaved rounds, and
-prints the throughput and CPU ratio of on to off and each one's RSS before and after (the target: on must
-stay within 5 % of off, memory flat). ``--no-baselines`` leaves the plain FastAPI servers out.
+``both`` runs three kvsplit servers, traffic statistics on, off, and off again (the A/A control: how much two
+identical servers differ on this machine), in the same interleaved rounds, and prints the median per-round
+throughput ratio of on to off, the control's ratio, CPU per request and RSS after each round (the target: on
+within 5 % of off, memory flat). ``--no-baselines`` leaves the plain FastAPI servers out.
 
 Needs Debian's ``wrk`` (``apt-get install -y wrk``).
 """
@@ -175,7 +176,8 @@ def main() -> None:
     pids = {}
     try:
         w = str(args.workers)
-        modes = ("on", "off") if args.traffic == "both" else (args.traffic,)
+        # both: a second server with statistics off is the A/A control (how much two identical servers differ)
+        modes = ("on", "off", "off, control") if args.traffic == "both" else (args.traffic,)
         for mode in modes:
             port = free_port()
             env = dict(os.environ, KVSPLIT_DATABASE_URL=db, KVSPLIT_TRAFFIC="1" if mode == "on" else "0")
@@ -240,8 +242,8 @@ def main() -> None:
         rss0 = {name: rss_mb([pids[name]]) for name in servers}
         rounds: dict[str, list] = {name: [] for name in servers}
         order = list(servers.items())
-        for i in range(args.rounds):  # interleaved: every server once per round, the order reversed every other round
-            for name, u in order if i % 2 == 0 else order[::-1]:
+        for i in range(args.rounds):  # interleaved: every server once per round, the order rotated every round
+            for name, u in order[i % len(order) :] + order[: i % len(order)]:
                 c0 = cpu_s([pids[name]])
                 r = wrk(u, args.duration, args.connections, args.batch, args.bodies, wrk_cpus)
                 r["cpu_us"] = (cpu_s([pids[name]]) - c0) / max(r["requests"], 1) * 1e6
@@ -298,8 +300,8 @@ def main() -> None:
     print(
         f"\n{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, wrk -t1 -c{args.connections} "
         f"-d{args.duration}s, B = {args.batch} kv_lens per request, {args.bodies} bodies at random, "
-        f"{args.workers} server worker(s), {args.rounds} interleaved rounds (median round shown; order reversed "
-        f"every other round), {'servers pinned to CPU ' + str(min(server_cpus)) + ', wrk to the others' if pin else 'no pinning'}, "
+        f"{args.workers} server worker(s), {args.rounds} interleaved rounds (median round shown; order rotated "
+        f"every round), {'servers pinned to CPU ' + str(min(server_cpus)) + ', wrk to the others' if pin else 'no pinning'}, "
         f"load average at the end {os.getloadavg()[0]:.1f}\n"
     )
     print(
@@ -316,16 +318,18 @@ def main() -> None:
             f"{statistics.median(x['cpu_us'] for x in rounds[name]):.0f} |"
         )
     if args.traffic == "both":
-        on, off = "kvsplit serve, traffic on", "kvsplit serve, traffic off"
+        on, off, ctl = (f"kvsplit serve, traffic {m}" for m in ("on", "off", "off, control"))
         pairs = [a["rps"] / b["rps"] for a, b in zip(rounds[on], rounds[off])]
-        cpu_on = statistics.median(x["cpu_us"] for x in rounds[on])
-        cpu_off = statistics.median(x["cpu_us"] for x in rounds[off])
+        both_off = [a["rps"] / ((b["rps"] + c["rps"]) / 2) for a, b, c in zip(rounds[on], rounds[off], rounds[ctl])]
+        aa = [c["rps"] / b["rps"] for b, c in zip(rounds[off], rounds[ctl])]
+        cpu = {n: statistics.median(x["cpu_us"] for x in rounds[n]) for n in (on, off, ctl)}
         print(
-            f"\ntraffic statistics on / off: {results[on]['rps'] / results[off]['rps']:.3f}x req/s (median rounds), "
-            f"median of the per-round ratios {statistics.median(pairs):.3f}x "
-            f"(per round {', '.join(f'{x:.3f}' for x in pairs)}); server CPU per request {cpu_on / cpu_off:.3f}x; "
-            f"RSS MB on {rss0[on]:.1f} -> {_rss_list(rounds[on])}, off {rss0[off]:.1f} -> {_rss_list(rounds[off])} "
-            "(after each round)"
+            f"\ntraffic statistics on / off: median of the per-round ratios {statistics.median(pairs):.3f}x req/s "
+            f"(per round {', '.join(f'{x:.3f}' for x in pairs)}); on / mean of the two off servers "
+            f"{statistics.median(both_off):.3f}x; A/A control (off, control / off) {statistics.median(aa):.3f}x "
+            f"(per round {', '.join(f'{x:.3f}' for x in aa)}); server CPU per request on {cpu[on]:.0f}, off "
+            f"{cpu[off]:.0f} and {cpu[ctl]:.0f} us; RSS MB on {rss0[on]:.1f} -> {_rss_list(rounds[on])}, off "
+            f"{rss0[off]:.1f} -> {_rss_list(rounds[off])} (after each round)"
         )
     k = results[main_name]["rps"]
     kc = statistics.median(x["cpu_us"] for x in rounds[main_name])

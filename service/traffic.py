@@ -2,9 +2,10 @@
 
 Each ``POST /v1/plan`` answered 200 appends one tuple (key, B, total tokens, source, distance, time) to
 this process's :class:`TrafficRecorder` log: one ``list.append``, no lock and no database access on the
-request path (about 0.2 us). The log is folded into cells (bucket key, hour) off the request path, every
-second by the server's flush task in a worker thread and before every flush, and on the request path only
-when :data:`MAX_LOG` entries wait (a flush task that cannot keep up). A cell holds the request count, the batch-size and total-token ranges, a coarse
+request path (about 0.2 us). The log is folded into cells (bucket key, hour) off the request path: every
+quarter second by the server's flush task on the event loop, in slices of :data:`FOLD_SLICE` requests between
+which the loop serves requests; before every flush; and on the request path only when :data:`MAX_LOG`
+entries wait (a flush task that cannot keep up). A cell holds the request count, the batch-size and total-token ranges, a coarse
 histogram of each (bin = ``x.bit_length()``, so bin k holds ``2^(k-1) <= x < 2^k``), requests per
 answer source (``tuned`` / ``simulated`` / ``fallback``), the requests matched farther than
 :data:`kvsplit.kernels.buckets.DISTANCE_LIMIT` (``far``: served by a neighbour's policy, not their own
@@ -56,8 +57,10 @@ MAX_CELLS = 10_000
 """Most (bucket key, hour) cells one process holds between flushes (each a few hundred bytes)."""
 MAX_LOG = 65_536
 """Most requests the log holds before :meth:`TrafficRecorder.record` folds it itself (about 250 bytes each)."""
-FOLD_INTERVAL_S = 1.0
+FOLD_INTERVAL_S = 0.25
 """Seconds between the flush task's folds of the log into cells."""
+FOLD_SLICE = 256
+"""Requests the flush task folds before it yields to the event loop."""
 FAR_DISTANCE = DISTANCE_LIMIT
 """A request matched at a distance above this counts as ``far`` (its own bucket is not tuned)."""
 SOURCE_INDEX = {"tuned": 1, "simulated": 2, "fallback": 3}
@@ -145,40 +148,59 @@ class TrafficRecorder:
         against concurrent :meth:`record` calls: it takes the log's first ``len(log)`` entries and deletes
         exactly those, so a request appended meanwhile stays for the next fold."""
         with self._lock:
-            log = self._log
-            n = len(log)
-            if not n:
+            self._fold_locked(len(self._log))
+
+    async def fold_in_slices(self, slice_size: int = FOLD_SLICE) -> None:
+        """:meth:`fold` on the event loop in slices of ``slice_size`` requests, yielding to the loop between them
+        (a fold of a quarter second's requests in one go would hold up the requests waiting behind it); skips
+        the rest when another thread is folding (a flush)."""
+        n = len(self._log)
+        while n > 0:
+            if not self._lock.acquire(blocking=False):
                 return
-            items = log[:n]
-            del log[:n]
-            cells = self._cells
-            for key, batch_size, total_tokens, source, distance, t in items:
-                k = (key, int(t // 3600))
-                c = cells.get(k)
-                if c is None:
-                    if len(cells) >= self.max_cells:
-                        self._dropped()
-                        continue
-                    c = cells[k] = [0, 0, 0, 0, 0, batch_size, batch_size, total_tokens, total_tokens, None, 0.0, {}]
-                c[0] += 1
-                c[source] += 1
-                if batch_size < c[5]:
-                    c[5] = batch_size
-                elif batch_size > c[6]:
-                    c[6] = batch_size
-                if total_tokens < c[7]:
-                    c[7] = total_tokens
-                elif total_tokens > c[8]:
-                    c[8] = total_tokens
-                h = c[11]
-                bins = (batch_size.bit_length() << 8) | total_tokens.bit_length()
-                h[bins] = h.get(bins, 0) + 1
-                if distance is not None:
-                    c[10] += distance
-                    if c[9] is None or distance > c[9]:
-                        c[9] = distance
-                    if distance > FAR_DISTANCE:
-                        c[4] += 1
+            try:
+                n -= self._fold_locked(min(n, slice_size))
+            finally:
+                self._lock.release()
+            await asyncio.sleep(0)
+
+    def _fold_locked(self, n: int) -> int:
+        """Fold the log's first ``n`` entries (``self._lock`` held); returns how many."""
+        log = self._log
+        if n <= 0:
+            return 0
+        items = log[:n]
+        n = len(items)
+        del log[:n]
+        cells = self._cells
+        for key, batch_size, total_tokens, source, distance, t in items:
+            k = (key, int(t // 3600))
+            c = cells.get(k)
+            if c is None:
+                if len(cells) >= self.max_cells:
+                    self._dropped()
+                    continue
+                c = cells[k] = [0, 0, 0, 0, 0, batch_size, batch_size, total_tokens, total_tokens, None, 0.0, {}]
+            c[0] += 1
+            c[source] += 1
+            if batch_size < c[5]:
+                c[5] = batch_size
+            elif batch_size > c[6]:
+                c[6] = batch_size
+            if total_tokens < c[7]:
+                c[7] = total_tokens
+            elif total_tokens > c[8]:
+                c[8] = total_tokens
+            h = c[11]
+            bins = (batch_size.bit_length() << 8) | total_tokens.bit_length()
+            h[bins] = h.get(bins, 0) + 1
+            if distance is not None:
+                c[10] += distance
+                if c[9] is None or distance > c[9]:
+                    c[9] = distance
+                if distance > FAR_DISTANCE:
+                    c[4] += 1
+        return n
 
     def pending(self) -> int:
         """Requests recorded and not yet flushed (those beyond :attr:`max_cells` cells are dropped at the fold)."""
@@ -254,14 +276,15 @@ class TrafficRecorder:
             return sum(r.requests for r in rows)
 
     async def run(self, interval_s: float, fold_interval_s: float = FOLD_INTERVAL_S) -> None:
-        """Fold the log every ``fold_interval_s`` seconds and flush every ``interval_s`` seconds, both in a worker
-        thread, until cancelled (flush errors are logged and retried next time)."""
+        """Fold the log every ``fold_interval_s`` seconds on the event loop (:meth:`fold_in_slices`) and flush every
+        ``interval_s`` seconds in a worker thread, until cancelled (flush errors are logged and retried next
+        time)."""
         step = min(float(interval_s), float(fold_interval_s))
         next_flush = time.monotonic() + interval_s
         while True:
             await asyncio.sleep(step)
+            await self.fold_in_slices()
             if time.monotonic() < next_flush:
-                await asyncio.to_thread(self.fold)
                 continue
             next_flush = time.monotonic() + interval_s
             try:

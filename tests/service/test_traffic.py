@@ -443,6 +443,34 @@ def test_folds_racing_records_lose_nothing_and_keep_each_request_hour(tmp_path):
     assert rows == {(500, 80_001, 80_000, 1, 1, 64)}
 
 
+def test_the_flush_task_folds_in_slices_and_yields_to_a_busy_lock(tmp_path):
+    import asyncio
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    store.upgrade(url)
+    rec = TrafficRecorder(url, retention_hours=24)
+    for i in range(1000):
+        rec.record(b"nvidia-h200.kv4.d128.bf16.p16.b4.t14.w26x16", 16, 16_000 + i, SOURCE_INDEX["tuned"], 0.1)
+    with rec._lock:  # a flush in another thread is folding: the loop does not wait for it
+        asyncio.run(rec.fold_in_slices(100))
+    assert len(rec._log) == 1000
+
+    async def fold_while_serving():
+        served = []
+
+        async def requests():
+            for _ in range(20):
+                served.append(len(rec._log))
+                await asyncio.sleep(0)
+
+        await asyncio.gather(rec.fold_in_slices(100), requests())
+        return served
+
+    served = asyncio.run(fold_while_serving())
+    assert not rec._log and sum(c[0] for c in rec._cells.values()) == 1000
+    assert len(set(served)) >= 5  # the other task ran between the slices, not after the whole fold
+
+
 def test_a_full_log_is_folded_on_the_request_path(tmp_path):
     url = f"sqlite:///{tmp_path / 'k.db'}"
     store.upgrade(url)
