@@ -3,8 +3,8 @@
 Each ``POST /v1/plan`` answered 200 appends one tuple (key, B, total tokens, source, distance, time) to
 this process's :class:`TrafficRecorder` log: one ``list.append``, no lock and no database access on the
 request path (about 0.2 us). The log is folded into cells (bucket key, hour) off the request path: every
-quarter second by the server's flush task on the event loop, in slices of :data:`FOLD_SLICE` requests between
-which the loop serves requests; before every flush; and on the request path only when :data:`MAX_LOG`
+quarter second by the server's flush task in a worker thread, in slices of :data:`FOLD_SLICE` requests between
+which it releases the GIL to the event loop; before every flush; and on the request path only when :data:`MAX_LOG`
 entries wait (a flush task that cannot keep up). A cell holds the request count, the batch-size and total-token ranges, a coarse
 histogram of each (bin = ``x.bit_length()``, so bin k holds ``2^(k-1) <= x < 2^k``), requests per
 answer source (``tuned`` / ``simulated`` / ``fallback``), the requests matched farther than
@@ -60,7 +60,7 @@ MAX_LOG = 65_536
 FOLD_INTERVAL_S = 0.25
 """Seconds between the flush task's folds of the log into cells."""
 FOLD_SLICE = 256
-"""Requests the flush task folds before it yields to the event loop."""
+"""Requests the flush task folds before it releases the GIL to the event loop."""
 FAR_DISTANCE = DISTANCE_LIMIT
 """A request matched at a distance above this counts as ``far`` (its own bucket is not tuned)."""
 SOURCE_INDEX = {"tuned": 1, "simulated": 2, "fallback": 3}
@@ -143,26 +143,22 @@ class TrafficRecorder:
         if len(log) >= self.max_log:
             self.fold()
 
-    def fold(self) -> None:
+    def fold(self, slice_size: int | None = None) -> None:
         """Move the logged requests into their cells (the hour of each is the one it was recorded in). Safe
-        against concurrent :meth:`record` calls: it takes the log's first ``len(log)`` entries and deletes
-        exactly those, so a request appended meanwhile stays for the next fold."""
-        with self._lock:
-            self._fold_locked(len(self._log))
-
-    async def fold_in_slices(self, slice_size: int = FOLD_SLICE) -> None:
-        """:meth:`fold` on the event loop in slices of ``slice_size`` requests, yielding to the loop between them
-        (a fold of a quarter second's requests in one go would hold up the requests waiting behind it); skips
-        the rest when another thread is folding (a flush)."""
+        against concurrent :meth:`record` calls: it takes the log's first entries and deletes exactly those, so
+        a request appended meanwhile stays for the next fold. With ``slice_size``, in slices of that many
+        requests, releasing the GIL between them (``time.sleep(0)``): the flush task's worker thread folds
+        this way, so the event loop's requests never wait behind a whole fold."""
         n = len(self._log)
+        step = n if slice_size is None else max(1, int(slice_size))
         while n > 0:
-            if not self._lock.acquire(blocking=False):
+            with self._lock:
+                done = self._fold_locked(min(n, step))
+            if not done:
                 return
-            try:
-                n -= self._fold_locked(min(n, slice_size))
-            finally:
-                self._lock.release()
-            await asyncio.sleep(0)
+            n -= done
+            if n > 0:
+                time.sleep(0)
 
     def _fold_locked(self, n: int) -> int:
         """Fold the log's first ``n`` entries (``self._lock`` held); returns how many."""
@@ -276,15 +272,15 @@ class TrafficRecorder:
             return sum(r.requests for r in rows)
 
     async def run(self, interval_s: float, fold_interval_s: float = FOLD_INTERVAL_S) -> None:
-        """Fold the log every ``fold_interval_s`` seconds on the event loop (:meth:`fold_in_slices`) and flush every
-        ``interval_s`` seconds in a worker thread, until cancelled (flush errors are logged and retried next
-        time)."""
+        """Fold the log every ``fold_interval_s`` seconds (in slices of :data:`FOLD_SLICE`) and flush every
+        ``interval_s`` seconds, both in a worker thread (it uses the loop's idle time), until cancelled (flush
+        errors are logged and retried next time)."""
         step = min(float(interval_s), float(fold_interval_s))
         next_flush = time.monotonic() + interval_s
         while True:
             await asyncio.sleep(step)
-            await self.fold_in_slices()
             if time.monotonic() < next_flush:
+                await asyncio.to_thread(self.fold, FOLD_SLICE)
                 continue
             next_flush = time.monotonic() + interval_s
             try:

@@ -443,32 +443,23 @@ def test_folds_racing_records_lose_nothing_and_keep_each_request_hour(tmp_path):
     assert rows == {(500, 80_001, 80_000, 1, 1, 64)}
 
 
-def test_the_flush_task_folds_in_slices_and_yields_to_a_busy_lock(tmp_path):
-    import asyncio
-
+def test_a_sliced_fold_folds_everything_while_requests_keep_coming(tmp_path):
     url = f"sqlite:///{tmp_path / 'k.db'}"
     store.upgrade(url)
     rec = TrafficRecorder(url, retention_hours=24)
+    key = b"nvidia-h200.kv4.d128.bf16.p16.b4.t14.w26x16"
     for i in range(1000):
-        rec.record(b"nvidia-h200.kv4.d128.bf16.p16.b4.t14.w26x16", 16, 16_000 + i, SOURCE_INDEX["tuned"], 0.1)
-    with rec._lock:  # a flush in another thread is folding: the loop does not wait for it
-        asyncio.run(rec.fold_in_slices(100))
-    assert len(rec._log) == 1000
-
-    async def fold_while_serving():
-        served = []
-
-        async def requests():
-            for _ in range(20):
-                served.append(len(rec._log))
-                await asyncio.sleep(0)
-
-        await asyncio.gather(rec.fold_in_slices(100), requests())
-        return served
-
-    served = asyncio.run(fold_while_serving())
-    assert not rec._log and sum(c[0] for c in rec._cells.values()) == 1000
-    assert len(set(served)) >= 5  # the other task ran between the slices, not after the whole fold
+        rec.record(key, 16, 16_000 + i, SOURCE_INDEX["tuned"], 0.1)
+    t = threading.Thread(target=rec.fold, args=(100,))  # as the flush task folds: a worker thread, 10 slices
+    t.start()
+    for _ in range(500):
+        rec.record(key, 32, 1, SOURCE_INDEX["fallback"], None)
+    t.join()
+    folded = sum(c[0] for c in rec._cells.values())
+    assert folded >= 1000 and folded + len(rec._log) == 1500
+    rec.fold(7)
+    (cell,) = rec._cells.values()
+    assert not rec._log and (cell[0], cell[1], cell[3], cell[5], cell[6], cell[7]) == (1500, 1000, 500, 16, 32, 1)
 
 
 def test_a_full_log_is_folded_on_the_request_path(tmp_path):
