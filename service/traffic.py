@@ -6,8 +6,8 @@ request path (about 0.2 us). The log is folded into cells (bucket key, hour) off
 quarter second by the server's flush task in a worker thread, in slices of :data:`FOLD_SLICE` requests
 between which it releases the GIL to the event loop; before every flush; and on the request path only
 when :data:`MAX_LOG` entries wait (a flush task that cannot keep up). A cell holds the request count,
-the batch-size and total-token ranges, a coarse histogram of each (bin = ``x.bit_length()``, so bin k holds ``2^(k-1) <= x < 2^k``), requests per
-answer source (``tuned`` / ``simulated`` / ``fallback``), the requests matched farther than
+the batch-size and total-token ranges, a coarse histogram of each (bin = ``x.bit_length()``, so bin k
+holds ``2^(k-1) <= x < 2^k``), requests per answer source (``tuned`` / ``simulated`` / ``fallback``), the requests matched farther than
 :data:`kvsplit.kernels.buckets.DISTANCE_LIMIT` (``far``: served by a neighbour's policy, not their own
 bucket's) and the largest and summed distance of the matched ones. The bucket key itself carries the
 batch's length signature (its token-weighted half-octave histogram, :mod:`kvsplit.kernels.buckets`);
