@@ -1,17 +1,17 @@
 """Traffic statistics of the plan service: what it served, per bucket key and hour, bounded and private.
 
-Each ``POST /v1/plan`` answered 200 appends one tuple (key, B, total tokens, source, distance, time) to
-this process's :class:`TrafficRecorder` log: one ``list.append``, no lock and no database access on the
-request path (about 0.2 us). The log is folded into cells (bucket key, hour) off the request path: every
-quarter second by the server's flush task in a worker thread, in slices of :data:`FOLD_SLICE` requests
-between which it releases the GIL to the event loop; before every flush; and on the request path only
-when :data:`MAX_LOG` entries wait (a flush task that cannot keep up). A cell holds the request count,
-the batch-size and total-token ranges, a coarse histogram of each (bin = ``x.bit_length()``, so bin k
-holds ``2^(k-1) <= x < 2^k``), requests per answer source (``tuned`` / ``simulated`` / ``fallback``), the requests matched farther than
-:data:`kvsplit.kernels.buckets.DISTANCE_LIMIT` (``far``: served by a neighbour's policy, not their own
-bucket's) and the largest and summed distance of the matched ones. The bucket key itself carries the
-batch's length signature (its token-weighted half-octave histogram, :mod:`kvsplit.kernels.buckets`);
-no kv_lens is ever kept.
+Each ``POST /v1/plan`` answered 200 appends one tuple (key, B, total tokens, source, distance, time) to this
+process's :class:`TrafficRecorder` log: one ``list.append``, no lock and no database access on the request
+path (about 0.2 us). The log is folded into cells (bucket key, hour) off the request path: every quarter
+second by the server's flush task in a worker thread, in slices of :data:`FOLD_SLICE` requests between which
+it releases the GIL to the event loop; before every flush; and on the request path only when :data:`MAX_LOG`
+entries wait (a flush task that cannot keep up). A cell holds the request count, the batch-size and
+total-token ranges, a coarse histogram of each (bin = ``x.bit_length()``, so bin k holds ``2^(k-1) <= x <
+2^k``), requests per answer source (``tuned`` / ``simulated`` / ``fallback``), the requests matched farther
+than :data:`kvsplit.kernels.buckets.DISTANCE_LIMIT` (``far``: served by a neighbour's policy, not their own
+bucket's) and the largest and summed distance of the matched ones. The bucket key itself carries the batch's
+length signature (its token-weighted half-octave histogram, :mod:`kvsplit.kernels.buckets`); no kv_lens is
+ever kept.
 
 Every ``KVSPLIT_TRAFFIC_FLUSH_INTERVAL_S`` seconds (and at shutdown, and before ``GET /v1/traffic``
 answers) the process adds its cells into the store (:func:`kvsplit.db.traffic.add_traffic`, an atomic
