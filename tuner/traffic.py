@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..db import store
-from ..kernels.buckets import DISTANCE_LIMIT, BucketKey, distances, key_of
+from ..kernels.buckets import CLASS_WEIGHT, DISTANCE_LIMIT, BucketKey, distances, key_of
 from ..kernels.device import known_devices, resolve_device
 from ..kernels.limits import BINS_PER_OCTAVE, HIST_UNITS, check_kv_lens
 from ..kernels.shape import Shape, gpu_slug
@@ -33,6 +33,7 @@ from .tasks import DEFAULT_HELDOUT, DEFAULT_TRAIN, TuneTask, _signature
 __all__ = [
     "TrafficDemand",
     "TrafficPick",
+    "COVER_KEYS",
     "traffic_demand",
     "traffic_picks",
     "traffic_tasks",
@@ -258,17 +259,39 @@ class TrafficPick:
         return sum(d.requests for d in self.covers)
 
 
-def traffic_picks(demand: list[TrafficDemand], *, limit: float = DISTANCE_LIMIT) -> list[TrafficPick]:
+COVER_KEYS = 256
+"""Most keys :func:`traffic_picks` covers greedily (those with the most fallback or far requests); each later
+key joins the nearest pick or becomes its own (the greedy step costs a distance per pair of keys)."""
+
+
+def traffic_picks(
+    demand: list[TrafficDemand], *, limit: float = DISTANCE_LIMIT, cover_keys: int = COVER_KEYS
+) -> list[TrafficPick]:
     """The keys of ``demand`` in the order to tune them (module doc): a greedy maximum coverage, each pick
     the not yet covered key whose neighbours within ``limit`` (:func:`kvsplit.kernels.buckets.distance`,
     same family) hold the most fallback or far requests not covered by an earlier pick; ties go to more
     requests of its own, then to the key that sorts first. Every key of ``demand`` is covered by exactly one
-    pick. Cost: one distance per pair of keys of a family."""
+    pick. ``demand`` in :func:`traffic_demand`'s order; its first ``cover_keys`` keys are covered this way;
+    each later key joins the nearest pick within ``limit`` or becomes a pick of its own. Cost: one distance per pair of those keys of a family at most
+    ``limit / CLASS_WEIGHT`` class steps apart (further keys cannot be within ``limit``)."""
+    rest = demand[cover_keys:]
+    demand = demand[:cover_keys]
     keys = [BucketKey.parse(d.key) for d in demand]
+    # only keys whose class steps alone stay within the limit can be near (each step adds CLASS_WEIGHT)
+    steps = int(limit // CLASS_WEIGHT)
+    groups: dict[tuple, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault((k.family, k.batch_class, k.tokens_class), []).append(i)
     near: list[list[int]] = []
     for k in keys:
-        dist = distances(k, keys)
-        near.append([j for j in range(len(keys)) if dist[j] <= limit])
+        cand = [
+            j
+            for (fam, b, t), members in groups.items()
+            if fam == k.family and abs(b - k.batch_class) + abs(t - k.tokens_class) <= steps
+            for j in members
+        ]
+        dist = distances(k, [keys[j] for j in cand])
+        near.append(sorted(j for j, d in zip(cand, dist) if d <= limit))
     left = set(range(len(demand)))
     out: list[TrafficPick] = []
     while left:
@@ -284,6 +307,15 @@ def traffic_picks(demand: list[TrafficDemand], *, limit: float = DISTANCE_LIMIT)
         got = [best] + [j for j in near[best] if j in left and j != best]
         out.append(TrafficPick(demand[best], tuple(demand[j] for j in got)))
         left.difference_update(got)
+    # the rest: each joins the nearest pick within the limit, else becomes a pick of its own
+    for d in rest:
+        k = BucketKey.parse(d.key)
+        dist = distances(k, [p.demand.key for p in out])
+        i = int(np.argmin(dist)) if len(out) else -1
+        if i >= 0 and dist[i] <= limit:
+            out[i] = TrafficPick(out[i].demand, out[i].covers + (d,))
+        else:
+            out.append(TrafficPick(d, (d,)))
     return out
 
 

@@ -141,4 +141,9 @@ def test_picks_cover_a_fragmented_workload_once_then_the_next_workload():
         for c in p.covers:
             left.pop(c.key)
     assert picks[0].unserved >= 40 and picks[1].demand.key == other
+    # past the first cover_keys keys, each key joins the nearest pick within the limit or becomes its own
+    few = traffic_picks(demand, cover_keys=2)
+    assert sorted(c.key for p in few for c in p.covers) == sorted(d.key for d in demand)
+    assert all(distance(p.demand.key, c.key) <= DISTANCE_LIMIT for p in few for c in p.covers)
+    assert other in [p.demand.key for p in few] and len(few) <= len(demand) - 2
     assert BucketKey.parse(picks[0].demand.key).batch_class == 6
