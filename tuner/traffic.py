@@ -5,10 +5,10 @@ policy and how many it matched farther than :data:`kvsplit.kernels.buckets.DISTA
 neighbour's policy), with the batch-size and total-token ranges of those requests
 (:mod:`kvsplit.db.traffic`). Traffic spreads over many nearby keys (batches of one workload jitter
 across half-octave bins and class edges), and a tuned bucket also serves every key within the distance
-limit, so :func:`traffic_picks` chooses the keys to tune as a greedy cover: each next pick is the key whose
-policy would serve the most fallback or far requests not yet served by an earlier pick (the classic greedy
-rule for maximum coverage, Nemhauser, Wolsey and Fisher 1978). :func:`traffic_tasks` takes the first N picks and
-builds one :class:`~kvsplit.tuner.tasks.TuneTask` per key whose training and held-out batches are
+limit, so :func:`traffic_picks` chooses the keys to tune as a greedy cover: each next pick is the key
+whose policy would serve the most fallback or far requests not yet served by an earlier pick (the greedy
+rule for maximum coverage; Nemhauser, Wolsey and Fisher, 1978). :func:`traffic_tasks` takes the first N
+picks and builds one :class:`~kvsplit.tuner.tasks.TuneTask` per key whose training and held-out batches are
 synthesized from what was recorded (:func:`batches_for_key`): batch size and total tokens drawn within
 the recorded ranges, lengths placed so that the batch's token-weighted half-octave histogram is the
 key's own. Every batch is checked to have exactly the recorded key, so the tuned policy is stored under
@@ -272,8 +272,9 @@ def traffic_picks(
     same family) hold the most fallback or far requests not covered by an earlier pick; ties go to more
     requests of its own, then to the key that sorts first. Every key of ``demand`` is covered by exactly one
     pick. ``demand`` in :func:`traffic_demand`'s order; its first ``cover_keys`` keys are covered this way;
-    each later key joins the nearest pick within ``limit`` or becomes a pick of its own. Cost: one distance per pair of those keys of a family at most
-    ``limit / CLASS_WEIGHT`` class steps apart (further keys cannot be within ``limit``)."""
+    each later key joins the nearest pick within ``limit`` or becomes a pick of its own. Cost: one distance
+    per pair of those first keys of a family at most ``limit / CLASS_WEIGHT`` class steps apart (further keys
+    cannot be within ``limit``), and one per later key and pick."""
     rest = demand[cover_keys:]
     demand = demand[:cover_keys]
     keys = [BucketKey.parse(d.key) for d in demand]
