@@ -28,7 +28,7 @@ from ..kernels.buckets import CLASS_WEIGHT, DISTANCE_LIMIT, BucketKey, distances
 from ..kernels.device import known_devices, resolve_device
 from ..kernels.limits import BINS_PER_OCTAVE, HIST_UNITS, check_kv_lens
 from ..kernels.shape import Shape, gpu_slug
-from .tasks import DEFAULT_HELDOUT, DEFAULT_TRAIN, TuneTask, _signature
+from .tasks import DEFAULT_HELDOUT, DEFAULT_TRAIN, TuneTask, _shape_fields, _signature
 
 __all__ = [
     "TrafficDemand",
@@ -418,12 +418,7 @@ def traffic_tasks(
         tasks.append(
             TuneTask(
                 key=d.key,
-                gpu=shape.gpu,
-                num_qo_heads=shape.num_qo_heads,
-                num_kv_heads=shape.num_kv_heads,
-                head_dim=shape.head_dim,
-                dtype=shape.dtype,
-                page_size=shape.page_size,
+                **_shape_fields(shape),
                 source=(
                     f"traffic:{pick.unserved}/{pick.requests} requests fallback or far"
                     + (f" over {len(pick.covers)} keys" if len(pick.covers) > 1 else "")

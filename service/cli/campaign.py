@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from .options import fail, first_line, store_url
+from .options import fail, first_line, flag_message, store_url
 
 __all__ = ["campaign_cmd"]
 
@@ -92,7 +92,7 @@ def campaign_cmd(
     except ValueError as exc:
         msg = str(exc)
         if msg.startswith(("kv_dtype", "q_len")):
-            fail(f"--{msg.replace('_', '-', 1)}")
+            fail(flag_message(msg))
         fail(msg if msg.startswith("--") else f"--gpu/--model-shape/--dtype/--page-size: {msg}")
     if traces is None:
         trace_names = cp.LIBRARY_TRACES
