@@ -6,19 +6,19 @@ the plain FastAPI baselines of ``bench/service_baseline.py`` (``async def`` and 
 a pydantic model of the plan request's fields, returned as is) with as many workers on the same
 server stack; runs wrk with ``bench/plan_post.lua`` (B = 256 kv_lens per request, 400 distinct
 bodies picked at random per request, 16 connections, 1 wrk thread) against each server in turn,
-``--rounds`` times interleaved (the machine is noisy); records each server's RSS before and after
+``--repeats`` times interleaved (the machine is noisy); records each server's RSS before and after
 and its CPU time per request (user + system of the server's processes over the run, from /proc: less
 sensitive than req/s to other load on the machine); then times a 65,536-entry request and
 ``PlanClient.plan`` per call. Prints markdown tables. ``--floor`` adds the raw ASGI hello-world of
 ``bench/service_baseline.py`` (no framework, no work: uvicorn's own cost per request).
 
-    .venv/bin/python bench/service_bench.py [--duration 60] [--rounds 3] [--workers 1] [--connections 16] [--floor]
+    .venv/bin/python bench/service_bench.py [--duration 60] [--repeats 3] [--workers 1] [--connections 16] [--floor]
         [--traffic on|off|both] [--no-baselines]
 
 ``--traffic`` sets ``KVSPLIT_TRAFFIC`` of the kvsplit server (default ``on``, the service's default);
 ``both`` runs three kvsplit servers, traffic statistics on, off, and off again (the A/A control: how much two
-identical servers differ on this machine), in the same interleaved rounds, and prints the median per-round
-throughput ratio of on to off, the control's ratio, CPU per request and RSS after each round (the target: on
+identical servers differ on this machine), in the same interleaved repeats, and prints the median per-repeat
+throughput ratio of on to off, the control's ratio, CPU per request and RSS after each repeat (the target: on
 within 5 % of off, memory flat). ``--no-baselines`` leaves the plain FastAPI servers out.
 
 Needs Debian's ``wrk`` (``apt-get install -y wrk``).
@@ -138,14 +138,14 @@ def wrk(url: str, duration: int, connections: int, batch: int, bodies: int = 400
     return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
-def _rss_list(rounds: list[dict]) -> str:
-    return ", ".join(f"{r['rss_mb']:.1f}" for r in rounds)
+def _rss_list(repeats: list[dict]) -> str:
+    return ", ".join(f"{r['rss_mb']:.1f}" for r in repeats)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=60)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--batch", type=int, default=256)
@@ -240,17 +240,17 @@ def main() -> None:
         for u in servers.values():
             wrk(u, 3, args.connections, args.batch, args.bodies, wrk_cpus)  # warm-up
         rss0 = {name: rss_mb([pids[name]]) for name in servers}
-        rounds: dict[str, list] = {name: [] for name in servers}
+        repeats: dict[str, list] = {name: [] for name in servers}
         order = list(servers.items())
-        for i in range(args.rounds):  # interleaved: every server once per round, the order rotated every round
+        for i in range(args.repeats):  # interleaved: every server once per repeat, the order rotated every repeat
             for name, u in order[i % len(order) :] + order[: i % len(order)]:
                 c0 = cpu_s([pids[name]])
                 r = wrk(u, args.duration, args.connections, args.batch, args.bodies, wrk_cpus)
                 r["cpu_us"] = (cpu_s([pids[name]]) - c0) / max(r["requests"], 1) * 1e6
                 r["rss_mb"] = rss_mb([pids[name]])
-                rounds[name].append(r)
+                repeats[name].append(r)
                 print(
-                    f"round {i + 1} {name}: {r['rps']:,.0f} req/s p99 {r['p99_ms']:.2f} ms "
+                    f"repeat {i + 1} {name}: {r['rps']:,.0f} req/s p99 {r['p99_ms']:.2f} ms "
                     f"non-2xx {int(r['non2xx'])} socket errors {int(r['sockerr'])} "
                     f"server CPU {r['cpu_us']:.0f} us/request, RSS {r['rss_mb']:.1f} MB (load {os.getloadavg()[0]:.1f})",
                     flush=True,
@@ -258,8 +258,8 @@ def main() -> None:
         rss1 = {name: rss_mb([pids[name]]) for name in servers}
         results = {
             name: min(rs, key=lambda r: abs(r["rps"] - statistics.median(x["rps"] for x in rs)))
-            for name, rs in rounds.items()
-        }  # the median round
+            for name, rs in repeats.items()
+        }  # the median repeat
         # a 65,536-entry request, end to end over HTTP
         rng = np.random.default_rng(3)
         big = dict(SHAPE, kv_lens=np.floor(2 ** (rng.random(65536) * 14)).astype(int).tolist())
@@ -300,41 +300,41 @@ def main() -> None:
     print(
         f"\n{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, wrk -t1 -c{args.connections} "
         f"-d{args.duration}s, B = {args.batch} kv_lens per request, {args.bodies} bodies at random, "
-        f"{args.workers} server worker(s), {args.rounds} interleaved rounds (median round shown; order rotated "
-        f"every round), {'servers pinned to CPU ' + str(min(server_cpus)) + ', wrk to the others' if pin else 'no pinning'}, "
+        f"{args.workers} server worker(s), {args.repeats} interleaved repeats (median repeat shown; order rotated "
+        f"every repeat), {'servers pinned to CPU ' + str(min(server_cpus)) + ', wrk to the others' if pin else 'no pinning'}, "
         f"load average at the end {os.getloadavg()[0]:.1f}\n"
     )
     print(
-        "| server | req/s (median round) | all rounds | p50 ms | p90 ms | p99 ms | non-2xx + socket errors | "
+        "| server | req/s (median repeat) | all repeats | p50 ms | p90 ms | p99 ms | non-2xx + socket errors | "
         "RSS MB before -> after | server CPU us/request (median) |"
     )
     print("|---|---:|---|---:|---:|---:|---:|---|---:|")
     for name, r in results.items():
-        allr = ", ".join(f"{x['rps']:,.0f}" for x in rounds[name])
-        errs = sum(int(x["non2xx"] + x["sockerr"]) for x in rounds[name])
+        allr = ", ".join(f"{x['rps']:,.0f}" for x in repeats[name])
+        errs = sum(int(x["non2xx"] + x["sockerr"]) for x in repeats[name])
         print(
             f"| {name} | {r['rps']:,.0f} | {allr} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
             f"{errs} | {rss0[name]:.0f} -> {rss1[name]:.0f} | "
-            f"{statistics.median(x['cpu_us'] for x in rounds[name]):.0f} |"
+            f"{statistics.median(x['cpu_us'] for x in repeats[name]):.0f} |"
         )
     if args.traffic == "both":
         on, off, ctl = (f"kvsplit serve, traffic {m}" for m in ("on", "off", "off, control"))
-        pairs = [a["rps"] / b["rps"] for a, b in zip(rounds[on], rounds[off])]
-        both_off = [a["rps"] / ((b["rps"] + c["rps"]) / 2) for a, b, c in zip(rounds[on], rounds[off], rounds[ctl])]
-        aa = [c["rps"] / b["rps"] for b, c in zip(rounds[off], rounds[ctl])]
-        cpu = {n: statistics.median(x["cpu_us"] for x in rounds[n]) for n in (on, off, ctl)}
+        pairs = [a["rps"] / b["rps"] for a, b in zip(repeats[on], repeats[off])]
+        both_off = [a["rps"] / ((b["rps"] + c["rps"]) / 2) for a, b, c in zip(repeats[on], repeats[off], repeats[ctl])]
+        aa = [c["rps"] / b["rps"] for b, c in zip(repeats[off], repeats[ctl])]
+        cpu = {n: statistics.median(x["cpu_us"] for x in repeats[n]) for n in (on, off, ctl)}
         print(
-            f"\ntraffic statistics on / off: median of the per-round ratios {statistics.median(pairs):.3f}x req/s "
-            f"(per round {', '.join(f'{x:.3f}' for x in pairs)}); on / mean of the two off servers "
+            f"\ntraffic statistics on / off: median of the per-repeat ratios {statistics.median(pairs):.3f}x req/s "
+            f"(per repeat {', '.join(f'{x:.3f}' for x in pairs)}); on / mean of the two off servers "
             f"{statistics.median(both_off):.3f}x; A/A control (off, control / off) {statistics.median(aa):.3f}x "
-            f"(per round {', '.join(f'{x:.3f}' for x in aa)}); server CPU per request on {cpu[on]:.0f}, off "
-            f"{cpu[off]:.0f} and {cpu[ctl]:.0f} us; RSS MB on {rss0[on]:.1f} -> {_rss_list(rounds[on])}, off "
-            f"{rss0[off]:.1f} -> {_rss_list(rounds[off])} (after each round)"
+            f"(per repeat {', '.join(f'{x:.3f}' for x in aa)}); server CPU per request on {cpu[on]:.0f}, off "
+            f"{cpu[off]:.0f} and {cpu[ctl]:.0f} us; RSS MB on {rss0[on]:.1f} -> {_rss_list(repeats[on])}, off "
+            f"{rss0[off]:.1f} -> {_rss_list(repeats[off])} (after each repeat)"
         )
     k = results[main_name]["rps"]
-    kc = statistics.median(x["cpu_us"] for x in rounds[main_name])
+    kc = statistics.median(x["cpu_us"] for x in repeats[main_name])
     for name in list(results)[1:]:
-        oc = statistics.median(x["cpu_us"] for x in rounds[name])
+        oc = statistics.median(x["cpu_us"] for x in repeats[name])
         print(
             f"\n{main_name} / {name}: {k / results[name]['rps']:.2f}x req/s, {oc / kc:.2f}x less server CPU per request"
         )

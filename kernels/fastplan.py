@@ -956,6 +956,7 @@ _I64 = np.dtype(np.int64)
 
 
 def range_error(arr: np.ndarray, i: int) -> ValueError:
+    """The ``ValueError`` for ``kv_lens[i]`` outside ``[0, MAX_KV_LEN]`` (the compiled checks return the index)."""
     return ValueError(f"kv_lens[{i}]: expected 0 <= kv_len <= {MAX_KV_LEN}, got {int(arr[i])}")
 
 
@@ -1133,6 +1134,7 @@ def spec_vector(sp: RuleSpec, out: np.ndarray) -> None:
 
 
 def too_many_items(n: int) -> ValueError:
+    """The ``ValueError`` for a plan of ``n`` work items, above ``MAX_WORK_ITEMS`` (names ``params``)."""
     return ValueError(
         f"params: the plan would have {n} work items, above the limit of {MAX_WORK_ITEMS} (fewer splits per request)"
     )

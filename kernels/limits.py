@@ -370,6 +370,8 @@ def check_q_len(q_len: Any, group_size: int | None = None) -> int:
 
 
 def check_int(name: str, v: Any, lo: int = 1, hi: int | None = None) -> int:
+    """``v`` as a Python ``int`` when it is an integer (Python or NumPy, not ``bool``) in ``[lo, hi]`` (``hi=None``:
+    no upper bound); else ``ValueError`` naming ``name`` and the range."""
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise ValueError(f"{name}: expected an integer, got {v!r}")
     v = int(v)

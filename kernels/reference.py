@@ -15,6 +15,10 @@ __all__ = ["reference_decode_attention"]
 
 
 def check_tensor(name: str, t: Any, *, ndim: int, device: torch.device | None = None) -> torch.Tensor:
+    """``t`` itself when it is a ``torch.Tensor`` of ``ndim`` dimensions (on ``device`` when given).
+
+    Raises ``TypeError`` (not a tensor) or ``ValueError`` (dimensions, device), naming ``name``.
+    """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:

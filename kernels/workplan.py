@@ -330,6 +330,13 @@ def jsonable(v: Any) -> Any:
 
 
 def check_plan_invariants(p: Plan) -> None:
+    """Check the invariants every :class:`Plan` keeps: ``kv_lens`` in ``[0, MAX_KV_LEN]``; ``num_splits[b] >= 1``
+    consecutive work items per request whose ``[work_kv_start, work_kv_end)`` ranges cover ``[0, kv_len)`` in
+    order without gap or overlap; ``heads_per_tile`` a divisor of ``num_kv_heads``; ``cta_indptr`` a strictly
+    increasing ``[0 .. W]`` index over the work list; positive shape fields and a known dtype.
+
+    Raises ``ValueError`` naming the first field (``Plan.<field>``) that breaks one; returns ``None`` otherwise.
+    """
     B = p.kv_lens.shape[0]
     W = p.work_request.shape[0]
     if B < 1:

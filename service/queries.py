@@ -294,6 +294,7 @@ def _times_served_plan_cached(b: Any, p: Any, m: Any) -> bool:
 
 
 def geomean(xs: list[float]) -> float:
+    """Geometric mean of the finite, positive values of ``xs`` (``None`` and the rest skipped); NaN if none."""
     xs = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 

@@ -196,6 +196,8 @@ class PolicyEntryOut(BaseModel):
 
 
 class Fallback(BaseModel):
+    """The policy served where no published bucket is near: its name and parameters."""
+
     name: str
     params: dict[str, Any]
 
@@ -330,6 +332,8 @@ class ErrorDetail(BaseModel):
 
 
 class ValidationErrorItem(BaseModel):
+    """One refused field of a 422 answer: pydantic's error type, its location, message and (bounded) input."""
+
     type: str
     loc: list[Any]
     msg: str

@@ -28,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# the phrases are split so that this file does not match its own patterns; ``--rounds 3`` is an option
+# the phrases are split so that this file does not match its own patterns; ``--repeats 3`` is an option
 HISTORY = re.compile(r"(?<!-)\bround" + r"s? \d|\br\d+_" + r"call|perf" + r"\.md", re.IGNORECASE)
 HISTORY_SCOPE = ("README.md", "docs", "kernels", "tuner", "db", "service", "tests")
 HISTORY_EXEMPT = ("docs/decisions/",)

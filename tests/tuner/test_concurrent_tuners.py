@@ -1,9 +1,9 @@
 """Several ``kvsplit tune`` processes on one store, and tuners killed with ``kill -9`` (sim backend, real processes).
 
-- SQLite: three tuners started together on a fresh store, ten rounds (a minute on 2 cores). One
+- SQLite: three tuners started together on a fresh store, ten repeats (a minute on 2 cores). One
   tunes; the others stop at once with one line naming it (PID, host); no
   traceback, exact trial counts, no ``running`` row left.
-- PostgreSQL: three tuners started together on a fresh schema, three rounds.
+- PostgreSQL: three tuners started together on a fresh schema, three repeats.
   All cooperate on the study: all exit 0, exactly ``--trials`` finished trials,
   every run row finished.
 - ``kill -9``: the killed tuner's ``running`` row becomes ``failed``
@@ -94,7 +94,7 @@ def _runs(url: str) -> list:
 
 def test_three_tuners_on_a_fresh_sqlite_store(tmp_path):
     for i in range(SQLITE_ROUNDS):
-        url = f"sqlite:///{tmp_path / f'round{i}.db'}"
+        url = f"sqlite:///{tmp_path / f'repeat{i}.db'}"
         done = _start_together(3, url, _env())
         ok = [p for p, _, _ in done if p.returncode == 0]
         assert ok, "no tuner finished:\n" + "\n".join(e for _, _, e in done)
