@@ -16,12 +16,12 @@ from typing import Any
 # Validation helpers
 # ----------------------------------------------------------------------------
 
-_HEAD_DIMS = (64, 128, 256)
-_DTYPES = ("float16", "bfloat16", "float32")
+HEAD_DIMS = (64, 128, 256)
+DTYPES = ("float16", "bfloat16", "float32")
 _ECHO_CHARS = 80
 
 
-def _echo(v: Any) -> str:
+def echo_value(v: Any) -> str:
     """A bad value as error messages quote it: ``repr`` up to 80 characters; a list or dict by its size only
     (its repr could be megabytes, or nest too deeply to print)."""
     if isinstance(v, (Mapping, list, tuple)):
@@ -30,7 +30,7 @@ def _echo(v: Any) -> str:
     return r if len(r) <= _ECHO_CHARS else r[:_ECHO_CHARS] + "..."
 
 
-def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
+def field_int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         try:
             import numpy as np  # plain-data helper; numpy integers are fine
@@ -40,13 +40,13 @@ def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int
             else:
                 raise TypeError
         except (ImportError, TypeError):
-            raise ValueError(f"{name}: expected an integer, got {_echo(v)}") from None
+            raise ValueError(f"{name}: expected an integer, got {echo_value(v)}") from None
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise ValueError(f"{name}: expected an integer in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
     return int(v)
 
 
-def _num(name: str, v: Any, *, positive: bool = False, allow_none: bool = False) -> float | None:
+def field_num(name: str, v: Any, *, positive: bool = False, allow_none: bool = False) -> float | None:
     if v is None and allow_none:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
@@ -58,19 +58,19 @@ def _num(name: str, v: Any, *, positive: bool = False, allow_none: bool = False)
             else:
                 raise TypeError
         except (ImportError, TypeError):
-            raise ValueError(f"{name}: expected a finite number, got {_echo(v)}") from None
+            raise ValueError(f"{name}: expected a finite number, got {echo_value(v)}") from None
     if positive and not float(v) > 0:
-        raise ValueError(f"{name}: expected a number > 0, got {_echo(v)}")
+        raise ValueError(f"{name}: expected a number > 0, got {echo_value(v)}")
     return float(v)
 
 
-def _str(name: str, v: Any, *, max_len: int = 512, choices: Sequence[str] | None = None) -> str:
+def field_str(name: str, v: Any, *, max_len: int = 512, choices: Sequence[str] | None = None) -> str:
     if not isinstance(v, str) or not v.strip():
-        raise ValueError(f"{name}: expected a non-empty string, got {_echo(v)}")
+        raise ValueError(f"{name}: expected a non-empty string, got {echo_value(v)}")
     if len(v) > max_len:
         raise ValueError(f"{name}: longer than {max_len} characters")
     if choices is not None and v not in choices:
-        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {_echo(v)}")
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {echo_value(v)}")
     return v
 
 
@@ -112,7 +112,7 @@ def check_json_tree(name: str, v: Any, *, max_depth: int = MAX_JSON_DEPTH, depth
                 continue
         for k, y in x.items() if is_map else enumerate(x):
             if is_map and not isinstance(k, str):
-                raise ValueError(f"{path}: keys must be strings, got {_echo(k)}")
+                raise ValueError(f"{path}: keys must be strings, got {echo_value(k)}")
             container = isinstance(y, (Mapping, list, tuple))
             if y is None or isinstance(y, (str, bool)) or (depth_only and not container):
                 continue
@@ -127,7 +127,7 @@ def check_json_tree(name: str, v: Any, *, max_depth: int = MAX_JSON_DEPTH, depth
                     raise ValueError(f"{_path(path, k, is_map, depth)}: integer outside the 64-bit range")
             elif isinstance(y, float):
                 if not math.isfinite(y):
-                    raise ValueError(f"{_path(path, k, is_map, depth)}: expected a finite number, got {_echo(y)}")
+                    raise ValueError(f"{_path(path, k, is_map, depth)}: expected a finite number, got {echo_value(y)}")
             else:
                 raise ValueError(f"{_path(path, k, is_map, depth)}: not JSON data ({type(y).__name__})")
 
@@ -143,7 +143,7 @@ def _path(path: str, k: Any, is_map: bool, depth: int) -> str:
     return path if depth == 0 else f"{path}[{k}]"
 
 
-def _json_obj(name: str, v: Any, *, scalars_only: bool = False, max_bytes: int | None = None) -> dict[str, Any]:
+def field_json_obj(name: str, v: Any, *, scalars_only: bool = False, max_bytes: int | None = None) -> dict[str, Any]:
     """``v`` as a plain dict after :func:`check_json_tree` (depth, keys, finite numbers); ``max_bytes``: the
     largest accepted size of its compact JSON text (None: no limit). ValueError naming the field."""
     if not isinstance(v, Mapping):
@@ -151,11 +151,11 @@ def _json_obj(name: str, v: Any, *, scalars_only: bool = False, max_bytes: int |
     out: dict[str, Any] = {}
     for k, x in v.items():
         if not isinstance(k, str) or not k:
-            raise ValueError(f"{name}: keys must be non-empty strings, got {_echo(k)}")
+            raise ValueError(f"{name}: keys must be non-empty strings, got {echo_value(k)}")
         if scalars_only and not (x is None or isinstance(x, (bool, int, float, str))):
             raise ValueError(f"{name}.{k}: expected a number, string, boolean or null, got {type(x).__name__}")
         if isinstance(x, float) and not math.isfinite(x):
-            raise ValueError(f"{name}.{k}: expected a finite number, got {_echo(x)}")
+            raise ValueError(f"{name}.{k}: expected a finite number, got {echo_value(x)}")
         out[k] = x
     check_json_tree(name, out)
     try:

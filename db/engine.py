@@ -88,7 +88,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip()
     line = text.splitlines()[0].strip() if text else type(e).__name__
     if line.startswith("(") and ") " in line:  # SQLAlchemy's "(sqlite3.OperationalError) ..." prefix
@@ -137,7 +137,7 @@ def describe_error(exc: BaseException, url: str | None = None) -> str:
     return (
         error_cause(exc, url)
         or f"cannot use the policy store at {safe_url(url) if url else 'the policy store'}: "
-        f"{_first_line(_chain(exc)[0])}"
+        f"{first_line(_chain(exc)[0])}"
     )
 
 
@@ -151,7 +151,7 @@ def error_cause(exc: BaseException, url: str | None = None) -> str | None:
             if _is_sqlite(url):
                 path = _sqlite_file(url)
     chain = _chain(exc)
-    texts = [_first_line(e) for e in chain]
+    texts = [first_line(e) for e in chain]
     low = [t.lower() for t in texts]
     errnos = {getattr(e, "errno", None) for e in chain}
     if any(isinstance(e, RecursionError) for e in chain):

@@ -16,7 +16,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
-from .checks import _DTYPES, _HEAD_DIMS, _int, _json_obj, _num, _str, iso_utc
+from .checks import DTYPES, HEAD_DIMS, field_int, field_json_obj, field_num, field_str, iso_utc
 from .models import (
     BACKENDS,
     POLICY_STATUSES,
@@ -36,14 +36,14 @@ class PublishRefused(ValueError):
 # ----------------------------------------------------------------------------
 
 
-def _check_bucket_fields(prefix: str, gpu: Any, num_kv_heads: Any, head_dim: Any, dtype: Any, page_size: Any):
-    gpu = _str(f"{prefix}.gpu", gpu, max_len=128)
-    num_kv_heads = _int(f"{prefix}.num_kv_heads", num_kv_heads, 1, 1024)
-    head_dim = _int(f"{prefix}.head_dim", head_dim)
-    if head_dim not in _HEAD_DIMS:
-        raise ValueError(f"{prefix}.head_dim: expected one of {_HEAD_DIMS}, got {head_dim}")
-    dtype = _str(f"{prefix}.dtype", dtype, choices=_DTYPES)
-    page_size = _int(f"{prefix}.page_size", page_size, 1, 256)
+def check_bucket_fields(prefix: str, gpu: Any, num_kv_heads: Any, head_dim: Any, dtype: Any, page_size: Any):
+    gpu = field_str(f"{prefix}.gpu", gpu, max_len=128)
+    num_kv_heads = field_int(f"{prefix}.num_kv_heads", num_kv_heads, 1, 1024)
+    head_dim = field_int(f"{prefix}.head_dim", head_dim)
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"{prefix}.head_dim: expected one of {HEAD_DIMS}, got {head_dim}")
+    dtype = field_str(f"{prefix}.dtype", dtype, choices=DTYPES)
+    page_size = field_int(f"{prefix}.page_size", page_size, 1, 256)
     return gpu, num_kv_heads, head_dim, dtype, page_size
 
 
@@ -66,12 +66,12 @@ def get_or_create_bucket(
     sample batches are kept (a bucket is tuned and verified on one fixed set)
     unless it has none yet.
     """
-    key = _str("bucket.key", key)
-    gpu, num_kv_heads, head_dim, dtype, page_size = _check_bucket_fields(
+    key = field_str("bucket.key", key)
+    gpu, num_kv_heads, head_dim, dtype, page_size = check_bucket_fields(
         "bucket", gpu, num_kv_heads, head_dim, dtype, page_size
     )
-    sig = _json_obj("bucket.signature", signature or {})
-    batches = _json_obj("bucket.sample_batches", sample_batches or {})
+    sig = field_json_obj("bucket.signature", signature or {})
+    batches = field_json_obj("bucket.sample_batches", sample_batches or {})
     b = session.scalars(select(Bucket).where(Bucket.key == key)).first()
     if b is None:
         b = Bucket(
@@ -145,18 +145,18 @@ def create_policy(
     bucket = session.get(Bucket, bucket_id)
     if bucket is None:
         raise KeyError(f"bucket id {bucket_id} not found")
-    backend = _str("backend", backend, choices=BACKENDS)
-    p = _json_obj("params", params, scalars_only=True)
-    ver = _json_obj("verification", verification or {})
-    sc = _num("score", score, positive=True, allow_none=True)
+    backend = field_str("backend", backend, choices=BACKENDS)
+    p = field_json_obj("params", params, scalars_only=True)
+    ver = field_json_obj("verification", verification or {})
+    sc = field_num("score", score, positive=True, allow_none=True)
     # serialize version numbering with publish/retire/import: two tuning hosts finishing the same bucket
     # at once on PostgreSQL would otherwise both take max + 1 and one would fail on the unique version
-    _lock_store(session)
+    lock_store(session)
     last = session.scalar(select(func.max(Policy.version)).where(Policy.bucket_id == bucket_id))
     pol = Policy(
         bucket_id=bucket_id,
         bucket_key=bucket.key,
-        name=_str("name", name, max_len=64),
+        name=field_str("name", name, max_len=64),
         params=p,
         version=(last or 0) + 1,
         status="draft",
@@ -172,7 +172,7 @@ def create_policy(
     return pol
 
 
-def _lock_store(session: Session) -> StoreState:
+def lock_store(session: Session) -> StoreState:
     """Take the store's write lock (a no-op UPDATE of the state row) and return the row."""
     session.execute(update(StoreState).where(StoreState.id == 1).values(id=StoreState.id))
     st = session.get(StoreState, 1, populate_existing=True)
@@ -183,18 +183,18 @@ def _lock_store(session: Session) -> StoreState:
     return st
 
 
-def _bump(st: StoreState) -> None:
+def bump_version(st: StoreState) -> None:
     st.policies_version = (st.policies_version or 0) + 1
     st.updated_at = utcnow()
 
 
-def _published_of(session: Session, bucket_id: int) -> Policy | None:
+def published_of(session: Session, bucket_id: int) -> Policy | None:
     return session.scalars(
         select(Policy).where(Policy.bucket_id == bucket_id, Policy.status == "published").order_by(Policy.id)
     ).first()
 
 
-def _refusal(new: Policy, cur: Policy | None) -> str | None:
+def publish_refusal(new: Policy, cur: Policy | None) -> str | None:
     """Why ``new`` must not replace ``cur`` (None when it may)."""
     ver = new.verification or {}
     if ver.get("passed") is False:
@@ -227,24 +227,24 @@ def publish(session: Session, policy_id: int, *, force: bool = False) -> Policy:
     PublishRefused
         See the module docstring; nothing is changed.
     """
-    st = _lock_store(session)
+    st = lock_store(session)
     pol = session.get(Policy, policy_id, populate_existing=True)
     if pol is None:
         raise KeyError(f"policy id {policy_id} not found")
-    cur = _published_of(session, pol.bucket_id)
+    cur = published_of(session, pol.bucket_id)
     if cur is not None and cur.id == pol.id:
         return pol
     if not force:
-        why = _refusal(pol, cur)
+        why = publish_refusal(pol, cur)
         if why is not None:
             raise PublishRefused(why)
-    _set_published(session, pol, cur)
-    _bump(st)
+    set_published(session, pol, cur)
+    bump_version(st)
     session.flush()
     return pol
 
 
-def _set_published(session: Session, pol: Policy, cur: Policy | None) -> None:
+def set_published(session: Session, pol: Policy, cur: Policy | None) -> None:
     now = utcnow()
     if cur is not None and cur.id != pol.id:
         cur.status = "retired"
@@ -258,14 +258,14 @@ def _set_published(session: Session, pol: Policy, cur: Policy | None) -> None:
 
 def retire(session: Session, policy_id: int) -> Policy:
     """Retire a policy (the bucket then falls back to the default policy)."""
-    st = _lock_store(session)
+    st = lock_store(session)
     pol = session.get(Policy, policy_id, populate_existing=True)
     if pol is None:
         raise KeyError(f"policy id {policy_id} not found")
     if pol.status != "retired":
         pol.status = "retired"
         pol.retired_at = utcnow()
-        _bump(st)
+        bump_version(st)
         session.flush()
     return pol
 
@@ -324,10 +324,10 @@ def list_policies(
     if bucket_key is not None:
         q = q.where(Policy.bucket_key == bucket_key)
     if status is not None:
-        q = q.where(Policy.status == _str("status", status, choices=POLICY_STATUSES))
+        q = q.where(Policy.status == field_str("status", status, choices=POLICY_STATUSES))
     q = q.order_by(Policy.id.desc())
     if limit is not None:
-        q = q.limit(_int("limit", limit, 1))
+        q = q.limit(field_int("limit", limit, 1))
     return list(session.scalars(q))
 
 

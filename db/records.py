@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
-from .checks import _int, _json_obj, _num, _str, software_fingerprint
+from .checks import field_int, field_json_obj, field_num, field_str, software_fingerprint
 from .models import (
     BACKENDS,
     ROLES,
@@ -46,11 +46,11 @@ def get_or_create_device(
 
     ``read_bandwidth_gbps`` (measured, GB/s), when given, updates the row.
     """
-    name = _str("device.name", name, max_len=128)
-    num_sms = _int("device.num_sms", num_sms, 1)
-    hbm = _num("device.hbm_bandwidth_gbps", hbm_bandwidth_gbps, positive=True)
-    rbw = _num("device.read_bandwidth_gbps", read_bandwidth_gbps, positive=True, allow_none=True)
-    sw = _json_obj("device.software", software or {})
+    name = field_str("device.name", name, max_len=128)
+    num_sms = field_int("device.num_sms", num_sms, 1)
+    hbm = field_num("device.hbm_bandwidth_gbps", hbm_bandwidth_gbps, positive=True)
+    rbw = field_num("device.read_bandwidth_gbps", read_bandwidth_gbps, positive=True, allow_none=True)
+    sw = field_json_obj("device.software", software or {})
     fp = software_fingerprint(sw)
     dev = session.scalars(select(Device).where(Device.name == name, Device.fingerprint == fp)).first()
     if dev is None:
@@ -88,7 +88,7 @@ def set_device_bandwidth(session: Session, device_id: int, read_bandwidth_gbps: 
     dev = session.get(Device, device_id)
     if dev is None:
         raise KeyError(f"device id {device_id} not found")
-    dev.read_bandwidth_gbps = _num("read_bandwidth_gbps", read_bandwidth_gbps, positive=True)
+    dev.read_bandwidth_gbps = field_num("read_bandwidth_gbps", read_bandwidth_gbps, positive=True)
     session.flush()
     return dev
 
@@ -110,7 +110,7 @@ def record_calibration(
     """
     if session.get(Device, device_id) is None:
         raise KeyError(f"device id {device_id} not found")
-    kc = _json_obj("kernel_config", kernel_config or {})
+    kc = field_json_obj("kernel_config", kernel_config or {})
     key = json.dumps(kc, sort_keys=True, separators=(",", ":"))
     last = session.scalar(
         select(func.max(Calibration.version)).where(Calibration.device_id == device_id, Calibration.config_key == key)
@@ -119,9 +119,9 @@ def record_calibration(
         device_id=device_id,
         config_key=key,
         kernel_config=kc,
-        constants=_json_obj("constants", constants),
-        error=_json_obj("error", error or {}),
-        num_samples=_int("num_samples", num_samples, 0),
+        constants=field_json_obj("constants", constants),
+        error=field_json_obj("error", error or {}),
+        num_samples=field_int("num_samples", num_samples, 0),
         version=(last or 0) + 1,
     )
     session.add(cal)
@@ -226,18 +226,18 @@ def start_run(
     me = process_identity()
     run = TuningRun(
         bucket_id=bucket_id,
-        study_name=_str("study_name", study_name),
-        backend=_str("backend", backend, choices=BACKENDS),
-        n_trials=_int("n_trials", n_trials, 1),
-        workers=_int("workers", workers, 1),
-        storage_kind=_str("storage_kind", storage_kind, max_len=32),
+        study_name=field_str("study_name", study_name),
+        backend=field_str("backend", backend, choices=BACKENDS),
+        n_trials=field_int("n_trials", n_trials, 1),
+        workers=field_int("workers", workers, 1),
+        storage_kind=field_str("storage_kind", storage_kind, max_len=32),
         device_id=device_id,
         status="running",
         host=me["host"][:255],
         pid=me["pid"],
         proc_start=f"{me['start']}@{me['pidns']}"[:32],
         heartbeat_at=utcnow(),
-        stale_after_s=_int("stale_after_s", stale_after_s, 1),
+        stale_after_s=field_int("stale_after_s", stale_after_s, 1),
     )
     session.add(run)
     session.flush()
@@ -340,9 +340,9 @@ def run_heartbeat(url: str, run_id: int, interval_s: float) -> Iterator[None]:
     except BaseException as exc:
         done.set()
         t.join()
-        from .engine import _first_line, error_cause
+        from .engine import error_cause, first_line
 
-        why = f"{type(exc).__name__}: {error_cause(exc, url) or _first_line(exc)}"
+        why = f"{type(exc).__name__}: {error_cause(exc, url) or first_line(exc)}"
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         with contextlib.suppress(Exception):
             with session_scope(url, write=True) as s:
@@ -369,10 +369,10 @@ def finish_run(
     run = session.get(TuningRun, run_id)
     if run is None:
         raise KeyError(f"tuning run id {run_id} not found")
-    run.status = _str("status", status, choices=RUN_STATUSES)
-    run.n_finished = _int("n_finished", n_finished, 0)
-    run.best_value = _num("best_value", best_value, allow_none=True)
-    run.best_params = None if best_params is None else _json_obj("best_params", best_params)
+    run.status = field_str("status", status, choices=RUN_STATUSES)
+    run.n_finished = field_int("n_finished", n_finished, 0)
+    run.best_value = field_num("best_value", best_value, allow_none=True)
+    run.best_params = None if best_params is None else field_json_obj("best_params", best_params)
     run.message = str(message)[:2048]
     run.finished_at = utcnow()
     session.flush()
@@ -387,10 +387,10 @@ def list_runs(
     if bucket_key is not None:
         q = q.join(Bucket).where(Bucket.key == bucket_key)
     if status is not None:
-        q = q.where(TuningRun.status == _str("status", status, choices=RUN_STATUSES))
+        q = q.where(TuningRun.status == field_str("status", status, choices=RUN_STATUSES))
     q = q.order_by(TuningRun.id.desc())
     if limit is not None:
-        q = q.limit(_int("limit", limit, 1))
+        q = q.limit(field_int("limit", limit, 1))
     return list(session.scalars(q))
 
 
@@ -423,29 +423,29 @@ def record_measurement(
     floor_s : float, optional
         HBM read floor of the batch, seconds; ``ratio = time_s / floor_s``.
     """
-    lens = [_int(f"kv_lens[{i}]", int(v) if not isinstance(v, bool) else v, 0) for i, v in enumerate(kv_lens)]
+    lens = [field_int(f"kv_lens[{i}]", int(v) if not isinstance(v, bool) else v, 0) for i, v in enumerate(kv_lens)]
     if not lens:
         raise ValueError("kv_lens: expected at least one request")
-    t = _num("time_s", time_s, positive=True)
-    fl = _num("floor_s", floor_s, positive=True, allow_none=True)
+    t = field_num("time_s", time_s, positive=True)
+    fl = field_num("floor_s", floor_s, positive=True, allow_none=True)
     m = Measurement(
         bucket_id=bucket_id,
         tuning_run_id=tuning_run_id,
         policy_id=policy_id,
         device_id=device_id,
-        stage=_str("stage", stage, max_len=32),
-        policy_name=_str("policy_name", policy_name, max_len=64),
-        params=_json_obj("params", params or {}),
-        role=_str("role", role, choices=ROLES),
-        batch_index=_int("batch_index", batch_index, 0),
+        stage=field_str("stage", stage, max_len=32),
+        policy_name=field_str("policy_name", policy_name, max_len=64),
+        params=field_json_obj("params", params or {}),
+        role=field_str("role", role, choices=ROLES),
+        batch_index=field_int("batch_index", batch_index, 0),
         kv_lens=lens,
         batch_size=len(lens),
         total_tokens=sum(lens),
         time_s=t,
         floor_s=fl,
         ratio=None if fl is None else t / fl,
-        backend=_str("backend", backend, choices=BACKENDS),
-        software=_json_obj("software", software or {}),
+        backend=field_str("backend", backend, choices=BACKENDS),
+        software=field_json_obj("software", software or {}),
     )
     session.add(m)
     session.flush()
@@ -476,5 +476,5 @@ def list_measurements(
         q = q.where(Measurement.stage == stage)
     q = q.order_by(Measurement.id)
     if limit is not None:
-        q = q.limit(_int("limit", limit, 1))
+        q = q.limit(field_int("limit", limit, 1))
     return list(session.scalars(q))

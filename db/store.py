@@ -81,7 +81,6 @@ from .checks import iso_utc, software_fingerprint
 from .engine import (
     VERSION_TABLE,
     SchemaError,
-    _checked,  # noqa: F401 - tests reset the once-per-engine schema check
     check_exists,
     check_schema,
     current_revision,

@@ -19,23 +19,23 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from .checks import MAX_JSON_DEPTH, _echo, _int, _json_obj, _num, _str, software_fingerprint
+from .checks import MAX_JSON_DEPTH, echo_value, field_int, field_json_obj, field_num, field_str, software_fingerprint
 from .models import (
     BACKENDS,
     Policy,
     utcnow,
 )
 from .policies import (
-    _bump,
-    _check_bucket_fields,
-    _lock_store,
-    _published_of,
-    _refusal,
-    _set_published,
+    bump_version,
+    check_bucket_fields,
     create_policy,
     get_or_create_bucket,
+    lock_store,
     policies_version,
     policy_to_dict,
+    publish_refusal,
+    published_of,
+    set_published,
 )
 from .records import get_or_create_device
 
@@ -121,11 +121,11 @@ def _parse_time(name: str, v: Any) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str):
-        raise ValueError(f"{name}: expected an ISO-8601 string or null, got {_echo(v)}")
+        raise ValueError(f"{name}: expected an ISO-8601 string or null, got {echo_value(v)}")
     try:
         _dt.datetime.fromisoformat(v)
     except ValueError:
-        raise ValueError(f"{name}: not an ISO-8601 time: {_echo(v)}") from None
+        raise ValueError(f"{name}: not an ISO-8601 time: {echo_value(v)}") from None
     return v
 
 
@@ -143,10 +143,12 @@ def validate_export(
         if not isinstance(data, Mapping):
             raise ValueError(f"file: expected a JSON object, got {type(data).__name__}")
         if data.get("format") != EXPORT_FORMAT:
-            raise ValueError(f"format: expected {EXPORT_FORMAT!r}, got {_echo(data.get('format'))}")
+            raise ValueError(f"format: expected {EXPORT_FORMAT!r}, got {echo_value(data.get('format'))}")
         fv = data.get("format_version")
         if fv != EXPORT_FORMAT_VERSION or isinstance(fv, bool):
-            raise ValueError(f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, got {_echo(fv)}")
+            raise ValueError(
+                f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, got {echo_value(fv)}"
+            )
         unknown = set(data) - {"format", "format_version", "exported_at", "policies_version", "policies"}
         if unknown:
             raise ValueError(f"file: unknown fields {sorted(unknown)}")
@@ -171,16 +173,16 @@ def validate_export(
                 raise ValueError(f"{pre}.bucket: expected an object")
             if set(b) != _BUCKET_KEYS:
                 raise ValueError(f"{pre}.bucket: expected fields {sorted(_BUCKET_KEYS)}, got {sorted(b)}")
-            key = _str(f"{pre}.bucket.key", b["key"])
+            key = field_str(f"{pre}.bucket.key", b["key"])
             if key in keys_seen:
                 raise ValueError(f"{pre}.bucket.key: {key!r} appears twice in the file")
             keys_seen.add(key)
-            gpu, hkv, hd, dt, ps = _check_bucket_fields(
+            gpu, hkv, hd, dt, ps = check_bucket_fields(
                 f"{pre}.bucket", b["gpu"], b["num_kv_heads"], b["head_dim"], b["dtype"], b["page_size"]
             )
             if not isinstance(b["source"], str) or len(b["source"]) > 1024:
                 raise ValueError(f"{pre}.bucket.source: expected a string of at most 1024 characters")
-            signature = _json_obj(f"{pre}.bucket.signature", b["signature"], max_bytes=MAX_IMPORT_FIELD_BYTES)
+            signature = field_json_obj(f"{pre}.bucket.signature", b["signature"], max_bytes=MAX_IMPORT_FIELD_BYTES)
             bucket = {
                 "key": key,
                 "gpu": gpu,
@@ -192,43 +194,51 @@ def validate_export(
                 "source": b["source"],
             }
             if "status" in e and e["status"] != "published":
-                raise ValueError(f"{pre}.status: only published policies can be imported, got {_echo(e['status'])}")
+                raise ValueError(
+                    f"{pre}.status: only published policies can be imported, got {echo_value(e['status'])}"
+                )
             if "tuning_run_id" in e and e["tuning_run_id"] is not None:
-                _int(f"{pre}.tuning_run_id", e["tuning_run_id"], 1)
+                field_int(f"{pre}.tuning_run_id", e["tuning_run_id"], 1)
             if "id" in e:
-                _int(f"{pre}.id", e["id"], 1)
+                field_int(f"{pre}.id", e["id"], 1)
             dev = e["device"]
             device = None
             if dev is not None:
                 if not isinstance(dev, Mapping) or set(dev) != _DEVICE_KEYS:
                     raise ValueError(f"{pre}.device: expected null or an object with fields {sorted(_DEVICE_KEYS)}")
                 device = {
-                    "name": _str(f"{pre}.device.name", dev["name"], max_len=128),
-                    "num_sms": _int(f"{pre}.device.num_sms", dev["num_sms"], 1),
-                    "hbm_bandwidth_gbps": _num(
+                    "name": field_str(f"{pre}.device.name", dev["name"], max_len=128),
+                    "num_sms": field_int(f"{pre}.device.num_sms", dev["num_sms"], 1),
+                    "hbm_bandwidth_gbps": field_num(
                         f"{pre}.device.hbm_bandwidth_gbps", dev["hbm_bandwidth_gbps"], positive=True
                     ),
-                    "read_bandwidth_gbps": _num(
+                    "read_bandwidth_gbps": field_num(
                         f"{pre}.device.read_bandwidth_gbps", dev["read_bandwidth_gbps"], positive=True, allow_none=True
                     ),
-                    "software": _json_obj(f"{pre}.device.software", dev["software"], max_bytes=MAX_IMPORT_FIELD_BYTES),
+                    "software": field_json_obj(
+                        f"{pre}.device.software", dev["software"], max_bytes=MAX_IMPORT_FIELD_BYTES
+                    ),
                 }
                 fp = software_fingerprint(device["software"])
                 if dev["fingerprint"] != fp:
                     raise ValueError(
-                        f"{pre}.device.fingerprint: {_echo(dev['fingerprint'])} does not match its "
+                        f"{pre}.device.fingerprint: {echo_value(dev['fingerprint'])} does not match its "
                         f"software versions (expected {fp!r})"
                     )
                 if device["name"] != gpu:
                     raise ValueError(f"{pre}.device.name: {device['name']!r} differs from bucket.gpu {gpu!r}")
             entry = {
                 "bucket": bucket,
-                "name": _str(f"{pre}.name", e["name"], max_len=64),
-                "params": _json_obj(f"{pre}.params", e["params"], scalars_only=True, max_bytes=MAX_IMPORT_FIELD_BYTES),
-                "version": _int(f"{pre}.version", e["version"], 1),
-                "backend": _str(f"{pre}.backend", e["backend"], choices=BACKENDS),
-                "score": _num(f"{pre}.score", e["score"], positive=True, allow_none=True),
-                "verification": _json_obj(f"{pre}.verification", e["verification"], max_bytes=MAX_IMPORT_FIELD_BYTES),
+                "name": field_str(f"{pre}.name", e["name"], max_len=64),
+                "params": field_json_obj(
+                    f"{pre}.params", e["params"], scalars_only=True, max_bytes=MAX_IMPORT_FIELD_BYTES
+                ),
+                "version": field_int(f"{pre}.version", e["version"], 1),
+                "backend": field_str(f"{pre}.backend", e["backend"], choices=BACKENDS),
+                "score": field_num(f"{pre}.score", e["score"], positive=True, allow_none=True),
+                "verification": field_json_obj(
+                    f"{pre}.verification", e["verification"], max_bytes=MAX_IMPORT_FIELD_BYTES
+                ),
                 "created_at": _parse_time(f"{pre}.created_at", e["created_at"]),
                 "published_at": _parse_time(f"{pre}.published_at", e["published_at"]),
                 "device": device,
@@ -270,7 +280,7 @@ def import_policies(
     ids: list[int] = []
     changed = False
     with session.begin_nested():
-        st = _lock_store(session)
+        st = lock_store(session)
         for e in entries:
             b = e["bucket"]
             bucket = get_or_create_bucket(
@@ -324,15 +334,15 @@ def import_policies(
                 ids.append(pol.id)
                 continue
             if pol.status != "published":
-                cur = _published_of(session, bucket.id)
-                why = _refusal(pol, cur)
+                cur = published_of(session, bucket.id)
+                why = publish_refusal(pol, cur)
                 if why is None:
-                    _set_published(session, pol, cur)
+                    set_published(session, pol, cur)
                     changed = True
                 else:
                     pol.note = f"imported, not published: {why}"[:2048]
             ids.append(pol.id)
         if changed:
-            _bump(st)
+            bump_version(st)
         session.flush()
     return ids

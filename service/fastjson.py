@@ -43,7 +43,7 @@ KEYS = (
 )
 """The members the writer opens the answer with, in order (the answer's order)."""
 
-from .fastparse import ENABLED, _jit  # noqa: E402 (after the constants it documents) one numba switch (KVSPLIT_NUMBA) for the scan and the writer
+from .fastparse import ENABLED, jit  # noqa: E402 (after the constants it documents) one numba switch (KVSPLIT_NUMBA) for the scan and the writer
 
 if ENABLED:  # pragma: no branch
     import numba
@@ -67,7 +67,7 @@ if ENABLED:  # pragma: no branch
 
         return sig, codegen
 else:  # pragma: no cover - exercised where numba is missing
-    _inline = _jit
+    _inline = jit
 
 # two ASCII digits of 0..99 as a little-endian uint16 (tens digit first)
 _PAIRS = np.array([(48 + i // 10) | ((48 + i % 10) << 8) for i in range(100)], dtype=np.uint64)
@@ -175,12 +175,12 @@ def _write6(kv, a1, a2, a3, a4, a5, with_kv):  # pragma: no cover - compiled
     return out[: n + 1]
 
 
-@_jit
+@jit
 def _plan_arrays(kv, num_splits, work_request, work_kv_start, work_kv_end, cta_indptr):  # pragma: no cover
     return _write6(kv, num_splits, work_request, work_kv_start, work_kv_end, cta_indptr, True)
 
 
-@_jit
+@jit
 def _buffers(b64, b32, B, W, nc, with_kv):  # pragma: no cover - compiled
     return _write6(
         b64[:B], b32[:B], b32[B : B + W], b64[B : B + W], b64[B + W : B + 2 * W], b32[B + W : B + W + nc], with_kv

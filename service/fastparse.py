@@ -46,7 +46,7 @@ try:  # pragma: no branch
     from numba.cpython.unsafe.numbers import trailing_zeros
     from numba.extending import intrinsic
 
-    def _jit(fn):
+    def jit(fn):
         return numba.njit(cache=True, nogil=True)(fn)
 
     @intrinsic
@@ -67,7 +67,7 @@ try:  # pragma: no branch
 except ImportError:  # pragma: no cover - exercised where numba is missing
     ENABLED = False
 
-    def _jit(fn):
+    def jit(fn):
         return fn
 
 
@@ -84,7 +84,7 @@ _BYTE = np.uint64(255)
 _NO_VALUE = np.int64(-1)
 
 
-@_jit
+@jit
 def _scan(buf, pos, limit, max_n):  # pragma: no cover - compiled (the tests compare it with orjson)
     """(values, start, end, plain, total) of the list after ``"kv_lens"`` at ``buf[pos:]``; end -1: not handled.
 

@@ -358,13 +358,13 @@ def _check_depth(loc: tuple, v: Any) -> None:
         raise RequestValidationFailed([_too_deep(loc)]) from None
 
 
-_HEADERS: dict[tuple, tuple] = {}
+HEADER_CACHE: dict[tuple, tuple] = {}
 """Headers that passed the checks below, in two forms: (gpu, H_q, H_kv, D, dtype, page_size) of a request
 without ``device`` -> (device, Shape), only exact types reaching it (a bool or float equal to an int is never
 looked up); and (the body's bytes before its kv_lens list, the bytes after it) of a request the compiled scan
 took and whose header then passed through the first form -> (gpu, H_q, H_kv, D, dtype, page_size, device,
 Shape), so the same header text is not parsed again. One dict: clearing it forgets both."""
-_HEADERS_MAX = 1024
+HEADER_CACHE_MAX = 1024
 
 
 def _known_header(doc: dict) -> tuple | None:
@@ -395,7 +395,7 @@ def _known_header(doc: dict) -> tuple | None:
         and type(ps) is int
     ):
         return None
-    hit = _HEADERS.get((gpu, hq, hkv, hd, dt, ps, kd, ql))
+    hit = HEADER_CACHE.get((gpu, hq, hkv, hd, dt, ps, kd, ql))
     if hit is None:
         return None
     return gpu, hq, hkv, hd, dt, ps, hit[0], hit[1], v
@@ -425,13 +425,13 @@ def scan_request(body: bytes, max_kv_len: int) -> tuple | None:
         return None
     kv, start, end, plain, total = found
     raw = (body[:start], body[end:])
-    h = _HEADERS.get(raw)
+    h = HEADER_CACHE.get(raw)
     if h is None:
         h = _scanned_header(raw)
         if h is None:
             return None
-        if len(_HEADERS) < _HEADERS_MAX:
-            _HEADERS[raw] = h
+        if len(HEADER_CACHE) < HEADER_CACHE_MAX:
+            HEADER_CACHE[raw] = h
     return kv, h, start, end, plain, total
 
 
@@ -483,7 +483,7 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
         Status 422 with FastAPI-shaped errors; a body that is not JSON is a
         ``json_invalid`` error at ``["body", position]`` as in FastAPI.
     """
-    if fastparse.ENABLED and type(body) is bytes and _HEADERS:
+    if fastparse.ENABLED and type(body) is bytes and HEADER_CACHE:
         fast = _fast_scan(body, max_kv_len)
         if fast is not None:
             return fast
@@ -617,6 +617,6 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
         raise RequestValidationFailed(errs)
     assert dev is not None and kv is not None and gpu is not None
     shape = Shape(dev, hq, hkv, hd, dt, ps, kd, ql)  # type: ignore[arg-type]
-    if doc.get("device") is None and len(_HEADERS) < _HEADERS_MAX:
-        _HEADERS[(gpu, hq, hkv, hd, dt_raw, ps, kd_raw, doc.get("q_len", 1))] = (dev, shape)
+    if doc.get("device") is None and len(HEADER_CACHE) < HEADER_CACHE_MAX:
+        HEADER_CACHE[(gpu, hq, hkv, hd, dt_raw, ps, kd_raw, doc.get("q_len", 1))] = (dev, shape)
     return PlanRequestData(gpu, hq, hkv, hd, dt, ps, kv, dev, shape)  # type: ignore[arg-type]

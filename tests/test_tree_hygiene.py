@@ -8,6 +8,8 @@
 - Every file of the tree a doc, docstring or comment names (``bench/peers.py``, ``tests/data/x.jsonl``) exists.
 - Nothing reaches into another folder through ``sys.path.insert``.
 - bench/ and scripts/ hold at most 25 tracked files.
+- No module of kernels/, tuner/, db/ or service/ uses a name private to another module (``from .x import _y``,
+  ``x._y``): a name shared between modules is public in the module that defines it.
 - Every public name a module of kvsplit.kernels / tuner / db / service exports (its ``__all__``), and every
   public method and property of an exported class, has a docstring.
 
@@ -16,6 +18,7 @@ Each check is a function of the file texts it is given, so the tests below also 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
@@ -188,6 +191,38 @@ def sys_path_inserts(texts: dict[str, str]) -> list[str]:
     ]
 
 
+PACKAGE_DIRS = ("kernels/", "tuner/", "db/", "service/")
+
+
+def private_names_across_modules(texts: dict[str, str]) -> list[str]:
+    """``path:line name`` of each use, in a module of the package, of a name private to another of its modules:
+    ``from .x import _y`` (or ``from kvsplit... import _y``), and ``x._y`` where ``x`` was imported from the
+    package (dunder names aside)."""
+    bad = []
+    for path, text in texts.items():
+        if not (path.startswith(PACKAGE_DIRS) and path.endswith(".py")):
+            continue
+        tree = ast.parse(text)
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("kvsplit")):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        bad.append(f"{path}:{node.lineno} {alias.name}")
+                    else:
+                        modules.add(alias.asname or alias.name)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                bad.append(f"{path}:{node.lineno} {node.value.id}.{node.attr}")
+    return bad
+
+
 # ----------------------------------------------------------------------------- the tree as it is
 
 
@@ -214,6 +249,11 @@ def test_files_named_in_docs_and_code_exist(texts):
 def test_no_sys_path_insert(texts):
     hits = sys_path_inserts(texts)
     assert not hits, "import through the package (kvsplit.*, tests.*, bench.*) instead: " + ", ".join(hits)
+
+
+def test_no_private_name_used_across_modules(texts):
+    hits = private_names_across_modules(texts)
+    assert not hits, "make the name public in the module that defines it:\n" + "\n".join(hits)
 
 
 def test_bench_and_scripts_stay_small():
@@ -252,6 +292,15 @@ def test_each_check_fails_on_a_planted_violation(texts):
     # links inside code are code, not links
     assert not broken_links({"README.md": "`[x](nope.md)`\n\n```md\n[y](nope.md)\n```\n"})
     assert sys_path_inserts(planted) == ["bench/planted.py:2"]
+    private = {
+        "tuner/planted.py": "from .study import _load_study, open_storage\nfrom . import search\nsearch._start()\n",
+        "tests/planted_test.py": "from kvsplit.tuner.study import _load_study\n",  # tests may reach in
+        "kernels/planted_ok.py": "from . import fastplan as _fastplan\n_fastplan.key_plan(x.__len__)\n",
+    }
+    assert private_names_across_modules(private) == [
+        "tuner/planted.py:1 _load_study",
+        "tuner/planted.py:3 search._start",
+    ]
     named = {"kernels/planted.py": "# timed by bench/kernel_a.py, as bench/peers.py does; tests/data/x.jsonl.gz\n"}
     assert missing_named_files(named) == ["kernels/planted.py: bench/kernel_a.py"]
     assert not missing_named_files({"docs/decisions/x.md": named["kernels/planted.py"]})

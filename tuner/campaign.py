@@ -383,9 +383,9 @@ class _Campaign:
 
     # steps --------------------------------------------------------------------------------------------------
     def open_state(self) -> None:
-        from .study import _load_study, open_storage
+        from .study import load_study, open_storage
 
-        study = _load_study(self.spec, self.name, self.cfg.seed, 1, storage=open_storage(self.spec))
+        study = load_study(self.spec, self.name, self.cfg.seed, 1, storage=open_storage(self.spec))
         self.state = _State(study)
         if self.state.get("identity") is None:
             self.state.set("identity", self.cfg.identity())
@@ -396,7 +396,7 @@ class _Campaign:
         self.tasks = campaign_tasks(cfg)
         self.by_key = {t.key: t for t in self.tasks}
         self.result.buckets = len(self.tasks)
-        from .search import _check_same_batches, calibration_for
+        from .search import calibration_for, check_same_batches
 
         with store.session_scope(self.url, write=True) as s:
             self.bucket_ids = {}
@@ -413,7 +413,7 @@ class _Campaign:
                     source=t.source,
                     sample_batches={"train": [list(x) for x in t.train], "heldout": [list(x) for x in t.heldout]},
                 )
-                _check_same_batches(t, b)
+                check_same_batches(t, b)
                 self.bucket_ids[t.key] = b.id
         # room for the campaign's batches and for the calibration sample (kvsplit calibrate's sizes)
         self.max_tokens = max(max(t.max_tokens for t in self.tasks), 300_000)
@@ -468,7 +468,7 @@ class _Campaign:
     def _previous_params(self) -> dict[str, dict[str, Any]]:
         """Bucket key -> the tuned-family params of the plan the replaced table serves for it: ``--previous``'s
         export, else the store's published policy of the key (before the campaign publishes anything)."""
-        from .space import _complete_defaults
+        from .space import complete_defaults
 
         out: dict[str, dict[str, Any]] = {}
         entries: dict[str, tuple[str, dict]] = {}
@@ -487,11 +487,11 @@ class _Campaign:
                 continue
             params = {k: v for k, v in params.items() if k not in ("whole_wave", "whole_wave_heads")}
             if name == "tuned":
-                out[key] = _complete_defaults(task, params)
+                out[key] = complete_defaults(task, params)
             else:
                 cand = candidate_name(name, params)
                 if cand is not None and name in ("stream_k", "balanced"):
-                    out[key] = _complete_defaults(task, tuned_equivalent(cand))
+                    out[key] = complete_defaults(task, tuned_equivalent(cand))
         return out
 
     def pool_phase(self) -> bool:
@@ -660,20 +660,20 @@ class _Campaign:
 
     def _prepared_study(self, key: str):
         """The bucket's study with the campaign's warm starts enqueued (once)."""
-        from .space import _complete_defaults
-        from .study import _load_study, open_storage, study_name
+        from .space import complete_defaults
+        from .study import load_study, open_storage, study_name
 
         task, n = self.by_key[key], int(self.state.get("alloc")[key])
         starts, previous = self.state.get("starts"), self.state.get("previous") or {}
-        study = _load_study(
+        study = load_study(
             self.spec, study_name(task, self.cfg.backend), self.cfg.seed, n, storage=open_storage(self.spec)
         )
         if not study.user_attrs.get("kvsplit:campaign_starts"):
-            warm = {"pool": _complete_defaults(task, tuned_equivalent(starts[key][0]))}
+            warm = {"pool": complete_defaults(task, tuned_equivalent(starts[key][0]))}
             if key in previous:
                 warm["previous"] = previous[key]
             for i, cand in enumerate(starts[key][1:]):
-                warm[f"pool{i + 2}"] = _complete_defaults(task, tuned_equivalent(cand))
+                warm[f"pool{i + 2}"] = complete_defaults(task, tuned_equivalent(cand))
             names = dict(zip(("pool", "pool2", "pool3"), starts[key]))
             seeded = {t.user_attrs.get("kvsplit:from_pool") for t in study.get_trials(deepcopy=False)}
             for label, params in warm.items():
@@ -765,7 +765,7 @@ class _Campaign:
         study sequential as if alone; on the GPU backend, the trials' Triton kernels compiled ahead by helper
         processes (:class:`kvsplit.tuner.precompile.KernelCompiler`) while the GPU times other trials. The GPU
         time charged is the phase's wall time (compile waits included), charged after every trial."""
-        from .search import Stop, _open_study, _record, _result, _start, exclusive_storage
+        from .search import Stop, exclusive_storage, open_run_study, record_run, run_result, start_run
         from .study import study_name
         from .worker import WorkerJob, run_interleaved
 
@@ -799,8 +799,8 @@ class _Campaign:
         def prepare(job: WorkerJob) -> None:
             # the campaign's warm starts first, then the study's own (baselines), as tune_task opened it
             self._prepared_study(job.task.key)
-            run = _start(job.task, self._tune_config(job.n_trials), self.backend)
-            study = _open_study(run)
+            run = start_run(job.task, self._tune_config(job.n_trials), self.backend)
+            study = open_run_study(run)
             runs[job.task.key] = (run, study)
             count[job.task.key] = _finished(study)
 
@@ -848,7 +848,7 @@ class _Campaign:
 
         def on_done(job: WorkerJob) -> None:
             run, study = runs.pop(job.task.key)
-            _record(run, _result(run, study, stop))
+            record_run(run, run_result(run, study, stop))
             searched.append(job.task.key)
             self.state.set("searched", searched)
             self.bar.step()
@@ -888,10 +888,10 @@ class _Campaign:
             if compiler is not None:
                 compiler.close()
             for run, study in runs.values():  # studies left unfinished by the slice, the budget, a stop or an error
-                res = _result(run, study, stop)
+                res = run_result(run, study, stop)
                 if status is not None:
                     res.status, res.message = status[0], status[1][:2000]
-                _record(run, res)
+                record_run(run, res)
         if stop.is_set():
             self.result.status = "interrupted"
             return False
@@ -903,12 +903,12 @@ class _Campaign:
                 self.result.status = "paused"
             return False
         # out of budget: each bucket keeps the trials it has (the warm starts at least), none is searched further
-        from .study import _load_study, open_storage
+        from .study import load_study, open_storage
 
         for key in left:
             if key not in runs:
                 self._prepared_study(key)
-            study = _load_study(
+            study = load_study(
                 self.spec,
                 study_name(self.by_key[key], self.cfg.backend),
                 self.cfg.seed,
@@ -925,7 +925,7 @@ class _Campaign:
     def _search_parallel(self, todo: list[str], searched: list[str]) -> bool:
         import multiprocessing as mp
 
-        from .search import Stop, _open_study, _record, _result, _start
+        from .search import Stop, open_run_study, record_run, run_result, start_run
         from .worker import WorkerJob
 
         if not todo:
@@ -938,8 +938,8 @@ class _Campaign:
         for key in todo:
             study = self._prepared_study(key)
             before += _measured_trials(study)
-            run = _start(self.by_key[key], self._tune_config(int(alloc[key])), None)
-            runs.append((run, _open_study(run)))
+            run = start_run(self.by_key[key], self._tune_config(int(alloc[key])), None)
+            runs.append((run, open_run_study(run)))
         jobs = [
             [
                 WorkerJob(
@@ -992,8 +992,8 @@ class _Campaign:
         self.charge((after - before) * self.cfg.num_train, wall * self.cfg.workers)
         ok = True
         for run, st in runs:
-            res = _result(run, st, stop)
-            _record(run, res)
+            res = run_result(run, st, stop)
+            record_run(run, res)
             if res.status == "finished" and res.n_finished >= int(alloc[run.task.key]):
                 searched.append(run.task.key)
             else:
@@ -1011,13 +1011,13 @@ class _Campaign:
         plan and the pool pick, with the margin."""
         if self.state.get("choice") is not None:
             return
-        from .study import _load_study, open_storage, study_name
+        from .study import load_study, open_storage, study_name
         from .worker import task_params
 
         choice = {}
         for key in self.state.get("alloc"):
             task = self.by_key[key]
-            study = _load_study(
+            study = load_study(
                 self.spec, study_name(task, self.cfg.backend), self.cfg.seed, 1, storage=open_storage(self.spec)
             )
             warm = study.user_attrs.get("kvsplit:campaign_starts") or {}

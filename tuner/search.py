@@ -8,11 +8,11 @@ below) and re-exports their public names.
 
 Flow of :func:`tune_task` (one bucket; docs/concepts/design.md §2 offline path):
 
-1. :func:`_start`: store rows: device, bucket (its training and held-out
+1. :func:`start_run`: store rows: device, bucket (its training and held-out
    batches are stored with it the first time; a later task drawing other
    batches is refused, so a resumed study keeps one objective), a
    ``tuning_runs`` row, the timing backend.
-2. :func:`_open_study`: the study ``kvsplit-<backend>-<bucket key>`` is created or loaded
+2. :func:`open_run_study`: the study ``kvsplit-<backend>-<bucket key>`` is created or loaded
    (``load_if_exists``), TPE sampler (seeded; multivariate, constant liar for
    parallel workers). The baselines' equivalents in the tuned family
    (:func:`baseline_equivalents`) are enqueued once (a study attribute marks
@@ -39,7 +39,7 @@ Flow of :func:`tune_task` (one bucket; docs/concepts/design.md §2 offline path)
    whose heartbeat is older than the grace period are failed and re-enqueued
    with the same parameters. Ctrl-C (SIGINT) or SIGTERM stops a worker after
    its current trial; a second Ctrl-C in the parent kills the workers.
-6. :func:`_result`, :func:`_verify`, :func:`_record`: verification on held-out batches (:mod:`kvsplit.tuner.verify`), a draft
+6. :func:`run_result`, :func:`_verify`, :func:`record_run`: verification on held-out batches (:mod:`kvsplit.tuner.verify`), a draft
    policy with the verification summary, and publishing when it passed and
    the store's publish rules allow.
 
@@ -64,18 +64,18 @@ from ..kernels.device import resolve_device
 from .backends import BACKEND_NAMES, TimingBackend
 from .space import WARM_START, WARM_START_MIN_TRIALS, baseline_equivalents, suggest_params, warm_start_equivalents
 from .study import (
-    _ATTR_ENQUEUED,
-    _ATTR_TASK,
+    ATTR_ENQUEUED,
+    ATTR_TASK,
     HeartbeatJournalStorage,
     StorageBusy,
     StorageSpec,
-    _best,
-    _fail_stale,
-    _load_study,
     exclusive_storage,
     fail_dead_trials,
+    fail_stale,
+    load_study,
     open_storage,
     storage_spec,
+    study_best,
     study_counts,
     study_name,
 )
@@ -134,14 +134,14 @@ __all__ = [
 
 def _enqueue_baselines(study, task: TuneTask, n_trials: int | None = None) -> None:
     # the baselines' equivalents first, then (with room for them) the campaigns' plans (WARM_START)
-    if study.user_attrs.get(_ATTR_ENQUEUED):
+    if study.user_attrs.get(ATTR_ENQUEUED):
         return
     starts = dict(baseline_equivalents(task))
     if n_trials is not None and n_trials >= WARM_START_MIN_TRIALS:
         starts.update(warm_start_equivalents(task))
     for _, params in starts.items():
         study.enqueue_trial(params, skip_if_exists=True)
-    study.set_user_attr(_ATTR_ENQUEUED, True)
+    study.set_user_attr(ATTR_ENQUEUED, True)
 
 
 # Coordinator
@@ -235,7 +235,7 @@ def calibration_for(url: str, gpu: str, backend: str) -> tuple[dict[str, Any] | 
         return data, store.measured_read_bandwidth(s, gpu)
 
 
-def _check_same_batches(task: TuneTask, bucket: Any) -> None:
+def check_same_batches(task: TuneTask, bucket: Any) -> None:
     """Refuse a task whose batches differ from those its bucket was first tuned on.
 
     A bucket's study resumes on the bucket's stored training and held-out
@@ -264,11 +264,11 @@ def check_task_batches(task: TuneTask, database_url: str) -> None:
     with store.session_scope(database_url) as s:
         b = store.get_bucket(s, task.key)
         if b is not None:
-            _check_same_batches(task, b)
+            check_same_batches(task, b)
 
 
 @dataclass
-class _Run:
+class SearchRun:
     """What the steps of :func:`tune_task` share for one bucket."""
 
     task: TuneTask
@@ -289,7 +289,7 @@ class _Run:
         )
 
 
-def _start(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) -> _Run:
+def start_run(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) -> SearchRun:
     """Step 1: storage, calibration, the bucket row (refusing other batches), the backend, a run row."""
     url = store.resolve_url(cfg.database_url)
     spec = storage_spec(
@@ -300,7 +300,7 @@ def _start(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) -> _R
         grace_period=cfg.grace_period,
     )
     calibration, bw = calibration_for(url, task.gpu, cfg.backend)
-    run = _Run(task, cfg, url, spec, study_name(task, cfg.backend), calibration, bw, backend)
+    run = SearchRun(task, cfg, url, spec, study_name(task, cfg.backend), calibration, bw, backend)
     with store.session_scope(url, write=True) as s:
         b = store.get_or_create_bucket(
             s,
@@ -314,7 +314,7 @@ def _start(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) -> _R
             source=task.source,
             sample_batches={"train": [list(x) for x in task.train], "heldout": [list(x) for x in task.heldout]},
         )
-        _check_same_batches(task, b)
+        check_same_batches(task, b)
         run.bucket_id = b.id
     if cfg.workers == 1 and run.backend is None:
         run.backend = run.make_backend()
@@ -335,21 +335,21 @@ def _start(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) -> _R
     return run
 
 
-def _open_study(run: _Run):
+def open_run_study(run: SearchRun):
     """Step 2: create or load the study, enqueue the baselines once, fail stale and dead trials."""
-    study = _load_study(run.spec, run.study, run.cfg.seed, run.cfg.n_trials, storage=open_storage(run.spec))
+    study = load_study(run.spec, run.study, run.cfg.seed, run.cfg.n_trials, storage=open_storage(run.spec))
     study.set_user_attr(
-        _ATTR_TASK, {"key": run.task.key, "source": run.task.source, "num_qo_heads": run.task.num_qo_heads}
+        ATTR_TASK, {"key": run.task.key, "source": run.task.source, "num_qo_heads": run.task.num_qo_heads}
     )
     _enqueue_baselines(study, run.task, run.cfg.n_trials)
-    _fail_stale(study)
+    fail_stale(study)
     return study
 
 
-def _best_of(run: _Run, study) -> tuple[float | None, dict[str, Any] | None]:
+def _best_of(run: SearchRun, study) -> tuple[float | None, dict[str, Any] | None]:
     """The study's best value and parameters, refitted to the task's shape as its trials were planned
     (:func:`kvsplit.tuner.worker.task_params`): what is verified, stored and served."""
-    value, params = _best(study)
+    value, params = study_best(study)
     return value, (task_params(run.task, params) if params is not None else None)
 
 
@@ -358,7 +358,7 @@ def _finished(study) -> int:
     return c["COMPLETE"] + c["PRUNED"]
 
 
-def _search(run: _Run, study, stop: Stop, on_trial=None) -> None:
+def _search(run: SearchRun, study, stop: Stop, on_trial=None) -> None:
     """Step 3: run the workers until the study has ``n_trials`` finished trials (or stop / timeout).
 
     A failure or Ctrl-C records the run as failed / interrupted and re-raises.
@@ -410,7 +410,7 @@ def _search(run: _Run, study, stop: Stop, on_trial=None) -> None:
     bar.close()
 
 
-def _result(run: _Run, study, stop: Stop) -> TuneResult:
+def run_result(run: SearchRun, study, stop: Stop) -> TuneResult:
     """Step 4: the study's best and how the search ended (finished, interrupted, timed out)."""
     finished = _finished(study)
     best_value, best_params = _best_of(run, study)
@@ -426,7 +426,7 @@ def _note(result: TuneResult, text: str) -> None:
     result.message = (result.message + "; " if result.message else "") + text
 
 
-def _verify(run: _Run, result: TuneResult) -> None:
+def _verify(run: SearchRun, result: TuneResult) -> None:
     """Step 5: verify the best on held-out batches and publish it, unless an earlier run already did."""
     from . import verify as _verify_mod
 
@@ -470,7 +470,7 @@ def _verify(run: _Run, result: TuneResult) -> None:
         _note(result, outcome.note)
 
 
-def _record(run: _Run, result: TuneResult) -> None:
+def record_run(run: SearchRun, result: TuneResult) -> None:
     """Step 6: close the run row."""
     with store.session_scope(run.url, write=True) as s:
         store.finish_run(
@@ -498,13 +498,13 @@ def tune_task(
     # one process at a time on a SQLite study storage (StorageBusy otherwise); the run row's heartbeat, and
     # an exception marks the row failed (a killed process's row: store.reap_runs)
     with exclusive_storage(storage_spec(cfg.database_url, journal=cfg.journal, workers=cfg.workers)):
-        run = _start(task, cfg, backend)
+        run = start_run(task, cfg, backend)
         with store.run_heartbeat(run.url, run.run_id, cfg.heartbeat_interval):
-            study = _open_study(run)
+            study = open_run_study(run)
             _search(run, study, stop, on_trial)
-            result = _result(run, study, stop)
+            result = run_result(run, study, stop)
             _verify(run, result)
-            _record(run, result)
+            record_run(run, result)
     return result
 
 

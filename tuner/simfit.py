@@ -42,7 +42,7 @@ import numpy as np
 from ..kernels.device import DeviceSpec, resolve_device
 from ..kernels.plan import Plan, make_plan
 from .pool import candidate_policy
-from .simulate import Calibration, _prepare, _simulate, _Tiles, config_key
+from .simulate import Calibration, SimTiles, config_key, prepare_tiles, simulate_tiles
 
 __all__ = [
     "SweepSample",
@@ -191,19 +191,19 @@ def best_of(samples: Sequence[SweepSample], repeats: Sequence[SweepSample]) -> l
     return [dataclasses.replace(s, time_s=min(s.time_s, best.get((s.case, s.name), math.inf))) for s in samples]
 
 
-def _prep(samples: Sequence[SweepSample], dev: DeviceSpec) -> list[_Tiles]:
-    return [_prepare(s.plan, dev) for s in samples]
+def _prep(samples: Sequence[SweepSample], dev: DeviceSpec) -> list[SimTiles]:
+    return [prepare_tiles(s.plan, dev) for s in samples]
 
 
 def predict_samples(
     samples: Sequence[SweepSample],
     cal: Calibration,
     device: DeviceSpec | str = "NVIDIA H200",
-    tiles: Sequence[_Tiles] | None = None,
+    tiles: Sequence[SimTiles] | None = None,
 ) -> np.ndarray:
     """Predicted seconds of each sample under ``cal``."""
     tl = tiles if tiles is not None else _prep(samples, resolve_device(device))
-    return np.array([_simulate(t, cal) for t in tl])
+    return np.array([simulate_tiles(t, cal) for t in tl])
 
 
 def _loss(pred: np.ndarray, meas: np.ndarray) -> float:
@@ -287,7 +287,7 @@ def fit_per_config(
     keys = [k for k, ix in sorted(by_key.items(), key=lambda kv: -len(kv[1])) if len(ix) >= min_samples]
 
     def loss_all(c: Calibration) -> float:
-        return _loss(np.array([_simulate(t, c) for t in tiles]), meas)
+        return _loss(np.array([simulate_tiles(t, c) for t in tiles]), meas)
 
     # shared constants first (every config on them), then per config, then shared again
     cal, _ = _coord_search(cal, CONFIG_FIT_PARAMS + GLOBAL_FIT_PARAMS, loss_all, rounds=2)
@@ -299,7 +299,7 @@ def fit_per_config(
             cal, _ = _coord_search(
                 cal,
                 CONFIG_FIT_PARAMS,
-                lambda c, tk=tk, mk=mk: _loss(np.array([_simulate(t, c) for t in tk]), mk),
+                lambda c, tk=tk, mk=mk: _loss(np.array([simulate_tiles(t, c) for t in tk]), mk),
                 rounds=rounds,
                 key=k,
             )
@@ -325,7 +325,7 @@ def wave_class(plan: Plan, device: DeviceSpec | str = "NVIDIA H200") -> str:
     launch), ``partial_last_wave`` (more tiles than slots and the last wave at most
     half full) or ``full_waves`` (the rest)."""
     dev = resolve_device(device)
-    t = _prepare(plan, dev)
+    t = prepare_tiles(plan, dev)
     slots = t.resident * dev.num_sms
     n = int(t.tile_bytes.shape[0])
     if t.persistent or n <= slots:
@@ -370,7 +370,7 @@ def error_table(samples: Sequence[SweepSample], pred: np.ndarray) -> dict[str, A
 
 def by_config(
     samples: Sequence[SweepSample], dev: DeviceSpec
-) -> tuple[list[_Tiles], np.ndarray, list[tuple[str, list[int]]]]:
+) -> tuple[list[SimTiles], np.ndarray, list[tuple[str, list[int]]]]:
     """What a per-config fit (one config's constants refitted, the others kept) loops over: the samples'
     prepared tiles, their measured seconds, and ``(config key, sample indices)`` per kernel config, the configs
     with the most samples first (ties in first-seen order)."""

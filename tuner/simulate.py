@@ -427,7 +427,7 @@ def hbm_floor_s(plan: Plan, calibration: Calibration, *, kv_dtype: str | None = 
 
 
 @dataclass(frozen=True)
-class _Tiles:
+class SimTiles:
     """Per-plan quantities that do not depend on the calibration."""
 
     tile_bytes: np.ndarray  # float64 [N], launch order
@@ -444,9 +444,9 @@ class _Tiles:
     sm_flops_default: float = 0.0  # default_sm_flops of the device
 
 
-def _prepare(
+def prepare_tiles(
     plan: Plan, device: DeviceSpec, kv_dtype: str | None = None, q_len: int = 1, group_size: int | None = None
-) -> _Tiles:
+) -> SimTiles:
     H = plan.num_kv_heads
     h = plan.config.heads_per_tile  # KV heads per work tile: H / h tiles per CTA, each reading h heads' bytes
     length = (plan.work_kv_end - plan.work_kv_start).astype(np.float64)
@@ -458,7 +458,7 @@ def _prepare(
     tile_bytes = np.repeat(cta_tokens * (bpt * h), H // h)
     tile_items = np.repeat(cta_items, H // h)
     persistent = plan.config.schedule == "persistent"
-    return _Tiles(
+    return SimTiles(
         tile_bytes=tile_bytes,
         tile_items=tile_items,
         persistent=persistent,
@@ -484,7 +484,7 @@ def _prepare(
     )
 
 
-def _simulate(t: _Tiles, c: Calibration, record: dict[str, Any] | None = None) -> float:
+def simulate_tiles(t: SimTiles, c: Calibration, record: dict[str, Any] | None = None) -> float:
     """Predicted seconds of the tiles ``t`` under ``c``; with ``record`` (a dict) also each tile's SM, start and end
     (the placement the total is computed from: :func:`timeline`)."""
     if c.per_config:
@@ -554,7 +554,7 @@ def _simulate(t: _Tiles, c: Calibration, record: dict[str, Any] | None = None) -
 
 
 def _finish(
-    t: _Tiles,
+    t: SimTiles,
     c: Calibration,
     t_last: float,
     run_fixed: np.ndarray,
@@ -563,7 +563,7 @@ def _finish(
     sm_math: float = math.inf,
     record: dict[str, Any] | None = None,
 ) -> float:
-    """Drain the tiles running at ``t_last`` and add launch, floor and merge terms (``record``: see _simulate)."""
+    """Drain the tiles running at ``t_last`` and add launch, floor and merge terms (``record``: see simulate_tiles)."""
     S = t.num_sms
     # tail: spread the running tiles over SMs (longest first, round-robin), drain by processor sharing
     if np.ndim(run_fixed) == 0:
@@ -618,7 +618,7 @@ def _finish(
     return total
 
 
-def _checked(plan, device, calibration, kv_dtype, q_len, group_size) -> tuple[_Tiles, Calibration]:
+def _checked(plan, device, calibration, kv_dtype, q_len, group_size) -> tuple[SimTiles, Calibration]:
     """The arguments of :func:`predict` and :func:`timeline`, checked (ValueError naming the argument): the
     plan's tiles and the calibration to simulate them under."""
     if not isinstance(plan, Plan):
@@ -638,7 +638,7 @@ def _checked(plan, device, calibration, kv_dtype, q_len, group_size) -> tuple[_T
     )
     if not isinstance(cal, Calibration):
         raise ValueError(f"calibration: expected a Calibration, got {type(cal).__name__}")
-    return _prepare(plan, dev, kd, q_len, group_size), cal
+    return prepare_tiles(plan, dev, kd, q_len, group_size), cal
 
 
 def predict(
@@ -677,7 +677,7 @@ def predict(
     ValueError
         ``plan`` is not a Plan, the device is unknown, or ``kv_dtype`` / ``q_len`` is invalid (named).
     """
-    return _simulate(*_checked(plan, device, calibration, kv_dtype, q_len, group_size))
+    return simulate_tiles(*_checked(plan, device, calibration, kv_dtype, q_len, group_size))
 
 
 @dataclass(frozen=True)
@@ -732,7 +732,7 @@ def timeline(
     """
     t, cal = _checked(plan, device, calibration, kv_dtype, q_len, group_size)
     rec: dict[str, Any] = {}
-    total = _simulate(t, cal, rec)
+    total = simulate_tiles(t, cal, rec)
     S = t.num_sms
     sm = np.asarray(rec["slot"], dtype=np.int64) % S
     if "drain_sm" in rec:
@@ -774,8 +774,8 @@ FIT_PARAMS = (
 """Constants :func:`fit_calibration` can fit (all by default)."""
 
 
-def _rel_errors(tiles: Sequence[_Tiles], measured: np.ndarray, c: Calibration) -> np.ndarray:
-    pred = np.array([_simulate(t, c) for t in tiles])
+def _rel_errors(tiles: Sequence[SimTiles], measured: np.ndarray, c: Calibration) -> np.ndarray:
+    pred = np.array([simulate_tiles(t, c) for t in tiles])
     return pred / measured - 1.0
 
 
@@ -855,7 +855,7 @@ def fit_calibration(
     kd = check_kv_dtype(kv_dtype, p0.dtype)
     kd = None if kd == p0.dtype else kd
     q_len = check_q_len(q_len, group_size)
-    tiles = [_prepare(p, dev, kd, q_len, group_size) for p in plans]
+    tiles = [prepare_tiles(p, dev, kd, q_len, group_size) for p in plans]
     cal = initial or Calibration.default(
         dev, head_dim=p0.head_dim, dtype=p0.dtype, config=p0.config, kv_dtype=kd, q_len=q_len, group_size=group_size
     )

@@ -51,7 +51,7 @@ def suggest_params(trial: Any) -> dict[str, Any]:
     return params
 
 
-def _complete_defaults(task: TuneTask, params: Mapping[str, Any]) -> dict[str, Any]:
+def complete_defaults(task: TuneTask, params: Mapping[str, Any]) -> dict[str, Any]:
     """Fill every searched parameter (respecting conditions) from the space's defaults."""
     cfg = default_config(
         task.head_dim, task.dtype, query_rows=task.shape.group_size * task.q_len if task.q_len > 1 else 0
@@ -93,9 +93,9 @@ def baseline_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
     fa3_cap = fa3_static_num_splits(task.num_kv_heads, max(1, -(-longest // 128)), S)
     space_hi = TUNED_PARAM_SPACE["max_splits"]["high"]
     out = {
-        "balanced": _complete_defaults(task, {}),
-        "no_split": _complete_defaults(task, {"max_splits": 1}),
-        "fa3": _complete_defaults(
+        "balanced": complete_defaults(task, {}),
+        "no_split": complete_defaults(task, {"max_splits": 1}),
+        "fa3": complete_defaults(
             task,
             {
                 "ctas_per_sm": 1 / 1.1,
@@ -106,7 +106,7 @@ def baseline_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
                 "programs_per_sm": 1,
             },
         ),
-        "flashinfer": _complete_defaults(
+        "flashinfer": complete_defaults(
             task, {"max_splits": 1} if B * task.num_kv_heads >= 2 * S else {"ctas_per_sm": 2.0, "min_chunk_tokens": 128}
         ),
     }
@@ -144,4 +144,4 @@ def warm_start_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
     A set the task's shape cannot run (e.g. the shared memory of a tile at head_dim 256) is pruned like any
     infeasible trial.
     """
-    return {name: _complete_defaults(task, tuned_equivalent(name)) for name in WARM_START}
+    return {name: complete_defaults(task, tuned_equivalent(name)) for name in WARM_START}

@@ -26,11 +26,11 @@ from typing import Any
 from ..db import store
 from .tasks import TuneTask
 
-_ATTR_PROC = "kvsplit:proc"
-_ATTR_HEARTBEAT = "kvsplit:heartbeat"
-_ATTR_SURPLUS = "kvsplit:surplus"
-_ATTR_ENQUEUED = "kvsplit:baselines_enqueued"
-_ATTR_TASK = "kvsplit:task"
+ATTR_PROC = "kvsplit:proc"
+ATTR_HEARTBEAT = "kvsplit:heartbeat"
+ATTR_SURPLUS = "kvsplit:surplus"
+ATTR_ENQUEUED = "kvsplit:baselines_enqueued"
+ATTR_TASK = "kvsplit:task"
 
 # ----------------------------------------------------------------------------
 # Storage
@@ -218,14 +218,14 @@ def _journal_heartbeat_cls():
             from optuna.exceptions import UpdateFinishedTrialError
 
             with contextlib.suppress(UpdateFinishedTrialError, KeyError):
-                self.set_trial_system_attr(trial_id, _ATTR_HEARTBEAT, time.time())
+                self.set_trial_system_attr(trial_id, ATTR_HEARTBEAT, time.time())
 
         def _get_stale_trial_ids(self, study_id: int) -> list[int]:
             now = time.time()
             stale = []
             for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
                 start = t.datetime_start.timestamp() if t.datetime_start is not None else now
-                hb = t.system_attrs.get(_ATTR_HEARTBEAT)
+                hb = t.system_attrs.get(ATTR_HEARTBEAT)
                 last = float(hb) if isinstance(hb, (int, float)) else start
                 if now - last > self._grace:
                     stale.append(t._trial_id)
@@ -278,7 +278,7 @@ def frozen_trial(study, trial):
 
 def claim_trial(study, trial) -> None:
     """Record this process as the owner of ``trial`` (dead-worker detection below)."""
-    study._storage.set_trial_system_attr(trial._trial_id, _ATTR_PROC, {**_me(), "number": trial.number})
+    study._storage.set_trial_system_attr(trial._trial_id, ATTR_PROC, {**_me(), "number": trial.number})
 
 
 def trial_heartbeat(study, trial):
@@ -323,7 +323,7 @@ def study_name(task: TuneTask, backend: str) -> str:
     return f"kvsplit-{backend}-{task.key}"
 
 
-def _sampler(seed: int, n_trials: int):
+def make_sampler(seed: int, n_trials: int):
     import optuna
 
     return optuna.samplers.TPESampler(
@@ -331,7 +331,7 @@ def _sampler(seed: int, n_trials: int):
     )
 
 
-def _load_study(spec: StorageSpec, name: str, seed: int, n_trials: int, storage=None):
+def load_study(spec: StorageSpec, name: str, seed: int, n_trials: int, storage=None):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -342,7 +342,7 @@ def _load_study(spec: StorageSpec, name: str, seed: int, n_trials: int, storage=
                 storage=storage,
                 study_name=name,
                 direction="minimize",
-                sampler=_sampler(seed, n_trials),
+                sampler=make_sampler(seed, n_trials),
                 load_if_exists=True,
             )
         except Exception as exc:  # IntegrityError / DuplicatedStudyError races
@@ -364,7 +364,7 @@ def study_counts(study) -> dict[str, int]:
     return {s: c.get(s, 0) for s in ("COMPLETE", "PRUNED", "RUNNING", "WAITING", "FAIL")}
 
 
-def _best(study) -> tuple[float | None, dict[str, Any] | None]:
+def study_best(study) -> tuple[float | None, dict[str, Any] | None]:
     from optuna.trial import TrialState
 
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
@@ -417,8 +417,8 @@ def fail_dead_trials(study, *, unclaimed_after_s: float = UNCLAIMED_AFTER_S) -> 
     n = 0
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = t.system_attrs.get(_ATTR_PROC)
-        if owner is None and _ATTR_HEARTBEAT not in t.system_attrs:
+        owner = t.system_attrs.get(ATTR_PROC)
+        if owner is None and ATTR_HEARTBEAT not in t.system_attrs:
             if not _unclaimed_dead(t, unclaimed_after_s):
                 continue
         elif not isinstance(owner, Mapping) or owner.get("number") != t.number or _alive(owner):
@@ -432,7 +432,7 @@ def fail_dead_trials(study, *, unclaimed_after_s: float = UNCLAIMED_AFTER_S) -> 
     return n
 
 
-def _fail_stale(study) -> None:
+def fail_stale(study) -> None:
     import optuna
 
     with warnings.catch_warnings():

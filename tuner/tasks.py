@@ -113,7 +113,7 @@ def _key_of(kv_lens: Sequence[int], shape: Shape) -> BucketKey:
     return key_of(check_kv_lens(kv_lens), shape.plan_context())
 
 
-def _shape_fields(shape: Shape) -> dict[str, Any]:
+def shape_fields(shape: Shape) -> dict[str, Any]:
     return dict(
         gpu=shape.gpu,
         num_qo_heads=shape.num_qo_heads,
@@ -126,7 +126,7 @@ def _shape_fields(shape: Shape) -> dict[str, Any]:
     )
 
 
-def _signature(k) -> dict[str, Any]:
+def key_signature(k) -> dict[str, Any]:
     return {"batch_class": k.batch_class, "tokens_class": k.tokens_class, "hist": [list(p) for p in k.hist]}
 
 
@@ -160,11 +160,11 @@ def family_task(
     ho = family_batches(family, batch_size, total_tokens, num_batches=num_heldout, seed=seed, role="heldout")
     return TuneTask(
         key=str(k),
-        **_shape_fields(shape),
+        **shape_fields(shape),
         source=f"family:{family}:B{batch_size}:T{total_tokens}",
         train=tuple(tuple(int(x) for x in b) for b in tr),
         heldout=tuple(tuple(int(x) for x in b) for b in ho),
-        signature=_signature(k),
+        signature=key_signature(k),
     )
 
 
@@ -226,7 +226,7 @@ def trace_tasks(
         keys = kt + kh
         D = np.array([[distance(a, b) for b in keys] for a in keys])
         medoid = keys[int(np.argmin(D.sum(axis=1)))]
-        ent = found.setdefault(str(medoid), {"train": [], "heldout": [], "sig": _signature(medoid), "B": []})
+        ent = found.setdefault(str(medoid), {"train": [], "heldout": [], "sig": key_signature(medoid), "B": []})
         ent["B"].append(int(B))
         for pool, ks, role in ((tr, kt, "train"), (ho, kh, "heldout")):
             near = sorted((distance(k, medoid), i) for i, k in enumerate(ks))
@@ -238,7 +238,7 @@ def trace_tasks(
         tasks.append(
             TuneTask(
                 key=key,
-                **_shape_fields(shape),
+                **shape_fields(shape),
                 source=f"trace:{trace}:B{'/'.join(map(str, ent['B']))}",
                 train=tuple(ent["train"][:num_train]),
                 heldout=tuple(ent["heldout"][:num_heldout]),

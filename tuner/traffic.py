@@ -28,7 +28,7 @@ from ..kernels.buckets import CLASS_WEIGHT, DISTANCE_LIMIT, BucketKey, distances
 from ..kernels.device import known_devices, resolve_device
 from ..kernels.limits import BINS_PER_OCTAVE, HIST_UNITS, check_kv_lens
 from ..kernels.shape import Shape, gpu_slug
-from .tasks import DEFAULT_HELDOUT, DEFAULT_TRAIN, TuneTask, _shape_fields, _signature
+from .tasks import DEFAULT_HELDOUT, DEFAULT_TRAIN, TuneTask, key_signature, shape_fields
 
 __all__ = [
     "TrafficDemand",
@@ -418,7 +418,7 @@ def traffic_tasks(
         tasks.append(
             TuneTask(
                 key=d.key,
-                **_shape_fields(shape),
+                **shape_fields(shape),
                 source=(
                     f"traffic:{pick.unserved}/{pick.requests} requests fallback or far"
                     + (f" over {len(pick.covers)} keys" if len(pick.covers) > 1 else "")
@@ -426,7 +426,7 @@ def traffic_tasks(
                 ),
                 train=train,
                 heldout=heldout,
-                signature=_signature(key),
+                signature=key_signature(key),
             )
         )
     return tasks, notes

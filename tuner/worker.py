@@ -28,13 +28,13 @@ from ..kernels.rulespec import fit_heads_per_tile
 from .backends import TimingBackend
 from .space import suggest_params
 from .study import (
-    _ATTR_SURPLUS,
+    ATTR_SURPLUS,
     StorageSpec,
-    _fail_stale,
-    _load_study,
-    _sampler,
     claim_trial,
+    fail_stale,
     frozen_trial,
+    load_study,
+    make_sampler,
     open_storage,
     study_counts,
     trial_heartbeat,
@@ -203,7 +203,7 @@ def _make_job_backend(job: WorkerJob) -> TimingBackend:
 
 
 def _open_job_study(job: WorkerJob):
-    return _load_study(
+    return load_study(
         job.storage, job.study, job.seed * 1009 + job.index, job.n_trials, storage=open_storage(job.storage)
     )
 
@@ -217,7 +217,7 @@ def _next_trial(study, job: WorkerJob, rng: random.Random):
     from optuna.trial import TrialState
 
     n = job.n_trials
-    _fail_stale(study)
+    fail_stale(study)
     c = study_counts(study)
     finished = c["COMPLETE"] + c["PRUNED"]
     if finished >= n:
@@ -228,7 +228,7 @@ def _next_trial(study, job: WorkerJob, rng: random.Random):
     # the sampler's random state follows from the seed and the number of finished trials, so a study resumed
     # after a crash (kill -9) suggests what an uninterrupted one would have (one worker; TPE is deterministic
     # given its seed and the finished trials)
-    study.sampler = _sampler(job.seed * 1009 + job.index + 7919 * finished, n)
+    study.sampler = make_sampler(job.seed * 1009 + job.index + 7919 * finished, n)
     trial = study.ask()
     # admission: at most n trials may be finished or running, whatever the interleaving
     others = sum(
@@ -240,7 +240,7 @@ def _next_trial(study, job: WorkerJob, rng: random.Random):
         frozen = frozen_trial(study, trial)
         fixed = frozen.system_attrs.get("fixed_params")
         carried = {k: v for k, v in frozen.system_attrs.items() if not k.startswith("kvsplit:")}
-        trial.set_user_attr(_ATTR_SURPLUS, True)
+        trial.set_user_attr(ATTR_SURPLUS, True)
         study.tell(trial, state=TrialState.FAIL)
         if fixed is not None:
             study.enqueue_trial(dict(fixed))

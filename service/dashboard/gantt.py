@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .svg import _lin_ticks
+from .svg import lin_ticks
 
 __all__ = ["gantt_svg"]
 
@@ -141,7 +141,7 @@ def gantt_svg(tl: Any, plan: Any, *, title: str, t_max: float | None = None, wid
             f'<rect class="merge" x="{fx(end_main):.1f}" y="{mt}" width="{fx(end_main + tl.merge_s) - fx(end_main):.1f}" '
             f'height="{ph:.1f}"><title>LSE merge {tl.merge_s * 1e6:.2f} µs</title></rect>'
         )
-    for t_us in _lin_ticks(0.0, span * 1e6, 5):
+    for t_us in lin_ticks(0.0, span * 1e6, 5):
         if t_us <= span * 1e6 * 0.97:
             out.append(
                 f'<text class="tick" x="{fx(t_us * 1e-6):.1f}" y="{yb + 12:.1f}" text-anchor="middle">{t_us:g}</text>'

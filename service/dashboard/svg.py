@@ -42,7 +42,7 @@ def _log_ticks(lo: float, hi: float, base: int) -> list[float]:
     return [t for t in ticks if lo * 0.999 <= t <= hi * 1.001]
 
 
-def _lin_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def lin_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     span = hi - lo or 1.0
     step = 10 ** math.floor(math.log10(span / n))
     for m in (1, 2, 5, 10):
@@ -139,7 +139,7 @@ def line_chart(
         return mt + (1 - t) * ph
 
     out = [head, f'<rect class="plot" x="{ml}" y="{mt}" width="{pw}" height="{ph}"/>']
-    xt = _log_ticks(xlo, xhi, 2) if x_log2 else _lin_ticks(xlo, xhi)
+    xt = _log_ticks(xlo, xhi, 2) if x_log2 else lin_ticks(xlo, xhi)
     if len(xt) > 9:
         xt = xt[:: math.ceil(len(xt) / 9)]
     for t in xt:
@@ -148,9 +148,9 @@ def line_chart(
             f'<line class="grid" x1="{X:.1f}" y1="{mt}" x2="{X:.1f}" y2="{mt + ph}"/>'
             f'<text class="tick" x="{X:.1f}" y="{mt + ph + 14}" text-anchor="middle">{_fmt(t)}</text>'
         )
-    yt = _log_ticks(ylo, yhi, 10) if y_log else _lin_ticks(ylo, yhi)
+    yt = _log_ticks(ylo, yhi, 10) if y_log else lin_ticks(ylo, yhi)
     if y_log and len(yt) < 2:
-        yt = _lin_ticks(ylo, yhi, 4)
+        yt = lin_ticks(ylo, yhi, 4)
     for t in yt:
         Y = fy(t)
         out.append(

@@ -88,7 +88,7 @@ def trace_batch(name: str, B: int) -> tuple[int, ...]:
     return tuple(int(x) for x in held[0])
 
 
-def _calibration(url: str, gpu: str) -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
+def viewer_calibration(url: str, gpu: str) -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
     from ...db import store
 
     with store.session_scope(url) as s:
@@ -109,7 +109,7 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
     from ...tuner.simulate import timeline
 
     shape = dict(num_kv_heads=sh["num_kv_heads"], head_dim=sh["head_dim"], dtype=sh["dtype"], page_size=sh["page_size"])
-    cal, read_bw, err = _calibration(url, sh["gpu"])
+    cal, read_bw, err = viewer_calibration(url, sh["gpu"])
     sim = SimBackend(
         sh["gpu"],
         calibration=cal,

@@ -191,7 +191,7 @@ def handle_plan(body: bytes, state, content_type: bytes | str | None = None) -> 
         bad_type = unsupported_media_type(content_type)
         if bad_type is not None:
             return 415, bad_type
-    if fastparse.ENABLED and fastjson.ENABLED and type(body) is bytes and validation._HEADERS:
+    if fastparse.ENABLED and fastjson.ENABLED and type(body) is bytes and validation.HEADER_CACHE:
         out = _fast_answer(body, state)
         if out is not None:
             return 200, out

@@ -9,7 +9,7 @@ import math
 import orjson
 import pytest
 
-from kvsplit.db.checks import MAX_JSON_DEPTH, _json_obj, check_json_tree
+from kvsplit.db.checks import MAX_JSON_DEPTH, check_json_tree, field_json_obj
 from kvsplit.db.transfer import MAX_IMPORT_FIELD_BYTES, ImportValidationError, parse_export
 
 
@@ -59,14 +59,14 @@ def test_values_any_reader_could_not_serialise_are_refused_by_path(value, why):
 def test_json_obj_size_limit_and_bounded_messages():
     ok = {"log": "x" * (MAX_IMPORT_FIELD_BYTES - len('{"log":""}'))}
     assert len(json.dumps(ok, separators=(",", ":"))) == MAX_IMPORT_FIELD_BYTES
-    assert _json_obj("v", ok, max_bytes=MAX_IMPORT_FIELD_BYTES) == ok
+    assert field_json_obj("v", ok, max_bytes=MAX_IMPORT_FIELD_BYTES) == ok
     with pytest.raises(
         ValueError,
         match=f"v: {MAX_IMPORT_FIELD_BYTES + 1} characters of JSON, more than the {MAX_IMPORT_FIELD_BYTES} accepted",
     ):
-        _json_obj("v", {"log": ok["log"] + "y"}, max_bytes=MAX_IMPORT_FIELD_BYTES)
+        field_json_obj("v", {"log": ok["log"] + "y"}, max_bytes=MAX_IMPORT_FIELD_BYTES)
     with pytest.raises(ValueError) as e:
-        _json_obj("v", {"k": 1.0, "": "z" * 10**6})
+        field_json_obj("v", {"k": 1.0, "": "z" * 10**6})
     assert len(str(e.value)) < 200  # a bad value is quoted in 80 characters at most
 
 

@@ -94,7 +94,7 @@ def test_empty_database_says_how_to_upgrade(tmp_path):
 def test_outdated_database_says_how_to_upgrade(url, monkeypatch):
     # the code now expects a newer revision than the one stamped in the file
     monkeypatch.setattr("kvsplit.db.engine.head_revision", lambda: "0099")
-    store._checked.clear()
+    store.dispose_engines()  # also forgets which URLs passed the schema check
     with pytest.raises(
         store.SchemaError, match=rf"at revision {store.head_revision()}, older than 0099: run `kvsplit db upgrade"
     ):
@@ -105,7 +105,7 @@ def test_outdated_database_says_how_to_upgrade(url, monkeypatch):
 def test_newer_database_says_upgrade_kvsplit(url):
     with store.get_engine(url).begin() as c:
         c.execute(text("UPDATE kvsplit_alembic_version SET version_num = 'f00d'"))
-    store._checked.clear()
+    store.dispose_engines()  # also forgets which URLs passed the schema check
     with pytest.raises(store.SchemaError, match="newer version"):
         with store.session_scope(url):
             pass

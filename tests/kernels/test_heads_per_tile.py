@@ -191,7 +191,7 @@ def test_compiled_heads_table_is_consistent():
 
 
 def test_simulator_counts_heads_per_tile():
-    from kvsplit.tuner.simulate import Calibration, _prepare, config_key, predict
+    from kvsplit.tuner.simulate import Calibration, config_key, predict, prepare_tiles
 
     L = np.full(8, 131072)
     p1 = make_plan(L, num_kv_heads=4, device="NVIDIA H200", policy="stream_k", params={"ctas_per_sm": 3, "block_n": 64})
@@ -202,7 +202,7 @@ def test_simulator_counts_heads_per_tile():
         policy="stream_k",
         params={"ctas_per_sm": 3, "block_n": 64, "heads_per_tile": 2},
     )
-    t1, t2 = _prepare(p1, H200), _prepare(p2, H200)
+    t1, t2 = prepare_tiles(p1, H200), prepare_tiles(p2, H200)
     assert t2.tile_bytes.shape[0] == p2.num_work_tiles == 396
     assert t1.total_bytes == t2.total_bytes and t1.tile_bytes.sum() == pytest.approx(t2.tile_bytes.sum())
     assert t2.resident == 3 and config_key(p2.config) == "n64w4s2h2"

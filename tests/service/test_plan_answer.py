@@ -164,7 +164,7 @@ def _check(table, shape, lens, body, plain, max_kv_len, monkeypatch):
 def test_answers_equal_the_reference_on_random_bodies(shape, monkeypatch):
     rng = np.random.default_rng(shape["num_kv_heads"])
     table = _mixed_table(shape, rng)
-    validation._HEADERS.clear()
+    validation.HEADER_CACHE.clear()
     seen = set()
     for i in range(150):
         limit = [1 << 24, MAX_KV_LEN, 1 << 16][i % 3]
@@ -209,7 +209,7 @@ def test_every_source_and_policy_of_the_mixed_table(monkeypatch):
     table = PolicyTable.from_json(PolicyTable.document(pols, version=1, distance_limit=0.0))
     batches.append(np.ones(5000, np.int64))  # far from every entry: the fallback
     batches.append(np.zeros(3, np.int64))
-    validation._HEADERS.clear()
+    validation.HEADER_CACHE.clear()
     seen = set()
     for lens in batches:
         body = orjson.dumps(dict(shape, kv_lens=lens.tolist()))
@@ -226,7 +226,7 @@ def test_shipped_h200_table(monkeypatch):
     raw = json.loads((ROOT / "kernels" / "data" / "h200_policies.json").read_text())
     table = PolicyTable.from_export(raw, version=raw["policies_version"])
     shape = _shape(hq=32)
-    validation._HEADERS.clear()
+    validation.HEADER_CACHE.clear()
     for lens in plan_request_mix(60, seed=4):
         body = orjson.dumps(dict(shape, kv_lens=lens.tolist()))
         handle_plan(body, _state(table), JSON)
@@ -274,7 +274,7 @@ def test_requests_the_compiled_path_hands_over_get_the_full_path_errors(kv, monk
     with monkeypatch.context() as m:
         m.setattr(fastjson, "ENABLED", False)
         m.setattr(fastparse, "ENABLED", False)
-        m.setattr(validation, "_HEADERS", {})
+        m.setattr(validation, "HEADER_CACHE", {})
         assert handle_plan(body, state, JSON) == got
     assert got[0] == 422
 
@@ -313,7 +313,7 @@ def test_too_many_work_items_is_the_full_paths_422(monkeypatch):
 def test_no_table_yet_is_503():
     shape = _shape()
     state = SimpleNamespace(settings=SimpleNamespace(max_kv_len=1 << 24), holder=SimpleNamespace(current=None))
-    validation._HEADERS.clear()
+    validation.HEADER_CACHE.clear()
     body = orjson.dumps(dict(shape, kv_lens=[5, 6]))
     assert handle_plan(body, state, JSON)[0] == 503  # full checks, header remembered
     assert handle_plan(body, state, JSON) == (503, b'{"detail":"policy table not loaded yet"}')

@@ -43,9 +43,9 @@ def test_fast_path_equals_full_checks():
     rng = np.random.default_rng(7)
     lens = np.floor(2 ** (rng.random(300) * 15)).astype(np.int64)
     body = orjson.dumps(dict(SHAPE, kv_lens=lens.tolist()))
-    validation._HEADERS.clear()
+    validation.HEADER_CACHE.clear()
     full = parse_plan_request(body, max_kv_len=1 << 24)
-    assert len(validation._HEADERS) == 1  # the full checks remembered the header
+    assert len(validation.HEADER_CACHE) == 1  # the full checks remembered the header
     fast = parse_plan_request(body, max_kv_len=1 << 24)
     assert fast.shape is full.shape and fast.device is full.device
     assert fast.kv_lens.dtype == np.int64 and np.array_equal(fast.kv_lens, lens) and np.array_equal(full.kv_lens, lens)
@@ -156,7 +156,7 @@ def _three_ways(monkeypatch, body: bytes, max_kv_len: int = 1 << 24):
     with monkeypatch.context() as m:
         m.setattr(fastparse, "ENABLED", False)
         arr = _outcome(body, max_kv_len)
-        m.setattr(validation, "_HEADERS", {})
+        m.setattr(validation, "HEADER_CACHE", {})
         full = _outcome(body, max_kv_len)
     return scan, arr, full
 

@@ -127,9 +127,9 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
         assert v["tuned_geomean_ratio"] <= v["best_baseline_geomean_ratio"]
         # the study values were written by both worker processes
         pids = {
-            t.system_attrs[study_mod._ATTR_PROC]["pid"]
+            t.system_attrs[study_mod.ATTR_PROC]["pid"]
             for t in studies[x["study_name"]].get_trials()
-            if study_mod._ATTR_PROC in t.system_attrs
+            if study_mod.ATTR_PROC in t.system_attrs
         }
         assert len(pids) == 2
     export = tmp_path / "policies.json"
@@ -223,7 +223,7 @@ def test_kill_9_mid_study_then_resume(tmp_path):
     assert after["COMPLETE"] + after["PRUNED"] == 12
     assert after["RUNNING"] == 0 and after["WAITING"] == 0
     # the killed trials were failed and retried with the same parameters
-    failed = [t for t in study.get_trials() if t.state.name == "FAIL" and not t.user_attrs.get(study_mod._ATTR_SURPLUS)]
+    failed = [t for t in study.get_trials() if t.state.name == "FAIL" and not t.user_attrs.get(study_mod.ATTR_SURPLUS)]
     retried = [t for t in study.get_trials() if "failed_trial" in t.system_attrs]
     assert len(failed) >= 1 and {t.number for t in failed} <= {t.system_attrs["failed_trial"] for t in retried}
     assert "published" in r.stdout
@@ -301,9 +301,9 @@ def test_postgres_multi_worker_tuning(pg_url):
     c = search.study_counts(study)
     assert c["COMPLETE"] + c["PRUNED"] == 20 and c["RUNNING"] == 0
     pids = {
-        t.system_attrs[study_mod._ATTR_PROC]["pid"]
+        t.system_attrs[study_mod.ATTR_PROC]["pid"]
         for t in study.get_trials()
-        if study_mod._ATTR_PROC in t.system_attrs
+        if study_mod.ATTR_PROC in t.system_attrs
     }
     assert len(pids) == 2
     # resuming through the same URL stops at the requested count

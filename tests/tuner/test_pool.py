@@ -16,7 +16,7 @@ from kvsplit.kernels.buckets import bucket_key, distance
 from kvsplit.kernels.plan import make_plan
 from kvsplit.tuner import pool as P
 from kvsplit.tuner.campaign import allocate_trials, parse_model_shape
-from kvsplit.tuner.space import _complete_defaults
+from kvsplit.tuner.space import complete_defaults
 from kvsplit.tuner.tasks import family_task
 from kvsplit.tuner.worker import task_params
 
@@ -95,7 +95,7 @@ def test_tuned_equivalent_plans_exactly_the_candidate(lens):
             num_kv_heads=4,
             device="NVIDIA H200",
             policy="tuned",
-            params=task_params(task, _complete_defaults(task, P.tuned_equivalent(name))),
+            params=task_params(task, complete_defaults(task, P.tuned_equivalent(name))),
         )
         assert a.config == b.config, name
         for f in ("num_splits", "work_request", "work_kv_start", "work_kv_end", "cta_indptr"):

@@ -29,7 +29,7 @@ def _job(url, task, n, seed=5):
 
 
 def _trials(url, job):
-    study = search._load_study(job.storage, job.study, job.seed, job.n_trials)
+    study = search.load_study(job.storage, job.study, job.seed, job.n_trials)
     return [(t.state.name, t.params, t.value) for t in study.get_trials(deepcopy=False)]
 
 

@@ -255,7 +255,7 @@ def test_warm_starts_plan_like_the_policies_they_name():
 def test_warm_starts_are_enqueued_when_the_study_has_room(tmp_path, n_trials, starts):
     t = _task()
     spec = search.StorageSpec("journal", str(tmp_path / "j.log"), heartbeat_interval=1, grace_period=3)
-    study = search._load_study(spec, "st", 0, n_trials)
+    study = search.load_study(spec, "st", 0, n_trials)
     search._enqueue_baselines(study, t, n_trials)
     waiting = [x for x in study.get_trials() if x.state == TrialState.WAITING]
     assert len(waiting) == starts
@@ -302,7 +302,7 @@ def test_objective_is_geomean_of_simulated_times():
 def test_identical_params_measured_once(tmp_path):
     t = _task()
     job = _journal_job(tmp_path, t, 2)
-    study = search._load_study(job.storage, job.study, 0, 2)
+    study = search.load_study(job.storage, job.study, 0, 2)
     params = search.baseline_equivalents(t)["balanced"]
     study.enqueue_trial(params)
     study.enqueue_trial(params)
@@ -318,7 +318,7 @@ def test_identical_params_measured_once(tmp_path):
 def test_infeasible_params_are_pruned_and_count(tmp_path):
     t = search.family_task("uniform", 8, 65_536, num_train=2, num_heldout=2, **{**SHAPE, "head_dim": 256})
     job = _journal_job(tmp_path, t, 2)
-    study = search._load_study(job.storage, job.study, 0, 2)
+    study = search.load_study(job.storage, job.study, 0, 2)
     bad = {**search.baseline_equivalents(t)["balanced"], "block_n": 256, "num_warps": 1, "num_stages": 1}
     with pytest.raises(ValueError):
         _plans(t, "tuned", bad)
@@ -338,7 +338,7 @@ def test_stop_after_current_trial(tmp_path):
     stop = search.Stop()
     be = CountingBackend(t, on_call=lambda n: stop.set())
     search.run_worker(job, stop=stop, backend=be)
-    study = search._load_study(job.storage, job.study, 0, 10)
+    study = search.load_study(job.storage, job.study, 0, 10)
     c = search.study_counts(study)
     # the trial that was running when the stop came finished all its batches; no new one started
     assert (c["COMPLETE"], c["RUNNING"], c["WAITING"]) == (1, 0, 0)
@@ -349,7 +349,7 @@ def test_exact_trial_count_with_racing_threads(tmp_path):
     t = _task()
     n = 14
     job = _journal_job(tmp_path, t, n)
-    search._load_study(job.storage, job.study, 0, n)
+    search.load_study(job.storage, job.study, 0, n)
     barrier = threading.Barrier(4)
     done = []
 
@@ -362,7 +362,7 @@ def test_exact_trial_count_with_racing_threads(tmp_path):
         th.start()
     for th in threads:
         th.join()
-    study = search._load_study(job.storage, job.study, 0, n)
+    study = search.load_study(job.storage, job.study, 0, n)
     c = search.study_counts(study)
     assert c["COMPLETE"] + c["PRUNED"] == n and c["RUNNING"] == 0
     assert sum(done) == n
@@ -371,29 +371,29 @@ def test_exact_trial_count_with_racing_threads(tmp_path):
 def test_dead_and_stale_trials_are_failed_and_retried(tmp_path):
     t = _task()
     job = _journal_job(tmp_path, t, 3)
-    study = search._load_study(job.storage, job.study, 0, 3)
+    study = search.load_study(job.storage, job.study, 0, 3)
     dead, silent = study.ask(), study.ask()
     p_dead, p_silent = search.suggest_params(dead), search.suggest_params(silent)
     # a trial whose worker process is gone (a pid that cannot exist)
     study._storage.set_trial_system_attr(
         dead._trial_id,
-        study_mod._ATTR_PROC,
+        study_mod.ATTR_PROC,
         {"host": socket.gethostname(), "pid": 2**22 + 12345, "start": "1", "number": dead.number},
     )
     assert search.fail_dead_trials(study) == 1
     # a trial on another host whose heartbeat stopped long ago
     study._storage.set_trial_system_attr(
-        silent._trial_id, study_mod._ATTR_PROC, {"host": "elsewhere", "pid": 1, "start": "", "number": silent.number}
+        silent._trial_id, study_mod.ATTR_PROC, {"host": "elsewhere", "pid": 1, "start": "", "number": silent.number}
     )
-    study._storage.set_trial_system_attr(silent._trial_id, study_mod._ATTR_HEARTBEAT, time.time() - 100)
-    search._fail_stale(study)
+    study._storage.set_trial_system_attr(silent._trial_id, study_mod.ATTR_HEARTBEAT, time.time() - 100)
+    search.fail_stale(study)
     trials = study.get_trials()
     assert [x.state for x in trials[:2]] == [TrialState.FAIL, TrialState.FAIL]
     waiting = [x for x in trials if x.state == TrialState.WAITING]
     assert sorted(map(str, (w.params for w in waiting))) == sorted(map(str, (p_dead, p_silent)))
     # the retries run and the study ends with exactly 3 finished trials, none running
     search.run_worker(job)
-    c = search.study_counts(search._load_study(job.storage, job.study, 0, 3))
+    c = search.study_counts(search.load_study(job.storage, job.study, 0, 3))
     assert (c["COMPLETE"] + c["PRUNED"], c["RUNNING"], c["WAITING"]) == (3, 0, 0)
 
 
@@ -402,7 +402,7 @@ def test_a_trial_asked_and_never_claimed_is_failed_after_the_grace(tmp_path):
     # trial stayed RUNNING forever and a resumed study waiting for its n-th trial spun without end
     t = _task()
     job = _journal_job(tmp_path, t, 2)
-    study = search._load_study(job.storage, job.study, 0, 2)
+    study = search.load_study(job.storage, job.study, 0, 2)
     orphan = study.ask()
     assert search.fail_dead_trials(study) == 0  # just asked: its worker may be about to claim it
     assert search.fail_dead_trials(study, unclaimed_after_s=0.0) == 1
@@ -413,7 +413,7 @@ def test_a_trial_asked_and_never_claimed_is_failed_after_the_grace(tmp_path):
     assert search.fail_dead_trials(study, unclaimed_after_s=0.0) == 0
     study.tell(mine, state=TrialState.FAIL)
     search.run_worker(job)
-    c = search.study_counts(search._load_study(job.storage, job.study, 0, 2))
+    c = search.study_counts(search.load_study(job.storage, job.study, 0, 2))
     assert (c["COMPLETE"] + c["PRUNED"], c["RUNNING"]) == (2, 0)
 
 

@@ -202,7 +202,7 @@ W8 = {"block_n": 64, "num_warps": 8, "num_stages": 2}  # measured on the H200: 9
 def test_residency_per_config_from_kernels_residency():
     from kvsplit.kernels.plan import KernelConfig
     from kvsplit.kernels.residency import MEASURED, resident_ctas_per_sm
-    from kvsplit.tuner.simulate import _prepare, resident_slots
+    from kvsplit.tuner.simulate import prepare_tiles, resident_slots
 
     seen = set()
     for gpu, d, dt, bn, w, st in MEASURED:
@@ -219,7 +219,7 @@ def test_residency_per_config_from_kernels_residency():
             policy="balanced",
             params={"block_n": bn, "num_warps": w, "num_stages": st},
         )
-        assert _prepare(p, H200).resident == want
+        assert prepare_tiles(p, H200).resident == want
         seen.add(want)
     assert seen == {1, 2, 3, 4}  # the sweep's configs cover 1-4 resident CTAs per SM
 
