@@ -301,9 +301,7 @@ def test_postgres_multi_worker_tuning(pg_url):
     c = search.study_counts(study)
     assert c["COMPLETE"] + c["PRUNED"] == 20 and c["RUNNING"] == 0
     pids = {
-        t.system_attrs[study_mod.ATTR_PROC]["pid"]
-        for t in study.get_trials()
-        if study_mod.ATTR_PROC in t.system_attrs
+        t.system_attrs[study_mod.ATTR_PROC]["pid"] for t in study.get_trials() if study_mod.ATTR_PROC in t.system_attrs
     }
     assert len(pids) == 2
     # resuming through the same URL stops at the requested count
