@@ -52,7 +52,9 @@ Policies (rows of :class:`~kvsplit.db.models.Policy`, bucket eagerly loaded)
 Devices, calibrations, runs, measurements
 -----------------------------------------
 ``get_or_create_device(session, *, name, num_sms, hbm_bandwidth_gbps, software=None, read_bandwidth_gbps=None)``,
-``record_calibration(...)`` / ``latest_calibration(session, *, gpu, config_key=None)``,
+``record_calibration(session, *, device_id, constants, kv_dtype, q_len=1, ...)`` /
+``latest_calibration(session, *, gpu, kv_dtype, q_len=1, config_key=None)`` (a calibration is per GPU, KV
+cache dtype and q_len) / ``list_calibrations(session, *, gpu=None)``,
 ``start_run(...)`` / ``finish_run(...)`` / ``list_runs(...)``,
 ``run_heartbeat(url, run_id, interval_s)`` / ``reap_runs(session)`` (a ``running`` row whose owner
 process is gone, or whose heartbeat is older than its ``stale_after_s``, becomes ``failed`` with an
@@ -118,6 +120,7 @@ from .records import (
     get_device,
     get_or_create_device,
     latest_calibration,
+    list_calibrations,
     list_measurements,
     list_runs,
     measured_read_bandwidth,
@@ -169,6 +172,7 @@ __all__ = [
     "measured_read_bandwidth",
     "record_calibration",
     "latest_calibration",
+    "list_calibrations",
     "get_or_create_bucket",
     "get_bucket",
     "list_buckets",
