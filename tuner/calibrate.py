@@ -65,7 +65,7 @@ def stored_calibration(
     3. else None (the simulator's defaults), with a note naming that command.
 
     A fit of another FP8/q_len > 1 shape is never used for this one (its measured rates include that shape's
-    bytes and math).
+    bytes and math). The KV dtype is the key, not q's: an FP8 cache's fit serves bf16 and fp16 models alike.
 
     Returns
     -------
