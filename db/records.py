@@ -68,6 +68,19 @@ def get_or_create_device(
     return dev
 
 
+def device_to_dict(dev: Device) -> dict[str, Any]:
+    """Plain-data form of a device row (the export files' ``device`` object): name, SM count, bandwidths
+    (GB/s), software versions and their fingerprint."""
+    return {
+        "name": dev.name,
+        "num_sms": dev.num_sms,
+        "hbm_bandwidth_gbps": dev.hbm_bandwidth_gbps,
+        "read_bandwidth_gbps": dev.read_bandwidth_gbps,
+        "software": dict(dev.software or {}),
+        "fingerprint": dev.fingerprint,
+    }
+
+
 def get_device(session: Session, name: str) -> Device | None:
     """The newest device row of GPU ``name`` (any software), or None."""
     return session.scalars(select(Device).where(Device.name == name).order_by(Device.id.desc())).first()

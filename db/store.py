@@ -48,6 +48,9 @@ Policies (rows of :class:`~kvsplit.db.models.Policy`, bucket eagerly loaded)
     :class:`ImportValidationError` (a ValueError naming the field) before
     writing anything; ``validate_entry`` is an optional extra check (the CLI
     passes one that builds a plan with the params).
+``export_calibrations(session, *, gpu=None) -> dict`` / ``import_calibrations(session, data, *, validate_entry=None)``
+    The stored calibrations (device, KV dtype, q_len, kernel config, constants, error), ``format``
+    ``"kvsplit.calibrations"`` version 1; the import is all-or-nothing and idempotent like the policies'.
 
 Devices, calibrations, runs, measurements
 -----------------------------------------
@@ -136,10 +139,13 @@ from .records import (
 )
 from .traffic import TrafficCell, TrafficSum, add_traffic, prune_traffic, read_traffic
 from .transfer import (
+    CALIBRATIONS_FORMAT,
     EXPORT_FORMAT,
     EXPORT_FORMAT_VERSION,
     ImportValidationError,
+    export_calibrations,
     export_published,
+    import_calibrations,
     import_policies,
     validate_export,
 )
@@ -148,6 +154,7 @@ __all__ = [
     "VERSION_TABLE",
     "EXPORT_FORMAT",
     "EXPORT_FORMAT_VERSION",
+    "CALIBRATIONS_FORMAT",
     "SchemaError",
     "PublishRefused",
     "ImportValidationError",
@@ -186,6 +193,8 @@ __all__ = [
     "policies_version",
     "policy_to_dict",
     "export_published",
+    "export_calibrations",
+    "import_calibrations",
     "import_policies",
     "validate_export",
     "start_run",

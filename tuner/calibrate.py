@@ -12,7 +12,7 @@ store (``calibrations`` table) so the ``sim`` backend uses them.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,14 @@ import numpy as np
 from ..kernels.plan import Plan, make_plan
 from .workloads import FAMILIES, family_batches
 
-__all__ = ["CALIBRATION_POLICIES", "calibration_plans", "calibrate", "stored_calibration", "calibrate_command"]
+__all__ = [
+    "CALIBRATION_POLICIES",
+    "calibration_plans",
+    "calibrate",
+    "stored_calibration",
+    "calibrate_command",
+    "check_calibration_entry",
+]
 
 CALIBRATION_POLICIES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("balanced", {"ctas_per_sm": 2}),
@@ -31,6 +38,24 @@ CALIBRATION_POLICIES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("no_split", {}),
 )
 """Policies whose plans make the calibration sample (default kernel config)."""
+
+
+def check_calibration_entry(entry: Mapping[str, Any]) -> None:
+    """The extra check ``kvsplit db import`` makes of a calibrations export entry
+    (:func:`kvsplit.db.store.import_calibrations`): ``kv_dtype`` a q dtype or a KV cache dtype the kernel takes,
+    ``q_len`` 1..8, ``constants`` a valid :class:`~kvsplit.tuner.simulate.Calibration`. Raises ValueError naming
+    the field."""
+    from ..kernels.limits import DTYPES, KV_DTYPES, check_q_len
+    from .simulate import Calibration
+
+    kd = entry["kv_dtype"]
+    if kd not in DTYPES and kd not in KV_DTYPES:
+        raise ValueError(f"kv_dtype: expected one of {sorted(DTYPES) + sorted(KV_DTYPES)}, got {kd!r}")
+    check_q_len(entry["q_len"])
+    try:
+        Calibration.from_dict(entry["constants"])
+    except ValueError as exc:
+        raise ValueError(f"constants: {exc}") from None
 
 
 def calibrate_command(gpu: str, dtype: str, kv_dtype: str, q_len: int) -> str:

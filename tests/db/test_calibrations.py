@@ -4,6 +4,8 @@ PostgreSQL (``KVSPLIT_TEST_POSTGRES_URL``)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from alembic import command
 from sqlalchemy import inspect, text
@@ -139,3 +141,69 @@ def test_downgrade_to_0004_keeps_bf16_rows_and_refuses_other_shapes(any_url):
         rows = c.execute(text("SELECT version, num_samples FROM calibrations ORDER BY version")).all()
     assert [tuple(r) for r in rows] == [(1, 240), (2, 240)]
     assert store.upgrade(url) == store.head_revision()  # and up again
+
+
+def test_export_import_round_trip_keeps_kv_dtype_and_q_len(any_url, tmp_path):
+    """``kvsplit db export --calibrations`` -> ``kvsplit db import`` into a fresh store: every calibration comes
+    back with its device, KV dtype, q_len, constants, error and fit time; the lookup of each shape finds its own;
+    a second import changes nothing; a bad entry stores nothing and names the field."""
+    import copy
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsplit.service.cli import app
+
+    url = any_url
+    store.upgrade(url)
+    base = {"hbm_bw": 4.5e12, "sm_bw": 5.1e10, "cta_bw": 1.7e10}
+    with store.session_scope(url, write=True) as s:
+        d = store.get_or_create_device(
+            s, name=GPU, num_sms=132, hbm_bandwidth_gbps=4800, software={"torch": "2.11"}, read_bandwidth_gbps=4520.0
+        )
+        for i, (kd, q) in enumerate((("bfloat16", 1), (FP8, 1), (FP8, 4))):
+            store.record_calibration(
+                s,
+                device_id=d.id,
+                constants={**base, "tile_fixed_s": 1e-6 * (i + 1)},
+                kv_dtype=kd,
+                q_len=q,
+                error={"heldout": {"median": 0.02 + i / 100, "worst": 0.3}},
+                kernel_config={"block_n": 64} if q == 4 else {},
+                num_samples=100 + i,
+            )
+    out = tmp_path / "cal.json"
+    r = CliRunner().invoke(app, ["db", "export", "--calibrations", "--database-url", url, "--output", str(out)])
+    assert r.exit_code == 0 and "exported 3 calibrations" in r.output, r.output
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "kvsplit.calibrations" and doc["format_version"] == 1
+    assert [(e["kv_dtype"], e["q_len"]) for e in doc["calibrations"]] == [("bfloat16", 1), (FP8, 1), (FP8, 4)]
+    u2 = f"sqlite:///{tmp_path / 'fresh.db'}"
+    store.upgrade(u2)
+    r = CliRunner().invoke(app, ["db", "import", str(out), "--database-url", u2])
+    assert r.exit_code == 0 and "imported 3 calibrations" in r.output, r.output
+    with store.session_scope(u2) as s:
+        again = store.export_calibrations(s)["calibrations"]
+        assert again == doc["calibrations"]  # every field, the fit times and the device's fingerprint included
+        got = store.latest_calibration(s, gpu=GPU, kv_dtype=FP8, q_len=4)
+        assert (got.constants["tile_fixed_s"], got.kernel_config, got.num_samples) == (3e-6, {"block_n": 64}, 102)
+        assert store.latest_calibration(s, gpu=GPU, kv_dtype="bfloat16").constants["tile_fixed_s"] == 1e-6
+    r = CliRunner().invoke(app, ["db", "import", str(out), "--database-url", u2])  # again: nothing new
+    assert r.exit_code == 0
+    with store.session_scope(u2) as s:
+        assert len(store.list_calibrations(s)) == 3
+    for path, mutate, msg in (
+        ("q9.json", lambda e: e.update(q_len=9), r"calibrations\[2\]: q_len: expected an integer in \[1, 8\]"),
+        ("kd.json", lambda e: e.update(kv_dtype="int4"), r"calibrations\[2\]: kv_dtype: expected one of"),
+        ("c.json", lambda e: e["constants"].pop("sm_bw"), r"calibrations\[2\]: constants: calibration: missing"),
+        ("fp.json", lambda e: e["device"].update(fingerprint="0" * 16), r"calibrations\[2\].device.fingerprint"),
+    ):
+        bad = copy.deepcopy(doc)
+        bad["calibrations"][0]["q_len"] = 2  # a good new entry before the bad one: rolled back with it
+        mutate(bad["calibrations"][2])
+        (tmp_path / path).write_text(json.dumps(bad))
+        r = CliRunner().invoke(app, ["db", "import", str(tmp_path / path), "--database-url", u2])
+        assert r.exit_code == 2 and "nothing stored" in r.output, r.output
+        assert len(re.findall(msg, r.output)) == 1, (msg, r.output)
+        with store.session_scope(u2) as s:
+            assert len(store.list_calibrations(s)) == 3
