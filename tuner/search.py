@@ -234,8 +234,8 @@ def calibration_for(
 
     The calibration is chosen by :func:`kvsplit.tuner.calibrate.stored_calibration` (the exact KV dtype and q_len,
     else the q_len-1 fit with K/V in ``dtype``, else none): a dict ``{"id", "kv_dtype", "q_len", "constants",
-    "kernel_config", "note"}`` (``note`` ``""`` for an exact match, else which fit stands in), or None when none
-    applies; :func:`calibration_note` gives the note to show the user either way.
+    "kernel_config", "error", "note"}`` (``note`` ``""`` for an exact match, else which fit stands in), or None
+    when none applies; :func:`calibration_note` gives the note to show the user either way.
     """
     from .calibrate import stored_calibration
 
@@ -252,6 +252,7 @@ def calibration_for(
                 "q_len": cal.q_len,
                 "constants": dict(cal.constants),
                 "kernel_config": dict(cal.kernel_config),
+                "error": dict(cal.error or {}),
                 "note": note,
             }
         )

@@ -91,28 +91,13 @@ def trace_batch(name: str, B: int) -> tuple[int, ...]:
 
 def _calibration(url: str, sh: dict[str, Any]) -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
     """The calibration the simulator uses for dashboard shape ``sh`` (its GPU, dtype, KV dtype and q_len:
-    :func:`kvsplit.tuner.calibrate.stored_calibration`), the GPU's measured read bandwidth and the fit's error."""
-    from ...db import store
-    from ...tuner.calibrate import stored_calibration
+    :func:`kvsplit.tuner.search.calibration_for`), the GPU's measured read bandwidth and the fit's error."""
+    from ...tuner.search import calibration_for
 
-    with store.session_scope(url) as s:
-        cal, note = stored_calibration(
-            s, sh["gpu"], dtype=sh["dtype"], kv_dtype=sh.get("kv_dtype"), q_len=sh.get("q_len", 1)
-        )
-        if cal is None:
-            return None, store.measured_read_bandwidth(s, sh["gpu"]), {}
-        return (
-            {
-                "id": cal.id,
-                "kv_dtype": cal.kv_dtype,
-                "q_len": cal.q_len,
-                "constants": dict(cal.constants),
-                "kernel_config": dict(cal.kernel_config),
-                "note": note,
-            },
-            store.measured_read_bandwidth(s, sh["gpu"]),
-            dict(cal.error or {}),
-        )
+    cal, bw = calibration_for(
+        url, sh["gpu"], "sim", dtype=sh["dtype"], kv_dtype=sh.get("kv_dtype"), q_len=sh.get("q_len", 1)
+    )
+    return cal, bw, (cal or {}).get("error") or {}
 
 
 def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int]) -> dict[str, Any]:
