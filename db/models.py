@@ -7,8 +7,9 @@ never by ``create_all`` outside tests):
     One row per (GPU name, software fingerprint): SM count, vendor bandwidth,
     measured read bandwidth, software versions (torch, triton, CUDA, driver).
 ``calibrations``
-    Fitted simulator constants per device and kernel config, with their error
-    against the GPU; ``version`` increases per (device, config_key).
+    Fitted simulator constants per device, kernel config, KV cache dtype and
+    q_len (the shape the sample was timed at), with their error against the
+    GPU; ``version`` increases per (device, config_key, kv_dtype, q_len).
 ``buckets``
     A bucket key string (``kvsplit.kernels.buckets.BucketKey`` string form),
     its fields, its length signature, where it came from and the training /
@@ -118,16 +119,27 @@ class Device(Base):
 
 
 class Calibration(Base):
-    """Simulator constants fitted on one device for one kernel config."""
+    """Simulator constants fitted on one device for one kernel config, KV cache dtype and q_len.
+
+    ``kv_dtype`` is the dtype of the K/V elements the sample was timed with (``"bfloat16"``, ``"float16"`` or
+    ``"float8_e4m3fn"``: the model's dtype for a 16-bit cache), ``q_len`` its query tokens per request (1-8).
+    Rows stored before these columns existed read as ``"bfloat16"`` and 1 (migration 0005).
+    """
 
     __tablename__ = "calibrations"
     __table_args__ = (
-        UniqueConstraint("device_id", "config_key", "version", name="uq_calibrations_device_config_version"),
+        UniqueConstraint(
+            "device_id", "config_key", "kv_dtype", "q_len", "version", name="uq_calibrations_device_config_version"
+        ),
+        CheckConstraint("q_len >= 1", name="ck_calibrations_q_len"),
+        Index("ix_calibrations_lookup", "device_id", "kv_dtype", "q_len"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
     config_key: Mapped[str] = mapped_column(String(256))
+    kv_dtype: Mapped[str] = mapped_column(String(32), server_default="bfloat16")
+    q_len: Mapped[int] = mapped_column(Integer, server_default="1")
     kernel_config: Mapped[dict[str, Any]] = mapped_column(default=dict)
     constants: Mapped[dict[str, Any]] = mapped_column(default=dict)
     error: Mapped[dict[str, Any]] = mapped_column(default=dict)

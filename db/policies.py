@@ -25,6 +25,7 @@ from .models import (
     StoreState,
     utcnow,
 )
+from .records import device_to_dict
 
 
 class PublishRefused(ValueError):
@@ -363,14 +364,5 @@ def policy_to_dict(p: Policy) -> dict[str, Any]:
         "tuning_run_id": p.tuning_run_id,
         "created_at": iso_utc(p.created_at),
         "published_at": iso_utc(p.published_at),
-        "device": None
-        if dev is None
-        else {
-            "name": dev.name,
-            "num_sms": dev.num_sms,
-            "hbm_bandwidth_gbps": dev.hbm_bandwidth_gbps,
-            "read_bandwidth_gbps": dev.read_bandwidth_gbps,
-            "software": dict(dev.software or {}),
-            "fingerprint": dev.fingerprint,
-        },
+        "device": None if dev is None else device_to_dict(dev),
     }

@@ -68,6 +68,19 @@ def get_or_create_device(
     return dev
 
 
+def device_to_dict(dev: Device) -> dict[str, Any]:
+    """Plain-data form of a device row (the export files' ``device`` object): name, SM count, bandwidths
+    (GB/s), software versions and their fingerprint."""
+    return {
+        "name": dev.name,
+        "num_sms": dev.num_sms,
+        "hbm_bandwidth_gbps": dev.hbm_bandwidth_gbps,
+        "read_bandwidth_gbps": dev.read_bandwidth_gbps,
+        "software": dict(dev.software or {}),
+        "fingerprint": dev.fingerprint,
+    }
+
+
 def get_device(session: Session, name: str) -> Device | None:
     """The newest device row of GPU ``name`` (any software), or None."""
     return session.scalars(select(Device).where(Device.name == name).order_by(Device.id.desc())).first()
@@ -98,26 +111,46 @@ def record_calibration(
     *,
     device_id: int,
     constants: Mapping[str, Any],
+    kv_dtype: str,
+    q_len: int = 1,
     error: Mapping[str, Any] | None = None,
     kernel_config: Mapping[str, Any] | None = None,
     num_samples: int = 0,
 ) -> Calibration:
-    """Store fitted simulator constants for a device (and kernel config).
+    """Store fitted simulator constants for a device, kernel config, KV cache dtype and q_len.
 
-    ``config_key`` is the canonical JSON of ``kernel_config`` (``"{}"`` for a
-    calibration valid for every config); ``version`` increases per
-    (device, config_key).
+    ``kv_dtype`` is the dtype of the K/V elements the sample was timed with (the model's dtype for a 16-bit
+    cache, ``"float8_e4m3fn"`` for an FP8 one; the tuner resolves it, :func:`kvsplit.kernels.limits.check_kv_dtype`),
+    ``q_len`` the query tokens per request (>= 1). ``config_key`` is the canonical JSON of ``kernel_config``
+    (``"{}"`` for a calibration valid for every config); ``version`` increases per
+    (device, config_key, kv_dtype, q_len).
+
+    Raises
+    ------
+    KeyError
+        No device ``device_id``.
+    ValueError
+        A field of the wrong type or range, named.
     """
     if session.get(Device, device_id) is None:
         raise KeyError(f"device id {device_id} not found")
+    kd = field_str("kv_dtype", kv_dtype, max_len=32)
+    ql = field_int("q_len", q_len, 1)
     kc = field_json_obj("kernel_config", kernel_config or {})
     key = json.dumps(kc, sort_keys=True, separators=(",", ":"))
     last = session.scalar(
-        select(func.max(Calibration.version)).where(Calibration.device_id == device_id, Calibration.config_key == key)
+        select(func.max(Calibration.version)).where(
+            Calibration.device_id == device_id,
+            Calibration.config_key == key,
+            Calibration.kv_dtype == kd,
+            Calibration.q_len == ql,
+        )
     )
     cal = Calibration(
         device_id=device_id,
         config_key=key,
+        kv_dtype=kd,
+        q_len=ql,
         kernel_config=kc,
         constants=field_json_obj("constants", constants),
         error=field_json_obj("error", error or {}),
@@ -129,12 +162,26 @@ def record_calibration(
     return cal
 
 
-def latest_calibration(session: Session, *, gpu: str, config_key: str | None = None) -> Calibration | None:
-    """The newest calibration of any device row named ``gpu`` (optionally for one config key)."""
-    q = select(Calibration).join(Device).where(Device.name == gpu)
+def latest_calibration(
+    session: Session, *, gpu: str, kv_dtype: str, q_len: int = 1, config_key: str | None = None
+) -> Calibration | None:
+    """The newest calibration of any device row named ``gpu`` timed with K/V of ``kv_dtype`` at ``q_len``
+    (optionally for one config key), or None: a fit of another KV dtype or q_len is never returned
+    (:func:`kvsplit.tuner.calibrate.stored_calibration` chooses what a task uses when there is none)."""
+    kd = field_str("kv_dtype", kv_dtype, max_len=32)
+    ql = field_int("q_len", q_len, 1)
+    q = select(Calibration).join(Device).where(Device.name == gpu, Calibration.kv_dtype == kd, Calibration.q_len == ql)
     if config_key is not None:
         q = q.where(Calibration.config_key == config_key)
     return session.scalars(q.order_by(Calibration.created_at.desc(), Calibration.id.desc())).first()
+
+
+def list_calibrations(session: Session, *, gpu: str | None = None) -> list[Calibration]:
+    """Every stored calibration (of GPU ``gpu`` when given), oldest first, with its device row loaded."""
+    q = select(Calibration).join(Device).options(selectinload(Calibration.device))
+    if gpu is not None:
+        q = q.where(Device.name == gpu)
+    return list(session.scalars(q.order_by(Calibration.id)))
 
 
 # ----------------------------------------------------------------------------

@@ -48,11 +48,16 @@ Policies (rows of :class:`~kvsplit.db.models.Policy`, bucket eagerly loaded)
     :class:`ImportValidationError` (a ValueError naming the field) before
     writing anything; ``validate_entry`` is an optional extra check (the CLI
     passes one that builds a plan with the params).
+``export_calibrations(session, *, gpu=None) -> dict`` / ``import_calibrations(session, data, *, validate_entry=None)``
+    The stored calibrations (device, KV dtype, q_len, kernel config, constants, error), ``format``
+    ``"kvsplit.calibrations"`` version 1; the import is all-or-nothing and idempotent like the policies'.
 
 Devices, calibrations, runs, measurements
 -----------------------------------------
 ``get_or_create_device(session, *, name, num_sms, hbm_bandwidth_gbps, software=None, read_bandwidth_gbps=None)``,
-``record_calibration(...)`` / ``latest_calibration(session, *, gpu, config_key=None)``,
+``record_calibration(session, *, device_id, constants, kv_dtype, q_len=1, ...)`` /
+``latest_calibration(session, *, gpu, kv_dtype, q_len=1, config_key=None)`` (a calibration is per GPU, KV
+cache dtype and q_len) / ``list_calibrations(session, *, gpu=None)``,
 ``start_run(...)`` / ``finish_run(...)`` / ``list_runs(...)``,
 ``run_heartbeat(url, run_id, interval_s)`` / ``reap_runs(session)`` (a ``running`` row whose owner
 process is gone, or whose heartbeat is older than its ``stale_after_s``, becomes ``failed`` with an
@@ -117,6 +122,7 @@ from .records import (
     get_device,
     get_or_create_device,
     latest_calibration,
+    list_calibrations,
     list_measurements,
     list_runs,
     measured_read_bandwidth,
@@ -132,10 +138,13 @@ from .records import (
 )
 from .traffic import TrafficCell, TrafficSum, add_traffic, prune_traffic, read_traffic
 from .transfer import (
+    CALIBRATIONS_FORMAT,
     EXPORT_FORMAT,
     EXPORT_FORMAT_VERSION,
     ImportValidationError,
+    export_calibrations,
     export_published,
+    import_calibrations,
     import_policies,
     validate_export,
 )
@@ -144,6 +153,7 @@ __all__ = [
     "VERSION_TABLE",
     "EXPORT_FORMAT",
     "EXPORT_FORMAT_VERSION",
+    "CALIBRATIONS_FORMAT",
     "SchemaError",
     "PublishRefused",
     "ImportValidationError",
@@ -168,6 +178,7 @@ __all__ = [
     "measured_read_bandwidth",
     "record_calibration",
     "latest_calibration",
+    "list_calibrations",
     "get_or_create_bucket",
     "get_bucket",
     "list_buckets",
@@ -181,6 +192,8 @@ __all__ = [
     "policies_version",
     "policy_to_dict",
     "export_published",
+    "export_calibrations",
+    "import_calibrations",
     "import_policies",
     "validate_export",
     "start_run",

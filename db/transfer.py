@@ -1,6 +1,7 @@
 """Export and all-or-nothing import of published policies (part of :mod:`kvsplit.db.store`).
 
-Versioned JSON (``format`` ``"kvsplit.policies"``, ``format_version`` 1). Import
+Versioned JSON (``format`` ``"kvsplit.policies"``, ``format_version`` 1; the stored calibrations, per GPU, KV
+dtype and q_len, in a separate document, ``"kvsplit.calibrations"`` version 1: :func:`export_calibrations`). Import
 validates every field of every entry before writing anything: the free-form
 JSON fields (``verification``, ``params``, ``bucket.signature``,
 ``device.software``) nest at most :data:`~kvsplit.db.checks.MAX_JSON_DEPTH`
@@ -19,9 +20,19 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from .checks import MAX_JSON_DEPTH, echo_value, field_int, field_json_obj, field_num, field_str, software_fingerprint
+from .checks import (
+    MAX_JSON_DEPTH,
+    echo_value,
+    field_int,
+    field_json_obj,
+    field_num,
+    field_str,
+    iso_utc,
+    software_fingerprint,
+)
 from .models import (
     BACKENDS,
+    Calibration,
     Policy,
     utcnow,
 )
@@ -37,7 +48,7 @@ from .policies import (
     published_of,
     set_published,
 )
-from .records import get_or_create_device
+from .records import device_to_dict, get_or_create_device, list_calibrations, record_calibration
 
 EXPORT_FORMAT = "kvsplit.policies"
 EXPORT_FORMAT_VERSION = 1
@@ -88,6 +99,28 @@ _ENTRY_KEYS = {
 _ENTRY_OPTIONAL = {"id", "status", "tuning_run_id"}
 _BUCKET_KEYS = {"key", "gpu", "num_kv_heads", "head_dim", "dtype", "page_size", "signature", "source"}
 _DEVICE_KEYS = {"name", "num_sms", "hbm_bandwidth_gbps", "read_bandwidth_gbps", "software", "fingerprint"}
+
+
+def _check_device(name: str, dev: Any, what: str = "an object") -> dict[str, Any]:
+    """The device object of an export entry (:func:`~kvsplit.db.records.device_to_dict`'s form), checked field
+    by field (its fingerprint against its software versions); raises ValueError naming the field."""
+    if not isinstance(dev, Mapping) or set(dev) != _DEVICE_KEYS:
+        raise ValueError(f"{name}: expected {what} with fields {sorted(_DEVICE_KEYS)}")
+    device = {
+        "name": field_str(f"{name}.name", dev["name"], max_len=128),
+        "num_sms": field_int(f"{name}.num_sms", dev["num_sms"], 1),
+        "hbm_bandwidth_gbps": field_num(f"{name}.hbm_bandwidth_gbps", dev["hbm_bandwidth_gbps"], positive=True),
+        "read_bandwidth_gbps": field_num(
+            f"{name}.read_bandwidth_gbps", dev["read_bandwidth_gbps"], positive=True, allow_none=True
+        ),
+        "software": field_json_obj(f"{name}.software", dev["software"], max_bytes=MAX_IMPORT_FIELD_BYTES),
+    }
+    fp = software_fingerprint(device["software"])
+    if dev["fingerprint"] != fp:
+        raise ValueError(
+            f"{name}.fingerprint: {echo_value(dev['fingerprint'])} does not match its software versions (expected {fp!r})"
+        )
+    return device
 
 
 def export_published(session: Session) -> dict[str, Any]:
@@ -204,27 +237,7 @@ def validate_export(
             dev = e["device"]
             device = None
             if dev is not None:
-                if not isinstance(dev, Mapping) or set(dev) != _DEVICE_KEYS:
-                    raise ValueError(f"{pre}.device: expected null or an object with fields {sorted(_DEVICE_KEYS)}")
-                device = {
-                    "name": field_str(f"{pre}.device.name", dev["name"], max_len=128),
-                    "num_sms": field_int(f"{pre}.device.num_sms", dev["num_sms"], 1),
-                    "hbm_bandwidth_gbps": field_num(
-                        f"{pre}.device.hbm_bandwidth_gbps", dev["hbm_bandwidth_gbps"], positive=True
-                    ),
-                    "read_bandwidth_gbps": field_num(
-                        f"{pre}.device.read_bandwidth_gbps", dev["read_bandwidth_gbps"], positive=True, allow_none=True
-                    ),
-                    "software": field_json_obj(
-                        f"{pre}.device.software", dev["software"], max_bytes=MAX_IMPORT_FIELD_BYTES
-                    ),
-                }
-                fp = software_fingerprint(device["software"])
-                if dev["fingerprint"] != fp:
-                    raise ValueError(
-                        f"{pre}.device.fingerprint: {echo_value(dev['fingerprint'])} does not match its "
-                        f"software versions (expected {fp!r})"
-                    )
+                device = _check_device(f"{pre}.device", dev, "null or an object")
                 if device["name"] != gpu:
                     raise ValueError(f"{pre}.device.name: {device['name']!r} differs from bucket.gpu {gpu!r}")
             entry = {
@@ -344,5 +357,176 @@ def import_policies(
             ids.append(pol.id)
         if changed:
             bump_version(st)
+        session.flush()
+    return ids
+
+
+# ----------------------------------------------------------------------------
+# Calibrations (``kvsplit db export --calibrations``)
+# ----------------------------------------------------------------------------
+
+CALIBRATIONS_FORMAT = "kvsplit.calibrations"
+CALIBRATIONS_FORMAT_VERSION = 1
+_CAL_KEYS = {
+    "device",
+    "kv_dtype",
+    "q_len",
+    "kernel_config",
+    "constants",
+    "error",
+    "num_samples",
+    "version",
+    "created_at",
+}
+
+
+def calibration_to_dict(c: Calibration) -> dict[str, Any]:
+    """Plain-data form of a calibration row (the calibrations export entry): its device
+    (:func:`~kvsplit.db.records.device_to_dict`), ``kv_dtype``, ``q_len``, ``kernel_config``, ``constants``
+    (SI units, :meth:`kvsplit.tuner.simulate.Calibration.to_dict`), ``error``, ``num_samples``, ``version``,
+    ``created_at``."""
+    return {
+        "device": device_to_dict(c.device),
+        "kv_dtype": c.kv_dtype,
+        "q_len": c.q_len,
+        "kernel_config": dict(c.kernel_config or {}),
+        "constants": dict(c.constants or {}),
+        "error": dict(c.error or {}),
+        "num_samples": c.num_samples,
+        "version": c.version,
+        "created_at": iso_utc(c.created_at),
+    }
+
+
+def export_calibrations(session: Session, *, gpu: str | None = None) -> dict[str, Any]:
+    """Every stored calibration (of GPU ``gpu`` when given) as versioned JSON-able data:
+    ``{"format": "kvsplit.calibrations", "format_version": 1, "exported_at": ISO-8601, "calibrations":
+    [entry, ...]}``, entries as :func:`calibration_to_dict`, oldest first."""
+    return {
+        "format": CALIBRATIONS_FORMAT,
+        "format_version": CALIBRATIONS_FORMAT_VERSION,
+        "exported_at": utcnow().isoformat(),
+        "calibrations": [calibration_to_dict(c) for c in list_calibrations(session, gpu=gpu)],
+    }
+
+
+def validate_calibrations(
+    data: Any, *, validate_entry: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Check a calibrations export document field by field; return its normalised entries. ``validate_entry``
+    is an optional extra check of an entry (the CLI passes one that reads the constants and checks the KV
+    dtype and q_len, :func:`kvsplit.tuner.calibrate.check_calibration_entry`).
+
+    Raises
+    ------
+    ImportValidationError
+        On the first bad field, naming its path (``calibrations[2].q_len``).
+    """
+    try:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"file: expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != CALIBRATIONS_FORMAT:
+            raise ValueError(f"format: expected {CALIBRATIONS_FORMAT!r}, got {echo_value(data.get('format'))}")
+        fv = data.get("format_version")
+        if fv != CALIBRATIONS_FORMAT_VERSION or isinstance(fv, bool):
+            raise ValueError(
+                f"format_version: this kvsplit reads version {CALIBRATIONS_FORMAT_VERSION}, got {echo_value(fv)}"
+            )
+        unknown = set(data) - {"format", "format_version", "exported_at", "calibrations"}
+        if unknown:
+            raise ValueError(f"file: unknown fields {sorted(unknown)}")
+        _parse_time("exported_at", data.get("exported_at"))
+        entries = data.get("calibrations")
+        if not isinstance(entries, list):
+            raise ValueError("calibrations: expected a list")
+        out = []
+        for i, e in enumerate(entries):
+            pre = f"calibrations[{i}]"
+            if not isinstance(e, Mapping) or set(e) != _CAL_KEYS:
+                got = sorted(e) if isinstance(e, Mapping) else type(e).__name__
+                raise ValueError(f"{pre}: expected an object with fields {sorted(_CAL_KEYS)}, got {got}")
+            entry = {
+                "device": _check_device(f"{pre}.device", e["device"]),
+                "kv_dtype": field_str(f"{pre}.kv_dtype", e["kv_dtype"], max_len=32),
+                "q_len": field_int(f"{pre}.q_len", e["q_len"], 1),
+                "kernel_config": field_json_obj(
+                    f"{pre}.kernel_config", e["kernel_config"], max_bytes=MAX_IMPORT_FIELD_BYTES
+                ),
+                "constants": field_json_obj(f"{pre}.constants", e["constants"], max_bytes=MAX_IMPORT_FIELD_BYTES),
+                "error": field_json_obj(f"{pre}.error", e["error"], max_bytes=MAX_IMPORT_FIELD_BYTES),
+                "num_samples": field_int(f"{pre}.num_samples", e["num_samples"], 0),
+                "version": field_int(f"{pre}.version", e["version"], 1),
+                "created_at": _parse_time(f"{pre}.created_at", e["created_at"]),
+            }
+            if validate_entry is not None:
+                try:
+                    validate_entry(entry)
+                except ValueError as exc:
+                    raise ValueError(f"{pre}: {exc}") from None
+            out.append(entry)
+        return out
+    except ImportValidationError:
+        raise
+    except ValueError as exc:  # one line of bounded length (field names come from the file)
+        msg = " ".join(str(exc).split())
+        raise ImportValidationError(f"import rejected, nothing stored: {msg[:600]}") from None
+
+
+def import_calibrations(
+    session: Session, data: Any, *, validate_entry: Callable[[dict[str, Any]], None] | None = None
+) -> list[int]:
+    """Import a calibrations export document; all-or-nothing. Returns the calibration ids, in file order.
+
+    Every entry is validated first (:func:`validate_calibrations`). Each becomes a calibration of its device
+    (created as needed), KV dtype and q_len, with the next version of that (device, config, KV dtype, q_len)
+    in this store and the exported ``created_at`` (the time of the fit, which the lookup's "newest" reads); an entry equal to a stored calibration (same device, config, KV dtype, q_len, constants,
+    error and sample count) reuses that row, so importing the same file twice changes nothing. Any error rolls
+    the whole import back.
+    """
+    entries = validate_calibrations(data, validate_entry=validate_entry)
+    ids: list[int] = []
+    with session.begin_nested():
+        for e in entries:
+            d = e["device"]
+            dev = get_or_create_device(
+                session,
+                name=d["name"],
+                num_sms=d["num_sms"],
+                hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
+                software=d["software"],
+                read_bandwidth_gbps=d["read_bandwidth_gbps"],
+            )
+            key = json.dumps(e["kernel_config"], sort_keys=True, separators=(",", ":"))
+            same = session.scalars(
+                select(Calibration).where(
+                    Calibration.device_id == dev.id,
+                    Calibration.config_key == key,
+                    Calibration.kv_dtype == e["kv_dtype"],
+                    Calibration.q_len == e["q_len"],
+                )
+            ).all()
+            hit = next(
+                (
+                    c
+                    for c in same
+                    if c.constants == e["constants"] and c.error == e["error"] and c.num_samples == e["num_samples"]
+                ),
+                None,
+            )
+            if hit is None:
+                hit = record_calibration(
+                    session,
+                    device_id=dev.id,
+                    constants=e["constants"],
+                    kv_dtype=e["kv_dtype"],
+                    q_len=e["q_len"],
+                    error=e["error"],
+                    kernel_config=e["kernel_config"],
+                    num_samples=e["num_samples"],
+                )
+                if e["created_at"] is not None:  # when it was fitted: the lookup takes the newest
+                    t = _dt.datetime.fromisoformat(e["created_at"])
+                    hit.created_at = t if t.tzinfo is not None else t.replace(tzinfo=_dt.UTC)
+            ids.append(hit.id)
         session.flush()
     return ids

@@ -112,7 +112,7 @@ def _import_shipped(url: str) -> None:
                 f"imported {len(ids)} shipped H200 policies (GPU-tuned) and their {len(meas)} {what}measurements"
             )
         cal = _data("h200_calibration.json")
-        if store.latest_calibration(s, gpu=cal["gpu"]) is None:
+        if store.latest_calibration(s, gpu=cal["gpu"], kv_dtype=cal["dtype"], q_len=1) is None:
             dev = store.get_or_create_device(
                 s,
                 name=cal["gpu"],
@@ -125,6 +125,8 @@ def _import_shipped(url: str) -> None:
                 s,
                 device_id=dev.id,
                 constants=cal["constants"],
+                kv_dtype=cal["dtype"],  # the shipped fit: K/V in the model's dtype, q_len 1
+                q_len=1,
                 error=cal["error"],
                 kernel_config=cal["kernel_config"],
                 num_samples=cal["num_samples"],

@@ -397,7 +397,8 @@ def run_trace_bench(
     (:func:`kvsplit.tuner.workloads.trace_batches`) are planned by the store's
     :class:`~kvsplit.kernels.policy_table.PolicyTable` (the plan the service would
     answer: tuned / simulated / fallback) and by each baseline, then timed on the
-    GPU or predicted by the simulator with the store's calibration.
+    GPU or predicted by the simulator with the store's calibration of the shape's GPU, KV dtype and q_len
+    (:func:`kvsplit.tuner.search.calibration_for`).
 
     Returns one row per (batch, policy): ``B_target``, ``batch``, ``B``,
     ``tokens``, ``policy``, ``source``, ``time_us``, ``floor_us``, ``ratio``.
@@ -413,7 +414,6 @@ def run_trace_bench(
     from .workloads import trace_batches
 
     table = PolicyTable.from_json(load_table_doc(database_url))
-    cal, bw = calibration_for(database_url, gpu, backend)
     shape = Shape.of(
         device=gpu,
         num_qo_heads=num_qo_heads,
@@ -423,6 +423,9 @@ def run_trace_bench(
         page_size=page_size,
         kv_dtype=kv_dtype,
         q_len=q_len,
+    )
+    cal, bw = calibration_for(
+        database_url, shape.gpu, backend, dtype=shape.dtype, kv_dtype=shape.kv_dtype, q_len=shape.q_len
     )
     held_all = [(B, trace_batches(trace, B, num_train=1, num_heldout=batches, seed=seed)[1]) for B in batch_sizes]
     if shape.q_len > 1:  # kv_lens count the q_len new tokens

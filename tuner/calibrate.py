@@ -11,7 +11,8 @@ store (``calibrations`` table) so the ``sim`` backend uses them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import shlex
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,14 @@ import numpy as np
 from ..kernels.plan import Plan, make_plan
 from .workloads import FAMILIES, family_batches
 
-__all__ = ["CALIBRATION_POLICIES", "calibration_plans", "calibrate"]
+__all__ = [
+    "CALIBRATION_POLICIES",
+    "calibration_plans",
+    "calibrate",
+    "stored_calibration",
+    "calibrate_command",
+    "check_calibration_entry",
+]
 
 CALIBRATION_POLICIES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("balanced", {"ctas_per_sm": 2}),
@@ -30,6 +38,92 @@ CALIBRATION_POLICIES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("no_split", {}),
 )
 """Policies whose plans make the calibration sample (default kernel config)."""
+
+
+def check_calibration_entry(entry: Mapping[str, Any]) -> None:
+    """The extra check ``kvsplit db import`` makes of a calibrations export entry
+    (:func:`kvsplit.db.store.import_calibrations`): ``kv_dtype`` a q dtype or a KV cache dtype the kernel takes,
+    ``q_len`` 1..8, ``constants`` a valid :class:`~kvsplit.tuner.simulate.Calibration`. Raises ValueError naming
+    the field."""
+    from ..kernels.limits import DTYPES, KV_DTYPES, check_q_len
+    from .simulate import Calibration
+
+    kd = entry["kv_dtype"]
+    if kd not in DTYPES and kd not in KV_DTYPES:
+        raise ValueError(f"kv_dtype: expected one of {sorted(DTYPES) + sorted(KV_DTYPES)}, got {kd!r}")
+    check_q_len(entry["q_len"])
+    try:
+        Calibration.from_dict(entry["constants"])
+    except ValueError as exc:
+        raise ValueError(f"constants: {exc}") from None
+
+
+def calibrate_command(gpu: str, dtype: str, kv_dtype: str, q_len: int) -> str:
+    """The ``kvsplit calibrate`` command line that stores a calibration of this GPU, KV dtype and q_len."""
+    from ..kernels.limits import KV_DTYPE_SHORT
+
+    cmd = f"kvsplit calibrate --gpu {shlex.quote(gpu)}"
+    if dtype != "bfloat16":
+        cmd += f" --dtype {dtype}"
+    if kv_dtype != dtype:
+        cmd += f" --kv-dtype {KV_DTYPE_SHORT.get(kv_dtype, kv_dtype)}"
+    if q_len != 1:
+        cmd += f" --q-len {q_len}"
+    return cmd
+
+
+def stored_calibration(
+    session: Any, gpu: str, *, dtype: str, kv_dtype: str | None = None, q_len: int = 1
+) -> tuple[Any, str]:
+    """The stored calibration a simulation of GPU ``gpu`` at this shape uses, and a note when it is not an
+    exact match (``""`` when it is).
+
+    ``dtype`` is the model's (q's) dtype, ``kv_dtype`` the KV cache's (None: ``dtype``; ``"fp8"`` /
+    ``"float8_e4m3fn"``), ``q_len`` the query tokens per request. The rule, in order:
+
+    1. the newest calibration of ``gpu`` timed with that KV dtype and q_len
+       (:func:`kvsplit.db.store.latest_calibration`);
+    2. else, for an FP8 cache or q_len > 1, the newest q_len-1 calibration with K/V in ``dtype``: the
+       simulator's reference fit, on which :func:`kvsplit.tuner.simulate.predict` models the KV dtype's bytes
+       and the heavier tiles' math (:data:`kvsplit.tuner.simulate.REFERENCE_FLOPS_PER_BYTE`); the note says so
+       and names the ``kvsplit calibrate`` command that stores the exact one;
+    3. else None (the simulator's defaults), with a note naming that command.
+
+    A fit of another FP8/q_len > 1 shape is never used for this one (its measured rates include that shape's
+    bytes and math). The KV dtype is the key, not q's: an FP8 cache's fit serves bf16 and fp16 models alike.
+
+    Returns
+    -------
+    (row, note)
+        ``row`` a :class:`kvsplit.db.models.Calibration` or None.
+
+    Raises
+    ------
+    ValueError
+        An invalid ``dtype``, ``kv_dtype`` or ``q_len`` (named).
+    """
+    from ..db import store
+    from ..kernels.limits import DTYPE_ALIASES, DTYPES, check_kv_dtype, check_q_len
+
+    dt = DTYPE_ALIASES.get(dtype, dtype)
+    if dt not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    kd = check_kv_dtype(kv_dtype, dt)
+    ql = check_q_len(q_len)
+    row = store.latest_calibration(session, gpu=gpu, kv_dtype=kd, q_len=ql)
+    if row is not None:
+        return row, ""
+    want = f"KV {kd}, q_len {ql}"
+    cmd = calibrate_command(gpu, dt, kd, ql)
+    if (kd, ql) != (dt, 1):
+        row = store.latest_calibration(session, gpu=gpu, kv_dtype=dt, q_len=1)
+        if row is not None:
+            return row, (
+                f"no calibration of {gpu} for {want}: the simulator uses calibration {row.id} "
+                f"(KV {dt}, q_len 1) and models the KV dtype's bytes and the q_len tiles on it; `{cmd}` "
+                "stores a fit of this shape"
+            )
+    return None, f"no calibration of {gpu} for {want}: the simulator uses its defaults; `{cmd}` stores one"
 
 
 def calibration_plans(
@@ -116,7 +210,8 @@ def calibrate(
 
     Returns a report: the fitted constants, ``train`` fit errors and ``heldout``
     errors (``median``/``worst`` absolute relative error, overall and per family),
-    the sample's ``kv_dtype`` and ``q_len``, and the stored calibration id when ``database_url`` is given.
+    the sample's ``kv_dtype`` and ``q_len``, and the stored calibration id when ``database_url`` is given (stored as
+    a calibration of that KV dtype and q_len only: :func:`stored_calibration` is how simulations pick one).
 
     Raises
     ------
@@ -211,6 +306,8 @@ def calibrate(
                 s,
                 device_id=d.id,
                 constants=cal.to_dict(),
+                kv_dtype=kd or dtype,
+                q_len=q_len,
                 kernel_config=report["kernel_config"],
                 error={
                     "train": {k: report["train"][k] for k in ("median", "worst")},

@@ -6,9 +6,10 @@ in flight, and the same command resumes):
 1. **setup**: the buckets and their training / held-out batches (:func:`campaign_tasks`: every family of
    :data:`~kvsplit.tuner.workloads.FAMILIES` at each B of ``batch_sizes`` and T of ``totals``, and the buckets of
    every shipped trace at ``trace_batch_sizes``; one bucket per key); the calibration the simulator uses (the
-   newest stored one of the GPU; on the GPU backend, without one, ``kvsplit calibrate``'s fit is run and stored
-   first; on the simulator backend without one, the simulator's defaults for the GPU's
-   :class:`~kvsplit.kernels.device.DeviceSpec`, labelled so).
+   newest stored one of the GPU at the campaign's KV dtype and q_len, :func:`kvsplit.tuner.calibrate.stored_calibration`;
+   on the GPU backend, without one of that shape, ``kvsplit calibrate``'s fit is run at that shape and stored
+   first; on the simulator backend without one, the q_len-1 fit of the model's dtype, else the simulator's
+   defaults for the GPU's :class:`~kvsplit.kernels.device.DeviceSpec`, labelled so and said).
 2. **pool**: every candidate of :data:`~kvsplit.tuner.pool.SERVED_POOL` timed on every training batch (one
    stored measurement per timing, stage ``pool``, one transaction per batch). The calibrated simulator prunes:
    a candidate it predicts slower than :data:`SIM_PRUNE_RATIO` x its best prediction on the batch is not timed.
@@ -396,7 +397,7 @@ class _Campaign:
         self.tasks = campaign_tasks(cfg)
         self.by_key = {t.key: t for t in self.tasks}
         self.result.buckets = len(self.tasks)
-        from .search import calibration_for, check_same_batches
+        from .search import calibration_for, calibration_note, check_same_batches
 
         with store.session_scope(self.url, write=True) as s:
             self.bucket_ids = {}
@@ -419,37 +420,48 @@ class _Campaign:
         self.max_tokens = max(max(t.max_tokens for t in self.tasks), 300_000)
         self.max_batch = max(max(t.max_batch for t in self.tasks), 512)
         shape = self.tasks[0].shape
+        # the calibration of the campaign's GPU, KV dtype and q_len (kvsplit.tuner.calibrate.stored_calibration)
+        cal_kw = dict(dtype=shape.dtype, kv_dtype=shape.kv_dtype, q_len=shape.q_len)
         if cfg.backend == "gpu":
             self.backend = make_backend("gpu", shape=shape, max_tokens=self.max_tokens, max_batch=self.max_batch)
-            cal, _ = calibration_for(self.url, cfg.gpu, "sim")
-            if cal is None:
+            cal, _ = calibration_for(self.url, shape.gpu, "sim", **cal_kw)
+            if cal is None or cal["note"]:  # none of this KV dtype and q_len: time the sample at this shape
                 from .calibrate import calibrate
 
                 t0 = time.time()
-                self.say(f"calibrating {cfg.gpu} (no calibration stored)")
+                self.say(
+                    f"calibrating {shape.gpu} for KV {shape.kv_dtype}, q_len {shape.q_len} (no calibration of "
+                    "this shape stored)"
+                )
                 rep = calibrate(
                     self.backend,
-                    gpu=cfg.gpu,
+                    gpu=shape.gpu,
                     num_kv_heads=cfg.num_kv_heads,
                     head_dim=cfg.head_dim,
-                    dtype=cfg.dtype,
+                    dtype=shape.dtype,
                     page_size=cfg.page_size,
                     seed=cfg.seed,
                     database_url=self.url,
+                    kv_dtype=None if shape.kv_dtype == shape.dtype else shape.kv_dtype,
+                    q_len=shape.q_len,
+                    num_qo_heads=shape.num_qo_heads,
                 )
                 self.charge(len(rep["samples"]), time.time() - t0)
-            cal, bw = calibration_for(self.url, cfg.gpu, "sim")
+            cal, bw = calibration_for(self.url, shape.gpu, "sim", **cal_kw)
         else:
-            cal, bw = calibration_for(self.url, cfg.gpu, "sim")
+            cal, bw = calibration_for(self.url, shape.gpu, "sim", **cal_kw)
             self.backend = make_backend("sim", shape=shape, calibration=cal, read_bandwidth_gbps=bw)
+        note = calibration_note(self.url, self.tasks[0], "sim")
+        if note:
+            self.say(note)
         # the simulator that prunes (on the simulator backend: the backend itself)
         self.sim = make_backend("sim", shape=shape, calibration=cal, read_bandwidth_gbps=bw)
         self.sim_calibration = (cal, bw)
         self.result.calibration = (
-            "stored calibration of " + resolve_device(cfg.gpu).name
+            f"stored calibration {cal['id']} of {shape.gpu} (KV {cal['kv_dtype']}, q_len {cal['q_len']})"
             if cal is not None
             else f"none stored: the simulator's defaults from the DeviceSpec of "
-            f"{resolve_device(cfg.gpu).name}" + (f" scaled to {bw:.0f} GB/s" if bw else "")
+            f"{shape.gpu}" + (f" scaled to {bw:.0f} GB/s" if bw else "")
         )
         with store.session_scope(self.url, write=True) as s:
             info = self.backend.device_info()

@@ -119,6 +119,7 @@ __all__ = [
     "tune_task",
     "check_task_batches",
     "calibration_for",
+    "calibration_note",
     "tune",
     "study_counts",
     "fail_dead_trials",
@@ -225,14 +226,50 @@ def _device_row(session, task: TuneTask, backend: TimingBackend | None, backend_
     )
 
 
-def calibration_for(url: str, gpu: str, backend: str) -> tuple[dict[str, Any] | None, float | None]:
-    """Newest stored calibration constants and measured read bandwidth (GB/s) of ``gpu`` (sim only)."""
+def calibration_for(
+    url: str, gpu: str, backend: str, *, dtype: str = "bfloat16", kv_dtype: str | None = None, q_len: int = 1
+) -> tuple[dict[str, Any] | None, float | None]:
+    """The stored calibration a ``sim`` backend of ``gpu`` at this KV dtype and q_len uses, and the measured read
+    bandwidth (GB/s) of ``gpu``; ``(None, None)`` for another backend.
+
+    The calibration is chosen by :func:`kvsplit.tuner.calibrate.stored_calibration` (the exact KV dtype and q_len,
+    else the q_len-1 fit with K/V in ``dtype``, else none): a dict ``{"id", "kv_dtype", "q_len", "constants",
+    "kernel_config", "error", "note"}`` (``note`` ``""`` for an exact match, else which fit stands in), or None
+    when none applies; :func:`calibration_note` gives the note to show the user either way.
+    """
+    from .calibrate import stored_calibration
+
     if backend != "sim":
         return None, None
     with store.session_scope(url) as s:
-        cal = store.latest_calibration(s, gpu=gpu)
-        data = None if cal is None else {"constants": dict(cal.constants), "kernel_config": dict(cal.kernel_config)}
+        cal, note = stored_calibration(s, gpu, dtype=dtype, kv_dtype=kv_dtype, q_len=q_len)
+        data = (
+            None
+            if cal is None
+            else {
+                "id": cal.id,
+                "kv_dtype": cal.kv_dtype,
+                "q_len": cal.q_len,
+                "constants": dict(cal.constants),
+                "kernel_config": dict(cal.kernel_config),
+                "error": dict(cal.error or {}),
+                "note": note,
+            }
+        )
         return data, store.measured_read_bandwidth(s, gpu)
+
+
+def calibration_note(url: str, task: TuneTask, backend: str) -> str:
+    """What :func:`calibration_for` says about ``task``'s calibration on ``backend``: ``""`` when the store holds
+    one of the task's GPU, KV dtype and q_len (or the backend is not ``sim``), else the one-line note of
+    :func:`kvsplit.tuner.calibrate.stored_calibration` (which fit is used instead, and the ``kvsplit calibrate``
+    command that stores the exact one)."""
+    from .calibrate import stored_calibration
+
+    if backend != "sim":
+        return ""
+    with store.session_scope(url) as s:
+        return stored_calibration(s, task.gpu, dtype=task.dtype, kv_dtype=task.kv_dtype, q_len=task.q_len)[1]
 
 
 def check_same_batches(task: TuneTask, bucket: Any) -> None:
@@ -299,7 +336,9 @@ def start_run(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) ->
         heartbeat_interval=cfg.heartbeat_interval,
         grace_period=cfg.grace_period,
     )
-    calibration, bw = calibration_for(url, task.gpu, cfg.backend)
+    calibration, bw = calibration_for(
+        url, task.gpu, cfg.backend, dtype=task.dtype, kv_dtype=task.kv_dtype, q_len=task.q_len
+    )
     run = SearchRun(task, cfg, url, spec, study_name(task, cfg.backend), calibration, bw, backend)
     with store.session_scope(url, write=True) as s:
         b = store.get_or_create_bucket(

@@ -153,7 +153,9 @@ def batches_for_key(
 
     Batch size uniform in ``batch_range`` and total tokens log-uniform in ``tokens_range`` (both clipped to
     the key's batch-size and total-token classes), lengths per half-octave bin as :func:`_one_batch` places
-    them, each kept only if :func:`kvsplit.kernels.buckets.key_of` gives ``key`` back.
+    them, each kept only if :func:`kvsplit.kernels.buckets.key_of` gives ``key`` back (``shape`` holds the key's
+    KV dtype and q_len, ``.kvfp8`` / ``.q4``); with q_len > 1 every kv_len is at least q_len (kv_lens count
+    the q_len new tokens, as the kernel requires).
 
     Returns
     -------
@@ -190,7 +192,7 @@ def batches_for_key(
         T = int(round(math.exp(rng.uniform(math.log(lt0), math.log(lt1 + 1)))))
         T = min(max(T, lt0), lt1)
         L = _one_batch(key, B, T, rng)
-        if L is None:
+        if L is None or (key.q_len > 1 and int(L.min()) < key.q_len):  # kv_lens count the q_len new tokens
             continue
         if str(key_of(check_kv_lens(L), ctx)) != want:
             continue
@@ -342,6 +344,10 @@ def traffic_tasks(
 ) -> tuple[list[TuneTask], list[str]]:
     """Tasks for the first ``count`` of :func:`traffic_picks` among the recorded keys of GPU ``gpu``.
 
+    A task's shape is its key's: H_kv, head_dim, dtype, page size, KV dtype and q_len (an fp8-KV or
+    q_len > 1 key, ``.kvfp8`` / ``.q4``, gives a task of that KV dtype and q_len), so the tuned bucket's key is
+    the recorded key; H_q is ``group_size`` times H_kv.
+
     Parameters
     ----------
     database_url : str
@@ -388,6 +394,8 @@ def traffic_tasks(
                 head_dim=key.head_dim,
                 dtype=key.dtype,
                 page_size=key.page_size,
+                kv_dtype=key.kv_dtype,
+                q_len=key.q_len,
             )
         except ValueError as exc:
             notes.append(f"{d.key}: {exc}; skipped")

@@ -107,17 +107,22 @@ def _gm(xs: Sequence[float]) -> float:
     return float(math.exp(sum(math.log(x) for x in xs) / len(xs)))
 
 
-def sim_margin(database_url: str, gpu: str) -> tuple[float, str]:
-    """The gain a simulated result of ``gpu`` must show to pass, and where it comes from.
+def sim_margin(
+    database_url: str, gpu: str, *, dtype: str = "bfloat16", kv_dtype: str | None = None, q_len: int = 1
+) -> tuple[float, str]:
+    """The gain a simulated result of ``gpu`` at this KV dtype and q_len must show to pass, and where it comes from.
 
-    The held-out median relative error of the newest stored calibration of
-    ``gpu`` (``error["heldout"]["median"]``), else :data:`SIM_DEFAULT_MARGIN`.
+    The held-out median relative error (``error["heldout"]["median"]``) of the calibration the simulator uses
+    for the shape (:func:`kvsplit.tuner.calibrate.stored_calibration`: the exact KV dtype and q_len, else the
+    q_len-1 fit of ``dtype``), else :data:`SIM_DEFAULT_MARGIN`.
     """
+    from .calibrate import stored_calibration
+
     with store.session_scope(database_url) as s:
-        cal = store.latest_calibration(s, gpu=gpu)
+        cal, _ = stored_calibration(s, gpu, dtype=dtype, kv_dtype=kv_dtype, q_len=q_len)
         err = ((cal.error or {}).get("heldout") or {}).get("median") if cal is not None else None
     if isinstance(err, (int, float)) and not isinstance(err, bool) and math.isfinite(err) and err >= 0:
-        return float(err), f"held-out median error of calibration {cal.id}"
+        return float(err), f"held-out median error of calibration {cal.id} (KV {cal.kv_dtype}, q_len {cal.q_len})"
     return SIM_DEFAULT_MARGIN, "default (no calibration of this GPU stored)"
 
 
@@ -192,7 +197,11 @@ def verify_and_store(
 ) -> VerifyOutcome:
     """Measure on held-out batches, store every measurement, create the policy, publish if allowed."""
     rows = measure_heldout(task, tuned_params, backend)
-    margin, margin_source = sim_margin(database_url, task.gpu) if backend.name == "sim" else (0.0, None)
+    margin, margin_source = (
+        sim_margin(database_url, task.gpu, dtype=task.dtype, kv_dtype=task.kv_dtype, q_len=task.q_len)
+        if backend.name == "sim"
+        else (0.0, None)
+    )
     summary = summarize(
         rows,
         backend=backend.name,

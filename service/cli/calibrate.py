@@ -45,7 +45,7 @@ def calibrate_cmd(
 ) -> None:
     """Time a calibration sample on the local GPU, fit the simulator, store the constants.
 
-    --kv-dtype and --q-len: the sample is timed with that KV cache dtype and that many query tokens per request, and the simulator is fitted modelling them.
+    --kv-dtype and --q-len: the sample is timed with that KV cache dtype and that many query tokens per request, and the simulator is fitted modelling them. The fit is stored as the GPU's calibration for that KV dtype and q_len only: a simulation of another KV dtype or q_len uses its own, else the q_len-1 fit of the model's dtype (and says so).
     """  # noqa: E501 - one line per paragraph: the help text reflows it
     from ...db import store
     from ...kernels.shape import Shape

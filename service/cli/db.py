@@ -3,12 +3,16 @@
 - ``upgrade``: run the store's Alembic migrations (version table
   ``kvsplit_alembic_version``); safe to repeat; creates the store.
 - ``export``: published policies as versioned JSON (``--output FILE``, default
-  stdout). Read-only: a missing SQLite store is refused, not created.
+  stdout); with ``--calibrations``, the stored simulator calibrations (per GPU,
+  KV dtype and q_len, :func:`kvsplit.db.store.export_calibrations`) instead.
+  Read-only: a missing SQLite store is refused, not created.
 - ``import FILE``: validate every field of every entry, then store all of them
   or nothing. Besides the store's own field checks, each entry's params must
   make a valid plan for its bucket's shape
   (:func:`kvsplit.kernels.policy_table.check_policy_entry`, the check of the
-  service's import route).
+  service's import route); a calibrations file (its ``format``) is imported as
+  calibrations, each entry checked by
+  :func:`kvsplit.tuner.calibrate.check_calibration_entry`.
 """
 
 from __future__ import annotations
@@ -55,8 +59,15 @@ def export_cmd(
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="write here instead of stdout")
     ] = None,
+    calibrations: Annotated[
+        bool,
+        typer.Option(
+            "--calibrations",
+            help="write the stored simulator calibrations (per GPU, KV dtype and q_len) instead of the policies",
+        ),
+    ] = False,
 ) -> None:
-    """Write every published policy as versioned JSON."""
+    """Write every published policy (or, with --calibrations, every stored calibration) as versioned JSON."""
     from ...db import store
 
     if output is not None and not output.parent.is_dir():
@@ -64,9 +75,10 @@ def export_cmd(
     url = existing_store(database_url)
     try:
         with store.session_scope(url) as s:
-            doc = store.export_published(s)
+            doc = store.export_calibrations(s) if calibrations else store.export_published(s)
     except Exception as exc:  # noqa: BLE001
         _store_error(exc, url)
+    what = "calibrations" if calibrations else "policies"
     text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
     if output is None:
         sys.stdout.write(text)
@@ -75,7 +87,7 @@ def export_cmd(
         output.write_text(text)
     except OSError as exc:
         fail(f"--output: cannot write {output}: {exc.strerror or exc}")
-    typer.echo(f"exported {len(doc['policies'])} policies to {output}", err=True)
+    typer.echo(f"exported {len(doc[what])} {what} to {output}", err=True)
 
 
 @db_app.command("import")
@@ -88,7 +100,7 @@ def import_cmd(
     ],
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Validate and import published policies (all or nothing)."""
+    """Validate and import published policies, or the calibrations of `kvsplit db export --calibrations` (all or nothing)."""  # noqa: E501
     from ...db import store
     from ...db.transfer import parse_export
     from ...kernels.policy_table import check_policy_entry
@@ -98,6 +110,19 @@ def import_cmd(
     except store.ImportValidationError as exc:
         fail(str(exc))
     url = existing_store(database_url)
+    if isinstance(data, dict) and data.get("format") == store.CALIBRATIONS_FORMAT:
+        from ...tuner.calibrate import check_calibration_entry
+
+        try:
+            with store.session_scope(url, write=True) as s:
+                ids = store.import_calibrations(s, data, validate_entry=check_calibration_entry)
+        except store.ImportValidationError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(code=2) from None
+        except Exception as exc:  # noqa: BLE001
+            _store_error(exc, url)
+        typer.echo(f"imported {len(ids)} calibrations")
+        return
     try:
         with store.session_scope(url, write=True) as s:
             ids = store.import_policies(s, data, validate_entry=check_policy_entry)

@@ -346,15 +346,19 @@ def tune_cmd(
         if store.current_revision(eng) is None and store.upgrade_from(cfg.database_url)[0] is None:
             typer.echo(f"created the kvsplit store at {store.safe_url(cfg.database_url)}", err=True)
         store.check_schema(eng)
+    cal_notes: dict[str, None] = {}  # which calibration stands in for a task's KV dtype / q_len, said once each
     for t in tasks:  # before any work: a bucket tuned before on other batches is refused (module doc)
         try:
             search.check_task_batches(t, cfg.database_url)
+            cal_notes[search.calibration_note(cfg.database_url, t, backend)] = None
         except ValueError as exc:
             fail(str(exc))
         except Exception as exc:
             if not is_store_failure(exc):
                 raise
             store_failure(exc, cfg.database_url)
+    for note in filter(None, cal_notes):
+        typer.echo(f"note: {note}", err=True)
     typer.echo(
         f"tuning {len(tasks)} bucket(s), {trials} trials each, backend {backend}, "
         f"{workers} worker(s), studies in "

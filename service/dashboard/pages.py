@@ -583,7 +583,7 @@ def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dic
     baselines = [b for b in BASELINES if any(b in r["speedups"] for r in sh["buckets"])]
     from .viewer import viewer_calibration
 
-    held = (viewer_calibration(url, sh["gpu"])[2] or {}).get("heldout") or {}
+    held = (viewer_calibration(url, sh)[2] or {}).get("heldout") or {}
     sim_error = (
         f"predicted by the calibrated simulator: its error against GPU timings it was not fitted on is "
         f"{100 * held['median']:.1f} % median, {100 * held['worst']:.1f} % worst"

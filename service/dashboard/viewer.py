@@ -6,7 +6,8 @@ the ``balanced`` fallback without a table), ``balanced``, and FlashInfer's split
 (``make_plan(..., policy="flashinfer")``, kernels/peer_policies.py) — and draws each
 :func:`kvsplit.tuner.simulate.timeline` (the placement :func:`~kvsplit.tuner.simulate.predict`'s total is computed
 from) on one time scale (:mod:`.gantt`). The simulator uses the store's newest calibration of the GPU
-(``kvsplit calibrate``), else its defaults, and says which, with the calibration's held-out error.
+(``kvsplit calibrate``) of the shape's KV dtype and q_len, else its defaults, and says which, with the
+calibration's held-out error.
 """
 
 from __future__ import annotations
@@ -88,18 +89,15 @@ def trace_batch(name: str, B: int) -> tuple[int, ...]:
     return tuple(int(x) for x in held[0])
 
 
-def viewer_calibration(url: str, gpu: str) -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
-    from ...db import store
+def viewer_calibration(url: str, sh: dict[str, Any]) -> tuple[dict[str, Any] | None, float | None, dict[str, Any]]:
+    """The calibration the simulator uses for dashboard shape ``sh`` (its GPU, dtype, KV dtype and q_len:
+    :func:`kvsplit.tuner.search.calibration_for`), the GPU's measured read bandwidth and the fit's error."""
+    from ...tuner.search import calibration_for
 
-    with store.session_scope(url) as s:
-        cal = store.latest_calibration(s, gpu=gpu)
-        if cal is None:
-            return None, store.measured_read_bandwidth(s, gpu), {}
-        return (
-            {"constants": dict(cal.constants), "kernel_config": dict(cal.kernel_config)},
-            store.measured_read_bandwidth(s, gpu),
-            dict(cal.error or {}),
-        )
+    cal, bw = calibration_for(
+        url, sh["gpu"], "sim", dtype=sh["dtype"], kv_dtype=sh.get("kv_dtype"), q_len=sh.get("q_len", 1)
+    )
+    return cal, bw, (cal or {}).get("error") or {}
 
 
 def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int]) -> dict[str, Any]:
@@ -109,7 +107,7 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
     from ...tuner.simulate import timeline
 
     shape = dict(num_kv_heads=sh["num_kv_heads"], head_dim=sh["head_dim"], dtype=sh["dtype"], page_size=sh["page_size"])
-    cal, read_bw, err = viewer_calibration(url, sh["gpu"])
+    cal, read_bw, err = viewer_calibration(url, sh)
     sim = SimBackend(
         sh["gpu"],
         calibration=cal,
@@ -170,7 +168,8 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
         "plans": out,
         "B": len(kv_lens),
         "tokens": int(sum(kv_lens)),
-        "calibration": "the store's calibration of this GPU (kvsplit calibrate)"
+        "calibration": f"the store's calibration {cal['id']} of this GPU (KV {cal['kv_dtype']}, q_len "
+        f"{cal['q_len']}; kvsplit calibrate)"
         if cal
         else f"the simulator's defaults scaled to the measured read bandwidth {read_bw:,.0f} GB/s (no calibration stored)"
         if read_bw

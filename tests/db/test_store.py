@@ -477,9 +477,16 @@ def test_runs_measurements_calibrations(url):
             store.record_measurement(s, bucket_id=b.id, policy_name="x", kv_lens=[1], time_s=1.0, backend="cpu")
         store.finish_run(s, run.id, status="finished", n_finished=5, best_value=1e-5, best_params={"a": 1})
         c1 = store.record_calibration(
-            s, device_id=d.id, constants={"hbm_bw": 4.5e12}, error={"median": 0.03}, kernel_config={"block_n": 64}
+            s,
+            device_id=d.id,
+            constants={"hbm_bw": 4.5e12},
+            kv_dtype="bfloat16",
+            error={"median": 0.03},
+            kernel_config={"block_n": 64},
         )
-        c2 = store.record_calibration(s, device_id=d.id, constants={"hbm_bw": 4.4e12}, kernel_config={"block_n": 64})
+        c2 = store.record_calibration(
+            s, device_id=d.id, constants={"hbm_bw": 4.4e12}, kv_dtype="bfloat16", kernel_config={"block_n": 64}
+        )
         assert (c1.version, c2.version) == (1, 2)
         store.set_device_bandwidth(s, d.id, 4520.0)
     with store.session_scope(url) as s:
@@ -487,7 +494,7 @@ def test_runs_measurements_calibrations(url):
         assert len(runs) == 1 and runs[0].status == "finished" and runs[0].best_params == {"a": 1}
         ms = store.list_measurements(s, bucket_key=b.key, policy_name="tuned")
         assert len(ms) == 1 and ms[0].kv_lens == [100, 300]
-        assert store.latest_calibration(s, gpu=GPU).constants == {"hbm_bw": 4.4e12}
+        assert store.latest_calibration(s, gpu=GPU, kv_dtype="bfloat16").constants == {"hbm_bw": 4.4e12}
         assert store.measured_read_bandwidth(s, GPU) == 4520.0
 
 

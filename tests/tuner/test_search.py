@@ -513,7 +513,11 @@ def test_simulated_gain_must_exceed_the_simulator_error(url):
         if err_median is not None:
             with store.session_scope(url, write=True) as s:
                 store.record_calibration(
-                    s, device_id=dev_id, constants={"slots": 4}, error={"heldout": {"median": err_median, "worst": 0.2}}
+                    s,
+                    device_id=dev_id,
+                    constants={"slots": 4},
+                    kv_dtype="bfloat16",
+                    error={"heldout": {"median": err_median, "worst": 0.2}},
                 )
         out = verify.verify_and_store(
             t, r.best_params, be, database_url=url, bucket_id=bid, run_id=None, device_id=None

@@ -147,3 +147,45 @@ def test_picks_cover_a_fragmented_workload_once_then_the_next_workload():
     assert all(distance(p.demand.key, c.key) <= DISTANCE_LIMIT for p in few for c in p.covers)
     assert other in [p.demand.key for p in few] and len(few) <= len(demand) - 2
     assert BucketKey.parse(picks[0].demand.key).batch_class == 6
+
+
+def test_fp8_and_q_len_keys_become_tasks_of_their_own_family_tuned_under_the_recorded_key(tmp_path):
+    """Recorded traffic of an fp8-KV key and of a q_len-4 key: each becomes a task of that KV dtype and q_len
+    whose batches all have the recorded key (kv_lens >= q_len), and tuning it on the simulator stores the tuned
+    policy under that very key. (A task without the key's KV dtype and q_len draws batches whose key lacks
+    ``.kvfp8`` / ``.q4``: the key was skipped.)"""
+    from kvsplit.tuner import search
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    store.upgrade(url)
+    kw = dict(num_kv_heads=8, head_dim=128, dtype="bfloat16", device="NVIDIA H200")
+    fp8 = str(bucket_key(family_kv_lens("skewed80", 64, 262_144), **kw, kv_dtype="fp8"))
+    q4 = str(bucket_key(np.maximum(family_kv_lens("uniform", 16, 65_536), 4), **kw, q_len=4))
+    assert ".kvfp8." in fp8 and ".q4." in q4 and ".kvfp8." not in q4
+    cells = [
+        store.TrafficCell(fp8, 100, requests=40, n_fallback=40, batch_min=64, batch_max=64),
+        store.TrafficCell(q4, 100, requests=30, n_fallback=30, batch_min=16, batch_max=16),
+    ]
+    for c, T in zip(cells, (262_144, 65_536)):
+        c.tokens_min = c.tokens_max = T
+    with store.session_scope(url, write=True) as s:
+        store.add_traffic(s, cells)
+    tasks, notes = traffic_tasks(
+        url, 2, gpu="h200", group_size=4, hours=1, now_hour=100, num_train=2, num_heldout=2, seed=3
+    )
+    assert notes == [] and [t.key for t in tasks] == [fp8, q4]
+    want = {fp8: ("float8_e4m3fn", 1), q4: (None, 4)}
+    for t in tasks:
+        kd, ql = want[t.key]
+        assert (t.kv_dtype, t.q_len, t.num_qo_heads, t.num_kv_heads) == (kd, ql, 32, 8)
+        assert t.shape.family[5:] == (kd or "bfloat16", ql)
+        for b in t.train + t.heldout:
+            assert str(bucket_key(np.asarray(b), **kw, kv_dtype=kd, q_len=ql)) == t.key
+            assert min(b) >= ql
+        r = search.tune_task(t, search.TuneConfig(database_url=url, n_trials=3, progress=False, verify=False))
+        assert r.status == "finished" and r.bucket_key == t.key
+        with store.session_scope(url) as s:
+            b = store.get_bucket(s, t.key)
+            assert b is not None and [tuple(x) for x in b.sample_batches["train"]] == list(t.train)
+            (run,) = store.list_runs(s, bucket_key=t.key)
+            assert run.backend == "sim" and run.status == "finished"
