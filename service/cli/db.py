@@ -63,6 +63,7 @@ def export_cmd(
         bool,
         typer.Option(
             "--calibrations",
+            metavar="",
             help="write the stored simulator calibrations (per GPU, KV dtype and q_len) instead of the policies",
         ),
     ] = False,
