@@ -175,7 +175,7 @@ def _model(a, device, dtype):
         )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
-    model.set_attn_implementation("paged|sdpa")  # transformers 5.2x names it sdpa
+    model.set_attn_implementation(ktf.attention_key())  # sdpa on 5.2x (paged| prefix deprecated), paged|sdpa on 5.17
     return model
 
 

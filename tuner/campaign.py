@@ -1159,7 +1159,12 @@ class _Campaign:
         for c in choice.values():
             labels[c["label"]] = labels.get(c["label"], 0) + 1
         if choice:
-            r.lines.append("choice per bucket: " + ", ".join(f"{k} {v}" for k, v in sorted(labels.items())))
+            words = {"best": "the Optuna study's best", "pool": "the pool pick", "previous": "the replaced plan"}
+            r.lines.append(
+                "plan verified per bucket: "
+                + ", ".join(f"{words.get(k, k)} {v}" for k, v in sorted(labels.items()))
+                + f" (the study's best only where it wins by more than {MARGIN:.0%})"
+            )
 
 
 def _campaign_worker(jobs, max_tokens: int, max_batch: int) -> None:  # pragma: no cover - spawned process

@@ -194,6 +194,12 @@ def _report(res: Any, json_out: bool) -> None:
         f"{res.status}: {res.buckets} buckets, {res.published} published; {kind} spent "
         f"{res.spent_s / 60:.2f} min in all; this run timed {res.timings} plans in {res.wall_s:.1f} s wall"
     )
+    if res.status == "finished" and res.published < res.buckets:
+        typer.echo(
+            f"not published: {res.buckets - res.published} bucket(s) whose plan did not pass verification against "
+            "the best baseline on its held-out batches (on --backend sim it must win by the simulator's error); "
+            "they stay drafts, and their batches get the nearest published bucket's plan or `balanced`"
+        )
     if res.calibration:
         typer.echo(f"calibration: {res.calibration}")
     ww = res.whole_wave or {}

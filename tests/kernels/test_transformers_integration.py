@@ -39,7 +39,7 @@ def _model():
     )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(torch.float32).eval()
-    model.set_attn_implementation("paged|sdpa")  # 5.2x names it sdpa; 5.17 keeps paged|sdpa
+    model.set_attn_implementation(ktf.attention_key())  # sdpa on 5.2x (paged| prefix deprecated), paged|sdpa on 5.17
     return model
 
 

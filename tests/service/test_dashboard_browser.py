@@ -213,7 +213,7 @@ def test_summary_headline_coverage_and_load_time(server, browser, width):
     fa3_g, fa3_min = _speedup(res / "fa3_reference.csv", res / "kvsplit_reference.csv")
     fi_g, _ = _speedup(res / "flashinfer_batch_attention_reference.csv", res / "kvsplit_reference.csv")
     head = main.locator(".headline").inner_text()
-    assert f"{bal_g:.2f}× faster than balanced (worst batch {bal_min:.2f}×)" in head
+    assert f"{bal_g:.2f}× faster than balanced (worst batch {bal_min:.3f}×)" in head
     assert f"{fi_g:.2f}× FlashInfer BatchAttention" in head and f"{fa3_g:.2f}× FlashAttention-3" in head
     assert "On 98 held-out reference batches" in head and "On 25 held-out batches from real traces" in head
     ref = main.locator('table.evidence[data-cases="reference"]')
