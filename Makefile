@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@# torch from the package index unless one is there (PyPI: the CUDA build; a CPU build: docs/getting-started.md)
-	@$(PY) -c "import torch" 2>/dev/null || { echo "[make] installing torch 2.13.0 from your package index (the CPU build: docs/getting-started.md)"; \
+	@$(PY) -c "import torch" 2>/dev/null || { echo "[make] installing torch 2.13.0 as your package index serves it (PyPI on Linux: the CUDA build; for the CPU build see docs/getting-started.md)"; \
 		$(PY) -m pip install --progress-bar off "torch==2.13.0"; }
 	@echo "[make] installing kvsplit (editable) with all extras and the test tools; pip's progress follows"
 	$(PY) -m pip install --progress-bar off -e ".[all,test]"

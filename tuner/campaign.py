@@ -1161,7 +1161,7 @@ class _Campaign:
         if choice:
             words = {"best": "the Optuna study's best", "pool": "the pool pick", "previous": "the replaced plan"}
             r.lines.append(
-                "plan verified per bucket: "
+                "where each bucket's plan comes from: "
                 + ", ".join(f"{words.get(k, k)} {v}" for k, v in sorted(labels.items()))
                 + f" (the study's best only where it wins by more than {MARGIN:.0%})"
             )
@@ -1460,7 +1460,7 @@ class _LineBar:
         self.last = self.clock()
         parts = [f"{self.name} {self.done}/{self.n}"] if self.name else []
         if self.total:
-            parts.append(f"budget {self.spent:.0f}/{self.total:.0f} s")
+            parts.append(f"GPU budget {self.spent:.0f}/{self.total:.0f} s")
         self.say(f"{self.label}: " + "; ".join(parts) + self.bkt)
 
 

@@ -26,7 +26,7 @@ def test_line_bar_prints_each_step_start_then_at_most_one_line_per_interval():
     bar = _LineBar("sim campaign", said.append, interval_s=10.0, clock=lambda: now[0])
     bar.start_overall(300.0, 12.0)
     bar.phase("pool", 118, 40)
-    assert said == ["sim campaign: pool 40/118; budget 12/300 s"]
+    assert said == ["sim campaign: pool 40/118; GPU budget 12/300 s"]
     for _ in range(5):  # within the interval: silent
         now[0] += 1.0
         bar.step()
@@ -34,13 +34,13 @@ def test_line_bar_prints_each_step_start_then_at_most_one_line_per_interval():
     assert len(said) == 1
     now[0] += 5.0
     bar.step()  # 10 s after the last line
-    assert said[-1] == "sim campaign: pool 46/118; budget 24/300 s"
+    assert said[-1] == "sim campaign: pool 46/118; GPU budget 24/300 s"
     bar.phase("search", 118, 0)  # a new step prints at once
     now[0] += 10.0
     bar.bucket("family:uniform:B8:T262144", 15, 9)
     assert said[-2:] == [
-        "sim campaign: search 0/118; budget 24/300 s",
-        "sim campaign: search 0/118; budget 24/300 s; family:uniform:B8:T262144 trials 9/15",
+        "sim campaign: search 0/118; GPU budget 24/300 s",
+        "sim campaign: search 0/118; GPU budget 24/300 s; family:uniform:B8:T262144 trials 9/15",
     ]
     bar.close()
 
@@ -59,7 +59,9 @@ def test_piped_campaign_prints_plain_progress_and_says_when_the_pool_step_spends
     steps = [x for x in err if x.startswith("sim campaign: ")]
     starts = [s.split()[2] for s in steps if s.split()[3].startswith("0/")]  # each step's first line
     assert starts == ["pool", "search", "whole-wave", "verify"], r.stderr
-    assert all(re.fullmatch(r"sim campaign: [a-z-]+ \d+/\d+; budget \d+/6 s(; .* trials \d+/\d+)?", s) for s in steps)
+    assert all(
+        re.fullmatch(r"sim campaign: [a-z-]+ \d+/\d+; GPU budget \d+/6 s(; .* trials \d+/\d+)?", s) for s in steps
+    )
     assert any("the pool step alone needs about 0.2 of the 0.1 budget minutes" in x for x in err), r.stderr
     alloc = [x for x in err if x.startswith("pool picks for")]
     assert alloc and "no budget left for the search: one trial per bucket" in alloc[0], r.stderr
