@@ -94,7 +94,7 @@ MODEL_SHAPES: dict[str, tuple[int, int, int]] = {
 
 FAMILY_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOTALS = (262_144, 1_048_576)
-TRACE_BATCH_SIZES = (8, 32, 128, 512)
+TRACE_BATCH_SIZES = (8, 32, 128, 512, 1024)
 SIM_SECONDS_PER_TIMING = 0.06
 """Modelled GPU seconds of one timed plan on the simulator backend (:meth:`kvsplit.tuner.gpu.GpuTimer.time_plan`:
 10 ms warm-up, 40 ms of CUDA-graph replays, about 10 ms of capture and host work)."""
@@ -1417,7 +1417,7 @@ class _RichBar:
 
 class _LineBar:
     """Plain progress lines for a log (stderr not a terminal, where :class:`_RichBar` draws nothing): a line when a
-    step starts, then at most one every ``interval_s`` seconds, e.g. ``sim campaign: pool 40/118; budget 55/132 s``
+    step starts, then at most one every ``interval_s`` seconds, e.g. ``sim campaign: pool 40/123; GPU budget 55/132 s``
     (budget in seconds of GPU or modelled GPU time), with the current bucket's trials while searching."""
 
     def __init__(self, label: str, say: Callable[[str], None], interval_s: float = 10.0, clock=time.monotonic) -> None:
