@@ -12,9 +12,10 @@ and ``kvsplit db import`` both read the file with :func:`parse_export`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import select
@@ -61,6 +62,48 @@ policies' largest ``verification`` is under 400)."""
 
 class ImportValidationError(ValueError):
     """An import file is malformed; nothing was stored."""
+
+
+@contextlib.contextmanager
+def _rejected_on_error() -> Iterator[None]:
+    """Turn a ``ValueError`` naming a field into the one-line :class:`ImportValidationError` of an import (of
+    bounded length: field names and keys come from the file)."""
+    try:
+        yield
+    except ImportValidationError:
+        raise
+    except ValueError as exc:
+        msg = " ".join(str(exc).split())
+        raise ImportValidationError(f"import rejected, nothing stored: {msg[:600]}") from None
+
+
+def _document_entries(data: Any, fmt: str, version: int, field: str, fields: set[str]) -> list[Any]:
+    """The entry list ``data[field]`` of an export document of format ``fmt`` version ``version`` whose top-level
+    fields are within ``fields``, after its header checks (raises ValueError naming the field)."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"file: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != fmt:
+        raise ValueError(f"format: expected {fmt!r}, got {echo_value(data.get('format'))}")
+    fv = data.get("format_version")
+    if fv != version or isinstance(fv, bool):
+        raise ValueError(f"format_version: this kvsplit reads version {version}, got {echo_value(fv)}")
+    unknown = set(data) - fields
+    if unknown:
+        raise ValueError(f"file: unknown fields {sorted(unknown)}")
+    _parse_time("exported_at", data.get("exported_at"))
+    entries = data.get(field)
+    if not isinstance(entries, list):
+        raise ValueError(f"{field}: expected a list")
+    return entries
+
+
+def _extra_check(pre: str, entry: dict[str, Any], validate_entry: Callable[[dict[str, Any]], None] | None) -> None:
+    """The caller's extra check of a normalised entry, its ValueError prefixed with the entry's path ``pre``."""
+    if validate_entry is not None:
+        try:
+            validate_entry(entry)
+        except ValueError as exc:
+            raise ValueError(f"{pre}: {exc}") from None
 
 
 def parse_export(raw: bytes | str, source: str = "the file") -> Any:
@@ -172,23 +215,14 @@ def validate_export(
     ImportValidationError
         On the first bad field, naming its path (``policies[3].bucket.head_dim``).
     """
-    try:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"file: expected a JSON object, got {type(data).__name__}")
-        if data.get("format") != EXPORT_FORMAT:
-            raise ValueError(f"format: expected {EXPORT_FORMAT!r}, got {echo_value(data.get('format'))}")
-        fv = data.get("format_version")
-        if fv != EXPORT_FORMAT_VERSION or isinstance(fv, bool):
-            raise ValueError(
-                f"format_version: this kvsplit reads version {EXPORT_FORMAT_VERSION}, got {echo_value(fv)}"
-            )
-        unknown = set(data) - {"format", "format_version", "exported_at", "policies_version", "policies"}
-        if unknown:
-            raise ValueError(f"file: unknown fields {sorted(unknown)}")
-        _parse_time("exported_at", data.get("exported_at"))
-        entries = data.get("policies")
-        if not isinstance(entries, list):
-            raise ValueError("policies: expected a list")
+    with _rejected_on_error():
+        entries = _document_entries(
+            data,
+            EXPORT_FORMAT,
+            EXPORT_FORMAT_VERSION,
+            "policies",
+            {"format", "format_version", "exported_at", "policies_version", "policies"},
+        )
         out: list[dict[str, Any]] = []
         keys_seen: set[str] = set()
         for i, e in enumerate(entries):
@@ -256,18 +290,9 @@ def validate_export(
                 "published_at": _parse_time(f"{pre}.published_at", e["published_at"]),
                 "device": device,
             }
-            if validate_entry is not None:
-                try:
-                    validate_entry(entry)
-                except ValueError as exc:
-                    raise ValueError(f"{pre}: {exc}") from None
+            _extra_check(pre, entry, validate_entry)
             out.append(entry)
         return out
-    except ImportValidationError:
-        raise
-    except ValueError as exc:  # one line of bounded length (field names and keys come from the file)
-        msg = " ".join(str(exc).split())
-        raise ImportValidationError(f"import rejected, nothing stored: {msg[:600]}") from None
 
 
 def import_policies(
@@ -422,23 +447,14 @@ def validate_calibrations(
     ImportValidationError
         On the first bad field, naming its path (``calibrations[2].q_len``).
     """
-    try:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"file: expected a JSON object, got {type(data).__name__}")
-        if data.get("format") != CALIBRATIONS_FORMAT:
-            raise ValueError(f"format: expected {CALIBRATIONS_FORMAT!r}, got {echo_value(data.get('format'))}")
-        fv = data.get("format_version")
-        if fv != CALIBRATIONS_FORMAT_VERSION or isinstance(fv, bool):
-            raise ValueError(
-                f"format_version: this kvsplit reads version {CALIBRATIONS_FORMAT_VERSION}, got {echo_value(fv)}"
-            )
-        unknown = set(data) - {"format", "format_version", "exported_at", "calibrations"}
-        if unknown:
-            raise ValueError(f"file: unknown fields {sorted(unknown)}")
-        _parse_time("exported_at", data.get("exported_at"))
-        entries = data.get("calibrations")
-        if not isinstance(entries, list):
-            raise ValueError("calibrations: expected a list")
+    with _rejected_on_error():
+        entries = _document_entries(
+            data,
+            CALIBRATIONS_FORMAT,
+            CALIBRATIONS_FORMAT_VERSION,
+            "calibrations",
+            {"format", "format_version", "exported_at", "calibrations"},
+        )
         out = []
         for i, e in enumerate(entries):
             pre = f"calibrations[{i}]"
@@ -458,18 +474,9 @@ def validate_calibrations(
                 "version": field_int(f"{pre}.version", e["version"], 1),
                 "created_at": _parse_time(f"{pre}.created_at", e["created_at"]),
             }
-            if validate_entry is not None:
-                try:
-                    validate_entry(entry)
-                except ValueError as exc:
-                    raise ValueError(f"{pre}: {exc}") from None
+            _extra_check(pre, entry, validate_entry)
             out.append(entry)
         return out
-    except ImportValidationError:
-        raise
-    except ValueError as exc:  # one line of bounded length (field names come from the file)
-        msg = " ".join(str(exc).split())
-        raise ImportValidationError(f"import rejected, nothing stored: {msg[:600]}") from None
 
 
 def import_calibrations(
