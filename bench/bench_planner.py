@@ -21,7 +21,8 @@ Wrapper table (``--wrapper``; target: DecodeWrapper.plan <= FlashInfer's plan at
 engine pays, eager :class:`kvsplit.kernels.DecodeWrapper` with the shipped table at B = 8, 64, 256 (Qwen3-30B-A3B
 attention: H_q 32, H_kv 4, D 128, bf16, page 16), kv_lens drawn from a shipped trace (a new batch per call),
 ``torch.cuda.synchronize()`` after each call, p50 / p99 over ``--calls`` calls after 5 warm-up calls; with the
-index tensors read back from the device and with the engine's host copies; beside it FlashInfer's
+index tensors read back from the device, with the engine's host copies of kv_lens and kv_indptr, and with its
+host copy of the page ids too (no wait for the device); beside it FlashInfer's
 ``BatchDecodeWithPagedKVCacheWrapper.plan`` (tensor cores) on the same batches, indptr on the device and on the
 host, when ``import flashinfer`` works (else "flashinfer: not installed").
 """
@@ -164,6 +165,7 @@ def _wrapper_table(device: str, calls: int, batch_sizes: list[int], trace: str) 
                     lens=torch.from_numpy(L.astype(np.int32)).to(device),
                     indptr=torch.from_numpy(indptr).to(device),
                     indices=pages[: int(indptr[-1])],
+                    indices_h=np.arange(int(indptr[-1]), dtype=np.int32),  # pages[:n] on the host
                     last=torch.from_numpy(last).to(device),
                     indptr_cpu=torch.from_numpy(indptr),
                     last_cpu=torch.from_numpy(last),
@@ -211,6 +213,13 @@ def _wrapper_table(device: str, calls: int, batch_sizes: list[int], trace: str) 
                 "DecodeWrapper.plan (kv_lens_host, kv_indptr_host)",
                 lambda b, w=w: w.plan(
                     b["indptr"], b["indices"], b["lens"], kv_lens_host=b["lens_h"], kv_indptr_host=b["indptr_h"]
+                ),
+            ),
+            (
+                "DecodeWrapper.plan (host copies, kv_indices_host too)",
+                lambda b, w=w: w.plan(
+                    b["indptr"], b["indices"], b["lens"], kv_lens_host=b["lens_h"], kv_indptr_host=b["indptr_h"],
+                    kv_indices_host=b["indices_h"],
                 ),
             ),
             (

@@ -16,10 +16,11 @@ Two modes:
   ``kv_lens_host``, as FlashInfer's plan takes indptr on the host; else one copy
   back from the device), makes the host plan (the table's policy for the
   batch's bucket, or ``policy``/``params``), uploads its launch arrays with one
-  asynchronous copy from a pinned host buffer into one device buffer, and reads
-  back the min and max of the page ids the step uses (two numbers: the one
-  wait of the step); ``run()`` checks shapes against what was planned (no
-  device read).
+  asynchronous copy from a pinned host buffer (two, used in turn) into one device
+  buffer, and checks the page ids the step uses: from the engine's host copy
+  (``kv_indices_host``; then the step never waits for the device), else by
+  reading back their min and max (two numbers: the one wait of the step);
+  ``run()`` checks shapes against what was planned (no device read).
 - **CUDA graph** (``use_cuda_graph=True``): buffers are preallocated for
   ``max_batch_size`` requests and ``max_work_items`` work items; stage 1 runs
   the persistent schedule with ``num_programs`` fixed for the wrapper, its tile
@@ -356,9 +357,10 @@ class DecodeWrapper:
         self._arrays: dict[str, torch.Tensor] | None = None
         self._picked_table: Any = None  # graph mode: the table the current rule was picked from
         # eager uploads: one pinned host buffer and one device buffer, grown as plans need (module doc)
-        self._eager_host: torch.Tensor | None = None
+        self._eager_host: list[torch.Tensor | None] = [None, None]  # used in turn, one per plan
         self._eager_dev: torch.Tensor | None = None
-        self._eager_done: Any = None  # CUDA: the event recorded after the last upload from _eager_host
+        self._eager_done: list[Any] = [None, None]  # CUDA: the event recorded after the last upload from each
+        self._eager_turn = 0
         self._max_page = -1
         self._B = -1
         self._step = 0
@@ -537,6 +539,7 @@ class DecodeWrapper:
         *,
         kv_lens_host: Any = None,
         kv_indptr_host: Any = None,
+        kv_indices_host: Any = None,
     ) -> None:
         """Plan one decode step (all layers).
 
@@ -555,6 +558,12 @@ class DecodeWrapper:
             FlashInfer's plan takes indptr on the host).
         kv_indptr_host : array-like of int ``[B + 1]``, optional
             A host copy of kv_indptr (eager mode, with ``kv_lens_host``).
+        kv_indices_host : array-like of int ``[>= kv_indptr[-1]]``, optional
+            A host copy of kv_indices, at least the page ids the step uses (eager mode, with ``kv_lens_host`` and
+            ``kv_indptr_host``): the page ids are checked from it instead of on the device, so the eager plan
+            never waits for the device (an engine that builds its block table on the host, as transformers'
+            continuous batching does, has it). Same contract as the other host copies: the same values as the
+            device tensor.
 
         Returns
         -------
@@ -566,16 +575,23 @@ class DecodeWrapper:
         ------
         ValueError
             Naming the argument: wrong dtype, shape or device; kv_indptr not starting at 0 or decreasing, or past
-            the end of kv_indices; a negative kv_len or one above its pages; a negative page id (eager mode: the
-            page ids of kv_indices the step uses are read on the device, reduced to their min and max, and
-            copied back: the one wait of an eager plan given the host copies); host copies of the wrong length.
+            the end of kv_indices; a negative kv_len or one above its pages; a negative page id (eager mode: from
+            ``kv_indices_host`` when given, else the page ids of kv_indices the step uses are read on the device,
+            reduced to their min and max, and copied back: the one wait of an eager plan given the other host
+            copies); host copies of the wrong length; ``kv_indices_host`` without ``kv_lens_host`` and
+            ``kv_indptr_host``, or in graph mode (which does not check page ids: module doc).
         """
         B = self._check_index(kv_indptr, kv_indices, kv_lens)
         self._kv_lens = kv_lens
         if not self.use_cuda_graph:  # checks the lengths it plans from (_check_covers_q_len among them)
-            self._plan_eager(kv_indptr, kv_indices, kv_lens, B, kv_lens_host, kv_indptr_host)
+            self._plan_eager(kv_indptr, kv_indices, kv_lens, B, kv_lens_host, kv_indptr_host, kv_indices_host)
             self._indptr, self._indices = kv_indptr, kv_indices
             return None
+        if kv_indices_host is not None:
+            raise ValueError(
+                "kv_indices_host: eager mode only (graph mode does not check page ids: they are the caller's "
+                "contract, module doc)"
+            )
         if kv_lens_host is not None:
             self._check_covers_q_len(np.asarray(kv_lens_host), "kv_lens_host")
         self._indptr, self._indices = kv_indptr, kv_indices
@@ -606,27 +622,34 @@ class DecodeWrapper:
         self._plan = p
         return None
 
+    @staticmethod
+    def _host_array(name: str, a: Any, n: int, at_least: bool = False) -> np.ndarray:
+        """A caller's host copy as a 1-D integer NumPy array of ``n`` entries (``at_least``: ``n`` or more).
+
+        Raises ValueError naming ``name``: a device tensor, not integers, another length."""
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "cpu":
+                raise ValueError(f"{name}: expected a host copy (NumPy array, list or CPU tensor), got {a.device}")
+            a = a.numpy()
+        try:
+            h = np.asarray(a)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name}: expected an array of integers, got {type(a).__name__}") from exc
+        if h.ndim != 1 or h.dtype.kind not in "iu" or (h.shape[0] < n if at_least else h.shape[0] != n):
+            want = (
+                f"at least {n} integers (the page ids kv_indptr counts)"
+                if at_least
+                else f"{n} integers (kv_{name[3:-5]}'s shape)"
+            )
+            raise ValueError(f"{name}: expected {want}, got shape {h.shape} dtype {h.dtype}")
+        return h
+
     def _host_index(self, kv_indptr, kv_lens, B, kv_lens_host, kv_indptr_host) -> tuple[np.ndarray, np.ndarray, str]:
         """kv_indptr and kv_lens on the host as int64 arrays: the caller's copies, or one copy from the device."""
         if kv_lens_host is not None and kv_indptr_host is not None:
-            out = []
-            for name, a, n in (("kv_indptr_host", kv_indptr_host, B + 1), ("kv_lens_host", kv_lens_host, B)):
-                if isinstance(a, torch.Tensor):
-                    if a.device.type != "cpu":
-                        raise ValueError(
-                            f"{name}: expected a host copy (NumPy array, list or CPU tensor), got {a.device}"
-                        )
-                    a = a.numpy()
-                try:
-                    h = np.asarray(a)
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"{name}: expected an array of integers, got {type(a).__name__}") from exc
-                if h.ndim != 1 or h.shape[0] != n or h.dtype.kind not in "iu":
-                    raise ValueError(
-                        f"{name}: expected {n} integers (kv_{name[3:-5]}'s shape), got shape {h.shape} dtype {h.dtype}"
-                    )
-                out.append(h.astype(np.int64, copy=False))
-            return out[0], out[1], "_host"
+            indptr = self._host_array("kv_indptr_host", kv_indptr_host, B + 1)
+            lens = self._host_array("kv_lens_host", kv_lens_host, B)
+            return indptr.astype(np.int64, copy=False), lens.astype(np.int64, copy=False), "_host"
         # one copy back from the device (a wait for the stream) of both tensors
         both = torch.cat((kv_indptr, kv_lens)).to("cpu", torch.int64).numpy()
         return both[: B + 1], both[B + 1 :], ""
@@ -640,7 +663,11 @@ class DecodeWrapper:
                 f"{name}[{i}]: {int(lens[i])} tokens, fewer than q_len={self.q_len} (kv_lens count the new tokens)"
             )
 
-    def _plan_eager(self, kv_indptr, kv_indices, kv_lens, B, kv_lens_host=None, kv_indptr_host=None) -> None:
+    def _plan_eager(
+        self, kv_indptr, kv_indices, kv_lens, B, kv_lens_host=None, kv_indptr_host=None, kv_indices_host=None
+    ) -> None:
+        if kv_indices_host is not None and (kv_lens_host is None or kv_indptr_host is None):
+            raise ValueError("kv_indices_host: needs kv_lens_host and kv_indptr_host (the step's host copies)")
         indptr, lens, sfx = self._host_index(kv_indptr, kv_lens, B, kv_lens_host, kv_indptr_host)
         if indptr[0] != 0:
             raise ValueError(f"kv_indptr{sfx}: expected kv_indptr[0] == 0, got {int(indptr[0])}")
@@ -683,17 +710,24 @@ class DecodeWrapper:
                 f"workspace: holds {self.workspace.max_partials} partials and {self.workspace.max_batch} "
                 f"requests; this step's plan needs {p.num_partials} and {B}"
             )
-        # the page ids the step uses: their min and max reduced on the device, copied back with the plan's
-        # upload in flight; the one wait of the step is for those two numbers
-        arrays, minmax = self._upload_eager(p, kv_indices[:n_used] if n_used else None)
-        if minmax is not None:
-            lo, hi = int(minmax[0]), int(minmax[1])
-            if lo < 0:
-                # the upload overwrote the previous step's arrays: run() needs a new plan()
-                self._plan, self._arrays, self._B = None, None, -1
-                raise ValueError(f"kv_indices: negative page id {lo}")
+        if kv_indices_host is not None:  # the page ids the step uses, checked on the host: no wait for the device
+            ids = self._host_array("kv_indices_host", kv_indices_host, n_used, at_least=True)[:n_used]
+            hi = int(ids.max()) if n_used else -1
+            if n_used and int(ids.min()) < 0:
+                i = int(np.flatnonzero(ids < 0)[0])
+                raise ValueError(f"kv_indices_host[{i}]: negative page id {int(ids[i])}")
+            arrays, _ = self._upload_eager(p, None)
         else:
+            # the page ids the step uses: their min and max reduced on the device, copied back with the plan's
+            # upload in flight; the one wait of the step is for those two numbers
+            arrays, minmax = self._upload_eager(p, kv_indices[:n_used] if n_used else None)
             hi = -1
+            if minmax is not None:
+                lo, hi = int(minmax[0]), int(minmax[1])
+                if lo < 0:
+                    # the upload overwrote the previous step's arrays: run() needs a new plan()
+                    self._plan, self._arrays, self._B = None, None, -1
+                    raise ValueError(f"kv_indices: negative page id {lo}")
         if self.workspace is None or self.workspace.max_partials < p.num_partials or self.workspace.max_batch < B:
             grow = max(p.num_partials, 2 * (self.workspace.max_partials if self.workspace else 0))
             self.workspace = make_workspace(
@@ -707,39 +741,40 @@ class DecodeWrapper:
         self._plan, self._arrays, self._max_page, self._B = p, arrays, hi, B
 
     def _upload_eager(self, p: Plan, used: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
-        """The plan's launch arrays in one device buffer, filled by one asynchronous copy from one pinned host
-        buffer; with ``used`` (the step's page ids), their (min, max) copied back into the same host buffer and
-        waited for. Returns the arrays (views of the device buffer) and the (min, max) or None."""
+        """The plan's launch arrays in one device buffer, filled by one asynchronous copy from a pinned host buffer
+        (two, used in turn: before refilling one, the host waits for the copy issued from it two plans earlier,
+        long done in practice); with ``used`` (the step's page ids), their (min, max) copied back into the same
+        host buffer and waited for. Returns the arrays (views of the device buffer) and the (min, max) or None.
+        The device buffer is rewritten in stream order: the copy runs after the previous step's launches."""
         ws, mr, ms, mn = p.merge_layout()
         segs = (p.work_request, p.work_kv_start, p.work_kv_end, ws, p.cta_indptr, mr, ms, mn)
         sizes = [a.shape[0] for a in segs]
         n = sum(sizes)
         cuda = self.device.type == "cuda"
-        if self._eager_done is not None:
-            self._eager_done.synchronize()  # the last upload from the host buffer (waited for already, in practice)
-        if self._eager_host is None or self._eager_host.shape[0] < n + 2:
+        k = self._eager_turn = 1 - self._eager_turn
+        if self._eager_done[k] is not None:
+            self._eager_done[k].synchronize()
+        if self._eager_host[k] is None or self._eager_host[k].shape[0] < n + 2:
             size = max(2 * n + 2, 4096)
-            self._eager_host = torch.empty(size, dtype=torch.int32, pin_memory=cuda)
-            self._eager_dev = torch.empty(size, dtype=torch.int32, device=self.device)
-            self._eager_done = torch.cuda.Event() if cuda else None
-        host, dev = self._eager_host, self._eager_dev
+            self._eager_host[k] = torch.empty(size, dtype=torch.int32, pin_memory=cuda)
+            self._eager_done[k] = torch.cuda.Event() if cuda else None
+        if self._eager_dev is None or self._eager_dev.shape[0] < n:
+            self._eager_dev = torch.empty(max(2 * n, 4096), dtype=torch.int32, device=self.device)
+        host, dev = self._eager_host[k], self._eager_dev
         h = host.numpy()
         np.concatenate(segs, out=h[:n], casting="same_kind")  # int64 token offsets: < 2^31 (MAX_KV_LEN)
         arrays = dict(zip(_EAGER_ARRAYS, torch.split(dev[:n], sizes)))
         dev[:n].copy_(host[:n], non_blocking=True)
-        minmax = None
         if used is not None and not cuda:  # the CPU interpreter's tensors: NumPy's reduction (torch's is slower here)
             u = used.numpy()
             return arrays, np.array([u.min(), u.max()])
         if used is not None:
             host[n : n + 2].copy_(torch.stack(torch.aminmax(used)), non_blocking=True)
         if cuda:
-            self._eager_done.record()
+            self._eager_done[k].record()
             if used is not None:
-                self._eager_done.synchronize()
-        if used is not None:
-            minmax = h[n : n + 2].copy()
-        return arrays, minmax
+                self._eager_done[k].synchronize()
+        return arrays, (h[n : n + 2].copy() if used is not None else None)
 
     def _upload(self, p: Plan) -> None:
         W, MW = p.num_work_items, self.max_work_items

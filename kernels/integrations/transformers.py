@@ -54,8 +54,7 @@ batching prepares step N+1 while step N runs, and is refused with a ``RuntimeErr
 mode only (no CUDA-graph capture of the decode path: transformers builds its block-table fast path for flash
 only); q_len 1 decode rows (speculative rows of 2-8 tokens run through ``sdpa``); ``head_dim`` 64, 128 or 256,
 ``page_size`` <= 256, float16 / bfloat16 (float32 for CPU tests). ``DecodeWrapper.plan`` validates its inputs
-from the step's host copies of kv_indptr and kv_lens (no copy back from the device), and waits once per step for
-the min and max of the page ids the step uses.
+from the step's host copies of kv_indptr, kv_lens and the page ids (no copy back from the device, no wait for it).
 """
 
 from __future__ import annotations
@@ -530,13 +529,14 @@ class KvsplitAttention:
         if wkey not in step.planned:  # once per step and wrapper: every layer of the step reuses the plan
             if not step.planned:
                 self.stats["steps"] += 1
-            if isinstance(w, DecodeWrapper):  # the step's host copies: no copy back from the device
+            if isinstance(w, DecodeWrapper):  # the step's host copies: no copy back from the device, no wait
                 w.plan(
                     arrs["kv_indptr"],
                     arrs["kv_indices"],
                     arrs["kv_lens"],
                     kv_lens_host=step.kv_lens,
                     kv_indptr_host=step.kv_indptr,
+                    kv_indices_host=step.kv_indices,
                 )
             else:
                 w.plan(arrs["kv_indptr"], arrs["kv_indices"], arrs["kv_lens"])

@@ -787,12 +787,13 @@ def test_wrapper_q_len4_graph_and_eager_over_growing_lens(kv_fp8, policy, params
         assert not torch.isnan(o).any() and _rel_err(o, ref) < 2e-2, f"eager step {step}"
 
 
-@pytest.mark.parametrize("host_copies", [True, False], ids=["host_copies", "device_read"])
+@pytest.mark.parametrize("host_copies", ["page_ids", True, False], ids=["host_page_ids", "host_copies", "device_read"])
 def test_eager_wrapper_loop_with_the_shipped_table(host_copies):
-    """Eager DecodeWrapper on CUDA with the shipped table: plan() from the engine's host copies (or reading the
-    device tensors back), its arrays uploaded through the pinned buffer by one asynchronous copy, then run() on
-    every layer; 6 steps of growing lengths (the buffers grow and are reused), each against the fp32 reference,
-    the launch arrays equal to the host plan's; then a negative page id refused naming kv_indices."""
+    """Eager DecodeWrapper on CUDA with the shipped table: plan() from the engine's host copies (with the page ids
+    too: no wait for the device; or reading the device tensors back), its arrays uploaded through the pinned
+    buffers by one asynchronous copy, then run() on every layer; 6 steps of growing lengths (the buffers grow and
+    are reused), each against the fp32 reference, the launch arrays equal to the host plan's; then a negative page
+    id refused naming kv_indices (kv_indices_host when given)."""
     import numpy as np
 
     from kvsplit.kernels import load_shipped_table
@@ -809,6 +810,8 @@ def test_eager_wrapper_loop_with_the_shipped_table(host_copies):
         host = (
             dict(kv_lens_host=np.asarray(lens), kv_indptr_host=case["kv_indptr"].cpu().numpy()) if host_copies else {}
         )
+        if host_copies == "page_ids":
+            host["kv_indices_host"] = case["kv_indices"].cpu().numpy()
         assert w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], **host) is None
         want = w.last_plan.to("cuda")
         for name, t in w._arrays.items():
@@ -821,5 +824,7 @@ def test_eager_wrapper_loop_with_the_shipped_table(host_copies):
         lens = [n + 1 + 37 * (i % 3) * step for i, n in enumerate(lens)]
     bad = case["kv_indices"].clone()
     bad[3] = -1
-    with pytest.raises(ValueError, match="^kv_indices: negative page id -1"):
+    if host_copies == "page_ids":
+        host["kv_indices_host"] = bad.cpu().numpy()
+    with pytest.raises(ValueError, match=r"^kv_indices(_host\[3\])?: negative page id -1"):
         w.plan(case["kv_indptr"], bad, case["kv_lens"], **host)

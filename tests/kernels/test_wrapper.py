@@ -644,6 +644,68 @@ def test_eager_host_copies_are_checked_naming_them():
         w.run(case["q"], case["k_cache"], case["v_cache"])
 
 
+def test_eager_plan_with_host_page_ids_equals_the_device_check_and_runs():
+    """Given kv_indices_host too (as an engine that builds its block table on the host has it), the eager plan
+    checks the page ids on the host: the same plan, the same launch arrays and the same run as the device check,
+    a longer host copy (the page ids past kv_indptr[-1]) accepted, across steps that reuse both pinned buffers."""
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8)
+    for step, lens in enumerate(([700, 0, 5, 333, 64, 17], [1, 2048, 3], [40, 300, 90, 17, 0, 5, 6])):
+        case = make_case(
+            lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16, seed=step
+        )
+        args = (case["kv_indptr"], case["kv_indices"], case["kv_lens"])
+        w.plan(*args)
+        read, read_arrays = w.last_plan, {k: t.clone() for k, t in w._arrays.items()}
+        ids = case["kv_indices"].numpy()
+        for ih in (ids, list(ids) + [10**6, -7]):  # entries past kv_indptr[-1] are not the step's
+            host = dict(kv_lens_host=lens, kv_indptr_host=case["kv_indptr"].numpy(), kv_indices_host=ih)
+            assert w.plan(*args, **host) is None
+            assert w.last_plan == read and w._max_page == int(ids[: int(case["kv_indptr"][-1])].max())
+            for name, t in w._arrays.items():
+                assert torch.equal(t, read_arrays[name]), name
+            o = w.run(case["q"], case["k_cache"], case["v_cache"])
+            ref = reference_decode_attention(**case)
+            assert (o.float() - ref.float()).abs().max().item() < 5e-3
+
+
+def test_eager_host_page_ids_are_checked_naming_them():
+    """kv_indices_host: a negative page id refused naming its position, a page id past the cache refused by run()
+    naming kv_indices, too short a copy, a device tensor, no other host copies, and graph mode all refused naming
+    kv_indices_host; a refused plan leaves the previous step's plan to run."""
+    lens = [40, 300]
+    case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4)
+    args = (case["kv_indptr"], case["kv_indices"], case["kv_lens"])
+    indptr, ids = case["kv_indptr"].numpy(), case["kv_indices"].numpy().copy()
+    host = dict(kv_lens_host=lens, kv_indptr_host=indptr)
+    w.plan(*args, **host, kv_indices_host=ids)
+    before = w.last_plan
+    bad = ids.copy()
+    bad[4] = -3
+    with pytest.raises(ValueError, match=r"^kv_indices_host\[4\]: negative page id -3"):
+        w.plan(*args, **host, kv_indices_host=bad)
+    assert w.last_plan is before  # checked before the upload: the previous step's plan still runs
+    w.run(case["q"], case["k_cache"], case["v_cache"])
+    used = int(indptr[-1])  # 3 + 19 pages
+    assert used == 22
+    with pytest.raises(ValueError, match=r"^kv_indices_host: expected at least 22 integers .* shape \(21,\)"):
+        w.plan(*args, **host, kv_indices_host=ids[: used - 1])
+    with pytest.raises(ValueError, match=r"^kv_indices_host: expected at least 22 integers .* dtype float64"):
+        w.plan(*args, **host, kv_indices_host=ids.astype(np.float64))
+    with pytest.raises(ValueError, match=r"^kv_indices_host: expected a host copy"):
+        w.plan(*args, **host, kv_indices_host=torch.tensor(ids, device="meta"))
+    with pytest.raises(ValueError, match=r"^kv_indices_host: needs kv_lens_host and kv_indptr_host"):
+        w.plan(*args, kv_lens_host=lens, kv_indices_host=ids)
+    past = ids.copy()
+    past[0] = case["k_cache"].shape[0]
+    w.plan(*args, **host, kv_indices_host=past)  # the cache is run()'s argument: checked there
+    with pytest.raises(ValueError, match=rf"^kv_indices: page id {case['k_cache'].shape[0]} out of range"):
+        w.run(case["q"], case["k_cache"], case["v_cache"])
+    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, use_cuda_graph=True)
+    with pytest.raises(ValueError, match=r"^kv_indices_host: eager mode only"):
+        g.plan(*args, **host, kv_indices_host=ids)
+
+
 def test_policy_auto_is_the_default_in_both_modes():
     """policy="auto" (the default) is AUTO_RULE's rule of the mode: balanced eagerly, stream_k at the graph tile's
     resident CTAs per SM in graph mode; None is refused naming policy."""
