@@ -24,6 +24,9 @@ Reported per implementation:
   the cache update runs inside the attention function, so there "attention" includes it);
 - attention ms per decode step: the time in the attention function (all layers; kvsplit's and FlashInfer's
   per-step ``plan`` included), and its share of the step;
+- the same on the host's clock: the forward pass's and the attention function's host time per decode step, and
+  p50 / p99 host microseconds of each decoder ``plan`` (once per step) and ``run`` (once per layer) call; host
+  time close to the GPU time says the host sets the pace;
 - end-to-end wall time of ``generate_batch`` (prefill included);
 - the check: each request's first ``--check-steps`` generated tokens must equal the reference's (exit status 1
   otherwise, with the requests that differ and where). A random-weight model's logits are nearly flat, so in bf16
@@ -105,7 +108,7 @@ def _args(argv=None):
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="CPU check at tiny sizes (fp32, 2 layers, 12 requests x 8 tokens, 4 checked); no timing",
+        help="CPU check at tiny sizes (fp32, 2 layers, 12 requests x 8 tokens, 4 checked); host clock only",
     )
     p.add_argument(
         "--warmup", type=int, default=1, help="untimed passes of the workload before the timed one (default 1)"
@@ -208,66 +211,106 @@ class FlashInferDecoder:
 
 
 class Timer:
-    """CUDA events around each forward pass of the model and each call of the attention function."""
+    """CUDA events around each forward pass of the model and each call of the attention function; beside them the
+    host's clock (``time.perf_counter``) around the same calls and around each decoder ``plan`` / ``run`` call
+    (:meth:`host_methods`), to tell where a step's time goes when the host, not the GPU, sets the pace."""
 
-    def __init__(self, model, enabled):
-        self.enabled, self.steps, self._cur, self._attn, self.hooks = enabled, [], None, [], []
+    def __init__(self, model, enabled, cuda=True):
+        self.enabled, self.cuda, self.steps, self._cur, self._attn, self.hooks = enabled, cuda, [], None, [], []
+        self.calls: dict[str, list[float]] = {}  # host seconds per decoder call, by "plan" / "run"
+        self._host_attn: list[float] = []
+        self._saved: list[tuple] = []
         if enabled:
             self.hooks = [
                 model.register_forward_pre_hook(self._pre, with_kwargs=True),
                 model.register_forward_hook(self._post, with_kwargs=True),
             ]
 
-    def _pre(self, module, args, kwargs):
+    def _event(self):
+        if not self.cuda:  # the CPU smoke run: the host's clock only
+            return None
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
-        self._attn = []
+        return ev
+
+    def _pre(self, module, args, kwargs):
+        ev = self._event()
+        self._attn, self._host_attn = [], []
         max_q = kwargs.get("max_length_q", kwargs.get("max_seqlen_q"))  # 5.2x / 5.17
-        self._cur = (ev, max_q, int(kwargs["input_ids"].shape[-1]))
+        self._cur = (ev, max_q, int(kwargs["input_ids"].shape[-1]), time.perf_counter())
 
     def _post(self, module, args, kwargs, out):
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        start, max_q, tokens = self._cur
-        self.steps.append((start, ev, max_q == 1, tokens, self._attn))
+        ev = self._event()
+        start, max_q, tokens, t0 = self._cur
+        host = (time.perf_counter() - t0, sum(self._host_attn))
+        self.steps.append((start, ev, max_q == 1, tokens, self._attn, host))
 
     def wrap(self, fn):
         if not self.enabled:
             return fn
 
         def timed(*args, **kwargs):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
+            t0 = time.perf_counter()
+            s = self._event()
             out = fn(*args, **kwargs)
-            e.record()
+            e = self._event()
+            self._host_attn.append(time.perf_counter() - t0)
             self._attn.append((s, e))
             return out
 
         return timed
 
+    def host_methods(self, cls):
+        """Time ``cls.plan`` and ``cls.run`` on the host clock until :meth:`restore` (a decoder class)."""
+        if not self.enabled:
+            return
+        for name in ("plan", "run"):
+            fn = cls.__dict__[name]
+            calls = self.calls.setdefault(name, [])
+
+            def timed(*args, _fn=fn, _calls=calls, **kwargs):
+                t0 = time.perf_counter()
+                out = _fn(*args, **kwargs)
+                _calls.append(time.perf_counter() - t0)
+                return out
+
+            self._saved.append((cls, name, fn))
+            setattr(cls, name, timed)
+
+    def restore(self):
+        for cls, name, fn in self._saved:
+            setattr(cls, name, fn)
+        self._saved = []
+
     def summary(self):
         if not self.enabled:
             return {}
-        torch.cuda.synchronize()
-        dec = [
-            (s.elapsed_time(e), tok, sum(a.elapsed_time(b) for a, b in attn))
-            for s, e, is_dec, tok, attn in self.steps
-            if is_dec
-        ]
+        dec = [(tok, attn, s, e, host) for s, e, is_dec, tok, attn, host in self.steps if is_dec]
         if not dec:
             return {}
-        ms = np.array([x[0] for x in dec])
-        att = np.array([x[2] for x in dec])
-        tokens = sum(x[1] for x in dec)
-        return dict(
-            decode_steps=len(dec),
-            decode_tokens=tokens,
-            decode_tok_s=tokens / (ms.sum() / 1e3),
-            step_ms_p50=float(np.median(ms)),
-            attn_ms_per_step_p50=float(np.median(att)),
-            attn_ms_per_step_mean=float(att.mean()),
-            attn_share=float(att.sum() / ms.sum()),
+        host = np.array([x[4] for x in dec]) * 1e3  # ms: [step, attention]
+        tokens = sum(x[0] for x in dec)
+        out = dict(decode_steps=len(dec), decode_tokens=tokens)
+        if self.cuda:
+            torch.cuda.synchronize()
+            ms = np.array([s.elapsed_time(e) for _, _, s, e, _ in dec])
+            att = np.array([sum(a.elapsed_time(b) for a, b in attn) for _, attn, _, _, _ in dec])
+            out.update(
+                decode_tok_s=tokens / (ms.sum() / 1e3),
+                step_ms_p50=float(np.median(ms)),
+                attn_ms_per_step_p50=float(np.median(att)),
+                attn_ms_per_step_mean=float(att.mean()),
+                attn_share=float(att.sum() / ms.sum()),
+            )
+        out.update(
+            host_step_ms_p50=float(np.median(host[:, 0])),
+            host_attn_ms_per_step_p50=float(np.median(host[:, 1])),
         )
+        for name, calls in self.calls.items():  # all calls of the pass (prefill steps' plans included)
+            if calls:
+                out[f"host_{name}_us_p50"] = float(np.median(calls) * 1e6)
+                out[f"host_{name}_us_p99"] = float(np.quantile(calls, 0.99) * 1e6)
+        return out
 
 
 def _run(a, model, prompts, impl, table, device, *, new_tokens=None, timed=True):
@@ -291,7 +334,11 @@ def _run(a, model, prompts, impl, table, device, *, new_tokens=None, timed=True)
         handle = ktf.install(table=table)
     elif impl == "flashinfer":
         handle = ktf.install(decoder=lambda *s: FlashInferDecoder(*s, use_tensor_cores=not a.fi_cuda_cores))
-    timer = Timer(model, enabled=timed and device.type == "cuda")
+    timer = Timer(model, enabled=timed, cuda=device.type == "cuda")
+    if impl in ("kvsplit", "flashinfer"):
+        from kvsplit.kernels.wrapper import DecodeWrapper
+
+        timer.host_methods(DecodeWrapper if impl == "kvsplit" else FlashInferDecoder)
     key = ktf.attention_key()  # sdpa (5.2x) or paged|sdpa (5.17)
     own = AttentionInterface()[key]
     AttentionInterface.register(key, timer.wrap(own))
@@ -301,6 +348,7 @@ def _run(a, model, prompts, impl, table, device, *, new_tokens=None, timed=True)
         wall = time.perf_counter() - t0
     finally:
         AttentionInterface.register(key, own)
+        timer.restore()
         if handle is not None:
             handle.uninstall()
         for h in timer.hooks:
@@ -393,6 +441,17 @@ def main(argv=None) -> int:
                 f"   decode {res['decode_tok_s']:,.0f} tok/s over {res['decode_steps']} decode steps; step p50 "
                 f"{res['step_ms_p50']:.2f} ms, attention p50 {res['attn_ms_per_step_p50']:.2f} ms/step "
                 f"({res['attn_share']:.1%} of decode time); generate_batch {res['wall_s']:.1f} s",
+                flush=True,
+            )
+        if "host_step_ms_p50" in res:
+            calls = "".join(
+                f", {name}() p50 {res[f'host_{name}_us_p50']:.1f} us (p99 {res[f'host_{name}_us_p99']:.1f})"
+                for name in ("plan", "run")
+                if f"host_{name}_us_p50" in res
+            )
+            print(
+                f"   host clock: step p50 {res['host_step_ms_p50']:.2f} ms, attention "
+                f"{res['host_attn_ms_per_step_p50']:.2f} ms/step{calls}",
                 flush=True,
             )
         if "stats" in res:
