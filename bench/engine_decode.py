@@ -26,7 +26,8 @@ Reported per implementation:
   per-step ``plan`` included), and its share of the step;
 - the same on the host's clock: the forward pass's and the attention function's host time per decode step, and
   p50 / p99 host microseconds of each decoder ``plan`` (once per step) and ``run`` (once per layer) call; host
-  time close to the GPU time says the host sets the pace;
+  time close to the GPU time says the host sets the pace; and Python's garbage collections during the pass (count
+  per generation, host ms);
 - end-to-end wall time of ``generate_batch`` (prefill included);
 - the check: each request's first ``--check-steps`` generated tokens must equal the reference's (exit status 1
   otherwise, with the requests that differ and where). A random-weight model's logits are nearly flat, so in bf16
@@ -50,6 +51,7 @@ optional. Writes a JSON summary with ``--json PATH``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -220,11 +222,21 @@ class Timer:
         self.calls: dict[str, list[float]] = {}  # host seconds per decoder call, by "plan" / "run"
         self._host_attn: list[float] = []
         self._saved: list[tuple] = []
+        self.gc = {"collections": [0, 0, 0], "s": 0.0}  # Python's garbage collections in the pass, by generation
+        self._gc_t0 = 0.0
         if enabled:
             self.hooks = [
                 model.register_forward_pre_hook(self._pre, with_kwargs=True),
                 model.register_forward_hook(self._post, with_kwargs=True),
             ]
+            gc.callbacks.append(self._gc)
+
+    def _gc(self, phase, info):
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.gc["s"] += time.perf_counter() - self._gc_t0
+            self.gc["collections"][info["generation"]] += 1
 
     def _event(self):
         if not self.cuda:  # the CPU smoke run: the host's clock only
@@ -281,6 +293,8 @@ class Timer:
         for cls, name, fn in self._saved:
             setattr(cls, name, fn)
         self._saved = []
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
 
     def summary(self):
         if not self.enabled:
@@ -306,6 +320,8 @@ class Timer:
             host_step_ms_p50=float(np.median(host[:, 0])),
             host_attn_ms_per_step_p50=float(np.median(host[:, 1])),
         )
+        out["gc_collections"] = list(self.gc["collections"])  # the whole pass, prefill included
+        out["gc_ms"] = self.gc["s"] * 1e3
         for name, calls in self.calls.items():  # all calls of the pass (prefill steps' plans included)
             if calls:
                 out[f"host_{name}_us_p50"] = float(np.median(calls) * 1e6)
@@ -451,7 +467,8 @@ def main(argv=None) -> int:
             )
             print(
                 f"   host clock: step p50 {res['host_step_ms_p50']:.2f} ms, attention "
-                f"{res['host_attn_ms_per_step_p50']:.2f} ms/step{calls}",
+                f"{res['host_attn_ms_per_step_p50']:.2f} ms/step{calls}; garbage collections in the pass "
+                f"{res['gc_collections']} (gen 0/1/2), {res['gc_ms']:.1f} ms",
                 flush=True,
             )
         if "stats" in res:
