@@ -17,8 +17,12 @@ What runs where, per forward pass (a "step") of continuous batching:
 - **decode rows** (requests with one query token in the step) run through one
   :class:`~kvsplit.kernels.wrapper.DecodeWrapper` per attention shape, planned once per step (at the first layer,
   the plan kept for the step's other layers) and run per layer straight on transformers' paged cache;
-- **prefill and chunked-prefill rows** of the same step run through transformers' own ``sdpa`` function on the
-  keys and values its cache read back, with its mask, so mixed steps work;
+- **rows of 2-8 query tokens** (a speculative verify step's shape; in continuous batching, the short prompts and
+  the last chunks of chunked prefills) run the same way through a ``DecodeWrapper(q_len=n)`` per token count
+  ``n``, causal within the new tokens, where its work tile holds them (``G * n <= 64`` query rows,
+  :func:`kvsplit.kernels.limits.heads_fit`);
+- **longer prefill and chunked-prefill rows** of the same step run through transformers' own ``sdpa`` function on
+  the keys and values its cache read back, with its mask, so mixed steps work;
 - calls outside continuous batching (a plain ``generate``) go to transformers' own ``sdpa`` unchanged.
 
 The hooks (transformers has no public one that hands an attention function the paged cache; see
@@ -33,7 +37,7 @@ docs/guides/engine-integration-transformers.md):
    metadata is taken from the host objects the scheduler already has (each request's query length and
    ``position_offset``, and its block ids from the full-attention allocator's ``block_table``): the kv_lens,
    kv_indptr and page ids of the decode rows cost no device-to-host copy.
-3. In a step made only of decode rows the keys and values are written to the cache as before, but not read back
+3. In a step made only of rows kvsplit runs the keys and values are written to the cache as before, but not read back
    (transformers' own write-only path, an empty ``read_index``): kvsplit reads the pages itself, so the step does
    not copy every request's whole KV per layer. On 5.2x the model calls ``PagedAttentionCache.update`` before the
    attention function, so ``update`` is wrapped; on 5.17 the paged attention function calls it, here.
@@ -52,7 +56,7 @@ Limits: full-attention layers only (a model with sliding-window, MLA, attention 
 transformers' own ``sdpa`` everywhere); synchronous batching only (``use_async_batching=False``; asynchronous
 batching prepares step N+1 while step N runs, and is refused with a ``RuntimeError`` at its first step); eager
 mode only (no CUDA-graph capture of the decode path: transformers builds its block-table fast path for flash
-only); q_len 1 decode rows (speculative rows of 2-8 tokens run through ``sdpa``); ``head_dim`` 64, 128 or 256,
+only); another ``decoder`` runs q_len 1 rows only; ``head_dim`` 64, 128 or 256,
 ``page_size`` <= 256, float16 / bfloat16 (float32 for CPU tests). ``DecodeWrapper.plan`` validates its inputs
 from the step's host copies of kv_indptr, kv_lens and the page ids (no copy back from the device, no wait for it).
 """
@@ -69,7 +73,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..limits import HEAD_DIMS, MAX_PAGE_SIZE
+from ..limits import HEAD_DIMS, MAX_PAGE_SIZE, MAX_Q_LEN, heads_fit
 from ..wrapper import DecodeWrapper
 
 __all__ = [
@@ -228,6 +232,21 @@ def _tf():
 
 
 @dataclass
+class _Rows:
+    """The step's requests with ``q_len`` query tokens each, run by one DecodeWrapper(q_len=q_len)."""
+
+    q_len: int
+    tok: np.ndarray  # int64 [B * q_len]: the token rows in q of request b's tokens, at b * q_len ..
+    kv_indptr: np.ndarray  # int32 [B + 1] page offsets
+    kv_indices: np.ndarray  # int32 [kv_indptr[-1]] page ids in the layer's NHD page views
+    kv_lens: np.ndarray  # int32 [B] tokens in cache (the step's q_len new tokens included)
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.kv_lens.shape[0])
+
+
+@dataclass
 class _Step:
     """Host metadata of one continuous-batching forward pass, taken when transformers prepared it."""
 
@@ -235,22 +254,21 @@ class _Step:
     cu_q_ptr: int  # data_ptr of the IO's cu_seq_lens_q storage: the step's identity in the forward
     cache: Any  # transformers' PagedAttentionCache
     total_q: int  # query tokens of the real requests (the forward may pad beyond)
-    dec_tok: np.ndarray  # int64 [B]: token row in q of each decode row
-    other_tok: np.ndarray  # int64 [T - B]: token rows of the prefill / chunked-prefill requests
-    kv_indptr: np.ndarray  # int32 [B + 1] page offsets of the decode rows
-    kv_indices: np.ndarray  # int32 [kv_indptr[-1]] page ids in the layer's NHD page views
-    kv_lens: np.ndarray  # int32 [B] tokens in cache (the step's new token included)
+    rows: dict[int, _Rows]  # q_len -> the requests kvsplit runs (q_len 1: the decode rows)
+    other_tok: np.ndarray  # int64: token rows of the requests sdpa runs (longer prefill / chunked-prefill rows)
     max_requests: int  # the engine's max_requests_per_batch
     device_arrays: dict = field(default_factory=dict)
     planned: set = field(default_factory=set)
 
     @property
-    def num_decode(self) -> int:
-        return int(self.dec_tok.shape[0])
+    def num_kvsplit(self) -> int:
+        """Query tokens kvsplit runs in this step."""
+        return sum(int(r.tok.shape[0]) for r in self.rows.values())
 
     @property
-    def all_decode(self) -> bool:
-        return self.num_decode > 0 and self.other_tok.shape[0] == 0
+    def kvsplit_only(self) -> bool:
+        """Every query token of the step is kvsplit's (the cache read-back is skipped)."""
+        return bool(self.rows) and self.other_tok.shape[0] == 0
 
 
 class KvsplitAttention:
@@ -272,10 +290,11 @@ class KvsplitAttention:
     Attributes
     ----------
     stats : dict[str, int]
-        ``steps`` (forward passes with decode rows), ``plans`` (DecodeWrapper.plan calls), ``decode_layers``
-        (DecodeWrapper.run calls), ``decode_rows`` (rows run by kvsplit, summed over layers), ``sdpa_layers``
-        (layer calls that ran transformers' sdpa on prefill rows or everything), ``reads_skipped`` (layer calls of
-        decode-only steps whose cache read-back was skipped).
+        ``steps`` (forward passes with rows kvsplit runs), ``plans`` (DecodeWrapper.plan calls: one per step and
+        token count), ``decode_layers`` (DecodeWrapper.run calls), ``decode_rows`` (q_len-1 rows run by kvsplit,
+        summed over layers), ``verify_rows`` (query tokens of the 2-8-token rows run by kvsplit, summed over
+        layers), ``sdpa_layers`` (layer calls that ran transformers' sdpa on prefill rows or everything),
+        ``reads_skipped`` (layer calls of steps made only of kvsplit's rows, whose cache read-back was skipped).
     """
 
     def __init__(self, table: Any = None, max_batch_size: int | None = None, decoder: Any = None) -> None:
@@ -290,7 +309,9 @@ class KvsplitAttention:
         self.max_batch_size = max_batch_size
         self.decoder = decoder
         self.wrappers: dict[tuple, Any] = {}
-        self.stats = dict(steps=0, plans=0, decode_layers=0, decode_rows=0, sdpa_layers=0, reads_skipped=0)
+        self.stats = dict(
+            steps=0, plans=0, decode_layers=0, decode_rows=0, verify_rows=0, sdpa_layers=0, reads_skipped=0
+        )
         self._serial = itertools.count(1)
         self._step: _Step | None = None
         self._eligible: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
@@ -321,7 +342,7 @@ class KvsplitAttention:
                 step = me._current(kwargs, cache)
                 if (
                     step is not None
-                    and step.all_decode
+                    and step.kvsplit_only
                     and me._layer_ok(cache, layer_idx)
                     and kwargs.get("block_table") is None
                 ):
@@ -373,22 +394,28 @@ class KvsplitAttention:
         return self._cache_reason(cache) is None and self._layout.layer_full(cache, layer_idx)
 
     def _record_step(self, io: Any) -> None:
-        """After transformers prepared a step: the decode rows' kv_lens and page ids from its host state."""
+        """After transformers prepared a step: each kvsplit row's kv_len and page ids from its host state, grouped
+        by query tokens (1 to the most a work tile holds; another ``decoder``: 1), the other rows for sdpa."""
         cache = io.cache
         if self._cache_reason(cache) is not None:
             self._step = None
             return
         full = self._layout.full_allocs(cache)[0]
         ps, pages_stride = self._layout.page_size(full), self._layout.pages_stride(full)
-        dec_tok, other_tok, lens, indptr, pages = [], [], [], [0], []
+        cfg = cache.config
+        h_q = int(cfg.num_attention_heads)
+        h_kv = int(getattr(cfg, "num_key_value_heads", None) or h_q)
+        groups: dict[int, tuple[list, list, list, list]] = {}
+        other_tok: list[int] = []
         row = 0
         for fs in io.requests_in_batch:
             q_len = fs.query_length
-            if q_len == 1:
-                kv_len = fs.state.position_offset  # past + this step's token (prepare_batch_tensors advanced it)
+            if q_len == 1 or (self.decoder is None and q_len <= MAX_Q_LEN and heads_fit(1, h_q, h_kv, q_len)):
+                kv_len = fs.state.position_offset  # past + this step's q_len tokens (prepare_batch_tensors advanced it)
                 n = -(-kv_len // ps)
                 blocks = full.block_table[fs.state.request_id][:n]
-                dec_tok.append(row)
+                tok, lens, indptr, pages = groups.setdefault(q_len, ([], [], [0], []))
+                tok.extend(range(row, row + q_len))
                 lens.append(kv_len)
                 pages.extend(b * pages_stride for b in blocks)
                 indptr.append(len(pages))
@@ -400,11 +427,17 @@ class KvsplitAttention:
             cu_q_ptr=io.cumulative_seqlens_q.data_ptr(),
             cache=cache,
             total_q=row,
-            dec_tok=np.asarray(dec_tok, np.int64),
+            rows={
+                q: _Rows(
+                    q_len=q,
+                    tok=np.asarray(tok, np.int64),
+                    kv_indptr=np.asarray(indptr, np.int32),
+                    kv_indices=np.asarray(pages, np.int32),
+                    kv_lens=np.asarray(lens, np.int32),
+                )
+                for q, (tok, lens, indptr, pages) in sorted(groups.items())
+            },
             other_tok=np.asarray(other_tok, np.int64),
-            kv_indptr=np.asarray(indptr, np.int32),
-            kv_indices=np.asarray(pages, np.int32),
-            kv_lens=np.asarray(lens, np.int32),
             max_requests=int(io.max_requests_per_batch or 1),
         )
 
@@ -424,9 +457,17 @@ class KvsplitAttention:
 
     # ------------------------------------------------------------------ the attention function
     def _wrapper(
-        self, h_q: int, h_kv: int, d: int, ps: int, dtype: torch.dtype, device: torch.device, max_batch: int
+        self,
+        h_q: int,
+        h_kv: int,
+        d: int,
+        ps: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_batch: int,
+        q_len: int = 1,
     ) -> Any:
-        key = (h_q, h_kv, d, ps, dtype, device)
+        key = (h_q, h_kv, d, ps, dtype, device, q_len)
         w = self.wrappers.get(key)
         if w is None:
             if self.decoder is not None:
@@ -441,17 +482,25 @@ class KvsplitAttention:
                     device=device,
                     max_batch_size=max_batch,
                     table=self.table,
+                    q_len=q_len,
                 )
             self.wrappers[key] = w
         return w
 
-    def _device_arrays(self, step: _Step, device: torch.device) -> dict[str, torch.Tensor]:
+    def _device_arrays(self, step: _Step, device: torch.device) -> dict[Any, Any]:
+        """The step's index arrays on ``device``: ``{q_len: {name: tensor}, "other_tok": tensor}``, uploaded once
+        per step (host -> device; no device -> host copy)."""
         arrs = step.device_arrays.get(device)
-        if arrs is None:  # host -> device uploads, once per step (no device -> host copy)
+        if arrs is None:
+
+            def up(a: np.ndarray) -> torch.Tensor:
+                return torch.from_numpy(a).to(device, non_blocking=True)
+
             arrs = {
-                name: torch.from_numpy(getattr(step, name)).to(device, non_blocking=True)
-                for name in ("kv_indptr", "kv_indices", "kv_lens", "dec_tok", "other_tok")
+                q: {name: up(getattr(r, name)) for name in ("kv_indptr", "kv_indices", "kv_lens", "tok")}
+                for q, r in step.rows.items()
             }
+            arrs["other_tok"] = up(step.other_tok)
             step.device_arrays[device] = arrs
         return arrs
 
@@ -483,7 +532,7 @@ class KvsplitAttention:
         cache = kwargs.pop("cache", None) if managers else None
         step = self._current(kwargs, cache)
         layer_idx = getattr(module, "layer_idx", None)
-        if step is None or step.num_decode == 0 or layer_idx is None or not self._layer_ok(step.cache, layer_idx):
+        if step is None or not step.rows or layer_idx is None or not self._layer_ok(step.cache, layer_idx):
             self.stats["sdpa_layers"] += step is not None
             if managers:
                 return self._layout.own(
@@ -505,9 +554,9 @@ class KvsplitAttention:
                 f"query: expected [1, H_q, >= {step.total_q}, D] for this step, got {tuple(query.shape)}"
             )
         _, h_q, t, d = query.shape
-        if managers:  # write the step's keys/values; read the cache back only for prefill rows
+        if managers:  # write the step's keys/values; read the cache back only for sdpa's rows
             read = kwargs["read_index"]
-            if step.all_decode:
+            if step.kvsplit_only:
                 read = [r[:0] for r in read]
                 self.stats["reads_skipped"] += 1
             key, value = cache.update(
@@ -522,39 +571,41 @@ class KvsplitAttention:
         ps, h_kv = k_pages.shape[1], k_pages.shape[2]
         dev = query.device
         arrs = self._device_arrays(step, dev)
-        w = self._wrapper(
-            h_q, h_kv, d, ps, k_pages.dtype, dev, self.max_batch_size or max(step.num_decode, step.max_requests)
-        )
-        wkey = id(w)
-        if wkey not in step.planned:  # once per step and wrapper: every layer of the step reuses the plan
-            if not step.planned:
-                self.stats["steps"] += 1
-            if isinstance(w, DecodeWrapper):  # the step's host copies: no copy back from the device, no wait
-                w.plan(
-                    arrs["kv_indptr"],
-                    arrs["kv_indices"],
-                    arrs["kv_lens"],
-                    kv_lens_host=step.kv_lens,
-                    kv_indptr_host=step.kv_indptr,
-                    kv_indices_host=step.kv_indices,
-                )
-            else:
-                w.plan(arrs["kv_indptr"], arrs["kv_indices"], arrs["kv_lens"])
-            step.planned.add(wkey)
-            self.stats["plans"] += 1
-        # decode rows' queries [B, H_q, D]; a scale other than DecodeWrapper's 1/sqrt(D) is folded into q
-        q_dec = query[0].index_select(1, arrs["dec_tok"]).transpose(0, 1)
-        if scaling is not None and not math.isclose(scaling, d**-0.5, rel_tol=1e-12):
-            q_dec = q_dec * (scaling * math.sqrt(d))
-        q_dec = q_dec.to(k_pages.dtype).contiguous()
-        o_dec = w.run(q_dec, k_pages, v_pages)
-        self.stats["decode_layers"] += 1
-        self.stats["decode_rows"] += step.num_decode
-        if step.all_decode and t == step.num_decode:
-            return o_dec.to(query.dtype).unsqueeze(0), None
-        out = query.new_zeros((1, t, h_q, d))  # rows of padding tokens (static shapes) stay zero
-        out[0].index_copy_(0, arrs["dec_tok"], o_dec.to(query.dtype))
-        if not step.all_decode:  # the prefill rows: transformers' own sdpa over the keys/values it read back
+        if not step.planned:
+            self.stats["steps"] += 1
+        out = None
+        rescale = scaling is not None and not math.isclose(scaling, d**-0.5, rel_tol=1e-12)
+        for q_len, rows in step.rows.items():
+            a = arrs[q_len]
+            max_batch = self.max_batch_size or max(rows.num_requests, step.max_requests)
+            w = self._wrapper(h_q, h_kv, d, ps, k_pages.dtype, dev, max_batch, q_len)
+            if id(w) not in step.planned:  # once per step and wrapper: every layer of the step reuses the plan
+                if isinstance(w, DecodeWrapper):  # the step's host copies: no copy back from the device, no wait
+                    w.plan(
+                        a["kv_indptr"],
+                        a["kv_indices"],
+                        a["kv_lens"],
+                        kv_lens_host=rows.kv_lens,
+                        kv_indptr_host=rows.kv_indptr,
+                        kv_indices_host=rows.kv_indices,
+                    )
+                else:
+                    w.plan(a["kv_indptr"], a["kv_indices"], a["kv_lens"])
+                step.planned.add(id(w))
+                self.stats["plans"] += 1
+            # the rows' queries [B * q_len, H_q, D]; a scale other than DecodeWrapper's 1/sqrt(D) is folded into q
+            q_rows = query[0].index_select(1, a["tok"]).transpose(0, 1)
+            if rescale:
+                q_rows = q_rows * (scaling * math.sqrt(d))
+            o_rows = w.run(q_rows.to(k_pages.dtype).contiguous(), k_pages, v_pages)
+            self.stats["decode_layers"] += 1
+            self.stats["decode_rows" if q_len == 1 else "verify_rows"] += int(rows.tok.shape[0])
+            if step.kvsplit_only and len(step.rows) == 1 and t == rows.tok.shape[0]:
+                return o_rows.to(query.dtype).unsqueeze(0), None
+            if out is None:
+                out = query.new_zeros((1, t, h_q, d))  # rows of padding tokens (static shapes) stay zero
+            out[0].index_copy_(0, a["tok"], o_rows.to(query.dtype))
+        if not step.kvsplit_only:  # the other rows: transformers' own sdpa over the keys/values it read back
             rows = arrs["other_tok"]
             mask = attention_mask.index_select(2, rows) if attention_mask is not None else None
             o_pre, _ = self._sdpa(
