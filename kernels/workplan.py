@@ -155,16 +155,22 @@ class Plan:
         cached = self._cache.get("merge_layout")
         if cached is not None:
             return cached
-        split_item = self.num_splits[self.work_request] > 1
-        slot = np.cumsum(split_item, dtype=np.int64) - 1
-        work_slot = np.where(split_item, slot, -1).astype(np.int32)
-        # items of a request are consecutive: first item index per request
-        first = np.ones(self.num_work_items, dtype=bool)
-        first[1:] = self.work_request[1:] != self.work_request[:-1]
-        merge_first = first & split_item
-        merge_request = self.work_request[merge_first].astype(np.int32)
-        merge_slot_start = work_slot[merge_first].astype(np.int32)
-        merge_num = self.num_splits[merge_request].astype(np.int32)
+        if self.num_splits.max(initial=1) <= 1:  # no request is split (the usual large batch): nothing to merge
+            none = _ro(np.zeros(0, dtype=np.int32))
+            out = (_ro(np.full(self.num_work_items, -1, dtype=np.int32)), none, none, none)
+            self._cache["merge_layout"] = out
+            return out
+        wr = self.work_request
+        split_item = self.num_splits[wr] > 1
+        work_slot = np.cumsum(split_item, dtype=np.int32)
+        work_slot -= 1
+        work_slot[~split_item] = -1
+        # items of a request are consecutive: the first item of each split request
+        first = split_item.copy()
+        first[1:] &= wr[1:] != wr[:-1]
+        merge_request = wr[first]
+        merge_slot_start = work_slot[first]
+        merge_num = self.num_splits[merge_request]
         out = (_ro(work_slot), _ro(merge_request), _ro(merge_slot_start), _ro(merge_num))
         self._cache["merge_layout"] = out
         return out
@@ -184,8 +190,10 @@ class Plan:
 
     @property
     def num_partials(self) -> int:
-        """Partial-output slots the workspace needs (items of split requests)."""
-        return int(self.merge_layout()[0].max(initial=-1) + 1)
+        """Partial-output slots the workspace needs (items of split requests): the last merged request's first
+        slot plus its partials (slots are given in work-list order, a request's consecutively)."""
+        _, _, start, num = self.merge_layout()
+        return int(start[-1] + num[-1]) if start.shape[0] else 0
 
     # -- device upload (torch) ----------------------------------------------
     def to(self, device: Any) -> dict:

@@ -17,7 +17,9 @@ Two modes:
   back from the device), makes the host plan (the table's policy for the
   batch's bucket, or ``policy``/``params``), uploads its launch arrays with one
   asynchronous copy from a pinned host buffer (two, used in turn) into one device
-  buffer, and checks the page ids the step uses: from the engine's host copy
+  buffer (regions at fixed 16-byte-aligned offsets: one Triton specialization of
+  the kernels' pointer arguments for every plan, views made once per layout),
+  and checks the page ids the step uses: from the engine's host copy
   (``kv_indices_host``; then the step never waits for the device), else by
   reading back their min and max (two numbers: the one wait of the step);
   ``run()`` checks shapes against what was planned (no device read).
@@ -314,6 +316,7 @@ class DecodeWrapper:
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.dtype = page_size, dtype
         self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(
                 f"device: {device!r} asked for, but torch sees no CUDA device here (CPU-only build or no "
@@ -358,7 +361,11 @@ class DecodeWrapper:
         self._picked_table: Any = None  # graph mode: the table the current rule was picked from
         # eager uploads: one pinned host buffer and one device buffer, grown as plans need (module doc)
         self._eager_host: list[torch.Tensor | None] = [None, None]  # used in turn, one per plan
+        self._eager_host_np: list[np.ndarray | None] = [None, None]  # their NumPy views
         self._eager_dev: torch.Tensor | None = None
+        self._eager_cap = (0, 0)  # (work items, merged requests) the regions of the eager buffers hold
+        self._eager_offsets: tuple[int, ...] = ()  # where each of _EAGER_ARRAYS starts, then the buffers' size
+        self._eager_views: dict[str, torch.Tensor] = {}  # the device buffer's regions, made when it is
         self._eager_done: list[Any] = [None, None]  # CUDA: the event recorded after the last upload from each
         self._eager_turn = 0
         self._max_page = -1
@@ -705,10 +712,11 @@ class DecodeWrapper:
             p = fit_tile_rows(p, self.num_qo_heads // self.num_kv_heads, self.q_len)
         else:
             p = plan_with(lens, self.spec)
-        if not self._own_workspace and (self.workspace.max_partials < p.num_partials or self.workspace.max_batch < B):
+        partials = p.num_partials
+        if not self._own_workspace and (self.workspace.max_partials < partials or self.workspace.max_batch < B):
             raise ValueError(
                 f"workspace: holds {self.workspace.max_partials} partials and {self.workspace.max_batch} "
-                f"requests; this step's plan needs {p.num_partials} and {B}"
+                f"requests; this step's plan needs {partials} and {B}"
             )
         if kv_indices_host is not None:  # the page ids the step uses, checked on the host: no wait for the device
             ids = self._host_array("kv_indices_host", kv_indices_host, n_used, at_least=True)[:n_used]
@@ -728,8 +736,8 @@ class DecodeWrapper:
                     # the upload overwrote the previous step's arrays: run() needs a new plan()
                     self._plan, self._arrays, self._B = None, None, -1
                     raise ValueError(f"kv_indices: negative page id {lo}")
-        if self.workspace is None or self.workspace.max_partials < p.num_partials or self.workspace.max_batch < B:
-            grow = max(p.num_partials, 2 * (self.workspace.max_partials if self.workspace else 0))
+        if self.workspace is None or self.workspace.max_partials < partials or self.workspace.max_batch < B:
+            grow = max(partials, 2 * (self.workspace.max_partials if self.workspace else 0))
             self.workspace = make_workspace(
                 self.num_qo_heads,
                 self.head_dim,
@@ -740,41 +748,62 @@ class DecodeWrapper:
             )
         self._plan, self._arrays, self._max_page, self._B = p, arrays, hi, B
 
+    def _eager_regions(self, W: int, M: int) -> None:
+        """(Re)make the eager buffers' layout for plans of up to ``W`` work items and ``M`` merged requests (twice
+        as many, in multiples of 64): one region per launch array at a fixed offset, every offset a multiple of 4
+        int32 (16 bytes), so the device buffer's views keep the same Triton pointer specialization (16-byte
+        alignment) for every plan, and are made once per layout rather than per plan."""
+        wcap = -(-max(2 * W, 64) // 64) * 64
+        mcap = -(-max(2 * M, 64) // 64) * 64
+        sizes = (wcap, wcap, wcap, wcap, wcap + 4, mcap, mcap, mcap)  # cta_indptr: num_ctas + 1 <= W + 1 entries
+        offsets = [0]
+        for n in sizes:
+            offsets.append(offsets[-1] + n)
+        self._eager_dev = torch.empty(offsets[-1], dtype=torch.int32, device=self.device)
+        self._eager_views = {
+            name: self._eager_dev[o : o + n] for name, o, n in zip(_EAGER_ARRAYS, offsets[:-1], sizes, strict=True)
+        }
+        self._eager_cap, self._eager_offsets = (wcap, mcap), tuple(offsets)
+
     def _upload_eager(self, p: Plan, used: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
         """The plan's launch arrays in one device buffer, filled by one asynchronous copy from a pinned host buffer
         (two, used in turn: before refilling one, the host waits for the copy issued from it two plans earlier,
         long done in practice); with ``used`` (the step's page ids), their (min, max) copied back into the same
-        host buffer and waited for. Returns the arrays (views of the device buffer) and the (min, max) or None.
-        The device buffer is rewritten in stream order: the copy runs after the previous step's launches."""
+        host buffer and waited for. Returns the arrays (views of the device buffer's regions,
+        :meth:`_eager_regions`: each holds the plan's array at its start) and the (min, max) or None. The device
+        buffer is rewritten in stream order: the copy runs after the previous step's launches."""
         ws, mr, ms, mn = p.merge_layout()
         segs = (p.work_request, p.work_kv_start, p.work_kv_end, ws, p.cta_indptr, mr, ms, mn)
-        sizes = [a.shape[0] for a in segs]
-        n = sum(sizes)
-        cuda = self.device.type == "cuda"
+        W, M = p.num_work_items, mr.shape[0]
+        if W > self._eager_cap[0] or M > self._eager_cap[1]:
+            self._eager_regions(W, M)
+        offs = self._eager_offsets
+        size = offs[-1] + 2  # the regions, then the page ids' (min, max) copied back
+        cuda = self._cuda
         k = self._eager_turn = 1 - self._eager_turn
         if self._eager_done[k] is not None:
             self._eager_done[k].synchronize()
-        if self._eager_host[k] is None or self._eager_host[k].shape[0] < n + 2:
-            size = max(2 * n + 2, 4096)
+        h = self._eager_host_np[k]
+        if h is None or h.shape[0] < size:
             self._eager_host[k] = torch.empty(size, dtype=torch.int32, pin_memory=cuda)
+            self._eager_host_np[k] = h = self._eager_host[k].numpy()
             self._eager_done[k] = torch.cuda.Event() if cuda else None
-        if self._eager_dev is None or self._eager_dev.shape[0] < n:
-            self._eager_dev = torch.empty(max(2 * n, 4096), dtype=torch.int32, device=self.device)
         host, dev = self._eager_host[k], self._eager_dev
-        h = host.numpy()
-        np.concatenate(segs, out=h[:n], casting="same_kind")  # int64 token offsets: < 2^31 (MAX_KV_LEN)
-        arrays = dict(zip(_EAGER_ARRAYS, torch.split(dev[:n], sizes)))
-        dev[:n].copy_(host[:n], non_blocking=True)
+        for o, a in zip(offs, segs):
+            h[o : o + a.shape[0]] = a  # int64 token offsets: < 2^31 (MAX_KV_LEN)
+        end = offs[7] + M if M else offs[4] + segs[4].shape[0]  # through the last array the launch reads
+        dev[:end].copy_(host[:end], non_blocking=True)
+        mm = offs[-1]
         if used is not None and not cuda:  # the CPU interpreter's tensors: NumPy's reduction (torch's is slower here)
             u = used.numpy()
-            return arrays, np.array([u.min(), u.max()])
+            return self._eager_views, np.array([u.min(), u.max()])
         if used is not None:
-            host[n : n + 2].copy_(torch.stack(torch.aminmax(used)), non_blocking=True)
+            host[mm : mm + 2].copy_(torch.stack(torch.aminmax(used)), non_blocking=True)
         if cuda:
             self._eager_done[k].record()
             if used is not None:
                 self._eager_done[k].synchronize()
-        return arrays, (h[n : n + 2].copy() if used is not None else None)
+        return self._eager_views, (h[mm : mm + 2].copy() if used is not None else None)
 
     def _upload(self, p: Plan) -> None:
         W, MW = p.num_work_items, self.max_work_items

@@ -602,7 +602,7 @@ def test_eager_plan_from_host_copies_equals_the_device_read_and_runs():
         assert w.last_plan == read
         want = read.to("cpu")
         for name, t in w._arrays.items():
-            assert torch.equal(t, want[name]), name
+            assert torch.equal(t[: want[name].shape[0]], want[name]), name  # the start of its region
         ref = reference_decode_attention(**case)
         o = w.run(case["q"], case["k_cache"], case["v_cache"])
         assert (o.float() - ref.float()).abs().max().item() < 5e-3
@@ -644,6 +644,37 @@ def test_eager_host_copies_are_checked_naming_them():
         w.run(case["q"], case["k_cache"], case["v_cache"])
 
 
+def _sizes(p):
+    """The lengths of an eager plan's launch arrays, in the wrapper's order."""
+    ws, mr, ms, mn = p.merge_layout()
+    return [a.shape[0] for a in (p.work_request, p.work_kv_start, p.work_kv_end, ws, p.cta_indptr, mr, ms, mn)]
+
+
+def test_eager_launch_arrays_stay_16_byte_aligned_and_are_made_once_per_layout():
+    """The eager plan's launch arrays are views of one device buffer at fixed, 16-byte-aligned offsets (Triton
+    specializes a pointer argument on 16-byte alignment: views at offsets that moved with each plan's sizes would
+    compile a new kernel variant per combination); the views are made once per layout and kept while plans fit,
+    and every run matches the fp32 reference."""
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=16)
+    views, layouts = None, 0
+    for step, lens in enumerate(([700, 0, 5], [333, 64, 17, 2048, 1], [9, 9, 9, 9, 9, 9, 9], [40] * 13 + [3000])):
+        case = make_case(
+            lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16, seed=step
+        )
+        w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"], kv_lens_host=lens,
+               kv_indptr_host=case["kv_indptr"].numpy(), kv_indices_host=case["kv_indices"].numpy())  # fmt: skip
+        if w._arrays is not views:
+            views, layouts = w._arrays, layouts + 1
+        want = w.last_plan.to("cpu")
+        for name, t in w._arrays.items():
+            assert t.data_ptr() % 16 == 0, (step, name)
+            assert torch.equal(t[: want[name].shape[0]], want[name]), (step, name)
+        ref = reference_decode_attention(**case)
+        o = w.run(case["q"], case["k_cache"], case["v_cache"])
+        assert (o.float() - ref.float()).abs().max().item() < 5e-3, step
+    assert layouts == 1  # the first layout (64-item regions) held every plan
+
+
 def test_eager_plan_with_host_page_ids_equals_the_device_check_and_runs():
     """Given kv_indices_host too (as an engine that builds its block table on the host has it), the eager plan
     checks the page ids on the host: the same plan, the same launch arrays and the same run as the device check,
@@ -655,14 +686,15 @@ def test_eager_plan_with_host_page_ids_equals_the_device_check_and_runs():
         )
         args = (case["kv_indptr"], case["kv_indices"], case["kv_lens"])
         w.plan(*args)
-        read, read_arrays = w.last_plan, {k: t.clone() for k, t in w._arrays.items()}
+        read = w.last_plan
+        read_arrays = {k: t[:n].clone() for k, t, n in zip(w._arrays, w._arrays.values(), _sizes(read))}
         ids = case["kv_indices"].numpy()
         for ih in (ids, list(ids) + [10**6, -7]):  # entries past kv_indptr[-1] are not the step's
             host = dict(kv_lens_host=lens, kv_indptr_host=case["kv_indptr"].numpy(), kv_indices_host=ih)
             assert w.plan(*args, **host) is None
             assert w.last_plan == read and w._max_page == int(ids[: int(case["kv_indptr"][-1])].max())
             for name, t in w._arrays.items():
-                assert torch.equal(t, read_arrays[name]), name
+                assert torch.equal(t[: read_arrays[name].shape[0]], read_arrays[name]), name
             o = w.run(case["q"], case["k_cache"], case["v_cache"])
             ref = reference_decode_attention(**case)
             assert (o.float() - ref.float()).abs().max().item() < 5e-3
