@@ -365,7 +365,7 @@ class DecodeWrapper:
         self._eager_dev: torch.Tensor | None = None
         self._eager_cap = (0, 0)  # (work items, merged requests) the regions of the eager buffers hold
         self._eager_offsets: tuple[int, ...] = ()  # where each of _EAGER_ARRAYS starts, then the buffers' size
-        self._eager_views: dict[str, torch.Tensor] = {}  # the device buffer's regions, made when it is
+        self._eager_views: dict[str, torch.Tensor] = {}  # views of the device buffer's regions, made with it
         self._eager_done: list[Any] = [None, None]  # CUDA: the event recorded after the last upload from each
         self._eager_turn = 0
         self._max_page = -1
@@ -749,13 +749,13 @@ class DecodeWrapper:
         self._plan, self._arrays, self._max_page, self._B = p, arrays, hi, B
 
     def _eager_regions(self, W: int, M: int) -> None:
-        """(Re)make the eager buffers' layout for plans of up to ``W`` work items and ``M`` merged requests (twice
-        as many, in multiples of 64): one region per launch array at a fixed offset, every offset a multiple of 4
-        int32 (16 bytes), so the device buffer's views keep the same Triton pointer specialization (16-byte
-        alignment) for every plan, and are made once per layout rather than per plan."""
+        """(Re)make the eager buffers' layout for plans of up to ``W`` work items (and ``cta_indptr`` entries) and
+        ``M`` merged requests (twice as many, in multiples of 64): one region per launch array at a fixed offset,
+        every offset a multiple of 4 int32 (16 bytes), so the device buffer's views keep the same Triton pointer
+        specialization (16-byte alignment) for every plan, and are made once per layout rather than per plan."""
         wcap = -(-max(2 * W, 64) // 64) * 64
         mcap = -(-max(2 * M, 64) // 64) * 64
-        sizes = (wcap, wcap, wcap, wcap, wcap + 4, mcap, mcap, mcap)  # cta_indptr: num_ctas + 1 <= W + 1 entries
+        sizes = (wcap, wcap, wcap, wcap, wcap, mcap, mcap, mcap)
         offsets = [0]
         for n in sizes:
             offsets.append(offsets[-1] + n)
@@ -774,7 +774,7 @@ class DecodeWrapper:
         buffer is rewritten in stream order: the copy runs after the previous step's launches."""
         ws, mr, ms, mn = p.merge_layout()
         segs = (p.work_request, p.work_kv_start, p.work_kv_end, ws, p.cta_indptr, mr, ms, mn)
-        W, M = p.num_work_items, mr.shape[0]
+        W, M = max(p.num_work_items, p.cta_indptr.shape[0]), mr.shape[0]  # num_ctas + 1 <= W + 1
         if W > self._eager_cap[0] or M > self._eager_cap[1]:
             self._eager_regions(W, M)
         offs = self._eager_offsets
