@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .limits import check_q_len, tile_problem, tile_rows
+from .limits import check_q_len, next_pow2, tile_problem, tile_rows
 from .plan import Plan
 from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, docs/concepts/design.md §3)
 from .residency import register_cap
@@ -1217,8 +1217,10 @@ def decode_attention(
     )
 
 
+@functools.lru_cache(maxsize=64)
 def _pdl_available(device: torch.device) -> bool:
-    """Whether a launch on ``device`` can use programmatic dependent launch (compiled CUDA, sm_90+)."""
+    """Whether a launch on ``device`` can use programmatic dependent launch (compiled CUDA, sm_90+); cached per
+    device (``torch.cuda.get_device_capability`` costs microseconds, and every launch asks)."""
     return not _INTERPRETED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
@@ -1469,7 +1471,7 @@ def launch_decode(
     else:
         grid = (num_tiles,)
     counts_arg = counts if device_counts else workspace.counter
-    block_h = max(16, triton.next_power_of_2(tile_rows(heads, G, q_len)))
+    block_h = max(16, next_pow2(tile_rows(heads, G, q_len)))
     prefetch = bool(getattr(cfg, "prefetch", False))
     next_item = bool(getattr(cfg, "next_item", False))
     if next_item and not prefetch:
@@ -1508,7 +1510,7 @@ def launch_decode(
         rule.merge_overlap,
     )
     block_d = D // merge_dsplit
-    block_s = max(2, min(triton.next_power_of_2(max_splits if max_splits is not None else 4096), 4096 // block_d))
+    block_s = max(2, min(next_pow2(max_splits if max_splits is not None else 4096), 4096 // block_d))
     # with PDL (sm_90+) the merge grid starts while stage 1 runs; without it (a rule forced in the CPU tests) the
     # same arrival protocol runs with the merge after stage 1
     pdl, pdl_last = rule.pdl, rule.pdl_last

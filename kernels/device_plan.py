@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .limits import MAX_BATCH
+from .limits import MAX_BATCH, next_pow2
 from .rulespec import RULE_CONST, RULE_FAIR, RuleSpec
 
 __all__ = ["DevicePlanBuffers", "check_device_rule", "alloc_device_plan", "device_plan"]
@@ -339,7 +339,7 @@ def device_plan(kv_lens: torch.Tensor, spec: RuleSpec, bufs: DevicePlanBuffers, 
     B = int(kv_lens.shape[0])
     if B > bufs.max_batch:
         raise ValueError(f"kv_lens: batch of {B} requests above max_batch_size={bufs.max_batch}")
-    block_b = min(max(triton.next_power_of_2(B), 16), 1024)
+    block_b = min(max(next_pow2(B), 16), 1024)
     sk = spec.partition == "stream_k"
     const = 0 if sk or spec.chunk_rule != RULE_CONST else spec.chunk_arg
     fair = not sk and spec.chunk_rule == RULE_FAIR

@@ -210,6 +210,14 @@ def graph_default_config(head_dim: int, dtype: str, *, num_qo_heads: int, num_kv
     return cfg
 
 
+def next_pow2(x: int) -> int:
+    """The smallest power of two >= ``x`` (1 for ``x <= 1``): a launch's block sizes, on the host.
+    ``triton.next_power_of_2`` gives the same numbers, but as a ``ConstexprFunction`` a host call costs about
+    2 us, twice per launch."""
+    x = int(x)
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
 def tile_rows(heads_per_tile: int, group_size: int, q_len: int = 1) -> int:
     """Query rows of one work tile: ``heads_per_tile * G * q_len`` (the kernel's tile of ``heads_per_tile`` adjacent KV
     heads holds head j's G query heads x q_len tokens at rows ``j * G * q_len ..``, token-major within a head:

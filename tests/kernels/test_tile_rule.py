@@ -81,3 +81,14 @@ def test_launch_takes_the_64_row_tile_and_refuses_one_more_head():
     with pytest.raises(ValueError, match=r"^q_len: 8 tokens x GQA group G=4 x heads_per_tile=4 are 128 query rows"):
         decode_attention(**case4, plan=plan4, q_len=q_len, out=out)
     assert torch.isnan(out).all()
+
+
+def test_next_pow2_is_tritons_next_power_of_2():
+    """The launch's host-side block sizes: the same numbers as triton.next_power_of_2 (the reference), 1..70,000."""
+    import triton
+
+    from kvsplit.kernels.limits import next_pow2
+
+    for x in range(1, 70_001):
+        assert next_pow2(x) == triton.next_power_of_2(x), x
+    assert next_pow2(0) == 1
