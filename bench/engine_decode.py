@@ -466,7 +466,8 @@ def main(argv=None) -> int:
                 if f"host_{name}_us_p50" in res
             )
             print(
-                f"   host clock: step p50 {res['host_step_ms_p50']:.2f} ms, attention "
+                f"   host clock{'' if device.type == 'cuda' else ' (the CPU interpreter: not a speed)'}: step p50 "
+                f"{res['host_step_ms_p50']:.2f} ms, attention "
                 f"{res['host_attn_ms_per_step_p50']:.2f} ms/step{calls}; garbage collections in the pass "
                 f"{res['gc_collections']} (gen 0/1/2), {res['gc_ms']:.1f} ms",
                 flush=True,

@@ -562,7 +562,9 @@ class DecodeWrapper:
             used to re-pick parameters and by the host planner (module doc). Eager mode: with
             ``kv_indptr_host``, the wrapper plans and validates from the host copies instead of copying kv_lens
             and kv_indptr back from the device; they must hold the same values (the caller's contract, as
-            FlashInfer's plan takes indptr on the host).
+            FlashInfer's plan takes indptr on the host). Eager mode uses the host copies only when both are
+            given: ``kv_lens_host`` alone (graph mode's argument, so one loop serves both modes) leaves the
+            eager plan copying both back from the device.
         kv_indptr_host : array-like of int ``[B + 1]``, optional
             A host copy of kv_indptr (eager mode, with ``kv_lens_host``).
         kv_indices_host : array-like of int ``[>= kv_indptr[-1]]``, optional
@@ -693,7 +695,8 @@ class DecodeWrapper:
         if over.any():
             i = int(np.flatnonzero(over)[0])
             raise ValueError(
-                f"kv_lens{sfx}[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages x page_size {self.page_size}"
+                f"kv_lens{sfx}[{i}]: {int(lens[i])} tokens exceed its {int(d[i])} pages (kv_indptr{sfx}[{i + 1}] - "
+                f"kv_indptr{sfx}[{i}]) x page_size {self.page_size}"
             )
         table = self.table
         if table is not None:
