@@ -122,7 +122,7 @@ def import_cmd(
             raise typer.Exit(code=2) from None
         except Exception as exc:  # noqa: BLE001
             _store_error(exc, url)
-        typer.echo(f"imported {len(ids)} calibrations")
+        typer.echo(f"imported {len(ids)} calibration{'' if len(ids) == 1 else 's'}")
         return
     try:
         with store.session_scope(url, write=True) as s:
@@ -134,4 +134,6 @@ def import_cmd(
         raise typer.Exit(code=2) from None
     except Exception as exc:  # noqa: BLE001
         _store_error(exc, url)
-    typer.echo(f"imported {len(ids)} policies ({published} published); policies_version {version}")
+    typer.echo(
+        f"imported {len(ids)} polic{'y' if len(ids) == 1 else 'ies'} ({published} published); policies_version {version}"
+    )

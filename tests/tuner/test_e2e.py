@@ -86,13 +86,13 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
         "--json",
         env=slow,
     )
-    # trace buckets whose tuned gain on the (uncalibrated) simulator clears the 5 % margin a simulated result
-    # needs (tuner/verify.py) whatever order the two workers sample in. Which trial is best on the training
-    # batches depends on that order, so the held-out gain varies between runs: arxiv B=128 gained 20-25 % and
-    # mooncake B=128 15-28 % over the best baseline in 4 and 12 runs on a loaded 2-core machine (2-4 busy
-    # processes). azure_code B=128, used here before, gained 5.9-18 % and once fell below the margin in
-    # a full local run (a flaky test). Skewed80 B=128, azure_conv B=64 and mooncake B=16 tie balanced (gain 0)
-    # and are not published either.
+    # trace buckets whose tuned gain on the (uncalibrated) simulator usually clears the 5 % margin a simulated
+    # result needs (tuner/verify.py). Which trial is best on the training batches depends on the order the two
+    # workers sample in, so the held-out gain varies between runs: arxiv B=128 gained 6.4-25 % in 18 runs on a
+    # 2-core machine (1.0188, 1.1474 or 1.1999x the floor against the best baseline's 1.2765x) and mooncake B=128
+    # 15-28 % in 12; one full CI run left arxiv unpublished. So the test holds the publish decision to the
+    # verification (a bucket below the margin is kept as a draft, saying why) and the export and import to the
+    # published buckets, of which there must be one.
     r2 = _cli(
         "tune",
         *SHAPE,
@@ -120,7 +120,11 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
     assert len(results) == 2 and len({x["bucket_key"] for x in results}) == 2
     studies = _journal_studies(journal)
     for x in results:
-        assert x["status"] == "finished" and x["n_finished"] == 10 and x["published"], x
+        assert x["status"] == "finished" and x["n_finished"] == 10, x
+        v = x["verification"]
+        assert x["published"] == v["passed"], x
+        if not x["published"]:
+            assert v["gain"] < v["margin"] and "not published: " in x["message"], x  # kept as a draft, saying why
         c = search.study_counts(studies[x["study_name"]])
         assert c["COMPLETE"] + c["PRUNED"] == 10 and c["RUNNING"] == 0
         v = x["verification"]
@@ -135,14 +139,17 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
     export = tmp_path / "policies.json"
     _cli("db", "export", "--database-url", db, "--output", str(export))
     doc = json.loads(export.read_text())
-    assert sorted(e["bucket"]["key"] for e in doc["policies"]) == sorted(x["bucket_key"] for x in results)
+    published = [x for x in results if x["published"]]
+    assert published, results
+    assert sorted(e["bucket"]["key"] for e in doc["policies"]) == sorted(x["bucket_key"] for x in published)
     fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
     _cli("db", "upgrade", "--database-url", fresh)
     out = _cli("db", "import", str(export), "--database-url", fresh)
-    assert "imported 2 policies (2 published)" in out.stdout
+    n = len(published)
+    assert f"imported {n} polic{'y' if n == 1 else 'ies'} ({n} published)" in out.stdout, out.stdout
     with store.session_scope(fresh) as s:
         got = {p.bucket_key: p.params for p in store.list_published(s)}
-    assert got == {x["bucket_key"]: x["best_params"] for x in results}
+    assert got == {x["bucket_key"]: x["best_params"] for x in published}
     store.dispose_engines()
 
 
