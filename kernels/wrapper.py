@@ -175,6 +175,46 @@ class GraphOptions:
                 raise ValueError(f"graph.{name}: expected an integer >= 1, got {v!r}")
 
 
+class _PinnedPair:
+    """Two int32 host buffers (pinned on CUDA) filled in turn for asynchronous host -> device copies: before one
+    is refilled, the host waits for the copies issued from it two fills earlier (long done in practice). Both
+    upload paths use it: the eager plan's (:meth:`DecodeWrapper._upload_eager`) and the graph mode's host
+    planner (:meth:`DecodeWrapper._upload`)."""
+
+    def __init__(self, cuda: bool, size: int = 0) -> None:
+        self.cuda = cuda
+        self.host: list[torch.Tensor | None] = [None, None]
+        self.np: list[np.ndarray | None] = [None, None]  # their NumPy views
+        self.done: list[Any] = [None, None]  # CUDA: the event recorded after the copies from each
+        self.turn = 1
+        for k in range(2 if size else 0):
+            self._alloc(k, size)
+
+    def _alloc(self, k: int, size: int) -> None:
+        self.host[k] = torch.empty(size, dtype=torch.int32, pin_memory=self.cuda)
+        self.np[k] = self.host[k].numpy()
+        self.done[k] = torch.cuda.Event() if self.cuda else None
+
+    def fill(self, size: int) -> tuple[torch.Tensor, np.ndarray]:
+        """The next buffer (at least ``size`` entries, grown if needed) and its NumPy view, once the copies last
+        issued from it are done."""
+        k = self.turn = 1 - self.turn
+        if self.done[k] is not None:
+            self.done[k].synchronize()
+        if self.np[k] is None or self.np[k].shape[0] < size:
+            self._alloc(k, size)
+        return self.host[k], self.np[k]
+
+    def issued(self, wait: bool = False) -> None:
+        """The copies from the current buffer are issued: record its event on the current stream (CUDA), and with
+        ``wait`` wait for them."""
+        if self.cuda:
+            ev = self.done[self.turn]
+            ev.record()
+            if wait:
+                ev.synchronize()
+
+
 def fit_tile_rows(plan: Plan, group: int, q_len: int) -> Plan:
     """``plan`` itself, or (when the launch would refuse its tile at ``q_len`` tokens, :func:`~kvsplit.kernels.limits.heads_fit`:
     a table entry tuned with several KV heads per tile, served to a wrapper of ``q_len`` tokens) the same work list
@@ -359,15 +399,12 @@ class DecodeWrapper:
         self._plan: Plan | None = None
         self._arrays: dict[str, torch.Tensor] | None = None
         self._picked_table: Any = None  # graph mode: the table the current rule was picked from
-        # eager uploads: one pinned host buffer and one device buffer, grown as plans need (module doc)
-        self._eager_host: list[torch.Tensor | None] = [None, None]  # used in turn, one per plan
-        self._eager_host_np: list[np.ndarray | None] = [None, None]  # their NumPy views
+        # eager uploads: two pinned host buffers used in turn and one device buffer, grown as plans need (module doc)
+        self._eager_host = _PinnedPair(self._cuda)
         self._eager_dev: torch.Tensor | None = None
         self._eager_cap = (0, 0)  # (work items, merged requests) the regions of the eager buffers hold
         self._eager_offsets: tuple[int, ...] = ()  # where each of _EAGER_ARRAYS starts, then the buffers' size
         self._eager_views: dict[str, torch.Tensor] = {}  # views of the device buffer's regions, made with it
-        self._eager_done: list[Any] = [None, None]  # CUDA: the event recorded after the last upload from each
-        self._eager_turn = 0
         self._max_page = -1
         self._B = -1
         self._step = 0
@@ -423,10 +460,7 @@ class DecodeWrapper:
                 f"max_batch_size={max_batch_size}"
             )
         self.planner_requested = planner
-        pin = self.device.type == "cuda"
-        n = 5 * self.max_work_items + 4 * max_batch_size + 8
-        self._staging = [torch.zeros(n, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
-        self._staging_done: list[Any] = [None, None]
+        self._staging = _PinnedPair(self._cuda, 5 * self.max_work_items + 4 * max_batch_size + 8)
         self._device_rule = False
         self._pick(self.policy, self.params)
 
@@ -770,8 +804,7 @@ class DecodeWrapper:
 
     def _upload_eager(self, p: Plan, used: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
         """The plan's launch arrays in one device buffer, filled by one asynchronous copy from a pinned host buffer
-        (two, used in turn: before refilling one, the host waits for the copy issued from it two plans earlier,
-        long done in practice); with ``used`` (the step's page ids), their (min, max) copied back into the same
+        (:class:`_PinnedPair`: two, used in turn); with ``used`` (the step's page ids), their (min, max) copied back into the same
         host buffer and waited for. Returns the arrays (views of the device buffer's regions,
         :meth:`_eager_regions`: each holds the plan's array at its start) and the (min, max) or None. The device
         buffer is rewritten in stream order: the copy runs after the previous step's launches."""
@@ -781,41 +814,26 @@ class DecodeWrapper:
         if W > self._eager_cap[0] or M > self._eager_cap[1]:
             self._eager_regions(W, M)
         offs = self._eager_offsets
-        size = offs[-1] + 2  # the regions, then the page ids' (min, max) copied back
-        cuda = self._cuda
-        k = self._eager_turn = 1 - self._eager_turn
-        if self._eager_done[k] is not None:
-            self._eager_done[k].synchronize()
-        h = self._eager_host_np[k]
-        if h is None or h.shape[0] < size:
-            self._eager_host[k] = torch.empty(size, dtype=torch.int32, pin_memory=cuda)
-            self._eager_host_np[k] = h = self._eager_host[k].numpy()
-            self._eager_done[k] = torch.cuda.Event() if cuda else None
-        host, dev = self._eager_host[k], self._eager_dev
+        host, h = self._eager_host.fill(offs[-1] + 2)  # the regions, then the page ids' (min, max) copied back
+        dev = self._eager_dev
         for o, a in zip(offs, segs):
             h[o : o + a.shape[0]] = a  # int64 token offsets: < 2^31 (MAX_KV_LEN)
         end = offs[7] + M if M else offs[4] + segs[4].shape[0]  # through the last array the launch reads
         dev[:end].copy_(host[:end], non_blocking=True)
         mm = offs[-1]
-        if used is not None and not cuda:  # the CPU interpreter's tensors: NumPy's reduction (torch's is slower here)
+        if used is not None and not self._cuda:  # the CPU interpreter's tensors: NumPy's reduction (torch's is slower)
             u = used.numpy()
             return self._eager_views, np.array([u.min(), u.max()])
         if used is not None:
             host[mm : mm + 2].copy_(torch.stack(torch.aminmax(used)), non_blocking=True)
-        if cuda:
-            self._eager_done[k].record()
-            if used is not None:
-                self._eager_done[k].synchronize()
+        self._eager_host.issued(wait=used is not None)
         return self._eager_views, (h[mm : mm + 2].copy() if used is not None else None)
 
     def _upload(self, p: Plan) -> None:
         W, MW = p.num_work_items, self.max_work_items
         if W > MW:
             raise ValueError(f"max_work_items: the plan has {W} work items, above max_work_items={MW}")
-        k = self._step % 2
-        if self._staging_done[k] is not None:
-            self._staging_done[k].synchronize()  # the copy issued from this buffer two steps ago
-        st = self._staging[k]
+        st, host = self._staging.fill(0)
         ws, mr, ms, mn = p.merge_layout()
         C, M = p.num_ctas, mr.shape[0]
         segs = (
@@ -829,17 +847,13 @@ class DecodeWrapper:
             ("merge_num", mn),
             ("counts", np.array([W, C, p.num_work_tiles, M])),
         )
-        host = st.numpy()
         off = 0
         for name, a in segs:
             n = a.shape[0]
             host[off : off + n] = a
             getattr(self.bufs, name)[:n].copy_(st[off : off + n], non_blocking=True)
             off += n
-        if self.device.type == "cuda":
-            ev = torch.cuda.Event()
-            ev.record()
-            self._staging_done[k] = ev
+        self._staging.issued()
 
     # ------------------------------------------------------------------ run
     def run(
