@@ -14,7 +14,7 @@ in flight, and the same command resumes):
    stored measurement per timing, stage ``pool``, one transaction per batch). The calibrated simulator prunes:
    a candidate it predicts slower than :data:`SIM_PRUNE_RATIO` x its best prediction on the batch is not timed.
 3. **pick and allocation**: each bucket's pool pick (:func:`~kvsplit.tuner.pool.pick_per_key`: margin,
-   neighbours within distance 0.5, hysteresis against the table being replaced), and the number of Optuna
+   neighbours within :data:`~kvsplit.tuner.pool.NEIGHBOUR_DISTANCE`, hysteresis against the table being replaced), and the number of Optuna
    trials per bucket from the budget left, weighted towards buckets whose best pool plan is far from the pool's
    default or whose neighbours pick another plan (:func:`allocate_trials`). Stored in the campaign's state.
 4. **search**: per bucket, the bucket's Optuna study (:func:`kvsplit.tuner.search.tune_task`, TPE, exactly the
@@ -22,8 +22,8 @@ in flight, and the same command resumes):
    plans restated in the ``tuned`` family (``add_trial`` with the pool's own timings when the restated plan is
    the candidate's on every training batch: not timed again; else ``enqueue_trial``) and the replaced table's
    plan (``enqueue_trial``).
-5. **choice**: the study's best, unless it beats the replaced plan, else the pool pick, by less than
-   :data:`~kvsplit.tuner.pool.MARGIN` (:func:`~kvsplit.tuner.pool.choose_scores`).
+5. **choice**: the pool pick, unless the study's best or the replaced plan beats it on the bucket's training
+   batches by more than :data:`~kvsplit.tuner.pool.MARGIN` (:func:`~kvsplit.tuner.pool.choose_published`).
 6. **whole-wave**: the whole-wave rule (``params.whole_wave``) is timed on the training batches it changes and
    enabled for the shape when it wins (:func:`~kvsplit.tuner.pool.whole_wave_decision`).
 7. **verify and publish**: each bucket's choice against the baselines on its held-out batches
@@ -59,7 +59,7 @@ from .pool import (
     SERVED_POOL,
     WHOLE_WAVE_EPS,
     candidate_name,
-    choose_scores,
+    choose_published,
     parse_candidate,
     pick_per_key,
     previous_picks,
@@ -207,6 +207,7 @@ class CampaignConfig:
             "pool",
         )
         out = {k: getattr(self, k) for k in keep}
+        out["rules"] = {"margin": MARGIN, "neighbour_distance": NEIGHBOUR_DISTANCE}  # what the choice depends on
         out["gpu"] = resolve_device(self.gpu).name
         # only when not the defaults, so the identity (and state study) of a 16-bit q_len-1 campaign stays as it was
         if self.kv_dtype is not None and self.kv_dtype != self.dtype:
@@ -1019,8 +1020,8 @@ class _Campaign:
         return ok
 
     def choose_phase(self) -> None:
-        """Each bucket's published params (before the whole-wave rule): the study's best against the replaced
-        plan and the pool pick, with the margin."""
+        """Each bucket's published params (before the whole-wave rule), :func:`choose_published` over the
+        study's trials of the best, the pool pick and the replaced plan."""
         if self.state.get("choice") is not None:
             return
         from .study import load_study, open_storage, study_name
@@ -1048,7 +1049,7 @@ class _Campaign:
                 hit = next((t for t in done if want is not None and _canon(t.params) == _canon(want)), None)
                 if hit is not None:
                     scores[label], params_of[label] = float(hit.value), dict(hit.params)
-            label = choose_scores(scores, ("previous", "pool"))
+            label = choose_published(scores)
             choice[key] = {"params": task_params(task, params_of[label]), "label": label, "value": scores[label]}
         self.state.set("choice", choice)
 

@@ -151,6 +151,21 @@ def test_margin_and_hysteresis():
         P.choose_scores({})
 
 
+def test_choose_published_keeps_the_pool_pick_within_the_margin_then_the_replaced_plan():
+    # the replaced plan 0.4 % faster on the bucket's own batch (a near-tie): the pool pick stays
+    assert P.choose_published({"best": 1.000, "pool": 1.004, "previous": 1.000}) == "pool"
+    # the replaced plan more than 1 % faster: it stays, unless the study's best beats it by the margin too
+    assert P.choose_published({"best": 1.000, "pool": 1.020, "previous": 1.005}) == "previous"
+    assert P.choose_published({"best": 0.980, "pool": 1.020, "previous": 1.000}) == "best"
+    # no pool pick among the trials (it was not timed) or no replaced table: the rest of the order
+    assert P.choose_published({"best": 1.000, "previous": 1.008}) == "previous"
+    assert P.choose_published({"best": 0.950, "pool": 1.000}) == "best"
+    assert P.choose_published({"best": 1.0}) == "best"
+    assert P.choose_published({"best": 1.000, "pool": 1.004, "previous": 1.000}, margin=0.001) == "previous"
+    with pytest.raises(ValueError, match="scores"):
+        P.choose_published({"best": 0.0, "pool": 1.0})
+
+
 DEF = P.DEFAULT
 
 
@@ -164,7 +179,9 @@ def test_pick_per_key_judges_a_key_on_its_neighbours_batches():
     assert near, "the recorded subset holds neighbouring keys"
     got = P.pick_per_key(timings)
     for k in keys:
-        batches = timings[k] + [t for k2 in keys if k2 != k and distance(k, k2) <= 0.5 for t in timings[k2]]
+        batches = timings[k] + [
+            t for k2 in keys if k2 != k and distance(k, k2) <= P.NEIGHBOUR_DISTANCE for t in timings[k2]
+        ]
         assert got[k] == _reference_choose(batches, P.SERVED_POOL, None, P.DEFAULT, P.MARGIN)
     # the neighbours change at least one pick from what the key's own batches alone would choose
     alone = {k: P.choose(timings[k]) for k in keys}
@@ -177,7 +194,9 @@ def test_pick_per_key_judges_a_key_on_its_neighbours_batches():
     assert P.pick_per_key({a: [{other: None}], b: [{P.DEFAULT: 1.0}]}) == {b: P.DEFAULT}
     # hysteresis: a previous pick within the margin over the key's and neighbours' batches stays
     k0 = keys[0]
-    batches = timings[k0] + [t for k2 in keys if k2 != k0 and distance(k0, k2) <= 0.5 for t in timings[k2]]
+    batches = timings[k0] + [
+        t for k2 in keys if k2 != k0 and distance(k0, k2) <= P.NEIGHBOUR_DISTANCE for t in timings[k2]
+    ]
     second = sorted(P.SERVED_POOL, key=lambda n: math.prod(b[n] / min(b.values()) for b in batches))[1]
     keep = P.pick_per_key(timings, previous={k0: second})[k0]
     ratio = math.prod(b[got[k0]] / b[second] for b in batches) ** (1 / len(batches))
