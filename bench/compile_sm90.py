@@ -149,7 +149,10 @@ def compile_sm90(fn, args, kwargs):
             signature[p.name] = "constexpr"
             constexprs[p.name] = v
             continue
-        ty, key = native_specialize_impl(BaseBackend, v, False, True, True)
+        # as the launch's binder (triton.runtime.jit.create_function_from_signature) calls it
+        ty, key = native_specialize_impl(
+            BaseBackend, v, p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment
+        )
         if ty == "constexpr":
             signature[p.name] = "constexpr"
             constexprs[p.name] = key

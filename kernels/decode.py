@@ -482,7 +482,11 @@ def _stage1_tile(
             req2, st2, en2, sl2 = req3, st3, en3, sl3
 
 
-@triton.jit
+# num_tiles changes with every plan: specialized, its value classes (1, a multiple of 16, other) make up to three
+# compiled variants of one configuration (a JIT compile in the middle of serving; 117 of the 417 stage-1 variants
+# of an H200 campaign). It only bounds the persistent loop: the sm_90 PTX and SASS are the same without it
+# (docs/decisions/lean-launcher.md)
+@triton.jit(do_not_specialize=["num_tiles"])
 def _decode_stage1_kernel(
     Q,
     K,
