@@ -40,16 +40,19 @@ __all__ = [
     "family_of",
     "shape_slug",
     "BASELINES",
+    "FAMILY_NAMES",
     "SIMULATED_SUFFIX",
     "traffic_summary",
     "TrafficRow",
 ]
 
 BASELINES = ("balanced", "fa3", "flashinfer", "no_split")
+"""Baseline policies measured beside the tuned one on held-out batches."""
 SIMULATED_SUFFIX = " (simulated)"
 """Appended to a dashboard series name whose points were measured on the simulator."""
-"""Baseline policies measured beside the tuned one on held-out batches."""
 _FAMILIES = ("uniform", "skewed40", "skewed60", "skewed80", "2x40")
+FAMILY_NAMES = (*_FAMILIES, "trace", "other")
+"""Every length family :func:`family_of` can name without a ``signature["family"]``."""
 
 
 def canonical_gpu(name: str) -> str:
@@ -356,9 +359,20 @@ def dashboard_data(url: str) -> dict[str, Any]:
             evidence = "held-out"
             time_note = ""
             if p is not None:
-                # only the published policy's own run: another (unpublished) tuning of the bucket is not what
-                # the service serves, so its figures must not stand beside the published policy
-                ms = [m for m in ms if p.tuning_run_id is not None and m.tuning_run_id == p.tuning_run_id]
+                # only the published policy's own verification: another (unpublished) tuning of the bucket is not
+                # what the service serves, so its figures must not stand beside the published policy. A policy of
+                # a tuning run: that run's timings; one verified outside a run (a campaign's verify step): its own
+                # timings (policy_id) and the baselines verified outside a run on the bucket's held-out batches
+                if p.tuning_run_id is not None:
+                    ms = [m for m in ms if m.tuning_run_id == p.tuning_run_id]
+                else:
+                    ms = [
+                        m
+                        for m in ms
+                        if m.tuning_run_id is None and (m.policy_id == p.id if m.policy_name == "tuned" else True)
+                    ]
+                    if not any(m.policy_name == "tuned" for m in ms):
+                        ms = []
                 if not ms:
                     # the published policy's own training timings (its params) and the baselines beside them
                     own = [
@@ -372,7 +386,17 @@ def dashboard_data(url: str) -> dict[str, Any]:
                         # timed, but with params that give this batch another plan than the served one (the
                         # whole-wave rule was added to the shipped policies after their timing)
                         ms, evidence = [], "none"
-                        time_note = "served plan not timed: the timed plan differs (whole-wave rule added later)"
+                        added = {
+                            k
+                            for m in train_by_bucket[b.id]
+                            if m.policy_name == "tuned"
+                            for k in set(p.params or {}) - set(m.params or {})
+                        }
+                        time_note = "served plan not timed: the timed plans differ from it " + (
+                            "(whole-wave rule added later)"
+                            if added and added <= {"whole_wave", "whole_wave_heads"}
+                            else "(its params changed after the timing)"
+                        )
                     else:
                         evidence = "none"
             elif ms:

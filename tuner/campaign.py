@@ -391,6 +391,11 @@ class _Campaign:
         self.state = _State(study)
         if self.state.get("identity") is None:
             self.state.set("identity", self.cfg.identity())
+        elif not self.state.get("finished"):
+            self.say(
+                f"resuming {self.name}: {self.spent:.0f} of {self.budget_s:.0f} s of the GPU budget spent; "
+                "finished steps and stored timings are not repeated"
+            )
         self.bar.start_overall(self.budget_s, self.spent)
 
     def setup(self) -> None:

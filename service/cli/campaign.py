@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from .options import fail, first_line, flag_message, store_url
+from .options import fail, first_line, flag_message, gpu_or_fail, store_url
 
 __all__ = ["campaign_cmd"]
 
@@ -66,17 +66,16 @@ def campaign_cmd(
     left, 130 when interrupted; 0 when it finished.
     """
     from ...db import store
-    from ...kernels.device import resolve_device
     from ...kernels.shape import Shape
     from ...tuner import campaign as cp
     from ...tuner.search import Stop, storage_spec
     from ...tuner.workloads import TRACES
 
     url = store_url(database_url)
+    dev = gpu_or_fail(gpu)
     try:
         if model_shape is not None:
             num_qo_heads, num_kv_heads, head_dim = cp.parse_model_shape(model_shape)
-        dev = resolve_device(gpu)
         checked = Shape.of(
             device=dev.name,
             num_qo_heads=num_qo_heads,
@@ -93,7 +92,7 @@ def campaign_cmd(
         msg = str(exc)
         if msg.startswith(("kv_dtype", "q_len")):
             fail(flag_message(msg))
-        fail(msg if msg.startswith("--") else f"--gpu/--model-shape/--dtype/--page-size: {msg}")
+        fail(msg if msg.startswith("--") else f"--model-shape/--dtype/--page-size: {msg}")
     if traces is None:
         trace_names = cp.LIBRARY_TRACES
     elif traces.strip().lower() == "none":

@@ -78,6 +78,18 @@ def fail(msg: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code=code)
 
 
+def gpu_or_fail(gpu: str):
+    """The :class:`~kvsplit.kernels.device.DeviceSpec` of ``--gpu`` (a reported name or an alias), or exit 2 with
+    ``error: --gpu: unknown GPU ...`` listing the known names and aliases."""
+    from ...kernels.device import device_aliases, known_devices, resolve_device
+
+    try:
+        return resolve_device(gpu)
+    except ValueError:
+        names = ", ".join(f"'{d.name}'" for d in known_devices())
+        fail(f"--gpu: unknown GPU {gpu!r}; known GPUs: {names}; aliases: {', '.join(sorted(device_aliases()))}")
+
+
 _FLAGS = {
     "device": "--gpu",
     "num_qo_heads": "--num-qo-heads",

@@ -45,6 +45,7 @@ from .options import (
     QLen,
     existing_store,
     fail,
+    gpu_or_fail,
     store_url,
 )
 
@@ -177,13 +178,6 @@ def _read_kv_lens(kv_lens: str | None, kv_lens_file: str | None) -> list[int]:
         fail(str(exc))
 
 
-def _known_gpus_hint() -> str:
-    from ...kernels.device import device_aliases, known_devices
-
-    names = ", ".join(f"'{d.name}'" for d in known_devices())
-    return f"known GPUs: {names}; aliases: {', '.join(sorted(device_aliases()))}"
-
-
 def _fallback_reason(table, bucket: dict) -> str:
     """Why a batch got the fallback policy: no policy for its shape, or none within the distance limit."""
     from ...kernels.buckets import BucketKey, distance
@@ -233,7 +227,6 @@ def plan_cmd(
     """Print the plan of one batch as JSON (the POST /v1/plan answer), using the store's policies."""
     import orjson
 
-    from ...kernels.device import resolve_device
     from ...kernels.shape import canonical_dtype
     from ...tuner.published import load_table_doc
     from ..routers.plan import plan_answer
@@ -243,10 +236,7 @@ def plan_cmd(
     if compact and indent:
         fail("give at most one of --compact and --indent")
     lens = _read_kv_lens(kv_lens, kv_lens_file)
-    try:
-        resolve_device(gpu)
-    except ValueError:
-        fail(f"--gpu: unknown GPU {gpu!r}; {_known_gpus_hint()}")
+    gpu_or_fail(gpu)
     try:
         dtype = canonical_dtype(dtype)
     except ValueError as exc:

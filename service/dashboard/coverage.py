@@ -171,7 +171,7 @@ def coverage_svg(
             )
     for tc in t_range:
         if tc % 2 == 0:
-            lab = f"{2 ** (tc - 10)}k" if tc < 20 else f"{2 ** (tc - 20)}M"
+            lab = f"{2**tc:,}" if tc < 10 else f"{2 ** (tc - 10)}k" if tc < 20 else f"{2 ** (tc - 20)}M"
             out.append(f'<text class="tick" x="{ml - 3}" y="{Y(tc) + cell - 3:.0f}" text-anchor="end">{lab}</text>')
     out.append(f'<text class="axis" x="{ml + nb * cell / 2:.0f}" y="{h - 3}" text-anchor="middle">batch size B</text>')
     for r in traffic:

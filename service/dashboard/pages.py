@@ -547,7 +547,10 @@ def _family_charts(sh: dict[str, Any], ev: dict[str, Any] | None) -> list[dict[s
 
 
 def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dict[str, Any] | None:
-    """Context of one shape's page, or None when neither a bucket nor the recorded traffic has that shape."""
+    """Context of one shape's page, or None when neither a bucket nor the recorded traffic has that shape.
+
+    Raises QueryError naming ``family`` when it is neither a length family (:data:`queries.FAMILY_NAMES`) nor
+    one of the shape's buckets' families."""
     data = queries.dashboard_data(url)
     traffic, traffic_note = traffic_rows(url, TRAFFIC_HOURS)
     sh = next((s for s in data["shapes"] if s["slug"] == slug), None)
@@ -564,6 +567,9 @@ def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dic
     )
     rows = sh["buckets"]
     if tq.family:
+        known = sorted(set(queries.FAMILY_NAMES) | {b["family"] for b in rows})
+        if tq.family not in known:
+            raise QueryError("family", f"expected one of {', '.join(known)}, got {tq.family[:40]!r}")
         rows = [b for b in rows if b["family"] == tq.family]
     if tq.source == "none":
         rows = [b for b in rows if b["policy"] is None]

@@ -38,9 +38,9 @@ def dashboard_shape(slug: str, request: Request, settings: SettingsDep) -> HTMLR
     params = {k: v for k, v in request.query_params.items()}
     try:
         tq = table_query(params)
+        ctx = shape_context(settings.database_url, slug, tq, _table(request))
     except QueryError as exc:
         return _message(400, "Invalid query parameter", str(exc), back=f"/shapes/{slug}")
-    ctx = shape_context(settings.database_url, slug, tq, _table(request))
     if ctx is None:
         return _message(404, "Unknown shape", f"slug: no bucket has the shape {slug[:120]!r}")
     return HTMLResponse(render("shape.html", **ctx))

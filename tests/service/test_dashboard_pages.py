@@ -79,9 +79,18 @@ def test_shape_page_cells_of_fill_store(client):
 
 def test_shape_page_bad_parameters_name_the_argument(client):
     _, c = client
-    for q, arg in (("page=0", "page"), ("per_page=1000", "per_page"), ("sort=1;drop", "sort"), ("q=" + "x" * 101, "q")):
+    for q, arg in (
+        ("page=0", "page"),
+        ("per_page=1000", "per_page"),
+        ("sort=1;drop", "sort"),
+        ("q=" + "x" * 101, "q"),
+        ("family=foo", "family"),
+    ):
         r = c.get(f"/shapes/{SLUG}?{q}")
         assert r.status_code == 400 and f"{arg}: " in r.text, q
+    # a length family the shape has no bucket of is a valid filter: no row
+    r = c.get(f"/shapes/{SLUG}?family=trace")
+    assert r.status_code == 200 and "0 rows" in r.text
     assert c.get("/shapes/unknown").status_code == 404
 
 
@@ -286,3 +295,16 @@ def test_pages_of_a_gpu_the_planner_does_not_know(tmp_path):
         assert c.get("/shapes/acme-x9.kv4.d128.bf16.p16").status_code == 200
         r = c.get("/plan?shape=acme-x9.kv4.d128.bf16.p16&kv_lens=5,6")
         assert r.status_code == 400 and "ACME X9" in r.text and 'id="viewer-error"' in r.text
+
+
+def test_coverage_map_tick_labels_are_whole_numbers():
+    """Token-class labels below 1k are whole numbers of tokens (2^6 = 64 was drawn as "0.0625k", clipped by the
+    axis); 2^10 and up are k and M."""
+    import re
+
+    from kvsplit.service.dashboard.coverage import coverage_svg
+
+    svg = coverage_svg([], "traffic without a bucket", lookup=None, b_range=range(0, 11), t_range=range(6, 22))
+    ticks = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', svg)
+    # B classes 0..10 (every other one labelled), then token classes 6..21 (every other one)
+    assert ticks == ["1", "4", "16", "64", "256", "1k"] + ["64", "256", "1k", "4k", "16k", "64k", "256k", "1M"]

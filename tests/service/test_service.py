@@ -651,6 +651,15 @@ def test_dashboard_figures_of_a_policy_given_the_whole_wave_rule_after_its_timin
     # the bucket's batch is still shown (B and tokens of the timed batch), with why there is no time
     assert got["uniform"]["batch_size"] == 128 and got["uniform"]["total_tokens"] == 128 * 2048
     assert got["uniform"]["evidence"] == "none" and "whole-wave" in got["uniform"]["time_note"]
+    # a published policy whose params changed otherwise since its timing (another tile): no time, and not blamed on
+    # the whole-wave rule
+    with store.session_scope(url, write=True) as s:
+        bk = store.get_bucket(s, key_of(cases["uniform"]))
+        pol = store.create_policy(s, bucket_id=bk.id, params={**tile, "block_n": 32}, backend="gpu", name="stream_k")
+        store.publish(s, pol.id)
+    got = {b["family"]: b for b in dashboard_data(url)["shapes"][0]["buckets"]}
+    assert got["uniform"]["evidence"] == "none" and "tuned" not in got["uniform"]["ratios"]
+    assert "whole-wave" not in got["uniform"]["time_note"] and "params changed" in got["uniform"]["time_note"]
 
 
 def test_unknown_gpu_answer_speaks_http(client):

@@ -114,6 +114,23 @@ def test_campaign_from_a_fresh_store_publishes_a_table_that_plan_serves(tmp_path
     again = json.loads(r2.stdout)
     assert again["timings"] == 0 and "already finished" in again["lines"][0]
     assert again["spent_s"] == res["spent_s"] and time.time() - t0 < 30
+    # the dashboard shows each published bucket's held-out evidence: the campaign verifies outside a tuning run, so
+    # the policy's own timings (policy_id) and the baselines beside them; the gain over each baseline is the one
+    # its verification recorded (the geomean of the time ratios over the same held-out batches)
+    from kvsplit.service.queries import dashboard_data
+
+    with store.session_scope(url) as s:
+        verified = {p.bucket.key: dict(p.verification) for p in store.list_published(s)}
+    rows = [b for sh in dashboard_data(url)["shapes"] for b in sh["buckets"] if b["key"] in verified]
+    assert len(rows) == len(verified)
+    for b in rows:
+        assert b["evidence"] == "held-out" and b["n_heldout"] >= 1 and b["measured_on"] == ["sim"], b
+        want = verified[b["key"]]["speedup_vs"]
+        assert set(b["speedups"]) == set(want)
+        for base, x in want.items():
+            assert abs(b["speedups"][base] - x) <= 1e-9 * x, (b["key"], base)
+    tuned_series = [n for sh in dashboard_data(url)["shapes"] for fam in sh["families"].values() for n, _ in fam]
+    assert "tuned (simulated)" in tuned_series
 
 
 def test_resume_after_kill_9_gives_the_uninterrupted_table(tmp_path):
@@ -135,11 +152,21 @@ def test_resume_after_kill_9_gives_the_uninterrupted_table(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # resume in slices of about a second (exit 75 while work is left), then to the end
+    import sqlite3
+
+    try:  # the killed run had opened the campaign's state
+        with sqlite3.connect(f"{tmp_path}/killed.db") as db:
+            q = "select count(*) from studies where study_name like 'kvsplit-campaign-%'"
+            started = db.execute(q).fetchone()[0]
+    except sqlite3.OperationalError:  # killed before the store had its tables
+        started = 0
     codes, timed = [], 0
-    for _ in range(3):
+    for i in range(3):
         s = _run(SMALL + ["--database-url", url, "--max-minutes", "0.02", "--json"])
         codes.append(s.returncode)
         assert s.returncode in (0, 75), s.stderr
+        if i == 0 and started:
+            assert "resuming kvsplit-campaign-sim-" in s.stderr and "GPU budget spent" in s.stderr, s.stderr
         timed += json.loads(s.stdout)["timings"]
         if s.returncode == 0:
             break
