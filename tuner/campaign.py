@@ -24,8 +24,9 @@ in flight, and the same command resumes):
    plan (``enqueue_trial``).
 5. **choice**: the pool pick, unless the study's best or the replaced plan beats it on the bucket's training
    batches by more than :data:`~kvsplit.tuner.pool.MARGIN` (:func:`~kvsplit.tuner.pool.choose_published`).
-6. **whole-wave**: the whole-wave rule (``params.whole_wave``) is timed on the training batches it changes and
-   enabled for the shape when it wins (:func:`~kvsplit.tuner.pool.whole_wave_decision`).
+6. **whole-wave**: the whole-wave rule (``params.whole_wave``) is timed on the training batches and the
+   near-even probe batches (:data:`WHOLE_WAVE_PROBE_BATCH_SIZES`) whose plan it changes, and enabled for the shape
+   when it wins (:func:`~kvsplit.tuner.pool.whole_wave_decision`).
 7. **verify and publish**: each bucket's choice against the baselines on its held-out batches
    (:func:`kvsplit.tuner.verify.verify_and_store`, with a tolerance of the margin), published under the store's
    rules: ``source: tuned`` (GPU backend) or ``simulated``.
@@ -102,6 +103,14 @@ SIM_PRUNE_RATIO = 1.5
 """A pool candidate predicted slower than this multiple of the best prediction on a batch is not timed (the pool
 holds plans whose worst training batch was within 1.36x of its best)."""
 WHOLE_WAVE_VARIANTS = ({"whole_wave": WHOLE_WAVE_EPS}, {"whole_wave": WHOLE_WAVE_EPS, "whole_wave_heads": 2})
+WHOLE_WAVE_PROBE_BATCH_SIZES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+WHOLE_WAVE_PROBE_TOTALS = (393_216, 786_432)
+"""The whole-wave step's probe batches: B requests of exactly T / B tokens each, at totals between the training
+totals (no evaluation batch has them). The rule acts only on near-even batches (their longest request within
+:data:`~kvsplit.tuner.pool.WHOLE_WAVE_EPS` of an even share), and the training draws, jittered by +-10 %, are
+never that even (a Qwen3-30B-A3B campaign's 123 training batches: the rule changed the plan of none), so
+without these the campaign could not see the batches the rule exists for. Each probe is timed with the chosen
+params of its nearest bucket; only probes whose plan the rule changes are timed (with H_kv 4: B = 64-256)."""
 SEARCH_TRIAL_COST = 2.2
 """Seconds of a timed search trial per second of a pool timing and training batch, before the campaign has
 measured its own: on one H200 (Qwen3-30B-A3B shape, cold Triton cache) 0.245 s per timed trial with the kernels
@@ -207,7 +216,11 @@ class CampaignConfig:
             "pool",
         )
         out = {k: getattr(self, k) for k in keep}
-        out["rules"] = {"margin": MARGIN, "neighbour_distance": NEIGHBOUR_DISTANCE}  # what the choice depends on
+        out["rules"] = {  # what the choice depends on
+            "margin": MARGIN,
+            "neighbour_distance": NEIGHBOUR_DISTANCE,
+            "whole_wave_probes": [WHOLE_WAVE_PROBE_BATCH_SIZES, WHOLE_WAVE_PROBE_TOTALS],
+        }
         out["gpu"] = resolve_device(self.gpu).name
         # only when not the defaults, so the identity (and state study) of a 16-bit q_len-1 campaign stays as it was
         if self.kv_dtype is not None and self.kv_dtype != self.dtype:
@@ -648,7 +661,9 @@ class _Campaign:
             starts[key] = [picks[key]] + [k for k in ranked if k != picks[key]][:2]
         per_trial = {k: len(self.by_key[k].train) * self._seconds_per_timing() for k in timings}
         heldout = sum(len(t.heldout) for t in self.tasks) * 5 * self._seconds_per_timing()
-        whole_wave = sum(len(t.train) for t in self.tasks) * 2 * len(WHOLE_WAVE_VARIANTS) * self._seconds_per_timing()
+        whole_wave = (
+            sum(len(t.train) for t in self.tasks) * 2 * len(WHOLE_WAVE_VARIANTS) + self._probe_timings()
+        ) * self._seconds_per_timing()
         left = self.budget_s - self.spent - heldout - whole_wave
         alloc = allocate_trials(weights, left, per_trial, cap=self.cfg.max_trials)
         self.state.set("picks", picks)
@@ -668,6 +683,8 @@ class _Campaign:
             for t in self.tasks
             if t.key not in (self.state.get("verified") or {})
         )
+        if self.state.get("whole_wave") is None:
+            n += self._probe_timings()
         return n * self._seconds_per_timing()
 
     def _seconds_per_timing(self) -> float:
@@ -1063,14 +1080,20 @@ class _Campaign:
             return True
         choice = self.state.get("choice")
         rows = self.state.get("whole_wave_rows", {})
-        keys = [k for k in choice if k not in rows]
-        self.bar.phase("whole-wave", len(choice), len(choice) - len(keys))
+        probes = self._whole_wave_probes(choice)
+        keys = [k for k in list(choice) + list(probes) if k not in rows]
+        self.bar.phase("whole-wave", len(choice) + len(probes), len(choice) + len(probes) - len(keys))
         for key in keys:
             if self.out_of_slice():
                 return False
-            task, params = self.by_key[key], choice[key]["params"]
+            if key in probes:  # a probe batch, with the chosen params of its nearest bucket
+                near, lens = probes[key]
+                task, params, batches = self.by_key[near], choice[near]["params"], [lens]
+            else:
+                task, params = self.by_key[key], choice[key]["params"]
+                batches = task.train
             t0, n, per = time.time(), 0, []
-            for lens in task.train:
+            for lens in batches:
                 base = self._plan(task, lens, params)
                 t_base = None
                 ratios = []
@@ -1093,14 +1116,69 @@ class _Campaign:
             self.state.set("whole_wave_rows", rows)
             self.charge(n, time.time() - t0)
             self.bar.step()
-        best = None
+        best, seen = None, None
         for i, v in enumerate(WHOLE_WAVE_VARIANTS):
             rs = [r[i] for per in rows.values() for r in per if r[i] is not None and r[i] != 1.0]
             d = whole_wave_decision(rs) | {"params": v}
             if d["on"] and (best is None or d["geomean"] < best["geomean"]):
                 best = d
-        self.state.set("whole_wave", best or {"on": False})
+            if seen is None or d["batches"] > seen["batches"]:
+                seen = d
+        # off: the variant timed on the most batches says why (its figures), or that the rule acted on none
+        self.state.set("whole_wave", best or dict(seen or {"batches": 0}, on=False))
         return True
+
+    def _probe_timings(self) -> int:
+        """Timings the whole-wave step's probe batches will take, estimated with the pool's default plan: the
+        probes whose plan a variant of the rule changes, each timed with and without it."""
+        if not hasattr(self, "_n_probe_timings"):
+            task, n = self.tasks[0], 0
+            policy, params = parse_candidate(DEFAULT)
+            for _, lens in self._probe_batches():
+                try:
+                    base = _plan_sig(make_plan(lens, policy=policy, params=params, **task.plan_kwargs))
+                    changed = [
+                        _plan_sig(make_plan(lens, policy=policy, params={**params, **v}, **task.plan_kwargs)) != base
+                        for v in WHOLE_WAVE_VARIANTS
+                    ]
+                except ValueError:
+                    continue
+                n += sum(changed) + (1 if any(changed) else 0)
+            self._n_probe_timings = n
+        return self._n_probe_timings
+
+    def _probe_batches(self) -> list[tuple[str, list[int]]]:
+        """``(label, kv_lens)`` of the probe batches (each request at least the shape's q_len tokens)."""
+        q = self.tasks[0].q_len
+        return [
+            (f"probe:B{B}:T{T}", [max(T // B, q)] * B)
+            for T in WHOLE_WAVE_PROBE_TOTALS
+            for B in WHOLE_WAVE_PROBE_BATCH_SIZES
+        ]
+
+    def _whole_wave_probes(self, choice: Mapping[str, Any]) -> dict[str, tuple[str, list[int]]]:
+        """``{label: (nearest chosen bucket key, kv_lens)}`` of the probe batches (:meth:`_probe_batches`)."""
+        from ..kernels.buckets import bucket_key, nearest
+
+        if not choice:
+            return {}
+        t = self.tasks[0]
+        out = {}
+        for label, lens in self._probe_batches():
+            key = bucket_key(
+                lens,
+                num_kv_heads=t.num_kv_heads,
+                head_dim=t.head_dim,
+                dtype=t.dtype,
+                device=t.gpu,
+                page_size=t.page_size,
+                kv_dtype=t.kv_dtype,
+                q_len=t.q_len,
+            )
+            hit = nearest(key, sorted(choice), limit=math.inf)
+            if hit is not None:
+                out[label] = (hit[0], lens)
+        return out
 
     def _plan(self, task: TuneTask, lens, params):
         return make_plan(list(lens), policy="tuned", params=params, **task.plan_kwargs)

@@ -209,7 +209,12 @@ def _report(res: Any, json_out: bool) -> None:
                 f"on {ww.get('params')} (geomean {ww['geomean']:.4f}, worst "
                 f"{ww['worst']:.4f} over {ww['batches']} batches)"
                 if ww.get("on")
-                else "off"
+                else (
+                    f"off (geomean {ww['geomean']:.4f}, worst {ww['worst']:.4f} over the {ww['batches']} batches "
+                    "whose plan it changes)"
+                    if ww.get("batches")
+                    else "off (it changed the plan of no training or probe batch)"
+                )
             )
         )
     for line in res.lines:

@@ -273,3 +273,28 @@ def test_the_budget_bounds_the_search(tmp_path):
     alloc = optuna.load_study(study_name=res.name, storage=open_storage(storage_spec(url))).user_attrs["alloc"]
     assert sum(alloc.values()) < 5 * 40 and max(alloc.values()) > 1
     assert 0.7 * 12.0 <= res.spent_s <= 1.1 * 12.0
+    # the whole-wave step timed the near-even probe batches (jittered training batches are never even enough for
+    # the rule): each with its nearest bucket's chosen params, timed exactly where a variant of the rule changes
+    # its plan, and those ratios enter the decision
+    from kvsplit.kernels.buckets import bucket_key, nearest
+    from kvsplit.kernels.plan import make_plan
+    from kvsplit.tuner.campaign import WHOLE_WAVE_PROBE_BATCH_SIZES, WHOLE_WAVE_PROBE_TOTALS, WHOLE_WAVE_VARIANTS
+    from kvsplit.tuner.campaign import _plan_sig as sig
+
+    attrs = optuna.load_study(study_name=res.name, storage=open_storage(storage_spec(url))).user_attrs
+    rows, choice = attrs["whole_wave_rows"], attrs["choice"]
+    shape = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200", page_size=16)
+    acted = []
+    for T in WHOLE_WAVE_PROBE_TOTALS:
+        for B in WHOLE_WAVE_PROBE_BATCH_SIZES:
+            (ratios,) = rows[f"probe:B{B}:T{T}"]
+            lens = [T // B] * B
+            near, _ = nearest(bucket_key(lens, **shape), sorted(choice), limit=float("inf"))
+            params = choice[near]["params"]
+            base = sig(make_plan(lens, policy="tuned", params=params, num_qo_heads=32, **shape))
+            for r, v in zip(ratios, WHOLE_WAVE_VARIANTS, strict=True):
+                changed = sig(make_plan(lens, policy="tuned", params={**params, **v}, num_qo_heads=32, **shape)) != base
+                assert (r != 1.0) == changed and r > 0, (B, T, v, r)
+                acted += [r] if changed else []
+    assert acted, "the rule changes the plan of some probe batch"
+    assert res.whole_wave["batches"] >= 1
