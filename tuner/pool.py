@@ -163,9 +163,10 @@ NEIGHBOUR_DISTANCE = 1.5
 :func:`kvsplit.kernels.buckets.distance` (for example one batch-size class, one token class and half the tokens
 one half-octave bin apart; 4 neighbours per key in the median of a Qwen3-30B-A3B campaign): the lookup serves
 batches between the keys from one of them, and a plan that wins on one batch but loses on its neighbours is not
-published. On one H200 campaign's pool timings, re-scored against 171 held-out evaluation batches, 1.5 served the
-worst batch at 1.044x the per-batch best plan against 1.165x at 0.5 (geomean 1.0037 against 1.0055; the same
-within 0.1 % from 1.5 to 2.5), docs/decisions/table-hysteresis.md."""
+published. Chosen on one H200 campaign's pool timings re-scored against 171 held-out evaluation batches (1.5 to
+2.5 within 0.1 % in geomean; 0.5 and 1.0 served one batch at 1.165x the per-batch best plan), then measured: the
+campaign rerun with it served its worst evaluation batch at 1.040x the best plan timed, against 1.165x with 0.5
+(geomean 1.0034 against 1.0053), docs/decisions/table-hysteresis.md."""
 
 
 def choose_scores(scores: Mapping[str, float], keep: Sequence[str | None] = (), margin: float = MARGIN) -> str:
