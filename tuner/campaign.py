@@ -15,8 +15,9 @@ in flight, and the same command resumes):
    a candidate it predicts slower than :data:`SIM_PRUNE_RATIO` x its best prediction on the batch is not timed.
 3. **pick and allocation**: each bucket's pool pick (:func:`~kvsplit.tuner.pool.pick_per_key`: margin,
    neighbours within :data:`~kvsplit.tuner.pool.NEIGHBOUR_DISTANCE`, hysteresis against the table being
-   replaced), and the number of Optuna trials per bucket from the budget left, weighted towards buckets whose best pool plan is far from the pool's
-   default or whose neighbours pick another plan (:func:`allocate_trials`). Stored in the campaign's state.
+   replaced), and the number of Optuna trials per bucket from the budget left, weighted towards buckets whose
+   best pool plan is far from the pool's default or whose neighbours pick another plan (:func:`allocate_trials`).
+   Stored in the campaign's state.
 4. **search**: per bucket, the bucket's Optuna study (:func:`kvsplit.tuner.search.tune_task`, TPE, exactly the
    allocated trials, ``--workers`` processes sharing it), warm-started with the pool pick and the next two pool
    plans restated in the ``tuned`` family (``add_trial`` with the pool's own timings when the restated plan is
