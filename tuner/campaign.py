@@ -379,6 +379,26 @@ class _Campaign:
         self.state.set("spent_s", float(self.state.get("spent_s", 0.0)) + cost)
         self.state.set("timings_total", int(self.state.get("timings_total", 0)) + int(n_timings))
         self.bar.advance_overall(cost)
+        self.bar.retotal(self.projected_s())
+
+    def projected_s(self) -> float:
+        """The campaign's GPU (or modelled GPU) seconds in all, as far as they can be told now, at most the
+        budget: the budget until the search's trials are allocated; then what is spent, plus the allocated trials
+        of the buckets not yet searched at the search's measured seconds per trial (before it is measured, the
+        pool's seconds per timing x :data:`SEARCH_TRIAL_COST` on the GPU), plus the whole-wave and verification
+        steps (:meth:`_rest_estimate`). Trials a study already has from an earlier run are counted as to come."""
+        alloc = self.state.get("alloc")
+        if alloc is None or not hasattr(self, "by_key"):
+            return self.budget_s
+        searched = set(self.state.get("searched") or [])
+        per = self.state.get("search_s_per_trial")
+        cost = SEARCH_TRIAL_COST if self.cfg.backend == "gpu" else 1.0
+        left = sum(
+            int(n) * (float(per) if per else len(self.by_key[k].train) * self._seconds_per_timing() * cost)
+            for k, n in alloc.items()
+            if k not in searched and k in self.by_key
+        )
+        return min(self.budget_s, self.spent + left + self._rest_estimate())
 
     @property
     def spent(self) -> float:
@@ -670,6 +690,7 @@ class _Campaign:
         self.state.set("picks", picks)
         self.state.set("starts", starts)
         self.state.set("alloc", alloc)
+        self.bar.retotal(self.projected_s())
         room = (
             f"{left / 60:.1f} min left for the search at {self._seconds_per_timing() * 1e3:.0f} ms per timing"
             if left > 0
@@ -1435,6 +1456,7 @@ def _time_pool_batch(
 class _NoBar:
     def start_overall(self, total: float, done: float) -> None: ...
     def advance_overall(self, x: float) -> None: ...
+    def retotal(self, total: float) -> None: ...
     def phase(self, name: str, total: int, done: int) -> None: ...
     def step(self) -> None: ...
     def set(self, done: int) -> None: ...
@@ -1443,9 +1465,9 @@ class _NoBar:
 
 
 class _RichBar:
-    """Rich progress rows, each with its ETA: the campaign against its budget (seconds of GPU or modelled GPU
-    time), the current step (pool batches, buckets searched, buckets verified) and, while searching, the current
-    bucket's trials."""
+    """Rich progress rows, each with its ETA: the campaign's GPU (or modelled GPU) seconds against its projected
+    total (the budget until the search is allocated, :meth:`_Campaign.projected_s`), the current step (pool
+    batches, buckets searched, buckets verified) and, while searching, the current bucket's trials."""
 
     def __init__(self, label: str) -> None:
         from rich.console import Console
@@ -1466,11 +1488,22 @@ class _RichBar:
         self.bkt, self.bkt_label = None, ""
 
     def start_overall(self, total: float, done: float) -> None:
-        self.overall = self.p.add_task(f"{self.label} budget (s)", total=round(total), completed=round(done))
+        self.budget = round(total)
+        self.overall = self.p.add_task(f"{self.label} GPU time (s)", total=self.budget, completed=round(done))
 
     def advance_overall(self, x: float) -> None:
         if self.overall is not None:
             self.p.advance(self.overall, x)
+
+    def retotal(self, total: float) -> None:
+        """The campaign's projected GPU seconds (:meth:`_Campaign.projected_s`): the overall row's total, so its
+        ETA is to the campaign's end, not to the budget's."""
+        if self.overall is not None:
+            self.p.update(
+                self.overall,
+                total=max(1, round(total)),
+                description=f"{self.label} GPU time (s, of a {self.budget} s budget)",
+            )
 
     def phase(self, name: str, total: int, done: int) -> None:
         for t in (self.cur, self.bkt):
@@ -1503,20 +1536,25 @@ class _RichBar:
 class _LineBar:
     """Plain progress lines for a log (stderr not a terminal, where :class:`_RichBar` draws nothing): a line when a
     step starts, then at most one every ``interval_s`` seconds, e.g. ``sim campaign: pool 40/123; GPU budget 55/132 s``
-    (budget in seconds of GPU or modelled GPU time), with the current bucket's trials while searching."""
+    (budget in seconds of GPU or modelled GPU time; once the campaign projects to end below it,
+    ``GPU time 182 s of about 438 s (budget 900 s)``), with the current bucket's trials while searching."""
 
     def __init__(self, label: str, say: Callable[[str], None], interval_s: float = 10.0, clock=time.monotonic) -> None:
         self.label, self.say, self.interval_s, self.clock = label, say, interval_s, clock
-        self.total = self.spent = 0.0
+        self.total = self.spent = self.projected = 0.0
         self.name, self.n, self.done, self.bkt = "", 0, 0, ""
         self.last = -math.inf
 
     def start_overall(self, total: float, done: float) -> None:
-        self.total, self.spent = float(total), float(done)
+        self.total, self.spent, self.projected = float(total), float(done), float(total)
 
     def advance_overall(self, x: float) -> None:
         self.spent += x
         self._tick()
+
+    def retotal(self, total: float) -> None:
+        """The campaign's projected GPU seconds: the lines say it beside the budget when it is less."""
+        self.projected = float(total)
 
     def phase(self, name: str, total: int, done: int) -> None:
         self.name, self.n, self.done, self.bkt = name, total, done, ""
@@ -1544,7 +1582,9 @@ class _LineBar:
     def _line(self) -> None:
         self.last = self.clock()
         parts = [f"{self.name} {self.done}/{self.n}"] if self.name else []
-        if self.total:
+        if self.total and self.projected < self.total - 0.5:
+            parts.append(f"GPU time {self.spent:.0f} s of about {self.projected:.0f} s (budget {self.total:.0f} s)")
+        elif self.total:
             parts.append(f"GPU budget {self.spent:.0f}/{self.total:.0f} s")
         self.say(f"{self.label}: " + "; ".join(parts) + self.bkt)
 

@@ -42,6 +42,13 @@ def test_line_bar_prints_each_step_start_then_at_most_one_line_per_interval():
         "sim campaign: search 0/118; GPU budget 24/300 s",
         "sim campaign: search 0/118; GPU budget 24/300 s; family:uniform:B8:T262144 trials 9/15",
     ]
+    # once the campaign projects to end below its budget, the lines say so beside the budget
+    bar.retotal(180.4)
+    bar.phase("verify", 118, 3)
+    assert said[-1] == "sim campaign: verify 3/118; GPU time 24 s of about 180 s (budget 300 s)"
+    bar.retotal(300.0)
+    bar.phase("verify", 118, 4)
+    assert said[-1] == "sim campaign: verify 4/118; GPU budget 24/300 s"
     bar.close()
 
 
@@ -81,3 +88,23 @@ def test_piped_tune_prints_a_line_per_bucket(tmp_path):
     assert lines[0][len("[1/1] ") :] == r.stdout.strip()  # the summary line of the same bucket
     quiet = _run(args + ["--database-url", f"sqlite:///{tmp_path}/q.db", "--no-progress"])
     assert quiet.returncode == 0 and not [x for x in quiet.stderr.splitlines() if x.startswith("[")], quiet.stderr
+
+
+@pytest.mark.slow
+def test_piped_campaign_projects_its_end_below_the_budget(tmp_path):
+    # a budget far above what 3 trials per bucket need: once the search is allocated the lines give the campaign's
+    # projected GPU time beside the budget, and the campaign ends near it (modelled GPU time of the simulator)
+    url = f"sqlite:///{tmp_path}/p.db"
+    r = _run(
+        ["tune", "--campaign", "--backend", "sim", "--model-shape", "qwen3-30b-a3b", "--budget-minutes", "5"]
+        + ["--batch-sizes", "4,64", "--totals", "262144", "--traces", "none", "--trials", "3", "--seed", "3"]
+        + ["--database-url", url, "--json"]
+    )
+    assert r.returncode == 0, r.stderr
+    import json
+
+    spent = json.loads(r.stdout)["spent_s"]
+    about = [float(m.group(1)) for m in re.finditer(r"GPU time \d+ s of about (\d+) s \(budget 300 s\)", r.stderr)]
+    assert about, r.stderr
+    assert 0.5 * about[-1] <= spent <= 1.1 * about[-1] and about[-1] < 300, (spent, about)
+    assert "sim campaign: pool 0/10; GPU budget 0/300 s" in r.stderr  # before the search is allocated: the budget
