@@ -49,6 +49,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..db import store
 from ..kernels.buckets import distance
 from ..kernels.device import resolve_device
@@ -391,14 +393,22 @@ class _Campaign:
         if alloc is None or not hasattr(self, "by_key"):
             return self.budget_s
         searched = set(self.state.get("searched") or [])
-        per = self.state.get("search_s_per_trial")
-        cost = SEARCH_TRIAL_COST if self.cfg.backend == "gpu" else 1.0
         left = sum(
-            int(n) * (float(per) if per else len(self.by_key[k].train) * self._seconds_per_timing() * cost)
+            int(n) * self._search_trial_s(self.by_key[k])
             for k, n in alloc.items()
             if k not in searched and k in self.by_key
         )
         return min(self.budget_s, self.spent + left + self._rest_estimate())
+
+    def _search_trial_s(self, task: TuneTask) -> float:
+        """Seconds of one search trial of ``task``: the search's measured figure (stored by a slice), else the
+        pool's seconds per timing x the task's training batches x :data:`SEARCH_TRIAL_COST` (GPU backend; 1 on
+        the simulator, whose modelled time per timing is fixed)."""
+        per = self.state.get("search_s_per_trial")
+        if per:
+            return float(per)
+        cost = SEARCH_TRIAL_COST if self.cfg.backend == "gpu" else 1.0
+        return len(task.train) * self._seconds_per_timing() * cost
 
     @property
     def spent(self) -> float:
@@ -911,12 +921,7 @@ class _Campaign:
             self.bar.step()
 
         if gpu:  # before any study opens: at the last slice's measured rate, else the pool's times SEARCH_TRIAL_COST
-            stored = self.state.get("search_s_per_trial")
-            resize(
-                float(stored)
-                if stored
-                else SEARCH_TRIAL_COST * self._seconds_per_timing() * max(len(self.by_key[k].train) for k in todo)
-            )
+            resize(max(self._search_trial_s(self.by_key[k]) for k in todo))
         compiler = None
         if gpu:
             from .precompile import KernelCompiler
@@ -1180,24 +1185,14 @@ class _Campaign:
 
     def _whole_wave_probes(self, choice: Mapping[str, Any]) -> dict[str, tuple[str, list[int]]]:
         """``{label: (nearest chosen bucket key, kv_lens)}`` of the probe batches (:meth:`_probe_batches`)."""
-        from ..kernels.buckets import bucket_key, nearest
+        from ..kernels.buckets import key_of, nearest
 
         if not choice:
             return {}
-        t = self.tasks[0]
+        ctx = self.tasks[0].shape.plan_context()  # the campaign's shape, as its tasks' keys are made
         out = {}
         for label, lens in self._probe_batches():
-            key = bucket_key(
-                lens,
-                num_kv_heads=t.num_kv_heads,
-                head_dim=t.head_dim,
-                dtype=t.dtype,
-                device=t.gpu,
-                page_size=t.page_size,
-                kv_dtype=t.kv_dtype,
-                q_len=t.q_len,
-            )
-            hit = nearest(key, sorted(choice), limit=math.inf)
+            hit = nearest(key_of(np.asarray(lens, dtype=np.int64), ctx), sorted(choice), limit=math.inf)
             if hit is not None:
                 out[label] = (hit[0], lens)
         return out
