@@ -26,8 +26,9 @@ in flight, and the same command resumes):
 5. **choice**: the pool pick, unless the study's best or the replaced plan beats it on the bucket's training
    batches by more than :data:`~kvsplit.tuner.pool.MARGIN` (:func:`~kvsplit.tuner.pool.choose_published`).
 6. **whole-wave**: the whole-wave rule (``params.whole_wave``) is timed on the training batches and the
-   near-even probe batches (:data:`WHOLE_WAVE_PROBE_BATCH_SIZES`) whose plan it changes, and enabled for the shape
-   when it wins (:func:`~kvsplit.tuner.pool.whole_wave_decision`).
+   near-even probe batches (:data:`WHOLE_WAVE_PROBE_BATCH_SIZES`) whose plan it changes, and enabled in each
+   bucket where it wins on that bucket's own batches and probes
+   (:func:`~kvsplit.tuner.pool.whole_wave_by_bucket`).
 7. **verify and publish**: each bucket's choice against the baselines on its held-out batches
    (:func:`kvsplit.tuner.verify.verify_and_store`, with a tolerance of the margin), published under the store's
    rules: ``source: tuned`` (GPU backend) or ``simulated``.
@@ -68,7 +69,7 @@ from .pool import (
     pick_per_key,
     previous_picks,
     tuned_equivalent,
-    whole_wave_decision,
+    whole_wave_by_bucket,
 )
 from .tasks import LIBRARY_TRACES, TuneTask, family_task, trace_tasks
 from .workloads import FAMILIES, family_kv_lens
@@ -223,6 +224,7 @@ class CampaignConfig:
             "margin": MARGIN,
             "neighbour_distance": NEIGHBOUR_DISTANCE,
             "whole_wave_probes": [WHOLE_WAVE_PROBE_BATCH_SIZES, WHOLE_WAVE_PROBE_TOTALS],
+            "whole_wave_scope": "bucket",
         }
         out["gpu"] = resolve_device(self.gpu).name
         # only when not the defaults, so the identity (and state study) of a 16-bit q_len-1 campaign stays as it was
@@ -1143,16 +1145,9 @@ class _Campaign:
             self.state.set("whole_wave_rows", rows)
             self.charge(n, time.time() - t0)
             self.bar.step()
-        best, seen = None, None
-        for i, v in enumerate(WHOLE_WAVE_VARIANTS):
-            rs = [r[i] for per in rows.values() for r in per if r[i] is not None and r[i] != 1.0]
-            d = whole_wave_decision(rs) | {"params": v}
-            if d["on"] and (best is None or d["geomean"] < best["geomean"]):
-                best = d
-            if seen is None or d["batches"] > seen["batches"]:
-                seen = d
-        # off: the variant timed on the most batches says why (its figures), or that the rule acted on none
-        self.state.set("whole_wave", best or dict(seen or {"batches": 0}, on=False))
+        # each bucket decides on its own training batches and the probes timed with its params
+        owner = {k: probes[k][0] if k in probes else k for k in rows if k in probes or k in choice}
+        self.state.set("whole_wave", whole_wave_by_bucket(rows, owner, WHOLE_WAVE_VARIANTS))
         return True
 
     def _probe_timings(self) -> int:
@@ -1214,8 +1209,7 @@ class _Campaign:
                 return False
             task = self.by_key[key]
             params = dict(choice[key]["params"])
-            if ww.get("on"):
-                params.update(ww["params"])
+            params.update((ww.get("buckets") or {}).get(key, {}).get("params", {}))
             with store.session_scope(self.url) as s:
                 existing = next(
                     (

@@ -11,7 +11,8 @@ One source for:
 - :data:`MARGIN` and the hysteresis of :func:`choose`, the pick per bucket over the training batches of keys
   within :data:`NEIGHBOUR_DISTANCE` (:func:`pick_per_key`), the table being replaced (:func:`previous_picks`),
   and which of a campaign's finalists a bucket publishes (:func:`choose_published`);
-- the whole-wave decision per shape family (:func:`whole_wave_decision`).
+- the whole-wave decision of a bucket (:func:`whole_wave_decision`) and of every bucket of a campaign
+  (:func:`whole_wave_by_bucket`).
 
 Every figure here is a ratio of kernel times measured (or simulated) on the same batch; nothing reads a file
 of the repository.
@@ -43,6 +44,7 @@ __all__ = [
     "pick_per_key",
     "previous_picks",
     "whole_wave_decision",
+    "whole_wave_by_bucket",
 ]
 
 _NAME_RE = re.compile(r"(\w+)\|c([0-9.]+)\|n(\d+)w(\d+)s(\d+)(?:\|o(\d+)m(\d+))?(\|pf)?(?:\|h(\d+))?(\|nx)?")
@@ -278,21 +280,68 @@ WHOLE_WAVE_EPS = 0.05
 """The whole-wave rule's excess (``params.whole_wave``): one work tile per request when the tiles fill at most
 two resident waves within 5 %."""
 WHOLE_WAVE_WORST = 1.01
-"""A family keeps the whole-wave rule off when any training batch it acts on runs more than this much slower
-with it (ten-repetition timings vary by < 1 %)."""
+"""A bucket keeps the whole-wave rule off when any batch it acts on runs more than this much slower with it
+(ten-repetition timings vary by < 1 %)."""
 
 
-def whole_wave_decision(ratios: Iterable[float], untimed: int = 0, worst: float = WHOLE_WAVE_WORST) -> dict[str, Any]:
-    """Whether a shape family (GPU, H_kv, head_dim, dtype, page size) gets the whole-wave rule.
+def whole_wave_decision(
+    ratios: Iterable[float], untimed: int = 0, worst: float = WHOLE_WAVE_WORST, gain: float = MARGIN
+) -> dict[str, Any]:
+    """Whether one bucket's plan gets the whole-wave rule.
 
-    ``ratios``: for each training batch the rule acts on (its plan differs with the rule), the time with the
-    rule / the time of the family's published plan without it; ``untimed``: such batches without both
-    timings. On when at least one ratio exists, none is untimed, their geomean is below 1 and none exceeds
-    ``worst``. The decision is per family, not per bucket: the rule's outcome is a property of the tiles'
-    residency and streaming rate at the shape's GQA group, and near-even batches straddle the keys' length
-    bins. Returns ``{"on", "batches", "geomean", "worst"}``."""
+    ``ratios``: for each batch the rule acts on (its plan differs with the rule), the time with the rule / the
+    time of the bucket's chosen plan without it; ``untimed``: such batches without both timings. On when at
+    least one ratio exists, none is untimed, their geomean is below ``1 - gain`` (the rule must win by more
+    than :data:`MARGIN`, as a study's best must win over the pool pick) and none exceeds ``worst``. Returns
+    ``{"on", "batches", "untimed", "geomean", "worst"}`` (geomean and worst NaN without ratios)."""
     rs = [float(x) for x in ratios]
     geo = math.exp(sum(math.log(x) for x in rs) / len(rs)) if rs else float("nan")
     top = max(rs) if rs else float("nan")
-    on = bool(rs) and untimed == 0 and geo < 1.0 and top <= worst
+    on = bool(rs) and untimed == 0 and geo < 1.0 - gain and top <= worst
     return {"on": on, "batches": len(rs), "untimed": int(untimed), "geomean": geo, "worst": top}
+
+
+def whole_wave_by_bucket(
+    rows: Mapping[str, Sequence[Sequence[float | None]]],
+    owner: Mapping[str, str],
+    variants: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The whole-wave decision of every bucket of a campaign, each on its own batches.
+
+    ``rows``: per timed batch group (a bucket's training batches, or a probe batch), one row per batch of
+    ``len(variants)`` ratios, time with that variant of the rule / time without it; 1.0 where the variant
+    leaves the plan unchanged, None where it cannot plan the batch. ``owner``: the bucket each group's rows
+    belong to (a probe batch: its nearest bucket, whose chosen params it was timed with). Each bucket takes the
+    variant of lowest geomean among those :func:`whole_wave_decision` turns on, over the ratios of its groups
+    that the variant changes.
+
+    Per bucket, not per shape family: the rule gives one tile per request when the tiles fill whole resident
+    waves, and whether that beats the split plan depends on the bucket's own residency (``ctas_per_sm``, tile)
+    and batch size. On the H200 (Qwen3-30B-A3B shape) it won 7 % at B = 192 and lost 3 % at B = 256 of the same
+    total (docs/decisions/whole-wave-rule.md).
+
+    Returns ``{"on", "buckets", "batches", "geomean", "worst"}``: ``buckets`` maps each bucket that gets the rule
+    to ``{"params", "batches", "geomean", "worst"}`` (``params``: the variant's keys to add to its plan's params);
+    ``on`` whether any does; ``batches``, ``geomean``, ``worst`` of the variant timed on the most batches over all
+    buckets (what the summary gives when the rule is off everywhere).
+    """
+    groups: dict[str, list[Sequence[float | None]]] = {}
+    for label, per in rows.items():
+        if label in owner:
+            groups.setdefault(owner[label], []).extend(per)
+    buckets: dict[str, dict[str, Any]] = {}
+    for key, per in sorted(groups.items()):
+        best: dict[str, Any] | None = None
+        for i, v in enumerate(variants):
+            d = whole_wave_decision([r[i] for r in per if r[i] is not None and r[i] != 1.0])
+            if d["on"] and (best is None or d["geomean"] < best["geomean"]):
+                best = {"params": dict(v), "batches": d["batches"], "geomean": d["geomean"], "worst": d["worst"]}
+        if best is not None:
+            buckets[key] = best
+    seen: dict[str, Any] = {"batches": 0, "geomean": float("nan"), "worst": float("nan")}
+    for i in range(len(variants)):
+        rs = [r[i] for per in groups.values() for r in per if r[i] is not None and r[i] != 1.0]
+        if len(rs) > seen["batches"]:
+            d = whole_wave_decision(rs)
+            seen = {"batches": d["batches"], "geomean": d["geomean"], "worst": d["worst"]}
+    return {"on": bool(buckets), "buckets": buckets, **seen}

@@ -185,6 +185,8 @@ def campaign_cmd(
 
 
 def _report(res: Any, json_out: bool) -> None:
+    from ...tuner.pool import MARGIN, WHOLE_WAVE_WORST
+
     if json_out:
         typer.echo(json.dumps(res.to_dict(), indent=2))
         return
@@ -203,19 +205,23 @@ def _report(res: Any, json_out: bool) -> None:
         typer.echo(f"calibration: {res.calibration}")
     ww = res.whole_wave or {}
     if ww:
-        typer.echo(
-            "whole-wave rule: "
-            + (
-                f"on {ww.get('params')} (geomean {ww['geomean']:.4f}, worst "
-                f"{ww['worst']:.4f} over {ww['batches']} batches)"
-                if ww.get("on")
-                else (
-                    f"off (geomean {ww['geomean']:.4f}, worst {ww['worst']:.4f} over the {ww['batches']} batches "
-                    "whose plan it changes)"
-                    if ww.get("batches")
-                    else "off (it changed the plan of no training or probe batch)"
-                )
+        on = ww.get("buckets") or {}
+        if on:
+            typer.echo(
+                f"whole-wave rule: on in {len(on)} bucket(s), where it won by more than {MARGIN:.0%} on the batches "
+                f"whose plan it changes, none more than {WHOLE_WAVE_WORST - 1:.0%} slower:"
             )
-        )
+            for key, d in on.items():
+                typer.echo(
+                    f"  {key}: {d['params']} (geomean {d['geomean']:.4f}, worst {d['worst']:.4f} over "
+                    f"{d['batches']} batches)"
+                )
+        elif ww.get("batches"):
+            typer.echo(
+                f"whole-wave rule: off in every bucket (over the {ww['batches']} batches whose plan it changes: "
+                f"geomean {ww['geomean']:.4f}, worst {ww['worst']:.4f})"
+            )
+        else:
+            typer.echo("whole-wave rule: off (it changed the plan of no training or probe batch)")
     for line in res.lines:
         typer.echo(line)

@@ -256,6 +256,54 @@ def test_whole_wave_decision():
     assert not P.whole_wave_decision([0.9], untimed=1)["on"]
     assert not P.whole_wave_decision([])["on"]
     assert not P.whole_wave_decision([1.001, 1.002])["on"]
+    assert not P.whole_wave_decision([0.995, 0.996])["on"]  # faster, but not by more than the margin
+    assert P.whole_wave_decision([0.995, 0.996], gain=0.0)["on"]
+
+
+def test_whole_wave_by_bucket_on_recorded_h200_timings():
+    # the H200 campaign's whole-wave step (tests/data/h200_whole_wave_rows.json): the rule acted on 10 probe
+    # batches only, 0.93-1.03x; over all of them it fails the 1.01 worst bound, yet three buckets win on their own
+    doc = json.loads((DATA.parent / "h200_whole_wave_rows.json").read_text())
+    rows, owner, variants = doc["rows"], doc["owner"], doc["variants"]
+    got = P.whole_wave_by_bucket(rows, owner, variants)
+
+    # reference: group the ratios by owner by hand, per variant, and apply the stated rule
+    def geo(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+    expect = {}
+    for key in set(owner.values()):
+        best = None
+        for i, v in enumerate(variants):
+            rs = [r[i] for g, per in rows.items() if owner.get(g) == key for r in per if r[i] not in (None, 1.0)]
+            if rs and geo(rs) < 1 - P.MARGIN and max(rs) <= P.WHOLE_WAVE_WORST and (best is None or geo(rs) < best[1]):
+                best = (v, geo(rs), max(rs), len(rs))
+        if best:
+            expect[key] = best
+    assert set(got["buckets"]) == set(expect)
+    for key, (v, g, w, n) in expect.items():
+        d = got["buckets"][key]
+        assert d["params"] == v and d["geomean"] == pytest.approx(g) and d["worst"] == pytest.approx(w)
+        assert d["batches"] == n
+    assert got["on"] and len(got["buckets"]) == 3
+    # B = 64 and 96 at T = 393,216 (2 probes) won 1.1 % with two-head tiles; B = 256 lost 3 %: off in its bucket
+    b6 = got["buckets"]["nvidia-h200.kv4.d128.bf16.p16.b6.t18.w24x16"]
+    assert b6["params"] == {"whole_wave": 0.05, "whole_wave_heads": 2} and b6["batches"] == 2
+    assert b6["geomean"] == pytest.approx(math.sqrt(0.98240 * 0.99600), abs=2e-4)
+    assert owner["probe:B256:T393216"] not in got["buckets"]
+    # the family-wide figures (what the summary gives when no bucket is on) fail the old per-family rule
+    assert got["batches"] == 10 and got["worst"] > P.WHOLE_WAVE_WORST and got["geomean"] < 1.0
+    assert not P.whole_wave_decision(
+        [r[1] for per in rows.values() for r in per if r[1] not in (None, 1.0)]
+    )["on"]
+    # a group without an owner is not counted; an empty campaign decides nothing
+    assert P.whole_wave_by_bucket(rows, {}, variants) == {
+        "on": False,
+        "buckets": {},
+        "batches": 0,
+        "geomean": pytest.approx(float("nan"), nan_ok=True),
+        "worst": pytest.approx(float("nan"), nan_ok=True),
+    }
 
 
 def test_allocate_trials_shares_the_budget_by_weight():
