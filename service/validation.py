@@ -43,7 +43,14 @@ from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
 from ..kernels.shape import DTYPE_ALIASES, MAX_HEADS, MAX_QO_HEADS, Shape
 from . import fastparse
 
-__all__ = ["RequestValidationFailed", "PlanRequestData", "parse_plan_request", "error", "unsupported_media_type"]
+__all__ = [
+    "RequestValidationFailed",
+    "PlanRequestData",
+    "parse_plan_request",
+    "check_kv_lens",
+    "error",
+    "unsupported_media_type",
+]
 
 MAX_GPU_NAME = 200
 _DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceSpec)}
@@ -172,7 +179,26 @@ def _check_int(errs: list, loc: tuple, v: Any, lo: int, hi: int) -> int | None:
     return v
 
 
-def _kv_lens(errs: list, v: Any, max_kv_len: int) -> np.ndarray | None:
+def check_kv_lens(errs: list, v: Any, max_kv_len: int) -> np.ndarray | None:
+    """The ``kv_lens`` rule of ``POST /v1/plan``, also the plan viewer's (:mod:`kvsplit.service.dashboard.viewer`).
+
+    Parameters
+    ----------
+    errs : list
+        FastAPI-shaped errors (:func:`error`) are appended here: at most one, located at ``["body", "kv_lens"]``
+        (not a list, empty, longer than ``MAX_BATCH``) or ``["body", "kv_lens", i]`` (the first bad entry).
+    v : Any
+        The decoded JSON value: a list of 1..65,536 (``kvsplit.kernels.plan.MAX_BATCH``) integers, each in
+        ``0..max_kv_len`` tokens (0: an empty slot, planned as one empty work item). A bool, a string or a
+        number with a decimal point is not an integer.
+    max_kv_len : int
+        Largest kv_len accepted (tokens; ``KVSPLIT_MAX_KV_LEN``).
+
+    Returns
+    -------
+    numpy.ndarray or None
+        int64 ``[B]``, or None when an error was appended.
+    """
     loc = ("body", "kv_lens")
     if type(v) is not list:
         errs.append(error("list_type", loc, f"Input should be a valid list, got {_type_name(v)}", v))
@@ -595,7 +621,7 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
                 ql,
             )
         )
-    kv = _kv_lens(errs, doc["kv_lens"], max_kv_len)
+    kv = check_kv_lens(errs, doc["kv_lens"], max_kv_len)
     dev: DeviceSpec | None = None
     if "device" in doc and doc["device"] is not None:
         dev = _device(errs, doc["device"], gpu)

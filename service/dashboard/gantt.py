@@ -81,7 +81,8 @@ def gantt_svg(tl: Any, plan: Any, *, title: str, t_max: float | None = None, wid
         f'xmlns="http://www.w3.org/2000/svg">',
         f'<text class="ctitle" x="{ml}" y="14">{escape(title)}</text>',
         f'<text class="sub" x="{ml}" y="26">predicted {tl.total_s * 1e6:,.1f} µs '
-        f"({tl.total_s / tl.floor_s:.2f}× the HBM floor) · {tl.sm.shape[0]:,} work tiles · {S} SMs × {tl.slots} "
+        f"({f'{tl.total_s / tl.floor_s:.2f}× the HBM floor' if tl.floor_s > 0 else 'no HBM floor: 0 tokens'}) · "
+        f"{tl.sm.shape[0]:,} work tiles · {S} SMs × {tl.slots} "
         f"slot{'' if tl.slots == 1 else 's'}</text>",
         f'<rect class="plot" x="{ml}" y="{mt}" width="{pw}" height="{ph:.1f}"/>',
     ]

@@ -16,6 +16,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import orjson
 from markupsafe import Markup
 
 from .gantt import gantt_svg
@@ -34,32 +35,41 @@ class ViewerError(ValueError):
 
 
 def parse_kv_lens(text: str, *, max_kv_len: int) -> list[int]:
-    """kv_lens from text: integers separated by commas, spaces, newlines or semicolons (a JSON list works).
+    """kv_lens from text: values separated by commas, spaces, newlines or semicolons (a JSON list works).
+
+    Each value is read as a JSON value, as in the body of ``POST /v1/plan``, and the list is checked by that
+    route's own rule (:func:`kvsplit.service.validation.check_kv_lens`): integers in ``0..max_kv_len`` tokens, 0
+    being an empty slot. The viewer only adds limits of its own on the text's size and on the requests it draws.
 
     Raises
     ------
     ViewerError
-        Empty text, more than :data:`MAX_TEXT` characters or :data:`MAX_REQUESTS` numbers, a token that is not a
-        decimal integer, a value <= 0 or above ``max_kv_len``; the message names ``kv_lens`` or ``kv_lens[i]``.
+        More than :data:`MAX_TEXT` characters or :data:`MAX_REQUESTS` values, a value that is not a JSON value, or
+        a list that rule refuses (no value; a value that is not an integer, below 0 or above ``max_kv_len``); the
+        message names ``kv_lens`` or ``kv_lens[i]``.
     """
+    from ..validation import check_kv_lens
+
     if len(text) > MAX_TEXT:
         raise ViewerError(f"kv_lens: {len(text):,} characters; at most {MAX_TEXT:,}")
     toks = [t for t in _SPLIT.split(text.strip()) if t]
-    if not toks:
-        raise ViewerError("kv_lens: give at least one length (integers separated by commas or spaces)")
     if len(toks) > MAX_REQUESTS:
         raise ViewerError(f"kv_lens: {len(toks):,} requests; the viewer draws at most {MAX_REQUESTS:,}")
-    out = []
+    values = []
     for i, t in enumerate(toks):
-        if not re.fullmatch(r"[+-]?\d{1,12}", t):
-            raise ViewerError(f"kv_lens[{i}]: {t[:30]!r} is not an integer")
-        v = int(t)
-        if v <= 0:
-            raise ViewerError(f"kv_lens[{i}]: {v} must be > 0 (tokens in the request's KV cache)")
-        if v > max_kv_len:
-            raise ViewerError(f"kv_lens[{i}]: {v:,} is above the limit {max_kv_len:,} (KVSPLIT_MAX_KV_LEN)")
-        out.append(v)
-    return out
+        try:
+            values.append(orjson.loads(t))
+        except orjson.JSONDecodeError:
+            raise ViewerError(f"kv_lens[{i}] = {t[:30]}: Input should be a valid integer") from None
+    errs: list[dict[str, Any]] = []
+    arr = check_kv_lens(errs, values, max_kv_len)
+    if errs:
+        loc, msg = errs[0]["loc"], errs[0]["msg"]
+        if len(loc) > 2:  # ("body", "kv_lens", i)
+            raise ViewerError(f"kv_lens[{loc[2]}] = {toks[loc[2]][:30]}: {msg}")
+        raise ViewerError(f"kv_lens: {msg} (paste integers separated by commas or spaces)")
+    assert arr is not None
+    return arr.tolist()
 
 
 def trace_choices() -> list[tuple[str, int]]:
@@ -154,11 +164,12 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
                 "name": name,
                 "what": what,
                 "total_us": tl.total_s * 1e6,
-                "ratio": tl.total_s / tl.floor_s,
+                "ratio": tl.total_s / tl.floor_s if tl.floor_s > 0 else None,  # None: a batch of 0 tokens
                 "tiles": int(tl.sm.shape[0]),
                 "ctas": int(p.cta_indptr.shape[0] - 1),
                 "max_splits": int(p.num_splits.max()),
                 "split_requests": int((p.num_splits > 1).sum()),
+                "num_splits": ",".join(map(str, p.num_splits.tolist())),  # per request, in batch order
                 "config": f"BLOCK_N {c.block_n}, {c.num_warps} warps, {c.num_stages} stages, {c.schedule}",
                 "svg": Markup(gantt_svg(tl, p, title=name, t_max=t_max)),
             }

@@ -84,6 +84,7 @@ def _viewer(request: Request, settings, fields: dict[str, str]) -> HTMLResponse:
         "traces": trace_choices(),
         "max_requests": MAX_REQUESTS,
         "max_text": MAX_TEXT,
+        "max_kv_len": settings.max_kv_len,
         "kv_text": "",
         "trace_value": "",
         "error": None,

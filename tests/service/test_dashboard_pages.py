@@ -23,7 +23,7 @@ from kvsplit.service.dashboard.viewer import MAX_REQUESTS, ViewerError, parse_kv
 from kvsplit.service.settings import Settings
 from kvsplit.tuner.simulate import predict, timeline
 from kvsplit.tuner.workloads import family_kv_lens
-from tests.service_support import BATCH_SIZES, FAMILIES, fill_store
+from tests.service_support import BATCH_SIZES, FAMILIES, GPU, SHAPE, fill_store
 
 ROOT = Path(__file__).resolve().parents[2]
 SLUG = "nvidia-h200.kv4.d128.bf16.p16"
@@ -111,8 +111,8 @@ def test_plan_viewer_form_post_and_errors(client):
     us = float(got[got.index('data-total-us="') + 15 :].split('"')[0])
     assert us == pytest.approx(predict(p, calibration=sim.calibration_for(p)) * 1e6, abs=1e-3)
     for body, msg in (
-        ("kv_lens=1%2C0", "kv_lens[1]: 0 must be &gt; 0"),
-        ("kv_lens=abc", "kv_lens[0]: &#39;abc&#39; is not an integer"),
+        ("kv_lens=1%2C-2", "kv_lens[1] = -2: Input should be greater than or equal to 0"),
+        ("kv_lens=abc", "kv_lens[0] = abc: Input should be a valid integer"),
         ("kv_lens=5&bogus=1", "bogus: unknown field"),
         ("kv_lens=5&shape=nope", "shape: &#39;nope&#39; is none of"),
     ):
@@ -124,14 +124,69 @@ def test_plan_viewer_form_post_and_errors(client):
 
 def test_parse_kv_lens():
     assert parse_kv_lens("[1, 2,3]\n4;5", max_kv_len=10) == [1, 2, 3, 4, 5]
-    with pytest.raises(ViewerError, match=r"kv_lens\[2\]: 11 is above the limit 10"):
+    assert parse_kv_lens("0, 7, 0", max_kv_len=10) == [0, 7, 0]  # 0: an empty slot, as /v1/plan takes it
+    with pytest.raises(ViewerError, match=r"kv_lens\[2\] = 11: Input should be less than or equal to 10"):
         parse_kv_lens("1 2 11", max_kv_len=10)
-    with pytest.raises(ViewerError, match=r"kv_lens\[0\]: '0x10' is not an integer"):
+    with pytest.raises(ViewerError, match=r"kv_lens\[0\] = 0x10: Input should be a valid integer"):
         parse_kv_lens("0x10", max_kv_len=10)
+    with pytest.raises(ViewerError, match=r"kv_lens\[1\] = true: Input should be a valid integer, got boolean"):
+        parse_kv_lens("3 true", max_kv_len=10)
+    with pytest.raises(ViewerError, match=r"kv_lens: List should have at least 1 item"):
+        parse_kv_lens(" ;, ", max_kv_len=10)
     with pytest.raises(ViewerError, match=r"at most 4,096"):
         parse_kv_lens(" ".join(["1"] * (MAX_REQUESTS + 1)), max_kv_len=10)
     with pytest.raises(ViewerError, match=r"characters; at most"):
         parse_kv_lens("1," * 200_000, max_kv_len=10)
+
+
+def _viewer_post(c, lens_text):
+    body = "shape=" + SLUG + "&kv_lens=" + lens_text.replace(",", "%2C").replace(" ", "+")
+    return c.post("/plan", content=body, headers={"content-type": "application/x-www-form-urlencoded"})
+
+
+def _row_splits(html, kind):
+    row = html[html.index(f'<tr class="plan-row" data-kind="{kind}"') :]
+    return [int(x) for x in row[row.index('data-num-splits="') + 17 :].split('"')[0].split(",")]
+
+
+def test_plan_viewer_and_v1_plan_take_the_same_kv_lens(client):
+    """A batch with empty slots (kv_len 0) is planned by the viewer and by POST /v1/plan alike, each request's
+    num_splits that of the planner called directly; a negative or non-integer value is refused by both, the
+    viewer's message naming kv_lens[i] and carrying /v1/plan's own message for it."""
+    _, c = client
+    lens = family_kv_lens("skewed80", 16, 262_144).tolist()
+    lens[3] = lens[9] = 0
+    lens.append(0)
+    r = _viewer_post(c, ", ".join(map(str, lens)))
+    assert r.status_code == 200 and r.text.count('<svg class="gantt"') == 3, r.text[-2000:]
+    api = c.post("/v1/plan", json=dict(SHAPE, kv_lens=lens))
+    assert api.status_code == 200, api.text
+    table = c.app.state.holder.current.table
+    want, _, info = table.plan(
+        lens, gpu=GPU, num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16
+    )
+    assert info["source"] == api.json()["policy"]["source"]
+    assert want.num_splits.tolist() == api.json()["num_splits"] == _row_splits(r.text, "served")
+    assert [want.num_splits[i] for i in (3, 9, len(lens) - 1)] == [1, 1, 1]
+    shape = dict(device=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+    for kind, policy in (("balanced", "balanced"), ("flashinfer", "flashinfer")):
+        assert make_plan(lens, policy=policy, **shape).num_splits.tolist() == _row_splits(r.text, kind)
+    # a batch of empty slots only: planned, drawn, and no ratio to a floor of 0 bytes
+    r = _viewer_post(c, "0, 0")
+    assert r.status_code == 200 and r.text.count('<svg class="gantt"') == 3 and "no floor (0 tokens)" in r.text
+    assert _row_splits(r.text, "served") == c.post("/v1/plan", json=dict(SHAPE, kv_lens=[0, 0])).json()["num_splits"]
+    # bad values: both refuse, naming the field, with one message
+    for bad, text, i in (([5, -3], "5, -3", 1), ([7, 1.5], "7, 1.5", 1), (["x"], "x", 0)):
+        api = c.post("/v1/plan", json=dict(SHAPE, kv_lens=bad))
+        assert api.status_code == 422, bad
+        (err,) = api.json()["detail"]
+        assert err["loc"] == ["body", "kv_lens", i]
+        r = _viewer_post(c, text)
+        assert r.status_code == 400 and '<svg class="gantt"' not in r.text, text
+        shown = r.text[r.text.index('id="viewer-error">') + 18 :].split("</p>")[0]
+        assert shown.startswith(f"kv_lens[{i}] = "), shown
+        if bad != ["x"]:  # a JSON string body is refused for its type; the viewer's "x" is not JSON at all
+            assert shown.endswith(": " + err["msg"]), (shown, err["msg"])
 
 
 def test_table_query_validation():
