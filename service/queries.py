@@ -302,6 +302,50 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def _own_verification(ms: list[Any], pol: Any) -> list[Any]:
+    """The held-out verification timings of policy ``pol`` among its bucket's ``ms`` (empty if none).
+
+    A policy of a tuning run: that run's timings. One verified outside a run (a campaign's verify step): its own
+    ``tuned`` timings (``policy_id``) and the baselines verified outside a run on the bucket's held-out batches.
+    Another tuning of the bucket is not this policy's evidence, so its figures must not stand beside it.
+    """
+    if pol.tuning_run_id is not None:
+        return [m for m in ms if m.tuning_run_id == pol.tuning_run_id]
+    own = [m for m in ms if m.tuning_run_id is None and (m.policy_id == pol.id if m.policy_name == "tuned" else True)]
+    return own if any(m.policy_name == "tuned" for m in own) else []
+
+
+def _draft_dict(p: Any) -> dict[str, Any]:
+    """A bucket's newest draft (verified or not, never published): what it is and why it was not published, from
+    its stored verification summary (:func:`kvsplit.tuner.verify.summarize`) and note."""
+    ver = dict(p.verification or {})
+    tuned, best, best_ratio = (
+        ver.get(k) for k in ("tuned_geomean_ratio", "best_baseline", "best_baseline_geomean_ratio")
+    )
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (tuned, best_ratio)) or not best:
+        why = "no verification stored"
+    else:
+        why = f"tuned {tuned:.3f}× floor vs best baseline {best} {best_ratio:.3f}×"
+        margin = ver.get("margin") or 0.0
+        if ver.get("passed") is False and tuned <= best_ratio and margin > 0:
+            why += f", a gain within the simulator's {margin:.1%} error margin"
+        why += ": not published" if ver.get("passed") is False else ": passed verification, not published"
+    note = (p.note or "").strip()
+    if note and ver.get("passed") is not False:  # e.g. the store refused it; a failed one's note repeats the figures
+        why += " (" + note.removeprefix("not published: ") + ")"
+    return {
+        "id": p.id,
+        "version": p.version,
+        "name": p.name,
+        "params": dict(p.params or {}),
+        "backend": p.backend,
+        "source": SOURCE_OF_BACKEND[p.backend],
+        "passed": ver.get("passed"),
+        "verification": ver,
+        "why": why,
+    }
+
+
 def dashboard_data(url: str) -> dict[str, Any]:
     """Everything the dashboard shows, from one read transaction.
 
@@ -316,12 +360,23 @@ def dashboard_data(url: str) -> dict[str, Any]:
     appended for points measured on the simulator; ``tuned`` points come only
     from buckets with a published policy (a tuning that was not published is
     not what the service serves).
+
+    A bucket without a published policy shows its newest draft (``draft``:
+    id, version, name, params, backend, ``passed`` and ``why`` it is not
+    published, from its verification summary): ``ratios``, ``speedups`` and
+    ``n_heldout`` are then the draft's own verification timings, never another
+    tuning's. ``evidence`` is ``held-out``, ``training`` (a published policy's
+    tuning batch) or ``none``; ``n_heldout`` counts the held-out batches the
+    figures come from, so it is 0 wherever no figure is shown.
     """
     reap_runs(url)
     with store.session_scope(url) as s:
         version = store.policies_version(s)
         buckets = store.list_buckets(s)
         published = {p.bucket_id: p for p in store.list_published(s)}
+        drafts: dict[int, Any] = {}  # the newest draft of each bucket
+        for p in store.list_policies(s, status="draft"):  # newest first
+            drafts.setdefault(p.bucket_id, p)
         runs = [_run_dict(r) for r in store.list_runs(s, limit=200)]
         # one read of every measurement, its kv_lens array loaded only where a plan must be rebuilt
         # (_times_served_plan): decoding every stored batch was most of the page's time
@@ -358,21 +413,11 @@ def dashboard_data(url: str) -> dict[str, Any]:
             own_batches = ms or train_by_bucket.get(b.id, [])
             evidence = "held-out"
             time_note = ""
+            draft = drafts.get(b.id) if p is None else None
             if p is not None:
                 # only the published policy's own verification: another (unpublished) tuning of the bucket is not
-                # what the service serves, so its figures must not stand beside the published policy. A policy of
-                # a tuning run: that run's timings; one verified outside a run (a campaign's verify step): its own
-                # timings (policy_id) and the baselines verified outside a run on the bucket's held-out batches
-                if p.tuning_run_id is not None:
-                    ms = [m for m in ms if m.tuning_run_id == p.tuning_run_id]
-                else:
-                    ms = [
-                        m
-                        for m in ms
-                        if m.tuning_run_id is None and (m.policy_id == p.id if m.policy_name == "tuned" else True)
-                    ]
-                    if not any(m.policy_name == "tuned" for m in ms):
-                        ms = []
+                # what the service serves, so its figures must not stand beside the published policy
+                ms = _own_verification(ms, p)
                 if not ms:
                     # the published policy's own training timings (its params) and the baselines beside them
                     own = [
@@ -399,9 +444,18 @@ def dashboard_data(url: str) -> dict[str, Any]:
                         )
                     else:
                         evidence = "none"
-            elif ms:
-                last_run = max((m.tuning_run_id or 0) for m in ms)
-                ms = [m for m in ms if (m.tuning_run_id or 0) == last_run]
+            elif draft is not None:
+                # no published policy: the newest draft's own verification, shown as the draft's (not served)
+                ms = _own_verification(ms, draft)
+                if not ms:
+                    evidence = "none"
+                    time_note = (
+                        "draft: its verification's timings are not in this store"
+                        if (draft.verification or {}).get("heldout_batches")
+                        else "draft: not verified"
+                    )
+            else:  # no policy to show the timings of: no evidence claimed
+                ms, evidence = [], "none"
             # latest measurement per (policy, batch)
             cell: dict[tuple[str, int], Any] = {}
             for m in ms:
@@ -411,6 +465,8 @@ def dashboard_data(url: str) -> dict[str, Any]:
                 per_policy[name][idx] = m
             ratios = {name: geomean([m.ratio for m in d.values()]) for name, d in per_policy.items()}
             tuned = per_policy.get("tuned", {})
+            if evidence == "held-out" and not tuned:  # baselines alone are no evidence of the policy
+                evidence = "none"
             speedups = {}
             for base in sorted(
                 set(per_policy) - {"tuned"}, key=lambda n: (BASELINES.index(n) if n in BASELINES else 99, n)
@@ -446,9 +502,10 @@ def dashboard_data(url: str) -> dict[str, Any]:
                         "score": p.score,
                         "published_at": _iso(p.published_at),
                     },
+                    "draft": None if draft is None else _draft_dict(draft),
                     "ratios": ratios,
                     "speedups": speedups,
-                    "n_heldout": len(tuned) if evidence == "held-out" else 0,
+                    "n_heldout": len(tuned) if evidence == "held-out" and tuned else 0,
                     "n_train": len(tuned) if evidence == "training" else 0,
                     "evidence": evidence,
                     "measured_on": measured_on,

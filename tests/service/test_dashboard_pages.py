@@ -363,3 +363,90 @@ def test_coverage_map_tick_labels_are_whole_numbers():
     ticks = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', svg)
     # B classes 0..10 (every other one labelled), then token classes 6..21 (every other one)
     assert ticks == ["1", "4", "16", "64", "256", "1k"] + ["64", "256", "1k", "4k", "16k", "64k", "256k", "1M"]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def draft_store(request, tmp_path):
+    """A store whose only policies are drafts, verified by :func:`kvsplit.tuner.verify.verify_and_store` on the
+    simulator: ``failed`` (verified outside a tuning run, as a campaign does; slower than the best baseline) and
+    ``kept`` (a tuning run's draft that passed but was not published, beside an older run's failed draft of the
+    same bucket). On SQLite and on the PostgreSQL of ``KVSPLIT_TEST_POSTGRES_URL``."""
+    from kvsplit.db import store
+    from kvsplit.tuner import search, verify
+    from kvsplit.tuner.backends import SimBackend
+
+    url = f"sqlite:///{tmp_path}/drafts.db" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    store.upgrade(url)
+    shape = dict(gpu=GPU, num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+    be = SimBackend(GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16")
+    out = {}
+    for name, fam, B, n_heldout in (("failed", "skewed80", 16, 1), ("kept", "uniform", 64, 2)):
+        t = search.family_task(fam, B, 262_144, num_train=1, num_heldout=n_heldout, **shape)
+        with store.session_scope(url, write=True) as s:
+            bid = store.get_or_create_bucket(
+                s, key=t.key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16, source=t.source
+            ).id
+        bal = search.baseline_equivalents(t)["balanced"]
+        worse = {**bal, "max_splits": 1}  # no split: slower than balanced on these batches
+        if name == "failed":
+            res = verify.verify_and_store(t, worse, be, database_url=url, bucket_id=bid, run_id=None, device_id=None)
+            assert not res.summary["passed"] and not res.published
+        else:
+            for params, tol in ((worse, 0.0), (bal, 0.1)):  # an older failed run, then a passing one kept as draft
+                with store.session_scope(url, write=True) as s:
+                    run = store.start_run(s, bucket_id=bid, study_name=f"kvsplit/{t.key}", backend="sim", n_trials=1)
+                    run_id = run.id
+                res = verify.verify_and_store(
+                    t,
+                    params,
+                    be,
+                    database_url=url,
+                    bucket_id=bid,
+                    run_id=run_id,
+                    device_id=None,
+                    publish=False,
+                    tolerance=tol,
+                )
+            assert res.summary["passed"] and not res.published
+        with store.session_scope(url) as s:
+            pol = store.get_policy(s, res.policy_id)
+            assert pol.status == "draft"
+            out[name] = (t.key, pol.id, dict(pol.verification))
+    return url, out
+
+
+def test_shape_page_shows_a_drafts_own_verification(draft_store):
+    """A bucket whose newest policy is a draft shows that draft's held-out figures (time / floor, gain over each
+    baseline) as a draft's, equal to its stored verification summary, with why it was not published; the number of
+    held-out batches it claims is the verification's. An older draft of the bucket lends it nothing."""
+    import re
+
+    from kvsplit.service.queries import dashboard_data
+
+    url, drafts = draft_store
+    rows = {b["key"]: b for sh in dashboard_data(url)["shapes"] for b in sh["buckets"]}
+    app = create_app(Settings(database_url=url, admin_token=None, reload_interval_s=0))
+    with TestClient(app) as c:
+        r = c.get(f"/shapes/{SLUG}")
+    assert r.status_code == 200
+    for name, (key, pid, ver) in drafts.items():
+        b = rows[key]
+        assert b["policy"] is None and b["draft"]["id"] == pid and b["evidence"] == "held-out"
+        assert b["n_heldout"] == ver["heldout_batches"] and b["measured_on"] == ["sim"]
+        assert b["ratios"]["tuned"] == pytest.approx(ver["tuned_geomean_ratio"], rel=1e-9)
+        assert set(b["speedups"]) == set(ver["speedup_vs"])
+        for base, x in ver["speedup_vs"].items():
+            assert b["speedups"][base] == pytest.approx(x, rel=1e-9), (name, base)
+        row = r.text[r.text.index(f'data-key="{key}"') :]
+        row = row[: row.index("</tr>")]
+        assert f"#{pid}</a>" in row and '<span class="pill draft"' in row
+        got = re.search(r'tuned-ratio draft"[^>]*>([0-9.]+)', row)
+        assert got and got.group(1) == f"{ver['tuned_geomean_ratio']:.3f}", row
+        gains = dict(re.findall(r'data-base="(\w+)"[^>]*>([0-9.]+)×', row))
+        assert gains == {base: f"{x:.3f}" for base, x in ver["speedup_vs"].items()}, row
+        assert f"{ver['heldout_batches']} held-out" in row and "not measured" not in row
+        t, bb, bbr = ver["tuned_geomean_ratio"], ver["best_baseline"], ver["best_baseline_geomean_ratio"]
+        want = f"tuned {t:.3f}× floor vs best baseline {bb} {bbr:.3f}×: " + (
+            "not published" if name == "failed" else "passed verification, not published"
+        )
+        assert want in row, row
