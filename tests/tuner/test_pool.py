@@ -293,9 +293,7 @@ def test_whole_wave_by_bucket_on_recorded_h200_timings():
     assert owner["probe:B256:T393216"] not in got["buckets"]
     # the family-wide figures (what the summary gives when no bucket is on) fail the old per-family rule
     assert got["batches"] == 10 and got["worst"] > P.WHOLE_WAVE_WORST and got["geomean"] < 1.0
-    assert not P.whole_wave_decision(
-        [r[1] for per in rows.values() for r in per if r[1] not in (None, 1.0)]
-    )["on"]
+    assert not P.whole_wave_decision([r[1] for per in rows.values() for r in per if r[1] not in (None, 1.0)])["on"]
     # a group without an owner is not counted; an empty campaign decides nothing
     assert P.whole_wave_by_bucket(rows, {}, variants) == {
         "on": False,
