@@ -315,6 +315,19 @@ def _own_verification(ms: list[Any], pol: Any) -> list[Any]:
     return own if any(m.policy_name == "tuned" for m in own) else []
 
 
+def _policy_identity(p: Any) -> dict[str, Any]:
+    """What the shape page shows of any policy row, published or draft: id, version, name, params, backend and
+    the plan ``source`` its backend gives."""
+    return {
+        "id": p.id,
+        "version": p.version,
+        "name": p.name,
+        "params": dict(p.params or {}),
+        "backend": p.backend,
+        "source": SOURCE_OF_BACKEND[p.backend],
+    }
+
+
 def _draft_dict(p: Any) -> dict[str, Any]:
     """A bucket's newest draft (verified or not, never published): what it is and why it was not published, from
     its stored verification summary (:func:`kvsplit.tuner.verify.summarize`) and note."""
@@ -334,12 +347,7 @@ def _draft_dict(p: Any) -> dict[str, Any]:
     if note and ver.get("passed") is not False:  # e.g. the store refused it; a failed one's note repeats the figures
         why += " (" + note.removeprefix("not published: ") + ")"
     return {
-        "id": p.id,
-        "version": p.version,
-        "name": p.name,
-        "params": dict(p.params or {}),
-        "backend": p.backend,
-        "source": SOURCE_OF_BACKEND[p.backend],
+        **_policy_identity(p),
         "passed": ver.get("passed"),
         "verification": ver,
         "why": why,
@@ -493,12 +501,7 @@ def dashboard_data(url: str) -> dict[str, Any]:
                     "policy": None
                     if p is None
                     else {
-                        "id": p.id,
-                        "version": p.version,
-                        "name": p.name,
-                        "params": dict(p.params or {}),
-                        "backend": p.backend,
-                        "source": SOURCE_OF_BACKEND[p.backend],
+                        **_policy_identity(p),
                         "score": p.score,
                         "published_at": _iso(p.published_at),
                     },
