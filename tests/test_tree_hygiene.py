@@ -1,6 +1,6 @@
 """The tree stays a product, not a lab notebook (fast, no GPU).
 
-- No history citations ("round 7", "r18_call3", "perf.md") in README.md, docs/ outside docs/decisions/ (the decision
+- No history citations ("round 7", "round2", "r18_call3", "perf.md") in README.md, docs/ outside docs/decisions/ (the decision
   records carry the history), kernels/, tuner/, db/, service/ or tests/: code and docs state the fact or cite a
   record in docs/decisions/.
 - Every relative link of README.md and docs/**/*.md reaches a file of the tree, and its ``#anchor`` a heading of
@@ -32,7 +32,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # the phrases are split so that this file does not match its own patterns; ``--repeats 3`` is an option
-HISTORY = re.compile(r"(?<!-)\bround" + r"s? \d|\br\d+_" + r"call|perf" + r"\.md", re.IGNORECASE)
+HISTORY = re.compile(r"(?<![-a-z])round" + r"s?[ _]?\d|\br\d+_" + r"call|perf" + r"\.md", re.IGNORECASE)
 HISTORY_SCOPE = ("README.md", "docs", "kernels", "tuner", "db", "service", "tests")
 HISTORY_EXEMPT = ("docs/decisions/",)
 SYS_PATH = "sys.path" + ".insert"
@@ -270,12 +270,17 @@ def test_bench_and_scripts_stay_small():
 def test_each_check_fails_on_a_planted_violation(texts):
     planted = dict(texts)
     planted["kernels/planted.py"] = "x = 1  # the default since round" + " 7\n"
+    planted["tests/test_planted.py"] = "def test_round" + "2_policies(): ...\n"
     planted["tests/planted_test.py"] = '"""see docs/' + 'perf.md"""\n'
     planted["docs/guides/planted.md"] = "# Planted\n\nSee [a record](../decisions/nope.md), [here](#planted), "
     planted["docs/guides/planted.md"] += "[design](../concepts/design.md#no-such-heading) and [ok](../index.md).\n"
     planted["bench/planted.py"] = "import sys\n" + SYS_PATH + "(0, 'scripts')\n"
     hist = history_citations(planted)
-    assert [h.split(":")[0] for h in hist] == ["kernels/planted.py", "tests/planted_test.py"], hist
+    assert [h.split(":")[0] for h in hist] == [
+        "kernels/planted.py",
+        "tests/test_planted.py",
+        "tests/planted_test.py",
+    ], hist
     # the same citations in a decision record are history where it belongs
     assert not history_citations({"docs/decisions/x.md": planted["kernels/planted.py"]})
     links = broken_links({"docs/guides/planted.md": planted["docs/guides/planted.md"]})

@@ -177,7 +177,7 @@ def test_int64_offsets():
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_round2_policies(policy, params, dtype):
+def test_split_policies_match_the_reference(policy, params, dtype):
     lens = [70000, 0, 1, 17, 3000, 129, 5000, 255, 40000, 16]
     case = make_case(
         lens, num_qo_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype=dtype, device="cuda", seed=11
