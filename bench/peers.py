@@ -378,11 +378,12 @@ def _import_peer(impl: str) -> tuple[Any, str]:
     return mod, f"kvsplit {version('kvsplit')}"
 
 
-def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple[Callable[[], Any], Callable[[], Any]]]:
-    """``prepare(kv_lens) -> (launch, output)`` for one implementation on ``timer``'s cache and batches (its KV dtype
-    and q_len, :class:`kvsplit.tuner.gpu.GpuTimer`): ``launch()`` runs the decode (CUDA-graph capturable),
-    ``output()`` returns its last output ``[B * q_len, H_q, D]``. An fp8 cache is read with the scales
-    :data:`K_SCALE`, :data:`V_SCALE`. The peers are :class:`kvsplit.tuner.peers.PeerKernel`.
+def make_runner(impl: str, mod: Any, timer: Any) -> tuple[Callable[[np.ndarray], tuple[Callable[[], Any], Any]], Any]:
+    """``(prepare, peer)``: ``prepare(kv_lens) -> (launch, output)`` for one implementation on ``timer``'s cache and
+    batches (its KV dtype and q_len, :class:`kvsplit.tuner.gpu.GpuTimer`): ``launch()`` runs the decode (CUDA-graph
+    capturable), ``output()`` returns its last output ``[B * q_len, H_q, D]``. An fp8 cache is read with the scales
+    :data:`K_SCALE`, :data:`V_SCALE`. ``peer``: the :class:`kvsplit.tuner.peers.PeerKernel` of a peer (its ``note``
+    and the q rounding its output is checked with, ``q_dtype``), None for kvsplit.
 
     Raises
     ------
@@ -395,7 +396,8 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
     fp8 = t.kv_dtype != t.dtype
     scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
     if impl in PEERS:
-        return PeerKernel(impl, mod, t, k_scale=K_SCALE, v_scale=V_SCALE).prepare
+        peer = PeerKernel(impl, mod, t, k_scale=K_SCALE, v_scale=V_SCALE)
+        return peer.prepare, peer
     if impl not in ("kvsplit", "kvsplit_balanced"):
         raise ValueError(f"--impl: expected one of {IMPLS}, got {impl!r}")
     from kvsplit.kernels.decode import decode_attention
@@ -432,7 +434,7 @@ def make_runner(impl: str, mod: Any, timer: Any) -> Callable[[np.ndarray], tuple
         prepare.last_source = source
         return (lambda: decode_attention(*args, **kw, validate=False)), (lambda: out)
 
-    return prepare
+    return prepare, None
 
 
 LABELS = {
@@ -496,7 +498,9 @@ def run(
         "kv_cache_bytes": 2 * timer.k_cache.numel() * timer.k_cache.element_size(),
     }
     print(json.dumps(meta), flush=True)
-    prepare = make_runner(impl, mod, timer)
+    prepare, peer = make_runner(impl, mod, timer)
+    if peer is not None and peer.note:
+        print(f"{impl}: {peer.note}", flush=True)
     rows = []
     for c in cases:
         lens = np.maximum(c["kv_lens"], q_len)  # kv_lens count the q_len new tokens
@@ -515,7 +519,9 @@ def run(
             )
             return 1
         if int(lens.sum()) <= check_tokens:
-            ref = reference_output(timer, lens, k_scale=K_SCALE, v_scale=V_SCALE)
+            ref = reference_output(
+                timer, lens, k_scale=K_SCALE, v_scale=V_SCALE, q_dtype=peer.q_dtype if peer is not None else None
+            )
             err = float((output().float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
             if not err < 2e-2:
                 print(

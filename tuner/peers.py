@@ -118,7 +118,20 @@ class PeerKernel:
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         self.sm_scale = 1.0 / math.sqrt(timer.head_dim)
         self.note = ""
+        if name == "fa3" and self.fp8:
+            self.note = "q rounded to float8_e4m3fn: FA3's fp8 path takes q, k and v in fp8"
         self._state: dict[str, Any] = {}
+
+    @property
+    def q_dtype(self) -> Any:
+        """The dtype the peer's own call rounds q to (``torch.float8_e4m3fn`` for FA3 on an fp8 cache: its fp8 path
+        multiplies an fp8 q, as SGLang passes it), or None where q is used as the timer made it. The reference the
+        peer's output is checked against (:func:`max_rel_error`) rounds q the same way."""
+        if self.name == "fa3" and self.fp8:
+            import torch
+
+            return torch.float8_e4m3fn
+        return None
 
     def _scales(self) -> dict[str, float]:
         return {"k_scale": self.k_scale, "v_scale": self.v_scale} if self.fp8 else {}
@@ -269,7 +282,7 @@ class PeerKernel:
         page_table = torch.from_numpy(pt).to(t.device)
         fp8_kw: dict[str, Any] = {}
         if self.fp8:  # FA3's fp8 path: q, k and v in fp8 with their descales [B, H_kv] (SGLang's call)
-            q4 = q4.to(torch.float8_e4m3fn)
+            q4 = q4.to(self.q_dtype)
             ones = torch.ones((B, t.num_kv_heads), dtype=torch.float32, device=t.device)
             fp8_kw = {"q_descale": ones, "k_descale": ones * self.k_scale, "v_descale": ones * self.v_scale}
         res: dict[str, Any] = {}
@@ -307,22 +320,26 @@ def load(
 
 
 def failure_note(name: str, exc: BaseException, *, fp8: bool) -> str:
-    """One line on why a peer's call failed: for FA3 with an fp8 cache, that the build has no FP8 (the device build
-    turns it off); else the error's type and first line."""
+    """One line on why a peer's call failed: the error's type and first line; for FA3 with an fp8 cache, also that a
+    build without FA3's FP8 flag refuses the call (the device build turns it off)."""
     first = (str(exc).strip().splitlines() or [""])[0][:200]
     if name == "fa3" and fp8:
         return (
-            f"no fp8 in this FlashAttention-3 build ({type(exc).__name__}: {first}); the device build disables it "
-            "(FLASH_ATTENTION_DISABLE_FP8, ../shared/tools/fa3_for_device/NOTES.md)"
+            f"FA3's fp8 call failed ({type(exc).__name__}: {first}); a FlashAttention-3 build without its FP8 flag "
+            "refuses it (FLASH_ATTENTION_DISABLE_FP8, ../shared/tools/fa3_for_device/NOTES.md)"
         )
     return f"{type(exc).__name__}: {first}"
 
 
-def reference_output(timer: Any, kv_lens: Any, *, k_scale: float = 1.0, v_scale: float = 1.0) -> Any:
+def reference_output(
+    timer: Any, kv_lens: Any, *, k_scale: float = 1.0, v_scale: float = 1.0, q_dtype: Any = None
+) -> Any:
     """fp32 reference ``[B * q_len, H_q, D]`` of a batch on the timer's cache: token j of request b is the
     single-token reference (:func:`kvsplit.kernels.reference.reference_decode_attention`, fp32 math) over its first
     ``kv_len - q_len + 1 + j`` positions (causal within the q_len new tokens); an fp8 cache is dequantized by that
-    fp32 math with ``k_scale`` in the softmax scale and ``v_scale`` on the output (scales apply to fp8 only)."""
+    fp32 math with ``k_scale`` in the softmax scale and ``v_scale`` on the output (scales apply to fp8 only).
+    ``q_dtype`` (e.g. ``torch.float8_e4m3fn``, :attr:`PeerKernel.q_dtype`): q is first rounded to it, as a peer
+    that computes with such a q sees it."""
     import torch
 
     from ..kernels.reference import reference_decode_attention
@@ -330,6 +347,8 @@ def reference_output(timer: Any, kv_lens: Any, *, k_scale: float = 1.0, v_scale:
     t = timer
     b = t.batch(np.asarray(kv_lens, dtype=np.int64))
     q, ql = b["q"], t.q_len
+    if q_dtype is not None:
+        q = q.to(q_dtype).to(q.dtype)
     fp8 = t.kv_dtype != t.dtype
     ks, vs = (k_scale, v_scale) if fp8 else (1.0, 1.0)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -349,6 +368,6 @@ def reference_output(timer: Any, kv_lens: Any, *, k_scale: float = 1.0, v_scale:
 
 def max_rel_error(peer: PeerKernel, kv_lens: Any, output: Any) -> float:
     """``max |output - reference| / max |reference|`` of ``peer``'s output of the batch ``kv_lens``
-    (:func:`reference_output` with the peer's scales)."""
-    ref = reference_output(peer.timer, kv_lens, k_scale=peer.k_scale, v_scale=peer.v_scale)
+    (:func:`reference_output` with the peer's scales and its q rounding, :attr:`PeerKernel.q_dtype`)."""
+    ref = reference_output(peer.timer, kv_lens, k_scale=peer.k_scale, v_scale=peer.v_scale, q_dtype=peer.q_dtype)
     return float((output.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
