@@ -36,9 +36,14 @@ MAX_QO_HEADS = MAX_HEADS * 64
 
 
 def canonical_dtype(dtype: Any) -> str:
-    """torch's name of ``dtype`` (``"bf16"`` -> ``"bfloat16"``); ValueError naming ``dtype`` otherwise."""
-    if isinstance(dtype, str):
-        d = DTYPE_ALIASES.get(dtype, dtype)
+    """torch's name of ``dtype``, a name, an alias (``"bf16"`` -> ``"bfloat16"``) or a ``torch.dtype``
+    (``torch.bfloat16`` -> ``"bfloat16"``, read from its text so that the planner needs no torch); ValueError naming
+    ``dtype`` otherwise."""
+    name = dtype
+    if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
+        name = str(dtype).removeprefix("torch.")
+    if isinstance(name, str):
+        d = DTYPE_ALIASES.get(name, name)
         if d in DTYPES:
             return d
     raise ValueError(

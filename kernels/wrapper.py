@@ -98,7 +98,6 @@ from .decode import (
 from .device import DeviceSpec, resolve_device
 from .device_plan import alloc_device_plan, check_device_rule, device_plan
 from .limits import (
-    DTYPES,
     HEAD_DIMS,
     MAX_BATCH,
     MAX_PAGE_SIZE,
@@ -112,6 +111,7 @@ from .plan import Plan
 from .policies import plan_with
 from .policy_table import PolicyTable
 from .rulespec import RuleSpec, resident_slots, resolve
+from .shape import canonical_dtype
 
 __all__ = ["DecodeWrapper", "GraphOptions", "AUTO_RULE"]
 
@@ -234,8 +234,10 @@ class DecodeWrapper:
         H_q (a multiple of H_kv), H_kv, D (64, 128 or 256).
     page_size : int
         Tokens per KV page (default 16).
-    dtype : str
-        ``"float16"``, ``"bfloat16"`` (default) or ``"float32"`` (CPU tests).
+    dtype : str or torch.dtype
+        q's dtype: ``"float16"``, ``"bfloat16"`` (default) or ``"float32"`` (CPU tests), an alias (``"bf16"``) or
+        the torch dtype (``torch.bfloat16``, as FlashInfer's ``q_data_type``)
+        (:func:`kvsplit.kernels.shape.canonical_dtype`); ``self.dtype`` holds the name.
     device : str or torch.device
         Where q, the cache and the index tensors live (``"cuda"``; ``"cpu"``
         under ``TRITON_INTERPRET=1``).
@@ -292,7 +294,7 @@ class DecodeWrapper:
         head_dim: int,
         *,
         page_size: int = 16,
-        dtype: str = "bfloat16",
+        dtype: str | torch.dtype = "bfloat16",
         device: Any = "cuda",
         max_batch_size: int = 256,
         table: Any = None,
@@ -315,8 +317,7 @@ class DecodeWrapper:
             raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
         if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"page_size: expected an integer in [1, {MAX_PAGE_SIZE}], got {page_size!r}")
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        dtype = canonical_dtype(dtype)
         if (
             isinstance(max_batch_size, bool)
             or not isinstance(max_batch_size, int)

@@ -25,6 +25,18 @@ def test_of_validates_and_resolves():
         s.num_kv_heads = 8  # frozen
 
 
+def test_torch_dtypes_are_read_as_their_names():
+    """A ``torch.dtype`` (as FlashInfer's wrappers take q_data_type) means its torch name; one kvsplit does not take
+    is refused naming dtype."""
+    torch = pytest.importorskip("torch")
+    for t, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"), (torch.float32, "float32")):
+        assert canonical_dtype(t) == name
+        s = Shape.of(device="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype=t, page_size=16)
+        assert s.dtype == name
+    with pytest.raises(ValueError, match=r"^dtype: expected one of .*got torch\.int8$"):
+        canonical_dtype(torch.int8)
+
+
 @pytest.mark.parametrize(
     "kw, msg",
     [

@@ -77,6 +77,18 @@ def test_eager_balanced():
     _loop(w, [0, 5, 300, 1000, 33])
 
 
+def test_dtype_given_as_a_torch_dtype():
+    """``dtype=torch.float16`` (FlashInfer's q_data_type form) is the wrapper of ``"float16"``: same name, same
+    outputs against the reference; an fp32 q for it is refused naming q."""
+    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype=torch.float16, device="cpu", max_batch_size=8)
+    assert w.dtype == "float16"
+    _loop(w, [0, 5, 300], steps=1)
+    case = make_case([7], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
+    w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
+    with pytest.raises(ValueError, match=r"^q: expected torch.float16"):
+        w.run(case["q"].float(), case["k_cache"], case["v_cache"])
+
+
 def test_eager_with_table():
     lens = [0, 5, 300, 1000, 33]
     table = _stream_k_table(lens, {"ctas_per_sm": 0.25})
