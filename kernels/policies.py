@@ -10,6 +10,7 @@ from typing import Any
 from . import fastplan as _fastplan
 from .device import DeviceSpec
 from .rulespec import RuleSpec, resolve
+from .shape import canonical_dtype
 from .workplan import Plan
 
 
@@ -47,8 +48,9 @@ def make_plan(
         D, one of 64, 128, 256.
     page_size : int
         Tokens per KV page, 1 to 256.
-    dtype : str
-        ``"float16"``, ``"bfloat16"`` or ``"float32"``: q's (and the output's).
+    dtype : str or torch.dtype
+        ``"float16"``, ``"bfloat16"`` or ``"float32"``: q's (and the output's); a ``torch.dtype`` is read as its
+        name (:func:`~kvsplit.kernels.shape.canonical_dtype`).
     kv_dtype : str, optional
         The KV cache's dtype: None or ``dtype`` (the same), or ``"float8_e4m3fn"`` with a 16-bit ``dtype``
         (1 byte per element: the residency counts half the K/V shared memory, the wave-aware chunk twice the
@@ -69,6 +71,8 @@ def make_plan(
     ValueError
         On any invalid argument or parameter, naming it.
     """
+    if not isinstance(dtype, str):
+        dtype = canonical_dtype(dtype)
     return plan_with(
         kv_lens,
         resolve(

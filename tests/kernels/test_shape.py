@@ -33,6 +33,9 @@ def test_torch_dtypes_are_read_as_their_names():
         assert canonical_dtype(t) == name
         s = Shape.of(device="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype=t, page_size=16)
         assert s.dtype == name
+        a = make_plan([100, 2000], num_kv_heads=4, device="h200", dtype=t)
+        b = make_plan([100, 2000], num_kv_heads=4, device="h200", dtype=name)
+        assert a.dtype == name and a.config == b.config and np.array_equal(a.work_kv_end, b.work_kv_end)
     with pytest.raises(ValueError, match=r"^dtype: expected one of .*got torch\.int8$"):
         canonical_dtype(torch.int8)
 
