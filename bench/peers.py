@@ -9,6 +9,8 @@
     python bench/peers.py --impl kvsplit --kv-dtype fp8 --out kvsplit_fp8.csv      # fp8 KV cache
     python bench/peers.py --impl flashinfer_prefill --q-len 4 --out fi_pf_q4.csv   # verify steps, 4 tokens
     python bench/peers.py --summary kvsplit.csv kvsplit_q4.csv                     # + the verify-step ratio
+    python bench/peers.py --impls all --kv-dtype fp8 --out-dir fp8/   # every implementation, one process each,
+                                                                       # then the summary of their CSVs
 
 Implementations (``--impl``):
 
@@ -42,6 +44,12 @@ x T 262,144 and 1,048,576, 49 cases per T; ``--cases traces`` the held-out trace
 (``kvsplit.tuner.gpu.graph_median_s``). ``ratio_to_read_floor`` = time / (KV bytes / streaming-read bandwidth
 measured in the same process, ``GpuTimer.hbm_floor_s``). Every output is checked against the fp32 reference on batches of at most
 ``--check-tokens`` tokens (a mismatch stops the run: no figure is written for a wrong kernel).
+
+``--impls a,b`` (or ``all``: every implementation that takes the run's KV dtype and q_len,
+:func:`applicable_impls`) runs this script once per implementation, each in its own process, writing
+``<out-dir>/<impl><tag>.csv``; with ``--q-len`` N > 1 it also times kvsplit at q_len 1, so that the summary it then
+prints gives the verify-step ratio. ``--impl-timeout S`` stops an implementation's process after S seconds (its
+CSV is not written). The exit status is 1 if any process failed.
 
 Output: a CSV with the columns of :data:`COLUMNS`, one row per case, and ``<out>.json`` with the software versions,
 GPU and bandwidth. A peer that does not import prints why and writes nothing (exit status 0: no figure is not an
@@ -558,9 +566,70 @@ def run(
     return 0
 
 
+def applicable_impls(q_len: int) -> list[str]:
+    """The implementations of :data:`IMPLS` that time ``q_len`` query tokens per request (the peers'
+    :func:`kvsplit.tuner.peers.unsupported`), in :data:`IMPLS` order."""
+    return [i for i in IMPLS if i not in PEERS or unsupported(i, q_len) is None]
+
+
+def run_each(
+    impls: Sequence[str],
+    out_dir: Path,
+    *,
+    cases: str,
+    kv_dtype: str,
+    q_len: int,
+    rep_ms: float,
+    check_tokens: int,
+    timeout_s: float | None = None,
+) -> tuple[list[Path], list[str]]:
+    """Run this script once per implementation of ``impls`` (``--impl``), each in its own process, writing
+    ``out_dir/<impl><tag>.csv``; with ``q_len`` > 1 kvsplit is also run at q_len 1 (the verify-step ratio's
+    denominator). Returns ``(CSVs written, implementations whose process failed or timed out)``."""
+    import subprocess
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = [(impl, q_len) for impl in impls]
+    if q_len > 1 and "kvsplit" in impls:
+        runs.append(("kvsplit", 1))
+    written, failed = [], []
+    for impl, ql in runs:
+        csv_path = out_dir / f"{impl}{set_tag(kv_dtype, ql).replace('/', '_')}.csv"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--impl", impl, "--cases", cases, "--out", str(csv_path)]
+        cmd += [
+            "--kv-dtype",
+            kv_dtype,
+            "--q-len",
+            str(ql),
+            "--rep-ms",
+            str(rep_ms),
+            "--check-tokens",
+            str(check_tokens),
+        ]
+        print(f"== {impl} (--kv-dtype {kv_dtype} --q-len {ql}), its own process", flush=True)
+        try:
+            rc = subprocess.run(cmd, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            print(f"{impl}: stopped after {timeout_s:g} s (--impl-timeout); no figure recorded", flush=True)
+            rc = -1
+        if rc != 0:
+            failed.append(impl if ql == q_len else f"{impl} (q_len {ql})")
+        if rc == 0 and csv_path.exists():
+            written.append(csv_path)
+    return written, failed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impl", choices=IMPLS, help="the implementation this process times")
+    ap.add_argument(
+        "--impls",
+        metavar="LIST",
+        help="comma-separated implementations, or 'all' (those that take --q-len): each in its own process, then "
+        "the summary of their CSVs",
+    )
+    ap.add_argument("--out-dir", type=Path, default=Path("."), help="--impls: where the CSVs go")
+    ap.add_argument("--impl-timeout", type=float, default=None, help="--impls: seconds per implementation's process")
     ap.add_argument("--cases", choices=("reference", "traces"), default="reference")
     ap.add_argument("--out", type=Path, help="the CSV to write (default: <impl>.csv)")
     ap.add_argument("--rep-ms", type=float, default=40.0, help="do_bench's repetition time per case (ms)")
@@ -594,10 +663,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in drawn:
             print(f"wrote {path}")
         return 0
-    if args.impl is None:
-        ap.error("--impl is required unless --summary is given")
     if not 1 <= args.q_len <= 8:
         ap.error(f"--q-len: expected 1 to 8 query tokens per request, got {args.q_len}")
+    if args.impls is not None:
+        if args.impl is not None:
+            ap.error("--impls: give --impl or --impls, not both")
+        impls = applicable_impls(args.q_len) if args.impls == "all" else [i for i in args.impls.split(",") if i]
+        bad = [i for i in impls if i not in IMPLS]
+        if bad or not impls:
+            ap.error(f"--impls: expected 'all' or a comma-separated list of {', '.join(IMPLS)}, got {args.impls!r}")
+        if args.impl_timeout is not None and not args.impl_timeout > 0:
+            ap.error(f"--impl-timeout: expected seconds > 0, got {args.impl_timeout:g}")
+        written, failed = run_each(
+            impls,
+            args.out_dir,
+            cases=args.cases,
+            kv_dtype=args.kv_dtype,
+            q_len=args.q_len,
+            rep_ms=args.rep_ms,
+            check_tokens=args.check_tokens,
+            timeout_s=args.impl_timeout,
+        )
+        if written:
+            print(format_summary(summary(read_csvs(written), args.baseline)))
+        else:
+            print("no CSV was written: no summary")
+        if failed:
+            print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1 if failed else 0
+    if args.impl is None:
+        ap.error("--impl or --impls is required unless --summary is given")
     default_out = Path(f"{args.impl}{set_tag(args.kv_dtype, args.q_len).replace('/', '_')}.csv")
     return run(
         args.impl,

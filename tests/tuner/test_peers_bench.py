@@ -180,3 +180,40 @@ def test_verify_step_ratio_and_option_tags(tmp_path):
         timeout=120,
     )
     assert out.returncode == 2 and "--q-len: expected 1 to 8" in out.stderr
+
+
+def test_impls_runs_each_implementation_in_its_own_process(tmp_path):
+    """``--impls`` runs ``--impl`` once per implementation in a process of its own (here, with no GPU: kvsplit says
+    it needs one and fails, FA3 is not importable and records nothing), adds kvsplit at q_len 1 for a q_len > 1 run,
+    names the failed runs and exits 1; ``all`` is every implementation that takes the q_len; bad lists are refused."""
+    assert peers.applicable_impls(1) == [
+        "kvsplit",
+        "kvsplit_balanced",
+        "flashinfer_decode",
+        "flashinfer_batch_attention",
+        "fa3",
+    ]
+    assert peers.applicable_impls(4) == [
+        "kvsplit",
+        "kvsplit_balanced",
+        "flashinfer_prefill",
+        "flashinfer_batch_attention",
+        "fa3",
+    ]
+    cmd = [sys.executable, str(ROOT / "bench/peers.py"), "--impls", "kvsplit,fa3", "--q-len", "4"]
+    out = subprocess.run([*cmd, "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    heads = [ln for ln in out.stdout.splitlines() if ln.startswith("== ")]
+    assert heads == [
+        "== kvsplit (--kv-dtype bfloat16 --q-len 4), its own process",
+        "== fa3 (--kv-dtype bfloat16 --q-len 4), its own process",
+        "== kvsplit (--kv-dtype bfloat16 --q-len 1), its own process",
+    ], out.stdout
+    if importlib.util.find_spec("flash_attn_interface") is None:
+        assert "fa3: not importable here" in out.stdout
+    assert out.returncode == 1 and "failed: kvsplit, kvsplit (q_len 1)" in out.stderr, out.stderr
+    assert "no CSV was written" in out.stdout and not list(tmp_path.glob("*.csv"))
+    for bad, needle in (("kvsplit,nope", "--impls: expected 'all' or"), ("", "--impls: expected 'all' or")):
+        res = subprocess.run(cmd[:2] + ["--impls", bad], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run([*cmd, "--impl", "fa3"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--impls: give --impl or --impls, not both" in res.stderr
