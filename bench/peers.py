@@ -641,9 +641,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--kv-dtype",
-        choices=KV_DTYPES,
+        choices=(*KV_DTYPES, "float8_e4m3fn"),
         default="bfloat16",
-        help="the KV cache's dtype: bfloat16, or fp8 (float8_e4m3fn, scales K_SCALE/V_SCALE); q stays bf16",
+        help="the KV cache's dtype: bfloat16, or fp8 (alias float8_e4m3fn; scales K_SCALE/V_SCALE); q stays bf16",
     )
     ap.add_argument(
         "--q-len", type=int, default=1, help="query tokens per request, 1-8 (speculative-decoding verify steps)"
@@ -652,6 +652,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--baseline", default=None, help="--summary: the implementation the others are divided by")
     ap.add_argument("--plot", type=Path, metavar="DIR", help="--summary: also draw peers_<set>.png into DIR")
     args = ap.parse_args(argv)
+    if args.kv_dtype == "float8_e4m3fn":
+        args.kv_dtype = "fp8"
     if args.summary:
         try:
             rows = read_csvs(args.summary)

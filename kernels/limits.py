@@ -351,18 +351,24 @@ def kv_elt_bytes(dtype: str, kv_dtype: str | None) -> int:
 
 def check_kv_dtype(kv_dtype: Any, dtype: str) -> str:
     """The KV cache dtype of a shape whose q dtype is ``dtype`` (already checked): ``dtype`` itself for None or
-    ``dtype``, or one of :data:`KV_DTYPES` with a 16-bit ``dtype``. Raises ValueError naming ``kv_dtype``."""
-    if kv_dtype is None or kv_dtype == dtype or (isinstance(kv_dtype, str) and DTYPE_ALIASES.get(kv_dtype) == dtype):
+    ``dtype`` (its name, an alias or its ``torch.dtype``), or one of :data:`KV_DTYPES` (its name, its short name
+    ``"fp8"`` or its ``torch.dtype``, read from its text) with a 16-bit ``dtype``. Raises ValueError naming
+    ``kv_dtype``."""
+    name = kv_dtype
+    if type(kv_dtype).__module__ == "torch" and type(kv_dtype).__name__ == "dtype":
+        name = str(kv_dtype).removeprefix("torch.")
+    if name is None or name == dtype or (isinstance(name, str) and DTYPE_ALIASES.get(name) == dtype):
         return dtype
-    if isinstance(kv_dtype, str):
-        kd = {v: k for k, v in KV_DTYPE_SHORT.items()}.get(kv_dtype, kv_dtype)
+    if isinstance(name, str):
+        kd = {v: k for k, v in KV_DTYPE_SHORT.items()}.get(name, name)
         if kd in KV_DTYPES:
             if dtype not in ("float16", "bfloat16"):
                 raise ValueError(f"kv_dtype: {kd} needs a float16 or bfloat16 q (dtype), got dtype {dtype!r}")
             return kd
-    raise ValueError(
-        f"kv_dtype: expected null (the same as dtype), {dtype!r} or one of {sorted(KV_DTYPES)}, got {kv_dtype!r}"
+    kinds = ", ".join(
+        f"{k!r} (or {KV_DTYPE_SHORT[k]!r})" if k in KV_DTYPE_SHORT else repr(k) for k in sorted(KV_DTYPES)
     )
+    raise ValueError(f"kv_dtype: expected None (JSON null: the same as dtype), {dtype!r} or {kinds}, got {kv_dtype!r}")
 
 
 def check_q_len(q_len: Any, group_size: int | None = None) -> int:

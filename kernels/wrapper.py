@@ -102,6 +102,7 @@ from .limits import (
     MAX_BATCH,
     MAX_PAGE_SIZE,
     KernelConfig,
+    check_kv_dtype,
     check_q_len,
     default_config,
     graph_default_config,
@@ -282,9 +283,10 @@ class DecodeWrapper:
         ``plan()`` and from ``kv_lens_host`` in graph mode). The work list does not depend on it. A work tile
         holds ``G * heads_per_tile * q_len`` query rows, at most 64 (else ``ValueError`` naming ``q_len``).
     kv_dtype : str or torch.dtype, optional
-        The KV cache's dtype: ``dtype`` or ``"float8_e4m3fn"`` / ``torch.float8_e4m3fn`` (with a float16 or
-        bfloat16 ``dtype``; ``run()`` then takes ``k_scale``/``v_scale``). Default (None): taken from the cache
-        at each ``run()`` (``dtype`` or fp8).
+        The KV cache's dtype: ``dtype`` or ``"float8_e4m3fn"`` / ``"fp8"`` / ``torch.float8_e4m3fn`` (with a
+        float16 or bfloat16 ``dtype``; ``run()`` then takes ``k_scale``/``v_scale``)
+        (:func:`kvsplit.kernels.limits.check_kv_dtype`). Default (None): taken from the cache at each ``run()``
+        (``dtype`` or fp8).
     """
 
     def __init__(
@@ -339,12 +341,8 @@ class DecodeWrapper:
                 f"{(q_len * num_qo_heads, head_dim)} (make_workspace(num_qo_heads, head_dim, ..., q_len={q_len}))"
             )
         if kv_dtype is not None:
-            by_name = {v: k for k, v in KV_DTYPES.items()}
-            kv = by_name.get(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
-            if kv not in KV_DTYPES:
-                raise ValueError(f"kv_dtype: expected one of {sorted(by_name)} or None, got {kv_dtype!r}")
-            check_cache_dtype("kv_dtype", kv, _NAMES[dtype])
-            kv_dtype = kv
+            # the names, aliases ("fp8") and torch dtypes the planner takes (limits.check_kv_dtype), as a torch dtype
+            kv_dtype = {v: k for k, v in KV_DTYPES.items()}[check_kv_dtype(kv_dtype, dtype)]
         self.kv_dtype: torch.dtype | None = kv_dtype
         check_heads_per_tile(1, num_qo_heads, num_kv_heads, q_len=q_len)  # G * q_len rows fit one tile
         self.graph_options = graph

@@ -311,3 +311,30 @@ def test_fp8_never_makes_more_tiles_than_bf16(kv, hkv, ctas):
     assert p8.config == p16.config
     assert p8.num_work_items <= p16.num_work_items
     check_invariants(p8)
+
+
+def test_fp8_spellings_mean_one_family_everywhere():
+    """``"float8_e4m3fn"``, ``"fp8"`` and ``torch.float8_e4m3fn`` are one KV dtype for the planner, the bucket key,
+    the policy table and the engine wrapper; an unknown one is refused naming kv_dtype and listing the alias."""
+    torch = pytest.importorskip("torch")
+    from kvsplit.kernels.limits import check_kv_dtype
+    from kvsplit.kernels.wrapper import DecodeWrapper
+
+    L = [4096, 17, 9000, 300]
+    kw = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", device="NVIDIA H200")
+    spellings = (FP8, "fp8", torch.float8_e4m3fn)
+    assert {check_kv_dtype(s, "bfloat16") for s in spellings} == {FP8}
+    assert check_kv_dtype(torch.bfloat16, "bfloat16") == "bfloat16" and check_kv_dtype(None, "float16") == "float16"
+    keys = {str(bucket_key(L, **kw, kv_dtype=s)) for s in spellings}
+    assert len(keys) == 1 and ".kvfp8." in keys.pop()
+    plans = [make_plan(L, num_kv_heads=4, device="h200", kv_dtype=s) for s in spellings]
+    assert all(p.config == plans[0].config and np.array_equal(p.work_kv_end, plans[0].work_kv_end) for p in plans)
+    for s in spellings:
+        w = DecodeWrapper(32, 4, 128, dtype="float16", device="cpu", kv_dtype=s)
+        assert w.kv_dtype == torch.float8_e4m3fn
+    with pytest.raises(ValueError, match=r"^kv_dtype: expected None \(JSON null: the same as dtype\), 'bfloat16' or "):
+        check_kv_dtype("int8", "bfloat16")
+    with pytest.raises(ValueError, match=r"'float8_e4m3fn' \(or 'fp8'\), got torch\.int8$"):
+        check_kv_dtype(torch.int8, "bfloat16")
+    with pytest.raises(ValueError, match=r"^kv_dtype: float8_e4m3fn needs a float16 or bfloat16 q"):
+        DecodeWrapper(32, 4, 128, dtype="float32", device="cpu", kv_dtype="fp8")

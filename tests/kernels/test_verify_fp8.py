@@ -299,7 +299,7 @@ def test_wrapper_q_len_fp8_eager_and_device_planned_steps():
         graph.plan(case["kv_indptr"], case["kv_indices"], kv_lens, kv_lens_host=np.array([3, 13, 30]))
     with pytest.raises(ValueError, match=r"^k_cache: expected torch.float8_e4m3fn"):
         eager.run(case["q"], case["k_cache"].half(), case["v_cache"].half())
-    with pytest.raises(ValueError, match=r"^kv_dtype: a float8_e4m3fn KV cache needs a float16 or bfloat16 q"):
+    with pytest.raises(ValueError, match=r"^kv_dtype: float8_e4m3fn needs a float16 or bfloat16 q"):
         DecodeWrapper(hq, H_KV, D, dtype="float32", device="cpu", kv_dtype=FP8)
     with pytest.raises(ValueError, match=r"^q_len: expected an integer in \[1, 8\]"):
         DecodeWrapper(hq, H_KV, D, dtype="float16", device="cpu", q_len=0)
