@@ -3,7 +3,7 @@
 #                   check), then the whole suite
 #   make run        create/update .venv and run the main job
 #   make test-fast  the planner and plan-service tests only (no interpreter kernels, browser, PostgreSQL or
-#                   server subprocesses): seconds, for the edit-test loop
+#                   server subprocesses): about 3 minutes on 2 cores, for the edit-test loop
 #   make docs       regenerate docs/reference/ from the code (tests/service/test_docgen.py fails when it is stale)
 SHELL := /bin/bash
 PYTHON ?= python3

@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .limits import check_q_len, next_pow2, tile_problem, tile_rows
+from .limits import check_covers_q_len, check_q_len, next_pow2, tile_problem, tile_rows
 from .plan import Plan
 from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, docs/concepts/design.md §3)
 from .residency import register_cap
@@ -1081,13 +1081,7 @@ def _check_inputs(
                     raise ValueError(f"kv_indices: page ids must be in [0, {num_pages}), got range [{lo}, {hi}]")
         if bool((lens < 0).any()):
             raise ValueError("kv_lens: negative kv_len")
-        short = lens < q_len
-        if q_len > 1 and bool(short.any()):
-            i = int(torch.nonzero(short)[0, 0])
-            raise ValueError(
-                f"kv_lens[{i}]: {int(lens[i])} tokens, fewer than q_len={q_len}: kv_lens count the q_len new "
-                "tokens, which are in the cache before attention"
-            )
+        check_covers_q_len(lens.numpy(), q_len)
         check_kv_scale_values(k_scale, v_scale)
         cap = d * page_size
         over = lens > cap

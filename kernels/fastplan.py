@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .limits import HIST_UNITS, MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, NUM_BINS, check_kv_lens
+from .limits import HIST_UNITS, MAX_BATCH, MAX_KV_LEN, MAX_WORK_ITEMS, NUM_BINS, check_covers_q_len, check_kv_lens
 from .peer_policies import FA3_BLOCK_N, FA3_MAX_SPLITS, FA3_PREPARE_CTA_REQUESTS
 from .rulespec import (
     RULE_CONST,
@@ -1197,9 +1197,12 @@ def run_spec(arr: np.ndarray, sp: RuleSpec, check: bool) -> tuple[int, int, np.n
 
 def plan_with_spec(arr: np.ndarray, sp: RuleSpec, check: bool) -> Plan:
     """The plan of ``arr`` (from :func:`as_kv_lens`) with a parsed spec (:func:`spec`);
-    ``check=False`` skips the range check of lengths an earlier compiled pass checked."""
+    ``check=False`` skips the range check of lengths an earlier compiled pass checked (and, at q_len > 1,
+    :func:`~kvsplit.kernels.limits.check_covers_q_len`)."""
     sp = whole_wave_spec(arr, sp)
     W, nc, b64, b32 = run_spec(arr, sp, check)
+    if check and sp.q_len > 1:  # (after the range check of run_spec)
+        check_covers_q_len(arr, sp.q_len)
     return plan_of_buffers(arr.shape[0], W, nc, b64, b32, sp)
 
 

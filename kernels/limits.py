@@ -371,6 +371,26 @@ def check_kv_dtype(kv_dtype: Any, dtype: str) -> str:
     raise ValueError(f"kv_dtype: expected None (JSON null: the same as dtype), {dtype!r} or {kinds}, got {kv_dtype!r}")
 
 
+def q_len_shortfall(kv_lens: np.ndarray, q_len: int) -> int:
+    """Index of the first kv_len (int ``[B]``) below ``q_len``, -1 when none (always at q_len 1): a verify step's
+    kv_len counts its q_len new tokens, which are in the cache before attention, so it is at least q_len (an empty
+    slot, kv_len 0, exists only at q_len 1)."""
+    if q_len <= 1 or not kv_lens.size or int(kv_lens.min()) >= q_len:
+        return -1
+    return int(np.flatnonzero(kv_lens < q_len)[0])
+
+
+def check_covers_q_len(kv_lens: np.ndarray, q_len: int, name: str = "kv_lens") -> None:
+    """Raise ValueError naming ``name[i]`` for the first kv_len below ``q_len`` (:func:`q_len_shortfall`): the one
+    check of the planner, the policy table, ``POST /v1/plan``, the engine wrapper and the launch."""
+    i = q_len_shortfall(kv_lens, q_len)
+    if i >= 0:
+        raise ValueError(
+            f"{name}[{i}]: {int(kv_lens[i])} tokens, fewer than q_len={q_len} (kv_lens count the q_len new tokens, "
+            "in the cache before attention)"
+        )
+
+
 def check_q_len(q_len: Any, group_size: int | None = None) -> int:
     """Query tokens per request, 1..:data:`MAX_Q_LEN`; with ``group_size`` (G = H_q / H_kv) also
     ``G * q_len <= MAX_TILE_ROWS`` (one work tile's query rows). Raises ValueError naming ``q_len``."""

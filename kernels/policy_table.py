@@ -66,6 +66,7 @@ import numpy as np
 from . import fastplan as _fastplan
 from .buckets import NUM_BINS, SCALE, SCALED_CLASS_UNITS, BucketKey, key_prefix
 from .device import DeviceSpec
+from .limits import check_covers_q_len
 from .rulespec import POLICIES, fit_heads_per_tile, resolve
 from .shape import Shape, gpu_slug, shape_family
 from .workplan import Plan
@@ -568,6 +569,8 @@ class _ShapeCtx:
                 raise _fastplan.too_many_items(info)
             j = i if i >= 0 else len(r.entries)  # status 3: the row's policy is resolved on first use
             self._parse(table, j)
+        if self.shape.q_len > 1:  # (after the compiled pass's range check)
+            check_covers_q_len(L, self.shape.q_len)
         sp = self.specs[i if i >= 0 else -1]
         if sp.whole_wave_specs:  # the whole-wave rule of the matched policy
             alt = _fastplan.whole_wave_spec(L, sp)

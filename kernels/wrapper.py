@@ -102,6 +102,7 @@ from .limits import (
     MAX_BATCH,
     MAX_PAGE_SIZE,
     KernelConfig,
+    check_covers_q_len,
     check_kv_dtype,
     check_q_len,
     default_config,
@@ -699,11 +700,7 @@ class DecodeWrapper:
     def _check_covers_q_len(self, lens: np.ndarray, name: str) -> None:
         """Raise ValueError naming ``name[i]`` where a host kv_len (int ``[B]``) is below q_len: kv_lens count the
         q_len new tokens, already in the cache (the one check of both modes; the launch's is on the device)."""
-        if self.q_len > 1 and lens.size and (lens < self.q_len).any():
-            i = int(np.flatnonzero(lens < self.q_len)[0])
-            raise ValueError(
-                f"{name}[{i}]: {int(lens[i])} tokens, fewer than q_len={self.q_len} (kv_lens count the new tokens)"
-            )
+        check_covers_q_len(lens, self.q_len, name)
 
     def _plan_eager(
         self, kv_indptr, kv_indices, kv_lens, B, kv_lens_host=None, kv_indptr_host=None, kv_indices_host=None

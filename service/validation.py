@@ -38,7 +38,15 @@ import orjson
 
 from ..db.checks import check_json_tree
 from ..kernels.device import DeviceSpec, known_devices, resolve_device
-from ..kernels.limits import KV_DTYPE_SHORT, KV_DTYPES, MAX_Q_LEN, MAX_TILE_ROWS
+from ..kernels.limits import (
+    KV_DTYPE_SHORT,
+    KV_DTYPES,
+    MAX_Q_LEN,
+    MAX_TILE_ROWS,
+    check_covers_q_len,
+    check_kv_dtype,
+    q_len_shortfall,
+)
 from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
 from ..kernels.shape import DTYPE_ALIASES, MAX_HEADS, MAX_QO_HEADS, Shape
 from . import fastparse
@@ -256,8 +264,11 @@ def _kv_dtype(errs: list, v: Any, dtype: str | None) -> str | None:
     ``dtype``), or None with an error at ``["body", "kv_dtype"]``. With ``dtype`` invalid, None and no error."""
     if dtype is None:
         return None
-    if v is None or v == dtype or (type(v) is str and DTYPE_ALIASES.get(v) == dtype):
-        return dtype
+    if v is None or type(v) is str:
+        try:
+            return check_kv_dtype(v, dtype)  # the planner's rule; the error below is the schema's form of it
+        except ValueError:
+            pass
     long = {s: k for k, s in KV_DTYPE_SHORT.items()}
     kd = long.get(v, v) if type(v) is str else None
     if kd in KV_DTYPES and dtype in ("float16", "bfloat16"):
@@ -467,6 +478,8 @@ def _fast_scan(body: bytes, max_kv_len: int) -> PlanRequestData | None:
     if found is None:
         return None
     kv, h = found[0], found[1]
+    if h[7].q_len > 1 and q_len_shortfall(kv, h[7].q_len) >= 0:
+        return None  # a kv_len below q_len: the full checks name it
     return PlanRequestData(h[0], h[1], h[2], h[3], h[4], h[5], kv, h[6], h[7])
 
 
@@ -486,6 +499,8 @@ def _fast_path(doc: dict, body: bytes, max_kv_len: int) -> PlanRequestData | Non
         return None
     if b"true" in body or b"false" in body:  # a JSON bool is an int subclass that array.array takes as 0/1
         return None
+    if shape.q_len > 1 and q_len_shortfall(kv, shape.q_len) >= 0:
+        return None  # a kv_len below q_len: the full checks name it
     return PlanRequestData(gpu, hq, hkv, hd, dt, ps, kv, dev, shape)
 
 
@@ -622,6 +637,11 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
             )
         )
     kv = check_kv_lens(errs, doc["kv_lens"], max_kv_len)
+    if kv is not None and ql is not None and (short := q_len_shortfall(kv, ql)) >= 0:
+        try:
+            check_covers_q_len(kv, ql)
+        except ValueError as exc:
+            errs.append(error("value_error", ("body", "kv_lens", short), f"Value error, {exc}", int(kv[short])))
     dev: DeviceSpec | None = None
     if "device" in doc and doc["device"] is not None:
         dev = _device(errs, doc["device"], gpu)

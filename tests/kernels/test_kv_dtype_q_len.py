@@ -281,6 +281,7 @@ NEW_SHAPES = [(FP8, 1), (None, 2), (None, 4), (FP8, 4), (FP8, 8), (None, 8)]
 def test_plans_of_new_shapes_keep_invariants_and_match_the_oracle(kv, case, shape, hkv, group):
     kv_dtype, q_len = shape
     assume(group * q_len <= 64)
+    kv = [max(int(n), q_len) for n in kv]  # a verify step's kv_len counts its q_len tokens (shorter: refused)
     policy, params = case
     kw = dict(
         num_kv_heads=hkv,
@@ -338,3 +339,20 @@ def test_fp8_spellings_mean_one_family_everywhere():
         check_kv_dtype(torch.int8, "bfloat16")
     with pytest.raises(ValueError, match=r"^kv_dtype: float8_e4m3fn needs a float16 or bfloat16 q"):
         DecodeWrapper(32, 4, 128, dtype="float32", device="cpu", kv_dtype="fp8")
+
+
+def test_kv_len_below_q_len_refused_by_planner_and_table():
+    """make_plan and PolicyTable.plan refuse a kv_len below q_len (0 included) naming the entry, as the wrapper and
+    the launch do; a range error of the same batch comes first; at q_len 1 a 0 is an empty slot."""
+    table = load_shipped_table()
+    shape = dict(gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+    for lens, q_len, i in (([4096, 3, 9000], 4, 1), ([0, 8], 2, 0), ([7, 7, 6], 7, 2)):
+        msg = rf"^kv_lens\[{i}\]: {lens[i]} tokens, fewer than q_len={q_len} "
+        with pytest.raises(ValueError, match=msg):
+            make_plan(lens, num_kv_heads=4, device="h200", q_len=q_len)
+        with pytest.raises(ValueError, match=msg):
+            table.plan(lens, **shape, q_len=q_len)
+    with pytest.raises(ValueError, match=r"^kv_lens\[1\]: expected 0 <= kv_len"):
+        make_plan([9, -1, 2], num_kv_heads=4, device="h200", q_len=4)
+    assert make_plan([4, 4096], num_kv_heads=4, device="h200", q_len=4).kv_lens.tolist() == [4, 4096]
+    assert table.plan([0, 4096], **shape)[0].kv_lens.tolist() == [0, 4096]

@@ -217,6 +217,21 @@ def test_kv_dtype_and_q_len_are_their_own_families(client):
     assert d == plain
 
 
+def test_kv_len_below_q_len_is_refused_naming_the_entry(client):
+    """A verify step's kv_len counts its q_len new tokens: one below q_len (0 included) is a 422 at that entry,
+    on the compiled path (a known header) as on the full one; at q_len 1 a 0 is an empty slot, served."""
+    assert client.post("/v1/plan", json=body([4, 4096], q_len=4)).status_code == 200  # the header is now known
+    for _ in range(2):
+        r = client.post("/v1/plan", json=body([4096, 3, 9000], q_len=4))
+        assert r.status_code == 422, r.text
+        (err,) = r.json()["detail"]
+        assert err["loc"] == ["body", "kv_lens", 1] and err["input"] == 3
+        assert err["msg"].startswith("Value error, kv_lens[1]: 3 tokens, fewer than q_len=4")
+    r = client.post("/v1/plan", json=body([0, 5], q_len=2, kv_dtype="fp8"))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "kv_lens", 0]
+    assert client.post("/v1/plan", json=body([0, 4096])).status_code == 200
+
+
 def test_missing_field_invalid_json_and_non_object(client):
     b = body([1])
     del b["dtype"]
