@@ -341,12 +341,16 @@ def traffic_tasks(
     num_train: int = DEFAULT_TRAIN,
     num_heldout: int = DEFAULT_HELDOUT,
     seed: int = 0,
+    num_kv_heads: int | None = None,
 ) -> tuple[list[TuneTask], list[str]]:
-    """Tasks for the first ``count`` of :func:`traffic_picks` among the recorded keys of GPU ``gpu``.
+    """Tasks for the first ``count`` of :func:`traffic_picks` among the recorded keys of GPU ``gpu`` (and of
+    ``num_kv_heads`` KV heads, when given).
 
     A task's shape is its key's: H_kv, head_dim, dtype, page size, KV dtype and q_len (an fp8-KV or
     q_len > 1 key, ``.kvfp8`` / ``.q4``, gives a task of that KV dtype and q_len), so the tuned bucket's key is
-    the recorded key; H_q is ``group_size`` times H_kv.
+    the recorded key; H_q is ``group_size`` times H_kv. A key does not hold H_q, so ``group_size`` is only known
+    for the model the caller names: with ``num_kv_heads`` the keys of another H_kv are left (one note says how
+    many), not tuned at a guessed GQA group (whose work tiles, ``G * q_len`` rows, would be another shape's).
 
     Parameters
     ----------
@@ -377,6 +381,15 @@ def traffic_tasks(
     mine = [
         d for d in traffic_demand(database_url, hours=hours, now_hour=now_hour) if BucketKey.parse(d.key).gpu == want
     ]
+    if num_kv_heads is not None:
+        other = [d for d in mine if BucketKey.parse(d.key).num_kv_heads != num_kv_heads]
+        if other:
+            kinds = sorted({BucketKey.parse(d.key).num_kv_heads for d in other})
+            notes.append(
+                f"{len(other)} recorded key(s) of H_kv {', '.join(map(str, kinds))} left: their H_q is not the "
+                f"tuned model's (H_kv {num_kv_heads}); tune them with that model's --num-qo-heads/--num-kv-heads"
+            )
+            mine = [d for d in mine if d not in other]
     for pick in traffic_picks(mine):
         if len(tasks) >= count:
             break

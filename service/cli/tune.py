@@ -395,8 +395,9 @@ def tune_cmd(
 
 
 def _traffic_tasks(url: str, count: int, hours: int, shape: dict, num_train: int, num_heldout: int, seed: int):
-    """``--from-traffic``: the tasks of :func:`kvsplit.tuner.traffic.traffic_tasks` (GQA group size from
-    --num-qo-heads / --num-kv-heads); stops with one line when the store has no such traffic."""
+    """``--from-traffic``: the tasks of :func:`kvsplit.tuner.traffic.traffic_tasks` for the keys of
+    --num-kv-heads KV heads (GQA group size from --num-qo-heads / --num-kv-heads); stops with one line when the store
+    has no such traffic."""
     from ...db import store
     from ...tuner.traffic import traffic_tasks
 
@@ -409,6 +410,7 @@ def _traffic_tasks(url: str, count: int, hours: int, shape: dict, num_train: int
             count,
             gpu=shape["gpu"],
             group_size=shape["num_qo_heads"] // shape["num_kv_heads"],
+            num_kv_heads=shape["num_kv_heads"],
             hours=hours,
             now_hour=int(time.time() // 3600),
             num_train=num_train,

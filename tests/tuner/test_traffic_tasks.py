@@ -104,6 +104,15 @@ def test_keys_are_picked_by_fallback_plus_far_requests(tmp_path):
     assert t.source.startswith("traffic:17/35 requests fallback or far over 2 keys")
     assert len(traffic_tasks(url, 5, gpu="h200", group_size=4, hours=2, now_hour=100)[0]) == 3
     assert traffic_tasks(url, 2, gpu="NVIDIA H100 80GB HBM3", group_size=4, hours=2, now_hour=100)[0] == []
+    # the model named (H_kv 8, G 4): the H_kv-4 key is left with a note, not tuned at that model's group
+    tasks, notes = traffic_tasks(url, 5, gpu="h200", group_size=4, num_kv_heads=8, hours=2, now_hour=100)
+    assert [t.key for t in tasks] == [keys[2], keys[1]] and all(t.num_qo_heads == 32 for t in tasks)
+    assert notes == [
+        "1 recorded key(s) of H_kv 4 left: their H_q is not the tuned model's (H_kv 8); tune them with that "
+        "model's --num-qo-heads/--num-kv-heads"
+    ]
+    tasks, notes = traffic_tasks(url, 5, gpu="h200", group_size=8, num_kv_heads=4, hours=2, now_hour=100)
+    assert [(t.key, t.num_qo_heads) for t in tasks] == [(h4, 32)] and "3 recorded key(s) of H_kv 8 left" in notes[0]
 
 
 def test_picks_cover_a_fragmented_workload_once_then_the_next_workload():
