@@ -385,10 +385,14 @@ def check_covers_q_len(kv_lens: np.ndarray, q_len: int, name: str = "kv_lens") -
     check of the planner, the policy table, ``POST /v1/plan``, the engine wrapper and the launch."""
     i = q_len_shortfall(kv_lens, q_len)
     if i >= 0:
-        raise ValueError(
-            f"{name}[{i}]: {int(kv_lens[i])} tokens, fewer than q_len={q_len} (kv_lens count the q_len new tokens, "
-            "in the cache before attention)"
-        )
+        raise ValueError(f"{name}[{i}]: {q_len_shortfall_message(int(kv_lens[i]), q_len)}")
+
+
+def q_len_shortfall_message(kv_len: int, q_len: int) -> str:
+    """Why a kv_len below q_len is refused (:func:`check_covers_q_len` prefixes the entry's name)."""
+    return (
+        f"{kv_len} tokens, fewer than q_len={q_len} (kv_lens count the q_len new tokens, in the cache before attention)"
+    )
 
 
 def check_q_len(q_len: Any, group_size: int | None = None) -> int:

@@ -43,9 +43,9 @@ from ..kernels.limits import (
     KV_DTYPES,
     MAX_Q_LEN,
     MAX_TILE_ROWS,
-    check_covers_q_len,
     check_kv_dtype,
     q_len_shortfall,
+    q_len_shortfall_message,
 )
 from ..kernels.plan import DTYPES, HEAD_DIMS, MAX_BATCH, MAX_PAGE_SIZE
 from ..kernels.shape import DTYPE_ALIASES, MAX_HEADS, MAX_QO_HEADS, Shape
@@ -638,10 +638,10 @@ def parse_plan_request(body: bytes, *, max_kv_len: int) -> PlanRequestData:
         )
     kv = check_kv_lens(errs, doc["kv_lens"], max_kv_len)
     if kv is not None and ql is not None and (short := q_len_shortfall(kv, ql)) >= 0:
-        try:
-            check_covers_q_len(kv, ql)
-        except ValueError as exc:
-            errs.append(error("value_error", ("body", "kv_lens", short), f"Value error, {exc}", int(kv[short])))
+        n = int(kv[short])
+        errs.append(
+            error("value_error", ("body", "kv_lens", short), f"Value error, {q_len_shortfall_message(n, ql)}", n)
+        )
     dev: DeviceSpec | None = None
     if "device" in doc and doc["device"] is not None:
         dev = _device(errs, doc["device"], gpu)

@@ -208,7 +208,7 @@ def test_plan_unknown_gpu_lists_known_ones(filled):
 def test_plan_refuses_a_kv_len_below_q_len(filled):
     res = _invoke("plan", *SHAPE_ARGS, "--q-len", "4", "--kv-lens", "4096,3,9000", "--database-url", filled.url)
     assert res.exit_code == 2
-    assert _one_error_line(res).startswith("error: kv_lens[1]: 3 tokens, fewer than q_len=4"), res.output
+    assert _one_error_line(res).startswith("error: --kv-lens[1]: 3 tokens, fewer than q_len=4"), res.output
 
 
 def test_plan_says_why_it_falls_back(filled):
