@@ -171,6 +171,8 @@ def _traffic_shape(slug: str, traffic: list[dict[str, Any]]) -> dict[str, Any] |
             "head_dim": k.head_dim,
             "dtype": k.dtype,
             "page_size": k.page_size,
+            "kv_dtype": k.family[5],
+            "q_len": k.q_len,
             "slug": slug,
             "buckets": [],
             "families": {},
@@ -210,6 +212,8 @@ def traffic_families(
             "gpu": sh["gpu"],
             "page_size": sh["page_size"],
             "dtype": sh["dtype"],
+            "kv_dtype": sh["kv_dtype"],
+            "q_len": sh["q_len"],
             "keys": len(rows),
             "requests": req,
             "fallback": fb,
@@ -227,7 +231,7 @@ def traffic_families(
                 ranked[gpu] = [
                     p.demand.key for p in traffic_picks([d for d in demand if BucketKey.parse(d.key).gpu == gpu])
                 ]
-            mine = [i for i, k in enumerate(ranked[gpu]) if k.startswith(fam + ".")]
+            mine = [i for i, k in enumerate(ranked[gpu]) if queries.shape_slug(k) == fam]
             if mine and device_name(gpu) is not None:
                 n = mine[-1] + 1
                 hq = MODEL_QO_HEADS.get((sh["num_kv_heads"], sh["head_dim"]))
@@ -281,6 +285,8 @@ def _lookup_of(table: Any, sh: dict[str, Any]):
             head_dim=sh["head_dim"],
             dtype=sh["dtype"],
             page_size=sh["page_size"],
+            kv_dtype=sh["kv_dtype"],
+            q_len=sh["q_len"],
         )
         return info["source"], bucket["distance"]
 
@@ -377,7 +383,7 @@ def _served_is_shipped(sh: dict[str, Any]) -> tuple[bool, int, int]:
         for b in sh["buckets"]
         if b["policy"] is not None
     }
-    theirs = {r for r in shipped if r[0].startswith(sh["slug"] + ".")}
+    theirs = {r for r in shipped if queries.shape_slug(r[0]) == sh["slug"]}
     differ = len(mine ^ theirs)
     return differ == 0, differ, version
 
@@ -416,6 +422,8 @@ def summary_context(url: str, table: Any = None) -> dict[str, Any]:
             head_dim=sh["head_dim"],
             dtype=sh["dtype"],
             page_size=sh["page_size"],
+            kv_dtype=sh["kv_dtype"],
+            q_len=sh["q_len"],
         )
         runs: dict[tuple, list] = {}
         for p in (ev or {}).get("provenance", []):
@@ -564,6 +572,8 @@ def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dic
         head_dim=sh["head_dim"],
         dtype=sh["dtype"],
         page_size=sh["page_size"],
+        kv_dtype=sh["kv_dtype"],
+        q_len=sh["q_len"],
     )
     rows = sh["buckets"]
     if tq.family:
