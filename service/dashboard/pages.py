@@ -2,10 +2,12 @@
 
 Pages (routes in :mod:`kvsplit.service.routers.dashboard`):
 
-- ``/`` — the summary: per (GPU, shape) the held-out headline (served plan vs ``balanced`` vs FlashInfer vs
-  FA3, :mod:`.evidence`), the store's policy counts and the coverage map (:mod:`.coverage`);
-- ``/shapes/{slug}`` — one shape: coverage map, time / read floor against B per family, and the policy table,
-  paginated, sortable and filterable by query parameters (:func:`table_query`);
+- ``/`` — the summary: per bucket family (GPU, shape, KV dtype and q_len:
+  :func:`kvsplit.service.queries.bucket_family`) the held-out headline (served plan vs ``balanced`` vs FlashInfer
+  vs FA3, :mod:`.evidence`), the store's policy counts and the coverage map (:mod:`.coverage`);
+- ``/shapes/{slug}`` — one bucket family (``slug`` its keys' family part): coverage map, time / read floor against
+  B per length family, and the policy table, paginated, sortable and filterable by query parameters
+  (:func:`table_query`);
 - ``/plan`` — the plan viewer: a batch's served plan beside ``balanced`` and FlashInfer's rule as work tiles on
   SMs over time (:mod:`.gantt`, from :func:`kvsplit.tuner.simulate.timeline`).
 """
@@ -511,6 +513,8 @@ def _family_charts(sh: dict[str, Any], ev: dict[str, Any] | None) -> list[dict[s
             drawn.add(e["implementation"])
             name = IMPLEMENTATIONS.get(e["implementation"], e["implementation"]).split(" (")[0]
             for _, setname, fam, B, _, _, ratio in e["rows"]:
+                # bench/peers.py tags the sets of an FP8 cache or q_len > 1 ("T262144/fp8/q4"); ev is one family's
+                setname = setname.split("/")[0]
                 peer_rows.setdefault((fam, setname), {}).setdefault(name, []).append((B, ratio))
     for fam in _FAMILY_ORDER:
         for setname in ("T262144", "T1048576"):

@@ -19,6 +19,7 @@ from kvsplit.db import store
 from kvsplit.kernels.buckets import bucket_key
 from kvsplit.service.app import create_app
 from kvsplit.service.dashboard.evidence import import_peer_csvs, shape_evidence
+from kvsplit.service.dashboard.pages import _family_charts
 from kvsplit.service.settings import Settings
 from kvsplit.tuner.workloads import family_kv_lens
 from tests.service_support import BATCH_SIZES, FAMILIES, GPU, SHAPE, fill_store
@@ -226,13 +227,16 @@ def test_peer_evidence_is_of_its_family(tmp_path):
     of that family only; the shipped timings (JSONs without the fields: bf16 K/V at q_len 1) of the bf16 one only."""
     shape = {"num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16}
     meta = {"gpu": GPU, "cases": "reference", "shape": shape, "kv_dtype": "torch.float8_e4m3fn", "q_len": 4}
-    _write_csv(tmp_path / "a.csv", "kvsplit", [["T8/fp8/q4", "uniform", 1, 8, 10.0, 1.1]], meta)
+    _write_csv(tmp_path / "a.csv", "kvsplit", [["T262144/fp8/q4", "uniform", 1, 262_144, 10.0, 1.1]], meta)
     doc = import_peer_csvs([tmp_path / "a.csv"], measured="2026-12-05")
     (e,) = doc["sets"]
     assert (e["kv_dtype"], e["q_len"]) == (FP8, 4)
     kw = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16, entries=doc["sets"])
     ev = shape_evidence(GPU, kv_dtype=FP8, q_len=4, **kw)
     assert ev is not None and ev["entries"] == [e]
+    # the shape page charts it like the bf16 sets (bench/peers.py tags an FP8 / q_len > 1 set's name)
+    (chart,) = _family_charts({"families": {}}, ev)
+    assert (chart["family"], chart["kind"]) == ("uniform", "held-out") and "uniform, T = 262,144" in chart["svg"]
     assert shape_evidence(GPU, **kw) is None and shape_evidence(GPU, kv_dtype=FP8, q_len=2, **kw) is None
     shipped = dict(num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
     assert shape_evidence(GPU, **shipped) is not None
