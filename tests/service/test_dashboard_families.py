@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from kvsplit.db import store
 from kvsplit.kernels.buckets import bucket_key
+from kvsplit.service import main_job
 from kvsplit.service.app import create_app
 from kvsplit.service.dashboard.evidence import import_peer_csvs, shape_evidence
 from kvsplit.service.dashboard.pages import _family_charts
@@ -242,3 +243,29 @@ def test_peer_evidence_is_of_its_family(tmp_path):
     assert shape_evidence(GPU, **shipped) is not None
     assert shape_evidence(GPU, **shipped, kv_dtype="bfloat16") is not None
     assert shape_evidence(GPU, **shipped, kv_dtype=FP8, q_len=4) is None
+
+
+def test_shipped_bf16_card_keeps_its_headline_beside_an_fp8_family(tmp_path):
+    """The store ``make run`` imports (the shipped H200 policies, bf16 q_len 1) plus a published FP8 q_len-4 policy of
+    the same shape: the bf16 card keeps the shipped table's measured headline, its policies still are the shipped
+    ones, and the FP8 bucket is on its own card, without that headline."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    store.upgrade(url)
+    main_job._import_shipped(url)
+    key = _fp8_key(4, 64, 2**18)
+    with store.session_scope(url, write=True) as s:
+        n_shipped = sum(1 for b in store.list_buckets(s) if b.key.startswith(SLUG + ".b"))
+        b = store.get_or_create_bucket(
+            s, key=key, gpu=GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16, source="campaign"
+        )
+        pol = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 3.0}, backend="sim", score=1.1)
+        store.publish(s, pol.id)
+    app = create_app(Settings(database_url=url, admin_token=None, reload_interval_s=0))
+    with TestClient(app) as c:
+        html = c.get("/").text
+    cards = _cards(html)
+    main = _section(html, SLUG)
+    assert "On 98 held-out reference batches" in main and "served-differs" not in main
+    assert f"{n_shipped} published of {n_shipped} buckets" in cards[SLUG][1] and key not in main
+    fp8 = _section(html, Q4)
+    assert "1 published of 1 buckets" in cards[Q4][1] and "held-out reference batches" not in fp8
