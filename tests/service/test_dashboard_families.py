@@ -164,6 +164,12 @@ def test_fp8_batch_served_by_its_family_shown_served_on_the_map_and_in_the_viewe
     assert got == api["num_splits"]
     # the viewer's shape list names the family
     assert re.search(rf'<option value="{re.escape(Q4)}" selected>[^<]*· KV fp8 · q_len 4 \({re.escape(Q4)}\)', html)
+    # the family page links the viewer with its family chosen
+    link = re.search(r'<a class="viewer-link" href="([^"]+)"', page).group(1)
+    assert link == f"/plan?shape={Q4}"
+    html = c.get(link).text
+    assert re.search(rf'<option value="{re.escape(Q4)}" selected>', html)
+    assert f'<input type="hidden" name="shape" value="{Q4}">' in html  # the trace form keeps it
 
 
 def test_viewer_read_floor_counts_fp8_bytes(families):
