@@ -19,10 +19,11 @@ from sqlalchemy.orm import defer
 
 from ..db import store
 from ..db.models import Measurement
-from ..kernels.buckets import gpu_slug
+from ..kernels.buckets import BucketKey, gpu_slug, key_prefix
 from ..kernels.device import resolve_device
 from ..kernels.plan import make_plan
 from ..kernels.policy_table import SOURCE_OF_BACKEND
+from ..kernels.shape import shape_family
 from ..tuner.published import load_table_doc, table_entry
 from .traffic import TrafficRow, traffic_summary
 
@@ -38,6 +39,7 @@ __all__ = [
     "list_measurements",
     "canonical_gpu",
     "family_of",
+    "bucket_family",
     "shape_slug",
     "BASELINES",
     "FAMILY_NAMES",
@@ -239,10 +241,26 @@ _KEY_CLASSES = re.compile(r"\.b(\d+)\.t(\d+)(?:\.|$)")
 """Batch-size and total-token classes (round(log2 B), round(log2 tokens)) in a bucket key's string form."""
 
 
+def bucket_family(b: Any) -> tuple[str, int, int, str, int, str, int]:
+    """The family (:func:`kvsplit.kernels.shape.shape_family`) of a stored bucket row: its shape columns with the
+    KV dtype and q_len of its key (the row has no columns of its own for them); a key that does not parse (a store
+    edited by hand) counts as K/V in ``dtype`` at q_len 1."""
+    try:
+        k = BucketKey.parse(b.key)
+        kv_dtype, q_len = k.kv_dtype, k.q_len
+    except ValueError:
+        kv_dtype, q_len = None, 1
+    return shape_family(b.gpu, b.num_kv_heads, b.head_dim, b.dtype, b.page_size, kv_dtype, q_len)
+
+
 def shape_slug(key: str) -> str:
-    """The shape part of a bucket key (everything before its ``.b<class>.t<class>`` signature), a URL-safe id."""
-    m = _KEY_CLASSES.search(key)
-    return key[: m.start()] if m else key
+    """The family part of a bucket key's string form (:func:`kvsplit.kernels.buckets.key_prefix`, everything before
+    its ``.b<class>.t<class>.w<hist>`` signature: ``nvidia-h200.kv4.d128.bf16.p16``, with ``.kvfp8`` / ``.q4`` for
+    another KV dtype or q_len), a URL-safe id of the dashboard's shape pages; a string that is no key unchanged."""
+    try:
+        return key_prefix(*BucketKey.parse(key).family)
+    except ValueError:
+        return key
 
 
 _WHOLE_WAVE_KEYS = ("whole_wave", "whole_wave_heads")
@@ -263,12 +281,15 @@ def _times_served_plan(b: Any, p: Any, m: Any) -> bool:
     if {k: v for k, v in pp.items() if k not in _WHOLE_WAVE_KEYS} != mp or not m.kv_lens:
         return False
     try:
+        fam = bucket_family(b)
         shape = dict(
             num_kv_heads=b.num_kv_heads,
             device=resolve_device(b.gpu),
             head_dim=b.head_dim,
             page_size=b.page_size,
             dtype=b.dtype,
+            kv_dtype=fam[5],
+            q_len=fam[6],
         )
         served = make_plan(m.kv_lens, policy=p.name, params=pp, **shape)
         timed = make_plan(m.kv_lens, policy=p.name, params=mp, **shape)
@@ -358,7 +379,8 @@ def dashboard_data(url: str) -> dict[str, Any]:
     """Everything the dashboard shows, from one read transaction.
 
     Returns ``{"shapes": [...], "runs": [...], "version": int}``; each shape
-    (gpu, H_kv, head_dim, dtype, page_size) has its ``buckets`` (published
+    is one bucket family (:func:`bucket_family`: gpu, H_kv, head_dim, dtype, page_size, ``kv_dtype`` and
+    ``q_len``; ``slug`` its key prefix, :func:`shape_slug`) and has its ``buckets`` (published
     policy, params, held-out geomean time / HBM floor per policy, speedup of
     the tuned policy over each baseline = geomean over held-out batches of
     baseline time / tuned time, paired by batch, ``measured_on`` = the
@@ -401,16 +423,18 @@ def dashboard_data(url: str) -> dict[str, Any]:
                 train_by_bucket[m.bucket_id].append(m)
         shapes: dict[tuple, dict[str, Any]] = {}
         for b in buckets:
-            shape = (b.gpu, b.num_kv_heads, b.head_dim, b.dtype, b.page_size)
+            fam = bucket_family(b)  # one card / page per family: a batch is served only its own family's policies
             sh = shapes.setdefault(
-                shape,
+                fam,
                 {
                     "gpu": b.gpu,
                     "num_kv_heads": b.num_kv_heads,
                     "head_dim": b.head_dim,
                     "dtype": b.dtype,
                     "page_size": b.page_size,
-                    "slug": shape_slug(b.key),
+                    "kv_dtype": fam[5],
+                    "q_len": fam[6],
+                    "slug": key_prefix(*fam),
                     "buckets": [],
                     "series": defaultdict(lambda: defaultdict(list)),
                 },

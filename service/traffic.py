@@ -303,7 +303,10 @@ class TrafficRow(BaseModel):
     """One bucket key's traffic summed over a window of hours (:func:`traffic_summary`)."""
 
     key: str = Field(description="bucket key (kvsplit.kernels.buckets string form)")
-    family: str = Field(description="the key's shape part: gpu, H_kv, head_dim, dtype, page_size")
+    family: str = Field(
+        description="the key's family part: gpu, H_kv, head_dim, dtype, page_size and, when not the defaults, the "
+        "KV dtype (.kvfp8) and q_len (.q4)"
+    )
     requests: int
     b_min: int = Field(description="smallest batch size B")
     b_max: int

@@ -107,7 +107,7 @@ def import_peer_csvs(paths: Sequence[str | Path], *, measured: str, run: str | N
     dict
         ``{"format": "kvsplit.peer_timings", "format_version": 1, "sets": [...]}``, one entry per CSV: its
         implementation, case set, ``run``, ``measured``, ``source`` (file name), ``shape``, GPU, software versions,
-        read bandwidth and ``rows`` ``[set, family, B, total_tokens, time_us, ratio_to_read_floor]``.
+        read bandwidth, the ``kv_dtype`` and ``q_len`` it was timed at (when its JSON records them) and ``rows`` ``[set, family, B, total_tokens, time_us, ratio_to_read_floor]``.
 
     Raises
     ------
@@ -139,6 +139,9 @@ def import_peer_csvs(paths: Sequence[str | Path], *, measured: str, run: str | N
                 "source": p.name,
                 "shape": meta.get("shape"),
                 **{k: meta[k] for k in _META_KEYS if k in meta and k != "cases"},
+                # the family it was timed at (shape_evidence matches it), when the JSON records it
+                **({"kv_dtype": str(meta["kv_dtype"]).removeprefix("torch.")} if meta.get("kv_dtype") else {}),
+                **({"q_len": int(meta["q_len"])} if meta.get("q_len") else {}),
                 "rows": rows,
             }
         )
@@ -189,10 +192,27 @@ def _gpu_matches(a: str, b: str) -> bool:
         return False
 
 
+def _entry_family(e: dict[str, Any]) -> tuple[str, int]:
+    """(KV dtype, q_len) a data-file entry was timed at: its ``kv_dtype`` / ``q_len`` (``bench/peers.py``'s JSON
+    writes torch's name, ``"torch.float8_e4m3fn"``), else K/V in the shape's dtype at q_len 1 (entries imported
+    from JSONs that do not record them)."""
+    kv = str(e.get("kv_dtype") or e["shape"]["dtype"]).removeprefix("torch.")
+    return kv, int(e.get("q_len") or 1)
+
+
 def shape_evidence(
-    gpu: str, *, num_kv_heads: int, head_dim: int, dtype: str, page_size: int, entries: Sequence[dict] | None = None
+    gpu: str,
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    page_size: int,
+    kv_dtype: str | None = None,
+    q_len: int = 1,
+    entries: Sequence[dict] | None = None,
 ) -> dict[str, Any] | None:
-    """Held-out peer timings of one (GPU, shape), or None when none were measured.
+    """Held-out peer timings of one (GPU, shape) of one bucket family (``kv_dtype`` None: K/V in ``dtype``;
+    ``q_len``), or None when none were measured: timings of another KV dtype or q_len are another family's.
 
     Returns
     -------
@@ -214,6 +234,7 @@ def shape_evidence(
         and e["shape"]["head_dim"] == head_dim
         and e["shape"]["dtype"] == dtype
         and e["shape"]["page_size"] == page_size
+        and _entry_family(e) == (kv_dtype or dtype, int(q_len))
     ]
     if not mine:
         return None

@@ -2,10 +2,12 @@
 
 Pages (routes in :mod:`kvsplit.service.routers.dashboard`):
 
-- ``/`` — the summary: per (GPU, shape) the held-out headline (served plan vs ``balanced`` vs FlashInfer vs
-  FA3, :mod:`.evidence`), the store's policy counts and the coverage map (:mod:`.coverage`);
-- ``/shapes/{slug}`` — one shape: coverage map, time / read floor against B per family, and the policy table,
-  paginated, sortable and filterable by query parameters (:func:`table_query`);
+- ``/`` — the summary: per bucket family (GPU, shape, KV dtype and q_len:
+  :func:`kvsplit.service.queries.bucket_family`) the held-out headline (served plan vs ``balanced`` vs FlashInfer
+  vs FA3, :mod:`.evidence`), the store's policy counts and the coverage map (:mod:`.coverage`);
+- ``/shapes/{slug}`` — one bucket family (``slug`` its keys' family part): coverage map, time / read floor against
+  B per length family, and the policy table, paginated, sortable and filterable by query parameters
+  (:func:`table_query`);
 - ``/plan`` — the plan viewer: a batch's served plan beside ``balanced`` and FlashInfer's rule as work tiles on
   SMs over time (:mod:`.gantt`, from :func:`kvsplit.tuner.simulate.timeline`).
 """
@@ -171,6 +173,8 @@ def _traffic_shape(slug: str, traffic: list[dict[str, Any]]) -> dict[str, Any] |
             "head_dim": k.head_dim,
             "dtype": k.dtype,
             "page_size": k.page_size,
+            "kv_dtype": k.family[5],
+            "q_len": k.q_len,
             "slug": slug,
             "buckets": [],
             "families": {},
@@ -210,6 +214,8 @@ def traffic_families(
             "gpu": sh["gpu"],
             "page_size": sh["page_size"],
             "dtype": sh["dtype"],
+            "kv_dtype": sh["kv_dtype"],
+            "q_len": sh["q_len"],
             "keys": len(rows),
             "requests": req,
             "fallback": fb,
@@ -227,7 +233,7 @@ def traffic_families(
                 ranked[gpu] = [
                     p.demand.key for p in traffic_picks([d for d in demand if BucketKey.parse(d.key).gpu == gpu])
                 ]
-            mine = [i for i, k in enumerate(ranked[gpu]) if k.startswith(fam + ".")]
+            mine = [i for i, k in enumerate(ranked[gpu]) if queries.shape_slug(k) == fam]
             if mine and device_name(gpu) is not None:
                 n = mine[-1] + 1
                 hq = MODEL_QO_HEADS.get((sh["num_kv_heads"], sh["head_dim"]))
@@ -281,6 +287,8 @@ def _lookup_of(table: Any, sh: dict[str, Any]):
             head_dim=sh["head_dim"],
             dtype=sh["dtype"],
             page_size=sh["page_size"],
+            kv_dtype=sh["kv_dtype"],
+            q_len=sh["q_len"],
         )
         return info["source"], bucket["distance"]
 
@@ -377,7 +385,7 @@ def _served_is_shipped(sh: dict[str, Any]) -> tuple[bool, int, int]:
         for b in sh["buckets"]
         if b["policy"] is not None
     }
-    theirs = {r for r in shipped if r[0].startswith(sh["slug"] + ".")}
+    theirs = {r for r in shipped if queries.shape_slug(r[0]) == sh["slug"]}
     differ = len(mine ^ theirs)
     return differ == 0, differ, version
 
@@ -416,6 +424,8 @@ def summary_context(url: str, table: Any = None) -> dict[str, Any]:
             head_dim=sh["head_dim"],
             dtype=sh["dtype"],
             page_size=sh["page_size"],
+            kv_dtype=sh["kv_dtype"],
+            q_len=sh["q_len"],
         )
         runs: dict[tuple, list] = {}
         for p in (ev or {}).get("provenance", []):
@@ -503,6 +513,8 @@ def _family_charts(sh: dict[str, Any], ev: dict[str, Any] | None) -> list[dict[s
             drawn.add(e["implementation"])
             name = IMPLEMENTATIONS.get(e["implementation"], e["implementation"]).split(" (")[0]
             for _, setname, fam, B, _, _, ratio in e["rows"]:
+                # bench/peers.py tags the sets of an FP8 cache or q_len > 1 ("T262144/fp8/q4"); ev is one family's
+                setname = setname.split("/")[0]
                 peer_rows.setdefault((fam, setname), {}).setdefault(name, []).append((B, ratio))
     for fam in _FAMILY_ORDER:
         for setname in ("T262144", "T1048576"):
@@ -564,6 +576,8 @@ def shape_context(url: str, slug: str, tq: TableQuery, table: Any = None) -> dic
         head_dim=sh["head_dim"],
         dtype=sh["dtype"],
         page_size=sh["page_size"],
+        kv_dtype=sh["kv_dtype"],
+        q_len=sh["q_len"],
     )
     rows = sh["buckets"]
     if tq.family:

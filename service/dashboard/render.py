@@ -8,7 +8,9 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-__all__ = ["render", "MODEL_SHAPES", "MODEL_QO_HEADS", "shape_name"]
+from ...kernels.limits import KV_DTYPE_SHORT
+
+__all__ = ["render", "MODEL_SHAPES", "MODEL_QO_HEADS", "shape_name", "family_note"]
 
 MODEL_SHAPES: dict[tuple[int, int], str] = {
     (4, 128): "Qwen3-30B-A3B (H_q 32)",
@@ -29,6 +31,16 @@ dashboard's ``kvsplit tune --from-traffic`` hint gives (the recorded traffic key
 def shape_name(num_kv_heads: int, head_dim: int) -> str:
     """The card title's model part: a known model, else the shape itself."""
     return MODEL_SHAPES.get((num_kv_heads, head_dim), f"H_kv {num_kv_heads} × head_dim {head_dim}")
+
+
+def family_note(sh: Any) -> str:
+    """What a card title adds for a bucket family beyond its dtype and page size: ``" · KV fp8"`` for a KV cache of
+    another dtype than q's, ``" · q_len 4"`` for q_len > 1 (both: ``" · KV fp8 · q_len 4"``); ``""`` for K/V in q's
+    dtype at q_len 1. ``sh``: a mapping with ``dtype`` and optional ``kv_dtype`` / ``q_len``."""
+    kv = sh.get("kv_dtype") or sh["dtype"]
+    q_len = int(sh.get("q_len") or 1)
+    out = "" if kv == sh["dtype"] else f" · KV {KV_DTYPE_SHORT.get(kv, kv)}"
+    return out + (f" · q_len {q_len}" if q_len != 1 else "")
 
 
 _env = Environment(
@@ -79,7 +91,9 @@ def count(n: Any, noun: str, plural: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
 
 
-_env.filters.update(num=_num, speed_class=_speed_class, params=_params, duration=_duration, counted=count)
+_env.filters.update(
+    family_note=family_note, num=_num, speed_class=_speed_class, params=_params, duration=_duration, counted=count
+)
 
 
 def render(template: str, **context: Any) -> str:

@@ -21,7 +21,15 @@ from markupsafe import Markup
 
 from .gantt import gantt_svg
 
-__all__ = ["parse_kv_lens", "viewer_context", "ViewerError", "MAX_REQUESTS", "MAX_TEXT", "trace_choices"]
+__all__ = [
+    "parse_kv_lens",
+    "viewer_context",
+    "viewer_qo_heads",
+    "ViewerError",
+    "MAX_REQUESTS",
+    "MAX_TEXT",
+    "trace_choices",
+]
 
 MAX_REQUESTS = 4096
 """Most requests the viewer plans and draws (the HTTP plan service takes 65,536)."""
@@ -110,23 +118,45 @@ def viewer_calibration(url: str, sh: dict[str, Any]) -> tuple[dict[str, Any] | N
     return cal, bw, (cal or {}).get("error") or {}
 
 
+def viewer_qo_heads(sh: dict[str, Any]) -> int:
+    """H_q the viewer plans shape ``sh`` for: the model's of :data:`~.render.MODEL_QO_HEADS` (the one its card names),
+    else H_kv (a bucket family records no H_q; it shapes only a q_len > 1 plan's tiles)."""
+    from .render import MODEL_QO_HEADS
+
+    return MODEL_QO_HEADS.get((sh["num_kv_heads"], sh["head_dim"]), sh["num_kv_heads"])
+
+
 def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int]) -> dict[str, Any]:
-    """The three plans of ``kv_lens`` for shape ``sh`` (a ``dashboard_data`` shape) with their Gantt charts."""
+    """The three plans of ``kv_lens`` for shape ``sh`` (a ``dashboard_data`` shape: one bucket family, its KV dtype
+    and q_len included) with their Gantt charts, planned and simulated for :func:`viewer_qo_heads` query heads.
+
+    Each plan's ``floor_us`` is the batch's HBM read floor (the simulator's: ``sum(kv_len) * H_kv * D * 2`` elements
+    of the KV dtype's size over the calibration's read bandwidth, :func:`kvsplit.tuner.simulate.hbm_floor_s`)."""
+    from ...kernels.limits import kv_elt_bytes
     from ...kernels.plan import make_plan
     from ...tuner.backends import SimBackend
     from ...tuner.simulate import timeline
 
-    shape = dict(num_kv_heads=sh["num_kv_heads"], head_dim=sh["head_dim"], dtype=sh["dtype"], page_size=sh["page_size"])
+    hq = viewer_qo_heads(sh)
+    shape = dict(
+        num_kv_heads=sh["num_kv_heads"],
+        head_dim=sh["head_dim"],
+        dtype=sh["dtype"],
+        page_size=sh["page_size"],
+        kv_dtype=sh["kv_dtype"],
+        q_len=sh["q_len"],
+        num_qo_heads=hq,
+    )
     cal, read_bw, err = viewer_calibration(url, sh)
     sim = SimBackend(
         sh["gpu"],
         calibration=cal,
         read_bandwidth_gbps=read_bw,
-        **{k: shape[k] for k in ("num_kv_heads", "head_dim", "dtype")},
+        **{k: shape[k] for k in ("num_kv_heads", "head_dim", "dtype", "kv_dtype", "q_len", "num_qo_heads")},
     )
     plans = []
     if table is not None:
-        plan, bucket, info = table.plan(kv_lens, gpu=sh["gpu"], num_qo_heads=sh["num_kv_heads"], **shape)
+        plan, bucket, info = table.plan(kv_lens, gpu=sh["gpu"], **shape)
         src = info["source"]
         what = (
             f"policy #{info['id']} ({info['name']}, {src}), bucket distance {bucket['distance']:.2f}"
@@ -153,7 +183,8 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
             "FlashInfer's split rule on kvsplit's kernel (kernels/peer_policies.py)",
         )
     )
-    tls = [timeline(p, sh["gpu"], calibration=sim.calibration_for(p)) for _, _, p, _ in plans]
+    sim_kw = dict(kv_dtype=sh["kv_dtype"], q_len=sh["q_len"], group_size=hq // sh["num_kv_heads"])
+    tls = [timeline(p, sh["gpu"], calibration=sim.calibration_for(p), **sim_kw) for _, _, p, _ in plans]
     t_max = max(t.main_s + t.merge_s for t in tls)
     out = []
     for (kind, name, p, what), tl in zip(plans, tls):
@@ -164,6 +195,7 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
                 "name": name,
                 "what": what,
                 "total_us": tl.total_s * 1e6,
+                "floor_us": tl.floor_s * 1e6,
                 "ratio": tl.total_s / tl.floor_s if tl.floor_s > 0 else None,  # None: a batch of 0 tokens
                 "tiles": int(tl.sm.shape[0]),
                 "ctas": int(p.cta_indptr.shape[0] - 1),
@@ -179,6 +211,9 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
         "plans": out,
         "B": len(kv_lens),
         "tokens": int(sum(kv_lens)),
+        "num_qo_heads": hq,
+        "kv_bytes": kv_elt_bytes(sh["dtype"], sh["kv_dtype"]),
+        "floor_us": tls[0].floor_s * 1e6,
         "calibration": f"the store's calibration {cal['id']} of this GPU (KV {cal['kv_dtype']}, q_len "
         f"{cal['q_len']}; kvsplit calibrate)"
         if cal

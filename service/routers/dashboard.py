@@ -59,6 +59,8 @@ def _shapes(url: str) -> list[dict]:
                 head_dim=128,
                 dtype="bfloat16",
                 page_size=16,
+                kv_dtype="bfloat16",
+                q_len=1,
                 slug="nvidia-h200.kv4.d128.bf16.p16",
                 model=shape_name(4, 128),
             )
