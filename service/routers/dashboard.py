@@ -110,7 +110,9 @@ def _viewer(request: Request, settings, fields: dict[str, str]) -> HTMLResponse:
             name, _, b = fields["trace"].partition(":")
             if not b.isdigit():
                 raise ViewerError(f"trace: expected NAME:B, got {fields['trace'][:40]!r}")
-            lens = list(trace_batch(name, int(b)))
+            # a verify step's kv_len counts its q_len tokens: a trace's shorter requests are raised to q_len, as the
+            # tuner's and bench's batches are
+            lens = [max(n, sh["q_len"]) for n in trace_batch(name, int(b))]
             ctx["kv_text"] = ", ".join(map(str, lens))
         elif "kv_lens" in fields:
             ctx["kv_text"] = fields["kv_lens"][:MAX_TEXT]

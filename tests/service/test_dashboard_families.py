@@ -275,3 +275,24 @@ def test_shipped_bf16_card_keeps_its_headline_beside_an_fp8_family(tmp_path):
     assert f"{n_shipped} published of {n_shipped} buckets" in cards[SLUG][1] and key not in main
     fp8 = _section(html, Q4)
     assert "1 published of 1 buckets" in cards[Q4][1] and "held-out reference batches" not in fp8
+
+
+def test_viewer_of_a_verify_step_family_refuses_short_kv_lens_and_raises_trace_batches(families):
+    """At q_len 4 the viewer, as /v1/plan, refuses a kv_len below 4 naming the entry (a 400 with the planner's
+    message, no trace); a trace batch's shorter requests are raised to q_len 4 (as the tuner's batches are)."""
+    from kvsplit.service.dashboard.viewer import trace_batch, trace_choices
+
+    _, _, c = families
+    body = "shape=" + Q4 + "&kv_lens=4096%2C3%2C9000"
+    r = c.post("/plan", content=body, headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and "kv_lens[1]: 3 tokens, fewer than q_len=4" in r.text
+    assert "Traceback" not in r.text
+    name, B = next((n, b) for n, b in trace_choices() if min(trace_batch(n, b)) < 4)
+    r = c.post(
+        "/plan",
+        content=f"shape={Q4}&trace={name}%3A{B}",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 200 and r.text.count('<svg class="gantt"') == 3, r.text[-2000:]
+    want = [max(n, 4) for n in trace_batch(name, B)]
+    assert f"{', '.join(map(str, want))}" in r.text
