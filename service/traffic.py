@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from typing import Optional
 from pydantic import BaseModel, Field
 
 from ..db import store
-from ..kernels.buckets import DISTANCE_LIMIT
+from ..kernels.buckets import DISTANCE_LIMIT, BucketKey, key_prefix
 from . import metrics
 
 __all__ = [
@@ -322,7 +321,12 @@ class TrafficRow(BaseModel):
     last_hour: str
 
 
-_SUFFIX = re.compile(r"\.b\d+\.t-?\d+\.w[0-9x-]*$")
+def _family(key: str) -> str:
+    """The family part of a stored key's string (:func:`kvsplit.kernels.buckets.key_prefix` of its family)."""
+    try:
+        return key_prefix(*BucketKey.parse(key).family)
+    except ValueError:  # not a key this version writes: the whole string is its own family
+        return key
 
 
 def _hist(bins: dict[int, int]) -> list[HistBin]:
@@ -361,7 +365,7 @@ def traffic_summary(session, *, hours: int, now: float | None = None) -> list[Tr
         out.append(
             TrafficRow(
                 key=t.key,
-                family=_SUFFIX.sub("", t.key),
+                family=_family(t.key),
                 requests=t.requests,
                 b_min=t.batch_min,
                 b_max=t.batch_max,
