@@ -349,14 +349,20 @@ def kv_elt_bytes(dtype: str, kv_dtype: str | None) -> int:
     return KV_DTYPES[kv_dtype]
 
 
+def torch_dtype_name(x: Any) -> Any:
+    """``"bfloat16"`` for ``torch.bfloat16`` (any ``torch.dtype``: its text without ``torch.``, so that the planner
+    needs no torch import), else ``x`` itself."""
+    if type(x).__module__ == "torch" and type(x).__name__ == "dtype":
+        return str(x).removeprefix("torch.")
+    return x
+
+
 def check_kv_dtype(kv_dtype: Any, dtype: str) -> str:
     """The KV cache dtype of a shape whose q dtype is ``dtype`` (already checked): ``dtype`` itself for None or
     ``dtype`` (its name, an alias or its ``torch.dtype``), or one of :data:`KV_DTYPES` (its name, its short name
     ``"fp8"`` or its ``torch.dtype``, read from its text) with a 16-bit ``dtype``. Raises ValueError naming
     ``kv_dtype``."""
-    name = kv_dtype
-    if type(kv_dtype).__module__ == "torch" and type(kv_dtype).__name__ == "dtype":
-        name = str(kv_dtype).removeprefix("torch.")
+    name = torch_dtype_name(kv_dtype)
     if name is None or name == dtype or (isinstance(name, str) and DTYPE_ALIASES.get(name) == dtype):
         return dtype
     if isinstance(name, str):

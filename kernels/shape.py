@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceSpec, resolve_device
-from .limits import DTYPE_ALIASES, DTYPES, HEAD_DIMS, MAX_PAGE_SIZE, check_int, check_kv_dtype, check_q_len
+from .limits import (
+    DTYPE_ALIASES,
+    DTYPES,
+    HEAD_DIMS,
+    MAX_PAGE_SIZE,
+    check_int,
+    check_kv_dtype,
+    check_q_len,
+    torch_dtype_name,
+)
 from .rulespec import PlanContext
 
 __all__ = ["Shape", "canonical_dtype", "DTYPE_ALIASES", "MAX_HEADS", "MAX_QO_HEADS", "shape_family", "gpu_slug"]
@@ -39,9 +48,7 @@ def canonical_dtype(dtype: Any) -> str:
     """torch's name of ``dtype``, a name, an alias (``"bf16"`` -> ``"bfloat16"``) or a ``torch.dtype``
     (``torch.bfloat16`` -> ``"bfloat16"``, read from its text so that the planner needs no torch); ValueError naming
     ``dtype`` otherwise."""
-    name = dtype
-    if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
-        name = str(dtype).removeprefix("torch.")
+    name = torch_dtype_name(dtype)
     if isinstance(name, str):
         d = DTYPE_ALIASES.get(name, name)
         if d in DTYPES:

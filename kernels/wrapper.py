@@ -626,7 +626,7 @@ class DecodeWrapper:
         """
         B = self._check_index(kv_indptr, kv_indices, kv_lens)
         self._kv_lens = kv_lens
-        if not self.use_cuda_graph:  # checks the lengths it plans from (_check_covers_q_len among them)
+        if not self.use_cuda_graph:  # checks the lengths it plans from (check_covers_q_len among them)
             self._plan_eager(kv_indptr, kv_indices, kv_lens, B, kv_lens_host, kv_indptr_host, kv_indices_host)
             self._indptr, self._indices = kv_indptr, kv_indices
             return None
@@ -636,7 +636,7 @@ class DecodeWrapper:
                 "contract, module doc)"
             )
         if kv_lens_host is not None:
-            self._check_covers_q_len(np.asarray(kv_lens_host), "kv_lens_host")
+            check_covers_q_len(np.asarray(kv_lens_host), self.q_len, "kv_lens_host")
         self._indptr, self._indices = kv_indptr, kv_indices
         table = self.table
         if B != self._B or self._step % self.repick_every == 0 or table is not self._picked_table:
@@ -697,11 +697,6 @@ class DecodeWrapper:
         both = torch.cat((kv_indptr, kv_lens)).to("cpu", torch.int64).numpy()
         return both[: B + 1], both[B + 1 :], ""
 
-    def _check_covers_q_len(self, lens: np.ndarray, name: str) -> None:
-        """Raise ValueError naming ``name[i]`` where a host kv_len (int ``[B]``) is below q_len: kv_lens count the
-        q_len new tokens, already in the cache (the one check of both modes; the launch's is on the device)."""
-        check_covers_q_len(lens, self.q_len, name)
-
     def _plan_eager(
         self, kv_indptr, kv_indices, kv_lens, B, kv_lens_host=None, kv_indptr_host=None, kv_indices_host=None
     ) -> None:
@@ -720,7 +715,7 @@ class DecodeWrapper:
         if (lens < 0).any():
             i = int(np.flatnonzero(lens < 0)[0])
             raise ValueError(f"kv_lens{sfx}[{i}]: negative kv_len {int(lens[i])}")
-        self._check_covers_q_len(lens, f"kv_lens{sfx}")
+        check_covers_q_len(lens, self.q_len, f"kv_lens{sfx}")
         over = lens > d * self.page_size
         if over.any():
             i = int(np.flatnonzero(over)[0])
