@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated, Literal, Optional
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
@@ -15,7 +15,18 @@ from ...db.checks import check_json_tree
 from ...db.transfer import parse_export
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
-from ..deps import AdminDep, HolderDep, ServedDep, SettingsDep, check_head_dim
+from ..deps import (
+    AdminDep,
+    DtypeFilter,
+    GpuFilter,
+    HeadDimFilter,
+    HolderDep,
+    NumKvHeadsFilter,
+    PageSizeFilter,
+    ServedDep,
+    SettingsDep,
+    check_head_dim,
+)
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
 from ..validation import unsupported_media_type
 
@@ -49,11 +60,11 @@ def _etag_matches(header: str | None, etag: str) -> bool:
 def list_policies(
     request: Request,
     served: ServedDep,
-    gpu: Annotated[Optional[str], Query(min_length=1, max_length=200)] = None,
-    num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
-    head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
-    dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
-    page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
+    gpu: GpuFilter = None,
+    num_kv_heads: NumKvHeadsFilter = None,
+    head_dim: HeadDimFilter = None,
+    dtype: DtypeFilter = None,
+    page_size: PageSizeFilter = None,
 ) -> Response:
     """Everything a client needs to plan in-process with identical results (kvsplit.kernels.policy_table).
 
@@ -66,11 +77,11 @@ def list_policies(
 def head_policies(
     request: Request,
     served: ServedDep,
-    gpu: Annotated[Optional[str], Query(min_length=1, max_length=200)] = None,
-    num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
-    head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
-    dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
-    page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
+    gpu: GpuFilter = None,
+    num_kv_heads: NumKvHeadsFilter = None,
+    head_dim: HeadDimFilter = None,
+    dtype: DtypeFilter = None,
+    page_size: PageSizeFilter = None,
 ) -> Response:
     """The headers of ``GET /v1/policies`` (ETag, Content-Length) without the body."""
     return _table_response(request, served, (gpu, num_kv_heads, head_dim, dtype, page_size), head=True)
