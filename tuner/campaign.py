@@ -449,25 +449,12 @@ class _Campaign:
         self.tasks = campaign_tasks(cfg)
         self.by_key = {t.key: t for t in self.tasks}
         self.result.buckets = len(self.tasks)
-        from .search import calibration_for, calibration_note, check_same_batches
+        from .search import calibration_for, calibration_note, task_bucket
 
         with store.session_scope(self.url, write=True) as s:
             self.bucket_ids = {}
             for t in self.tasks:
-                b = store.get_or_create_bucket(
-                    s,
-                    key=t.key,
-                    gpu=t.gpu,
-                    num_kv_heads=t.num_kv_heads,
-                    head_dim=t.head_dim,
-                    dtype=t.dtype,
-                    page_size=t.page_size,
-                    signature=dict(t.signature),
-                    source=t.source,
-                    sample_batches={"train": [list(x) for x in t.train], "heldout": [list(x) for x in t.heldout]},
-                )
-                check_same_batches(t, b)
-                self.bucket_ids[t.key] = b.id
+                self.bucket_ids[t.key] = task_bucket(s, t).id
         # room for the campaign's batches and for the calibration sample (kvsplit calibrate's sizes)
         self.max_tokens = max(max(t.max_tokens for t in self.tasks), 300_000)
         self.max_batch = max(max(t.max_batch for t in self.tasks), 512)
