@@ -20,7 +20,7 @@ from kvsplit.service.app import create_app  # noqa: E402
 from kvsplit.service.client import plan_from_response  # noqa: E402
 from kvsplit.service.settings import Settings  # noqa: E402
 from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
-from tests.service_support import GPU, SHAPE, TOTAL, fill_store, key_of
+from tests.service_support import GPU, SHAPE, SHAPE_ARGS, TOTAL, add_bucket, fill_store, key_of
 
 TOKEN = "s3cret-token"
 
@@ -479,49 +479,11 @@ def test_cli_plan_prints_the_http_answer(client, info):
 
     lens = family_kv_lens("2x40", 16, TOTAL).tolist()
     res = CliRunner().invoke(
-        app,
-        [
-            "plan",
-            "--gpu",
-            GPU,
-            "--num-qo-heads",
-            "32",
-            "--num-kv-heads",
-            "4",
-            "--head-dim",
-            "128",
-            "--dtype",
-            "bfloat16",
-            "--page-size",
-            "16",
-            "--kv-lens",
-            ",".join(map(str, lens)),
-            "--database-url",
-            info.url,
-        ],
+        app, ["plan", *SHAPE_ARGS, "--kv-lens", ",".join(map(str, lens)), "--database-url", info.url]
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout) == client.post("/v1/plan", json=body(lens)).json()
-    res = CliRunner().invoke(
-        app,
-        [
-            "plan",
-            "--gpu",
-            GPU,
-            "--num-qo-heads",
-            "32",
-            "--num-kv-heads",
-            "4",
-            "--head-dim",
-            "128",
-            "--dtype",
-            "bfloat16",
-            "--kv-lens",
-            "5,x",
-            "--database-url",
-            info.url,
-        ],
-    )
+    res = CliRunner().invoke(app, ["plan", *SHAPE_ARGS, "--kv-lens", "5,x", "--database-url", info.url])
     assert res.exit_code == 2 and "kv_lens[1]" in res.output
 
 
@@ -534,18 +496,8 @@ def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
     url = f"sqlite:///{tmp_path}/d.db"
     store.upgrade(url)
     lens = family_kv_lens("skewed80", 64, TOTAL)
-    key = key_of(lens)
     with store.session_scope(url, write=True) as s:
-        b = store.get_or_create_bucket(
-            s,
-            key=key,
-            gpu=GPU,
-            num_kv_heads=4,
-            head_dim=128,
-            dtype="bfloat16",
-            page_size=16,
-            source="family:skewed80 B=64",
-        )
+        b = add_bucket(s, lens, "family:skewed80 B=64")
         run = store.start_run(s, bucket_id=b.id, study_name="grid", backend="gpu", n_trials=2)
         pub = store.create_policy(
             s,
@@ -629,16 +581,7 @@ def test_dashboard_figures_of_a_policy_given_the_whole_wave_rule_after_its_timin
         assert (a.config == b.config) == (fam == "skewed80"), fam
     with store.session_scope(url, write=True) as s:
         for fam, lens in cases.items():
-            bk = store.get_or_create_bucket(
-                s,
-                key=key_of(lens),
-                gpu=GPU,
-                num_kv_heads=4,
-                head_dim=128,
-                dtype="bfloat16",
-                page_size=16,
-                source=f"family:{fam}",
-            )
+            bk = add_bucket(s, lens, f"family:{fam}")
             run = store.start_run(s, bucket_id=bk.id, study_name="grid", backend="gpu", n_trials=2)
             pol = store.create_policy(
                 s, bucket_id=bk.id, params=served, backend="gpu", score=1.1, tuning_run_id=run.id, name="stream_k"
