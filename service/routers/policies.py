@@ -50,6 +50,8 @@ def _etag_matches(header: str | None, etag: str) -> bool:
     return False
 
 
+# HEAD: the headers of GET (ETag, Content-Length) without the body
+@router.head("/v1/policies", operation_id="head_policies", include_in_schema=False)
 @router.get(
     "/v1/policies",
     operation_id="list_policies",
@@ -70,21 +72,8 @@ def list_policies(
 
     Poll with If-None-Match: the answer is 304 while the table is unchanged.
     """
-    return _table_response(request, served, (gpu, num_kv_heads, head_dim, dtype, page_size))
-
-
-@router.head("/v1/policies", operation_id="head_policies", include_in_schema=False)
-def head_policies(
-    request: Request,
-    served: ServedDep,
-    gpu: GpuFilter = None,
-    num_kv_heads: NumKvHeadsFilter = None,
-    head_dim: HeadDimFilter = None,
-    dtype: DtypeFilter = None,
-    page_size: PageSizeFilter = None,
-) -> Response:
-    """The headers of ``GET /v1/policies`` (ETag, Content-Length) without the body."""
-    return _table_response(request, served, (gpu, num_kv_heads, head_dim, dtype, page_size), head=True)
+    query = (gpu, num_kv_heads, head_dim, dtype, page_size)
+    return _table_response(request, served, query, head=request.method == "HEAD")
 
 
 def _table_response(request: Request, served, query: tuple, head: bool = False) -> Response:
