@@ -27,6 +27,7 @@ def _ro(a: np.ndarray) -> np.ndarray:
     return a
 
 
+# a Plan's arrays and their dtypes (checked and made read-only on construction)
 _ARRAY_FIELDS = (
     ("kv_lens", np.int64),
     ("num_splits", np.int32),
@@ -84,14 +85,7 @@ class Plan:
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name, dt in (
-            ("kv_lens", np.int64),
-            ("num_splits", np.int32),
-            ("work_request", np.int32),
-            ("work_kv_start", np.int64),
-            ("work_kv_end", np.int64),
-            ("cta_indptr", np.int32),
-        ):
+        for name, dt in _ARRAY_FIELDS:
             arr = np.asarray(getattr(self, name))
             if arr.ndim != 1:
                 raise ValueError(f"Plan.{name}: expected a 1-D array, got shape {arr.shape}")
