@@ -72,7 +72,7 @@ from .pool import (
     whole_wave_by_bucket,
 )
 from .tasks import LIBRARY_TRACES, TuneTask, family_task, trace_tasks
-from .workloads import FAMILIES, family_kv_lens
+from .workloads import FAMILIES, MODEL_SHAPES, family_kv_lens
 
 __all__ = [
     "MODEL_SHAPES",
@@ -89,13 +89,6 @@ __all__ = [
     "TOTALS",
     "TRACE_BATCH_SIZES",
 ]
-
-MODEL_SHAPES: dict[str, tuple[int, int, int]] = {
-    "qwen3-30b-a3b": (32, 4, 128),
-    "llama-3.1-8b": (32, 8, 128),
-    "llama-3.1-70b-tp8": (8, 1, 128),
-}
-"""Model shape presets: name -> (H_q, H_kv, head_dim) per GPU (Llama-3.1-70B: 64/8 heads over 8 GPUs)."""
 
 FAMILY_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOTALS = (262_144, 1_048_576)
