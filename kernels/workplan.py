@@ -307,6 +307,19 @@ class Plan:
         except TypeError as exc:
             raise ValueError(f"plan: {exc}") from None
 
+    def work_key(self) -> tuple:
+        """What the kernel runs of this plan, as a hashable key: its config and work list (``num_splits``,
+        ``work_request``, the token ranges, ``cta_indptr``), not the policy that made it. Two plans of one batch
+        and shape with equal keys are the same launch: a timer measures it once."""
+        return (
+            self.config,
+            self.num_splits.tobytes(),
+            self.work_request.tobytes(),
+            self.work_kv_start.tobytes(),
+            self.work_kv_end.tobytes(),
+            self.cta_indptr.tobytes(),
+        )
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):
             return NotImplemented

@@ -339,17 +339,6 @@ class _State:
         self._attrs[key] = value
 
 
-def _plan_sig(plan) -> tuple:
-    return (
-        plan.config,
-        plan.num_splits.tobytes(),
-        plan.work_request.tobytes(),
-        plan.work_kv_start.tobytes(),
-        plan.work_kv_end.tobytes(),
-        plan.cta_indptr.tobytes(),
-    )
-
-
 def _canon(params: Mapping[str, Any]) -> str:
     return json.dumps({k: (float(v) if isinstance(v, float) else v) for k, v in params.items()}, sort_keys=True)
 
@@ -760,7 +749,7 @@ class _Campaign:
                 b = self._plan(task, lens, task_params(task, params))
             except ValueError:
                 return None
-            if _plan_sig(a) != _plan_sig(b):
+            if a.work_key() != b.work_key():
                 return None
             times.append(got[0])
             ratios.append(got[0] / got[1])
@@ -1112,7 +1101,7 @@ class _Campaign:
                     except ValueError:
                         ratios.append(None)
                         continue
-                    if _plan_sig(p) == _plan_sig(base):
+                    if p.work_key() == base.work_key():
                         ratios.append(1.0)
                         continue
                     if t_base is None:
@@ -1138,9 +1127,9 @@ class _Campaign:
             policy, params = parse_candidate(DEFAULT)
             for _, lens in self._probe_batches():
                 try:
-                    base = _plan_sig(make_plan(lens, policy=policy, params=params, **task.plan_kwargs))
+                    base = make_plan(lens, policy=policy, params=params, **task.plan_kwargs).work_key()
                     changed = [
-                        _plan_sig(make_plan(lens, policy=policy, params={**params, **v}, **task.plan_kwargs)) != base
+                        make_plan(lens, policy=policy, params={**params, **v}, **task.plan_kwargs).work_key() != base
                         for v in WHOLE_WAVE_VARIANTS
                     ]
                 except ValueError:
@@ -1415,7 +1404,7 @@ def _time_pool_batch(
     for name, (params, plan) in plans.items():
         if pred[name] > SIM_PRUNE_RATIO * lo and name != DEFAULT:
             continue
-        sig = _plan_sig(plan)
+        sig = plan.work_key()
         if sig not in timed:
             timed[sig] = float(backend.time_plan(plan))
         out.append((name, params, timed[sig], floor))
