@@ -487,6 +487,25 @@ def test_cli_plan_prints_the_http_answer(client, info):
     assert res.exit_code == 2 and "kv_lens[1]" in res.output
 
 
+def _train_timings(s, bucket_id, lens, tuned_params) -> None:
+    """GPU timings of one training batch of a bucket: tuned (``tuned_params``) 2.2 us and balanced 3.3 us over a
+    2.0 us floor."""
+    for name, params, t in (("tuned", tuned_params, 2.2e-6), ("balanced", {}, 3.3e-6)):
+        store.record_measurement(
+            s,
+            bucket_id=bucket_id,
+            policy_name=name,
+            params=params,
+            kv_lens=lens.tolist(),
+            time_s=t,
+            floor_s=2.0e-6,
+            role="train",
+            batch_index=0,
+            stage="verify",
+            backend="gpu",
+        )
+
+
 def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
     """A later, unpublished tuning of a bucket (e.g. `make run`'s simulated demo beside a shipped GPU policy)
     must not lend its held-out figures to the published policy; a published policy with only training-batch
@@ -509,21 +528,7 @@ def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
             name="balanced",
         )
         store.publish(s, pub.id)
-        # the published policy's training-batch timings: tuned 2.2 us over a 2.0 us floor, balanced 3.3 us
-        for name, params, t in (("tuned", {"ctas_per_sm": 3.0}, 2.2e-6), ("balanced", {}, 3.3e-6)):
-            store.record_measurement(
-                s,
-                bucket_id=b.id,
-                policy_name=name,
-                params=params,
-                kv_lens=lens.tolist(),
-                time_s=t,
-                floor_s=2.0e-6,
-                role="train",
-                batch_index=0,
-                stage="verify",
-                backend="gpu",
-            )
+        _train_timings(s, b.id, lens, {"ctas_per_sm": 3.0})  # the published policy's training-batch timings
         # a later simulated tuning of the same bucket, not published, with held-out figures of its own
         run2 = store.start_run(s, bucket_id=b.id, study_name="demo", backend="sim", n_trials=2)
         cand = store.create_policy(
@@ -587,20 +592,7 @@ def test_dashboard_figures_of_a_policy_given_the_whole_wave_rule_after_its_timin
                 s, bucket_id=bk.id, params=served, backend="gpu", score=1.1, tuning_run_id=run.id, name="stream_k"
             )
             store.publish(s, pol.id)
-            for name, params, t in (("tuned", tile, 2.2e-6), ("balanced", {}, 3.3e-6)):
-                store.record_measurement(
-                    s,
-                    bucket_id=bk.id,
-                    policy_name=name,
-                    params=params,
-                    kv_lens=lens.tolist(),
-                    time_s=t,
-                    floor_s=2.0e-6,
-                    role="train",
-                    batch_index=0,
-                    stage="verify",
-                    backend="gpu",
-                )
+            _train_timings(s, bk.id, lens, tile)
     got = {b["family"]: b for b in dashboard_data(url)["shapes"][0]["buckets"]}
     assert got["skewed80"]["evidence"] == "training" and got["skewed80"]["n_train"] == 1
     assert got["skewed80"]["ratios"]["tuned"] == pytest.approx(1.1)  # 2.2 / 2.0
