@@ -560,10 +560,33 @@ class _Campaign:
             self.bar.step()
         return True
 
+    def _run_processes(self, procs: list, tick: Callable[[], None] | None = None) -> tuple[float, Any]:
+        """Start the worker processes ``procs`` (this process's store engines closed first), wait for them
+        (``tick()`` every 0.25 s), terminate them once the campaign's stop is set, join them all; returns the wall
+        seconds and the stop."""
+        from .search import Stop
+
+        store.dispose_engines()
+        t0 = time.time()
+        for p in procs:
+            p.start()
+        stop = self.stop or Stop()
+        try:
+            while any(p.is_alive() for p in procs):
+                if tick is not None:
+                    tick()
+                if stop.is_set():
+                    for p in procs:
+                        if p.is_alive():
+                            p.terminate()
+                procs[0].join(timeout=0.25)
+        finally:
+            for p in procs:
+                p.join()
+        return time.time() - t0, stop
+
     def _pool_parallel(self, todo: list, done0: int) -> bool:
         import multiprocessing as mp
-
-        from .search import Stop
 
         if self.out_of_slice():
             return False
@@ -594,22 +617,7 @@ class _Campaign:
             )
             for k in range(K)
         ]
-        store.dispose_engines()
-        t0 = time.time()
-        for p in procs:
-            p.start()
-        stop = self.stop or Stop()
-        try:
-            while any(p.is_alive() for p in procs):
-                if stop.is_set():
-                    for p in procs:
-                        if p.is_alive():
-                            p.terminate()
-                procs[0].join(timeout=0.25)
-        finally:
-            for p in procs:
-                p.join()
-        wall = time.time() - t0
+        wall, stop = self._run_processes(procs)
         with store.session_scope(self.url) as s:
             ids = {b for _, _, b in items}
             new = [
@@ -958,7 +966,7 @@ class _Campaign:
     def _search_parallel(self, todo: list[str], searched: list[str]) -> bool:
         import multiprocessing as mp
 
-        from .search import Stop, open_run_study, record_run, run_result, start_run
+        from .search import open_run_study, record_run, run_result, start_run
         from .worker import WorkerJob
 
         if not todo:
@@ -998,28 +1006,16 @@ class _Campaign:
             )
             for i, j in enumerate(jobs)
         ]
-        store.dispose_engines()
-        t0 = time.time()
-        for p in procs:
-            p.start()
-        stop = self.stop or Stop()
-        try:
-            while any(p.is_alive() for p in procs):
-                counts = [(run, _finished(st), int(alloc[run.task.key])) for run, st in runs]
-                done = sum(1 for _, k, n in counts if k >= n)
-                self.bar.set(len(searched) + done)
-                cur = next(((run, k, n) for run, k, n in counts if k < n), None)
-                if cur is not None:
-                    self.bar.bucket(cur[0].task.source, cur[2], cur[1])
-                if stop.is_set():
-                    for p in procs:
-                        if p.is_alive() and p.pid:
-                            p.terminate()
-                procs[0].join(timeout=0.25)
-        finally:
-            for p in procs:
-                p.join()
-        wall = time.time() - t0
+
+        def progress() -> None:
+            counts = [(run, _finished(st), int(alloc[run.task.key])) for run, st in runs]
+            done = sum(1 for _, k, n in counts if k >= n)
+            self.bar.set(len(searched) + done)
+            cur = next(((run, k, n) for run, k, n in counts if k < n), None)
+            if cur is not None:
+                self.bar.bucket(cur[0].task.source, cur[2], cur[1])
+
+        wall, stop = self._run_processes(procs, progress)
         after = sum(_measured_trials(st) for _, st in runs)
         # K GPUs busy for the wall time: K x wall GPU seconds
         self.charge((after - before) * self.cfg.num_train, wall * self.cfg.workers)
