@@ -246,7 +246,7 @@ def test_postgres_multi_worker_tuning(pg_url):
     # equivalent of balanced|c4|n64w4s2 wins at a 13.1 % held-out gain (12 of 12 local runs). With 10 trials
     # (baselines only) a sampled trial sometimes won on the 2 training batches at a 3.2 % held-out gain and was
     # rightly not published (1 of 6 local runs, and one CI run)
-    r = _cli(
+    args = [
         "tune",
         *SHAPE_ARGS,
         "--trace",
@@ -257,16 +257,14 @@ def test_postgres_multi_worker_tuning(pg_url):
         "2",
         "--num-heldout",
         "2",
-        "--trials",
-        "20",
         "--workers",
         "2",
         "--database-url",
         pg_url,
         "--no-progress",
         "--json",
-        env={"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"},
-    )  # so both workers get trials (see above)
+    ]
+    r = _cli(*args, "--trials", "20", env={"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"})  # so both workers get trials
     (res,) = json.loads(r.stdout)
     assert res["status"] == "finished" and res["n_finished"] == 20 and res["published"]
     storage = search.open_storage(search.storage_spec(pg_url, workers=2))
@@ -278,26 +276,7 @@ def test_postgres_multi_worker_tuning(pg_url):
     }
     assert len(pids) == 2
     # resuming through the same URL stops at the requested count
-    r = _cli(
-        "tune",
-        *SHAPE_ARGS,
-        "--trace",
-        "azure_code",
-        "--batch-size",
-        "64",
-        "--num-train",
-        "2",
-        "--num-heldout",
-        "2",
-        "--trials",
-        "22",
-        "--workers",
-        "2",
-        "--database-url",
-        pg_url,
-        "--no-progress",
-        "--json",
-    )
+    r = _cli(*args, "--trials", "22")
     assert json.loads(r.stdout)[0]["n_finished"] == 22
     with store.session_scope(pg_url) as s:
         assert [p.bucket_key for p in store.list_published(s)] == [res["bucket_key"]]
