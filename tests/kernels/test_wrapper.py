@@ -24,9 +24,9 @@ from .paged_case import make_case
 H_Q, H_KV, D, PS = 4, 2, 64, 16
 
 
-def _wrapper(**kw):
-    """A DecodeWrapper of the module's fp16 shape (H_Q, H_KV, D, page size PS) on the CPU."""
-    return DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", **kw)
+def _wrapper(hq=H_Q, hk=H_KV, d=D, **kw):
+    """An fp16 DecodeWrapper on the CPU with page size PS, of the module's shape (H_Q, H_KV, D) unless given."""
+    return DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu", **kw)
 
 
 def _loop(w, lens0, steps=3, grow=(1, 17, 40), seed=0, shape=(H_Q, H_KV, D)):
@@ -252,13 +252,10 @@ def test_eager_and_graph_mode_with_heads_per_tile():
 def test_graph_mode_heads_per_tile_beyond_the_gqa_rows_is_refused():
     # H_q 32 / H_kv 2: G = 16 query rows per KV head, so two heads (32 rows) do not fit one work tile
     with pytest.raises(ValueError, match="params.heads_per_tile: 2 KV heads of GQA group G=16"):
-        DecodeWrapper(
+        _wrapper(
             32,
             2,
             D,
-            page_size=PS,
-            dtype="float16",
-            device="cpu",
             max_batch_size=8,
             policy="stream_k",
             params={"heads_per_tile": 2},
@@ -384,13 +381,10 @@ def test_graph_mode_default_tile_at_head_dim_128():
     that tile keeps its own parameters, one tuned on (128, 4, 2) gets the graph's rule (docs/decisions/graph-default.md).
     Eager mode's default stays balanced."""
     hq, hk, d = 8, 2, 128
-    w = DecodeWrapper(
+    w = _wrapper(
         hq,
         hk,
         d,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
         max_batch_size=4,
         use_cuda_graph=True,
         graph=GraphOptions(num_programs=2, max_work_items=64),
@@ -411,7 +405,7 @@ def test_graph_mode_default_tile_at_head_dim_128():
     assert w.planner == "device" and w.spec.policy == "stream_k" and w.spec.params["ctas_per_sm"] == 1.0
     _loop(w, [70, 3, 400], steps=2, shape=(hq, hk, d))
     assert int(w.bufs.counts[2]) == int(w.bufs.counts[1])  # tiles = CTAs x H_kv / 2
-    assert DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu").policy == "balanced"
+    assert _wrapper(hq, hk, d).policy == "balanced"
     lens = [700, 90, 5]
     tile = {"block_n": 64, "num_warps": 8, "num_stages": 3, "prefetch": True, "next_item": True, "heads_per_tile": 2}
     # on this one-CTA-per-SM tile an entry tuned elsewhere (here (128, 4, 2), balanced at 3) runs the graph's rule
@@ -419,13 +413,10 @@ def test_graph_mode_default_tile_at_head_dim_128():
         ("stream_k", {"ctas_per_sm": 2.0, **tile}, ("stream_k", 2.0)),
         ("balanced", {"ctas_per_sm": 3.0}, ("stream_k", 1.0)),
     ):
-        t = DecodeWrapper(
+        t = _wrapper(
             hq,
             hk,
             d,
-            page_size=PS,
-            dtype="float16",
-            device="cpu",
             max_batch_size=4,
             table=_stream_k_table(lens, entry, name=name, num_kv_heads=hk, head_dim=d),
             use_cuda_graph=True,
@@ -442,13 +433,10 @@ def test_graph_mode_default_tile_without_two_heads(hq, hk):
     # ran 1.441x the served plan against 1.309x at H_kv 8: docs/decisions/graph-default.md), stream_k at its residency (3)
     from kvsplit.kernels.limits import default_config
 
-    w = DecodeWrapper(
+    w = _wrapper(
         hq,
         hk,
         128,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
         max_batch_size=4,
         use_cuda_graph=True,
         graph=GraphOptions(num_programs=2, max_work_items=64),
