@@ -84,17 +84,6 @@ def load_cases(spec: str) -> list[dict[str, Any]]:
         ) from None
 
 
-def _sig(plan) -> tuple:
-    return (
-        plan.config,
-        plan.num_splits.tobytes(),
-        plan.work_request.tobytes(),
-        plan.work_kv_start.tobytes(),
-        plan.work_kv_end.tobytes(),
-        plan.cta_indptr.tobytes(),
-    )
-
-
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The A/B figures of per-batch rows (``a_s``, ``b_s``, ``oracle_s`` seconds, ``case``): geomean and worst of
     B / A, worst B / oracle and A / oracle, and the counts over the targets (1.03 and 1.05)."""
@@ -205,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timed: dict[tuple, float] = {}
         times = {}
         for name, plan in plans.items():
-            sig = _sig(plan)
+            sig = plan.work_key()
             if sig not in timed:
                 timed[sig] = float(be.time_plan(plan))
             times[name] = timed[sig]

@@ -96,33 +96,35 @@ def first_line(e: BaseException) -> str:
     return line
 
 
-def _low_space(path: str | None) -> bool:
+def _nearest_existing(path: str | None) -> Path | None:
+    """The SQLite file ``path`` if it exists, else its nearest existing parent folder (None without a path)."""
     if not path:
-        return False
+        return None
     p = Path(path).expanduser().resolve()
-    for q in (p, *p.parents):
-        if q.exists():
-            try:
-                st = os.statvfs(q)
-            except OSError:
-                return False
-            return st.f_bavail * st.f_frsize < 1 << 20
-    return False
+    return next((q for q in (p, *p.parents) if q.exists()), None)
+
+
+def _low_space(path: str | None) -> bool:
+    q = _nearest_existing(path)
+    if q is None:
+        return False
+    try:
+        st = os.statvfs(q)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
 
 
 def _read_only(path: str | None) -> bool:
-    if not path:
+    q = _nearest_existing(path)
+    if q is None:
         return False
-    p = Path(path).expanduser().resolve()
-    for q in (p, *p.parents):
-        if q.exists():
-            try:
-                if os.statvfs(q).f_flag & os.ST_RDONLY:
-                    return True
-            except OSError:
-                return False
-            return not os.access(q if q.is_dir() else q.parent, os.W_OK) or (q.is_file() and not os.access(q, os.W_OK))
-    return False
+    try:
+        if os.statvfs(q).f_flag & os.ST_RDONLY:
+            return True
+    except OSError:
+        return False
+    return not os.access(q if q.is_dir() else q.parent, os.W_OK) or (q.is_file() and not os.access(q, os.W_OK))
 
 
 def describe_error(exc: BaseException, url: str | None = None) -> str:

@@ -146,7 +146,8 @@ _DEVICE_KEYS = {"name", "num_sms", "hbm_bandwidth_gbps", "read_bandwidth_gbps", 
 
 def _check_device(name: str, dev: Any, what: str = "an object") -> dict[str, Any]:
     """The device object of an export entry (:func:`~kvsplit.db.records.device_to_dict`'s form), checked field
-    by field (its fingerprint against its software versions); raises ValueError naming the field."""
+    by field (its fingerprint against its software versions), as the keyword arguments of
+    :func:`~kvsplit.db.records.get_or_create_device`; raises ValueError naming the field."""
     if not isinstance(dev, Mapping) or set(dev) != _DEVICE_KEYS:
         raise ValueError(f"{name}: expected {what} with fields {sorted(_DEVICE_KEYS)}")
     device = {
@@ -334,15 +335,7 @@ def import_policies(
             )
             device_id = None
             if e["device"] is not None:
-                d = e["device"]
-                device_id = get_or_create_device(
-                    session,
-                    name=d["name"],
-                    num_sms=d["num_sms"],
-                    hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
-                    software=d["software"],
-                    read_bandwidth_gbps=d["read_bandwidth_gbps"],
-                ).id
+                device_id = get_or_create_device(session, **e["device"]).id
             same = [
                 p
                 for p in session.scalars(select(Policy).where(Policy.bucket_id == bucket.id))
@@ -494,15 +487,7 @@ def import_calibrations(
     ids: list[int] = []
     with session.begin_nested():
         for e in entries:
-            d = e["device"]
-            dev = get_or_create_device(
-                session,
-                name=d["name"],
-                num_sms=d["num_sms"],
-                hbm_bandwidth_gbps=d["hbm_bandwidth_gbps"],
-                software=d["software"],
-                read_bandwidth_gbps=d["read_bandwidth_gbps"],
-            )
+            dev = get_or_create_device(session, **e["device"])
             key = json.dumps(e["kernel_config"], sort_keys=True, separators=(",", ":"))
             same = session.scalars(
                 select(Calibration).where(

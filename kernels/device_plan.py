@@ -40,8 +40,19 @@ import triton.language as tl
 from .limits import MAX_BATCH, next_pow2
 from .rulespec import RULE_CONST, RULE_FAIR, RuleSpec
 
-__all__ = ["DevicePlanBuffers", "check_device_rule", "alloc_device_plan", "device_plan"]
+__all__ = ["LAUNCH_ARRAYS", "DevicePlanBuffers", "check_device_rule", "alloc_device_plan", "device_plan"]
 
+# the int32 plan arrays :func:`kvsplit.kernels.decode.launch_decode` reads, in the order a plan's buffers are laid out
+LAUNCH_ARRAYS = (
+    "work_request",
+    "work_kv_start",
+    "work_kv_end",
+    "work_slot",
+    "cta_indptr",
+    "merge_request",
+    "merge_slot_start",
+    "merge_num",
+)
 # counts[] slots
 NUM_ITEMS, NUM_CTAS, NUM_TILES, NUM_MERGE = 0, 1, 2, 3
 
@@ -100,19 +111,7 @@ class DevicePlanBuffers:
 
     def arrays(self) -> dict[str, torch.Tensor]:
         """The dict :func:`kvsplit.kernels.decode.launch_decode` takes."""
-        return {
-            k: getattr(self, k)
-            for k in (
-                "work_request",
-                "work_kv_start",
-                "work_kv_end",
-                "work_slot",
-                "cta_indptr",
-                "merge_request",
-                "merge_slot_start",
-                "merge_num",
-            )
-        }
+        return {k: getattr(self, k) for k in LAUNCH_ARRAYS}
 
 
 def alloc_device_plan(max_batch: int, max_items: int, device: Any) -> DevicePlanBuffers:

@@ -141,6 +141,18 @@ def div(a, d, inv):
     return q
 
 
+@_jit_inline
+def _item_count(s, kv_len):
+    """The work list's clamp of a request's split count ``s``: ``1 <= n <= max(kv_len, 1)``, so no item is
+    empty."""
+    cap = kv_len if kv_len > 1 else 1
+    if s > cap:
+        s = cap
+    if s < 1:
+        s = 1
+    return s
+
+
 @_jit
 def log2_exact(d):
     """``k`` with ``2^k == d``, or -1 when ``d`` is not a power of two."""
@@ -318,12 +330,7 @@ def _even_chunks(L_in, H, block_n, rule, arg, min_chunk, max_splits, heavy_first
                 s = 1
             if s > max_splits:
                 s = max_splits
-        # the work list's clamp: 1 <= n <= max(kv_len, 1), so no item is empty
-        cap = L[i] if L[i] > 1 else 1
-        if s > cap:
-            s = cap
-        if s < 1:
-            s = 1
+        s = _item_count(s, L[i])
         n[i] = s
         W += s
     if W > max_items:
@@ -534,12 +541,7 @@ def _peer_chunks(
         n, perm = _fa3_splits(L, H, S, static_splits, heavy_first)
     W = 0
     for i in range(B):
-        s = n[i]
-        cap = L[i] if L[i] > 1 else 1
-        if s > cap:
-            s = cap
-        if s < 1:
-            s = 1
+        s = _item_count(n[i], L[i])
         n[i] = s
         W += s
     if W > max_items:

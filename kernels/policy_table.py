@@ -402,7 +402,7 @@ class PolicyTable:
             On invalid arguments, naming them.
         """
         if shape is None:
-            sc = None
+            sc = fields = None
             # exact types only (1 == 1.0 == True would otherwise share a checked entry), and
             # no device or an immutable DeviceSpec (kept by identity; a mapping could change)
             if (
@@ -427,22 +427,9 @@ class PolicyTable:
                     q_len,
                 )
                 sc = self._shapes.get(fields)
-                if sc is None or sc.device is not device:
-                    sc = self._shape_ctx(
-                        fields,
-                        Shape.of(
-                            device=device if device is not None else gpu,
-                            num_qo_heads=num_qo_heads,
-                            num_kv_heads=num_kv_heads,
-                            head_dim=head_dim,
-                            dtype=dtype,
-                            page_size=page_size,
-                            kv_dtype=kv_dtype,
-                            q_len=q_len,
-                        ),
-                        device,
-                    )
-            else:
+                if sc is not None and sc.device is not device:
+                    sc = None
+            if sc is None:
                 shape = Shape.of(
                     device=device if device is not None else gpu,
                     num_qo_heads=num_qo_heads,
@@ -453,7 +440,10 @@ class PolicyTable:
                     kv_dtype=kv_dtype,
                     q_len=q_len,
                 )
-                sc = _ShapeCtx(shape, self._rows.get(shape.family), self.distance_limit, None)
+                if fields is not None:  # checked once per distinct argument tuple, then kept
+                    sc = self._shape_ctx(fields, shape, device)
+                else:
+                    sc = _ShapeCtx(shape, self._rows.get(shape.family), self.distance_limit, None)
         else:
             if not isinstance(shape, Shape):
                 raise ValueError(f"shape: expected a kvsplit.kernels.shape.Shape, got {type(shape).__name__}")

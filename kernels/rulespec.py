@@ -837,24 +837,9 @@ def _parse(policy: str, params: dict, ctx: PlanContext) -> dict[str, Any]:
             sp["ctas_per_sm"]["low"],
             sp["ctas_per_sm"]["high"],
         )
-        min_chunk = check_int(
-            "params.min_chunk_tokens",
-            params.get("min_chunk_tokens", sp["min_chunk_tokens"]["default"]),
-            sp["min_chunk_tokens"]["low"],
-            sp["min_chunk_tokens"]["high"],
-        )
-        max_splits = check_int(
-            "params.max_splits",
-            params.get("max_splits", sp["max_splits"]["default"]),
-            sp["max_splits"]["low"],
-            sp["max_splits"]["high"],
-        )
-        pps = check_int(
-            "params.programs_per_sm",
-            params.get("programs_per_sm", sp["programs_per_sm"]["default"]),
-            sp["programs_per_sm"]["low"],
-            sp["programs_per_sm"]["high"],
-        )
+        min_chunk = _tuned_int(params, "min_chunk_tokens")
+        max_splits = _tuned_int(params, "max_splits")
+        pps = _tuned_int(params, "programs_per_sm")
         if "programs_per_sm" in params and params.get("schedule", "grid") != "persistent":
             raise ValueError("params.programs_per_sm: only meaningful with schedule='persistent'")
         partition = params.get("partition", sp["partition"]["default"])
@@ -927,6 +912,13 @@ def _params_key(params: Mapping[str, Any] | None) -> tuple | None:
     except TypeError:
         return None
     return key
+
+
+def _tuned_int(params: Mapping[str, Any], name: str) -> int:
+    """The integer parameter ``name`` of a ``tuned`` policy (its :data:`TUNED_PARAM_SPACE` default when absent),
+    checked against its range; raises ValueError naming ``params.<name>``."""
+    space = TUNED_PARAM_SPACE[name]
+    return check_int(f"params.{name}", params.get(name, space["default"]), space["low"], space["high"])
 
 
 def resolve(

@@ -27,6 +27,7 @@ def _ro(a: np.ndarray) -> np.ndarray:
     return a
 
 
+# a Plan's arrays and their dtypes (checked and made read-only on construction)
 _ARRAY_FIELDS = (
     ("kv_lens", np.int64),
     ("num_splits", np.int32),
@@ -84,14 +85,7 @@ class Plan:
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name, dt in (
-            ("kv_lens", np.int64),
-            ("num_splits", np.int32),
-            ("work_request", np.int32),
-            ("work_kv_start", np.int64),
-            ("work_kv_end", np.int64),
-            ("cta_indptr", np.int32),
-        ):
+        for name, dt in _ARRAY_FIELDS:
             arr = np.asarray(getattr(self, name))
             if arr.ndim != 1:
                 raise ValueError(f"Plan.{name}: expected a 1-D array, got shape {arr.shape}")
@@ -312,6 +306,19 @@ class Plan:
             raise ValueError(f"plan.made_for: missing field {exc}") from None
         except TypeError as exc:
             raise ValueError(f"plan: {exc}") from None
+
+    def work_key(self) -> tuple:
+        """What the kernel runs of this plan, as a hashable key: its config and work list (``num_splits``,
+        ``work_request``, the token ranges, ``cta_indptr``), not the policy that made it. Two plans of one batch
+        and shape with equal keys are the same launch: a timer measures it once."""
+        return (
+            self.config,
+            self.num_splits.tobytes(),
+            self.work_request.tobytes(),
+            self.work_kv_start.tobytes(),
+            self.work_kv_end.tobytes(),
+            self.cta_indptr.tobytes(),
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):

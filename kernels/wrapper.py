@@ -96,7 +96,7 @@ from .decode import (
     make_workspace,
 )
 from .device import DeviceSpec, resolve_device
-from .device_plan import alloc_device_plan, check_device_rule, device_plan
+from .device_plan import LAUNCH_ARRAYS, alloc_device_plan, check_device_rule, device_plan
 from .limits import (
     HEAD_DIMS,
     MAX_BATCH,
@@ -124,17 +124,6 @@ tile's resident CTAs per SM (the fixed tile and persistent grid of the captured 
 docs/decisions/graph-default.md)."""
 
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-# the launch arrays of an eager plan, in the order of their one upload
-_EAGER_ARRAYS = (
-    "work_request",
-    "work_kv_start",
-    "work_kv_end",
-    "work_slot",
-    "cta_indptr",
-    "merge_request",
-    "merge_slot_start",
-    "merge_num",
-)
 _TILE_KNOBS = ("block_n", "num_warps", "num_stages", "prefetch", "next_item")  # with heads_per_tile: a graph's tile
 _FIXED_KNOBS = _TILE_KNOBS + ("heads_per_tile", "schedule", "num_programs")  # what the captured graph bakes in
 
@@ -403,7 +392,7 @@ class DecodeWrapper:
         self._eager_host = _PinnedPair(self._cuda)
         self._eager_dev: torch.Tensor | None = None
         self._eager_cap = (0, 0)  # (work items, merged requests) the regions of the eager buffers hold
-        self._eager_offsets: tuple[int, ...] = ()  # where each of _EAGER_ARRAYS starts, then the buffers' size
+        self._eager_offsets: tuple[int, ...] = ()  # where each of LAUNCH_ARRAYS starts, then the buffers' size
         self._eager_views: dict[str, torch.Tensor] = {}  # views of the device buffer's regions, made with it
         self._max_page = -1
         self._B = -1
@@ -789,7 +778,7 @@ class DecodeWrapper:
             offsets.append(offsets[-1] + n)
         self._eager_dev = torch.empty(offsets[-1], dtype=torch.int32, device=self.device)
         self._eager_views = {
-            name: self._eager_dev[o : o + n] for name, o, n in zip(_EAGER_ARRAYS, offsets[:-1], sizes, strict=True)
+            name: self._eager_dev[o : o + n] for name, o, n in zip(LAUNCH_ARRAYS, offsets[:-1], sizes, strict=True)
         }
         self._eager_cap, self._eager_offsets = (wcap, mcap), tuple(offsets)
 
@@ -827,17 +816,8 @@ class DecodeWrapper:
         st, host = self._staging.fill(0)
         ws, mr, ms, mn = p.merge_layout()
         C, M = p.num_ctas, mr.shape[0]
-        segs = (
-            ("work_request", p.work_request),
-            ("work_kv_start", p.work_kv_start),
-            ("work_kv_end", p.work_kv_end),
-            ("work_slot", ws),
-            ("cta_indptr", p.cta_indptr),
-            ("merge_request", mr),
-            ("merge_slot_start", ms),
-            ("merge_num", mn),
-            ("counts", np.array([W, C, p.num_work_tiles, M])),
-        )
+        arrays = (p.work_request, p.work_kv_start, p.work_kv_end, ws, p.cta_indptr, mr, ms, mn)
+        segs = (*zip(LAUNCH_ARRAYS, arrays, strict=True), ("counts", np.array([W, C, p.num_work_tiles, M])))
         off = 0
         for name, a in segs:
             n = a.shape[0]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 
 from ..kernels.plan import HEAD_DIMS
@@ -22,6 +22,11 @@ __all__ = [
     "HolderDep",
     "AdminDep",
     "check_head_dim",
+    "GpuFilter",
+    "NumKvHeadsFilter",
+    "HeadDimFilter",
+    "DtypeFilter",
+    "PageSizeFilter",
 ]
 
 
@@ -90,3 +95,11 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 HolderDep = Annotated[TableHolder, Depends(get_holder)]
 ServedDep = Annotated[ServedTable, Depends(get_served)]
 AdminDep = Depends(require_admin)
+
+# the shape filters of the list routes (GET /v1/policies, GET /v1/buckets): query parameters, all optional;
+# a route taking ``HeadDimFilter`` calls :func:`check_head_dim` on it
+GpuFilter = Annotated[Optional[str], Query(min_length=1, max_length=200)]
+NumKvHeadsFilter = Annotated[Optional[int], Query(ge=1, le=1024)]
+HeadDimFilter = Annotated[Optional[int], Query(json_schema_extra={"enum": list(HEAD_DIMS)})]
+DtypeFilter = Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()]
+PageSizeFilter = Annotated[Optional[int], Query(ge=1, le=256)]

@@ -49,6 +49,9 @@ try:  # pragma: no branch
     def jit(fn):
         return numba.njit(cache=True, nogil=True)(fn)
 
+    def jit_inline(fn):
+        return numba.njit(cache=True, nogil=True, inline="always")(fn)
+
     @intrinsic
     def _load8(typingctx, arr, idx):  # pragma: no cover - compiled
         """``arr[idx:idx+8]`` (uint8) as a little-endian uint64, one unaligned load, no bounds check."""
@@ -70,6 +73,8 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
     def jit(fn):
         return fn
 
+    jit_inline = jit
+
 
 _ASCII_0 = np.uint64(0x3030303030303030)
 _ADD_118 = np.uint64(0x7676767676767676)
@@ -82,6 +87,14 @@ _U6553601 = np.uint64(6553601)
 _U42949672960001 = np.uint64(42949672960001)
 _BYTE = np.uint64(255)
 _NO_VALUE = np.int64(-1)
+
+
+@jit_inline
+def _skip_ws(buf, pos, n_buf):  # pragma: no cover - compiled
+    """The first position from ``pos`` on that is not JSON whitespace (space, tab, LF, CR), or ``n_buf``."""
+    while pos < n_buf and (buf[pos] == 32 or buf[pos] == 9 or buf[pos] == 10 or buf[pos] == 13):
+        pos += 1
+    return pos
 
 
 @jit
@@ -97,13 +110,11 @@ def _scan(buf, pos, limit, max_n):  # pragma: no cover - compiled (the tests com
     loop. ``plain``: no whitespace inside the list.
     """
     n_buf = len(buf)
-    while pos < n_buf and (buf[pos] == 32 or buf[pos] == 9 or buf[pos] == 10 or buf[pos] == 13):
-        pos += 1
+    pos = _skip_ws(buf, pos, n_buf)
     if pos >= n_buf or buf[pos] != 58:  # ':'
         return np.empty(0, np.int64), -1, -1, False, 0
     pos += 1
-    while pos < n_buf and (buf[pos] == 32 or buf[pos] == 9 or buf[pos] == 10 or buf[pos] == 13):
-        pos += 1
+    pos = _skip_ws(buf, pos, n_buf)
     if pos >= n_buf or buf[pos] != 91:  # '['
         return np.empty(0, np.int64), -1, -1, False, 0
     start = pos
@@ -143,9 +154,9 @@ def _scan(buf, pos, limit, max_n):  # pragma: no cover - compiled (the tests com
         else:
             v = _NO_VALUE
         if v == _NO_VALUE:  # the byte loop
-            while pos < n_buf and (buf[pos] == 32 or buf[pos] == 9 or buf[pos] == 10 or buf[pos] == 13):
-                pos += 1
-                plain = False
+            q = _skip_ws(buf, pos, n_buf)
+            plain = plain and q == pos
+            pos = q
             if pos >= n_buf:
                 return np.empty(0, np.int64), -1, -1, False, 0
             c = buf[pos]
@@ -167,9 +178,9 @@ def _scan(buf, pos, limit, max_n):  # pragma: no cover - compiled (the tests com
             out[n] = v
             total += v
             n += 1
-        while pos < n_buf and (buf[pos] == 32 or buf[pos] == 9 or buf[pos] == 10 or buf[pos] == 13):
-            pos += 1
-            plain = False
+        q = _skip_ws(buf, pos, n_buf)
+        plain = plain and q == pos
+        pos = q
         if pos >= n_buf:
             return np.empty(0, np.int64), -1, -1, False, 0
         c = buf[pos]

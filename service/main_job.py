@@ -33,14 +33,18 @@ from importlib import resources
 from typing import Any
 
 from ..kernels.policy_table import shipped_policies
+from ..tuner.workloads import MODEL_SHAPES
 
 __all__ = ["run", "prepare", "serve", "DEMO_BUCKETS", "SAMPLE_REQUEST"]
 
 GPU = "NVIDIA H200"
-SHAPES = {
-    "Qwen3-30B-A3B": dict(num_qo_heads=32, num_kv_heads=4, head_dim=128),
-    "Llama-3.1-8B": dict(num_qo_heads=32, num_kv_heads=8, head_dim=128),
-    "Llama-3.1-70B TP8": dict(num_qo_heads=8, num_kv_heads=1, head_dim=128),
+SHAPES = {  # the models of the demo buckets: their heads per GPU (kvsplit.tuner.workloads.MODEL_SHAPES)
+    name: dict(zip(("num_qo_heads", "num_kv_heads", "head_dim"), MODEL_SHAPES[preset], strict=True))
+    for name, preset in (
+        ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
+        ("Llama-3.1-8B", "llama-3.1-8b"),
+        ("Llama-3.1-70B TP8", "llama-3.1-70b-tp8"),
+    )
 }
 DEMO_BUCKETS = (
     ("Qwen3-30B-A3B", "family", ("2x40", 1024, 1_048_576)),

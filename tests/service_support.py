@@ -28,6 +28,7 @@ from kvsplit.tuner.workloads import family_kv_lens
 ROOT = Path(__file__).resolve().parents[1]
 GPU = "NVIDIA H200"
 SHAPE = dict(gpu=GPU, num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+SHAPE_ARGS = [x for k, v in SHAPE.items() for x in (f"--{k.replace('_', '-')}", str(v))]  # SHAPE as CLI flags
 TOTAL = 262_144
 FAMILIES = ("uniform", "skewed40", "skewed80", "2x40")
 BATCH_SIZES = (16, 64, 256)
@@ -59,6 +60,23 @@ def key_of(lens, **shape) -> str:
     )
 
 
+def add_bucket(session, lens, source: str, *, signature=None, **shape):
+    """The bucket row of the batch ``lens`` at :data:`SHAPE` (with ``shape``'s changes; key :func:`key_of`),
+    created with ``source`` and ``signature`` when missing."""
+    s = dict(SHAPE, **shape)
+    return store.get_or_create_bucket(
+        session,
+        key=key_of(lens, **shape),
+        gpu=s["gpu"],
+        num_kv_heads=s["num_kv_heads"],
+        head_dim=s["head_dim"],
+        dtype=s["dtype"],
+        page_size=s["page_size"],
+        source=source,
+        signature=signature,
+    )
+
+
 def fill_store(url: str) -> StoreInfo:
     store.upgrade(url)
     published = {}
@@ -75,18 +93,8 @@ def fill_store(url: str) -> StoreInfo:
         for fam in FAMILIES:
             for B in BATCH_SIZES:
                 lens = family_kv_lens(fam, B, TOTAL)
-                key = key_of(lens)
-                b = store.get_or_create_bucket(
-                    s,
-                    key=key,
-                    gpu=GPU,
-                    num_kv_heads=4,
-                    head_dim=128,
-                    dtype="bfloat16",
-                    page_size=16,
-                    source=f"family:{fam} B={B} T={TOTAL}",
-                    signature={"family": fam},
-                )
+                b = add_bucket(s, lens, f"family:{fam} B={B} T={TOTAL}", signature={"family": fam})
+                key = b.key
                 run = store.start_run(s, bucket_id=b.id, study_name=f"kvsplit/{key}", backend="gpu", n_trials=40)
                 store.finish_run(
                     s, run.id, status="finished", n_finished=40, best_value=1.1e-4, best_params={"ctas_per_sm": 3.0}
@@ -127,36 +135,16 @@ def fill_store(url: str) -> StoreInfo:
                             backend="gpu",
                         )
         # a bucket far from every family above, with only a simulated policy
-        sim_lens = [1] * 4000
-        sim_key = key_of(sim_lens)
-        b = store.get_or_create_bucket(
-            s,
-            key=sim_key,
-            gpu=GPU,
-            num_kv_heads=4,
-            head_dim=128,
-            dtype="bfloat16",
-            page_size=16,
-            source="synthetic tiny",
-        )
+        b = add_bucket(s, [1] * 4000, "synthetic tiny")
+        sim_key = b.key
         run = store.start_run(s, bucket_id=b.id, study_name=f"kvsplit/{sim_key}", backend="sim", n_trials=20)
         sim = store.create_policy(
             s, bucket_id=b.id, params={"num_splits": 1}, backend="sim", score=1.5, tuning_run_id=run.id, name="fixed"
         )
         store.publish(s, sim.id)
         # a draft for another shape (Llama-3.1-8B: H_kv = 8)
-        dlens = family_kv_lens("uniform", 64, TOTAL)
-        dkey = key_of(dlens, num_kv_heads=8)
-        b = store.get_or_create_bucket(
-            s,
-            key=dkey,
-            gpu=GPU,
-            num_kv_heads=8,
-            head_dim=128,
-            dtype="bfloat16",
-            page_size=16,
-            source="family:uniform B=64",
-        )
+        b = add_bucket(s, family_kv_lens("uniform", 64, TOTAL), "family:uniform B=64", num_kv_heads=8)
+        dkey = b.key
         draft = store.create_policy(
             s, bucket_id=b.id, params={"ctas_per_sm": 5.0}, backend="gpu", score=1.1, name="balanced"
         )

@@ -72,7 +72,7 @@ from .pool import (
     whole_wave_by_bucket,
 )
 from .tasks import LIBRARY_TRACES, TuneTask, family_task, trace_tasks
-from .workloads import FAMILIES, family_kv_lens
+from .workloads import FAMILIES, MODEL_SHAPES, family_kv_lens
 
 __all__ = [
     "MODEL_SHAPES",
@@ -89,13 +89,6 @@ __all__ = [
     "TOTALS",
     "TRACE_BATCH_SIZES",
 ]
-
-MODEL_SHAPES: dict[str, tuple[int, int, int]] = {
-    "qwen3-30b-a3b": (32, 4, 128),
-    "llama-3.1-8b": (32, 8, 128),
-    "llama-3.1-70b-tp8": (8, 1, 128),
-}
-"""Model shape presets: name -> (H_q, H_kv, head_dim) per GPU (Llama-3.1-70B: 64/8 heads over 8 GPUs)."""
 
 FAMILY_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOTALS = (262_144, 1_048_576)
@@ -346,17 +339,6 @@ class _State:
         self._attrs[key] = value
 
 
-def _plan_sig(plan) -> tuple:
-    return (
-        plan.config,
-        plan.num_splits.tobytes(),
-        plan.work_request.tobytes(),
-        plan.work_kv_start.tobytes(),
-        plan.work_kv_end.tobytes(),
-        plan.cta_indptr.tobytes(),
-    )
-
-
 def _canon(params: Mapping[str, Any]) -> str:
     return json.dumps({k: (float(v) if isinstance(v, float) else v) for k, v in params.items()}, sort_keys=True)
 
@@ -449,25 +431,12 @@ class _Campaign:
         self.tasks = campaign_tasks(cfg)
         self.by_key = {t.key: t for t in self.tasks}
         self.result.buckets = len(self.tasks)
-        from .search import calibration_for, calibration_note, check_same_batches
+        from .search import calibration_for, calibration_note, task_bucket
 
         with store.session_scope(self.url, write=True) as s:
             self.bucket_ids = {}
             for t in self.tasks:
-                b = store.get_or_create_bucket(
-                    s,
-                    key=t.key,
-                    gpu=t.gpu,
-                    num_kv_heads=t.num_kv_heads,
-                    head_dim=t.head_dim,
-                    dtype=t.dtype,
-                    page_size=t.page_size,
-                    signature=dict(t.signature),
-                    source=t.source,
-                    sample_batches={"train": [list(x) for x in t.train], "heldout": [list(x) for x in t.heldout]},
-                )
-                check_same_batches(t, b)
-                self.bucket_ids[t.key] = b.id
+                self.bucket_ids[t.key] = task_bucket(s, t).id
         # room for the campaign's batches and for the calibration sample (kvsplit calibrate's sizes)
         self.max_tokens = max(max(t.max_tokens for t in self.tasks), 300_000)
         self.max_batch = max(max(t.max_batch for t in self.tasks), 512)
@@ -591,10 +560,33 @@ class _Campaign:
             self.bar.step()
         return True
 
+    def _run_processes(self, procs: list, tick: Callable[[], None] | None = None) -> tuple[float, Any]:
+        """Start the worker processes ``procs`` (this process's store engines closed first), wait for them
+        (``tick()`` every 0.25 s), terminate them once the campaign's stop is set, join them all; returns the wall
+        seconds and the stop."""
+        from .search import Stop
+
+        store.dispose_engines()
+        t0 = time.time()
+        for p in procs:
+            p.start()
+        stop = self.stop or Stop()
+        try:
+            while any(p.is_alive() for p in procs):
+                if tick is not None:
+                    tick()
+                if stop.is_set():
+                    for p in procs:
+                        if p.is_alive():
+                            p.terminate()
+                procs[0].join(timeout=0.25)
+        finally:
+            for p in procs:
+                p.join()
+        return time.time() - t0, stop
+
     def _pool_parallel(self, todo: list, done0: int) -> bool:
         import multiprocessing as mp
-
-        from .search import Stop
 
         if self.out_of_slice():
             return False
@@ -625,22 +617,7 @@ class _Campaign:
             )
             for k in range(K)
         ]
-        store.dispose_engines()
-        t0 = time.time()
-        for p in procs:
-            p.start()
-        stop = self.stop or Stop()
-        try:
-            while any(p.is_alive() for p in procs):
-                if stop.is_set():
-                    for p in procs:
-                        if p.is_alive():
-                            p.terminate()
-                procs[0].join(timeout=0.25)
-        finally:
-            for p in procs:
-                p.join()
-        wall = time.time() - t0
+        wall, stop = self._run_processes(procs)
         with store.session_scope(self.url) as s:
             ids = {b for _, _, b in items}
             new = [
@@ -780,7 +757,7 @@ class _Campaign:
                 b = self._plan(task, lens, task_params(task, params))
             except ValueError:
                 return None
-            if _plan_sig(a) != _plan_sig(b):
+            if a.work_key() != b.work_key():
                 return None
             times.append(got[0])
             ratios.append(got[0] / got[1])
@@ -989,7 +966,7 @@ class _Campaign:
     def _search_parallel(self, todo: list[str], searched: list[str]) -> bool:
         import multiprocessing as mp
 
-        from .search import Stop, open_run_study, record_run, run_result, start_run
+        from .search import open_run_study, record_run, run_result, start_run
         from .worker import WorkerJob
 
         if not todo:
@@ -1029,28 +1006,16 @@ class _Campaign:
             )
             for i, j in enumerate(jobs)
         ]
-        store.dispose_engines()
-        t0 = time.time()
-        for p in procs:
-            p.start()
-        stop = self.stop or Stop()
-        try:
-            while any(p.is_alive() for p in procs):
-                counts = [(run, _finished(st), int(alloc[run.task.key])) for run, st in runs]
-                done = sum(1 for _, k, n in counts if k >= n)
-                self.bar.set(len(searched) + done)
-                cur = next(((run, k, n) for run, k, n in counts if k < n), None)
-                if cur is not None:
-                    self.bar.bucket(cur[0].task.source, cur[2], cur[1])
-                if stop.is_set():
-                    for p in procs:
-                        if p.is_alive() and p.pid:
-                            p.terminate()
-                procs[0].join(timeout=0.25)
-        finally:
-            for p in procs:
-                p.join()
-        wall = time.time() - t0
+
+        def progress() -> None:
+            counts = [(run, _finished(st), int(alloc[run.task.key])) for run, st in runs]
+            done = sum(1 for _, k, n in counts if k >= n)
+            self.bar.set(len(searched) + done)
+            cur = next(((run, k, n) for run, k, n in counts if k < n), None)
+            if cur is not None:
+                self.bar.bucket(cur[0].task.source, cur[2], cur[1])
+
+        wall, stop = self._run_processes(procs, progress)
         after = sum(_measured_trials(st) for _, st in runs)
         # K GPUs busy for the wall time: K x wall GPU seconds
         self.charge((after - before) * self.cfg.num_train, wall * self.cfg.workers)
@@ -1132,7 +1097,7 @@ class _Campaign:
                     except ValueError:
                         ratios.append(None)
                         continue
-                    if _plan_sig(p) == _plan_sig(base):
+                    if p.work_key() == base.work_key():
                         ratios.append(1.0)
                         continue
                     if t_base is None:
@@ -1158,9 +1123,9 @@ class _Campaign:
             policy, params = parse_candidate(DEFAULT)
             for _, lens in self._probe_batches():
                 try:
-                    base = _plan_sig(make_plan(lens, policy=policy, params=params, **task.plan_kwargs))
+                    base = make_plan(lens, policy=policy, params=params, **task.plan_kwargs).work_key()
                     changed = [
-                        _plan_sig(make_plan(lens, policy=policy, params={**params, **v}, **task.plan_kwargs)) != base
+                        make_plan(lens, policy=policy, params={**params, **v}, **task.plan_kwargs).work_key() != base
                         for v in WHOLE_WAVE_VARIANTS
                     ]
                 except ValueError:
@@ -1435,7 +1400,7 @@ def _time_pool_batch(
     for name, (params, plan) in plans.items():
         if pred[name] > SIM_PRUNE_RATIO * lo and name != DEFAULT:
             continue
-        sig = _plan_sig(plan)
+        sig = plan.work_key()
         if sig not in timed:
             timed[sig] = float(backend.time_plan(plan))
         out.append((name, params, timed[sig], floor))

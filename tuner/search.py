@@ -120,6 +120,7 @@ __all__ = [
     "check_task_batches",
     "calibration_for",
     "calibration_note",
+    "task_bucket",
     "tune",
     "study_counts",
     "fail_dead_trials",
@@ -296,6 +297,25 @@ def check_same_batches(task: TuneTask, bucket: Any) -> None:
         )
 
 
+def task_bucket(session: Any, task: TuneTask) -> Any:
+    """The bucket row of ``task``, created with its signature, source and training / held-out batches when
+    missing; raises ValueError (:func:`check_same_batches`) when the bucket was first tuned on other batches."""
+    b = store.get_or_create_bucket(
+        session,
+        key=task.key,
+        gpu=task.gpu,
+        num_kv_heads=task.num_kv_heads,
+        head_dim=task.head_dim,
+        dtype=task.dtype,
+        page_size=task.page_size,
+        signature=dict(task.signature),
+        source=task.source,
+        sample_batches={"train": [list(x) for x in task.train], "heldout": [list(x) for x in task.heldout]},
+    )
+    check_same_batches(task, b)
+    return b
+
+
 def check_task_batches(task: TuneTask, database_url: str) -> None:
     """Raise ValueError when ``task``'s bucket exists in the store with other batches (see ``tune_task``)."""
     with store.session_scope(database_url) as s:
@@ -341,20 +361,7 @@ def start_run(task: TuneTask, cfg: TuneConfig, backend: TimingBackend | None) ->
     )
     run = SearchRun(task, cfg, url, spec, study_name(task, cfg.backend), calibration, bw, backend)
     with store.session_scope(url, write=True) as s:
-        b = store.get_or_create_bucket(
-            s,
-            key=task.key,
-            gpu=task.gpu,
-            num_kv_heads=task.num_kv_heads,
-            head_dim=task.head_dim,
-            dtype=task.dtype,
-            page_size=task.page_size,
-            signature=dict(task.signature),
-            source=task.source,
-            sample_batches={"train": [list(x) for x in task.train], "heldout": [list(x) for x in task.heldout]},
-        )
-        check_same_batches(task, b)
-        run.bucket_id = b.id
+        run.bucket_id = task_bucket(s, task).id
     if cfg.workers == 1 and run.backend is None:
         run.backend = run.make_backend()
     with store.session_scope(url, write=True) as s:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..db import store
-from ..kernels.plan import Plan, make_plan
+from ..kernels.plan import make_plan
 
 __all__ = [
     "BASELINES",
@@ -59,17 +59,6 @@ class VerifyOutcome:
     note: str = ""
 
 
-def _plan_sig(p: Plan) -> tuple:
-    return (
-        p.num_splits.tobytes(),
-        p.work_request.tobytes(),
-        p.work_kv_start.tobytes(),
-        p.work_kv_end.tobytes(),
-        p.cta_indptr.tobytes(),
-        tuple(sorted(p.config.to_dict().items())),
-    )
-
-
 def measure_heldout(
     task: Any, tuned_params: Mapping[str, Any], backend: Any, baselines: Sequence[str] = BASELINES
 ) -> list[dict[str, Any]]:
@@ -85,7 +74,7 @@ def measure_heldout(
         timed: dict[tuple, float] = {}
         for name, params in policies:
             plan = make_plan(list(lens), policy=name, params=params, **task.plan_kwargs)
-            sig = _plan_sig(plan)
+            sig = plan.work_key()
             if sig not in timed:
                 timed[sig] = backend.time_plan(plan)
             t = timed[sig]

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "MODEL_SHAPES",
     "FAMILIES",
     "REFERENCE_BATCH_SIZES",
     "REFERENCE_TOTALS",
@@ -41,6 +42,13 @@ __all__ = [
     "trace_batches",
     "DEFAULT_STEP_S",
 ]
+
+MODEL_SHAPES: dict[str, tuple[int, int, int]] = {
+    "qwen3-30b-a3b": (32, 4, 128),
+    "llama-3.1-8b": (32, 8, 128),
+    "llama-3.1-70b-tp8": (8, 1, 128),
+}
+"""Model shape presets: name -> (H_q, H_kv, head_dim) per GPU (Llama-3.1-70B: 64/8 heads over 8 GPUs)."""
 
 FAMILIES = ("uniform", "skewed40", "skewed60", "skewed80", "2x40")
 REFERENCE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -575,7 +583,7 @@ def _replay_cached(
 # Case sets: the batches the GPU benchmarks time (bench/gpu_sweep.py, bench/peers.py)
 # ----------------------------------------------------------------------------
 
-REFERENCE_SHAPE = {"num_qo_heads": 32, "num_kv_heads": 4}
+REFERENCE_SHAPE = dict(zip(("num_qo_heads", "num_kv_heads"), MODEL_SHAPES["qwen3-30b-a3b"][:2], strict=True))
 """H_q / H_kv of the reference workload (Qwen3-30B-A3B's attention; head_dim 128, bf16, page 16)."""
 
 TRACE_EVAL_BATCH_SIZES = (8, 32, 128, 512, 1024)

@@ -89,31 +89,25 @@ def bench_cmd(
     from ...db import store
     from ...tuner import bench
 
+    shape = dict(
+        backend=backend,
+        gpu=gpu,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+        kv_dtype=kv_dtype,
+        q_len=q_len,
+    )
     if trace is not None:
         url = existing_store(database_url)  # read-only: a missing store is refused, not created
         try:
             sizes = tuple(int(x) for x in batch_sizes.split(",") if x.strip())
-            rows = bench.run_trace_bench(
-                trace,
-                database_url=url,
-                backend=backend,
-                gpu=gpu,
-                num_qo_heads=num_qo_heads,
-                num_kv_heads=num_kv_heads,
-                head_dim=head_dim,
-                dtype=dtype,
-                page_size=page_size,
-                batch_sizes=sizes,
-                batches=batches,
-                kv_dtype=kv_dtype,
-                q_len=q_len,
-            )
+            rows = bench.run_trace_bench(trace, database_url=url, batch_sizes=sizes, batches=batches, **shape)
         except (ValueError, OSError, store.SchemaError) as exc:
             fail(flag_message(str(exc)))
-        typer.echo(
-            f"trace={trace} backend={backend} gpu={gpu} H_q={num_qo_heads} H_kv={num_kv_heads} "
-            f"D={head_dim} {dtype}{_kv_q(kv_dtype, q_len)} page={page_size} store={store.safe_url(url)}\n"
-        )
+        typer.echo(f"trace={trace} backend={backend} gpu={gpu} {_shape_text(shape)} store={store.safe_url(url)}\n")
         typer.echo(bench.format_trace_table(rows))
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
@@ -130,26 +124,10 @@ def bench_cmd(
         labels = tuple(p.strip() for p in policies.split(",") if p.strip())
     try:
         cal = json.loads(calibration.read_text()) if calibration else None
-        rows = bench.run_bench(
-            backend=backend,
-            gpu=gpu,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            dtype=dtype,
-            page_size=page_size,
-            total_tokens=total_tokens,
-            policies=labels,
-            calibration=cal,
-            kv_dtype=kv_dtype,
-            q_len=q_len,
-        )
+        rows = bench.run_bench(total_tokens=total_tokens, policies=labels, calibration=cal, **shape)
     except (ValueError, OSError, json.JSONDecodeError) as exc:
         fail(flag_message(str(exc)))
-    typer.echo(
-        f"backend={backend} gpu={gpu if backend == 'sim' else 'cuda'} H_q={num_qo_heads} "
-        f"H_kv={num_kv_heads} D={head_dim} {dtype}{_kv_q(kv_dtype, q_len)} page={page_size} T={total_tokens}\n"
-    )
+    typer.echo(f"backend={backend} gpu={gpu if backend == 'sim' else 'cuda'} {_shape_text(shape)} T={total_tokens}\n")
     typer.echo(bench.format_table(rows))
     typer.echo("columns:\n" + bench.legend(dict.fromkeys(r["policy"] for r in rows)))
     if anchors is not None:
@@ -159,6 +137,13 @@ def bench_cmd(
             typer.echo(f"wrote {p}")
 
 
-def _kv_q(kv_dtype: str | None, q_len: int) -> str:
-    """The header's KV dtype and q_len, where they differ from the defaults (``" kv=fp8 q_len=4"``)."""
-    return (f" kv={kv_dtype}" if kv_dtype else "") + (f" q_len={q_len}" if q_len != 1 else "")
+def _shape_text(shape: dict) -> str:
+    """The header's model shape, with the KV dtype and q_len where they differ from the defaults
+    (``"H_q=32 H_kv=4 D=128 bfloat16 kv=fp8 q_len=4 page=16"``)."""
+    kv_dtype, q_len = shape["kv_dtype"], shape["q_len"]
+    return (
+        f"H_q={shape['num_qo_heads']} H_kv={shape['num_kv_heads']} D={shape['head_dim']} {shape['dtype']}"
+        + (f" kv={kv_dtype}" if kv_dtype else "")
+        + (f" q_len={q_len}" if q_len != 1 else "")
+        + f" page={shape['page_size']}"
+    )

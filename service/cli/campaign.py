@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from .options import fail, first_line, flag_message, gpu_or_fail, store_url
+from .options import check_backend, fail, first_line, flag_message, gpu_or_fail, store_url
 
 __all__ = ["campaign_cmd"]
 
@@ -110,15 +110,7 @@ def campaign_cmd(
                 raise ValueError("not a policies export (no 'policies' list)")
         except (OSError, ValueError) as exc:
             fail(f"--previous: {previous}: {first_line(exc)}")
-    if backend == "gpu":
-        try:
-            import torch
-
-            has_cuda = torch.cuda.is_available()
-        except ImportError:
-            has_cuda = False
-        if not has_cuda:
-            fail("--backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; use --backend sim")
+    check_backend(backend)
     try:
         cfg = cp.CampaignConfig(
             database_url=url,

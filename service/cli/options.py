@@ -22,6 +22,7 @@ __all__ = [
     "KvDtype",
     "QLen",
     "fail",
+    "check_backend",
     "flag_message",
     "store_url",
     "existing_store",
@@ -76,6 +77,20 @@ def fail(msg: str, code: int = 2) -> NoReturn:
     """Print ``error: msg`` on stderr and exit with ``code`` (2: bad input, 1: the store or a run failed)."""
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code=code)
+
+
+def check_backend(backend: str) -> None:
+    """``--backend gpu`` needs a CUDA GPU and torch with CUDA: without them, exit 2 with one line saying so."""
+    if backend != "gpu":
+        return
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        fail("--backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; use --backend sim")
 
 
 def gpu_or_fail(gpu: str):

@@ -53,6 +53,7 @@ from .options import (
     NumQoHeads,
     PageSize,
     QLen,
+    check_backend,
     existing_store,
     fail,
     store_url,
@@ -231,20 +232,23 @@ def tune_cmd(
     from ...db import store
     from ...tuner import search
 
+    shape = dict(
+        gpu=gpu,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+        kv_dtype=kv_dtype,
+        q_len=q_len,
+    )
     if campaign:
         from .campaign import campaign_cmd
 
         if family is not None or trace is not None or all_ or from_traffic is not None:
             fail("--campaign builds every bucket: give none of --family, --trace, --all, --from-traffic")
         campaign_cmd(
-            gpu=gpu,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            dtype=dtype,
-            page_size=page_size,
-            kv_dtype=kv_dtype,
-            q_len=q_len,
+            **shape,
             model_shape=model_shape,
             backend=backend,
             database_url=database_url,
@@ -272,16 +276,6 @@ def tune_cmd(
     if len(chosen) != 1:
         fail("choose exactly one of --family, --trace, --all, --from-traffic, --campaign")
     url = store_url(database_url)
-    shape = dict(
-        gpu=gpu,
-        num_qo_heads=num_qo_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        dtype=dtype,
-        page_size=page_size,
-        kv_dtype=kv_dtype,
-        q_len=q_len,
-    )
     try:
         cfg = search.TuneConfig(
             database_url=url,
@@ -331,15 +325,7 @@ def tune_cmd(
             tasks = search.default_library(num_train=num_train, num_heldout=num_heldout, seed=seed, **shape)
     except ValueError as exc:
         fail(str(exc))
-    if backend == "gpu":  # before any worker starts or anything is stored: one error line, not one per worker
-        try:
-            import torch
-
-            has_cuda = torch.cuda.is_available()
-        except ImportError:
-            has_cuda = False
-        if not has_cuda:
-            fail("--backend: 'gpu' needs a CUDA GPU and torch with CUDA, none here; use --backend sim")
+    check_backend(backend)  # before any worker starts or anything is stored: one error line, not one per worker
     hold_tuning_lock(ctx, spec)  # a SQLite store: one tuner at a time (help text), refused before anything is stored
     with store_errors(cfg.database_url):  # one line naming the cause: disk full, read-only, unreachable, ...
         eng = store.get_engine(cfg.database_url)

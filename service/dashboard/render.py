@@ -9,13 +9,17 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from ...kernels.limits import KV_DTYPE_SHORT
+from ...tuner.workloads import MODEL_SHAPES as PRESETS
 
 __all__ = ["render", "MODEL_SHAPES", "MODEL_QO_HEADS", "shape_name", "family_note"]
 
+_MODEL_NAMES = {  # name of each preset of kvsplit.tuner.workloads.MODEL_SHAPES, given its H_q
+    "qwen3-30b-a3b": "Qwen3-30B-A3B (H_q {hq})",
+    "llama-3.1-8b": "Llama-3.1-8B (H_q {hq})",
+    "llama-3.1-70b-tp8": "Llama-3.1-70B at TP 8 (H_q {hq} per GPU)",
+}
 MODEL_SHAPES: dict[tuple[int, int], str] = {
-    (4, 128): "Qwen3-30B-A3B (H_q 32)",
-    (8, 128): "Llama-3.1-8B (H_q 32)",
-    (1, 128): "Llama-3.1-70B at TP 8 (H_q 8 per GPU)",
+    (hkv, d): _MODEL_NAMES[preset].format(hq=hq) for preset, (hq, hkv, d) in PRESETS.items()
 }
 """Model whose per-GPU attention shape a bucket family has, by (H_kv, head_dim).
 
@@ -23,7 +27,7 @@ A bucket family records H_kv and head_dim but not H_q (the plan does not depend
 on it: the G = H_q / H_kv query heads of a KV head are one tile), so the name
 is the model this project tunes for with that (H_kv, head_dim); other models
 can share the shape (Llama-3.1-70B at TP 1 is H_q 64 / H_kv 8 / 128)."""
-MODEL_QO_HEADS: dict[tuple[int, int], int] = {(4, 128): 32, (8, 128): 32, (1, 128): 8}
+MODEL_QO_HEADS: dict[tuple[int, int], int] = {(hkv, d): hq for hq, hkv, d in PRESETS.values()}
 """H_q per GPU of the model :data:`MODEL_SHAPES` names for an (H_kv, head_dim): the ``--num-qo-heads`` the
 dashboard's ``kvsplit tune --from-traffic`` hint gives (the recorded traffic keys do not hold H_q)."""
 

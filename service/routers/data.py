@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Optional
 from fastapi import APIRouter, Query
 
 from .. import queries
-from ..deps import SettingsDep, check_head_dim
+from ..deps import DtypeFilter, GpuFilter, HeadDimFilter, NumKvHeadsFilter, PageSizeFilter, SettingsDep, check_head_dim
 from ..schemas import BucketList, MeasurementList, RunList
 
 router = APIRouter(tags=["store"])
@@ -21,11 +21,11 @@ router = APIRouter(tags=["store"])
 )
 def list_buckets(
     settings: SettingsDep,
-    gpu: Annotated[Optional[str], Query(min_length=1, max_length=200)] = None,
-    num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
-    head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
-    dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
-    page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
+    gpu: GpuFilter = None,
+    num_kv_heads: NumKvHeadsFilter = None,
+    head_dim: HeadDimFilter = None,
+    dtype: DtypeFilter = None,
+    page_size: PageSizeFilter = None,
 ) -> dict:
     check_head_dim(head_dim)
     data = queries.list_buckets(

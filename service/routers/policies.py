@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated, Literal, Optional
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
@@ -15,7 +15,18 @@ from ...db.checks import check_json_tree
 from ...db.transfer import parse_export
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
-from ..deps import AdminDep, HolderDep, ServedDep, SettingsDep, check_head_dim
+from ..deps import (
+    AdminDep,
+    DtypeFilter,
+    GpuFilter,
+    HeadDimFilter,
+    HolderDep,
+    NumKvHeadsFilter,
+    PageSizeFilter,
+    ServedDep,
+    SettingsDep,
+    check_head_dim,
+)
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
 from ..validation import unsupported_media_type
 
@@ -39,6 +50,8 @@ def _etag_matches(header: str | None, etag: str) -> bool:
     return False
 
 
+# HEAD: the headers of GET (ETag, Content-Length) without the body
+@router.head("/v1/policies", operation_id="head_policies", include_in_schema=False)
 @router.get(
     "/v1/policies",
     operation_id="list_policies",
@@ -49,31 +62,18 @@ def _etag_matches(header: str | None, etag: str) -> bool:
 def list_policies(
     request: Request,
     served: ServedDep,
-    gpu: Annotated[Optional[str], Query(min_length=1, max_length=200)] = None,
-    num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
-    head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
-    dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
-    page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
+    gpu: GpuFilter = None,
+    num_kv_heads: NumKvHeadsFilter = None,
+    head_dim: HeadDimFilter = None,
+    dtype: DtypeFilter = None,
+    page_size: PageSizeFilter = None,
 ) -> Response:
     """Everything a client needs to plan in-process with identical results (kvsplit.kernels.policy_table).
 
     Poll with If-None-Match: the answer is 304 while the table is unchanged.
     """
-    return _table_response(request, served, (gpu, num_kv_heads, head_dim, dtype, page_size))
-
-
-@router.head("/v1/policies", operation_id="head_policies", include_in_schema=False)
-def head_policies(
-    request: Request,
-    served: ServedDep,
-    gpu: Annotated[Optional[str], Query(min_length=1, max_length=200)] = None,
-    num_kv_heads: Annotated[Optional[int], Query(ge=1, le=1024)] = None,
-    head_dim: Annotated[Optional[int], Query(json_schema_extra={"enum": [64, 128, 256]})] = None,
-    dtype: Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()] = None,
-    page_size: Annotated[Optional[int], Query(ge=1, le=256)] = None,
-) -> Response:
-    """The headers of ``GET /v1/policies`` (ETag, Content-Length) without the body."""
-    return _table_response(request, served, (gpu, num_kv_heads, head_dim, dtype, page_size), head=True)
+    query = (gpu, num_kv_heads, head_dim, dtype, page_size)
+    return _table_response(request, served, query, head=request.method == "HEAD")
 
 
 def _table_response(request: Request, served, query: tuple, head: bool = False) -> Response:

@@ -31,19 +31,10 @@ from typing import Any
 
 import torch
 
+from kvsplit.kernels.device_plan import LAUNCH_ARRAYS
 from kvsplit.kernels.limits import KernelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-ARRAY_NAMES = (
-    "work_request",
-    "work_kv_start",
-    "work_kv_end",
-    "work_slot",
-    "cta_indptr",
-    "merge_request",
-    "merge_slot_start",
-    "merge_num",
-)
 STAGE1_KEYS = ("maxnreg", "SIGNAL", "MERGE_DS", "PDL", "PDL_LAST", "PREFETCH", "NEXT", "BLOCK_H", "num_warps")
 INPUT_KEYS = (
     "d", "hq", "hkv", "cfg", "dtype", "compiled", "B", "num_merge", "max_splits", "resident", "wide", "pdl", "sync",
@@ -130,7 +121,7 @@ def record(dec: Any, p: dict[str, Any]) -> dict[str, Any]:
         ws = dataclasses.replace(ws, sync=None)
     elif p["sync"] == "short":
         ws = dataclasses.replace(ws, sync=ws.sync[:5])
-    arrays = {n: torch.zeros(1, dtype=torch.int32) for n in ARRAY_NAMES}
+    arrays = {n: torch.zeros(1, dtype=torch.int32) for n in LAUNCH_ARRAYS}
     if p["resident"]:
         sizes = dict(counts=torch.zeros(4, dtype=torch.int32), max_merge=4 * B if p.get("wide") else B)
     else:

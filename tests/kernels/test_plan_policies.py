@@ -863,3 +863,18 @@ def test_launch_sizes():
     assert sizes["num_merge"] == 4 and sizes["max_splits"] == 3
     sizes["num_merge"] = 0
     assert plan.launch_sizes()["num_merge"] == 4
+
+
+def test_work_key_is_the_launch_not_the_policy():
+    """Plans of one batch with the same config and work list share a work key whatever policy made them (fixed with
+    one split is no_split's launch); another split count or another kernel config is another key."""
+    lens = [4096, 17, 9000]
+    shape = dict(num_kv_heads=4, device=H200, head_dim=128, dtype="bfloat16")
+    one = make_plan(lens, policy="fixed", params={"num_splits": 1, **R1_TILE}, **shape)
+    none = make_plan(lens, policy="no_split", params=dict(R1_TILE), **shape)
+    assert one.policy != none.policy and one.to_dict() != none.to_dict()
+    assert one.work_key() == none.work_key() and hash(one.work_key()) == hash(none.work_key())
+    three = make_plan(lens, policy="fixed", params={"num_splits": 3, **R1_TILE}, **shape)
+    assert list(three.num_splits) == [3, 3, 3] and three.work_key() != one.work_key()
+    wide = make_plan(lens, policy="fixed", params={"num_splits": 1, **R1_TILE, "block_n": 128}, **shape)
+    assert np.array_equal(wide.work_request, one.work_request) and wide.work_key() != one.work_key()

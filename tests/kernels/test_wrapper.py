@@ -24,6 +24,11 @@ from .paged_case import make_case
 H_Q, H_KV, D, PS = 4, 2, 64, 16
 
 
+def _wrapper(hq=H_Q, hk=H_KV, d=D, **kw):
+    """An fp16 DecodeWrapper on the CPU with page size PS, of the module's shape (H_Q, H_KV, D) unless given."""
+    return DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu", **kw)
+
+
 def _loop(w, lens0, steps=3, grow=(1, 17, 40), seed=0, shape=(H_Q, H_KV, D)):
     lens = list(lens0)
     for step in range(steps):
@@ -73,7 +78,7 @@ def _stream_k_table(lens, params, name="stream_k", num_kv_heads=H_KV, head_dim=D
 
 
 def test_eager_balanced():
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8)
+    w = _wrapper(max_batch_size=8)
     _loop(w, [0, 5, 300, 1000, 33])
 
 
@@ -92,7 +97,7 @@ def test_dtype_given_as_a_torch_dtype():
 def test_eager_with_table():
     lens = [0, 5, 300, 1000, 33]
     table = _stream_k_table(lens, {"ctas_per_sm": 0.25})
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, table=table)
+    w = _wrapper(max_batch_size=8, table=table)
     _loop(w, lens, steps=2)
     assert w._plan.policy == "stream_k"
 
@@ -106,13 +111,7 @@ def test_eager_with_table():
     ],
 )
 def test_graph_mode_buffers(policy, params, planner):
-    w = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    w = _wrapper(
         max_batch_size=8,
         policy=policy,
         params=params,
@@ -127,13 +126,7 @@ def test_graph_mode_buffers(policy, params, planner):
 def test_graph_mode_keeps_the_prefetch_knob():
     # graph mode fixes the kernel config at construction: the given params.prefetch is part of it (an earlier
     # version dropped it, so the graph ran the plain loop)
-    w = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    w = _wrapper(
         max_batch_size=4,
         policy="stream_k",
         params={"num_stages": 3, "prefetch": True},
@@ -145,13 +138,7 @@ def test_graph_mode_keeps_the_prefetch_knob():
 
 
 def test_graph_mode_batch_at_max_and_one():
-    w = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    w = _wrapper(
         max_batch_size=6,
         policy="stream_k",
         use_cuda_graph=True,
@@ -166,7 +153,7 @@ def test_errors_name_the_argument():
         DecodeWrapper(6, 4, 64, device="cpu")
     with pytest.raises(ValueError, match="params.ctas_per_sm"):
         DecodeWrapper(4, 2, 64, device="cpu", params={"ctas_per_sm": -1})
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4)
+    w = _wrapper(max_batch_size=4)
     case = make_case([5, 40], num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
     with pytest.raises(ValueError, match="plan"):
         w.run(case["q"], case["k_cache"], case["v_cache"])
@@ -184,13 +171,7 @@ def test_errors_name_the_argument():
     big = make_case([1] * 5, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
     with pytest.raises(ValueError, match="max_batch_size"):
         w.plan(big["kv_indptr"], big["kv_indices"], big["kv_lens"])
-    g = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    g = _wrapper(
         use_cuda_graph=True,
         max_batch_size=4,
         policy="balanced",
@@ -218,13 +199,7 @@ def test_bfloat16_under_the_interpreter_is_refused():
 def test_graph_mode_leaves_the_whole_wave_rule_out():
     # the whole-wave rule picks a tile per batch; a captured graph keeps one, so graph mode plans with the
     # policy's own rule (on the device) and the wrapper's tile, whatever whole_wave says
-    w = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    w = _wrapper(
         max_batch_size=8,
         policy="stream_k",
         params={"ctas_per_sm": 0.25, "whole_wave": 1.0},
@@ -239,19 +214,11 @@ def test_eager_and_graph_mode_with_heads_per_tile():
     # eager mode runs the plan's two KV heads per work tile (H_q 4 / H_kv 2: G = 2); so does graph mode, planned on
     # the device (num_tiles = num_ctas: one tile holds both KV heads) and on the host (uploaded counts)
     params = {"ctas_per_sm": 0.25, "heads_per_tile": 2}
-    w = DecodeWrapper(
-        H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8, policy="stream_k", params=params
-    )
+    w = _wrapper(max_batch_size=8, policy="stream_k", params=params)
     _loop(w, [0, 5, 300, 1000, 33], steps=2)
     assert w._plan.config.heads_per_tile == 2 and w._plan.num_work_tiles == w._plan.num_ctas
     for planner in ("device", "host"):
-        g = DecodeWrapper(
-            H_Q,
-            H_KV,
-            D,
-            page_size=PS,
-            dtype="float16",
-            device="cpu",
+        g = _wrapper(
             max_batch_size=8,
             policy="stream_k",
             params=params,
@@ -266,13 +233,7 @@ def test_eager_and_graph_mode_with_heads_per_tile():
     # tile; this one holds several CTAs per SM, so the entry keeps its rule and its 2 CTAs per SM
     lens = [900, 40, 7]
     table = _stream_k_table(lens, {"ctas_per_sm": 2.0})
-    g = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    g = _wrapper(
         max_batch_size=8,
         table=table,
         params={"heads_per_tile": 2},
@@ -291,13 +252,10 @@ def test_eager_and_graph_mode_with_heads_per_tile():
 def test_graph_mode_heads_per_tile_beyond_the_gqa_rows_is_refused():
     # H_q 32 / H_kv 2: G = 16 query rows per KV head, so two heads (32 rows) do not fit one work tile
     with pytest.raises(ValueError, match="params.heads_per_tile: 2 KV heads of GQA group G=16"):
-        DecodeWrapper(
+        _wrapper(
             32,
             2,
             D,
-            page_size=PS,
-            dtype="float16",
-            device="cpu",
             max_batch_size=8,
             policy="stream_k",
             params={"heads_per_tile": 2},
@@ -321,13 +279,7 @@ def test_graph_mode_plan_with_the_overlapped_merge(monkeypatch):
     monkeypatch.setattr(dec, "launch_rule", lambda *a, **kw: dataclasses.replace(rule(*a, **kw), merge_overlap=True))
 
     lens = [0, 900, 5, 300, 1000]
-    w = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    w = _wrapper(
         max_batch_size=8,
         policy="stream_k",
         params={"ctas_per_sm": 0.25},
@@ -392,13 +344,7 @@ def test_graph_mode_repick_on_another_tile(name, entry, want):
 
     lens = [900, 40, 7]
     table = _stream_k_table(lens, entry, name=name)
-    w = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    w = _wrapper(
         max_batch_size=8,
         table=table,
         use_cuda_graph=True,
@@ -435,13 +381,10 @@ def test_graph_mode_default_tile_at_head_dim_128():
     that tile keeps its own parameters, one tuned on (128, 4, 2) gets the graph's rule (docs/decisions/graph-default.md).
     Eager mode's default stays balanced."""
     hq, hk, d = 8, 2, 128
-    w = DecodeWrapper(
+    w = _wrapper(
         hq,
         hk,
         d,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
         max_batch_size=4,
         use_cuda_graph=True,
         graph=GraphOptions(num_programs=2, max_work_items=64),
@@ -462,7 +405,7 @@ def test_graph_mode_default_tile_at_head_dim_128():
     assert w.planner == "device" and w.spec.policy == "stream_k" and w.spec.params["ctas_per_sm"] == 1.0
     _loop(w, [70, 3, 400], steps=2, shape=(hq, hk, d))
     assert int(w.bufs.counts[2]) == int(w.bufs.counts[1])  # tiles = CTAs x H_kv / 2
-    assert DecodeWrapper(hq, hk, d, page_size=PS, dtype="float16", device="cpu").policy == "balanced"
+    assert _wrapper(hq, hk, d).policy == "balanced"
     lens = [700, 90, 5]
     tile = {"block_n": 64, "num_warps": 8, "num_stages": 3, "prefetch": True, "next_item": True, "heads_per_tile": 2}
     # on this one-CTA-per-SM tile an entry tuned elsewhere (here (128, 4, 2), balanced at 3) runs the graph's rule
@@ -470,13 +413,10 @@ def test_graph_mode_default_tile_at_head_dim_128():
         ("stream_k", {"ctas_per_sm": 2.0, **tile}, ("stream_k", 2.0)),
         ("balanced", {"ctas_per_sm": 3.0}, ("stream_k", 1.0)),
     ):
-        t = DecodeWrapper(
+        t = _wrapper(
             hq,
             hk,
             d,
-            page_size=PS,
-            dtype="float16",
-            device="cpu",
             max_batch_size=4,
             table=_stream_k_table(lens, entry, name=name, num_kv_heads=hk, head_dim=d),
             use_cuda_graph=True,
@@ -493,13 +433,10 @@ def test_graph_mode_default_tile_without_two_heads(hq, hk):
     # ran 1.441x the served plan against 1.309x at H_kv 8: docs/decisions/graph-default.md), stream_k at its residency (3)
     from kvsplit.kernels.limits import default_config
 
-    w = DecodeWrapper(
+    w = _wrapper(
         hq,
         hk,
         128,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
         max_batch_size=4,
         use_cuda_graph=True,
         graph=GraphOptions(num_programs=2, max_work_items=64),
@@ -520,18 +457,12 @@ def test_graph_options_and_a_callers_workspace():
     with pytest.raises(ValueError, match="graph.repick_every"):
         GraphOptions(repick_every=0)
     with pytest.raises(ValueError, match="graph"):
-        DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", graph=GraphOptions())
+        _wrapper(graph=GraphOptions())
     from kvsplit.kernels.decode import make_workspace
 
     # eager mode: the caller's workspace is used as it is, and one too small for a step's plan is named
     ws = make_workspace(H_Q, D, max_partials=256, max_batch=8, device="cpu")
-    w = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    w = _wrapper(
         max_batch_size=8,
         workspace=ws,
         policy="fixed",
@@ -540,13 +471,7 @@ def test_graph_options_and_a_callers_workspace():
     _loop(w, [40, 300, 7], steps=1)
     assert w.workspace is ws and w.last_plan is not None and w.last_plan.num_partials == 9  # 3 requests x 3 splits
     small = make_workspace(H_Q, D, max_partials=2, max_batch=8, device="cpu")
-    w = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    w = _wrapper(
         max_batch_size=8,
         workspace=small,
         policy="fixed",
@@ -559,13 +484,7 @@ def test_graph_options_and_a_callers_workspace():
         w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
     # graph mode: it must hold max_work_items partials; the device planner's steps answer None, as last_plan
     with pytest.raises(ValueError, match="workspace"):
-        DecodeWrapper(
-            H_Q,
-            H_KV,
-            D,
-            page_size=PS,
-            dtype="float16",
-            device="cpu",
+        _wrapper(
             max_batch_size=4,
             policy="stream_k",
             use_cuda_graph=True,
@@ -573,13 +492,7 @@ def test_graph_options_and_a_callers_workspace():
             workspace=small,
         )
     big = make_workspace(H_Q, D, max_partials=64, max_batch=4, device="cpu")
-    g = DecodeWrapper(
-        H_Q,
-        H_KV,
-        D,
-        page_size=PS,
-        dtype="float16",
-        device="cpu",
+    g = _wrapper(
         max_batch_size=4,
         policy="stream_k",
         use_cuda_graph=True,
@@ -599,7 +512,7 @@ def test_eager_plan_from_host_copies_equals_the_device_read_and_runs():
     buffer) are the plan's: the run matches the fp32 reference."""
     lens = [700, 0, 5, 333, 64, 17]
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16, seed=9)
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8)
+    w = _wrapper(max_batch_size=8)
     assert w.policy == "balanced" and w.spec.policy == "balanced"  # policy "auto", eager: AUTO_RULE["eager"]
     assert w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"]) is None
     read = w.last_plan
@@ -625,7 +538,7 @@ def test_eager_host_copies_are_checked_naming_them():
     one is refused naming kv_indices), and a refused step leaves no plan to run."""
     lens = [40, 300]
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4)
+    w = _wrapper(max_batch_size=4)
     indptr = case["kv_indptr"].tolist()
     args = (case["kv_indptr"], case["kv_indices"], case["kv_lens"])
     with pytest.raises(ValueError, match=r"^kv_lens_host: expected 2 integers"):
@@ -667,7 +580,7 @@ def test_eager_launch_arrays_stay_16_byte_aligned_and_are_made_once_per_layout()
     specializes a pointer argument on 16-byte alignment: views at offsets that moved with each plan's sizes would
     compile a new kernel variant per combination); the views are made once per layout and kept while plans fit,
     and every run matches the fp32 reference."""
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=16)
+    w = _wrapper(max_batch_size=16)
     views, layouts = None, 0
     for step, lens in enumerate(([700, 0, 5], [333, 64, 17, 2048, 1], [9, 9, 9, 9, 9, 9, 9], [40] * 13 + [3000])):
         case = make_case(
@@ -691,7 +604,7 @@ def test_eager_plan_with_host_page_ids_equals_the_device_check_and_runs():
     """Given kv_indices_host too (as an engine that builds its block table on the host has it), the eager plan
     checks the page ids on the host: the same plan, the same launch arrays and the same run as the device check,
     a longer host copy (the page ids past kv_indptr[-1]) accepted, across steps that reuse both pinned buffers."""
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=8)
+    w = _wrapper(max_batch_size=8)
     for step, lens in enumerate(([700, 0, 5, 333, 64, 17], [1, 2048, 3], [40, 300, 90, 17, 0, 5, 6])):
         case = make_case(
             lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16, seed=step
@@ -718,7 +631,7 @@ def test_eager_host_page_ids_are_checked_naming_them():
     kv_indices_host; a refused plan leaves the previous step's plan to run."""
     lens = [40, 300]
     case = make_case(lens, num_qo_heads=H_Q, num_kv_heads=H_KV, head_dim=D, page_size=PS, dtype=torch.float16)
-    w = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4)
+    w = _wrapper(max_batch_size=4)
     args = (case["kv_indptr"], case["kv_indices"], case["kv_lens"])
     indptr, ids = case["kv_indptr"].numpy(), case["kv_indices"].numpy().copy()
     host = dict(kv_lens_host=lens, kv_indptr_host=indptr)
@@ -745,7 +658,7 @@ def test_eager_host_page_ids_are_checked_naming_them():
     w.plan(*args, **host, kv_indices_host=past)  # the cache is run()'s argument: checked there
     with pytest.raises(ValueError, match=rf"^kv_indices: page id {case['k_cache'].shape[0]} out of range"):
         w.run(case["q"], case["k_cache"], case["v_cache"])
-    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", max_batch_size=4, use_cuda_graph=True)
+    g = _wrapper(max_batch_size=4, use_cuda_graph=True)
     with pytest.raises(ValueError, match=r"^kv_indices_host: eager mode only"):
         g.plan(*args, **host, kv_indices_host=ids)
 
@@ -756,10 +669,10 @@ def test_policy_auto_is_the_default_in_both_modes():
     from kvsplit.kernels.wrapper import AUTO_RULE
 
     assert AUTO_RULE == {"eager": "balanced", "graph": "stream_k"}
-    e = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu")
-    assert e.spec == DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", policy="balanced").spec
-    g = DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", use_cuda_graph=True)
+    e = _wrapper()
+    assert e.spec == _wrapper(policy="balanced").spec
+    g = _wrapper(use_cuda_graph=True)
     assert g.policy == "stream_k" and g.params["ctas_per_sm"] == float(max(1, g.graph_residency))
     assert g.spec.policy == "stream_k"
     with pytest.raises(ValueError, match="^policy: expected a policy name or 'auto', got None"):
-        DecodeWrapper(H_Q, H_KV, D, page_size=PS, dtype="float16", device="cpu", policy=None)
+        _wrapper(policy=None)

@@ -23,22 +23,7 @@ from typer.testing import CliRunner
 from kvsplit.db import store
 from kvsplit.service.cli import app
 from kvsplit.tuner.workloads import family_kv_lens
-from tests.service_support import GPU, TOTAL, fill_store
-
-SHAPE_ARGS = [
-    "--gpu",
-    GPU,
-    "--num-qo-heads",
-    "32",
-    "--num-kv-heads",
-    "4",
-    "--head-dim",
-    "128",
-    "--dtype",
-    "bfloat16",
-    "--page-size",
-    "16",
-]
+from tests.service_support import SHAPE_ARGS, TOTAL, fill_store
 
 
 def _invoke(*args: str, input: str | None = None):

@@ -32,7 +32,7 @@ import pytest
 
 from kvsplit.db import store
 from kvsplit.tuner.workloads import family_kv_lens
-from tests.service_support import GPU, LiveServer, key_of
+from tests.service_support import GPU, LiveServer, add_bucket, key_of
 
 CHROMIUM = os.environ.get("KVSPLIT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,17 +78,7 @@ def _add_other_shape(url, n):
             if key in seen or len(seen) == n:
                 continue
             seen.add(key)
-            b = store.get_or_create_bucket(
-                s,
-                key=key,
-                gpu=GPU,
-                num_kv_heads=8,
-                head_dim=64,
-                dtype="bfloat16",
-                page_size=16,
-                source=f"family:{fam} B={B} T={T}",
-                signature={"family": fam},
-            )
+            b = add_bucket(s, lens, f"family:{fam} B={B} T={T}", signature={"family": fam}, num_kv_heads=8, head_dim=64)
             run = store.start_run(s, bucket_id=b.id, study_name=f"sim/{key}", backend="sim", n_trials=4)
             store.finish_run(s, run.id, status="finished", n_finished=4, best_value=1e-4, best_params={})
             pol = store.create_policy(

@@ -20,7 +20,7 @@ from kvsplit.service.app import create_app  # noqa: E402
 from kvsplit.service.client import plan_from_response  # noqa: E402
 from kvsplit.service.settings import Settings  # noqa: E402
 from kvsplit.tuner.workloads import family_kv_lens  # noqa: E402
-from tests.service_support import GPU, SHAPE, TOTAL, fill_store, key_of
+from tests.service_support import GPU, SHAPE, SHAPE_ARGS, TOTAL, add_bucket, fill_store, key_of
 
 TOKEN = "s3cret-token"
 
@@ -479,50 +479,31 @@ def test_cli_plan_prints_the_http_answer(client, info):
 
     lens = family_kv_lens("2x40", 16, TOTAL).tolist()
     res = CliRunner().invoke(
-        app,
-        [
-            "plan",
-            "--gpu",
-            GPU,
-            "--num-qo-heads",
-            "32",
-            "--num-kv-heads",
-            "4",
-            "--head-dim",
-            "128",
-            "--dtype",
-            "bfloat16",
-            "--page-size",
-            "16",
-            "--kv-lens",
-            ",".join(map(str, lens)),
-            "--database-url",
-            info.url,
-        ],
+        app, ["plan", *SHAPE_ARGS, "--kv-lens", ",".join(map(str, lens)), "--database-url", info.url]
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout) == client.post("/v1/plan", json=body(lens)).json()
-    res = CliRunner().invoke(
-        app,
-        [
-            "plan",
-            "--gpu",
-            GPU,
-            "--num-qo-heads",
-            "32",
-            "--num-kv-heads",
-            "4",
-            "--head-dim",
-            "128",
-            "--dtype",
-            "bfloat16",
-            "--kv-lens",
-            "5,x",
-            "--database-url",
-            info.url,
-        ],
-    )
+    res = CliRunner().invoke(app, ["plan", *SHAPE_ARGS, "--kv-lens", "5,x", "--database-url", info.url])
     assert res.exit_code == 2 and "kv_lens[1]" in res.output
+
+
+def _train_timings(s, bucket_id, lens, tuned_params) -> None:
+    """GPU timings of one training batch of a bucket: tuned (``tuned_params``) 2.2 us and balanced 3.3 us over a
+    2.0 us floor."""
+    for name, params, t in (("tuned", tuned_params, 2.2e-6), ("balanced", {}, 3.3e-6)):
+        store.record_measurement(
+            s,
+            bucket_id=bucket_id,
+            policy_name=name,
+            params=params,
+            kv_lens=lens.tolist(),
+            time_s=t,
+            floor_s=2.0e-6,
+            role="train",
+            batch_index=0,
+            stage="verify",
+            backend="gpu",
+        )
 
 
 def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
@@ -534,18 +515,8 @@ def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
     url = f"sqlite:///{tmp_path}/d.db"
     store.upgrade(url)
     lens = family_kv_lens("skewed80", 64, TOTAL)
-    key = key_of(lens)
     with store.session_scope(url, write=True) as s:
-        b = store.get_or_create_bucket(
-            s,
-            key=key,
-            gpu=GPU,
-            num_kv_heads=4,
-            head_dim=128,
-            dtype="bfloat16",
-            page_size=16,
-            source="family:skewed80 B=64",
-        )
+        b = add_bucket(s, lens, "family:skewed80 B=64")
         run = store.start_run(s, bucket_id=b.id, study_name="grid", backend="gpu", n_trials=2)
         pub = store.create_policy(
             s,
@@ -557,21 +528,7 @@ def test_dashboard_shows_only_the_published_policys_own_figures(tmp_path):
             name="balanced",
         )
         store.publish(s, pub.id)
-        # the published policy's training-batch timings: tuned 2.2 us over a 2.0 us floor, balanced 3.3 us
-        for name, params, t in (("tuned", {"ctas_per_sm": 3.0}, 2.2e-6), ("balanced", {}, 3.3e-6)):
-            store.record_measurement(
-                s,
-                bucket_id=b.id,
-                policy_name=name,
-                params=params,
-                kv_lens=lens.tolist(),
-                time_s=t,
-                floor_s=2.0e-6,
-                role="train",
-                batch_index=0,
-                stage="verify",
-                backend="gpu",
-            )
+        _train_timings(s, b.id, lens, {"ctas_per_sm": 3.0})  # the published policy's training-batch timings
         # a later simulated tuning of the same bucket, not published, with held-out figures of its own
         run2 = store.start_run(s, bucket_id=b.id, study_name="demo", backend="sim", n_trials=2)
         cand = store.create_policy(
@@ -629,35 +586,13 @@ def test_dashboard_figures_of_a_policy_given_the_whole_wave_rule_after_its_timin
         assert (a.config == b.config) == (fam == "skewed80"), fam
     with store.session_scope(url, write=True) as s:
         for fam, lens in cases.items():
-            bk = store.get_or_create_bucket(
-                s,
-                key=key_of(lens),
-                gpu=GPU,
-                num_kv_heads=4,
-                head_dim=128,
-                dtype="bfloat16",
-                page_size=16,
-                source=f"family:{fam}",
-            )
+            bk = add_bucket(s, lens, f"family:{fam}")
             run = store.start_run(s, bucket_id=bk.id, study_name="grid", backend="gpu", n_trials=2)
             pol = store.create_policy(
                 s, bucket_id=bk.id, params=served, backend="gpu", score=1.1, tuning_run_id=run.id, name="stream_k"
             )
             store.publish(s, pol.id)
-            for name, params, t in (("tuned", tile, 2.2e-6), ("balanced", {}, 3.3e-6)):
-                store.record_measurement(
-                    s,
-                    bucket_id=bk.id,
-                    policy_name=name,
-                    params=params,
-                    kv_lens=lens.tolist(),
-                    time_s=t,
-                    floor_s=2.0e-6,
-                    role="train",
-                    batch_index=0,
-                    stage="verify",
-                    backend="gpu",
-                )
+            _train_timings(s, bk.id, lens, tile)
     got = {b["family"]: b for b in dashboard_data(url)["shapes"][0]["buckets"]}
     assert got["skewed80"]["evidence"] == "training" and got["skewed80"]["n_train"] == 1
     assert got["skewed80"]["ratios"]["tuned"] == pytest.approx(1.1)  # 2.2 / 2.0

@@ -17,7 +17,7 @@ from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.wrapper import DecodeWrapper, GraphOptions
 from kvsplit.service.client import PlanClient
 from kvsplit.tuner.workloads import family_kv_lens
-from tests.service_support import GPU, TOTAL, LiveServer, fill_store, key_of
+from tests.service_support import GPU, TOTAL, LiveServer, add_bucket, fill_store
 
 TOKEN = "tok-wrapper"
 SHAPE16 = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype="float16", page_size=16)
@@ -48,11 +48,8 @@ def served(tmp_path):
     url = f"sqlite:///{tmp_path}/store.db"
     fill_store(url)
     lens = family_kv_lens("uniform", 64, TOTAL).astype(np.int32)
-    key = key_of(lens, num_kv_heads=8, dtype="float16")
     with store.session_scope(url, write=True) as s:
-        b = store.get_or_create_bucket(
-            s, key=key, gpu=GPU, num_kv_heads=8, head_dim=128, dtype="float16", page_size=16, source="test"
-        )
+        b = add_bucket(s, lens, "test", num_kv_heads=8, dtype="float16")
         draft = store.create_policy(
             s, bucket_id=b.id, params={"ctas_per_sm": 5.0}, backend="gpu", score=1.1, name="balanced"
         )

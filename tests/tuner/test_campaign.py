@@ -279,7 +279,6 @@ def test_the_budget_bounds_the_search(tmp_path):
     from kvsplit.kernels.buckets import bucket_key, nearest
     from kvsplit.kernels.plan import make_plan
     from kvsplit.tuner.campaign import WHOLE_WAVE_PROBE_BATCH_SIZES, WHOLE_WAVE_PROBE_TOTALS, WHOLE_WAVE_VARIANTS
-    from kvsplit.tuner.campaign import _plan_sig as sig
 
     attrs = optuna.load_study(study_name=res.name, storage=open_storage(storage_spec(url))).user_attrs
     rows, choice = attrs["whole_wave_rows"], attrs["choice"]
@@ -291,9 +290,10 @@ def test_the_budget_bounds_the_search(tmp_path):
             lens = [T // B] * B
             near, _ = nearest(bucket_key(lens, **shape), sorted(choice), limit=float("inf"))
             params = choice[near]["params"]
-            base = sig(make_plan(lens, policy="tuned", params=params, num_qo_heads=32, **shape))
+            base = make_plan(lens, policy="tuned", params=params, num_qo_heads=32, **shape).work_key()
             for r, v in zip(ratios, WHOLE_WAVE_VARIANTS, strict=True):
-                changed = sig(make_plan(lens, policy="tuned", params={**params, **v}, num_qo_heads=32, **shape)) != base
+                plan = make_plan(lens, policy="tuned", params={**params, **v}, num_qo_heads=32, **shape)
+                changed = plan.work_key() != base
                 assert (r != 1.0) == changed and r > 0, (B, T, v, r)
                 acted += [r] if changed else []
     assert acted, "the rule changes the plan of some probe batch"

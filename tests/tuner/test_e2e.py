@@ -17,6 +17,7 @@ import pytest
 from kvsplit.db import store
 from kvsplit.tuner import search
 from kvsplit.tuner import study as study_mod
+from tests.service_support import SHAPE_ARGS
 
 pytestmark = [
     pytest.mark.slow,
@@ -25,20 +26,6 @@ pytestmark = [
 ]
 
 KVSPLIT = [sys.executable, "-m", "kvsplit.service.cli"]
-SHAPE = [
-    "--gpu",
-    "NVIDIA H200",
-    "--num-qo-heads",
-    "32",
-    "--num-kv-heads",
-    "4",
-    "--head-dim",
-    "128",
-    "--dtype",
-    "bfloat16",
-    "--page-size",
-    "16",
-]
 
 
 def _cli(*args, env=None, check=True, **kw):
@@ -63,29 +50,6 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
     # simulated trials take milliseconds: slow them so the second worker has started before the first
     # could finish the study alone (both must write trials)
     slow = {"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"}
-    r = _cli(
-        "tune",
-        *SHAPE,
-        "--trace",
-        "arxiv",
-        "--batch-size",
-        "128",
-        "--num-train",
-        "3",
-        "--num-heldout",
-        "3",
-        "--trials",
-        "10",
-        "--workers",
-        "2",
-        "--journal",
-        str(journal),
-        "--database-url",
-        db,
-        "--no-progress",
-        "--json",
-        env=slow,
-    )
     # trace buckets whose tuned gain on the (uncalibrated) simulator usually clears the 5 % margin a simulated
     # result needs (tuner/verify.py). Which trial is best on the training batches depends on the order the two
     # workers sample in, so the held-out gain varies between runs: arxiv B=128 gained 6.4-25 % in 18 runs on a
@@ -93,30 +57,32 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
     # 15-28 % in 12; one full CI run left arxiv unpublished. So the test holds the publish decision to the
     # verification (a bucket below the margin is kept as a draft, saying why) and the export and import to the
     # published buckets, of which there must be one.
-    r2 = _cli(
-        "tune",
-        *SHAPE,
-        "--trace",
-        "mooncake",
-        "--batch-size",
-        "128",
-        "--num-train",
-        "3",
-        "--num-heldout",
-        "3",
-        "--trials",
-        "10",
-        "--workers",
-        "2",
-        "--journal",
-        str(journal),
-        "--database-url",
-        db,
-        "--no-progress",
-        "--json",
-        env=slow,
-    )
-    results = json.loads(r.stdout) + json.loads(r2.stdout)
+    results = []
+    for trace in ("arxiv", "mooncake"):
+        r = _cli(
+            "tune",
+            *SHAPE_ARGS,
+            "--trace",
+            trace,
+            "--batch-size",
+            "128",
+            "--num-train",
+            "3",
+            "--num-heldout",
+            "3",
+            "--trials",
+            "10",
+            "--workers",
+            "2",
+            "--journal",
+            str(journal),
+            "--database-url",
+            db,
+            "--no-progress",
+            "--json",
+            env=slow,
+        )
+        results += json.loads(r.stdout)
     assert len(results) == 2 and len({x["bucket_key"] for x in results}) == 2
     studies = _journal_studies(journal)
     for x in results:
@@ -156,7 +122,7 @@ def test_two_buckets_two_workers_journal_publish_export_import(tmp_path):
 def test_sqlite_refused_for_parallel_workers(tmp_path):
     r = _cli(
         "tune",
-        *SHAPE,
+        *SHAPE_ARGS,
         "--family",
         "uniform",
         "--batch-size",
@@ -177,7 +143,7 @@ def test_kill_9_mid_study_then_resume(tmp_path):
     journal = tmp_path / "studies.journal"
     args = [
         "tune",
-        *SHAPE,
+        *SHAPE_ARGS,
         "--family",
         "skewed60",
         "--batch-size",
@@ -241,7 +207,7 @@ def test_eight_workers_started_at_once(tmp_path):
     journal = tmp_path / "studies.journal"
     r = _cli(
         "tune",
-        *SHAPE,
+        *SHAPE_ARGS,
         "--family",
         "2x40",
         "--batch-size",
@@ -280,9 +246,9 @@ def test_postgres_multi_worker_tuning(pg_url):
     # equivalent of balanced|c4|n64w4s2 wins at a 13.1 % held-out gain (12 of 12 local runs). With 10 trials
     # (baselines only) a sampled trial sometimes won on the 2 training batches at a 3.2 % held-out gain and was
     # rightly not published (1 of 6 local runs, and one CI run)
-    r = _cli(
+    args = [
         "tune",
-        *SHAPE,
+        *SHAPE_ARGS,
         "--trace",
         "azure_code",
         "--batch-size",
@@ -291,16 +257,14 @@ def test_postgres_multi_worker_tuning(pg_url):
         "2",
         "--num-heldout",
         "2",
-        "--trials",
-        "20",
         "--workers",
         "2",
         "--database-url",
         pg_url,
         "--no-progress",
         "--json",
-        env={"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"},
-    )  # so both workers get trials (see above)
+    ]
+    r = _cli(*args, "--trials", "20", env={"KVSPLIT_TUNE_TRIAL_DELAY_S": "0.3"})  # so both workers get trials
     (res,) = json.loads(r.stdout)
     assert res["status"] == "finished" and res["n_finished"] == 20 and res["published"]
     storage = search.open_storage(search.storage_spec(pg_url, workers=2))
@@ -312,26 +276,7 @@ def test_postgres_multi_worker_tuning(pg_url):
     }
     assert len(pids) == 2
     # resuming through the same URL stops at the requested count
-    r = _cli(
-        "tune",
-        *SHAPE,
-        "--trace",
-        "azure_code",
-        "--batch-size",
-        "64",
-        "--num-train",
-        "2",
-        "--num-heldout",
-        "2",
-        "--trials",
-        "22",
-        "--workers",
-        "2",
-        "--database-url",
-        pg_url,
-        "--no-progress",
-        "--json",
-    )
+    r = _cli(*args, "--trials", "22")
     assert json.loads(r.stdout)[0]["n_finished"] == 22
     with store.session_scope(pg_url) as s:
         assert [p.bucket_key for p in store.list_published(s)] == [res["bucket_key"]]
@@ -344,7 +289,7 @@ def test_ctrl_c_stops_after_the_current_trial(tmp_path, workers):
     journal = tmp_path / "studies.journal"
     args = [
         "tune",
-        *SHAPE,
+        *SHAPE_ARGS,
         "--family",
         "uniform",
         "--batch-size",
