@@ -103,3 +103,8 @@ NumKvHeadsFilter = Annotated[Optional[int], Query(ge=1, le=1024)]
 HeadDimFilter = Annotated[Optional[int], Query(json_schema_extra={"enum": list(HEAD_DIMS)})]
 DtypeFilter = Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()]
 PageSizeFilter = Annotated[Optional[int], Query(ge=1, le=256)]
+KvDtypeFilter = Annotated[
+    Optional[Literal["bfloat16", "float16", "float32", "float8_e4m3fn", "fp8"]],
+    Query(description="the KV cache's dtype of the policies' family (fp8: float8_e4m3fn)"),
+]
+QLenFilter = Annotated[Optional[int], Query(ge=1, le=8, description="query tokens per request of the family")]

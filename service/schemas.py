@@ -189,6 +189,8 @@ class PolicyEntryOut(BaseModel):
     head_dim: int
     dtype: str
     page_size: int
+    kv_dtype: str = Field(description="the KV cache's dtype of the bucket's family (dtype's, or float8_e4m3fn)")
+    q_len: int = Field(description="query tokens per request of the bucket's family (1: decode; 2-8: verify steps)")
     name: str
     params: dict[str, Any]
     backend: Literal["gpu", "sim"]

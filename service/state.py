@@ -72,12 +72,13 @@ class ServedTable:
         return cls(table=table, doc=doc, body=body, etag=etag_of(body), version=int(doc["version"]))
 
     def filtered(self, flt: tuple) -> tuple[bytes, str]:
-        """Body and ETag of the document restricted to ``flt`` = (gpu, H_kv, D, dtype, page_size), None = any."""
+        """Body and ETag of the document restricted to ``flt`` = (gpu, H_kv, D, dtype, page_size, kv_dtype, q_len),
+        None = any (an entry's ``kv_dtype`` and ``q_len`` are its bucket family's: :func:`kvsplit.tuner.published.table_entry`)."""
         if all(v is None for v in flt):
             return self.body, self.etag
         hit = self._filtered.get(flt)
         if hit is None:
-            names = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
+            names = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size", "kv_dtype", "q_len")
             want = (None if flt[0] is None else _slug_or_none(flt[0]),) + tuple(flt[1:])
             pols = [
                 p

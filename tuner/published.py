@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from ..db import store
+from ..kernels.buckets import BucketKey
 from ..kernels.policy_table import SOURCE_OF_BACKEND, PolicyTable, check_policy_entry
 
 __all__ = ["table_entry", "load_table_doc"]
@@ -20,8 +21,10 @@ _log = logging.getLogger("kvsplit.service")
 
 
 def table_entry(p: Any) -> dict[str, Any]:
-    """The policy-table entry (kvsplit.kernels.policy_table module doc) of a published Policy row."""
+    """The policy-table entry (kvsplit.kernels.policy_table module doc) of a published Policy row; its ``kv_dtype``
+    and ``q_len`` are those of its bucket key's family (the row has no columns for them)."""
     b = p.bucket
+    family = BucketKey.parse(p.bucket_key).family
     return {
         "id": p.id,
         "version": p.version,
@@ -31,6 +34,8 @@ def table_entry(p: Any) -> dict[str, Any]:
         "head_dim": b.head_dim,
         "dtype": b.dtype,
         "page_size": b.page_size,
+        "kv_dtype": family[5],
+        "q_len": family[6],
         "name": p.name,
         "params": dict(p.params or {}),
         "backend": p.backend,

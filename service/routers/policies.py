@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from ...db import store
 from ...db.checks import check_json_tree
 from ...db.transfer import parse_export
+from ...kernels.limits import KV_DTYPE_SHORT
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
 from ..deps import (
@@ -21,8 +22,10 @@ from ..deps import (
     GpuFilter,
     HeadDimFilter,
     HolderDep,
+    KvDtypeFilter,
     NumKvHeadsFilter,
     PageSizeFilter,
+    QLenFilter,
     ServedDep,
     SettingsDep,
     check_head_dim,
@@ -67,19 +70,22 @@ def list_policies(
     head_dim: HeadDimFilter = None,
     dtype: DtypeFilter = None,
     page_size: PageSizeFilter = None,
+    kv_dtype: KvDtypeFilter = None,
+    q_len: QLenFilter = None,
 ) -> Response:
     """Everything a client needs to plan in-process with identical results (kvsplit.kernels.policy_table).
 
     Poll with If-None-Match: the answer is 304 while the table is unchanged.
     """
-    query = (gpu, num_kv_heads, head_dim, dtype, page_size)
+    query = (gpu, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len)
     return _table_response(request, served, query, head=request.method == "HEAD")
 
 
 def _table_response(request: Request, served, query: tuple, head: bool = False) -> Response:
-    gpu, num_kv_heads, head_dim, dtype, page_size = query
+    gpu, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len = query
     check_head_dim(head_dim)
-    flt = (None if gpu is None else queries.canonical_gpu(gpu), num_kv_heads, head_dim, dtype, page_size)
+    kd = None if kv_dtype is None else {s: k for k, s in KV_DTYPE_SHORT.items()}.get(kv_dtype, kv_dtype)
+    flt = (None if gpu is None else queries.canonical_gpu(gpu), num_kv_heads, head_dim, dtype, page_size, kd, q_len)
     body, etag = served.filtered(flt)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if _etag_matches(request.headers.get("if-none-match"), etag):

@@ -296,3 +296,26 @@ def test_viewer_of_a_verify_step_family_refuses_short_kv_lens_and_raises_trace_b
     assert r.status_code == 200 and r.text.count('<svg class="gantt"') == 3, r.text[-2000:]
     want = [max(n, 4) for n in trace_batch(name, B)]
     assert f"{', '.join(map(str, want))}" in r.text
+
+
+def test_policy_table_entries_name_their_family_and_filter_by_it(families):
+    """GET /v1/policies: each entry carries its bucket family's kv_dtype and q_len (read from its key), the list
+    filters by them (fp8 or its name), and a bad filter value is a 422 naming it."""
+    from kvsplit.kernels.buckets import BucketKey
+
+    _, ids, c = families
+    everything = c.get("/v1/policies").json()["data"]
+    for e in everything:
+        fam = BucketKey.parse(e["bucket"]).family
+        assert (e["kv_dtype"], e["q_len"]) == (fam[5], fam[6])
+    fp8_q4 = [e for e in everything if e["bucket"].startswith(Q4 + ".")]
+    assert fp8_q4 and all(e["kv_dtype"] == FP8 and e["q_len"] == 4 for e in fp8_q4)
+    for kd in ("fp8", FP8):
+        got = c.get("/v1/policies", params={"kv_dtype": kd, "q_len": 4}).json()
+        assert [e["id"] for e in got["data"]] == [e["id"] for e in fp8_q4] and got["count"] == len(fp8_q4)
+    plain = c.get("/v1/policies", params={"kv_dtype": "bfloat16", "q_len": 1}).json()["data"]
+    assert plain and all(".kvfp8" not in e["bucket"] and ".q" not in e["bucket"].split(".p16")[1] for e in plain)
+    assert len(plain) + len(fp8_q4) + len(c.get("/v1/policies", params={"q_len": 2}).json()["data"]) == len(everything)
+    for q, field in (({"q_len": 99}, "q_len"), ({"kv_dtype": "int4"}, "kv_dtype")):
+        r = c.get("/v1/policies", params=q)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", field]
