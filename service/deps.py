@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Optional
 from fastapi import Depends, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 
+from ..kernels.limits import KV_DTYPE_SHORT
 from ..kernels.plan import HEAD_DIMS
 from .settings import Settings
 from .state import ServedTable, TableHolder
@@ -108,3 +109,8 @@ KvDtypeFilter = Annotated[
     Query(description="the KV cache's dtype of the policies' family (fp8: float8_e4m3fn)"),
 ]
 QLenFilter = Annotated[Optional[int], Query(ge=1, le=8, description="query tokens per request of the family")]
+
+
+def kv_dtype_name(kv_dtype: str | None) -> str | None:
+    """A ``KvDtypeFilter`` value as the name the entries record (``fp8`` -> ``float8_e4m3fn``)."""
+    return None if kv_dtype is None else {s: k for k, s in KV_DTYPE_SHORT.items()}.get(kv_dtype, kv_dtype)

@@ -95,8 +95,11 @@ def list_buckets(
     head_dim: int | None = None,
     dtype: str | None = None,
     page_size: int | None = None,
+    kv_dtype: str | None = None,
+    q_len: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Buckets with their published policy id, optionally filtered by shape fields."""
+    """Buckets with their published policy id and their family's KV dtype and q_len (:func:`bucket_family`),
+    optionally filtered by shape fields (``kv_dtype`` by its name, ``"float8_e4m3fn"``)."""
     try:
         want_gpu = None if gpu is None else gpu_slug(gpu)
     except ValueError:  # no letters or digits: matches no bucket
@@ -106,12 +109,15 @@ def list_buckets(
         published = {p.bucket_id: p for p in store.list_published(s)}
         out = []
         for b in rows:
+            fam = bucket_family(b)
             if (
                 (want_gpu is not None and gpu_slug(b.gpu) != want_gpu)
                 or (num_kv_heads is not None and b.num_kv_heads != num_kv_heads)
                 or (head_dim is not None and b.head_dim != head_dim)
                 or (dtype is not None and b.dtype != dtype)
                 or (page_size is not None and b.page_size != page_size)
+                or (kv_dtype is not None and fam[5] != kv_dtype)
+                or (q_len is not None and fam[6] != q_len)
             ):
                 continue
             p = published.get(b.id)
@@ -124,6 +130,8 @@ def list_buckets(
                     "head_dim": b.head_dim,
                     "dtype": b.dtype,
                     "page_size": b.page_size,
+                    "kv_dtype": fam[5],
+                    "q_len": fam[6],
                     "source": b.source,
                     "family": family_of(b),
                     "signature": dict(b.signature or {}),

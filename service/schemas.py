@@ -257,6 +257,8 @@ class BucketOut(BaseModel):
     head_dim: int
     dtype: str
     page_size: int
+    kv_dtype: str = Field(description="the KV cache's dtype of the bucket's family (dtype's, or float8_e4m3fn)")
+    q_len: int = Field(description="query tokens per request of the bucket's family")
     source: str
     published_policy_id: Optional[int]
 

@@ -7,7 +7,18 @@ from typing import Annotated, Literal, Optional
 from fastapi import APIRouter, Query
 
 from .. import queries
-from ..deps import DtypeFilter, GpuFilter, HeadDimFilter, NumKvHeadsFilter, PageSizeFilter, SettingsDep, check_head_dim
+from ..deps import (
+    DtypeFilter,
+    GpuFilter,
+    HeadDimFilter,
+    KvDtypeFilter,
+    NumKvHeadsFilter,
+    PageSizeFilter,
+    QLenFilter,
+    SettingsDep,
+    check_head_dim,
+    kv_dtype_name,
+)
 from ..schemas import BucketList, MeasurementList, RunList
 
 router = APIRouter(tags=["store"])
@@ -26,6 +37,8 @@ def list_buckets(
     head_dim: HeadDimFilter = None,
     dtype: DtypeFilter = None,
     page_size: PageSizeFilter = None,
+    kv_dtype: KvDtypeFilter = None,
+    q_len: QLenFilter = None,
 ) -> dict:
     check_head_dim(head_dim)
     data = queries.list_buckets(
@@ -35,6 +48,8 @@ def list_buckets(
         head_dim=head_dim,
         dtype=dtype,
         page_size=page_size,
+        kv_dtype=kv_dtype_name(kv_dtype),
+        q_len=q_len,
     )
     return {"count": len(data), "data": data}
 

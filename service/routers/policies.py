@@ -13,7 +13,6 @@ from fastapi.concurrency import run_in_threadpool
 from ...db import store
 from ...db.checks import check_json_tree
 from ...db.transfer import parse_export
-from ...kernels.limits import KV_DTYPE_SHORT
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
 from ..deps import (
@@ -29,6 +28,7 @@ from ..deps import (
     ServedDep,
     SettingsDep,
     check_head_dim,
+    kv_dtype_name,
 )
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
 from ..validation import unsupported_media_type
@@ -84,7 +84,7 @@ def list_policies(
 def _table_response(request: Request, served, query: tuple, head: bool = False) -> Response:
     gpu, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len = query
     check_head_dim(head_dim)
-    kd = None if kv_dtype is None else {s: k for k, s in KV_DTYPE_SHORT.items()}.get(kv_dtype, kv_dtype)
+    kd = kv_dtype_name(kv_dtype)
     flt = (None if gpu is None else queries.canonical_gpu(gpu), num_kv_heads, head_dim, dtype, page_size, kd, q_len)
     body, etag = served.filtered(flt)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}

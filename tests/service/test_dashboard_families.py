@@ -319,3 +319,15 @@ def test_policy_table_entries_name_their_family_and_filter_by_it(families):
     for q, field in (({"q_len": 99}, "q_len"), ({"kv_dtype": "int4"}, "kv_dtype")):
         r = c.get("/v1/policies", params=q)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", field]
+
+
+def test_bucket_list_names_each_bucket_family_and_filters_by_it(families):
+    """GET /v1/buckets: each bucket carries its family's kv_dtype and q_len and the list filters by them."""
+    _, _, c = families
+    allb = c.get("/v1/buckets").json()["data"]
+    q4 = c.get("/v1/buckets", params={"kv_dtype": "fp8", "q_len": 4}).json()["data"]
+    assert q4 and {b["key"] for b in q4} == {b["key"] for b in allb if b["key"].startswith(Q4 + ".")}
+    assert all((b["kv_dtype"], b["q_len"]) == (FP8, 4) for b in q4)
+    plain = c.get("/v1/buckets", params={"q_len": 1}).json()["data"]
+    assert plain and all((b["kv_dtype"], b["q_len"]) == ("bfloat16", 1) and ".kvfp8" not in b["key"] for b in plain)
+    assert c.get("/v1/buckets", params={"q_len": 0}).status_code == 422
