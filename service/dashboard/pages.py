@@ -34,6 +34,7 @@ from .coverage import coverage_cells, coverage_svg
 from .evidence import SERVED, geomean, shape_evidence
 from .render import MODEL_QO_HEADS, count, shape_name
 from .svg import line_chart
+from .viewer import family_shape
 
 __all__ = [
     "summary_context",
@@ -279,17 +280,7 @@ def _lookup_of(table: Any, sh: dict[str, Any]):
         return hit
 
     def _lookup(lens):
-        _, bucket, info = table.plan(
-            lens,
-            gpu=sh["gpu"],
-            num_qo_heads=sh["num_kv_heads"],
-            num_kv_heads=sh["num_kv_heads"],
-            head_dim=sh["head_dim"],
-            dtype=sh["dtype"],
-            page_size=sh["page_size"],
-            kv_dtype=sh["kv_dtype"],
-            q_len=sh["q_len"],
-        )
+        _, bucket, info = table.plan(lens, gpu=sh["gpu"], **family_shape(sh))
         return info["source"], bucket["distance"]
 
     return lookup if len(memo) < 100_000 else _lookup

@@ -126,6 +126,21 @@ def viewer_qo_heads(sh: dict[str, Any]) -> int:
     return MODEL_QO_HEADS.get((sh["num_kv_heads"], sh["head_dim"]), sh["num_kv_heads"])
 
 
+def family_shape(sh: dict[str, Any]) -> dict[str, Any]:
+    """The planner's shape arguments (``make_plan`` / ``PolicyTable.plan`` without the GPU) of dashboard shape
+    ``sh``: its family's fields and :func:`viewer_qo_heads` query heads; the viewer and the coverage map plan with
+    them."""
+    return dict(
+        num_kv_heads=sh["num_kv_heads"],
+        head_dim=sh["head_dim"],
+        dtype=sh["dtype"],
+        page_size=sh["page_size"],
+        kv_dtype=sh["kv_dtype"],
+        q_len=sh["q_len"],
+        num_qo_heads=viewer_qo_heads(sh),
+    )
+
+
 def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int]) -> dict[str, Any]:
     """The three plans of ``kv_lens`` for shape ``sh`` (a ``dashboard_data`` shape: one bucket family, its KV dtype
     and q_len included) with their Gantt charts, planned and simulated for :func:`viewer_qo_heads` query heads.
@@ -137,16 +152,8 @@ def viewer_context(url: str, table: Any, sh: dict[str, Any], kv_lens: list[int])
     from ...tuner.backends import SimBackend
     from ...tuner.simulate import timeline
 
-    hq = viewer_qo_heads(sh)
-    shape = dict(
-        num_kv_heads=sh["num_kv_heads"],
-        head_dim=sh["head_dim"],
-        dtype=sh["dtype"],
-        page_size=sh["page_size"],
-        kv_dtype=sh["kv_dtype"],
-        q_len=sh["q_len"],
-        num_qo_heads=hq,
-    )
+    shape = family_shape(sh)
+    hq = shape["num_qo_heads"]
     cal, read_bw, err = viewer_calibration(url, sh)
     sim = SimBackend(
         sh["gpu"],
