@@ -676,6 +676,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"--impls: expected 'all' or a comma-separated list of {', '.join(IMPLS)}, got {args.impls!r}")
         if args.impl_timeout is not None and not args.impl_timeout > 0:
             ap.error(f"--impl-timeout: expected seconds > 0, got {args.impl_timeout:g}")
+        if args.impls == "all":
+            for impl in (i for i in IMPLS if i not in impls):
+                print(f"{impl}: not run at --q-len {args.q_len} ({unsupported(impl, args.q_len)}); no figure recorded")
         written, failed = run_each(
             impls,
             args.out_dir,

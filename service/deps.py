@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Optional
 from fastapi import Depends, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 
-from ..kernels.limits import KV_DTYPE_SHORT
+from ..kernels.limits import DTYPE_ALIASES, DTYPES, KV_DTYPE_SHORT, KV_DTYPES
 from ..kernels.plan import HEAD_DIMS
 from .settings import Settings
 from .state import ServedTable, TableHolder
@@ -102,15 +102,23 @@ AdminDep = Depends(require_admin)
 GpuFilter = Annotated[Optional[str], Query(min_length=1, max_length=200)]
 NumKvHeadsFilter = Annotated[Optional[int], Query(ge=1, le=1024)]
 HeadDimFilter = Annotated[Optional[int], Query(json_schema_extra={"enum": list(HEAD_DIMS)})]
-DtypeFilter = Annotated[Optional[Literal["bfloat16", "float16", "float32"]], Query()]
+_DTYPE_NAMES = (*sorted(DTYPES), *DTYPE_ALIASES)  # torch's names and the aliases POST /v1/plan takes
+_KV_DTYPE_NAMES = (*_DTYPE_NAMES, *sorted(KV_DTYPES), *(KV_DTYPE_SHORT[k] for k in sorted(KV_DTYPE_SHORT)))
+DtypeFilter = Annotated[
+    Optional[Literal[_DTYPE_NAMES]],  # type: ignore[valid-type]
+    Query(description="q's dtype: torch's name or its alias, as POST /v1/plan takes it"),
+]
 PageSizeFilter = Annotated[Optional[int], Query(ge=1, le=256)]
 KvDtypeFilter = Annotated[
-    Optional[Literal["bfloat16", "float16", "float32", "float8_e4m3fn", "fp8"]],
+    Optional[Literal[_KV_DTYPE_NAMES]],  # type: ignore[valid-type]
     Query(description="the KV cache's dtype of the policies' family (fp8: float8_e4m3fn)"),
 ]
 QLenFilter = Annotated[Optional[int], Query(ge=1, le=8, description="query tokens per request of the family")]
 
 
-def kv_dtype_name(kv_dtype: str | None) -> str | None:
-    """A ``KvDtypeFilter`` value as the name the entries record (``fp8`` -> ``float8_e4m3fn``)."""
-    return None if kv_dtype is None else {s: k for k, s in KV_DTYPE_SHORT.items()}.get(kv_dtype, kv_dtype)
+def dtype_filter_name(kv_dtype: str | None) -> str | None:
+    """A ``DtypeFilter`` or ``KvDtypeFilter`` value as the name the entries record (``bf16`` -> ``bfloat16``,
+    ``fp8`` -> ``float8_e4m3fn``)."""
+    if kv_dtype is None:
+        return None
+    return {s: k for k, s in KV_DTYPE_SHORT.items()}.get(kv_dtype) or DTYPE_ALIASES.get(kv_dtype, kv_dtype)

@@ -17,7 +17,7 @@ from ..deps import (
     QLenFilter,
     SettingsDep,
     check_head_dim,
-    kv_dtype_name,
+    dtype_filter_name,
 )
 from ..schemas import BucketList, MeasurementList, RunList
 
@@ -46,9 +46,9 @@ def list_buckets(
         gpu=None if gpu is None else queries.canonical_gpu(gpu),
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        dtype=dtype,
+        dtype=dtype_filter_name(dtype),
         page_size=page_size,
-        kv_dtype=kv_dtype_name(kv_dtype),
+        kv_dtype=dtype_filter_name(kv_dtype),
         q_len=q_len,
     )
     return {"count": len(data), "data": data}

@@ -316,7 +316,10 @@ def test_policy_table_entries_name_their_family_and_filter_by_it(families):
     plain = c.get("/v1/policies", params={"kv_dtype": "bfloat16", "q_len": 1}).json()["data"]
     assert plain and all(".kvfp8" not in e["bucket"] and ".q" not in e["bucket"].split(".p16")[1] for e in plain)
     assert len(plain) + len(fp8_q4) + len(c.get("/v1/policies", params={"q_len": 2}).json()["data"]) == len(everything)
-    for q, field in (({"q_len": 99}, "q_len"), ({"kv_dtype": "int4"}, "kv_dtype")):
+    # the aliases POST /v1/plan takes filter alike
+    alias = c.get("/v1/policies", params={"dtype": "bf16", "kv_dtype": "bf16", "q_len": 1}).json()["data"]
+    assert [e["id"] for e in alias] == [e["id"] for e in plain]
+    for q, field in (({"q_len": 99}, "q_len"), ({"kv_dtype": "int4"}, "kv_dtype"), ({"dtype": "fp8"}, "dtype")):
         r = c.get("/v1/policies", params=q)
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", field]
 

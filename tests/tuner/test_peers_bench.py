@@ -212,6 +212,14 @@ def test_impls_runs_each_implementation_in_its_own_process(tmp_path):
         assert "fa3: not importable here" in out.stdout
     assert out.returncode == 1 and "failed: kvsplit, kvsplit (q_len 1)" in out.stderr, out.stderr
     assert "no CSV was written" in out.stdout and not list(tmp_path.glob("*.csv"))
+    # all: the implementations that do not take the q_len are named, not dropped in silence
+    res = subprocess.run(
+        [*cmd[:2], "--impls", "all", "--q-len", "4", "--out-dir", str(tmp_path), "--impl-timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert "flashinfer_decode: not run at --q-len 4 (FlashInfer's decode wrapper takes one query token" in res.stdout
     for bad, needle in (("kvsplit,nope", "--impls: expected 'all' or"), ("", "--impls: expected 'all' or")):
         res = subprocess.run(cmd[:2] + ["--impls", bad], capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
