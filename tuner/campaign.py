@@ -683,7 +683,8 @@ class _Campaign:
         room = (
             f"{left / 60:.1f} min left for the search at {self._seconds_per_timing() * 1e3:.0f} ms per timing"
             if left > 0
-            else "no budget left for the search: one trial per bucket, its pool pick"
+            else "no budget left for new trials: each bucket's study holds the pool step's timings of its warm "
+            "starts (the pool pick and the next two pool plans) and runs no new trial"
         )
         self.say(f"pool picks for {len(picks)} buckets; {sum(alloc.values())} Optuna trials allocated ({room})")
 

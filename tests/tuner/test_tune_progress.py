@@ -71,7 +71,9 @@ def test_piped_campaign_prints_plain_progress_and_says_when_the_pool_step_spends
     )
     assert any("the pool step alone needs about 0.2 of the 0.1 budget minutes" in x for x in err), r.stderr
     alloc = [x for x in err if x.startswith("pool picks for")]
-    assert alloc and "no budget left for the search: one trial per bucket" in alloc[0], r.stderr
+    assert alloc and "no budget left for new trials: each bucket's study holds the pool step's timings" in alloc[0], (
+        r.stderr
+    )
     assert not re.search(r"-\d+(\.\d+)? min", r.stderr), r.stderr
 
 
