@@ -8,7 +8,9 @@ round(log2 tokens)), the two classes of a bucket key (:mod:`kvsplit.kernels.buck
 - no bucket, but a batch of that family there (``kvsplit.tuner.workloads.family_kv_lens``) is served a tuned
   policy by the served table's nearest-bucket lookup (:meth:`kvsplit.kernels.policy_table.PolicyTable.plan`):
   light, with the lookup's distance in its tooltip;
-- no bucket, and that batch falls back to ``balanced``: a hatched **fallback hole**.
+- no bucket, and that batch falls back to ``balanced``: a hatched **fallback hole**;
+- buckets without a published policy (drafts) only: the cell is what is served there, as if it had no bucket
+  (a neighbour or a hole; its tooltip names the drafts), or grey when no lookup is possible.
 
 Traffic (rows of :func:`kvsplit.service.queries.traffic_summary`, recorded by the plan service) is a second layer: one
 circle per (bucket key, hour-aggregated) row at the middle of its B and token ranges, its area by request count,
@@ -54,8 +56,9 @@ def coverage_cells(
     """The cells of one family's map: ``(b_class, t_class) -> {"kind", "gain", "n", "title"}``.
 
     ``kind``: ``measured`` (a published bucket with a gain over balanced), ``untimed`` (published, no timing of
-    the served plan), ``draft`` (a bucket without a published policy), ``near`` (no bucket; ``lookup`` serves a
-    tuned policy), ``hole`` (``lookup`` falls back), ``none`` (no bucket and no lookup possible).
+    the served plan), ``near`` (no published bucket; ``lookup`` serves a tuned policy), ``hole`` (``lookup`` falls
+    back), ``draft`` (buckets without a published policy and no lookup possible; with one, such a cell is ``near``
+    or ``hole``, what is served there, its title naming the drafts), no cell (no bucket and no lookup possible).
     ``lookup(kv_lens) -> (source, distance)`` or None (then empty cells are ``none``).
     """
     by_cell: dict[tuple[int, int], list[dict]] = defaultdict(list)
@@ -88,27 +91,29 @@ def coverage_cells(
                         "title": f"{label}: {len(pub)} tuned bucket(s), served plan not timed",
                     }
                 continue
-            if bs:
-                cells[(bc, tc)] = {
-                    "kind": "draft",
-                    "n": len(bs),
-                    "title": f"{label}: bucket(s) without a published policy",
-                }
-                continue
+            draft = {"kind": "draft", "n": len(bs), "title": f"{label}: bucket(s) without a published policy"}
+            here = f"{len(bs)} draft bucket(s) here, not served" if bs else "no bucket here"
             if lookup is None or family not in _SYNTH or 2**bc > 2**tc or (family == "2x40" and 2**bc < 3):
+                if bs:
+                    cells[(bc, tc)] = draft
                 continue
             from ...tuner.workloads import family_kv_lens
 
             try:
                 src, dist = lookup(family_kv_lens(family, 2**bc, 2**tc))
             except ValueError:
+                if bs:
+                    cells[(bc, tc)] = draft
                 continue
             if src == "fallback":
-                cells[(bc, tc)] = {"kind": "hole", "title": f"{label}: fallback (balanced), no bucket within reach"}
+                cells[(bc, tc)] = {
+                    "kind": "hole",
+                    "title": f"{label}: {here}; fallback (balanced), no bucket within reach",
+                }
             else:
                 cells[(bc, tc)] = {
                     "kind": "near",
-                    "title": f"{label}: no bucket here; served {src} by a neighbour at distance {dist:.2f}",
+                    "title": f"{label}: {here}; served {src} by a neighbour at distance {dist:.2f}",
                 }
     return cells
 

@@ -334,3 +334,63 @@ def test_bucket_list_names_each_bucket_family_and_filters_by_it(families):
     plain = c.get("/v1/buckets", params={"q_len": 1}).json()["data"]
     assert plain and all((b["kv_dtype"], b["q_len"]) == ("bfloat16", 1) and ".kvfp8" not in b["key"] for b in plain)
     assert c.get("/v1/buckets", params={"q_len": 0}).status_code == 422
+
+
+def test_a_cell_of_draft_buckets_shows_what_is_served_there(tmp_path):
+    """A coverage cell whose only buckets are drafts (no published policy) is drawn as what POST /v1/plan serves
+    its batch: a neighbour or a fallback hole, the tooltip naming the drafts; so the summary's tuned + neighbour +
+    fallback cells add up to all cells."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    fill_store(url)
+    drafts = {(11, 21): 2**11, (7, 19): 2**7}  # far from every published bucket / next to the fp8 ones
+    with store.session_scope(url, write=True) as s:
+        for q_len, B, T in FP8_BUCKETS:
+            b = store.get_or_create_bucket(
+                s,
+                key=_fp8_key(q_len, B, T),
+                gpu=GPU,
+                num_kv_heads=4,
+                head_dim=128,
+                dtype="bfloat16",
+                page_size=16,
+                source=f"family:uniform B={B} T={T}",
+                signature={"family": "uniform"},
+            )
+            pol = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 3.0}, backend="sim", name="balanced")
+            store.publish(s, pol.id)
+        for (bc, tc), B in drafts.items():
+            b = store.get_or_create_bucket(
+                s,
+                key=_fp8_key(4, B, 2**tc),
+                gpu=GPU,
+                num_kv_heads=4,
+                head_dim=128,
+                dtype="bfloat16",
+                page_size=16,
+                source=f"family:uniform B={B} T={2**tc}",
+                signature={"family": "uniform"},
+            )
+            store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 2.0}, backend="sim", name="balanced")
+    app = create_app(Settings(database_url=url, admin_token=None, reload_interval_s=0))
+    with TestClient(app) as c:
+        page = c.get(f"/shapes/{Q4}").text
+        box = page[page.index('<div class="covbox" data-family="uniform">') :]
+        box = box[: box.index("</svg>")]
+        kinds = set()
+        for (bc, tc), B in drafts.items():
+            cell = re.search(
+                rf'<rect class="cov" data-kind="(\w+)" data-b="{bc}" data-t="{tc}"[^>]*><title>([^<]*)</title>', box
+            )
+            assert cell is not None, (bc, tc)
+            api = _served(c, family_kv_lens("uniform", B, 2**tc), kv_dtype=FP8, q_len=4)
+            want = "hole" if api["policy"]["source"] == "fallback" else "near"
+            assert cell.group(1) == want and "1 draft bucket(s) here, not served" in cell.group(2), cell.group(0)
+            kinds.add(want)
+        assert kinds == {"hole", "near"}
+        summary = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", c.get("/").text))
+        sentences = re.findall(
+            r"(\d+) of (\d+) cells have a tuned bucket, (\d+) are served by a neighbouring "
+            r"bucket, and (\d+) \(",
+            summary,
+        )
+        assert sentences and all(int(t) + int(n) + int(h) == int(a) for t, a, n, h in sentences), sentences
