@@ -276,7 +276,9 @@ class DecodeWrapper:
         The KV cache's dtype: ``dtype`` or ``"float8_e4m3fn"`` / ``"fp8"`` / ``torch.float8_e4m3fn`` (with a
         float16 or bfloat16 ``dtype``; ``run()`` then takes ``k_scale``/``v_scale``)
         (:func:`kvsplit.kernels.limits.check_kv_dtype`). Default (None): taken from the cache at each ``run()``
-        (``dtype`` or fp8).
+        (``dtype`` or fp8), but ``plan()``, which runs first, plans for a cache of ``dtype``: pass ``kv_dtype`` for
+        an fp8 cache so that its plans are made for it (its residency, the table's fp8 family); with a ``table``
+        ``run()`` refuses an fp8 cache without it.
     """
 
     def __init__(
