@@ -635,6 +635,8 @@ class RuleSpec:
                 "page_size": self.page_size,
                 "dtype": self.dtype,
                 "gpu": self.device.name,
+                "kv_dtype": self.kv_dtype,
+                "q_len": self.q_len,
             },
         )
 

@@ -38,6 +38,25 @@ _ARRAY_FIELDS = (
 )
 
 
+def made_for(p: Any) -> dict[str, Any]:
+    """The ``made_for`` object of a plan's JSON form from ``p``'s ``num_kv_heads``, ``head_dim``, ``page_size``,
+    ``dtype``, ``gpu``, ``kv_dtype`` and ``q_len`` attributes (a :class:`Plan`, or a resolved spec's fields as a
+    namespace): ``kv_dtype`` and ``q_len`` only where not the defaults (a cache of ``dtype``, one query token), so a
+    16-bit decode plan's form is as it was. The one writer of the object (``Plan.to_dict``, the plan service)."""
+    d = {
+        "num_kv_heads": p.num_kv_heads,
+        "head_dim": p.head_dim,
+        "page_size": p.page_size,
+        "dtype": p.dtype,
+        "gpu": p.gpu,
+    }
+    if p.kv_dtype is not None and p.kv_dtype != p.dtype:
+        d["kv_dtype"] = p.kv_dtype
+    if p.q_len != 1:
+        d["q_len"] = p.q_len
+    return d
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """One decode batch's split-KV plan (immutable).
@@ -59,8 +78,9 @@ class Plan:
         Kernel knobs.
     policy : str
         Policy name that made the plan; ``params`` its parameters (JSON-able).
-    num_kv_heads, head_dim, page_size, dtype, gpu
-        What the plan was made for (``made_for`` in the dict form).
+    num_kv_heads, head_dim, page_size, dtype, gpu, kv_dtype, q_len
+        What the plan was made for (``made_for`` in the dict form, :func:`made_for`): ``kv_dtype`` None for a
+        cache of ``dtype``, else ``"float8_e4m3fn"``; ``q_len`` query tokens per request (1: decode).
 
     Invariants (checked on construction): ``num_splits >= 1``; the items of a
     request with kv_len > 0 tile ``[0, kv_len)`` exactly once, in order, none
@@ -82,6 +102,8 @@ class Plan:
     page_size: int
     dtype: str
     gpu: str
+    kv_dtype: str | None = None
+    q_len: int = 1
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -235,13 +257,7 @@ class Plan:
             "config": self.config.to_dict(),
             "policy": self.policy,
             "params": jsonable(self.params),
-            "made_for": {
-                "num_kv_heads": self.num_kv_heads,
-                "head_dim": self.head_dim,
-                "page_size": self.page_size,
-                "dtype": self.dtype,
-                "gpu": self.gpu,
-            },
+            "made_for": made_for(self),
         }
 
     @staticmethod
@@ -301,6 +317,8 @@ class Plan:
                 page_size=int(mf["page_size"]),
                 dtype=str(mf["dtype"]),
                 gpu=str(mf["gpu"]),
+                kv_dtype=None if mf.get("kv_dtype") is None else str(mf["kv_dtype"]),
+                q_len=int(mf.get("q_len", 1)),
             )
         except KeyError as exc:
             raise ValueError(f"plan.made_for: missing field {exc}") from None

@@ -124,13 +124,16 @@ class KernelConfigOut(BaseModel):
 
 
 class MadeFor(BaseModel):
-    """What a plan was made for: H_kv, head_dim, page size (tokens), KV dtype and GPU name."""
+    """What a plan was made for: H_kv, head_dim, page size (tokens), q's dtype and GPU name; the KV cache's dtype and
+    q_len only where not the defaults (a cache of q's dtype, one query token per request)."""
 
     num_kv_heads: int
     head_dim: int
     page_size: int
     dtype: str
     gpu: str
+    kv_dtype: Optional[str] = Field(None, description="float8_e4m3fn for an fp8 KV cache; absent: q's dtype")
+    q_len: Optional[int] = Field(None, description="query tokens per request of a verify step (2-8); absent: 1")
 
 
 class BucketMatch(BaseModel):

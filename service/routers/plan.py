@@ -23,10 +23,12 @@ declared for OpenAPI.
 from __future__ import annotations
 
 import functools
+import types
 
 import orjson
 from fastapi import APIRouter, Request, Response
 
+from ...kernels.workplan import made_for
 from .. import fastjson, fastparse, metrics, validation
 from ..schemas import ErrorDetail, PlanResponse, ValidationErrorOut
 from ..traffic import SOURCE_INDEX as _SOURCE
@@ -55,13 +57,7 @@ def plan_answer(plan, bucket: dict, policy: dict) -> bytes:
         "cta_indptr": plan.cta_indptr,
         "config": _config_dict(plan.config),
         "params": plan.params,
-        "made_for": {
-            "num_kv_heads": plan.num_kv_heads,
-            "head_dim": plan.head_dim,
-            "page_size": plan.page_size,
-            "dtype": plan.dtype,
-            "gpu": plan.gpu,
-        },
+        "made_for": made_for(plan),
         "bucket": bucket,
         "policy": policy,
     }
@@ -89,13 +85,7 @@ def _fragments(sp, entry, table) -> tuple:
         {
             "config": _config_dict(f["config"]),
             "params": sp.params,
-            "made_for": {
-                "num_kv_heads": f["num_kv_heads"],
-                "head_dim": f["head_dim"],
-                "page_size": f["page_size"],
-                "dtype": f["dtype"],
-                "gpu": f["gpu"],
-            },
+            "made_for": made_for(types.SimpleNamespace(**f)),
         }
     )
     if entry is None:

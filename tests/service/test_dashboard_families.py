@@ -358,7 +358,7 @@ def test_a_cell_of_draft_buckets_shows_what_is_served_there(tmp_path):
             )
             pol = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 3.0}, backend="sim", name="balanced")
             store.publish(s, pol.id)
-        for (bc, tc), B in drafts.items():
+        for (_bc, tc), B in drafts.items():
             b = store.get_or_create_bucket(
                 s,
                 key=_fp8_key(4, B, 2**tc),

@@ -210,6 +210,10 @@ def test_kv_dtype_and_q_len_are_their_own_families(client):
             assert d["bucket"]["key"].replace(part, ".") == plain["bucket"]["key"]
             want = make_plan(lens, num_kv_heads=SHAPE["num_kv_heads"], device=GPU, policy="balanced", **kw)
             assert plan_from_response(d) == want
+            # the plan says which family it was made for (kv_dtype and q_len only where not the defaults)
+            fam = {k: v for k, v in kw.items() if k in ("kv_dtype", "q_len")}
+            assert d["made_for"] == {**plain["made_for"], **fam}
+            assert (want.kv_dtype, want.q_len) == (fam.get("kv_dtype"), fam.get("q_len", 1))
     # the defaults written out are the plain request
     d = client.post("/v1/plan", json=body(lens, kv_dtype=None, q_len=1)).json()
     assert d == plain
