@@ -28,6 +28,9 @@ __all__ = [
     "HeadDimFilter",
     "DtypeFilter",
     "PageSizeFilter",
+    "KvDtypeFilter",
+    "QLenFilter",
+    "dtype_filter_name",
 ]
 
 

@@ -77,15 +77,22 @@ def list_policies(
 
     Poll with If-None-Match: the answer is 304 while the table is unchanged.
     """
-    query = (gpu, num_kv_heads, head_dim, dtype_filter_name(dtype), page_size, kv_dtype, q_len)
+    query = (gpu, num_kv_heads, head_dim, dtype_filter_name(dtype), page_size, dtype_filter_name(kv_dtype), q_len)
     return _table_response(request, served, query, head=request.method == "HEAD")
 
 
 def _table_response(request: Request, served, query: tuple, head: bool = False) -> Response:
     gpu, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len = query
     check_head_dim(head_dim)
-    kd = dtype_filter_name(kv_dtype)
-    flt = (None if gpu is None else queries.canonical_gpu(gpu), num_kv_heads, head_dim, dtype, page_size, kd, q_len)
+    flt = (
+        None if gpu is None else queries.canonical_gpu(gpu),
+        num_kv_heads,
+        head_dim,
+        dtype,
+        page_size,
+        kv_dtype,
+        q_len,
+    )
     body, etag = served.filtered(flt)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if _etag_matches(request.headers.get("if-none-match"), etag):
