@@ -24,8 +24,11 @@ def table_entry(p: Any) -> dict[str, Any]:
     """The policy-table entry (kvsplit.kernels.policy_table module doc) of a published Policy row; its ``kv_dtype``
     and ``q_len`` are those of its bucket key's family (the row has no columns for them)."""
     b = p.bucket
-    family = BucketKey.parse(p.bucket_key).family
-    return {
+    try:
+        family = BucketKey.parse(p.bucket_key).family
+    except ValueError:  # a key edited by hand: no family fields (check_policy_entry names the key)
+        family = None
+    entry = {
         "id": p.id,
         "version": p.version,
         "bucket": p.bucket_key,
@@ -34,8 +37,6 @@ def table_entry(p: Any) -> dict[str, Any]:
         "head_dim": b.head_dim,
         "dtype": b.dtype,
         "page_size": b.page_size,
-        "kv_dtype": family[5],
-        "q_len": family[6],
         "name": p.name,
         "params": dict(p.params or {}),
         "backend": p.backend,
@@ -44,6 +45,9 @@ def table_entry(p: Any) -> dict[str, Any]:
         "tuning_run_id": p.tuning_run_id,
         "published_at": store.iso_utc(p.published_at),
     }
+    if family is not None:
+        entry["kv_dtype"], entry["q_len"] = family[5], family[6]
+    return entry
 
 
 def load_table_doc(url: str) -> dict[str, Any]:

@@ -55,6 +55,20 @@ def test_a_hand_edited_unservable_row_is_left_out_and_the_service_still_starts(t
         assert len(c.get("/v1/policies").json()["data"]) == len(ids) - 1
 
 
+def test_a_hand_edited_bucket_key_is_left_out_and_the_rest_served(tmp_path):
+    """A published row whose bucket key no longer parses (edited by hand) is left out of the served table, which
+    still loads; the other entries carry their family's kv_dtype and q_len."""
+    url = _store(tmp_path)
+    doc = json.loads(SHIPPED.read_text())
+    with store.session_scope(url, write=True) as s:
+        ids = store.import_policies(s, doc)
+    with store.session_scope(url, write=True) as s:
+        s.execute(update(Policy).where(Policy.id == ids[0]).values(bucket_key="not a bucket key"))
+    data = load_table_doc(url)["data"]
+    assert {p["id"] for p in data} == set(ids) - {ids[0]}
+    assert all((p["kv_dtype"], p["q_len"]) == ("bfloat16", 1) for p in data)
+
+
 def test_reimport_keeps_a_retired_policy_retired(tmp_path):
     url = _store(tmp_path)
     doc = json.loads(SHIPPED.read_text())
