@@ -374,7 +374,7 @@ def check_kv_dtype(kv_dtype: Any, dtype: str) -> str:
     kinds = ", ".join(
         f"{k!r} (or {KV_DTYPE_SHORT[k]!r})" if k in KV_DTYPE_SHORT else repr(k) for k in sorted(KV_DTYPES)
     )
-    raise ValueError(f"kv_dtype: expected None (JSON null: the same as dtype), {dtype!r} or {kinds}, got {kv_dtype!r}")
+    raise ValueError(f"kv_dtype: expected {dtype!r} (q's dtype, the default) or {kinds}, got {kv_dtype!r}")
 
 
 def q_len_shortfall(kv_lens: np.ndarray, q_len: int) -> int:

@@ -333,7 +333,7 @@ def test_fp8_spellings_mean_one_family_everywhere():
     for s in spellings:
         w = DecodeWrapper(32, 4, 128, dtype="float16", device="cpu", kv_dtype=s)
         assert w.kv_dtype == torch.float8_e4m3fn
-    with pytest.raises(ValueError, match=r"^kv_dtype: expected None \(JSON null: the same as dtype\), 'bfloat16' or "):
+    with pytest.raises(ValueError, match=r"^kv_dtype: expected 'bfloat16' \(q's dtype, the default\) or "):
         check_kv_dtype("int8", "bfloat16")
     with pytest.raises(ValueError, match=r"'float8_e4m3fn' \(or 'fp8'\), got torch\.int8$"):
         check_kv_dtype(torch.int8, "bfloat16")
