@@ -8,8 +8,9 @@ from typing import Annotated, Literal, Optional
 from fastapi import Depends, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 
-from ..kernels.limits import DTYPE_ALIASES, DTYPES, KV_DTYPE_SHORT, KV_DTYPES
+from ..kernels.limits import DTYPE_ALIASES, KV_DTYPE_SHORT
 from ..kernels.plan import HEAD_DIMS
+from .schemas import DTYPE_VALUES, KV_DTYPE_VALUES
 from .settings import Settings
 from .state import ServedTable, TableHolder
 
@@ -105,15 +106,13 @@ AdminDep = Depends(require_admin)
 GpuFilter = Annotated[Optional[str], Query(min_length=1, max_length=200)]
 NumKvHeadsFilter = Annotated[Optional[int], Query(ge=1, le=1024)]
 HeadDimFilter = Annotated[Optional[int], Query(json_schema_extra={"enum": list(HEAD_DIMS)})]
-_DTYPE_NAMES = (*sorted(DTYPES), *DTYPE_ALIASES)  # torch's names and the aliases POST /v1/plan takes
-_KV_DTYPE_NAMES = (*_DTYPE_NAMES, *sorted(KV_DTYPES), *(KV_DTYPE_SHORT[k] for k in sorted(KV_DTYPE_SHORT)))
 DtypeFilter = Annotated[
-    Optional[Literal[_DTYPE_NAMES]],  # type: ignore[valid-type]
+    Optional[Literal[DTYPE_VALUES]],  # type: ignore[valid-type]
     Query(description="q's dtype: torch's name or its alias, as POST /v1/plan takes it"),
 ]
 PageSizeFilter = Annotated[Optional[int], Query(ge=1, le=256)]
 KvDtypeFilter = Annotated[
-    Optional[Literal[_KV_DTYPE_NAMES]],  # type: ignore[valid-type]
+    Optional[Literal[KV_DTYPE_VALUES]],  # type: ignore[valid-type]
     Query(description="the KV cache's dtype of the policies' family (fp8: float8_e4m3fn)"),
 ]
 QLenFilter = Annotated[Optional[int], Query(ge=1, le=8, description="query tokens per request of the family")]

@@ -12,7 +12,14 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..kernels.limits import DTYPE_ALIASES, DTYPES, KV_DTYPE_SHORT, KV_DTYPES
 from ..kernels.plan import MAX_BATCH
+
+DTYPE_VALUES = (*sorted(DTYPES), *DTYPE_ALIASES)
+"""The values of q's ``dtype`` the HTTP API takes: torch's names and their aliases (bf16, fp16/f16, fp32/f32)."""
+KV_DTYPE_VALUES = (*sorted(KV_DTYPES), *(KV_DTYPE_SHORT[k] for k in sorted(KV_DTYPE_SHORT)), *DTYPE_VALUES)
+"""The values of ``kv_dtype`` the HTTP API takes (the request field and the list filters: one tuple, so that the
+OpenAPI document lists them in one order whichever schema pydantic builds first)."""
 
 __all__ = [
     "DeviceIn",
@@ -75,14 +82,12 @@ def make_plan_request_model(max_kv_len: int) -> type[BaseModel]:
         num_qo_heads: int = Field(ge=1, le=65536)
         num_kv_heads: int = Field(ge=1, le=1024)
         head_dim: Literal[64, 128, 256]
-        dtype: Literal["bfloat16", "float16", "float32", "bf16", "fp16", "f16", "fp32", "f32"] = Field(
+        dtype: Literal[DTYPE_VALUES] = Field(  # type: ignore[valid-type]
             description="q's dtype (and the KV cache's, unless kv_dtype says otherwise): torch's name or an alias "
             "(bf16, fp16/f16, fp32/f32)"
         )
         page_size: int = Field(ge=1, le=256)
-        kv_dtype: Optional[
-            Literal["float8_e4m3fn", "fp8", "bfloat16", "float16", "float32", "bf16", "fp16", "f16", "fp32", "f32"]
-        ] = Field(
+        kv_dtype: Optional[Literal[KV_DTYPE_VALUES]] = Field(  # type: ignore[valid-type]
             None,
             description="the KV cache's dtype: null or dtype's own name (the same as dtype), or float8_e4m3fn "
             "(alias fp8) with a 16-bit dtype; another KV dtype is another bucket family",
