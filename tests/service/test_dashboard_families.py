@@ -39,30 +39,41 @@ def _fp8_key(q_len: int, B: int, T: int) -> str:
     return str(bucket_key(lens, num_kv_heads=4, head_dim=128, dtype="bfloat16", device=GPU, kv_dtype=FP8, q_len=q_len))
 
 
-@pytest.fixture(scope="module")
-def families(tmp_path_factory):
-    url = f"sqlite:///{tmp_path_factory.mktemp('families')}/store.db"
+def _fp8_bucket(s, q_len: int, B: int, T: int):
+    """The FP8 uniform bucket of (q_len, B, T) of the module's shape, in session ``s``."""
+    return store.get_or_create_bucket(
+        s,
+        key=_fp8_key(q_len, B, T),
+        gpu=GPU,
+        num_kv_heads=4,
+        head_dim=128,
+        dtype="bfloat16",
+        page_size=16,
+        source=f"family:uniform B={B} T={T}",
+        signature={"family": "uniform"},
+    )
+
+
+def _fill_with_fp8_families(url: str) -> dict[str, int]:
+    """fill_store's bf16 q_len-1 store plus a published simulated policy on each of :data:`FP8_BUCKETS`;
+    ``{bucket key: policy id}``."""
     fill_store(url)
     ids = {}
     with store.session_scope(url, write=True) as s:
         for q_len, B, T in FP8_BUCKETS:
-            key = _fp8_key(q_len, B, T)
-            b = store.get_or_create_bucket(
-                s,
-                key=key,
-                gpu=GPU,
-                num_kv_heads=4,
-                head_dim=128,
-                dtype="bfloat16",
-                page_size=16,
-                source=f"family:uniform B={B} T={T}",
-                signature={"family": "uniform"},
-            )
+            b = _fp8_bucket(s, q_len, B, T)
             pol = store.create_policy(
                 s, bucket_id=b.id, params={"ctas_per_sm": 3.0}, backend="sim", score=1.1, name="balanced"
             )
             store.publish(s, pol.id)
-            ids[key] = pol.id
+            ids[b.key] = pol.id
+    return ids
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('families')}/store.db"
+    ids = _fill_with_fp8_families(url)
     app = create_app(Settings(database_url=url, admin_token=None, reload_interval_s=0))
     with TestClient(app) as c:
         yield url, ids, c
@@ -341,35 +352,11 @@ def test_a_cell_of_draft_buckets_shows_what_is_served_there(tmp_path):
     its batch: a neighbour or a fallback hole, the tooltip naming the drafts; so the summary's tuned + neighbour +
     fallback cells add up to all cells."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    fill_store(url)
+    _fill_with_fp8_families(url)
     drafts = {(11, 21): 2**11, (7, 19): 2**7}  # far from every published bucket / next to the fp8 ones
     with store.session_scope(url, write=True) as s:
-        for q_len, B, T in FP8_BUCKETS:
-            b = store.get_or_create_bucket(
-                s,
-                key=_fp8_key(q_len, B, T),
-                gpu=GPU,
-                num_kv_heads=4,
-                head_dim=128,
-                dtype="bfloat16",
-                page_size=16,
-                source=f"family:uniform B={B} T={T}",
-                signature={"family": "uniform"},
-            )
-            pol = store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 3.0}, backend="sim", name="balanced")
-            store.publish(s, pol.id)
         for (_bc, tc), B in drafts.items():
-            b = store.get_or_create_bucket(
-                s,
-                key=_fp8_key(4, B, 2**tc),
-                gpu=GPU,
-                num_kv_heads=4,
-                head_dim=128,
-                dtype="bfloat16",
-                page_size=16,
-                source=f"family:uniform B={B} T={2**tc}",
-                signature={"family": "uniform"},
-            )
+            b = _fp8_bucket(s, 4, B, 2**tc)
             store.create_policy(s, bucket_id=b.id, params={"ctas_per_sm": 2.0}, backend="sim", name="balanced")
     app = create_app(Settings(database_url=url, admin_token=None, reload_interval_s=0))
     with TestClient(app) as c:
