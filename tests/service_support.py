@@ -10,6 +10,8 @@ loopback port.
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import socket
 import subprocess
@@ -222,3 +224,14 @@ class LiveServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+
+def write_peer_csv(path, impl: str, rows, meta: dict) -> None:
+    """A bench/peers.py CSV of ``impl`` with ``rows`` (set, family, B, total_tokens, time_us, ratio_to_read_floor)
+    and its ``<path>.json`` holding ``meta``, as the bench writes them."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["implementation", "set", "family", "B", "total_tokens", "time_us", "ratio_to_read_floor"])
+        for r in rows:
+            w.writerow([impl, *r])
+    Path(str(path) + ".json").write_text(json.dumps(meta))

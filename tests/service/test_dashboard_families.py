@@ -7,10 +7,7 @@ floor of an FP8 cache is its bytes (one per element) over the read bandwidth: ha
 
 from __future__ import annotations
 
-import csv
-import json
 import re
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -23,7 +20,7 @@ from kvsplit.service.dashboard.evidence import import_peer_csvs, shape_evidence
 from kvsplit.service.dashboard.pages import _family_charts
 from kvsplit.service.settings import Settings
 from kvsplit.tuner.workloads import family_kv_lens
-from tests.service_support import BATCH_SIZES, FAMILIES, GPU, SHAPE, fill_store
+from tests.service_support import BATCH_SIZES, FAMILIES, GPU, SHAPE, fill_store, write_peer_csv
 
 SLUG = "nvidia-h200.kv4.d128.bf16.p16"
 FP8 = "float8_e4m3fn"
@@ -231,21 +228,12 @@ def test_traffic_table_counts_each_family_apart(families):
     )
 
 
-def _write_csv(path, impl, rows, meta):
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["implementation", "set", "family", "B", "total_tokens", "time_us", "ratio_to_read_floor"])
-        for r in rows:
-            w.writerow([impl, *r])
-    Path(str(path) + ".json").write_text(json.dumps(meta))
-
-
 def test_peer_evidence_is_of_its_family(tmp_path):
     """A bench/peers.py CSV timed with an FP8 cache at q_len 4 (its JSON says so, as peers.py writes it) is evidence
     of that family only; the shipped timings (JSONs without the fields: bf16 K/V at q_len 1) of the bf16 one only."""
     shape = {"num_qo_heads": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16", "page_size": 16}
     meta = {"gpu": GPU, "cases": "reference", "shape": shape, "kv_dtype": "torch.float8_e4m3fn", "q_len": 4}
-    _write_csv(tmp_path / "a.csv", "kvsplit", [["T262144/fp8/q4", "uniform", 1, 262_144, 10.0, 1.1]], meta)
+    write_peer_csv(tmp_path / "a.csv", "kvsplit", [["T262144/fp8/q4", "uniform", 1, 262_144, 10.0, 1.1]], meta)
     doc = import_peer_csvs([tmp_path / "a.csv"], measured="2026-12-05")
     (e,) = doc["sets"]
     assert (e["kv_dtype"], e["q_len"]) == (FP8, 4)

@@ -5,7 +5,6 @@ traffic layer and the Gantt chart's data. The same pages in a browser: test_dash
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from kvsplit.service.dashboard.viewer import MAX_REQUESTS, ViewerError, parse_kv
 from kvsplit.service.settings import Settings
 from kvsplit.tuner.simulate import predict, timeline
 from kvsplit.tuner.workloads import family_kv_lens
-from tests.service_support import BATCH_SIZES, FAMILIES, GPU, SHAPE, fill_store
+from tests.service_support import BATCH_SIZES, FAMILIES, GPU, SHAPE, fill_store, write_peer_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 SLUG = "nvidia-h200.kv4.d128.bf16.p16"
@@ -205,25 +204,16 @@ def test_table_query_validation():
         assert e.value.argument == arg and str(e.value).startswith(arg + ": ")
 
 
-def _write_csv(path, impl, rows, meta):
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["implementation", "set", "family", "B", "total_tokens", "time_us", "ratio_to_read_floor"])
-        for r in rows:
-            w.writerow([impl, *r])
-    Path(str(path) + ".json").write_text(json.dumps(meta))
-
-
 def test_peer_import_and_evidence(tmp_path):
     shape = {"num_qo_heads": 8, "num_kv_heads": 1, "head_dim": 64, "dtype": "float16", "page_size": 16}
     meta = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "cases": "reference"}
-    _write_csv(
+    write_peer_csv(
         tmp_path / "a.csv",
         "kvsplit",
         [["T8", "uniform", 1, 8, 10.0, 1.1], ["T8", "uniform", 2, 8, 20.0, 1.2]],
         {**meta, "shape": shape},
     )
-    _write_csv(
+    write_peer_csv(
         tmp_path / "b.csv", "fa3", [["T8", "uniform", 1, 8, 15.0, 1.6], ["T8", "uniform", 2, 8, 10.0, 0.6]], meta
     )
     doc = import_peer_csvs([tmp_path / "a.csv", tmp_path / "b.csv"], measured="2026-12-04")
@@ -245,7 +235,7 @@ def test_peer_import_and_evidence(tmp_path):
     Path(str(tmp_path / "c.csv") + ".json").write_text("{}")
     with pytest.raises(ValueError, match="missing columns"):
         import_peer_csvs([tmp_path / "c.csv"], measured="2026-12-04")
-    _write_csv(tmp_path / "d.csv", "fa3", [["T8", "uniform", 1, 8, -1.0, 1.0]], meta)
+    write_peer_csv(tmp_path / "d.csv", "fa3", [["T8", "uniform", 1, 8, -1.0, 1.0]], meta)
     with pytest.raises(ValueError, match="must be > 0"):
         import_peer_csvs([tmp_path / "d.csv"], measured="2026-12-04")
 
