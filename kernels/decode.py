@@ -116,8 +116,8 @@ def _online_softmax_step(
 ):
     # one BLOCK_N tile of the online softmax (base 2; FlashAttention-2, Dao 2023): scores of the GQA group's
     # queries against the tile's keys, masked past the item's end, running max / sum / output rescaled.
-    # KV_FP8: k and v are float8_e4m3fn, widened to q's dtype for the dots (their scales are folded into
-    # qk_scale and into the output). Q_LEN > 1: row r also masks the keys at positions t >= lim[r] (causal
+    # KV_FP8: k and v are float8_e4m3fn, widened to q's dtype (float16, converted by the caller) for the dots
+    # (their scales are folded into qk_scale and into the output). Q_LEN > 1: row r also masks the keys at positions t >= lim[r] (causal
     # within the request's Q_LEN new tokens); a row with no key in the tile keeps m = -inf, so the exponents
     # are taken against 0 there (no -inf - -inf).
     if KV_FP8:
@@ -342,6 +342,12 @@ def _stage1_tile(
                 mask=mask_h[:, None],
                 other=0.0,
             )
+        if KV_FP8:
+            # an FP8 cache is dotted in float16: e4m3 widens to f16 with one packed conversion per two elements
+            # (cvt.rn.f16x2.e4m3x2), to bf16 only through a second, scalar one per element (F2F.BF16.F16), which
+            # made the bf16 kernel conversion-bound; q is converted once per work item
+            # (docs/decisions/fp8-dot-dtype.md)
+            q = q.to(tl.float16)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
@@ -951,6 +957,24 @@ def check_cache_dtype(name: str, kv_dtype: torch.dtype, q_dtype: torch.dtype) ->
     raise ValueError(f"{name}: expected dtype {q_dtype} (q's) or torch.float8_e4m3fn, got {kv_dtype}")
 
 
+FP16_MAX = 65504.0
+"""The largest finite float16: an FP8 cache's dots run in float16 (q converted in the kernel)."""
+
+
+def check_fp8_q_range(q: torch.Tensor, kv_dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` naming ``q`` when a bfloat16 q read against a ``float8_e4m3fn`` cache holds a finite
+    value beyond float16's range (:data:`FP16_MAX`), which the kernel's float16 dots would turn into inf. A host
+    sync (the reduction's result is read); NaN and inf pass, as they do with 16-bit K/V."""
+    if kv_dtype != KV_FP8 or q.dtype != torch.bfloat16 or not q.numel():
+        return
+    amax = float(q.abs().amax())
+    if FP16_MAX < amax < float("inf"):
+        raise ValueError(
+            f"q: holds |q| = {amax:g}, beyond float16's range ({FP16_MAX:g}); with a float8_e4m3fn KV cache the "
+            "kernel dots q and K/V in float16 (keep q within it, or the cache in q's dtype)"
+        )
+
+
 def _check_inputs(
     q,
     k_cache,
@@ -1083,6 +1107,7 @@ def _check_inputs(
             raise ValueError("kv_lens: negative kv_len")
         check_covers_q_len(lens.numpy(), q_len)
         check_kv_scale_values(k_scale, v_scale)
+        check_fp8_q_range(q, k_cache.dtype)
         cap = d * page_size
         over = lens > cap
         if bool(over.any()):
@@ -1130,7 +1155,8 @@ def decode_attention(
         q_len``), the first two dimensions contiguous when ``q_len > 1``.
     k_cache, v_cache : torch.Tensor ``[num_pages, page_size, H_kv, D]``
         Paged KV cache, q's dtype or ``torch.float8_e4m3fn`` (q float16 / bfloat16: read as fp8 bytes, no
-        dequantized copy); H_q must be a multiple of H_kv.
+        dequantized copy, and dotted in float16, so a bfloat16 q must lie within float16's range, ``|q| <= 65504``;
+        ``validate`` checks it); H_q must be a multiple of H_kv.
     kv_indptr : torch.Tensor int32 ``[B + 1]``
         Offsets of each request's page list in ``kv_indices``.
     kv_indices : torch.Tensor int32 ``[kv_indptr[-1]]``

@@ -334,3 +334,25 @@ def test_table_entry_with_two_heads_per_tile_keeps_its_work_list_at_q_len_8():
     assert p.config == dataclasses.replace(served.config, heads_per_tile=1)
     for name in ("work_request", "work_kv_start", "work_kv_end", "cta_indptr", "kv_lens"):
         assert np.array_equal(getattr(p, name), getattr(served, name)), name
+
+
+def test_bf16_q_beyond_float16_range_is_refused_with_an_fp8_cache():
+    """The FP8 kernel dots q and K/V in float16: a finite bfloat16 |q| above 65,504 would become inf there, so the
+    validating call refuses it naming q; at the limit, with NaN / inf (as with 16-bit K/V), with a float16 q and
+    with a 16-bit cache the check passes. (The interpreter does not take bf16 q, so the check is called directly.)"""
+    from kvsplit.kernels.decode import FP16_MAX, check_fp8_q_range
+
+    fp8 = torch.float8_e4m3fn
+    q = torch.zeros(2, 4, 8, dtype=torch.bfloat16)
+    q[1, 2, 3] = -70_000.0
+    with pytest.raises(ValueError, match=r"^q: holds \|q\| = 70144, beyond float16's range \(65504\)"):
+        check_fp8_q_range(q, fp8)
+    check_fp8_q_range(q, torch.bfloat16)  # a bf16 cache is dotted in bf16
+    q[1, 2, 3] = 65_280.0  # the largest bfloat16 within float16's range (65,504 itself rounds to 65,536 in bf16)
+    assert float(q.abs().amax()) <= FP16_MAX < float(torch.tensor(FP16_MAX, dtype=torch.bfloat16))
+    check_fp8_q_range(q, fp8)
+    for special in (float("inf"), float("nan")):
+        q[1, 2, 3] = special
+        check_fp8_q_range(q, fp8)
+    check_fp8_q_range(torch.full((1, 1, 1), 6e4, dtype=torch.float16), fp8)
+    check_fp8_q_range(torch.empty(0, 4, 8, dtype=torch.bfloat16), fp8)
