@@ -46,6 +46,7 @@ __all__ = [
     "extra_row_regs",
     "kv_buffer_bytes",
     "COMPILED_ROWS",
+    "COMPILED_FP8",
     "padded_rows",
 ]
 
@@ -280,6 +281,53 @@ COMPILED_ROWS: dict[tuple[str, int, str, int, int, int, bool, int], tuple[int, i
 for (_gpu, _d, _dt, _bn, _w, _s, _pf, _r), _v in list(COMPILED_ROWS.items()):
     COMPILED_ROWS[(_gpu, _d, "float16", _bn, _w, _s, _pf, _r)] = _v
 
+# An FP8 (float8_e4m3fn) K/V cache read with a 16-bit q: the kernel that dots it in float16
+# (docs/decisions/fp8-dot-dtype.md), compiled for sm_90 the same way (bench/compile_sm90.py --kv-dtype fp8
+# --scales tensor: G = 8, q_len 1, per-tensor scales; Triton 3.6, 2026-12-05). The K/V buffers halve, but widening
+# e4m3 in registers costs registers: (64, 4, 2) takes 168 where the 16-bit kernel takes 118 (3 CTAs per SM, not
+# 4), (128, 4, 2) 209 where it takes 168 (2, not 3). Halving the 16-bit figures' K/V buffers (what
+# resident_ctas_per_sm does for a config this table lacks) counted a wrong residency for 15 of these 34 configs,
+# more CTAs than run for 8 of them. Key: (gpu, head_dim, dtype, block_n, num_warps, num_stages, prefetch,
+# heads_per_tile, next_item); the comment gives the resident CTAs per SM.
+COMPILED_FP8: dict[tuple[str, int, str, int, int, int, bool, int, bool], tuple[int, int]] = {
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 1, False): (128, 13312),  # 4, 12 B of spill stores
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 2, False): (138, 21504),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, False, 1, False): (128, 13440),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, False, 2, False): (184, 21632),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 1, False): (128, 21504),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 1, True): (135, 21504),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 2, False): (137, 37888),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 2, True): (168, 37888),  # 3, 4 B of spill stores
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, False, 2, False): (184, 21632),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, True, 1, False): (128, 29696),  # 4
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, True, 1, True): (135, 29696),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, True, 2, False): (137, 54272),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 1, False): (168, 22528),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 2, False): (162, 38912),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, False, 1, False): (168, 22784),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 1, False): (168, 38912),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 1, True): (194, 38912),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 2, False): (255, 71680),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 2, True): (255, 71680),  # 2, 16 B of spill stores
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4, True, 1, False): (168, 55296),  # 3
+    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4, True, 1, True): (194, 55296),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 1, False): (128, 22528),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 2, False): (128, 38912),  # 2, 24 B of spill stores
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, False, 1, False): (147, 22784),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 1, False): (128, 38912),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 1, True): (168, 38912),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 2, False): (128, 71680),  # 2, 12 B of spill stores
+    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 2, True): (179, 71680),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 2, False, 1, False): (209, 40960),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, False, 1, False): (212, 41472),  # 2
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 2, False, 1, False): (190, 40960),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 128, 8, 3, False, 1, False): (198, 41472),  # 1
+    ("NVIDIA H200", 128, "bfloat16", 256, 4, 2, False, 1, False): (255, 77824),  # 2, 160 B of spill stores
+    ("NVIDIA H200", 128, "bfloat16", 256, 8, 2, False, 1, False): (180, 77824),  # 1
+}
+for (_gpu, _d, _dt, _bn, _w, _s, _pf, _h, _nx), _v in list(COMPILED_FP8.items()):
+    COMPILED_FP8[(_gpu, _d, "float16", _bn, _w, _s, _pf, _h, _nx)] = _v
+
 NEXT_ITEM_EXTRA_REGS = 80
 """Registers the look-ahead is assumed to add to a config :data:`COMPILED_NEXT` lacks (the compiles above add
 up to 76)."""
@@ -387,6 +435,22 @@ def resident_ctas_per_sm(
     :func:`extra_row_regs` more registers (at most 255; a spilling tile keeps the register file's residency).
     With neither, the tables' figures as they are."""
     kvb = dtype_bytes if kv_bytes is None else kv_bytes
+    if kvb == 1 and extra_rows <= 0:
+        fp8 = COMPILED_FP8.get(
+            (
+                device.name,
+                head_dim,
+                dtype,
+                block_n,
+                num_warps,
+                num_stages,
+                bool(prefetch or next_item),
+                heads_per_tile,
+                bool(next_item),
+            )
+        )
+        if fp8 is not None:
+            return occupancy(device, num_warps, *fp8)
     regs, smem = _regs_smem(
         device, head_dim, dtype, dtype_bytes, block_n, num_warps, num_stages, prefetch, heads_per_tile, next_item
     )

@@ -23,12 +23,14 @@ from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policy_table import PolicyTable, check_policy_entry, load_shipped_table, shipped_policies
 from kvsplit.kernels.residency import occupancy, resident_ctas_per_sm
 from kvsplit.kernels.rulespec import (
+    RULE_WAVE,
     RULE_WAVE1,
     RULE_WAVE2,
     PlanContext,
     fit_heads_per_tile,
     resident_slots,
     resolve,
+    wave_target,
     wave_tile_cost,
 )
 from kvsplit.kernels.shape import Shape, shape_family
@@ -217,10 +219,30 @@ def test_fp8_halves_the_kv_buffers():
     bf16 = resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 3, prefetch=True)
     fp8 = resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 3, prefetch=True, kv_bytes=1)
     assert (bf16, fp8) == (_occ(168, 139264, 4), _occ(168, 139264 - 65536, 4)) == (1, 3)
-    # the plain loop keeps one K/V buffer: (128, 4, 2), 168 registers, 73,728 B: register-bound at 3 either way
-    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 2, kv_bytes=1) == _occ(168, 73728 - 32768, 4) == 3
+    # a config the FP8 compiles have (COMPILED_FP8) takes their figures instead: (128, 4, 2) runs 209 registers and
+    # 40,960 B with an FP8 cache, 2 CTAs per SM, where halving the 16-bit kernel's K/V buffer would count 3
+    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 2, kv_bytes=1) == _occ(209, 40960, 4) == 2
+    assert _occ(168, 73728 - 32768, 4) == 3
     ctx8 = PlanContext(H200, 4, 128, 16, "bfloat16", FP8)
     assert resident_slots(ctx8, KernelConfig(128, 4, 3, prefetch=True)) == 3 * 132
+
+
+def test_fp8_residency_is_the_compiled_kernels():
+    # the FP8 stage-1 kernel widens e4m3 in registers: (64, 4, 2) compiled for sm_90 takes 168 registers and
+    # 22,528 B (COMPILED_FP8) where the 16-bit kernel takes 118 and 38,912 B: 3 CTAs per SM, not the 4 that halving
+    # the 16-bit kernel's K/V buffers gives
+    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 64, 4, 2) == _occ(118, 38912, 4) == 4
+    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 64, 4, 2, kv_bytes=1) == _occ(168, 22528, 4) == 3
+    # so a plan of 4 tiles per SM on that tile aims at whole resident waves, 3 x 132 tiles (not 4 x 132: one
+    # partial wave); 16-bit K/V keep 4 x 132
+    fp8 = PlanContext(H200, 4, 128, 16, "bfloat16", FP8)
+    bf16 = PlanContext(H200, 4, 128, 16, "bfloat16", None)
+    assert wave_target(fp8, KernelConfig(64, 4, 2), 4.0) == 3 * 132
+    assert wave_target(bf16, KernelConfig(64, 4, 2), 4.0) == 4 * 132
+    # the rows hold for float16 q, and a q_len > 1 tile still counts its extra rows (COMPILED_ROWS' path)
+    assert resident_ctas_per_sm(H200, 128, "float16", 2, 64, 4, 2, kv_bytes=1) == 3
+    q4 = PlanContext(H200, 4, 128, 16, "bfloat16", FP8, 4, 8)
+    assert resident_slots(q4, KernelConfig(128, 4, 2)) == _occ(232, 81920 - 32768, 4) * 132 == 2 * 132
 
 
 def test_q_len_rows_cost_registers():
@@ -246,13 +268,18 @@ def test_q_len_rows_cost_registers():
 
 def test_fp8_charges_two_blocks_per_tile_at_one_wave():
     cfg = KernelConfig(128, 4, 2)
-    one_wave = 3 * 132
-    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16"), cfg, one_wave) == 128
-    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16", FP8), cfg, one_wave) == 256
-    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16", FP8), cfg, one_wave - 1) == 0
+    # one resident wave of (128, 4, 2): 3 CTAs per SM with 16-bit K/V, 2 with FP8 (COMPILED_FP8)
+    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16"), cfg, 3 * 132) == 128
+    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16", FP8), cfg, 2 * 132) == 256
+    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16", FP8), cfg, 2 * 132 - 1) == 0
+    assert wave_tile_cost(PlanContext(H200, 4, 128, 16, "bfloat16", FP8), cfg, 3 * 132) == 0
+    # balanced's default 4 tiles per SM on that tile: one resident wave of 3 x 132 with 16-bit K/V; two waves of
+    # 2 x 132 with FP8 (no fixed cost: it is charged at exactly one wave), one at 2 tiles per SM
     sp16 = resolve("balanced", num_kv_heads=4, device=H200)
     sp8 = resolve("balanced", num_kv_heads=4, device=H200, kv_dtype=FP8)
-    assert (sp16.chunk_rule, sp8.chunk_rule) == (RULE_WAVE1, RULE_WAVE2)
+    assert (sp16.chunk_rule, sp16.chunk_arg, sp8.chunk_rule, sp8.chunk_arg) == (RULE_WAVE1, 396, RULE_WAVE, 528)
+    sp8 = resolve("balanced", {"ctas_per_sm": 2}, num_kv_heads=4, device=H200, kv_dtype=FP8)
+    assert (sp8.chunk_rule, sp8.chunk_arg) == (RULE_WAVE2, 264)
 
 
 def test_heads_per_tile_fit_counts_q_len():
@@ -305,11 +332,16 @@ def test_plans_of_new_shapes_keep_invariants_and_match_the_oracle(kv, case, shap
 )
 def test_fp8_never_makes_more_tiles_than_bf16(kv, hkv, ctas):
     """The same resident waves, a heavier fixed cost per tile: the wave-aware chunk of an FP8 cache is at least
-    the 16-bit one's, so it never plans more work tiles (its tie-break goes to fewer tiles sooner)."""
-    kw = dict(num_kv_heads=hkv, device=H200, policy="balanced", params={"ctas_per_sm": ctas})
+    the 16-bit one's, so it never plans more work tiles (its tie-break goes to fewer tiles sooner). The tile is
+    (64, 8, 2), 2 CTAs per SM with either cache (MEASURED, COMPILED_FP8)."""
+    tile = {"block_n": 64, "num_warps": 8, "num_stages": 2}
+    kw = dict(num_kv_heads=hkv, device=H200, policy="balanced", params={"ctas_per_sm": ctas, **tile})
     p16 = make_plan(kv, **kw)
     p8 = make_plan(kv, **kw, kv_dtype=FP8)
     assert p8.config == p16.config
+    cfg = KernelConfig(64, 8, 2)
+    slots = resident_slots(PlanContext(H200, hkv, 128, 16, "bfloat16"), cfg)
+    assert resident_slots(PlanContext(H200, hkv, 128, 16, "bfloat16", FP8), cfg) == slots == 2 * 132
     assert p8.num_work_items <= p16.num_work_items
     check_invariants(p8)
 
@@ -356,3 +388,29 @@ def test_kv_len_below_q_len_refused_by_planner_and_table():
         make_plan([9, -1, 2], num_kv_heads=4, device="h200", q_len=4)
     assert make_plan([4, 4096], num_kv_heads=4, device="h200", q_len=4).kv_lens.tolist() == [4, 4096]
     assert table.plan([0, 4096], **shape)[0].kv_lens.tolist() == [0, 4096]
+
+
+def test_fp8_families_fall_back_to_the_fp8_rule_unless_the_table_names_its_own():
+    from kvsplit.kernels.policy_table import FALLBACK_POLICY, FP8_FALLBACK
+
+    default = PolicyTable.from_json(PolicyTable.document([], version=1))
+    assert default.fallback_for(None) == default.fallback_for("bfloat16") == (FALLBACK_POLICY, {})
+    assert default.fallback_for(FP8) == FP8_FALLBACK
+    doc = PolicyTable.document([], version=1)
+    doc["fallback"] = {"name": "balanced", "params": {"ctas_per_sm": 2.0}}
+    own = PolicyTable.from_json(doc)
+    assert own.fallback_for(FP8) == own.fallback_for(None) == ("balanced", {"ctas_per_sm": 2.0})
+    # G = 16 (H_q 32 / H_kv 2): two heads per tile would be 32 rows; the fallback's tile keeps one
+    L = [5000, 120, 77_000]
+    ask = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=2, head_dim=128, dtype="bfloat16", kv_dtype=FP8)
+    p, _, pol = default.plan(L, **ask)
+    assert pol["name"] == "stream_k" and p.config.heads_per_tile == 1
+    assert p == make_plan(
+        L,
+        policy="stream_k",
+        params={**FP8_FALLBACK[1], "heads_per_tile": 1},
+        num_kv_heads=2,
+        num_qo_heads=32,
+        device="h200",
+        kv_dtype=FP8,
+    )
