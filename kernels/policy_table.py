@@ -12,7 +12,7 @@ Lookup rule (docs/concepts/design.md §5, §7): compute the batch's bucket key
 same key family (gpu, H_kv, head_dim, dtype, page_size, kv_dtype, q_len) take the nearest
 GPU-tuned one (backend ``gpu``, source ``tuned``) within the distance limit; if
 there is none, the nearest simulator-tuned one (backend ``sim``, source
-``simulated``); else plan with the fallback policy (``balanced``, source
+``simulated``); else plan with the fallback policy (``balanced``; an FP8 family's is :data:`FP8_FALLBACK`; source
 ``fallback``). Distances are :func:`kvsplit.kernels.buckets.distance`, computed
 by the loop-form core over a family's candidates as integers scaled by a power of two
 (bit-identical after the one division); ties go to the smaller bucket key string, then
@@ -66,7 +66,7 @@ import numpy as np
 from . import fastplan as _fastplan
 from .buckets import NUM_BINS, SCALE, SCALED_CLASS_UNITS, BucketKey, key_prefix
 from .device import DeviceSpec
-from .limits import check_covers_q_len
+from .limits import KV_DTYPES, check_covers_q_len
 from .rulespec import POLICIES, fit_heads_per_tile, resolve
 from .shape import Shape, gpu_slug, shape_family
 from .workplan import Plan
@@ -80,6 +80,7 @@ __all__ = [
     "TABLE_FORMAT",
     "SERVE_DISTANCE_LIMIT",
     "FALLBACK_POLICY",
+    "FP8_FALLBACK",
     "SOURCE_OF_BACKEND",
     "check_policy_entry",
 ]
@@ -96,6 +97,17 @@ within 2.1 of a tuned bucket, and the nearest bucket's policy is within a few pe
 best plan, while the ``balanced`` fallback is 1.05-1.4x slower there. ``bucket.distance`` of a plan
 answer says how far the answer reached."""
 FALLBACK_POLICY = "balanced"
+FP8_FALLBACK: tuple[str, dict[str, Any]] = (
+    "stream_k",
+    {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True, "heads_per_tile": 2},
+)
+"""The fallback of an FP8 family (``kv_dtype`` float8_e4m3fn) in a table whose fallback is the default one
+(:data:`FALLBACK_POLICY`, no params): stream-K at 3 tiles per SM on (32, 4, 3) with the page-id prefetch and two KV
+heads per work tile (fewer where they do not fit the shape: :func:`~kvsplit.kernels.rulespec.fit_heads_per_tile`).
+With an FP8 cache's half bytes, a one-head tile of G = 8 query rows (padded to 16) spends twice the softmax work per
+byte of a two-head one: measured on an H100 with the float16-dot kernel (docs/decisions/fp8-dot-dtype.md), this
+plan was within 1.4 % of the best of the 19 pool plans on each of 12 reference batches, where ``balanced``'s
+default tile was 1.13-1.47x slower than the best."""
 SOURCE_OF_BACKEND = {"gpu": "tuned", "sim": "simulated"}
 _SHAPE_FIELDS = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
 _FAMILY_EXTRA = ("kv_dtype", "q_len")
@@ -313,6 +325,15 @@ class PolicyTable:
         }
 
     # -- queries -----------------------------------------------------------------
+    def fallback_for(self, kv_dtype: str | None) -> tuple[str, dict[str, Any]]:
+        """``(policy name, params)`` a batch of a family without a near bucket is planned with: the table's
+        fallback, except that a table whose fallback is the default (:data:`FALLBACK_POLICY`, no params) plans an
+        FP8 family (``kv_dtype`` ``"float8_e4m3fn"``) with :data:`FP8_FALLBACK`. ``kv_dtype``: the family's
+        canonical KV dtype name (None or a 16-bit name: the table's fallback)."""
+        if kv_dtype in KV_DTYPES and self.fallback_name == FALLBACK_POLICY and not self.fallback_params:
+            return FP8_FALLBACK[0], dict(FP8_FALLBACK[1])
+        return self.fallback_name, dict(self.fallback_params)
+
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -521,7 +542,7 @@ class _ShapeCtx:
         if i < len(self.rows.entries):
             name, params = self.rows.entries[i].name, self.rows.entries[i].params
         else:
-            name, params = table.fallback_name, table.fallback_params
+            name, params = table.fallback_for(self.shape.kv_dtype)
         c = self.ctx
         params = fit_heads_per_tile(params, self.shape.num_qo_heads, c.num_kv_heads, c.q_len)
         sp = resolve(
@@ -578,16 +599,11 @@ class _ShapeCtx:
         key = key.tobytes().decode()
         plan = _fastplan.plan_of_buffers(L.shape[0], W, nc, b64, b32, sp)
         if entry is None:
+            name, params = table.fallback_for(self.shape.kv_dtype)
             return (
                 plan,
                 {"key": key, "matched": None, "distance": None},
-                {
-                    "id": None,
-                    "version": None,
-                    "name": table.fallback_name,
-                    "params": dict(table.fallback_params),
-                    "source": "fallback",
-                },
+                {"id": None, "version": None, "name": name, "params": params, "source": "fallback"},
             )
         return plan, {"key": key, "matched": entry.bucket, "distance": int(scaled) / _SCALE}, entry.info()
 

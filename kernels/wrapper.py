@@ -535,7 +535,7 @@ class DecodeWrapper:
         )
         entry, _ = table.lookup(key)
         if entry is None:
-            return table.fallback_name, dict(table.fallback_params)
+            return table.fallback_for(self._kv_dtype_name())
         return entry.name, dict(entry.params)
 
     def _check_index(self, kv_indptr, kv_indices, kv_lens) -> int:

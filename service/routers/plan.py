@@ -90,13 +90,8 @@ def _fragments(sp, entry, table) -> tuple:
     )
     if entry is None:
         source = "fallback"
-        policy = {
-            "id": None,
-            "version": None,
-            "name": table.fallback_name,
-            "params": dict(table.fallback_params),
-            "source": "fallback",
-        }
+        name, params = table.fallback_for(f["kv_dtype"])
+        policy = {"id": None, "version": None, "name": name, "params": params, "source": "fallback"}
         matched = b',"matched":null,"distance":null'
     else:
         source = entry.source

@@ -373,3 +373,35 @@ def test_requests_through_the_app_are_counted(tmp_path):
         assert sample(after, prefix) - sample(before, prefix) == 25, prefix
     # 25 requests and the 25 direct _fast_answer calls above
     assert sample(after, "kvsplit_plan_lookups_total{") - sample(before, "kvsplit_plan_lookups_total{") == 50
+
+
+def test_fp8_fallback_on_the_compiled_and_full_paths(monkeypatch):
+    """An FP8 batch far from every bucket of a table with the default fallback gets FP8_FALLBACK on both HTTP paths
+    (the same bytes as the in-process plan); a 16-bit batch of the same lengths the balanced fallback. The plan is
+    make_plan's of FP8_FALLBACK's rule, its two heads per tile fitted to the shape (H_kv 4, G 8: two)."""
+    from kvsplit.kernels.plan import make_plan
+    from kvsplit.kernels.policy_table import FP8_FALLBACK
+
+    shape = _shape()
+    table = PolicyTable.from_json(PolicyTable.document([], version=1))
+    lens = np.asarray([70_000, 300, 5_000, 17] * 4, np.int64)
+    rng = np.random.default_rng(3)
+    names = {}
+    for kv in (None, "fp8", "float8_e4m3fn"):
+        s = dict(shape, **({"kv_dtype": kv} if kv else {}))
+        body, plain = _body(s, lens, rng)
+        handle_plan(body, _state(table), JSON)
+        names[kv] = _check(table, s, lens, body, plain, 1 << 24, monkeypatch)
+    assert names == {None: ("fallback", "balanced"), "fp8": ("fallback", "stream_k"), "float8_e4m3fn": names["fp8"]}
+    p, _, pol = table.plan(lens.tolist(), **shape, kv_dtype="fp8")
+    assert (pol["name"], pol["params"]) == FP8_FALLBACK
+    ref = make_plan(
+        lens,
+        policy="stream_k",
+        params=FP8_FALLBACK[1],
+        num_kv_heads=4,
+        num_qo_heads=32,
+        device=GPU,
+        kv_dtype="float8_e4m3fn",
+    )
+    assert p == ref and p.config.heads_per_tile == 2 and p.config.block_n == 32
