@@ -101,7 +101,7 @@ FP8_FALLBACK: tuple[str, dict[str, Any]] = (
     "stream_k",
     {"ctas_per_sm": 3.0, "block_n": 32, "num_warps": 4, "num_stages": 3, "prefetch": True, "heads_per_tile": 2},
 )
-"""The fallback of an FP8 family (``kv_dtype`` float8_e4m3fn) in a table whose fallback is the default one
+"""The fallback of an FP8 family (``kv_dtype`` float8_e4m3fn) of q_len 1 in a table whose fallback is the default one
 (:data:`FALLBACK_POLICY`, no params): stream-K at 3 tiles per SM on (32, 4, 3) with the page-id prefetch and two KV
 heads per work tile (fewer where they do not fit the shape: :func:`~kvsplit.kernels.rulespec.fit_heads_per_tile`).
 With an FP8 cache's half bytes, a one-head tile of G = 8 query rows (padded to 16) spends twice the softmax work per
@@ -325,12 +325,12 @@ class PolicyTable:
         }
 
     # -- queries -----------------------------------------------------------------
-    def fallback_for(self, kv_dtype: str | None) -> tuple[str, dict[str, Any]]:
+    def fallback_for(self, kv_dtype: str | None, q_len: int = 1) -> tuple[str, dict[str, Any]]:
         """``(policy name, params)`` a batch of a family without a near bucket is planned with: the table's
         fallback, except that a table whose fallback is the default (:data:`FALLBACK_POLICY`, no params) plans an
-        FP8 family (``kv_dtype`` ``"float8_e4m3fn"``) with :data:`FP8_FALLBACK`. ``kv_dtype``: the family's
-        canonical KV dtype name (None or a 16-bit name: the table's fallback)."""
-        if kv_dtype in KV_DTYPES and self.fallback_name == FALLBACK_POLICY and not self.fallback_params:
+        FP8 family of q_len 1 (``kv_dtype`` ``"float8_e4m3fn"``) with :data:`FP8_FALLBACK` (measured at q_len 1
+        only). ``kv_dtype``: the family's canonical KV dtype name (None or a 16-bit name: the table's fallback)."""
+        if kv_dtype in KV_DTYPES and q_len == 1 and self.fallback_name == FALLBACK_POLICY and not self.fallback_params:
             return FP8_FALLBACK[0], dict(FP8_FALLBACK[1])
         return self.fallback_name, dict(self.fallback_params)
 
@@ -542,7 +542,7 @@ class _ShapeCtx:
         if i < len(self.rows.entries):
             name, params = self.rows.entries[i].name, self.rows.entries[i].params
         else:
-            name, params = table.fallback_for(self.shape.kv_dtype)
+            name, params = table.fallback_for(self.shape.kv_dtype, self.shape.q_len)
         c = self.ctx
         params = fit_heads_per_tile(params, self.shape.num_qo_heads, c.num_kv_heads, c.q_len)
         sp = resolve(
@@ -599,7 +599,7 @@ class _ShapeCtx:
         key = key.tobytes().decode()
         plan = _fastplan.plan_of_buffers(L.shape[0], W, nc, b64, b32, sp)
         if entry is None:
-            name, params = table.fallback_for(self.shape.kv_dtype)
+            name, params = table.fallback_for(self.shape.kv_dtype, self.shape.q_len)
             return (
                 plan,
                 {"key": key, "matched": None, "distance": None},

@@ -535,7 +535,7 @@ class DecodeWrapper:
         )
         entry, _ = table.lookup(key)
         if entry is None:
-            return table.fallback_for(self._kv_dtype_name())
+            return table.fallback_for(self._kv_dtype_name(), self.q_len)
         return entry.name, dict(entry.params)
 
     def _check_index(self, kv_indptr, kv_indices, kv_lens) -> int:

@@ -90,7 +90,7 @@ def _fragments(sp, entry, table) -> tuple:
     )
     if entry is None:
         source = "fallback"
-        name, params = table.fallback_for(f["kv_dtype"])
+        name, params = table.fallback_for(f["kv_dtype"], f["q_len"])
         policy = {"id": None, "version": None, "name": name, "params": params, "source": "fallback"}
         matched = b',"matched":null,"distance":null'
     else:

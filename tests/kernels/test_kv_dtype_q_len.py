@@ -396,6 +396,10 @@ def test_fp8_families_fall_back_to_the_fp8_rule_unless_the_table_names_its_own()
     default = PolicyTable.from_json(PolicyTable.document([], version=1))
     assert default.fallback_for(None) == default.fallback_for("bfloat16") == (FALLBACK_POLICY, {})
     assert default.fallback_for(FP8) == FP8_FALLBACK
+    # measured at q_len 1 only: an FP8 verify-step family keeps the table's fallback
+    assert default.fallback_for(FP8, 4) == (FALLBACK_POLICY, {})
+    _, _, pol = default.plan([900, 40_000], Shape.of(**QWEN, kv_dtype=FP8, q_len=4))
+    assert (pol["name"], pol["source"]) == (FALLBACK_POLICY, "fallback")
     doc = PolicyTable.document([], version=1)
     doc["fallback"] = {"name": "balanced", "params": {"ctas_per_sm": 2.0}}
     own = PolicyTable.from_json(doc)
