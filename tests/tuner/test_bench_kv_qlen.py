@@ -222,6 +222,10 @@ def test_fa3_fp8_output_is_checked_against_a_reference_with_its_fp8_q():
     fa3 = PeerKernel("fa3", None, timer, k_scale=ks, v_scale=vs)
     fi = PeerKernel("flashinfer_batch_attention", None, timer, k_scale=ks, v_scale=vs)
     assert fa3.q_dtype == torch.float8_e4m3fn and fi.q_dtype is None and "fp8" in fa3.note
+    # FA3's fp8 path also rounds P to e4m3 (not modelled by the reference): a wider limit for it alone
+    assert (fa3.check_limit, fi.check_limit) == (5e-2, 2e-2)
+    timer16 = types.SimpleNamespace(**{**vars(timer), "kv_dtype": "float16"})
+    assert PeerKernel("fa3", None, timer16).check_limit == 2e-2
     args = {f: case[f] for f in ("kv_indptr", "kv_indices", "kv_lens")}
     q8 = case["q"].to(torch.float8_e4m3fn).to(torch.float16)
     want8, _ = reference_verify(q8, k8, v8, **args, q_len=q_len, k_scale=ks, v_scale=vs)
