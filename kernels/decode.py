@@ -5,7 +5,7 @@ Layout (FlashInfer's NHD convention, docs/concepts/design.md §3):
 - ``q``: ``[B * q_len, H_q, D]`` (``q_len`` 1 to 8 query tokens per request, the same for all: decode, or a
   speculative-decoding verify step; request b's tokens are rows ``b * q_len ..``); ``k_cache``, ``v_cache``:
   ``[num_pages, page_size, H_kv, D]`` in q's dtype or ``torch.float8_e4m3fn`` (read as fp8 bytes and widened
-  per tile, with FlashInfer's ``k_scale``/``v_scale``: per tensor or per KV head);
+  to float16 per tile for float16 dots, with FlashInfer's ``k_scale``/``v_scale``: per tensor or per KV head);
 - ``kv_indptr`` int32 ``[B+1]``, ``kv_indices`` int32 ``[kv_indptr[-1]]`` (page ids of
   each request in order), ``kv_lens`` int32 ``[B]``; request ``b`` uses its first
   ``ceil(kv_lens[b] / page_size)`` pages; kv_lens count the q_len new tokens, and token j sees the positions
@@ -1457,8 +1457,8 @@ def launch_decode(
     required when ``q_len > 1``: token j sees the KV positions ``[0, kv_len - q_len + j]`` (causal within the
     request's q_len new tokens, already in the cache). A work tile holds ``G * heads_per_tile * q_len`` query
     rows, at most :data:`~kvsplit.kernels.limits.MAX_TILE_ROWS` (else ``ValueError``). ``k_cache``/``v_cache`` may be
-    ``torch.float8_e4m3fn`` (q float16 / bfloat16): the kernel reads the fp8 bytes and widens them to q's dtype
-    per tile; ``k_scale``/``v_scale`` (:func:`check_kv_scales`: a float, or fp32 ``[H_kv]`` tensors, both of
+    ``torch.float8_e4m3fn`` (q float16 / bfloat16): the kernel reads the fp8 bytes and widens them to float16
+    per tile (q converted to float16 once per work item: float16 dots); ``k_scale``/``v_scale`` (:func:`check_kv_scales`: a float, or fp32 ``[H_kv]`` tensors, both of
     one kind) multiply the scores (before the softmax, so the LSE is the scaled scores') and the output.
     """
     B, H_q, D = q.shape
