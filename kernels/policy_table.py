@@ -81,6 +81,7 @@ __all__ = [
     "SERVE_DISTANCE_LIMIT",
     "FALLBACK_POLICY",
     "FP8_FALLBACK",
+    "default_fallback",
     "SOURCE_OF_BACKEND",
     "check_policy_entry",
 ]
@@ -108,6 +109,19 @@ With an FP8 cache's half bytes, a one-head tile of G = 8 query rows (padded to 1
 byte of a two-head one: measured on an H100 with the float16-dot kernel (docs/decisions/fp8-dot-dtype.md), this
 plan was within 1.4 % of the best of the 19 pool plans on each of 12 reference batches, where ``balanced``'s
 default tile was 1.13-1.47x slower than the best."""
+
+
+def default_fallback(kv_dtype: str | None = None, q_len: int = 1) -> tuple[str, dict[str, Any]]:
+    """``(policy name, params)`` of the default fallback for a family: :data:`FP8_FALLBACK` for an FP8 cache
+    (``kv_dtype`` ``"float8_e4m3fn"``) at q_len 1 (where it was measured), else :data:`FALLBACK_POLICY` with no
+    params. ``kv_dtype``: the family's canonical KV dtype name (None or a 16-bit name: a cache of q's dtype). The
+    rule of a table with the default fallback (:meth:`PolicyTable.fallback_for`) and of ``DecodeWrapper``'s eager
+    ``policy="auto"``."""
+    if kv_dtype in KV_DTYPES and q_len == 1:
+        return FP8_FALLBACK[0], dict(FP8_FALLBACK[1])
+    return FALLBACK_POLICY, {}
+
+
 SOURCE_OF_BACKEND = {"gpu": "tuned", "sim": "simulated"}
 _SHAPE_FIELDS = ("gpu", "num_kv_heads", "head_dim", "dtype", "page_size")
 _FAMILY_EXTRA = ("kv_dtype", "q_len")
@@ -327,11 +341,10 @@ class PolicyTable:
     # -- queries -----------------------------------------------------------------
     def fallback_for(self, kv_dtype: str | None, q_len: int = 1) -> tuple[str, dict[str, Any]]:
         """``(policy name, params)`` a batch of a family without a near bucket is planned with: the table's
-        fallback, except that a table whose fallback is the default (:data:`FALLBACK_POLICY`, no params) plans an
-        FP8 family of q_len 1 (``kv_dtype`` ``"float8_e4m3fn"``) with :data:`FP8_FALLBACK` (measured at q_len 1
-        only). ``kv_dtype``: the family's canonical KV dtype name (None or a 16-bit name: the table's fallback)."""
-        if kv_dtype in KV_DTYPES and q_len == 1 and self.fallback_name == FALLBACK_POLICY and not self.fallback_params:
-            return FP8_FALLBACK[0], dict(FP8_FALLBACK[1])
+        fallback; where that is the default one (:data:`FALLBACK_POLICY`, no params), :func:`default_fallback` of
+        the family (:data:`FP8_FALLBACK` for an FP8 family of q_len 1)."""
+        if self.fallback_name == FALLBACK_POLICY and not self.fallback_params:
+            return default_fallback(kv_dtype, q_len)
         return self.fallback_name, dict(self.fallback_params)
 
     def __len__(self) -> int:

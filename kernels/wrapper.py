@@ -111,15 +111,16 @@ from .limits import (
 )
 from .plan import Plan
 from .policies import plan_with
-from .policy_table import PolicyTable
-from .rulespec import RuleSpec, resident_slots, resolve
+from .policy_table import PolicyTable, default_fallback
+from .rulespec import RuleSpec, fit_heads_per_tile, resident_slots, resolve
 from .shape import canonical_dtype
 
 __all__ = ["DecodeWrapper", "GraphOptions", "AUTO_RULE"]
 
 AUTO_RULE = {"eager": "balanced", "graph": "stream_k"}
 """The policy ``DecodeWrapper(policy="auto")`` (the default, when no table is given) plans with, per mode: eager,
-``balanced`` (the planner's default and a table's fallback); graph, ``stream_k`` with ``ctas_per_sm`` the graph
+``balanced`` (the planner's default and a table's fallback; for an FP8 cache at q_len 1 the FP8 fallback,
+:func:`kvsplit.kernels.policy_table.default_fallback`); graph, ``stream_k`` with ``ctas_per_sm`` the graph
 tile's resident CTAs per SM (the fixed tile and persistent grid of the captured graph; measured on the H200:
 docs/decisions/graph-default.md)."""
 
@@ -381,12 +382,16 @@ class DecodeWrapper:
         auto = policy == "auto"
         # policy "auto": the mode's rule (AUTO_RULE); in graph mode its ctas_per_sm is the tile's residency (below)
         # validates policy and params now; the eager planner plans every batch with this spec
+        if auto and not self.use_cuda_graph:  # eager "auto": the default table's fallback for this family
+            policy, rule_params = default_fallback(self._kv_dtype_name(), self.q_len)
+            fitted = fit_heads_per_tile(rule_params, num_qo_heads, num_kv_heads, self.q_len)
+            params = {**fitted, **dict(params or {})}
         self.spec: RuleSpec = resolve(
-            AUTO_RULE["graph" if self.use_cuda_graph else "eager"] if auto else policy, params, **self._shape
+            AUTO_RULE["graph"] if auto and self.use_cuda_graph else policy, params, **self._shape
         )
         if self.device.type == "cpu":
             check_interpreter_dtype("dtype", _NAMES[dtype])
-        self.policy, self.params = AUTO_RULE["eager"] if auto else policy, dict(params or {})
+        self.policy, self.params = AUTO_RULE["eager"] if auto and self.use_cuda_graph else policy, dict(params or {})
         self._plan: Plan | None = None
         self._arrays: dict[str, torch.Tensor] | None = None
         self._picked_table: Any = None  # graph mode: the table the current rule was picked from

@@ -356,3 +356,45 @@ def test_bf16_q_beyond_float16_range_is_refused_with_an_fp8_cache():
         check_fp8_q_range(q, fp8)
     check_fp8_q_range(torch.full((1, 1, 1), 6e4, dtype=torch.float16), fp8)
     check_fp8_q_range(torch.empty(0, 4, 8, dtype=torch.bfloat16), fp8)
+
+
+def test_eager_auto_wrapper_plans_an_fp8_cache_with_the_fp8_fallback():
+    """DecodeWrapper(policy="auto") in eager mode plans with the default table's fallback of its family: at q_len 1
+    over an FP8 cache that is FP8_FALLBACK (two KV heads per tile where they fit), so a wrapper without a table and
+    one with an empty table plan the same; its output matches the reference. At q_len 4, and for a 16-bit cache,
+    balanced."""
+    from kvsplit.kernels.policy_table import FALLBACK_POLICY, FP8_FALLBACK, PolicyTable
+    from kvsplit.kernels.wrapper import DecodeWrapper
+
+    hq, hkv, d = 8, 2, 64
+    lens = [40, 300, 7, 129]
+    case = _to_fp8(
+        make_case(lens, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=PAGE, dtype=torch.float16, seed=5)
+    )
+    kw = dict(page_size=PAGE, dtype="float16", device="cpu", kv_dtype="float8_e4m3fn")
+    alone = DecodeWrapper(hq, hkv, d, **kw)
+    tabled = DecodeWrapper(hq, hkv, d, table=PolicyTable.from_json(PolicyTable.document([], version=1)), **kw)
+    assert (alone.policy, alone.params) == FP8_FALLBACK  # G = 4: two heads are 8 rows, they fit
+    plans = []
+    for w in (alone, tabled):
+        w.plan(case["kv_indptr"], case["kv_indices"], case["kv_lens"])
+        o = w.run(case["q"], case["k_cache"], case["v_cache"])
+        args = {f: case[f] for f in ("kv_indptr", "kv_indices", "kv_lens")}
+        ref, _ = reference_verify(case["q"], case["k_cache"], case["v_cache"], **args, q_len=1)
+        assert float((o.float() - ref.float()).abs().max() / ref.float().abs().max()) < 2e-2
+        plans.append(w._plan)
+    want = make_plan(
+        lens,
+        policy="stream_k",
+        params=FP8_FALLBACK[1],
+        num_kv_heads=hkv,
+        num_qo_heads=hq,
+        head_dim=d,
+        page_size=PAGE,
+        dtype="float16",
+        device="NVIDIA H200",
+        kv_dtype="float8_e4m3fn",
+    )
+    assert plans[0] == plans[1] == want
+    assert DecodeWrapper(hq, hkv, d, **kw, q_len=4).policy == FALLBACK_POLICY
+    assert DecodeWrapper(hq, hkv, d, page_size=PAGE, dtype="float16", device="cpu").policy == FALLBACK_POLICY
