@@ -273,7 +273,8 @@ def _kv_dtype(errs: list, v: Any, dtype: str | None) -> str | None:
     kd = long.get(v, v) if type(v) is str else None
     if kd in KV_DTYPES and dtype in ("float16", "bfloat16"):
         return kd
-    names = [None, dtype, *sorted(KV_DTYPES), *sorted(KV_DTYPE_SHORT.values())]
+    sixteen = dtype in ("float16", "bfloat16")  # FP8 K/V are read with a 16-bit q only
+    names = [None, dtype, *((*sorted(KV_DTYPES), *sorted(KV_DTYPE_SHORT.values())) if sixteen else ())]
     why = f" with dtype {dtype!r} (FP8 K/V need a float16 or bfloat16 q)" if kd in KV_DTYPES else ""
     errs.append(
         error(
