@@ -199,7 +199,10 @@ def test_bad_input_422_with_location(client, name, over, loc, typ):
 
 def test_kv_dtype_and_q_len_are_their_own_families(client):
     # the store holds bf16 q_len-1 policies only: the same batch with an FP8 cache or q_len 4 gets the fallback,
-    # planned for its own shape (balanced, as make_plan plans it), its key carrying the family's parts
+    # planned for its own shape (the family's default fallback: FP8_FALLBACK for FP8 at q_len 1, else balanced,
+    # as make_plan plans it), its key carrying the family's parts
+    from kvsplit.kernels.policy_table import FP8_FALLBACK, default_fallback
+
     lens = [4096, 17, 9000]
     plain = client.post("/v1/plan", json=body(lens)).json()
     for over, part, kw in (
@@ -213,12 +216,16 @@ def test_kv_dtype_and_q_len_are_their_own_families(client):
             d = r.json()
             assert d["policy"]["source"] == "fallback" and part in d["bucket"]["key"]
             assert d["bucket"]["key"].replace(part, ".") == plain["bucket"]["key"]
-            want = make_plan(lens, num_kv_heads=SHAPE["num_kv_heads"], device=GPU, policy="balanced", **kw)
+            name, params = default_fallback(kw.get("kv_dtype"), kw.get("q_len", 1))
+            assert (d["policy"]["name"], d["policy"]["params"]) == (name, params)
+            shape = {"num_qo_heads": SHAPE["num_qo_heads"], **kw}
+            want = make_plan(lens, num_kv_heads=SHAPE["num_kv_heads"], device=GPU, policy=name, params=params, **shape)
             assert plan_from_response(d) == want
             # the plan says which family it was made for (kv_dtype and q_len only where not the defaults)
             fam = {k: v for k, v in kw.items() if k in ("kv_dtype", "q_len")}
             assert d["made_for"] == {**plain["made_for"], **fam}
             assert (want.kv_dtype, want.q_len) == (fam.get("kv_dtype"), fam.get("q_len", 1))
+    assert default_fallback("float8_e4m3fn") == FP8_FALLBACK and default_fallback("float8_e4m3fn", 8)[0] == "balanced"
     # the defaults written out are the plain request
     d = client.post("/v1/plan", json=body(lens, kv_dtype=None, q_len=1)).json()
     assert d == plain
