@@ -10,6 +10,7 @@ import torch
 
 from kvsplit.kernels.decode import decode_attention, reference_decode_attention
 from kvsplit.kernels.plan import make_plan
+from kvsplit.kernels.policy_table import FP8_FALLBACK
 
 from .paged_case import make_case
 
@@ -629,6 +630,7 @@ FP8_CONFIGS = [
         {"heads_per_tile": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "prefetch": True, "next_item": True},
     ),
     ("balanced", {"block_n": 64, "schedule": "persistent", "num_programs": 264}),
+    FP8_FALLBACK,  # what an fp8 family without a tuned bucket is served
 ]
 VERIFY_LENS = [8, 15, 16, 17, 64, 65, 129, 1000, 3001, 4096, 9000]
 
