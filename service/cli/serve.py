@@ -273,8 +273,13 @@ def plan_cmd(
     except ValueError as exc:
         fail(str(exc))
     if policy["source"] == "fallback":
+        from ...kernels.policy_table import FP8_FALLBACK
+
+        fp8 = (policy["name"], policy["params"]) == FP8_FALLBACK
+        which = " (the fallback of an fp8 decode family, kvsplit.kernels.policy_table.FP8_FALLBACK)" if fp8 else ""
         typer.echo(
-            f"note: planned with the fallback policy {policy['name']!r}: {_fallback_reason(served.table, bucket)}",
+            f"note: planned with the fallback policy {policy['name']!r}{which}: "
+            f"{_fallback_reason(served.table, bucket)}",
             err=True,
         )
     out = plan_answer(p, bucket, policy)

@@ -221,6 +221,14 @@ def test_plan_says_why_it_falls_back(filled):
         "note: planned with the fallback policy 'balanced': no published policy for this shape "
         "(gpu, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len)"
     ) in res.stderr
+    # the tuned shape over an fp8 cache: its own family, no policy: the fp8 decode fallback, named so
+    res = _invoke("plan", *SHAPE_ARGS, "--kv-dtype", "fp8", "--kv-lens", "100,200", "--database-url", filled.url)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["policy"]["name"] == "stream_k"
+    assert (
+        "note: planned with the fallback policy 'stream_k' (the fallback of an fp8 decode family, "
+        "kvsplit.kernels.policy_table.FP8_FALLBACK): no published policy for this shape"
+    ) in res.stderr
     # the tuned shape, but a batch far from every tuned bucket
     res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", "1", "--database-url", filled.url)
     assert res.exit_code == 0, res.output
