@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, NamedTuple, Optional
 
 from fastapi import Depends, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 
 from ..kernels.limits import DTYPE_ALIASES, KV_DTYPE_SHORT
 from ..kernels.plan import HEAD_DIMS
+from . import queries
 from .schemas import DTYPE_VALUES, KV_DTYPE_VALUES
 from .settings import Settings
 from .state import ServedTable, TableHolder
@@ -101,8 +102,8 @@ HolderDep = Annotated[TableHolder, Depends(get_holder)]
 ServedDep = Annotated[ServedTable, Depends(get_served)]
 AdminDep = Depends(require_admin)
 
-# the shape filters of the list routes (GET /v1/policies, GET /v1/buckets): query parameters, all optional;
-# a route taking ``HeadDimFilter`` calls :func:`check_head_dim` on it
+# the shape filters of the list routes (GET /v1/policies, GET /v1/buckets): query parameters, all optional, taken
+# and normalized by one dependency (:func:`family_filter`)
 GpuFilter = Annotated[Optional[str], Query(min_length=1, max_length=200)]
 NumKvHeadsFilter = Annotated[Optional[int], Query(ge=1, le=1024)]
 HeadDimFilter = Annotated[Optional[int], Query(json_schema_extra={"enum": list(HEAD_DIMS)})]
@@ -124,3 +125,43 @@ def dtype_filter_name(kv_dtype: str | None) -> str | None:
     if kv_dtype is None:
         return None
     return {s: k for k, s in KV_DTYPE_SHORT.items()}.get(kv_dtype) or DTYPE_ALIASES.get(kv_dtype, kv_dtype)
+
+
+class FamilyFilter(NamedTuple):
+    """The shape filters of a list route, normalized as the entries record them (None: any): the GPU's table
+    name (:func:`kvsplit.service.queries.canonical_gpu`), q's and the KV cache's dtype names
+    (:func:`dtype_filter_name`). In this order it is :meth:`kvsplit.service.state.ServedTable.filtered`'s tuple."""
+
+    gpu: str | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    dtype: str | None
+    page_size: int | None
+    kv_dtype: str | None
+    q_len: int | None
+
+
+def family_filter(
+    gpu: GpuFilter = None,
+    num_kv_heads: NumKvHeadsFilter = None,
+    head_dim: HeadDimFilter = None,
+    dtype: DtypeFilter = None,
+    page_size: PageSizeFilter = None,
+    kv_dtype: KvDtypeFilter = None,
+    q_len: QLenFilter = None,
+) -> FamilyFilter:
+    """The list routes' shape query parameters as a :class:`FamilyFilter`; a ``head_dim`` other than 64/128/256 is
+    a 422 (:func:`check_head_dim`)."""
+    check_head_dim(head_dim)
+    return FamilyFilter(
+        None if gpu is None else queries.canonical_gpu(gpu),
+        num_kv_heads,
+        head_dim,
+        dtype_filter_name(dtype),
+        page_size,
+        dtype_filter_name(kv_dtype),
+        q_len,
+    )
+
+
+FamilyFilterDep = Annotated[FamilyFilter, Depends(family_filter)]

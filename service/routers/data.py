@@ -7,18 +7,7 @@ from typing import Annotated, Literal, Optional
 from fastapi import APIRouter, Query
 
 from .. import queries
-from ..deps import (
-    DtypeFilter,
-    GpuFilter,
-    HeadDimFilter,
-    KvDtypeFilter,
-    NumKvHeadsFilter,
-    PageSizeFilter,
-    QLenFilter,
-    SettingsDep,
-    check_head_dim,
-    dtype_filter_name,
-)
+from ..deps import FamilyFilterDep, SettingsDep
 from ..schemas import BucketList, MeasurementList, RunList
 
 router = APIRouter(tags=["store"])
@@ -30,27 +19,8 @@ router = APIRouter(tags=["store"])
     summary="Tuned buckets and their published policy",
     response_model=BucketList,
 )
-def list_buckets(
-    settings: SettingsDep,
-    gpu: GpuFilter = None,
-    num_kv_heads: NumKvHeadsFilter = None,
-    head_dim: HeadDimFilter = None,
-    dtype: DtypeFilter = None,
-    page_size: PageSizeFilter = None,
-    kv_dtype: KvDtypeFilter = None,
-    q_len: QLenFilter = None,
-) -> dict:
-    check_head_dim(head_dim)
-    data = queries.list_buckets(
-        settings.database_url,
-        gpu=None if gpu is None else queries.canonical_gpu(gpu),
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        dtype=dtype_filter_name(dtype),
-        page_size=page_size,
-        kv_dtype=dtype_filter_name(kv_dtype),
-        q_len=q_len,
-    )
+def list_buckets(settings: SettingsDep, family: FamilyFilterDep) -> dict:
+    data = queries.list_buckets(settings.database_url, **family._asdict())
     return {"count": len(data), "data": data}
 
 

@@ -15,21 +15,7 @@ from ...db.checks import check_json_tree
 from ...db.transfer import parse_export
 from ...kernels.policy_table import check_policy_entry
 from .. import queries
-from ..deps import (
-    AdminDep,
-    DtypeFilter,
-    GpuFilter,
-    HeadDimFilter,
-    HolderDep,
-    KvDtypeFilter,
-    NumKvHeadsFilter,
-    PageSizeFilter,
-    QLenFilter,
-    ServedDep,
-    SettingsDep,
-    check_head_dim,
-    dtype_filter_name,
-)
+from ..deps import AdminDep, FamilyFilter, FamilyFilterDep, HolderDep, ServedDep, SettingsDep
 from ..schemas import ErrorDetail, ImportResult, PolicyDetail, PolicyStatusOut, PolicyTableDoc, ValidationErrorOut
 from ..validation import unsupported_media_type
 
@@ -62,38 +48,16 @@ def _etag_matches(header: str | None, etag: str) -> bool:
     response_model=PolicyTableDoc,
     responses={304: {"description": "not modified (If-None-Match matched the ETag)"}},
 )
-def list_policies(
-    request: Request,
-    served: ServedDep,
-    gpu: GpuFilter = None,
-    num_kv_heads: NumKvHeadsFilter = None,
-    head_dim: HeadDimFilter = None,
-    dtype: DtypeFilter = None,
-    page_size: PageSizeFilter = None,
-    kv_dtype: KvDtypeFilter = None,
-    q_len: QLenFilter = None,
-) -> Response:
+def list_policies(request: Request, served: ServedDep, family: FamilyFilterDep) -> Response:
     """Everything a client needs to plan in-process with identical results (kvsplit.kernels.policy_table).
 
     Poll with If-None-Match: the answer is 304 while the table is unchanged.
     """
-    query = (gpu, num_kv_heads, head_dim, dtype_filter_name(dtype), page_size, dtype_filter_name(kv_dtype), q_len)
-    return _table_response(request, served, query, head=request.method == "HEAD")
+    return _table_response(request, served, family, head=request.method == "HEAD")
 
 
-def _table_response(request: Request, served, query: tuple, head: bool = False) -> Response:
-    gpu, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len = query
-    check_head_dim(head_dim)
-    flt = (
-        None if gpu is None else queries.canonical_gpu(gpu),
-        num_kv_heads,
-        head_dim,
-        dtype,
-        page_size,
-        kv_dtype,
-        q_len,
-    )
-    body, etag = served.filtered(flt)
+def _table_response(request: Request, served, family: FamilyFilter, head: bool = False) -> Response:
+    body, etag = served.filtered(tuple(family))
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if _etag_matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
