@@ -15,7 +15,8 @@ Flow of :func:`tune_task` (one bucket; docs/concepts/design.md §2 offline path)
 2. :func:`open_run_study`: the study ``kvsplit-<backend>-<bucket key>`` is created or loaded
    (``load_if_exists``), TPE sampler (seeded; multivariate, constant liar for
    parallel workers). The baselines' equivalents in the tuned family
-   (:func:`baseline_equivalents`) are enqueued once (a study attribute marks
+   (:func:`baseline_equivalents`), and the family's fallback where it is not ``balanced``
+   (:func:`fallback_equivalent`: an FP8 cache), are enqueued once (a study attribute marks
    it; ``skip_if_exists`` guards against duplicates).
 3. :func:`_search`: K workers (in this process for K = 1, else K spawned processes) run
    :func:`run_worker`: ask a trial, suggest the parameters of
@@ -62,7 +63,14 @@ from typing import Any
 from ..db import store
 from ..kernels.device import resolve_device
 from .backends import BACKEND_NAMES, TimingBackend
-from .space import WARM_START, WARM_START_MIN_TRIALS, baseline_equivalents, suggest_params, warm_start_equivalents
+from .space import (
+    WARM_START,
+    WARM_START_MIN_TRIALS,
+    baseline_equivalents,
+    fallback_equivalent,
+    suggest_params,
+    warm_start_equivalents,
+)
 from .study import (
     ATTR_ENQUEUED,
     ATTR_TASK,
@@ -109,6 +117,7 @@ __all__ = [
     "backend_for_task",
     "baseline_equivalents",
     "warm_start_equivalents",
+    "fallback_equivalent",
     "WARM_START",
     "WARM_START_MIN_TRIALS",
     "suggest_params",
@@ -135,10 +144,10 @@ __all__ = [
 
 
 def _enqueue_baselines(study, task: TuneTask, n_trials: int | None = None) -> None:
-    # the baselines' equivalents first, then (with room for them) the campaigns' plans (WARM_START)
+    # the baselines' equivalents and the family's fallback first, then (with room for them) the campaigns' plans
     if study.user_attrs.get(ATTR_ENQUEUED):
         return
-    starts = dict(baseline_equivalents(task))
+    starts = {**baseline_equivalents(task), **fallback_equivalent(task)}
     if n_trials is not None and n_trials >= WARM_START_MIN_TRIALS:
         starts.update(warm_start_equivalents(task))
     for _, params in starts.items():

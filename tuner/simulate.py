@@ -40,10 +40,15 @@
    ``sm_flops / k / flops_per_byte`` bytes/s (``sm_flops``: :func:`default_sm_flops` unless the calibration
    sets one): this caps the bulk and tail rates of step 4 for tiles of more than
    :data:`REFERENCE_FLOPS_PER_BYTE` (16: the q_len-1 16-bit tile of up to 16 rows, on which the calibrated rates
-   were measured, so its math is already in them). At 16 FLOPs per byte the cap would be far above the memory
-   rates anyway (about 230 GB/s per SM on the H200 against ~50 GB/s of SM bandwidth): math hides under the
+   were measured, so its math is already in them). At 32 FLOPs per byte (q_len 4, 16-bit) the cap is about
+   35 GB/s per SM on the H200, above what an SM's residents stream while every SM is busy: math hides under the
    memory stream; at G = 8 and q_len 8 (64 rows) with an FP8 cache (128 FLOPs per byte) it no longer does: the
-   cap (~29 GB/s) falls below an SM's share of the HBM stream (~34 GB/s), and the model turns math-bound.
+   cap falls below an SM's share of the HBM stream, and the model turns math-bound. An FP8 cache adds its
+   widening to 16 bits (``cvt`` of every K/V element before the dots) to the same SM budget: a CTA of an FP8 tile
+   streams at most ``1 / (k * (flops_per_byte / sm_flops + 1 / cvt_bw))`` bytes/s (``cvt_bw``:
+   :data:`FP8_CVT_BW_PER_SM` unless the calibration sets one), counting all of the tile's math since no
+   fitted rate holds an FP8 tile's: the one-KV-head FP8 tile (16 padded rows for G = 8) is then slower than
+   the two-head one, as measured (docs/decisions/simulator-fp8-math.md).
 6. **Total.** ``launch_s + max(max_SM finish, total_bytes / hbm_bw)``, plus, when
    some request has more than one split, ``merge_launch_s + merge_partial_s *
    num_partials * H_kv * q_len + merge_split_s * max_splits`` for the LSE merge (one merge
@@ -95,15 +100,24 @@ __all__ = [
     "TENSOR_FLOPS_PER_SM",
     "MMA_EFFICIENCY",
     "REFERENCE_FLOPS_PER_BYTE",
+    "FP8_CVT_BW_PER_SM",
 ]
 
 TENSOR_FLOPS_PER_SM = {(9, 0): 989.4e12 / 132, (8, 0): 312e12 / 108}
 """Dense 16-bit tensor-core FLOP/s of one SM by compute capability: the datasheet peaks (H100/H200 SXM: 989.4
 TFLOPS BF16 dense over 132 SMs; A100: 312 TFLOPS over 108 SMs). Other capabilities take the sm_80 figure."""
-MMA_EFFICIENCY = 0.5
-"""Fraction of :data:`TENSOR_FLOPS_PER_SM` the decode tile's ``tl.dot`` reaches (small M, ``mma.sync`` tiles, the
-softmax between the two products): a guess to be calibrated on the GPU (time of q_len 8 against q_len 1 on the
-same batch, FP8 cache), stored as a calibration's ``sm_flops``."""
+MMA_EFFICIENCY = 0.15
+"""Fraction of :data:`TENSOR_FLOPS_PER_SM` the decode tile's math reaches (small-M ``mma.sync`` tiles and the
+softmax between the two products, which scales with the same padded rows). Fitted with
+:data:`FP8_CVT_BW_PER_SM` on an H100's timings of the 19 pool plans on 12 FP8 batches
+(tests/data/h100_fp8_pool_timings.jsonl): 0.15 ranks them best together with 50 GB/s of widening; at or above
+0.1 the q_len-4 bf16 tiles stay memory-bound, as the same H100 measured (a verify step of 4 tokens took
+0.87-1.13x the q_len-1 step: docs/results.md). A calibration's ``sm_flops`` overrides it."""
+
+FP8_CVT_BW_PER_SM = {(9, 0): 50e9}
+"""Bytes/s of an FP8 K/V stream one SM widens to 16 bits (``cvt.rn.f16x2.e4m3x2``, two elements an
+instruction, and the per-element work around it) by compute capability, fitted with :data:`MMA_EFFICIENCY` (its
+docstring says on what). Other capabilities take the sm_90 figure. A calibration's ``cvt_bw`` overrides it."""
 
 
 REFERENCE_FLOPS_PER_BYTE = 16.0
@@ -247,6 +261,9 @@ class Calibration:
     sm_flops : float
         Tensor-core FLOP/s of one SM for the decode tile's math (step 5 of the module doc); 0 (default):
         :func:`default_sm_flops` of the device.
+    cvt_bw : float
+        Bytes/s of an FP8 K/V stream one SM widens to 16 bits (step 5); 0 (default):
+        :data:`FP8_CVT_BW_PER_SM` of the device. Used for an FP8 cache only.
     per_config : mapping
         ``{config_key: {name: value}}`` overrides of :data:`PER_CONFIG_PARAMS`
         for plans of that kernel config (``"n64w4s2"``: BLOCK_N 64, 4 warps, 2
@@ -269,6 +286,7 @@ class Calibration:
     fixed_overlap: float = 0.0
     tail_sm_bw: float = 0.0
     sm_flops: float = 0.0
+    cvt_bw: float = 0.0
     per_config: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -387,7 +405,7 @@ class Calibration:
         d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if d["slots"] is None:
             del d["slots"]
-        for name in ("ramp_ctas", "merge_split_s", "lone_bw", "fixed_overlap", "tail_sm_bw", "sm_flops"):
+        for name in ("ramp_ctas", "merge_split_s", "lone_bw", "fixed_overlap", "tail_sm_bw", "sm_flops", "cvt_bw"):
             if d[name] == 0.0:
                 del d[name]
         if d["per_config"]:
@@ -440,8 +458,9 @@ class SimTiles:
     max_splits: int  # splits of the most-split request (0 when no request is split)
     resident: int  # resident CTAs per SM of the plan's config (slots when the calibration leaves them None)
     config_key: str
-    flops_per_byte: float = 0.0  # tensor-core FLOPs per K/V byte (math_flops_per_byte)
+    flops_per_byte: float = 0.0  # tensor-core FLOPs per K/V byte (math_flops_per_byte); 0: no math cap
     sm_flops_default: float = 0.0  # default_sm_flops of the device
+    cvt_bw_default: float = 0.0  # FP8_CVT_BW_PER_SM of the device for an FP8 cache; 0: nothing to widen
 
 
 def prepare_tiles(
@@ -478,10 +497,25 @@ def prepare_tiles(
         ),
         config_key=config_key(plan.config),
         flops_per_byte=fpb
-        if (fpb := math_flops_per_byte(kvb, q_len, group_size, h)) > REFERENCE_FLOPS_PER_BYTE
+        if (fpb := math_flops_per_byte(kvb, q_len, group_size, h)) > REFERENCE_FLOPS_PER_BYTE or kvb == 1
         else 0.0,
         sm_flops_default=default_sm_flops(device),
+        cvt_bw_default=_default_cvt_bw(device) if kvb == 1 else 0.0,
     )
+
+
+def _default_cvt_bw(device: DeviceSpec) -> float:
+    return FP8_CVT_BW_PER_SM.get(tuple(device.compute_capability), FP8_CVT_BW_PER_SM[(9, 0)])
+
+
+def _sm_math_rate(t: SimTiles, c: Calibration) -> float:
+    """Bytes/s one SM's math lets its residents stream together (module doc, step 5): inf where nothing caps it."""
+    sec_per_byte = 0.0
+    if t.flops_per_byte:
+        sec_per_byte += t.flops_per_byte / (c.sm_flops or t.sm_flops_default)
+    if t.cvt_bw_default:
+        sec_per_byte += 1.0 / (c.cvt_bw or t.cvt_bw_default)
+    return 1.0 / sec_per_byte if sec_per_byte else math.inf
 
 
 def simulate_tiles(t: SimTiles, c: Calibration, record: dict[str, Any] | None = None) -> float:
@@ -496,7 +530,7 @@ def simulate_tiles(t: SimTiles, c: Calibration, record: dict[str, Any] | None = 
     active_sms = min(S, P)
     k_bulk = P / active_sms  # resident CTAs per busy SM while tiles are queued
     r_bulk = min(c.cta_bw, c.sm_bw / (k_bulk + c.ramp_ctas), c.hbm_bw / active_sms / k_bulk)
-    sm_math = (c.sm_flops or t.sm_flops_default) / t.flops_per_byte if t.flops_per_byte else math.inf
+    sm_math = _sm_math_rate(t, c)
     r_bulk = min(r_bulk, sm_math / k_bulk)  # the SM's tensor cores shared by its residents (module doc, step 5)
     fixed = c.tile_fixed_s + c.item_fixed_s * (t.tile_items - 1)
     if t.persistent:

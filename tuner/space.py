@@ -4,7 +4,8 @@
 :data:`kvsplit.kernels.plan.TUNED_PARAM_SPACE` marked ``search`` (with their
 conditions); :func:`baseline_equivalents` gives the tuned-family parameters
 that reproduce each baseline on a task, enqueued as the first trials;
-:func:`warm_start_equivalents` the plans the shipped H200 table serves most,
+:func:`fallback_equivalent` the plan a family gets with no bucket near, where it is not ``balanced`` (an FP8
+cache); :func:`warm_start_equivalents` the plans the shipped H200 table serves most,
 enqueued next when the study has room for them (:data:`WARM_START_MIN_TRIALS`).
 """
 
@@ -133,6 +134,20 @@ and reached 1.064x with them (docs/decisions/tuner-search-space.md)."""
 WARM_START_MIN_TRIALS = 20
 """A study enqueues :data:`WARM_START` only when it runs at least this many trials, so the sampler keeps at least
 half of a budget to search."""
+
+
+def fallback_equivalent(task: TuneTask) -> dict[str, dict[str, Any]]:
+    """``{"fallback": params}``: the plan a table serves the task's family where no bucket is near
+    (:func:`kvsplit.kernels.policy_table.default_fallback`) restated as a ``tuned`` parameter set, when it is not the
+    ``balanced`` baseline already enqueued (an FP8 cache at q_len 1: :data:`~kvsplit.kernels.policy_table.FP8_FALLBACK`);
+    else empty. A study starts from what the family is served without it, whatever its trial budget."""
+    from ..kernels.policy_table import default_fallback
+
+    name, params = default_fallback(task.kv_dtype if task.kv_dtype != task.dtype else None, task.q_len)
+    if not params:
+        return {}
+    eq = {**params, "partition": "stream_k"} if name == "stream_k" else dict(params)
+    return {"fallback": complete_defaults(task, eq)}
 
 
 def warm_start_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:

@@ -265,6 +265,29 @@ def test_warm_starts_are_enqueued_when_the_study_has_room(tmp_path, n_trials, st
     assert [dict(w.system_attrs["fixed_params"]) for w in waiting] == want
 
 
+def test_an_fp8_study_starts_from_the_fp8_fallback_at_any_budget(tmp_path):
+    from kvsplit.kernels.plan import make_plan
+    from kvsplit.kernels.policy_table import FP8_FALLBACK
+    from kvsplit.tuner.worker import task_params
+
+    t = search.family_task("skewed80", 64, 262_144, num_train=1, num_heldout=1, kv_dtype="float8_e4m3fn", **SHAPE)
+    spec = search.StorageSpec("journal", str(tmp_path / "j.log"), heartbeat_interval=1, grace_period=3)
+    study = search.load_study(spec, "st8", 0, 5)
+    search._enqueue_baselines(study, t, 5)  # below WARM_START_MIN_TRIALS: baselines and the fallback only
+    waiting = [dict(w.system_attrs["fixed_params"]) for w in study.get_trials() if w.state == TrialState.WAITING]
+    fb = search.fallback_equivalent(t)["fallback"]
+    assert waiting == [*search.baseline_equivalents(t).values(), fb]
+    # the enqueued set plans exactly as the fallback a table serves the family
+    lens = t.train[0]
+    kw = dict(num_kv_heads=4, num_qo_heads=32, device="NVIDIA H200", kv_dtype="float8_e4m3fn")
+    tuned = make_plan(lens, policy="tuned", params=task_params(t, fb), **kw)
+    served = make_plan(lens, policy=FP8_FALLBACK[0], params=FP8_FALLBACK[1], **kw)
+    assert tuned.config == served.config and (tuned.num_splits == served.num_splits).all()
+    assert (tuned.work_kv_start == served.work_kv_start).all() and (tuned.cta_indptr == served.cta_indptr).all()
+    # a 16-bit family's fallback is `balanced`, already the first baseline: nothing more
+    assert search.fallback_equivalent(_task()) == {}
+
+
 def test_storage_spec_rules(tmp_path):
     with pytest.raises(ValueError, match="--journal PATH"):
         search.storage_spec("sqlite:///x.db", workers=2)
