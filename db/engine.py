@@ -223,7 +223,7 @@ def check_exists(url: str | None = None) -> None:
             raise SchemaError(
                 f"no kvsplit store at {safe_url(url)} (the file {path} does not exist): "
                 f"run `kvsplit run --no-tune --database-url {safe_url(url)}` to create it with the "
-                f"shipped H200 policies and serve it, or `kvsplit db upgrade --database-url "
+                f"shipped policies and serve it, or `kvsplit db upgrade --database-url "
                 f"{safe_url(url)}` for an empty one"
             )
 

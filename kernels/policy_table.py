@@ -76,7 +76,7 @@ __all__ = [
     "PolicyEntry",
     "load_shipped_table",
     "shipped_policies",
-    "SHIPPED_POLICIES",
+    "SHIPPED_TABLES",
     "TABLE_FORMAT",
     "SERVE_DISTANCE_LIMIT",
     "FALLBACK_POLICY",
@@ -696,15 +696,28 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
             raise ValueError(f"bucket.key: its {f} {fam[i]!r} differs from the entry's {v!r}")
 
 
-SHIPPED_POLICIES = "data/h200_policies.json"
-"""The policies the project ships, inside this package: the GPU-tuned H200 table (format ``kvsplit.policies``,
-a ``kvsplit db export`` document: 263 published policies for H_kv 1, 4 and 8 at head_dim 128, bf16, page 16)."""
+SHIPPED_TABLES = ("data/h200_policies.json", "data/h100_policies.json")
+"""The GPU-tuned tables the project ships, inside this package (format ``kvsplit.policies``, ``kvsplit db export``
+documents; head_dim 128, bf16, page 16): the H200's, 263 published policies for H_kv 1, 4 and 8 (the three model
+shapes), and the H100's (NVIDIA H100 80GB HBM3), 123 for the Qwen3-30B-A3B shape (32/4/128), built by
+``kvsplit tune --campaign`` from an empty store (docs/results.md)."""
 
 
 def shipped_policies() -> dict[str, Any]:
-    """The shipped policy export (:data:`SHIPPED_POLICIES`) as its JSON document (what ``kvsplit db import`` and
-    the service's first start import)."""
-    return json.loads(resources.files(__package__).joinpath(SHIPPED_POLICIES).read_text())
+    """The shipped tables (:data:`SHIPPED_TABLES`) as one policy export document: every table's policies, and the
+    first table's (the H200's) ``format``, ``exported_at`` and ``policies_version``, which name the shipped set.
+    Each file is a plain ``kvsplit db export``, so ids repeat across files: a later table's policies are numbered
+    after the earlier ones' (in id order), as one store importing them in turn would. What ``kvsplit db import``,
+    the service's first start and :func:`load_shipped_table` take."""
+    policies: list[dict[str, Any]] = []
+    first: dict[str, Any] = {}
+    for f in SHIPPED_TABLES:
+        doc = json.loads(resources.files(__package__).joinpath(f).read_text())
+        first = first or doc
+        start = max((p["id"] for p in policies), default=0) + 1
+        ps = sorted(doc["policies"], key=lambda p: p["id"])
+        policies += ps if not policies else [{**p, "id": start + i} for i, p in enumerate(ps)]
+    return {**first, "policies": policies}
 
 
 def load_shipped_table() -> PolicyTable:

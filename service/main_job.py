@@ -2,9 +2,10 @@
 
 1. Create or migrate the policy store (``KVSPLIT_DATABASE_URL``, default
    ``sqlite:///./kvsplit.db``).
-2. Import the policies the project ships (``kernels/data/h200_policies.json``:
-   tuned on an H200 with the GPU backend, docs/guides/tuning.md "Rebuilding the shipped table") and the H200
-   simulator calibration fitted in the same run — once; a second run finds them.
+2. Import the policies the project ships (:data:`kvsplit.kernels.policy_table.SHIPPED_TABLES`: the H200's
+   table, tuned with the GPU backend, docs/guides/tuning.md "Rebuilding the shipped table", and the H100's,
+   built by ``kvsplit tune --campaign``) and the H200 simulator calibration fitted with the H200 table — once; a
+   second run finds them.
 3. Tune a small demo set of buckets, one per shipped model shape
    (Qwen3-30B-A3B 32/4/128, Llama-3.1-8B 32/8/128, Llama-3.1-70B at TP 8,
    8/1/128; bf16, page_size 16), on the best backend here: the GPU when CUDA is
@@ -81,6 +82,14 @@ def _data(name: str) -> dict[str, Any]:
     return json.loads(resources.files("kvsplit.service").joinpath("data", name).read_text())
 
 
+def _per_gpu(doc: dict[str, Any]) -> str:
+    """``"263 NVIDIA H200, 123 NVIDIA H100 80GB HBM3"``: an export's policies counted per GPU, in file order."""
+    n: dict[str, int] = {}
+    for p in doc["policies"]:
+        n[p["bucket"]["gpu"]] = n.get(p["bucket"]["gpu"], 0) + 1
+    return ", ".join(f"{v} {k}" for k, v in n.items())
+
+
 def _import_shipped(url: str) -> None:
     from ..db import store
 
@@ -90,11 +99,11 @@ def _import_shipped(url: str) -> None:
         have = {b.key for b in store.list_buckets(s)}
         want = {p["bucket"]["key"] for p in doc["policies"]}
         if want <= have:  # imported before (policies an operator retired since stay retired)
-            said.append(f"shipped policies already in the store ({len(want)} H200 buckets)")
+            said.append(f"shipped policies already in the store ({len(want)} buckets: {_per_gpu(doc)})")
         else:
             ids = store.import_policies(s, doc)
-            meas = _data("h200_measurements.json")["measurements"]
-            bucket_ids = {k: store.get_bucket(s, k).id for k in want}
+            meas = _data("h200_measurements.json")["measurements"]  # the H200 table's training batches
+            bucket_ids = {k: store.get_bucket(s, k).id for k in {m["bucket"] for m in meas}}
             for m in meas:
                 store.record_measurement(
                     s,
@@ -113,7 +122,8 @@ def _import_shipped(url: str) -> None:
             roles = {m["role"] for m in meas}  # the shipped set: the training batch of each bucket
             what = "training " if roles == {"train"} else "held-out " if roles == {"heldout"} else ""
             said.append(
-                f"imported {len(ids)} shipped H200 policies (GPU-tuned) and their {len(meas)} {what}measurements"
+                f"imported {len(ids)} shipped policies (GPU-tuned: {_per_gpu(doc)}) and the H200 table's {len(meas)} "
+                f"{what}measurements"
             )
         cal = _data("h200_calibration.json")
         if store.latest_calibration(s, gpu=cal["gpu"], kv_dtype=cal["dtype"], q_len=1) is None:

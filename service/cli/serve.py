@@ -305,7 +305,7 @@ def run_cmd(
     ] = True,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """The main job (make run): store, shipped H200 policies, demo tuning, plan service until Ctrl-C."""
+    """The main job (make run): store, shipped policies, demo tuning, plan service until Ctrl-C."""
     from ..main_job import prepare, serve
 
     settings = load_settings(flags={"database_url": ("--database-url", database_url), "port": ("--port", port)})

@@ -65,8 +65,10 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
     try:
         # kernels/data/h200_policies.json: one GPU-tuned bucket per bucket key of the H200 sweep's 280
         # training batches, 263 of them (139 + 38 for 32/4/128, 56 + 4 for 32/8/128, 25 + 1 for 8/1/128,
-        # stream_k + balanced), each with 2 training measurements (its published plan and balanced): 526
-        assert "imported 263 shipped H200 policies" in out and "their 526 training measurements" in out
+        # stream_k + balanced), each with 2 training measurements (its published plan and balanced): 526; and
+        # kernels/data/h100_policies.json: the 123 buckets of the H100's Qwen3-30B-A3B campaign
+        assert "imported 386 shipped policies (GPU-tuned: 263 NVIDIA H200, 123 NVIDIA H100 80GB HBM3)" in out
+        assert "the H200 table's 526 training measurements" in out
         assert "tuning 3 demo buckets on the calibrated simulator" in out
         assert f"dashboard:  http://127.0.0.1:{port}/" in out
         curl = next(line for line in lines if line.startswith("curl "))
@@ -93,7 +95,7 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
         assert runs_first["count"] == 3  # one per demo bucket
         # the demo's simulator results are drafts: the service serves the GPU-measured policies only
         served = json.loads(_get(f"{base}/v1/policies")[2])["data"]
-        assert len(served) == 263 and {p["source"] for p in served} == {"tuned"}, {p["source"] for p in served}
+        assert len(served) == 386 and {p["source"] for p in served} == {"tuned"}, {p["source"] for p in served}
         demo_lines = [line for line in lines if line.startswith("  nvidia-h200.")]
         assert len(demo_lines) == 3 and all("-> published" not in x for x in demo_lines), demo_lines
     finally:
@@ -107,6 +109,6 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
     finally:
         code, _ = _stop(p)
     assert code == 0
-    assert "shipped policies already in the store (263 H200 buckets)" in out2
+    assert "shipped policies already in the store (386 buckets: 263 NVIDIA H200, 123 NVIDIA H100 80GB HBM3)" in out2
     assert "all 3 demo buckets were tuned and verified before: nothing to tune" in out2
     assert runs_second == runs_first
