@@ -715,8 +715,8 @@ def shipped_policies() -> dict[str, Any]:
         doc = json.loads(resources.files(__package__).joinpath(f).read_text())
         first = first or doc
         start = max((p["id"] for p in policies), default=0) + 1
-        ps = sorted(doc["policies"], key=lambda p: p["id"])
-        policies += ps if not policies else [{**p, "id": start + i} for i, p in enumerate(ps)]
+        rank = {i: r for r, i in enumerate(sorted(p["id"] for p in doc["policies"]))}
+        policies += [p if start == 1 else {**p, "id": start + rank[p["id"]]} for p in doc["policies"]]
     return {**first, "policies": policies}
 
 
