@@ -101,8 +101,11 @@ def _import_shipped(url: str) -> None:
         if want <= have:  # imported before (policies an operator retired since stay retired)
             said.append(f"shipped policies already in the store ({len(want)} buckets: {_per_gpu(doc)})")
         else:
-            ids = store.import_policies(s, doc)
-            meas = _data("h200_measurements.json")["measurements"]  # the H200 table's training batches
+            # a store from before a table was shipped gets that table's buckets; its own are imported again
+            # (nothing changes: import_policies reuses identical rows) and keep their measurements
+            new = want - have
+            store.import_policies(s, doc)
+            meas = [m for m in _data("h200_measurements.json")["measurements"] if m["bucket"] in new]
             bucket_ids = {k: store.get_bucket(s, k).id for k in {m["bucket"] for m in meas}}
             for m in meas:
                 store.record_measurement(
@@ -119,12 +122,13 @@ def _import_shipped(url: str) -> None:
                     software=m["software"],
                     stage="verify",
                 )
-            roles = {m["role"] for m in meas}  # the shipped set: the training batch of each bucket
-            what = "training " if roles == {"train"} else "held-out " if roles == {"heldout"} else ""
-            said.append(
-                f"imported {len(ids)} shipped policies (GPU-tuned: {_per_gpu(doc)}) and the H200 table's {len(meas)} "
-                f"{what}measurements"
-            )
+            added = {**doc, "policies": [p for p in doc["policies"] if p["bucket"]["key"] in new]}
+            line = f"imported {len(added['policies'])} shipped policies (GPU-tuned: {_per_gpu(added)})"
+            if meas:
+                roles = {m["role"] for m in meas}  # the shipped set: the training batch of each bucket
+                what = "training " if roles == {"train"} else "held-out " if roles == {"heldout"} else ""
+                line += f" and the H200 table's {len(meas)} {what}measurements"
+            said.append(line)
         cal = _data("h200_calibration.json")
         if store.latest_calibration(s, gpu=cal["gpu"], kv_dtype=cal["dtype"], q_len=1) is None:
             dev = store.get_or_create_device(

@@ -112,3 +112,27 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
     assert "shipped policies already in the store (386 buckets: 263 NVIDIA H200, 123 NVIDIA H100 80GB HBM3)" in out2
     assert "all 3 demo buckets were tuned and verified before: nothing to tune" in out2
     assert runs_second == runs_first
+
+
+def test_a_store_from_before_the_h100_table_gets_it_once_and_keeps_its_measurements(tmp_path, monkeypatch, capsys):
+    from kvsplit.db import store
+    from kvsplit.kernels import policy_table
+    from kvsplit.service import main_job
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    store.upgrade(url)
+    monkeypatch.setattr(policy_table, "SHIPPED_TABLES", policy_table.SHIPPED_TABLES[:1])  # what was shipped before
+    main_job._import_shipped(url)
+    assert (
+        "imported 263 shipped policies (GPU-tuned: 263 NVIDIA H200) and the H200 table's 526" in capsys.readouterr().out
+    )
+    monkeypatch.undo()
+    main_job._import_shipped(url)
+    out = capsys.readouterr().out
+    assert "imported 123 shipped policies (GPU-tuned: 123 NVIDIA H100 80GB HBM3)" in out and "measurements" not in out
+    with store.session_scope(url) as s:
+        assert len(store.list_measurements(s)) == 526  # not recorded twice
+        published = store.list_published(s)
+        assert len(published) == 386 and len({p.bucket_id for p in published}) == 386
+    main_job._import_shipped(url)
+    assert "shipped policies already in the store (386 buckets" in capsys.readouterr().out
