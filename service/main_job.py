@@ -4,8 +4,8 @@
    ``sqlite:///./kvsplit.db``).
 2. Import the policies the project ships (:data:`kvsplit.kernels.policy_table.SHIPPED_TABLES`: the H200's
    table, tuned with the GPU backend, docs/guides/tuning.md "Rebuilding the shipped table", and the H100's,
-   built by ``kvsplit tune --campaign``) and the H200 simulator calibration fitted with the H200 table — once; a
-   second run finds them.
+   built by ``kvsplit tune --campaign``), their GPU measurements and each GPU's simulator calibration fitted with
+   its table (:data:`SHIPPED_DATA`) — once; a second run finds them.
 3. Tune a small demo set of buckets, one per shipped model shape
    (Qwen3-30B-A3B 32/4/128, Llama-3.1-8B 32/8/128, Llama-3.1-70B at TP 8,
    8/1/128; bf16, page_size 16), on the best backend here: the GPU when CUDA is
@@ -36,7 +36,7 @@ from typing import Any
 from ..kernels.policy_table import shipped_policies
 from ..tuner.workloads import MODEL_SHAPES
 
-__all__ = ["run", "prepare", "serve", "DEMO_BUCKETS", "SAMPLE_REQUEST"]
+__all__ = ["run", "prepare", "serve", "DEMO_BUCKETS", "SAMPLE_REQUEST", "SHIPPED_DATA"]
 
 GPU = "NVIDIA H200"
 SHAPES = {  # the models of the demo buckets: their heads per GPU (kvsplit.tuner.workloads.MODEL_SHAPES)
@@ -90,8 +90,19 @@ def _per_gpu(doc: dict[str, Any]) -> str:
     return ", ".join(f"{v} {k}" for k, v in n.items())
 
 
+SHIPPED_DATA = (
+    ("h200_measurements.json", "h200_calibration.json"),
+    ("h100_measurements.json", "h100_calibration.json"),
+)
+"""Per shipped table (:data:`kvsplit.kernels.policy_table.SHIPPED_TABLES`, same order), in ``kvsplit/service/data``:
+its GPU measurements (the H200's: each bucket's training batch, timed with its plan and ``balanced``; the H100's:
+each bucket's held-out batch, timed with its plan and the four baselines by the campaign's verify step) and the
+simulator calibration of that GPU fitted with it."""
+
+
 def _import_shipped(url: str) -> None:
     from ..db import store
+    from ..kernels.device import resolve_device
 
     doc = shipped_policies()
     said: list[str] = []  # said once the transaction has committed (a full disk fails at the commit)
@@ -105,12 +116,14 @@ def _import_shipped(url: str) -> None:
             # (nothing changes: import_policies reuses identical rows) and keep their measurements
             new = want - have
             store.import_policies(s, doc)
-            meas = [m for m in _data("h200_measurements.json")["measurements"] if m["bucket"] in new]
-            bucket_ids = {k: store.get_bucket(s, k).id for k in {m["bucket"] for m in meas}}
+            meas = [m for f, _ in SHIPPED_DATA for m in _data(f)["measurements"] if m["bucket"] in new]
+            buckets = {k: store.get_bucket(s, k).id for k in {m["bucket"] for m in meas}}
+            published = {p.bucket_id: p.id for p in store.list_published(s)}
             for m in meas:
+                b = buckets[m["bucket"]]
                 store.record_measurement(
                     s,
-                    bucket_id=bucket_ids[m["bucket"]],
+                    bucket_id=b,
                     policy_name=m["policy_name"],
                     params=m["params"],
                     kv_lens=m["kv_lens"],
@@ -121,21 +134,30 @@ def _import_shipped(url: str) -> None:
                     backend=m["backend"],
                     software=m["software"],
                     stage="verify",
+                    # a held-out timing of the shipped plan is its policy's own verification (the dashboard's
+                    # figures); the H200's training timings predate its whole-wave params, so they name no policy
+                    policy_id=published.get(b) if m["policy_name"] == "tuned" and m["role"] == "heldout" else None,
                 )
             added = {**doc, "policies": [p for p in doc["policies"] if p["bucket"]["key"] in new]}
             line = f"imported {len(added['policies'])} shipped policies (GPU-tuned: {_per_gpu(added)})"
             if meas:
-                roles = {m["role"] for m in meas}  # the shipped set: the training batch of each bucket
-                what = "training " if roles == {"train"} else "held-out " if roles == {"heldout"} else ""
-                line += f" and the H200 table's {len(meas)} {what}measurements"
+                n: dict[tuple[str, str], int] = {}
+                for m in meas:
+                    k = ("held-out" if m["role"] == "heldout" else "training", m["software"].get("gpu", "?"))
+                    n[k] = n.get(k, 0) + 1
+                line += " and their GPU measurements (" + ", ".join(f"{v} {r} on the {g}" for (r, g), v in n.items())
+                line += ")"
             said.append(line)
-        cal = _data("h200_calibration.json")
-        if store.latest_calibration(s, gpu=cal["gpu"], kv_dtype=cal["dtype"], q_len=1) is None:
+        for _, cal_file in SHIPPED_DATA:
+            cal = _data(cal_file)
+            if store.latest_calibration(s, gpu=cal["gpu"], kv_dtype=cal["dtype"], q_len=1) is not None:
+                continue
+            spec = resolve_device(cal["gpu"])
             dev = store.get_or_create_device(
                 s,
                 name=cal["gpu"],
-                num_sms=132,
-                hbm_bandwidth_gbps=4800.0,
+                num_sms=spec.num_sms,
+                hbm_bandwidth_gbps=spec.hbm_bandwidth_gbps,
                 software={"source": cal["source"]},
                 read_bandwidth_gbps=cal["read_bandwidth_gbps"],
             )
@@ -143,14 +165,14 @@ def _import_shipped(url: str) -> None:
                 s,
                 device_id=dev.id,
                 constants=cal["constants"],
-                kv_dtype=cal["dtype"],  # the shipped fit: K/V in the model's dtype, q_len 1
+                kv_dtype=cal["dtype"],  # the shipped fits: K/V in the model's dtype, q_len 1
                 q_len=1,
                 error=cal["error"],
                 kernel_config=cal["kernel_config"],
                 num_samples=cal["num_samples"],
             )
             said.append(
-                f"stored the H200 simulator calibration (held-out error median "
+                f"stored the {cal['gpu']} simulator calibration (held-out error median "
                 f"{cal['error']['heldout']['median']:.1%}, worst {cal['error']['heldout']['worst']:.1%})"
             )
     for line in said:
