@@ -9,7 +9,8 @@
 3. Tune a small demo set of buckets, one per shipped model shape
    (Qwen3-30B-A3B 32/4/128, Llama-3.1-8B 32/8/128, Llama-3.1-70B at TP 8,
    8/1/128; bf16, page_size 16), on the best backend here: the GPU when CUDA is
-   present, else the calibrated simulator. GPU results are published under the
+   present and ``kvsplit.kernels.device`` describes it (the buckets are then that GPU's), else the calibrated
+   simulator (the H200's buckets). GPU results are published under the
    store's rules; simulator results stay drafts (tuning run, held-out
    verification with the simulator's error margin, all in the store and on the
    dashboard), so the service this job starts serves measured policies only: a
@@ -179,15 +180,29 @@ def _import_shipped(url: str) -> None:
         _say(line)
 
 
-def _backend_name() -> str:
+def _local_gpu() -> str | None:
+    """This machine's CUDA GPU by its ``kvsplit.kernels.device`` name, or None (no CUDA, or a GPU the project does
+    not describe: the demo then runs on the simulator)."""
+    from ..kernels.device import resolve_device
+
     try:
         import torch
 
         if torch.cuda.is_available():
-            return "gpu"
-    except ImportError:
+            return resolve_device(torch.cuda.get_device_name()).name
+    except (ImportError, ValueError):
         pass
-    return "sim"
+    return None
+
+
+def _backend_name() -> str:
+    return "gpu" if _local_gpu() is not None else "sim"
+
+
+def _demo_gpu(backend: str) -> str:
+    """The GPU the demo buckets are for: this machine's when they are tuned on its GPU (a bucket is timed only on
+    its own GPU: an H100 tunes H100 buckets), else :data:`GPU`, the GPU of the shipped simulator calibration."""
+    return (_local_gpu() or GPU) if backend == "gpu" else GPU
 
 
 def _verified_before(url: str, task: Any, backend: str) -> Any:
@@ -236,8 +251,9 @@ def _tune_demo(url: str, backend: str) -> None:
     from ..tuner import search
 
     tasks = []
+    gpu = _demo_gpu(backend)
     for shape_name, kind, args in DEMO_BUCKETS:
-        shape = dict(SHAPES[shape_name], gpu=GPU, dtype="bfloat16", page_size=16, seed=0)
+        shape = dict(SHAPES[shape_name], gpu=gpu, dtype="bfloat16", page_size=16, seed=0)
         if kind == "family":
             fam, B, T = args
             tasks.append(search.family_task(fam, B, T, **shape))

@@ -146,3 +146,22 @@ def test_a_store_from_before_the_h100_table_gets_it_once_and_keeps_its_measureme
         }
     main_job._import_shipped(url)
     assert "shipped policies already in the store (386 buckets" in capsys.readouterr().out
+
+
+def test_the_demo_tunes_this_machines_gpu(monkeypatch):
+    """On a GPU machine the demo's buckets are that GPU's (the GPU backend refuses to time another GPU's bucket);
+    a GPU the project does not describe, or no CUDA, tunes the H200's buckets on the simulator. CI has no GPU:
+    torch's device query is replaced by the names the driver reports."""
+    torch = __import__("pytest").importorskip("torch")
+    from kvsplit.service import main_job
+
+    for reported, backend, gpu in (
+        ("NVIDIA H100 80GB HBM3", "gpu", "NVIDIA H100 80GB HBM3"),
+        ("NVIDIA H200", "gpu", "NVIDIA H200"),
+        ("NVIDIA GeForce GT 710", "sim", "NVIDIA H200"),
+    ):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, r=reported: r)
+        assert main_job._backend_name() == backend and main_job._demo_gpu(backend) == gpu, reported
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main_job._backend_name() == "sim" and main_job._demo_gpu("sim") == "NVIDIA H200"
