@@ -17,7 +17,7 @@ from typing import Any
 from ..kernels.device import resolve_device
 from ..kernels.plan import TUNED_PARAM_SPACE, default_config, fa3_static_num_splits
 from ..kernels.rulespec import condition_holds
-from .pool import parse_candidate, tuned_equivalent
+from .pool import candidate_name, parse_candidate, tuned_equivalent
 from .tasks import TuneTask
 
 
@@ -143,11 +143,10 @@ def fallback_equivalent(task: TuneTask) -> dict[str, dict[str, Any]]:
     else empty. A study starts from what the family is served without it, whatever its trial budget."""
     from ..kernels.policy_table import default_fallback
 
-    name, params = default_fallback(task.kv_dtype if task.kv_dtype != task.dtype else None, task.q_len)
+    name, params = default_fallback(task.kv_dtype, task.q_len)  # a 16-bit kv_dtype gets `balanced`, no params
     if not params:
         return {}
-    eq = {**params, "partition": "stream_k"} if name == "stream_k" else dict(params)
-    return {"fallback": complete_defaults(task, eq)}
+    return {"fallback": complete_defaults(task, tuned_equivalent(candidate_name(name, params)))}
 
 
 def warm_start_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:
