@@ -12,7 +12,8 @@ Implementations, each run separately on the same model and prompts:
 - ``sdpa``: transformers' own paged sdpa (the reference): its cache reads every request's keys/values back
   per layer and runs torch's scaled_dot_product_attention with a mask;
 - ``kvsplit``: :func:`kvsplit.kernels.integrations.transformers.install` (DecodeWrapper on the paged cache for
-  decode rows, the shipped H200 table with ``--table``, else DecodeWrapper's default policy; prefill rows by sdpa);
+  decode rows with the shipped tables, ``load_shipped_table()``, or the export ``--table`` names; with
+  ``--table ''`` DecodeWrapper's default policy; prefill rows by sdpa);
 - ``flashinfer``: FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` (NHD, tensor cores by default) behind the
   very same hooks (``install(decoder=...)``): same step metadata, same prefill path; only the decode kernel
   differs. Skipped with a message when ``flashinfer`` does not import.
@@ -62,8 +63,6 @@ import torch
 
 from kvsplit.kernels.integrations import transformers as ktf
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _args(argv=None):
     p = argparse.ArgumentParser(
@@ -99,8 +98,9 @@ def _args(argv=None):
     )
     p.add_argument(
         "--table",
-        default=str(ROOT / "kernels/data/h200_policies.json"),
-        help="policies export for kvsplit's DecodeWrapper (default the shipped H200 table; '' for none)",
+        default="shipped",
+        help="policies export for kvsplit's DecodeWrapper ('shipped', the default: every shipped GPU's table, "
+        "load_shipped_table(); '' for none)",
     )
     p.add_argument(
         "--fi-cuda-cores",
@@ -384,11 +384,17 @@ def main(argv=None) -> int:
         raise SystemExit("no CUDA device: run with --smoke (and TRITON_INTERPRET=1) on the CPU")
     ktf.import_transformers()
     from kvsplit.kernels import fastplan
-    from kvsplit.kernels.policy_table import PolicyTable
+    from kvsplit.kernels.policy_table import PolicyTable, load_shipped_table
 
     print("compiling the planner (numba; cached on disk after the first run)", flush=True)
     fastplan.warmup()
-    table = PolicyTable.from_export(json.loads(Path(a.table).read_text())) if a.table else None
+    table = (
+        load_shipped_table()
+        if a.table == "shipped"
+        else PolicyTable.from_export(json.loads(Path(a.table).read_text()))
+        if a.table
+        else None
+    )
     impls = list(a.impls)
     if "flashinfer" in impls:
         try:

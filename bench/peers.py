@@ -14,9 +14,9 @@
 
 Implementations (``--impl``):
 
-- ``kvsplit``: the plan the shipped table (kernels/data/h200_policies.json) serves each batch of the run's shape
-  (KV dtype and q_len included: another family of the table), on the hot path (``decode_attention(..., out=,
-  workspace=, validate=False)``, plan uploaded);
+- ``kvsplit``: the plan the shipped tables (:func:`kvsplit.kernels.load_shipped_table`: the H200's and the H100's)
+  serve each batch of the run's shape on this GPU (KV dtype and q_len included: another family of the table), on
+  the hot path (``decode_attention(..., out=, workspace=, validate=False)``, plan uploaded);
 - ``kvsplit_balanced``: the ``balanced`` fallback plan (``make_plan(..., policy="balanced")``, the rule a batch gets
   where no tuned bucket is near) on the same kernel and hot path: what the tuned table gains over not tuning;
 - the peers ``fa3``, ``flashinfer_batch_attention``, ``flashinfer_decode`` (q_len = 1 only) and
@@ -429,10 +429,9 @@ def make_runner(impl: str, mod: Any, timer: Any) -> tuple[Callable[[np.ndarray],
                 lens, policy=FALLBACK_POLICY, device=gpu, **{k: v for k, v in shape.items() if k != "num_qo_heads"}
             ), ""
     else:
-        from kvsplit.kernels.policy_table import PolicyTable
+        from kvsplit.kernels.policy_table import load_shipped_table
 
-        raw = json.loads((Path(__file__).resolve().parents[1] / "kernels/data/h200_policies.json").read_text())
-        table = PolicyTable.from_export(raw, version=raw.get("policies_version"))
+        table = load_shipped_table()  # every shipped GPU's table, as the service and DecodeWrapper serve them
 
         def plan_of(lens):
             plan, _, info = table.plan(lens, gpu=gpu, **shape)

@@ -699,8 +699,8 @@ def check_policy_entry(entry: Mapping[str, Any]) -> None:
 SHIPPED_TABLES = ("data/h200_policies.json", "data/h100_policies.json")
 """The GPU-tuned tables the project ships, inside this package (format ``kvsplit.policies``, ``kvsplit db export``
 documents; head_dim 128, bf16, page 16): the H200's, 263 published policies for H_kv 1, 4 and 8 (the three model
-shapes), and the H100's (NVIDIA H100 80GB HBM3), 123 for the Qwen3-30B-A3B shape (32/4/128), built by
-``kvsplit tune --campaign`` from an empty store (docs/results.md)."""
+shapes), and the H100's (NVIDIA H100 80GB HBM3), 369 for the same three shapes (123 each), built by
+``kvsplit tune --campaign`` from an empty store, one campaign per shape (docs/results.md)."""
 
 
 def shipped_policies() -> dict[str, Any]:

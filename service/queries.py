@@ -25,6 +25,8 @@ from ..kernels.plan import make_plan
 from ..kernels.policy_table import SOURCE_OF_BACKEND
 from ..kernels.shape import shape_family
 from ..tuner.published import load_table_doc, table_entry
+from ..tuner.verify import BASELINES as _VERIFY_BASELINES
+from ..tuner.verify import FALLBACK_BASELINE
 from .traffic import TrafficRow, traffic_summary
 
 _log = logging.getLogger("kvsplit.service")
@@ -42,14 +44,26 @@ __all__ = [
     "bucket_family",
     "shape_slug",
     "BASELINES",
+    "served_gain",
     "FAMILY_NAMES",
     "SIMULATED_SUFFIX",
     "traffic_summary",
     "TrafficRow",
 ]
 
-BASELINES = ("balanced", "fa3", "flashinfer", "no_split")
-"""Baseline policies measured beside the tuned one on held-out batches."""
+BASELINES = (*_VERIFY_BASELINES, FALLBACK_BASELINE)
+"""Baseline labels measured beside the tuned one on held-out batches (:func:`kvsplit.tuner.verify.baselines_for`),
+in column order: the fixed baselines, then the family's own fallback where it is not ``balanced``."""
+
+
+def served_gain(speedups: dict[str, Any]) -> float | None:
+    """A bucket's gain over what its batches are served without a table: its speedup over the family's own
+    fallback (:data:`kvsplit.tuner.verify.FALLBACK_BASELINE`, an FP8 family's) where that was measured, else over
+    ``balanced``. None where neither was."""
+    g = speedups.get(FALLBACK_BASELINE)
+    return g if g is not None else speedups.get("balanced")
+
+
 SIMULATED_SUFFIX = " (simulated)"
 """Appended to a dashboard series name whose points were measured on the simulator."""
 _FAMILIES = ("uniform", "skewed40", "skewed60", "skewed80", "2x40")

@@ -1,8 +1,9 @@
 """Verification of a tuned parameter set against the baselines, before publishing.
 
 On the bucket's held-out batches (never its training batches), the tuned plan
-and every baseline (:data:`BASELINES`: ``balanced``, ``fa3``, ``flashinfer``,
-``no_split``, each with its default params) are timed side by side in one run:
+and every baseline of the bucket's family (:func:`baselines_for`: :data:`BASELINES`, ``balanced``, ``fa3``,
+``flashinfer``, ``no_split``, each with its default params, and :data:`FALLBACK_BASELINE`, the family's own
+fallback, where that is not ``balanced``) are timed side by side in one run:
 batch by batch, every policy's plan in turn, on the same backend. Identical
 plans (e.g. ``tuned`` with default params and ``balanced``) are timed once and
 share the time, so timing noise cannot separate two copies of one plan. Every
@@ -32,10 +33,13 @@ from typing import Any
 
 from ..db import store
 from ..kernels.plan import make_plan
+from ..kernels.policy_table import FALLBACK_POLICY, default_fallback
 
 __all__ = [
     "BASELINES",
+    "FALLBACK_BASELINE",
     "SIM_DEFAULT_MARGIN",
+    "baselines_for",
     "VerifyOutcome",
     "measure_heldout",
     "sim_margin",
@@ -44,6 +48,24 @@ __all__ = [
 ]
 
 BASELINES: tuple[str, ...] = ("balanced", "fa3", "flashinfer", "no_split")
+FALLBACK_BASELINE = "fallback"
+"""The label of a family's own fallback plan among its baselines, where that fallback is not ``balanced``
+(:func:`kvsplit.kernels.policy_table.default_fallback`: an FP8 cache at q_len 1). A batch of the family that no
+published bucket is near is served that plan, so a tuned plan must beat it, not only ``balanced``: a plan that
+merely equals it gains nothing over what is served without it."""
+
+
+def baselines_for(kv_dtype: str | None = None, q_len: int = 1) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(label, policy, params)`` of each baseline of a family: every :data:`BASELINES` policy with its default
+    params, then :data:`FALLBACK_BASELINE` with the family's default fallback (policy and params) where that
+    differs from ``balanced``. ``kv_dtype``: the canonical KV dtype name (None: q's dtype); ``q_len``: 1-8."""
+    out = [(b, b, {}) for b in BASELINES]
+    name, params = default_fallback(kv_dtype, q_len)
+    if (name, params) != (FALLBACK_POLICY, {}):
+        out.append((FALLBACK_BASELINE, name, params))
+    return out
+
+
 SIM_DEFAULT_MARGIN = 0.05
 """Gain over the best baseline a simulated result needs when the GPU has no stored calibration
 (its error is then unknown; a calibrated H200 simulator's held-out median error is about 4 %)."""
@@ -60,20 +82,27 @@ class VerifyOutcome:
 
 
 def measure_heldout(
-    task: Any, tuned_params: Mapping[str, Any], backend: Any, baselines: Sequence[str] = BASELINES
+    task: Any, tuned_params: Mapping[str, Any], backend: Any, baselines: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
     """Time ``tuned`` and each baseline on every held-out batch of ``task``.
 
-    Returns one record per (policy, batch): ``policy``, ``params``,
-    ``batch_index``, ``kv_lens``, ``time_s``, ``floor_s``, ``ratio``.
+    ``baselines``: policy names timed with their default params; None (the default): the task's family's
+    baselines, :func:`baselines_for` (``task.kv_dtype``, ``task.q_len``). Returns one record per (policy, batch):
+    ``policy`` (the label: ``tuned``, a policy name or :data:`FALLBACK_BASELINE`), ``params``, ``batch_index``,
+    ``kv_lens``, ``time_s``, ``floor_s``, ``ratio``.
     """
-    policies: list[tuple[str, dict[str, Any]]] = [("tuned", dict(tuned_params))] + [(b, {}) for b in baselines]
+    base = (
+        baselines_for(getattr(task, "kv_dtype", None), getattr(task, "q_len", 1))
+        if baselines is None
+        else [(b, b, {}) for b in baselines]
+    )
+    policies = [("tuned", "tuned", dict(tuned_params))] + base
     rows: list[dict[str, Any]] = []
     for i, lens in enumerate(task.heldout):
         floor = backend.hbm_floor_s(lens)
         timed: dict[tuple, float] = {}
-        for name, params in policies:
-            plan = make_plan(list(lens), policy=name, params=params, **task.plan_kwargs)
+        for name, policy, params in policies:
+            plan = make_plan(list(lens), policy=policy, params=params, **task.plan_kwargs)
             sig = plan.work_key()
             if sig not in timed:
                 timed[sig] = backend.time_plan(plan)

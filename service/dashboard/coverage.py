@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from ..queries import FALLBACK_BASELINE, served_gain
 from .render import count
 
 __all__ = ["coverage_svg", "coverage_cells", "GAIN_STOPS"]
@@ -72,7 +73,7 @@ def coverage_cells(
             pub = [b for b in bs if b["policy"] is not None]
             label = f"{family}, B ≈ {2**bc:,}, tokens ≈ {2**tc:,}"
             if pub:
-                gains = [b["speedups"].get("balanced") for b in pub]
+                gains = [served_gain(b["speedups"]) for b in pub]
                 gains = [g for g in gains if g is not None and math.isfinite(g)]
                 if gains:
                     g = math.exp(sum(math.log(x) for x in gains) / len(gains))
@@ -82,7 +83,9 @@ def coverage_cells(
                         "kind": "measured",
                         "gain": g,
                         "n": len(pub),
-                        "title": f"{label}: {len(pub)} tuned bucket(s), {g:.3f}× balanced ({evs})",
+                        "title": f"{label}: {len(pub)} tuned bucket(s), {g:.3f}× "
+                        f"{'the fallback' if any(FALLBACK_BASELINE in b['speedups'] for b in pub) else 'balanced'}"
+                        f" ({evs})",
                     }
                 else:
                     cells[(bc, tc)] = {

@@ -28,7 +28,7 @@ from ...db.engine import safe_url
 from ...kernels.buckets import BucketKey, log2_class
 from ...tuner.traffic import TrafficDemand, device_name, traffic_demand, traffic_picks
 from .. import queries
-from ..queries import BASELINES, SIMULATED_SUFFIX
+from ..queries import BASELINES, FALLBACK_BASELINE, SIMULATED_SUFFIX, served_gain
 from ..traffic import current_hour
 from .coverage import coverage_cells, coverage_svg
 from .evidence import SERVED, geomean, shape_evidence
@@ -339,9 +339,9 @@ def _coverage(sh: dict[str, Any], table: Any, traffic: list[dict[str, Any]]) -> 
 
 def _store_counts(sh: dict[str, Any]) -> dict[str, Any]:
     pub = [b for b in sh["buckets"] if b["policy"] is not None]
-    gains = [b["speedups"].get("balanced") for b in pub]
+    gains = [served_gain(b["speedups"]) for b in pub]
     held = [b for b in pub if b["evidence"] == "held-out"]
-    held_gains = [b["speedups"].get("balanced") for b in held if b["speedups"].get("balanced")]
+    held_gains = [g for g in (served_gain(b["speedups"]) for b in held) if g]
     return {
         "buckets": len(sh["buckets"]),
         "published": len(pub),
@@ -352,6 +352,7 @@ def _store_counts(sh: dict[str, Any]) -> dict[str, Any]:
         "heldout": len(held),
         "heldout_sim": bool(held) and all(b["measured_on"] == ["sim"] for b in held),
         "heldout_gain": geomean(held_gains) if held_gains else None,
+        "gain_base": "the fallback" if any(FALLBACK_BASELINE in b["speedups"] for b in pub) else "balanced",
         "heldout_worst": min(held_gains) if held_gains else None,
         "train_gain": geomean([g for g in gains if g]) if any(gains) else None,
     }

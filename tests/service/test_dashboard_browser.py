@@ -2,7 +2,7 @@
 
 ``kvsplit serve`` runs as a subprocess on a SQLite store holding the shipped H200 table with its measurements
 (imported as ``make run`` imports them, with the shipped H100 table) plus 37 simulator-tuned policies of another
-shape (423 published in all).
+shape (669 published in all).
 Every dashboard page -- the summary, a shape's page with its table's sorting, filtering and paging, the plan viewer
 with a trace batch and with bad input -- is loaded at 1440 px and 390 px wide; each page's load time (navigation
 start to the load event, the second load) is printed and must be at most 1 s. Figures on the pages are checked
@@ -122,10 +122,10 @@ def server(tmp_path_factory):
     main_job._import_shipped(url)  # the shipped table and its measurements, as `make run` imports them
     with store.session_scope(url) as s:
         shipped = len(store.list_published(s))
-    assert shipped == 263 + 123  # the H200 and H100 tables
+    assert shipped == 263 + 369  # the H200 and H100 tables
     _add_other_shape(url, 37)
     with store.session_scope(url) as s:
-        assert len(store.list_published(s)) == 423
+        assert len(store.list_published(s)) == 263 + 369 + 37
     with LiveServer(url, cwd=str(tmp)) as srv:
         yield srv, url, tmp
 
@@ -196,8 +196,8 @@ def test_summary_headline_coverage_and_load_time(server, browser, width):
     _no_horizontal_scroll(page, width)
     cards = page.locator("section.shape")
     slugs = cards.evaluate_all("es => es.map(e => e.dataset.slug)")
-    # kv4, kv8, kv1 (the H200 table), kv4 (the H100 table), kv8/d64 (the simulator's)
-    assert slugs[0] == MAIN_SLUG and OTHER_SLUG in slugs and len(slugs) == 5
+    # kv4, kv8, kv1 (the H200 table), kv4, kv8, kv1 (the H100 table), kv8/d64 (the simulator's)
+    assert slugs[0] == MAIN_SLUG and OTHER_SLUG in slugs and len(slugs) == 7
     main = page.locator(f'section.shape[data-slug="{MAIN_SLUG}"]')
     assert main.locator("h2").inner_text() == "Qwen3-30B-A3B (H_q 32) · NVIDIA H200"
     # the headline's numbers are the CSVs' (peer time / served time, paired per case)

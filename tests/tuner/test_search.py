@@ -573,6 +573,31 @@ def test_simulated_gain_must_exceed_the_simulator_error(url):
     assert out.summary["margin"] == 0.0 and out.summary["gain"] == pytest.approx(0.0) and out.summary["passed"]
 
 
+def test_an_fp8_family_is_verified_against_its_own_fallback():
+    from kvsplit.kernels.policy_table import FP8_FALLBACK
+
+    plain = [(b, b, {}) for b in verify.BASELINES]
+    assert verify.baselines_for() == plain and verify.baselines_for("bfloat16", 4) == plain
+    assert verify.baselines_for("float8_e4m3fn", 4) == plain  # fp8 verify steps are served balanced
+    fp8 = verify.baselines_for("float8_e4m3fn", 1)
+    assert fp8[:-1] == plain and fp8[-1] == (verify.FALLBACK_BASELINE, FP8_FALLBACK[0], FP8_FALLBACK[1])
+    t = search.family_task("skewed80", 64, 262_144, num_train=1, num_heldout=2, kv_dtype="float8_e4m3fn", **SHAPE)
+    be = SimBackend(GPU, num_kv_heads=4, head_dim=128, dtype="bfloat16", kv_dtype="float8_e4m3fn")
+    tuned = {"ctas_per_sm": 2.0, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    rows = verify.measure_heldout(t, tuned, be)
+    assert [r["policy"] for r in rows] == 2 * ["tuned", *verify.BASELINES, "fallback"]
+    for r in rows:  # each row is its plan's own time on the batch, the fallback timed with its params
+        policy, params = {"tuned": ("tuned", tuned), "fallback": FP8_FALLBACK}.get(r["policy"], (r["policy"], {}))
+        plan = make_plan(r["kv_lens"], policy=policy, params=params, **t.plan_kwargs)
+        assert r["params"] == params and r["time_s"] == be.time_plan(plan), r["policy"]
+    # a study whose best is the fallback's plan gains nothing over what the family is served without it
+    same = search.fallback_equivalent(t)["fallback"]
+    rows = verify.measure_heldout(t, same, be)
+    sm = verify.summarize(rows, backend="sim", margin=0.05, margin_source="test")
+    assert sm["best_baseline"] == "fallback" and sm["gain"] == pytest.approx(0.0) and not sm["passed"]
+    assert sm["speedup_vs"]["balanced"] > 1.2  # what it claimed before the fallback was a baseline
+
+
 def test_timeout_stops_and_verifies_the_best_so_far(url, monkeypatch):
     monkeypatch.setenv("KVSPLIT_TUNE_TRIAL_DELAY_S", "0.2")
     t = _task(n_train=2, n_heldout=2)
