@@ -84,9 +84,7 @@ def test_tune_and_serve_q_len_4_and_verify_fp8_against_its_fallback(tmp_path):
     # the same batch of 16-bit K/V at q_len 1: no policy of that family in the store
     r = _cli("plan", *FLAGS, "--kv-lens", lens, "--database-url", db, "--compact")
     plain = json.loads(r.stdout)
-    assert plain["policy"]["source"] == "fallback" and plain["bucket"]["key"] == out["bucket"]["key"].replace(
-        part, "."
-    )
+    assert plain["policy"]["source"] == "fallback" and plain["bucket"]["key"] == out["bucket"]["key"].replace(part, ".")
     assert "no published policy for this shape" in r.stderr
 
     # FP8: verified against the FP8 fallback too; a plan no faster than it is not published
