@@ -47,8 +47,8 @@ def _env():
     return env
 
 
-def _run(args, timeout=300):
-    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout, env=_env())
+def _run(args, timeout=300, **env):
+    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout, env={**_env(), **env})
 
 
 def _table(url):
@@ -225,7 +225,9 @@ def _two_workers(url, journal):
         url,
         "--json",
     ] + (["--journal", str(journal)] if journal else [])
-    r = _run(args)
+    # each measured trial sleeps 0.5 s (the workers' test hook), so the first worker cannot finish every trial
+    # before the second has started: on a loaded 2-core machine the second's start (imports, numba) can take seconds
+    r = _run(args, KVSPLIT_TUNE_TRIAL_DELAY_S="0.5")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["status"] == "finished"
