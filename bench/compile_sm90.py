@@ -20,7 +20,7 @@ compile to the same machine code. ``--ttgir DIR`` also writes each kernel's TTGI
 ``--groups`` compiles each config at several GQA groups G (H_q = 4 G, H_kv = 4) and ``--maxnreg`` with a
 register cap: ``none`` (uncapped), ``auto`` (what ``launch_decode`` applies:
 :func:`kvsplit.kernels.residency.register_cap`) or a number; the resident CTAs per SM of each compile are
-printed beside the residency kernels/residency.py counts for the config (``--json`` writes one JSON line per
+printed beside the residency kernels/residency.py counts for the config (at the compile's G, q_len and KV dtype) (``--json`` writes one JSON line per
 compile). Variants: ``plain``, ``prefetch`` (``KernelConfig.prefetch``) and ``next_item`` (``prefetch`` with
 ``KernelConfig.next_item``). ``--q-len N`` compiles the kernel of N query tokens per request (G * heads * N rows a
 tile), ``--kv-dtype fp8`` the one reading a float8_e4m3fn cache, ``--scales`` with per-tensor (``tensor``) or
@@ -225,7 +225,7 @@ def main() -> None:
     import json
 
     from kvsplit.kernels.device import resolve_device
-    from kvsplit.kernels.residency import occupancy, register_cap, resident_ctas_per_sm
+    from kvsplit.kernels.residency import occupancy, q_len_rows, register_cap, resident_ctas_per_sm
 
     ap = argparse.ArgumentParser()
     ap.add_argument(
@@ -315,6 +315,7 @@ def main() -> None:
                         continue
                     r, t = resources(k), ttgir_summary(k.asm["ttgir"])
                     res = occupancy(dev, w, r["regs"], r["shared"])
+                    rows, extra_rows = q_len_rows(heads, g, args.q_len)
                     table = resident_ctas_per_sm(
                         dev,
                         128,
@@ -326,6 +327,9 @@ def main() -> None:
                         prefetch=pf,
                         heads_per_tile=heads,
                         next_item=variant == "next_item",
+                        kv_bytes=1 if args.kv_dtype == "fp8" else None,
+                        extra_rows=extra_rows,
+                        rows=rows,
                     )
                     if args.ttgir:
                         os.makedirs(args.ttgir, exist_ok=True)

@@ -141,7 +141,7 @@ def sim_margin(
         err = ((cal.error or {}).get("heldout") or {}).get("median") if cal is not None else None
     if isinstance(err, (int, float)) and not isinstance(err, bool) and math.isfinite(err) and err >= 0:
         return float(err), f"held-out median error of calibration {cal.id} (KV {cal.kv_dtype}, q_len {cal.q_len})"
-    return SIM_DEFAULT_MARGIN, "default (no calibration of this GPU stored)"
+    return SIM_DEFAULT_MARGIN, "the default: no calibration of this GPU stored"
 
 
 def summarize(

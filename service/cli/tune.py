@@ -424,5 +424,8 @@ def _result_line(r) -> str:
             f"{'published' if r.published else 'not published'} (policy {r.policy_id})"
         )
     if r.message:
-        line += f" [{r.message}]"
+        msg = r.message
+        if v and not r.published and msg.startswith("not published: "):  # said just before
+            msg = msg[len("not published: ") :]
+        line += f": {msg}" if v else f" [{msg}]"
     return line

@@ -470,7 +470,7 @@ def test_tune_task_verifies_stores_and_publishes(url, monkeypatch):
     assert r.best_value == min(x.value for x in study.get_trials() if x.state == TrialState.COMPLETE)
     v = r.verification
     assert v["passed"] and v["tuned_geomean_ratio"] * 1.005 <= v["best_baseline_geomean_ratio"]
-    assert v["margin"] == 0.005 and v["margin_source"].startswith("default")
+    assert v["margin"] == 0.005 and v["margin_source"].startswith("the default")
     with store.session_scope(url) as s:
         ms = store.list_measurements(s, tuning_run_id=r.run_id)
         assert len(ms) == 5 * 4  # tuned + 4 baselines on 4 held-out batches
