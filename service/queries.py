@@ -11,6 +11,7 @@ import logging
 import math
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ __all__ = [
     "shape_slug",
     "BASELINES",
     "served_gain",
+    "served_gain_base",
     "FAMILY_NAMES",
     "SIMULATED_SUFFIX",
     "traffic_summary",
@@ -62,6 +64,12 @@ def served_gain(speedups: dict[str, Any]) -> float | None:
     ``balanced``. None where neither was."""
     g = speedups.get(FALLBACK_BASELINE)
     return g if g is not None else speedups.get("balanced")
+
+
+def served_gain_base(buckets: Sequence[dict[str, Any]]) -> str:
+    """What :func:`served_gain` of these buckets is over, in words: ``"the fallback"`` where any of them was
+    measured against its family's own fallback, else ``"balanced"``."""
+    return "the fallback" if any(FALLBACK_BASELINE in b["speedups"] for b in buckets) else "balanced"
 
 
 SIMULATED_SUFFIX = " (simulated)"

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from ..queries import FALLBACK_BASELINE, served_gain
+from ..queries import served_gain, served_gain_base
 from .render import count
 
 __all__ = ["coverage_svg", "coverage_cells", "GAIN_STOPS"]
@@ -83,9 +83,7 @@ def coverage_cells(
                         "kind": "measured",
                         "gain": g,
                         "n": len(pub),
-                        "title": f"{label}: {len(pub)} tuned bucket(s), {g:.3f}× "
-                        f"{'the fallback' if any(FALLBACK_BASELINE in b['speedups'] for b in pub) else 'balanced'}"
-                        f" ({evs})",
+                        "title": f"{label}: {len(pub)} tuned bucket(s), {g:.3f}× {served_gain_base(pub)} ({evs})",
                     }
                 else:
                     cells[(bc, tc)] = {

@@ -28,7 +28,7 @@ from ...db.engine import safe_url
 from ...kernels.buckets import BucketKey, log2_class
 from ...tuner.traffic import TrafficDemand, device_name, traffic_demand, traffic_picks
 from .. import queries
-from ..queries import BASELINES, FALLBACK_BASELINE, SIMULATED_SUFFIX, served_gain
+from ..queries import BASELINES, SIMULATED_SUFFIX, served_gain, served_gain_base
 from ..traffic import current_hour
 from .coverage import coverage_cells, coverage_svg
 from .evidence import SERVED, geomean, shape_evidence
@@ -352,7 +352,7 @@ def _store_counts(sh: dict[str, Any]) -> dict[str, Any]:
         "heldout": len(held),
         "heldout_sim": bool(held) and all(b["measured_on"] == ["sim"] for b in held),
         "heldout_gain": geomean(held_gains) if held_gains else None,
-        "gain_base": "the fallback" if any(FALLBACK_BASELINE in b["speedups"] for b in pub) else "balanced",
+        "gain_base": served_gain_base(pub),
         "heldout_worst": min(held_gains) if held_gains else None,
         "train_gain": geomean([g for g in gains if g]) if any(gains) else None,
     }
