@@ -136,17 +136,27 @@ WARM_START_MIN_TRIALS = 20
 half of a budget to search."""
 
 
-def fallback_equivalent(task: TuneTask) -> dict[str, dict[str, Any]]:
-    """``{"fallback": params}``: the plan a table serves the task's family where no bucket is near
-    (:func:`kvsplit.kernels.policy_table.default_fallback`) restated as a ``tuned`` parameter set, when it is not the
-    ``balanced`` baseline already enqueued (an FP8 cache at q_len 1: :data:`~kvsplit.kernels.policy_table.FP8_FALLBACK`);
-    else empty. A study starts from what the family is served without it, whatever its trial budget."""
-    from ..kernels.policy_table import default_fallback
+def own_fallback(kv_dtype: str | None = None, q_len: int = 1) -> tuple[str, dict[str, Any]] | None:
+    """``(policy name, params)`` of the plan a table serves a family where no bucket is near
+    (:func:`kvsplit.kernels.policy_table.default_fallback`) when it is not ``balanced`` with its default params (an
+    FP8 cache at q_len 1: :data:`~kvsplit.kernels.policy_table.FP8_FALLBACK`), else None. ``kv_dtype``: the
+    canonical KV dtype name (None or a 16-bit name: q's dtype); ``q_len``: 1-8. What a study starts from
+    (:func:`fallback_equivalent`) and what verification times beside the baselines
+    (:func:`kvsplit.tuner.verify.baselines_for`)."""
+    from ..kernels.policy_table import FALLBACK_POLICY, default_fallback
 
-    name, params = default_fallback(task.kv_dtype, task.q_len)  # a 16-bit kv_dtype gets `balanced`, no params
-    if not params:
+    name, params = default_fallback(kv_dtype, q_len)
+    return None if (name, params) == (FALLBACK_POLICY, {}) else (name, params)
+
+
+def fallback_equivalent(task: TuneTask) -> dict[str, dict[str, Any]]:
+    """``{"fallback": params}``: the task's family's :func:`own_fallback` restated as a ``tuned`` parameter set;
+    empty where the family falls back to the ``balanced`` baseline already enqueued. A study starts from what the
+    family is served without it, whatever its trial budget."""
+    own = own_fallback(task.kv_dtype, task.q_len)
+    if own is None:
         return {}
-    return {"fallback": complete_defaults(task, tuned_equivalent(candidate_name(name, params)))}
+    return {"fallback": complete_defaults(task, tuned_equivalent(candidate_name(*own)))}
 
 
 def warm_start_equivalents(task: TuneTask) -> dict[str, dict[str, Any]]:

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..db import store
 from ..kernels.plan import make_plan
-from ..kernels.policy_table import FALLBACK_POLICY, default_fallback
+from .space import own_fallback
 
 __all__ = [
     "BASELINES",
@@ -57,12 +57,13 @@ merely equals it gains nothing over what is served without it."""
 
 def baselines_for(kv_dtype: str | None = None, q_len: int = 1) -> list[tuple[str, str, dict[str, Any]]]:
     """``(label, policy, params)`` of each baseline of a family: every :data:`BASELINES` policy with its default
-    params, then :data:`FALLBACK_BASELINE` with the family's default fallback (policy and params) where that
-    differs from ``balanced``. ``kv_dtype``: the canonical KV dtype name (None: q's dtype); ``q_len``: 1-8."""
+    params, then :data:`FALLBACK_BASELINE` with the family's own fallback (:func:`kvsplit.tuner.space.own_fallback`:
+    policy and params) where it has one. ``kv_dtype``: the canonical KV dtype name (None: q's dtype); ``q_len``:
+    1-8."""
     out = [(b, b, {}) for b in BASELINES]
-    name, params = default_fallback(kv_dtype, q_len)
-    if (name, params) != (FALLBACK_POLICY, {}):
-        out.append((FALLBACK_BASELINE, name, params))
+    own = own_fallback(kv_dtype, q_len)
+    if own is not None:
+        out.append((FALLBACK_BASELINE, *own))
     return out
 
 
