@@ -161,9 +161,13 @@ def test_resume_after_kill_9_gives_the_uninterrupted_table(tmp_path):
     # resume in slices of about a second (exit 75 while work is left), then to the end
     import sqlite3
 
-    try:  # the killed run had opened the campaign's state
+    try:  # the killed run had opened the campaign's state: its study holds the campaign's identity (a kill between
+        # creating the study and storing that attribute leaves nothing to resume)
         with sqlite3.connect(f"{tmp_path}/killed.db") as db:
-            q = "select count(*) from studies where study_name like 'kvsplit-campaign-%'"
+            q = (
+                "select count(*) from study_user_attributes a join studies s on a.study_id = s.study_id "
+                "where s.study_name like 'kvsplit-campaign-%' and a.key = 'identity'"
+            )
             started = db.execute(q).fetchone()[0]
     except sqlite3.OperationalError:  # killed before the store had its tables
         started = 0
