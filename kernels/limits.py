@@ -159,8 +159,8 @@ def default_config(head_dim: int, dtype: str, *, query_rows: int = 0) -> KernelC
 
     ``query_rows``: a q_len > 1 work tile's query rows (``G * q_len``; 0 for q_len 1). Above 32 rows the tile's
     fp32 scores ``[rows, block_n]`` and accumulator ``[rows, head_dim]`` no longer fit beside a 128-token K/V tile:
-    compiled for sm_90 at 64 rows (:data:`kvsplit.kernels.residency.COMPILED_ROWS`), (128, 4, 2) takes 255
-    registers with 228 bytes of spill stores and runs 1 CTA per SM, (64, 4, 2) 244 registers without spills and 2,
+    compiled for sm_90 at 64 rows (G = 8, q_len 8: :data:`kvsplit.kernels.residency.COMPILED_QLEN`), (128, 4, 2)
+    takes 255 registers with 232 bytes of spill stores and runs 1 CTA per SM, (64, 4, 2) 241 registers without spills and 2,
     so the default takes BLOCK_N 64 there (not yet timed on the GPU); at or below 32 rows, and for q_len 1, the
     tiles below.
 

@@ -45,7 +45,8 @@ __all__ = [
     "resident_ctas_per_sm",
     "extra_row_regs",
     "kv_buffer_bytes",
-    "COMPILED_ROWS",
+    "COMPILED_QLEN",
+    "arch",
     "COMPILED_FP8",
     "padded_rows",
 ]
@@ -249,37 +250,118 @@ COMPILED_NEXT: dict[tuple[str, int, str, int, int, int, int], tuple[int, int]] =
 for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
     COMPILED_NEXT[(_gpu, _d, "float16", _bn, _w, _s, _h)] = _v
 
-# Work tiles of 32 and 64 query rows (one KV head per tile), compiled for sm_90 the same way (bench/compile_sm90.py
-# --groups 32,64: G = 32 and 64 give the tl.dot of 32 and 64 rows that G * q_len rows compile to, e.g. G = 8 at
-# q_len 4 and 8; Triton 3.6, 2026-12-04). Rows cost registers and, at 64 rows, a second K/V buffer of the pipeline:
-# (128, 4, 2) goes 168 -> 232 -> 255 registers (228 bytes of spill stores) and 3 -> 2 -> 1 CTAs per SM; (64, 4, 2)
-# 118 -> 128 -> 244 and 4 -> 4 -> 2. Key: (gpu, head_dim, dtype, block_n, num_warps, num_stages, prefetch, rows).
-COMPILED_ROWS: dict[tuple[str, int, str, int, int, int, bool, int], tuple[int, int]] = {
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 32): (166, 26624),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 64): (196, 49152),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 32): (128, 45056),  # 4
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 64): (244, 81920),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 32): (128, 45056),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 64): (183, 81920),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 2, False, 32): (232, 81920),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 2, False, 64): (255, 147968),  # 1 (228 bytes of spill stores)
-    ("NVIDIA H200", 128, "bfloat16", 128, 8, 2, False, 32): (128, 81920),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 128, 8, 2, False, 64): (255, 147456),  # 1 (72 bytes of spill stores)
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, False, 32): (200, 45312),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, False, 64): (255, 82176),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, False, 32): (232, 82432),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, False, 64): (255, 147968),  # 1 (240 bytes of spill stores)
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 32): (168, 43008),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 64): (224, 65536),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 32): (194, 77824),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 64): (255, 114688),  # 2 (16 bytes of spill stores)
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 32): (128, 77824),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 64): (184, 114688),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, True, 32): (200, 147456),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, True, 64): (255, 213504),  # 1 (228 bytes of spill stores)
+# Verify-step kernels (q_len > 1: the causal mask over each request's q_len new tokens, G * q_len query rows per KV
+# head), compiled for sm_90 the same way: bench/compile_sm90.py --configs 128,4,2 128,4,3 64,4,2 64,4,3 32,4,2
+# 32,4,3 32,4,4 64,8,2 64,8,3 --variants plain,prefetch,next_item --heads 1,2 --maxnreg auto --q-len N for N = 2, 4
+# and 8 (G = 8; Triton 3.6, 2026-12-05). The q_len > 1 kernel takes more registers than the q_len-1 kernel even where
+# its padded rows are the same: at q_len 2 (16 rows, as at q_len 1) (128, 4, 2) takes 238 where the q_len-1 kernel
+# takes 168 (2 CTAs per SM, not 3) and (64, 4, 2) 150 where it takes 118 (3, not 4). The q_len-1 kernel compiled at
+# G = 32 and 64 (the rows q_len 4 and 8 give at G = 8) under-counts them too: (64, 4, 2) at 32 rows takes 168, not
+# 128. Key: (arch, head_dim, dtype, block_n, num_warps, num_stages, prefetch, next_item, heads_per_tile, rows), rows
+# the tile's padded query rows (:func:`padded_rows` of ``heads_per_tile * G * q_len``); the comment gives the
+# resident CTAs per SM on an sm_90 SM. The compiled kernel is a property of the target (sm_90), not of the board, so
+# every sm_90 GPU (:func:`arch`) reads this table.
+COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, bool, bool, int, int], tuple[int, int]] = {
+    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 1, 16): (96, 21504),  # 5
+    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 1, 32): (162, 26624),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 1, 64): (199, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 2, 32): (168, 43008),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 2, 64): (220, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 1, 16): (112, 21632),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 1, 32): (166, 26752),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 1, 64): (216, 49280),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 2, 32): (168, 43136),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 2, 64): (224, 82048),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 1, 16): (110, 37888),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 1, 32): (166, 43008),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 1, 64): (224, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 2, 32): (168, 75776),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 2, 64): (245, 114688),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 1, 16): (144, 37888),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 1, 32): (168, 43008),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 1, 64): (254, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 2, 32): (176, 75776),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 2, 64): (255, 114688),  # 2, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 1, 16): (112, 21632),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 1, 32): (166, 26752),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 1, 64): (216, 49280),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 2, 32): (168, 43136),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 2, 64): (224, 82048),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 1, 16): (110, 54272),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 1, 32): (166, 59392),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 1, 64): (224, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 2, 32): (168, 108544),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 2, 64): (245, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 1, 16): (144, 54272),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 1, 32): (168, 59392),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 1, 64): (252, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 2, 32): (176, 108544),  # 2
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 2, 64): (255, 147456),  # 1, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 1, 16): (150, 38912),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 1, 32): (168, 45056),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 1, 64): (241, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 2, 32): (210, 77824),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 2, 64): (255, 147456),  # 1, 100 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 1, 16): (154, 39168),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 1, 32): (196, 45312),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 1, 64): (255, 82176),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 2, 32): (205, 78080),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 2, 64): (255, 147712),  # 1, 48 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 1, 16): (164, 71680),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 1, 32): (194, 77824),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 1, 64): (255, 114688),  # 2, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 2, 32): (210, 143360),  # 1
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 2, 64): (255, 212992),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 1, 16): (227, 71680),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 1, 32): (168, 77824),  # 2, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 1, 64): (255, 114688),  # 2, 144 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 2, 32): (255, 143360),  # 1, 128 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 2, 64): (255, 212992),  # 1, 212 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 1, 16): (80, 38912),  # 3
+    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 1, 32): (128, 45056),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 1, 64): (175, 81920),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 2, 32): (170, 77824),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 2, 64): (255, 151552),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 1, 16): (96, 39168),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 1, 32): (128, 45312),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 1, 64): (176, 82176),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 2, 32): (185, 78080),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 2, 64): (246, 151808),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 1, 16): (110, 71680),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 1, 32): (128, 77824),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 1, 64): (208, 114688),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 2, 32): (169, 143360),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 2, 64): (249, 217088),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 1, 16): (128, 71680),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 1, 32): (168, 77824),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 1, 64): (246, 114688),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 2, 32): (175, 143360),  # 1
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 2, 64): (255, 217088),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 1, 16): (238, 73728),  # 2
+    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 1, 32): (232, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 1, 64): (255, 147968),  # 1, 232 B of spill stores
+    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 2, 32): (255, 147456),  # 1, 312 B of spill stores
+    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 2, 64): (255, 279552),  # 1, 548 B of spill stores
+    ("sm_90", 128, "bfloat16", 128, 4, 3, False, False, 1, 16): (238, 74240),  # 2
+    ("sm_90", 128, "bfloat16", 128, 4, 3, False, False, 1, 32): (232, 82432),  # 2
+    ("sm_90", 128, "bfloat16", 128, 4, 3, False, False, 1, 64): (255, 147968),  # 1, 236 B of spill stores
+    ("sm_90", 128, "bfloat16", 128, 4, 3, True, False, 1, 16): (168, 139264),  # 1
+    ("sm_90", 128, "bfloat16", 128, 4, 3, True, False, 1, 32): (203, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 128, 4, 3, True, False, 1, 64): (255, 213504),  # 1, 232 B of spill stores
+    ("sm_90", 128, "bfloat16", 128, 4, 3, True, True, 1, 16): (210, 139264),  # 1
+    ("sm_90", 128, "bfloat16", 128, 4, 3, True, True, 1, 32): (255, 147456),  # 1, 172 B of spill stores
+    ("sm_90", 128, "bfloat16", 128, 4, 3, True, True, 1, 64): (255, 213504),  # 1, 404 B of spill stores
 }
-for (_gpu, _d, _dt, _bn, _w, _s, _pf, _r), _v in list(COMPILED_ROWS.items()):
-    COMPILED_ROWS[(_gpu, _d, "float16", _bn, _w, _s, _pf, _r)] = _v
+for (_a, _d, _dt, _bn, _w, _s, _pf, _nx, _h, _r), _v in list(COMPILED_QLEN.items()):
+    COMPILED_QLEN[(_a, _d, "float16", _bn, _w, _s, _pf, _nx, _h, _r)] = _v
+
+
+def arch(device: DeviceSpec) -> str:
+    """The compile target of ``device``, ``"sm_<major><minor>"`` of its compute capability (``"sm_90"`` for the H100
+    and H200): the key of the tables of compiled kernels that depend on the target only (:data:`COMPILED_QLEN`)."""
+    major, minor = device.compute_capability
+    return f"sm_{major}{minor}"
+
 
 # An FP8 (float8_e4m3fn) K/V cache read with a 16-bit q: the kernel that dots it in float16
 # (docs/decisions/fp8-dot-dtype.md), compiled for sm_90 the same way (bench/compile_sm90.py --kv-dtype fp8
@@ -428,12 +510,12 @@ def resident_ctas_per_sm(
     ``heads_per_tile`` > 1: :data:`COMPILED_HEADS`; ``next_item`` (with the prefetch): :data:`COMPILED_NEXT`,
     else the config without it at :data:`NEXT_ITEM_EXTRA_REGS` more registers (at most 255).
 
-    ``kv_bytes`` (bytes per K/V element, default ``dtype_bytes``) and ``extra_rows`` (query rows a q_len > 1 tile
-    adds to its ``tl.dot`` beyond the q_len-1 tile's, :func:`padded_rows`) adjust the tables' figures: the K/V
-    buffers at ``kv_bytes`` (:func:`kv_buffer_bytes`) and the registers and shared memory of the tile's ``rows``
-    padded query rows from :data:`COMPILED_ROWS` where it has the config (one KV head per tile), else
-    :func:`extra_row_regs` more registers (at most 255; a spilling tile keeps the register file's residency).
-    With neither, the tables' figures as they are."""
+    ``kv_bytes`` (bytes per K/V element, default ``dtype_bytes``), ``rows`` (a q_len > 1 tile's padded query rows,
+    :func:`q_len_rows`; 0 at q_len 1) and ``extra_rows`` (what those rows add over the q_len-1 tile's) adjust the
+    tables' figures: the K/V buffers at ``kv_bytes`` (:func:`kv_buffer_bytes`), and at q_len > 1 the registers and
+    shared memory of the compiled verify-step kernel (:data:`COMPILED_QLEN`, by the device's :func:`arch`) where it
+    has the config, else :func:`extra_row_regs` more registers than the q_len-1 figures (at most 255; a spilling
+    tile keeps the register file's residency). With neither, the tables' figures as they are."""
     kvb = dtype_bytes if kv_bytes is None else kv_bytes
     if kvb == 1 and extra_rows <= 0:
         fp8 = COMPILED_FP8.get(
@@ -454,12 +536,23 @@ def resident_ctas_per_sm(
     regs, smem = _regs_smem(
         device, head_dim, dtype, dtype_bytes, block_n, num_warps, num_stages, prefetch, heads_per_tile, next_item
     )
-    if kvb == dtype_bytes and extra_rows <= 0:
+    if kvb == dtype_bytes and extra_rows <= 0 and rows <= 0:
         return occupancy(device, num_warps, regs, smem)
     compiled = None
-    if extra_rows > 0 and heads_per_tile == 1 and not next_item:
-        compiled = COMPILED_ROWS.get(
-            (device.name, head_dim, dtype, block_n, num_warps, num_stages, bool(prefetch), int(rows))
+    if rows > 0:
+        compiled = COMPILED_QLEN.get(
+            (
+                arch(device),
+                head_dim,
+                dtype,
+                block_n,
+                num_warps,
+                num_stages,
+                bool(prefetch or next_item),
+                bool(next_item),
+                heads_per_tile,
+                int(rows),
+            )
         )
     if compiled is not None:
         regs, smem = compiled
@@ -482,11 +575,11 @@ def kv_buffer_bytes(head_dim: int, kv_bytes: int, block_n: int, num_stages: int,
 
 ROW_REG_FACTOR = 1.5
 """Registers per thread per extra query row, in units of ``(head_dim + block_n) / threads``, for configs
-:data:`COMPILED_ROWS` lacks: an fp32 row of the output accumulator (``head_dim``) and of the scores (``block_n``),
+:data:`COMPILED_QLEN` lacks: an fp32 row of the output accumulator (``head_dim``) and of the scores (``block_n``),
 plus 16-bit rows of q and of the probabilities (half as many registers each). A count of the tile's live values:
-against the compiles it is close for (128, 4, 2) at 32 rows (216 counted, 232 compiled, both 2 CTAs per SM) and
-(64, 4, 2) at 64 (226 / 244, both 2), and pessimistic for (64, 4, 2) at 32 (154 / 128: 3 CTAs per SM counted, 4
-compiled)."""
+against the verify-step compiles it is close for (128, 4, 2) at 32 rows (216 counted, 232 compiled, both 2 CTAs per
+SM) and (64, 4, 2) at 32 (154 / 168, both 3), and it counts nothing for a q_len-2 tile of G = 8 (no rows beyond the
+q_len-1 tile's 16), which compiles to more registers (:data:`COMPILED_QLEN`)."""
 
 
 def extra_row_regs(head_dim: int, block_n: int, num_warps: int, extra_rows: int) -> int:

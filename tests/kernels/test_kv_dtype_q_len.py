@@ -21,7 +21,7 @@ from kvsplit.kernels.device import DeviceSpec
 from kvsplit.kernels.limits import KernelConfig, default_config
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policy_table import PolicyTable, check_policy_entry, load_shipped_table, shipped_policies
-from kvsplit.kernels.residency import occupancy, resident_ctas_per_sm
+from kvsplit.kernels.residency import arch, occupancy, resident_ctas_per_sm
 from kvsplit.kernels.rulespec import (
     RULE_WAVE,
     RULE_WAVE1,
@@ -239,23 +239,40 @@ def test_fp8_residency_is_the_compiled_kernels():
     bf16 = PlanContext(H200, 4, 128, 16, "bfloat16", None)
     assert wave_target(fp8, KernelConfig(64, 4, 2), 4.0) == 3 * 132
     assert wave_target(bf16, KernelConfig(64, 4, 2), 4.0) == 4 * 132
-    # the rows hold for float16 q, and a q_len > 1 tile still counts its extra rows (COMPILED_ROWS' path)
+    # the rows hold for float16 q, and a q_len > 1 tile counts its compiled verify-step kernel (COMPILED_QLEN)
     assert resident_ctas_per_sm(H200, 128, "float16", 2, 64, 4, 2, kv_bytes=1) == 3
     q4 = PlanContext(H200, 4, 128, 16, "bfloat16", FP8, 4, 8)
     assert resident_slots(q4, KernelConfig(128, 4, 2)) == _occ(232, 81920 - 32768, 4) * 132 == 2 * 132
 
 
 def test_q_len_rows_cost_registers():
-    # G = 8: q_len 4 makes 32 query rows; (128, 4, 2) compiled at 32 rows (COMPILED_ROWS): 232 registers, 81,920 B
-    # -> 2 CTAs per SM (3 at q_len 1); at q_len 8 (64 rows) 255 registers, 147,968 B -> 1
+    # G = 8: q_len 4 makes 32 query rows; (128, 4, 2)'s verify-step kernel compiled at 32 rows (COMPILED_QLEN): 232
+    # registers, 81,920 B -> 2 CTAs per SM (3 at q_len 1); at q_len 8 (64 rows) 255 registers, 147,968 B -> 1
     ctx = PlanContext(H200, 4, 128, 16, "bfloat16", None, 4, 8)
     assert resident_slots(ctx, KernelConfig(128, 4, 2)) == _occ(232, 81920, 4) * 132 == 2 * 132
     assert resident_slots(dataclasses.replace(ctx, q_len=8), KernelConfig(128, 4, 2)) == _occ(255, 147968, 4) * 132
     assert resident_slots(dataclasses.replace(ctx, q_len=8), KernelConfig(128, 4, 2)) == 132
     assert resident_slots(dataclasses.replace(ctx, q_len=1), KernelConfig(128, 4, 2)) == 3 * 132
     assert occupancy(H200, 4, 168, 73728) == 3
-    # q_len 2 at G = 8 is 16 rows: the q_len-1 tile's own 16-row dot (its padding rows), no extra cost
-    assert resident_slots(dataclasses.replace(ctx, q_len=2), KernelConfig(128, 4, 2)) == 3 * 132
+    # q_len 2 at G = 8 is 16 rows, the q_len-1 tile's padded dot, but the verify-step kernel (causal mask, a row's
+    # token and head) compiles to 238 registers where the q_len-1 kernel takes 168: 2 CTAs per SM, not 3
+    assert resident_slots(dataclasses.replace(ctx, q_len=2), KernelConfig(128, 4, 2)) == _occ(238, 73728, 4) * 132
+    assert resident_slots(dataclasses.replace(ctx, q_len=2), KernelConfig(128, 4, 2)) == 2 * 132
+    # (64, 4, 2): 150 registers at q_len 2 (118 at q_len 1): 3 CTAs per SM, not 4; 168 at q_len 4 (32 rows): 3
+    assert resident_slots(dataclasses.replace(ctx, q_len=2), KernelConfig(64, 4, 2)) == _occ(150, 38912, 4) * 132
+    assert resident_slots(dataclasses.replace(ctx, q_len=2), KernelConfig(64, 4, 2)) == 3 * 132
+    assert resident_slots(ctx, KernelConfig(64, 4, 2)) == _occ(168, 45056, 4) * 132 == 3 * 132
+    # the compiled kernel is the sm_90 target's: the H100 (estimates at q_len 1, no measured table of its own) reads
+    # the same verify-step figures
+    h100 = DeviceSpec.known("NVIDIA H100 80GB HBM3")
+    assert arch(h100) == arch(H200) == "sm_90"
+    for q, cfg, want in (
+        (2, KernelConfig(128, 4, 2), 2),
+        (4, KernelConfig(64, 4, 2), 3),
+        (8, KernelConfig(64, 4, 2), 2),
+    ):
+        c = dataclasses.replace(ctx, q_len=q)
+        assert resident_slots(dataclasses.replace(c, device=h100), cfg) == resident_slots(c, cfg) == want * 132
     # a config the compiles lack: the count of live values, 1.5 x 16 x (128 + 32) / 256 = 15 registers over the
     # q_len-1 tile's 80 for (32, 8, 2): 95 -> 2 CTAs per SM (3 at q_len 1)
     assert resident_slots(ctx, KernelConfig(32, 8, 2)) == _occ(80 + 15, 21504, 8) * 132 == 2 * 132
