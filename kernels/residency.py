@@ -253,107 +253,199 @@ for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
 # Verify-step kernels (q_len > 1: the causal mask over each request's q_len new tokens, G * q_len query rows per KV
 # head), compiled for sm_90 the same way: bench/compile_sm90.py --configs 128,4,2 128,4,3 64,4,2 64,4,3 32,4,2
 # 32,4,3 32,4,4 64,8,2 64,8,3 --variants plain,prefetch,next_item --heads 1,2 --maxnreg auto --q-len N for N = 2, 4
-# and 8 (G = 8; Triton 3.6, 2026-12-05). The q_len > 1 kernel takes more registers than the q_len-1 kernel even where
+# and 8 (G = 8; Triton 3.6, 2026-12-05), over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an FP8 one
+# (the kernel that widens e4m3 to float16 in registers). The q_len > 1 kernel takes more registers than the q_len-1 kernel even where
 # its padded rows are the same: at q_len 2 (16 rows, as at q_len 1) (128, 4, 2) takes 238 where the q_len-1 kernel
 # takes 168 (2 CTAs per SM, not 3) and (64, 4, 2) 150 where it takes 118 (3, not 4). The q_len-1 kernel compiled at
 # G = 32 and 64 (the rows q_len 4 and 8 give at G = 8) under-counts them too: (64, 4, 2) at 32 rows takes 168, not
-# 128. Key: (arch, head_dim, dtype, block_n, num_warps, num_stages, prefetch, next_item, heads_per_tile, rows), rows
+# 128; an FP8 cache's buffers halve but its widening costs registers, which halving the 16-bit figures' buffers
+# missed for 13 of the 89 FP8 compiles. Key: (arch, head_dim, dtype, bytes per K/V element, block_n, num_warps,
+# num_stages, prefetch, next_item, heads_per_tile, rows), rows
 # the tile's padded query rows (:func:`padded_rows` of ``heads_per_tile * G * q_len``); the comment gives the
 # resident CTAs per SM on an sm_90 SM. The compiled kernel is a property of the target (sm_90), not of the board, so
 # every sm_90 GPU (:func:`arch`) reads this table.
-COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, bool, bool, int, int], tuple[int, int]] = {
-    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 1, 16): (96, 21504),  # 5
-    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 1, 32): (162, 26624),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 1, 64): (199, 49152),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 2, 32): (168, 43008),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 2, False, False, 2, 64): (220, 81920),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 1, 16): (112, 21632),  # 4
-    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 1, 32): (166, 26752),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 1, 64): (216, 49280),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 2, 32): (168, 43136),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 3, False, False, 2, 64): (224, 82048),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 1, 16): (110, 37888),  # 4
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 1, 32): (166, 43008),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 1, 64): (224, 65536),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 2, 32): (168, 75776),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, False, 2, 64): (245, 114688),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 1, 16): (144, 37888),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 1, 32): (168, 43008),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 1, 64): (254, 65536),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 2, 32): (176, 75776),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 3, True, True, 2, 64): (255, 114688),  # 2, 24 B of spill stores
-    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 1, 16): (112, 21632),  # 4
-    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 1, 32): (166, 26752),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 1, 64): (216, 49280),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 2, 32): (168, 43136),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 4, False, False, 2, 64): (224, 82048),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 1, 16): (110, 54272),  # 4
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 1, 32): (166, 59392),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 1, 64): (224, 81920),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 2, 32): (168, 108544),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, False, 2, 64): (245, 147456),  # 1
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 1, 16): (144, 54272),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 1, 32): (168, 59392),  # 3
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 1, 64): (252, 81920),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 2, 32): (176, 108544),  # 2
-    ("sm_90", 128, "bfloat16", 32, 4, 4, True, True, 2, 64): (255, 147456),  # 1, 24 B of spill stores
-    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 1, 16): (150, 38912),  # 3
-    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 1, 32): (168, 45056),  # 3
-    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 1, 64): (241, 81920),  # 2
-    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 2, 32): (210, 77824),  # 2
-    ("sm_90", 128, "bfloat16", 64, 4, 2, False, False, 2, 64): (255, 147456),  # 1, 100 B of spill stores
-    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 1, 16): (154, 39168),  # 3
-    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 1, 32): (196, 45312),  # 2
-    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 1, 64): (255, 82176),  # 2
-    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 2, 32): (205, 78080),  # 2
-    ("sm_90", 128, "bfloat16", 64, 4, 3, False, False, 2, 64): (255, 147712),  # 1, 48 B of spill stores
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 1, 16): (164, 71680),  # 3
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 1, 32): (194, 77824),  # 2
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 1, 64): (255, 114688),  # 2, 24 B of spill stores
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 2, 32): (210, 143360),  # 1
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, False, 2, 64): (255, 212992),  # 1, 68 B of spill stores
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 1, 16): (227, 71680),  # 2
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 1, 32): (168, 77824),  # 2, 16 B of spill stores
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 1, 64): (255, 114688),  # 2, 144 B of spill stores
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 2, 32): (255, 143360),  # 1, 128 B of spill stores
-    ("sm_90", 128, "bfloat16", 64, 4, 3, True, True, 2, 64): (255, 212992),  # 1, 212 B of spill stores
-    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 1, 16): (80, 38912),  # 3
-    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 1, 32): (128, 45056),  # 2
-    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 1, 64): (175, 81920),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 2, 32): (170, 77824),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 2, False, False, 2, 64): (255, 151552),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 1, 16): (96, 39168),  # 2
-    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 1, 32): (128, 45312),  # 2
-    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 1, 64): (176, 82176),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 2, 32): (185, 78080),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, False, False, 2, 64): (246, 151808),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 1, 16): (110, 71680),  # 2
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 1, 32): (128, 77824),  # 2
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 1, 64): (208, 114688),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 2, 32): (169, 143360),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, False, 2, 64): (249, 217088),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 1, 16): (128, 71680),  # 2
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 1, 32): (168, 77824),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 1, 64): (246, 114688),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 2, 32): (175, 143360),  # 1
-    ("sm_90", 128, "bfloat16", 64, 8, 3, True, True, 2, 64): (255, 217088),  # 1, 68 B of spill stores
-    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 1, 16): (238, 73728),  # 2
-    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 1, 32): (232, 81920),  # 2
-    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 1, 64): (255, 147968),  # 1, 232 B of spill stores
-    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 2, 32): (255, 147456),  # 1, 312 B of spill stores
-    ("sm_90", 128, "bfloat16", 128, 4, 2, False, False, 2, 64): (255, 279552),  # 1, 548 B of spill stores
-    ("sm_90", 128, "bfloat16", 128, 4, 3, False, False, 1, 16): (238, 74240),  # 2
-    ("sm_90", 128, "bfloat16", 128, 4, 3, False, False, 1, 32): (232, 82432),  # 2
-    ("sm_90", 128, "bfloat16", 128, 4, 3, False, False, 1, 64): (255, 147968),  # 1, 236 B of spill stores
-    ("sm_90", 128, "bfloat16", 128, 4, 3, True, False, 1, 16): (168, 139264),  # 1
-    ("sm_90", 128, "bfloat16", 128, 4, 3, True, False, 1, 32): (203, 147456),  # 1
-    ("sm_90", 128, "bfloat16", 128, 4, 3, True, False, 1, 64): (255, 213504),  # 1, 232 B of spill stores
-    ("sm_90", 128, "bfloat16", 128, 4, 3, True, True, 1, 16): (210, 139264),  # 1
-    ("sm_90", 128, "bfloat16", 128, 4, 3, True, True, 1, 32): (255, 147456),  # 1, 172 B of spill stores
-    ("sm_90", 128, "bfloat16", 128, 4, 3, True, True, 1, 64): (255, 213504),  # 1, 404 B of spill stores
+COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, int], tuple[int, int]] = {
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 1, 16): (96, 21504),  # 5
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 1, 32): (162, 26624),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 1, 64): (199, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 2, 32): (168, 43008),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 2, 64): (220, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, False, False, 1, 16): (112, 21632),  # 4
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, False, False, 1, 32): (166, 26752),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, False, False, 1, 64): (216, 49280),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, False, False, 2, 32): (168, 43136),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, False, False, 2, 64): (224, 82048),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, False, 1, 16): (110, 37888),  # 4
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, False, 1, 32): (166, 43008),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, False, 1, 64): (224, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, False, 2, 32): (168, 75776),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, False, 2, 64): (245, 114688),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, True, 1, 16): (144, 37888),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, True, 1, 32): (168, 43008),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, True, 1, 64): (254, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, True, 2, 32): (176, 75776),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 3, True, True, 2, 64): (255, 114688),  # 2, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, False, False, 1, 16): (112, 21632),  # 4
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, False, False, 1, 32): (166, 26752),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, False, False, 1, 64): (216, 49280),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, False, False, 2, 32): (168, 43136),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, False, False, 2, 64): (224, 82048),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, False, 1, 16): (110, 54272),  # 4
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, False, 1, 32): (166, 59392),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, False, 1, 64): (224, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, False, 2, 32): (168, 108544),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, False, 2, 64): (245, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 1, 16): (144, 54272),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 1, 32): (168, 59392),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 1, 64): (252, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 2, 32): (176, 108544),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 2, 64): (255, 147456),  # 1, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 1, 16): (150, 38912),  # 3
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 1, 32): (168, 45056),  # 3
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 1, 64): (241, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 2, 32): (210, 77824),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 2, 64): (255, 147456),  # 1, 100 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, False, False, 1, 16): (154, 39168),  # 3
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, False, False, 1, 32): (196, 45312),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, False, False, 1, 64): (255, 82176),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, False, False, 2, 32): (205, 78080),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, False, False, 2, 64): (255, 147712),  # 1, 48 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, False, 1, 16): (164, 71680),  # 3
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, False, 1, 32): (194, 77824),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, False, 1, 64): (255, 114688),  # 2, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, False, 2, 32): (210, 143360),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, False, 2, 64): (255, 212992),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 1, 16): (227, 71680),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 1, 32): (168, 77824),  # 2, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 1, 64): (255, 114688),  # 2, 144 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 2, 32): (255, 143360),  # 1, 128 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 2, 64): (255, 212992),  # 1, 212 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 1, 16): (80, 38912),  # 3
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 1, 32): (128, 45056),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 1, 64): (175, 81920),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 2, 32): (170, 77824),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 2, 64): (255, 151552),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, False, False, 1, 16): (96, 39168),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, False, False, 1, 32): (128, 45312),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, False, False, 1, 64): (176, 82176),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, False, False, 2, 32): (185, 78080),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, False, False, 2, 64): (246, 151808),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, False, 1, 16): (110, 71680),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, False, 1, 32): (128, 77824),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, False, 1, 64): (208, 114688),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, False, 2, 32): (169, 143360),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, False, 2, 64): (249, 217088),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 1, 16): (128, 71680),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 1, 32): (168, 77824),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 1, 64): (246, 114688),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 2, 32): (175, 143360),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 2, 64): (255, 217088),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 1, 16): (238, 73728),  # 2
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 1, 32): (232, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 1, 64): (255, 147968),  # 1, 232 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 2, 32): (255, 147456),  # 1, 312 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 2, 64): (255, 279552),  # 1, 548 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 3, False, False, 1, 16): (238, 74240),  # 2
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 3, False, False, 1, 32): (232, 82432),  # 2
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 3, False, False, 1, 64): (255, 147968),  # 1, 236 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, False, 1, 16): (168, 139264),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, False, 1, 32): (203, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, False, 1, 64): (255, 213504),  # 1, 232 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 16): (210, 139264),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 32): (255, 147456),  # 1, 172 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 64): (255, 213504),  # 1, 404 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 16): (128, 13312),  # 4, 12 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 32): (168, 18432),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 64): (212, 40960),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 2, 32): (255, 26624),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 2, 64): (211, 40960),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 1, 16): (128, 13440),  # 4, 4 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 1, 32): (168, 18560),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 1, 64): (208, 41088),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 2, 32): (255, 26752),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 2, 64): (215, 41088),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 1, 16): (128, 21504),  # 4, 12 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 1, 32): (168, 26624),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 1, 64): (213, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 2, 32): (168, 43008),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 2, 64): (213, 57344),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 1, 16): (212, 21504),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 1, 32): (168, 26624),  # 3, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 1, 64): (234, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 2, 32): (255, 43008),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 2, 64): (238, 57344),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 1, 16): (128, 13440),  # 4, 4 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 1, 32): (168, 18560),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 1, 64): (208, 41088),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 2, 32): (255, 26752),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 2, 64): (215, 41088),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 1, 16): (128, 29696),  # 4, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 1, 32): (168, 34816),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 1, 64): (213, 57344),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 2, 32): (168, 59392),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 2, 64): (213, 73728),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 1, 16): (212, 29696),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 1, 32): (168, 34816),  # 3, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 1, 64): (234, 57344),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 2, 32): (255, 59392),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 2, 64): (240, 73728),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 1, 16): (168, 22528),  # 3
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 1, 32): (167, 28672),  # 3
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 1, 64): (219, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 2, 32): (255, 45056),  # 2, 4 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 2, 64): (223, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 1, 16): (168, 22784),  # 3, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 1, 32): (219, 28928),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 1, 64): (212, 65792),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 2, 32): (255, 45312),  # 2, 64 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 2, 64): (220, 65792),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 1, 16): (168, 38912),  # 3
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 1, 32): (203, 45056),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 1, 64): (236, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 2, 32): (255, 77824),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 2, 64): (227, 98304),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 1, 16): (194, 38912),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 1, 32): (229, 45056),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 1, 64): (250, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 2, 32): (255, 77824),  # 2, 4 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 2, 64): (255, 98304),  # 2, 48 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 1, 16): (128, 22528),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 1, 32): (174, 28672),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 1, 64): (187, 65536),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 2, 32): (180, 45056),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 2, 64): (247, 69632),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 1, 16): (147, 22784),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 1, 32): (184, 28928),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 1, 64): (189, 65792),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 2, 32): (191, 45312),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 2, 64): (249, 69888),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 1, 16): (128, 38912),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 1, 32): (169, 45056),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 1, 64): (190, 81920),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 2, 32): (174, 77824),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 2, 64): (250, 102400),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 1, 16): (170, 38912),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 1, 32): (172, 45056),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 1, 64): (214, 81920),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 2, 32): (178, 77824),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 2, 64): (255, 102400),  # 1, 32 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 1, 16): (255, 40960),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 1, 32): (255, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 1, 64): (255, 114688),  # 2, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 2, 32): (255, 81920),  # 2, 88 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 2, 64): (255, 114688),  # 2, 240 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, False, False, 1, 16): (210, 41472),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, False, False, 1, 32): (255, 49664),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, False, False, 1, 64): (255, 115200),  # 2, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, False, 1, 16): (206, 73728),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, False, 1, 32): (255, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, False, 1, 64): (255, 147456),  # 1, 28 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 16): (213, 73728),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 32): (255, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 64): (255, 147456),  # 1, 212 B of spill stores
 }
-for (_a, _d, _dt, _bn, _w, _s, _pf, _nx, _h, _r), _v in list(COMPILED_QLEN.items()):
-    COMPILED_QLEN[(_a, _d, "float16", _bn, _w, _s, _pf, _nx, _h, _r)] = _v
+for (_a, _d, _dt, _kb, _bn, _w, _s, _pf, _nx, _h, _r), _v in list(COMPILED_QLEN.items()):
+    COMPILED_QLEN[(_a, _d, "float16", _kb, _bn, _w, _s, _pf, _nx, _h, _r)] = _v
 
 
 def arch(device: DeviceSpec) -> str:
@@ -517,7 +609,7 @@ def resident_ctas_per_sm(
     has the config, else :func:`extra_row_regs` more registers than the q_len-1 figures (at most 255; a spilling
     tile keeps the register file's residency). With neither, the tables' figures as they are."""
     kvb = dtype_bytes if kv_bytes is None else kv_bytes
-    if kvb == 1 and extra_rows <= 0:
+    if kvb == 1 and rows <= 0 and extra_rows <= 0:  # the q_len-1 FP8 kernel
         fp8 = COMPILED_FP8.get(
             (
                 device.name,
@@ -540,20 +632,12 @@ def resident_ctas_per_sm(
         return occupancy(device, num_warps, regs, smem)
     compiled = None
     if rows > 0:
-        compiled = COMPILED_QLEN.get(
-            (
-                arch(device),
-                head_dim,
-                dtype,
-                block_n,
-                num_warps,
-                num_stages,
-                bool(prefetch or next_item),
-                bool(next_item),
-                heads_per_tile,
-                int(rows),
-            )
-        )
+        key = (arch(device), head_dim, dtype)
+        rest = (block_n, num_warps, num_stages, bool(prefetch or next_item), bool(next_item), heads_per_tile, int(rows))
+        compiled = COMPILED_QLEN.get((*key, kvb, *rest))
+        if compiled is not None:  # the kernel of this cache's element size: its buffers as compiled
+            return occupancy(device, num_warps, *compiled)
+        compiled = COMPILED_QLEN.get((*key, dtype_bytes, *rest))  # the 16-bit kernel, its K/V buffers at kv_bytes
     if compiled is not None:
         regs, smem = compiled
         extra_rows = 0

@@ -239,10 +239,15 @@ def test_fp8_residency_is_the_compiled_kernels():
     bf16 = PlanContext(H200, 4, 128, 16, "bfloat16", None)
     assert wave_target(fp8, KernelConfig(64, 4, 2), 4.0) == 3 * 132
     assert wave_target(bf16, KernelConfig(64, 4, 2), 4.0) == 4 * 132
-    # the rows hold for float16 q, and a q_len > 1 tile counts its compiled verify-step kernel (COMPILED_QLEN)
+    # the rows hold for float16 q, and a q_len > 1 tile over an FP8 cache counts its own compiled verify-step kernel
+    # (COMPILED_QLEN): (128, 4, 2) at q_len 4 takes 255 registers and 49,152 B (the 16-bit kernel 232 and 81,920 B)
     assert resident_ctas_per_sm(H200, 128, "float16", 2, 64, 4, 2, kv_bytes=1) == 3
     q4 = PlanContext(H200, 4, 128, 16, "bfloat16", FP8, 4, 8)
-    assert resident_slots(q4, KernelConfig(128, 4, 2)) == _occ(232, 81920 - 32768, 4) * 132 == 2 * 132
+    assert resident_slots(q4, KernelConfig(128, 4, 2)) == _occ(255, 49152, 4) * 132 == 2 * 132
+    # where widening e4m3 costs a CTA: (64, 8, 2) takes 174 registers over FP8 (128 over 16 bits): 1 CTA per SM, where
+    # halving the 16-bit kernel's K/V buffers would count 2
+    assert resident_slots(q4, KernelConfig(64, 8, 2)) == _occ(174, 28672, 8) * 132 == 132
+    assert _occ(128, 45056 - 16384, 8) == 2
 
 
 def test_q_len_rows_cost_registers():
