@@ -61,6 +61,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from .limits import check_covers_q_len, check_q_len, next_pow2, tile_problem, tile_rows
 from .plan import Plan
@@ -1402,6 +1403,21 @@ def launch_rule(
     )
 
 
+def _too_big(cfg: Any, q_len: int, head_dim: int, group: int, exc: OutOfResources) -> ValueError:
+    """The ValueError of a bad ``params`` for a launch whose compiled kernel needs more of a per-CTA resource than the
+    GPU has (Triton's ``OutOfResources``, raised while the kernel is loaded, before anything runs): the knobs, the
+    shape and the figures the compiler reported. The planner refuses the configs whose compiled shared memory its
+    tables know to be too large (:func:`kvsplit.kernels.rulespec.shared_memory_refused`); this names the others,
+    e.g. (64, 4, 4) with the prefetch and two heads per tile at q_len 4 (278,528 B on sm_90, 232,448 B allowed),
+    for which a tuner's trial is pruned instead of the campaign stopping."""
+    return ValueError(
+        f"params: block_n={cfg.block_n}, num_warps={cfg.num_warps}, num_stages={cfg.num_stages}, "
+        f"prefetch={bool(cfg.prefetch)}, heads_per_tile={cfg.heads_per_tile} at q_len={q_len}, head_dim={head_dim}, "
+        f"GQA group {group}: the compiled kernel needs {exc.required} of {exc.name} per CTA, over this GPU's "
+        f"{exc.limit}; use a smaller block_n, num_stages or heads_per_tile"
+    )
+
+
 def launch_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -1539,65 +1555,68 @@ def launch_decode(
     # same arrival protocol runs with the merge after stage 1
     pdl, pdl_last = rule.pdl, rule.pdl_last
     sync_arg = workspace.sync if merge_overlap else workspace.counter
-    _decode_stage1_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        lse,
-        workspace.part_o,
-        workspace.part_lse,
-        kv_indptr,
-        kv_indices,
-        arrays["work_request"],
-        arrays["work_kv_start"],
-        arrays["work_kv_end"],
-        arrays["work_slot"],
-        arrays["cta_indptr"],
-        workspace.counter,
-        counts_arg,
-        sm_scale * _LOG2E * qk_mult,
-        page_size,
-        num_tiles,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        out.stride(0),
-        out.stride(1),
-        sync_arg,
-        H_Q=H_q,
-        H_KV=H_kv,
-        GROUP=G,
-        BLOCK_H=block_h,
-        HEAD_DIM=D,
-        BLOCK_N=cfg.block_n,
-        RETURN_LSE=return_lse,
-        DOT_PRECISION=precision,
-        PERSISTENT=persistent,
-        DEVICE_COUNTS=device_counts,
-        PREFETCH=bool(prefetch),
-        HEADS=heads,
-        NEXT=bool(next_item),
-        SIGNAL=bool(merge_overlap),
-        MERGE_DS=merge_dsplit if merge_overlap else 1,
-        PDL=pdl and not pdl_last,
-        PDL_LAST=pdl_last,
-        KV_LENS=kv_lens if q_len != 1 else None,
-        K_SCALE=k_scale if scale_mode == 2 else None,
-        V_SCALE=v_scale if scale_mode == 2 else None,
-        v_scale=v_float if scale_mode == 1 else None,
-        Q_LEN=q_len,
-        KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
-        SCALE=scale_mode,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **({"maxnreg": maxnreg} if maxnreg else {}),
-    )
+    try:  # no cost on the hot path unless raised
+        _decode_stage1_kernel[grid](
+            q,
+            k_cache,
+            v_cache,
+            out,
+            lse,
+            workspace.part_o,
+            workspace.part_lse,
+            kv_indptr,
+            kv_indices,
+            arrays["work_request"],
+            arrays["work_kv_start"],
+            arrays["work_kv_end"],
+            arrays["work_slot"],
+            arrays["cta_indptr"],
+            workspace.counter,
+            counts_arg,
+            sm_scale * _LOG2E * qk_mult,
+            page_size,
+            num_tiles,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            v_cache.stride(2),
+            out.stride(0),
+            out.stride(1),
+            sync_arg,
+            H_Q=H_q,
+            H_KV=H_kv,
+            GROUP=G,
+            BLOCK_H=block_h,
+            HEAD_DIM=D,
+            BLOCK_N=cfg.block_n,
+            RETURN_LSE=return_lse,
+            DOT_PRECISION=precision,
+            PERSISTENT=persistent,
+            DEVICE_COUNTS=device_counts,
+            PREFETCH=bool(prefetch),
+            HEADS=heads,
+            NEXT=bool(next_item),
+            SIGNAL=bool(merge_overlap),
+            MERGE_DS=merge_dsplit if merge_overlap else 1,
+            PDL=pdl and not pdl_last,
+            PDL_LAST=pdl_last,
+            KV_LENS=kv_lens if q_len != 1 else None,
+            K_SCALE=k_scale if scale_mode == 2 else None,
+            V_SCALE=v_scale if scale_mode == 2 else None,
+            v_scale=v_float if scale_mode == 1 else None,
+            Q_LEN=q_len,
+            KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
+            SCALE=scale_mode,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+            **({"maxnreg": maxnreg} if maxnreg else {}),
+        )
+    except OutOfResources as exc:
+        raise _too_big(cfg, q_len, D, G, exc) from None
     if merge_grid:
         _decode_merge_kernel[(merge_grid, H_q, merge_dsplit)](
             workspace.part_o,

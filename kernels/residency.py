@@ -43,6 +43,7 @@ __all__ = [
     "occupancy",
     "estimate",
     "resident_ctas_per_sm",
+    "tile_resources",
     "extra_row_regs",
     "kv_buffer_bytes",
     "COMPILED_QLEN",
@@ -580,7 +581,7 @@ def _estimate_smem(head_dim: int, dtype_bytes: int, block_n: int, num_stages: in
     return kv_buffer_bytes(head_dim, dtype_bytes, block_n, num_stages, heads_per_tile)
 
 
-def resident_ctas_per_sm(
+def tile_resources(
     device: DeviceSpec,
     head_dim: int,
     dtype: str,
@@ -595,12 +596,13 @@ def resident_ctas_per_sm(
     kv_bytes: int | None = None,
     extra_rows: int = 0,
     rows: int = 0,
-) -> int:
-    """Measured residency of a config on ``device`` if known (:data:`MEASURED`, then the sm_90 compiles of
-    :data:`COMPILED`), else :func:`estimate` (which assumes ``num_stages - 1`` K/V buffers, as the prefetching
-    loop has). ``prefetch``: the config with ``KernelConfig.prefetch`` (:data:`MEASURED_PREFETCH`);
-    ``heads_per_tile`` > 1: :data:`COMPILED_HEADS`; ``next_item`` (with the prefetch): :data:`COMPILED_NEXT`,
-    else the config without it at :data:`NEXT_ITEM_EXTRA_REGS` more registers (at most 255).
+) -> tuple[int, int]:
+    """``(registers per thread, shared memory per CTA in bytes)`` of a config's compiled kernel on ``device``, as
+    :func:`resident_ctas_per_sm` counts them: measured figures if known (:data:`MEASURED`, then the sm_90 compiles of
+    :data:`COMPILED`), else :func:`estimate`'s (128 registers, :func:`kv_buffer_bytes`: ``num_stages - 1`` K/V
+    buffers, as the prefetching loop has). ``prefetch``: the config with ``KernelConfig.prefetch``
+    (:data:`MEASURED_PREFETCH`); ``heads_per_tile`` > 1: :data:`COMPILED_HEADS`; ``next_item`` (with the prefetch):
+    :data:`COMPILED_NEXT`, else the config without it at :data:`NEXT_ITEM_EXTRA_REGS` more registers (at most 255).
 
     ``kv_bytes`` (bytes per K/V element, default ``dtype_bytes``), ``rows`` (a q_len > 1 tile's padded query rows,
     :func:`q_len_rows`; 0 at q_len 1) and ``extra_rows`` (what those rows add over the q_len-1 tile's) adjust the
@@ -624,19 +626,19 @@ def resident_ctas_per_sm(
             )
         )
         if fp8 is not None:
-            return occupancy(device, num_warps, *fp8)
+            return fp8
     regs, smem = _regs_smem(
         device, head_dim, dtype, dtype_bytes, block_n, num_warps, num_stages, prefetch, heads_per_tile, next_item
     )
     if kvb == dtype_bytes and extra_rows <= 0 and rows <= 0:
-        return occupancy(device, num_warps, regs, smem)
+        return regs, smem
     compiled = None
     if rows > 0:
         key = (arch(device), head_dim, dtype)
         rest = (block_n, num_warps, num_stages, bool(prefetch or next_item), bool(next_item), heads_per_tile, int(rows))
         compiled = COMPILED_QLEN.get((*key, kvb, *rest))
         if compiled is not None:  # the kernel of this cache's element size: its buffers as compiled
-            return occupancy(device, num_warps, *compiled)
+            return compiled
         compiled = COMPILED_QLEN.get((*key, dtype_bytes, *rest))  # the 16-bit kernel, its K/V buffers at kv_bytes
     if compiled is not None:
         regs, smem = compiled
@@ -647,7 +649,46 @@ def resident_ctas_per_sm(
     kv16 = min(smem, kv_buffer_bytes(head_dim, dtype_bytes, block_n, copies + 1, heads_per_tile))
     smem = smem - kv16 + kv16 * kvb // dtype_bytes
     regs = min(regs + extra_row_regs(head_dim, block_n, num_warps, extra_rows), 255)
-    return occupancy(device, num_warps, regs, smem)
+    return regs, smem
+
+
+def resident_ctas_per_sm(
+    device: DeviceSpec,
+    head_dim: int,
+    dtype: str,
+    dtype_bytes: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    *,
+    prefetch: bool = False,
+    heads_per_tile: int = 1,
+    next_item: bool = False,
+    kv_bytes: int | None = None,
+    extra_rows: int = 0,
+    rows: int = 0,
+) -> int:
+    """CTAs of the config resident on one SM of ``device``: :func:`occupancy` of its :func:`tile_resources` (the same
+    arguments)."""
+    return occupancy(
+        device,
+        num_warps,
+        *tile_resources(
+            device,
+            head_dim,
+            dtype,
+            dtype_bytes,
+            block_n,
+            num_warps,
+            num_stages,
+            prefetch=prefetch,
+            heads_per_tile=heads_per_tile,
+            next_item=next_item,
+            kv_bytes=kv_bytes,
+            extra_rows=extra_rows,
+            rows=rows,
+        ),
+    )
 
 
 def kv_buffer_bytes(head_dim: int, kv_bytes: int, block_n: int, num_stages: int, heads_per_tile: int) -> int:

@@ -53,7 +53,7 @@ from .limits import (
 )
 from .limits import tile_rows as limit_tile_rows
 from .peer_policies import flashinfer_decode_occupancy
-from .residency import MEASURED_GROUP, q_len_rows, resident_ctas_per_sm
+from .residency import MEASURED_GROUP, occupancy, q_len_rows, tile_resources
 from .workplan import jsonable
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "fit_heads_per_tile",
     "whole_wave_tiles",
     "resident_slots",
+    "shared_memory_refused",
     "tile_heads",
     "wave_target",
     "wave_tile_cost",
@@ -393,10 +394,10 @@ WHOLE_WAVE_MAX_WAVES = 2
 batches lost 1-5 % to the even partition on the training batches (docs/decisions/whole-wave-rule.md)."""
 
 
-def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
-    """Work tiles of one resident wave: ``resident_ctas_per_sm(cfg) * num_SMs``
-    (:mod:`.residency`; measured data where known)."""
-    r = resident_ctas_per_sm(
+def _tile_resources(ctx: PlanContext, cfg: KernelConfig) -> tuple[int, int]:
+    """``(registers per thread, shared bytes per CTA)`` of ``cfg``'s kernel for ``ctx``
+    (:func:`~kvsplit.kernels.residency.tile_resources`: KV dtype, q_len rows)."""
+    return tile_resources(
         ctx.device,
         ctx.head_dim,
         ctx.dtype,
@@ -411,7 +412,29 @@ def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
         extra_rows=extra_rows(ctx, cfg.heads_per_tile),
         rows=q_len_rows(cfg.heads_per_tile, ctx.group_size, ctx.q_len)[0],
     )
-    return r * ctx.device.num_sms
+
+
+def resident_slots(ctx: PlanContext, cfg: KernelConfig) -> int:
+    """Work tiles of one resident wave: ``resident_ctas_per_sm(cfg) * num_SMs``
+    (:mod:`.residency`; measured data where known)."""
+    return occupancy(ctx.device, cfg.num_warps, *_tile_resources(ctx, cfg)) * ctx.device.num_sms
+
+
+def shared_memory_refused(ctx: PlanContext, cfg: KernelConfig) -> str | None:
+    """Why ``cfg``'s kernel cannot load on ``ctx``'s GPU, else None: its shared memory per CTA as the residency
+    tables count it (:func:`_tile_resources`; the compiled figure where the tables hold the config) above the
+    device's per-block limit (``DeviceSpec.smem_per_block_bytes``, 227 KB on Hopper). E.g. (128, 4, 2) with two
+    heads per tile at q_len 4 and G = 8 compiles to 279,552 B for sm_90. Configs the tables lack are estimated and
+    can still be refused by the launch (``kvsplit.kernels.decode``), which names them the same way."""
+    smem = _tile_resources(ctx, cfg)[1]
+    if smem <= ctx.device.smem_per_block_bytes:
+        return None
+    return (
+        f"params: block_n={cfg.block_n}, num_warps={cfg.num_warps}, num_stages={cfg.num_stages}, "
+        f"prefetch={bool(cfg.prefetch)}, heads_per_tile={cfg.heads_per_tile} at q_len={ctx.q_len} needs {smem} bytes "
+        f"of shared memory per CTA, over {ctx.device.name}'s {ctx.device.smem_per_block_bytes}; use a smaller "
+        "block_n, num_stages or heads_per_tile"
+    )
 
 
 def tile_rows(ctx: PlanContext, heads_per_tile: int = 1) -> int:
@@ -535,7 +558,7 @@ def whole_wave_tiles(
             check_config(cfg, ctx.head_dim, ctx.dtype, ctx.kv_dtype)
         except ValueError:
             continue
-        if tile_refused(ctx, cfg.heads_per_tile):
+        if tile_refused(ctx, cfg.heads_per_tile) or shared_memory_refused(ctx, cfg):
             continue
         out.append(cfg)
     return out
@@ -761,6 +784,9 @@ def _knobs(
     why = tile_refused(ctx, cfg.heads_per_tile)
     if why:
         raise ValueError(f"params.heads_per_tile: {why}")
+    why = shared_memory_refused(ctx, cfg)
+    if why:
+        raise ValueError(why)
     return cfg, order, pack
 
 

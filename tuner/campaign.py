@@ -1104,7 +1104,10 @@ class _Campaign:
                     if t_base is None:
                         t_base = self.backend.time_plan(base)
                         n += 1
-                    ratios.append(self.backend.time_plan(p) / t_base)
+                    try:
+                        ratios.append(self.backend.time_plan(p) / t_base)
+                    except ValueError:  # the GPU cannot load the variant's kernel: the rule cannot use it here
+                        ratios.append(None)
                     n += 1
                 per.append(ratios)
             rows[key] = per
@@ -1380,7 +1383,7 @@ def _time_pool_batch(
     task: TuneTask, lens: Sequence[int], pool: Sequence[str], backend: TimingBackend, sim: TimingBackend
 ) -> list[tuple[str, dict[str, Any], float, float]]:
     """``(name, params, seconds, floor seconds)`` of every pool candidate the simulator does not prune on one
-    batch (an infeasible candidate, ``ValueError`` from ``make_plan``, is left out)."""
+    batch (an infeasible candidate, ``ValueError`` from ``make_plan`` or from its launch, is left out)."""
     plans = {}
     for name in pool:
         policy, params = parse_candidate(name)
@@ -1403,8 +1406,12 @@ def _time_pool_batch(
             continue
         sig = plan.work_key()
         if sig not in timed:
-            timed[sig] = float(backend.time_plan(plan))
-        out.append((name, params, timed[sig], floor))
+            try:
+                timed[sig] = float(backend.time_plan(plan))
+            except ValueError:  # the GPU cannot load the candidate's kernel (its launch names why): left out
+                timed[sig] = math.nan
+        if not math.isnan(timed[sig]):
+            out.append((name, params, timed[sig], floor))
     return out
 
 

@@ -318,7 +318,8 @@ class GpuTimer:
         Raises
         ------
         ValueError
-            If the plan was made for another shape or dtype than this timer's.
+            If the plan was made for another shape or dtype than this timer's, or the GPU cannot load its kernel
+            (more shared memory per CTA than the device has: the launch's error names the knobs).
         """
         if (plan.num_kv_heads, plan.head_dim, plan.page_size, plan.dtype) != (
             self.num_kv_heads,

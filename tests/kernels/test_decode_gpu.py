@@ -724,6 +724,27 @@ def test_q_len_bf16(q_len, policy, params):
     _check_verify(case, _verify_plan(VERIFY_LENS, policy, params), q_len)
 
 
+def test_a_kernel_too_large_for_a_cta_is_a_clear_error_and_the_process_goes_on():
+    """(64, 4, 4) with the prefetch and two KV heads per tile at q_len 4 (G = 8) compiles to 278,528 B of shared
+    memory for sm_90 (bench/compile_sm90.py --configs 64,4,4 --variants prefetch --heads 2 --q-len 4), over the
+    232,448 B a CTA may have; the planner's tables lack it. The launch raises ValueError naming the knobs (a tuner's
+    trial is pruned for it), nothing ran, and the next plan of the process runs and is right."""
+    from kvsplit.tuner.gpu import GpuTimer
+
+    big = {"block_n": 64, "num_warps": 4, "num_stages": 4, "prefetch": True, "heads_per_tile": 2}
+    case = _verify_case(VERIFY_LENS, 4, fp8=False, seed=11)
+    plan = _verify_plan(VERIFY_LENS, "stream_k", big)
+    want = r"^params: block_n=64, num_warps=4, num_stages=4, prefetch=True, heads_per_tile=2 at q_len=4.*278528"
+    with pytest.raises(ValueError, match=want):
+        decode_attention(**case, plan=plan, q_len=4)
+    timer = GpuTimer(num_qo_heads=32, num_kv_heads=4, head_dim=128, max_tokens=1 << 17, max_batch=64, q_len=4)
+    lens = [4096] * 16
+    with pytest.raises(ValueError, match=want):
+        timer.time_plan(_verify_plan(lens, "stream_k", big))
+    assert timer.time_plan(_verify_plan(lens, "stream_k", {**big, "num_stages": 3})) > 0
+    _check_verify(case, _verify_plan(VERIFY_LENS, "stream_k", {**big, "num_stages": 3}), 4)
+
+
 @pytest.mark.parametrize("kv_fp8", [False, True])
 @pytest.mark.parametrize("policy, params", [("auto", None), ("balanced", {})])
 def test_wrapper_q_len4_graph_and_eager_over_growing_lens(kv_fp8, policy, params):

@@ -30,8 +30,10 @@ from kvsplit.kernels.rulespec import (
     fit_heads_per_tile,
     resident_slots,
     resolve,
+    shared_memory_refused,
     wave_target,
     wave_tile_cost,
+    whole_wave_tiles,
 )
 from kvsplit.kernels.shape import Shape, shape_family
 
@@ -286,6 +288,35 @@ def test_q_len_rows_cost_registers():
     assert default_config(128, "bfloat16", query_rows=64).block_n == 64
     assert default_config(128, "bfloat16", query_rows=32) == default_config(128, "bfloat16")
     assert resolve("balanced", num_kv_heads=4, device=H200, q_len=8, num_qo_heads=32).config.block_n == 64
+
+
+def test_a_tile_whose_compiled_kernel_exceeds_the_shared_memory_of_a_cta_is_refused():
+    # (128, 4, 2) with two KV heads per tile: the sm_90 compile at G = 8 (bench/compile_sm90.py --q-len N --heads 2)
+    # takes 147,456 B at q_len 2 (32 rows) and 279,552 B at q_len 4 (64 rows); Hopper lets a CTA have 227 KB
+    # (232,448 B, the CUDA programming guide's sm_90 limit, DeviceSpec.smem_per_block_bytes)
+    assert H200.smem_per_block_bytes == 227 * 1024 == 232448
+    h100 = DeviceSpec.known("NVIDIA H100 80GB HBM3")
+    params = {"block_n": 128, "num_warps": 4, "num_stages": 2, "heads_per_tile": 2}
+    for dev in (H200, h100):
+        ctx = PlanContext(dev, 4, 128, 16, "bfloat16", None, 4, 8)
+        cfg = KernelConfig(128, 4, 2, heads_per_tile=2)
+        assert shared_memory_refused(dataclasses.replace(ctx, q_len=2), cfg) is None
+        why = shared_memory_refused(ctx, cfg)
+        assert why is not None and "279552 bytes of shared memory" in why and "232448" in why
+        plan = make_plan(
+            [4096] * 8, policy="balanced", params=params, device=dev.name, q_len=2, num_qo_heads=32, num_kv_heads=4
+        )
+        assert plan.config.heads_per_tile == 2
+        with pytest.raises(ValueError, match=r"^params: block_n=128, .*heads_per_tile=2 at q_len=4 needs 279552 bytes"):
+            make_plan(
+                [4096] * 8, policy="balanced", params=params, device=dev.name, q_len=4, num_qo_heads=32, num_kv_heads=4
+            )
+    # the whole-wave rule's two-head tile, (64, 4, 3) with the prefetch: 212,992 B at q_len 4, so it stays a candidate
+    ctx = PlanContext(H200, 4, 128, 16, "bfloat16", None, 4, 8)
+    assert KernelConfig(64, 4, 3, prefetch=True, heads_per_tile=2) in whole_wave_tiles(ctx, heads=2)
+    # a config the tables lack is estimated (3 K/V buffers of 2 x 64 x 128 x 2 B x 2 heads = 196,608 B) and passes
+    # here; its launch names it (tests/kernels/test_decode_gpu.py)
+    assert shared_memory_refused(ctx, KernelConfig(64, 4, 4, prefetch=True, heads_per_tile=2)) is None
 
 
 def test_fp8_charges_two_blocks_per_tile_at_one_wave():

@@ -358,3 +358,36 @@ def test_campaign_tasks_cover_the_default_workloads():
     assert {s.split(":")[1] for s in sources if s.startswith("trace:")} == set(TRACES)
     for t in tasks:
         assert t.train and t.heldout and not set(t.train) & set(t.heldout)
+
+
+class _RefusesTwoHeadTiles:
+    """The simulator's timings, except that plans of two KV heads per tile raise the ValueError a launch raises for a
+    kernel over the GPU's shared memory per CTA (kvsplit.kernels.decode): fault injection for the one case a
+    GPU-free test cannot reach."""
+
+    def __init__(self, sim):
+        self.sim = sim
+
+    def time_plan(self, plan):
+        if plan.config.heads_per_tile == 2:
+            raise ValueError(
+                "params: ... heads_per_tile=2 at q_len=4: the compiled kernel needs 278528 of shared memory"
+            )
+        return self.sim.time_plan(plan)
+
+    def hbm_floor_s(self, lens):
+        return self.sim.hbm_floor_s(lens)
+
+
+def test_a_pool_candidate_the_gpu_cannot_load_is_left_out_not_fatal():
+    from kvsplit.tuner.campaign import CampaignConfig, _time_pool_batch, campaign_tasks
+    from kvsplit.tuner.tasks import backend_for_task
+
+    task = next(t for t in campaign_tasks(CampaignConfig(database_url="sqlite:///unused.db")) if len(t.train[0]) == 64)
+    sim = backend_for_task(task, "sim")
+    lens = task.train[0]
+    rows = _time_pool_batch(task, lens, P.SERVED_POOL, sim, sim)
+    two = {n for n, params, _, _ in rows if params.get("heads_per_tile", 1) == 2}
+    assert two and len(rows) > len(two)  # the batch has candidates of both kinds
+    got = _time_pool_batch(task, lens, P.SERVED_POOL, _RefusesTwoHeadTiles(sim), sim)
+    assert [r for r in rows if r[0] not in two] == got
