@@ -84,7 +84,7 @@ def _data(name: str) -> dict[str, Any]:
 
 
 def _per_gpu(doc: dict[str, Any]) -> str:
-    """``"263 NVIDIA H200, 369 NVIDIA H100 80GB HBM3"``: an export's policies counted per GPU, in file order."""
+    """``"263 NVIDIA H200, 613 NVIDIA H100 80GB HBM3"``: an export's policies counted per GPU, in file order."""
     n: dict[str, int] = {}
     for p in doc["policies"]:
         n[p["bucket"]["gpu"]] = n.get(p["bucket"]["gpu"], 0) + 1
@@ -97,8 +97,9 @@ SHIPPED_DATA = (
 )
 """Per shipped table (:data:`kvsplit.kernels.policy_table.SHIPPED_TABLES`, same order), in ``kvsplit/service/data``:
 its GPU measurements (the H200's: each bucket's training batch, timed with its plan and ``balanced``; the H100's:
-each bucket's held-out batch, timed with its plan and the four baselines by the campaign's verify step) and the
-simulator calibration of that GPU fitted with it."""
+each bucket's held-out batch, timed with its plan and the four baselines, and an fp8 bucket's also with its
+family's fallback, by the campaign's verify step) and the simulator calibration of that GPU fitted with it (the
+bf16 q_len-1 fit: the import stores one per GPU)."""
 
 
 def _import_shipped(url: str) -> None:

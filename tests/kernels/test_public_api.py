@@ -45,9 +45,9 @@ def test_load_shipped_table_is_the_packaged_export():
     raw = json.loads((ROOT / "kernels/data/h200_policies.json").read_text())
     h100 = json.loads((ROOT / "kernels/data/h100_policies.json").read_text())
     table = load_shipped_table()
-    assert isinstance(table, PolicyTable) and len(table) == len(raw["policies"]) + len(h100["policies"]) == 263 + 369
+    assert isinstance(table, PolicyTable) and len(table) == len(raw["policies"]) + len(h100["policies"]) == 263 + 613
     ids = [e.id for e in table.entries]  # unique: the H100's numbered after the H200's, as one store would
-    assert sorted(ids) == sorted(p["id"] for p in raw["policies"]) + list(range(264, 264 + 369))
+    assert sorted(ids) == sorted(p["id"] for p in raw["policies"]) + list(range(264, 264 + 613))
     assert {p["bucket"]["gpu"] for p in h100["policies"]} == {"NVIDIA H100 80GB HBM3"}
     want = PolicyTable.from_export(raw)
     L = np.random.default_rng(3).integers(1, 9000, 200)
@@ -63,3 +63,30 @@ def test_load_shipped_table_is_the_packaged_export():
     assert {**policy, "id": policy["id"] - 263} == rpolicy
     assert bucket["matched"].startswith("nvidia-h100-80gb-hbm3.kv4.")
     assert want.plan(L, **kw)[2]["source"] == "fallback"
+
+
+def test_the_h100_table_serves_its_q_len_2_and_fp8_buckets():
+    """An H100 verify step of 2 query tokens, and an fp8 KV cache, get the H100 table's own plan: each bucket's
+    held-out batch of the campaign's verify step (service/data/h100_measurements.json) is served the policy the
+    export publishes for that bucket key, not the fallback."""
+    from kvsplit.kernels import load_shipped_table
+
+    h100 = json.loads((ROOT / "kernels/data/h100_policies.json").read_text())
+    meas = json.loads((ROOT / "service/data/h100_measurements.json").read_text())["measurements"]
+    heldout = {m["bucket"]: m["kv_lens"] for m in meas if m["policy_name"] == "tuned" and m["role"] == "heldout"}
+    table = load_shipped_table()
+    for tag, kw in ((".q2.", {"q_len": 2}), (".kvfp8.", {"kv_dtype": "float8_e4m3fn"})):
+        family = sorted((p for p in h100["policies"] if tag in p["bucket"]["key"]), key=lambda p: p["bucket"]["key"])
+        assert len(family) == 122
+        for p in family[::8]:  # 16 of each family's buckets, every batch size and token class among them
+            key = p["bucket"]["key"]
+            _, bucket, policy = table.plan(
+                heldout[key], gpu="h100", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", **kw
+            )
+            assert bucket["matched"] == key  # (the batch's own key may differ a little: drawn from its family)
+            assert policy["source"] == "tuned" and policy["params"] == p["params"], key
+        # the H200 table has no such family: an H200 batch of it gets the family's fallback
+        _, bucket, policy = table.plan(
+            heldout[key], gpu="h200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16", **kw
+        )
+        assert policy["source"] == "fallback" and bucket["matched"] is None
