@@ -254,7 +254,7 @@ for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
 # Verify-step kernels (q_len > 1: the causal mask over each request's q_len new tokens, G * q_len query rows per KV
 # head), compiled for sm_90 the same way: bench/compile_sm90.py --configs 128,4,2 128,4,3 64,4,2 64,4,3 32,4,2
 # 32,4,3 32,4,4 64,8,2 64,8,3 --variants plain,prefetch,next_item --heads 1,2 --maxnreg auto --q-len N for N = 2, 4
-# and 8 (G = 8; Triton 3.6, 2026-12-05), over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an FP8 one
+# and 8, and --configs 128,8,2 --variants plain (G = 8; Triton 3.6, 2026-12-05), over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an FP8 one
 # (the kernel that widens e4m3 to float16 in registers). The q_len > 1 kernel takes more registers than the q_len-1 kernel even where
 # its padded rows are the same: at q_len 2 (16 rows, as at q_len 1) (128, 4, 2) takes 238 where the q_len-1 kernel
 # takes 168 (2 CTAs per SM, not 3) and (64, 4, 2) 150 where it takes 118 (3, not 4). The q_len-1 kernel compiled at
@@ -355,6 +355,11 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 16): (210, 139264),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 32): (255, 147456),  # 1, 172 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 64): (255, 213504),  # 1, 404 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 1, 16): (128, 73728),  # 2, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 1, 32): (128, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 1, 64): (255, 147456),  # 1, 52 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 2, 32): (209, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 2, 64): (255, 282624),  # 1, 208 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 16): (128, 13312),  # 4, 12 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 32): (168, 18432),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 64): (212, 40960),  # 2
@@ -444,6 +449,11 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 16): (213, 73728),  # 2
     ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 32): (255, 81920),  # 2
     ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 64): (255, 147456),  # 1, 212 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 1, 16): (188, 40960),  # 1
+    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 1, 32): (178, 49152),  # 1
+    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 1, 64): (227, 114688),  # 1
+    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 2, 32): (255, 81920),  # 1
+    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 2, 64): (255, 118784),  # 1, 248 B of spill stores
 }
 for (_a, _d, _dt, _kb, _bn, _w, _s, _pf, _nx, _h, _r), _v in list(COMPILED_QLEN.items()):
     COMPILED_QLEN[(_a, _d, "float16", _kb, _bn, _w, _s, _pf, _nx, _h, _r)] = _v
