@@ -254,7 +254,8 @@ for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
 # Verify-step kernels (q_len > 1: the causal mask over each request's q_len new tokens, G * q_len query rows per KV
 # head), compiled for sm_90 the same way: bench/compile_sm90.py --configs 128,4,2 128,4,3 64,4,2 64,4,3 32,4,2
 # 32,4,3 32,4,4 64,8,2 64,8,3 --variants plain,prefetch,next_item --heads 1,2 --maxnreg auto --q-len N for N = 2, 4
-# and 8, and --configs 128,8,2 --variants plain (G = 8; Triton 3.6, 2026-12-05), over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an FP8 one
+# and 8, --configs 128,8,2 --variants plain, and at q_len 4 (16-bit cache) every (block_n, num_warps, num_stages) the
+# tuner's space takes for head_dim 128 x plain / prefetch / next_item x 1-2 heads (G = 8; Triton 3.6, 2026-12-05), over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an FP8 one
 # (the kernel that widens e4m3 to float16 in registers). The q_len > 1 kernel takes more registers than the q_len-1 kernel even where
 # its padded rows are the same: at q_len 2 (16 rows, as at q_len 1) (128, 4, 2) takes 238 where the q_len-1 kernel
 # takes 168 (2 CTAs per SM, not 3) and (64, 4, 2) 150 where it takes 118 (3, not 4). The q_len-1 kernel compiled at
@@ -266,6 +267,104 @@ for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
 # resident CTAs per SM on an sm_90 SM. The compiled kernel is a property of the target (sm_90), not of the board, so
 # every sm_90 GPU (:func:`arch`) reads this table.
 COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, int], tuple[int, int]] = {
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 1, False, False, 1, 32): (255, 12288),  # 8, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 1, False, False, 2, 64): (255, 20480),  # 8, 3472 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 2, False, False, 1, 32): (255, 16384),  # 8, 12 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 2, False, False, 2, 64): (255, 32768),  # 6, 2396 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, False, False, 1, 32): (255, 16448),  # 8, 148 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, False, False, 2, 64): (255, 32832),  # 6, 2464 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, False, 1, 32): (255, 24576),  # 8, 52 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, False, 2, 64): (255, 49152),  # 4, 2940 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, True, 1, 32): (255, 24576),  # 8, 480 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, True, 2, 64): (255, 49152),  # 4, 3852 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, False, False, 1, 32): (255, 16448),  # 8, 148 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, False, False, 2, 64): (255, 32832),  # 6, 2464 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, False, 1, 32): (255, 32768),  # 6, 52 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, False, 2, 64): (255, 65536),  # 3, 2880 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, True, 1, 32): (255, 32768),  # 6, 476 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, True, 2, 64): (255, 65536),  # 3, 3852 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 1, False, False, 1, 32): (199, 13312),  # 5
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 1, False, False, 2, 64): (255, 22528),  # 4, 220 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 2, False, False, 1, 32): (168, 17408),  # 6
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 2, False, False, 2, 64): (255, 34816),  # 4, 12 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, False, False, 1, 32): (182, 17472),  # 5
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, False, False, 2, 64): (255, 34880),  # 4, 76 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, False, 1, 32): (211, 25600),  # 4
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, False, 2, 64): (255, 51200),  # 4, 12 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, True, 1, 32): (236, 25600),  # 4
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, True, 2, 64): (255, 51200),  # 4, 388 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, False, False, 1, 32): (182, 17472),  # 5
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, False, False, 2, 64): (255, 34880),  # 4, 76 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, False, 1, 32): (211, 33792),  # 4
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, False, 2, 64): (255, 67584),  # 3, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, True, 1, 32): (236, 33792),  # 4
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, True, 2, 64): (255, 67584),  # 3, 392 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 1, False, False, 1, 32): (156, 13312),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 1, False, False, 2, 64): (166, 32768),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 2, False, False, 1, 32): (155, 17408),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 2, False, False, 2, 64): (182, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, False, False, 1, 32): (161, 17472),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, False, False, 2, 64): (186, 49216),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, False, 1, 32): (165, 25600),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, False, 2, 64): (186, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, True, 1, 32): (166, 25600),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, True, 2, 64): (242, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, False, False, 1, 32): (161, 17472),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, False, False, 2, 64): (186, 49216),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, False, 1, 32): (165, 33792),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, False, 2, 64): (186, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, True, 1, 32): (164, 33792),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, True, 2, 64): (242, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 1, False, False, 1, 32): (125, 13312),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 1, False, False, 2, 64): (214, 32768),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 2, False, False, 1, 32): (121, 17408),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 2, False, False, 2, 64): (192, 53248),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, False, False, 1, 32): (125, 17472),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, False, False, 2, 64): (196, 53312),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, False, 1, 32): (126, 25600),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, False, 2, 64): (191, 69632),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, True, 1, 32): (157, 25600),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, True, 2, 64): (238, 69632),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, False, False, 1, 32): (125, 17472),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, False, False, 2, 64): (196, 53312),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, False, 1, 32): (126, 33792),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, False, 2, 64): (191, 86016),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, True, 1, 32): (156, 33792),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, True, 2, 64): (238, 86016),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 1, False, False, 1, 32): (255, 16384),  # 8, 320 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 1, False, False, 2, 64): (64, 24576),  # 9, 17044 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 2, False, False, 1, 32): (255, 24704),  # 8, 484 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 2, False, False, 2, 64): (255, 49408),  # 4, 5328 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, False, False, 1, 32): (255, 24704),  # 8, 492 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, False, False, 2, 64): (64, 49280),  # 4, 17184 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, False, 1, 32): (255, 41088),  # 5, 492 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, False, 2, 64): (255, 82176),  # 2, 5392 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, True, 1, 32): (255, 41088),  # 5, 836 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, True, 2, 64): (255, 82176),  # 2, 6128 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, False, False, 1, 32): (255, 24704),  # 8, 492 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, False, False, 2, 64): (64, 49280),  # 4, 17184 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, False, 1, 32): (255, 57472),  # 3, 284 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, False, 2, 64): (255, 114944),  # 2, 5424 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, True, 1, 32): (255, 57472),  # 3, 836 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, True, 2, 64): (255, 114944),  # 2, 6072 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 1, False, False, 1, 32): (213, 18432),  # 4
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 1, False, False, 2, 64): (255, 28672),  # 4, 632 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 2, False, False, 1, 32): (181, 26624),  # 5
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 2, False, False, 2, 64): (255, 53248),  # 4, 128 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, False, False, 1, 32): (200, 26752),  # 5
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, False, False, 2, 64): (255, 53376),  # 4, 160 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, False, 1, 32): (196, 43008),  # 5
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, False, 2, 64): (255, 86016),  # 2, 292 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, True, 1, 32): (255, 43008),  # 4, 104 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, True, 2, 64): (255, 86016),  # 2, 724 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, False, False, 1, 32): (200, 26752),  # 5
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, False, False, 2, 64): (255, 53376),  # 4, 160 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, False, 1, 32): (196, 59392),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, False, 2, 64): (255, 118784),  # 1, 256 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, True, 1, 32): (255, 59392),  # 3, 104 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, True, 2, 64): (255, 118784),  # 1, 724 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 1, False, False, 1, 32): (128, 18432),  # 4, 32 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 1, False, False, 2, 64): (221, 32768),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 1, 16): (96, 21504),  # 5
     ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 1, 32): (162, 26624),  # 3
     ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 1, 64): (199, 49152),  # 2
@@ -301,6 +400,56 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 1, 64): (252, 81920),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 2, 32): (176, 108544),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 2, 64): (255, 147456),  # 1, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 1, False, False, 1, 32): (128, 18432),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 1, False, False, 2, 64): (215, 32768),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 2, False, False, 1, 32): (125, 26624),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 2, False, False, 2, 64): (215, 86016),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, False, False, 1, 32): (123, 26752),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, False, False, 2, 64): (192, 86144),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, False, 1, 32): (126, 43008),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, False, 2, 64): (218, 118784),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, True, 1, 32): (166, 43008),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, True, 2, 64): (252, 118784),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, False, False, 1, 32): (123, 26752),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, False, False, 2, 64): (192, 86144),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, False, 1, 32): (126, 59392),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, False, 2, 64): (218, 151552),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, True, 1, 32): (166, 59392),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, True, 2, 64): (252, 151552),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 1, False, False, 1, 32): (255, 24576),  # 8, 1984 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 1, False, False, 2, 64): (64, 32768),  # 6, 27088 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 2, False, False, 1, 32): (255, 41216),  # 5, 932 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 2, False, False, 2, 64): (64, 82432),  # 2, 28684 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, False, False, 1, 32): (255, 41216),  # 5, 948 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, False, False, 2, 64): (64, 82176),  # 2, 29024 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, False, 1, 32): (255, 73984),  # 3, 792 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, False, 2, 64): (64, 147968),  # 1, 30164 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, True, 1, 32): (255, 73984),  # 3, 1320 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, True, 2, 64): (64, 147968),  # 1, 31272 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, False, False, 1, 32): (255, 41216),  # 5, 948 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, False, False, 2, 64): (64, 82176),  # 2, 29024 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, False, 1, 32): (255, 106752),  # 2, 784 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, False, 2, 64): (64, 213504),  # 1, 31220 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, True, 1, 32): (255, 106752),  # 2, 1184 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, True, 2, 64): (64, 213504),  # 1, 32140 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 1, False, False, 1, 32): (255, 28672),  # 4, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 1, False, False, 2, 64): (255, 40960),  # 4, 2112 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 2, False, False, 1, 32): (255, 45056),  # 4, 184 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 2, False, False, 2, 64): (255, 90112),  # 2, 696 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, False, False, 1, 32): (255, 45312),  # 4, 216 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, False, False, 2, 64): (255, 90368),  # 2, 876 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, False, 1, 32): (255, 77824),  # 2, 188 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, False, 2, 64): (255, 155648),  # 1, 684 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, True, 1, 32): (255, 77824),  # 2, 196 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, True, 2, 64): (255, 155648),  # 1, 968 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, False, False, 1, 32): (255, 45312),  # 4, 216 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, False, False, 2, 64): (255, 90368),  # 2, 876 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, False, 1, 32): (255, 110592),  # 2, 60 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, False, 2, 64): (255, 221184),  # 1, 648 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, True, 1, 32): (255, 110592),  # 2, 204 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, True, 2, 64): (255, 221184),  # 1, 968 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 1, False, False, 1, 32): (193, 28672),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 1, False, False, 2, 64): (255, 32768),  # 2, 72 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 1, 16): (150, 38912),  # 3
     ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 1, 32): (168, 45056),  # 3
     ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 1, 64): (241, 81920),  # 2
@@ -321,6 +470,14 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 1, 64): (255, 114688),  # 2, 144 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 2, 32): (255, 143360),  # 1, 128 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 2, 64): (255, 212992),  # 1, 212 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, False, False, 1, 32): (196, 45312),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, False, False, 2, 64): (255, 147712),  # 1, 48 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, False, 1, 32): (194, 110592),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, False, 2, 64): (255, 278528),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, True, 1, 32): (168, 110592),  # 2, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, True, 2, 64): (255, 278528),  # 1, 204 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 1, False, False, 1, 32): (128, 28672),  # 2, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 1, False, False, 2, 64): (255, 36864),  # 1, 72 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 1, 16): (80, 38912),  # 3
     ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 1, 32): (128, 45056),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 1, 64): (175, 81920),  # 1
@@ -341,6 +498,24 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 1, 64): (246, 114688),  # 1
     ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 2, 32): (175, 143360),  # 1
     ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 2, 64): (255, 217088),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, False, False, 1, 32): (128, 45312),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, False, False, 2, 64): (246, 151808),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, False, 1, 32): (128, 110592),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, False, 2, 64): (249, 282624),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, True, 1, 32): (168, 110592),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, True, 2, 64): (255, 282624),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 1, False, False, 1, 32): (255, 49152),  # 4, 988 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 1, False, False, 2, 64): (32, 65536),  # 3, 37464 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 2, False, False, 1, 32): (255, 81920),  # 2, 440 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 2, False, False, 2, 64): (255, 163840),  # 1, 2220 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 3, False, False, 1, 32): (255, 82432),  # 2, 472 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 3, True, False, 1, 32): (255, 147456),  # 1, 208 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 3, True, True, 1, 32): (255, 147456),  # 1, 672 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 4, False, False, 1, 32): (255, 82432),  # 2, 472 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 4, True, False, 1, 32): (255, 212992),  # 1, 196 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 4, True, True, 1, 32): (255, 212992),  # 1, 372 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 1, False, False, 1, 32): (224, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 1, False, False, 2, 64): (255, 49152),  # 2, 626 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 1, 16): (238, 73728),  # 2
     ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 1, 32): (232, 81920),  # 2
     ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 1, 64): (255, 147968),  # 1, 232 B of spill stores
@@ -355,11 +530,26 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 16): (210, 139264),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 32): (255, 147456),  # 1, 172 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 64): (255, 213504),  # 1, 404 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 4, False, False, 1, 32): (232, 82432),  # 2
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 4, True, False, 1, 32): (201, 212992),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 4, True, True, 1, 32): (255, 212992),  # 1, 172 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 1, False, False, 1, 32): (169, 49152),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 1, False, False, 2, 64): (255, 53248),  # 1, 334 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 1, 16): (128, 73728),  # 2, 16 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 1, 32): (128, 81920),  # 2
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 1, 64): (255, 147456),  # 1, 52 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 2, 32): (209, 147456),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 2, 64): (255, 282624),  # 1, 208 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 3, False, False, 1, 32): (196, 82432),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 3, True, False, 1, 32): (194, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 3, True, True, 1, 32): (196, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 4, False, False, 1, 32): (196, 82432),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 4, True, False, 1, 32): (194, 212992),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 4, True, True, 1, 32): (196, 212992),  # 1
+    ("sm_90", 128, "bfloat16", 2, 256, 4, 1, False, False, 1, 32): (255, 90112),  # 2, 576 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 256, 4, 2, False, False, 1, 32): (255, 155648),  # 1, 288 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 256, 8, 1, False, False, 1, 32): (208, 90112),  # 1
+    ("sm_90", 128, "bfloat16", 2, 256, 8, 2, False, False, 1, 32): (238, 155648),  # 1
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 16): (128, 13312),  # 4, 12 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 32): (168, 18432),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 64): (212, 40960),  # 2

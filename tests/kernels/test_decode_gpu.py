@@ -727,8 +727,9 @@ def test_q_len_bf16(q_len, policy, params):
 def test_a_kernel_too_large_for_a_cta_is_a_clear_error_and_the_process_goes_on():
     """(64, 4, 4) with the prefetch and two KV heads per tile at q_len 4 (G = 8) compiles to 278,528 B of shared
     memory for sm_90 (bench/compile_sm90.py --configs 64,4,4 --variants prefetch --heads 2 --q-len 4), over the
-    232,448 B a CTA may have; the planner's tables lack it. The launch raises ValueError naming the knobs (a tuner's
-    trial is pruned for it), nothing ran, and the next plan of the process runs and is right."""
+    232,448 B a CTA may have. Planned at q_len 1 (where the planner takes it) and launched at q_len 4, the launch
+    raises ValueError naming the knobs (a tuner's trial is pruned for it), nothing ran, and the next plan of the
+    process runs and is right."""
     from kvsplit.tuner.gpu import GpuTimer
 
     big = {"block_n": 64, "num_warps": 4, "num_stages": 4, "prefetch": True, "heads_per_tile": 2}

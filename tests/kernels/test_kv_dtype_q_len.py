@@ -287,9 +287,12 @@ def test_q_len_rows_cost_registers():
     ):
         c = dataclasses.replace(ctx, q_len=q)
         assert resident_slots(dataclasses.replace(c, device=h100), cfg) == resident_slots(c, cfg) == want * 132
-    # a config the compiles lack: the count of live values, 1.5 x 16 x (128 + 32) / 256 = 15 registers over the
-    # q_len-1 tile's 80 for (32, 8, 2): 95 -> 2 CTAs per SM (3 at q_len 1)
-    assert resident_slots(ctx, KernelConfig(32, 8, 2)) == _occ(80 + 15, 21504, 8) * 132 == 2 * 132
+    # a config the compiles lack (at q_len 8: 64 rows): the count of live values, 1.5 x 48 x (128 + 32) / 256 = 45
+    # registers over the q_len-1 tile's 80 for (32, 8, 2): 125 -> 2 CTAs per SM (3 at q_len 1); at q_len 4 its
+    # compile: 125 registers, 26,624 B -> 2
+    q8 = dataclasses.replace(ctx, q_len=8)
+    assert resident_slots(q8, KernelConfig(32, 8, 2)) == _occ(80 + 45, 21504, 8) * 132 == 2 * 132
+    assert resident_slots(ctx, KernelConfig(32, 8, 2)) == _occ(125, 26624, 8) * 132 == 2 * 132
     assert resident_slots(dataclasses.replace(ctx, q_len=1), KernelConfig(32, 8, 2)) == 3 * 132
     # above 32 rows the default tile takes BLOCK_N 64 (the 128-token tile would spill)
     assert default_config(128, "bfloat16", query_rows=64).block_n == 64
@@ -321,9 +324,10 @@ def test_a_tile_whose_compiled_kernel_exceeds_the_shared_memory_of_a_cta_is_refu
     # the whole-wave rule's two-head tile, (64, 4, 3) with the prefetch: 212,992 B at q_len 4, so it stays a candidate
     ctx = PlanContext(H200, 4, 128, 16, "bfloat16", None, 4, 8)
     assert KernelConfig(64, 4, 3, prefetch=True, heads_per_tile=2) in whole_wave_tiles(ctx, heads=2)
-    # a config the tables lack is estimated (3 K/V buffers of 2 x 64 x 128 x 2 B x 2 heads = 196,608 B) and passes
-    # here; its launch names it (tests/kernels/test_decode_gpu.py)
-    assert shared_memory_refused(ctx, KernelConfig(64, 4, 4, prefetch=True, heads_per_tile=2)) is None
+    # (64, 4, 4) with the prefetch and two heads, whose launch stopped a q_len-4 campaign on the H100 (Triton:
+    # "Required: 278528, Hardware limit: 232448"), is refused at planning from its compile
+    why = shared_memory_refused(ctx, KernelConfig(64, 4, 4, prefetch=True, heads_per_tile=2))
+    assert why is not None and "278528 bytes" in why
 
 
 def test_fp8_charges_two_blocks_per_tile_at_one_wave():
