@@ -254,8 +254,9 @@ for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
 # Verify-step kernels (q_len > 1: the causal mask over each request's q_len new tokens, G * q_len query rows per KV
 # head), compiled for sm_90 the same way: bench/compile_sm90.py --configs 128,4,2 128,4,3 64,4,2 64,4,3 32,4,2
 # 32,4,3 32,4,4 64,8,2 64,8,3 --variants plain,prefetch,next_item --heads 1,2 --maxnreg auto --q-len N for N = 2, 4
-# and 8, --configs 128,8,2 --variants plain, and at q_len 4 (16-bit cache) every (block_n, num_warps, num_stages) the
-# tuner's space takes for head_dim 128 x plain / prefetch / next_item x 1-2 heads (G = 8; Triton 3.6, 2026-12-05), over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an FP8 one
+# and 8, --configs 128,8,2 --variants plain, and over a 16-bit cache at q_len 2, 4 and 8 every (block_n, num_warps,
+# num_stages) the tuner's space takes for head_dim 128 (64) x plain / prefetch / next_item x the heads per tile whose
+# rows fit (1-2; 1 at q_len 8) (G = 8; Triton 3.6, 2026-12-05), over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an FP8 one
 # (the kernel that widens e4m3 to float16 in registers). The q_len > 1 kernel takes more registers than the q_len-1 kernel even where
 # its padded rows are the same: at q_len 2 (16 rows, as at q_len 1) (128, 4, 2) takes 238 where the q_len-1 kernel
 # takes 168 (2 CTAs per SM, not 3) and (64, 4, 2) 150 where it takes 118 (3, not 4). The q_len-1 kernel compiled at
@@ -267,103 +268,250 @@ for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
 # resident CTAs per SM on an sm_90 SM. The compiled kernel is a property of the target (sm_90), not of the board, so
 # every sm_90 GPU (:func:`arch`) reads this table.
 COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, int], tuple[int, int]] = {
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 1, False, False, 1, 16): (223, 8192),  # 9
     ("sm_90", 128, "bfloat16", 2, 16, 1, 1, False, False, 1, 32): (255, 12288),  # 8, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 1, False, False, 1, 64): (255, 20480),  # 8, 2168 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 1, False, False, 2, 32): (255, 12288),  # 8, 264 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 1, False, False, 2, 64): (255, 20480),  # 8, 3472 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 2, False, False, 1, 16): (255, 12288),  # 8, 36 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 2, False, False, 1, 32): (255, 16384),  # 8, 12 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 2, False, False, 1, 64): (255, 24576),  # 8, 1932 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 2, False, False, 2, 32): (255, 24576),  # 8, 36 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 2, False, False, 2, 64): (255, 32768),  # 6, 2396 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, False, False, 1, 16): (200, 12352),  # 10
     ("sm_90", 128, "bfloat16", 2, 16, 1, 3, False, False, 1, 32): (255, 16448),  # 8, 148 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, False, False, 1, 64): (255, 24640),  # 8, 2116 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, False, False, 2, 32): (255, 24640),  # 8, 240 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 3, False, False, 2, 64): (255, 32832),  # 6, 2464 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, False, 1, 16): (255, 20480),  # 8, 44 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, False, 1, 32): (255, 24576),  # 8, 52 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, False, 1, 64): (255, 32768),  # 6, 2088 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, False, 2, 32): (255, 40960),  # 5, 152 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, False, 2, 64): (255, 49152),  # 4, 2940 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, True, 1, 16): (255, 20480),  # 8, 96 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, True, 1, 32): (255, 24576),  # 8, 480 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, True, 1, 64): (255, 32768),  # 6, 3244 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, True, 2, 32): (255, 40960),  # 5, 624 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 3, True, True, 2, 64): (255, 49152),  # 4, 3852 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, False, False, 1, 16): (200, 12352),  # 10
     ("sm_90", 128, "bfloat16", 2, 16, 1, 4, False, False, 1, 32): (255, 16448),  # 8, 148 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, False, False, 1, 64): (255, 24640),  # 8, 2116 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, False, False, 2, 32): (255, 24640),  # 8, 240 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 4, False, False, 2, 64): (255, 32832),  # 6, 2464 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, False, 1, 16): (255, 28672),  # 7, 44 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, False, 1, 32): (255, 32768),  # 6, 52 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, False, 1, 64): (255, 40960),  # 5, 2032 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, False, 2, 32): (255, 57344),  # 4, 152 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, False, 2, 64): (255, 65536),  # 3, 2880 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, True, 1, 16): (255, 28672),  # 7, 100 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, True, 1, 32): (255, 32768),  # 6, 476 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, True, 1, 64): (255, 40960),  # 5, 3268 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, True, 2, 32): (255, 57344),  # 4, 640 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 16, 1, 4, True, True, 2, 64): (255, 65536),  # 3, 3852 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 1, False, False, 1, 16): (128, 8704),  # 8
     ("sm_90", 128, "bfloat16", 2, 16, 2, 1, False, False, 1, 32): (199, 13312),  # 5
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 1, False, False, 1, 64): (255, 22528),  # 4, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 1, False, False, 2, 32): (243, 13312),  # 4
     ("sm_90", 128, "bfloat16", 2, 16, 2, 1, False, False, 2, 64): (255, 22528),  # 4, 220 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 2, False, False, 1, 16): (140, 12800),  # 7
     ("sm_90", 128, "bfloat16", 2, 16, 2, 2, False, False, 1, 32): (168, 17408),  # 6
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 2, False, False, 1, 64): (255, 26624),  # 4, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 2, False, False, 2, 32): (174, 25600),  # 5
     ("sm_90", 128, "bfloat16", 2, 16, 2, 2, False, False, 2, 64): (255, 34816),  # 4, 12 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, False, False, 1, 16): (136, 12864),  # 7
     ("sm_90", 128, "bfloat16", 2, 16, 2, 3, False, False, 1, 32): (182, 17472),  # 5
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, False, False, 1, 64): (255, 26688),  # 4, 140 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, False, False, 2, 32): (186, 25664),  # 5
     ("sm_90", 128, "bfloat16", 2, 16, 2, 3, False, False, 2, 64): (255, 34880),  # 4, 76 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, False, 1, 16): (144, 20992),  # 7
     ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, False, 1, 32): (211, 25600),  # 4
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, False, 1, 64): (255, 34816),  # 4, 20 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, False, 2, 32): (168, 41984),  # 5
     ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, False, 2, 64): (255, 51200),  # 4, 12 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, True, 1, 16): (206, 20992),  # 4
     ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, True, 1, 32): (236, 25600),  # 4
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, True, 1, 64): (255, 34816),  # 4, 332 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, True, 2, 32): (253, 41984),  # 4
     ("sm_90", 128, "bfloat16", 2, 16, 2, 3, True, True, 2, 64): (255, 51200),  # 4, 388 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, False, False, 1, 16): (136, 12864),  # 7
     ("sm_90", 128, "bfloat16", 2, 16, 2, 4, False, False, 1, 32): (182, 17472),  # 5
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, False, False, 1, 64): (255, 26688),  # 4, 140 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, False, False, 2, 32): (186, 25664),  # 5
     ("sm_90", 128, "bfloat16", 2, 16, 2, 4, False, False, 2, 64): (255, 34880),  # 4, 76 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, False, 1, 16): (144, 29184),  # 7
     ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, False, 1, 32): (211, 33792),  # 4
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, False, 1, 64): (255, 43008),  # 4, 40 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, False, 2, 32): (168, 58368),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, False, 2, 64): (255, 67584),  # 3, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, True, 1, 16): (206, 29184),  # 4
     ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, True, 1, 32): (236, 33792),  # 4
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, True, 1, 64): (255, 43008),  # 4, 340 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, True, 2, 32): (253, 58368),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 2, 4, True, True, 2, 64): (255, 67584),  # 3, 392 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 1, False, False, 1, 16): (95, 8704),  # 5
     ("sm_90", 128, "bfloat16", 2, 16, 4, 1, False, False, 1, 32): (156, 13312),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 1, False, False, 1, 64): (152, 32768),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 1, False, False, 2, 32): (166, 13312),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 4, 1, False, False, 2, 64): (166, 32768),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 2, False, False, 1, 16): (80, 12800),  # 6
     ("sm_90", 128, "bfloat16", 2, 16, 4, 2, False, False, 1, 32): (155, 17408),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 2, False, False, 1, 64): (176, 32768),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 2, False, False, 2, 32): (164, 25600),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 4, 2, False, False, 2, 64): (182, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, False, False, 1, 16): (92, 12864),  # 5
     ("sm_90", 128, "bfloat16", 2, 16, 4, 3, False, False, 1, 32): (161, 17472),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, False, False, 1, 64): (176, 32832),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, False, False, 2, 32): (160, 25664),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 4, 3, False, False, 2, 64): (186, 49216),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, False, 1, 16): (93, 20992),  # 5
     ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, False, 1, 32): (165, 25600),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, False, 1, 64): (176, 40960),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, False, 2, 32): (167, 41984),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, False, 2, 64): (186, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, True, 1, 16): (128, 20992),  # 4
     ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, True, 1, 32): (166, 25600),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, True, 1, 64): (240, 40960),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, True, 2, 32): (168, 41984),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 4, 3, True, True, 2, 64): (242, 65536),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, False, False, 1, 16): (92, 12864),  # 5
     ("sm_90", 128, "bfloat16", 2, 16, 4, 4, False, False, 1, 32): (161, 17472),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, False, False, 1, 64): (176, 32832),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, False, False, 2, 32): (160, 25664),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 4, 4, False, False, 2, 64): (186, 49216),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, False, 1, 16): (93, 29184),  # 5
     ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, False, 1, 32): (165, 33792),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, False, 1, 64): (176, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, False, 2, 32): (165, 58368),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, False, 2, 64): (186, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, True, 1, 16): (128, 29184),  # 4
     ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, True, 1, 32): (164, 33792),  # 3
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, True, 1, 64): (240, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, True, 2, 32): (168, 58368),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 4, 4, True, True, 2, 64): (242, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 1, False, False, 1, 16): (100, 8704),  # 2
     ("sm_90", 128, "bfloat16", 2, 16, 8, 1, False, False, 1, 32): (125, 13312),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 1, False, False, 1, 64): (126, 32768),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 1, False, False, 2, 32): (169, 13312),  # 1
     ("sm_90", 128, "bfloat16", 2, 16, 8, 1, False, False, 2, 64): (214, 32768),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 2, False, False, 1, 16): (80, 12800),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 8, 2, False, False, 1, 32): (121, 17408),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 2, False, False, 1, 64): (114, 32768),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 2, False, False, 2, 32): (128, 25600),  # 2
     ("sm_90", 128, "bfloat16", 2, 16, 8, 2, False, False, 2, 64): (192, 53248),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, False, False, 1, 16): (78, 12864),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 8, 3, False, False, 1, 32): (125, 17472),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, False, False, 1, 64): (128, 32832),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, False, False, 2, 32): (127, 25664),  # 2
     ("sm_90", 128, "bfloat16", 2, 16, 8, 3, False, False, 2, 64): (196, 53312),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, False, 1, 16): (77, 20992),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, False, 1, 32): (126, 25600),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, False, 1, 64): (115, 40960),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, False, 2, 32): (128, 41984),  # 2
     ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, False, 2, 64): (191, 69632),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, True, 1, 16): (97, 20992),  # 2
     ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, True, 1, 32): (157, 25600),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, True, 1, 64): (181, 40960),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, True, 2, 32): (168, 41984),  # 1
     ("sm_90", 128, "bfloat16", 2, 16, 8, 3, True, True, 2, 64): (238, 69632),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, False, False, 1, 16): (78, 12864),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 8, 4, False, False, 1, 32): (125, 17472),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, False, False, 1, 64): (128, 32832),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, False, False, 2, 32): (127, 25664),  # 2
     ("sm_90", 128, "bfloat16", 2, 16, 8, 4, False, False, 2, 64): (196, 53312),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, False, 1, 16): (77, 29184),  # 3
     ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, False, 1, 32): (126, 33792),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, False, 1, 64): (115, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, False, 2, 32): (128, 58368),  # 2
     ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, False, 2, 64): (191, 86016),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, True, 1, 16): (97, 29184),  # 2
     ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, True, 1, 32): (156, 33792),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, True, 1, 64): (181, 49152),  # 1
+    ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, True, 2, 32): (168, 58368),  # 1
     ("sm_90", 128, "bfloat16", 2, 16, 8, 4, True, True, 2, 64): (238, 86016),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 1, False, False, 1, 16): (254, 12288),  # 8
     ("sm_90", 128, "bfloat16", 2, 32, 1, 1, False, False, 1, 32): (255, 16384),  # 8, 320 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 1, False, False, 1, 64): (255, 24576),  # 8, 3440 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 1, False, False, 2, 32): (255, 16384),  # 8, 1556 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 1, False, False, 2, 64): (64, 24576),  # 9, 17044 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 2, False, False, 1, 16): (255, 20608),  # 8, 164 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 2, False, False, 1, 32): (255, 24704),  # 8, 484 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 2, False, False, 1, 64): (168, 32896),  # 6, 6936 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 2, False, False, 2, 32): (255, 41216),  # 5, 632 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 2, False, False, 2, 64): (255, 49408),  # 4, 5328 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, False, False, 1, 16): (255, 20608),  # 8, 176 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 3, False, False, 1, 32): (255, 24704),  # 8, 492 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, False, False, 1, 64): (255, 32896),  # 6, 4000 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, False, False, 2, 32): (255, 41088),  # 5, 676 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 3, False, False, 2, 64): (64, 49280),  # 4, 17184 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, False, 1, 16): (255, 36992),  # 6, 164 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, False, 1, 32): (255, 41088),  # 5, 492 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, False, 1, 64): (168, 49280),  # 4, 7000 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, False, 2, 32): (255, 73984),  # 3, 612 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, False, 2, 64): (255, 82176),  # 2, 5392 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, True, 1, 16): (255, 36992),  # 6, 188 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, True, 1, 32): (255, 41088),  # 5, 836 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, True, 1, 64): (255, 49280),  # 4, 4760 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, True, 2, 32): (255, 73984),  # 3, 932 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 3, True, True, 2, 64): (255, 82176),  # 2, 6128 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, False, False, 1, 16): (255, 20608),  # 8, 176 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 4, False, False, 1, 32): (255, 24704),  # 8, 492 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, False, False, 1, 64): (255, 32896),  # 6, 4000 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, False, False, 2, 32): (255, 41088),  # 5, 676 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 4, False, False, 2, 64): (64, 49280),  # 4, 17184 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, False, 1, 16): (255, 53376),  # 4, 156 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, False, 1, 32): (255, 57472),  # 3, 284 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, False, 1, 64): (168, 65664),  # 3, 6972 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, False, 2, 32): (255, 106752),  # 2, 628 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, False, 2, 64): (255, 114944),  # 2, 5424 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, True, 1, 16): (255, 53376),  # 4, 196 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, True, 1, 32): (255, 57472),  # 3, 836 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, True, 1, 64): (255, 65664),  # 3, 4760 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, True, 2, 32): (255, 106752),  # 2, 940 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 1, 4, True, True, 2, 64): (255, 114944),  # 2, 6072 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 1, False, False, 1, 16): (168, 13312),  # 6, 8 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 2, 1, False, False, 1, 32): (213, 18432),  # 4
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 1, False, False, 1, 64): (255, 28672),  # 4, 52 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 1, False, False, 2, 32): (255, 18432),  # 4, 8 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 2, 1, False, False, 2, 64): (255, 28672),  # 4, 632 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 2, False, False, 1, 16): (190, 21504),  # 5
     ("sm_90", 128, "bfloat16", 2, 32, 2, 2, False, False, 1, 32): (181, 26624),  # 5
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 2, False, False, 1, 64): (255, 36864),  # 4, 72 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 2, False, False, 2, 32): (255, 43008),  # 4, 72 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 2, 2, False, False, 2, 64): (255, 53248),  # 4, 128 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, False, False, 1, 16): (196, 21632),  # 5
     ("sm_90", 128, "bfloat16", 2, 32, 2, 3, False, False, 1, 32): (200, 26752),  # 5
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, False, False, 1, 64): (255, 36992),  # 4, 108 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, False, False, 2, 32): (255, 43136),  # 4, 44 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 2, 3, False, False, 2, 64): (255, 53376),  # 4, 160 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, False, 1, 16): (222, 37888),  # 4
     ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, False, 1, 32): (196, 43008),  # 5
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, False, 1, 64): (255, 53248),  # 4, 116 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, False, 2, 32): (255, 75776),  # 3, 88 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, False, 2, 64): (255, 86016),  # 2, 292 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, True, 1, 16): (224, 37888),  # 4
     ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, True, 1, 32): (255, 43008),  # 4, 104 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, True, 1, 64): (255, 53248),  # 4, 520 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, True, 2, 32): (255, 75776),  # 3, 136 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 2, 3, True, True, 2, 64): (255, 86016),  # 2, 724 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, False, False, 1, 16): (196, 21632),  # 5
     ("sm_90", 128, "bfloat16", 2, 32, 2, 4, False, False, 1, 32): (200, 26752),  # 5
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, False, False, 1, 64): (255, 36992),  # 4, 108 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, False, False, 2, 32): (255, 43136),  # 4, 44 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 2, 4, False, False, 2, 64): (255, 53376),  # 4, 160 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, False, 1, 16): (222, 54272),  # 4
     ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, False, 1, 32): (196, 59392),  # 3
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, False, 1, 64): (255, 69632),  # 3, 128 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, False, 2, 32): (255, 108544),  # 2, 88 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, False, 2, 64): (255, 118784),  # 1, 256 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, True, 1, 16): (243, 54272),  # 4
     ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, True, 1, 32): (255, 59392),  # 3, 104 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, True, 1, 64): (255, 69632),  # 3, 520 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, True, 2, 32): (255, 108544),  # 2, 136 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 32, 2, 4, True, True, 2, 64): (255, 118784),  # 1, 724 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 1, False, False, 1, 16): (111, 13312),  # 4
     ("sm_90", 128, "bfloat16", 2, 32, 4, 1, False, False, 1, 32): (128, 18432),  # 4, 32 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 1, False, False, 1, 64): (189, 32768),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 4, 1, False, False, 2, 32): (230, 18432),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 4, 1, False, False, 2, 64): (221, 32768),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 1, 16): (96, 21504),  # 5
     ("sm_90", 128, "bfloat16", 2, 32, 4, 2, False, False, 1, 32): (162, 26624),  # 3
@@ -400,55 +548,130 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 1, 64): (252, 81920),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 2, 32): (176, 108544),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 4, 4, True, True, 2, 64): (255, 147456),  # 1, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 1, False, False, 1, 16): (102, 13312),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 1, False, False, 1, 32): (128, 18432),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 1, False, False, 1, 64): (136, 32768),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 1, False, False, 2, 32): (169, 18432),  # 1
     ("sm_90", 128, "bfloat16", 2, 32, 8, 1, False, False, 2, 64): (215, 32768),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 2, False, False, 1, 16): (80, 21504),  # 3
     ("sm_90", 128, "bfloat16", 2, 32, 8, 2, False, False, 1, 32): (125, 26624),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 2, False, False, 1, 64): (128, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 2, False, False, 2, 32): (128, 43008),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 2, False, False, 2, 64): (215, 86016),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, False, False, 1, 16): (92, 21632),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 3, False, False, 1, 32): (123, 26752),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, False, False, 1, 64): (143, 49280),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, False, False, 2, 32): (128, 43136),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 3, False, False, 2, 64): (192, 86144),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, False, 1, 16): (79, 37888),  # 3
     ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, False, 1, 32): (126, 43008),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, False, 1, 64): (145, 65536),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, False, 2, 32): (128, 75776),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, False, 2, 64): (218, 118784),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, True, 1, 16): (125, 37888),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, True, 1, 32): (166, 43008),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, True, 1, 64): (177, 65536),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, True, 2, 32): (166, 75776),  # 1
     ("sm_90", 128, "bfloat16", 2, 32, 8, 3, True, True, 2, 64): (252, 118784),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, False, False, 1, 16): (92, 21632),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 4, False, False, 1, 32): (123, 26752),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, False, False, 1, 64): (143, 49280),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, False, False, 2, 32): (128, 43136),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 4, False, False, 2, 64): (192, 86144),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, False, 1, 16): (79, 54272),  # 3
     ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, False, 1, 32): (126, 59392),  # 2
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, False, 1, 64): (145, 81920),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, False, 2, 32): (128, 108544),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, False, 2, 64): (218, 151552),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, True, 1, 16): (125, 54272),  # 2
     ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, True, 1, 32): (166, 59392),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, True, 1, 64): (179, 81920),  # 1
+    ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, True, 2, 32): (167, 108544),  # 1
     ("sm_90", 128, "bfloat16", 2, 32, 8, 4, True, True, 2, 64): (252, 151552),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 1, False, False, 1, 16): (255, 20480),  # 8, 512 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 1, False, False, 1, 32): (255, 24576),  # 8, 1984 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 1, False, False, 1, 64): (255, 32768),  # 6, 5852 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 1, False, False, 2, 32): (255, 24576),  # 8, 3616 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 1, False, False, 2, 64): (64, 32768),  # 6, 27088 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 2, False, False, 1, 16): (255, 37120),  # 6, 388 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 2, False, False, 1, 32): (255, 41216),  # 5, 932 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 2, False, False, 1, 64): (255, 49408),  # 4, 6648 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 2, False, False, 2, 32): (255, 74240),  # 3, 1808 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 2, False, False, 2, 64): (64, 82432),  # 2, 28684 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, False, False, 1, 16): (255, 37120),  # 6, 400 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 3, False, False, 1, 32): (255, 41216),  # 5, 948 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, False, False, 1, 64): (255, 49408),  # 4, 6148 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, False, False, 2, 32): (255, 73984),  # 3, 2504 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 3, False, False, 2, 64): (64, 82176),  # 2, 29024 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, False, 1, 16): (255, 69888),  # 3, 380 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, False, 1, 32): (255, 73984),  # 3, 792 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, False, 1, 64): (255, 82176),  # 2, 6744 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, False, 2, 32): (255, 139776),  # 1, 1844 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, False, 2, 64): (64, 147968),  # 1, 30164 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, True, 1, 16): (255, 69888),  # 3, 600 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, True, 1, 32): (255, 73984),  # 3, 1320 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, True, 1, 64): (64, 82176),  # 2, 25800 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, True, 2, 32): (255, 139776),  # 1, 2144 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 3, True, True, 2, 64): (64, 147968),  # 1, 31272 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, False, False, 1, 16): (255, 37120),  # 6, 400 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 4, False, False, 1, 32): (255, 41216),  # 5, 948 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, False, False, 1, 64): (255, 49408),  # 4, 6148 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, False, False, 2, 32): (255, 73984),  # 3, 2504 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 4, False, False, 2, 64): (64, 82176),  # 2, 29024 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, False, 1, 16): (255, 102656),  # 2, 316 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, False, 1, 32): (255, 106752),  # 2, 784 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, False, 1, 64): (255, 114944),  # 2, 6744 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, False, 2, 32): (255, 205312),  # 1, 1696 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, False, 2, 64): (64, 213504),  # 1, 31220 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, True, 1, 16): (255, 102656),  # 2, 568 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, True, 1, 32): (255, 106752),  # 2, 1184 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, True, 1, 64): (64, 114944),  # 2, 26708 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, True, 2, 32): (255, 205312),  # 1, 2028 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 1, 4, True, True, 2, 64): (64, 213504),  # 1, 32140 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 1, False, False, 1, 16): (224, 22528),  # 4
     ("sm_90", 128, "bfloat16", 2, 64, 2, 1, False, False, 1, 32): (255, 28672),  # 4, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 1, False, False, 1, 64): (255, 40960),  # 4, 532 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 1, False, False, 2, 32): (255, 28672),  # 4, 432 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 1, False, False, 2, 64): (255, 40960),  # 4, 2112 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 2, False, False, 1, 16): (244, 38912),  # 4
     ("sm_90", 128, "bfloat16", 2, 64, 2, 2, False, False, 1, 32): (255, 45056),  # 4, 184 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 2, False, False, 1, 64): (255, 57344),  # 4, 476 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 2, False, False, 2, 32): (255, 77824),  # 2, 320 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 2, False, False, 2, 64): (255, 90112),  # 2, 696 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, False, False, 1, 16): (244, 39168),  # 4
     ("sm_90", 128, "bfloat16", 2, 64, 2, 3, False, False, 1, 32): (255, 45312),  # 4, 216 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, False, False, 1, 64): (255, 57600),  # 3, 500 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, False, False, 2, 32): (255, 78080),  # 2, 272 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 3, False, False, 2, 64): (255, 90368),  # 2, 876 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, False, 1, 16): (242, 71680),  # 3
     ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, False, 1, 32): (255, 77824),  # 2, 188 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, False, 1, 64): (255, 90112),  # 2, 464 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, False, 2, 32): (255, 143360),  # 1, 316 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, False, 2, 64): (255, 155648),  # 1, 684 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, True, 1, 16): (255, 71680),  # 3, 96 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, True, 1, 32): (255, 77824),  # 2, 196 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, True, 1, 64): (255, 90112),  # 2, 864 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, True, 2, 32): (255, 143360),  # 1, 448 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 3, True, True, 2, 64): (255, 155648),  # 1, 968 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, False, False, 1, 16): (244, 39168),  # 4
     ("sm_90", 128, "bfloat16", 2, 64, 2, 4, False, False, 1, 32): (255, 45312),  # 4, 216 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, False, False, 1, 64): (255, 57600),  # 3, 500 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, False, False, 2, 32): (255, 78080),  # 2, 272 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 4, False, False, 2, 64): (255, 90368),  # 2, 876 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, False, 1, 16): (222, 104448),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, False, 1, 32): (255, 110592),  # 2, 60 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, False, 1, 64): (255, 122880),  # 1, 368 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, False, 2, 32): (255, 208896),  # 1, 164 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, False, 2, 64): (255, 221184),  # 1, 648 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, True, 1, 16): (255, 104448),  # 2, 96 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, True, 1, 32): (255, 110592),  # 2, 204 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, True, 1, 64): (255, 122880),  # 1, 864 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, True, 2, 32): (255, 208896),  # 1, 456 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 2, 4, True, True, 2, 64): (255, 221184),  # 1, 968 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 1, False, False, 1, 16): (121, 22528),  # 4
     ("sm_90", 128, "bfloat16", 2, 64, 4, 1, False, False, 1, 32): (193, 28672),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 1, False, False, 1, 64): (210, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 1, False, False, 2, 32): (252, 28672),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 4, 1, False, False, 2, 64): (255, 32768),  # 2, 72 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 1, 16): (150, 38912),  # 3
     ("sm_90", 128, "bfloat16", 2, 64, 4, 2, False, False, 1, 32): (168, 45056),  # 3
@@ -470,13 +693,25 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 1, 64): (255, 114688),  # 2, 144 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 2, 32): (255, 143360),  # 1, 128 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 4, 3, True, True, 2, 64): (255, 212992),  # 1, 212 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, False, False, 1, 16): (154, 39168),  # 3
     ("sm_90", 128, "bfloat16", 2, 64, 4, 4, False, False, 1, 32): (196, 45312),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, False, False, 1, 64): (255, 82176),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, False, False, 2, 32): (205, 78080),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 4, 4, False, False, 2, 64): (255, 147712),  # 1, 48 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, False, 1, 16): (164, 104448),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, False, 1, 32): (194, 110592),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, False, 1, 64): (255, 147456),  # 1, 24 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, False, 2, 32): (210, 208896),  # 1
     ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, False, 2, 64): (255, 278528),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, True, 1, 16): (255, 104448),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, True, 1, 32): (168, 110592),  # 2, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, True, 1, 64): (255, 147456),  # 1, 140 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, True, 2, 32): (255, 208896),  # 1, 120 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 4, 4, True, True, 2, 64): (255, 278528),  # 1, 204 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 1, False, False, 1, 16): (110, 22528),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 8, 1, False, False, 1, 32): (128, 28672),  # 2, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 1, False, False, 1, 64): (186, 49152),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 1, False, False, 2, 32): (168, 28672),  # 1
     ("sm_90", 128, "bfloat16", 2, 64, 8, 1, False, False, 2, 64): (255, 36864),  # 1, 72 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 1, 16): (80, 38912),  # 3
     ("sm_90", 128, "bfloat16", 2, 64, 8, 2, False, False, 1, 32): (128, 45056),  # 2
@@ -498,23 +733,53 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 1, 64): (246, 114688),  # 1
     ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 2, 32): (175, 143360),  # 1
     ("sm_90", 128, "bfloat16", 2, 64, 8, 3, True, True, 2, 64): (255, 217088),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, False, False, 1, 16): (96, 39168),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 8, 4, False, False, 1, 32): (128, 45312),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, False, False, 1, 64): (176, 82176),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, False, False, 2, 32): (185, 78080),  # 1
     ("sm_90", 128, "bfloat16", 2, 64, 8, 4, False, False, 2, 64): (246, 151808),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, False, 1, 16): (110, 104448),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, False, 1, 32): (128, 110592),  # 2
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, False, 1, 64): (208, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, False, 2, 32): (169, 208896),  # 1
     ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, False, 2, 64): (249, 282624),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, True, 1, 16): (128, 104448),  # 2
     ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, True, 1, 32): (168, 110592),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, True, 1, 64): (246, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, True, 2, 32): (175, 208896),  # 1
     ("sm_90", 128, "bfloat16", 2, 64, 8, 4, True, True, 2, 64): (255, 282624),  # 1, 68 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 1, False, False, 1, 16): (255, 40960),  # 4, 280 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 1, False, False, 1, 32): (255, 49152),  # 4, 988 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 1, False, False, 1, 64): (255, 65536),  # 3, 1968 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 1, False, False, 2, 32): (255, 49152),  # 4, 2136 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 1, False, False, 2, 64): (32, 65536),  # 3, 37464 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 2, False, False, 1, 16): (255, 73728),  # 3, 352 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 2, False, False, 1, 32): (255, 81920),  # 2, 440 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 2, False, False, 1, 64): (255, 98304),  # 2, 1676 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 2, False, False, 2, 32): (255, 147456),  # 1, 812 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 2, False, False, 2, 64): (255, 163840),  # 1, 2220 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 3, False, False, 1, 16): (255, 74240),  # 3, 308 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 3, False, False, 1, 32): (255, 82432),  # 2, 472 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 3, False, False, 1, 64): (255, 98816),  # 2, 1828 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 3, True, False, 1, 16): (255, 139264),  # 1, 172 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 3, True, False, 1, 32): (255, 147456),  # 1, 208 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 3, True, False, 1, 64): (255, 163840),  # 1, 1528 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 3, True, True, 1, 16): (255, 139264),  # 1, 348 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 3, True, True, 1, 32): (255, 147456),  # 1, 672 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 3, True, True, 1, 64): (255, 163840),  # 1, 2084 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 4, False, False, 1, 16): (255, 74240),  # 3, 308 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 4, False, False, 1, 32): (255, 82432),  # 2, 472 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 4, False, False, 1, 64): (255, 98816),  # 2, 1828 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 4, True, False, 1, 16): (255, 204800),  # 1, 144 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 4, True, False, 1, 32): (255, 212992),  # 1, 196 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 4, True, False, 1, 64): (255, 229376),  # 1, 1532 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 4, True, True, 1, 16): (255, 204800),  # 1, 196 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 2, 4, True, True, 1, 32): (255, 212992),  # 1, 372 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 2, 4, True, True, 1, 64): (255, 229376),  # 1, 1988 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 1, False, False, 1, 16): (196, 40960),  # 2
     ("sm_90", 128, "bfloat16", 2, 128, 4, 1, False, False, 1, 32): (224, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 1, False, False, 1, 64): (255, 81920),  # 2, 172 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 1, False, False, 2, 32): (255, 49152),  # 2, 168 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 4, 1, False, False, 2, 64): (255, 49152),  # 2, 626 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 1, 16): (238, 73728),  # 2
     ("sm_90", 128, "bfloat16", 2, 128, 4, 2, False, False, 1, 32): (232, 81920),  # 2
@@ -530,26 +795,55 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 16): (210, 139264),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 32): (255, 147456),  # 1, 172 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 4, 3, True, True, 1, 64): (255, 213504),  # 1, 404 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 4, False, False, 1, 16): (238, 74240),  # 2
     ("sm_90", 128, "bfloat16", 2, 128, 4, 4, False, False, 1, 32): (232, 82432),  # 2
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 4, False, False, 1, 64): (255, 147968),  # 1, 236 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 4, True, False, 1, 16): (210, 204800),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 4, 4, True, False, 1, 32): (201, 212992),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 4, True, False, 1, 64): (255, 279040),  # 1, 232 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 4, True, True, 1, 16): (207, 204800),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 4, 4, True, True, 1, 32): (255, 212992),  # 1, 172 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 4, 4, True, True, 1, 64): (255, 279040),  # 1, 404 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 1, False, False, 1, 16): (128, 40960),  # 2
     ("sm_90", 128, "bfloat16", 2, 128, 8, 1, False, False, 1, 32): (169, 49152),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 1, False, False, 1, 64): (231, 81920),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 1, False, False, 2, 32): (248, 49152),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 8, 1, False, False, 2, 64): (255, 53248),  # 1, 334 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 1, 16): (128, 73728),  # 2, 16 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 1, 32): (128, 81920),  # 2
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 1, 64): (255, 147456),  # 1, 52 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 2, 32): (209, 147456),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 8, 2, False, False, 2, 64): (255, 282624),  # 1, 208 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 3, False, False, 1, 16): (154, 74240),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 8, 3, False, False, 1, 32): (196, 82432),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 3, False, False, 1, 64): (255, 147968),  # 1, 76 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 3, True, False, 1, 16): (162, 139264),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 8, 3, True, False, 1, 32): (194, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 3, True, False, 1, 64): (255, 212992),  # 1, 92 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 3, True, True, 1, 16): (198, 139264),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 8, 3, True, True, 1, 32): (196, 147456),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 3, True, True, 1, 64): (255, 212992),  # 1, 176 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 4, False, False, 1, 16): (154, 74240),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 8, 4, False, False, 1, 32): (196, 82432),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 4, False, False, 1, 64): (255, 147968),  # 1, 76 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 4, True, False, 1, 16): (162, 204800),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 8, 4, True, False, 1, 32): (194, 212992),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 4, True, False, 1, 64): (255, 278528),  # 1, 92 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 4, True, True, 1, 16): (198, 204800),  # 1
     ("sm_90", 128, "bfloat16", 2, 128, 8, 4, True, True, 1, 32): (196, 212992),  # 1
+    ("sm_90", 128, "bfloat16", 2, 128, 8, 4, True, True, 1, 64): (255, 278528),  # 1, 176 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 256, 4, 1, False, False, 1, 16): (255, 77824),  # 2, 196 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 256, 4, 1, False, False, 1, 32): (255, 90112),  # 2, 576 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 256, 4, 1, False, False, 1, 64): (255, 147456),  # 1, 1176 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 256, 4, 2, False, False, 1, 16): (255, 143360),  # 1, 328 B of spill stores
     ("sm_90", 128, "bfloat16", 2, 256, 4, 2, False, False, 1, 32): (255, 155648),  # 1, 288 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 256, 4, 2, False, False, 1, 64): (255, 279552),  # 1, 668 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 256, 8, 1, False, False, 1, 16): (192, 77824),  # 1
     ("sm_90", 128, "bfloat16", 2, 256, 8, 1, False, False, 1, 32): (208, 90112),  # 1
+    ("sm_90", 128, "bfloat16", 2, 256, 8, 1, False, False, 1, 64): (255, 147456),  # 1, 124 B of spill stores
+    ("sm_90", 128, "bfloat16", 2, 256, 8, 2, False, False, 1, 16): (174, 143360),  # 1
     ("sm_90", 128, "bfloat16", 2, 256, 8, 2, False, False, 1, 32): (238, 155648),  # 1
+    ("sm_90", 128, "bfloat16", 2, 256, 8, 2, False, False, 1, 64): (255, 279552),  # 1, 360 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 16): (128, 13312),  # 4, 12 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 32): (168, 18432),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 64): (212, 40960),  # 2

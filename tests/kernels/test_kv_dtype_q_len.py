@@ -287,13 +287,15 @@ def test_q_len_rows_cost_registers():
     ):
         c = dataclasses.replace(ctx, q_len=q)
         assert resident_slots(dataclasses.replace(c, device=h100), cfg) == resident_slots(c, cfg) == want * 132
-    # a config the compiles lack (at q_len 8: 64 rows): the count of live values, 1.5 x 48 x (128 + 32) / 256 = 45
-    # registers over the q_len-1 tile's 80 for (32, 8, 2): 125 -> 2 CTAs per SM (3 at q_len 1); at q_len 4 its
-    # compile: 125 registers, 26,624 B -> 2
-    q8 = dataclasses.replace(ctx, q_len=8)
-    assert resident_slots(q8, KernelConfig(32, 8, 2)) == _occ(80 + 45, 21504, 8) * 132 == 2 * 132
+    # (32, 8, 2) at q_len 4, compiled: 125 registers, 26,624 B -> 2 CTAs per SM (3 at q_len 1)
     assert resident_slots(ctx, KernelConfig(32, 8, 2)) == _occ(125, 26624, 8) * 132 == 2 * 132
     assert resident_slots(dataclasses.replace(ctx, q_len=1), KernelConfig(32, 8, 2)) == 3 * 132
+    # a shape the compiles lack (head_dim 64): the q_len-1 estimate (128 registers, one 2 x 32 x 64 x 2 B K/V buffer)
+    # plus the count of live values for 16 more rows, 1.5 x 16 x (64 + 32) / 256 = 9 registers: 137 -> 1 CTA (2 at
+    # q_len 1)
+    d64 = dataclasses.replace(ctx, head_dim=64)
+    assert resident_slots(d64, KernelConfig(32, 8, 2)) == _occ(128 + 9, 8192, 8) * 132 == 1 * 132
+    assert resident_slots(dataclasses.replace(d64, q_len=1), KernelConfig(32, 8, 2)) == 2 * 132
     # above 32 rows the default tile takes BLOCK_N 64 (the 128-token tile would spill)
     assert default_config(128, "bfloat16", query_rows=64).block_n == 64
     assert default_config(128, "bfloat16", query_rows=32) == default_config(128, "bfloat16")
