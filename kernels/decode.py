@@ -1407,9 +1407,10 @@ def _too_big(cfg: Any, q_len: int, head_dim: int, group: int, exc: OutOfResource
     """The ValueError of a bad ``params`` for a launch whose compiled kernel needs more of a per-CTA resource than the
     GPU has (Triton's ``OutOfResources``, raised while the kernel is loaded, before anything runs): the knobs, the
     shape and the figures the compiler reported. The planner refuses the configs whose compiled shared memory its
-    tables know to be too large (:func:`kvsplit.kernels.rulespec.shared_memory_refused`); this names the others,
-    e.g. (64, 4, 4) with the prefetch and two heads per tile at q_len 4 (278,528 B on sm_90, 232,448 B allowed),
-    for which a tuner's trial is pruned instead of the campaign stopping."""
+    tables know to be too large (:func:`kvsplit.kernels.rulespec.shared_memory_refused`); this names the others (a
+    config the tables lack, or a plan made for another q_len: (64, 4, 4) with the prefetch and two heads per tile,
+    planned at q_len 1 and launched at q_len 4, needs 278,528 B on sm_90 where 232,448 B are allowed), for which a
+    tuner's trial is pruned instead of the campaign stopping."""
     return ValueError(
         f"params: block_n={cfg.block_n}, num_warps={cfg.num_warps}, num_stages={cfg.num_stages}, "
         f"prefetch={bool(cfg.prefetch)}, heads_per_tile={cfg.heads_per_tile} at q_len={q_len}, head_dim={head_dim}, "

@@ -425,7 +425,12 @@ def shared_memory_refused(ctx: PlanContext, cfg: KernelConfig) -> str | None:
     tables count it (:func:`_tile_resources`; the compiled figure where the tables hold the config) above the
     device's per-block limit (``DeviceSpec.smem_per_block_bytes``, 227 KB on Hopper). E.g. (128, 4, 2) with two
     heads per tile at q_len 4 and G = 8 compiles to 279,552 B for sm_90. Configs the tables lack are estimated and
-    can still be refused by the launch (``kvsplit.kernels.decode``), which names them the same way."""
+    can still be refused by the launch (``kvsplit.kernels.decode``), which names them the same way.
+
+    Returns
+    -------
+    str or None
+        The error text (``params: ...`` with the knobs, q_len, the bytes needed and the device's limit), or None."""
     smem = _tile_resources(ctx, cfg)[1]
     if smem <= ctx.device.smem_per_block_bytes:
         return None
