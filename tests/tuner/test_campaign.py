@@ -162,15 +162,17 @@ def test_resume_after_kill_9_gives_the_uninterrupted_table(tmp_path):
     import sqlite3
 
     try:  # the killed run had opened the campaign's state: its study holds the campaign's identity (a kill between
-        # creating the study and storing that attribute leaves nothing to resume)
+        # creating the study and storing that attribute leaves nothing to resume), and not yet 'finished' (a kill
+        # after the last step, before the process ended, leaves nothing to resume either)
         with sqlite3.connect(f"{tmp_path}/killed.db") as db:
             q = (
-                "select count(*) from study_user_attributes a join studies s on a.study_id = s.study_id "
-                "where s.study_name like 'kvsplit-campaign-%' and a.key = 'identity'"
+                "select a.key from study_user_attributes a join studies s on a.study_id = s.study_id "
+                "where s.study_name like 'kvsplit-campaign-%' and a.key in ('identity', 'finished')"
             )
-            started = db.execute(q).fetchone()[0]
+            keys = {k for (k,) in db.execute(q).fetchall()}
+        started = "identity" in keys and "finished" not in keys
     except sqlite3.OperationalError:  # killed before the store had its tables
-        started = 0
+        started = False
     codes, timed = [], 0
     for i in range(3):
         s = _run(SMALL + ["--database-url", url, "--max-minutes", "0.02", "--json"])
