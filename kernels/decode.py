@@ -63,7 +63,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from .limits import check_covers_q_len, check_q_len, next_pow2, tile_problem, tile_rows
+from .limits import check_covers_q_len, check_q_len, next_pow2, tile_problem, tile_rows, too_big_message
 from .plan import Plan
 from .reference import check_tensor, reference_decode_attention  # noqa: F401  (public name here, docs/concepts/design.md §3)
 from .residency import register_cap
@@ -1412,10 +1412,12 @@ def _too_big(cfg: Any, q_len: int, head_dim: int, group: int, exc: OutOfResource
     planned at q_len 1 and launched at q_len 4, needs 278,528 B on sm_90 where 232,448 B are allowed), for which a
     tuner's trial is pruned instead of the campaign stopping."""
     return ValueError(
-        f"params: block_n={cfg.block_n}, num_warps={cfg.num_warps}, num_stages={cfg.num_stages}, "
-        f"prefetch={bool(cfg.prefetch)}, heads_per_tile={cfg.heads_per_tile} at q_len={q_len}, head_dim={head_dim}, "
-        f"GQA group {group}: the compiled kernel needs {exc.required} of {exc.name} per CTA, over this GPU's "
-        f"{exc.limit}; use a smaller block_n, num_stages or heads_per_tile"
+        too_big_message(
+            cfg,
+            q_len,
+            f", head_dim={head_dim}, GQA group {group}: the compiled kernel needs {exc.required} of {exc.name} per CTA",
+            f"this GPU's {exc.limit}",
+        )
     )
 
 

@@ -478,6 +478,18 @@ def check_config(cfg: KernelConfig, head_dim: int, dtype: str, kv_dtype: str | N
         )
 
 
+def too_big_message(cfg: KernelConfig, q_len: int, need: str, limit: str) -> str:
+    """The error of a config whose compiled kernel needs more of a per-CTA resource than the GPU has, as the planner
+    (:func:`kvsplit.kernels.rulespec.shared_memory_refused`) and the launch (``kvsplit.kernels.decode``) raise it:
+    ``params: <the knobs> at q_len=<q_len> <need>, over <limit>; use a smaller block_n, num_stages or
+    heads_per_tile``."""
+    return (
+        f"params: block_n={cfg.block_n}, num_warps={cfg.num_warps}, num_stages={cfg.num_stages}, "
+        f"prefetch={bool(cfg.prefetch)}, heads_per_tile={cfg.heads_per_tile} at q_len={q_len}{need}, over {limit}; "
+        "use a smaller block_n, num_stages or heads_per_tile"
+    )
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative integers."""
     return -(-a // b)

@@ -254,10 +254,10 @@ for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
 # Verify-step kernels (q_len > 1: the causal mask over each request's q_len new tokens, G * q_len query rows per KV
 # head), compiled for sm_90 the same way: bench/compile_sm90.py --configs 128,4,2 128,4,3 64,4,2 64,4,3 32,4,2
 # 32,4,3 32,4,4 64,8,2 64,8,3 --variants plain,prefetch,next_item --heads 1,2 --maxnreg auto --q-len N for N = 2, 4
-# and 8, --configs 128,8,2 --variants plain, and over a 16-bit cache at q_len 2, 4 and 8 every (block_n, num_warps,
-# num_stages) the tuner's space takes for head_dim 128 (64) x plain / prefetch / next_item x the heads per tile whose
-# rows fit (1-2; 1 at q_len 8) (G = 8; Triton 3.6, 2026-12-05), over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an FP8 one
-# (the kernel that widens e4m3 to float16 in registers). The q_len > 1 kernel takes more registers than the q_len-1 kernel even where
+# and 8 and --configs 128,8,2 --variants plain, each over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an
+# FP8 one (the kernel that widens e4m3 to float16 in registers); and over a 16-bit cache at q_len 2, 4 and 8 every
+# (block_n, num_warps, num_stages) the tuner's space takes for head_dim 128 (64) x plain / prefetch / next_item x the
+# heads per tile whose rows fit (1-2; 1 at q_len 8). G = 8; Triton 3.6, 2026-12-05. The q_len > 1 kernel takes more registers than the q_len-1 kernel even where
 # its padded rows are the same: at q_len 2 (16 rows, as at q_len 1) (128, 4, 2) takes 238 where the q_len-1 kernel
 # takes 168 (2 CTAs per SM, not 3) and (64, 4, 2) 150 where it takes 118 (3, not 4). The q_len-1 kernel compiled at
 # G = 32 and 64 (the rows q_len 4 and 8 give at G = 8) under-counts them too: (64, 4, 2) at 32 rows takes 168, not

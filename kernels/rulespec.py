@@ -50,6 +50,7 @@ from .limits import (
     heads_fit,
     kv_elt_bytes,
     tile_problem,
+    too_big_message,
 )
 from .limits import tile_rows as limit_tile_rows
 from .peer_policies import flashinfer_decode_occupancy
@@ -434,11 +435,11 @@ def shared_memory_refused(ctx: PlanContext, cfg: KernelConfig) -> str | None:
     smem = _tile_resources(ctx, cfg)[1]
     if smem <= ctx.device.smem_per_block_bytes:
         return None
-    return (
-        f"params: block_n={cfg.block_n}, num_warps={cfg.num_warps}, num_stages={cfg.num_stages}, "
-        f"prefetch={bool(cfg.prefetch)}, heads_per_tile={cfg.heads_per_tile} at q_len={ctx.q_len} needs {smem} bytes "
-        f"of shared memory per CTA, over {ctx.device.name}'s {ctx.device.smem_per_block_bytes}; use a smaller "
-        "block_n, num_stages or heads_per_tile"
+    return too_big_message(
+        cfg,
+        ctx.q_len,
+        f" needs {smem} bytes of shared memory per CTA",
+        f"{ctx.device.name}'s {ctx.device.smem_per_block_bytes}",
     )
 
 
