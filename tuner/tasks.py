@@ -130,6 +130,15 @@ def key_signature(k) -> dict[str, Any]:
     return {"batch_class": k.batch_class, "tokens_class": k.tokens_class, "hist": [list(p) for p in k.hist]}
 
 
+def at_least_q_len(batches: Sequence[Sequence[int]], q_len: int) -> list[tuple[int, ...]]:
+    """``batches`` (kv_lens lists) with every kv_len below ``q_len`` raised to ``q_len``: a verify step's kv_len
+    counts its ``q_len`` new tokens (:func:`kvsplit.kernels.limits.check_covers_q_len`), so a request of a trace or family
+    draw shorter than that (a short prompt at its first step) holds at least ``q_len`` tokens when it runs one.
+    Batches already at least ``q_len`` long everywhere (every batch at q_len 1) come back unchanged."""
+    q = max(1, int(q_len))
+    return [tuple(max(int(x), q) for x in b) for b in batches]
+
+
 def family_task(
     family: str,
     batch_size: int,
@@ -156,8 +165,12 @@ def family_task(
     shape = _shape(gpu, num_qo_heads, num_kv_heads, head_dim, dtype, page_size, kv_dtype, q_len)
     nominal = family_kv_lens(family, batch_size, total_tokens)
     k = _key_of(nominal, shape)
-    tr = family_batches(family, batch_size, total_tokens, num_batches=num_train, seed=seed, role="train")
-    ho = family_batches(family, batch_size, total_tokens, num_batches=num_heldout, seed=seed, role="heldout")
+    tr = at_least_q_len(
+        family_batches(family, batch_size, total_tokens, num_batches=num_train, seed=seed, role="train"), q_len
+    )
+    ho = at_least_q_len(
+        family_batches(family, batch_size, total_tokens, num_batches=num_heldout, seed=seed, role="heldout"), q_len
+    )
     return TuneTask(
         key=str(k),
         **shape_fields(shape),
@@ -221,6 +234,7 @@ def trace_tasks(
             max_batch_size=max_batch_size,
             max_kv_len=max_kv_len,
         )
+        tr, ho = at_least_q_len(tr, q_len), at_least_q_len(ho, q_len)
         kt = [_key_of(b, shape) for b in tr]
         kh = [_key_of(b, shape) for b in ho]
         keys = kt + kh

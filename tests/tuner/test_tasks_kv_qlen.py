@@ -35,3 +35,22 @@ def test_campaign_identity_keeps_the_default_and_separates_families(tmp_path):
     keys = [t.key for t in campaign_tasks(q2)]
     assert keys and all(".q2.b" in k for k in keys)
     assert [k.replace(".q2.", ".") for k in keys] == [t.key for t in campaign_tasks(plain)]
+
+
+def test_trace_requests_shorter_than_q_len_hold_q_len_tokens_at_a_verify_step():
+    # arXiv at B = 512 draws a request of 7 tokens into a held-out batch (the batch that stopped a q_len-8 GPU
+    # campaign in its verify step): at q_len 8 it holds 8, every other kv_len is the draw's own
+    from kvsplit.tuner.tasks import trace_tasks
+    from kvsplit.tuner.workloads import trace_batches
+
+    kw = dict(batch_sizes=(512,), num_train=2, num_heldout=1)
+    raw_tr, raw_ho = trace_batches("arxiv", 512, num_train=6, num_heldout=3)
+    raw = [tuple(int(x) for x in b) for b in raw_tr + raw_ho]
+    assert min(min(b) for b in raw) < 8  # the draw this test is about
+    one = trace_tasks("arxiv", **SHAPE, **kw)
+    eight = trace_tasks("arxiv", **SHAPE, **kw, q_len=8)
+    for t1, t8 in zip(one, eight, strict=True):
+        for b1, b8 in zip(t1.train + t1.heldout, t8.train + t8.heldout, strict=True):
+            assert b1 in raw  # q_len 1: the trace's own batches
+            assert b8 == tuple(max(x, 8) for x in b1)
+    assert all(min(b) >= 8 for t in eight for b in t.train + t.heldout)
