@@ -101,9 +101,13 @@ def test_default_keys_keep_their_string_and_the_shipped_table_still_parses():
         fam = (key.gpu, key.num_kv_heads, key.kv_dtype, key.q_len)
         families[fam] = families.get(fam, 0) + 1
     # every shipped family is a default one (KV in the model's dtype, q_len 1) but the H100 table's Qwen3-30B-A3B
-    # families of an fp8 cache and of q_len 2, 122 buckets each
+    # families of an fp8 cache and of q_len 2 (122 buckets each) and of q_len 4 (123)
     other = {f: n for f, n in families.items() if f[2:] != (None, 1)}
-    assert other == {("nvidia-h100-80gb-hbm3", 4, FP8, 1): 122, ("nvidia-h100-80gb-hbm3", 4, None, 2): 122}
+    assert other == {
+        ("nvidia-h100-80gb-hbm3", 4, FP8, 1): 122,
+        ("nvidia-h100-80gb-hbm3", 4, None, 2): 122,
+        ("nvidia-h100-80gb-hbm3", 4, None, 4): 123,
+    }
 
 
 @pytest.mark.parametrize("kv_dtype,q_len,part", [(FP8, 1, ".kvfp8.b"), (None, 4, ".q4.b"), ("fp8", 8, ".kvfp8.q8.b")])
