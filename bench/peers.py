@@ -484,6 +484,7 @@ def run(
     if not torch.cuda.is_available():
         print(f"{impl}: needs a CUDA GPU (torch.cuda.is_available() is False); no figure recorded", file=sys.stderr)
         return 1
+    from kvsplit.kernels.limits import cover_q_len
     from kvsplit.tuner.gpu import GpuTimer, graph_median_s, software_versions
 
     cases = build_cases(kind)
@@ -518,7 +519,7 @@ def run(
         print(f"{impl}: {peer.note}", flush=True)
     rows = []
     for c in cases:
-        lens = np.maximum(c["kv_lens"], q_len)  # kv_lens count the q_len new tokens
+        lens = cover_q_len(c["kv_lens"], q_len)
         try:
             launch, output = prepare(lens)
             launch()

@@ -386,6 +386,15 @@ def q_len_shortfall(kv_lens: np.ndarray, q_len: int) -> int:
     return int(np.flatnonzero(kv_lens < q_len)[0])
 
 
+def cover_q_len(kv_lens: Any, q_len: int) -> np.ndarray:
+    """``kv_lens`` (int ``[B]``) as int64 with every kv_len below ``q_len`` raised to ``q_len``: how a batch of
+    lengths drawn without q_len in mind (a family draw, a trace's request at its first decode step) becomes a
+    verify step's, whose kv_lens count its q_len new tokens (:func:`q_len_shortfall`). At q_len 1 the lengths come
+    back as they are (an empty slot, kv_len 0, stays empty), as they do wherever every kv_len is at least q_len."""
+    lens = np.asarray(kv_lens, dtype=np.int64)
+    return np.maximum(lens, int(q_len)) if q_len > 1 else lens
+
+
 def check_covers_q_len(kv_lens: np.ndarray, q_len: int, name: str = "kv_lens") -> None:
     """Raise ValueError naming ``name[i]`` for the first kv_len below ``q_len`` (:func:`q_len_shortfall`): the one
     check of the planner, the policy table, ``POST /v1/plan``, the engine wrapper and the launch."""

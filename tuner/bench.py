@@ -162,9 +162,9 @@ def run_bench(
         Unknown backend or policy label, a peer label with the simulator, an invalid shape (``kv_dtype`` and
         ``q_len`` named as such); ``--backend gpu`` without CUDA.
     """
-    import numpy as np
 
     from ..kernels.device import resolve_device
+    from ..kernels.limits import cover_q_len
     from ..kernels.plan import make_plan
     from ..kernels.shape import Shape
     from .workloads import family_kv_lens, reference_cases
@@ -222,7 +222,7 @@ def run_bench(
 
     def case_lens(family: str, B: int) -> Any:
         L = family_kv_lens(family, B, total_tokens)
-        return np.maximum(L, q_len) if q_len > 1 else L  # kv_lens count the q_len new tokens
+        return cover_q_len(L, q_len)
 
     cal_fixed = Calibration.from_dict(calibration) if calibration is not None else None
     peer_kernels = _load_peers(policies, timer) if timer is not None else {}
@@ -405,6 +405,7 @@ def run_trace_bench(
     """
     import numpy as np
 
+    from ..kernels.limits import cover_q_len
     from ..kernels.plan import make_plan
     from ..kernels.policy_table import PolicyTable
     from ..kernels.shape import Shape
@@ -428,8 +429,7 @@ def run_trace_bench(
         database_url, shape.gpu, backend, dtype=shape.dtype, kv_dtype=shape.kv_dtype, q_len=shape.q_len
     )
     held_all = [(B, trace_batches(trace, B, num_train=1, num_heldout=batches, seed=seed)[1]) for B in batch_sizes]
-    if shape.q_len > 1:  # kv_lens count the q_len new tokens
-        held_all = [(B, [np.maximum(np.asarray(b, dtype=np.int64), shape.q_len) for b in hs]) for B, hs in held_all]
+    held_all = [(B, [cover_q_len(b, shape.q_len) for b in hs]) for B, hs in held_all]
     max_tokens = max(int(np.sum(b)) for _, hs in held_all for b in hs)
     max_batch = max(len(b) for _, hs in held_all for b in hs)
     be = make_backend(

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.limits import cover_q_len
 from ..kernels.plan import Plan, make_plan
 from .workloads import FAMILIES, family_batches
 
@@ -150,8 +151,7 @@ def calibration_plans(
             if fam == "2x40" and B < 3:
                 continue
             (lens,) = family_batches(fam, B, total_tokens, num_batches=1, seed=seed, role=role)
-            if q_len > 1:
-                lens = np.maximum(lens, q_len)
+            lens = cover_q_len(lens, q_len)
             for name, params in CALIBRATION_POLICIES:
                 plan = make_plan(
                     lens,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels.buckets import BucketKey, key_of
-from ..kernels.limits import check_kv_lens
+from ..kernels.limits import check_kv_lens, cover_q_len
 from ..kernels.shape import Shape
 from .backends import TimingBackend, make_backend
 from .workloads import FAMILIES, TRACES, family_batches, family_kv_lens, trace_batches
@@ -131,12 +131,11 @@ def key_signature(k) -> dict[str, Any]:
 
 
 def at_least_q_len(batches: Sequence[Sequence[int]], q_len: int) -> list[tuple[int, ...]]:
-    """``batches`` (kv_lens lists) with every kv_len below ``q_len`` raised to ``q_len``: a verify step's kv_len
-    counts its ``q_len`` new tokens (:func:`kvsplit.kernels.limits.check_covers_q_len`), so a request of a trace or family
-    draw shorter than that (a short prompt at its first step) holds at least ``q_len`` tokens when it runs one.
-    Batches already at least ``q_len`` long everywhere (every batch at q_len 1) come back unchanged."""
-    q = max(1, int(q_len))
-    return [tuple(max(int(x), q) for x in b) for b in batches]
+    """``batches`` (kv_lens lists) as tuples of int, each through :func:`kvsplit.kernels.limits.cover_q_len`: a
+    request of a trace or family draw shorter than ``q_len`` (a short prompt at its first step) holds ``q_len``
+    tokens when it runs a verify step. Batches at least ``q_len`` long everywhere (every batch at q_len 1) keep
+    their lengths."""
+    return [tuple(int(x) for x in cover_q_len(b, q_len)) for b in batches]
 
 
 def family_task(

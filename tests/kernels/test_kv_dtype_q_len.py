@@ -488,3 +488,23 @@ def test_fp8_families_fall_back_to_the_fp8_rule_unless_the_table_names_its_own()
         device="h200",
         kv_dtype=FP8,
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lens=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=12),
+    q_len=st.integers(min_value=1, max_value=8),
+)
+def test_cover_q_len_raises_only_the_short_requests_and_the_planner_accepts_the_batch(lens, q_len):
+    from kvsplit.kernels.limits import check_covers_q_len, cover_q_len
+
+    got = cover_q_len(lens, q_len)
+    assert got.dtype == np.int64 and got.shape == (len(lens),)
+    for x, y in zip(lens, got.tolist(), strict=True):
+        # q_len 1: the lengths as they are (an empty slot stays empty); else a short request holds q_len tokens
+        assert y == (x if q_len == 1 or x >= q_len else q_len)
+    if q_len > 1:
+        check_covers_q_len(got, q_len)  # raises on a kv_len below q_len
+        assume(min(lens) < q_len)
+        with pytest.raises(ValueError, match="fewer than q_len"):
+            check_covers_q_len(np.asarray(lens, dtype=np.int64), q_len)
