@@ -26,10 +26,11 @@ from markupsafe import Markup
 
 from ...db.engine import safe_url
 from ...kernels.buckets import BucketKey, log2_class
+from ...kernels.policy_table import SERVE_DISTANCE_LIMIT
 from ...tuner.traffic import TrafficDemand, device_name, traffic_demand, traffic_picks
 from .. import queries
 from ..queries import BASELINES, SIMULATED_SUFFIX, served_gain, served_gain_base
-from ..traffic import current_hour
+from ..traffic import FAR_DISTANCE, current_hour
 from .coverage import coverage_cells, coverage_svg
 from .evidence import SERVED, geomean, shape_evidence
 from .render import MODEL_QO_HEADS, count, shape_name
@@ -461,6 +462,8 @@ def summary_context(url: str, table: Any = None) -> dict[str, Any]:
     return {
         "traffic_families": fams,
         "traffic_hours": TRAFFIC_HOURS,
+        "far_distance": FAR_DISTANCE,
+        "serve_distance_limit": SERVE_DISTANCE_LIMIT,
         "shapes": shapes,
         "version": data["version"],
         "n_published": sum(s["counts"]["published"] for s in shapes),

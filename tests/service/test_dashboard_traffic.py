@@ -89,6 +89,10 @@ def test_dashboard_shows_recorded_traffic_of_covered_and_uncovered_shapes(tmp_pa
 
         st, html = _get(srv.port, "/")
         assert st == 200
+        # the legend gives the distances the service matched with (kvsplit.service.traffic.FAR_DISTANCE, the serve
+        # limit of kvsplit.kernels.policy_table), not a limit it does not name
+        assert "from a bucket distance above 1.0 (within it two batches" in html
+        assert "a neighbour's policy is served up to 2.5" in html
         row = _row(html, UNCOVERED_SLUG)
         assert re.search(rf'<td class="num requests">{len(unc)}</td>', row), row
         assert "fallback" in row and "no tuned policy" in row
