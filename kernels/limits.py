@@ -338,8 +338,17 @@ def check_shape(
         raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {head_dim!r}")
     page_size = check_int("page_size", page_size, 1, MAX_PAGE_SIZE)
     if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}{kv_dtype_hint(dtype)}")
     return num_kv_heads, int(head_dim), page_size, resolve_device(device)
+
+
+def kv_dtype_hint(dtype: Any) -> str:
+    """What a ``dtype`` error adds when the value names an fp8 cache dtype (``"fp8"``, ``"float8_e4m3fn"``): that
+    ``dtype`` is q's (and the output's) and an fp8 KV cache is the ``kv_dtype`` argument; ``""`` otherwise."""
+    name = str(dtype).removeprefix("torch.")
+    if name in KV_DTYPES or name in KV_DTYPE_SHORT.values():
+        return f" (dtype is q's; a KV cache of {name} is given as kv_dtype, --kv-dtype on the command line)"
+    return ""
 
 
 def kv_elt_bytes(dtype: str, kv_dtype: str | None) -> int:

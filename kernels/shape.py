@@ -32,6 +32,7 @@ from .limits import (
     check_int,
     check_kv_dtype,
     check_q_len,
+    kv_dtype_hint,
     torch_dtype_name,
 )
 from .rulespec import PlanContext
@@ -55,6 +56,7 @@ def canonical_dtype(dtype: Any) -> str:
             return d
     raise ValueError(
         f"dtype: expected one of {sorted(DTYPES)} (or an alias: {', '.join(DTYPE_ALIASES)}), got {dtype!r}"
+        f"{kv_dtype_hint(dtype)}"
     )
 
 

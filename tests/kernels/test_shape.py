@@ -116,3 +116,15 @@ def test_policy_table_plan_takes_a_shape_or_its_fields():
     assert a[1]["matched"] == str(key) and a[2]["params"] == {"ctas_per_sm": 3.0}
     with pytest.raises(ValueError, match=r"^num_qo_heads: expected a multiple of num_kv_heads \(4\), got 6$"):
         t.plan(lens, gpu="h200", num_qo_heads=6, num_kv_heads=4, head_dim=128, dtype="bfloat16", page_size=16)
+
+
+@pytest.mark.parametrize("bad", ["fp8", "float8_e4m3fn"])
+def test_an_fp8_dtype_is_refused_with_the_kv_dtype_argument_named(bad):
+    with pytest.raises(
+        ValueError, match=rf"^dtype: .*got '{bad}' \(dtype is q's; a KV cache of {bad} is given as kv_dtype"
+    ):
+        canonical_dtype(bad)
+    with pytest.raises(ValueError, match=r"^dtype: .* is given as kv_dtype, --kv-dtype on the command line\)$"):
+        make_plan([10, 20], num_kv_heads=4, device="h200", dtype=bad)
+    with pytest.raises(ValueError, match=r"^dtype: .*got 'int8'$"):  # no hint where the name is not a KV dtype
+        canonical_dtype("int8")
