@@ -360,13 +360,17 @@ def _store_counts(sh: dict[str, Any]) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=1)
-def _shipped_set() -> tuple[frozenset, int]:
-    """(bucket key, policy name, params) of every shipped policy, and the shipped table's policies_version."""
+def _shipped_set() -> tuple[dict[str, frozenset], int]:
+    """(bucket key, policy name, params) of every shipped policy, per shape slug (:func:`queries.shape_slug`, parsed
+    once per process, not once per card and page view), and the shipped table's policies_version."""
     from ...kernels.policy_table import shipped_policies
 
     doc = shipped_policies()
-    rows = frozenset((p["bucket"]["key"], p["name"], json.dumps(p["params"], sort_keys=True)) for p in doc["policies"])
-    return rows, int(doc.get("policies_version") or 0)
+    rows: dict[str, set] = {}
+    for p in doc["policies"]:
+        key = p["bucket"]["key"]
+        rows.setdefault(queries.shape_slug(key), set()).add((key, p["name"], json.dumps(p["params"], sort_keys=True)))
+    return {k: frozenset(v) for k, v in rows.items()}, int(doc.get("policies_version") or 0)
 
 
 def _served_is_shipped(sh: dict[str, Any]) -> tuple[bool, int, int]:
@@ -378,7 +382,7 @@ def _served_is_shipped(sh: dict[str, Any]) -> tuple[bool, int, int]:
         for b in sh["buckets"]
         if b["policy"] is not None
     }
-    theirs = {r for r in shipped if queries.shape_slug(r[0]) == sh["slug"]}
+    theirs = shipped.get(sh["slug"], frozenset())
     differ = len(mine ^ theirs)
     return differ == 0, differ, version
 
