@@ -345,10 +345,10 @@ def check_shape(
 def kv_dtype_hint(dtype: Any) -> str:
     """What a ``dtype`` error adds when the value names an fp8 cache dtype (``"fp8"``, ``"float8_e4m3fn"``): that
     ``dtype`` is q's (and the output's) and an fp8 KV cache is the ``kv_dtype`` argument; ``""`` otherwise."""
-    name = str(dtype).removeprefix("torch.")
-    if name in KV_DTYPES or name in KV_DTYPE_SHORT.values():
-        return f" (dtype is q's; a KV cache of {name} is given as kv_dtype, --kv-dtype on the command line)"
-    return ""
+    if kv_dtype_named(dtype) is None:
+        return ""
+    name = torch_dtype_name(dtype)
+    return f" (dtype is q's; a KV cache of {name} is given as kv_dtype, --kv-dtype on the command line)"
 
 
 def kv_elt_bytes(dtype: str, kv_dtype: str | None) -> int:
@@ -366,6 +366,16 @@ def torch_dtype_name(x: Any) -> Any:
     return x
 
 
+def kv_dtype_named(x: Any) -> str | None:
+    """The :data:`KV_DTYPES` name that ``x`` names (that name, its short name ``"fp8"`` or its ``torch.dtype``, read
+    from its text), else None."""
+    name = torch_dtype_name(x)
+    if not isinstance(name, str):
+        return None
+    kd = {v: k for k, v in KV_DTYPE_SHORT.items()}.get(name, name)
+    return kd if kd in KV_DTYPES else None
+
+
 def check_kv_dtype(kv_dtype: Any, dtype: str) -> str:
     """The KV cache dtype of a shape whose q dtype is ``dtype`` (already checked): ``dtype`` itself for None or
     ``dtype`` (its name, an alias or its ``torch.dtype``), or one of :data:`KV_DTYPES` (its name, its short name
@@ -374,12 +384,11 @@ def check_kv_dtype(kv_dtype: Any, dtype: str) -> str:
     name = torch_dtype_name(kv_dtype)
     if name is None or name == dtype or (isinstance(name, str) and DTYPE_ALIASES.get(name) == dtype):
         return dtype
-    if isinstance(name, str):
-        kd = {v: k for k, v in KV_DTYPE_SHORT.items()}.get(name, name)
-        if kd in KV_DTYPES:
-            if dtype not in ("float16", "bfloat16"):
-                raise ValueError(f"kv_dtype: {kd} needs a float16 or bfloat16 q (dtype), got dtype {dtype!r}")
-            return kd
+    kd = kv_dtype_named(name)
+    if kd is not None:
+        if dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"kv_dtype: {kd} needs a float16 or bfloat16 q (dtype), got dtype {dtype!r}")
+        return kd
     kinds = ", ".join(
         f"{k!r} (or {KV_DTYPE_SHORT[k]!r})" if k in KV_DTYPE_SHORT else repr(k) for k in sorted(KV_DTYPES)
     )
