@@ -162,7 +162,6 @@ def run_bench(
         Unknown backend or policy label, a peer label with the simulator, an invalid shape (``kv_dtype`` and
         ``q_len`` named as such); ``--backend gpu`` without CUDA.
     """
-
     from ..kernels.device import resolve_device
     from ..kernels.limits import cover_q_len
     from ..kernels.plan import make_plan

@@ -243,7 +243,7 @@ def trace_tasks(
         ent["B"].append(int(B))
         for pool, ks, role in ((tr, kt, "train"), (ho, kh, "heldout")):
             near = sorted((distance(k, medoid), i) for i, k in enumerate(ks))
-            ent[role] += [tuple(int(x) for x in pool[i]) for d, i in near if d <= DISTANCE_LIMIT]
+            ent[role] += [pool[i] for d, i in near if d <= DISTANCE_LIMIT]  # tuples of int (at_least_q_len)
     tasks = []
     for key, ent in found.items():
         if not ent["train"] or not ent["heldout"]:
