@@ -84,7 +84,7 @@ def _data(name: str) -> dict[str, Any]:
 
 
 def _per_gpu(doc: dict[str, Any]) -> str:
-    """``"263 NVIDIA H200, 736 NVIDIA H100 80GB HBM3"``: an export's policies counted per GPU, in file order."""
+    """``"263 NVIDIA H200, 840 NVIDIA H100 80GB HBM3"``: an export's policies counted per GPU, in file order."""
     n: dict[str, int] = {}
     for p in doc["policies"]:
         n[p["bucket"]["gpu"]] = n.get(p["bucket"]["gpu"], 0) + 1

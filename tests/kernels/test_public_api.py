@@ -45,9 +45,9 @@ def test_load_shipped_table_is_the_packaged_export():
     raw = json.loads((ROOT / "kernels/data/h200_policies.json").read_text())
     h100 = json.loads((ROOT / "kernels/data/h100_policies.json").read_text())
     table = load_shipped_table()
-    assert isinstance(table, PolicyTable) and len(table) == len(raw["policies"]) + len(h100["policies"]) == 263 + 736
+    assert isinstance(table, PolicyTable) and len(table) == len(raw["policies"]) + len(h100["policies"]) == 263 + 840
     ids = [e.id for e in table.entries]  # unique: the H100's numbered after the H200's, as one store would
-    assert sorted(ids) == sorted(p["id"] for p in raw["policies"]) + list(range(264, 264 + 736))
+    assert sorted(ids) == sorted(p["id"] for p in raw["policies"]) + list(range(264, 264 + 840))
     assert {p["bucket"]["gpu"] for p in h100["policies"]} == {"NVIDIA H100 80GB HBM3"}
     want = PolicyTable.from_export(raw)
     L = np.random.default_rng(3).integers(1, 9000, 200)

@@ -122,10 +122,10 @@ def server(tmp_path_factory):
     main_job._import_shipped(url)  # the shipped table and its measurements, as `make run` imports them
     with store.session_scope(url) as s:
         shipped = len(store.list_published(s))
-    assert shipped == 263 + 736  # the H200 and H100 tables
+    assert shipped == 263 + 840  # the H200 and H100 tables
     _add_other_shape(url, 37)
     with store.session_scope(url) as s:
-        assert len(store.list_published(s)) == 263 + 736 + 37
+        assert len(store.list_published(s)) == 263 + 840 + 37
     with LiveServer(url, cwd=str(tmp)) as srv:
         yield srv, url, tmp
 
@@ -196,11 +196,11 @@ def test_summary_headline_coverage_and_load_time(server, browser, width):
     _no_horizontal_scroll(page, width)
     cards = page.locator("section.shape")
     slugs = cards.evaluate_all("es => es.map(e => e.dataset.slug)")
-    # kv4, kv8, kv1 (the H200 table), kv4, kv8, kv1 and kv4's q_len-2, q_len-4 and fp8 families (the H100 table),
-    # kv8/d64 (the simulator's)
-    assert slugs[0] == MAIN_SLUG and OTHER_SLUG in slugs and len(slugs) == 10
+    # kv4, kv8, kv1 (the H200 table), kv4, kv8, kv1 and kv4's q_len-2, q_len-4, q_len-8 and fp8 families (the H100
+    # table), kv8/d64 (the simulator's)
+    assert slugs[0] == MAIN_SLUG and OTHER_SLUG in slugs and len(slugs) == 11
     h100_kv4 = "nvidia-h100-80gb-hbm3.kv4.d128.bf16.p16"
-    assert {h100_kv4, h100_kv4 + ".q2", h100_kv4 + ".q4", h100_kv4 + ".kvfp8"} <= set(slugs)
+    assert {h100_kv4, h100_kv4 + ".q2", h100_kv4 + ".q4", h100_kv4 + ".q8", h100_kv4 + ".kvfp8"} <= set(slugs)
     main = page.locator(f'section.shape[data-slug="{MAIN_SLUG}"]')
     assert main.locator("h2").inner_text() == "Qwen3-30B-A3B (H_q 32) · NVIDIA H200"
     # the headline's numbers are the CSVs' (peer time / served time, paired per case)
