@@ -10,7 +10,9 @@ in flight, and the same command resumes):
    on the GPU backend, without one of that shape, ``kvsplit calibrate``'s fit is run at that shape and stored
    first; on the simulator backend without one, the q_len-1 fit of the model's dtype, else the simulator's
    defaults for the GPU's :class:`~kvsplit.kernels.device.DeviceSpec`, labelled so and said).
-2. **pool**: every candidate of :data:`~kvsplit.tuner.pool.SERVED_POOL` timed on every training batch (one
+2. **pool**: every candidate of :data:`~kvsplit.tuner.pool.SERVED_POOL`, as the shape's launch takes it
+   (:func:`~kvsplit.tuner.pool.fitted_pool`: a two-head candidate at one head where two do not fit a work tile),
+   timed on every training batch (one
    stored measurement per timing, stage ``pool``, one transaction per batch). The calibrated simulator prunes:
    a candidate it predicts slower than :data:`SIM_PRUNE_RATIO` x its best prediction on the batch is not timed.
 3. **pick and allocation**: each bucket's pool pick (:func:`~kvsplit.tuner.pool.pick_per_key`: margin,
@@ -65,6 +67,7 @@ from .pool import (
     WHOLE_WAVE_EPS,
     candidate_name,
     choose_published,
+    fitted_pool,
     parse_candidate,
     pick_per_key,
     previous_picks,
@@ -354,6 +357,8 @@ class _Campaign:
         self.url = store.resolve_url(cfg.database_url)
         self.spec = storage_spec(self.url, journal=cfg.journal, workers=cfg.workers)
         self.name = campaign_name(cfg)
+        # the candidates as this shape's launch takes them (two-head ones refitted where two heads' rows do not fit)
+        self.pool = fitted_pool(cfg.pool, cfg.num_qo_heads, cfg.num_kv_heads, cfg.q_len)
         self.t0 = time.time()
         self.timings = 0
         self.result = CampaignResult(self.name, "finished", 0, time_kind="gpu" if cfg.backend == "gpu" else "simulated")
@@ -537,11 +542,11 @@ class _Campaign:
                     done.add((m.bucket_id, m.batch_index))
         todo = [(t, i) for t in self.tasks for i in range(len(t.train)) if (self.bucket_ids[t.key], i) not in done]
         total = sum(len(t.train) for t in self.tasks)
-        est = len(todo) * len(self.cfg.pool) * self._seconds_per_timing()
+        est = len(todo) * len(self.pool) * self._seconds_per_timing()
         if todo and self.spent + est > self.budget_s:
             msg = (
                 f"the pool step alone needs about {est / 60:.1f} of the {self.cfg.budget_minutes:g} budget minutes "
-                f"({len(todo)} batches x {len(self.cfg.pool)} plans): the campaign will overrun its budget; "
+                f"({len(todo)} batches x {len(self.pool)} plans): the campaign will overrun its budget; "
                 "give more --budget-minutes or fewer --batch-sizes/--totals/--traces"
             )
             self.say(msg)
@@ -554,7 +559,7 @@ class _Campaign:
             if self.out_of_slice():
                 return False
             t0 = time.time()
-            rows = _time_pool_batch(t, t.train[i], self.cfg.pool, self.backend, self.sim)
+            rows = _time_pool_batch(t, t.train[i], self.pool, self.backend, self.sim)
             _record_pool(self.url, self.bucket_ids[t.key], t.train[i], i, rows, self.cfg.backend, self.device_id, sw)
             self.charge(len(rows), time.time() - t0)
             self.bar.step()
@@ -606,7 +611,7 @@ class _Campaign:
                     k,
                     self.url,
                     self.cfg.backend,
-                    tuple(self.cfg.pool),
+                    tuple(self.pool),
                     cal,
                     bw,
                     self.device_id,
@@ -654,12 +659,12 @@ class _Campaign:
         timings = self.pool_timings()
         prev_names = {}
         if self.cfg.previous is not None:
-            prev_names = previous_picks(self.cfg.previous, self.cfg.pool)
-        picks = pick_per_key(timings, pool=self.cfg.pool, previous=prev_names)
+            prev_names = previous_picks(self.cfg.previous, self.pool)
+        picks = pick_per_key(timings, pool=self.pool, previous=prev_names)
         weights, starts = {}, {}
         timings = {k: v for k, v in timings.items() if k in picks}
         for key, ts in timings.items():
-            names = [k for k in self.cfg.pool if all(t.get(k) for t in ts)]
+            names = [k for k in self.pool if all(t.get(k) for t in ts)]
             best_of = [min(t[n] for n in names) for t in ts]
             score = {k: math.exp(sum(math.log(t[k] / b) for t, b in zip(ts, best_of)) / len(ts)) for k in names}
             spread = score.get(DEFAULT, max(score.values())) - 1.0

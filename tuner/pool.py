@@ -7,7 +7,8 @@ One source for:
   suffixes, in this order: ``|o<item_cost_blocks>m<min_piece_blocks>``, ``|pf`` (``prefetch``),
   ``|h<heads_per_tile>``, ``|nx`` (``next_item``);
 - the pool (:data:`SERVED_POOL`) and its default (:data:`DEFAULT`): the plans the H200 table was built from
-  (each one's worst training batch within 1.36x of that batch's best; docs/decisions/table-hysteresis.md);
+  (each one's worst training batch within 1.36x of that batch's best; docs/decisions/table-hysteresis.md), and
+  the pool as a shape's launch takes it (:func:`fitted_pool`);
 - :data:`MARGIN` and the hysteresis of :func:`choose`, the pick per bucket over the training batches of keys
   within :data:`NEIGHBOUR_DISTANCE` (:func:`pick_per_key`), the table being replaced (:func:`previous_picks`),
   and which of a campaign's finalists a bucket publishes (:func:`choose_published`);
@@ -27,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..kernels.rulespec import fit_heads_per_tile
+
 __all__ = [
     "candidate_name",
     "candidate_policy",
@@ -34,6 +37,7 @@ __all__ = [
     "tuned_equivalent",
     "SERVED_POOL",
     "DEFAULT",
+    "fitted_pool",
     "MARGIN",
     "NEIGHBOUR_DISTANCE",
     "WHOLE_WAVE_EPS",
@@ -155,6 +159,39 @@ SERVED_POOL = (
 """The 19 candidates a campaign times on every training batch (docs/decisions/table-hysteresis.md gives the rule that admits them). The
 default tile of the balanced rule (``balanced|c4|n64w4s2``: one tile per request on large batches of even
 lengths) is in it and is picked only where it wins by the margin."""
+
+
+def fitted_pool(pool: Sequence[str], num_qo_heads: int, num_kv_heads: int, q_len: int = 1) -> tuple[str, ...]:
+    """``pool`` as the shape's launch takes it: each candidate's ``heads_per_tile`` lowered by
+    :func:`kvsplit.kernels.rulespec.fit_heads_per_tile` (the refit a :class:`~kvsplit.kernels.policy_table.PolicyTable`
+    applies when it serves the candidate to this shape) and the candidate renamed (:func:`candidate_name`); a
+    restated candidate already in the pool is kept once, in its first place.
+
+    Without it a two-head candidate is infeasible where two heads' rows do not fit one work tile (at G = 8: q_len 8,
+    128 rows; H_kv = 1) and is left out of the campaign, which leaves 7 of the 19 candidates of :data:`SERVED_POOL`
+    and none of its one- and two-CTA-per-SM plans. Candidates that fit are unchanged, so the pool of every shape
+    whose tiles take them (G = 8 at q_len 1-4, G = 4) is :data:`SERVED_POOL` itself.
+
+    Parameters
+    ----------
+    pool : sequence of str
+        Candidate names (:func:`parse_candidate` raises ValueError naming one that is not).
+    num_qo_heads, num_kv_heads : int
+        H_q and H_kv of the campaign's shape.
+    q_len : int
+        Query tokens per request (1-8).
+    """
+    out: list[str] = []
+    for name in pool:
+        policy, params = parse_candidate(name)
+        fitted = fit_heads_per_tile(params, num_qo_heads, num_kv_heads, q_len)
+        restated = name if fitted is params else candidate_name(policy, fitted)
+        if restated is None:  # pragma: no cover - fit_heads_per_tile keeps every key the grammar names
+            raise ValueError(f"candidate: {name!r} refitted to {dict(fitted)!r} has no candidate name")
+        if restated not in out:
+            out.append(restated)
+    return tuple(out)
+
 
 MARGIN = 0.01
 """A pick must beat the plan it would replace by more than this fraction (geomean over the bucket's training

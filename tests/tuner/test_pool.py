@@ -391,3 +391,48 @@ def test_a_pool_candidate_the_gpu_cannot_load_is_left_out_not_fatal():
     assert two and len(rows) > len(two)  # the batch has candidates of both kinds
     got = _time_pool_batch(task, lens, P.SERVED_POOL, _RefusesTwoHeadTiles(sim), sim)
     assert [r for r in rows if r[0] not in two] == got
+
+
+# --------------------------------------------------------------------------- the pool a shape's launch takes
+@pytest.mark.parametrize(
+    "num_qo_heads,num_kv_heads,q_len",
+    [(32, 4, 1), (32, 4, 2), (32, 4, 4), (32, 4, 8), (32, 8, 8), (8, 1, 1), (64, 4, 1), (64, 4, 4)],
+)
+def test_fitted_pool_is_what_the_launch_takes_and_the_served_plan(num_qo_heads, num_kv_heads, q_len):
+    from kvsplit.kernels.decode import check_heads_per_tile
+
+    fitted = P.fitted_pool(P.SERVED_POOL, num_qo_heads, num_kv_heads, q_len)
+    G = num_qo_heads // num_kv_heads
+    # the kernel's tile (kernels/decode.py): h KV heads x G x q_len rows <= 64, h divides H_kv, and two heads
+    # share one 16-row MMA tile (h * G <= 16)
+    two_fit = 2 * G * q_len <= 64 and num_kv_heads % 2 == 0 and 2 * G <= 16
+    feasible = [n for n in P.SERVED_POOL if "|h2" not in n or two_fit]
+    # every candidate the launch takes is kept as it is and in its place; the others at one head per tile
+    assert [n for n in fitted if n in feasible] == feasible
+    one_head = [n.replace("|h2", "") for n in P.SERVED_POOL if n not in feasible]
+    assert set(fitted) == set(feasible) | set(one_head) and len(fitted) == len(set(fitted))
+    assert P.DEFAULT in fitted
+    kw = dict(num_kv_heads=num_kv_heads, num_qo_heads=num_qo_heads, device="NVIDIA H100 80GB HBM3", q_len=q_len)
+    for name in fitted:
+        policy, params = P.parse_candidate(name)
+        check_heads_per_tile(params.get("heads_per_tile", 1), num_qo_heads, num_kv_heads, q_len=q_len)  # no error
+        make_plan([5000, 300, 70_000, 12], policy=policy, params=params, **kw)
+    if two_fit:
+        assert fitted == P.SERVED_POOL  # a shape whose tiles take two heads: the pool itself
+
+
+def test_fitted_pool_at_q_len_8_restores_the_one_and_two_cta_candidates():
+    fitted = P.fitted_pool(P.SERVED_POOL, 32, 4, 8)
+    # G = 8 x 8 tokens: 64 rows per head, so no two-head tile; 7 candidates fit as they are, 12 more at one head
+    # (none of which repeats one of the 7)
+    assert len(fitted) == 19 and not any("|h2" in n for n in fitted)
+    assert {"stream_k|c1|n64w8s3|pf|nx", "stream_k|c1|n64w4s3|pf|nx", "balanced|c2|n32w4s3|pf|nx"} <= set(fitted)
+    assert fitted[:7] == tuple(n for n in P.SERVED_POOL if "|h2" not in n)
+    # the restated candidate is the plan a PolicyTable serves the two-head policy to this shape
+    from kvsplit.kernels.rulespec import fit_heads_per_tile
+
+    _, params = P.parse_candidate("stream_k|c1|n64w8s3|pf|h2|nx")
+    restated = P.parse_candidate("stream_k|c1|n64w8s3|pf|nx")[1]
+    assert {**restated, "heads_per_tile": 1} == dict(fit_heads_per_tile(params, 32, 4, 8))
+    with pytest.raises(ValueError, match="not a candidate name"):
+        P.fitted_pool(("stream_k|c3|n128w4s2", "fa3"), 32, 4, 8)
