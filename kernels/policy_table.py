@@ -708,17 +708,16 @@ q_len 8 from a campaign on a store of its own (docs/results.md)."""
 def shipped_policies() -> dict[str, Any]:
     """The shipped tables (:data:`SHIPPED_TABLES`) as one policy export document: every table's policies, and the
     first table's (the H200's) ``format``, ``exported_at`` and ``policies_version``, which name the shipped set.
-    Each file is a plain ``kvsplit db export``, so ids repeat across files: a later table's policies are numbered
-    after the earlier ones' (in id order), as one store importing them in turn would. What ``kvsplit db import``,
-    the service's first start and :func:`load_shipped_table` take."""
+    Each file is a plain ``kvsplit db export`` whose ids are those of the store it came from, so they repeat
+    across files; here every policy is numbered 1, 2, ... in file order, table after table, the ids an empty store
+    gives them when it imports this document (``kvsplit db import``, the service's first start): a policy's id is
+    the same in-process (:func:`load_shipped_table`) and over HTTP from such a store."""
     policies: list[dict[str, Any]] = []
     first: dict[str, Any] = {}
     for f in SHIPPED_TABLES:
         doc = json.loads(resources.files(__package__).joinpath(f).read_text())
         first = first or doc
-        start = max((p["id"] for p in policies), default=0) + 1
-        rank = {i: r for r, i in enumerate(sorted(p["id"] for p in doc["policies"]))}
-        policies += [p if start == 1 else {**p, "id": start + rank[p["id"]]} for p in doc["policies"]]
+        policies += [{**p, "id": len(policies) + i + 1} for i, p in enumerate(doc["policies"])]
     return {**first, "policies": policies}
 
 

@@ -519,3 +519,18 @@ def test_postgres_store(pg_url):
     with store.session_scope(pg_url) as s:
         doc = store.export_published(s)
         assert [e["params"] for e in doc["policies"]] == [{"x": 2}]
+
+
+def test_shipped_policy_ids_are_those_an_empty_store_gives_them(url):
+    """load_shipped_table() and a store that imported shipped_policies() (``kvsplit db import``, `make run`) name
+    each shipped policy by the same id, so an id from an in-process plan finds the policy over HTTP."""
+    from kvsplit.kernels.policy_table import load_shipped_table, shipped_policies
+
+    doc = shipped_policies()
+    with store.session_scope(url) as s:
+        ids = store.import_policies(s, doc)
+        stored = {p.bucket.key: p.id for p in store.list_published(s)}
+    assert len(ids) == len(doc["policies"]) == len(stored) > 1000  # the H200's and the H100's tables
+    in_process = {e.bucket: e.id for e in load_shipped_table().entries}
+    assert in_process == stored
+    assert [p["id"] for p in doc["policies"]] == ids  # the document's ids are the store's, in file order

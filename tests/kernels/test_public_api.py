@@ -46,21 +46,24 @@ def test_load_shipped_table_is_the_packaged_export():
     h100 = json.loads((ROOT / "kernels/data/h100_policies.json").read_text())
     table = load_shipped_table()
     assert isinstance(table, PolicyTable) and len(table) == len(raw["policies"]) + len(h100["policies"]) == 263 + 840
-    ids = [e.id for e in table.entries]  # unique: the H100's numbered after the H200's, as one store would
-    assert sorted(ids) == sorted(p["id"] for p in raw["policies"]) + list(range(264, 264 + 840))
+    ids = [e.id for e in table.entries]  # 1..N in file order, the H200's first: what an empty store numbers them
+    assert sorted(ids) == list(range(1, 263 + 840 + 1))
     assert {p["bucket"]["gpu"] for p in h100["policies"]} == {"NVIDIA H100 80GB HBM3"}
     want = PolicyTable.from_export(raw)
     L = np.random.default_rng(3).integers(1, 9000, 200)
     kw = dict(gpu="NVIDIA H200", num_qo_heads=32, num_kv_heads=4, head_dim=128, dtype="bfloat16")
     got, bucket, policy = table.plan(L, **kw)
     ref, rbucket, rpolicy = want.plan(L, **kw)
-    assert got == ref and bucket == rbucket and policy == rpolicy and policy["source"] == "tuned"
+    assert got == ref and bucket == rbucket and policy["source"] == "tuned"
+    # the same policy, named by its place in the file (the file's own ids are its store's)
+    place = {p["id"]: i + 1 for i, p in enumerate(raw["policies"])}
+    assert policy == {**rpolicy, "id": place[rpolicy["id"]]}
     # an H100 batch of the Qwen3-30B-A3B shape: the H100 table's own plan (the H200's would not serve it)
     kw["gpu"] = "h100"
     got, bucket, policy = table.plan(L, **kw)
     ref, rbucket, rpolicy = PolicyTable.from_export(h100).plan(L, **kw)
     assert got == ref and bucket == rbucket and policy["source"] == "tuned"
-    assert {**policy, "id": policy["id"] - 263} == rpolicy
+    assert policy == {**rpolicy, "id": 263 + 1 + [p["id"] for p in h100["policies"]].index(rpolicy["id"])}
     assert bucket["matched"].startswith("nvidia-h100-80gb-hbm3.kv4.")
     assert want.plan(L, **kw)[2]["source"] == "fallback"
 
