@@ -5,7 +5,8 @@
 2. Import the policies the project ships (:data:`kvsplit.kernels.policy_table.SHIPPED_TABLES`: the H200's
    table, tuned with the GPU backend, docs/guides/tuning.md "Rebuilding the shipped table", and the H100's,
    built by ``kvsplit tune --campaign``), their GPU measurements and each GPU's simulator calibration fitted with
-   its table (:data:`SHIPPED_DATA`) — once; a second run finds them.
+   its table (:data:`SHIPPED_DATA`), and the calibrations of its other families (:data:`SHIPPED_CALIBRATIONS`) —
+   once; a second run finds them.
 3. Tune a small demo set of buckets, one per shipped model shape
    (Qwen3-30B-A3B 32/4/128, Llama-3.1-8B 32/8/128, Llama-3.1-70B at TP 8,
    8/1/128; bf16, page_size 16), on the best backend here: the GPU when CUDA is
@@ -37,7 +38,7 @@ from typing import Any
 from ..kernels.policy_table import shipped_policies
 from ..tuner.workloads import MODEL_SHAPES
 
-__all__ = ["run", "prepare", "serve", "DEMO_BUCKETS", "SAMPLE_REQUEST", "SHIPPED_DATA"]
+__all__ = ["run", "prepare", "serve", "DEMO_BUCKETS", "SAMPLE_REQUEST", "SHIPPED_DATA", "SHIPPED_CALIBRATIONS"]
 
 GPU = "NVIDIA H200"
 SHAPES = {  # the models of the demo buckets: their heads per GPU (kvsplit.tuner.workloads.MODEL_SHAPES)
@@ -101,10 +102,19 @@ each bucket's held-out batch, timed with its plan and the four baselines, and an
 family's fallback, by the campaign's verify step) and the simulator calibration of that GPU fitted with it (the
 bf16 q_len-1 fit: the import stores one per GPU)."""
 
+SHIPPED_CALIBRATIONS = ("h100_calibrations.json",)
+"""Calibration exports (``kvsplit db export --calibrations``, format ``kvsplit.calibrations``), in
+``kvsplit/service/data``, of the shipped tables' families other than bf16 q_len 1: the fits the H100's campaigns
+made at their own shape before building the table's verify-step (bf16 KV, q_len 2, 4 and 8) and fp8-KV (q_len 1)
+families (docs/results.md), so that the simulator (``kvsplit tune --backend sim``, the dashboard's plan viewer)
+models those families with their own fit, not the q_len-1 one. An entry whose (GPU, KV dtype, q_len) has a stored
+calibration is not imported."""
+
 
 def _import_shipped(url: str) -> None:
     from ..db import store
     from ..kernels.device import resolve_device
+    from ..tuner.calibrate import check_calibration_entry
 
     doc = shipped_policies()
     said: list[str] = []  # said once the transaction has committed (a full disk fails at the commit)
@@ -177,6 +187,23 @@ def _import_shipped(url: str) -> None:
                 f"stored the {cal['gpu']} simulator calibration (held-out error median "
                 f"{cal['error']['heldout']['median']:.1%}, worst {cal['error']['heldout']['worst']:.1%})"
             )
+        for f in SHIPPED_CALIBRATIONS:
+            doc = _data(f)
+            missing = [
+                e
+                for e in doc["calibrations"]
+                if store.latest_calibration(s, gpu=e["device"]["name"], kv_dtype=e["kv_dtype"], q_len=e["q_len"])
+                is None
+            ]
+            if missing:
+                store.import_calibrations(s, {**doc, "calibrations": missing}, validate_entry=check_calibration_entry)
+                fits = ", ".join(
+                    f"KV {e['kv_dtype']} q_len {e['q_len']} ({e['error']['heldout']['median']:.1%})" for e in missing
+                )
+                said.append(
+                    f"stored {len(missing)} more {missing[0]['device']['name']} simulator calibrations, "
+                    f"held-out error median: {fits}"
+                )
     for line in said:
         _say(line)
 

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 KVSPLIT = [sys.executable, "-m", "kvsplit.service.cli"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _port() -> int:
@@ -147,7 +148,43 @@ def test_a_store_from_before_the_h100_table_gets_it_once_and_keeps_its_measureme
             p.id for p in published if p.backend == "gpu" and p.bucket.gpu.startswith("NVIDIA H100")
         }
     main_job._import_shipped(url)
-    assert "shipped policies already in the store (1103 buckets" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "shipped policies already in the store (1103 buckets" in out and "calibration" not in out
+
+
+def test_the_h100_families_get_their_own_calibration(tmp_path, capsys):
+    """Each family of the shipped H100 table other than bf16 q_len 1 (q_len 2, 4, 8; an fp8 cache) has the
+    calibration its campaign fitted, imported once by the first start; the simulator then models the family with
+    it, and a family without one (fp8 at q_len 4) still says that it borrows another fit."""
+    from kvsplit.db import store
+    from kvsplit.kernels.buckets import BucketKey
+    from kvsplit.service import main_job
+    from kvsplit.tuner.calibrate import stored_calibration
+
+    h100 = json.loads((ROOT / "kernels/data/h100_policies.json").read_text())
+    families = {
+        (BucketKey.parse(p["bucket"]["key"]).kv_dtype, BucketKey.parse(p["bucket"]["key"]).q_len)
+        for p in h100["policies"]
+    }
+    shipped = json.loads((ROOT / "service/data/h100_calibrations.json").read_text())["calibrations"]
+    fits = {(e["kv_dtype"], e["q_len"]): e for e in shipped}
+    assert {(kv or "bfloat16", q) for kv, q in families} - {("bfloat16", 1)} == set(fits)
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    store.upgrade(url)
+    main_job._import_shipped(url)
+    out = capsys.readouterr().out
+    assert "stored 4 more NVIDIA H100 80GB HBM3 simulator calibrations" in out
+    assert "KV bfloat16 q_len 8 (4.0%)" in out
+    with store.session_scope(url) as s:
+        for (kv, q), e in fits.items():
+            cal, note = stored_calibration(s, "NVIDIA H100 80GB HBM3", dtype="bfloat16", kv_dtype=kv, q_len=q)
+            assert note == "" and cal.constants == e["constants"] and cal.error == e["error"], (kv, q)
+        _, note = stored_calibration(s, "NVIDIA H100 80GB HBM3", dtype="bfloat16", kv_dtype="float8_e4m3fn", q_len=4)
+        assert note.startswith("no calibration of NVIDIA H100 80GB HBM3 for KV float8_e4m3fn, q_len 4")
+        n = len(store.list_calibrations(s))
+    main_job._import_shipped(url)
+    with store.session_scope(url) as s:
+        assert len(store.list_calibrations(s)) == n == 2 + 4  # nothing imported twice
 
 
 def test_the_demo_tunes_this_machines_gpu(monkeypatch):
