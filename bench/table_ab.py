@@ -14,7 +14,9 @@ serves it. ``--cases``: ``eval`` (the 182 evaluation batches of
 are compared (the others are counted and named).
 
 Per batch, in one process, back to back: A's plan, B's plan and every candidate of
-:data:`kvsplit.tuner.pool.SERVED_POOL` (plans identical to another are timed once), after one discarded warm-up
+:data:`kvsplit.tuner.pool.SERVED_POOL` as a campaign times it for the batch's shape (:func:`~kvsplit.tuner.pool.fitted_pool`:
+a two-head candidate at one head where two do not fit, as with Llama-3.1-70B's one KV head at TP 8; plans
+identical to another are timed once), after one discarded warm-up
 timing of A's plan (the first timing after a batch change runs slow). Timing: ``--backend gpu``
 (:class:`kvsplit.tuner.gpu.GpuTimer.time_plan`, the campaign's own timing: CUDA-graph replays, ``do_bench``
 median, random data on shuffled pages far above the L2) or ``--backend sim`` (the calibrated simulator, for a
@@ -44,7 +46,7 @@ import numpy as np
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policy_table import PolicyTable
 from kvsplit.tuner.backends import make_backend
-from kvsplit.tuner.pool import SERVED_POOL, parse_candidate
+from kvsplit.tuner.pool import SERVED_POOL, fitted_pool, parse_candidate
 
 
 def load_table(path: str) -> tuple[PolicyTable, set[tuple[int, int, str, int]]]:
@@ -175,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan, bucket, _ = tab.plan(lens, **shape)
             served[label] = (plan, bucket.get("matched"))
         plans = {"A": served["A"][0], "B": served["B"][0]}
-        for name in SERVED_POOL:
+        for name in fitted_pool(SERVED_POOL, c["num_qo_heads"], c["num_kv_heads"]):  # as a campaign times it
             policy, params = parse_candidate(name)
             try:
                 plans[name] = make_plan(
