@@ -188,15 +188,17 @@ def _import_shipped(url: str) -> None:
                 f"{cal['error']['heldout']['median']:.1%}, worst {cal['error']['heldout']['worst']:.1%})"
             )
         for f in SHIPPED_CALIBRATIONS:
-            doc = _data(f)
+            cal_doc = _data(f)
             missing = [
                 e
-                for e in doc["calibrations"]
+                for e in cal_doc["calibrations"]
                 if store.latest_calibration(s, gpu=e["device"]["name"], kv_dtype=e["kv_dtype"], q_len=e["q_len"])
                 is None
             ]
             if missing:
-                store.import_calibrations(s, {**doc, "calibrations": missing}, validate_entry=check_calibration_entry)
+                store.import_calibrations(
+                    s, {**cal_doc, "calibrations": missing}, validate_entry=check_calibration_entry
+                )
                 fits = ", ".join(
                     f"KV {e['kv_dtype']} q_len {e['q_len']} ({e['error']['heldout']['median']:.1%})" for e in missing
                 )
