@@ -18,6 +18,7 @@ SCRIPTS = [
     "engine_decode.py",
     "gpu_sweep.py",
     "peers.py",
+    "pool_check.py",
     "service_bench.py",
     "table_ab.py",
 ]
