@@ -45,9 +45,9 @@ def test_load_shipped_table_is_the_packaged_export():
     raw = json.loads((ROOT / "kernels/data/h200_policies.json").read_text())
     h100 = json.loads((ROOT / "kernels/data/h100_policies.json").read_text())
     table = load_shipped_table()
-    assert isinstance(table, PolicyTable) and len(table) == len(raw["policies"]) + len(h100["policies"]) == 263 + 840
+    assert isinstance(table, PolicyTable) and len(table) == len(raw["policies"]) + len(h100["policies"]) == 263 + 859
     ids = [e.id for e in table.entries]  # 1..N in file order, the H200's first: what an empty store numbers them
-    assert sorted(ids) == list(range(1, 263 + 840 + 1))
+    assert sorted(ids) == list(range(1, 263 + 859 + 1))
     assert {p["bucket"]["gpu"] for p in h100["policies"]} == {"NVIDIA H100 80GB HBM3"}
     want = PolicyTable.from_export(raw)
     L = np.random.default_rng(3).integers(1, 9000, 200)

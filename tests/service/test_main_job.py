@@ -67,12 +67,12 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
         # kernels/data/h200_policies.json: one GPU-tuned bucket per bucket key of the H200 sweep's 280
         # training batches, 263 of them (139 + 38 for 32/4/128, 56 + 4 for 32/8/128, 25 + 1 for 8/1/128,
         # stream_k + balanced), each with 2 training measurements (its published plan and balanced): 526; and
-        # kernels/data/h100_policies.json: the 840 buckets of the H100's seven campaigns (123 per model shape at
-        # q_len 1, for Qwen3-30B-A3B 122 at q_len 2, 123 at q_len 4, 104 at q_len 8 and 122 with an fp8 KV
-        # cache), and their verify steps' 4322 held-out timings (the published plan and 4 baselines per bucket, 5
-        # for an fp8 bucket: 5 * 718 + 6 * 122)
-        assert "imported 1103 shipped policies (GPU-tuned: 263 NVIDIA H200, 840 NVIDIA H100 80GB HBM3)" in out
-        assert "(526 training on the NVIDIA H200, 4322 held-out on the NVIDIA H100 80GB HBM3)" in out
+        # kernels/data/h100_policies.json: the 859 buckets of the H100's seven campaigns (123 per model shape at
+        # q_len 1, for Qwen3-30B-A3B 122 at q_len 2, 123 at q_len 4, 123 at q_len 8 and 122 with an fp8 KV
+        # cache), and their verify steps' 4417 held-out timings (the published plan and 4 baselines per bucket, 5
+        # for an fp8 bucket: 5 * 737 + 6 * 122)
+        assert "imported 1122 shipped policies (GPU-tuned: 263 NVIDIA H200, 859 NVIDIA H100 80GB HBM3)" in out
+        assert "(526 training on the NVIDIA H200, 4417 held-out on the NVIDIA H100 80GB HBM3)" in out
         assert "stored the NVIDIA H100 80GB HBM3 simulator calibration" in out
         assert "tuning 3 demo buckets on the calibrated simulator" in out
         assert f"dashboard:  http://127.0.0.1:{port}/" in out
@@ -100,7 +100,7 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
         assert runs_first["count"] == 3  # one per demo bucket
         # the demo's simulator results are drafts: the service serves the GPU-measured policies only
         served = json.loads(_get(f"{base}/v1/policies")[2])["data"]
-        assert len(served) == 1103 and {p["source"] for p in served} == {"tuned"}, {p["source"] for p in served}
+        assert len(served) == 1122 and {p["source"] for p in served} == {"tuned"}, {p["source"] for p in served}
         demo_lines = [line for line in lines if line.startswith("  nvidia-h200.")]
         assert len(demo_lines) == 3 and all("-> published" not in x for x in demo_lines), demo_lines
     finally:
@@ -114,7 +114,7 @@ def test_main_job_serves_shipped_tuned_plans_and_stops_cleanly(tmp_path):
     finally:
         code, _ = _stop(p)
     assert code == 0
-    assert "shipped policies already in the store (1103 buckets: 263 NVIDIA H200, 840 NVIDIA H100 80GB HBM3)" in out2
+    assert "shipped policies already in the store (1122 buckets: 263 NVIDIA H200, 859 NVIDIA H100 80GB HBM3)" in out2
     assert "all 3 demo buckets were tuned and verified before: nothing to tune" in out2
     assert runs_second == runs_first
 
@@ -135,21 +135,21 @@ def test_a_store_from_before_the_h100_table_gets_it_once_and_keeps_its_measureme
     monkeypatch.undo()
     main_job._import_shipped(url)
     out = capsys.readouterr().out
-    assert "imported 840 shipped policies (GPU-tuned: 840 NVIDIA H100 80GB HBM3)" in out
-    assert "(4322 held-out on the NVIDIA H100 80GB HBM3)" in out and "stored the NVIDIA H200" not in out
+    assert "imported 859 shipped policies (GPU-tuned: 859 NVIDIA H100 80GB HBM3)" in out
+    assert "(4417 held-out on the NVIDIA H100 80GB HBM3)" in out and "stored the NVIDIA H200" not in out
     assert "stored the NVIDIA H100 80GB HBM3 simulator calibration (held-out error median 2.6%" in out
     with store.session_scope(url) as s:
-        assert len(store.list_measurements(s)) == 526 + 4322  # the H200's not recorded twice
+        assert len(store.list_measurements(s)) == 526 + 4417  # the H200's not recorded twice
         published = store.list_published(s)
-        assert len(published) == 1103 and len({p.bucket_id for p in published}) == 1103
+        assert len(published) == 1122 and len({p.bucket_id for p in published}) == 1122
         # each H100 bucket's held-out timing of its plan is its published policy's own
         tuned = [m for m in store.list_measurements(s, policy_name="tuned") if m.role == "heldout"]
-        assert len(tuned) == 840 and {m.policy_id for m in tuned} == {
+        assert len(tuned) == 859 and {m.policy_id for m in tuned} == {
             p.id for p in published if p.backend == "gpu" and p.bucket.gpu.startswith("NVIDIA H100")
         }
     main_job._import_shipped(url)
     out = capsys.readouterr().out
-    assert "shipped policies already in the store (1103 buckets" in out and "calibration" not in out
+    assert "shipped policies already in the store (1122 buckets" in out and "calibration" not in out
 
 
 def test_the_h100_families_get_their_own_calibration(tmp_path, capsys):
@@ -174,7 +174,7 @@ def test_the_h100_families_get_their_own_calibration(tmp_path, capsys):
     main_job._import_shipped(url)
     out = capsys.readouterr().out
     assert "stored 4 more NVIDIA H100 80GB HBM3 simulator calibrations" in out
-    assert "KV bfloat16 q_len 8 (4.0%)" in out
+    assert "KV bfloat16 q_len 8 (3.4%)" in out
     with store.session_scope(url) as s:
         for (kv, q), e in fits.items():
             cal, note = stored_calibration(s, "NVIDIA H100 80GB HBM3", dtype="bfloat16", kv_dtype=kv, q_len=q)
