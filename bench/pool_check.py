@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvsplit.kernels.plan import make_plan
+from kvsplit.kernels.policy_table import read_export, shipped_policies
 from kvsplit.tuner.backends import make_backend
 from kvsplit.tuner.campaign import CampaignConfig, campaign_tasks, parse_model_shape
 from kvsplit.tuner.pool import SERVED_POOL, fitted_pool, parse_candidate
@@ -165,16 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         tasks = campaign_tasks(cfg)
         if args.table is None:
-            from kvsplit.kernels.policy_table import shipped_policies
-
             doc = shipped_policies()
         else:
-            try:
-                doc = json.load(open(args.table))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise ValueError(f"--table: cannot read {args.table!r}: {exc}") from None
-            if not isinstance(doc, Mapping) or doc.get("format") != "kvsplit.policies":
-                raise ValueError(f"--table: {args.table!r} is not a kvsplit.policies export (kvsplit db export)")
+            doc = read_export(args.table, arg="--table")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from kvsplit.kernels.plan import make_plan
-from kvsplit.kernels.policy_table import PolicyTable
+from kvsplit.kernels.policy_table import PolicyTable, read_export
 from kvsplit.tuner.backends import make_backend
 from kvsplit.tuner.pool import SERVED_POOL, fitted_pool, parse_candidate
 
@@ -52,12 +52,7 @@ from kvsplit.tuner.pool import SERVED_POOL, fitted_pool, parse_candidate
 def load_table(path: str) -> tuple[PolicyTable, set[tuple[int, int, str, int]]]:
     """A ``kvsplit.policies`` export as the service serves it, and the (H_kv, head_dim, dtype, page_size) of its
     buckets. Raises ValueError naming the file."""
-    try:
-        raw = json.load(open(path))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--tables: cannot read {path!r}: {exc}") from None
-    if not isinstance(raw, Mapping) or raw.get("format") != "kvsplit.policies":
-        raise ValueError(f"--tables: {path!r} is not a kvsplit.policies export (kvsplit db export)")
+    raw = read_export(path, arg="--tables")
     shapes = {
         (
             int(p["bucket"]["num_kv_heads"]),

@@ -59,6 +59,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,8 @@ __all__ = [
     "default_fallback",
     "SOURCE_OF_BACKEND",
     "check_policy_entry",
+    "read_export",
+    "EXPORT_FORMAT",
 ]
 
 TABLE_FORMAT = "kvsplit.policy_table/2"
@@ -703,6 +706,35 @@ shapes), and the H100's (NVIDIA H100 80GB HBM3), 859: 123 for each of the same t
 ``kvsplit tune --campaign`` from an empty store, one campaign per shape, and on that store three more of the
 Qwen3-30B-A3B shape (H_kv 4): 122 buckets at q_len 2, 123 at q_len 4 and 122 with an fp8 KV cache; then 123 at
 q_len 8 from a campaign on a store of its own (docs/results.md)."""
+
+
+EXPORT_FORMAT = "kvsplit.policies"
+"""The ``format`` of a policies export (``kvsplit db export``; :data:`kvsplit.db.store.EXPORT_FORMAT` names the
+same string on the store's side, which this layer does not import)."""
+
+
+def read_export(path: str | Path, *, arg: str) -> dict[str, Any]:
+    """The ``kvsplit.policies`` export document (``kvsplit db export``, a shipped table) in the file ``path``, parsed.
+
+    Checks what every reader of such a file needs: a JSON object whose ``format`` is :data:`EXPORT_FORMAT` and
+    whose ``policies`` is a list. The entries themselves are checked where they are used
+    (:meth:`PolicyTable.from_export`, ``kvsplit db import``).
+
+    ``arg`` names the argument the path came from (``"--table"``, ``"--previous"``); every error names it.
+
+    Raises
+    ------
+    ValueError
+        ``"<arg>: cannot read <path>: ..."`` when the file cannot be read or is not JSON;
+        ``"<arg>: <path> is not a kvsplit.policies export (kvsplit db export)"`` otherwise.
+    """
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{arg}: cannot read {str(path)!r}: {exc}") from None
+    if not isinstance(doc, Mapping) or doc.get("format") != EXPORT_FORMAT or not isinstance(doc.get("policies"), list):
+        raise ValueError(f"{arg}: {str(path)!r} is not a {EXPORT_FORMAT} export (kvsplit db export)")
+    return dict(doc)
 
 
 def shipped_policies() -> dict[str, Any]:

@@ -21,13 +21,13 @@ of the repository.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..kernels.policy_table import read_export
 from ..kernels.rulespec import fit_heads_per_tile
 
 __all__ = [
@@ -298,11 +298,8 @@ def previous_picks(doc: Mapping[str, Any] | str | Path, pool: Sequence[str] = SE
     :func:`tuned_equivalent` completed with nothing else (a tuned policy that names more is not a candidate).
     ``doc`` is the parsed export or its path. Raises ValueError when it is not a policies export."""
     if not isinstance(doc, Mapping):
-        try:
-            doc = json.loads(Path(doc).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"--previous: cannot read a policies export from {doc}: {exc}") from None
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("policies"), list):
+        doc = read_export(doc, arg="--previous")
+    elif not isinstance(doc.get("policies"), list):
         raise ValueError("--previous: not a policies export (no 'policies' list)")
     pool = set(pool)
     out = {}

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from ...kernels.policy_table import read_export
 from .options import check_backend, fail, first_line, flag_message, gpu_or_fail, store_url
 
 __all__ = ["campaign_cmd"]
@@ -105,11 +106,9 @@ def campaign_cmd(
     prev_doc = None
     if previous is not None:
         try:
-            prev_doc = json.loads(Path(previous).read_text())
-            if not isinstance(prev_doc, dict) or not isinstance(prev_doc.get("policies"), list):
-                raise ValueError("not a policies export (no 'policies' list)")
-        except (OSError, ValueError) as exc:
-            fail(f"--previous: {previous}: {first_line(exc)}")
+            prev_doc = read_export(previous, arg="--previous")
+        except ValueError as exc:
+            fail(first_line(exc))
     check_backend(backend)
     try:
         cfg = cp.CampaignConfig(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import kvsplit.kernels
 from kvsplit.kernels.buckets import DISTANCE_LIMIT, bucket_key, distance, nearest
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policy_table import PolicyTable
@@ -129,3 +133,35 @@ def test_check_policy_entry_takes_the_export_form_and_the_table_entry_alike():
             check_policy_entry(bad)
     with pytest.raises(ValueError, match="params do not make a plan: params: unknown parameters"):
         check_policy_entry({**flat, "params": {"bogus": 1}})
+
+
+def test_read_export_reads_a_shipped_table_and_names_the_argument_on_bad_files(tmp_path):
+    from kvsplit.db.store import EXPORT_FORMAT as STORE_FORMAT
+    from kvsplit.kernels.policy_table import EXPORT_FORMAT, SHIPPED_TABLES, read_export
+
+    assert EXPORT_FORMAT == STORE_FORMAT == "kvsplit.policies"  # the store's side writes what this reads
+    path = Path(kvsplit.kernels.__file__).parent / SHIPPED_TABLES[1]
+    doc = read_export(path, arg="--table")
+    assert doc == json.loads(path.read_text()) and len(doc["policies"]) == 859
+    bad = {
+        "missing.json": None,
+        "not_json.json": "{policies: [",
+        "binary.json": b"\xff\xfe\x00",
+        "a_list.json": "[]",
+        "other_format.json": json.dumps({"format": "kvsplit.measurements", "policies": []}),
+        "no_list.json": json.dumps({"format": "kvsplit.policies", "policies": {"1": {}}}),
+    }
+    for name, text in bad.items():
+        p = tmp_path / name
+        if isinstance(text, bytes):
+            p.write_bytes(text)
+        elif text is not None:
+            p.write_text(text)
+        with pytest.raises(ValueError) as err:
+            read_export(p, arg="--previous")
+        msg = str(err.value)
+        assert msg.startswith("--previous: ") and name in msg, msg
+        if name in ("missing.json", "not_json.json", "binary.json"):
+            assert "cannot read" in msg, msg
+        else:
+            assert "is not a kvsplit.policies export" in msg, msg

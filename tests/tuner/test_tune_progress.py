@@ -110,3 +110,21 @@ def test_piped_campaign_projects_its_end_below_the_budget(tmp_path):
     assert about, r.stderr
     assert 0.5 * about[-1] <= spent <= 1.1 * about[-1] and about[-1] < 300, (spent, about)
     assert "sim campaign: pool 0/10; GPU budget 0/300 s" in r.stderr  # before the search is allocated: the budget
+
+
+@pytest.mark.parametrize(
+    "content,why",
+    [(None, "cannot read"), ("{not json", "cannot read"), ('{"cases": []}', "is not a kvsplit.policies export")],
+)
+def test_campaign_refuses_a_previous_table_that_is_not_an_export_in_one_line(tmp_path, content, why):
+    prev = tmp_path / "prev.json"
+    if content is not None:
+        prev.write_text(content)
+    url = f"sqlite:///{tmp_path}/c.db"
+    r = _run(
+        ["tune", "--campaign", "--backend", "sim", "--gpu", "h100", "--model-shape", "qwen3-30b-a3b"]
+        + ["--previous", str(prev), "--budget-minutes", "0.1", "--database-url", url]
+    )
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--previous" in r.stderr and why in r.stderr and str(prev) in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "c.db").exists()  # refused before the store is made
