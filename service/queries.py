@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import defer
 
 from ..db import store
-from ..db.models import Measurement
+from ..db.models import Bucket, Measurement, Policy
 from ..kernels.buckets import BucketKey, gpu_slug, key_prefix
 from ..kernels.device import resolve_device
 from ..kernels.plan import make_plan
@@ -128,7 +128,16 @@ def list_buckets(
         return []
     with store.session_scope(url) as s:
         rows = store.list_buckets(s)
-        published = {p.bucket_id: p for p in store.list_published(s)}
+        # published policies without their verification summaries and notes (shown for drafts only) or buckets
+        # (read above)
+        published = {
+            p.bucket_id: p
+            for p in s.scalars(
+                select(Policy)
+                .options(defer(Policy.verification), defer(Policy.note))
+                .where(Policy.status == "published")
+            )
+        }
         out = []
         for b in rows:
             fam = bucket_family(b)
@@ -405,6 +414,22 @@ def _draft_dict(p: Any) -> dict[str, Any]:
     }
 
 
+_HELDOUT_COLUMNS = (
+    Measurement.id,
+    Measurement.bucket_id,
+    Measurement.tuning_run_id,
+    Measurement.policy_id,
+    Measurement.policy_name,
+    Measurement.batch_index,
+    Measurement.batch_size,
+    Measurement.total_tokens,
+    Measurement.time_s,
+    Measurement.ratio,
+    Measurement.backend,
+)
+"""What :func:`dashboard_data` reads of a held-out verification measurement."""
+
+
 def dashboard_data(url: str) -> dict[str, Any]:
     """Everything the dashboard shows, from one read transaction.
 
@@ -432,25 +457,34 @@ def dashboard_data(url: str) -> dict[str, Any]:
     reap_runs(url)
     with store.session_scope(url) as s:
         version = store.policies_version(s)
-        buckets = store.list_buckets(s)
+        # bucket rows without their stored sample batches (the page does not show them)
+        buckets = s.scalars(select(Bucket).options(defer(Bucket.sample_batches)).order_by(Bucket.id)).all()
         published = {p.bucket_id: p for p in store.list_published(s)}
         drafts: dict[int, Any] = {}  # the newest draft of each bucket
         for p in store.list_policies(s, status="draft"):  # newest first
             drafts.setdefault(p.bucket_id, p)
         runs = [_run_dict(r) for r in store.list_runs(s, limit=200)]
-        # one read of every measurement, its kv_lens array loaded only where a plan must be rebuilt
-        # (_times_served_plan): decoding every stored batch was most of the page's time
-        meas = s.scalars(select(Measurement).options(defer(Measurement.kv_lens)).order_by(Measurement.id)).all()
-        # held-out verification measurements per bucket; a published policy shows its own run's only
+        # held-out verification measurements per bucket; a published policy shows its own run's only. Read as
+        # plain rows of the columns shown (no ORM objects, no params or kv_lens JSON decoded): building and
+        # decoding thousands of measurement objects was most of the page's time
         by_bucket: dict[int, list[Any]] = defaultdict(list)
+        for m in s.execute(
+            select(*_HELDOUT_COLUMNS)
+            .where(Measurement.role == "heldout", Measurement.stage == "verify")
+            .order_by(Measurement.id)
+        ):
+            by_bucket[m.bucket_id].append(m)
         # training-batch measurements (the shipped H200 set was tuned by a grid search whose timings are of
-        # training batches): shown, labelled, for a published policy without held-out ones
+        # training batches): shown, labelled, for a published policy without held-out ones; ORM rows with their
+        # params, the kv_lens array loaded only where a plan must be rebuilt (_times_served_plan)
         train_by_bucket: dict[int, list[Any]] = defaultdict(list)
-        for m in meas:
-            if m.role == "heldout" and m.stage == "verify":
-                by_bucket[m.bucket_id].append(m)
-            elif m.role == "train":
-                train_by_bucket[m.bucket_id].append(m)
+        for m in s.scalars(
+            select(Measurement)
+            .options(defer(Measurement.kv_lens))
+            .where(Measurement.role == "train")
+            .order_by(Measurement.id)
+        ):
+            train_by_bucket[m.bucket_id].append(m)
         shapes: dict[tuple, dict[str, Any]] = {}
         for b in buckets:
             fam = bucket_family(b)  # one card / page per family: a batch is served only its own family's policies
