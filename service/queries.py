@@ -127,17 +127,8 @@ def list_buckets(
     except ValueError:  # no letters or digits: matches no bucket
         return []
     with store.session_scope(url) as s:
-        rows = store.list_buckets(s)
-        # published policies without their verification summaries and notes (shown for drafts only) or buckets
-        # (read above)
-        published = {
-            p.bucket_id: p
-            for p in s.scalars(
-                select(Policy)
-                .options(defer(Policy.verification), defer(Policy.note))
-                .where(Policy.status == "published")
-            )
-        }
+        rows = s.scalars(select(Bucket).options(defer(Bucket.sample_batches)).order_by(Bucket.id)).all()
+        published = dict(s.execute(select(Policy.bucket_id, Policy.id).where(Policy.status == "published")).all())
         out = []
         for b in rows:
             fam = bucket_family(b)
@@ -151,7 +142,7 @@ def list_buckets(
                 or (q_len is not None and fam[6] != q_len)
             ):
                 continue
-            p = published.get(b.id)
+            pid = published.get(b.id)
             out.append(
                 {
                     "id": b.id,
@@ -166,7 +157,7 @@ def list_buckets(
                     "source": b.source,
                     "family": family_of(b),
                     "signature": dict(b.signature or {}),
-                    "published_policy_id": None if p is None else p.id,
+                    "published_policy_id": pid,
                     "created_at": _iso(b.created_at),
                 }
             )
@@ -459,7 +450,16 @@ def dashboard_data(url: str) -> dict[str, Any]:
         version = store.policies_version(s)
         # bucket rows without their stored sample batches (the page does not show them)
         buckets = s.scalars(select(Bucket).options(defer(Bucket.sample_batches)).order_by(Bucket.id)).all()
-        published = {p.bucket_id: p for p in store.list_published(s)}
+        # published policies without their verification summaries and notes (shown for drafts only) or their
+        # buckets (read above)
+        published = {
+            p.bucket_id: p
+            for p in s.scalars(
+                select(Policy)
+                .options(defer(Policy.verification), defer(Policy.note))
+                .where(Policy.status == "published")
+            )
+        }
         drafts: dict[int, Any] = {}  # the newest draft of each bucket
         for p in store.list_policies(s, status="draft"):  # newest first
             drafts.setdefault(p.bucket_id, p)
