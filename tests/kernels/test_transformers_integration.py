@@ -1,7 +1,7 @@
 """kvsplit as the decode attention of transformers' continuous batching (kvsplit.kernels.integrations.transformers).
 
 A tiny randomly initialised Qwen3 model built from a local config (no download): 2 layers, 8 query heads over 2 KV
-heads (GQA group 4), head_dim 64, fp32. ``generate_batch`` on 12 prompts of different lengths, 24 new tokens each,
+heads (GQA group 4), head_dim 64, fp32. ``generate_batch`` on 12 prompts of different lengths, 12 new tokens each,
 greedy, must give the same tokens as transformers' own paged ``sdpa`` implementation (``paged|sdpa``, which
 transformers 5.x names ``sdpa``). ``max_batch_tokens`` 64 makes
 the engine chunk the longer prompts, so steps mix decode rows (kvsplit) with prefill rows (transformers' sdpa); rows of
@@ -23,7 +23,7 @@ from transformers import AttentionInterface, GenerationConfig, Qwen3Config, Qwen
 
 from kvsplit.kernels.policy_table import PolicyTable  # noqa: E402
 
-NEW_TOKENS = 24
+NEW_TOKENS = 12
 PROMPTS = [[(7 * i + 3 * j) % 500 + 1 for j in range(5 + 9 * i)] for i in range(12)]  # 5 .. 104 tokens
 
 
