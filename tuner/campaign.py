@@ -1574,30 +1574,35 @@ def run_campaign(cfg: CampaignConfig, *, stop=None, say: Callable[[str], None] =
 
     Raises ValueError for a bucket the store holds with other batches, a bad ``previous`` export or shape;
     RuntimeError for the GPU backend without CUDA."""
+    from .study import exclusive_storage
+
     bar = _progress(cfg, say)
     c = _Campaign(cfg, stop, say, bar)
     try:
-        c.open_state()
-        if c.state.get("finished"):
-            c.result.buckets = len(c.state.get("alloc") or {})
+        # a SQLite store is one tuner's for the whole campaign (pool timings, studies and campaign state alike):
+        # another tuner on it stops here, before it reads or says anything about the campaign's state
+        with exclusive_storage(c.spec):
+            c.open_state()
+            if c.state.get("finished"):
+                c.result.buckets = len(c.state.get("alloc") or {})
+                c.summary()
+                c.result.lines.insert(0, "already finished: nothing timed")
+                return c.result
+            c.setup()
+            steps = (
+                c.pool_phase,
+                lambda: (c.plan_search(), True)[1],
+                c.search_phase,
+                lambda: (c.choose_phase(), True)[1],
+                c.whole_wave_phase,
+                c.verify_phase,
+            )
+            for step in steps:
+                if not step():
+                    break
+            else:
+                c.state.set("finished", True)
             c.summary()
-            c.result.lines.insert(0, "already finished: nothing timed")
             return c.result
-        c.setup()
-        steps = (
-            c.pool_phase,
-            lambda: (c.plan_search(), True)[1],
-            c.search_phase,
-            lambda: (c.choose_phase(), True)[1],
-            c.whole_wave_phase,
-            c.verify_phase,
-        )
-        for step in steps:
-            if not step():
-                break
-        else:
-            c.state.set("finished", True)
-        c.summary()
-        return c.result
     finally:
         bar.close()

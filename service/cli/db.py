@@ -95,9 +95,7 @@ def export_cmd(
 def import_cmd(
     file: Annotated[
         Path,
-        typer.Argument(
-            metavar="FILE", help="JSON file written by `kvsplit db export`", exists=True, dir_okay=False, readable=True
-        ),
+        typer.Argument(metavar="FILE", help="JSON file written by `kvsplit db export`"),
     ],
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -107,7 +105,11 @@ def import_cmd(
     from ...kernels.policy_table import check_policy_entry
 
     try:
-        data = parse_export(file.read_bytes(), source=str(file))
+        raw = file.read_bytes()
+    except OSError as exc:  # missing, a folder, unreadable: one line naming the argument, as every other command
+        fail(f"FILE: cannot read {str(file)!r}: {exc.strerror or exc}")
+    try:
+        data = parse_export(raw, source=str(file))
     except store.ImportValidationError as exc:
         fail(str(exc))
     url = existing_store(database_url)

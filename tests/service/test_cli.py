@@ -69,6 +69,13 @@ def test_missing_folder_is_one_error_line(cmd, tmp_path):
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_import_of_a_file_that_cannot_be_read_is_one_error_line(filled, tmp_path):
+    for path, why in ((tmp_path / "missing.json", "No such file or directory"), (tmp_path, "Is a directory")):
+        res = _invoke("db", "import", str(path), "--database-url", filled.url)
+        assert res.exit_code == 2
+        assert _one_error_line(res) == f"error: FILE: cannot read {str(path)!r}: {why}"
+
+
 def test_export_to_missing_folder(filled, tmp_path):
     res = _invoke("db", "export", "--database-url", filled.url, "--output", str(tmp_path / "no" / "out.json"))
     assert res.exit_code == 2

@@ -313,3 +313,20 @@ def test_the_budget_bounds_the_search(tmp_path):
                 acted += [r] if changed else []
     assert acted, "the rule changes the plan of some probe batch"
     assert res.whole_wave["batches"] >= 1
+
+
+def test_a_campaign_on_a_sqlite_store_another_tuner_holds_stops_first_in_one_line(tmp_path):
+    """The SQLite store is one tuner's for the whole campaign: a campaign started while another process holds the
+    store's tuning lock stops before its pool step or any line about the campaign's state (it printed its pool
+    progress, or "resuming ...", and only stopped at the search)."""
+    from kvsplit.tuner.study import exclusive_storage, storage_spec
+
+    url = f"sqlite:///{tmp_path}/c.db"
+    with exclusive_storage(storage_spec(url)):  # this process holds the store, as a running tuner would
+        r = _run(SMALL + ["--database-url", url], timeout=120)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    # what it prints: the store it created and the campaign it was asked for, then the refusal
+    assert [x.split()[0] for x in lines] == ["created", "campaign", "error:"], lines
+    assert lines[-1].startswith(f"error: another kvsplit tune (PID {os.getpid()} on "), lines[-1]
+    assert "is tuning with the SQLite store" in lines[-1] and r.stdout == "", r.stdout
