@@ -817,7 +817,7 @@ class _Campaign:
         study sequential as if alone; on the GPU backend, the trials' Triton kernels compiled ahead by helper
         processes (:class:`kvsplit.tuner.precompile.KernelCompiler`) while the GPU times other trials. The GPU
         time charged is the phase's wall time (compile waits included), charged after every trial."""
-        from .search import Stop, exclusive_storage, open_run_study, record_run, run_result, start_run
+        from .search import Stop, open_run_study, record_run, run_result, start_run
         from .study import study_name
         from .worker import WorkerJob, run_interleaved
 
@@ -915,18 +915,18 @@ class _Campaign:
         window = 2 * compiler.workers if compiler is not None else SIM_WINDOW
         status = None
         try:
-            with exclusive_storage(self.spec):
-                run_interleaved(
-                    (job_of(k) for k in todo),
-                    backend=self.backend,
-                    stop=stop,
-                    window=window,
-                    prepare=prepare,
-                    compile_ahead=compiler.submit_job if compiler is not None else None,
-                    may_ask=may_ask,
-                    on_trial=on_trial,
-                    on_done=on_done,
-                )
+            # a SQLite store's tuning lock is held by run_campaign for the whole campaign
+            run_interleaved(
+                (job_of(k) for k in todo),
+                backend=self.backend,
+                stop=stop,
+                window=window,
+                prepare=prepare,
+                compile_ahead=compiler.submit_job if compiler is not None else None,
+                may_ask=may_ask,
+                on_trial=on_trial,
+                on_done=on_done,
+            )
         except BaseException as exc:
             status = ("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", f"{type(exc).__name__}: {exc}")
             raise
