@@ -109,6 +109,12 @@ def policy_detail(url: str, policy_id: int) -> dict[str, Any] | None:
     return d
 
 
+def _bucket_rows(s: Any) -> list[Any]:
+    """Every bucket row of session ``s``, by id, without its stored sample batches (neither :func:`list_buckets`
+    nor the dashboard shows them, and decoding them was a large part of a read)."""
+    return list(s.scalars(select(Bucket).options(defer(Bucket.sample_batches)).order_by(Bucket.id)))
+
+
 def list_buckets(
     url: str,
     *,
@@ -127,7 +133,7 @@ def list_buckets(
     except ValueError:  # no letters or digits: matches no bucket
         return []
     with store.session_scope(url) as s:
-        rows = s.scalars(select(Bucket).options(defer(Bucket.sample_batches)).order_by(Bucket.id)).all()
+        rows = _bucket_rows(s)
         published = dict(s.execute(select(Policy.bucket_id, Policy.id).where(Policy.status == "published")).all())
         out = []
         for b in rows:
@@ -448,8 +454,7 @@ def dashboard_data(url: str) -> dict[str, Any]:
     reap_runs(url)
     with store.session_scope(url) as s:
         version = store.policies_version(s)
-        # bucket rows without their stored sample batches (the page does not show them)
-        buckets = s.scalars(select(Bucket).options(defer(Bucket.sample_batches)).order_by(Bucket.id)).all()
+        buckets = _bucket_rows(s)
         # published policies without their verification summaries and notes (shown for drafts only) or their
         # buckets (read above)
         published = {
