@@ -48,17 +48,19 @@ from kvsplit.kernels.policy_table import read_export, shipped_policies
 from kvsplit.tuner.backends import make_backend
 from kvsplit.tuner.campaign import CampaignConfig, campaign_tasks, parse_model_shape
 from kvsplit.tuner.pool import SERVED_POOL, fitted_pool, parse_candidate
-from kvsplit.tuner.verify import baselines_for
-
-
-def _gm(xs: Sequence[float]) -> float:
-    return float(math.exp(sum(math.log(x) for x in xs) / len(xs)))
+from kvsplit.tuner.verify import baselines_for, geomean
 
 
 def _stats(xs: Sequence[float]) -> dict[str, Any]:
     if not xs:
         return {"n": 0}
-    return {"n": len(xs), "geomean": _gm(xs), "min": min(xs), "max": max(xs), "above_1.01": sum(x > 1.01 for x in xs)}
+    return {
+        "n": len(xs),
+        "geomean": geomean(xs),
+        "min": min(xs),
+        "max": max(xs),
+        "above_1.01": sum(x > 1.01 for x in xs),
+    }
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

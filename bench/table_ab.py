@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -47,6 +46,7 @@ from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policy_table import PolicyTable, read_export
 from kvsplit.tuner.backends import make_backend
 from kvsplit.tuner.pool import SERVED_POOL, fitted_pool, parse_candidate
+from kvsplit.tuner.verify import geomean
 
 
 def load_table(path: str) -> tuple[PolicyTable, set[tuple[int, int, str, int]]]:
@@ -92,7 +92,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     worst = int(np.argmax(ba))
     return {
         "batches": len(rows),
-        "geomean_b_over_a": float(math.exp(sum(map(math.log, ba)) / len(ba))),
+        "geomean_b_over_a": geomean(ba),
         "worst_b_over_a": float(ba[worst]),
         "worst_b_over_a_case": rows[worst]["case"],
         "batches_b_over_a_above_1.03": sum(1 for x in ba if x > 1.03),
@@ -100,8 +100,8 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "batches_b_over_oracle_above_1.05": sum(1 for x in bo if x > 1.05),
         "worst_a_over_oracle": float(max(ao)),
         "batches_a_over_oracle_above_1.05": sum(1 for x in ao if x > 1.05),
-        "geomean_b_over_oracle": float(math.exp(sum(map(math.log, bo)) / len(bo))),
-        "geomean_a_over_oracle": float(math.exp(sum(map(math.log, ao)) / len(ao))),
+        "geomean_b_over_oracle": geomean(bo),
+        "geomean_a_over_oracle": geomean(ao),
     }
 
 

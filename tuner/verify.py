@@ -40,6 +40,7 @@ __all__ = [
     "FALLBACK_BASELINE",
     "SIM_DEFAULT_MARGIN",
     "baselines_for",
+    "geomean",
     "VerifyOutcome",
     "measure_heldout",
     "sim_margin",
@@ -122,7 +123,9 @@ def measure_heldout(
     return rows
 
 
-def _gm(xs: Sequence[float]) -> float:
+def geomean(xs: Sequence[float]) -> float:
+    """Geometric mean of the positive numbers ``xs`` (raises ZeroDivisionError when empty, ValueError on a value
+    <= 0): the mean the verify step, ``bench/table_ab.py`` and ``bench/pool_check.py`` report ratios with."""
     return float(math.exp(sum(math.log(x) for x in xs) / len(xs)))
 
 
@@ -175,8 +178,8 @@ def summarize(
         by.setdefault(r["policy"], []).append(r)
     pol = {
         name: {
-            "geomean_ratio": _gm([r["ratio"] for r in rs]),
-            "geomean_time_s": _gm([r["time_s"] for r in rs]),
+            "geomean_ratio": geomean([r["ratio"] for r in rs]),
+            "geomean_time_s": geomean([r["time_s"] for r in rs]),
             "worst_ratio": float(max(r["ratio"] for r in rs)),
         }
         for name, rs in by.items()
