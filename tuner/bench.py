@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -143,12 +144,20 @@ def run_bench(
     calibration: Optional[dict] = None,
     kv_dtype: str | None = None,
     q_len: int = 1,
+    database_url: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Time (or predict) every baseline on the reference cases.
 
     ``kv_dtype`` (None: ``dtype``; ``"float8_e4m3fn"``/``"fp8"``) and ``q_len`` (1-8) are the shape's KV cache dtype
     and query tokens per request (module docstring). Labels of :data:`PEER_KERNELS` are timed with
     ``backend="gpu"`` only; an absent or inapplicable peer is printed and has no rows.
+
+    With ``backend="sim"`` the simulator (:class:`kvsplit.tuner.backends.SimBackend`, as ``kvsplit tune`` builds it)
+    uses ``calibration`` (a :meth:`kvsplit.tuner.simulate.Calibration.to_dict` document) when given, else the
+    calibration of the store at ``database_url`` for the shape's GPU, KV dtype and q_len
+    (:func:`kvsplit.tuner.search.calibration_for`, with its read bandwidth), else the GPU's defaults; ``say``
+    gets one line naming which (``"calibration: ..."``) and the note of one that stands in for the exact shape.
 
     Returns
     -------
@@ -217,13 +226,38 @@ def run_bench(
         dev = resolve_device(torch.cuda.get_device_name())
     else:
         dev = shape.device
-    from .simulate import Calibration, hbm_floor_s, predict
+    from .simulate import Calibration
 
     def case_lens(family: str, B: int) -> Any:
         L = family_kv_lens(family, B, total_tokens)
         return cover_q_len(L, q_len)
 
-    cal_fixed = Calibration.from_dict(calibration) if calibration is not None else None
+    sim = None
+    if timer is None:
+        from .backends import make_backend
+        from .calibrate import calibrate_command
+        from .search import calibration_for, describe_calibration
+
+        stored, bw = (None, None)
+        if calibration is not None:
+            Calibration.from_dict(calibration)  # a bad document is refused here, naming the calibration
+            stored = {"constants": dict(calibration)}
+            text = "the --calibration document"
+        else:
+            if database_url is not None:
+                stored, bw = calibration_for(
+                    database_url, shape.gpu, "sim", dtype=dtype, kv_dtype=shape.kv_dtype, q_len=q_len
+                )
+            text = describe_calibration(stored, bw, shape.gpu)
+            if database_url is None:
+                text = "no store read, " + text.removeprefix("none stored: ")
+            if stored is not None and stored["note"]:
+                text += f"\nnote: {stored['note']}"
+            elif stored is None:
+                text += f"; `{calibrate_command(shape.gpu, dtype, shape.kv_dtype, q_len)}` stores a fit of this shape"
+        if say is not None:
+            say(f"calibration: {text}")
+        sim = make_backend("sim", shape=shape, calibration=stored, read_bandwidth_gbps=bw)
     peer_kernels = _load_peers(policies, timer) if timer is not None else {}
     rows: list[dict[str, Any]] = []
     for label in policies:
@@ -274,12 +308,8 @@ def run_bench(
                 t = timer.time_plan(plan)
                 floor = timer.hbm_floor_s(L)
             else:
-                sim_kw = dict(kv_dtype=kd, q_len=q_len, group_size=group)
-                cal = cal_fixed or Calibration.default(
-                    dev, head_dim=head_dim, dtype=dtype, config=plan.config, **sim_kw
-                )
-                t = predict(plan, dev, calibration=cal, **sim_kw)
-                floor = hbm_floor_s(plan, cal, kv_dtype=kd)
+                t = sim.time_plan(plan)
+                floor = sim.hbm_floor_s(L)
             rows.append(
                 {
                     "policy": label,

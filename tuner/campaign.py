@@ -436,7 +436,7 @@ class _Campaign:
         self.tasks = campaign_tasks(cfg)
         self.by_key = {t.key: t for t in self.tasks}
         self.result.buckets = len(self.tasks)
-        from .search import calibration_for, calibration_note, task_bucket
+        from .search import calibration_for, calibration_note, describe_calibration, task_bucket
 
         with store.session_scope(self.url, write=True) as s:
             self.bucket_ids = {}
@@ -483,12 +483,7 @@ class _Campaign:
         # the simulator that prunes (on the simulator backend: the backend itself)
         self.sim = make_backend("sim", shape=shape, calibration=cal, read_bandwidth_gbps=bw)
         self.sim_calibration = (cal, bw)
-        self.result.calibration = (
-            f"stored calibration {cal['id']} of {shape.gpu} (KV {cal['kv_dtype']}, q_len {cal['q_len']})"
-            if cal is not None
-            else f"none stored: the simulator's defaults from the DeviceSpec of "
-            f"{shape.gpu}" + (f" scaled to {bw:.0f} GB/s" if bw else "")
-        )
+        self.result.calibration = describe_calibration(cal, bw, shape.gpu)
         with store.session_scope(self.url, write=True) as s:
             info = self.backend.device_info()
             dev = store.get_or_create_device(

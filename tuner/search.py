@@ -56,7 +56,7 @@ cooperate on each study (trials claimed atomically, exact trial counts).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -267,6 +267,17 @@ def calibration_for(
             }
         )
         return data, store.measured_read_bandwidth(s, gpu)
+
+
+def describe_calibration(cal: Mapping[str, Any] | None, bw: float | None, gpu: str) -> str:
+    """One line naming the calibration a simulator of ``gpu`` runs on, from :func:`calibration_for`'s ``(cal, bw)``:
+    ``"stored calibration 4 of NVIDIA H100 80GB HBM3 (KV float8_e4m3fn, q_len 1)"``, or the defaults of the
+    GPU's :class:`~kvsplit.kernels.device.DeviceSpec` (scaled to the measured read bandwidth ``bw``, GB/s, if any)."""
+    if cal is not None:
+        return f"stored calibration {cal['id']} of {gpu} (KV {cal['kv_dtype']}, q_len {cal['q_len']})"
+    return f"none stored: the simulator's defaults from the DeviceSpec of {gpu}" + (
+        f" scaled to {bw:.0f} GB/s" if bw else ""
+    )
 
 
 def calibration_note(url: str, task: TuneTask, backend: str) -> str:

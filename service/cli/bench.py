@@ -27,6 +27,7 @@ from .options import (
     existing_store,
     fail,
     flag_message,
+    store_url,
 )
 
 __all__ = ["bench_cmd"]
@@ -60,7 +61,13 @@ def bench_cmd(
         ),
     ] = None,
     calibration: Annotated[
-        Optional[Path], typer.Option("--calibration", metavar="FILE", help="JSON file of simulator constants (sim)")
+        Optional[Path],
+        typer.Option(
+            "--calibration",
+            metavar="FILE",
+            help="JSON file of simulator constants (sim) [default: the store's calibration of the GPU, KV dtype "
+            "and q_len, as kvsplit tune uses; else the GPU's defaults]",
+        ),
     ] = None,
     anchors: Annotated[
         Optional[Path], typer.Option("--anchors", metavar="CSV", help="h200_peers.csv: add the FlashInfer cliff check")
@@ -107,7 +114,9 @@ def bench_cmd(
             rows = bench.run_trace_bench(trace, database_url=url, batch_sizes=sizes, batches=batches, **shape)
         except (ValueError, OSError, store.SchemaError) as exc:
             fail(flag_message(str(exc)))
-        typer.echo(f"trace={trace} backend={backend} gpu={gpu} {_shape_text(shape)} store={store.safe_url(url)}\n")
+        typer.echo(
+            f"trace={trace} backend={backend} gpu={_gpu_name(gpu)} {_shape_text(shape)} store={store.safe_url(url)}\n"
+        )
         typer.echo(bench.format_trace_table(rows))
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
@@ -122,12 +131,27 @@ def bench_cmd(
         labels = tuple(BASELINES) + (tuple(PEER_KERNELS) if backend == "gpu" else ())
     else:
         labels = tuple(p.strip() for p in policies.split(",") if p.strip())
+    url = None  # the simulator's calibration: --calibration, else the store's (when it exists), else the defaults
+    if backend == "sim" and calibration is None:
+        url = store_url(database_url)
+        try:
+            store.check_exists(url)
+        except store.SchemaError:  # no store file: nothing to read, and a read creates none
+            url = None
+        else:
+            url = existing_store(database_url)
     try:
         cal = json.loads(calibration.read_text()) if calibration else None
-        rows = bench.run_bench(total_tokens=total_tokens, policies=labels, calibration=cal, **shape)
+        rows = bench.run_bench(
+            total_tokens=total_tokens, policies=labels, calibration=cal, database_url=url, say=typer.echo, **shape
+        )
     except (ValueError, OSError, json.JSONDecodeError) as exc:
         fail(flag_message(str(exc)))
-    typer.echo(f"backend={backend} gpu={gpu if backend == 'sim' else 'cuda'} {_shape_text(shape)} T={total_tokens}\n")
+    where = f" store={store.safe_url(url)}" if url is not None else ""
+    typer.echo(
+        f"backend={backend} gpu={_gpu_name(gpu) if backend == 'sim' else 'cuda'} {_shape_text(shape)} "
+        f"T={total_tokens}{where}\n"
+    )
     typer.echo(bench.format_table(rows))
     typer.echo("columns:\n" + bench.legend(dict.fromkeys(r["policy"] for r in rows)))
     if anchors is not None:
@@ -135,6 +159,14 @@ def bench_cmd(
     if out is not None:
         for p in bench.write_outputs(rows, out, f"{backend} {gpu} T={total_tokens}"):
             typer.echo(f"wrote {p}")
+
+
+def _gpu_name(gpu: str) -> str:
+    """The GPU's full name (``kvsplit.kernels.device.resolve_device``; ``--gpu h100`` is an alias of it), as every
+    other command prints it."""
+    from ...kernels.device import resolve_device
+
+    return resolve_device(gpu).name
 
 
 def _shape_text(shape: dict) -> str:

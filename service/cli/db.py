@@ -101,6 +101,7 @@ def import_cmd(
 ) -> None:
     """Validate and import published policies, or the calibrations of `kvsplit db export --calibrations` (all or nothing)."""  # noqa: E501
     from ...db import store
+    from ...db.models import Calibration, Policy
     from ...db.transfer import parse_export
     from ...kernels.policy_table import check_policy_entry
 
@@ -112,22 +113,31 @@ def import_cmd(
         data = parse_export(raw, source=str(file))
     except store.ImportValidationError as exc:
         fail(str(exc))
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if isinstance(fmt, str) and fmt not in (store.EXPORT_FORMAT, store.CALIBRATIONS_FORMAT):
+        fail(
+            f"FILE: {str(file)!r} is a {fmt[:80]!r} document, not a `kvsplit db export` file: `kvsplit db import` "
+            f"reads {store.EXPORT_FORMAT!r} (policies) and {store.CALIBRATIONS_FORMAT!r} "
+            "(`kvsplit db export --calibrations`); nothing stored"
+        )
     url = existing_store(database_url)
-    if isinstance(data, dict) and data.get("format") == store.CALIBRATIONS_FORMAT:
+    if fmt == store.CALIBRATIONS_FORMAT:
         from ...tuner.calibrate import check_calibration_entry
 
         try:
             with store.session_scope(url, write=True) as s:
+                before = _max_id(s, Calibration)
                 ids = store.import_calibrations(s, data, validate_entry=check_calibration_entry)
         except store.ImportValidationError as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(code=2) from None
         except Exception as exc:  # noqa: BLE001
             _store_error(exc, url)
-        typer.echo(f"imported {len(ids)} calibration{'' if len(ids) == 1 else 's'}")
+        typer.echo(_imported(ids, before, "calibration", "calibrations"))
         return
     try:
         with store.session_scope(url, write=True) as s:
+            before = _max_id(s, Policy)
             ids = store.import_policies(s, data, validate_entry=check_policy_entry)
             published = sum(1 for i in ids if (p := store.get_policy(s, i)) is not None and p.status == "published")
             version = store.policies_version(s)
@@ -136,6 +146,23 @@ def import_cmd(
         raise typer.Exit(code=2) from None
     except Exception as exc:  # noqa: BLE001
         _store_error(exc, url)
-    typer.echo(
-        f"imported {len(ids)} polic{'y' if len(ids) == 1 else 'ies'} ({published} published); policies_version {version}"
-    )
+    typer.echo(f"{_imported(ids, before, 'policy', 'policies')} ({published} published); policies_version {version}")
+
+
+def _max_id(session, model) -> int:
+    """The largest id of ``model``'s rows (0 for none): rows an import adds get larger ones."""
+    from sqlalchemy import func, select
+
+    return int(session.scalar(select(func.max(model.id))) or 0)
+
+
+def _imported(ids: list[int], before: int, one: str, many: str) -> str:
+    """``"imported 3 policies"``, ``"imported 1 calibration, 3 already stored"`` or ``"nothing new: the 4
+    calibrations are already stored"``: the file's entries that became new rows (ids above ``before``) and those an
+    identical stored row stood for."""
+    new = sum(1 for i in ids if i > before)
+    word = one if len(ids) == 1 else many
+    if new == 0 and ids:
+        return f"nothing new: the {len(ids)} {word} {'is' if len(ids) == 1 else 'are'} already stored"
+    old = len(ids) - new
+    return f"imported {new} {one if new == 1 else many}" + (f", {old} already stored" if old else "")

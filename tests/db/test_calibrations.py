@@ -189,7 +189,7 @@ def test_export_import_round_trip_keeps_kv_dtype_and_q_len(any_url, tmp_path):
         assert (got.constants["tile_fixed_s"], got.kernel_config, got.num_samples) == (3e-6, {"block_n": 64}, 102)
         assert store.latest_calibration(s, gpu=GPU, kv_dtype="bfloat16").constants["tile_fixed_s"] == 1e-6
     r = CliRunner().invoke(app, ["db", "import", str(out), "--database-url", u2])  # again: nothing new
-    assert r.exit_code == 0
+    assert r.exit_code == 0 and "nothing new: the 3 calibrations are already stored" in r.output, r.output
     with store.session_scope(u2) as s:
         assert len(store.list_calibrations(s)) == 3
     for path, mutate, msg in (

@@ -420,6 +420,14 @@ def test_cli_export_import(url, tmp_path):
     assert CliRunner().invoke(app, ["db", "upgrade", "--database-url", u2]).exit_code == 0
     r = CliRunner().invoke(app, ["db", "import", str(out), "--database-url", u2])
     assert r.exit_code == 0 and "imported 2 policies (2 published)" in r.output
+    r = CliRunner().invoke(app, ["db", "import", str(out), "--database-url", u2])  # again: the same rows stand
+    assert r.exit_code == 0 and "nothing new: the 2 policies are already stored (2 published)" in r.output, r.output
+    assert _count_rows(u2)[0] == 2
+    report = tmp_path / "report.json"  # a `kvsplit calibrate` report is not an export: refused, naming FILE
+    report.write_text(json.dumps({"format": "kvsplit.calibration", "format_version": 2}))
+    r = CliRunner().invoke(app, ["db", "import", str(report), "--database-url", u2])
+    assert r.exit_code != 0 and "FILE:" in r.output and "'kvsplit.calibration' document" in r.output, r.output
+    assert "'kvsplit.calibrations'" in r.output and "nothing stored" in r.output
     bad = json.loads(out.read_text())
     bad["policies"][0]["bucket"]["page_size"] = 0
     (tmp_path / "bad.json").write_text(json.dumps(bad))

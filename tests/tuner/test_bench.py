@@ -67,3 +67,43 @@ def test_bench_labels_old_names_and_gpu_only_baseline(tmp_path):
     assert "balanced           kvsplit's wave-aware even-chunk rule" in res.output
     bad = CliRunner().invoke(app, ["bench", "--backend", "sim", "--policies", "flashinfer_kernel"])
     assert bad.exit_code != 0 and "flashinfer_kernel is FlashInfer's kernel, timed on a GPU only" in bad.output
+
+
+def test_sim_bench_uses_the_stores_calibration(tmp_path):
+    """``kvsplit bench --backend sim`` simulates with the store's calibration of the shape's GPU (as ``kvsplit
+    tune`` does): its figures equal those of the same constants given as ``--calibration FILE``, differ from the
+    GPU's defaults, and the output names the calibration; a missing store is read as none and not created."""
+    import json
+
+    from kvsplit.kernels.device import resolve_device
+    from kvsplit.tuner.simulate import Calibration
+
+    gpu = resolve_device("h200").name
+    constants = Calibration.default(gpu).to_dict()
+    constants["tile_fixed_s"] = 5 * constants["tile_fixed_s"] + 2e-6  # far from the defaults' figures
+    url = f"sqlite:///{tmp_path}/k.db"
+    store.upgrade(url)
+    with store.session_scope(url, write=True) as s:
+        d = store.get_or_create_device(s, name=gpu, num_sms=132, hbm_bandwidth_gbps=4800, software={})
+        cal_id = store.record_calibration(s, device_id=d.id, constants=constants, kv_dtype="bfloat16").id
+    (tmp_path / "c.json").write_text(json.dumps(constants))
+
+    def bench(*extra):
+        res = CliRunner().invoke(app, ["bench", "--backend", "sim", "--policies", "balanced", "--gpu", "h200", *extra])
+        assert res.exit_code == 0, res.output
+        return res.output
+
+    def table(out):  # the figures, without the lines that name the calibration and the store
+        return [ln for ln in out.splitlines() if not ln.startswith(("calibration:", "backend=", "note:"))]
+
+    stored = bench("--database-url", url)
+    assert f"calibration: stored calibration {cal_id} of {gpu} (KV bfloat16, q_len 1)" in stored
+    assert f"backend=sim gpu={gpu} " in stored and f"store={url}" in stored  # the full name, not the alias
+    given = bench("--calibration", str(tmp_path / "c.json"), "--database-url", url)
+    assert "calibration: the --calibration document" in given
+    assert table(stored) == table(given)
+    missing = tmp_path / "none.db"
+    defaults = bench("--database-url", f"sqlite:///{missing}")
+    assert f"calibration: no store read, the simulator's defaults from the DeviceSpec of {gpu}" in defaults
+    assert "kvsplit calibrate --gpu" in defaults and not missing.exists()
+    assert table(defaults) != table(stored)
