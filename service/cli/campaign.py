@@ -90,9 +90,9 @@ def campaign_cmd(
         dtype = checked.dtype  # an alias such as bf16 becomes torch's name
         kv_dtype = None if checked.kv_dtype == dtype else checked.kv_dtype  # fp8 -> float8_e4m3fn
     except ValueError as exc:
-        msg = str(exc)
-        if msg.startswith(("kv_dtype", "q_len")):
-            fail(flag_message(msg))
+        msg = flag_message(str(exc))  # "--head-dim: expected ...", as kvsplit tune and plan say it
+        if msg.startswith(("--num-qo-heads", "--num-kv-heads", "--head-dim")):
+            msg = "--model-shape or " + msg  # the preset (or H_q/H_kv/head_dim) gives these three
         fail(msg if msg.startswith("--") else f"--model-shape/--dtype/--page-size: {msg}")
     if traces is None:
         trace_names = cp.LIBRARY_TRACES
@@ -182,8 +182,11 @@ def _report(res: Any, json_out: bool) -> None:
         typer.echo(json.dumps(res.to_dict(), indent=2))
         return
     kind = "GPU time" if res.time_kind == "gpu" else "simulated GPU time (60 ms per timed plan)"
+    so_far = ""
+    if res.status != "finished" and res.published < res.buckets:
+        so_far = " so far (the verify step, the campaign's last, publishes each bucket that passes it)"
     typer.echo(
-        f"{res.status}: {res.buckets} buckets, {res.published} published; {kind} spent "
+        f"{res.status}: {res.buckets} buckets, {res.published} published{so_far}; {kind} spent "
         f"{res.spent_s / 60:.2f} min in all; this run timed {res.timings} plans in {res.wall_s:.1f} s wall"
     )
     if res.status == "finished" and res.published < res.buckets:

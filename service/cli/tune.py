@@ -56,6 +56,7 @@ from .options import (
     check_backend,
     existing_store,
     fail,
+    flag_message,
     store_url,
 )
 
@@ -324,7 +325,7 @@ def tune_cmd(
         else:
             tasks = search.default_library(num_train=num_train, num_heldout=num_heldout, seed=seed, **shape)
     except ValueError as exc:
-        fail(str(exc))
+        fail(flag_message(str(exc)))
     check_backend(backend)  # before any worker starts or anything is stored: one error line, not one per worker
     hold_tuning_lock(ctx, spec)  # a SQLite store: one tuner at a time (help text), refused before anything is stored
     with store_errors(cfg.database_url):  # one line naming the cause: disk full, read-only, unreachable, ...

@@ -197,6 +197,35 @@ def test_plan_unknown_gpu_lists_known_ones(filled):
     assert "Value error" not in line and "device" not in line
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--head-dim", "100"], "--head-dim: expected one of (64, 128, 256), got 100"),
+        (["--q-len", "9"], "--q-len: expected an integer in [1, 8], got 9"),
+        (["--num-qo-heads", "6"], "--num-qo-heads: expected a multiple of num_kv_heads (4), got 6"),
+        (["--kv-dtype", "int4"], "--kv-dtype: expected 'bfloat16' (q's dtype, the default) or 'float8_e4m3fn'"),
+    ],
+)
+def test_plan_tune_and_campaign_refuse_a_bad_shape_in_the_same_words(tmp_path, args, line):
+    """One rule, one wording: the kernels' shape check (kvsplit.kernels.shape.Shape) names the flag and the value
+    in kvsplit plan, kvsplit tune and kvsplit tune --campaign alike; nothing is stored."""
+    url = f"sqlite:///{tmp_path}/k.db"
+    shape = ["--gpu", "h200", "--num-qo-heads", "32", "--num-kv-heads", "4", "--head-dim", "128", "--dtype", "bf16"]
+    cmds = {
+        "plan": ["plan", *shape, "--kv-lens", "100,200", *args],
+        "tune": ["tune", "--family", "uniform", "--batch-size", "8", "--backend", "sim", *shape, *args],
+        "campaign": ["tune", "--campaign", "--backend", "sim", *shape, *args],
+    }
+    for name, cmd in cmds.items():
+        res = _invoke(*cmd, "--database-url", url)
+        assert res.exit_code == 2, (name, res.output)
+        got = _one_error_line(res)
+        # the campaign's head counts and head_dim may come from its --model-shape preset: it names both
+        from_preset = name == "campaign" and args[0] in ("--num-qo-heads", "--num-kv-heads", "--head-dim")
+        assert got.startswith(f"error: {'--model-shape or ' if from_preset else ''}{line}"), (name, got)
+    assert not (tmp_path / "k.db").exists()
+
+
 def test_plan_refuses_a_kv_len_below_q_len(filled):
     res = _invoke("plan", *SHAPE_ARGS, "--q-len", "4", "--kv-lens", "4096,3,9000", "--database-url", filled.url)
     assert res.exit_code == 2
@@ -357,4 +386,4 @@ def test_plan_shape_error_has_no_pydantic_prefix(filled):
     args = [a if a != "32" else "30" for a in SHAPE_ARGS]  # H_q 30 with H_kv 4
     res = _invoke("plan", *args, "--kv-lens", "100,200", "--database-url", filled)
     assert res.exit_code == 2, res.output
-    assert _one_error_line(res) == "error: --num-qo-heads: num_qo_heads (30) must be a multiple of num_kv_heads (4)"
+    assert _one_error_line(res) == "error: --num-qo-heads: expected a multiple of num_kv_heads (4), got 30"

@@ -192,6 +192,14 @@ def test_resume_after_kill_9_gives_the_uninterrupted_table(tmp_path):
     assert _table(url) == ref, where
 
 
+def test_a_paused_campaign_says_what_is_published_so_far_and_how_to_go_on(tmp_path):
+    s = _run(SMALL + ["--database-url", f"sqlite:///{tmp_path}/p.db", "--max-minutes", "0.001"])
+    assert s.returncode == 75, s.stderr
+    head = s.stdout.splitlines()[0]
+    assert head.startswith("paused: ") and " published so far (the verify step, the campaign's last, " in head, head
+    assert "paused after --max-minutes 0.001: run the same command again to continue" in s.stderr
+
+
 def test_two_workers_on_one_journal_tune_each_bucket_once_with_exact_trials(tmp_path):
     journal = tmp_path / "studies.journal"
     _two_workers(f"sqlite:///{tmp_path}/w2.db", journal)
