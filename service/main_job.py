@@ -326,7 +326,10 @@ def _tune_demo(url: str, backend: str) -> None:
     for r in search.tune(todo, cfg):
         note = r.message
         if backend != "gpu" and not r.published and not note:
-            note = f"draft (simulated, not served; publish it with POST /v1/policies/{r.policy_id}/publish)"
+            note = (
+                f"draft (simulated, not served; publish it with POST /v1/policies/{r.policy_id}/publish and the "
+                "admin token, on a server started with KVSPLIT_ADMIN_TOKEN set)"
+            )
         print(
             _result_line(r.bucket_key, f"{r.status}, {r.n_finished} trials", r.verification, r.published, note),
             flush=True,

@@ -228,7 +228,9 @@ class TrafficDemand:
 
 def traffic_demand(database_url: str, *, hours: int, now_hour: int) -> list[TrafficDemand]:
     """The store's recorded keys with at least one fallback or far request in the ``hours`` hours up to
-    ``now_hour``, most such requests first (ties: more requests, then key)."""
+    ``now_hour``, most such requests first (ties: more requests, then key). Keys of all-empty batches (every
+    kv_len 0, total-token class -1) are left out: such a batch reads no KV cache and has no length signature to
+    tune (:func:`batches_for_key` refuses it)."""
     with store.session_scope(database_url) as s:
         rows = store.read_traffic(s, since_hour=now_hour - hours + 1)
     out = [
@@ -236,7 +238,7 @@ def traffic_demand(database_url: str, *, hours: int, now_hour: int) -> list[Traf
             t.key, t.requests, t.n_fallback, t.n_far, (t.batch_min, t.batch_max), (t.tokens_min, t.tokens_max)
         )
         for t in rows
-        if t.n_fallback + t.n_far > 0
+        if t.n_fallback + t.n_far > 0 and BucketKey.parse(t.key).tokens_class >= 0
     ]
     out.sort(key=lambda d: (-d.unserved, -d.requests, d.key))
     return out
@@ -386,8 +388,9 @@ def traffic_tasks(
         if other:
             kinds = sorted({BucketKey.parse(d.key).num_kv_heads for d in other})
             notes.append(
-                f"{len(other)} recorded key(s) of H_kv {', '.join(map(str, kinds))} left: their H_q is not the "
-                f"tuned model's (H_kv {num_kv_heads}); tune them with that model's --num-qo-heads/--num-kv-heads"
+                f"{len(other)} recorded key(s) of H_kv {', '.join(map(str, kinds))} left: another model's (this run "
+                f"tunes H_kv {num_kv_heads}, and a key does not record H_q); tune them with that model's "
+                "--num-qo-heads/--num-kv-heads"
             )
             mine = [d for d in mine if d not in other]
     for pick in traffic_picks(mine):

@@ -137,6 +137,7 @@ def bench_cmd(
         try:
             store.check_exists(url)
         except store.SchemaError:  # no store file: nothing to read, and a read creates none
+            typer.echo(f"note: no kvsplit store at {store.safe_url(url)}: no stored calibration to read", err=True)
             url = None
         else:
             url = existing_store(database_url)

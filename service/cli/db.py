@@ -129,8 +129,7 @@ def import_cmd(
                 before = _max_id(s, Calibration)
                 ids = store.import_calibrations(s, data, validate_entry=check_calibration_entry)
         except store.ImportValidationError as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(code=2) from None
+            fail(str(exc))
         except Exception as exc:  # noqa: BLE001
             _store_error(exc, url)
         typer.echo(_imported(ids, before, "calibration", "calibrations"))
@@ -142,8 +141,7 @@ def import_cmd(
             published = sum(1 for i in ids if (p := store.get_policy(s, i)) is not None and p.status == "published")
             version = store.policies_version(s)
     except store.ImportValidationError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(code=2) from None
+        fail(str(exc))
     except Exception as exc:  # noqa: BLE001
         _store_error(exc, url)
     typer.echo(f"{_imported(ids, before, 'policy', 'policies')} ({published} published); policies_version {version}")

@@ -184,6 +184,8 @@ def _fallback_reason(table, bucket: dict) -> str:
     from ...kernels.buckets import BucketKey, distance
 
     key = BucketKey.parse(bucket["key"])
+    if key.tokens_class < 0:
+        return "an all-empty batch (every kv_len 0) has no length signature to match a bucket; it reads no KV"
     same = [e for e in table.entries if e.shape == key.family]
     if not same:
         return (

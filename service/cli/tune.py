@@ -361,8 +361,11 @@ def tune_cmd(
                 break
             try:
                 results.append(search.tune_task(t, cfg, stop=stop))
-                if lines:
-                    typer.echo(f"[{i}/{len(tasks)}] {_result_line(results[-1])}", err=True)
+                if lines:  # the bucket's figures follow in the summary on stdout: here only where the run stands
+                    r = results[-1]
+                    done = f"{r.bucket_key}: {r.status}, {r.n_finished} trials"
+                    done += "" if not r.verification else "; published" if r.published else "; not published"
+                    typer.echo(f"[{i}/{len(tasks)}] {done}", err=True)
             except (ValueError, RuntimeError) as exc:
                 fail(f"{t.source}: {exc}", code=1)
             except Exception as exc:

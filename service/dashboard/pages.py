@@ -184,6 +184,11 @@ def _traffic_shape(slug: str, traffic: list[dict[str, Any]]) -> dict[str, Any] |
     return None
 
 
+def _unserved(r: dict[str, Any]) -> int:
+    """Fallback or far requests of a :func:`traffic_rows` row."""
+    return int((r.get("by_source") or {}).get("fallback", 0)) + int(r.get("far") or 0)
+
+
 def traffic_families(
     url: str, traffic: list[dict[str, Any]], shapes: list[dict[str, Any]], hours: int = TRAFFIC_HOURS
 ) -> list[dict[str, Any]]:
@@ -256,6 +261,10 @@ def traffic_families(
                 )
             elif device_name(gpu) is None:
                 row["note"] = f"GPU {gpu!r} is not a known device: kvsplit tune cannot tune it"
+            elif not mine and all(BucketKey.parse(str(r["key"])).tokens_class < 0 for r in rows if _unserved(r)):
+                row["note"] = (
+                    "its fallback requests are all-empty batches (every kv_len 0): no KV to read, nothing to tune"
+                )
         out.append(row)
     out.sort(key=lambda f: (-f["requests"], f["family"]))
     return out

@@ -265,6 +265,10 @@ def test_plan_says_why_it_falls_back(filled):
         "note: planned with the fallback policy 'stream_k' (the fallback of an fp8 decode family, "
         "kvsplit.kernels.policy_table.FP8_FALLBACK): no published policy for this shape"
     ) in res.stderr
+    # an all-empty batch: no signature to match, said so (not "nearest ... at distance inf")
+    res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", "0,0", "--database-url", filled.url)
+    assert res.exit_code == 0 and json.loads(res.stdout)["policy"]["source"] == "fallback", res.output
+    assert "an all-empty batch (every kv_len 0) has no length signature" in res.stderr and "inf" not in res.stderr
     # the tuned shape, but a batch far from every tuned bucket
     res = _invoke("plan", *SHAPE_ARGS, "--kv-lens", "1", "--database-url", filled.url)
     assert res.exit_code == 0, res.output

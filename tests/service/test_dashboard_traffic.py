@@ -121,3 +121,37 @@ def test_dashboard_shows_recorded_traffic_of_covered_and_uncovered_shapes(tmp_pa
         # a shape with neither buckets nor traffic still has no page
         st, _ = _get(srv.port, "/shapes/nvidia-h200.kv2.d64.bf16.p16")
         assert st == 404
+
+
+def test_a_family_whose_fallback_requests_are_all_empty_batches_gets_no_tune_command(tmp_path):
+    """All-empty batches (every kv_len 0) read no KV and carry no length signature: the family's row counts them as
+    fallback requests, as served, but offers no `kvsplit tune --from-traffic` (which has nothing to tune there) and
+    says why; a family with real fallback traffic still gets its command."""
+    import numpy as np
+
+    from kvsplit.kernels.buckets import bucket_key
+    from kvsplit.service.dashboard import pages
+    from kvsplit.service.traffic import current_hour
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    store.upgrade(url)
+    hour = current_hour()
+
+    def key(lens, h_kv):
+        return str(bucket_key(np.asarray(lens), num_kv_heads=h_kv, head_dim=128, dtype="bfloat16", device="h200"))
+
+    empty, real = key([0, 0], 4), key([5000] * 24, 8)
+    cells = [
+        store.TrafficCell(empty, hour, requests=6, n_fallback=6, batch_min=2, batch_max=2, tokens_min=0, tokens_max=0),
+        store.TrafficCell(real, hour, requests=3, n_fallback=3, batch_min=24, batch_max=24),
+    ]
+    cells[1].tokens_min = cells[1].tokens_max = 120_000
+    with store.session_scope(url, write=True) as s:
+        store.add_traffic(s, cells)
+    rows, _ = pages.traffic_rows(url)
+    fams = {f["family"]: f for f in pages.traffic_families(url, rows, [])}
+    e = fams[empty.rsplit(".b", 1)[0]]
+    assert (e["fallback"], e["share_pct"], e["command"]) == (6, 100.0, None), e
+    assert "all-empty batches (every kv_len 0)" in e["note"], e
+    r = fams[real.rsplit(".b", 1)[0]]
+    assert r["command"].startswith("kvsplit tune --from-traffic 1 ") and "all-empty" not in r["note"], r

@@ -106,4 +106,5 @@ def test_sim_bench_uses_the_stores_calibration(tmp_path):
     defaults = bench("--database-url", f"sqlite:///{missing}")
     assert f"calibration: no store read, the simulator's defaults from the DeviceSpec of {gpu}" in defaults
     assert "kvsplit calibrate --gpu" in defaults and not missing.exists()
+    assert f"note: no kvsplit store at sqlite:///{missing}: no stored calibration to read" in defaults
     assert table(defaults) != table(stored)

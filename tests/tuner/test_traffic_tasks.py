@@ -88,6 +88,8 @@ def test_keys_are_picked_by_fallback_plus_far_requests(tmp_path):
     ]
     for c in cells:
         c.tokens_min = c.tokens_max = 262_144
+    # all-empty batches served by the fallback: no KV to read, no length signature: never demand
+    cells.append(store.TrafficCell(_key([0, 0]), 100, requests=400, n_fallback=400, batch_min=2, batch_max=2))
     with store.session_scope(url, write=True) as s:
         store.add_traffic(s, cells)
     demand = traffic_demand(url, hours=2, now_hour=100)
@@ -108,8 +110,8 @@ def test_keys_are_picked_by_fallback_plus_far_requests(tmp_path):
     tasks, notes = traffic_tasks(url, 5, gpu="h200", group_size=4, num_kv_heads=8, hours=2, now_hour=100)
     assert [t.key for t in tasks] == [keys[2], keys[1]] and all(t.num_qo_heads == 32 for t in tasks)
     assert notes == [
-        "1 recorded key(s) of H_kv 4 left: their H_q is not the tuned model's (H_kv 8); tune them with that "
-        "model's --num-qo-heads/--num-kv-heads"
+        "1 recorded key(s) of H_kv 4 left: another model's (this run tunes H_kv 8, and a key does not record H_q); "
+        "tune them with that model's --num-qo-heads/--num-kv-heads"
     ]
     tasks, notes = traffic_tasks(url, 5, gpu="h200", group_size=8, num_kv_heads=4, hours=2, now_hour=100)
     assert [(t.key, t.num_qo_heads) for t in tasks] == [(h4, 32)] and "3 recorded key(s) of H_kv 8 left" in notes[0]
