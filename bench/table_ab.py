@@ -19,8 +19,9 @@ a two-head candidate at one head where two do not fit, as with Llama-3.1-70B's o
 identical to another are timed once), after one discarded warm-up
 timing of A's plan (the first timing after a batch change runs slow). Timing: ``--backend gpu``
 (:class:`kvsplit.tuner.gpu.GpuTimer.time_plan`, the campaign's own timing: CUDA-graph replays, ``do_bench``
-median, random data on shuffled pages far above the L2) or ``--backend sim`` (the calibrated simulator, for a
-CPU smoke run; its figures are predictions, labelled so). The oracle of a batch is the fastest of everything
+median, random data on shuffled pages far above the L2) or ``--backend sim`` (the simulator with the GPU's
+datasheet defaults, no calibration: a CPU smoke run of this script; its figures are an uncalibrated model's
+predictions, labelled so, and say nothing about either table's quality). The oracle of a batch is the fastest of everything
 timed on it in this run.
 
 Prints, and writes to ``OUT/table_ab.json`` (per batch: times, the two plans' record names, ratios):
@@ -227,7 +228,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table_ab.json"), "w") as f:
         json.dump({"summary": summary, "batches": rows}, f, indent=1)
-    label = " (simulated: predictions, not measurements)" if args.backend == "sim" else ""
+    label = (
+        " (simulated with the GPU's uncalibrated datasheet defaults: a smoke run, not a measure of either table)"
+        if args.backend == "sim"
+        else ""
+    )
     print(f"\nB = {args.tables[1]} against A = {args.tables[0]} on {summary['batches']} batches{label}:")
     print(f"  geomean B/A {summary['geomean_b_over_a']:.4f} (target <= 1.00)")
     print(

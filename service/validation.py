@@ -275,12 +275,15 @@ def _kv_dtype(errs: list, v: Any, dtype: str | None) -> str | None:
         return kd
     sixteen = dtype in ("float16", "bfloat16")  # FP8 K/V are read with a 16-bit q only
     names = [None, dtype, *((*sorted(KV_DTYPES), *sorted(KV_DTYPE_SHORT.values())) if sixteen else ())]
-    why = f" with dtype {dtype!r} (FP8 K/V need a float16 or bfloat16 q)" if kd in KV_DTYPES else ""
+    shown = [("null" if n is None else repr(n)) for n in names]
+    msg = "Input should be " + (", ".join(shown[:-1]) + " or " + shown[-1] if len(shown) > 1 else shown[0])
+    if kd in KV_DTYPES:  # an FP8 cache asked for with a 32-bit q
+        msg += f" with dtype {dtype!r}: FP8 K/V ({v!r}) need a float16 or bfloat16 q"
     errs.append(
         error(
             "literal_error",
             ("body", "kv_dtype"),
-            "Input should be " + ", ".join("null" if n is None else repr(n) for n in names) + why,
+            msg,
             v,
             expected=", ".join("null" if n is None else str(n) for n in names),
         )

@@ -193,7 +193,7 @@ def test_bad_input_422_with_location(client, name, over, loc, typ):
     if name == "kv_dtype fp8 fp32 q":  # the allowed values it lists are those of a float32 q: no fp8 among them
         (e,) = [e for e in errs if e["loc"] == loc]
         assert e["msg"] == (
-            "Input should be null, 'float32' with dtype 'float32' (FP8 K/V need a float16 or bfloat16 q)"
+            "Input should be null or 'float32' with dtype 'float32': FP8 K/V ('fp8') need a float16 or bfloat16 q"
         ), e
 
 
