@@ -1546,6 +1546,8 @@ class _LineBar:
         parts = [f"{self.name} {self.done}/{self.n}"] if self.name else []
         if self.total and self.projected < self.total - 0.5:
             parts.append(f"GPU time {self.spent:.0f} s of about {self.projected:.0f} s (budget {self.total:.0f} s)")
+        elif self.total and self.spent > self.total + 0.5:
+            parts.append(f"GPU time {self.spent:.0f} s, over the {self.total:.0f} s budget")
         elif self.total:
             parts.append(f"GPU budget {self.spent:.0f}/{self.total:.0f} s")
         self.say(f"{self.label}: " + "; ".join(parts) + self.bkt)

@@ -49,6 +49,9 @@ def test_line_bar_prints_each_step_start_then_at_most_one_line_per_interval():
     bar.retotal(300.0)
     bar.phase("verify", 118, 4)
     assert said[-1] == "sim campaign: verify 4/118; GPU budget 24/300 s"
+    bar.advance_overall(290.0)  # past the budget (a pool step that needs more than it): said as such
+    bar.phase("verify", 118, 5)
+    assert said[-1] == "sim campaign: verify 5/118; GPU time 314 s, over the 300 s budget"
     bar.close()
 
 
@@ -67,8 +70,13 @@ def test_piped_campaign_prints_plain_progress_and_says_when_the_pool_step_spends
     starts = [s.split()[2] for s in steps if s.split()[3].startswith("0/")]  # each step's first line
     assert starts == ["pool", "search", "whole-wave", "verify"], r.stderr
     assert all(
-        re.fullmatch(r"sim campaign: [a-z-]+ \d+/\d+; GPU budget \d+/6 s(; .* trials \d+/\d+)?", s) for s in steps
+        re.fullmatch(
+            r"sim campaign: [a-z-]+ \d+/\d+; (GPU budget \d+/6 s|GPU time \d+ s, over the 6 s budget)(; .* trials \d+/\d+)?",
+            s,
+        )
+        for s in steps
     )
+    assert any(s.endswith("GPU time 11 s, over the 6 s budget") for s in steps), r.stderr  # the pool step's 11.4 s
     assert any("the pool step alone needs about 0.2 of the 0.1 budget minutes" in x for x in err), r.stderr
     alloc = [x for x in err if x.startswith("pool picks for")]
     assert alloc and "no budget left for new trials: each bucket's study holds the pool step's timings" in alloc[0], (
