@@ -4,6 +4,7 @@
     python bench/compile_sm90.py --groups 1,2,3,4,5,6,7,8,16 --maxnreg none,auto,128 --variants plain --json OUT.jsonl
     python bench/compile_sm90.py --configs 32,4,3 64,4,2 --groups 4,8 --heads 2,4   # KernelConfig.heads_per_tile
     python bench/compile_sm90.py --q-len 4 --kv-dtype fp8 --scales head   # verify steps over an fp8 cache
+    python bench/compile_sm90.py --configs 32,4,3 --variants prefetch --heads 2 --kv-dtype fp8 --scales tensor --loop-mix
 
 For every (BLOCK_N, warps, stages) x variant, the arguments :func:`kvsplit.kernels.decode.launch_decode`
 passes for a case of the reference shape (H_q 32, H_kv 4, D 128, bf16, page 16, grid schedule) are recorded
@@ -198,6 +199,43 @@ def resources(kernel) -> dict:
         "shared": int(kernel.metadata.shared),
         "spill_stores": int(spill.group(1)) if spill else -1,
         "sass_sha256": hashlib.sha256(body.encode()).hexdigest(),
+        "tile_loop": tile_loop_mix(sass),
+    }
+
+
+_SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)([^;]*)")
+
+
+def tile_loop_mix(sass: str) -> dict:
+    """The instruction mix of the kernel's innermost loop that holds tensor-core MMAs (the loop over BLOCK_N
+    tiles; between a backward branch and its target in the SASS): ``instructions`` in all, ``HMMA``, the
+    shared-memory reads by kind (``LDS.U8``: one byte each; ``LDS``: 4-16 bytes; ``LDSM``: ldmatrix), the FP8
+    widenings (``F2FP.*.E4M3*``), byte permutes (``PRMT``) and register moves (``IMAD.MOV``), per thread and
+    tile. Empty when no such loop is found. A fp8 cache's P @ V operand (keys along the MMA's k, a byte apart
+    by 128 in shared memory) shows up as ``LDS.U8``: there is no transposing ldmatrix of bytes."""
+    ins = [(int(m[1], 16), m[2], m[3]) for line in sass.splitlines() if (m := _SASS_LINE.match(line))]
+    best = None
+    for addr, op, rest in ins:
+        t = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if t and int(t[1], 16) < addr:
+            body = [o for a, o, _ in ins if int(t[1], 16) <= a <= addr]
+            if any(o.startswith("HMMA") for o in body) and (best is None or len(body) < len(best)):
+                best = body
+    if best is None:
+        return {}
+
+    def n(pred) -> int:
+        return sum(1 for o in best if pred(o))
+
+    return {
+        "instructions": len(best),
+        "HMMA": n(lambda o: o.startswith("HMMA")),
+        "LDS.U8": n(lambda o: o.startswith(("LDS.U8", "LDS.S8"))),
+        "LDS": n(lambda o: o.split(".")[0] == "LDS" and not o.startswith(("LDS.U8", "LDS.S8"))),
+        "LDSM": n(lambda o: o.startswith("LDSM")),
+        "F2FP.E4M3": n(lambda o: o.startswith("F2FP") and "E4M3" in o),
+        "PRMT": n(lambda o: o == "PRMT"),
+        "IMAD.MOV": n(lambda o: o.startswith("IMAD.MOV")),
     }
 
 
@@ -254,6 +292,11 @@ def main() -> None:
     ap.add_argument("--q-len", type=int, default=1, help="query tokens per request (1-8)")
     ap.add_argument("--kv-dtype", choices=("same", "fp8"), default="same", help="the cache's dtype: q's, or fp8")
     ap.add_argument("--scales", choices=("none", "tensor", "head"), default="none", help="k_scale/v_scale kind")
+    ap.add_argument(
+        "--loop-mix",
+        action="store_true",
+        help="also print each compile's tile-loop instruction mix (tile_loop_mix: per thread and BLOCK_N tile)",
+    )
     args = ap.parse_args()
     scale_kw = {
         "none": {},
@@ -343,6 +386,9 @@ def main() -> None:
                         f"sass {r['sass_sha256'][:12]}",
                         flush=True,
                     )
+                    if args.loop_mix:
+                        mix = r["tile_loop"]
+                        print("  tile loop: " + (", ".join(f"{k} {v}" for k, v in mix.items()) or "not found"))
                     if args.merge:
                         for grid, ma, mkw in record_stage1.merge_calls:
                             mk = compile_sm90(dec._decode_merge_kernel, ma, mkw)

@@ -105,3 +105,40 @@ def test_gpu_sweep_cases_carry_the_shipped_tables_plans(tmp_path):
     assert "oracle_names" not in cases[4]
     with pytest.raises(FileNotFoundError):
         gpu_sweep.load_cases(str(tmp_path / "missing.json"))
+
+
+def test_compile_sm90_tile_loop_mix_counts_the_innermost_mma_loop():
+    """bench/compile_sm90.py's tile-loop mix on a hand-written SASS listing: two loops end in backward branches,
+    the inner one (with the MMAs) is counted, the outer one's extra instructions and the loop-free prologue not."""
+    from bench.compile_sm90 import tile_loop_mix
+
+    def ins(addr, text):
+        return f"        /*{addr:04x}*/                   {text} ;   /* 0x000000 */"
+
+    sass = "\n".join(
+        [
+            ins(0x00, "LDS.U8 R0, [R1]"),  # prologue: outside every loop
+            ins(0x10, "IMAD.MOV.U32 R2, RZ, RZ, R3"),  # outer loop starts here
+            ins(0x20, "LDSM.16.M88.4 R4, [R5]"),  # inner loop starts here
+            ins(0x30, "LDS.U8 R6, [R7+0x80]"),
+            ins(0x40, "F2FP.F16.E4M3.UNPACK_B R8, R6"),
+            ins(0x50, "HMMA.16816.F32 R10, R4, R8, R10"),
+            ins(0x60, "PRMT R9, R6, 0x5410, R6"),
+            ins(0x70, "LDS.64 R12, [R13]"),
+            ins(0x80, "@!P0 BRA 0x20"),  # inner back edge
+            ins(0x90, "LDS.U8 R14, [R15]"),
+            ins(0xA0, "@P1 BRA 0x10"),  # outer back edge
+            ins(0xB0, "EXIT"),
+        ]
+    )
+    assert tile_loop_mix(sass) == {
+        "instructions": 7,
+        "HMMA": 1,
+        "LDS.U8": 1,
+        "LDS": 1,
+        "LDSM": 1,
+        "F2FP.E4M3": 1,
+        "PRMT": 1,
+        "IMAD.MOV": 0,
+    }
+    assert tile_loop_mix("\n".join([ins(0x00, "HMMA.16816.F32 R0, R1, R2, R0"), ins(0x10, "EXIT")])) == {}
