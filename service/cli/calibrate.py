@@ -18,8 +18,8 @@ from .options import (
     NumQoHeads,
     PageSize,
     QLen,
+    checked_shape,
     fail,
-    flag_message,
     store_url,
 )
 
@@ -48,28 +48,24 @@ def calibrate_cmd(
     --kv-dtype and --q-len: the sample is timed with that KV cache dtype and that many query tokens per request, and the simulator is fitted modelling them. The fit is stored as the GPU's calibration for that KV dtype and q_len only: a simulation of another KV dtype or q_len uses its own, else the q_len-1 fit of the model's dtype (and says so).
     """  # noqa: E501 - one line per paragraph: the help text reflows it
     from ...db import store
-    from ...kernels.shape import Shape
     from ...tuner.backends import make_backend
     from ...tuner.calibrate import calibrate
 
-    def checked_shape(device: str) -> Shape:
-        try:
-            return Shape.of(
-                device=device,
-                num_qo_heads=num_qo_heads,
-                num_kv_heads=num_kv_heads,
-                head_dim=head_dim,
-                dtype=dtype,
-                page_size=page_size,
-                kv_dtype=kv_dtype,
-                q_len=q_len,
-            )
-        except ValueError as exc:
-            fail(flag_message(str(exc)))
+    def shape_on(device: str):
+        return checked_shape(
+            device=device,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
+        )
 
     # the flags are checked before the GPU is looked for (a bad --q-len is named on any machine); the shape is
     # built again for the local GPU below
-    checked_shape(gpu or "NVIDIA H200")
+    shape_on(gpu or "NVIDIA H200")
     try:
         import torch
 
@@ -79,7 +75,7 @@ def calibrate_cmd(
         fail("kvsplit calibrate needs a CUDA GPU (it times the real kernel)")
     local = torch.cuda.get_device_name()
     name = gpu or local
-    shape = checked_shape(name)
+    shape = shape_on(name)
     url = store_url(database_url)
     with store_errors(url):  # one line naming the cause: disk full, read-only, unreachable, ...
         store.upgrade(url)

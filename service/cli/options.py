@@ -126,6 +126,37 @@ def flag_message(msg: str) -> str:
     return f"{_FLAGS[name]}:{rest}" if sep and name in _FLAGS else msg
 
 
+def checked_shape(
+    *,
+    device: str,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    page_size: int,
+    kv_dtype: str | None,
+    q_len: int,
+):
+    """The :class:`kvsplit.kernels.shape.Shape` of the command's flags; a bad one is a one-line error naming the
+    flag and the value, in the kernels' words (:func:`flag_message`: ``--head-dim: expected one of (64, 128, 256),
+    got 100``)."""
+    from ...kernels.shape import Shape
+
+    try:
+        return Shape.of(
+            device=device,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            page_size=page_size,
+            kv_dtype=kv_dtype,
+            q_len=q_len,
+        )
+    except ValueError as exc:
+        fail(flag_message(str(exc)))
+
+
 def store_url(database_url: str | None) -> str:
     """``--database-url`` (or the settings' URL) as a SQLAlchemy URL; a bad one is a one-line error."""
     from pydantic import ValidationError

@@ -43,9 +43,9 @@ from .options import (
     NumQoHeads,
     PageSize,
     QLen,
+    checked_shape,
     existing_store,
     fail,
-    flag_message,
     gpu_or_fail,
     store_url,
 )
@@ -230,7 +230,7 @@ def plan_cmd(
     """Print the plan of one batch as JSON (the POST /v1/plan answer), using the store's policies."""
     import orjson
 
-    from ...kernels.shape import Shape, canonical_dtype
+    from ...kernels.shape import canonical_dtype
     from ...tuner.published import load_table_doc
     from ..routers.plan import plan_answer
     from ..state import ServedTable
@@ -244,19 +244,16 @@ def plan_cmd(
         dtype = canonical_dtype(dtype)
     except ValueError as exc:
         fail(f"--{exc}")
-    try:  # the shape's rules and wording are the kernels' (kvsplit.kernels.shape.Shape), as kvsplit tune and bench say them
-        Shape.of(
-            device=gpu,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            dtype=dtype,
-            page_size=page_size,
-            kv_dtype=kv_dtype,
-            q_len=q_len,
-        )
-    except ValueError as exc:
-        fail(flag_message(str(exc)))
+    checked_shape(  # the kernels' rules and words, as kvsplit tune, bench and calibrate say them
+        device=gpu,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+        kv_dtype=kv_dtype,
+        q_len=q_len,
+    )
     settings = load_settings(flags={"database_url": ("--database-url", database_url)})
     body = orjson.dumps(
         {
