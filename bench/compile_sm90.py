@@ -217,12 +217,15 @@ def tile_loop_mix(sass: str) -> dict:
     best = None
     for addr, op, rest in ins:
         t = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
-        if t and int(t[1], 16) < addr:
-            body = [o for a, o, _ in ins if int(t[1], 16) <= a <= addr]
+        top = int(t[1], 16) if t else addr
+        if top < addr:  # a backward branch: the loop is [top, addr]
+            body = [o for a, o, _ in ins if top <= a <= addr]
             if any(o.startswith("HMMA") for o in body) and (best is None or len(body) < len(best)):
                 best = body
     if best is None:
         return {}
+
+    byte_loads = ("LDS.U8", "LDS.S8")
 
     def n(pred) -> int:
         return sum(1 for o in best if pred(o))
@@ -230,8 +233,8 @@ def tile_loop_mix(sass: str) -> dict:
     return {
         "instructions": len(best),
         "HMMA": n(lambda o: o.startswith("HMMA")),
-        "LDS.U8": n(lambda o: o.startswith(("LDS.U8", "LDS.S8"))),
-        "LDS": n(lambda o: o.split(".")[0] == "LDS" and not o.startswith(("LDS.U8", "LDS.S8"))),
+        "LDS.U8": n(lambda o: o.startswith(byte_loads)),
+        "LDS": n(lambda o: o.split(".")[0] == "LDS" and not o.startswith(byte_loads)),
         "LDSM": n(lambda o: o.startswith("LDSM")),
         "F2FP.E4M3": n(lambda o: o.startswith("F2FP") and "E4M3" in o),
         "PRMT": n(lambda o: o == "PRMT"),
