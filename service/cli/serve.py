@@ -9,7 +9,7 @@
     with its own table and reload poll, and Prometheus metrics use
     multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set to a fresh directory
     unless already set).
-``kvsplit plan --gpu ... --num-qo-heads ... --num-kv-heads ... --head-dim ... --dtype ... --page-size ... (--kv-lens 4096,17,9000 | --kv-lens-file PATH) --database-url ...``
+``kvsplit plan --gpu ... --num-qo-heads ... --num-kv-heads ... [--head-dim 128] [--dtype bfloat16] [--page-size 16] (--kv-lens 4096,17,9000 | --kv-lens-file PATH) --database-url ...``
     Prints the ``POST /v1/plan`` answer for that batch as JSON, planned with
     the store's published policies through the same validation and
     :class:`~kvsplit.kernels.policy_table.PolicyTable` as the service
@@ -203,8 +203,8 @@ def plan_cmd(
     gpu: Gpu,
     num_qo_heads: NumQoHeads,
     num_kv_heads: NumKvHeads,
-    head_dim: HeadDim,
-    dtype: Dtype,
+    head_dim: HeadDim = 128,
+    dtype: Dtype = "bfloat16",
     page_size: PageSize = 16,
     kv_dtype: KvDtype = None,
     q_len: QLen = 1,
