@@ -109,7 +109,8 @@ def record_stage1(
     rec, saved = _Recorder(dec._decode_stage1_kernel), dec._decode_stage1_kernel
     rec_m, saved_m = _Recorder(dec._decode_merge_kernel), dec._decode_merge_kernel
     dec._decode_stage1_kernel, dec._decode_merge_kernel = rec, rec_m
-    rule = dec.launch_rule
+    rule, widen = dec.launch_rule, dec._fp8_widen_mode
+    dec._fp8_widen_mode = lambda device: 2  # the sm_90 launch's FP8 widening (the CPU tensors here would pick 1)
     if overlap:
         dec.launch_rule = lambda *a, **kw: dataclasses.replace(
             rule(*a, **kw), merge_overlap=True, pdl=True, pdl_last=cfg.schedule != "persistent"
@@ -130,7 +131,7 @@ def record_stage1(
         )
     finally:
         dec._decode_stage1_kernel, dec._decode_merge_kernel = saved, saved_m
-        dec.launch_rule = rule
+        dec.launch_rule, dec._fp8_widen_mode = rule, widen
     ((_, args, kwargs),) = rec.calls
     record_stage1.merge_calls = rec_m.calls  # the merge launch(es) of the same call, for --merge
     return args, kwargs

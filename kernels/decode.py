@@ -100,6 +100,28 @@ KV_DTYPES = {**TORCH_DTYPES, KV_FP8: "float8_e4m3fn"}
 
 
 @triton.jit
+def _widen_fp8(v, KV_FP8: tl.constexpr):
+    # float8_e4m3fn -> float16 (q's dtype on an FP8 cache). KV_FP8 == 2: in the layout v was loaded in, four
+    # elements per 32-bit register, with two packed cvt.rn.f16x2.e4m3x2 (the instruction Triton's own conversion
+    # uses) in inline PTX marked impure so that it stays before the shared-memory copy: Triton moves its own
+    # conversion past that copy into the P @ V operand's layout (keys along the MMA's k), which it then reads one
+    # byte at a time (LDS.U8) for want of a transposing ldmatrix of bytes; widened first, V is stored as float16
+    # and read by ldmatrix.trans as on a 16-bit cache (docs/decisions/fp8-dot-dtype.md). KV_FP8 == 1: Triton's
+    # conversion (its interpreter runs no PTX; :func:`_fp8_widen_mode` picks the mode).
+    if KV_FP8 == 2:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r",
+            [v.to(tl.uint8, bitcast=True)],
+            dtype=tl.float16,
+            is_pure=False,
+            pack=4,
+        )
+    else:
+        return v.to(tl.float16)
+
+
+@triton.jit
 def _online_softmax_step(
     q,
     k,
@@ -113,17 +135,18 @@ def _online_softmax_step(
     t=None,
     lim=None,
     Q_LEN: tl.constexpr = 1,
-    KV_FP8: tl.constexpr = False,
+    KV_FP8: tl.constexpr = 0,
 ):
     # one BLOCK_N tile of the online softmax (base 2; FlashAttention-2, Dao 2023): scores of the GQA group's
     # queries against the tile's keys, masked past the item's end, running max / sum / output rescaled.
-    # KV_FP8: k and v are float8_e4m3fn, widened to q's dtype (float16, converted by the caller) for the dots
+    # KV_FP8 (1 or 2, _widen_fp8): k and v are float8_e4m3fn, widened to q's dtype (float16, converted by the caller)
+    # for the dots
     # (their scales are folded into qk_scale and into the output). Q_LEN > 1: row r also masks the keys at positions t >= lim[r] (causal
     # within the request's Q_LEN new tokens); a row with no key in the tile keeps m = -inf, so the exponents
     # are taken against 0 there (no -inf - -inf).
     if KV_FP8:
         k = k.to(q.dtype)
-        v = v.to(q.dtype)
+        v = _widen_fp8(v, KV_FP8)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if Q_LEN == 1:
         s = tl.where(mask_n[None, :], s, float("-inf"))
@@ -165,7 +188,7 @@ def _online_softmax_step_heads(
     t=None,
     lim=None,
     Q_LEN: tl.constexpr = 1,
-    KV_FP8: tl.constexpr = False,
+    KV_FP8: tl.constexpr = 0,
 ):
     # one BLOCK_N tile for HEADS adjacent KV heads at once: the query rows of head j are rows
     # j*G .. j*G+G-1 of q (HEADS*G <= BLOCK_H, so the rows that pad one head's G queries to 16 hold the next
@@ -193,7 +216,7 @@ def _online_softmax_step_heads(
     for j in tl.static_range(HEADS):
         v = tl.load(V + (v_row + (h0 + j) * stride_vh)[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
         if KV_FP8:
-            v = v.to(q.dtype)
+            v = _widen_fp8(v, KV_FP8)
         acc += tl.dot(tl.where((row_head == j)[:, None], p, 0.0).to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -247,7 +270,7 @@ def _stage1_tile(
     V_SCALE=None,
     v_scale=None,
     Q_LEN: tl.constexpr = 1,
-    KV_FP8: tl.constexpr = False,
+    KV_FP8: tl.constexpr = 0,
     SCALE: tl.constexpr = 0,
 ):
     # tile -> (cta, kv_head); the tiles of one CTA's items for all KV heads are adjacent. With HEADS > 1 a
@@ -547,7 +570,7 @@ def _decode_stage1_kernel(
     V_SCALE=None,
     v_scale=None,
     Q_LEN: tl.constexpr = 1,
-    KV_FP8: tl.constexpr = False,
+    KV_FP8: tl.constexpr = 0,
     SCALE: tl.constexpr = 0,
 ):
     if PDL:
@@ -1249,6 +1272,16 @@ def _pdl_available(device: torch.device) -> bool:
     return not _INTERPRETED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+@functools.lru_cache(maxsize=64)
+def _fp8_widen_mode(device: torch.device) -> int:
+    """``KV_FP8`` of a launch over an FP8 cache on ``device`` (:func:`_widen_fp8`): 2, V widened by inline PTX
+    (``cvt.rn.f16x2.e4m3x2``, PTX ISA 7.8, compute capability 8.9+), on a compiled CUDA launch that has it; else 1,
+    Triton's conversion (the interpreter). Cached per device, as :func:`_pdl_available`."""
+    if _INTERPRETED or device.type != "cuda":
+        return 1
+    return 2 if torch.cuda.get_device_capability(device) >= (8, 9) else 1
+
+
 @dataclass(frozen=True)
 class LaunchRule:
     """The launch parameters :func:`launch_decode` runs a plan with, as :func:`launch_rule` picks them.
@@ -1612,7 +1645,7 @@ def launch_decode(
             V_SCALE=v_scale if scale_mode == 2 else None,
             v_scale=v_float if scale_mode == 1 else None,
             Q_LEN=q_len,
-            KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
+            KV_FP8=_fp8_widen_mode(q.device) if k_cache.dtype == torch.float8_e4m3fn else 0,
             SCALE=scale_mode,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,

@@ -703,9 +703,9 @@ SHIPPED_TABLES = ("data/h200_policies.json", "data/h100_policies.json")
 """The GPU-tuned tables the project ships, inside this package (format ``kvsplit.policies``, ``kvsplit db export``
 documents; head_dim 128, bf16, page 16): the H200's, 263 published policies for H_kv 1, 4 and 8 (the three model
 shapes), and the H100's (NVIDIA H100 80GB HBM3), 859: 123 for each of the same three shapes, built by
-``kvsplit tune --campaign`` from an empty store, one campaign per shape, and on that store three more of the
-Qwen3-30B-A3B shape (H_kv 4): 122 buckets at q_len 2, 123 at q_len 4 and 122 with an fp8 KV cache; then 123 at
-q_len 8 from a campaign on a store of its own (docs/results.md)."""
+``kvsplit tune --campaign`` from an empty store, one campaign per shape, and on that store two more of the
+Qwen3-30B-A3B shape (H_kv 4): 122 buckets at q_len 2 and 123 at q_len 4; then 123 at q_len 8 and 122 with an fp8
+KV cache, each from a campaign on a store of its own (docs/results.md)."""
 
 
 EXPORT_FORMAT = "kvsplit.policies"

@@ -255,14 +255,15 @@ for (_gpu, _d, _dt, _bn, _w, _s, _h), _v in list(COMPILED_NEXT.items()):
 # head), compiled for sm_90 the same way: bench/compile_sm90.py --configs 128,4,2 128,4,3 64,4,2 64,4,3 32,4,2
 # 32,4,3 32,4,4 64,8,2 64,8,3 --variants plain,prefetch,next_item --heads 1,2 --maxnreg auto --q-len N for N = 2, 4
 # and 8 and --configs 128,8,2 --variants plain, each over a 16-bit cache and, with --kv-dtype fp8 --scales tensor, an
-# FP8 one (the kernel that widens e4m3 to float16 in registers); and over a 16-bit cache at q_len 2, 4 and 8 every
+# FP8 one (the kernel that widens e4m3 to float16 in registers, V before its shared-memory copy; recompiled
+# 2026-12-06); and over a 16-bit cache at q_len 2, 4 and 8 every
 # (block_n, num_warps, num_stages) the tuner's space takes for head_dim 128 (64) x plain / prefetch / next_item x the
 # heads per tile whose rows fit (1-2; 1 at q_len 8). G = 8; Triton 3.6, 2026-12-05. The q_len > 1 kernel takes more registers than the q_len-1 kernel even where
 # its padded rows are the same: at q_len 2 (16 rows, as at q_len 1) (128, 4, 2) takes 238 where the q_len-1 kernel
 # takes 168 (2 CTAs per SM, not 3) and (64, 4, 2) 150 where it takes 118 (3, not 4). The q_len-1 kernel compiled at
 # G = 32 and 64 (the rows q_len 4 and 8 give at G = 8) under-counts them too: (64, 4, 2) at 32 rows takes 168, not
-# 128; an FP8 cache's buffers halve but its widening costs registers, which halving the 16-bit figures' buffers
-# missed for 13 of the 89 FP8 compiles. Key: (arch, head_dim, dtype, bytes per K/V element, block_n, num_warps,
+# 128; an FP8 cache's K buffers halve (V's hold float16) and its widening costs registers, which halving the
+# 16-bit figures' buffers misses for 17 of the 94 FP8 compiles. Key: (arch, head_dim, dtype, bytes per K/V element, block_n, num_warps,
 # num_stages, prefetch, next_item, heads_per_tile, rows), rows
 # the tile's padded query rows (:func:`padded_rows` of ``heads_per_tile * G * q_len``); the comment gives the
 # resident CTAs per SM on an sm_90 SM. The compiled kernel is a property of the target (sm_90), not of the board, so
@@ -844,99 +845,99 @@ COMPILED_QLEN: dict[tuple[str, int, str, int, int, int, int, bool, bool, int, in
     ("sm_90", 128, "bfloat16", 2, 256, 8, 2, False, False, 1, 16): (174, 143360),  # 1
     ("sm_90", 128, "bfloat16", 2, 256, 8, 2, False, False, 1, 32): (238, 155648),  # 1
     ("sm_90", 128, "bfloat16", 2, 256, 8, 2, False, False, 1, 64): (255, 279552),  # 1, 360 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 16): (128, 13312),  # 4, 12 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 32): (168, 18432),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 16): (126, 21504),  # 4
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 32): (166, 26624),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 1, 64): (212, 40960),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 2, 32): (255, 26624),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 2, 32): (168, 34816),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 2, False, False, 2, 64): (211, 40960),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 1, 16): (128, 13440),  # 4, 4 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 1, 32): (168, 18560),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 1, 16): (128, 21632),  # 4
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 1, 32): (166, 26752),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 1, 64): (208, 41088),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 2, 32): (255, 26752),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 2, 32): (168, 34944),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 3, False, False, 2, 64): (215, 41088),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 1, 16): (128, 21504),  # 4, 12 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 1, 32): (168, 26624),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 1, 16): (125, 29696),  # 4
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 1, 32): (168, 34816),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 1, 64): (213, 49152),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 2, 32): (168, 43008),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 2, 32): (168, 51200),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, False, 2, 64): (213, 57344),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 1, 16): (212, 21504),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 1, 32): (168, 26624),  # 3, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 1, 16): (128, 29696),  # 4
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 1, 32): (168, 34816),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 1, 64): (234, 49152),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 2, 32): (255, 43008),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 2, 32): (181, 51200),  # 2
     ("sm_90", 128, "bfloat16", 1, 32, 4, 3, True, True, 2, 64): (238, 57344),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 1, 16): (128, 13440),  # 4, 4 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 1, 32): (168, 18560),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 1, 16): (128, 21632),  # 4
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 1, 32): (166, 26752),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 1, 64): (208, 41088),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 2, 32): (255, 26752),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 2, 32): (168, 34944),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 4, False, False, 2, 64): (215, 41088),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 1, 16): (128, 29696),  # 4, 8 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 1, 32): (168, 34816),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 1, 16): (125, 37888),  # 4
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 1, 32): (168, 43008),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 1, 64): (213, 57344),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 2, 32): (168, 59392),  # 3
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 2, 32): (168, 67584),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, False, 2, 64): (213, 73728),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 1, 16): (212, 29696),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 1, 32): (168, 34816),  # 3, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 1, 16): (128, 37888),  # 4
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 1, 32): (168, 43008),  # 3
     ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 1, 64): (234, 57344),  # 2
-    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 2, 32): (255, 59392),  # 2
+    ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 2, 32): (181, 67584),  # 2
     ("sm_90", 128, "bfloat16", 1, 32, 4, 4, True, True, 2, 64): (240, 73728),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 1, 16): (168, 22528),  # 3
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 1, 32): (167, 28672),  # 3
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 1, 16): (144, 38912),  # 3
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 1, 32): (166, 45056),  # 3
     ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 1, 64): (219, 65536),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 2, 32): (255, 45056),  # 2, 4 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 2, 32): (178, 61440),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 4, 2, False, False, 2, 64): (223, 65536),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 1, 16): (168, 22784),  # 3, 8 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 1, 32): (219, 28928),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 1, 16): (148, 39168),  # 3
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 1, 32): (168, 45312),  # 3
     ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 1, 64): (212, 65792),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 2, 32): (255, 45312),  # 2, 64 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 2, 32): (183, 61696),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 4, 3, False, False, 2, 64): (220, 65792),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 1, 16): (168, 38912),  # 3
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 1, 32): (203, 45056),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 1, 16): (142, 55296),  # 3
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 1, 32): (168, 61440),  # 3
     ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 1, 64): (236, 81920),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 2, 32): (255, 77824),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 2, 32): (181, 94208),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 2, 64): (227, 98304),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 1, 16): (194, 38912),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 1, 32): (229, 45056),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 1, 16): (168, 55296),  # 3
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 1, 32): (173, 61440),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 1, 64): (250, 81920),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 2, 32): (255, 77824),  # 2, 4 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 2, 32): (177, 94208),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, True, 2, 64): (255, 98304),  # 2, 48 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 1, 16): (128, 22528),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 1, 32): (174, 28672),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 1, 16): (86, 38912),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 1, 32): (128, 45056),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 1, 64): (187, 65536),  # 1
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 2, 32): (180, 45056),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 2, 32): (128, 61440),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 8, 2, False, False, 2, 64): (247, 69632),  # 1
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 1, 16): (147, 22784),  # 1
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 1, 32): (184, 28928),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 1, 16): (105, 39168),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 1, 32): (128, 45312),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 1, 64): (189, 65792),  # 1
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 2, 32): (191, 45312),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 2, 32): (128, 61696),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 8, 3, False, False, 2, 64): (249, 69888),  # 1
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 1, 16): (128, 38912),  # 2
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 1, 32): (169, 45056),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 1, 16): (80, 55296),  # 3, 16 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 1, 32): (128, 61440),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 1, 64): (190, 81920),  # 1
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 2, 32): (174, 77824),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 2, 32): (128, 94208),  # 2
     ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, False, 2, 64): (250, 102400),  # 1
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 1, 16): (170, 38912),  # 1
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 1, 32): (172, 45056),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 1, 16): (128, 55296),  # 2
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 1, 32): (170, 61440),  # 1
     ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 1, 64): (214, 81920),  # 1
-    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 2, 32): (178, 77824),  # 1
+    ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 2, 32): (178, 94208),  # 1
     ("sm_90", 128, "bfloat16", 1, 64, 8, 3, True, True, 2, 64): (255, 102400),  # 1, 32 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 1, 16): (255, 40960),  # 2
-    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 1, 32): (255, 49152),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 1, 16): (200, 73728),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 1, 32): (255, 81920),  # 2, 8 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 1, 64): (255, 114688),  # 2, 24 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 2, 32): (255, 81920),  # 2, 88 B of spill stores
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 2, 32): (255, 114688),  # 2, 104 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 128, 4, 2, False, False, 2, 64): (255, 114688),  # 2, 240 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, False, False, 1, 16): (210, 41472),  # 2
-    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, False, False, 1, 32): (255, 49664),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, False, False, 1, 16): (200, 74240),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, False, False, 1, 32): (255, 82432),  # 2, 20 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 128, 4, 3, False, False, 1, 64): (255, 115200),  # 2, 8 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, False, 1, 16): (206, 73728),  # 2
-    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, False, 1, 32): (255, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, False, 1, 16): (198, 106496),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, False, 1, 32): (255, 114688),  # 2, 8 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, False, 1, 64): (255, 147456),  # 1, 28 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 16): (213, 73728),  # 2
-    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 32): (255, 81920),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 16): (200, 106496),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 32): (255, 114688),  # 2, 12 B of spill stores
     ("sm_90", 128, "bfloat16", 1, 128, 4, 3, True, True, 1, 64): (255, 147456),  # 1, 212 B of spill stores
-    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 1, 16): (188, 40960),  # 1
-    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 1, 32): (178, 49152),  # 1
+    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 1, 16): (128, 73728),  # 2
+    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 1, 32): (166, 81920),  # 1
     ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 1, 64): (227, 114688),  # 1
-    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 2, 32): (255, 81920),  # 1
+    ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 2, 32): (176, 114688),  # 1
     ("sm_90", 128, "bfloat16", 1, 128, 8, 2, False, False, 2, 64): (255, 118784),  # 1, 248 B of spill stores
 }
 for (_a, _d, _dt, _kb, _bn, _w, _s, _pf, _nx, _h, _r), _v in list(COMPILED_QLEN.items()):
@@ -950,49 +951,51 @@ def arch(device: DeviceSpec) -> str:
     return f"sm_{major}{minor}"
 
 
-# An FP8 (float8_e4m3fn) K/V cache read with a 16-bit q: the kernel that dots it in float16
-# (docs/decisions/fp8-dot-dtype.md), compiled for sm_90 the same way (bench/compile_sm90.py --kv-dtype fp8
-# --scales tensor: G = 8, q_len 1, per-tensor scales; Triton 3.6, 2026-12-05). The K/V buffers halve, but widening
-# e4m3 in registers costs registers: (64, 4, 2) takes 168 where the 16-bit kernel takes 118 (3 CTAs per SM, not
-# 4), (128, 4, 2) 209 where it takes 168 (2, not 3). Halving the 16-bit figures' K/V buffers (what
-# resident_ctas_per_sm does for a config this table lacks) counted a wrong residency for 15 of these 34 configs,
-# more CTAs than run for 8 of them. Key: (gpu, head_dim, dtype, block_n, num_warps, num_stages, prefetch,
-# heads_per_tile, next_item); the comment gives the resident CTAs per SM.
+# An FP8 (float8_e4m3fn) K/V cache read with a 16-bit q: the kernel that dots it in float16 and widens V in registers
+# before its shared-memory copy (docs/decisions/fp8-dot-dtype.md), compiled for sm_90 the same way
+# (bench/compile_sm90.py --kv-dtype fp8 --scales tensor --variants plain,prefetch,next_item --heads 1,2: G = 8, q_len
+# 1, per-tensor scales; Triton 3.6, 2026-12-06). V's buffers hold float16, K's e4m3: (32, 4, 3) with the prefetch
+# and two heads takes 128 registers and 46,080 B (4 CTAs per SM), (64, 4, 2) 140 registers where the 16-bit kernel
+# takes 118 (3 CTAs per SM, not 4), (128, 4, 2) 204 where it takes 168 (2, not 3). Halving the 16-bit figures' K/V
+# buffers (what resident_ctas_per_sm does for a config this table lacks) counts a wrong residency for 13 of these 34
+# configs, more CTAs than run for 7 of them. Key: (arch, head_dim, dtype, block_n, num_warps, num_stages, prefetch,
+# heads_per_tile, next_item), arch the compile target (:func:`arch`: every sm_90 GPU reads these figures); the
+# comment gives the resident CTAs per SM.
 COMPILED_FP8: dict[tuple[str, int, str, int, int, int, bool, int, bool], tuple[int, int]] = {
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 1, False): (128, 13312),  # 4, 12 B of spill stores
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 2, False, 2, False): (138, 21504),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, False, 1, False): (128, 13440),  # 4
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, False, 2, False): (184, 21632),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 1, False): (128, 21504),  # 4
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 1, True): (135, 21504),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 2, False): (137, 37888),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 3, True, 2, True): (168, 37888),  # 3, 4 B of spill stores
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, False, 2, False): (184, 21632),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, True, 1, False): (128, 29696),  # 4
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, True, 1, True): (135, 29696),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 32, 4, 4, True, 2, False): (137, 54272),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 1, False): (168, 22528),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 2, False, 2, False): (162, 38912),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, False, 1, False): (168, 22784),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 1, False): (168, 38912),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 1, True): (194, 38912),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 2, False): (255, 71680),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 3, True, 2, True): (255, 71680),  # 2, 16 B of spill stores
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4, True, 1, False): (168, 55296),  # 3
-    ("NVIDIA H200", 128, "bfloat16", 64, 4, 4, True, 1, True): (194, 55296),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 1, False): (128, 22528),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 2, False, 2, False): (128, 38912),  # 2, 24 B of spill stores
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, False, 1, False): (147, 22784),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 1, False): (128, 38912),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 1, True): (168, 38912),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 2, False): (128, 71680),  # 2, 12 B of spill stores
-    ("NVIDIA H200", 128, "bfloat16", 64, 8, 3, True, 2, True): (179, 71680),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 2, False, 1, False): (209, 40960),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 128, 4, 3, False, 1, False): (212, 41472),  # 2
-    ("NVIDIA H200", 128, "bfloat16", 128, 8, 2, False, 1, False): (190, 40960),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 128, 8, 3, False, 1, False): (198, 41472),  # 1
-    ("NVIDIA H200", 128, "bfloat16", 256, 4, 2, False, 1, False): (255, 77824),  # 2, 160 B of spill stores
-    ("NVIDIA H200", 128, "bfloat16", 256, 8, 2, False, 1, False): (180, 77824),  # 1
+    ("sm_90", 128, "bfloat16", 32, 4, 2, False, 1, False): (104, 21504),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 2, False, 2, False): (128, 29696),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 3, False, 1, False): (106, 21632),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 3, False, 2, False): (142, 29824),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, 1, False): (102, 29696),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, 1, True): (128, 29696),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, 2, False): (128, 46080),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 3, True, 2, True): (168, 46080),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 4, False, 2, False): (142, 29824),  # 3
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, 1, False): (102, 37888),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, 1, True): (128, 37888),  # 4
+    ("sm_90", 128, "bfloat16", 32, 4, 4, True, 2, False): (128, 62464),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 2, False, 1, False): (140, 38912),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 2, False, 2, False): (150, 55296),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 3, False, 1, False): (150, 39168),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, 1, False): (150, 55296),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, 1, True): (186, 55296),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, 2, False): (150, 88064),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 3, True, 2, True): (255, 88064),  # 2
+    ("sm_90", 128, "bfloat16", 64, 4, 4, True, 1, False): (150, 71680),  # 3
+    ("sm_90", 128, "bfloat16", 64, 4, 4, True, 1, True): (186, 71680),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 2, False, 1, False): (80, 38912),  # 3, 20 B of spill stores
+    ("sm_90", 128, "bfloat16", 64, 8, 2, False, 2, False): (124, 55296),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, False, 1, False): (105, 39168),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, 1, False): (108, 55296),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, 1, True): (128, 55296),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, 2, False): (128, 88064),  # 2
+    ("sm_90", 128, "bfloat16", 64, 8, 3, True, 2, True): (172, 88064),  # 1
+    ("sm_90", 128, "bfloat16", 128, 4, 2, False, 1, False): (204, 73728),  # 2
+    ("sm_90", 128, "bfloat16", 128, 4, 3, False, 1, False): (202, 74240),  # 2
+    ("sm_90", 128, "bfloat16", 128, 8, 2, False, 1, False): (128, 73728),  # 2, 4 B of spill stores
+    ("sm_90", 128, "bfloat16", 128, 8, 3, False, 1, False): (128, 74240),  # 2, 8 B of spill stores
+    ("sm_90", 128, "bfloat16", 256, 4, 2, False, 1, False): (255, 143360),  # 1, 168 B of spill stores
+    ("sm_90", 128, "bfloat16", 256, 8, 2, False, 1, False): (200, 143360),  # 1
 }
 for (_gpu, _d, _dt, _bn, _w, _s, _pf, _h, _nx), _v in list(COMPILED_FP8.items()):
     COMPILED_FP8[(_gpu, _d, "float16", _bn, _w, _s, _pf, _h, _nx)] = _v
@@ -1108,7 +1111,7 @@ def tile_resources(
     if kvb == 1 and rows <= 0 and extra_rows <= 0:  # the q_len-1 FP8 kernel
         fp8 = COMPILED_FP8.get(
             (
-                device.name,
+                arch(device),
                 head_dim,
                 dtype,
                 block_n,

@@ -760,6 +760,39 @@ def test_compiled_residency_table_matches_an_sm90_compile(tmp_path):
     assert {tuple(r["cfg"]): r["resident"] for r in rows} == {(64, 2, 3): 4, (64, 4, 4): 3}
 
 
+def test_fp8_residency_tables_match_an_sm90_compile(tmp_path):
+    """COMPILED_FP8 (q_len 1) and COMPILED_QLEN's FP8 rows hold the sm_90 compile of the kernel that widens V before
+    its shared-memory copy (``_widen_fp8``'s inline PTX, which the compile records as an sm_90 launch picks it):
+    compiling the FP8 fallback's tile (32, 4, 3, prefetch, two heads) and a q_len-4 tile again gives the tables'
+    figures, and the planner counts their residency on the H200 and the H100 alike (the table is keyed by arch)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kvsplit.kernels.device import resolve_device
+    from kvsplit.kernels.residency import COMPILED_FP8, COMPILED_QLEN, occupancy, resident_ctas_per_sm
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "c.jsonl"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    base = [sys.executable, str(root / "bench/compile_sm90.py"), "--kv-dtype", "fp8", "--scales", "tensor"]
+    for extra in (
+        ["--configs", "32,4,3", "--variants", "prefetch", "--heads", "2"],
+        ["--configs", "64,4,3", "--variants", "prefetch", "--heads", "1", "--q-len", "4", "--maxnreg", "auto"],
+    ):
+        subprocess.run([*base, *extra, "--json", str(out)], check=True, env=env, cwd=root, capture_output=True)
+    q1, q4 = [json.loads(x) for x in out.read_text().splitlines()]
+    assert (q1["regs"], q1["shared"]) == COMPILED_FP8[("sm_90", 128, "bfloat16", 32, 4, 3, True, 2, False)]
+    assert (q4["regs"], q4["shared"]) == COMPILED_QLEN[("sm_90", 128, "bfloat16", 1, 64, 4, 3, True, False, 1, 32)]
+    assert q1["tile_loop"]["LDS.U8"] == 0  # V is read by ldmatrix from its float16 copy, not byte by byte
+    for gpu in ("NVIDIA H200", "h100"):
+        dev = resolve_device(gpu)
+        fb = resident_ctas_per_sm(dev, 128, "bfloat16", 2, 32, 4, 3, prefetch=True, heads_per_tile=2, kv_bytes=1)
+        assert fb == occupancy(dev, 4, q1["regs"], q1["shared"]) == 4
+
+
 @pytest.mark.parametrize(
     "merge_dsplit,heads,schedule", [(1, 1, "grid"), (4, 2, "grid"), (4, 1, "persistent"), (1, 2, "persistent")]
 )

@@ -711,6 +711,10 @@ def test_fp8_kv_cache(q_len, scales, policy, params):
             "v_scale": torch.tensor([3.0, 0.25, 1.2, 0.9], device="cuda"),
         }
     _check_verify(case, _verify_plan(VERIFY_LENS, policy, params), q_len, **kw)
+    # these ran the inline-PTX V widening (KV_FP8 = 2) wherever the GPU has cvt.rn.f16x2.e4m3x2 (sm_89+)
+    from kvsplit.kernels.decode import _fp8_widen_mode
+
+    assert _fp8_widen_mode(case["q"].device) == (2 if torch.cuda.get_device_capability() >= (8, 9) else 1)
 
 
 @pytest.mark.parametrize("q_len", [2, 4, 8])

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvsplit.kernels.buckets import BucketKey, bucket_key, distance, key_of
-from kvsplit.kernels.device import DeviceSpec
+from kvsplit.kernels.device import DeviceSpec, resolve_device
 from kvsplit.kernels.limits import KernelConfig, default_config
 from kvsplit.kernels.plan import make_plan
 from kvsplit.kernels.policy_table import PolicyTable, check_policy_entry, load_shipped_table, shipped_policies
@@ -233,20 +233,26 @@ def test_fp8_halves_the_kv_buffers():
     bf16 = resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 3, prefetch=True)
     fp8 = resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 3, prefetch=True, kv_bytes=1)
     assert (bf16, fp8) == (_occ(168, 139264, 4), _occ(168, 139264 - 65536, 4)) == (1, 3)
-    # a config the FP8 compiles have (COMPILED_FP8) takes their figures instead: (128, 4, 2) runs 209 registers and
-    # 40,960 B with an FP8 cache, 2 CTAs per SM, where halving the 16-bit kernel's K/V buffer would count 3
-    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 2, kv_bytes=1) == _occ(209, 40960, 4) == 2
+    # a config the FP8 compiles have (COMPILED_FP8) takes their figures instead: (128, 4, 2) runs 204 registers and
+    # 73,728 B with an FP8 cache (V widened into a float16 buffer), 2 CTAs per SM, where halving the 16-bit kernel's
+    # K/V buffer would count 3
+    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 128, 4, 2, kv_bytes=1) == _occ(204, 73728, 4) == 2
     assert _occ(168, 73728 - 32768, 4) == 3
     ctx8 = PlanContext(H200, 4, 128, 16, "bfloat16", FP8)
     assert resident_slots(ctx8, KernelConfig(128, 4, 3, prefetch=True)) == 3 * 132
 
 
 def test_fp8_residency_is_the_compiled_kernels():
-    # the FP8 stage-1 kernel widens e4m3 in registers: (64, 4, 2) compiled for sm_90 takes 168 registers and
-    # 22,528 B (COMPILED_FP8) where the 16-bit kernel takes 118 and 38,912 B: 3 CTAs per SM, not the 4 that halving
+    # the FP8 stage-1 kernel widens e4m3 in registers: (64, 4, 2) compiled for sm_90 takes 140 registers and
+    # 38,912 B (COMPILED_FP8) where the 16-bit kernel takes 118 and 38,912 B: 3 CTAs per SM, not the 4 that halving
     # the 16-bit kernel's K/V buffers gives
     assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 64, 4, 2) == _occ(118, 38912, 4) == 4
-    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 64, 4, 2, kv_bytes=1) == _occ(168, 22528, 4) == 3
+    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 64, 4, 2, kv_bytes=1) == _occ(140, 38912, 4) == 3
+    # and the fallback's tile, (32, 4, 3) with the prefetch and two heads: 128 registers, 46,080 B -> 4 (the same
+    # figures on the H100: the table is the sm_90 compile's)
+    fb = dict(prefetch=True, heads_per_tile=2, kv_bytes=1)
+    assert resident_ctas_per_sm(H200, 128, "bfloat16", 2, 32, 4, 3, **fb) == _occ(128, 46080, 4) == 4
+    assert resident_ctas_per_sm(resolve_device("h100"), 128, "bfloat16", 2, 32, 4, 3, **fb) == 4
     # so a plan of 4 tiles per SM on that tile aims at whole resident waves, 3 x 132 tiles (not 4 x 132: one
     # partial wave); 16-bit K/V keep 4 x 132
     fp8 = PlanContext(H200, 4, 128, 16, "bfloat16", FP8)
@@ -254,14 +260,14 @@ def test_fp8_residency_is_the_compiled_kernels():
     assert wave_target(fp8, KernelConfig(64, 4, 2), 4.0) == 3 * 132
     assert wave_target(bf16, KernelConfig(64, 4, 2), 4.0) == 4 * 132
     # the rows hold for float16 q, and a q_len > 1 tile over an FP8 cache counts its own compiled verify-step kernel
-    # (COMPILED_QLEN): (128, 4, 2) at q_len 4 takes 255 registers and 49,152 B (the 16-bit kernel 232 and 81,920 B)
+    # (COMPILED_QLEN): (128, 4, 2) at q_len 4 takes 255 registers and 81,920 B (the 16-bit kernel 232 and 81,920 B)
     assert resident_ctas_per_sm(H200, 128, "float16", 2, 64, 4, 2, kv_bytes=1) == 3
     q4 = PlanContext(H200, 4, 128, 16, "bfloat16", FP8, 4, 8)
-    assert resident_slots(q4, KernelConfig(128, 4, 2)) == _occ(255, 49152, 4) * 132 == 2 * 132
-    # where widening e4m3 costs a CTA: (64, 8, 2) takes 174 registers over FP8 (128 over 16 bits): 1 CTA per SM, where
-    # halving the 16-bit kernel's K/V buffers would count 2
-    assert resident_slots(q4, KernelConfig(64, 8, 2)) == _occ(174, 28672, 8) * 132 == 132
-    assert _occ(128, 45056 - 16384, 8) == 2
+    assert resident_slots(q4, KernelConfig(128, 4, 2)) == _occ(255, 81920, 4) * 132 == 2 * 132
+    # where widening e4m3 costs a CTA: (128, 8, 2) takes 166 registers over FP8 (128 over 16 bits): 1 CTA per SM,
+    # where halving the 16-bit kernel's K/V buffers would count 2
+    assert resident_slots(q4, KernelConfig(128, 8, 2)) == _occ(166, 81920, 8) * 132 == 132
+    assert _occ(128, 81920 - 32768, 8) == 2
 
 
 def test_q_len_rows_cost_registers():
@@ -404,13 +410,13 @@ def test_plans_of_new_shapes_keep_invariants_and_match_the_oracle(kv, case, shap
 def test_fp8_never_makes_more_tiles_than_bf16(kv, hkv, ctas):
     """The same resident waves, a heavier fixed cost per tile: the wave-aware chunk of an FP8 cache is at least
     the 16-bit one's, so it never plans more work tiles (its tie-break goes to fewer tiles sooner). The tile is
-    (64, 8, 2), 2 CTAs per SM with either cache (MEASURED, COMPILED_FP8)."""
-    tile = {"block_n": 64, "num_warps": 8, "num_stages": 2}
+    (64, 8, 3), 2 CTAs per SM with either cache (MEASURED, COMPILED_FP8)."""
+    tile = {"block_n": 64, "num_warps": 8, "num_stages": 3}
     kw = dict(num_kv_heads=hkv, device=H200, policy="balanced", params={"ctas_per_sm": ctas, **tile})
     p16 = make_plan(kv, **kw)
     p8 = make_plan(kv, **kw, kv_dtype=FP8)
     assert p8.config == p16.config
-    cfg = KernelConfig(64, 8, 2)
+    cfg = KernelConfig(64, 8, 3)
     slots = resident_slots(PlanContext(H200, hkv, 128, 16, "bfloat16"), cfg)
     assert resident_slots(PlanContext(H200, hkv, 128, 16, "bfloat16", FP8), cfg) == slots == 2 * 132
     assert p8.num_work_items <= p16.num_work_items
