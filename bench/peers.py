@@ -11,6 +11,7 @@
     python bench/peers.py --summary kvsplit.csv kvsplit_q4.csv                     # + the verify-step ratio
     python bench/peers.py --impls all --kv-dtype fp8 --out-dir fp8/   # every implementation, one process each,
                                                                        # then the summary of their CSVs
+    python bench/peers.py --impls all --kv-dtype bfloat16,fp8 --q-len 1,2,4,8 --out-dir sweep/   # every setting
 
 Implementations (``--impl``):
 
@@ -48,7 +49,8 @@ measured in the same process, ``GpuTimer.hbm_floor_s``). Every output is checked
 ``--impls a,b`` (or ``all``: every implementation that takes the run's KV dtype and q_len,
 :func:`applicable_impls`) runs this script once per implementation, each in its own process, writing
 ``<out-dir>/<impl><tag>.csv``; with ``--q-len`` N > 1 it also times kvsplit at q_len 1, so that the summary it then
-prints gives the verify-step ratio. ``--impl-timeout S`` stops an implementation's process after S seconds (its
+prints gives the verify-step ratio. With ``--impls``, ``--kv-dtype`` and ``--q-len`` take comma-separated lists and
+every (KV dtype, q_len) pair is run (:func:`run_each`), then summarised together. ``--impl-timeout S`` stops an implementation's process after S seconds (its
 CSV is not written). The exit status is 1 if any process failed.
 
 Output: a CSV with the columns of :data:`COLUMNS`, one row per case, and ``<out>.json`` with the software versions,
@@ -581,27 +583,35 @@ def applicable_impls(q_len: int) -> list[str]:
 
 
 def run_each(
-    impls: Sequence[str],
+    impls: Sequence[str] | None,
     out_dir: Path,
     *,
     cases: str,
-    kv_dtype: str,
-    q_len: int,
+    settings: Sequence[tuple[str, int]],
     rep_ms: float,
     check_tokens: int,
     timeout_s: float | None = None,
 ) -> tuple[list[Path], list[str]]:
-    """Run this script once per implementation of ``impls`` (``--impl``), each in its own process, writing
-    ``out_dir/<impl><tag>.csv``; with ``q_len`` > 1 kvsplit is also run at q_len 1 (the verify-step ratio's
-    denominator). Returns ``(CSVs written, implementations whose process failed or timed out)``."""
+    """Run this script once per implementation and setting, each in its own process, writing
+    ``out_dir/<impl><tag>.csv``.
+
+    ``settings`` are ``(kv_dtype, q_len)`` pairs (``kv_dtype`` one of :data:`KV_DTYPES`, ``q_len`` 1-8); ``impls``
+    None means every implementation that takes each q_len (:func:`applicable_impls`). For a setting of q_len > 1,
+    kvsplit is also run at q_len 1 with the same KV dtype (the verify-step ratio's denominator), once. Returns
+    ``(CSVs written, runs whose process failed or timed out)``, a run named ``impl`` or ``impl (kv_dtype, q_len N)``
+    when the sweep has more than one setting."""
     import subprocess
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = [(impl, q_len) for impl in impls]
-    if q_len > 1 and "kvsplit" in impls:
-        runs.append(("kvsplit", 1))
+    runs: list[tuple[str, str, int]] = []
+    for kv_dtype, q_len in settings:
+        for impl in impls if impls is not None else applicable_impls(q_len):
+            runs.append((impl, kv_dtype, q_len))
+        if q_len > 1 and (impls is None or "kvsplit" in impls):
+            runs.append(("kvsplit", kv_dtype, 1))
+    runs = list(dict.fromkeys(runs))  # a q_len-1 kvsplit run asked for twice runs once
     written, failed = [], []
-    for impl, ql in runs:
+    for impl, kv_dtype, ql in runs:
         csv_path = out_dir / f"{impl}{set_tag(kv_dtype, ql).replace('/', '_')}.csv"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--impl", impl, "--cases", cases, "--out", str(csv_path)]
         cmd += [
@@ -621,10 +631,40 @@ def run_each(
             print(f"{impl}: stopped after {timeout_s:g} s (--impl-timeout); no figure recorded", flush=True)
             rc = -1
         if rc != 0:
-            failed.append(impl if ql == q_len else f"{impl} (q_len {ql})")
+            if len(settings) > 1:
+                failed.append(f"{impl} ({kv_dtype}, q_len {ql})")
+            else:
+                failed.append(impl if ql == settings[0][1] else f"{impl} (q_len {ql})")
         if rc == 0 and csv_path.exists():
             written.append(csv_path)
     return written, failed
+
+
+def _kv_dtypes(text: str) -> list[str]:
+    """``--kv-dtype``'s comma-separated values, ``float8_e4m3fn`` read as ``fp8``; ValueError naming the flag."""
+    out = []
+    for v in text.split(","):
+        v = "fp8" if v == "float8_e4m3fn" else v
+        if v not in KV_DTYPES:
+            raise ValueError(
+                f"--kv-dtype: expected {', '.join(KV_DTYPES)} or float8_e4m3fn (comma-separated), got {text!r}"
+            )
+        out.append(v)
+    return list(dict.fromkeys(out))
+
+
+def _q_lens(text: str) -> list[int]:
+    """``--q-len``'s comma-separated values, each 1-8; ValueError naming the flag."""
+    out = []
+    for v in text.split(","):
+        try:
+            q = int(v)
+        except ValueError:
+            q = 0
+        if not 1 <= q <= 8:
+            raise ValueError(f"--q-len: expected 1 to 8 query tokens per request (comma-separated), got {text!r}")
+        out.append(q)
+    return list(dict.fromkeys(out))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -649,19 +689,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--kv-dtype",
-        choices=(*KV_DTYPES, "float8_e4m3fn"),
         default="bfloat16",
-        help="the KV cache's dtype: bfloat16, or fp8 (alias float8_e4m3fn; scales K_SCALE/V_SCALE); q stays bf16",
+        help="the KV cache's dtype: bfloat16, or fp8 (alias float8_e4m3fn; scales K_SCALE/V_SCALE); q stays bf16; "
+        "with --impls a comma-separated list",
     )
     ap.add_argument(
-        "--q-len", type=int, default=1, help="query tokens per request, 1-8 (speculative-decoding verify steps)"
+        "--q-len",
+        default="1",
+        help="query tokens per request, 1-8 (speculative-decoding verify steps); with --impls a comma-separated list",
     )
     ap.add_argument("--summary", nargs="+", metavar="CSV", help="print the comparison of these CSVs (no GPU)")
     ap.add_argument("--baseline", default=None, help="--summary: the implementation the others are divided by")
     ap.add_argument("--plot", type=Path, metavar="DIR", help="--summary: also draw peers_<set>.png into DIR")
     args = ap.parse_args(argv)
-    if args.kv_dtype == "float8_e4m3fn":
-        args.kv_dtype = "fp8"
     if args.summary:
         try:
             rows = read_csvs(args.summary)
@@ -673,26 +713,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in drawn:
             print(f"wrote {path}")
         return 0
-    if not 1 <= args.q_len <= 8:
-        ap.error(f"--q-len: expected 1 to 8 query tokens per request, got {args.q_len}")
+    try:
+        kv_dtypes, q_lens = _kv_dtypes(args.kv_dtype), _q_lens(args.q_len)
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.impls is not None:
         if args.impl is not None:
             ap.error("--impls: give --impl or --impls, not both")
-        impls = applicable_impls(args.q_len) if args.impls == "all" else [i for i in args.impls.split(",") if i]
-        bad = [i for i in impls if i not in IMPLS]
-        if bad or not impls:
+        impls = None if args.impls == "all" else [i for i in args.impls.split(",") if i]
+        bad = [i for i in impls or () if i not in IMPLS]
+        if bad or impls == []:
             ap.error(f"--impls: expected 'all' or a comma-separated list of {', '.join(IMPLS)}, got {args.impls!r}")
         if args.impl_timeout is not None and not args.impl_timeout > 0:
             ap.error(f"--impl-timeout: expected seconds > 0, got {args.impl_timeout:g}")
-        if args.impls == "all":
-            for impl in (i for i in IMPLS if i not in impls):
-                print(f"{impl}: not run at --q-len {args.q_len} ({unsupported(impl, args.q_len)}); no figure recorded")
+        if impls is None:
+            for q in q_lens:
+                for impl in (i for i in IMPLS if i not in applicable_impls(q)):
+                    print(f"{impl}: not run at --q-len {q} ({unsupported(impl, q)}); no figure recorded")
         written, failed = run_each(
             impls,
             args.out_dir,
             cases=args.cases,
-            kv_dtype=args.kv_dtype,
-            q_len=args.q_len,
+            settings=[(k, q) for k in kv_dtypes for q in q_lens],
             rep_ms=args.rep_ms,
             check_tokens=args.check_tokens,
             timeout_s=args.impl_timeout,
@@ -706,6 +748,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if failed else 0
     if args.impl is None:
         ap.error("--impl or --impls is required unless --summary is given")
+    if len(kv_dtypes) > 1 or len(q_lens) > 1:
+        ap.error("--kv-dtype, --q-len: one value each with --impl (lists are for --impls)")
+    args.kv_dtype, args.q_len = kv_dtypes[0], q_lens[0]
     default_out = Path(f"{args.impl}{set_tag(args.kv_dtype, args.q_len).replace('/', '_')}.csv")
     return run(
         args.impl,

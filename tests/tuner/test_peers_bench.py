@@ -225,3 +225,34 @@ def test_impls_runs_each_implementation_in_its_own_process(tmp_path):
         assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
     res = subprocess.run([*cmd, "--impl", "fa3"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--impls: give --impl or --impls, not both" in res.stderr
+
+
+def test_impls_sweeps_kv_dtypes_and_q_lens_in_one_command(tmp_path):
+    """``--impls`` with lists of ``--kv-dtype`` and ``--q-len`` runs every setting, each implementation in its own
+    process, kvsplit's q_len-1 run of each KV dtype once (it is the verify-step ratio's denominator of both q_len 1
+    and 4), and names each failed run with its setting; ``--impl`` takes one value of each."""
+    cmd = [sys.executable, str(ROOT / "bench/peers.py")]
+    out = subprocess.run(
+        [*cmd, "--impls", "kvsplit", "--kv-dtype", "bfloat16,fp8", "--q-len", "1,4", "--out-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    heads = [ln for ln in out.stdout.splitlines() if ln.startswith("== ")]
+    assert heads == [
+        "== kvsplit (--kv-dtype bfloat16 --q-len 1), its own process",
+        "== kvsplit (--kv-dtype bfloat16 --q-len 4), its own process",
+        "== kvsplit (--kv-dtype fp8 --q-len 1), its own process",
+        "== kvsplit (--kv-dtype fp8 --q-len 4), its own process",
+    ], out.stdout
+    # no GPU here: each kvsplit process fails, and each failure names its setting
+    want = "failed: kvsplit (bfloat16, q_len 1), kvsplit (bfloat16, q_len 4), kvsplit (fp8, q_len 1), kvsplit (fp8, q_len 4)"
+    assert out.returncode == 1 and want in out.stderr, out.stderr
+    for args, needle in (
+        (["--impl", "kvsplit", "--q-len", "1,4"], "--kv-dtype, --q-len: one value each with --impl"),
+        (["--impls", "kvsplit", "--q-len", "2,x"], "--q-len: expected 1 to 8 query tokens per request"),
+        (["--impls", "kvsplit", "--q-len", "9"], "--q-len: expected 1 to 8 query tokens per request"),
+        (["--impls", "kvsplit", "--kv-dtype", "fp8,int8"], "--kv-dtype: expected bfloat16, fp8 or float8_e4m3fn"),
+    ):
+        res = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr, res.stderr
