@@ -425,10 +425,12 @@ class _Campaign:
         if self.state.get("identity") is None:
             self.state.set("identity", self.cfg.identity())
         elif not self.state.get("finished"):
-            self.say(
-                f"resuming {self.name}: {self.spent:.0f} of {self.budget_s:.0f} s of the GPU budget spent; "
-                "finished steps and stored timings are not repeated"
+            spent = (
+                f"{self.spent:.0f} of {self.budget_s:.0f} s of the GPU budget spent"
+                if self.spent <= self.budget_s
+                else f"GPU time {self.spent:.0f} s spent, over the {self.budget_s:.0f} s budget"
             )
+            self.say(f"resuming {self.name}: {spent}; finished steps and stored timings are not repeated")
         self.bar.start_overall(self.budget_s, self.spent)
 
     def setup(self) -> None:
@@ -539,9 +541,17 @@ class _Campaign:
         total = sum(len(t.train) for t in self.tasks)
         est = len(todo) * len(self.pool) * self._seconds_per_timing()
         if todo and self.spent + est > self.budget_s:
+            if len(todo) == total:
+                need = (
+                    f"the pool step alone needs about {est / 60:.1f} of the {self.cfg.budget_minutes:g} budget minutes"
+                )
+            else:  # a resumed slice: what is left of the step, and what earlier slices spent
+                need = (
+                    f"the pool step's remaining batches need about {est / 60:.1f} more GPU-minutes, "
+                    f"after {self.spent / 60:.1f} of the {self.cfg.budget_minutes:g} budget minutes spent"
+                )
             msg = (
-                f"the pool step alone needs about {est / 60:.1f} of the {self.cfg.budget_minutes:g} budget minutes "
-                f"({len(todo)} batches x {len(self.pool)} plans): the campaign will overrun its budget; "
+                f"{need} ({len(todo)} batches x {len(self.pool)} plans): the campaign will overrun its budget; "
                 "give more --budget-minutes or fewer --batch-sizes/--totals/--traces"
             )
             self.say(msg)

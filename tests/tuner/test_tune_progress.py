@@ -138,3 +138,37 @@ def test_campaign_refuses_a_previous_table_that_is_not_an_export_in_one_line(tmp
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "--previous" in r.stderr and why in r.stderr and str(prev) in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "c.db").exists()  # refused before the store is made
+
+
+@pytest.mark.slow
+def test_a_resumed_campaign_says_what_is_left_of_the_pool_step_and_that_it_is_over_its_budget(tmp_path):
+    """A slice that resumes a pool step past the budget says what is left of the step and what was spent, and the
+    resume line says the budget is passed (it said "10 of 6 s of the GPU budget spent")."""
+    url = f"sqlite:///{tmp_path}/c.db"
+    args = ["tune", "--campaign", "--backend", "sim", "--gpu", "h100", "--model-shape", "qwen3-30b-a3b"]
+    args += ["--budget-minutes", "0.05", "--batch-sizes", "1,2,4,8,16,32,64,128,256,512", "--totals", "262144"]
+    args += ["--traces", "none", "--trials", "3", "--seed", "3", "--database-url", url]
+    # slices until one starts within the pool step; a slice that timed nothing gets a longer successor
+    minutes, first = 0.015, None
+    for _ in range(12):
+        r = _run([*args, "--max-minutes", f"{minutes:g}"])
+        assert r.returncode in (0, 75), r.stderr
+        pool = [tuple(map(int, m.groups())) for m in re.finditer(r"^sim campaign: pool (\d+)/(\d+);", r.stderr, re.M)]
+        if pool and 0 < pool[0][0] < pool[0][1]:
+            first = pool[0]
+            break
+        if not pool or pool[-1][0] == 0:
+            minutes += 0.01
+    assert first is not None, "no slice started within the pool step"
+    spent = re.search(r"resuming kvsplit-campaign-sim-\w+: (.*?); finished steps", r.stderr)
+    assert spent, r.stderr
+    s = int(re.search(r"(\d+)", spent.group(1)).group(1))  # simulated GPU seconds, 60 ms per timed plan
+    want = f"GPU time {s} s spent, over the 3 s budget" if s > 3 else f"{s} of 3 s of the GPU budget spent"
+    assert spent.group(1) == want, r.stderr
+    left = first[1] - first[0]
+    assert re.search(
+        rf"the pool step's remaining batches need about [\d.]+ more GPU-minutes, after [\d.]+ of the 0.05 "
+        rf"budget minutes spent \({left} batches x 19 plans\): the campaign will overrun its budget",
+        r.stderr,
+    ), r.stderr
+    assert "the pool step alone" not in r.stderr
