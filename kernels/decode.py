@@ -140,10 +140,9 @@ def _online_softmax_step(
     # one BLOCK_N tile of the online softmax (base 2; FlashAttention-2, Dao 2023): scores of the GQA group's
     # queries against the tile's keys, masked past the item's end, running max / sum / output rescaled.
     # KV_FP8 (1 or 2, _widen_fp8): k and v are float8_e4m3fn, widened to q's dtype (float16, converted by the caller)
-    # for the dots
-    # (their scales are folded into qk_scale and into the output). Q_LEN > 1: row r also masks the keys at positions t >= lim[r] (causal
-    # within the request's Q_LEN new tokens); a row with no key in the tile keeps m = -inf, so the exponents
-    # are taken against 0 there (no -inf - -inf).
+    # for the dots (their scales are folded into qk_scale and into the output). Q_LEN > 1: row r also masks the keys
+    # at positions t >= lim[r] (causal within the request's Q_LEN new tokens); a row with no key in the tile keeps
+    # m = -inf, so the exponents are taken against 0 there (no -inf - -inf).
     if KV_FP8:
         k = k.to(q.dtype)
         v = _widen_fp8(v, KV_FP8)
