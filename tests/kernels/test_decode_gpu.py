@@ -711,10 +711,33 @@ def test_fp8_kv_cache(q_len, scales, policy, params):
             "v_scale": torch.tensor([3.0, 0.25, 1.2, 0.9], device="cuda"),
         }
     _check_verify(case, _verify_plan(VERIFY_LENS, policy, params), q_len, **kw)
-    # these ran the inline-PTX V widening (KV_FP8 = 2) wherever the GPU has cvt.rn.f16x2.e4m3x2 (sm_89+)
-    from kvsplit.kernels.decode import _fp8_widen_mode
 
-    assert _fp8_widen_mode(case["q"].device) == (2 if torch.cuda.get_device_capability() >= (8, 9) else 1)
+
+@pytest.mark.parametrize("policy, params", [FP8_CONFIGS[1], FP8_CONFIGS[3]], ids=["fixed5", "stream_k_hpt2"])
+def test_fp8_v_widening_by_ptx_matches_tritons_conversion(monkeypatch, policy, params):
+    """The inline-PTX V widening (``KV_FP8 = 2``, ``cvt.rn.f16x2.e4m3x2``, what a launch on sm_89+ runs) gives
+    the output of Triton's own float8_e4m3fn -> float16 conversion (``KV_FP8 = 1``, forced here): both widen
+    exactly (every e4m3 value is a float16 value), so the two outputs differ by accumulation order at most.
+    Per-head scales, q_len 4, a split plan and a two-heads-per-tile stream-K plan."""
+    import kvsplit.kernels.decode as dec
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("cvt.rn.f16x2.e4m3x2 needs compute capability 8.9+")
+    assert dec._fp8_widen_mode(torch.device("cuda")) == 2
+    case = _verify_case(VERIFY_LENS, 4, fp8=True, seed=23)
+    kw = {
+        "k_scale": torch.tensor([0.5, 1.75, 0.3, 1.0], device="cuda"),
+        "v_scale": torch.tensor([3.0, 0.25, 1.2, 0.9], device="cuda"),
+    }
+    plan = _verify_plan(VERIFY_LENS, policy, params)
+    o_ptx, lse_ptx = decode_attention(**case, plan=plan, return_lse=True, q_len=4, **kw)
+    monkeypatch.setattr(dec, "_fp8_widen_mode", lambda device: 1)
+    o_cvt, lse_cvt = decode_attention(**case, plan=plan, return_lse=True, q_len=4, **kw)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o_ptx).any() and not torch.isnan(o_cvt).any()
+    assert _rel_err(o_ptx, o_cvt) < 2e-3
+    # the LSE comes from Q @ K alone, which the V widening does not touch
+    assert float((lse_ptx - lse_cvt).abs().max()) < 1e-5
 
 
 @pytest.mark.parametrize("q_len", [2, 4, 8])
