@@ -168,6 +168,13 @@ def campaign_cmd(
         stop.restore()
     _report(res, json_out)
     if res.status == "paused":
+        if not res.timings:  # the slice ended in its start-up (store, device, state): the same slice would again
+            typer.echo(
+                f"this slice timed no plan: its {res.wall_s:.1f} s of wall time went to opening the store, the "
+                f"device and the campaign's state, past --max-minutes {max_minutes:g} ({max_minutes * 60:.1f} s); "
+                "give a longer --max-minutes",
+                err=True,
+            )
         typer.echo(f"paused after --max-minutes {max_minutes:g}: run the same command again to continue", err=True)
         raise typer.Exit(code=cp.EXIT_PAUSED)
     if res.status == "interrupted":

@@ -198,6 +198,12 @@ def test_a_paused_campaign_says_what_is_published_so_far_and_how_to_go_on(tmp_pa
     head = s.stdout.splitlines()[0]
     assert head.startswith("paused: ") and " published so far (the verify step, the campaign's last, " in head, head
     assert "paused after --max-minutes 0.001: run the same command again to continue" in s.stderr
+    # a slice shorter than the campaign's start-up times nothing, and says why
+    assert "this slice timed no plan: its " in s.stderr, s.stderr
+    assert "past --max-minutes 0.001 (0.1 s); give a longer --max-minutes" in s.stderr, s.stderr
+    s = _run(SMALL + ["--database-url", f"sqlite:///{tmp_path}/p.db", "--max-minutes", "0.1", "--json"])
+    assert s.returncode in (0, 75), s.stderr
+    assert json.loads(s.stdout)["timings"] > 0 and "this slice timed no plan" not in s.stderr, s.stderr
 
 
 def test_two_workers_on_one_journal_tune_each_bucket_once_with_exact_trials(tmp_path):
