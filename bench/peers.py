@@ -74,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsplit.kernels.limits import KV_DTYPE_SHORT, MAX_Q_LEN, kv_dtype_named
 from kvsplit.tuner.peers import (
     CHECK_LIMIT,
     PEERS,
@@ -641,10 +642,11 @@ def run_each(
 
 
 def _kv_dtypes(text: str) -> list[str]:
-    """``--kv-dtype``'s comma-separated values, ``float8_e4m3fn`` read as ``fp8``; ValueError naming the flag."""
+    """``--kv-dtype``'s comma-separated values, ``float8_e4m3fn`` read as ``fp8`` (the kernels' alias,
+    :data:`~kvsplit.kernels.limits.KV_DTYPE_SHORT`); ValueError naming the flag."""
     out = []
     for v in text.split(","):
-        v = "fp8" if v == "float8_e4m3fn" else v
+        v = KV_DTYPE_SHORT.get(kv_dtype_named(v), v)
         if v not in KV_DTYPES:
             raise ValueError(
                 f"--kv-dtype: expected {', '.join(KV_DTYPES)} or float8_e4m3fn (comma-separated), got {text!r}"
@@ -654,15 +656,18 @@ def _kv_dtypes(text: str) -> list[str]:
 
 
 def _q_lens(text: str) -> list[int]:
-    """``--q-len``'s comma-separated values, each 1-8; ValueError naming the flag."""
+    """``--q-len``'s comma-separated values, each 1 to :data:`~kvsplit.kernels.limits.MAX_Q_LEN`; ValueError naming
+    the flag."""
     out = []
     for v in text.split(","):
         try:
             q = int(v)
         except ValueError:
             q = 0
-        if not 1 <= q <= 8:
-            raise ValueError(f"--q-len: expected 1 to 8 query tokens per request (comma-separated), got {text!r}")
+        if not 1 <= q <= MAX_Q_LEN:
+            raise ValueError(
+                f"--q-len: expected 1 to {MAX_Q_LEN} query tokens per request (comma-separated), got {text!r}"
+            )
         out.append(q)
     return list(dict.fromkeys(out))
 
